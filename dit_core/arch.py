@@ -1,0 +1,50 @@
+"""The Arch dataclass: what a model computes, as its family's recipe reads it from the checkpoint."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Arch:
+    """Sizes and constants of one DiT. Checked on construction (ValueError), the FluxParams habit."""
+    family: str
+    hidden: int            # residual width
+    layers: int            # main blocks
+    refiner: int           # refiner blocks per stream (Z-Image: noise and context refiners)
+    heads: int
+    head: int              # values per attention head
+    ffn: int               # MLP hidden width (SwiGLU: gate and up each this wide)
+    latents: int           # latent channels
+    patch: tuple[int, ...]  # patch size per spatial axis
+    text_dim: int          # width of the text encoder's rows
+    freq_dim: int          # sinusoid width of the time embedding
+    time_hidden: int       # time MLP's hidden width
+    time_dim: int          # width of the time embedding the modulation linears take
+    eps: float             # block norms
+    qk_eps: float          # head norms
+    final_eps: float       # final layer's norm
+    rope_axes: tuple[int, ...]  # head values each position axis rotates (two per frequency)
+    rope_theta: float
+    norm: str = "rms"      # the block's modulated norm: "rms" (with a gain) or "layer" (no affine)
+
+    def __post_init__(self):
+        if self.hidden != self.heads * self.head:
+            raise ValueError(f"{self.family}: hidden {self.hidden} != heads {self.heads} x head {self.head}")
+        if any(d <= 0 or d % 2 for d in self.rope_axes):
+            raise ValueError(f"{self.family}: rotary axis widths {self.rope_axes} must be positive and even")
+        if sum(self.rope_axes) > self.head:
+            raise ValueError(f"{self.family}: rotary axes {self.rope_axes} rotate more than a head of {self.head}")
+        if self.norm not in ("rms", "layer"):
+            raise ValueError(f"{self.family}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if min(self.layers, self.heads, self.ffn, self.latents, self.text_dim) <= 0:
+            raise ValueError(f"{self.family}: sizes must be positive: {self}")
+
+    @property
+    def width(self) -> int:
+        """Values of the attention's queries (and keys, and values) per row."""
+        return self.heads * self.head
+
+    @property
+    def rotary(self) -> int:
+        """Values of each head that rotate (the first `rotary` of a head, as split halves)."""
+        return sum(self.rope_axes)

@@ -1,0 +1,104 @@
+"""The shared AdaLN block: modulated norms, attention over a packed sequence with rotary positions, gated MLP.
+
+This is the host reference (f32 or f64 on the CPU) of every later GPU kernel. The block's linears, norms and
+attention go through the small functions below, the seams a GPU path replaces (kernels/).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from .arch import Arch
+from .linear import linear
+from .modulation import Modulation
+from .sequence import Sequence, rotate_halves
+from .weights import Linear
+
+# Indexes of Block.w (seed 000): 4 linears [out, in] as stored, then the norm weights (f32; None if absent).
+QKV, OUT, UP, DOWN, NORM1, NORM2, Q_NORM, K_NORM, POST_ATTN, POST_MLP = range(10)
+LINEARS = (QKV, OUT, UP, DOWN)
+BLOCK_TENSORS = ("qkv", "out", "up", "down", "norm1", "norm2", "q_norm", "k_norm", "post_attn", "post_mlp")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), eps=eps)
+
+
+def modulated_norm(a: Arch, x: torch.Tensor, weight: torch.Tensor | None, shift: torch.Tensor | None,
+                   scale: torch.Tensor, map_: torch.Tensor) -> torch.Tensor:
+    """norm(x) * (1 + scale[map]) + shift[map]: each row takes its modulation row."""
+    y = rms_norm(x, weight, a.eps) if a.norm == "rms" else layer_norm(x, a.eps)
+    y = y * (1 + scale.to(x.dtype)[map_])
+    return y if shift is None else y + shift.to(x.dtype)[map_]
+
+
+def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: Sequence) -> torch.Tensor:
+    """Each head over its RMS times its norm weight, then its first values turned by the rows' cos/sin."""
+    if weight is not None:
+        t = rms_norm(t, weight, a.qk_eps)
+    return rotate_halves(t, s.cos, s.sin)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
+    """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head), no mask), within groups of `group`
+    consecutive rows when group > 0 (block-diagonal)."""
+    rows, heads, head = q.shape
+    g = group or rows
+    shape = (rows // g, g, heads, head)
+    q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+    o = F.scaled_dot_product_attention(q, k, v)
+    return o.transpose(1, 2).reshape(rows, heads * head)
+
+
+def swiglu(u: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of UP's interleaved rows (gluRows: gate j at 2j, up j at 2j + 1)."""
+    return F.silu(u[..., 0::2]) * u[..., 1::2]
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block's weights by the indexes above: Block.w[QKV..DOWN] are Linears ([out, in], UP's rows gluRows),
+    Block.w[NORM1..POST_MLP] norm gains (None: no gain, or no sandwich norm)."""
+    w: tuple
+
+    def __post_init__(self):
+        if len(self.w) != len(BLOCK_TENSORS):
+            raise ValueError(f"a block holds {len(BLOCK_TENSORS)} tensors, got {len(self.w)}")
+        if not all(isinstance(self.w[i], Linear) for i in LINEARS):
+            raise ValueError("Block.w[QKV..DOWN] must be Linears")
+
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
+        """x + gate (attention of the modulated norm), then the same with the MLP; x [rows, hidden] (f32/f64).
+        With POST_ATTN/POST_MLP (Z-Image's sandwich norms) each branch output is normed before its gate."""
+        w, rows = self.w, x.shape[0]
+        h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
+        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)
+        q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
+        o = linear(attention(q, k, v, s.group), w[OUT]).to(x.dtype)
+        if w[POST_ATTN] is not None:
+            o = rms_norm(o, w[POST_ATTN], a.eps)
+        x = x + m.attn_gate.to(x.dtype)[s.map] * o
+        h = modulated_norm(a, x, w[NORM2], m.mlp_shift, m.mlp_scale, s.map)
+        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
+        if w[POST_MLP] is not None:
+            d = rms_norm(d, w[POST_MLP], a.eps)
+        return x + m.mlp_gate.to(x.dtype)[s.map] * d
+
+    def quantized(self) -> "Block":
+        """The block with each float linear quantized once to INT8 ConvRot (rows rotated by the regular Hadamard
+        of 256, a scale a row); INT8 linears unchanged."""
+        return self._linears(lambda lin: lin.as_int8())
+
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> "Block":
+        """The block with every linear as float weights of dtype, INT8 turned back from ConvRot's rotation."""
+        return self._linears(lambda lin: lin.as_float(dtype))
+
+    def _linears(self, fn) -> "Block":
+        return replace(self, w=tuple(fn(t) if i in LINEARS else t for i, t in enumerate(self.w)))

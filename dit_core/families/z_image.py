@@ -1,0 +1,202 @@
+"""Z-Image (Turbo and base) on the shared block: ComfyUI's single file -> Arch, blocks, embedders, final layer.
+
+Facts: reference/families/z_image.md (diffusers 0.42.1 transformer_z_image.py, ComfyUI v0.3.75
+comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Block, layer_norm, rms_norm
+from ..linear import linear
+from ..modulation import Modulation, sinusoids
+from ..sequence import Sequence, concat, halves_permutation, sequence_of
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor
+
+PREFIXES = ("model.diffusion_model.", "diffusion_model.", "")
+PATCH = 2
+SEQ_MULTIPLE = 32      # image and caption rows are each padded to a multiple of this (SEQ_MULTI_OF)
+ROPE_THETA = 256.0
+TIME_SCALE = 1000.0
+LINEAR_MODES = ("stored", "int8", "bf16")
+
+
+def _prefix(ckpt: Checkpoint) -> str:
+    for p in PREFIXES:
+        if f"{p}cap_embedder.1.weight" in ckpt and f"{p}layers.0.adaLN_modulation.0.weight" in ckpt:
+            return p
+    raise WeightsError(f"{ckpt.path.name}: not a Z-Image diffusion model (no 'cap_embedder.1.weight' and "
+                       f"'layers.0.adaLN_modulation.0.weight'); pick a Z-Image file such as "
+                       f"z_image_turbo_bf16.safetensors")
+
+
+def _count(ckpt: Checkpoint, prefix: str) -> int:
+    n = 0
+    while f"{prefix}{n}.attention.qkv.weight" in ckpt:
+        n += 1
+    return n
+
+
+def read_arch(ckpt: Checkpoint, prefix: str) -> Arch:
+    """Z-Image's sizes from the file's own shapes (ComfyUI's file holds no config)."""
+    hidden, patch_values = ckpt.shape(f"{prefix}x_embedder.weight")
+    head = ckpt.shape(f"{prefix}layers.0.attention.q_norm.weight")[0]
+    time_hidden, freq_dim = ckpt.shape(f"{prefix}t_embedder.mlp.0.weight")
+    # The rotary axes (t, h, w) rotate a quarter, 3/8 and 3/8 of a head: (32, 48, 48) at head 128, and
+    # (8, 12, 12) for the diffusers test instance (reference/families/z_image.md sections 1 and 11).
+    rope_axes = (head // 4, head * 3 // 8, head * 3 // 8)
+    return Arch(
+        family="z_image", hidden=hidden, layers=_count(ckpt, f"{prefix}layers."),
+        refiner=_count(ckpt, f"{prefix}noise_refiner."), heads=hidden // head, head=head,
+        ffn=ckpt.shape(f"{prefix}layers.0.feed_forward.w1.weight")[0], latents=patch_values // PATCH ** 2,
+        patch=(PATCH, PATCH), text_dim=ckpt.shape(f"{prefix}cap_embedder.1.weight")[1], freq_dim=freq_dim,
+        time_hidden=time_hidden, time_dim=ckpt.shape(f"{prefix}t_embedder.mlp.2.weight")[0], eps=1e-5,
+        qk_eps=1e-5, final_eps=1e-6, rope_axes=rope_axes, rope_theta=ROPE_THETA)
+
+
+def _read_block(ckpt: Checkpoint, p: str, a: Arch, markers: dict) -> Block:
+    """Block p (e.g. 'layers.3.'): QKV as stored [q; k; v] with each head's q and k rows (and head-norm gains)
+    permuted from adjacent-pair rotary to split halves; UP = gluRows(w1, w3)."""
+    perm = halves_permutation(a.rotary, a.head)
+    heads = torch.arange(a.heads)[:, None] * a.head
+    qk_rows = (heads + perm).reshape(-1)
+    order = torch.cat([qk_rows, qk_rows + a.width, torch.arange(2 * a.width, 3 * a.width)])
+    qkv = read_linear(ckpt, f"{p}attention.qkv", markers)
+    if qkv.weight.shape != (3 * a.width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{p}attention.qkv.weight' is {tuple(qkv.weight.shape)}, "
+                           f"expected {(3 * a.width, a.hidden)}")
+    up = glu_rows(read_linear(ckpt, f"{p}feed_forward.w1", markers), read_linear(ckpt, f"{p}feed_forward.w3", markers))
+    norm = lambda name: read_tensor(ckpt, f"{p}{name}.weight", (a.hidden,))  # noqa: E731
+    head_norm = lambda name: read_tensor(ckpt, f"{p}attention.{name}.weight", (a.head,))[perm]  # noqa: E731
+    return Block((qkv.rows(order), read_linear(ckpt, f"{p}attention.out", markers), up,
+                  read_linear(ckpt, f"{p}feed_forward.w2", markers), norm("attention_norm1"), norm("ffn_norm1"),
+                  head_norm("q_norm"), head_norm("k_norm"), norm("attention_norm2"), norm("ffn_norm2")))
+
+
+@dataclass(frozen=True)
+class ZImage:
+    """Z-Image where it runs: embedders, time MLP, the blocks (context refiners, noise refiners, main) with the
+    modulation linears of the modulated ones, the pad rows and the final layer."""
+    arch: Arch
+    time: tuple[Linear, Linear]
+    cap_norm: torch.Tensor
+    cap_in: Linear
+    image_in: Linear
+    image_pad: torch.Tensor
+    cap_pad: torch.Tensor
+    context: tuple[Block, ...]
+    noise: tuple[Block, ...]
+    noise_mods: tuple[Linear, ...]
+    blocks: tuple[Block, ...]
+    mods: tuple[Linear, ...]
+    final_mod: Linear
+    final_out: Linear
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint, linears: str = "stored") -> "ZImage":
+        """Z-Image from ComfyUI's single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model.
+        prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
+        ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized)."""
+        if linears not in LINEAR_MODES:
+            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        p = _prefix(ckpt)
+        a = read_arch(ckpt, p)
+        markers = ckpt.quantization_markers()
+        lin = lambda name: read_linear(ckpt, p + name, markers)  # noqa: E731
+        blocks = lambda stem, n: tuple(_read_block(ckpt, f"{p}{stem}.{i}.", a, markers) for i in range(n))  # noqa: E731
+        convert = {"stored": lambda b: b, "int8": Block.quantized,
+                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
+        context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))
+        noise, main = blocks("noise_refiner", a.refiner), blocks("layers", a.layers)
+        return ZImage(
+            arch=a, time=(lin("t_embedder.mlp.0"), lin("t_embedder.mlp.2")),
+            cap_norm=read_tensor(ckpt, f"{p}cap_embedder.0.weight", (a.text_dim,)), cap_in=lin("cap_embedder.1"),
+            image_in=lin("x_embedder"), image_pad=read_tensor(ckpt, f"{p}x_pad_token", (1, a.hidden)),
+            cap_pad=read_tensor(ckpt, f"{p}cap_pad_token", (1, a.hidden)),
+            context=tuple(map(convert, context)), noise=tuple(map(convert, noise)),
+            noise_mods=tuple(lin(f"noise_refiner.{i}.adaLN_modulation.0") for i in range(a.refiner)),
+            blocks=tuple(map(convert, main)),
+            mods=tuple(lin(f"layers.{i}.adaLN_modulation.0") for i in range(a.layers)),
+            final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"))
+
+    def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
+        """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
+        t = torch.tensor([(1.0 - float(sigma)) * TIME_SCALE], dtype=torch.float32)
+        emb = sinusoids(t, self.arch.freq_dim)
+        return linear(F.silu(linear(emb, self.time[0])), self.time[1]).to(dtype)
+
+    def modulation(self, mod: Linear, temb: torch.Tensor) -> Modulation:
+        """scale_msa, gate_msa, scale_mlp, gate_mlp from the modulation linear (no SiLU before it); tanh gates."""
+        scale_msa, gate_msa, scale_mlp, gate_mlp = linear(temb, mod).to(temb.dtype).chunk(4, dim=-1)
+        return Modulation(scale_msa, gate_msa.tanh(), scale_mlp, gate_mlp.tanh())
+
+    def output(self, latent: torch.Tensor, sigma: float, caption: torch.Tensor) -> torch.Tensor:
+        """The raw output (minus the velocity) for one image: latent [C, H, W] (normalized), caption
+        [L, text_dim] text-encoder rows; returns [C, H, W] in the latent's dtype (f32 or f64)."""
+        a, dtype = self.arch, latent.dtype
+        c, h, w = self._check(latent, caption)
+        hp, wp = h // PATCH, w // PATCH
+        # Token vector order (ph, pw, c), c fastest (section 3).
+        tokens = latent.reshape(c, hp, PATCH, wp, PATCH).permute(1, 3, 2, 4, 0).reshape(hp * wp, -1)
+        n_img, n_cap = tokens.shape[0], caption.shape[0]
+        pad_img, pad_cap = -n_img % SEQ_MULTIPLE, -n_cap % SEQ_MULTIPLE
+        cap_rows = n_cap + pad_cap
+
+        x = linear(tokens, self.image_in).to(dtype)
+        x = torch.cat([x, self.image_pad.to(dtype).expand(pad_img, -1)])
+        cap = linear(rms_norm(caption.to(dtype), self.cap_norm, a.eps), self.cap_in).to(dtype)
+        cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
+
+        # Positions: caption row j (pads too) at (1 + j, 0, 0); image (h, w) at (Lp + 1, h, w); image pads at 0.
+        grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
+        img_pos = torch.cat([torch.full((n_img, 1), cap_rows + 1), grid], dim=1)
+        img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
+        cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
+                               torch.zeros(cap_rows, dtype=torch.long)], -1)
+        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,  # noqa: E731
+                                      a.rope_theta, dtype)
+        img_seq, cap_seq = seq(img_pos), seq(cap_pos)
+
+        temb = self.time_embedding(sigma, dtype)
+        for block, mod in zip(self.noise, self.noise_mods):
+            x = block.forward(a, x, self.modulation(mod, temb), img_seq)
+        identity = Modulation.identity(a.hidden, dtype=dtype)
+        for block in self.context:
+            cap = block.forward(a, cap, identity, cap_seq)
+
+        # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
+        x, joint = torch.cat([x, cap]), concat([img_seq, cap_seq])
+        for block, mod in zip(self.blocks, self.mods):
+            x = block.forward(a, x, self.modulation(mod, temb), joint)
+        return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
+
+    def _final(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
+        scale = linear(F.silu(temb), self.final_mod).to(x.dtype)
+        return linear(layer_norm(x, self.arch.final_eps) * (1 + scale), self.final_out).to(x.dtype)
+
+    def _check(self, latent: torch.Tensor, caption: torch.Tensor) -> tuple[int, int, int]:
+        a = self.arch
+        if latent.dim() != 3 or latent.shape[0] != a.latents:
+            raise ValueError(f"Z-Image: latent_image must be [{a.latents}, H, W] per image, got "
+                             f"{tuple(latent.shape)}")
+        c, h, w = latent.shape
+        if h % PATCH or w % PATCH:
+            raise ValueError(f"Z-Image: latent size {h}x{w} is not a multiple of the patch grid {PATCH} "
+                             f"(image width and height must be multiples of {PATCH * 8} pixels)")
+        if caption.dim() != 2 or caption.shape[1] != a.text_dim or caption.shape[0] == 0:
+            raise ValueError(f"Z-Image: conditioning must be [tokens >= 1, {a.text_dim}] text-encoder rows, got "
+                             f"{tuple(caption.shape)}; use a Z-Image text encoder (Qwen3-4B, "
+                             f"{a.text_dim} values a row)")
+        return c, h, w
+
+    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor) -> torch.Tensor:
+        """x0 for a batch of normalized latents x [B, C, H, W] and conditioning [B or 1, L, text_dim]:
+        v = -out, x0 = x - sigma v = x + sigma out (ComfyUI CONST sampling)."""
+        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)]) for i in range(x.shape[0])]
+        return x + float(sigma) * torch.stack(outs)

@@ -1,0 +1,89 @@
+"""Packed rows of one sequence: their modulation rows (the map), rotary cos/sin, and attention groups."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """The rows of one packed sequence, where the block runs.
+
+    map: [rows] long, each row's modulation row. cos, sin: [rows, rotary/2] of each row's rotary angles (per axis
+    its frequencies, concatenated axis by axis). group: rows attend within consecutive groups of that many rows
+    (0: all rows), as the tiles of a VAE.
+    """
+    map: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    group: int = 0
+
+    def __post_init__(self):
+        rows = self.map.shape[0]
+        if self.cos.shape != self.sin.shape or self.cos.shape[0] != rows:
+            raise ValueError(f"sequence of {rows} rows given rotary tables {tuple(self.cos.shape)}")
+        if self.group and rows % self.group:
+            raise ValueError(f"{rows} rows do not split into attention groups of {self.group}")
+
+    @property
+    def rows(self) -> int:
+        return self.map.shape[0]
+
+    @property
+    def runs(self) -> list[tuple[int, int, int]]:
+        """(first, end, modulation row) of each run of consecutive rows sharing a modulation row: the
+        products that gate in their epilogue take one gate row per run."""
+        return runs_of(self.map)
+
+
+def runs_of(map_: torch.Tensor) -> list[tuple[int, int, int]]:
+    runs, values = [], map_.tolist()
+    first = 0
+    for i in range(1, len(values) + 1):
+        if i == len(values) or values[i] != values[first]:
+            runs.append((first, i, values[first]))
+            first = i
+    return runs
+
+
+def rotary_angles(positions: torch.Tensor, axes: tuple[int, ...], theta: float) -> torch.Tensor:
+    """Angles [rows, sum(axes)/2] in float64: per axis of width d, d/2 frequencies theta^(-2k/d) times that
+    axis's position (diffusers 0.42.1 transformer_z_image.py RopeEmbedder computes them in float64 too)."""
+    if positions.shape[-1] != len(axes):
+        raise ValueError(f"positions have {positions.shape[-1]} axes, the rotary tables {len(axes)}")
+    parts = []
+    for i, d in enumerate(axes):
+        freqs = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        parts.append(positions[:, i, None].double() * freqs)
+    return torch.cat(parts, dim=-1)
+
+
+def sequence_of(positions: torch.Tensor, map_: torch.Tensor, axes: tuple[int, ...], theta: float,
+                dtype: torch.dtype = torch.float32, group: int = 0) -> Sequence:
+    """The sequence of rows at integer positions [rows, axes] using modulation rows map_. The angles are rounded
+    to dtype before cos/sin, as the references do (float64 keeps them exact)."""
+    angles = rotary_angles(positions, axes, theta).to(dtype)
+    return Sequence(map_.long(), angles.cos(), angles.sin(), group)
+
+
+def concat(parts: list[Sequence]) -> Sequence:
+    """Sequences joined row-wise (their maps index the same modulation rows)."""
+    return Sequence(torch.cat([p.map for p in parts]), torch.cat([p.cos for p in parts]),
+                    torch.cat([p.sin for p in parts]))
+
+
+def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary by split halves over the first 2 r values of each head (x [rows, heads, head], cos/sin [rows, r]):
+    pair (j, j + r) turns by angle j. Checkpoints that rotate adjacent pairs are permuted at load
+    (reference/families/z_image.md section 6), so this is the only rotary the block knows."""
+    r = cos.shape[-1]
+    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    a, b, rest = x[..., :r], x[..., r:2 * r], x[..., 2 * r:]
+    return torch.cat([a * c - b * s, b * c + a * s, rest], dim=-1)
+
+
+def halves_permutation(rotary: int, head: int) -> torch.Tensor:
+    """Per head, the row order that turns adjacent-pair rotary (pairs (2j, 2j+1)) into split halves
+    (pairs (j, j + rotary/2)): new row j takes old 2j, new row j + rotary/2 takes old 2j + 1; the rest stay."""
+    return torch.cat([torch.arange(0, rotary, 2), torch.arange(1, rotary, 2), torch.arange(rotary, head)])

@@ -1,0 +1,157 @@
+"""Z-Image on the shared block vs diffusers 0.42.1 ZImageTransformer2DModel on a tiny random instance."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import rel_err
+from dit_core.families.z_image import ZImage
+from dit_core.weights import WeightsError, quantize_convrot
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers  # noqa: E402
+from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel  # noqa: E402
+
+# reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
+# has a power-of-4 ConvRot group for the INT8 tests.
+TINY = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=192, n_layers=2, n_refiner_layers=1,
+            n_heads=6, n_kv_heads=6, norm_eps=1e-5, qk_norm=True, cap_feat_dim=32, rope_theta=256.0,
+            t_scale=1000.0, axes_dims=[8, 12, 12], axes_lens=[1024, 512, 512])
+
+
+def comfy_layout(state: dict) -> dict:
+    """diffusers names -> ComfyUI's single-file names (the inverse of diffusers' single-file converter)."""
+    out = {}
+    renames = [("all_final_layer.2-1.", "final_layer."), ("all_x_embedder.2-1.", "x_embedder."),
+               (".attention.to_out.0.", ".attention.out."), (".attention.norm_q.", ".attention.q_norm."),
+               (".attention.norm_k.", ".attention.k_norm.")]
+    for key, value in state.items():
+        if ".attention.to_k." in key or ".attention.to_v." in key:
+            continue
+        if ".attention.to_q.weight" in key:
+            stem = key.replace(".attention.to_q.weight", ".attention.")
+            out[stem + "qkv.weight"] = torch.cat([state[stem + f"to_{n}.weight"] for n in "qkv"])
+            continue
+        for old, new in renames:
+            key = key.replace(old, new)
+        out[key] = value
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference():
+    torch.manual_seed(0)
+    model = ZImageTransformer2DModel(**TINY).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # pad tokens and some gains start at 0/1: randomize all
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 or p.shape[0] == 1 else p.shape[-1] ** -0.5))
+    state = comfy_layout({k: v.contiguous() for k, v in model.state_dict().items()})
+    state["norm_final.weight"] = torch.randn(TINY["dim"])  # present in ComfyUI's file, unused
+    return model, state
+
+
+@pytest.fixture(scope="module")
+def files(reference, tmp_path_factory):
+    model, state = reference
+    d = tmp_path_factory.mktemp("z_image")
+    save_file(state, d / "z_image_f32.safetensors")
+    save_file({"model.diffusion_model." + k: v.bfloat16() for k, v in state.items()}, d / "z_image_bf16.safetensors")
+    int8 = {}
+    for key, value in state.items():
+        layer = key[: -len(".weight")]
+        if key.endswith(".weight") and (".attention." in key or ".feed_forward." in key) and value.dim() == 2:
+            q, s = quantize_convrot(value, 64)
+            marker = json.dumps({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 64})
+            int8.update({key: q, f"{layer}.weight_scale": s,
+                         f"{layer}.comfy_quant": torch.tensor(list(marker.encode()), dtype=torch.uint8)})
+        else:
+            int8[key] = value
+    save_file(int8, d / "z_image_int8_convrot.safetensors")
+    return d
+
+
+def diffusers_out(model, latent, sigma, caption):
+    with torch.no_grad():
+        out = model(x=[latent[:, None]], t=torch.tensor([1.0 - sigma]), cap_feats=[caption], return_dict=False)[0]
+    return out[0][:, 0]
+
+
+def test_mapping_round_trips_through_diffusers_converter(reference):
+    model, state = reference
+    converted = convert_z_image_transformer_checkpoint_to_diffusers(dict(state))
+    fresh = ZImageTransformer2DModel(**TINY)
+    fresh.load_state_dict(converted, strict=True)
+    for k, v in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("size,caption_len", [((8, 8), 32), ((8, 8), 7), ((6, 10), 45), ((2, 2), 1)])
+def test_forward_matches_diffusers(reference, files, size, caption_len):
+    model, _ = reference
+    ours = ZImage.load(files / "z_image_f32.safetensors")
+    torch.manual_seed(1)
+    latent, caption = torch.randn(4, *size), torch.randn(caption_len, 32)
+    for sigma in (1.0, 0.6429):
+        expected = diffusers_out(model, latent, sigma, caption)
+        assert rel_err(ours.output(latent, sigma, caption), expected) <= 1e-5
+
+
+def test_arch_read_from_file(files):
+    a = ZImage.load(files / "z_image_f32.safetensors").arch
+    assert (a.hidden, a.heads, a.head, a.layers, a.refiner, a.ffn, a.latents, a.text_dim) == (192, 6, 32, 2, 1, 512, 4, 32)
+    assert (a.time_dim, a.time_hidden, a.rope_axes) == (192, 1024, (8, 12, 12))
+
+
+def test_prefixed_bf16_file_loads(reference, files):
+    model, _ = reference
+    ours = ZImage.load(files / "z_image_bf16.safetensors")
+    latent, caption = torch.randn(4, 8, 6), torch.randn(9, 32)
+    assert rel_err(ours.output(latent, 0.5, caption), diffusers_out(model, latent, 0.5, caption)) < 2e-2
+
+
+def test_int8_forward_close_to_float(files):
+    latent, caption = torch.randn(4, 8, 8), torch.randn(12, 32)
+    plain = ZImage.load(files / "z_image_f32.safetensors")
+    quantized = ZImage.load(files / "z_image_f32.safetensors", linears="int8")
+    stored = ZImage.load(files / "z_image_int8_convrot.safetensors")
+    assert all(b.w[0].quantized for b in stored.blocks + stored.noise + stored.context)
+    ref = plain.output(latent, 0.75, caption)
+    err = rel_err(stored.output(latent, 0.75, caption), ref)
+    assert 1e-4 < err <= 3e-2  # INT8 noise is there, and small
+    # The same quantizer at load (group 64 here) gives the file's codes: identical outputs.
+    assert rel_err(ZImage.load(files / "z_image_f32.safetensors", linears="int8").output(latent, 0.75, caption),
+                   quantized.output(latent, 0.75, caption)) == 0
+    # INT8 file dequantized to BF16 stays close to the float model too.
+    back = ZImage.load(files / "z_image_int8_convrot.safetensors", linears="bf16")
+    assert not back.blocks[0].w[0].quantized
+    assert rel_err(back.output(latent, 0.75, caption), ref) <= 3e-2
+
+
+def test_denoised_is_x_plus_sigma_out(files):
+    ours = ZImage.load(files / "z_image_f32.safetensors")
+    x, cond = torch.randn(2, 4, 4, 4), torch.randn(1, 5, 32)
+    x0 = ours.denoised(x, 0.3, cond)
+    assert torch.allclose(x0[1], x[1] + 0.3 * ours.output(x[1], 0.3, cond[0]))
+
+
+def test_bad_inputs_name_what_is_wrong(files, tmp_path):
+    ours = ZImage.load(files / "z_image_f32.safetensors")
+    with pytest.raises(ValueError, match="patch grid"):
+        ours.output(torch.randn(4, 7, 8), 1.0, torch.randn(3, 32))
+    with pytest.raises(ValueError, match="conditioning"):
+        ours.output(torch.randn(4, 8, 8), 1.0, torch.randn(3, 64))
+    with pytest.raises(ValueError, match="latent_image"):
+        ours.output(torch.randn(16, 8, 8), 1.0, torch.randn(3, 32))
+    other = tmp_path / "flux_vae.safetensors"
+    save_file({"decoder.conv_in.weight": torch.zeros(4, 16, 3, 3)}, other)
+    with pytest.raises(WeightsError, match="flux_vae.safetensors: not a Z-Image"):
+        ZImage.load(other)
+    from safetensors.torch import load_file
+    state = load_file(files / "z_image_f32.safetensors")
+    del state["layers.1.feed_forward.w2.weight"]
+    save_file(state, tmp_path / "broken.safetensors")
+    with pytest.raises(WeightsError, match="broken.safetensors: tensor 'layers.1.feed_forward.w2.weight' is missing"):
+        ZImage.load(tmp_path / "broken.safetensors")
+    with pytest.raises(ValueError, match="linears"):
+        ZImage.load(files / "z_image_f32.safetensors", linears="fp4")
