@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, layer_norm, rms_norm
 from ..linear import linear
+from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, concat, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor
@@ -59,23 +60,37 @@ def read_arch(ckpt: Checkpoint, prefix: str) -> Arch:
         qk_eps=1e-5, final_eps=1e-6, rope_axes=rope_axes, rope_theta=ROPE_THETA)
 
 
-def _read_block(ckpt: Checkpoint, p: str, a: Arch, markers: dict) -> Block:
-    """Block p (e.g. 'layers.3.'): QKV as stored [q; k; v] with each head's q and k rows (and head-norm gains)
+def _read_block(ckpt: Checkpoint, prefix: str, p: str, a: Arch, lin) -> Block:
+    """Block p (e.g. 'layers.3.'; lin reads a linear by its name after the file's prefix): QKV as stored [q; k; v] with each head's q and k rows (and head-norm gains)
     permuted from adjacent-pair rotary to split halves; UP = gluRows(w1, w3)."""
     perm = halves_permutation(a.rotary, a.head)
     heads = torch.arange(a.heads)[:, None] * a.head
     qk_rows = (heads + perm).reshape(-1)
     order = torch.cat([qk_rows, qk_rows + a.width, torch.arange(2 * a.width, 3 * a.width)])
-    qkv = read_linear(ckpt, f"{p}attention.qkv", markers)
+    qkv = lin(f"{p}attention.qkv")
     if qkv.weight.shape != (3 * a.width, a.hidden):
-        raise WeightsError(f"{ckpt.path.name}: '{p}attention.qkv.weight' is {tuple(qkv.weight.shape)}, "
+        raise WeightsError(f"{ckpt.path.name}: '{prefix}{p}attention.qkv.weight' is {tuple(qkv.weight.shape)}, "
                            f"expected {(3 * a.width, a.hidden)}")
-    up = glu_rows(read_linear(ckpt, f"{p}feed_forward.w1", markers), read_linear(ckpt, f"{p}feed_forward.w3", markers))
-    norm = lambda name: read_tensor(ckpt, f"{p}{name}.weight", (a.hidden,))  # noqa: E731
-    head_norm = lambda name: read_tensor(ckpt, f"{p}attention.{name}.weight", (a.head,))[perm]  # noqa: E731
-    return Block((qkv.rows(order), read_linear(ckpt, f"{p}attention.out", markers), up,
-                  read_linear(ckpt, f"{p}feed_forward.w2", markers), norm("attention_norm1"), norm("ffn_norm1"),
+    up = glu_rows(lin(f"{p}feed_forward.w1"), lin(f"{p}feed_forward.w3"))
+    norm = lambda name: read_tensor(ckpt, f"{prefix}{p}{name}.weight", (a.hidden,))  # noqa: E731
+    head_norm = lambda name: read_tensor(ckpt, f"{prefix}{p}attention.{name}.weight", (a.head,))[perm]  # noqa: E731
+    return Block((qkv.rows(order), lin(f"{p}attention.out"), up,
+                  lin(f"{p}feed_forward.w2"), norm("attention_norm1"), norm("ffn_norm1"),
                   head_norm("q_norm"), head_norm("k_norm"), norm("attention_norm2"), norm("ffn_norm2")))
+
+
+def lora_aliases(a: Arch, names: set[str]) -> dict[str, tuple[str, int]]:
+    """diffusers' names of Z-Image's linears (LoRAs trained on diffusers) -> (ComfyUI name, first row): to_q,
+    to_k, to_v are row slices of the fused qkv (ComfyUI v0.3.75 comfy/utils.py z_image_to_diffusers)."""
+    aliases = {"all_x_embedder.2-1": ("x_embedder", 0), "all_final_layer.2-1.linear": ("final_layer.linear", 0),
+               "all_final_layer.2-1.adaLN_modulation.1": ("final_layer.adaLN_modulation.1", 0)}
+    for name in names:
+        if name.endswith(".attention.qkv"):
+            stem = name[: -len("qkv")]
+            for i, part in enumerate(("to_q", "to_k", "to_v")):
+                aliases[stem + part] = (name, i * a.width)
+            aliases[stem + "to_out.0"] = (stem + "out", 0)
+    return aliases
 
 
 @dataclass(frozen=True)
@@ -98,18 +113,29 @@ class ZImage:
     final_out: Linear
 
     @staticmethod
-    def load(path: str | Path | Checkpoint, linears: str = "stored") -> "ZImage":
+    def load(path: str | Path | Checkpoint, linears: str = "stored",
+             loras: tuple[tuple[str | Path, float], ...] = ()) -> "ZImage":
         """Z-Image from ComfyUI's single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model.
         prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
-        ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized)."""
+        ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized). loras: (file, strength)
+        pairs merged into the linears as they load."""
         if linears not in LINEAR_MODES:
             raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         p = _prefix(ckpt)
         a = read_arch(ckpt, p)
         markers = ckpt.quantization_markers()
-        lin = lambda name: read_linear(ckpt, p + name, markers)  # noqa: E731
-        blocks = lambda stem, n: tuple(_read_block(ckpt, f"{p}{stem}.{i}.", a, markers) for i in range(n))  # noqa: E731
+        names = {k[len(p):-len(".weight")] for k in ckpt.keys()
+                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
+        adapters = [load_lora(f, s, names, lora_aliases(a, names)) for f, s in loras]
+
+        def lin(name: str) -> Linear:
+            merged = read_linear(ckpt, p + name, markers)
+            for adapter in adapters:
+                merged = adapter.merged(name, merged)
+            return merged
+
+        blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))  # noqa: E731
         convert = {"stored": lambda b: b, "int8": Block.quantized,
                    "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
         context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))

@@ -155,3 +155,66 @@ def test_bad_inputs_name_what_is_wrong(files, tmp_path):
         ZImage.load(tmp_path / "broken.safetensors")
     with pytest.raises(ValueError, match="linears"):
         ZImage.load(files / "z_image_f32.safetensors", linears="fp4")
+
+
+def _merged_state(state, updates):
+    """The float state with each (ComfyUI key, first row, A, B, factor) update added: the LoRA oracle."""
+    out = dict(state)
+    for key, first, down, up, factor in updates:
+        w = out[key].clone()
+        w[first:first + up.shape[0]] += factor * (up @ down)
+        out[key] = w
+    return out
+
+
+def test_lora_merges_in_every_key_form(files, tmp_path):
+    from safetensors.torch import load_file
+    state = load_file(files / "z_image_f32.safetensors")
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=g) * 0.05  # noqa: E731
+    dim, rank = 192, 4
+    a_q, b_q, a_o, b_o, a_w1, b_w1, a_w2, b_w2 = r(rank, dim), r(dim, rank), r(rank, dim), r(dim, rank), \
+        r(rank, dim), r(512, rank), r(rank, 512), r(dim, rank)
+    lora = {  # diffusers names (PEFT), ComfyUI names (kohya underscores with alpha), generic dotted names
+        "diffusion_model.layers.0.attention.to_k.lora_A.weight": a_q,
+        "diffusion_model.layers.0.attention.to_k.lora_B.weight": b_q,
+        "transformer.layers.1.attention.to_out.0.lora_A.weight": a_o,
+        "transformer.layers.1.attention.to_out.0.lora_B.weight": b_o,
+        "lora_unet_noise_refiner_0_feed_forward_w1.lora_down.weight": a_w1,
+        "lora_unet_noise_refiner_0_feed_forward_w1.lora_up.weight": b_w1,
+        "lora_unet_noise_refiner_0_feed_forward_w1.alpha": torch.tensor(2.0),
+        "diffusion_model.context_refiner.0.feed_forward.w2.lora_down.weight": a_w2,
+        "diffusion_model.context_refiner.0.feed_forward.w2.lora_up.weight": b_w2,
+    }
+    save_file(lora, tmp_path / "lora.safetensors")
+    s = 0.8
+    expected = _merged_state(state, [
+        ("layers.0.attention.qkv.weight", dim, a_q, b_q, s), ("layers.1.attention.out.weight", 0, a_o, b_o, s),
+        ("noise_refiner.0.feed_forward.w1.weight", 0, a_w1, b_w1, s * 2 / rank),
+        ("context_refiner.0.feed_forward.w2.weight", 0, a_w2, b_w2, s)])
+    save_file(expected, tmp_path / "merged.safetensors")
+    latent, caption = torch.randn(4, 6, 8), torch.randn(10, 32)
+    with_lora = ZImage.load(files / "z_image_f32.safetensors", loras=((tmp_path / "lora.safetensors", s),))
+    oracle = ZImage.load(tmp_path / "merged.safetensors").output(latent, 0.5, caption)
+    plain = ZImage.load(files / "z_image_f32.safetensors").output(latent, 0.5, caption)
+    assert rel_err(with_lora.output(latent, 0.5, caption), oracle) <= 1e-6
+    assert rel_err(plain, oracle) > 1e-3  # the LoRA does change the output
+    # On an INT8 file the merged linears are requantized: close to the float merge.
+    int8 = ZImage.load(files / "z_image_int8_convrot.safetensors", loras=((tmp_path / "lora.safetensors", s),))
+    assert int8.blocks[1].w[1].quantized
+    assert rel_err(int8.output(latent, 0.5, caption), oracle) <= 3e-2
+
+
+def test_lora_for_another_model_is_refused(files, tmp_path):
+    save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 3072),
+               "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(9216, 4)}, tmp_path / "flux_lora.safetensors")
+    with pytest.raises(WeightsError, match="flux_lora.safetensors: a LoRA for another model"):
+        ZImage.load(files / "z_image_f32.safetensors", loras=((tmp_path / "flux_lora.safetensors", 1.0),))
+    save_file({"diffusion_model.layers.0.attention.qkv.lora_A.weight": torch.zeros(4, 3840),
+               "diffusion_model.layers.0.attention.qkv.lora_B.weight": torch.zeros(11520, 4)},
+              tmp_path / "big_lora.safetensors")
+    with pytest.raises(WeightsError, match="big_lora.safetensors: LoRA layer 'layers.0.attention.qkv'.*another model size"):
+        ZImage.load(files / "z_image_f32.safetensors", loras=((tmp_path / "big_lora.safetensors", 1.0),))
+    save_file({"x": torch.zeros(2)}, tmp_path / "not_lora.safetensors")
+    with pytest.raises(WeightsError, match="not_lora.safetensors: no LoRA tensors"):
+        ZImage.load(files / "z_image_f32.safetensors", loras=((tmp_path / "not_lora.safetensors", 1.0),))
