@@ -218,3 +218,26 @@ def test_lora_for_another_model_is_refused(files, tmp_path):
     save_file({"x": torch.zeros(2)}, tmp_path / "not_lora.safetensors")
     with pytest.raises(WeightsError, match="not_lora.safetensors: no LoRA tensors"):
         ZImage.load(files / "z_image_f32.safetensors", loras=((tmp_path / "not_lora.safetensors", 1.0),))
+
+
+def test_forward_matches_comfyui_nextdit(comfy, tmp_path):
+    """The second reference: ComfyUI v0.3.75's own NextDiT, built directly at width 1024 (below it ComfyUI's
+    time-embedder width differs from diffusers'; reference/families/z_image.md section 11)."""
+    import comfy.ops
+    from comfy.ldm.lumina.model import NextDiT
+    torch.manual_seed(5)
+    model = NextDiT(patch_size=2, in_channels=4, dim=1024, n_layers=1, n_refiner_layers=1, n_heads=8,
+                    n_kv_heads=8, multiple_of=1, ffn_dim_multiplier=8 / 3, norm_eps=1e-5, qk_norm=True,
+                    cap_feat_dim=32, axes_dims=[32, 48, 48], axes_lens=[1536, 512, 512], rope_theta=256.0,
+                    z_image_modulation=True, time_scale=1000.0, pad_tokens_multiple=32,
+                    operations=comfy.ops.disable_weight_init).eval()
+    state = {}
+    for k, v in model.state_dict().items():
+        state[k] = torch.randn(v.shape) * (0.5 if v.dim() == 1 or v.shape[0] == 1 else v.shape[-1] ** -0.5)
+    model.load_state_dict(state)
+    save_file(state, tmp_path / "z_image_1024.safetensors")
+    ours = ZImage.load(tmp_path / "z_image_1024.safetensors")
+    latent, caption = torch.randn(4, 6, 10), torch.randn(13, 32)
+    with torch.no_grad():
+        v = model(latent[None], torch.tensor([0.7]), caption[None], num_tokens=13)[0]
+    assert rel_err(ours.output(latent, 0.7, caption), -v) <= 1e-5
