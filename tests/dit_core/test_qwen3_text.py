@@ -1,0 +1,226 @@
+"""Qwen3 text encoder: token ids vs ComfyUI's ZImageTokenizer, features vs transformers' Qwen3Model."""
+import json
+
+import pytest
+import torch
+from conftest import COMFYUI_TREE, rel_err
+from safetensors.torch import save_file
+from transformers import Qwen3Config, Qwen3Model
+
+from dit_core.qwen3_text import PromptTokenizer, Qwen3TextEncoder
+from dit_core.weights import WeightsError, convrot_group_for, quantize_convrot
+
+TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+LONG = " ".join(f"a {c} fox number {i} jumps over the lazy dog;" for i, c in enumerate(["red", "green"] * 60))
+
+PROMPTS = {
+    "english": "A photo of a cat sitting on a windowsill at golden hour, 35mm, shallow depth of field.",
+    "unicode": "东京的夜景，霓虹灯闪烁 🌃🐱✨ — café naïve Zürich Ångström Привет 𝔘𝔫𝔦",
+    "empty": "",
+    "long": LONG,
+    "escapes": r"a \(escaped\) bracket, (weighted:1.2) word, ((double)), [square], \\( odd \\) \ slash",
+    "newlines": "line one\nline two\n\n   indented\ttab\r\nwindows line\n",
+    "embedding": "a cat embedding:foo, next\nembedding:bar baz embedding: trailing",
+    "embedding_first": "embedding:style_a  two  spaces",
+    "special_tokens": "say <|im_end|> then <|im_start|>system and <|endoftext|> {braces} {}",
+}
+
+
+@pytest.fixture(scope="module")
+def ours():
+    return PromptTokenizer(TOKENIZER_DIR)
+
+
+@pytest.fixture(scope="module")
+def comfy_tokenizer(comfy):
+    from comfy.text_encoders.z_image import ZImageTokenizer
+    return ZImageTokenizer()
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_tokens_match_comfyui(name, ours, comfy_tokenizer):
+    out = comfy_tokenizer.tokenize_with_weights(PROMPTS[name])
+    assert list(out) == ["qwen3_4b"] and len(out["qwen3_4b"]) == 1  # one unpadded batch
+    expected = [t for t, _w in out["qwen3_4b"][0]]
+    assert ours(PROMPTS[name]) == expected
+    if name == "long":
+        assert len(expected) > 1000
+
+
+def test_template_tokens(ours):
+    ids = ours("")
+    # <|im_start|> user \n <|im_end|> \n <|im_start|> assistant \n: no BOS/EOS, no padding.
+    assert ids[0] == 151644 and ids.count(151645) == 1 and 151643 not in ids
+    assert ours.tokenizer.decode(ids) == "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
+
+
+# --- features: a tiny random Qwen3 in ComfyUI's text_encoders layout ----------------------------------------
+
+TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+            max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+@pytest.fixture(scope="module")
+def reference():
+    torch.manual_seed(0)
+    model = Qwen3Model(Qwen3Config(**TINY)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):  # RMSNorm gains around 1, each one different
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif p.dim() == 2 and "embed" not in name:
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+            else:
+                p.copy_(torch.randn_like(p))
+    return model
+
+
+def comfy_layout(model: Qwen3Model, prefix: str = "") -> dict[str, torch.Tensor]:
+    return {f"{prefix}model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+def marker(fmt: dict) -> torch.Tensor:
+    return torch.tensor(list(json.dumps(fmt).encode()), dtype=torch.uint8)
+
+
+@pytest.fixture(scope="module")
+def files(reference, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3")
+    sd = comfy_layout(reference)
+    paths = {"float": root / "qwen3_tiny.safetensors", "prefixed": root / "checkpoint.safetensors",
+             "int8": root / "qwen3_tiny_int8.safetensors", "fp8": root / "qwen3_tiny_fp8.safetensors",
+             "fp8_as_float": root / "qwen3_tiny_fp8_as_float.safetensors"}
+    save_file(sd, str(paths["float"]))
+    save_file(comfy_layout(reference, "text_encoders.qwen3_4b.transformer."), str(paths["prefixed"]))
+    int8, fp8, fp8_as_float = dict(sd), dict(sd), dict(sd)
+    for i in range(TINY["num_hidden_layers"]):
+        for lin in LINEARS:
+            layer = f"model.layers.{i}.{lin}"
+            w = sd[f"{layer}.weight"]
+            # group 64 here: no in-features of the tiny model is a multiple of 256
+            group = convrot_group_for(w.shape[1])
+            codes, scale = quantize_convrot(w, group)
+            int8[f"{layer}.weight"], int8[f"{layer}.weight_scale"] = codes, scale
+            int8[f"{layer}.comfy_quant"] = marker({"format": "int8_tensorwise", "convrot": True,
+                                                   "convrot_groupsize": group})
+            s = w.abs().max() / 448.0  # per-tensor scaled FP8 as ComfyUI's fp8_scaled files store it
+            fp8[f"{layer}.weight"] = (w / s).to(torch.float8_e4m3fn)
+            fp8[f"{layer}.weight_scale"] = s.reshape(())
+            fp8[f"{layer}.comfy_quant"] = marker({"format": "float8_e4m3fn"})
+            fp8_as_float[f"{layer}.weight"] = fp8[f"{layer}.weight"].float() * s
+    save_file(int8, str(paths["int8"]))
+    save_file(fp8, str(paths["fp8"]))
+    save_file(fp8_as_float, str(paths["fp8_as_float"]))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def encoder(files):
+    return Qwen3TextEncoder.load(files["float"], TOKENIZER_DIR, expected_hidden=64)
+
+
+@pytest.mark.parametrize("name", ["english", "unicode", "empty", "newlines"])
+def test_features_match_transformers(name, encoder, reference):
+    ids = encoder.tokenize(PROMPTS[name])
+    got = encoder.encode(PROMPTS[name])
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-2]
+    assert got.shape == (1, len(ids), 64) and got.dtype == torch.float32
+    assert rel_err(got, want) <= 1e-5
+    # only the layers hidden_states[-2] needs are built, and no final norm
+    assert len(encoder.model.layers) == TINY["num_hidden_layers"] - 1
+
+
+def test_config_from_shapes(encoder):
+    c = encoder.model.config
+    assert (c.vocab_size, c.hidden_size, c.intermediate_size) == (151936, 64, 128)
+    assert (c.num_attention_heads, c.num_key_value_heads, c.head_dim) == (4, 2, 16)
+    assert c.rope_parameters["rope_theta"] == 1e6 and c.rms_norm_eps == 1e-6
+
+
+def test_checkpoint_prefix(files, encoder):
+    prefixed = Qwen3TextEncoder.load(files["prefixed"], TOKENIZER_DIR)
+    prompt = PROMPTS["english"]
+    assert torch.equal(prefixed.encode(prompt), encoder.encode(prompt))
+
+
+@pytest.mark.parametrize("fmt, baseline", [("int8", "float"), ("fp8", "fp8_as_float")])
+def test_quantized_close_to_float(fmt, baseline, files):
+    # FP8 is requantized to INT8 ConvRot at load (weights.read_linear), so it is held to the float model of
+    # its own FP8 values: the FP8 rounding itself costs about 5% on this tiny random model.
+    quant = Qwen3TextEncoder.load(files[fmt], TOKENIZER_DIR, expected_hidden=64)
+    full = Qwen3TextEncoder.load(files[baseline], TOKENIZER_DIR, expected_hidden=64)
+    prompt = PROMPTS["unicode"]
+    err = rel_err(quant.encode(prompt), full.encode(prompt))
+    assert 1e-4 < err <= 3e-2  # the quantized weights were really used, and are close
+
+
+def test_bfloat16(files, encoder):
+    bf16 = Qwen3TextEncoder.load(files["float"], TOKENIZER_DIR, dtype=torch.bfloat16)
+    assert bf16.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert bf16.model.rotary_emb.inv_freq.dtype == torch.float32  # RoPE angles not rounded
+    got = bf16.encode(PROMPTS["english"])
+    assert got.dtype == torch.float32 and rel_err(got, encoder.encode(PROMPTS["english"])) <= 5e-2
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+def small_file(tmp_path, name, tensors):
+    path = tmp_path / name
+    save_file({k: torch.zeros(shape) for k, shape in tensors.items()}, str(path))
+    return path
+
+
+@pytest.mark.parametrize("name, tensors, match", [
+    ("z_image_turbo_bf16.safetensors",
+     {"layers.0.attention.qkv.weight": (96, 32), "x_embedder.weight": (32, 64)}, "not a text encoder"),
+    ("ae.safetensors", {"decoder.conv_in.weight": (8, 4, 3, 3), "encoder.conv_in.weight": (8, 3, 3, 3)},
+     "not a text encoder"),
+    ("gemma_3_4b.safetensors", {"model.layers.0.self_attn.q_norm.weight": (16,),
+                                "model.layers.0.post_feedforward_layernorm.weight": (64,)}, "Gemma"),
+    ("qwen_2.5_vl_7b.safetensors", {"model.layers.0.self_attn.k_proj.bias": (32,),
+                                    "model.layers.0.self_attn.k_proj.weight": (32, 64)}, "Qwen2.5"),
+])
+def test_not_a_qwen3_text_encoder(tmp_path, name, tensors, match):
+    with pytest.raises(WeightsError, match=rf"{name}.*{match}.*Qwen3"):
+        Qwen3TextEncoder.load(small_file(tmp_path, name, tensors), TOKENIZER_DIR)
+
+
+def test_wrong_hidden_size(files):
+    with pytest.raises(WeightsError, match=r"qwen3_tiny\.safetensors.*hidden size 64, expected 2560"):
+        Qwen3TextEncoder.load(files["float"], TOKENIZER_DIR, expected_hidden=2560)
+
+
+def test_missing_layer(tmp_path, reference):
+    sd = {k: v for k, v in comfy_layout(reference).items() if not k.startswith("model.layers.1.")}
+    save_file(sd, str(tmp_path / "holes.safetensors"))
+    with pytest.raises(WeightsError, match=r"holes\.safetensors.*layers \[1\] are missing"):
+        Qwen3TextEncoder.load(tmp_path / "holes.safetensors", TOKENIZER_DIR)
+
+
+def test_missing_tensor(tmp_path, reference):
+    sd = {k: v for k, v in comfy_layout(reference).items() if k != "model.layers.0.mlp.down_proj.weight"}
+    save_file(sd, str(tmp_path / "cut.safetensors"))
+    with pytest.raises(WeightsError, match=r"cut\.safetensors.*down_proj\.weight' is missing"):
+        Qwen3TextEncoder.load(tmp_path / "cut.safetensors", TOKENIZER_DIR)
+
+
+def test_inconsistent_shapes(tmp_path, reference):
+    sd = comfy_layout(reference)
+    sd["model.layers.1.mlp.gate_proj.weight"] = torch.zeros(96, 64)  # layer 0 says intermediate 128
+    save_file(sd, str(tmp_path / "mixed.safetensors"))
+    with pytest.raises(WeightsError, match=r"(?s)mixed\.safetensors.*do not fit.*gate_proj"):
+        Qwen3TextEncoder.load(tmp_path / "mixed.safetensors", TOKENIZER_DIR)
+
+
+def test_bad_tokenizer_folder(tmp_path, files):
+    with pytest.raises(WeightsError, match="vocab.json"):
+        Qwen3TextEncoder.load(files["float"], tmp_path)
+
+
+def test_token_ids_out_of_range(encoder):
+    with pytest.raises(ValueError, match="token ids"):
+        encoder.encode_ids([0, 151936])
