@@ -1,0 +1,339 @@
+"""Flow sampling as ComfyUI v0.3.75 runs it: seeded noise, sigma schedules, Euler, res_multistep, CFG."""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+
+# ComfyUI v0.3.75 comfy/latent_formats.py Flux: the FLUX.1 VAE latent's shift and scale.
+FLUX_LATENT_SHIFT = 0.1159
+FLUX_LATENT_SCALE = 0.3611
+
+Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class SamplingCancelled(Exception):
+    """Raised between steps when `should_stop()` says so; `steps_done` of `total` steps had finished."""
+
+    def __init__(self, steps_done: int, total: int):
+        super().__init__(f"sampling cancelled after {steps_done} of {total} steps")
+        self.steps_done = steps_done
+        self.total = total
+
+
+# --- noise --------------------------------------------------------------------------------------------------
+
+def prepare_noise(latent: torch.Tensor, seed: int,
+                  batch_index: Optional[Sequence[int]] = None) -> torch.Tensor:
+    """The noise ComfyUI draws for `latent` (comfy/sample.py prepare_noise): randn of the latent's shape and
+    dtype on the CPU from a generator seeded with `seed`. With `batch_index`, one [1, ...] draw per index
+    0..max(index) in order, row j taking draw batch_index[j]. A local generator: the same stream as
+    torch.manual_seed, and the global RNG is left untouched."""
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(seed)
+    if batch_index is None:
+        return torch.randn(latent.shape, dtype=latent.dtype, generator=gen, device="cpu")
+    inds = [int(i) for i in batch_index]
+    if not inds or min(inds) < 0:
+        raise ValueError(f"prepare_noise: batch_index must be indices >= 0, got {list(batch_index)}")
+    if len(inds) != latent.shape[0]:
+        raise ValueError(f"prepare_noise: batch_index has {len(inds)} entries for a latent batch of "
+                         f"{latent.shape[0]}")
+    # Draws for unused indices are made and dropped, so that each index keeps its place in the stream.
+    draws = [torch.randn([1, *latent.shape[1:]], dtype=latent.dtype, generator=gen, device="cpu")
+             for _ in range(max(inds) + 1)]
+    return torch.cat([draws[i] for i in inds], dim=0)
+
+
+# --- latent format and the CONST (rectified flow) model sampling --------------------------------------------
+
+def process_in(z: torch.Tensor, shift: float = FLUX_LATENT_SHIFT,
+               scale: float = FLUX_LATENT_SCALE) -> torch.Tensor:
+    """Raw VAE latent -> the normalized latent the model sees (ComfyUI latent_formats.Flux.process_in)."""
+    return (z - shift) * scale
+
+
+def process_out(x: torch.Tensor, shift: float = FLUX_LATENT_SHIFT,
+                scale: float = FLUX_LATENT_SCALE) -> torch.Tensor:
+    """Normalized latent -> raw VAE latent (ComfyUI latent_formats.Flux.process_out)."""
+    return (x / scale) + shift
+
+
+def noise_scaling(sigma: torch.Tensor, noise: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
+    """Start of sampling, x = sigma*noise + (1 - sigma)*latent (ComfyUI model_sampling.CONST.noise_scaling).
+    CONST ignores max_denoise: a flow model starts the same whether or not sigma_0 is the table's maximum."""
+    return sigma * noise + (1.0 - sigma) * latent
+
+
+def inverse_noise_scaling(sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """End of sampling, x/(1 - sigma_last) (ComfyUI CONST.inverse_noise_scaling; identity at sigma_last 0)."""
+    return x / (1.0 - sigma)
+
+
+def time_shift(shift: float, t):
+    """shift*t/(1 + (shift - 1)*t), ComfyUI model_sampling.time_snr_shift (t returned as is at shift 1)."""
+    if shift == 1.0:
+        return t
+    return shift * t / (1 + (shift - 1) * t)
+
+
+def flow_sigma_table(shift: float = 3.0, multiplier: float = 1.0, timesteps: int = 1000) -> torch.Tensor:
+    """ModelSamplingDiscreteFlow's fp32 table, sigma(i/timesteps) for i = 1..timesteps. multiplier 1.0 is
+    ModelSamplingAuraFlow (Z-Image), 1000 ModelSamplingSD3; the round trip t*multiplier/multiplier is kept
+    because in fp32 it can move the last bit (comfy/model_sampling.py set_parameters)."""
+    if not shift > 0:
+        raise ValueError(f"flow_sigma_table: shift must be > 0, got {shift}")
+    if not multiplier > 0:
+        raise ValueError(f"flow_sigma_table: multiplier must be > 0, got {multiplier}")
+    ts = (torch.arange(1, timesteps + 1, 1) / timesteps) * multiplier
+    return time_shift(shift, ts / multiplier)
+
+
+# --- schedulers: (table, steps, shift, multiplier) -> steps + 1 sigmas ending in 0 (fp32, CPU) --------------
+# Each mirrors the ComfyUI v0.3.75 comfy/samplers.py function named in its docstring, on a flow table.
+
+def _simple(table, steps, shift, multiplier):
+    """simple_scheduler: every (len/steps)-th table entry from the top."""
+    stride = len(table) / steps
+    return torch.FloatTensor([float(table[-(1 + int(k * stride))]) for k in range(steps)] + [0.0])
+
+
+def _ddim_uniform(table, steps, shift, multiplier):
+    """ddim_scheduler: table[1], table[1 + s], ... reversed (s = len // steps); the count can differ from
+    steps."""
+    sigs = [0.0]
+    if math.isclose(float(table[1]), 0, abs_tol=0.00001):
+        steps, sigs = steps + 1, []
+    stride = max(len(table) // steps, 1)
+    sigs += [float(table[i]) for i in range(1, len(table), stride)]
+    return torch.FloatTensor(sigs[::-1])
+
+
+def _normal(table, steps, shift, multiplier, sgm=False):
+    """normal_scheduler (sgm_uniform with sgm=True): timesteps spaced evenly between the table's ends."""
+    start, end = table[-1] * multiplier, table[0] * multiplier
+    append_zero = True
+    if sgm:
+        ts = torch.linspace(start, end, steps + 1)[:-1]
+    else:
+        if math.isclose(float(time_shift(shift, end / multiplier)), 0, abs_tol=0.00001):
+            steps, append_zero = steps + 1, False
+        ts = torch.linspace(start, end, steps)
+    sigs = [float(time_shift(shift, t / multiplier)) for t in ts]
+    return torch.FloatTensor(sigs + [0.0] if append_zero else sigs)
+
+
+def _beta(table, steps, shift, multiplier, alpha=0.6, beta=0.6):
+    """beta_scheduler (arXiv 2407.12173): table entries at the Beta(0.6, 0.6) quantiles, repeats dropped.
+    Needs scipy, as ComfyUI does (imported here only, so the rest of dit_core runs without it)."""
+    import numpy
+    import scipy.stats
+
+    total = len(table) - 1
+    quantiles = 1 - numpy.linspace(0, 1, steps, endpoint=False)
+    ts = numpy.rint(scipy.stats.beta.ppf(quantiles, alpha, beta) * total)
+    sigs, last = [], -1
+    for t in ts:
+        if t != last:
+            sigs.append(float(table[int(t)]))
+        last = t
+    return torch.FloatTensor(sigs + [0.0])
+
+
+def _karras(table, steps, shift, multiplier, rho=7.0):
+    """k_diffusion get_sigmas_karras(n, sigma_min, sigma_max) (Karras et al. 2022, rho 7)."""
+    lo, hi = float(table[0]) ** (1 / rho), float(table[-1]) ** (1 / rho)
+    sigmas = (hi + torch.linspace(0, 1, steps) * (lo - hi)) ** rho
+    return torch.cat([sigmas, sigmas.new_zeros([1])])
+
+
+def _exponential(table, steps, shift, multiplier):
+    """k_diffusion get_sigmas_exponential: evenly spaced in log sigma."""
+    sigmas = torch.linspace(math.log(float(table[-1])), math.log(float(table[0])), steps).exp()
+    return torch.cat([sigmas, sigmas.new_zeros([1])])
+
+
+def _linear_quadratic(table, steps, shift, multiplier, threshold_noise=0.025):
+    """linear_quadratic_schedule (Mochi): linear to threshold_noise over steps//2, then quadratic; times
+    sigma_max."""
+    if steps == 1:
+        sched = [1.0, 0.0]
+    else:
+        lin = steps // 2
+        quad = steps - lin
+        diff = lin - threshold_noise * steps
+        q_coef = diff / (lin * quad ** 2)
+        l_coef = threshold_noise / lin - 2 * diff / (quad ** 2)
+        const = q_coef * (lin ** 2)
+        sched = [i * threshold_noise / lin for i in range(lin)]
+        sched += [q_coef * (i ** 2) + l_coef * i + const for i in range(lin, steps)] + [1.0]
+        sched = [1.0 - s for s in sched]
+    return torch.FloatTensor(sched) * table[-1]
+
+
+def _kl_optimal(table, steps, shift, multiplier):
+    """kl_optimal_scheduler (AUTOMATIC1111 PR 15608): tan of evenly spaced atan(sigma). ComfyUI divides by
+    steps - 1 and returns NaN for one step; we refuse instead."""
+    if steps < 2:
+        raise ValueError("scheduler 'kl_optimal' needs at least 2 steps (ComfyUI yields NaN sigmas for 1)")
+    adj = torch.arange(steps, dtype=torch.float).div_(steps - 1)
+    sigmas = adj.new_zeros(steps + 1)
+    sigmas[:-1] = (adj * math.atan(float(table[0])) + (1 - adj) * math.atan(float(table[-1]))).tan_()
+    return sigmas
+
+
+SCHEDULERS = {
+    "simple": _simple,
+    "sgm_uniform": lambda table, steps, shift, multiplier: _normal(table, steps, shift, multiplier, sgm=True),
+    "karras": _karras,
+    "exponential": _exponential,
+    "ddim_uniform": _ddim_uniform,
+    "beta": _beta,
+    "normal": _normal,
+    "linear_quadratic": _linear_quadratic,
+    "kl_optimal": _kl_optimal,
+}
+
+
+def calculate_sigmas(scheduler: str, steps: int, shift: float = 3.0, multiplier: float = 1.0) -> torch.Tensor:
+    """Sigmas of `scheduler` for `steps` steps on a flow model (ComfyUI samplers.calculate_sigmas)."""
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; supported: {', '.join(SCHEDULERS)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    return SCHEDULERS[scheduler](flow_sigma_table(shift, multiplier), steps, shift, multiplier)
+
+
+def ksampler_sigmas(scheduler: str, steps: int, denoise: float = 1.0, shift: float = 3.0,
+                    multiplier: float = 1.0) -> torch.Tensor:
+    """KSampler.set_steps: for denoise < 1 the schedule of int(steps/denoise) steps, last steps + 1 kept;
+    denoise <= 0 gives no sigmas (nothing to do)."""
+    if denoise is None or denoise > 0.9999:
+        return calculate_sigmas(scheduler, steps, shift, multiplier)
+    if denoise <= 0.0:
+        return torch.FloatTensor([])
+    return calculate_sigmas(scheduler, int(steps / denoise), shift, multiplier)[-(steps + 1):]
+
+
+# --- samplers: denoiser(x, sigma) -> x0, sigma a 0-d tensor -------------------------------------------------
+
+def _before_step(i: int, total: int, should_stop: Optional[Callable[[], bool]]) -> None:
+    if should_stop is not None and should_stop():
+        raise SamplingCancelled(i, total)
+
+
+def sample_euler(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, callback=None,
+                 should_stop=None) -> torch.Tensor:
+    """Euler on the ODE dx/dsigma = (x - x0)/sigma (k_diffusion sample_euler, s_churn 0)."""
+    sigmas = sigmas.to(x.device)
+    total = len(sigmas) - 1
+    for i in range(total):
+        _before_step(i, total, should_stop)
+        x0 = denoiser(x, sigmas[i])
+        d = (x - x0) / sigmas[i]
+        x = x + d * (sigmas[i + 1] - sigmas[i])
+        if callback is not None:
+            callback(i + 1, total, x, x0)
+    return x
+
+
+def sample_res_multistep(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, callback=None,
+                         should_stop=None) -> torch.Tensor:
+    """Second-order multistep exponential integrator (arXiv 2308.02157), ComfyUI k_diffusion res_multistep
+    at eta 0: Euler on the first step and on any step to sigma 0, else with lambda = -log(sigma), h its step,
+    c2 = (lambda_prev - lambda)/h, phi1(z) = expm1(z)/z, phi2(z) = (phi1 - 1)/z at z = -h:
+    x' = e^-h x + h*((phi1 - phi2/c2) x0 + (phi2/c2) x0_prev). At eta 0 ComfyUI adds noise times 0, which
+    we skip."""
+    sigmas = sigmas.to(x.device)
+    total = len(sigmas) - 1
+    x0_prev = None
+    for i in range(total):
+        _before_step(i, total, should_stop)
+        x0 = denoiser(x, sigmas[i])
+        if sigmas[i + 1] == 0 or x0_prev is None:
+            d = (x - x0) / sigmas[i]
+            x = x + d * (sigmas[i + 1] - sigmas[i])
+        else:
+            lam, lam_next, lam_prev = (s.log().neg() for s in (sigmas[i], sigmas[i + 1], sigmas[i - 1]))
+            h = lam_next - lam
+            c2 = (lam_prev - lam) / h
+            z = h.neg()
+            phi1 = torch.expm1(z) / z
+            phi2 = (phi1 - 1.0) / z
+            b1 = torch.nan_to_num(phi1 - phi2 / c2, nan=0.0)
+            b2 = torch.nan_to_num(phi2 / c2, nan=0.0)
+            x = h.neg().exp() * x + h * (b1 * x0 + b2 * x0_prev)
+        x0_prev = x0
+        if callback is not None:
+            callback(i + 1, total, x, x0)
+    return x
+
+
+SAMPLERS = {"euler": sample_euler, "res_multistep": sample_res_multistep}
+
+
+def cfg_denoiser(model: Callable, cfg: float, positive, negative=None) -> Denoiser:
+    """denoiser(x, sigma) from model(x, sigma, cond) -> x0 with classifier-free guidance on x0, as ComfyUI's
+    sampling_function/cfg_function: at cfg ~ 1 (math.isclose) one positive pass, uncond taken as 0, so
+    x0 = x0_pos*cfg; else x0 = x0_neg + (x0_pos - x0_neg)*cfg."""
+    if math.isclose(cfg, 1.0):
+        return lambda x, sigma: model(x, sigma, positive) * cfg
+    if negative is None:
+        raise ValueError(f"cfg {cfg} needs a negative conditioning (or set cfg to 1.0)")
+
+    def denoise(x, sigma):
+        x0_pos = model(x, sigma, positive)
+        x0_neg = model(x, sigma, negative)
+        return x0_neg + (x0_pos - x0_neg) * cfg
+    return denoise
+
+
+def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
+            latent_image: torch.Tensor, positive=None, negative=None, denoise: float = 1.0,
+            shift: float = 3.0, multiplier: float = 1.0, batch_index: Optional[Sequence[int]] = None,
+            callback=None, should_stop=None, latent_shift: float = FLUX_LATENT_SHIFT,
+            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: Optional[int] = None) -> torch.Tensor:
+    """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000): raw
+    latent in, raw latent out. `model` is model(x, sigma, cond) -> x0 when `positive` is given, else a
+    denoiser(x, sigma) -> x0 (then cfg must be 1). An all-zero latent with other than `latent_channels`
+    channels is widened to them (comfy/sample.py fix_empty_latent_channels: a stock 4-channel Empty Latent
+    Image on a 16-channel model). Raises SamplingCancelled when should_stop() turns true between steps."""
+    if sampler_name not in SAMPLERS:
+        raise ValueError(f"unknown sampler_name {sampler_name!r}; supported: {', '.join(SAMPLERS)}")
+    if scheduler not in SCHEDULERS:
+        raise ValueError(f"unknown scheduler {scheduler!r}; supported: {', '.join(SCHEDULERS)}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not math.isfinite(cfg):
+        raise ValueError(f"cfg must be a finite number, got {cfg}")
+    if not 0.0 <= denoise <= 1.0:
+        raise ValueError(f"denoise must be in [0, 1], got {denoise}")
+    if not (isinstance(latent_image, torch.Tensor) and latent_image.is_floating_point()
+            and latent_image.ndim >= 3):
+        raise ValueError("latent_image must be a floating-point tensor [B, C, ...]")
+    if positive is None:
+        if not math.isclose(cfg, 1.0):
+            raise ValueError(f"cfg {cfg} needs positive and negative conditioning; "
+                             "a bare denoiser runs at cfg 1")
+        denoiser = model
+    else:
+        denoiser = cfg_denoiser(model, cfg, positive, negative)
+
+    if latent_channels is not None and latent_image.shape[1] != latent_channels \
+            and torch.count_nonzero(latent_image) == 0:
+        b, _, *rest = latent_image.shape
+        latent_image = latent_image.new_zeros([b, latent_channels, *rest])
+    sigmas = ksampler_sigmas(scheduler, steps, denoise, shift, multiplier)
+    if len(sigmas) == 0:  # CFGGuider.sample returns the latent untouched when there is nothing to do
+        return latent_image
+    noise = prepare_noise(latent_image, seed, batch_index).to(latent_image.device)
+    sigmas = sigmas.to(latent_image.device)
+    # CFGGuider.inner_sample: an all-zero (empty) latent is not shifted into the model's space.
+    latent = latent_image
+    if torch.count_nonzero(latent) > 0:
+        latent = process_in(latent, latent_shift, latent_scale)
+    x = noise_scaling(sigmas[0], noise, latent)
+    x = SAMPLERS[sampler_name](denoiser, x, sigmas, callback=callback, should_stop=should_stop)
+    x = inverse_noise_scaling(sigmas[-1], x)
+    return process_out(x.to(torch.float32), latent_shift, latent_scale)
