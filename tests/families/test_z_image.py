@@ -241,3 +241,32 @@ def test_forward_matches_comfyui_nextdit(comfy, tmp_path):
     with torch.no_grad():
         v = model(latent[None], torch.tensor([0.7]), caption[None], num_tokens=13)[0]
     assert rel_err(ours.output(latent, 0.7, caption), -v) <= 1e-5
+
+
+@pytest.mark.parametrize("sampler", ["euler", "res_multistep"])
+def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
+    """Our KSampler over the tiny Z-Image equals ComfyUI's k-diffusion sampler driving the same model."""
+    import comfy.k_diffusion.sampling as k
+    import comfy.latent_formats
+    import comfy.model_sampling
+    import comfy.sample
+    import comfy.samplers
+    from dit_core.sampling import ksample
+
+    model = ZImage.load(files / "z_image_f32.safetensors")
+    cond, latent = torch.randn(1, 9, 32), torch.zeros(1, 4, 6, 8)
+    ours = ksample(model.denoised, 77, 4, 1.0, sampler, "simple", latent, positive=cond)
+
+    class Flow(comfy.model_sampling.ModelSamplingDiscreteFlow, comfy.model_sampling.CONST):
+        pass
+
+    class Config:
+        sampling_settings = {"shift": 3.0, "multiplier": 1.0}
+
+    sigmas = comfy.samplers.calculate_sigmas(Flow(Config()), "simple", 4)
+    noise = comfy.sample.prepare_noise(latent, 77)
+    x = sigmas[0] * noise  # CONST noise scaling of an empty latent
+    denoiser = lambda x, sigma, **kw: model.denoised(x, sigma[0].item(), cond)  # noqa: E731
+    run = {"euler": k.sample_euler, "res_multistep": k.sample_res_multistep}[sampler]
+    expected = comfy.latent_formats.Flux().process_out(run(denoiser, x, sigmas, disable=True))
+    assert rel_err(ours, expected) <= 1e-6
