@@ -14,10 +14,15 @@ def int8_product(x: torch.Tensor, lin: Linear) -> torch.Tensor:
     INT8 (ComfyUI's rounding), integer products accumulated exactly (float64 holds every int32 sum),
     then times x's row scale and W's row scale."""
     k = x.shape[-1]
-    rows = x.reshape(-1, k).float()
+    rows = x.reshape(-1, k)
+    work = rows.float()
     if lin.group:
-        rows = rotate(rows, lin.group)
-    codes, x_scale = quantize_rows(rows)
+        work = rotate(work, lin.group)
+    if rows.dtype in (torch.bfloat16, torch.float16):
+        # Kitchen's quantizers round the rotated rows to x's dtype and divide in it (eager: a bf16 matmul;
+        # CUDA: f32 rotation then a bf16 cast), format doc section 5; f32 throughout drifts ~4e-3 from them.
+        work = work.to(rows.dtype)
+    codes, x_scale = quantize_rows(work)
     acc = codes.double() @ lin.weight.double().t()
     w_scale = lin.scale.float().reshape(1, -1) if lin.scale.numel() > 1 else lin.scale.float().reshape(1, 1)
     y = acc.float() * (x_scale * w_scale)

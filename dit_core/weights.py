@@ -40,7 +40,10 @@ class Checkpoint:
         if self.path.suffix.lower() not in (".safetensors", ".sft"):
             raise WeightsError(f"{self.path.name}: only .safetensors files are read (no pickle); convert it first")
         self.header, self.metadata = _read_header(self.path)
-        self._file = safe_open(str(self.path), framework="pt", device="cpu")
+        try:
+            self._file = safe_open(str(self.path), framework="pt", device="cpu")
+        except Exception as e:  # safetensors' own checks (holes between tensors, ...) beyond ours
+            raise WeightsError(f"{self.path.name}: safetensors cannot open it ({e})") from e
 
     def __contains__(self, name: str) -> bool:
         return name in self.header
@@ -96,11 +99,12 @@ def _read_header(path: Path) -> tuple[dict, dict]:
     for name, entry in header.items():
         try:
             dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            elements = math.prod(int(d) for d in shape)
         except (TypeError, KeyError, ValueError) as e:
             raise WeightsError(f"{path.name}: corrupt safetensors header entry for '{name}'") from e
         if dtype not in SAFETENSORS_DTYPES:
             raise WeightsError(f"{path.name}: tensor '{name}' has unsupported dtype {dtype}")
-        nbytes = math.prod(shape) * torch.empty((), dtype=SAFETENSORS_DTYPES[dtype]).element_size()
+        nbytes = elements * torch.empty((), dtype=SAFETENSORS_DTYPES[dtype]).element_size()
         if not (0 <= begin <= end <= data) or end - begin != nbytes:
             raise WeightsError(f"{path.name}: corrupt safetensors header: '{name}' bytes [{begin}, {end}) do not "
                                f"fit its shape {shape} or the file's {data} data bytes (truncated download?)")
@@ -129,6 +133,16 @@ def rotate(x: torch.Tensor, group: int) -> torch.Tensor:
     return torch.matmul(x.reshape(-1, k // group, group), h).reshape(x.shape)
 
 
+def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
+    """A weight [N, K] rotated offline, W.reshape(N, K/g, g) @ Hᵀ in w's dtype (doc section 4). Equal to
+    rotate() in exact math; written with Hᵀ as kitchen's _rotate_weight is, because BLAS takes another
+    path for a transposed operand and small-N f32 results then differ in the last bit."""
+    n, k = w.shape
+    if k % group:
+        raise ValueError(f"ConvRot group {group} does not divide {k} input features")
+    return torch.matmul(w.reshape(n, k // group, group), hadamard(group, w.dtype).t()).reshape(n, k)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row INT8 as ComfyUI quantizes: s = max(absmax/127, 1e-30) in f32, q = clamp(round(x / s), -128, 127)
     with the division in x's dtype (so -128 can occur). Returns (int8 codes, f32 scales [..., 1])."""
@@ -140,13 +154,13 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def quantize_convrot(weight: torch.Tensor, group: int = CONVROT_GROUP) -> tuple[torch.Tensor, torch.Tensor]:
     """A float weight [N, K] as INT8 ConvRot codes and f32 row scales [N, 1], rotated in the weight's dtype."""
-    return quantize_rows(rotate(weight, group))
+    return quantize_rows(rotate_weight(weight, group))
 
 
 def dequantize_convrot(codes: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
     """INT8 codes times their row scales, rotated back to the native basis (f32); group 0: not rotated."""
     w = codes.float() * scale.float().reshape(-1, 1) if scale.numel() > 1 else codes.float() * scale.float()
-    return rotate(w, group) if group else w
+    return rotate_weight(w, group) if group else w
 
 
 def convrot_group_for(k: int, preferred: int = CONVROT_GROUP) -> int:
@@ -255,7 +269,8 @@ def _marker(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict]) -> dict
     if not isinstance(marker, dict) or "format" not in marker:
         raise WeightsError(f"{ckpt.path.name}: quantization marker of '{layer}' has no 'format'")
     params = marker.get("params")
-    return {**marker, **params} if isinstance(params, dict) else marker
+    # ComfyUI ops._load_quantized_module reads each key at the top level first, then under "params".
+    return {**params, **marker} if isinstance(params, dict) else marker
 
 
 def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
@@ -285,12 +300,15 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
             raise WeightsError(f"{name}: '{scale_key}' has {scale.numel()} values, expected 1 or "
                                f"{weight.shape[0]} (one per output row)")
         scale = scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(())
-        group = int(marker.get("convrot_groupsize", CONVROT_GROUP)) if marker.get("convrot") else 0
-        if group:
-            hadamard(group)  # rejects sizes that are not powers of 4
-            if weight.shape[1] % group:
-                raise WeightsError(f"{name}: ConvRot group {group} does not divide the {weight.shape[1]} "
-                                   f"inputs of '{layer}'")
+        try:
+            group = int(marker.get("convrot_groupsize", CONVROT_GROUP)) if marker.get("convrot") else 0
+            if group:
+                hadamard(group)  # rejects sizes that are not powers of 4
+        except (TypeError, ValueError) as e:
+            raise WeightsError(f"{name}: INT8 layer '{layer}' has a bad convrot_groupsize ({e})") from e
+        if group and weight.shape[1] % group:
+            raise WeightsError(f"{name}: ConvRot group {group} does not divide the {weight.shape[1]} "
+                               f"inputs of '{layer}'")
         return Linear(weight, bias, scale, group)
     if fmt == "asym_w4a8_int8":
         from .w4a8 import decode_w4a8

@@ -1,0 +1,351 @@
+"""dit_core weights: INT8 ConvRot / FP8 / W4A8 reading, quantizing and the INT8 linear against comfy-kitchen 0.2.40.
+
+comfy-kitchen's eager backend is the oracle (reference/int8_convrot_format.md section 11); its CPU wheel runs
+without a GPU. Files are written the way ComfyUI writes them (sections 1, 2, 8, 9).
+"""
+import json
+import math
+import struct
+
+import comfy_kitchen
+import numpy as np
+import pytest
+import torch
+from comfy_kitchen.tensor.w4a8_int8 import (
+    dequantize_w4a8_int8_weight,
+    quantize_w4a8_int8_weight,
+    w4a8_int8_linear,
+)
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from dit_core.linear import int8_product, linear
+from dit_core.quantize_file import main as quantize_main
+from dit_core.quantize_file import quantize_file
+from dit_core.weights import (
+    Checkpoint,
+    Linear,
+    WeightsError,
+    dequantize_convrot,
+    quantize_convrot,
+    read_linear,
+)
+
+KITCHEN = torch.ops.comfy_kitchen
+DTYPE_CODE = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}  # kitchen's output dtype codes
+LAYER = "model.diffusion_model.layers.0.attention.qkv"
+
+
+@pytest.fixture(autouse=True)
+def eager_kitchen():
+    """Pin kitchen to its eager backend: the bit-exact CPU reference."""
+    torch.manual_seed(0)
+    with comfy_kitchen.use_backend("eager"):
+        yield
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def marker(conf: dict, pad: int = 0) -> torch.Tensor:
+    """A `.comfy_quant` tensor as ComfyUI writes it (json.dumps default separators), optionally NUL-padded."""
+    return torch.tensor(list(json.dumps(conf).encode("utf-8") + b"\x00" * pad), dtype=torch.uint8)
+
+
+def write(tmp_path, tensors: dict, metadata: dict | None = None, name: str = "model.safetensors") -> Checkpoint:
+    path = tmp_path / name
+    save_file(tensors, str(path), metadata=metadata)
+    return Checkpoint(path)
+
+
+CONVROT = {"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 256}
+
+
+# --- quantization and the INT8 linear against kitchen ----------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("group", [256, 64])
+@pytest.mark.parametrize("n,k", [(13, 256), (8, 512), (37, 3840), (1, 768)])
+def test_quantize_convrot_matches_kitchen(n, k, group, dtype):
+    w = (torch.randn(n, k) * 0.02).to(dtype)
+    w[0, 3] = 0.5  # an outlier: most codes small, the row absmax far away
+    q, s = quantize_convrot(w, group)
+    q_ref, s_ref = KITCHEN.quantize_int8_convrot_weight(w, group)
+    assert q.dtype == torch.int8 and s.dtype == torch.float32 and s.shape == (n, 1)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("with_bias", [False, True], ids=["nobias", "bias"])
+@pytest.mark.parametrize("n,k,group", [(37, 512, 256), (10, 3840, 64)])
+def test_int8_linear_matches_kitchen(n, k, group, with_bias, dtype):
+    w = torch.randn(n, k) * 0.02
+    q, s = KITCHEN.quantize_int8_convrot_weight(w, group)
+    x = (torch.randn(2, 7, k) * 2).to(dtype)
+    b = (torch.randn(n) * 0.1).to(dtype) if with_bias else None
+    lin = Linear(q, None if b is None else b.float(), s, group)
+    ours = linear(x, lin)
+    # kitchen with f32 output: the same quantized product, no output rounding
+    assert rel(ours, KITCHEN.int8_linear(x, q, s, b, 0, True, group)) <= 1e-3
+    # ComfyUI's call (output in x's dtype): product rounded to it, then + bias in it (doc section 6)
+    native = int8_product(x, lin).to(dtype)
+    native = native + b if b is not None else native
+    kitchen = KITCHEN.int8_linear(x, q, s, b, DTYPE_CODE[dtype], True, group)
+    assert kitchen.dtype == dtype and rel(native, kitchen) <= 1e-3
+    exact = torch.nn.functional.linear(x.double(), w.double(), None if b is None else b.double())
+    assert rel(ours, exact) < 3e-2  # INT8 noise (~1e-2); un-rotated weights would give ~1
+
+
+@pytest.mark.parametrize("group", [256, 64])
+def test_dequantize_round_trip(group):
+    w = torch.randn(96, 1024) * 0.02
+    q, s = quantize_convrot(w, group)
+    back = dequantize_convrot(q, s, group)
+    # Uniform rounding noise of step s per rotated element has variance s^2/12 (s = row absmax/127); the
+    # rotation is orthogonal, so the error energy is the same in the native basis.
+    predicted = math.sqrt((s.double().square() / 12).sum().item() * w.shape[1] / w.double().square().sum().item())
+    assert 0.3 * predicted <= rel(back, w) <= 1.5 * predicted
+    assert torch.equal(back, KITCHEN.dequantize_int8_convrot_weight(q, s, group))
+
+
+# --- INT8 files as ComfyUI writes them ---------------------------------------------------------------------
+
+def _int8_variant(kind: str, w: torch.Tensor, bias: torch.Tensor):
+    """(tensors, header metadata, expected codes, expected scales, group) of one INT8 file variant."""
+    group = 64 if kind == "group64" else 256
+    if kind == "tensorwise":
+        q, s = comfy_kitchen.quantize_int8_tensorwise(w)
+        conf, group = {"format": "int8_tensorwise"}, 0
+    else:
+        q, s = KITCHEN.quantize_int8_convrot_weight(w, group)
+        conf = {**CONVROT, "convrot_groupsize": group}
+    tensors = {f"{LAYER}.weight": q, f"{LAYER}.bias": bias,
+               f"{LAYER}.weight_scale": s.reshape(-1) if kind == "scale_N" else s}
+    metadata = None
+    if kind == "header_metadata":
+        metadata = {"_quantization_metadata": json.dumps({"layers": {LAYER: conf}})}
+    elif kind == "params":
+        tensors[f"{LAYER}.comfy_quant"] = marker({"format": "int8_tensorwise", "params": {
+            "convrot": True, "convrot_groupsize": group}})
+    else:
+        tensors[f"{LAYER}.comfy_quant"] = marker(conf, pad=5 if kind == "nul_padded" else 0)
+    return tensors, metadata, q, s, group
+
+
+@pytest.mark.parametrize("kind", ["comfy_quant", "header_metadata", "params", "nul_padded", "scale_N", "group64",
+                                  "tensorwise"])
+def test_int8_file_variants_read_back(tmp_path, kind):
+    w, bias = torch.randn(20, 512) * 0.02, torch.randn(20).to(torch.bfloat16)
+    tensors, metadata, q, s, group = _int8_variant(kind, w, bias)
+    lin = read_linear(write(tmp_path, tensors, metadata), LAYER)
+    assert lin.quantized and lin.group == group and torch.equal(lin.weight, q)
+    assert torch.equal(lin.scale.reshape(-1), s.reshape(-1)) and torch.equal(lin.bias, bias.float())
+    if group:
+        assert lin.scale.shape == (20, 1)
+        assert torch.equal(lin.dequantized(), KITCHEN.dequantize_int8_convrot_weight(q, s, group))
+    else:
+        assert lin.scale.dim() == 0 and torch.equal(lin.dequantized(), q.float() * s)
+    x = torch.randn(3, 512).to(torch.bfloat16)
+    assert rel(linear(x, lin), KITCHEN.int8_linear(x, q, s, bias, 0, bool(group), group or 256)) <= 1e-3
+
+
+# --- FP8 ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["comfy_quant", "header_metadata", "legacy_scaled_fp8"])
+def test_fp8_reads_as_int8_convrot(tmp_path, kind):
+    w = torch.randn(24, 512) * 0.05
+    scale = (w.abs().max() / 448).reshape(())
+    w8 = (w / scale).to(torch.float8_e4m3fn)
+    tensors, metadata = {f"{LAYER}.weight": w8}, None
+    if kind == "legacy_scaled_fp8":  # ComfyUI's old form: a dtype-only marker and per-layer scale_weight
+        tensors.update({"scaled_fp8": torch.empty(0, dtype=torch.float8_e4m3fn), f"{LAYER}.scale_weight": scale})
+    else:
+        tensors[f"{LAYER}.weight_scale"] = scale
+        if kind == "comfy_quant":
+            tensors[f"{LAYER}.comfy_quant"] = marker({"format": "float8_e4m3fn"})
+        else:
+            metadata = {"_quantization_metadata": json.dumps({"layers": {LAYER: {"format": "float8_e4m3fn"}}})}
+    lin = read_linear(write(tmp_path, tensors, metadata), LAYER)
+    q, s = quantize_convrot(w8.float() * scale, 256)
+    assert lin.group == 256 and torch.equal(lin.weight, q) and torch.equal(lin.scale, s)
+
+
+# --- W4A8 --------------------------------------------------------------------------------------------------
+
+W4A8_MARKER = {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}
+
+
+def slow_w4a8_decode(packed, s_rel, codebook, k, bits, group=16) -> torch.Tensor:
+    """Per element, straight from the format doc (section 9): nibble plane, then the 2-bit plane."""
+    rows, scales = packed.view(torch.uint8).tolist(), s_rel.float().numpy()
+    book = None if codebook is None else codebook.float().numpy()
+    out = np.zeros((len(rows), k), dtype=np.int8)
+    for n, row in enumerate(rows):
+        for c in range(k):
+            code = (row[c // 2] >> (4 * (c % 2))) & 0xF  # even column = low nibble
+            if bits == 6:
+                code |= ((row[k // 2 + c // 4] >> (2 * (c % 4))) & 0x3) << 4
+            level = book[code] if book is not None else np.float32(code - (8 if bits == 4 else 32))
+            value = np.float32(level) * scales[n, c // group]  # f32 product, then round half to even
+            out[n, c] = np.clip(np.rint(value), -127, 127)
+    return torch.from_numpy(out)
+
+
+@pytest.mark.parametrize("s_rel_u8", [True, False], ids=["s_rel_u8", "s_rel_fp8"])
+@pytest.mark.parametrize("bits,codebook", [(4, True), (4, False), (6, False)], ids=["w4_codebook", "w4_uniform", "w6"])
+def test_w4a8_decodes_like_kitchen(tmp_path, monkeypatch, bits, codebook, s_rel_u8):
+    n, k = 20, 512
+    monkeypatch.setattr("dit_core.w4a8.DECODE_ELEMENTS", 3 * k)  # decode in chunks of 3 rows, last one short
+    w = torch.randn(n, k) * 0.02
+    packed, s_rel, s_ch, _, book = quantize_w4a8_int8_weight(w, group_size=16, convrot_groupsize=256, bits=bits,
+                                                             codebook=codebook)
+    assert (book is not None) == codebook and packed.shape == (n, k * bits // 8)
+    bias = torch.randn(n)
+    tensors = {f"{LAYER}.weight": packed, f"{LAYER}.bias": bias, f"{LAYER}.weight_s_channel": s_ch,
+               f"{LAYER}.weight_s_rel": s_rel.view(torch.uint8) if s_rel_u8 else s_rel,
+               f"{LAYER}.comfy_quant": marker(W4A8_MARKER)}
+    if book is not None:
+        tensors[f"{LAYER}.weight_codebook"] = book
+    lin = read_linear(write(tmp_path, tensors), LAYER)
+    assert lin.quantized and lin.group == 256 and torch.equal(lin.scale, s_ch.reshape(n, 1))
+    assert torch.equal(lin.weight, slow_w4a8_decode(packed, s_rel, book, k, bits))
+    kitchen_w = dequantize_w4a8_int8_weight(packed, s_rel, s_ch, codebook=book, output_dtype=torch.float32)
+    assert torch.equal(lin.dequantized(), kitchen_w)
+    x = torch.randn(5, k).to(torch.bfloat16)
+    y_ref = w4a8_int8_linear(x, packed, s_rel, s_ch, codebook=book, bias=bias, out_dtype=torch.float32)
+    assert rel(linear(x, lin), y_ref) <= 1e-3
+
+
+@pytest.mark.parametrize("problem,fix", [
+    ("has no", lambda t: t.pop(f"{LAYER}.weight_s_channel")),
+    ("do not match", lambda t: t.update({f"{LAYER}.weight": torch.zeros(8, 130, dtype=torch.int8)})),
+    ("do not match", lambda t: t.update({f"{LAYER}.weight_s_rel": torch.ones(8, 8, dtype=torch.uint8)})),
+    ("weight_codebook", lambda t: t.update({f"{LAYER}.weight_codebook": torch.ones(15)})),
+    ("convrot_groupsize", lambda t: t.update({f"{LAYER}.comfy_quant": marker({**W4A8_MARKER,
+                                                                               "convrot_groupsize": 100})})),
+])
+def test_w4a8_malformed_raises(tmp_path, problem, fix):
+    tensors = {f"{LAYER}.weight": torch.zeros(8, 128, dtype=torch.int8),
+               f"{LAYER}.weight_s_rel": torch.ones(8, 16, dtype=torch.uint8),
+               f"{LAYER}.weight_s_channel": torch.ones(8), f"{LAYER}.comfy_quant": marker(W4A8_MARKER)}
+    fix(tensors)
+    with pytest.raises(WeightsError, match=problem) as err:
+        read_linear(write(tmp_path, tensors, name="bad_w4a8.safetensors"), LAYER)
+    assert "bad_w4a8.safetensors" in str(err.value) and LAYER in str(err.value)
+
+
+# --- the quantize tool --------------------------------------------------------------------------------------
+
+def tiny_dit() -> dict:
+    bf = torch.bfloat16
+    return {
+        "x_embedder.weight": torch.randn(64, 16).to(bf), "x_embedder.bias": torch.randn(64).to(bf),
+        "t_embedder.mlp.0.weight": torch.randn(256, 256).to(bf),
+        "x_pad_token": torch.randn(1, 256).to(bf),
+        "layers.0.attention.qkv.weight": torch.randn(768, 256).to(bf),
+        "layers.0.attention.out.weight": torch.randn(256, 256).to(bf),
+        "layers.0.attention.out.bias": torch.randn(256).to(bf),
+        "layers.0.attention.norm_q.weight": torch.ones(32, dtype=bf),
+        "layers.0.attention_norm1.weight": torch.ones(256, dtype=bf),
+        "layers.0.feed_forward.w1.weight": torch.randn(690, 256).to(bf),
+        "layers.0.feed_forward.w2.weight": torch.randn(256, 690).to(bf),  # K % 256 != 0: stays bf16
+        "layers.0.adaLN_modulation.0.weight": torch.randn(1024, 256),  # an f32 source
+        "layers.0.adaLN_modulation.0.bias": torch.randn(1024),
+        "final_layer.linear.weight": torch.randn(13, 256).to(torch.float16),
+        "final_layer.conv.weight": torch.randn(8, 4, 2, 2).to(bf),
+        "rope.theta": torch.tensor(10000.0),
+    }
+
+
+def test_quantize_file_writes_comfyui_layout(tmp_path):
+    src, dst = tmp_path / "tiny_bf16.safetensors", tmp_path / "tiny_int8.safetensors"
+    sd, meta = tiny_dit(), {"format": "pt", "modelspec.title": "tiny"}
+    save_file(sd, str(src), metadata=meta)
+    layers = quantize_file(src, dst)
+    expected = {"layers.0.attention.qkv", "layers.0.attention.out", "layers.0.feed_forward.w1",
+                "layers.0.adaLN_modulation.0", "final_layer.linear"}
+    assert set(layers) == expected
+    out = load_file(str(dst))  # the safetensors library's own checks pass
+    assert set(out) == set(sd) | {f"{la}.{s}" for la in expected for s in ("weight_scale", "comfy_quant")}
+    with safe_open(str(dst), "pt") as f:
+        assert f.metadata() == meta
+    ckpt = Checkpoint(dst)
+    for layer in expected:
+        w = sd[f"{layer}.weight"]
+        q_ref, s_ref = KITCHEN.quantize_int8_convrot_weight(w.float(), 256)
+        q, s = out[f"{layer}.weight"], out[f"{layer}.weight_scale"]
+        assert q.dtype == torch.int8 and q.shape == w.shape and s.dtype == torch.float32 and s.shape == (w.shape[0], 1)
+        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+        assert bytes(out[f"{layer}.comfy_quant"].tolist()) == json.dumps(CONVROT).encode("utf-8")
+        assert out[f"{layer}.comfy_quant"].dtype == torch.uint8
+        lin = read_linear(ckpt, layer)
+        assert lin.group == 256 and torch.equal(lin.weight, q_ref) and torch.equal(lin.scale, s_ref)
+    for key, t in sd.items():
+        if key[: -len(".weight")] not in expected:
+            assert out[key].dtype == t.dtype and torch.equal(out[key], t), key
+    assert torch.equal(read_linear(ckpt, "layers.0.attention.out").bias, sd["layers.0.attention.out.bias"].float())
+
+    # never overwrites without being told; leaves no temporary files behind
+    with pytest.raises(FileExistsError):
+        quantize_file(src, dst)
+    assert quantize_main([str(src), str(dst)]) == 1
+    assert quantize_main([str(src), str(dst), "--group", "64", "--skip", "--overwrite"]) == 0
+    out64 = load_file(str(dst))
+    assert out64["t_embedder.mlp.0.weight"].dtype == torch.int8  # no skip patterns: embedders too
+    assert bytes(out64["t_embedder.mlp.0.comfy_quant"].tolist()) == json.dumps(
+        {**CONVROT, "convrot_groupsize": 64}).encode()
+    assert {p.name for p in tmp_path.iterdir()} == {dst.name, src.name}
+
+
+# --- bad input ----------------------------------------------------------------------------------------------
+
+def _raw_file(path, header: bytes, data: bytes = b"") -> None:
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+def test_corrupt_files_raise(tmp_path):
+    good = tmp_path / "truncated.safetensors"
+    save_file({"a.weight": torch.randn(64, 64)}, str(good))
+    good.write_bytes(good.read_bytes()[:-100])
+    cases = [(good, "truncated")]
+    garbage = tmp_path / "garbage.safetensors"
+    _raw_file(garbage, b"{this is not json", b"\0" * 8)
+    cases.append((garbage, "not JSON"))
+    past = tmp_path / "past_end.safetensors"
+    _raw_file(past, json.dumps({"a": {"dtype": "F32", "shape": [1024], "data_offsets": [0, 4096]}}).encode(),
+              b"\0" * 16)
+    cases.append((past, "do not fit"))
+    huge = tmp_path / "huge_header.safetensors"
+    huge.write_bytes(struct.pack("<Q", 10**6) + b"{}")
+    cases.append((huge, "corrupt safetensors header"))
+    short = tmp_path / "short.safetensors"
+    short.write_bytes(b"\x01\x02")
+    cases.append((short, "corrupt"))
+    suffix = tmp_path / "model.ckpt"
+    suffix.write_bytes(b"\0" * 16)
+    cases.append((suffix, "only .safetensors"))
+    for path, problem in cases:
+        with pytest.raises(WeightsError) as err:
+            Checkpoint(path)
+        assert path.name in str(err.value) and problem in str(err.value), str(err.value)
+
+
+def test_bad_layers_raise(tmp_path):
+    q, s = KITCHEN.quantize_int8_convrot_weight(torch.randn(8, 256), 256)
+    cases = [
+        ("missing", {"other.weight": torch.randn(4, 4)}, "is missing"),
+        ("unknown_format", {f"{LAYER}.weight": torch.zeros(8, 128, dtype=torch.uint8),
+                            f"{LAYER}.comfy_quant": marker({"format": "nvfp4"})}, "'nvfp4'"),
+        ("no_scale", {f"{LAYER}.weight": q, f"{LAYER}.comfy_quant": marker(CONVROT)}, "weight_scale"),
+        ("bad_group", {f"{LAYER}.weight": q, f"{LAYER}.weight_scale": s,
+                       f"{LAYER}.comfy_quant": marker({**CONVROT, "convrot_groupsize": 128})}, "convrot_groupsize"),
+        ("bad_marker", {f"{LAYER}.weight": q, f"{LAYER}.weight_scale": s,
+                        f"{LAYER}.comfy_quant": torch.tensor([123, 1, 2], dtype=torch.uint8)}, "not a JSON"),
+    ]
+    for name, tensors, problem in cases:
+        ckpt = write(tmp_path, tensors, name=f"{name}.safetensors")
+        with pytest.raises(WeightsError) as err:
+            read_linear(ckpt, LAYER)
+        assert f"{name}.safetensors" in str(err.value) and problem in str(err.value), str(err.value)
