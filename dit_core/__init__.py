@@ -13,4 +13,4 @@ def load_family(name: str, path, **options):
     return FAMILIES[name].load(path, **options)
 
 
-__all__ = ["Arch", "Block", "FAMILIES", "Modulation", "Sequence", "load_family"]
+__all__ = ["FAMILIES", "Arch", "Block", "Modulation", "Sequence", "load_family"]

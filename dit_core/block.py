@@ -91,14 +91,14 @@ class Block:
             d = rms_norm(d, w[POST_MLP], a.eps)
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
 
-    def quantized(self) -> "Block":
+    def quantized(self) -> Block:
         """The block with each float linear quantized once to INT8 ConvRot (rows rotated by the regular Hadamard
         of 256, a scale a row); INT8 linears unchanged."""
         return self._linears(lambda lin: lin.as_int8())
 
-    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> "Block":
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> Block:
         """The block with every linear as float weights of dtype, INT8 turned back from ConvRot's rotation."""
         return self._linears(lambda lin: lin.as_float(dtype))
 
-    def _linears(self, fn) -> "Block":
+    def _linears(self, fn) -> Block:
         return replace(self, w=tuple(fn(t) if i in LINEARS else t for i, t in enumerate(self.w)))

@@ -145,7 +145,7 @@ class Qwen3TextEncoder:
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, expected_hidden: int | None = None,
-             device: str | torch.device = "cpu") -> "Qwen3TextEncoder":
+             device: str | torch.device = "cpu") -> Qwen3TextEncoder:
         """A text encoder from a Qwen3 file (layout as ComfyUI's, any linear format weights.read_linear reads)
         and a Qwen2 tokenizer folder; expected_hidden (2560 for Z-Image) rejects other model sizes."""
         tokenizer = PromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ class SamplingCancelled(Exception):
 # --- noise --------------------------------------------------------------------------------------------------
 
 def prepare_noise(latent: torch.Tensor, seed: int,
-                  batch_index: Optional[Sequence[int]] = None) -> torch.Tensor:
+                  batch_index: Sequence[int] | None = None) -> torch.Tensor:
     """The noise ComfyUI draws for `latent` (comfy/sample.py prepare_noise): randn of the latent's shape and
     dtype on the CPU from a generator seeded with `seed`. With `batch_index`, one [1, ...] draw per index
     0..max(index) in order, row j taking draw batch_index[j]. A local generator: the same stream as
@@ -218,7 +218,7 @@ def ksampler_sigmas(scheduler: str, steps: int, denoise: float = 1.0, shift: flo
 
 # --- samplers: denoiser(x, sigma) -> x0, sigma a 0-d tensor -------------------------------------------------
 
-def _before_step(i: int, total: int, should_stop: Optional[Callable[[], bool]]) -> None:
+def _before_step(i: int, total: int, should_stop: Callable[[], bool] | None) -> None:
     if should_stop is not None and should_stop():
         raise SamplingCancelled(i, total)
 
@@ -291,9 +291,9 @@ def cfg_denoiser(model: Callable, cfg: float, positive, negative=None) -> Denois
 
 def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
             latent_image: torch.Tensor, positive=None, negative=None, denoise: float = 1.0,
-            shift: float = 3.0, multiplier: float = 1.0, batch_index: Optional[Sequence[int]] = None,
+            shift: float = 3.0, multiplier: float = 1.0, batch_index: Sequence[int] | None = None,
             callback=None, should_stop=None, latent_shift: float = FLUX_LATENT_SHIFT,
-            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: Optional[int] = None) -> torch.Tensor:
+            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: int | None = None) -> torch.Tensor:
     """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000): raw
     latent in, raw latent out. `model` is model(x, sigma, cond) -> x0 when `positive` is given, else a
     denoiser(x, sigma) -> x0 (then cfg must be 1). An all-zero latent with other than `latent_channels`

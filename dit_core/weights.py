@@ -201,7 +201,7 @@ class Linear:
             return self.weight.float()
         return dequantize_convrot(self.weight, self.scale, self.group)
 
-    def as_int8(self, group: int = CONVROT_GROUP) -> "Linear":
+    def as_int8(self, group: int = CONVROT_GROUP) -> Linear:
         """INT8 ConvRot of this linear (Block.quantized): float weights rotated and quantized, f32 master
         first; already-INT8 linears unchanged; a K that no power-of-4 group divides stays float."""
         if self.quantized:
@@ -212,11 +212,11 @@ class Linear:
         codes, scale = quantize_convrot(self.weight.float(), g)
         return replace(self, weight=codes, scale=scale, group=g)
 
-    def as_float(self, dtype: torch.dtype = torch.bfloat16) -> "Linear":
+    def as_float(self, dtype: torch.dtype = torch.bfloat16) -> Linear:
         """This linear with float weights of dtype (Block.dequantized)."""
         return Linear(self.dequantized().to(dtype), self.bias, None, 0)
 
-    def rows(self, index: torch.Tensor) -> "Linear":
+    def rows(self, index: torch.Tensor) -> Linear:
         """The linear with output rows reordered/selected by index (rows move with their scales and biases;
         ConvRot acts on inputs, so no requantization)."""
         scale = self.scale

@@ -43,8 +43,8 @@ def comfy():
     comfy.options.enable_args_parsing(False)
     import comfy.cli_args
     comfy.cli_args.args.cpu = True
-    import comfy.k_diffusion.sampling  # noqa: F401
-    import comfy.model_sampling  # noqa: F401
-    import comfy.sample  # noqa: F401
-    import comfy.samplers  # noqa: F401
+    import comfy.k_diffusion.sampling
+    import comfy.model_sampling
+    import comfy.sample
+    import comfy.samplers
     return sys.modules["comfy"]

@@ -16,7 +16,7 @@ from ..block import Block, layer_norm, rms_norm
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
-from ..sequence import Sequence, concat, halves_permutation, sequence_of
+from ..sequence import concat, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "")
@@ -72,8 +72,8 @@ def _read_block(ckpt: Checkpoint, prefix: str, p: str, a: Arch, lin) -> Block:
         raise WeightsError(f"{ckpt.path.name}: '{prefix}{p}attention.qkv.weight' is {tuple(qkv.weight.shape)}, "
                            f"expected {(3 * a.width, a.hidden)}")
     up = glu_rows(lin(f"{p}feed_forward.w1"), lin(f"{p}feed_forward.w3"))
-    norm = lambda name: read_tensor(ckpt, f"{prefix}{p}{name}.weight", (a.hidden,))  # noqa: E731
-    head_norm = lambda name: read_tensor(ckpt, f"{prefix}{p}attention.{name}.weight", (a.head,))[perm]  # noqa: E731
+    norm = lambda name: read_tensor(ckpt, f"{prefix}{p}{name}.weight", (a.hidden,))
+    head_norm = lambda name: read_tensor(ckpt, f"{prefix}{p}attention.{name}.weight", (a.head,))[perm]
     return Block((qkv.rows(order), lin(f"{p}attention.out"), up,
                   lin(f"{p}feed_forward.w2"), norm("attention_norm1"), norm("ffn_norm1"),
                   head_norm("q_norm"), head_norm("k_norm"), norm("attention_norm2"), norm("ffn_norm2")))
@@ -114,7 +114,7 @@ class ZImage:
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
-             loras: tuple[tuple[str | Path, float], ...] = ()) -> "ZImage":
+             loras: tuple[tuple[str | Path, float], ...] = ()) -> ZImage:
         """Z-Image from ComfyUI's single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model.
         prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
         ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized). loras: (file, strength)
@@ -135,7 +135,7 @@ class ZImage:
                 merged = adapter.merged(name, merged)
             return merged
 
-        blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))  # noqa: E731
+        blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))
         convert = {"stored": lambda b: b, "int8": Block.quantized,
                    "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
         context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))
@@ -185,7 +185,7 @@ class ZImage:
         img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
         cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
                                torch.zeros(cap_rows, dtype=torch.long)], -1)
-        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,  # noqa: E731
+        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,
                                       a.rope_theta, dtype)
         img_seq, cap_seq = seq(img_pos), seq(cap_pos)
 

@@ -3,8 +3,8 @@ import math
 
 import pytest
 import torch
-
 from conftest import rel_err
+
 from dit_core import sampling
 
 SCHEDULERS = list(sampling.SCHEDULERS)
@@ -170,7 +170,7 @@ def test_sampler_equals_comfy(comfy, name, comfy_fn, scheduler, steps):
 def test_cfg_equals_comfy_cfg_function(comfy, cfg):
     g = torch.Generator().manual_seed(0)
     x, pos, neg = (torch.randn(2, 4, 3, 3, generator=g) for _ in range(3))
-    model = lambda x_, sigma, cond: x_ * 0.5 + cond  # noqa: E731
+    model = lambda x_, sigma, cond: x_ * 0.5 + cond
     ours = sampling.cfg_denoiser(model, cfg, pos, neg)(x, torch.tensor(0.7))
     x0_pos, x0_neg = model(x, 0.7, pos), model(x, 0.7, neg)
     if math.isclose(cfg, 1.0):
@@ -180,7 +180,7 @@ def test_cfg_equals_comfy_cfg_function(comfy, cfg):
 
 def test_cfg_one_is_a_single_pass():
     calls = []
-    model = lambda x, sigma, cond: calls.append(cond) or x  # noqa: E731
+    model = lambda x, sigma, cond: calls.append(cond) or x
     sampling.cfg_denoiser(model, 1.0, "pos", "neg")(torch.zeros(1), torch.tensor(1.0))
     assert calls == ["pos"]
     with pytest.raises(ValueError, match="negative"):
@@ -190,7 +190,7 @@ def test_cfg_one_is_a_single_pass():
 @pytest.mark.parametrize("name", list(sampling.SAMPLERS))
 def test_cancel_stops_after_the_right_step(name):
     calls, seen = [], []
-    denoiser = lambda x, sigma: calls.append(float(sigma)) or x * 0.5  # noqa: E731
+    denoiser = lambda x, sigma: calls.append(float(sigma)) or x * 0.5
     sigmas = sampling.calculate_sigmas("simple", 8)
     with pytest.raises(sampling.SamplingCancelled) as info:
         sampling.SAMPLERS[name](denoiser, torch.ones(1, 2, 2, 2), sigmas,
@@ -279,7 +279,7 @@ def test_ksample_widens_an_empty_latent(comfy):
             return {"latent_format": comfy.latent_formats.Flux()}[name]
     empty4 = torch.zeros(2, 4, 3, 3)
     widened = comfy.sample.fix_empty_latent_channels(Stub(), empty4)
-    denoiser = lambda x, s: x * 0.25  # noqa: E731
+    denoiser = lambda x, s: x * 0.25
     ours = sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", empty4, latent_channels=16)
     assert ours.shape == widened.shape == (2, 16, 3, 3)
     assert torch.equal(ours, sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", widened))

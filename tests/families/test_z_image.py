@@ -3,15 +3,15 @@ import json
 
 import pytest
 import torch
+from conftest import rel_err
 from safetensors.torch import save_file
 
-from conftest import rel_err
 from dit_core.families.z_image import ZImage
 from dit_core.weights import WeightsError, quantize_convrot
 
 diffusers = pytest.importorskip("diffusers")
-from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers  # noqa: E402
-from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel  # noqa: E402
+from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
+from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
 
 # reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
 # has a power-of-4 ConvRot group for the INT8 tests.
@@ -171,7 +171,7 @@ def test_lora_merges_in_every_key_form(files, tmp_path):
     from safetensors.torch import load_file
     state = load_file(files / "z_image_f32.safetensors")
     g = torch.Generator().manual_seed(3)
-    r = lambda *s: torch.randn(*s, generator=g) * 0.05  # noqa: E731
+    r = lambda *s: torch.randn(*s, generator=g) * 0.05
     dim, rank = 192, 4
     a_q, b_q, a_o, b_o, a_w1, b_w1, a_w2, b_w2 = r(rank, dim), r(dim, rank), r(rank, dim), r(dim, rank), \
         r(rank, dim), r(512, rank), r(rank, 512), r(dim, rank)
@@ -251,6 +251,7 @@ def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
     import comfy.model_sampling
     import comfy.sample
     import comfy.samplers
+
     from dit_core.sampling import ksample
 
     model = ZImage.load(files / "z_image_f32.safetensors")
@@ -266,7 +267,7 @@ def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
     sigmas = comfy.samplers.calculate_sigmas(Flow(Config()), "simple", 4)
     noise = comfy.sample.prepare_noise(latent, 77)
     x = sigmas[0] * noise  # CONST noise scaling of an empty latent
-    denoiser = lambda x, sigma, **kw: model.denoised(x, sigma[0].item(), cond)  # noqa: E731
+    denoiser = lambda x, sigma, **kw: model.denoised(x, sigma[0].item(), cond)
     run = {"euler": k.sample_euler, "res_multistep": k.sample_res_multistep}[sampler]
     expected = comfy.latent_formats.Flux().process_out(run(denoiser, x, sigmas, disable=True))
     assert rel_err(ours, expected) <= 1e-6
