@@ -1,7 +1,5 @@
 """Shared test fixtures: the ComfyUI v0.3.75 tree as an in-process oracle, tolerances, relative error."""
-import importlib.machinery
 import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -13,6 +11,12 @@ COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# The torchvision wheel beside CPU torch is a CUDA build: before anything (transformers, ComfyUI) imports it,
+# the host launcher's one-shot shim defines the ops its fake registrations need (reference/comfyui_host.md 3).
+if "torchvision" not in sys.modules:
+    from host.run_comfy import TorchvisionOpsShim
+    sys.meta_path.insert(0, TorchvisionOpsShim())
+
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     """Relative Frobenius error of a against the reference b."""
@@ -22,21 +26,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.fixture(scope="session")
 def comfy():
-    """The unpacked ComfyUI v0.3.75 tree importable in-process (CPU), as an oracle.
-
-    torchvision is stubbed: ComfyUI core imports it only for models we never build here, and the CPU torch
-    wheel has no matching torchvision (reference/comfyui_host.md section 3).
-    """
+    """The unpacked ComfyUI v0.3.75 tree importable in-process (CPU), as an oracle."""
     if not (COMFYUI_TREE / "comfy").is_dir():
         pytest.fail(f"ComfyUI tree missing at {COMFYUI_TREE}: run tests/run.sh (it unpacks it)")
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        stub = types.ModuleType("torchvision")
-        stub.__spec__ = importlib.machinery.ModuleSpec("torchvision", None)
-        stub.transforms = types.ModuleType("torchvision.transforms")
-        sys.modules["torchvision"] = stub
-        sys.modules["torchvision.transforms"] = stub.transforms
     if str(COMFYUI_TREE) not in sys.path:
         sys.path.append(str(COMFYUI_TREE))
     import comfy.options

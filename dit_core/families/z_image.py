@@ -5,6 +5,7 @@ comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at lo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,9 +163,12 @@ class ZImage:
         scale_msa, gate_msa, scale_mlp, gate_mlp = linear(temb, mod).to(temb.dtype).chunk(4, dim=-1)
         return Modulation(scale_msa, gate_msa.tanh(), scale_mlp, gate_mlp.tanh())
 
-    def output(self, latent: torch.Tensor, sigma: float, caption: torch.Tensor) -> torch.Tensor:
+    def output(self, latent: torch.Tensor, sigma: float, caption: torch.Tensor,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
         """The raw output (minus the velocity) for one image: latent [C, H, W] (normalized), caption
-        [L, text_dim] text-encoder rows; returns [C, H, W] in the latent's dtype (f32 or f64)."""
+        [L, text_dim] text-encoder rows; returns [C, H, W] in the latent's dtype (f32 or f64). check() runs
+        after each block (it raises to cancel within a step)."""
+        check = check or (lambda: None)
         a, dtype = self.arch, latent.dtype
         c, h, w = self._check(latent, caption)
         hp, wp = h // PATCH, w // PATCH
@@ -192,14 +196,17 @@ class ZImage:
         temb = self.time_embedding(sigma, dtype)
         for block, mod in zip(self.noise, self.noise_mods):
             x = block.forward(a, x, self.modulation(mod, temb), img_seq)
+            check()
         identity = Modulation.identity(a.hidden, dtype=dtype)
         for block in self.context:
             cap = block.forward(a, cap, identity, cap_seq)
+            check()
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
         x, joint = torch.cat([x, cap]), concat([img_seq, cap_seq])
         for block, mod in zip(self.blocks, self.mods):
             x = block.forward(a, x, self.modulation(mod, temb), joint)
+            check()
         return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
 
     def _final(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
@@ -221,8 +228,9 @@ class ZImage:
                              f"{a.text_dim} values a row)")
         return c, h, w
 
-    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor) -> torch.Tensor:
+    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor,
+                 check: Callable[[], None] | None = None) -> torch.Tensor:
         """x0 for a batch of normalized latents x [B, C, H, W] and conditioning [B or 1, L, text_dim]:
         v = -out, x0 = x - sigma v = x + sigma out (ComfyUI CONST sampling)."""
-        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)]) for i in range(x.shape[0])]
+        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)], check) for i in range(x.shape[0])]
         return x + float(sigma) * torch.stack(outs)

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 from conftest import COMFYUI_TREE, rel_err
+from tiny_models import QWEN3_TINY, qwen3_comfy_layout, random_qwen3
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3Model
 
 from dit_core.qwen3_text import PromptTokenizer, Qwen3TextEncoder
 from dit_core.weights import WeightsError, convrot_group_for, quantize_convrot
@@ -58,28 +58,9 @@ def test_template_tokens(ours):
 
 # --- features: a tiny random Qwen3 in ComfyUI's text_encoders layout ----------------------------------------
 
-TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-            max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-
-
 @pytest.fixture(scope="module")
 def reference():
-    torch.manual_seed(0)
-    model = Qwen3Model(Qwen3Config(**TINY)).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):  # RMSNorm gains around 1, each one different
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif p.dim() == 2 and "embed" not in name:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-            else:
-                p.copy_(torch.randn_like(p))
-    return model
-
-
-def comfy_layout(model: Qwen3Model, prefix: str = "") -> dict[str, torch.Tensor]:
-    return {f"{prefix}model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    return random_qwen3()
 
 
 def marker(fmt: dict) -> torch.Tensor:
@@ -89,14 +70,14 @@ def marker(fmt: dict) -> torch.Tensor:
 @pytest.fixture(scope="module")
 def files(reference, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3")
-    sd = comfy_layout(reference)
+    sd = qwen3_comfy_layout(reference)
     paths = {"float": root / "qwen3_tiny.safetensors", "prefixed": root / "checkpoint.safetensors",
              "int8": root / "qwen3_tiny_int8.safetensors", "fp8": root / "qwen3_tiny_fp8.safetensors",
              "fp8_as_float": root / "qwen3_tiny_fp8_as_float.safetensors"}
     save_file(sd, str(paths["float"]))
-    save_file(comfy_layout(reference, "text_encoders.qwen3_4b.transformer."), str(paths["prefixed"]))
+    save_file(qwen3_comfy_layout(reference, "text_encoders.qwen3_4b.transformer."), str(paths["prefixed"]))
     int8, fp8, fp8_as_float = dict(sd), dict(sd), dict(sd)
-    for i in range(TINY["num_hidden_layers"]):
+    for i in range(QWEN3_TINY["num_hidden_layers"]):
         for lin in LINEARS:
             layer = f"model.layers.{i}.{lin}"
             w = sd[f"{layer}.weight"]
@@ -131,7 +112,7 @@ def test_features_match_transformers(name, encoder, reference):
     assert got.shape == (1, len(ids), 64) and got.dtype == torch.float32
     assert rel_err(got, want) <= 1e-5
     # only the layers hidden_states[-2] needs are built, and no final norm
-    assert len(encoder.model.layers) == TINY["num_hidden_layers"] - 1
+    assert len(encoder.model.layers) == QWEN3_TINY["num_hidden_layers"] - 1
 
 
 def test_config_from_shapes(encoder):
@@ -195,21 +176,21 @@ def test_wrong_hidden_size(files):
 
 
 def test_missing_layer(tmp_path, reference):
-    sd = {k: v for k, v in comfy_layout(reference).items() if not k.startswith("model.layers.1.")}
+    sd = {k: v for k, v in qwen3_comfy_layout(reference).items() if not k.startswith("model.layers.1.")}
     save_file(sd, str(tmp_path / "holes.safetensors"))
     with pytest.raises(WeightsError, match=r"holes\.safetensors.*layers \[1\] are missing"):
         Qwen3TextEncoder.load(tmp_path / "holes.safetensors", TOKENIZER_DIR)
 
 
 def test_missing_tensor(tmp_path, reference):
-    sd = {k: v for k, v in comfy_layout(reference).items() if k != "model.layers.0.mlp.down_proj.weight"}
+    sd = {k: v for k, v in qwen3_comfy_layout(reference).items() if k != "model.layers.0.mlp.down_proj.weight"}
     save_file(sd, str(tmp_path / "cut.safetensors"))
     with pytest.raises(WeightsError, match=r"cut\.safetensors.*down_proj\.weight' is missing"):
         Qwen3TextEncoder.load(tmp_path / "cut.safetensors", TOKENIZER_DIR)
 
 
 def test_inconsistent_shapes(tmp_path, reference):
-    sd = comfy_layout(reference)
+    sd = qwen3_comfy_layout(reference)
     sd["model.layers.1.mlp.gate_proj.weight"] = torch.zeros(96, 64)  # layer 0 says intermediate 128
     save_file(sd, str(tmp_path / "mixed.safetensors"))
     with pytest.raises(WeightsError, match=r"(?s)mixed\.safetensors.*do not fit.*gate_proj"):

@@ -4,6 +4,7 @@ import json
 import pytest
 import torch
 from conftest import rel_err
+from tiny_models import Z_IMAGE_TINY, random_z_image, z_image_comfy_layout
 from safetensors.torch import save_file
 
 from dit_core.families.z_image import ZImage
@@ -13,41 +14,11 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
 from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
 
-# reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
-# has a power-of-4 ConvRot group for the INT8 tests.
-TINY = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=192, n_layers=2, n_refiner_layers=1,
-            n_heads=6, n_kv_heads=6, norm_eps=1e-5, qk_norm=True, cap_feat_dim=32, rope_theta=256.0,
-            t_scale=1000.0, axes_dims=[8, 12, 12], axes_lens=[1024, 512, 512])
-
-
-def comfy_layout(state: dict) -> dict:
-    """diffusers names -> ComfyUI's single-file names (the inverse of diffusers' single-file converter)."""
-    out = {}
-    renames = [("all_final_layer.2-1.", "final_layer."), ("all_x_embedder.2-1.", "x_embedder."),
-               (".attention.to_out.0.", ".attention.out."), (".attention.norm_q.", ".attention.q_norm."),
-               (".attention.norm_k.", ".attention.k_norm.")]
-    for key, value in state.items():
-        if ".attention.to_k." in key or ".attention.to_v." in key:
-            continue
-        if ".attention.to_q.weight" in key:
-            stem = key.replace(".attention.to_q.weight", ".attention.")
-            out[stem + "qkv.weight"] = torch.cat([state[stem + f"to_{n}.weight"] for n in "qkv"])
-            continue
-        for old, new in renames:
-            key = key.replace(old, new)
-        out[key] = value
-    return out
-
-
 @pytest.fixture(scope="module")
 def reference():
-    torch.manual_seed(0)
-    model = ZImageTransformer2DModel(**TINY).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # pad tokens and some gains start at 0/1: randomize all
-            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 or p.shape[0] == 1 else p.shape[-1] ** -0.5))
-    state = comfy_layout({k: v.contiguous() for k, v in model.state_dict().items()})
-    state["norm_final.weight"] = torch.randn(TINY["dim"])  # present in ComfyUI's file, unused
+    model = random_z_image()
+    state = z_image_comfy_layout(model.state_dict())
+    state["norm_final.weight"] = torch.randn(Z_IMAGE_TINY["dim"])  # present in ComfyUI's file, unused
     return model, state
 
 
@@ -80,7 +51,7 @@ def diffusers_out(model, latent, sigma, caption):
 def test_mapping_round_trips_through_diffusers_converter(reference):
     model, state = reference
     converted = convert_z_image_transformer_checkpoint_to_diffusers(dict(state))
-    fresh = ZImageTransformer2DModel(**TINY)
+    fresh = ZImageTransformer2DModel(**Z_IMAGE_TINY)
     fresh.load_state_dict(converted, strict=True)
     for k, v in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[k], v), k

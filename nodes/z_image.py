@@ -1,0 +1,227 @@
+"""Z-Image Turbo nodes: loaders, text encode, the sampler and VAE decode, with the stock nodes' widgets."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import comfy.model_management
+import folder_paths
+import torch
+from comfy_api.latest import io
+
+from ..dit_core.families.z_image import ZImage
+from ..dit_core.qwen3_text import Qwen3TextEncoder
+from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
+from ..dit_core.vae import ImageDecoder
+from .base import (LINEAR_MODES, LOADED, WEIGHT_DTYPES, FileHandle, ModelHandle, SwiftDiTError, checked,
+                   conditioning_rows, interrupt_check, model_file, run_sampler)
+from .types import DiTModel, TextEncoder, Vae
+
+CATEGORY = "SwiftDiT/Z-Image"
+FAMILY = "z_image"
+LATENT_CHANNELS = 16
+DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
+# ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them).
+TOKENIZER_DIR = Path(comfy.model_management.__file__).parent / "text_encoders" / "qwen25_tokenizer"
+
+
+def load_dit(handle: ModelHandle) -> ZImage:
+    return LOADED.get("dit", handle.key(), lambda: ZImage.load(handle.path, handle.linears, handle.loras))
+
+
+class ZImageLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageLoader", display_name="Z-Image Loader (SwiftDiT)", category=CATEGORY,
+            description="Loads a Z-Image diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine.",
+            inputs=[
+                io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
+                               tooltip="A Z-Image file from models/diffusion_models"),
+                io.Combo.Input("weight_dtype", options=WEIGHT_DTYPES, default="default",
+                               tooltip="Kept for workflow compatibility: fp8 values quantize at load to INT8 ConvRot"),
+                io.Combo.Input("linears", options=list(LINEAR_MODES), default="as stored",
+                               tooltip="How the linears run: the file's own format, INT8 ConvRot, or BF16"),
+            ],
+            outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, unet_name, weight_dtype, linears) -> io.NodeOutput:
+        node = "SwiftDiTZImageLoader"
+        path = model_file(node, "diffusion_models", unet_name, "unet_name")
+        if linears not in LINEAR_MODES:
+            raise SwiftDiTError(f"{node} · linears: {linears!r} is not one of {', '.join(LINEAR_MODES)}")
+        mode = LINEAR_MODES[linears]
+        if weight_dtype.startswith("fp8") and mode == "stored":
+            mode = "int8"
+        handle = ModelHandle(FAMILY, path, mode, shift=DEFAULT_SHIFT)
+        with checked(node, "unet_name"):
+            load_dit(handle)
+        return io.NodeOutput(handle)
+
+
+class ZImageModelSamplingAuraFlow(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageModelSamplingAuraFlow", display_name="ModelSamplingAuraFlow (SwiftDiT)",
+            category=CATEGORY, description="The flow schedule's shift (multiplier 1), as ModelSamplingAuraFlow.",
+            inputs=[DiTModel.Input("model"),
+                    io.Float.Input("shift", default=DEFAULT_SHIFT, min=0.0, max=100.0, step=0.01)],
+            outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, model, shift) -> io.NodeOutput:
+        return io.NodeOutput(model.with_(shift=float(shift)))
+
+
+class ZImageLoraLoaderModelOnly(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageLoraLoaderModelOnly", display_name="LoraLoaderModelOnly (SwiftDiT)",
+            category=CATEGORY, description="Merges a LoRA into the Z-Image model's linears at load.",
+            inputs=[DiTModel.Input("model"),
+                    io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras")),
+                    io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01)],
+            outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, model, lora_name, strength_model) -> io.NodeOutput:
+        node = "SwiftDiTZImageLoraLoaderModelOnly"
+        if strength_model == 0:
+            return io.NodeOutput(model)
+        path = model_file(node, "loras", lora_name, "lora_name")
+        handle = model.with_(loras=(*model.loras, (path, float(strength_model))))
+        with checked(node, "lora_name"):
+            load_dit(handle)
+        return io.NodeOutput(handle)
+
+
+class ZImageTextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageTextEncoderLoader", display_name="Z-Image Text Encoder Loader (SwiftDiT)",
+            category=CATEGORY, description="Loads Z-Image's Qwen3-4B text encoder (BF16, FP8 or INT8 ConvRot).",
+            inputs=[io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders")),
+                    io.Combo.Input("type", options=["lumina2"], default="lumina2"),
+                    io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)],
+            outputs=[TextEncoder.Output()])
+
+    @classmethod
+    def execute(cls, clip_name, type, device="default") -> io.NodeOutput:
+        node = "SwiftDiTZImageTextEncoderLoader"
+        handle = FileHandle("text", model_file(node, "text_encoders", clip_name, "clip_name"))
+        with checked(node, "clip_name"):
+            load_text_encoder(handle)
+        return io.NodeOutput(handle)
+
+
+def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
+    return LOADED.get("text", handle.key(), lambda: Qwen3TextEncoder.load(handle.path, TOKENIZER_DIR))
+
+
+class ZImageTextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageTextEncode", display_name="Z-Image Text Encode (SwiftDiT)", category=CATEGORY,
+            description="The prompt's Qwen3 rows as CONDITIONING, exactly as CLIPTextEncode makes them for Z-Image.",
+            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
+            outputs=[io.Conditioning.Output()])
+
+    @classmethod
+    def execute(cls, text, clip) -> io.NodeOutput:
+        with checked("SwiftDiTZImageTextEncode", "text"):
+            rows = load_text_encoder(clip).encode(text)
+        # Stock CLIPTextEncode's entry for Qwen3-4B: no pooled output, an all-ones attention mask.
+        mask = torch.ones(rows.shape[:2], dtype=torch.long)
+        return io.NodeOutput([[rows, {"pooled_output": None, "attention_mask": mask}]])
+
+
+class ZImageSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageSampler", display_name="Z-Image KSampler (SwiftDiT)", category=CATEGORY,
+            description="KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock.",
+            inputs=[DiTModel.Input("model"),
+                    io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+                    io.Int.Input("steps", default=8, min=1, max=10000),
+                    io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01),
+                    io.Combo.Input("sampler_name", options=list(SAMPLERS), default="res_multistep"),
+                    io.Combo.Input("scheduler", options=list(SCHEDULERS), default="simple"),
+                    io.Conditioning.Input("positive"), io.Conditioning.Input("negative"),
+                    io.Latent.Input("latent_image"),
+                    io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01)],
+            outputs=[io.Latent.Output()])
+
+    @classmethod
+    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                denoise) -> io.NodeOutput:
+        node = "SwiftDiTZImageSampler"
+        if model.family != FAMILY:
+            raise SwiftDiTError(f"{node} · model: a {model.family} model; connect a Z-Image loader")
+        if "noise_mask" in latent_image:
+            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
+        pos = conditioning_rows(node, "positive", positive)
+        neg = conditioning_rows(node, "negative", negative)
+        with checked(node, "model"):
+            dit = load_dit(model)
+
+        def denoise_with(x, sigma, cond):
+            return dit.denoised(x, float(sigma), cond, interrupt_check)
+
+        def sample(callback, should_stop):
+            return ksample(denoise_with, seed, steps, cfg, sampler_name, scheduler, latent_image["samples"],
+                           positive=pos, negative=neg, denoise=denoise, shift=model.shift,
+                           batch_index=latent_image.get("batch_index"), callback=callback,
+                           should_stop=should_stop, latent_channels=LATENT_CHANNELS)
+
+        with checked(node, "latent_image"):
+            samples = run_sampler(sample, steps)
+        return io.NodeOutput({**latent_image, "samples": samples})
+
+
+class ZImageVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageVAELoader", display_name="Z-Image VAE Loader (SwiftDiT)", category=CATEGORY,
+            description="Loads FLUX.1's VAE (ae.safetensors), Z-Image's decoder.",
+            inputs=[io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"))],
+            outputs=[Vae.Output()])
+
+    @classmethod
+    def execute(cls, vae_name) -> io.NodeOutput:
+        node = "SwiftDiTZImageVAELoader"
+        handle = FileHandle("vae", model_file(node, "vae", vae_name, "vae_name"))
+        with checked(node, "vae_name"):
+            load_vae(handle)
+        return io.NodeOutput(handle)
+
+
+def load_vae(handle: FileHandle) -> ImageDecoder:
+    return LOADED.get("vae", handle.key(), lambda: ImageDecoder.load(handle.path))
+
+
+class ZImageVAEDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTZImageVAEDecode", display_name="Z-Image VAE Decode (SwiftDiT)", category=CATEGORY,
+            description="Decodes Z-Image latents to an IMAGE, in tiles for large images.",
+            inputs=[io.Latent.Input("samples"), Vae.Input("vae")], outputs=[io.Image.Output()])
+
+    @classmethod
+    def execute(cls, samples, vae) -> io.NodeOutput:
+        import comfy.utils
+        bar = comfy.utils.ProgressBar(1)
+        with checked("SwiftDiTZImageVAEDecode", "samples"):
+            image = load_vae(vae).decode(samples["samples"].float(),
+                                         progress=lambda done, total: bar.update_absolute(done, total))
+        return io.NodeOutput(image)
+
+
+NODES = [ZImageLoader, ZImageTextEncoderLoader, ZImageTextEncode, ZImageModelSamplingAuraFlow,
+         ZImageLoraLoaderModelOnly, ZImageSampler, ZImageVAELoader, ZImageVAEDecode]
