@@ -1,0 +1,279 @@
+"""The FLUX.1 VAE decoder (ae.safetensors, BFL/ComfyUI names) in plain PyTorch f32, whole or in soft tiles."""
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .weights import Checkpoint, WeightsError, read_tensor
+
+# FLUX.1 latent format (reference/families/z_image.md section 8; ComfyUI latent_formats.Flux).
+LATENT_CHANNELS = 16
+SCALING = 0.3611
+SHIFT = 0.1159
+# BFL's Normalize is GroupNorm(32, eps=1e-6) throughout the decoder; the group count is not in the file.
+GROUPS = 32
+EPS = 1e-6
+# Latent tile and overlap as ComfyUI v0.3.75 comfy/sd.py VAE.decode_tiled_ (tile_x=tile_y=64, overlap=16).
+TILE = 64
+OVERLAP = 16
+ANCHOR = "decoder.conv_in.weight"
+
+
+def raw_latents(normalized: torch.Tensor) -> torch.Tensor:
+    """Sampler-space latents -> raw VAE latents (ComfyUI's Flux process_out: z / 0.3611 + 0.1159)."""
+    return normalized / SCALING + SHIFT
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """The decoder's sizes, read from the file. Level 0 is full resolution (BFL's `up.0`, without upsample).
+    The image is `factor` = 2^(levels-1) times the latent: 8 for FLUX.1's four levels."""
+    latent_channels: int
+    channels: tuple[int, ...]  # per level, level 0 first
+    blocks: int  # resnet blocks per level (BFL num_res_blocks + 1)
+    out_channels: int
+    groups: int = GROUPS
+
+    @property
+    def factor(self) -> int:
+        return 2 ** (len(self.channels) - 1)
+
+
+class ImageDecoder:
+    """FLUX.1 VAE decoder: raw latents [B, 16, h, w] -> ComfyUI IMAGE [B, 8h, 8w, 3] in 0..1."""
+
+    def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
+        self.shape = shape
+        self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
+
+    @classmethod
+    def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+        prefix = _find_prefix(ckpt)
+        shape = _read_shape(ckpt, prefix, groups)
+        return cls(shape, _read_weights(ckpt, prefix, shape))
+
+    @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
+    def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
+               progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+        """Raw latents -> IMAGE. Latents larger than `tile` (latent cells) are decoded in tiles overlapping by
+        `overlap` cells and blended with linear feathering; tile=None decodes whole. progress(done, total)."""
+        z = self._check(latents)
+        _, _, h, w = z.shape
+        if tile is not None and (tile < 1 or not 0 <= overlap < tile):
+            raise ValueError(f"decode: tile must be >= 1 and 0 <= overlap < tile, got tile={tile}, "
+                             f"overlap={overlap}")
+        if tile is None or (h <= tile and w <= tile):
+            x = self.forward(z)
+            if progress is not None:
+                progress(1, 1)
+        else:
+            x = self._tiled(z, tile, overlap, progress)
+        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous()
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder)."""
+        w, g = self.w, self.shape.groups
+        x = _conv(z, w, "conv_in")
+        x = _resnet(x, w, "mid.block_1", g)
+        x = _attention(x, w, "mid.attn_1", g)
+        x = _resnet(x, w, "mid.block_2", g)
+        for level in reversed(range(len(self.shape.channels))):
+            for j in range(self.shape.blocks):
+                x = _resnet(x, w, f"up.{level}.block.{j}", g)
+            if level > 0:
+                x = _conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
+        x = F.silu(_norm(x, w, "norm_out", g))
+        return _conv(x, w, "conv_out")
+
+    def _check(self, latents: torch.Tensor) -> torch.Tensor:
+        c = self.shape.latent_channels
+        if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != c:
+            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
+            raise ValueError(f"samples: expected raw FLUX.1 VAE latents [B, {c}, h, w] ({c} channels), got "
+                             f"{got}; is this latent from another model family?")
+        return latents.to(self.w["conv_in.weight"].device, torch.float32)
+
+    def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress) -> torch.Tensor:
+        """Overlapping tiles, each weighted by a linear ramp across its overlap with each neighbour and
+        normalized by the summed weights: a partition of unity, so the tiles cross-fade with no hard edge (as
+        ComfyUI's utils.tiled_scale feathers, with ramps sized to the actual overlap)."""
+        b, _, h, w = z.shape
+        f = self.shape.factor
+        rows, cols = _spans(h, tile, overlap), _spans(w, tile, overlap)
+        out = torch.zeros(b, self.shape.out_channels, h * f, w * f, dtype=torch.float32, device=z.device)
+        total = torch.zeros(1, 1, h * f, w * f, dtype=torch.float32, device=z.device)
+        done = 0
+        for i, (y0, y1) in enumerate(rows):
+            wy = _ramp(rows, i, f)
+            for j, (x0, x1) in enumerate(cols):
+                weight = (wy[:, None] * _ramp(cols, j, f)[None, :]).to(z.device)
+                out[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += self.forward(z[:, :, y0:y1, x0:x1]) * weight
+                total[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += weight
+                done += 1
+                if progress is not None:
+                    progress(done, len(rows) * len(cols))
+        return out / total
+
+
+# --- the layers, as functions of the weight table --------------------------------------------------------
+
+def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
+    weight = w[f"{name}.weight"]
+    return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
+
+
+def _norm(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+    return F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
+
+
+def _resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+    """Pre-norm residual block, no time embedding (diffusers 0.42.1 resnet.py ResnetBlock2D, temb None)."""
+    h = _conv(F.silu(_norm(x, w, f"{name}.norm1", groups)), w, f"{name}.conv1")
+    h = _conv(F.silu(_norm(h, w, f"{name}.norm2", groups)), w, f"{name}.conv2")
+    if f"{name}.nin_shortcut.weight" in w:  # 1x1 conv where the channel count changes
+        x = _conv(x, w, f"{name}.nin_shortcut")
+    return x + h
+
+
+def _attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+    """Single-head self-attention over all positions, residual (BFL AttnBlock; diffusers heads = C // C)."""
+    b, c, hh, ww = x.shape
+    t = _norm(x, w, f"{name}.norm", groups).flatten(2).transpose(1, 2)  # [B, HW, C]
+    q, k, v = (F.linear(t, w[f"{name}.{p}.weight"], w[f"{name}.{p}.bias"]) for p in "qkv")
+    a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
+    a = F.linear(a, w[f"{name}.proj_out.weight"], w[f"{name}.proj_out.bias"])
+    return x + a.transpose(1, 2).reshape(b, c, hh, ww)
+
+
+# --- tiles -----------------------------------------------------------------------------------------------
+
+def _spans(n: int, tile: int, overlap: int) -> list[tuple[int, int]]:
+    """[start, end) of tiles covering 0..n: as few as overlap allows, evenly spaced so that neighbours overlap
+    by at least `overlap` cells (the stride (n - tile) / (m - 1) is at most tile - overlap)."""
+    if n <= tile:
+        return [(0, n)]
+    m = math.ceil((n - overlap) / (tile - overlap))
+    return [(s, s + tile) for s in (round(i * (n - tile) / (m - 1)) for i in range(m))]
+
+
+def _ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
+    """Tile i's blend weights along one axis, in pixels: 1 inside, rising (k + 0.5) / R across the R pixels
+    it shares with the previous tile and falling likewise toward the next: neighbours' weights sum to 1."""
+    start, end = spans[i]
+    wt = torch.ones((end - start) * f, dtype=torch.float32)
+    if i > 0:
+        r = (spans[i - 1][1] - start) * f
+        if r > 0:
+            wt[:r] = torch.minimum(wt[:r], (torch.arange(r) + 0.5) / r)
+    if i + 1 < len(spans):
+        r = (end - spans[i + 1][0]) * f
+        if r > 0:
+            wt[-r:] = torch.minimum(wt[-r:], (torch.arange(r - 1, -1, -1) + 0.5) / r)
+    return wt
+
+
+# --- loading ---------------------------------------------------------------------------------------------
+
+def _not_a_vae(ckpt: Checkpoint, why: str) -> WeightsError:
+    return WeightsError(f"{ckpt.path.name}: {why}; expected a FLUX.1 VAE (ae.safetensors: AutoencoderKL with "
+                        f"{LATENT_CHANNELS} latent channels, no quant convs, tensors named decoder.conv_in, "
+                        f"decoder.mid.*, decoder.up.N.*, optionally under a prefix such as 'vae.')")
+
+
+def _find_prefix(ckpt: Checkpoint) -> str:
+    """The prefix before `decoder.` (e.g. '', 'vae.', 'first_stage_model.'); the shortest if several."""
+    names = ckpt.keys()
+    found = [k[: -len(ANCHOR)] for k in names if k.endswith(ANCHOR)]
+    found = [p for p in found if p == "" or p.endswith(".")]
+    if not found:
+        raise _not_a_vae(ckpt, f"no '{ANCHOR}' tensor")
+    return min(found, key=len)
+
+
+def _read_shape(ckpt: Checkpoint, prefix: str, groups: int) -> DecoderShape:
+    """Levels, channels and blocks per level from the tensor names and shapes (BFL autoencoder.py layout)."""
+    d = prefix + "decoder."
+    conv_in = ckpt.shape(d + "conv_in.weight")
+    if len(conv_in) != 4 or conv_in[1] != LATENT_CHANNELS:
+        got = f"{conv_in[1]} latent channels" if len(conv_in) == 4 else "not a conv"
+        raise _not_a_vae(ckpt, f"'{d}conv_in.weight' has shape {conv_in} ({got})")
+    names = ckpt.keys()
+    keys = [k[len(d):] for k in names if k.startswith(d)]
+    if any(k.startswith("up_blocks.") for k in keys):
+        raise _not_a_vae(ckpt, "decoder tensors are in diffusers naming (decoder.up_blocks.*), not BFL's")
+    levels = {int(k.split(".")[1]) for k in keys if k.startswith("up.") and k.split(".")[1].isdigit()}
+    if not levels or levels != set(range(len(levels))):
+        raise _not_a_vae(ckpt, f"decoder levels decoder.up.N found: {sorted(levels)}, expected 0..L-1")
+    blocks = {lv: {int(k.split(".")[3]) for k in keys if k.startswith(f"up.{lv}.block.")} for lv in levels}
+    n = len(blocks[0])
+    if n == 0 or any(b != set(range(n)) for b in blocks.values()):
+        raise _not_a_vae(ckpt, f"resnet blocks per level differ or have gaps: {blocks}")
+    if prefix + "post_quant_conv.weight" in ckpt:
+        raise _not_a_vae(ckpt, "it has a post_quant_conv (an SD-style VAE)")
+    channels = tuple(ckpt.shape(f"{d}up.{lv}.block.0.conv1.weight")[0] for lv in range(len(levels)))
+    out = ckpt.shape(d + "conv_out.weight")[0]
+    if any(c % groups for c in channels):
+        raise WeightsError(f"{ckpt.path.name}: decoder channels {channels} are not divisible by {groups} "
+                           f"norm groups (FLUX.1's VAE uses 32)")
+    return DecoderShape(conv_in[1], channels, n, out, groups)
+
+
+def _decoder_tensors(shape: DecoderShape) -> dict[str, tuple[int, ...]]:
+    """Every decoder tensor the forward uses, with its expected shape (without the `decoder.` prefix)."""
+    ch, top = shape.channels, shape.channels[-1]
+    t: dict[str, tuple[int, ...]] = {}
+
+    def conv(name, cin, cout, k=3):
+        t[f"{name}.weight"], t[f"{name}.bias"] = (cout, cin, k, k), (cout,)
+
+    def norm(name, c):
+        t[f"{name}.weight"], t[f"{name}.bias"] = (c,), (c,)
+
+    def resnet(name, cin, cout):
+        norm(f"{name}.norm1", cin)
+        conv(f"{name}.conv1", cin, cout)
+        norm(f"{name}.norm2", cout)
+        conv(f"{name}.conv2", cout, cout)
+        if cin != cout:
+            conv(f"{name}.nin_shortcut", cin, cout, 1)
+
+    conv("conv_in", shape.latent_channels, top)
+    resnet("mid.block_1", top, top)
+    resnet("mid.block_2", top, top)
+    norm("mid.attn_1.norm", top)
+    for p in ("q", "k", "v", "proj_out"):
+        conv(f"mid.attn_1.{p}", top, top, 1)
+    cin = top
+    for level in reversed(range(len(ch))):
+        for j in range(shape.blocks):
+            resnet(f"up.{level}.block.{j}", cin, ch[level])
+            cin = ch[level]
+        if level > 0:
+            conv(f"up.{level}.upsample.conv", ch[level], ch[level])
+    norm("norm_out", ch[0])
+    conv("conv_out", ch[0], shape.out_channels)
+    return t
+
+
+def _read_weights(ckpt: Checkpoint, prefix: str, shape: DecoderShape) -> dict[str, torch.Tensor]:
+    """The decoder's tensors as f32, shapes checked; attention 1x1 convs flattened to linears [C, C] here."""
+    expected_shapes = _decoder_tensors(shape)
+    d = f"{prefix}decoder."
+    names = ckpt.keys()
+    extra = sorted(k for k in names if k.startswith(d) and k[len(d):] not in expected_shapes)
+    if extra:  # e.g. attention inside the up levels (LDM attn_resolutions), which FLUX.1's decoder has not
+        raise _not_a_vae(ckpt, f"unexpected decoder tensors {extra[:3]}{' ...' if len(extra) > 3 else ''}")
+    weights = {}
+    for name, expected in expected_shapes.items():
+        key = f"{prefix}decoder.{name}"
+        if key not in ckpt:
+            raise _not_a_vae(ckpt, f"tensor '{key}' is missing")
+        t = read_tensor(ckpt, key, expected)
+        weights[name] = t.flatten(1) if ".attn_1." in name and t.dim() == 4 else t
+    return weights
