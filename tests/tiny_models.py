@@ -1,8 +1,13 @@
 """Tiny random models of each reference implementation, and their weights in ComfyUI's file layouts."""
+import re
+
 import torch
+from diffusers import AutoencoderKL
+from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
+from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3Model
 
-from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
+from dit_core.vae import SCALING, SHIFT
 
 # reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
 # has a power-of-4 ConvRot group for the INT8 tests.
@@ -62,3 +67,69 @@ def random_qwen3(seed: int = 0, **overrides) -> Qwen3Model:
 def qwen3_comfy_layout(model: Qwen3Model, prefix: str = "") -> dict[str, torch.Tensor]:
     """ComfyUI's text_encoders layout: the HF names under `model.`."""
     return {f"{prefix}model.{k}": v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+
+
+# Tiny FLUX.1-shaped VAEs: 16 latent channels, no quant convs. "flux" has FLUX.1's four levels (factor 8) and
+# norm groups of 8-16 channels; "two_level" has 2 + 1 resnets per level and FLUX.1's 32 groups (the default).
+CONFIGS = {
+    "flux": {"block_out_channels": (32, 32, 64, 64), "layers_per_block": 1, "norm_num_groups": 4},
+    "two_level": {"block_out_channels": (32, 64), "layers_per_block": 2, "norm_num_groups": 32},
+}
+
+
+def tiny_vae(name: str, seed: int = 1, latent_channels: int = 16, quant: bool = False) -> AutoencoderKL:
+    cfg = CONFIGS[name]
+    levels = len(cfg["block_out_channels"])
+    torch.manual_seed(0)
+    vae = AutoencoderKL(in_channels=3, out_channels=3, latent_channels=latent_channels,
+                        down_block_types=("DownEncoderBlock2D",) * levels,
+                        up_block_types=("UpDecoderBlock2D",) * levels, use_quant_conv=quant,
+                        use_post_quant_conv=quant, scaling_factor=SCALING, shift_factor=SHIFT, **cfg).eval()
+    randomize(vae, seed)
+    return vae
+
+
+def randomize(vae: AutoencoderKL, seed: int) -> None:
+    """Every parameter random (diffusers' init has unit norms and zero biases, which hides swapped tensors).
+    Biases are large (std 2): per-channel offsets then dominate the GroupNorm statistics, so a tile's
+    statistics stay close to the whole image's, and tiled vs whole compares the blending, not the norms (with
+    biases of std 0.1, tiles of 24 cells differ from the whole decode by ~5% even far from the seams)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in vae.named_parameters():
+            r = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * r if name.endswith("weight") else 0.2 * r)
+            elif name.endswith("bias"):
+                p.copy_(2.0 * r)
+            else:
+                p.copy_(r / p[0].numel() ** 0.5)
+
+
+# diffusers -> BFL/LDM names: the inverse of diffusers' convert_ldm_vae_checkpoint (single_file_utils.py).
+RENAMES = [
+    (r"\.resnets\.", ".block."), (r"conv_shortcut", "nin_shortcut"), (r"\.downsamplers\.0\.", ".downsample."),
+    (r"\.upsamplers\.0\.", ".upsample."), (r"conv_norm_out", "norm_out"),
+    (r"mid_block\.attentions\.0\.", "mid.attn_1."), (r"group_norm", "norm"), (r"to_out\.0", "proj_out"),
+    (r"\.to_([qkv])\.", r".\1."), (r"encoder\.down_blocks\.", "encoder.down."),
+]
+
+
+def to_bfl(state: dict[str, torch.Tensor], levels: int, prefix: str = "") -> dict[str, torch.Tensor]:
+    out = {}
+    for key, t in state.items():
+        # decoder.up_blocks.i runs from the lowest resolution; BFL's up.N is indexed by level (N = levels-1-i)
+        k = re.sub(r"decoder\.up_blocks\.(\d+)", lambda m: f"decoder.up.{levels - 1 - int(m[1])}", key)
+        k = re.sub(r"mid_block\.resnets\.(\d)", lambda m: f"mid.block_{int(m[1]) + 1}", k)
+        for pattern, repl in RENAMES:
+            k = re.sub(pattern, repl, k)
+        if ".attn_1." in k and t.dim() == 2:  # BFL's AttnBlock holds q/k/v/proj_out as 1x1 convs
+            t = t[:, :, None, None]
+        out[prefix + k] = t.contiguous()
+    return out
+
+
+def save_bfl(vae: AutoencoderKL, path, prefix: str = "") -> dict[str, torch.Tensor]:
+    state = to_bfl(vae.state_dict(), len(vae.config.block_out_channels), prefix)
+    save_file(state, str(path))
+    return state

@@ -28,9 +28,14 @@ def pack(comfy):
 def models(pack, tmp_path_factory):
     """A tiny Z-Image, text encoder and VAE in ComfyUI's models folders (registered with folder_paths)."""
     import folder_paths
-    sys.path.insert(0, str(ROOT / "tests" / "dit_core"))  # test_vae's tiny VAE (moves to tiny_models next)
-    from test_vae import save_bfl, tiny_vae
-    from tiny_models import qwen3_comfy_layout, random_qwen3, random_z_image, z_image_comfy_layout
+    from tiny_models import (
+        qwen3_comfy_layout,
+        random_qwen3,
+        random_z_image,
+        save_bfl,
+        tiny_vae,
+        z_image_comfy_layout,
+    )
     root = tmp_path_factory.mktemp("models")
     for folder in ("diffusion_models", "text_encoders", "vae", "loras"):
         (root / folder).mkdir()
