@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 from conftest import COMFYUI_TREE, rel_err
-from tiny_models import QWEN3_TINY, qwen3_comfy_layout, random_qwen3
 from safetensors.torch import save_file
+from tiny_models import QWEN3_TINY, qwen3_comfy_layout, random_qwen3
 
 from dit_core.qwen3_text import PromptTokenizer, Qwen3TextEncoder
 from dit_core.weights import WeightsError, convrot_group_for, quantize_convrot
@@ -205,3 +205,24 @@ def test_bad_tokenizer_folder(tmp_path, files):
 def test_token_ids_out_of_range(encoder):
     with pytest.raises(ValueError, match="token ids"):
         encoder.encode_ids([0, 151936])
+
+
+def test_features_match_comfyui_qwen3(comfy, tmp_path):
+    """ComfyUI v0.3.75's own Qwen3_4B (what stock CLIPTextEncode runs for Z-Image), built tiny: its config
+    fixes head_dim at 128, the rest comes from the dict. Layer -2 without the final norm, as Qwen3_4BModel."""
+    import comfy.ops
+    from comfy.text_encoders.llama import Qwen3_4B
+    sizes = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=2,
+                 num_key_value_heads=1)
+    sd = qwen3_comfy_layout(random_qwen3(head_dim=128, **sizes))
+    theirs = Qwen3_4B({**sizes, "vocab_size": 151936}, dtype=torch.float32, device="cpu",
+                      operations=comfy.ops.disable_weight_init)
+    missing, unexpected = theirs.load_state_dict(sd, strict=False)
+    assert not missing and not unexpected
+    save_file(sd, str(tmp_path / "qwen3.safetensors"))
+    ours = Qwen3TextEncoder.load(tmp_path / "qwen3.safetensors", TOKENIZER_DIR)
+    prompt = PROMPTS["unicode"]
+    with torch.no_grad():
+        _, hidden = theirs(torch.tensor([ours.tokenize(prompt)]), intermediate_output=-2,
+                           final_layer_norm_intermediate=False, dtype=torch.float32)
+    assert rel_err(ours.encode(prompt), hidden) <= 1e-5
