@@ -31,7 +31,8 @@ class Modulation:
     mlp_shift: torch.Tensor | None = None
 
     @staticmethod
-    def identity(hidden: int, rows: int = 1, dtype: torch.dtype = torch.float32) -> Modulation:
+    def identity(hidden: int, rows: int = 1, dtype: torch.dtype = torch.float32, device=None) -> Modulation:
         """Scale 0 and gate 1: an unmodulated block (Z-Image's context refiners)."""
-        zero, one = torch.zeros(rows, hidden, dtype=dtype), torch.ones(rows, hidden, dtype=dtype)
+        zero = torch.zeros(rows, hidden, dtype=dtype, device=device)
+        one = torch.ones(rows, hidden, dtype=dtype, device=device)
         return Modulation(zero, one, zero, one)

@@ -30,6 +30,9 @@ class Sequence:
     def rows(self) -> int:
         return self.map.shape[0]
 
+    def to(self, device) -> "Sequence":
+        return Sequence(self.map.to(device), self.cos.to(device), self.sin.to(device), self.group)
+
     @property
     def runs(self) -> list[tuple[int, int, int]]:
         """(first, end, modulation row) of each run of consecutive rows sharing a modulation row: the

@@ -346,3 +346,20 @@ def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None
         scale_key = key.rsplit(".", 1)[0] + ".weight_scale"
         return t.float() * (ckpt.get(scale_key).float() if scale_key in ckpt else 1.0)
     return t.float()
+
+
+class TensorSource(Checkpoint):
+    """Tensors already in memory behind Checkpoint's interface (benchmarks on random weights, converters)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], name: str = "in-memory"):
+        self.path = Path(name)
+        self.tensors = tensors
+        self.header = {k: {"shape": list(v.shape)} for k, v in tensors.items()}
+        self.metadata = {}
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.get(name).dtype
+
+    def get(self, name: str) -> torch.Tensor:
+        self._entry(name)
+        return self.tensors[name]

@@ -6,7 +6,7 @@ comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at lo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -152,10 +152,27 @@ class ZImage:
             mods=tuple(lin(f"layers.{i}.adaLN_modulation.0") for i in range(a.layers)),
             final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"))
 
+    def to(self, device: str | torch.device) -> "ZImage":
+        """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
+        matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32."""
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            return self
+        from ..block_gpu import GpuBlock
+        small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
+                                   None if lin.bias is None else lin.bias.float().to(dev))
+        blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)  # noqa: E731
+        return replace(
+            self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
+            image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
+            context=blocks(self.context), noise=blocks(self.noise), noise_mods=tuple(map(small, self.noise_mods)),
+            blocks=blocks(self.blocks), mods=tuple(map(small, self.mods)), final_mod=small(self.final_mod),
+            final_out=small(self.final_out))
+
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
         """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
         t = torch.tensor([(1.0 - float(sigma)) * TIME_SCALE], dtype=torch.float32)
-        emb = sinusoids(t, self.arch.freq_dim)
+        emb = sinusoids(t, self.arch.freq_dim).to(self.cap_norm.device)
         return linear(F.silu(linear(emb, self.time[0])), self.time[1]).to(dtype)
 
     def modulation(self, mod: Linear, temb: torch.Tensor) -> Modulation:
@@ -197,7 +214,7 @@ class ZImage:
         for block, mod in zip(self.noise, self.noise_mods):
             x = block.forward(a, x, self.modulation(mod, temb), img_seq)
             check()
-        identity = Modulation.identity(a.hidden, dtype=dtype)
+        identity = Modulation.identity(a.hidden, dtype=dtype, device=latent.device)
         for block in self.context:
             cap = block.forward(a, cap, identity, cap_seq)
             check()

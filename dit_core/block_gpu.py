@@ -1,0 +1,112 @@
+"""The shared block on a CUDA GPU: INT8 ConvRot linears on the matrix cores through kernels/, fused prologues
+(modulated norm -> rotate -> quantize; SwiGLU -> rotate -> quantize) and epilogues (scales, bias, gated
+residual), attention through SDPA. dit_core/block.py is its reference."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .arch import Arch
+from .block import DOWN, K_NORM, NORM1, NORM2, OUT, POST_ATTN, POST_MLP, Q_NORM, QKV, UP, Block, modulated_norm, swiglu
+from .modulation import Modulation
+from .sequence import Sequence
+from .weights import Linear
+
+CHUNK = 4096  # rows a chunk of the MLP takes: its temporaries (the [rows, 2 ffn] product) stay a few hundred MB
+
+
+def kernel(name: str):
+    """kernels/<name>, the sibling package of dit_core: top level in tests and tools, inside the custom-node
+    package when ComfyUI loads the pack."""
+    parent = __package__.rpartition(".")[0]
+    return importlib.import_module(f"{parent}.kernels.{name}" if parent else f"kernels.{name}")
+
+
+@dataclass(frozen=True)
+class GpuLinear:
+    """A linear where it runs: INT8 ConvRot codes [N, K] with f32 row scales [N] (int8 True), or BF16 [N, K]."""
+    weight: torch.Tensor
+    scale: torch.Tensor | None
+    bias: torch.Tensor | None
+    group: int
+
+    @property
+    def int8(self) -> bool:
+        return self.weight.dtype == torch.int8
+
+    @staticmethod
+    def of(lin: Linear, device: torch.device) -> "GpuLinear":
+        bias = None if lin.bias is None else lin.bias.float().to(device)
+        if lin.quantized and lin.group:
+            scale = lin.scale.float().reshape(-1).expand(lin.out_features).contiguous()
+            return GpuLinear(lin.weight.to(device), scale.to(device), bias, lin.group)
+        # Float linears (and INT8 without ConvRot) run in BF16 on cuBLAS.
+        return GpuLinear(lin.dequantized().to(device, torch.bfloat16), None, bias, 0)
+
+
+def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
+    """The linear's output rows (bf16): INT8 codes against INT8 weights, or BF16 rows against BF16 weights."""
+    if lin.int8:
+        return kernel("int8_linear").int8_linear(x_q, s_x, lin.weight, lin.scale, lin.bias)
+    bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
+    return F.linear(x_bf16, lin.weight, bias)
+
+
+@dataclass(frozen=True)
+class GpuBlock:
+    """Block.w where it runs: 4 GpuLinears, then the norm gains (f32) or None."""
+    w: tuple
+
+    @staticmethod
+    def of(block: Block, device: torch.device) -> "GpuBlock":
+        return GpuBlock(tuple(GpuLinear.of(t, device) if i <= DOWN else
+                              (None if t is None else t.float().to(device)) for i, t in enumerate(block.w)))
+
+    def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
+              act=None):
+        """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue), else the
+        same math in BF16 through torch."""
+        norm = a.norm if scale is not None else None
+        if lin.int8:
+            q, s = kernel("int8_quant").quantize_rows(x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps,
+                                                      scale=scale, shift=shift, row_map=row_map, act=act)
+            return q, s, None
+        if act == "swiglu":
+            h = swiglu(x.float())
+        elif scale is not None:
+            h = modulated_norm(a, x, norm_weight, shift, scale, row_map)
+        else:
+            h = x
+        return None, None, h.to(torch.bfloat16)
+
+    def _branch_into(self, a: Arch, x, y_rows, lin: GpuLinear, post, gate, row_map) -> None:
+        """x += gate[map] * (post norm of) linear(y): in the product's epilogue when there is no sandwich norm
+        (its output is never stored), else through the gated-residual kernel after the product."""
+        q, s, xb = y_rows
+        if post is None and lin.int8:
+            kernel("int8_linear").int8_linear_gated(q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate,
+                                          row_map=row_map)
+            return
+        kernel("gated_residual").gated_residual(x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps)
+
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
+        """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it."""
+        w, row_map = self.w, s.map
+        q, sc, xb = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
+                               row_map=row_map)
+        qkv = _product(q, sc, xb, w[QKV])
+        hq, hk, hv = kernel("head_norm_rope").head_norm_rope(qkv, a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos, s.sin,
+                                                   a.qk_eps)
+        o = kernel("attention").attention(hq, hk, hv, s.group)
+        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map)
+        for r0 in range(0, x.shape[0], CHUNK):
+            xs, maps = x[r0:r0 + CHUNK], row_map[r0:r0 + CHUNK]
+            q, sc, xb = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,
+                                   row_map=maps)
+            u = _product(q, sc, xb, w[UP])
+            self._branch_into(a, xs, self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], w[POST_MLP],
+                              m.mlp_gate, maps)
+        return x
