@@ -1,0 +1,337 @@
+"""Swap the stock nodes of a family's graph for SwiftDiT's, in UI (subgraphs too) or API format, keeping every
+link and widget value; the report says what changed and why everything else stayed as it was."""
+from __future__ import annotations
+
+import copy
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from .families import FAMILIES, Family
+from .ui_graph import UIGraph
+from .workflow_api import is_link
+
+NOTES = ("MarkdownNote", "Note")
+PACK = "comfyui-swiftdit"  # properties.cnr_id: tells the frontend and the Manager which pack a node is from
+
+
+@dataclass
+class GNode:
+    """A node as the planner sees it, in either format; every placement of one definition shares `key`."""
+    id: str
+    key: tuple
+    type: str
+    widgets: dict
+    blocked: str | None = None  # a reason ours cannot take this node's values
+
+
+@dataclass
+class Wire:
+    """A value's path from an output (src) to an input (dst); an end is None at an open subgraph edge."""
+    src: str | None
+    slot: int
+    dst: str | None
+    name: str | None
+    type: str | None
+    refs: list = field(default_factory=list)  # stored types along the way (UI only)
+
+    @property
+    def segments(self) -> set:
+        return {id(container) for container, _ in self.refs}
+
+
+@dataclass
+class Report:
+    family: str
+    changed: list = field(default_factory=list)  # (where, old type, new type)
+    left: list = field(default_factory=list)     # (where, type, why it stayed)
+    retyped: int = 0                             # link and port types changed to ours
+
+    def lines(self) -> list[str]:
+        out = [f"{self.family}: swapped {len(self.changed)} node(s), changed {self.retyped} wire type(s)"]
+        out += [f"  {where}  {old} -> {new}" for where, old, new in self.changed]
+        out += [f"left as they were: {len(self.left)} node(s)"] if self.left else []
+        out += [f"  {where}  {kind}: {why}" for where, kind, why in self.left]
+        return out
+
+
+def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
+    """The node ids to swap, and for every stock node of the family's roles left alone, why."""
+    into, by_dst = {}, defaultdict(list)
+    for w in wires:
+        if w.dst is not None:
+            by_dst[w.dst].append(w)
+            into[(w.dst, w.name)] = w
+
+    def src(nid, name):
+        w = into.get((nid, name))
+        return nodes.get(w.src) if w and w.src is not None else None
+
+    def plays(node, stock):  # the stock node of this role, or ours already
+        return node is not None and node.type in (stock, fam.roles[stock].ours)
+
+    def reaches(nid, names, goal, wire_type):  # upstream along wires of `wire_type` (or unknown type)
+        todo, seen = [into[(nid, n)] for n in names if (nid, n) in into], set()
+        while todo:
+            w = todo.pop()
+            if w.src is None or w.src in seen:
+                continue
+            seen.add(w.src)
+            if w.src in goal:
+                return True
+            todo += [x for x in by_dst[w.src] if x.type in (wire_type, None)]
+        return False
+
+    why, cand = {}, set()
+    loaders = set()
+    for n in nodes.values():
+        if n.type == fam.text_loader and n.widgets.get("type") not in fam.text_loader_types:
+            why[n.id] = f"type {n.widgets.get('type')!r} is not a {fam.title} text encoder"
+        elif plays(n, fam.text_loader):
+            loaders.add(n.id)
+    encoders = {n.id for n in nodes.values() if any(plays(n, e) for e in fam.text_encoders)
+                and getattr(src(n.id, "clip"), "id", None) in loaders}
+    sampler_role = fam.roles[fam.sampler]
+    conds = [name for name, t in sampler_role.sockets if t == "CONDITIONING"]
+    samplers = set()
+    for n in (n for n in nodes.values() if plays(n, fam.sampler)):
+        if not reaches(n.id, conds, encoders, "CONDITIONING"):
+            why[n.id] = f"its conditioning comes from no {fam.title} text encoder"
+            continue
+        chain, m = [n.id], src(n.id, "model")
+        while m is not None and m.id not in chain and any(plays(m, p) for p in fam.model_patches):
+            chain.append(m.id)
+            m = src(m.id, "model")
+        if not plays(m, fam.model_loader):
+            why[n.id] = f"its model comes through stock {m.type} ({m.id})" if m else "its model input is open"
+            continue
+        samplers.add(n.id)
+        cand.update(chain + [m.id])
+    for n in (n for n in nodes.values() if any(plays(n, d) for d in fam.decoders)):
+        if reaches(n.id, ["samples"], samplers, "LATENT"):
+            cand.add(n.id)
+            vae = src(n.id, "vae")
+            if plays(vae, fam.vae_loader):
+                cand.add(vae.id)
+        else:
+            why.setdefault(n.id, f"its samples come from no {fam.title} sampler")
+    cand |= loaders | encoders
+    cand = {c for c in cand if nodes[c].type in fam.roles}  # ours are already swapped
+
+    placements = defaultdict(set)
+    for n in nodes.values():
+        placements[n.key].add(n.id)
+
+    def drop(nid, reason):
+        for other in placements[nodes[nid].key]:
+            cand.discard(other)
+            why.setdefault(other, reason)
+
+    for nid in sorted(cand):
+        if nodes[nid].blocked:
+            drop(nid, nodes[nid].blocked)
+        elif not placements[nodes[nid].key] <= cand:
+            drop(nid, "its subgraph is placed more than once and not every placement is the same graph")
+
+    def swapped(nid):
+        return nid in cand or nodes[nid].type in fam.ours_roles
+
+    engine = [w for w in wires if fam.is_engine_wire(w.type)]
+    changed = True
+    while changed:  # an engine wire joins two of ours or two stock nodes, never one of each
+        changed = False
+        for w in engine:
+            if w.src is None or w.dst is None or swapped(w.src) == swapped(w.dst):
+                continue
+            if w.src in cand:
+                stock = nodes[w.dst]
+                drop(w.src, f"its {w.type} also feeds stock {stock.type} ({stock.id}), which needs {w.type}")
+                changed = True
+            elif w.dst in cand:
+                drop(w.dst, f"its {w.name} comes from stock {nodes[w.src].type} ({w.src})")
+                changed = True
+        shared = defaultdict(list)  # a subgraph edge placed twice must carry one type
+        for w in engine:
+            for seg in w.segments:
+                shared[seg].append(w)
+        for group in shared.values():
+            if len({w.src is not None and swapped(w.src) for w in group}) > 1:
+                for w in group:
+                    if w.src in cand:
+                        drop(w.src, "its subgraph is placed more than once with different models")
+                        changed = True
+    for n in nodes.values():
+        if n.type in fam.roles and n.id not in cand:
+            why.setdefault(n.id, _outside(fam, n.type))
+    return cand, why
+
+
+def _outside(fam: Family, stock: str) -> str:
+    """Why a stock node of one of the family's roles is not part of any of its graphs."""
+    if stock in fam.text_encoders:
+        return f"its clip comes from no {fam.text_loader} of type {' or '.join(fam.text_loader_types)}"
+    if stock == fam.model_loader or stock in fam.model_patches:
+        return f"not on the model path of a {fam.title} sampler"
+    if stock == fam.vae_loader:
+        return f"feeds no {fam.title} decode"
+    return f"not part of a {fam.title} graph"
+
+
+def _widgets(fam: Family, node: dict) -> tuple[dict, str | None]:
+    """A UI node's widget values by name (for the roles' rules), and a reason it cannot be swapped, if any."""
+    role = fam.roles.get(node.get("type"))
+    values = node.get("widgets_values") or []
+    if role is None or not isinstance(values, list):
+        return {}, None if role is None else "its widgets_values are not a list"
+    named = dict(zip(role.widgets, values))
+    if role.extra_widgets and len(values) != len(role.widgets):
+        return named, f"has {len(values)} widget values, {len(role.widgets)} expected"
+    linked = {e.get("name") for e in node.get("inputs", []) if e.get("widget") and e.get("link") is not None}
+    return named, _refused(role, named, linked)
+
+
+def _refused(role, values: dict, linked: set) -> str | None:
+    for name, allowed in role.accepts:
+        if name in values and name not in linked and values[name] not in allowed:
+            return f"{name} {values[name]!r} is not one SwiftDiT runs ({', '.join(allowed)})"
+    return None
+
+
+def _left(fam: Family, node_type: str, why: str | None, sockets: tuple) -> str:
+    if why:
+        return why
+    if node_type in fam.ours_roles:
+        return "already a SwiftDiT node"
+    if node_type in NOTES:
+        return "note"
+    if node_type == "Reroute":
+        return "reroute (frontend only): passes its wire on"
+    takes, gives = sockets
+    parts = [f"takes {', '.join(takes)}"] if takes else []
+    parts += [f"gives {', '.join(gives)}"] if gives else []
+    return ", ".join(parts + ["stays stock"]) if parts else "no SwiftDiT counterpart, stays stock"
+
+
+def _retype(fam: Family, entry: dict) -> None:
+    stock = entry.get("type")
+    if stock in fam.wire_types:
+        entry["type"] = fam.wire_types[stock]
+        for key in ("name", "localized_name"):  # outputs are named after their type unless renamed by hand
+            if entry.get(key) == stock:
+                entry[key] = fam.wire_types[stock]
+
+
+def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
+    """A swapped copy of a UI-format workflow (subgraphs included) and its report."""
+    fam, wf = FAMILIES[family], copy.deepcopy(workflow)
+    graph = UIGraph(wf)
+    everything = list(graph.placed())
+    placed = [p for p in everything if not graph.is_instance(p.node) and p.node.get("type") != "Reroute"]
+    nodes = {}
+    for p in placed:
+        named, blocked = _widgets(fam, p.node)
+        nodes[p.id] = GNode(p.id, (p.scope.key, p.node["id"]), p.node.get("type"), named, blocked)
+    wires = []
+    for p in placed:
+        for entry in p.node.get("inputs", []):
+            if entry.get("link") is not None:
+                wires.append(_ui_wire(graph.trace(p.path[:-1], p.scope, entry["link"]), p.id, entry))
+    for p in everything:  # subgraph outputs nobody outside reads still carry a type inside
+        if graph.is_instance(p.node):
+            inner, outs = graph.subgraphs[p.node["type"]], p.node.get("outputs", [])
+            for j, port in enumerate(inner.body.get("outputs", [])):
+                if not (j < len(outs) and outs[j].get("links")):
+                    wires += [_ui_wire(graph.trace(p.path, inner, lid), None, port)
+                              for lid in port.get("linkIds", [])]
+    swap, why = plan(fam, nodes, wires)
+    report = Report(fam.title)
+    links = {id(raw) for scope in graph.scopes() for raw in scope.raw_links.values()}
+    for w in wires:
+        if fam.is_engine_wire(w.type) and ((w.src in swap) or (w.src is None and w.dst in swap)):
+            for container, key in w.refs:
+                if container[key] in fam.wire_types:
+                    container[key] = fam.wire_types[container[key]]
+                    report.retyped += id(container) in links
+    done = set()
+    for p in everything:
+        node, kind = p.node, p.node.get("type")
+        if graph.is_instance(node):
+            continue
+        if p.id in swap and nodes[p.id].key not in done:
+            done.add(nodes[p.id].key)
+            role = fam.roles[kind]
+            node["type"] = role.ours
+            props = node.setdefault("properties", {})
+            props.update({"Node name for S&R": role.ours, "cnr_id": PACK})
+            props.pop("ver", None)  # the stock node's ComfyUI version says nothing about ours
+            if role.extra_widgets:
+                extra = [value for _, value in role.extra_widgets]
+                node["widgets_values"] = list(node.get("widgets_values") or []) + extra
+            for entry in node.get("inputs", []) + node.get("outputs", []):
+                _retype(fam, entry)
+            report.changed.append((p.id, kind, role.ours))
+        elif p.id not in swap:
+            takes = tuple(dict.fromkeys(e.get("type") for e in node.get("inputs", []) if not e.get("widget")))
+            gives = tuple(dict.fromkeys(e.get("type") for e in node.get("outputs", [])))
+            report.left.append((p.id, kind, _left(fam, kind, why.get(p.id), (takes, gives))))
+    return wf, report
+
+
+def _ui_wire(trace, dst: str | None, entry: dict) -> Wire:
+    origin = trace.origin
+    outs = origin.node.get("outputs", []) if origin else []
+    kind = outs[trace.slot].get("type") if trace.slot < len(outs) else entry.get("type")
+    return Wire(origin.id if origin else None, trace.slot, dst, entry.get("name"), kind, trace.refs)
+
+
+def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
+    """A swapped copy of an API-format prompt ({id: {class_type, inputs}}) and its report."""
+    fam, out = FAMILIES[family], copy.deepcopy(prompt)
+    nodes, wires = {}, []
+    for nid, body in out.items():
+        kind, inputs = body.get("class_type"), body.get("inputs", {})
+        role = fam.roles.get(kind)
+        named = {k: v for k, v in inputs.items() if not is_link(v)}
+        blocked = _refused(role, named, set()) if role else None
+        nodes[nid] = GNode(nid, (None, nid), kind, named, blocked)
+    for nid, body in out.items():
+        for name, value in body.get("inputs", {}).items():
+            if is_link(value):
+                src = value[0] if value[0] in out else None
+                kind = (fam.output_type(out[src]["class_type"], value[1]) if src else None) \
+                    or fam.socket_type(body.get("class_type"), name)
+                wires.append(Wire(src, value[1], nid, name, kind))
+    swap, why = plan(fam, nodes, wires)
+    report = Report(fam.title)
+    report.retyped = sum(1 for w in wires if w.src in swap and fam.is_engine_wire(w.type))
+    for nid, body in out.items():
+        kind = body.get("class_type")
+        if nid in swap:
+            role = fam.roles[kind]
+            body["class_type"] = role.ours
+            for name, value in role.extra_widgets:
+                body.setdefault("inputs", {}).setdefault(name, value)
+            report.changed.append((nid, kind, role.ours))
+        else:
+            report.left.append((nid, kind, _left(fam, kind, why.get(nid), ((), ()))))
+    return out, report
+
+
+def detect_format(data) -> str:
+    """'ui' for a graph-editor workflow, 'api' for a prompt; ValueError for anything else."""
+    if isinstance(data, dict) and isinstance(data.get("nodes"), list):
+        return "ui"
+    if isinstance(data, dict) and data and all(isinstance(v, dict) and "class_type" in v
+                                               for v in data.values()):
+        return "api"
+    raise ValueError("not a ComfyUI workflow: neither UI format (a 'nodes' list) nor API format "
+                     "({id: {class_type, inputs}})")
+
+
+def swap(data: dict, family: str = "z_image", fmt: str | None = None) -> tuple[dict, Report]:
+    """Swap a workflow of either format; `fmt` ('ui' or 'api'), when given, must match what the data is."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")
+    found = detect_format(data)
+    if fmt not in (None, found):
+        raise ValueError(f"this is a {found}-format workflow, not {fmt} format")
+    return swap_ui(data, family) if found == "ui" else swap_api(data, family)

@@ -1,0 +1,328 @@
+"""`swiftdit swap` on the official Z-Image templates (comfyui-workflow-templates-json 0.1.123): stock nodes of
+docs/nodes.md replaced, every link and widget value kept, types consistent, idempotent, API twin, CLI."""
+import copy
+import json
+import re
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from swiftdit import problems, swap_api, swap_ui, to_api
+from swiftdit.families import FAMILIES
+from swiftdit.ui_graph import UIGraph, link_view
+
+ROOT = Path(__file__).resolve().parents[1]
+OBJECT_INFO = ROOT / "tests" / "fixtures" / "object_info_z_image.json"
+FAMILY = FAMILIES["z_image"]
+TEMPLATES = ("image_z_image_turbo", "image_z_image_turbo_int8")
+# Other official templates whose text encoder is a lumina2 CLIPLoader: partial swaps (switches, ControlNet
+# model patches, an unsupported sampler, a VAE that also feeds VAEEncode) must still give loadable graphs.
+PARTIAL = ("image_z_image", "image_z_image_int8", "image_z_image_turbo_fun_union_controlnet",
+           "basic_switch_node", "template_rob_realistic_2k_images_quick_variations",
+           "utility_pid_latent_upscale_dit")
+
+
+def template(name: str) -> dict:
+    try:
+        root = resources.files("comfyui_workflow_templates_json") / "templates"
+    except ModuleNotFoundError:
+        pytest.fail("comfyui-workflow-templates-json missing: pip install -r tests/requirements.txt")
+    return json.loads((root / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def contract() -> dict:
+    """docs/nodes.md, Z-Image table: stock node -> (our node id, our output type)."""
+    text = (ROOT / "docs" / "nodes.md").read_text()
+    rows = re.findall(r"^\| `(SwiftDiT\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
+    return {stock: (ours, out) for ours, stock, out in rows}
+
+
+def all_nodes(wf: dict) -> list[dict]:
+    graph = UIGraph(wf)
+    return [n for scope in graph.scopes() for n in scope.nodes.values() if not graph.is_instance(n)]
+
+
+def link_ends(wf: dict) -> dict:
+    """Every link of every scope: (scope, id) -> (origin, origin slot, target, target slot)."""
+    ends = ("origin_id", "origin_slot", "target_id", "target_slot")
+    return {(scope.key, lid): tuple(link_view(raw)[k] for k in ends)
+            for scope in UIGraph(wf).scopes() for lid, raw in scope.raw_links.items()}
+
+
+def stock_view(wf: dict) -> dict:
+    """The workflow with every allowed swap edit undone: what must equal the original exactly."""
+    wf = copy.deepcopy(wf)
+    back = {ours: stock for ours, stock in FAMILY.ours_roles.items()}
+    types = {ours: stock for stock, ours in FAMILY.wire_types.items()}
+
+    def undo(obj):
+        if isinstance(obj, dict):
+            if obj.get("type") in back:  # one of our nodes
+                role = FAMILY.roles[back[obj["type"]]]
+                obj["type"] = back[obj["type"]]
+                if role.extra_widgets:
+                    obj["widgets_values"] = obj["widgets_values"][:-len(role.extra_widgets)]
+                obj["properties"]["Node name for S&R"] = obj["type"]
+            for key in ("cnr_id", "ver"):
+                obj.pop(key, None)
+            named = ("type", "name", "localized_name")
+            return {k: undo(types.get(v, v) if k in named else v) for k, v in obj.items()}
+        if isinstance(obj, list):
+            return [undo(types.get(v, v) if isinstance(v, str) else v) for v in obj]
+        return obj
+    return undo(wf)
+
+
+def stock_consumers_of_ours(wf: dict) -> list[str]:
+    """Stock nodes that take or give one of our engine types (none may remain)."""
+    ours_types = set(FAMILY.wire_types.values())
+    return [f"{n['id']} {n['type']}" for n in all_nodes(wf)
+            if n["type"] not in FAMILY.ours_roles and n["type"] != "Reroute"
+            and any(e.get("type") in ours_types for e in n.get("inputs", []) + n.get("outputs", []))]
+
+
+@pytest.fixture(scope="module")
+def object_info():
+    return json.loads(OBJECT_INFO.read_text())
+
+
+def test_family_table_is_the_contract():
+    table = {stock: role.ours for stock, role in FAMILY.roles.items()}
+    assert table == {stock: ours for stock, (ours, _) in contract().items()}
+    for ours, out in contract().values():
+        assert FAMILY.output_type(ours, 0) == out, ours
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_every_stock_node_replaced(name):
+    before = template(name)
+    after, report = swap_ui(before)
+    docs = contract()
+    replaced = [n["type"] for n in all_nodes(before) if n["type"] in docs]
+    assert replaced, "the template has none of the stock nodes docs/nodes.md replaces"
+    assert not [n["type"] for n in all_nodes(after) if n["type"] in docs]
+    by_id = {n["id"]: n["type"] for n in all_nodes(after)}
+    for n in all_nodes(before):
+        if n["type"] in docs:
+            assert by_id[n["id"]] == docs[n["type"]][0]
+            assert n["type"] in {old for _, old, _ in report.changed}
+    assert stock_consumers_of_ours(after) == []
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_links_and_widgets_survive(name):
+    before = template(name)
+    after, _ = swap_ui(before)
+    assert link_ends(after) == link_ends(before)
+    old = {n["id"]: n for n in all_nodes(before)}
+    for node in all_nodes(after):
+        values, kept = node.get("widgets_values"), old[node["id"]].get("widgets_values")
+        assert values[:len(kept)] == kept, node["id"]
+        extra = values[len(kept):]
+        assert extra == (["as stored"] if node["type"] == "SwiftDiTZImageLoader" else []), node["id"]
+        assert [e.get("link") for e in node.get("inputs", [])] == \
+            [e.get("link") for e in old[node["id"]]["inputs"]]
+        assert [e.get("links") for e in node.get("outputs", [])] == \
+            [e.get("links") for e in old[node["id"]].get("outputs", [])]
+    assert stock_view(after) == stock_view(before)  # nothing else moved: positions, groups, proxyWidgets
+
+
+@pytest.mark.parametrize("name", TEMPLATES + PARTIAL)
+def test_swapped_graph_is_valid(name):
+    before = template(name)
+    assert problems(before) == []
+    after, report = swap_ui(before)
+    assert problems(after) == []  # links <-> slots both ways, types equal on both ends, subgraph ports
+    assert stock_consumers_of_ours(after) == []
+    assert swap_ui(after)[0] == after
+    if name in PARTIAL[2:]:  # something swapped, something of a role left stock with a reason
+        assert report.changed and any(kind in FAMILY.roles and why for _, kind, why in report.left)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_subgraph_declarations_follow_the_wires(name):
+    after, _ = swap_ui(template(name))
+    graph = UIGraph(after)
+    for scope in graph.subgraphs.values():
+        for port in scope.body["inputs"] + scope.body["outputs"]:
+            types = {link_view(scope.raw_links[lid])["type"] for lid in port["linkIds"]}
+            assert types == {port["type"]}, port["name"]
+    engine = {link_view(raw)["type"] for scope in graph.scopes() for raw in scope.raw_links.values()}
+    assert engine & set(FAMILY.wire_types) == set()  # no MODEL/CLIP/VAE wire left in a fully swapped template
+    assert engine >= set(FAMILY.wire_types.values())
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_report(name):
+    _, report = swap_ui(template(name))
+    assert sorted((old, new) for _, old, new in report.changed) == sorted(
+        (stock, role.ours) for stock, role in FAMILY.roles.items() if stock != "LoraLoaderModelOnly")
+    assert ("57:28", "UNETLoader", "SwiftDiTZImageLoader") in report.changed
+    left = {where: (kind, why) for where, kind, why in report.left}
+    assert left["57:33"] == ("ConditioningZeroOut", "takes CONDITIONING, gives CONDITIONING, stays stock")
+    assert left["35"] == ("MarkdownNote", "note")
+    assert left["57:13"][0] == "EmptySD3LatentImage" and left["9"][0] == "SaveImage"
+    assert report.retyped == 4
+    text = "\n".join(report.lines())
+    assert "57:3  KSampler -> SwiftDiTZImageSampler" in text and "ConditioningZeroOut" in text
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_swap_is_idempotent(name):
+    once, _ = swap_ui(template(name))
+    twice, report = swap_ui(once)
+    assert twice == once and report.changed == [] and report.retyped == 0
+    assert {why for _, kind, why in report.left if kind.startswith("SwiftDiT")} == {"already a SwiftDiT node"}
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_api_swap_of_the_api_twin_is_our_api_graph(name, object_info):
+    def body(prompt):  # _meta is a label the server ignores; an API swap keeps the stock title
+        return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in prompt.items()}
+    stock_api = to_api(template(name), object_info)
+    swapped, report = swap_api(stock_api)
+    ours = to_api(swap_ui(template(name))[0], object_info)
+    assert body(swapped) == body(ours)
+    ui_changes = swap_ui(template(name))[1].changed
+    assert {(old, new) for _, old, new in report.changed} == {(old, new) for _, old, new in ui_changes}
+    assert swap_api(swapped)[0] == swapped
+    sampler = next(n for n in all_nodes(template(name)) if n["type"] == "KSampler")
+    assert stock_api["57:3"]["inputs"]["seed"] == sampler["widgets_values"][0]  # "randomize" is not a value
+    assert stock_api["57:3"]["inputs"]["steps"] == 8
+    assert "control_after_generate" not in stock_api["57:3"]["inputs"]
+
+
+def test_not_a_z_image_graph_stays_stock():
+    wf = template("image_z_image_turbo")
+    loader = next(n for n in wf["definitions"]["subgraphs"][0]["nodes"] if n["type"] == "CLIPLoader")
+    loader["widgets_values"][1] = "qwen_image"  # the same wiring with another text encoder family
+    after, report = swap_ui(wf)
+    assert report.changed == [] and after == wf
+    why = {kind: reason for _, kind, reason in report.left}
+    assert why["CLIPLoader"] == "type 'qwen_image' is not a Z-Image text encoder"
+    assert why["KSampler"] == "its conditioning comes from no Z-Image text encoder"
+
+
+def test_stock_consumer_keeps_the_model_path_stock(object_info):
+    prompt = to_api(template("image_z_image_turbo"), object_info)
+    prompt["99"] = {"class_type": "ModelMergeSimple",
+                    "inputs": {"model1": ["57:28", 0], "model2": ["57:28", 0], "ratio": 1.0}}
+    prompt["98"] = {"class_type": "VAEEncode", "inputs": {"pixels": ["57:8", 0], "vae": ["57:29", 0]}}
+    swapped, report = swap_api(prompt)
+    kinds = {k: v["class_type"] for k, v in swapped.items()}
+    assert [kinds[k] for k in ("57:28", "57:11", "57:3", "57:29", "57:8")] == \
+        ["UNETLoader", "ModelSamplingAuraFlow", "KSampler", "VAELoader", "VAEDecode"]
+    assert kinds["57:30"] == "SwiftDiTZImageTextEncoderLoader"
+    assert kinds["57:27"] == "SwiftDiTZImageTextEncode"
+    why = {where: reason for where, _, reason in report.left}
+    assert why["57:28"] == "its MODEL also feeds stock ModelMergeSimple (99), which needs MODEL"
+    assert why["57:3"].startswith("its model comes from stock")
+    assert why["57:29"] == "its VAE also feeds stock VAEEncode (98), which needs VAE"
+
+
+def test_unsupported_sampler_keeps_the_model_path_stock():
+    wf = template("image_z_image_turbo")
+    sampler = next(n for n in wf["definitions"]["subgraphs"][0]["nodes"] if n["type"] == "KSampler")
+    sampler["widgets_values"][4] = "dpmpp_2m"
+    after, report = swap_ui(wf)
+    why = {where: reason for where, _, reason in report.left}
+    assert why["57:3"] == "sampler_name 'dpmpp_2m' is not one SwiftDiT runs (euler, res_multistep)"
+    assert {old for _, old, _ in report.changed} == {"CLIPLoader", "CLIPTextEncode", "VAELoader", "VAEDecode"}
+    assert problems(after) == [] and stock_consumers_of_ours(after) == []
+
+
+def test_validity_check_sees_broken_graphs():
+    wf = template("image_z_image_turbo")
+    sg = wf["definitions"]["subgraphs"][0]
+    sg["links"][0]["type"] = "MODEL"          # a CONDITIONING link mistyped
+    sg["nodes"][0]["outputs"][0]["links"] = []  # CLIPLoader forgets its link
+    found = problems(wf)
+    assert any("link 32 is MODEL" in p for p in found)
+    assert any("not listed by its origin 30" in p for p in found)
+
+
+def run_cli(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, "-m", "swiftdit.cli", *map(str, args)], cwd=cwd, check=False,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_swaps_and_refuses_to_overwrite(tmp_path, object_info):
+    src = tmp_path / "stock.json"
+    src.write_text(json.dumps(template("image_z_image_turbo_int8")))
+    original = src.read_bytes()
+    out = tmp_path / "ours.json"
+    done = run_cli("swap", src, out)
+    assert done.returncode == 0, done.stderr
+    assert "57:28  UNETLoader -> SwiftDiTZImageLoader" in done.stdout and "ConditioningZeroOut" in done.stdout
+    assert json.loads(out.read_text()) == swap_ui(json.loads(original))[0]
+    written = out.read_bytes()
+    again = run_cli("swap", src, out)
+    assert again.returncode == 2 and "--overwrite" in again.stderr and out.read_bytes() == written
+    same = run_cli("swap", src, src, "--overwrite")
+    assert same.returncode == 2 and "input file" in same.stderr
+    assert src.read_bytes() == original
+    assert run_cli("swap", src, out, "--overwrite").returncode == 0
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary files left
+
+    api, api_out = tmp_path / "stock_api.json", tmp_path / "ours_api.json"
+    done = run_cli("to-api", src, api, "--object-info", OBJECT_INFO)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(api.read_text()) == to_api(json.loads(original), object_info)
+    done = run_cli("swap", api, api_out, "--family", "z_image")
+    assert done.returncode == 0 and "(api format)" in done.stdout
+    assert json.loads(api_out.read_text()) == swap_api(json.loads(api.read_text()))[0]
+    bad = run_cli("swap", tmp_path / "missing.json", tmp_path / "x.json")
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+def test_lora_on_the_model_path_is_swapped(object_info):
+    prompt = to_api(template("image_z_image_turbo"), object_info)
+    prompt["97"] = {"class_type": "LoraLoaderModelOnly",
+                    "inputs": {"model": ["57:28", 0], "lora_name": "style.safetensors",
+                               "strength_model": 0.8}}
+    prompt["57:11"]["inputs"]["model"] = ["97", 0]
+    swapped, report = swap_api(prompt)
+    assert swapped["97"] == {"class_type": "SwiftDiTZImageLoraLoaderModelOnly",
+                             "inputs": prompt["97"]["inputs"]}
+    assert swapped["57:28"]["inputs"] == {**prompt["57:28"]["inputs"], "linears": "as stored"}
+    assert len(report.changed) == 8
+
+
+def test_reroute_on_an_engine_wire_is_retyped(object_info):
+    wf = template("image_z_image_turbo")
+    sg = wf["definitions"]["subgraphs"][0]
+    # UNETLoader#28 -> Reroute#62 -> ModelSamplingAuraFlow#11 (link 26 now ends at the reroute, 76 leaves it)
+    sg["nodes"].append({"id": 62, "type": "Reroute", "pos": [700, 230], "size": [75, 26], "flags": {},
+                        "order": 9, "mode": 0, "inputs": [{"name": "", "type": "*", "link": 26}],
+                        "outputs": [{"name": "", "type": "MODEL", "links": [76]}],
+                        "properties": {"showOutputText": False, "horizontal": False}})
+    link26 = next(link for link in sg["links"] if link["id"] == 26)
+    link26.update(target_id=62, target_slot=0)
+    sg["links"].append({"id": 76, "origin_id": 62, "origin_slot": 0, "target_id": 11, "target_slot": 0,
+                        "type": "MODEL"})
+    next(n for n in sg["nodes"] if n["id"] == 11)["inputs"][0]["link"] = 76
+    assert problems(wf) == []
+    after, report = swap_ui(wf)
+    assert problems(after) == [] and len(report.changed) == 7
+    reroute = next(n for n in after["definitions"]["subgraphs"][0]["nodes"] if n["id"] == 62)
+    assert reroute["outputs"][0]["type"] == "SWIFTDIT_MODEL" and reroute["inputs"][0]["type"] == "*"
+    assert to_api(after, object_info)["57:11"]["inputs"]["model"] == ["57:28", 0]
+
+
+def test_cli_explains_bad_input(tmp_path):
+    src = tmp_path / "stock.json"
+    src.write_text(json.dumps(template("image_z_image_turbo")))
+    wrong = run_cli("swap", src, tmp_path / "out.json", "--format", "api")
+    assert wrong.returncode == 2 and "ui-format workflow, not api format" in wrong.stderr
+    junk = tmp_path / "junk.json"
+    junk.write_text("[1, 2]")
+    done = run_cli("swap", junk, tmp_path / "out.json")
+    assert done.returncode == 2 and "not a ComfyUI workflow" in done.stderr
+    info = tmp_path / "info.json"
+    info.write_text(json.dumps({"SaveImage": {}}))
+    done = run_cli("to-api", src, tmp_path / "api.json", "--object-info", info)
+    assert done.returncode == 2 and "is not in object_info" in done.stderr
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "api.json").exists()

@@ -1,0 +1,196 @@
+"""workflows/: every node type used is ours (docs/nodes.md, the registry) or stock ComfyUI v0.3.75; the API
+twins are what `swiftdit to-api` makes; the UI -> API rules (subgraphs, promotion, bypass, mute, notes)."""
+import copy
+import importlib
+import importlib.util
+import json
+import re
+import sys
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from swiftdit import problems, swap_ui, to_api
+from swiftdit.ui_graph import UIGraph
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOWS = ROOT / "workflows"
+COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
+OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.json").read_text())
+FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
+UI_FILES = sorted(p for p in WORKFLOWS.glob("*.json") if not p.stem.endswith("_api"))
+API_FILES = sorted(WORKFLOWS.glob("*_api.json"))
+
+
+def template(name: str) -> dict:
+    """An official template from comfyui-workflow-templates-json 0.1.123 (tests/requirements.txt)."""
+    try:
+        root = resources.files("comfyui_workflow_templates_json") / "templates"
+    except ModuleNotFoundError:
+        pytest.fail("comfyui-workflow-templates-json missing: pip install -r tests/requirements.txt")
+    return json.loads((root / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def docs_ids() -> set[str]:
+    return set(re.findall(r"^\| `(SwiftDiT\w+)` \|", (ROOT / "docs" / "nodes.md").read_text(), re.MULTILINE))
+
+
+@cache
+def stock_ids() -> frozenset:
+    """Node ids ComfyUI v0.3.75 registers (NODE_CLASS_MAPPINGS keys, V3 node_id values), from its sources."""
+    if not (COMFYUI_TREE / "nodes.py").is_file():
+        pytest.fail(f"ComfyUI tree missing at {COMFYUI_TREE}: run tests/run.sh (it unpacks it)")
+    names = set()
+    for path in [COMFYUI_TREE / "nodes.py", *sorted((COMFYUI_TREE / "comfy_extras").rglob("*.py"))]:
+        text = path.read_text(encoding="utf-8")
+        names |= set(re.findall(r'node_id\s*=\s*"(\w+)"', text))
+        for block in re.findall(r"NODE_CLASS_MAPPINGS\s*=\s*\{(.*?)\n\}", text, re.DOTALL):
+            names |= set(re.findall(r'^\s*"([^"]+)"\s*:', block, re.MULTILINE))
+    return frozenset(names)
+
+
+def node_types(path: Path) -> set[str]:
+    data = json.loads(path.read_text())
+    if isinstance(data.get("nodes"), list):
+        graph = UIGraph(data)
+        return {n["type"] for s in graph.scopes() for n in s.nodes.values() if not graph.is_instance(n)}
+    return {body["class_type"] for body in data.values()}
+
+
+def test_workflows_are_there_and_described():
+    assert [p.name for p in UI_FILES] == ["z_image_turbo_t2i.json"]
+    assert [p.name for p in API_FILES] == ["z_image_turbo_t2i_api.json"]
+    readme = (WORKFLOWS / "README.md").read_text()
+    for path in UI_FILES + API_FILES:
+        assert f"`{path.name}`" in readme, path.name
+
+
+def test_stock_list_is_read():
+    assert {"KSampler", "SaveImage", "ConditioningZeroOut", "EmptySD3LatentImage", "ModelSamplingAuraFlow"} \
+        <= stock_ids()
+
+
+@pytest.mark.parametrize("path", UI_FILES + API_FILES, ids=lambda p: p.name)
+def test_every_node_type_is_ours_or_stock(path):
+    used = node_types(path)
+    ours = {t for t in used if t.startswith("SwiftDiT")}
+    assert ours <= docs_ids(), f"not in docs/nodes.md: {sorted(ours - docs_ids())}"
+    unknown = used - ours - stock_ids() - FRONTEND_ONLY
+    assert not unknown, f"neither ours nor stock v0.3.75: {sorted(unknown)}"
+
+
+@pytest.fixture(scope="module")
+def registry(request):
+    """Our node classes by node id from nodes/__init__.py (NODES_BY_FAMILY), imported as ComfyUI does."""
+    try:
+        pack = sys.modules.get("swiftdit_pack")  # tests/nodes imported it already: reuse, never re-execute
+        if pack is None:
+            if not (COMFYUI_TREE / "comfy").is_dir():
+                pytest.skip("nodes/ imports ComfyUI's comfy_api and the ComfyUI tree is missing: "
+                            "node types were checked against docs/nodes.md only")
+            request.getfixturevalue("comfy")  # the v0.3.75 tree on sys.path (conftest)
+            spec = importlib.util.spec_from_file_location("swiftdit_pack_registry", ROOT / "__init__.py",
+                                                          submodule_search_locations=[str(ROOT)])
+            pack = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = pack
+            spec.loader.exec_module(pack)
+        nodes = importlib.import_module(f"{pack.__name__}.nodes")
+        classes = [c for group in nodes.NODES_BY_FAMILY.values() for c in group]
+        return {c.define_schema().node_id: c for c in classes}
+    except Exception as e:  # noqa: BLE001 - the registry grows beside these tests: say why, do not fail
+        pytest.skip(f"node registry not importable here ({type(e).__name__}: {e}); "
+                    f"node types were checked against docs/nodes.md only")
+
+
+@pytest.mark.parametrize("path", UI_FILES + API_FILES, ids=lambda p: p.name)
+def test_our_node_types_are_registered(path, registry):
+    ours = {t for t in node_types(path) if t.startswith("SwiftDiT")}
+    assert ours <= set(registry), f"not in nodes/__init__.py: {sorted(ours - set(registry))}"
+
+
+def test_object_info_fixture_matches_our_nodes(registry):
+    for node_id, cls in registry.items():
+        if node_id not in OBJECT_INFO:
+            continue
+        live, fixture = cls.GET_NODE_INFO_V1(), OBJECT_INFO[node_id]
+        live = live if isinstance(live, dict) else vars(live)
+        assert live["input_order"] == fixture["input_order"], node_id
+        assert list(live["output"]) == fixture["output"], node_id
+        for section, specs in live["input"].items():
+            for name, spec in specs.items():
+                assert spec[0] == fixture["input"][section][name][0], (node_id, name)
+
+
+@pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
+def test_api_twin_is_what_to_api_makes(path):
+    ui = json.loads((WORKFLOWS / path.name.replace("_api.json", ".json")).read_text())
+    assert json.loads(path.read_text()) == to_api(ui, OBJECT_INFO)
+
+
+@pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
+def test_ui_workflow_loads_and_is_already_ours(path):
+    wf = json.loads(path.read_text())
+    assert problems(wf) == []
+    swapped, report = swap_ui(wf)
+    assert swapped == wf and report.changed == []
+
+
+def test_turbo_workflow_mirrors_the_official_template():
+    def body(prompt, strip=""):  # our flat graph keeps the template's inner node ids: "57:28" -> "28"
+        def local(v):
+            return [v[0].removeprefix(strip), v[1]] if isinstance(v, list) else v
+        return {k.removeprefix(strip): {"class_type": v["class_type"],
+                                        "inputs": {n: local(x) for n, x in v["inputs"].items()}}
+                for k, v in prompt.items()}
+    official = to_api(swap_ui(template("image_z_image_turbo"))[0], OBJECT_INFO)
+    ours = json.loads((WORKFLOWS / "z_image_turbo_t2i_api.json").read_text())
+    assert body(ours) == body(official, "57:")
+    assert ours["3"]["inputs"] | {"model": 0, "positive": 0, "negative": 0, "latent_image": 0} == {
+        "model": 0, "seed": 0, "steps": 8, "cfg": 1, "sampler_name": "res_multistep", "scheduler": "simple",
+        "positive": 0, "negative": 0, "latent_image": 0, "denoise": 1}
+    assert ours["11"]["inputs"]["shift"] == 3 and ours["13"]["inputs"] == {"width": 1024, "height": 1024,
+                                                                         "batch_size": 1}
+
+
+def test_to_api_bypass_mute_and_notes():
+    wf = template("image_z_image_turbo")
+    inner = {n["id"]: n for n in wf["definitions"]["subgraphs"][0]["nodes"]}
+    inner[11]["mode"] = 4  # bypassed ModelSamplingAuraFlow: the KSampler reads the UNETLoader's MODEL
+    inner[33]["mode"] = 2  # muted ConditioningZeroOut: the negative input is dropped
+    prompt = to_api(wf, OBJECT_INFO)
+    assert "57:11" not in prompt and "57:33" not in prompt and "35" not in prompt  # 35: the MarkdownNote
+    assert prompt["57:3"]["inputs"]["model"] == ["57:28", 0]
+    assert "negative" not in prompt["57:3"]["inputs"]
+    assert prompt["9"]["inputs"]["images"] == ["57:8", 0]  # through the subgraph's output
+
+
+def test_to_api_promoted_inputs_and_outer_links():
+    wf = template("image_z_image_turbo")
+    instance = next(n for n in wf["nodes"] if n["id"] == 57)
+    del instance["properties"]["proxyWidgets"]  # promoted inputs: the instance's values override inner ones
+    instance["widgets_values"] = ["a red fox", 768, 512, 42, 4, "z_image_turbo_int8_convrot.safetensors",
+                                  "qwen_3_4b_fp8_mixed.safetensors", "ae.safetensors"]
+    # An outer PrimitiveInt wired to the instance's seed input wins over both.
+    wf["nodes"].append({"id": 70, "type": "PrimitiveInt", "mode": 0, "inputs": [],
+                        "outputs": [{"name": "INT", "type": "INT", "links": [80]}],
+                        "widgets_values": [77, "fixed"]})
+    instance["inputs"].append({"name": "seed", "type": "INT", "widget": {"name": "seed"}, "link": 80})
+    wf["links"].append([80, 70, 0, 57, 1, "INT"])
+    info = copy.deepcopy(OBJECT_INFO)
+    info["PrimitiveInt"] = {"input": {"required": {"value": ["INT", {"control_after_generate": True}]}},
+                            "output": ["INT"], "name": "PrimitiveInt", "display_name": "Int"}
+    assert problems(wf) == []
+    prompt = to_api(wf, info)
+    assert prompt["57:27"]["inputs"]["text"] == "a red fox"
+    assert (prompt["57:13"]["inputs"]["width"], prompt["57:13"]["inputs"]["height"]) == (768, 512)
+    assert prompt["57:3"]["inputs"]["steps"] == 4 and prompt["57:3"]["inputs"]["seed"] == ["70", 0]
+    assert prompt["70"] == {"inputs": {"value": 77}, "class_type": "PrimitiveInt", "_meta": {"title": "Int"}}
+    assert prompt["57:28"]["inputs"]["unet_name"] == "z_image_turbo_int8_convrot.safetensors"
+
+
+def test_to_api_names_a_node_missing_from_object_info():
+    info = {k: v for k, v in OBJECT_INFO.items() if k != "ConditioningZeroOut"}
+    with pytest.raises(ValueError, match=r"node 57:33 \(ConditioningZeroOut\) is not in object_info"):
+        to_api(template("image_z_image_turbo"), info)
