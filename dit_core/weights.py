@@ -129,7 +129,7 @@ def rotate(x: torch.Tensor, group: int) -> torch.Tensor:
     k = x.shape[-1]
     if k % group:
         raise ValueError(f"ConvRot group {group} does not divide {k} input features")
-    h = hadamard(group, x.dtype)
+    h = hadamard(group, x.dtype).to(x.device)
     return torch.matmul(x.reshape(-1, k // group, group), h).reshape(x.shape)
 
 
@@ -140,7 +140,7 @@ def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
     n, k = w.shape
     if k % group:
         raise ValueError(f"ConvRot group {group} does not divide {k} input features")
-    return torch.matmul(w.reshape(n, k // group, group), hadamard(group, w.dtype).t()).reshape(n, k)
+    return torch.matmul(w.reshape(n, k // group, group), hadamard(group, w.dtype).to(w.device).t()).reshape(n, k)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,8 +4,8 @@ import json
 import pytest
 import torch
 from conftest import rel_err
-from tiny_models import Z_IMAGE_TINY, random_z_image, z_image_comfy_layout
 from safetensors.torch import save_file
+from tiny_models import Z_IMAGE_TINY, random_z_image, z_image_comfy_layout
 
 from dit_core.families.z_image import ZImage
 from dit_core.weights import WeightsError, quantize_convrot
@@ -13,6 +13,7 @@ from dit_core.weights import WeightsError, quantize_convrot
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
 from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
+
 
 @pytest.fixture(scope="module")
 def reference():

@@ -1,0 +1,60 @@
+"""The GPU block (kernels/) against the host block: INT8 emulation within 1e-2, the BF16 block within 3e-2; a whole
+Z-Image step on the GPU against the host path. Runs on the device only (pytest -m gpu)."""
+import pytest
+import torch
+from conftest import rel_err
+from tiny_models import random_z_image, z_image_comfy_layout
+
+from dit_core.arch import Arch
+from dit_core.block import Block
+from dit_core.block_gpu import GpuBlock
+from dit_core.families.z_image import ZImage
+from dit_core.modulation import Modulation
+from dit_core.sequence import sequence_of
+from dit_core.weights import Linear, TensorSource
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def random_block(a: Arch, sandwich: bool, seed: int) -> Block:
+    g = torch.Generator().manual_seed(seed)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
+    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
+    post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
+    return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
+                  lin(a.hidden, a.ffn), gain(a.hidden), gain(a.hidden), gain(a.head), gain(a.head), *post))
+
+
+@pytest.mark.parametrize("sandwich", [True, False])
+@pytest.mark.parametrize("rows,group", [(4608, 0), (1000, 0), (512, 128)])
+def test_gpu_block_matches_host(sandwich, rows, group):
+    a = Arch(family="test", hidden=1024, layers=1, refiner=0, heads=8, head=128, ffn=2816, latents=16,
+             patch=(2, 2), text_dim=64, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5,
+             final_eps=1e-6, rope_axes=(32, 48, 48), rope_theta=256.0)
+    host = random_block(a, sandwich, seed=rows)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(rows, a.hidden, generator=g)
+    mods = Modulation(*(0.3 * torch.randn(2, a.hidden, generator=g) for _ in range(4)),
+                      attn_shift=0.1 * torch.randn(2, a.hidden, generator=g))
+    row_map = (torch.arange(rows) >= rows // 3).long()
+    pos = torch.randint(0, 64, (rows, 3), generator=g)
+    seq = sequence_of(pos, row_map, a.rope_axes, a.rope_theta, group=group)
+    emulated = host.quantized().forward(a, x.double(), mods, seq).float()
+    bf16 = host.dequantized(torch.bfloat16).forward(a, x, mods, seq)
+    cuda = lambda t: None if t is None else t.cuda()  # noqa: E731
+    gpu_mods = Modulation(*(cuda(getattr(mods, f)) for f in mods.__dataclass_fields__))
+    out = GpuBlock.of(host.quantized(), torch.device("cuda")).forward(a, x.cuda(), gpu_mods, seq.to("cuda"))
+    assert rel_err(out.cpu(), emulated) <= 1e-2
+    assert rel_err(out.cpu(), bf16) <= 3e-2
+    gpu_bf16 = GpuBlock.of(host.dequantized(torch.bfloat16), torch.device("cuda"))
+    assert rel_err(gpu_bf16.forward(a, x.cuda(), gpu_mods, seq.to("cuda")).cpu(), bf16) <= 1e-2
+
+
+def test_z_image_step_on_gpu_matches_host():
+    state = z_image_comfy_layout(random_z_image(dim=768, n_heads=6, axes_dims=[32, 48, 48]).state_dict())
+    latent, caption = torch.randn(4, 32, 24), torch.randn(77, 32)
+    host = ZImage.load(TensorSource(state), linears="int8")
+    gpu = host.to("cuda")
+    ref = host.output(latent.double(), 0.5, caption.double()).float()
+    assert rel_err(gpu.output(latent.cuda(), 0.5, caption.cuda()).cpu(), ref) <= 1e-2
