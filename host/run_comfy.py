@@ -1,4 +1,5 @@
-"""Launcher for the ComfyUI test host: `python host/run_comfy.py ROOT [comfy flags]` runs ROOT/main.py as __main__."""
+"""ComfyUI test-host launcher: `python host/run_comfy.py ROOT [comfy flags]` runs ROOT/main.py as __main__."""
+
 import importlib.abc
 import importlib.util
 import os
@@ -22,13 +23,16 @@ class TorchvisionOpsShim(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)  # one-shot
         import torch
+
         spec = importlib.util.find_spec("torchvision")
         try:
             torch.ops.load_library(os.path.join(spec.submodule_search_locations[0], "_C.so"))
         except Exception:
             TorchvisionOpsShim.lib = torch.library.Library("torchvision", "DEF")
             for op in ("nms", "qnms"):
-                TorchvisionOpsShim.lib.define(op + "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+                TorchvisionOpsShim.lib.define(
+                    op + "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
+                )
         return spec
 
 

@@ -1,0 +1,1 @@
+"""Test-host tooling: ComfyUI launcher, server client, random checkpoint set (ComfyUI never imports it)."""

