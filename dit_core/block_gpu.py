@@ -18,11 +18,11 @@ from .weights import Linear
 CHUNK = 4096  # rows a chunk of the MLP takes: its temporaries (the [rows, 2 ffn] product) stay a few hundred MB
 
 
-def kernel(name: str):
-    """kernels/<name>, the sibling package of dit_core: top level in tests and tools, inside the custom-node
-    package when ComfyUI loads the pack."""
+def run(op: str, *args, **kwargs):
+    """kernels.run: op's Triton launcher, or its reference where the device can't run it. kernels/ is the
+    sibling package of dit_core: top level in tests and tools, inside the custom-node package in ComfyUI."""
     parent = __package__.rpartition(".")[0]
-    return importlib.import_module(f"{parent}.kernels.{name}" if parent else f"kernels.{name}")
+    return importlib.import_module(f"{parent}.kernels" if parent else "kernels").run(op, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class GpuLinear:
 def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
     """The linear's output rows (bf16): INT8 codes against INT8 weights, or BF16 rows against BF16 weights."""
     if lin.int8:
-        return kernel("int8_linear").int8_linear(x_q, s_x, lin.weight, lin.scale, lin.bias)
+        return run("int8_linear", x_q, s_x, lin.weight, lin.scale, lin.bias)
     bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
     return F.linear(x_bf16, lin.weight, bias)
 
@@ -71,8 +71,8 @@ class GpuBlock:
         same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
-            q, s = kernel("int8_quant").quantize_rows(x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps,
-                                                      scale=scale, shift=shift, row_map=row_map, act=act)
+            q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
+                       shift=shift, row_map=row_map, act=act)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())
@@ -87,10 +87,10 @@ class GpuBlock:
         (its output is never stored), else through the gated-residual kernel after the product."""
         q, s, xb = y_rows
         if post is None and lin.int8:
-            kernel("int8_linear").int8_linear_gated(q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate,
+            run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate,
                                           row_map=row_map)
             return
-        kernel("gated_residual").gated_residual(x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps)
+        run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps)
 
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it."""
@@ -98,9 +98,9 @@ class GpuBlock:
         q, sc, xb = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
                                row_map=row_map)
         qkv = _product(q, sc, xb, w[QKV])
-        hq, hk, hv = kernel("head_norm_rope").head_norm_rope(qkv, a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos, s.sin,
-                                                   a.qk_eps)
-        o = kernel("attention").attention(hq, hk, hv, s.group)
+        hq, hk, hv = run("head_norm_rope", qkv, a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos, s.sin, a.qk_eps,
+                         group=s.group)
+        o = run("attention", hq, hk, hv)
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map)
         for r0 in range(0, x.shape[0], CHUNK):
             xs, maps = x[r0:r0 + CHUNK], row_map[r0:r0 + CHUNK]
