@@ -28,6 +28,8 @@ class TorchvisionOpsShim(importlib.abc.MetaPathFinder):
         try:
             torch.ops.load_library(os.path.join(spec.submodule_search_locations[0], "_C.so"))
         except Exception:
+            if TorchvisionOpsShim.lib is not None:  # another shim of this process defined them already
+                return spec
             TorchvisionOpsShim.lib = torch.library.Library("torchvision", "DEF")
             for op in ("nms", "qnms"):
                 TorchvisionOpsShim.lib.define(

@@ -206,8 +206,8 @@ class ZImage:
         img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
         cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
                                torch.zeros(cap_rows, dtype=torch.long)], -1)
-        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,
-                                      a.rope_theta, dtype)
+        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,  # noqa: E731
+                                      a.rope_theta, dtype).to(latent.device)
         img_seq, cap_seq = seq(img_pos), seq(cap_pos)
 
         temb = self.time_embedding(sigma, dtype)

@@ -1,0 +1,27 @@
+"""Kernel tests: Triton's CPU interpreter when there is no GPU, and the device the kernels run on.
+
+TRITON_INTERPRET must be set before a kernel module decorates its kernels (triton.jit reads it then);
+pytest imports this file before the test modules of this folder, and nothing outside kernels/ imports
+Triton. On a GPU machine the same small-shape tests run compiled, beside the `gpu`-marked ones at real shapes.
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+# Every conftest.py outside a package imports as the module "conftest"; test files collected after this folder
+# that do `from conftest import rel_err` find this one, so it re-exports the shared names of tests/conftest.py.
+_spec = importlib.util.spec_from_file_location("swiftdit_tests_conftest", Path(__file__).parents[1] / "conftest.py")
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)
+ROOT, COMFYUI_TREE, rel_err = _shared.ROOT, _shared.COMFYUI_TREE, _shared.rel_err
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+@pytest.fixture(scope="session")
+def device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
