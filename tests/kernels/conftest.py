@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-# Every conftest.py outside a package imports as the module "conftest"; test files collected after this folder
-# that do `from conftest import rel_err` find this one, so it re-exports the shared names of tests/conftest.py.
-_spec = importlib.util.spec_from_file_location("swiftdit_tests_conftest", Path(__file__).parents[1] / "conftest.py")
+# Every conftest.py outside a package imports as the module "conftest"; test files collected after this
+# folder that do `from conftest import rel_err` find this one, so it re-exports tests/conftest.py's names.
+_spec = importlib.util.spec_from_file_location("swiftdit_tests_conftest",
+                                               Path(__file__).parents[1] / "conftest.py")
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 ROOT, COMFYUI_TREE, rel_err = _shared.ROOT, _shared.COMFYUI_TREE, _shared.rel_err

@@ -1,0 +1,58 @@
+"""Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
+
+Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324, so no Triton
+kernel here: the work is choosing SDPA's back end. For q, k, v [G, heads, g, D] bf16 (the layout of
+kernels/head_norm_rope.py: G groups of g consecutive rows, rows attend within their group), or
+[1, heads, M, D] with `group`
+(M / group groups of `group` consecutive rows; 0: all rows attend to all):
+  o[b, h] = softmax(q[b, h] k[b, h]^T / sqrt(D)) v[b, h]      (no mask; b runs over the groups)
+returned as rows [G g, heads D] (row b g + i, head h at columns h D ... h D + D - 1), as
+dit_core.block.attention returns them.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# Tried in this order; SDPA takes the first whose constraints the inputs meet (MATH last, always possible).
+BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
+            SDPBackend.MATH]
+
+
+def _rows(o: torch.Tensor) -> torch.Tensor:
+    """[G, heads, g, D] -> rows [G g, heads D]."""
+    b, h, g, d = o.shape
+    return o.transpose(1, 2).reshape(b * g, h * d)
+
+
+def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
+    """[1, heads, M, D] as [M / group, heads, group, D] (a strided view); other layouts as they are."""
+    if not group or t.shape[2] == group:
+        return t
+    _, h, m, d = t.shape
+    return t.reshape(h, m // group, group, d).transpose(0, 1)
+
+
+def reference(q, k, v, group=0):
+    """The math above in f32 (bf16 out)."""
+    q, k, v = (_groups(t, group) for t in (q, k, v))
+    scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    return _rows(torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
+
+
+def attention(q, k, v, group=0):
+    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype."""
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if group and q.shape[2] != group and (q.shape[0] != 1 or q.shape[2] % group):
+        raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
+                         f"of {group}, got {tuple(q.shape)}")
+    q, k, v = (_groups(t, group) for t in (q, k, v))
+    # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
+    with sdpa_kernel(BACKENDS, set_priority=True):
+        o = F.scaled_dot_product_attention(q, k, v)
+    return _rows(o)

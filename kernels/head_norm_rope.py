@@ -1,0 +1,112 @@
+"""q/k head RMS norm and split-half rotary from the fused qkv product, written as SDPA's q, k, v.
+
+Issue 4; dit_core/block.py head_norm_rotary and dit_core/sequence.py rotate_halves are the host math. From
+qkv [M, 3 heads D] (bf16, row m = [q | k | v], each heads x D) and cos/sin [M, r] (f32), for q and k, each
+head t [D]:
+  n = (t * 1/sqrt(mean(t^2) + eps)) * weight           (f32; skipped when the weight is None, as in the host)
+  out[j]     = n[j] c[j] - n[j + r] s[j]               j < r
+  out[j + r] = n[j + r] c[j] + n[j] s[j]               j < r      (each product rounded, then the sum: no FMA)
+  out[j]     = n[j]                                    j >= 2r
+  one rounding to bf16 at the end; v is copied unchanged.
+Written as q, k, v = out[0], out[1], out[2] of one buffer [3, G, heads, g, D] bf16, each contiguous:
+G = M / g groups of g consecutive rows (g = group; G = 1, g = M when group is 0), the batch that
+kernels/attention.py hands to SDPA.
+"""
+from __future__ import annotations
+
+import torch
+
+from .rounding import round_to_bf16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None):
+    """The math above in plain torch: (q, k, v), each [G, heads, g, D] bf16."""
+    m, d = qkv.shape[0], head
+    r = cos.shape[-1]
+    g = group or m
+    parts = qkv.float().reshape(m, 3, heads, d).unbind(1)
+    c, s = cos.float()[:, None, :], sin.float()[:, None, :]
+    result = []
+    for t, weight in zip(parts[:2], (q_weight, k_weight)):
+        if weight is not None:
+            t = (t * (1 / torch.sqrt(t.pow(2).mean(-1, keepdim=True) + eps))) * weight.float()
+        a, b = t[..., :r], t[..., r:2 * r]
+        result.append(torch.cat([a * c - b * s, b * c + a * s, t[..., 2 * r:]], dim=-1))
+    result.append(parts[2])
+    value = torch.stack(result).reshape(3, m // g, g, heads, d).transpose(2, 3).to(torch.bfloat16)
+    return tuple(value.contiguous() if out is None else out.copy_(value))
+
+
+@triton_jit
+def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, R, GROUP, eps,
+                           HAS_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                           BLOCK_M: tl.constexpr):
+    # Grid (row blocks, heads, q/k/v): a program normalizes and turns one head of BLOCK_M rows. Each value's
+    # rotary partner (j +- r) is a second load of the same row, which the first one brought into L1.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    head = tl.program_id(1)
+    which = tl.program_id(2)
+    cols = tl.arange(0, BLOCK_D)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols < D)[None, :]
+    src = qkv_ptr + rows[:, None].to(tl.int64) * stride_qkv + (which * HEADS + head) * D
+    x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if which < 2:
+        partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
+        xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            ms = tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0)
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))[:, None]
+            weight = w_ptr + which * D
+            x = (x * inv) * tl.load(weight + cols, mask=cols < D, other=0.0)[None, :]
+            xp = (xp * inv) * tl.load(weight + partner, mask=cols < D, other=0.0)[None, :]
+        turned = cols < 2 * R
+        angle = tl.where(cols < R, cols, cols - R)
+        amask = rmask[:, None] & turned[None, :]
+        c = tl.load(cos_ptr + rows[:, None] * R + angle[None, :], mask=amask, other=1.0)
+        s = tl.load(sin_ptr + rows[:, None] * R + angle[None, :], mask=amask, other=0.0)
+        first = (cols < R)[None, :]
+        x = tl.where(first, x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
+    # [3, G, heads, g, D]: row m is position m % g of group m // g.
+    grp = rows // GROUP
+    dst = (((which * (M // GROUP) + grp) * HEADS + head) * GROUP + rows % GROUP).to(tl.int64) * D
+    tl.store(out_ptr + dst[:, None] + cols[None, :], round_to_bf16(x).to(tl.bfloat16), mask=mask)
+
+
+def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None,
+                   block_m=32):
+    """(q, k, v), each [G, heads, g, head] bf16, from qkv [M, 3 heads head] by the math in this file's
+    docstring (q_weight/k_weight None: no head norm). out: an optional [3, G, heads, g, head] bf16 buffer."""
+    m, d = qkv.shape[0], head
+    if qkv.dim() != 2 or qkv.shape[1] != 3 * heads * head or qkv.stride(-1) != 1:
+        raise ValueError(f"head_norm_rope: qkv must be rows [M, 3 x {heads} heads x {head}], "
+                         f"got {tuple(qkv.shape)}")
+    r = cos.shape[-1]
+    g = group or m
+    if cos.shape != (m, r) or sin.shape != (m, r) or 2 * r > d:
+        raise ValueError(f"head_norm_rope: cos/sin must be [{m}, r] with 2r <= {d}, got {tuple(cos.shape)}")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("head_norm_rope: q and k are normed together (both weights or neither)")
+    if m % max(g, 1):
+        raise ValueError(f"head_norm_rope: {m} rows do not split into attention groups of {g}")
+    shape = (3, m // max(g, 1), heads, g, d)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.bfloat16, device=qkv.device)
+    if out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"head_norm_rope: out must be contiguous bf16 {list(shape)}")
+    if m == 0:
+        return tuple(out)
+    weights = (torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None
+               else cos)  # never read without a norm
+    _head_norm_rope_kernel[(triton.cdiv(m, block_m), heads, 3)](
+        qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, g,
+        eps, HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m,
+        num_warps=4, enable_fp_fusion=False)
+    return tuple(out)

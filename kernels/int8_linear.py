@@ -1,0 +1,176 @@
+"""INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing epilogue or a gated residual update.
+
+Issue 4; reference/int8_convrot_format.md section 6. Codes q [M, K] int8 with row scales s_x [M] f32 (from
+kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N] (any float dtype):
+  acc[m, n] = sum_k q[m, k] w[n, k]                        exact, int32
+  y[m, n]   = float(acc) * (s_x[m] * s_w[n]) + bias[n]    f32, each operation rounded (no fused multiply-add)
+            (+ lora[m, n] = (lora_down [M, r] @ lora_up [N, r]^T)[m, n]: bf16 operands, f32 sums)
+  int8_linear:       out[m, n] = bf16(y[m, n])                                        (one rounding)
+  int8_linear_gated: residual[m, n] = residual[m, n] + gate[row_map[m], n] * y[m, n]  (f32, in place)
+The scale product first, then the bias in f32, is dit_core.linear (int8_product, then + bias), our host
+reference; kitchen's CUTLASS epilogue (acc * s_x * s_w + bias) differs from it by an f32 ulp before the bf16
+rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from .rounding import round_to_bf16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
+              row_map=None, out=None):
+    """The math above in plain torch (exact integer products in float64). With residual: the gated form
+    (updates residual in place and returns it); otherwise bf16 [M, N] (into out when given)."""
+    acc = (q.double() @ w.double().t()).float()
+    y = acc * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
+    if bias is not None:
+        y = y + bias.float()
+    if lora_down is not None:
+        y = y + lora_down.float() @ lora_up.float().t()
+    if residual is not None:
+        return residual.add_(gate.float()[row_map.long()] * y)
+    return y.to(torch.bfloat16) if out is None else out.copy_(y)
+
+
+@triton_jit
+def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                        M, N, K, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                        GROUP_M: tl.constexpr):
+    # Program order: GROUP_M row tiles walk the column tiles together, so their weight columns stay in L2.
+    pid = tl.program_id(0)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * tiles_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # Rows and columns past the edge read row M-1 / N-1 (clamped, not masked: the loads stay unconditional);
+    # their results are never stored.
+    rm_in = tl.minimum(rm, M - 1).to(tl.int64)
+    rn_in = tl.minimum(rn, N - 1).to(tl.int64)
+    a_ptrs = q_ptr + rm_in[:, None] * K + rk[None, :]
+    # A [BLOCK_K, BLOCK_N] view of w: K-major, the only layout int8 wgmma takes for B.
+    b_ptrs = w_ptr + rn_in[None, :] * K + rk[:, None]
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
+            b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
+        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    mmask = rm < M
+    nmask = rn < N
+    sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
+    sw = tl.load(sw_ptr + rn, mask=nmask, other=0.0)
+    y = acc.to(tl.float32) * (sx[:, None] * sw[None, :])
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    if HAS_LORA:
+        rr = tl.arange(0, BLOCK_R)
+        down = tl.load(down_ptr + rm_in[:, None] * R + rr[None, :], mask=rr[None, :] < R, other=0.0)
+        up = tl.load(up_ptr + rn_in[None, :] * R + rr[:, None], mask=rr[:, None] < R, other=0.0)
+        y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
+    mask = mmask[:, None] & nmask[None, :]
+    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    if GATED:
+        rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
+        g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
+        r = tl.load(out_ptr + offs, mask=mask, other=0.0)
+        tl.store(out_ptr + offs, r + g * y, mask=mask)
+    else:
+        tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
+
+
+def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8):
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m},
+                         num_warps=num_warps, num_stages=num_stages)
+
+
+@functools.cache
+def _autotuned(gated: bool):
+    """The kernel autotuned over Hopper tiles (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands in
+    shared memory, 3-4 stages) keyed on (M, N, K); the gated form restores the residual between trials."""
+    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(128, 128, 128, 4, 4),
+               _config(64, 128, 128, 4, 4), _config(128, 256, 64, 8, 4)]
+    return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None)(
+        _int8_linear_kernel)
+
+
+def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
+    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages} (tests,
+    tuning)."""
+    m, k = q.shape
+    n = w.shape[0]
+    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
+        raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
+                         f"{q.dtype} and {tuple(w.shape)} {w.dtype}")
+    if s_x.numel() != m or s_w.numel() != n:
+        raise ValueError(f"int8_linear: scales must hold one value per row ({m} and {n}), got {s_x.numel()} "
+                         f"and {s_w.numel()}")
+    if (lora_down is None) != (lora_up is None) or (
+            lora_down is not None and (lora_down.shape[0] != m or lora_up.shape[0] != n
+                                       or lora_down.shape[1] != lora_up.shape[1])):
+        raise ValueError("int8_linear: a LoRA needs lora_down [M, r] and lora_up [N, r] together")
+    if m == 0:
+        return
+    rank = lora_down.shape[1] if lora_down is not None else 0
+    absent = s_x  # pointer arguments the kernel never reads (their constexpr flag is off)
+    args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(),
+            s_w.float().contiguous().reshape(-1), bias.contiguous() if bias is not None else absent,
+            lora_down.contiguous() if lora_down is not None else absent,
+            lora_up.contiguous() if lora_up is not None else absent, out,
+            gate.float().contiguous() if gate is not None else absent,
+            row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank)
+    flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "GATED": gate is not None,
+                 "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
+                 "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
+                 "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
+    # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
+    if tiles is None:
+        grid = (lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),))
+        _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
+    else:
+        grid = (triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"]),)
+        _int8_linear_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+
+
+def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None):
+    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring."""
+    if out is None:
+        out = torch.empty(q.shape[0], w.shape[0], dtype=torch.bfloat16, device=q.device)
+    if out.shape != (q.shape[0], w.shape[0]) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"int8_linear: out must be contiguous bf16 [{q.shape[0]}, {w.shape[0]}]")
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles)
+    return out
+
+
+def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lora_down=None, lora_up=None,
+                      tiles=None):
+    """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA))."""
+    m, n = q.shape[0], w.shape[0]
+    if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
+        raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
+    if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,):
+        raise ValueError(f"int8_linear_gated: gate must be [R, {n}] and row_map [{m}]")
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles)
+    return residual

@@ -1,0 +1,298 @@
+"""Rows to INT8 ConvRot codes: modulated norm or gated activation, regular Hadamard rotation, row scales.
+
+Issue 4; reference/int8_convrot_format.md sections 3-5. For rows x [M, K] (M any, K a multiple of the group
+g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a rounding is named:
+1. The rotation input u [M, K], rounded once to bf16, because the BF16 block feeds its linears bf16 rows:
+   plain        u = bf16(x)
+   norm "rms"   n = (x * 1/sqrt(mean(x^2) + eps)) * norm_weight   (the gain optional)
+   norm "layer" n = (x - mean(x)) * 1/sqrt(mean((x - mean(x))^2) + eps)   (no affine)
+                then, with modulation rows scale/shift [R, K] and row_map [M] (shift optional):
+                u = bf16(n * (1 + scale[row_map[m]]) + shift[row_map[m]]); without scale u = bf16(n)
+   "swiglu"     x [M, 2K] interleaved (gate j at column 2j, up j at 2j + 1, gluRows):
+                u = bf16(silu(gate) * up), silu(a) = a / (1 + exp(-a))
+   "gelu_tanh"  u = bf16(x * sigmoid(2c (x + 0.044715 x^3))), c = sqrt(2/pi)  (= 0.5 x (1 + tanh(...)))
+2. y = u @ H per group of g features (H the regular Hadamard H4^(x log4 g) / sqrt(g), entries
+   +-1/sqrt(g), exact in bf16): each product exact, the g products summed in f32 (order unspecified).
+3. yb = bf16(y): rotated rows rounded to bf16 (kitchen's CUDA quantizer; dit_core.linear.int8_product).
+4. s = max(max_k |yb| / 127, 1e-30), f32, the division correctly rounded.
+5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
+   (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
+Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb.
+Three launches: row statistics (norms only); each row's absmax, one program per (rows, group), merged by
+atomic max; codes, recomputing the rotation rather than storing rotated rows. Normed rows are never written.
+"""
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from .rounding import round_half_even, round_to_bf16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+NORMS = {None: 0, "rms": 1, "layer": 2}
+ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
+
+
+def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3): dit_core.weights.hadamard,
+    rebuilt because kernels/ imports nothing of dit_core, its sibling package inside ComfyUI."""
+    h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
+    h = h4
+    while h.shape[0] < group:
+        h = torch.kron(h, h4)
+    return (h / math.sqrt(group)).to(dtype)
+
+
+def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
+                   act=None):
+    """Step 1 of the math above: the bf16 rows [M, K] the rotation takes."""
+    x = x.float()
+    if act == "swiglu":
+        gate, up = x[:, 0::2], x[:, 1::2]
+        return (gate / (1 + torch.exp(-gate)) * up).to(torch.bfloat16)
+    if act == "gelu_tanh":
+        return (x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))).to(torch.bfloat16)
+    if norm == "rms":
+        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        x = x if norm_weight is None else x * norm_weight.float()
+    elif norm == "layer":
+        x = x - x.mean(-1, keepdim=True)
+        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    if scale is not None:
+        rows = row_map.long()
+        x = x * (1 + scale.float()[rows])
+        x = x if shift is None else x + shift.float()[rows]
+    return x.to(torch.bfloat16)
+
+
+def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
+              act=None, out=None):
+    """The math above in plain torch: (codes int8 [M, K], scales f32 [M])."""
+    u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
+                       row_map=row_map, act=act)
+    m, k = u.shape
+    h = hadamard(group, torch.float32).to(u.device)
+    yb = (u.float().reshape(m, k // group, group) @ h).reshape(m, k).to(torch.bfloat16)
+    amax = yb.abs().amax(-1).float()
+    # A tensor divisor: CUDA torch divides by a Python scalar as a product with its reciprocal.
+    s = (amax / torch.full_like(amax, 127.0)).clamp(min=1e-30)
+    q = (yb / s.to(torch.bfloat16)[:, None]).round().clamp(-128, 127).to(torch.int8)
+    return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
+
+
+@triton_jit
+def _rotation_input(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr, K,
+                    NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, WIDTH):
+    """Step 1 for the WIDTH columns from `first`: bf16 values [BLOCK_M, WIDTH] (held in f32 or bf16)."""
+    cols = first + tl.arange(0, WIDTH)
+    m2 = rmask[:, None]
+    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    if ACT == 1:
+        # gate j and up j sit side by side: one contiguous load of 2 WIDTH values, split in pairs.
+        pairs = tl.load(base + 2 * first + tl.arange(0, 2 * WIDTH)[None, :], mask=m2, other=0.0)
+        gate, up = tl.split(tl.reshape(pairs.to(tl.float32), (pairs.shape[0], WIDTH, 2)))
+        u = round_to_bf16(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)) * up)
+    elif NORM == 0 and not HAS_SCALE and ACT == 0 and X_BF16:
+        u = tl.load(base + cols[None, :], mask=m2, other=0.0)  # already bf16: nothing to round
+    else:
+        u = tl.load(base + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        if ACT == 2:
+            u = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
+        if NORM != 0:
+            u = (u - mean[:, None]) * inv[:, None]
+            if HAS_WEIGHT:
+                u = u * tl.load(w_ptr + cols)[None, :]
+        if HAS_SCALE:
+            mod = rmap[:, None] * K + cols[None, :]
+            u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
+            if HAS_SHIFT:
+                u = u + tl.load(shift_ptr + mod, mask=m2, other=0.0)
+        u = round_to_bf16(u)
+    return u
+
+
+@triton_jit
+def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE):
+    """Q columns from `first` times H_Q on the matrix cores: exact products, f32 sums [BLOCK_M, Q]."""
+    u = _rotation_input(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr,
+                        K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q)
+    return tl.dot(u.to(DOT_DTYPE), h, input_precision="ieee", out_dtype=tl.float32)
+
+
+@triton_jit
+def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE, ROUND):
+    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, f32, rounded to
+    bf16 when ROUND (the absmax pass rounds only each row's maximum: rounding is monotonic).
+    g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 =
+    H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
+    results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
+    of 128 KB of shared memory."""
+    z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
+                        K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+    if SPLIT == 4:
+        z1 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                            DOT_DTYPE)
+        z2 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                            DOT_DTYPE)
+        z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                            DOT_DTYPE)
+        # Output block s weighs z0..z3 by column s of H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]],
+        # halved (1/sqrt(256) = 1/sqrt(64) * 1/2).
+        p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
+        y0, y1, y2, y3 = (p + m) * 0.5, (p - m) * 0.5, (r + t) * 0.5, (t - r) * 0.5
+        if ROUND:
+            y0, y1, y2, y3 = round_to_bf16(y0), round_to_bf16(y1), round_to_bf16(y2), round_to_bf16(y3)
+    else:
+        y0 = round_to_bf16(z0) if ROUND else z0
+        y1, y2, y3 = y0, y0, y0
+    return y0, y1, y2, y3
+
+
+@triton_jit
+def _store_codes(q_ptr, rows, rmask, cols, yb, divisor, K):
+    """Step 5 for one block of rotated columns."""
+    code = round_half_even(round_to_bf16(tl.math.div_rn(yb, divisor[:, None])))
+    code = tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8)
+    tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], code, mask=rmask[:, None])
+
+
+@triton_jit
+def _row_stats_kernel(x_ptr, stride_x, stats_ptr, M, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
+    # Step 1's statistics of BLOCK_M rows: mean (layer norm; 0 for RMS) to stats[1], 1/sqrt(.) to stats[2].
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < M
+    kcols = tl.arange(0, BLOCK_K)
+    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    total = tl.zeros([BLOCK_M], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for c0 in range(0, K, BLOCK_K):
+        cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
+        v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
+        total += tl.sum(v, axis=1)
+        squares += tl.sum(v * v, axis=1)
+    mean = tl.math.div_rn(total, K * 1.0) if NORM == 2 else tl.zeros([BLOCK_M], dtype=tl.float32)
+    if NORM == 2:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for c0 in range(0, K, BLOCK_K):
+            cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
+            v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
+            v = tl.where(cmask, v - mean[:, None], 0.0)
+            squares += tl.sum(v * v, axis=1)
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, K * 1.0) + eps))
+    tl.store(stats_ptr + M + rows, mean, mask=rmask)
+    tl.store(stats_ptr + 2 * M + rows, inv, mask=rmask)
+
+
+@triton_jit
+def _quantize_group_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, q_ptr,
+                           s_ptr, M, K, CODES: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                           HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr,
+                           X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                           BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Grid (row blocks, groups): a program rotates one group of BLOCK_M rows. Launched twice: first (CODES
+    # off) for each row's absmax, merged over the row's groups by atomic max into stats[0]; then (CODES on)
+    # for the codes, once every absmax is known. Many small programs keep many loads in flight: one program
+    # per row block walking all groups ran 2-3x slower on the H200.
+    Q: tl.constexpr = G // SPLIT
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    c0 = tl.program_id(1) * G
+    rmask = rows < M
+    rmap = tl.zeros([BLOCK_M], dtype=tl.int64)
+    if HAS_SCALE:
+        rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if NORM != 0:
+        mean = tl.load(stats_ptr + M + rows, mask=rmask, other=0.0)
+        inv = tl.load(stats_ptr + 2 * M + rows, mask=rmask, other=1.0)
+    hq = tl.arange(0, Q)
+    h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
+    y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
+                                   shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                                   SPLIT, DOT_DTYPE, CODES)
+    if CODES:
+        s = tl.maximum(tl.math.div_rn(tl.load(stats_ptr + rows, mask=rmask, other=0.0), 127.0), 1e-30)
+        if c0 == 0:
+            tl.store(s_ptr + rows, s, mask=rmask)
+        divisor = round_to_bf16(s)
+        _store_codes(q_ptr, rows, rmask, c0 + hq, y0, divisor, K)
+        if SPLIT == 4:
+            _store_codes(q_ptr, rows, rmask, c0 + Q + hq, y1, divisor, K)
+            _store_codes(q_ptr, rows, rmask, c0 + 2 * Q + hq, y2, divisor, K)
+            _store_codes(q_ptr, rows, rmask, c0 + 3 * Q + hq, y3, divisor, K)
+    else:
+        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+        tl.atomic_max(stats_ptr + rows, round_to_bf16(tl.max(top, axis=1)), mask=rmask)
+
+
+def _f32_or(t, absent):
+    """t as contiguous f32, or `absent` for a pointer the kernel never reads (its constexpr flag off)."""
+    return absent if t is None else t.float().contiguous()
+
+
+@functools.cache
+def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
+    return hadamard(size, torch.bfloat16).to(device).contiguous()
+
+
+def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
+                  act=None, out=None, block_m=64, num_warps=4, num_stages=2):
+    """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by the
+    math in this file's docstring. out: optional (codes, scales) work buffers, written fully. block_m,
+    num_warps, num_stages: launch shape (bench_int8_linear.py sweeps them)."""
+    if norm not in NORMS or act not in ACTS:
+        raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}")
+    if act is not None and (norm is not None or scale is not None):
+        raise ValueError("quantize_rows: an activation (act) and a modulated norm cannot be fused together")
+    if norm_weight is not None and norm != "rms":
+        raise ValueError("quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"quantize_rows: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
+    if group not in (16, 64, 256):
+        raise ValueError(f"quantize_rows: ConvRot group must be 16, 64 or 256 (tl.dot tiles), got {group}")
+    m = x.shape[0]
+    k = x.shape[1] // 2 if act == "swiglu" else x.shape[1]
+    if k % group or (act == "swiglu" and x.shape[1] % 2):
+        raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
+    if scale is not None and (row_map is None or scale.shape[-1] != k):
+        raise ValueError("quantize_rows: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
+    codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
+                                                  torch.empty(m, dtype=torch.float32, device=x.device))
+    if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
+        raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
+    if m == 0:
+        return codes, scales
+    split = 4 if group == 256 else 1
+    stats = torch.zeros(3, m, dtype=torch.float32, device=x.device)  # absmax (from 0), mean, 1/sqrt(.)
+    if norm is not None:
+        _row_stats_kernel[(triton.cdiv(m, block_m),)](x, x.stride(0), stats, m, k, eps, NORM=NORMS[norm],
+                                                        BLOCK_M=block_m, BLOCK_K=256, num_warps=num_warps,
+                                                        enable_fp_fusion=False)
+    args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
+            row_map.to(torch.int32).contiguous() if row_map is not None else stats,
+            _hadamard_bf16(group // split, x.device), stats, codes, scales, m, k)
+    flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None, "HAS_SCALE": scale is not None,
+                 "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
+                 "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
+                 # bf16 operands for the matrix cores; f32 (the same exact products and f32 sums) on the
+                 # CPU, whose interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
+                 "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
+                 "num_stages": num_stages, "enable_fp_fusion": False}
+    grid = (triton.cdiv(m, block_m), k // group)
+    _quantize_group_kernel[grid](*args, CODES=False, **flags)
+    _quantize_group_kernel[grid](*args, CODES=True, **flags)
+    return codes, scales

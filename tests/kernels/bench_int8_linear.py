@@ -1,0 +1,185 @@
+"""Times the INT8 ConvRot linear on CUDA at Z-Image's four linears (M 4608): ours, BF16 and comfy-kitchen.
+
+Contenders, all with the same INT8 codes and row scales (dit_core.weights.quantize_convrot of one f32
+weight): ours = kernels/int8_quant.quantize_rows + kernels/int8_linear.int8_linear (also each alone, the gated
+epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantized weight, and comfy-kitchen
+0.2.40's int8_linear with ConvRot on its cuda (and triton) back end when it imports and reports it available.
+Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
+column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
+Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dit_core.weights import dequantize_convrot, quantize_convrot
+from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
+from kernels.int8_quant import quantize_rows
+
+M = 4608
+SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
+GROUP = 256
+QUANTIZER_LAUNCHES = [{"block_m": bm, "num_warps": nw, "num_stages": ns}
+                      for bm, nw, ns in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3))]
+
+
+def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
+    """Median time of fn in ms; with graph, of one replay of a CUDA graph holding one call of fn."""
+    for _ in range(3):  # autotuning and allocations happen here, before any capture or timing
+        fn()
+    torch.cuda.synchronize()
+    call = fn
+    if graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        captured = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(captured):
+            fn()
+        call = captured.replay
+    for _ in range(warmups):
+        call()
+    events = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(runs)]
+    for start, end in events:
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def kitchen_linears():
+    """{name: int8_linear(x, q, s, bias)} for kitchen's available back ends, and notes on the others."""
+    try:
+        import comfy_kitchen
+    except ImportError as e:
+        return {}, [f"comfy_kitchen does not import ({e})"]
+    found, notes = {}, []
+    status = comfy_kitchen.list_backends()
+    for backend in ("cuda", "triton"):
+        info = status.get(backend, {})
+        if not info.get("available") or info.get("disabled"):
+            notes.append(f"kitchen {backend}: unavailable ({info.get('unavailable_reason')})")
+            continue
+
+        def run(x, q, s, bias, backend=backend):
+            with comfy_kitchen.use_backend(backend):
+                return comfy_kitchen.int8_linear(x, q, s, bias, torch.bfloat16, True, GROUP)
+        found[f"kitchen {backend}"] = run
+    return found, notes
+
+
+def rel_err(a, b) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def time_or_note(fn, runs, graph):
+    try:
+        return f"{median_ms(fn, runs, graph):.3f}"
+    except Exception as e:  # noqa: BLE001 - a contender that cannot run (or be captured) is reported
+        return f"n/a ({type(e).__name__})"
+
+
+def bench_shape(name, k, n, runs, kitchen):
+    g = torch.Generator().manual_seed(k + n)
+    weight = torch.randn(n, k, generator=g) * k ** -0.5
+    codes, scale = quantize_convrot(weight, GROUP)
+    w_bf16 = dequantize_convrot(codes, scale, GROUP).to("cuda", torch.bfloat16)
+    codes, scale = codes.cuda(), scale.cuda()  # scale [N, 1] f32, as ComfyUI stores it
+    s_w = scale.reshape(-1)
+    bias = (0.1 * torch.randn(n, generator=g)).to("cuda", torch.bfloat16)
+    x = torch.randn(M, k, generator=g).to("cuda", torch.bfloat16)
+    q, s_x = quantize_rows(x, GROUP)
+    out = torch.empty(M, n, dtype=torch.bfloat16, device="cuda")
+    residual = torch.zeros(M, n, device="cuda")
+    gate = torch.ones(2, n, device="cuda")
+    row_map = torch.zeros(M, dtype=torch.int32, device="cuda")
+    exact = F.linear(x.float(), w_bf16.float()) + bias.float()
+    ours = int8_linear(*quantize_rows(x, GROUP), codes, s_w, bias)
+    checks = [f"ours vs f32: {rel_err(ours, exact):.2e}",
+              f"bf16 vs f32: {rel_err(F.linear(x, w_bf16, bias), exact):.2e}"]
+    contenders = {
+        "ours: quantize + GEMM": lambda: int8_linear(*quantize_rows(x, GROUP), codes, s_w, bias, out=out),
+        "ours: GEMM alone": lambda: int8_linear(q, s_x, codes, s_w, bias, out=out),
+        "ours: gated GEMM alone": lambda: int8_linear_gated(q, s_x, codes, s_w, bias, residual=residual,
+                                                            gate=gate, row_map=row_map),
+        "ours: quantizer alone": lambda: quantize_rows(x, GROUP, out=(q, s_x)),
+        "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
+    }
+    for label, fn in kitchen.items():
+        try:
+            checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")
+        except Exception as e:  # noqa: BLE001 - kitchen's failure is a finding, not the bench's end
+            checks.append(f"{label} failed: {type(e).__name__}: {e}")
+            continue
+        contenders[f"{label}: full linear"] = (lambda fn=fn: fn(x, codes, scale, bias))
+    rows = []
+    for label, fn in contenders.items():
+        eager, graphed = time_or_note(fn, runs, False), time_or_note(fn, runs, True)
+        flops = 2 * M * n * k
+        tops = "-" if "quantizer" in label else ", ".join(
+            f"{flops / float(t) / 1e9:.0f}" if not t.startswith("n/a") else "n/a" for t in (eager, graphed))
+        rows.append(f"| {name} {k}x{n} | {label} | {eager} | {graphed} | {tops} |")
+    return rows, checks
+
+
+def bench_quantizers(runs):
+    """The quantizer's launch shapes, plain and with the fused prologues the block uses."""
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for k in (3840, 10240):
+        x = torch.randn(M, k, generator=g).to("cuda", torch.bfloat16)
+        residual = torch.randn(M, k, generator=g).cuda()
+        mod = {"norm": "rms", "norm_weight": torch.ones(k, device="cuda"), "eps": 1e-5,
+               "scale": 0.1 * torch.randn(2, k, device="cuda"),
+               "shift": 0.1 * torch.randn(2, k, device="cuda"),
+               "row_map": torch.zeros(M, dtype=torch.int32, device="cuda")}
+        glu = torch.randn(M, 2 * k, generator=g).to("cuda", torch.bfloat16)
+        variants = {"plain bf16": (x, {}), "rms+modulation f32": (residual, mod),
+                    "swiglu bf16": (glu, {"act": "swiglu"})}
+        for label, (rows_in, kw) in variants.items():
+            times = [time_or_note(lambda launch=launch, rows_in=rows_in, kw=kw:
+                                  quantize_rows(rows_in, GROUP, **kw, **launch), runs, True)
+                     for launch in QUANTIZER_LAUNCHES]
+            rows.append(f"| {k} | {label} | " + " | ".join(times) + " |")
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=100)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_int8_linear needs a CUDA GPU")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")
+    kitchen, notes = kitchen_linears()
+    print("| linear K x N | contender | ms eager | ms graph | TOPS eager, graph |\n|---|---|---|---|---|")
+    all_checks = []
+    for name, k, n in SHAPES:
+        rows, checks = bench_shape(name, k, n, args.runs, kitchen)
+        print("\n".join(rows))
+        all_checks.append(f"- {name}: " + "; ".join(checks))
+    print("\nRelative Frobenius error against f32 x W_bf16^T + b (INT8 ConvRot expects about 1e-2):")
+    print("\n".join(all_checks + [f"- {note}" for note in notes]))
+    print("\nTiles the autotuner chose, by (M, N, K, ...) key:")
+    for gated in (False, True):
+        for key, config in _autotuned(gated).cache.items():
+            print(f"- {'gated' if gated else 'bf16 out'} {key}: {config}")
+    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages):\n")
+    shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
+    print(f"| K | input | {shapes} |")
+    print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
+    print("\n".join(bench_quantizers(args.runs)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""kernels/head_norm_rope.py against its reference (within one bf16 step: the RMS sums run in another order
+on a GPU) and against dit_core's head_norm_rotary, the block's host math, in the SDPA layout of groups."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dit_core.block import head_norm_rotary
+from dit_core.sequence import Sequence
+from kernels.head_norm_rope import head_norm_rope, reference
+
+# (M, heads, head, r, group): odd M, partial and full rotary, no rotary, head not a power of 2, groups.
+CASES = [(7, 2, 32, 8, 0), (37, 3, 64, 32, 0), (1, 1, 16, 0, 0), (12, 3, 24, 12, 4), (20, 2, 32, 16, 5)]
+
+
+def inputs(m, heads, head, r, seed, device):
+    g = torch.Generator().manual_seed(seed)
+    qkv = (3 * torch.randn(m, 3 * heads * head, generator=g)).to(torch.bfloat16)
+    angles = 100 * torch.rand(m, r, generator=g)
+    gains = (1 + 0.2 * torch.randn(2, head, generator=g))
+    return tuple(t.to(device) for t in (qkv, angles.cos(), angles.sin(), gains[0], gains[1]))
+
+
+def assert_within_one_bf16_step(a, b):
+    """One bf16 step of b, or an f32 rounding of values of order one where a sum cancels to near zero."""
+    a, b = a.float(), b.float()
+    off = (a - b).abs() > 2.0 ** -7 * b.abs() + 2.0 ** -20
+    assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
+
+
+@pytest.mark.parametrize("normed", [True, False])
+@pytest.mark.parametrize("m,heads,head,r,group", CASES)
+def test_kernel_matches_reference(m, heads, head, r, group, normed, device):
+    qkv, cos, sin, wq, wk = inputs(m, heads, head, r, seed=m + head, device=device)
+    if not normed:
+        wq = wk = None
+    g = group or m
+    out = torch.full((3, m // g, heads, g, head), float("nan"), dtype=torch.bfloat16, device=device)
+    q, k, v = head_norm_rope(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group, out=out, block_m=16)
+    assert all(t.is_contiguous() and t.shape == (m // g, heads, g, head) for t in (q, k, v))
+    assert not out.isnan().any()
+    for got, want in zip((q, k, v), reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group)):
+        assert_within_one_bf16_step(got, want)
+    assert torch.equal(v.transpose(1, 2).reshape(m, heads * head), qkv[:, 2 * heads * head:])
+
+
+@pytest.mark.parametrize("m,heads,head,r,group", CASES)
+def test_reference_matches_host_block(m, heads, head, r, group):
+    qkv, cos, sin, wq, wk = inputs(m, heads, head, r, seed=m * head, device="cpu")
+    seq = Sequence(torch.zeros(m, dtype=torch.long), cos, sin, group)
+    arch = SimpleNamespace(qk_eps=1e-5)  # head_norm_rotary reads only this of the Arch
+    host = [head_norm_rotary(t, w, arch, seq) for t, w in
+            zip(qkv.float().reshape(m, 3, heads, head).unbind(1)[:2], (wq, wk))]
+    for got, want in zip(reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group), host):
+        rows = got.transpose(1, 2).reshape(m, heads, head).float()
+        torch.testing.assert_close(rows, want, rtol=2.0 ** -8, atol=1e-6)
+
+
+def test_bad_arguments_raise():
+    qkv, cos, sin, wq, wk = inputs(8, 2, 32, 8, seed=0, device="cpu")
+    with pytest.raises(ValueError):
+        head_norm_rope(qkv, 2, 16, wq, wk, cos, sin)
+    with pytest.raises(ValueError):
+        head_norm_rope(qkv, 2, 32, wq, None, cos, sin)
+    with pytest.raises(ValueError):
+        head_norm_rope(qkv, 2, 32, wq, wk, cos, sin, group=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("group", [0, 1152])
+def test_zimage_shape(group):
+    m, heads, head, r = 4608, 30, 128, 64
+    qkv, cos, sin, wq, wk = inputs(m, heads, head, r, seed=group, device="cuda")
+    q, k, v = head_norm_rope(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group)
+    for got, want in zip((q, k, v), reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group)):
+        assert_within_one_bf16_step(got, want)
+        assert (got != want).float().mean() < 1e-3

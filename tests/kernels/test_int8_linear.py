@@ -1,0 +1,112 @@
+"""kernels/int8_linear.py against exact integer math: bf16 outputs and the gated f32 residual bit for bit (the
+epilogue rounds as the reference does); with a LoRA within one bf16 step (its f32 sums run in another
+order); the whole quantize + product path equal to dit_core.linear's INT8 ConvRot emulation."""
+import pytest
+import torch
+
+from dit_core.linear import linear as host_linear
+from dit_core.weights import Linear, quantize_convrot
+from kernels.int8_linear import int8_linear, int8_linear_gated, reference
+from kernels.int8_quant import quantize_rows
+
+SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
+CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
+ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
+
+
+def operands(m, n, k, seed, device, rank=0):
+    g = torch.Generator().manual_seed(seed)
+    ops = {"q": torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8),
+           "s_x": torch.rand(m, generator=g) * 0.02,
+           "w": torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8),
+           "s_w": torch.rand(n, generator=g) * 0.002, "bias": torch.randn(n, generator=g).to(torch.bfloat16)}
+    lora = {"lora_down": torch.randn(m, rank, generator=g).to(torch.bfloat16),
+            "lora_up": (0.1 * torch.randn(n, rank, generator=g)).to(torch.bfloat16)} if rank else {}
+    gated = {"residual": torch.randn(m, n, generator=g), "gate": torch.randn(3, n, generator=g),
+             "row_map": torch.randint(0, 3, (m,), generator=g)}
+    return tuple({key: t.to(device) for key, t in d.items()} for d in (ops, lora, gated))
+
+
+def assert_within_one_bf16_step(a, b):
+    """One bf16 step of b, or an f32 rounding of values of order one where a sum cancels to near zero."""
+    a, b = a.float(), b.float()
+    off = (a - b).abs() > 2.0 ** -7 * b.abs() + 2.0 ** -20
+    assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
+
+
+def test_integer_products_are_exact(device):
+    """Unit scales, gate 1, residual 0: the residual receives float(acc), exactly the int32 sums."""
+    m, n, k = 37, 80, 160
+    ops, _, _ = operands(m, n, k, seed=0, device=device)
+    residual = torch.zeros(m, n, device=device)
+    int8_linear_gated(ops["q"], torch.ones(m, device=device), ops["w"], torch.ones(n, device=device), None,
+                      residual=residual, gate=torch.ones(1, n, device=device),
+                      row_map=torch.zeros(m, dtype=torch.long, device=device), tiles=SMALL_TILES)
+    assert torch.equal(residual, (ops["q"].double() @ ops["w"].double().t()).float())  # exact: |sums| < 2^53
+
+
+@pytest.mark.parametrize("m,n,k", CASES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_bf16_output(m, n, k, with_bias, device):
+    ops, _, _ = operands(m, n, k, seed=m + n + k, device=device)
+    if not with_bias:
+        ops["bias"] = None
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    int8_linear(**ops, out=out, tiles=SMALL_TILES)
+    assert torch.equal(out, reference(**ops))
+
+
+@pytest.mark.parametrize("m,n,k", CASES)
+def test_gated_residual_epilogue(m, n, k, device):
+    ops, _, gated = operands(m, n, k, seed=m * n + k, device=device)
+    expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
+    assert int8_linear_gated(**ops, **gated, tiles=SMALL_TILES) is gated["residual"]
+    assert torch.equal(gated["residual"], expected)
+
+
+@pytest.mark.parametrize("m,n,k", CASES[1:])
+def test_lora_in_the_epilogue(m, n, k, device):
+    ops, lora, gated = operands(m, n, k, seed=k, device=device, rank=5)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    got = int8_linear(**ops, **lora, out=out, tiles=SMALL_TILES)
+    assert_within_one_bf16_step(got, reference(**ops, **lora))
+    expected = reference(**ops, **lora, **{**gated, "residual": gated["residual"].clone()})
+    int8_linear_gated(**ops, **lora, **gated, tiles=SMALL_TILES)
+    torch.testing.assert_close(gated["residual"], expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,k,n,group", [(7, 64, 48, 16), (19, 256, 40, 64)])
+def test_quantize_then_product_equals_host_int8_linear(m, k, n, group, device):
+    """kernels' quantize_rows + int8_linear == bf16 of dit_core.linear.linear on an INT8 ConvRot Linear."""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+    codes, scale = quantize_convrot(torch.randn(n, k, generator=g), group)
+    lin = Linear(codes, torch.randn(n, generator=g), scale, group)
+    q, s = quantize_rows(x.to(device), group, block_m=16)
+    out = int8_linear(q, s, codes.to(device), scale.reshape(-1).to(device), lin.bias.to(device),
+                      tiles=SMALL_TILES)
+    assert torch.equal(out.cpu(), host_linear(x, lin).to(torch.bfloat16))
+
+
+def test_bad_arguments_raise():
+    ops, _, _ = operands(4, 32, 64, seed=0, device="cpu")
+    with pytest.raises(ValueError):
+        int8_linear(ops["q"], ops["s_x"], ops["w"][:, :32], ops["s_w"])
+    with pytest.raises(ValueError):
+        int8_linear(ops["q"], ops["s_x"][:3], ops["w"], ops["s_w"])
+    with pytest.raises(ValueError):
+        int8_linear(ops["q"], ops["s_x"], ops["w"], ops["s_w"],
+                    lora_down=torch.zeros(4, 2, dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k,n", ZIMAGE)
+def test_zimage_shapes(k, n):
+    m = 4608
+    ops, lora, gated = operands(m, n, k, seed=n, device="cuda", rank=32)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    assert torch.equal(int8_linear(**ops, out=out), reference(**ops))  # autotuned tiles
+    expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
+    assert torch.equal(int8_linear_gated(**ops, **gated), expected)
+    assert_within_one_bf16_step(int8_linear(**ops, **lora), reference(**ops, **lora))

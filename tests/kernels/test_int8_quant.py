@@ -1,0 +1,177 @@
+"""kernels/int8_quant.py against its reference, dit_core's host quantizer and, on the GPU at Z-Image's
+shapes, the float64 rotation of the same bf16 rows.
+
+What may differ from the float64 reference (test_plain_codes_equal_float64_rotation): the kernel sums each
+rotated value's g exact products in f32, so its bf16 rounding of a value y can differ from the correctly
+rounded one only where y lies within that sum's error of a bf16 rounding midpoint ("ambiguous"; bound
+2^-17 sum_i |u_i| / sqrt(g): four f32 ulps of the largest partial sum per 16-product matrix-core step, 16
+steps for g = 256; about 7 % of values fall inside it, so the count bound is what makes the test tight).
+Allowed: codes off by one or two (see assert_codes_match_float64) at ambiguous values, and rows whose scale
+differs only where an ambiguous value competes for the absmax; both counted and bounded (1e-5 of the codes
+at Z-Image's shapes). Every other code and scale must be equal.
+"""
+import math
+
+import pytest
+import torch
+
+from dit_core.weights import hadamard as host_hadamard
+from dit_core.weights import quantize_rows as host_quantize_rows
+from dit_core.weights import rotate
+from kernels.int8_quant import hadamard, quantize_rows, reference
+
+CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
+FUSED = [{"norm": "rms", "weight": True, "shift": True}, {"norm": "rms", "weight": False, "shift": False},
+         {"norm": "layer", "weight": False, "shift": True}, {"act": "swiglu"}, {"act": "gelu_tanh"}]
+
+
+def rows_like_activations(m: int, k: int, seed: int, device) -> torch.Tensor:
+    """bf16 rows with a spread of magnitudes and a few outlier features, as DiT activations have."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
+    x[:, torch.randint(0, k, (max(1, k // 64),), generator=g)] *= 20
+    return x.to(device, torch.bfloat16)
+
+
+def poisoned_outputs(m: int, k: int, device):
+    return (torch.full((m, k), 0x7F, dtype=torch.int8, device=device),
+            torch.full((m,), float("nan"), device=device))
+
+
+def fused_inputs(m: int, k: int, case: dict, seed: int, device) -> tuple[torch.Tensor, dict]:
+    """Activation cases: bf16 rows (the product before the down projection); norm cases: the f32 residual."""
+    g = torch.Generator().manual_seed(seed)
+    width = 2 * k if case.get("act") == "swiglu" else k
+    x = torch.randn(m, width, generator=g) * 2
+    if "act" in case:
+        return x.to(device, torch.bfloat16), {"act": case["act"]}
+    rows = 3
+    kw = {"norm": case["norm"], "eps": 1e-5, "row_map": torch.randint(0, rows, (m,), generator=g).to(device),
+          "scale": (0.3 * torch.randn(rows, k, generator=g)).to(device)}
+    if case["weight"]:
+        kw["norm_weight"] = (1 + 0.2 * torch.randn(k, generator=g)).to(device)
+    if case["shift"]:
+        kw["shift"] = (0.1 * torch.randn(rows, k, generator=g)).to(device)
+    return x.to(device), kw
+
+
+def bf16_round64(y: torch.Tensor) -> torch.Tensor:
+    """float64 values correctly rounded to bf16 (8 significant bits, ties to even), kept in float64."""
+    mant, exp = torch.frexp(y)
+    return torch.ldexp(torch.round(mant * 256), exp - 8)
+
+
+def float64_quantizer(u: torch.Tensor, group: int):
+    """Steps 2-5 of the kernel's math, the rotation exact in float64: (codes, scales, exact y, ambiguous)."""
+    m, k = u.shape
+    u64 = u.double().reshape(m, k // group, group)
+    y = (u64 @ hadamard(group, torch.float64).to(u.device)).reshape(m, k)
+    yb = bf16_round64(y)
+    amax = yb.abs().amax(-1).float()
+    scales = (amax / torch.full_like(amax, 127.0)).clamp(min=1e-30)  # rounded once, on CUDA too
+    quotients = yb.to(torch.bfloat16) / scales.to(torch.bfloat16)[:, None]
+    codes = quotients.round().clamp(-128, 127).to(torch.int8)
+    mant, exp = torch.frexp(y)
+    frac = mant * 256 - torch.floor(mant * 256)
+    to_midpoint = (frac - 0.5).abs() * torch.ldexp(torch.ones_like(y), exp - 8)
+    magnitude = u64.abs().sum(-1, keepdim=True).expand(-1, -1, group).reshape(m, k) / math.sqrt(group)
+    error_bound = 2.0 ** -17 * magnitude
+    return codes, scales, y, to_midpoint <= error_bound
+
+
+def assert_codes_match_float64(q, s, u, group, max_fraction):
+    codes, scales, y, ambiguous = float64_quantizer(u, group)
+    bad_rows = s != scales
+    near_top = ambiguous & (y.abs() >= y.abs().amax(-1, keepdim=True) * (1 - 2.0 ** -7))
+    assert not (bad_rows & ~near_top.any(-1)).any(), "a row scale differs without an ambiguous absmax"
+    assert bad_rows.sum() <= max(1, max_fraction * q.shape[0]), f"{int(bad_rows.sum())} row scales differ"
+    differ = (q != codes) & ~bad_rows[:, None]
+    assert not (differ & ~ambiguous).any(), f"{int((differ & ~ambiguous).sum())} codes differ off a boundary"
+    # One bf16 step of a rotated value moves its quotient by up to half a code, and in [64, 128) bf16
+    # quotients lie on a grid of 0.5 that rounds half to even: codes may then move by 2.
+    assert (q.int() - codes.int()).abs().max() <= 2
+    assert differ.sum() <= max(1, max_fraction * q.numel()), f"{int(differ.sum())} of {q.numel()} differ"
+
+
+def assert_fused_close(q, s, q_ref, s_ref, max_fraction):
+    """Fused prologues: the kernel's f32 statistics and transcendentals may move a rotation input by one
+    bf16 step (and so a code by up to 2, as in assert_codes_match_float64)."""
+    bad_rows = s != s_ref
+    assert ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
+    assert bad_rows.float().mean() <= max_fraction * 10
+    assert ((q.int() - q_ref.int()).abs() <= 2).all()
+    assert (q != q_ref).float().mean() <= max_fraction
+
+
+def test_hadamard_is_the_format_docs():
+    for g in (4, 16, 64, 256):
+        assert torch.equal(hadamard(g, torch.float64), host_hadamard(g, torch.float64))
+
+
+@pytest.mark.parametrize("m,k,group", CASES)
+def test_reference_equals_host_quantizer(m, k, group):
+    x = rows_like_activations(m, k, seed=m + k, device="cpu")
+    codes, scales = host_quantize_rows(rotate(x.float(), group).to(torch.bfloat16))
+    q, s = reference(x, group)
+    assert torch.equal(q, codes) and torch.equal(s, scales.reshape(-1))
+
+
+@pytest.mark.parametrize("m,k,group", CASES)
+def test_plain_kernel(m, k, group, device):
+    x = rows_like_activations(m, k, seed=m * k, device=device)
+    q, s = quantize_rows(x, group, out=poisoned_outputs(m, k, device), block_m=16)
+    assert not s.isnan().any()
+    assert_codes_match_float64(q, s, x, group, max_fraction=0)
+    q_ref, s_ref = reference(x, group)
+    assert_codes_match_float64(q_ref, s_ref, x, group, max_fraction=0)
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 128, 64), (5, 512, 256)])
+def test_fused_kernel(m, k, group, case, device):
+    x, kw = fused_inputs(m, k, case, seed=m + k, device=device)
+    q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16)
+    q_ref, s_ref = reference(x, group, **kw)
+    assert not s.isnan().any()
+    assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
+
+
+def test_f32_rows_and_minus_128(device):
+    """The residual stream comes in as f32; a negative absmax can quantize to -128 (format doc section 5)."""
+    y = torch.zeros(2, 16, dtype=torch.float64)
+    y[0, 0], y[1, 0] = -11.0, 11.0  # bf16(11/127) < 11/127, so 11 / it rounds to 127.5 in bf16
+    x = (y @ hadamard(16, torch.float64)).float().to(device)  # rotates back to y exactly
+    q, s = quantize_rows(x, 16, out=poisoned_outputs(2, 16, device), block_m=16)
+    assert q[0, 0] == -128 and q[1, 0] == 127 and (q[:, 1:] == 0).all()
+    assert torch.equal(s.cpu(), torch.full((2,), 11.0) / 127)
+
+
+def test_bad_arguments_raise():
+    x = torch.zeros(4, 64, dtype=torch.bfloat16)
+    for kw in ({"group": 4}, {"group": 32}, {"group": 128}, {"group": 16, "act": "swiglu", "norm": "rms"},
+               {"group": 16, "norm": "layer", "norm_weight": torch.ones(64)},
+               {"group": 16, "scale": torch.zeros(1, 64)}):
+        with pytest.raises(ValueError):
+            quantize_rows(x, **kw)
+
+
+ZIMAGE_ROWS = 4608
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k", [3840, 10240])
+def test_plain_codes_equal_float64_rotation(k):
+    x = rows_like_activations(ZIMAGE_ROWS, k, seed=k, device="cuda")
+    q, s = quantize_rows(x, 256, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
+    assert_codes_match_float64(q, s, x, 256, max_fraction=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case,k", [(FUSED[0], 3840), (FUSED[2], 3840), (FUSED[3], 10240), (FUSED[4], 3840)])
+def test_fused_at_zimage_shapes(case, k):
+    x, kw = fused_inputs(ZIMAGE_ROWS, k, case, seed=k, device="cuda")
+    q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
+    q_ref, s_ref = reference(x, 256, **kw)
+    assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)

@@ -1,0 +1,31 @@
+"""kernels/__init__.py: every op has a launcher, a reference of the same arguments and a capability check;
+inputs a launcher cannot take run the reference, logged once."""
+import inspect
+import logging
+
+import torch
+
+import kernels
+from kernels import OPS, run
+from kernels.int8_quant import reference as quantize_reference
+
+TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles"}  # launch shape: launchers only
+
+
+def test_references_take_the_launchers_arguments():
+    for name, op in OPS.items():
+        launcher = [p for p in inspect.signature(op.launcher).parameters if p not in TUNING]
+        reference = list(inspect.signature(op.reference).parameters)
+        assert set(launcher) <= set(reference), name
+
+
+def test_cpu_inputs_fall_back_to_the_reference_once(caplog):
+    x = torch.randn(3, 32).to(torch.bfloat16)
+    kernels._log_fallback.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="kernels"):
+        for _ in range(2):
+            q, s = run("quantize_rows", x, 16)
+    assert len([r for r in caplog.records if "quantize_rows" in r.message]) == 1
+    q_ref, s_ref = quantize_reference(x, 16)
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert OPS["int8_linear"].capable(torch.device("cpu")) is not None
