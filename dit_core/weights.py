@@ -146,7 +146,10 @@ def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row INT8 as ComfyUI quantizes: s = max(absmax/127, 1e-30) in f32, q = clamp(round(x / s), -128, 127)
     with the division in x's dtype (so -128 can occur). Returns (int8 codes, f32 scales [..., 1])."""
-    scale = (x.abs().amax(dim=-1, keepdim=True).float() / 127.0).clamp(min=1e-30)
+    absmax = x.abs().amax(dim=-1, keepdim=True).float()
+    # A tensor divisor: CUDA torch turns division by a Python scalar into a multiply by its reciprocal, which is
+    # not correctly rounded and changes some rows' scales (seen on an H200); the CPU divides exactly either way.
+    scale = (absmax / torch.full_like(absmax, 127.0)).clamp(min=1e-30)
     divisor = scale.to(x.dtype)
     divisor = torch.where(divisor == 0, torch.full_like(divisor, torch.finfo(x.dtype).tiny), divisor)
     return (x / divisor).round_().clamp_(-128, 127).to(torch.int8), scale

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import comfy.model_management
 import comfy.utils
 import folder_paths
+import torch
 
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.weights import WeightsError
@@ -122,6 +123,12 @@ def install_memory_hook() -> None:
 
     free_memory.swiftdit_hook = True
     comfy.model_management.free_memory = free_memory
+
+
+def engine_device() -> torch.device:
+    """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
+    device = comfy.model_management.get_torch_device()
+    return device if device.type == "cuda" else torch.device("cpu")
 
 
 def interrupt_check() -> None:

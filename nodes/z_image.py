@@ -13,7 +13,7 @@ from ..dit_core.qwen3_text import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
 from ..dit_core.vae import ImageDecoder
 from .base import (LINEAR_MODES, LOADED, WEIGHT_DTYPES, FileHandle, ModelHandle, SwiftDiTError, checked,
-                   conditioning_rows, interrupt_check, model_file, run_sampler)
+                   conditioning_rows, engine_device, interrupt_check, model_file, run_sampler)
 from .types import DiTModel, TextEncoder, Vae
 
 CATEGORY = "SwiftDiT/Z-Image"
@@ -25,7 +25,11 @@ TOKENIZER_DIR = Path(comfy.model_management.__file__).parent / "text_encoders" /
 
 
 def load_dit(handle: ModelHandle) -> ZImage:
-    return LOADED.get("dit", handle.key(), lambda: ZImage.load(handle.path, handle.linears, handle.loras))
+    """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
+    matrix cores); elsewhere the float32 host path."""
+    device = engine_device()
+    return LOADED.get("dit", (*handle.key(), str(device)),
+                      lambda: ZImage.load(handle.path, handle.linears, handle.loras).to(device))
 
 
 class ZImageLoader(io.ComfyNode):
@@ -169,8 +173,13 @@ class ZImageSampler(io.ComfyNode):
         with checked(node, "model"):
             dit = load_dit(model)
 
+        device = engine_device()
+
         def denoise_with(x, sigma, cond):
-            return dit.denoised(x, float(sigma), cond, interrupt_check)
+            # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's
+            # pass moves to its device (a latent is a few MB).
+            x0 = dit.denoised(x.to(device), float(sigma), cond.to(device), interrupt_check)
+            return x0.to(x.device)
 
         def sample(callback, should_stop):
             return ksample(denoise_with, seed, steps, cfg, sampler_name, scheduler, latent_image["samples"],
