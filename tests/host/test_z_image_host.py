@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from swiftdit.swap import swap_api
 from host.graphs import DECODE, MODEL_LOADER, SAMPLER, SAVE, Settings, stock_graph, swiftdit_graph
 from host.images import PNG_SIGNATURE, load, psnr
 from host.server import TERMINAL_EVENTS, of_type
@@ -191,7 +192,10 @@ def test_bf16_graph_matches_stock_graph(host, runs):
     # Loading is strict=False in ComfyUI: a key mismatch only logs and leaves parameters uninitialized.
     for line in ("unet missing", "unet unexpected", "Missing VAE keys"):
         assert line not in log, f"stock loader: {line}:\n{host.log_tail()}"
-    ours = runs.get("ours_bf16", swiftdit_graph(SETTINGS))
+    # Ours is the stock graph as `swiftdit swap` rewrites it (the same graph host.graphs builds by hand).
+    swapped, _ = swap_api(stock_graph(SETTINGS))
+    assert swapped == swiftdit_graph(SETTINGS)
+    ours = runs.get("ours_bf16", swapped)
     a, b = saved_image(host, stock), saved_image(host, ours)
     assert a.shape == (SETTINGS.height, SETTINGS.width, 3)
     assert a.std() > 10, "the stock image is flat: the random checkpoint set is degenerate"
