@@ -1,9 +1,15 @@
 """Shared test fixtures: the ComfyUI v0.3.75 tree as an in-process oracle, tolerances, relative error."""
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels run in Triton's CPU interpreter (how CI tests them). triton.jit reads this when a
+# kernel module is imported, which may happen in any test folder: set it here, before anything imports kernels/.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
