@@ -5,10 +5,10 @@ import json
 import re
 import subprocess
 import sys
-from importlib import resources
 from pathlib import Path
 
 import pytest
+from official_templates import template
 
 from swiftdit import problems, swap_api, swap_ui, to_api
 from swiftdit.families import FAMILIES
@@ -25,12 +25,6 @@ PARTIAL = ("image_z_image", "image_z_image_int8", "image_z_image_turbo_fun_union
            "utility_pid_latent_upscale_dit")
 
 
-def template(name: str) -> dict:
-    try:
-        root = resources.files("comfyui_workflow_templates_json") / "templates"
-    except ModuleNotFoundError:
-        pytest.fail("comfyui-workflow-templates-json missing: pip install -r tests/requirements.txt")
-    return json.loads((root / f"{name}.json").read_text(encoding="utf-8"))
 
 
 def contract() -> dict:

@@ -7,10 +7,10 @@ import json
 import re
 import sys
 from functools import cache
-from importlib import resources
 from pathlib import Path
 
 import pytest
+from official_templates import template
 
 from swiftdit import problems, swap_ui, to_api
 from swiftdit.ui_graph import UIGraph
@@ -24,13 +24,6 @@ UI_FILES = sorted(p for p in WORKFLOWS.glob("*.json") if not p.stem.endswith("_a
 API_FILES = sorted(WORKFLOWS.glob("*_api.json"))
 
 
-def template(name: str) -> dict:
-    """An official template from comfyui-workflow-templates-json 0.1.123 (tests/requirements.txt)."""
-    try:
-        root = resources.files("comfyui_workflow_templates_json") / "templates"
-    except ModuleNotFoundError:
-        pytest.fail("comfyui-workflow-templates-json missing: pip install -r tests/requirements.txt")
-    return json.loads((root / f"{name}.json").read_text(encoding="utf-8"))
 
 
 def docs_ids() -> set[str]:
