@@ -45,6 +45,10 @@ def models(pack, tmp_path_factory):
     save_file(qwen3_comfy_layout(random_qwen3(hidden_size=32, head_dim=8)),
               root / "text_encoders" / "qwen3_tiny.safetensors")
     save_bfl(tiny_vae("two_level"), root / "vae" / "ae_tiny.safetensors")
+    g = torch.Generator().manual_seed(4)
+    save_file({"diffusion_model.layers.0.attention.to_q.lora_A.weight": 0.1 * torch.randn(4, 192, generator=g),
+               "diffusion_model.layers.0.attention.to_q.lora_B.weight": 0.1 * torch.randn(192, 4, generator=g)},
+              root / "loras" / "tiny_lora.safetensors")
     save_file({"decoder.conv_in.weight": torch.zeros(4, 16, 3, 3)}, root / "diffusion_models" / "vae_here.safetensors")
     return root
 
@@ -80,8 +84,10 @@ def run(node, **kwargs):
     return node.execute(**kwargs).result
 
 
-def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored"):
+def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=None):
     (model,) = run(z.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears=linears)
+    if lora is not None:
+        (model,) = run(z.ZImageLoraLoaderModelOnly, model=model, lora_name=lora[0], strength_model=lora[1])
     (model,) = run(z.ZImageModelSamplingAuraFlow, model=model, shift=3.0)
     (clip,) = run(z.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2")
     (positive,) = run(z.ZImageTextEncode, text="a red fox in the snow", clip=clip)
@@ -109,6 +115,22 @@ def test_graph_equals_the_engine(pack, models):
     assert torch.equal(samples["samples"], expected)
     assert torch.equal(image, ImageDecoder.load(models / "vae" / "ae_tiny.safetensors").decode(expected))
     assert image.shape == (1, 24, 32, 3) and 0 <= image.min() and image.max() <= 1
+
+
+def test_lora_node_merges_the_lora(pack, models):
+    from dit_core.families.z_image import ZImage
+    from dit_core.sampling import ksample
+    positive, samples, _ = graph(pack, lora=("tiny_lora.safetensors", 0.7))
+    dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors",
+                      loras=((models / "loras" / "tiny_lora.safetensors", 0.7),))
+    rows = positive[0][0]
+    expected = ksample(dit.denoised, 7, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
+                       positive=rows, negative=rows * 0, shift=3.0)
+    assert torch.equal(samples["samples"], expected)
+    assert not torch.equal(samples["samples"], graph(pack)[1]["samples"])
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageLoraLoaderModelOnly · lora_name"):
+        graph(pack, lora=("missing.safetensors", 1.0))
 
 
 def test_models_stay_loaded_and_are_freed_with_comfyui(pack, models, caplog):
