@@ -87,8 +87,7 @@ class GpuBlock:
         (its output is never stored), else through the gated-residual kernel after the product."""
         q, s, xb = y_rows
         if post is None and lin.int8:
-            run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate,
-                                          row_map=row_map)
+            run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate, row_map=row_map)
             return
         run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps)
 
