@@ -10,7 +10,21 @@ import torch
 import torch.nn.functional as F
 
 from .arch import Arch
-from .block import DOWN, K_NORM, NORM1, NORM2, OUT, POST_ATTN, POST_MLP, Q_NORM, QKV, UP, Block, modulated_norm, swiglu
+from .block import (
+    DOWN,
+    K_NORM,
+    NORM1,
+    NORM2,
+    OUT,
+    POST_ATTN,
+    POST_MLP,
+    Q_NORM,
+    QKV,
+    UP,
+    Block,
+    modulated_norm,
+    swiglu,
+)
 from .modulation import Modulation
 from .sequence import Sequence
 from .weights import Linear
@@ -38,7 +52,7 @@ class GpuLinear:
         return self.weight.dtype == torch.int8
 
     @staticmethod
-    def of(lin: Linear, device: torch.device) -> "GpuLinear":
+    def of(lin: Linear, device: torch.device) -> GpuLinear:
         bias = None if lin.bias is None else lin.bias.float().to(device)
         if lin.quantized and lin.group:
             scale = lin.scale.float().reshape(-1).expand(lin.out_features).contiguous()
@@ -61,7 +75,7 @@ class GpuBlock:
     w: tuple
 
     @staticmethod
-    def of(block: Block, device: torch.device) -> "GpuBlock":
+    def of(block: Block, device: torch.device) -> GpuBlock:
         return GpuBlock(tuple(GpuLinear.of(t, device) if i <= DOWN else
                               (None if t is None else t.float().to(device)) for i, t in enumerate(block.w)))
 

@@ -63,7 +63,7 @@ class ModelHandle:
         return (self.family, file_key(self.path), self.linears,
                 tuple((file_key(p), s) for p, s in self.loras))
 
-    def with_(self, **changes) -> "ModelHandle":
+    def with_(self, **changes) -> ModelHandle:
         return replace(self, **changes)
 
 

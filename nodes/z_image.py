@@ -12,8 +12,20 @@ from ..dit_core.families.z_image import ZImage
 from ..dit_core.qwen3_text import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
 from ..dit_core.vae import ImageDecoder
-from .base import (LINEAR_MODES, LOADED, WEIGHT_DTYPES, FileHandle, ModelHandle, SwiftDiTError, checked,
-                   conditioning_rows, engine_device, interrupt_check, model_file, run_sampler)
+from .base import (
+    LINEAR_MODES,
+    LOADED,
+    WEIGHT_DTYPES,
+    FileHandle,
+    ModelHandle,
+    SwiftDiTError,
+    checked,
+    conditioning_rows,
+    engine_device,
+    interrupt_check,
+    model_file,
+    run_sampler,
+)
 from .types import DiTModel, TextEncoder, Vae
 
 CATEGORY = "SwiftDiT/Z-Image"
