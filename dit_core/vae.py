@@ -58,6 +58,10 @@ class ImageDecoder:
         shape = _read_shape(ckpt, prefix, groups)
         return cls(shape, _read_weights(ckpt, prefix, shape))
 
+    def to(self, device: str | torch.device) -> ImageDecoder:
+        """The decoder with its weights on device (its decode then runs there; IMAGE comes back on the CPU)."""
+        return ImageDecoder(self.shape, {k: v.to(device) for k, v in self.w.items()})
+
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
                progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
@@ -74,7 +78,7 @@ class ImageDecoder:
                 progress(1, 1)
         else:
             x = self._tiled(z, tile, overlap, progress)
-        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous()
+        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder)."""

@@ -61,6 +61,24 @@ class Checkpoint:
         self._entry(name)
         return self._file.get_tensor(name)
 
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Tensor name's stored bytes read from the file straight into out (uint8 host memory of exactly its
+        size, e.g. a pinned staging buffer): no tensor and no second host copy is made."""
+        begin, end = self._entry(name)["data_offsets"]
+        if out.dtype != torch.uint8 or out.device.type != "cpu" or out.numel() != end - begin:
+            raise ValueError(f"{self.path.name}: '{name}' holds {end - begin} bytes; read_into needs a host "
+                             f"uint8 tensor of that size, got {out.dtype} [{out.numel()}] on {out.device}")
+        view = memoryview(out.numpy()).cast("B")
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            f.seek(8 + n + begin)  # the data section follows the 8-byte length and the JSON header
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise WeightsError(f"{self.path.name}: '{name}' ends past the end of the file (truncated?)")
+                done += got
+
     def _entry(self, name: str) -> dict:
         if name not in self.header:
             raise WeightsError(f"{self.path.name}: tensor '{name}' is missing; is this the right model file?")
@@ -366,3 +384,11 @@ class TensorSource(Checkpoint):
     def get(self, name: str) -> torch.Tensor:
         self._entry(name)
         return self.tensors[name]
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Tensor name's bytes copied into out (uint8 of its size), as Checkpoint.read_into reads a file's."""
+        t = self.get(name).contiguous().reshape(-1).view(torch.uint8)
+        if out.dtype != torch.uint8 or out.numel() != t.numel():
+            raise ValueError(f"{self.path.name}: '{name}' holds {t.numel()} bytes; read_into needs a uint8 "
+                             f"tensor of that size, got {out.dtype} [{out.numel()}]")
+        out.copy_(t)

@@ -223,7 +223,8 @@ class ZImageVAELoader(io.ComfyNode):
 
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
-    return LOADED.get("vae", handle.key(), lambda: ImageDecoder.load(handle.path))
+    device = engine_device()  # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
+    return LOADED.get("vae", (*handle.key(), str(device)), lambda: ImageDecoder.load(handle.path).to(device))
 
 
 class ZImageVAEDecode(io.ComfyNode):

@@ -6,7 +6,7 @@ comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at lo
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -80,6 +80,23 @@ def _read_block(ckpt: Checkpoint, prefix: str, p: str, a: Arch, lin) -> Block:
                   head_norm("q_norm"), head_norm("k_norm"), norm("attention_norm2"), norm("ffn_norm2")))
 
 
+def _stored_tensors(ckpt: Checkpoint, p: str, merged: bool) -> dict[str, tuple[Checkpoint, str]]:
+    """stage()'s files of block p: the out and down linears (not when a LoRA is merged into them) and the four
+    modulated norms' gains, which the loader keeps as stored; stage() still reads one only when the file holds
+    it in the block's dtype and size (QKV and UP are permuted at load, the head-norm gains too)."""
+    files = {f"w.{i}": (ckpt, f"{p}{name}.weight") for i, name in
+             ((4, "attention_norm1"), (5, "ffn_norm1"), (8, "attention_norm2"), (9, "ffn_norm2"))}
+    for i, name in ((1, "attention.out"), (3, "feed_forward.w2")) if not merged else ():
+        files[f"w.{i}.bias"] = (ckpt, f"{p}{name}.bias")
+        stored = ckpt.dtype(f"{p}{name}.weight")
+        if stored == torch.int8 or stored in (torch.bfloat16, torch.float16, torch.float32):
+            files[f"w.{i}.weight"] = (ckpt, f"{p}{name}.weight")
+        if stored == torch.int8:
+            # Only an INT8 file's scales: FP8's are recomputed when its weights are requantized to INT8.
+            files[f"w.{i}.scale"] = (ckpt, f"{p}{name}.weight_scale")
+    return files
+
+
 def lora_aliases(a: Arch, names: set[str]) -> dict[str, tuple[str, int]]:
     """diffusers' names of Z-Image's linears (LoRAs trained on diffusers) -> (ComfyUI name, first row): to_q,
     to_k, to_v are row slices of the fused qkv (ComfyUI v0.3.75 comfy/utils.py z_image_to_diffusers)."""
@@ -112,6 +129,9 @@ class ZImage:
     mods: tuple[Linear, ...]
     final_mod: Linear
     final_out: Linear
+    # Per main block, stage()'s files: its tensors the loader keeps as stored, read from the file straight into
+    # host memory when the blocks stream (to(device, budget_bytes)).
+    files: tuple[dict, ...] = field(default=(), repr=False, compare=False)
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -150,14 +170,17 @@ class ZImage:
             noise_mods=tuple(lin(f"noise_refiner.{i}.adaLN_modulation.0") for i in range(a.refiner)),
             blocks=tuple(map(convert, main)),
             mods=tuple(lin(f"layers.{i}.adaLN_modulation.0") for i in range(a.layers)),
-            final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"))
+            final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"),
+            files=tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
 
-    def to(self, device: str | torch.device) -> "ZImage":
+    def to(self, device: str | torch.device, budget_bytes: int | None = None) -> "ZImage":
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
-        matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32."""
+        matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32. With budget_bytes
+        the main blocks take at most that much device memory: those that do not fit stream from host memory
+        (StreamedBlocks; on the CPU the host blocks stream through CPU slots, the same numerics)."""
         dev = torch.device(device)
         if dev.type == "cpu":
-            return self
+            return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
         from ..block_gpu import GpuBlock
         small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
                                    None if lin.bias is None else lin.bias.float().to(dev))
@@ -166,8 +189,18 @@ class ZImage:
             self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
             context=blocks(self.context), noise=blocks(self.noise), noise_mods=tuple(map(small, self.noise_mods)),
-            blocks=blocks(self.blocks), mods=tuple(map(small, self.mods)), final_mod=small(self.final_mod),
-            final_out=small(self.final_out))
+            blocks=blocks(self.blocks) if budget_bytes is None else self._streamed(dev, budget_bytes),
+            mods=tuple(map(small, self.mods)), final_mod=small(self.final_mod), final_out=small(self.final_out))
+
+    def _streamed(self, dev: torch.device, budget_bytes: int):
+        """The main blocks as StreamedBlocks on dev (only imported when a budget asks for streaming)."""
+        from ..block_gpu import GpuBlock
+        from ..streaming import StreamedBlocks
+        cpu = torch.device("cpu")
+        # Each block in its device form on the host, one at a time, then staged: no whole second host copy.
+        host = self.blocks if dev.type == "cpu" else (GpuBlock.of(b, cpu) for b in self.blocks)
+        files = self.files if len(self.files) == len(self.blocks) else None
+        return StreamedBlocks(list(host), dev, budget_bytes, files)
 
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
         """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
