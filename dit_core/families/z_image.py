@@ -18,7 +18,7 @@ from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import concat, halves_permutation, sequence_of
-from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor
+from ..weights import Checkpoint, Linear, TensorSource, WeightsError, glu_rows, read_linear, read_tensor
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "")
 PATCH = 2
@@ -171,7 +171,9 @@ class ZImage:
             blocks=tuple(map(convert, main)),
             mods=tuple(lin(f"layers.{i}.adaLN_modulation.0") for i in range(a.layers)),
             final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"),
-            files=tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
+            # In-memory sources (TensorSource) are not kept: the files would hold their tensors alive.
+            files=() if isinstance(ckpt, TensorSource) else
+            tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
 
     def to(self, device: str | torch.device, budget_bytes: int | None = None) -> "ZImage":
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
@@ -195,12 +197,13 @@ class ZImage:
     def _streamed(self, dev: torch.device, budget_bytes: int):
         """The main blocks as StreamedBlocks on dev (only imported when a budget asks for streaming)."""
         from ..block_gpu import GpuBlock
+        from ..staging import stage
         from ..streaming import StreamedBlocks
         cpu = torch.device("cpu")
-        # Each block in its device form on the host, one at a time, then staged: no whole second host copy.
-        host = self.blocks if dev.type == "cpu" else (GpuBlock.of(b, cpu) for b in self.blocks)
-        files = self.files if len(self.files) == len(self.blocks) else None
-        return StreamedBlocks(list(host), dev, budget_bytes, files)
+        files = self.files if len(self.files) == len(self.blocks) else ({},) * len(self.blocks)
+        # Each block in its device form on the host, then staged, one at a time: no whole second host copy.
+        form = (lambda b: b) if dev.type == "cpu" else (lambda b: GpuBlock.of(b, cpu))  # noqa: E731
+        return StreamedBlocks([stage(form(b), f) for b, f in zip(self.blocks, files)], dev, budget_bytes)
 
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
         """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
