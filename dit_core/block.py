@@ -91,6 +91,18 @@ class Block:
             d = rms_norm(d, w[POST_MLP], a.eps)
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
 
+    def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
+        """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
+        MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
+        attn_scale and attn_gate (reference/families/flux3_klein.md section 3)."""
+        w, rows = self.w, x.shape[0]
+        h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
+        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)
+        q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
+        o = linear(attention(q, k, v, s.group), w[OUT]).to(x.dtype)
+        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
+        return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
+
     def quantized(self) -> Block:
         """The block with each float linear quantized once to INT8 ConvRot (rows rotated by the regular Hadamard
         of 256, a scale a row); INT8 linears unchanged."""

@@ -90,6 +90,18 @@ def flow_sigma_table(shift: float = 3.0, multiplier: float = 1.0, timesteps: int
     return time_shift(shift, ts / multiplier)
 
 
+def klein_sigmas(steps: int = 16, shift: float = 16.0) -> torch.Tensor:
+    """FLUX.3 Klein's schedule: shift_S(linspace(1, 1/steps, steps)) then 0, f32. S = 16 as BFL's code and
+    ComfyUI's klein workflows sample; diffusers' default is 6.93 (reference/families/flux3_klein.md
+    section 7)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not shift > 0:
+        raise ValueError(f"klein_sigmas: shift must be > 0, got {shift}")
+    s = torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64)
+    return torch.cat([time_shift(shift, s), torch.zeros(1, dtype=torch.float64)]).float()
+
+
 # --- schedulers: (table, steps, shift, multiplier) -> steps + 1 sigmas ending in 0 (fp32, CPU) --------------
 # Each mirrors the ComfyUI v0.3.75 comfy/samplers.py function named in its docstring, on a flow table.
 

@@ -133,3 +133,62 @@ def save_bfl(vae: AutoencoderKL, path, prefix: str = "") -> dict[str, torch.Tens
     state = to_bfl(vae.state_dict(), len(vae.config.block_out_channels), prefix)
     save_file(state, str(path))
     return state
+
+
+# reference/families/flux3_klein.md section 11 (hidden 64 = 2 heads of 32, FFN 192: every block linear has a
+# power-of-4 ConvRot group for the INT8 tests).
+FLUX3_TINY = {"in_channels": 16, "cond_in_channels": 16, "num_layers": 2, "num_single_layers": 2,
+              "attention_head_dim": 32, "num_attention_heads": 2, "joint_attention_dim": 48,
+              "timestep_channels": 256, "mlp_ratio": 3.0, "axes_dims_rope": (8, 8, 8, 8), "rope_theta": 10000,
+              "eps": 1e-6, "flow_map": True}
+
+
+def random_flux3(seed: int = 0, **overrides):
+    """diffusers' Flux3Transformer2DModel with every parameter random (q/k norm gains included)."""
+    from diffusers.models.transformers.transformer_flux3 import Flux3Transformer2DModel
+    torch.manual_seed(seed)
+    model = Flux3Transformer2DModel(**{**FLUX3_TINY, **overrides}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else p.shape[-1] ** -0.5))
+    return model
+
+
+# diffusers -> BFL names: the inverse of diffusers' convert_flux3_transformer_checkpoint_to_diffusers.
+FLUX3_KEYS = {"timestep_embedder.linear_1.weight": "time_in.in_layer.weight",
+              "timestep_embedder.linear_2.weight": "time_in.out_layer.weight",
+              "target_timestep_embedder.linear_1.weight": "ref_time_in.in_layer.weight",
+              "target_timestep_embedder.linear_2.weight": "ref_time_in.out_layer.weight",
+              "proj_out.weight": "final_layer.image.linear.weight",
+              "norm_out.linear.weight": "final_layer.image.adaLN_modulation.1.weight"}
+FLUX3_PREFIXES = {"x_embedders.": "emb_in.", "context_embedder.": "txt_in.",
+                  "mode_blocks.": "content_mode_blocks.", "single_transformer_blocks.": "single_blocks."}
+FLUX3_BLOCK = {"attn.to_q.weight": "q_proj.weight", "attn.to_k.weight": "k_proj.weight",
+               "attn.to_v.weight": "v_proj.weight", "attn.to_out.0.weight": "attn_out.weight",
+               "attn.norm_q.weight": "norm.query_norm.scale", "attn.norm_k.weight": "norm.key_norm.scale",
+               "ff.linear_in.weight": "mlp_in.weight", "ff.linear_out.weight": "mlp_out.weight"}
+
+
+def flux3_bfl_layout(state: dict, prefix: str = "") -> dict:
+    """diffusers' Flux3Transformer2DModel state -> BFL's original single-file names (the final modulation's
+    rows back to BFL's [shift; scale])."""
+    out = {}
+    for key, value in state.items():
+        if key in FLUX3_KEYS:
+            if key == "norm_out.linear.weight":
+                scale, shift = value.chunk(2)
+                value = torch.cat([shift, scale])
+            out[prefix + FLUX3_KEYS[key]] = value.contiguous()
+            continue
+        for old, new in FLUX3_PREFIXES.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        if "_stream_modulations." in key:
+            key = key.replace(".linear.weight", ".lin.weight")
+        for old, new in FLUX3_BLOCK.items():
+            if key.endswith(old):
+                key = key[: -len(old)] + new
+                break
+        out[prefix + key] = value.contiguous()
+    return out

@@ -1,4 +1,5 @@
 """FAMILIES: family name -> its recipe's model class (the named-config table)."""
+from .flux3_klein import Flux3Klein
 from .z_image import ZImage
 
-FAMILIES = {"z_image": ZImage}
+FAMILIES = {"z_image": ZImage, "flux3_klein": Flux3Klein}

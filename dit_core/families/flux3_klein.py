@@ -1,0 +1,309 @@
+"""FLUX.3 Klein (base and step-distilled flow map) on the shared parallel block: BFL's single file -> blocks.
+
+Facts: reference/families/flux3_klein.md (diffusers 0.42.1 transformer_flux3.py and single_file_utils.py). The
+checkpoint layout is converted once, here, at load. The model sees latents as the sampler holds them: packed
+[128, H/16, W/16] (ComfyUI's EmptyFlux2LatentImage; section 7); pack_latent/unpack_latent convert from and to
+the VAE's [32, H/8, W/8].
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Block, layer_norm
+from ..linear import linear
+from ..lora import load_lora
+from ..modulation import Modulation, sinusoids
+from ..sequence import Sequence, halves_permutation, rotary_angles
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
+
+PREFIXES = ("model.diffusion_model.", "")
+MARKER = "early_stream_modulations.image.lin.weight"
+FLOW_MAP = "ref_time_in.in_layer.weight"
+MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows: [txt | img | ref]
+MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
+               "image_cond": "content_mode_blocks.image_cond."}
+ROPE_THETA = 10000.0
+IMAGE_ROPE_SCALE = 0.5  # diffusers Flux3PrepareLatentsStep image_rope_scale (section 4; section 12 item 2)
+TIME_SCALE = 1000.0
+LINEAR_MODES = ("stored", "int8", "bf16")
+# diffusers' names of the linears (LoRAs trained on diffusers): single_file_utils.py's key map reversed.
+DIFFUSERS_BLOCK = {"q_proj": "attn.to_q", "k_proj": "attn.to_k", "v_proj": "attn.to_v",
+                   "attn_out": "attn.to_out.0", "mlp_in": "ff.linear_in", "mlp_out": "ff.linear_out"}
+DIFFUSERS_STEMS = (("content_mode_blocks.", "mode_blocks."), ("single_blocks.", "single_transformer_blocks."),
+                   ("emb_in.", "x_embedders."), ("txt_in", "context_embedder"),
+                   ("final_layer.image.linear", "proj_out"),
+                   ("time_in.in_layer", "timestep_embedder.linear_1"),
+                   ("time_in.out_layer", "timestep_embedder.linear_2"))
+
+
+def pack_latent(z: torch.Tensor) -> torch.Tensor:
+    """VAE latent [C, H, W] -> token grid [4C, H/2, W/2], channel-major: value c*4 + ph*2 + pw (section 4)."""
+    if z.dim() != 3 or z.shape[1] % 2 or z.shape[2] % 2:
+        raise ValueError(f"Flux3Klein: latent {tuple(z.shape)} is not [C, H, W] on the 2x2 patch grid "
+                         f"(H and W even: image sizes multiples of 16 pixels)")
+    c, h, w = z.shape
+    return z.reshape(c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3).reshape(c * 4, h // 2, w // 2)
+
+
+def unpack_latent(x: torch.Tensor) -> torch.Tensor:
+    """pack_latent's inverse: [4C, h, w] -> [C, 2h, 2w]."""
+    c4, h, w = x.shape
+    return x.reshape(c4 // 4, 2, 2, h, w).permute(0, 3, 1, 4, 2).reshape(c4 // 4, 2 * h, 2 * w)
+
+
+def _prefix(ckpt: Checkpoint) -> str:
+    for p in PREFIXES:
+        if p + MARKER in ckpt:
+            return p
+    raise WeightsError(f"{ckpt.path.name}: not a FLUX.3 diffusion model (no '{MARKER}'); pick a FLUX.3 "
+                       f"Klein file such as flux3-image-klein-int8-convrot.safetensors")
+
+
+def _count(ckpt: Checkpoint, stem: str) -> int:
+    n = 0
+    while f"{stem}{n}.q_proj.weight" in ckpt:
+        n += 1
+    return n
+
+
+def read_arch(ckpt: Checkpoint, p: str) -> Arch:
+    """FLUX.3's sizes from the file's own shapes (section 1); the rotary: 4 equal axes over the whole head."""
+    hidden, latents = ckpt.shape(f"{p}emb_in.image.weight")
+    head = ckpt.shape(f"{p}single_blocks.0.norm.query_norm.scale")[0]
+    time_hidden, freq_dim = ckpt.shape(f"{p}time_in.in_layer.weight")
+    refiner, image = _count(ckpt, p + MODE_BLOCKS["txt"]), _count(ckpt, p + MODE_BLOCKS["image"])
+    if image != refiner:
+        raise WeightsError(f"{ckpt.path.name}: {refiner} text mode blocks but {image} image mode blocks")
+    return Arch(
+        family="flux3_klein", hidden=hidden, layers=_count(ckpt, f"{p}single_blocks."), refiner=refiner,
+        heads=hidden // head, head=head, ffn=ckpt.shape(f"{p}single_blocks.0.mlp_in.weight")[0] // 2,
+        latents=latents, patch=(1, 1), text_dim=ckpt.shape(f"{p}txt_in.weight")[1], freq_dim=freq_dim,
+        time_hidden=time_hidden, time_dim=ckpt.shape(f"{p}time_in.out_layer.weight")[0], eps=1e-6,
+        qk_eps=1e-6, final_eps=1e-6, rope_axes=(head // 4,) * 4, rope_theta=ROPE_THETA, norm="layer")
+
+
+def _read_block(ckpt: Checkpoint, p: str, stem: str, a: Arch, lin) -> Block:
+    """Block `stem` (e.g. 'single_blocks.3.'): QKV = [q; k; v] with each head's q and k rows (and the q/k
+    norm scales) permuted from adjacent-pair rotary to split halves; UP = gluRows of mlp_in's [gate; up]."""
+    perm = halves_permutation(a.rotary, a.head)
+    qk_rows = (torch.arange(a.heads)[:, None] * a.head + perm).reshape(-1)
+    # INT8 files: stack_rows concatenates the row scales with the rows (row-wise scales: exact).
+    qkv = stack_rows([lin(f"{stem}{n}_proj") for n in "qkv"])
+    if qkv.weight.shape != (3 * a.width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{p}{stem}q_proj/k_proj/v_proj' give "
+                           f"{tuple(qkv.weight.shape)}, expected {(3 * a.width, a.hidden)}")
+    qkv = qkv.rows(torch.cat([qk_rows, qk_rows + a.width, torch.arange(2 * a.width, 3 * a.width)]))
+    mlp_in = lin(f"{stem}mlp_in")
+    if mlp_in.out_features != 2 * a.ffn:
+        raise WeightsError(f"{ckpt.path.name}: '{p}{stem}mlp_in.weight' has {mlp_in.out_features} rows, "
+                           f"expected {2 * a.ffn} ([gate; up])")
+    up = glu_rows(mlp_in.rows(torch.arange(a.ffn)), mlp_in.rows(torch.arange(a.ffn, 2 * a.ffn)))
+    norm = lambda n: read_tensor(ckpt, f"{p}{stem}norm.{n}.scale", (a.head,))[perm]
+    return Block((qkv, lin(f"{stem}attn_out"), up, lin(f"{stem}mlp_out"), None, None,
+                  norm("query_norm"), norm("key_norm"), None, None))
+
+
+def lora_aliases(names: set[str]) -> dict[str, tuple[str, int]]:
+    """diffusers' names of FLUX.3's linears -> (BFL name, first row)."""
+    aliases = {}
+    for name in names:
+        alias = re.sub(r"\.lin$", ".linear", name)
+        for old, new in DIFFUSERS_STEMS:
+            alias = new + alias[len(old):] if alias.startswith(old) else alias
+        stem, _, last = alias.rpartition(".")
+        alias = f"{stem}.{DIFFUSERS_BLOCK[last]}" if last in DIFFUSERS_BLOCK else alias
+        if alias != name:
+            aliases[alias] = (name, 0)
+    return aliases
+
+
+@dataclass(frozen=True)
+class Flux3Klein:
+    """FLUX.3 Klein where it runs: time embedders (target: the flow map's, None for the base model), the
+    modulation linears per mode, embedders, the per-mode blocks, the joint blocks and the final layer."""
+    arch: Arch
+    time: tuple[Linear, Linear]
+    target: tuple[Linear, Linear] | None
+    early_mods: dict                        # mode -> Linear [3 hidden, time_dim] = [shift | scale | gate]
+    single_mods: dict
+    image_in: Linear
+    ref_in: Linear
+    text_in: Linear
+    mode_blocks: dict                       # mode -> tuple of Blocks
+    blocks: tuple[Block, ...]
+    final_mod: Linear                       # BFL's [shift; scale] rows, kept as stored (section 6)
+    final_out: Linear
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint, linears: str = "stored",
+             loras: tuple[tuple[str | Path, float], ...] = ()) -> Flux3Klein:
+        """FLUX.3 Klein from BFL's single file (bare or model.diffusion_model. names; BF16, INT8 ConvRot,
+        FP8). linears: 'stored', 'int8' (float block linears quantized to INT8 ConvRot) or 'bf16' (INT8
+        dequantized). loras: (file, strength) pairs merged into the linears as they load (BFL or diffusers
+        names)."""
+        if linears not in LINEAR_MODES:
+            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        p = _prefix(ckpt)
+        a = read_arch(ckpt, p)
+        markers = ckpt.quantization_markers()
+        names = {k[len(p):-len(".weight")] for k in ckpt.keys()  # noqa: SIM118 (a Checkpoint, not a dict)
+                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
+        adapters = [load_lora(f, s, names, lora_aliases(names)) for f, s in loras]
+
+        def lin(name: str) -> Linear:
+            merged = read_linear(ckpt, p + name, markers)
+            for adapter in adapters:
+                merged = adapter.merged(name, merged)
+            return merged
+
+        convert = {"stored": lambda b: b, "int8": Block.quantized,
+                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
+        blocks = lambda stem, n: tuple(convert(_read_block(ckpt, p, f"{stem}{i}.", a, lin)) for i in range(n))
+        time = lambda stem: (lin(f"{stem}.in_layer"), lin(f"{stem}.out_layer"))
+        return Flux3Klein(
+            arch=a, time=time("time_in"), target=time("ref_time_in") if p + FLOW_MAP in ckpt else None,
+            early_mods={m: lin(f"early_stream_modulations.{m}.lin") for m in MODES},
+            single_mods={m: lin(f"single_stream_modulations.{m}.lin") for m in MODES},
+            image_in=lin("emb_in.image"), ref_in=lin("emb_in.image_cond"), text_in=lin("txt_in"),
+            mode_blocks={m: blocks(s, _count(ckpt, p + s)) for m, s in MODE_BLOCKS.items()},
+            blocks=blocks("single_blocks.", a.layers),
+            final_mod=lin("final_layer.image.adaLN_modulation.1"), final_out=lin("final_layer.image.linear"))
+
+    @property
+    def flow_map(self) -> bool:
+        """The step-distilled model: it also embeds the sigma each step jumps to (sigma_next)."""
+        return self.target is not None
+
+    def to(self, device: str | torch.device) -> Flux3Klein:
+        """Every tensor on device: the host reference computing there (GPU blocks come with the kernels of
+        Block.parallel, issue 6)."""
+        dev = torch.device(device)
+
+        def move(obj):
+            if isinstance(obj, torch.Tensor):
+                return obj.to(dev)
+            if isinstance(obj, (Linear, Block)):
+                return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj)})
+            if isinstance(obj, tuple):
+                return tuple(move(o) for o in obj)
+            return {k: move(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
+
+        return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)
+                                if f.name != "arch"})
+
+    def _embed(self, mlp: tuple[Linear, Linear], sigma: float, dtype: torch.dtype) -> torch.Tensor:
+        # diffusers: time_proj(timestep.to(dtype) * 1000), the product in f32 (the same rounding as here).
+        t = torch.tensor([float(sigma)], dtype=torch.float32) * TIME_SCALE
+        emb = sinusoids(t, self.arch.freq_dim).to(self.final_out.weight.device)
+        return linear(F.silu(linear(emb, mlp[0])), mlp[1]).to(dtype)
+
+    def time_embeddings(self, sigma: float, sigma_next: float | None, dtype: torch.dtype):
+        """(temb_img, temb_0) [1, time_dim] (section 2): image rows at sigma, text and reference rows at 0;
+        the flow map adds the target embedding of sigma_next to both."""
+        img, zero = self._embed(self.time, sigma, dtype), self._embed(self.time, 0.0, dtype)
+        if self.target is not None:
+            if sigma_next is None:
+                raise ValueError("Flux3Klein: this is the step-distilled (flow map) model; sigma_next (the "
+                                 "sigma the step jumps to, 0 after the last step) is required")
+            target = self._embed(self.target, sigma_next, dtype)
+            img, zero = img + target, zero + target
+        return img, zero
+
+    @staticmethod
+    def _modulation(mod: Linear, act: torch.Tensor) -> Modulation:
+        # [shift | scale | gate]; the gate without tanh (section 3).
+        shift, scale, gate = linear(act, mod).to(act.dtype).chunk(3, dim=-1)
+        return Modulation(scale, gate, scale, gate, shift, shift)
+
+    def output(self, latent: torch.Tensor, sigma: float, sigma_next: float | None, text_rows: torch.Tensor,
+               references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None) -> torch.Tensor:
+        """The velocity for one image: latent [128, h, w] packed (h = H/16), text_rows [L, text_dim] (pad rows
+        included: they are attended), references: packed latents [128, h_i, w_i]; sigma_next is read by the
+        flow map only. Returns [128, h, w] in the latent's dtype (x0 = x - sigma v). check() runs after each
+        block (it raises to cancel within a step)."""
+        check = check or (lambda: None)
+        a, dtype, dev = self.arch, latent.dtype, latent.device
+        h, w = self._check(latent, text_rows, references)
+        temb_img, temb_0 = self.time_embeddings(sigma, sigma_next, dtype)
+        act = {"image": F.silu(temb_img), "txt": F.silu(temb_0), "image_cond": F.silu(temb_0)}
+        tokens = lambda r: r.reshape(a.latents, -1).t().to(dtype)  # row-major grid, a token a row
+
+        # Positions (t, h, w, l): image (0, h/2, w/2, 0), reference i (0, h/2, w/2, -(1 + i)),
+        # text (0, 0, 0, j) (section 4).
+        def grid(r: torch.Tensor, layer: int) -> torch.Tensor:
+            hh, ww = torch.meshgrid(torch.arange(r.shape[1]), torch.arange(r.shape[2]), indexing="ij")
+            pos = torch.stack([torch.zeros_like(hh), hh, ww, torch.full_like(hh, layer)], -1).reshape(-1, 4)
+            scale = torch.tensor([1.0, IMAGE_ROPE_SCALE, IMAGE_ROPE_SCALE, 1.0], dtype=torch.float64)
+            return pos.double() * scale
+
+        n_txt = text_rows.shape[0]
+        pos = {"txt": torch.zeros(n_txt, 4, dtype=torch.float64), "image": grid(latent, 0)}
+        pos["txt"][:, 3] = torch.arange(n_txt, dtype=torch.float64)
+        rows = {"txt": linear(text_rows.to(dtype), self.text_in).to(dtype),
+                "image": linear(tokens(latent), self.image_in).to(dtype)}
+        if references:
+            pos["image_cond"] = torch.cat([grid(r, -(1 + i)) for i, r in enumerate(references)])
+            rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
+
+        def seq(positions: torch.Tensor, map_: torch.Tensor) -> Sequence:
+            # cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed: freqs_dtype float64).
+            angles = rotary_angles(positions, a.rope_axes, a.rope_theta)
+            return Sequence(map_.to(dev), angles.cos().to(dev, dtype), angles.sin().to(dev, dtype))
+
+        # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
+        modes = [m for m in MODES if m in rows]
+        for m in modes:
+            s = seq(pos[m], torch.zeros(len(pos[m]), dtype=torch.long))
+            mod = self._modulation(self.early_mods[m], act[m])
+            for block in self.mode_blocks[m]:
+                rows[m] = block.parallel(a, rows[m], mod, s)
+                check()
+
+        # Joint blocks over [txt | img | ref] (diffusers' order; no mask): a row takes its mode's modulation.
+        mods = [self._modulation(self.single_mods[m], act[m]) for m in modes]
+        joint = Modulation(*(torch.cat([getattr(md, f.name) for md in mods]) for f in fields(Modulation)))
+        map_ = torch.cat([torch.full((len(pos[m]),), i, dtype=torch.long) for i, m in enumerate(modes)])
+        s, x = seq(torch.cat([pos[m] for m in modes]), map_), torch.cat([rows[m] for m in modes])
+        for block in self.blocks:
+            x = block.parallel(a, x, joint, s)
+            check()
+
+        img = x[n_txt:n_txt + h * w]
+        # BFL's [shift; scale] order as stored (diffusers' converter swaps it to [scale; shift]).
+        shift, scale = linear(F.silu(temb_img), self.final_mod).to(dtype).chunk(2, dim=-1)
+        out = linear(layer_norm(img, a.final_eps) * (1 + scale) + shift, self.final_out).to(dtype)
+        return out.t().reshape(a.latents, h, w)
+
+    def _check(self, latent: torch.Tensor, text_rows: torch.Tensor, references) -> tuple[int, int]:
+        a = self.arch
+        packed = (f"[{a.latents}, H/16, W/16] (packed 2x2: pack_latent of the VAE's "
+                  f"[{a.latents // 4}, H/8, W/8])")
+        if latent.dim() != 3 or latent.shape[0] != a.latents:
+            raise ValueError(f"Flux3Klein: latent_image must be {packed}, got {tuple(latent.shape)}")
+        if text_rows.dim() != 2 or text_rows.shape[1] != a.text_dim or text_rows.shape[0] == 0:
+            raise ValueError(f"Flux3Klein: conditioning must be [tokens >= 1, {a.text_dim}] text rows, got "
+                             f"{tuple(text_rows.shape)}; use the FLUX.3 text encoder (Qwen3-VL-4B, 8 layers "
+                             f"stacked: {a.text_dim} values a row)")
+        for i, r in enumerate(references):
+            if r.dim() != 3 or r.shape[0] != a.latents:
+                raise ValueError(f"Flux3Klein: references[{i}] must be {packed}, got {tuple(r.shape)}")
+        if references and not self.mode_blocks["image_cond"]:
+            raise ValueError("Flux3Klein: this file has no image_cond mode blocks, so it takes no references")
+        return latent.shape[1], latent.shape[2]
+
+    def denoised(self, x: torch.Tensor, sigma: float, sigma_next: float | None, cond: torch.Tensor,
+                 references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None) -> torch.Tensor:
+        """x0 for a batch of packed latents x [B, 128, h, w] and text rows cond [B or 1, L, text_dim]:
+        x0 = x - sigma v (section 5); the references are shared by the batch."""
+        outs = [self.output(x[i], sigma, sigma_next, cond[min(i, cond.shape[0] - 1)], references, check)
+                for i in range(x.shape[0])]
+        return x - float(sigma) * torch.stack(outs)
