@@ -51,6 +51,17 @@ class Checkpoint:
     def keys(self) -> list[str]:
         return list(self.header)
 
+    def prefix_of(self, keys: tuple[str, ...], prefixes: tuple[str, ...]) -> str | None:
+        """The first of prefixes under which the file holds every one of keys (a family's detection), or None."""
+        return next((p for p in prefixes if all(p + k in self for k in keys)), None)
+
+    def numbered(self, stem: str, suffix: str) -> int:
+        """How many blocks stem0suffix, stem1suffix, ... the file holds in a row."""
+        n = 0
+        while f"{stem}{n}{suffix}" in self:
+            n += 1
+        return n
+
     def shape(self, name: str) -> tuple[int, ...]:
         return tuple(self._entry(name)["shape"])
 

@@ -192,3 +192,22 @@ def flux3_bfl_layout(state: dict, prefix: str = "") -> dict:
                 break
         out[prefix + key] = value.contiguous()
     return out
+
+
+def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
+    """state with each 2-D weight that is_linear(key) picks as ComfyUI's INT8 ConvRot (codes, [N, 1] scales, a
+    .comfy_quant marker); the rest as it is."""
+    import json
+
+    from dit_core.weights import quantize_convrot
+    marker = json.dumps({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": group})
+    out = {}
+    for key, value in state.items():
+        if key.endswith(".weight") and value.dim() == 2 and is_linear(key):
+            layer = key[: -len(".weight")]
+            q, s = quantize_convrot(value, group)
+            out.update({key: q, f"{layer}.weight_scale": s,
+                        f"{layer}.comfy_quant": torch.tensor(list(marker.encode()), dtype=torch.uint8)})
+        else:
+            out[key] = value
+    return out

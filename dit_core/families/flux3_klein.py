@@ -60,18 +60,15 @@ def unpack_latent(x: torch.Tensor) -> torch.Tensor:
 
 
 def _prefix(ckpt: Checkpoint) -> str:
-    for p in PREFIXES:
-        if p + MARKER in ckpt:
-            return p
+    p = ckpt.prefix_of((MARKER,), PREFIXES)
+    if p is not None:
+        return p
     raise WeightsError(f"{ckpt.path.name}: not a FLUX.3 diffusion model (no '{MARKER}'); pick a FLUX.3 "
                        f"Klein file such as flux3-image-klein-int8-convrot.safetensors")
 
 
 def _count(ckpt: Checkpoint, stem: str) -> int:
-    n = 0
-    while f"{stem}{n}.q_proj.weight" in ckpt:
-        n += 1
-    return n
+    return ckpt.numbered(stem, ".q_proj.weight")
 
 
 def read_arch(ckpt: Checkpoint, p: str) -> Arch:

@@ -29,19 +29,16 @@ LINEAR_MODES = ("stored", "int8", "bf16")
 
 
 def _prefix(ckpt: Checkpoint) -> str:
-    for p in PREFIXES:
-        if f"{p}cap_embedder.1.weight" in ckpt and f"{p}layers.0.adaLN_modulation.0.weight" in ckpt:
-            return p
+    p = ckpt.prefix_of(("cap_embedder.1.weight", "layers.0.adaLN_modulation.0.weight"), PREFIXES)
+    if p is not None:
+        return p
     raise WeightsError(f"{ckpt.path.name}: not a Z-Image diffusion model (no 'cap_embedder.1.weight' and "
                        f"'layers.0.adaLN_modulation.0.weight'); pick a Z-Image file such as "
                        f"z_image_turbo_bf16.safetensors")
 
 
 def _count(ckpt: Checkpoint, prefix: str) -> int:
-    n = 0
-    while f"{prefix}{n}.attention.qkv.weight" in ckpt:
-        n += 1
-    return n
+    return ckpt.numbered(prefix, ".attention.qkv.weight")
 
 
 def read_arch(ckpt: Checkpoint, prefix: str) -> Arch:
@@ -175,7 +172,7 @@ class ZImage:
             files=() if isinstance(ckpt, TensorSource) else
             tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
 
-    def to(self, device: str | torch.device, budget_bytes: int | None = None) -> "ZImage":
+    def to(self, device: str | torch.device, budget_bytes: int | None = None) -> ZImage:
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
         matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32. With budget_bytes
         the main blocks take at most that much device memory: those that do not fit stream from host memory
@@ -184,9 +181,9 @@ class ZImage:
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
         from ..block_gpu import GpuBlock
-        small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
+        small = lambda lin: Linear(lin.dequantized().to(dev),
                                    None if lin.bias is None else lin.bias.float().to(dev))
-        blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)  # noqa: E731
+        blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
         return replace(
             self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
@@ -202,7 +199,7 @@ class ZImage:
         cpu = torch.device("cpu")
         files = self.files if len(self.files) == len(self.blocks) else ({},) * len(self.blocks)
         # Each block in its device form on the host, then staged, one at a time: no whole second host copy.
-        form = (lambda b: b) if dev.type == "cpu" else (lambda b: GpuBlock.of(b, cpu))  # noqa: E731
+        form = (lambda b: b) if dev.type == "cpu" else (lambda b: GpuBlock.of(b, cpu))
         return StreamedBlocks([stage(form(b), f) for b, f in zip(self.blocks, files)], dev, budget_bytes)
 
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
@@ -242,7 +239,7 @@ class ZImage:
         img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
         cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
                                torch.zeros(cap_rows, dtype=torch.long)], -1)
-        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,  # noqa: E731
+        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,
                                       a.rope_theta, dtype).to(latent.device)
         img_seq, cap_seq = seq(img_pos), seq(cap_pos)
 

@@ -1,16 +1,15 @@
 """FLUX.3 Klein on the shared parallel block vs diffusers 0.42.1 Flux3Transformer2DModel, tiny and random."""
-import json
 
 import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import load_file, save_file
-from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
+from tiny_models import FLUX3_TINY, flux3_bfl_layout, int8_convrot_state, random_flux3
 
 from dit_core import load_family
 from dit_core.families.flux3_klein import Flux3Klein, pack_latent, unpack_latent
 from dit_core.sampling import klein_sigmas
-from dit_core.weights import WeightsError, quantize_convrot
+from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_flux3_transformer_checkpoint_to_diffusers
@@ -34,16 +33,7 @@ def files(models, tmp_path_factory):
     save_file({k: v.bfloat16() for k, v in flux3_bfl_layout(models["flow_map"].state_dict(),
                                                              "model.diffusion_model.").items()},
               d / "flux3_bf16.safetensors")
-    int8 = {}
-    for key, value in state.items():
-        layer = key[: -len(".weight")]
-        if "_blocks." in key and key.endswith(".weight") and value.dim() == 2:
-            q, s = quantize_convrot(value, 64)
-            marker = json.dumps({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 64})
-            int8.update({key: q, f"{layer}.weight_scale": s,
-                         f"{layer}.comfy_quant": torch.tensor(list(marker.encode()), dtype=torch.uint8)})
-        else:
-            int8[key] = value
+    int8 = int8_convrot_state(state, lambda key: "_blocks." in key)
     save_file(int8, d / "flux3_int8_convrot.safetensors")
     return d
 

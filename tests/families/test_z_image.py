@@ -1,14 +1,13 @@
 """Z-Image on the shared block vs diffusers 0.42.1 ZImageTransformer2DModel on a tiny random instance."""
-import json
 
 import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
-from tiny_models import Z_IMAGE_TINY, random_z_image, z_image_comfy_layout
+from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_image_comfy_layout
 
 from dit_core.families.z_image import ZImage
-from dit_core.weights import WeightsError, quantize_convrot
+from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
@@ -29,16 +28,7 @@ def files(reference, tmp_path_factory):
     d = tmp_path_factory.mktemp("z_image")
     save_file(state, d / "z_image_f32.safetensors")
     save_file({"model.diffusion_model." + k: v.bfloat16() for k, v in state.items()}, d / "z_image_bf16.safetensors")
-    int8 = {}
-    for key, value in state.items():
-        layer = key[: -len(".weight")]
-        if key.endswith(".weight") and (".attention." in key or ".feed_forward." in key) and value.dim() == 2:
-            q, s = quantize_convrot(value, 64)
-            marker = json.dumps({"format": "int8_tensorwise", "convrot": True, "convrot_groupsize": 64})
-            int8.update({key: q, f"{layer}.weight_scale": s,
-                         f"{layer}.comfy_quant": torch.tensor(list(marker.encode()), dtype=torch.uint8)})
-        else:
-            int8[key] = value
+    int8 = int8_convrot_state(state, lambda key: ".attention." in key or ".feed_forward." in key)
     save_file(int8, d / "z_image_int8_convrot.safetensors")
     return d
 
