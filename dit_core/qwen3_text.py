@@ -21,10 +21,10 @@ TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 # never looked up as embeddings, only tokenized one by one (which changes the ids at the seams).
 EMBEDDING_ID = "embedding:"
 EMBEDDING_SPLIT = re.compile(f" {EMBEDDING_ID}|\n{EMBEDDING_ID}")
-# Prefixes ComfyUI loads a Qwen3-4B from: none (CLIPLoader, comfy/sd.py detect_te_model) and a full
-# checkpoint's "text_encoders." + "qwen3_4b.transformer." (comfy/supported_models.py ZImage.clip_target).
-PREFIXES = ("", "text_encoders.qwen3_4b.transformer.")
-DETECT_KEY = "model.layers.0.self_attn.q_norm.weight"  # Qwen3's per-head q norm (comfy/sd.py detect_te_model)
+# Key roots (prefix + "model.") ComfyUI loads a Qwen3-4B from: none (CLIPLoader, comfy/sd.py detect_te_model)
+# and a full checkpoint's "text_encoders." + "qwen3_4b.transformer." (comfy/supported_models.py ZImage.clip_target).
+ROOTS = ("model.", "text_encoders.qwen3_4b.transformer.model.")
+DETECT_KEY = "layers.0.self_attn.q_norm.weight"  # Qwen3's per-head q norm (comfy/sd.py detect_te_model)
 # Qwen3-4B's config.json: RMSNorm eps and RoPE base; neither can be read from the tensors.
 RMS_EPS = 1e-6
 ROPE_THETA = 1_000_000.0
@@ -40,17 +40,22 @@ def _escape_important(text: str) -> str:
     return text.replace("\0\1", ")").replace("\0\2", "(")
 
 
+def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Qwen2Tokenizer:
+    """The Qwen2 BPE of a tokenizer folder (ComfyUI's qwen25_tokenizer); WeightsError naming what is missing."""
+    folder = Path(tokenizer_dir)
+    missing = [f for f in TOKENIZER_FILES if not (folder / f).is_file()]
+    if missing:
+        raise WeightsError(f"tokenizer folder {folder}: missing {', '.join(missing)}; expected ComfyUI's "
+                           f"comfy/text_encoders/qwen25_tokenizer ({', '.join(TOKENIZER_FILES)})")
+    # The class ComfyUI's Qwen3Tokenizer uses, so special tokens and pre-tokenization are the same.
+    return Qwen2Tokenizer.from_pretrained(str(folder))
+
+
 class PromptTokenizer:
     """Qwen2 BPE over the Z-Image chat template, giving the ids of ComfyUI's ZImageTokenizer."""
 
     def __init__(self, tokenizer_dir: str | os.PathLike):
-        folder = Path(tokenizer_dir)
-        missing = [f for f in TOKENIZER_FILES if not (folder / f).is_file()]
-        if missing:
-            raise WeightsError(f"tokenizer folder {folder}: missing {', '.join(missing)}; expected ComfyUI's "
-                               f"comfy/text_encoders/qwen25_tokenizer ({', '.join(TOKENIZER_FILES)})")
-        # The class ComfyUI's Qwen3Tokenizer uses, so special tokens and pre-tokenization are the same.
-        self.tokenizer = Qwen2Tokenizer.from_pretrained(str(folder))
+        self.tokenizer = load_tokenizer(tokenizer_dir)
 
     def __call__(self, prompt: str) -> list[int]:
         # ZImageTokenizer passes disable_weights=True: "(word:1.2)" stays plain text.
@@ -62,63 +67,75 @@ class PromptTokenizer:
         return ids or [PAD_ID]
 
 
-def _find_prefix(ckpt: Checkpoint) -> str:
-    """The key prefix of a Qwen3 text encoder in ckpt; WeightsError naming what the file is otherwise."""
+def find_root(ckpt: Checkpoint, roots: tuple[str, ...], wanted: str) -> str:
+    """The first of roots under which ckpt holds a Qwen3-style text model (`<root>layers.0.self_attn.q_norm`);
+    WeightsError naming what the file is otherwise, and `wanted` (what was expected, e.g. which file)."""
     keys = ckpt.keys()
     # Order as comfy/sd.py detect_te_model: Gemma 3 also has q_norm (and Gemma 3 4B is 2560 wide too), so
     # its post_feedforward_layernorm has to rule it out first.
     if any(k.endswith("post_feedforward_layernorm.weight") for k in keys):
         kind = "a Gemma text encoder"
     else:
-        for prefix in PREFIXES:
-            if prefix + DETECT_KEY in ckpt:
-                return prefix
+        for root in roots:
+            if root + DETECT_KEY in ckpt:
+                return root
         if any(k.endswith("self_attn.k_proj.bias") for k in keys):
             kind = "a Qwen2.5 text encoder"
+        elif any(k.endswith(DETECT_KEY) for k in keys):
+            kind = "a Qwen3-style text encoder under an unknown key prefix"
         elif any(".self_attn.q_proj." in k for k in keys):
             kind = "a Llama/Mistral-style text encoder without Qwen3's q_norm"
         else:
             kind = "not a text encoder (a diffusion model or a VAE?)"
-    raise WeightsError(f"{ckpt.path.name}: is {kind}; expected a Qwen3 text encoder (with '{DETECT_KEY}'), "
-                       f"e.g. qwen_3_4b.safetensors for Z-Image (ComfyUI CLIPLoader type lumina2)")
+    raise WeightsError(f"{ckpt.path.name}: is {kind}; expected {wanted}")
 
 
-def _config(ckpt: Checkpoint, p: str, expected_hidden: int | None) -> Qwen3Config:
-    """A Qwen3Config from the checkpoint's own shapes, with all but the last layer (hidden_states[-2])."""
+def read_shapes(ckpt: Checkpoint, root: str, expected_hidden: int | None, needs: str) -> dict[str, int]:
+    """Sizes of the Qwen3-style text model under root, from its tensors' shapes (n_layers: layers in the file);
+    expected_hidden rejects other model sizes, with `needs` saying which model was expected."""
     name = ckpt.path.name
-    vocab, hidden = ckpt.shape(f"{p}model.embed_tokens.weight")
+    vocab, hidden = ckpt.shape(f"{root}embed_tokens.weight")
     if expected_hidden is not None and hidden != expected_hidden:
         raise WeightsError(f"{name}: text encoder of hidden size {hidden}, expected {expected_hidden} "
-                           f"(Z-Image needs Qwen3-4B, hidden 2560); is it the text encoder of another model?")
-    layer_key = re.compile(re.escape(p) + r"model\.layers\.(\d+)\.")
+                           f"({needs}); is it the text encoder of another model?")
+    layer_key = re.compile(re.escape(root) + r"layers\.(\d+)\.")
     layer_ids = {int(m.group(1)) for k in ckpt.keys() if (m := layer_key.match(k))}
     n_layers = max(layer_ids) + 1
     if layer_ids != set(range(n_layers)):
         missing = sorted(set(range(n_layers)) - layer_ids)
         raise WeightsError(f"{name}: layers {missing} are missing; truncated or partial file?")
-    head_dim = ckpt.shape(f"{p}{DETECT_KEY}")[0]
-    q_out, k_out = (ckpt.shape(f"{p}model.layers.0.self_attn.{n}_proj.weight")[0] for n in "qk")
+    head_dim = ckpt.shape(f"{root}{DETECT_KEY}")[0]
+    q_out, k_out = (ckpt.shape(f"{root}layers.0.self_attn.{n}_proj.weight")[0] for n in "qk")
     if q_out % head_dim or k_out % head_dim or (q_out // head_dim) % (k_out // head_dim):
         raise WeightsError(f"{name}: q_proj ({q_out} rows) and k_proj ({k_out}) do not split into heads of "
                            f"{head_dim} (from q_norm) with a whole number of query heads per kv head")
+    return {"vocab_size": vocab, "hidden_size": hidden, "n_layers": n_layers,
+            "intermediate_size": ckpt.shape(f"{root}layers.0.mlp.gate_proj.weight")[0],
+            "num_attention_heads": q_out // head_dim, "num_key_value_heads": k_out // head_dim, "head_dim": head_dim}
+
+
+def _config(ckpt: Checkpoint, root: str, expected_hidden: int | None) -> Qwen3Config:
+    """A Qwen3Config from the checkpoint's own shapes, with all but the last layer (hidden_states[-2])."""
+    sizes = read_shapes(ckpt, root, expected_hidden, "Z-Image needs Qwen3-4B, hidden 2560")
+    n_layers = sizes.pop("n_layers")
     return Qwen3Config(
-        vocab_size=vocab, hidden_size=hidden, num_hidden_layers=n_layers - 1,
-        intermediate_size=ckpt.shape(f"{p}model.layers.0.mlp.gate_proj.weight")[0],
-        num_attention_heads=q_out // head_dim, num_key_value_heads=k_out // head_dim, head_dim=head_dim,
+        **sizes, num_hidden_layers=n_layers - 1,
         rms_norm_eps=RMS_EPS, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         max_position_embeddings=MAX_POSITIONS, attention_bias=False, use_cache=False)
 
 
-def _state_dict(ckpt: Checkpoint, p: str, config: Qwen3Config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Qwen3Model's state dict (its own names, no prefix) for the first num_hidden_layers layers only."""
+def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
+                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
+    for its first n_layers layers; any linear format weights.read_linear reads, dequantized to dtype."""
     markers = ckpt.quantization_markers()
 
     def floats(t: torch.Tensor) -> torch.Tensor:
         return t if t.dtype == dtype else t.to(dtype)
 
-    sd = {"embed_tokens.weight": floats(read_tensor(ckpt, f"{p}model.embed_tokens.weight"))}
-    for i in range(config.num_hidden_layers):
-        src, dst = f"{p}model.layers.{i}.", f"layers.{i}."
+    sd = {"embed_tokens.weight": floats(read_tensor(ckpt, f"{root}embed_tokens.weight"))}
+    for i in range(n_layers):
+        src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
             for n in names:
                 lin = read_linear(ckpt, f"{src}{group}.{n}", markers)
@@ -130,7 +147,7 @@ def _state_dict(ckpt: Checkpoint, p: str, config: Qwen3Config, dtype: torch.dtyp
                 weight = lin.weight if not lin.quantized and lin.weight.dtype == dtype else lin.dequantized()
                 sd[f"{dst}{group}.{n}.weight"] = floats(weight)
         for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
-            size = config.head_dim if n.startswith("self_attn") else config.hidden_size
+            size = head_dim if n.startswith("self_attn") else hidden
             sd[f"{dst}{n}.weight"] = floats(read_tensor(ckpt, f"{src}{n}.weight", (size,)))
     return sd
 
@@ -150,9 +167,10 @@ class Qwen3TextEncoder:
         and a Qwen2 tokenizer folder; expected_hidden (2560 for Z-Image) rejects other model sizes."""
         tokenizer = PromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
         ckpt = Checkpoint(path)
-        prefix = _find_prefix(ckpt)
-        config = _config(ckpt, prefix, expected_hidden)
-        sd = _state_dict(ckpt, prefix, config, dtype)
+        root = find_root(ckpt, ROOTS, f"a Qwen3 text encoder (with 'model.{DETECT_KEY}'), e.g. "
+                                      f"qwen_3_4b.safetensors for Z-Image (ComfyUI CLIPLoader type lumina2)")
+        config = _config(ckpt, root, expected_hidden)
+        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
         # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
         with torch.device("meta"):
             model = Qwen3Model(config)

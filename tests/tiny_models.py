@@ -211,3 +211,88 @@ def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
         else:
             out[key] = value
     return out
+
+
+# reference/families/flux3_klein.md section 9: Qwen3-VL-4B's text model in small (34 layers, so the taps 4, ..., 32
+# keep their real indices and none of them is the last layer), with a one-block vision tower the text never uses.
+QWEN3_VL_TEXT_TINY = {"vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 34,
+                      "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+                      "max_position_embeddings": 262144,
+                      "rope_parameters": {"rope_type": "default", "rope_theta": 5e6, "mrope_interleaved": True,
+                                          "mrope_section": [4, 2, 2]}}
+QWEN3_VL_VISION_TINY = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64,
+                        "patch_size": 4, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                        "num_position_embeddings": 16, "deepstack_visual_indexes": [0]}
+
+
+def random_qwen3_vl(seed: int = 0, **text_overrides):
+    """transformers' Qwen3VLForConditionalGeneration (the class diffusers' FLUX.3 pipeline runs) with every
+    parameter random, RMSNorm gains around 1."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    torch.manual_seed(seed)
+    config = Qwen3VLConfig(text_config={**QWEN3_VL_TEXT_TINY, **text_overrides},
+                           vision_config=QWEN3_VL_VISION_TINY, tie_word_embeddings=True)
+    model = Qwen3VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            elif p.dim() == 2 and "embed" not in name:
+                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
+            else:
+                p.copy_(torch.randn_like(p))
+    return model
+
+
+def qwen3_vl_layout(model, layout: str = "hf") -> dict[str, torch.Tensor]:
+    """Qwen3VLForConditionalGeneration's weights as a file holds them: "hf" as transformers saves it
+    (model.language_model.*, model.visual.*; lm_head tied, so not stored), "comfy" as ComfyUI's text_encoders
+    files hold a VL model (language model under "model.", vision tower under "visual.")."""
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    if layout == "hf":
+        return state
+    renames = (("model.language_model.", "model."), ("model.visual.", "visual."))
+    out = {}
+    for key, value in state.items():
+        for old, new in renames:
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        out[key] = value
+    return out
+
+
+# A tiny AutoencoderKLFlux2: FLUX.2's four levels (factor 8, /16 packed) and 32 latent channels, norm groups of 4-8.
+FLUX2_VAE_TINY = {"block_out_channels": (16, 32, 32, 64), "layers_per_block": 1, "norm_num_groups": 4,
+                  "latent_channels": 32}
+
+
+def tiny_flux2_vae(seed: int = 1, **overrides):
+    """diffusers' AutoencoderKLFlux2 with every parameter random and random batch-norm statistics."""
+    from diffusers import AutoencoderKLFlux2
+    torch.manual_seed(0)
+    vae = AutoencoderKLFlux2(**{**FLUX2_VAE_TINY, **overrides}).eval()
+    randomize(vae, seed)
+    g = torch.Generator().manual_seed(seed + 100)
+    with torch.no_grad():
+        vae.bn.running_mean.copy_(torch.randn(vae.bn.running_mean.shape, generator=g))
+        vae.bn.running_var.copy_(0.2 + 2.0 * torch.rand(vae.bn.running_var.shape, generator=g))
+    return vae
+
+
+def flux2_vae_bfl_layout(vae, prefix: str = "") -> dict[str, torch.Tensor]:
+    """diffusers' AutoencoderKLFlux2 -> BFL's flux2-vae.safetensors names: the LDM names of to_bfl, with the
+    quant convs nested (encoder.quant_conv, decoder.post_quant_conv: the inverse of ComfyUI v0.3.75 comfy/sd.py's
+    rename) and the batch-norm buffers as `bn.*`."""
+    nested = {"quant_conv.": "encoder.quant_conv.", "post_quant_conv.": "decoder.post_quant_conv."}
+    out = {}
+    for key, t in to_bfl(vae.state_dict(), len(vae.config.block_out_channels)).items():
+        top = next((old for old in nested if key.startswith(old)), None)
+        out[prefix + (nested[top] + key[len(top):] if top else key)] = t
+    return out
+
+
+def save_flux2_vae(vae, path, prefix: str = "") -> dict[str, torch.Tensor]:
+    state = flux2_vae_bfl_layout(vae, prefix)
+    save_file(state, str(path))
+    return state

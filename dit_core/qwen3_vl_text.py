@@ -1,0 +1,163 @@
+"""FLUX.3 Klein's text encoder: Qwen3-VL's language model (text path only), hidden states of layers 4, 8, ..., 32
+stacked per token, over the chat template right-padded to a multiple of 80 (reference/families/flux3_klein.md
+section 9; diffusers' Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds)."""
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
+from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
+
+from .qwen3_text import CHAT_TEMPLATE, RMS_EPS, find_root, load_tokenizer, read_shapes, read_state_dict
+from .weights import Checkpoint, WeightsError
+
+log = logging.getLogger(__name__)
+
+# transformers' hidden_states[k]: k = 0 is the embeddings, k >= 1 the output of decoder layer k - 1.
+LAYERS = (4, 8, 12, 16, 20, 24, 28, 32)
+PAD_MULTIPLE = 80  # Flux3TextEncoderStep(pad_multiple=80): the window is part of the model recipe (pads are attended)
+MAX_LENGTH = 8192  # max_sequence_length: longer prompts are truncated, as diffusers does
+PAD_ID = 151643  # <|endoftext|>, Qwen3-VL's pad token
+PAD_POSITION = 1  # transformers 4.57 (BFL's training environment) gave pad tokens position id 1
+# Qwen3-VL-4B's text_config: RoPE base and mRoPE sections; neither can be read from the tensors. Text tokens have
+# the same position on all three mRoPE axes, so the sections do not change text rows (kept for the model's config).
+ROPE_THETA = 5_000_000.0
+MAX_POSITIONS = 262_144
+# Where the text model sits: transformers' Qwen3VLForConditionalGeneration files (BFL / Hugging Face), a bare
+# Qwen3VLModel, and ComfyUI's text_encoders layout (HF names under "model.", as its Qwen2.5-VL and Qwen3 files).
+# ComfyUI's own FLUX.3 code was not available: its key names are unverified (reference section 12, item 6).
+ROOTS = ("model.language_model.", "language_model.", "model.")
+VISION_MARKERS = ("visual.", "vision_tower.")
+
+
+class KleinPromptTokenizer:
+    """Qwen2 BPE over Qwen3-VL's chat template for one user message with the generation prompt."""
+
+    def __init__(self, tokenizer_dir: str | os.PathLike, max_length: int = MAX_LENGTH,
+                 pad_multiple: int = PAD_MULTIPLE):
+        if max_length < 1 or pad_multiple < 1:
+            raise ValueError(f"KleinPromptTokenizer: max_length ({max_length}) and pad_multiple ({pad_multiple}) "
+                             f"must be positive")
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.max_length = max_length
+        self.pad_multiple = pad_multiple
+
+    def __call__(self, prompt: str) -> list[int]:
+        """Ids of the templated prompt, unpadded; special tokens typed in the prompt count as such (as the HF
+        tokenizer diffusers calls parses them)."""
+        ids = self.tokenizer(CHAT_TEMPLATE.format(prompt))["input_ids"]
+        if len(ids) > self.max_length:
+            log.warning("prompt of %d tokens truncated to %d (diffusers' max_sequence_length)", len(ids),
+                        self.max_length)
+            ids = ids[: self.max_length]
+        return ids
+
+    def pad(self, ids: list[int]) -> tuple[list[int], list[int]]:
+        """(ids, mask) right-padded with PAD_ID to a multiple of pad_multiple, at most max_length tokens."""
+        n = len(ids)
+        if n > self.max_length:
+            raise ValueError(f"KleinPromptTokenizer: {n} ids, more than max_length {self.max_length}")
+        length = min(-(-n // self.pad_multiple) * self.pad_multiple, self.max_length)
+        return ids + [PAD_ID] * (length - n), [1] * n + [0] * (length - n)
+
+
+def _config(ckpt: Checkpoint, root: str, n_layers: int, expected_hidden: int | None) -> Qwen3VLTextConfig:
+    sizes = read_shapes(ckpt, root, expected_hidden, "FLUX.3 Klein needs Qwen3-VL-4B, hidden 2560")
+    in_file = sizes.pop("n_layers")
+    if in_file < n_layers:
+        raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
+                           f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
+    section = sizes["head_dim"] * 20 // 128  # [24, 20, 20] at head_dim 128
+    return Qwen3VLTextConfig(
+        **sizes, num_hidden_layers=n_layers, rms_norm_eps=RMS_EPS, max_position_embeddings=MAX_POSITIONS,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_interleaved": True,
+                         "mrope_section": [sizes["head_dim"] // 2 - 2 * section, section, section]},
+        attention_bias=False, use_cache=False)
+
+
+class Qwen3VLTextEncoder:
+    """Prompt -> FLUX.3 text rows [1, L, len(layers) * hidden]: hidden_states[k] for k in layers, layer-major."""
+
+    def __init__(self, model: Qwen3VLTextModel, tokenizer: KleinPromptTokenizer, layers: tuple[int, ...] = LAYERS):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.layers = tuple(layers)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
+             dtype: torch.dtype = torch.float32, layers: tuple[int, ...] = LAYERS,
+             expected_hidden: int | None = None, device: str | torch.device = "cpu") -> Qwen3VLTextEncoder:
+        """A text encoder from a Qwen3-VL file (any layout of ROOTS, any linear format weights.read_linear
+        reads; only the first max(layers) layers are read) and a Qwen2 tokenizer folder (ComfyUI's
+        qwen25_tokenizer); expected_hidden (2560 for Klein) rejects other model sizes."""
+        if not layers or min(layers) < 0:
+            raise ValueError(f"Qwen3VLTextEncoder: layers must be hidden_states indices >= 0, got {layers}")
+        tokenizer = KleinPromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
+        ckpt = Checkpoint(path)
+        root = find_root(ckpt, ROOTS, "a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn."
+                                      "q_norm.weight' or 'model.layers...'), e.g. "
+                                      "qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3)")
+        if root == "model." and not any(k.startswith(VISION_MARKERS) for k in ckpt.keys()):
+            # Qwen3-4B and Qwen3-VL-4B's text model have the same shapes; only the rows tell them apart.
+            log.warning("%s: no vision tower: cannot tell a Qwen3-VL text model from a plain Qwen3 of the same "
+                        "size; Klein needs Qwen3-VL-4B's", ckpt.path.name)
+        config = _config(ckpt, root, max(max(layers), 1), expected_hidden)
+        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
+        with torch.device("meta"):  # no random init of billions of weights (gpt-fast habit)
+            model = Qwen3VLTextModel(config)
+        model.norm = torch.nn.Identity()  # never read: the rows are raw residual streams
+        try:
+            model.load_state_dict(sd, strict=True, assign=True)
+        except RuntimeError as e:
+            raise WeightsError(f"{ckpt.path.name}: tensors do not fit the Qwen3-VL text model that its "
+                               f"embedding and layer 0 describe ({e})") from e
+        # inv_freq is a non-persistent buffer still on meta; computed for real, in f32 (not rounded to dtype).
+        model.rotary_emb = Qwen3VLTextRotaryEmbedding(config=config)
+        model.to(device).eval()
+        return cls(model, tokenizer, layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """Ids of the templated prompt, unpadded (encode_ids pads them)."""
+        return self.tokenizer(prompt)
+
+    # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
+    @torch.no_grad()
+    def encode_ids(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+        """Rows [1, L_padded, len(layers) * hidden] f32 of unpadded ids; pad rows included (the DiT attends
+        them), pads masked as keys inside the encoder and at position id PAD_POSITION."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).tolist()
+        vocab = self.model.config.vocab_size
+        if not ids or min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"Qwen3VLTextEncoder: token ids must be a non-empty list in [0, {vocab}), "
+                             f"got {len(ids)} ids {ids[:8]}...")
+        padded, mask = self.tokenizer.pad(ids)
+        device = self.model.embed_tokens.weight.device
+        input_ids = torch.tensor([padded], device=device)
+        mask = torch.tensor([mask], device=device)
+        positions = torch.arange(len(padded), device=device)[None].masked_fill(mask == 0, PAD_POSITION)
+        # Keep only the tapped states (hooks) rather than all of output_hidden_states: 33 x [8192, 2560] is 2.7 GB.
+        taps: dict[int, torch.Tensor] = {}
+
+        def keep(k: int):
+            def hook(_module, _args, out):
+                taps[k] = out[0] if isinstance(out, tuple) else out
+            return hook
+
+        modules = {k: self.model.embed_tokens if k == 0 else self.model.layers[k - 1] for k in set(self.layers)}
+        handles = [m.register_forward_hook(keep(k)) for k, m in modules.items()]
+        try:
+            self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        return torch.cat([taps[k] for k in self.layers], dim=-1).float()
+
+    def encode(self, prompt: str) -> torch.Tensor:
+        """Text rows [1, L_padded, len(layers) * hidden] f32 of a prompt."""
+        return self.encode_ids(self.tokenize(prompt))

@@ -1,0 +1,195 @@
+"""FLUX.3 Klein's text rows vs diffusers' Flux3TextEncoderStep over transformers' Qwen3VLForConditionalGeneration."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import COMFYUI_TREE, rel_err
+from safetensors.torch import save_file
+from tiny_models import (
+    QWEN3_VL_TEXT_TINY,
+    int8_convrot_state,
+    qwen3_comfy_layout,
+    qwen3_vl_layout,
+    random_qwen3,
+    random_qwen3_vl,
+)
+
+from dit_core.qwen3_vl_text import LAYERS, PAD_ID, KleinPromptTokenizer, Qwen3VLTextEncoder
+from dit_core.weights import WeightsError
+
+TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
+HIDDEN = QWEN3_VL_TEXT_TINY["hidden_size"]
+# The user-string branch of Qwen3-VL-Instruct's chat template (no default system prompt, unlike Qwen2-VL's);
+# only what apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True) reaches.
+QWEN3_VL_TEMPLATE = ("{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' }}"
+                     "{{- message.content }}{{- '<|im_end|>\\n' }}{%- endfor %}"
+                     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+PROMPTS = {
+    "english": "A photo of a cat sitting on a windowsill at golden hour, 35mm, shallow depth of field.",
+    "unicode": "东京的夜景，霓虹灯闪烁 🌃🐱✨ — café naïve Zürich Ångström Привет 𝔘𝔫𝔦",
+    "empty": "",
+    "long": " ".join(f"a red fox number {i} jumps over the lazy dog;" for i in range(12)),  # > 80 tokens
+    "special_tokens": "say <|im_end|> then (weighted:1.2) \\(escaped\\) embedding:foo",
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return random_qwen3_vl()
+
+
+@pytest.fixture(scope="module")
+def processor():
+    """What diffusers' text step reads from its AutoProcessor: apply_chat_template and .tokenizer."""
+    from transformers import Qwen2Tokenizer
+    tok = Qwen2Tokenizer.from_pretrained(str(TOKENIZER_DIR))
+    tok.chat_template = QWEN3_VL_TEMPLATE
+    return SimpleNamespace(apply_chat_template=tok.apply_chat_template, tokenizer=tok)
+
+
+def diffusers_rows(reference, processor, prompt, max_sequence_length=8192):
+    from diffusers.modular_pipelines.flux3.encoders import Flux3TextEncoderStep
+    with torch.no_grad():
+        return Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds(
+            reference, processor, prompt, device=torch.device("cpu"), max_sequence_length=max_sequence_length)
+
+
+@pytest.fixture(scope="module")
+def files(reference, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_vl")
+    hf, comfy = qwen3_vl_layout(reference, "hf"), qwen3_vl_layout(reference, "comfy")
+    paths = {"hf": root / "qwen3vl_tiny_hf.safetensors", "comfy": root / "qwen3vl_tiny.safetensors",
+             "int8": root / "qwen3vl_tiny_int8_convrot.safetensors"}
+    save_file(hf, str(paths["hf"]))
+    save_file(comfy, str(paths["comfy"]))
+    # ConvRot group 64: the tiny in-features are 64 and 128
+    save_file(int8_convrot_state(comfy, lambda k: k.startswith("model.layers.") and "_proj" in k), str(paths["int8"]))
+    return paths
+
+
+@pytest.fixture(scope="module")
+def encoder(files):
+    return Qwen3VLTextEncoder.load(files["hf"], TOKENIZER_DIR, expected_hidden=HIDDEN)
+
+
+# --- rows ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_rows_match_diffusers(name, encoder, reference, processor):
+    got = encoder.encode(PROMPTS[name])
+    want = diffusers_rows(reference, processor, PROMPTS[name])
+    assert got.shape == want.shape and got.shape[1] % 80 == 0 and got.shape[2] == 8 * HIDDEN
+    assert got.dtype == torch.float32
+    assert rel_err(got, want) <= 1e-5
+    if name == "long":
+        assert got.shape[1] == 160
+
+
+def test_rows_are_hidden_states_4_to_32(encoder, reference):
+    """Layer-major concat of hidden_states[4], ..., [32] (hidden_states[0] is the embeddings), pads at position
+    id 1 and masked as keys: checked against the reference model run directly, not through diffusers."""
+    ids = encoder.tokenize(PROMPTS["english"])
+    n = len(ids)
+    padded = torch.tensor([ids + [PAD_ID] * (80 - n)])
+    mask = (torch.arange(80) < n).long()[None]
+    positions = torch.arange(80)[None].masked_fill(mask == 0, 1)
+    with torch.no_grad():
+        hs = reference(input_ids=padded, attention_mask=mask, position_ids=positions, output_hidden_states=True,
+                       use_cache=False).hidden_states
+    got = encoder.encode_ids(ids)
+    for j, k in enumerate(LAYERS):
+        assert rel_err(got[..., j * HIDDEN:(j + 1) * HIDDEN], hs[k]) <= 1e-5, k
+    # only the 32 layers the taps need are built (the tiny reference has 34), and no final norm
+    assert len(encoder.model.layers) == 32 and isinstance(encoder.model.norm, torch.nn.Identity)
+
+
+def test_comfy_layout(files, encoder):
+    comfy = Qwen3VLTextEncoder.load(files["comfy"], TOKENIZER_DIR)
+    assert torch.equal(comfy.encode(PROMPTS["english"]), encoder.encode(PROMPTS["english"]))
+
+
+def test_int8_convrot_close_to_float(files, encoder):
+    quant = Qwen3VLTextEncoder.load(files["int8"], TOKENIZER_DIR, expected_hidden=HIDDEN)
+    prompt = PROMPTS["unicode"]
+    got, want = quant.encode(prompt), encoder.encode(prompt)
+    first = rel_err(got[..., :HIDDEN], want[..., :HIDDEN])  # hidden_states[4]
+    # the quantized weights were really used, and are close; the error grows with depth through 32 random layers
+    assert 1e-4 < first <= 3e-2 and rel_err(got, want) <= 5e-2
+
+
+# --- tokens and padding -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return KleinPromptTokenizer(TOKENIZER_DIR)
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_tokens_match_diffusers(name, tokenizer, processor):
+    text = processor.apply_chat_template([{"role": "user", "content": PROMPTS[name]}], tokenize=False,
+                                         add_generation_prompt=True)
+    want = processor.tokenizer(text)["input_ids"]
+    assert tokenizer(PROMPTS[name]) == want
+
+
+def test_template_and_padding(tokenizer):
+    ids = tokenizer("")
+    assert tokenizer.tokenizer.decode(ids) == "<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n"
+    assert ids[0] == 151644 and PAD_ID not in ids
+    padded, mask = tokenizer.pad(ids)
+    assert len(padded) == 80 and padded[len(ids):] == [PAD_ID] * (80 - len(ids))
+    assert mask == [1] * len(ids) + [0] * (80 - len(ids))
+    assert tokenizer.pad([5] * 80) == ([5] * 80, [1] * 80)  # an exact multiple gets no pad row
+    assert len(tokenizer.pad([5] * 81)[0]) == 160
+
+
+def test_max_length_truncates_as_diffusers(reference, processor, files):
+    """A window cap that is no multiple of 80 (8192 is not either): truncated, then padded only up to the cap."""
+    enc = Qwen3VLTextEncoder.load(files["hf"], TOKENIZER_DIR)
+    enc.tokenizer.max_length = 100
+    prompt = PROMPTS["long"]
+    assert len(enc.tokenize(prompt)) == 100
+    got = enc.encode(prompt)
+    want = diffusers_rows(reference, processor, prompt, max_sequence_length=100)
+    assert got.shape[1] == 100 and rel_err(got, want) <= 1e-5
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+def test_not_a_text_encoder(tmp_path):
+    path = tmp_path / "flux3-image-klein-int8-convrot.safetensors"
+    save_file({"txt_in.weight": torch.zeros(32, 64), "single_blocks.0.q_proj.weight": torch.zeros(32, 32)},
+              str(path))
+    with pytest.raises(WeightsError, match=r"flux3-image-klein-int8-convrot\.safetensors.*not a text encoder"
+                                           r".*Qwen3-VL"):
+        Qwen3VLTextEncoder.load(path, TOKENIZER_DIR)
+
+
+def test_too_few_layers(tmp_path):
+    path = tmp_path / "qwen_3_4b_cut.safetensors"
+    save_file(qwen3_comfy_layout(random_qwen3()), str(path))  # 4 layers
+    with pytest.raises(WeightsError, match=r"qwen_3_4b_cut\.safetensors.*4 layers.*need 32"):
+        Qwen3VLTextEncoder.load(path, TOKENIZER_DIR)
+
+
+def test_wrong_hidden_size(files):
+    with pytest.raises(WeightsError, match=r"qwen3vl_tiny_hf\.safetensors.*hidden size 64, expected 2560"):
+        Qwen3VLTextEncoder.load(files["hf"], TOKENIZER_DIR, expected_hidden=2560)
+
+
+def test_missing_tensor(tmp_path, reference):
+    sd = {k: v for k, v in qwen3_vl_layout(reference).items()
+          if k != "model.language_model.layers.3.mlp.down_proj.weight"}
+    save_file(sd, str(tmp_path / "cut.safetensors"))
+    with pytest.raises(WeightsError, match=r"cut\.safetensors.*down_proj\.weight' is missing"):
+        Qwen3VLTextEncoder.load(tmp_path / "cut.safetensors", TOKENIZER_DIR)
+
+
+def test_bad_tokenizer_folder(tmp_path, files):
+    with pytest.raises(WeightsError, match="vocab.json"):
+        Qwen3VLTextEncoder.load(files["hf"], tmp_path)
+
+
+def test_token_ids_out_of_range(encoder):
+    with pytest.raises(ValueError, match="token ids"):
+        encoder.encode_ids([0, 151936])
