@@ -22,6 +22,7 @@ from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, rotary_angles
+from ..step_cache import RefSlots, StepCache, joint_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
@@ -222,11 +223,13 @@ class Flux3Klein:
         return Modulation(scale, gate, scale, gate, shift, shift)
 
     def output(self, latent: torch.Tensor, sigma: float, sigma_next: float | None, text_rows: torch.Tensor,
-               references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None) -> torch.Tensor:
+               references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None,
+               cache: StepCache | None = None, slots: RefSlots | None = None) -> torch.Tensor:
         """The velocity for one image: latent [128, h, w] packed (h = H/16), text_rows [L, text_dim] (pad rows
         included: they are attended), references: packed latents [128, h_i, w_i]; sigma_next is read by the
         flow map only. Returns [128, h, w] in the latent's dtype (x0 = x - sigma v). check() runs after each
-        block (it raises to cancel within a step)."""
+        block (it raises to cancel within a step). cache, slots: a sampler's step cache and reference slots
+        (dit_core/step_cache.py; issue 6); a step whose slots do not record leaves the references out."""
         check = check or (lambda: None)
         a, dtype, dev = self.arch, latent.dtype, latent.device
         h, w = self._check(latent, text_rows, references)
@@ -247,7 +250,8 @@ class Flux3Klein:
         pos["txt"][:, 3] = torch.arange(n_txt, dtype=torch.float64)
         rows = {"txt": linear(text_rows.to(dtype), self.text_in).to(dtype),
                 "image": linear(tokens(latent), self.image_in).to(dtype)}
-        if references:
+        slots = slots if references else None
+        if references and (slots is None or slots.record):
             pos["image_cond"] = torch.cat([grid(r, -(1 + i)) for i, r in enumerate(references)])
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
 
@@ -270,9 +274,7 @@ class Flux3Klein:
         joint = Modulation(*(torch.cat([getattr(md, f.name) for md in mods]) for f in fields(Modulation)))
         map_ = torch.cat([torch.full((len(pos[m]),), i, dtype=torch.long) for i, m in enumerate(modes)])
         s, x = seq(torch.cat([pos[m] for m in modes]), map_), torch.cat([rows[m] for m in modes])
-        for block in self.blocks:
-            x = block.parallel(a, x, joint, s)
-            check()
+        x = joint_blocks(self.blocks, a, x, joint, s, check, n_txt + h * w, cache, slots)
 
         img = x[n_txt:n_txt + h * w]
         # BFL's [shift; scale] order as stored (diffusers' converter swaps it to [scale; shift]).

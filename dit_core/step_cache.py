@@ -1,0 +1,166 @@
+"""The step cache (First Block Cache) and the reference rows' keys and values kept between steps (refresh).
+
+Both follow the design documents (seed 001: StepCache, Flux.sample's `refresh`, RefSlot) and serve FLUX.3
+Klein's joint blocks; the model calls `joint_blocks` in place of its plain block loop
+(families/flux3_klein.py), so neither the model nor the shared block knows about caching (gpt-fast's habit: a
+speed feature in its own file).
+
+First Block Cache (ParaAttention's, as seed 001's StepCache): each step runs the first joint block and takes
+its residual r = x1 - x (x the rows entering the joint blocks, x1 after the first). With r_full the residual
+of the last step that ran every block,
+
+    change = mean |r - r_full| / mean |r_full|        (relative L1 over every tracked row and channel)
+
+and when change < limit the step skips the other blocks and returns x1 + R_full, R_full being the last full
+step's residual of the other blocks (their output minus x1). Skipped steps leave r_full and R_full alone, so
+the change is measured since the last full step (it accumulates over consecutive skips). limit 0 runs every
+block and stores nothing: the plain loop exactly. Steps before `start` run every block (WanGP's start step).
+Only the first `rows` rows (text and image: FLUX.3's rows that change each step) are tracked; reference rows
+are not read after the blocks.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .arch import Arch
+from .block import (
+    DOWN,
+    K_NORM,
+    NORM1,
+    OUT,
+    Q_NORM,
+    QKV,
+    UP,
+    Block,
+    attention,
+    head_norm_rotary,
+    modulated_norm,
+    swiglu,
+)
+from .linear import linear
+from .modulation import Modulation
+from .sequence import Sequence
+
+StepFn = Callable[[int, Block, torch.Tensor], torch.Tensor]
+
+
+def relative_change(residual: torch.Tensor, previous: torch.Tensor) -> float:
+    """mean |residual - previous| / mean |previous| (ParaAttention's are_two_tensors_similar), in f32."""
+    r, p = residual.float(), previous.float()
+    return ((r - p).abs().mean() / p.abs().mean().clamp_min(1e-12)).item()
+
+
+@dataclass
+class StepCache:
+    """One sampler run's step cache: `limit` on the first joint block's relative residual change (0: every
+    block), `start` the first step allowed to skip. Counts: `steps` seen, `skipped` of them, `ran` the rest;
+    `changes` the measured change per step (None where none was measured). One cache per image and per
+    conditioning (a CFG's negative pass keeps its own)."""
+    limit: float = 0.0
+    start: int = 0
+    steps: int = 0
+    skipped: int = 0
+    changes: list = field(default_factory=list)
+    first: torch.Tensor | None = field(default=None, repr=False)   # r_full
+    rest: torch.Tensor | None = field(default=None, repr=False)    # R_full
+
+    def __post_init__(self):
+        if not self.limit >= 0:
+            raise ValueError(f"StepCache: limit must be >= 0 (0 runs every block), got {self.limit}")
+        if self.start < 0:
+            raise ValueError(f"StepCache: start must be a step >= 0, got {self.start}")
+
+    @property
+    def ran(self) -> int:
+        return self.steps - self.skipped
+
+    def fresh(self) -> StepCache:
+        """An empty cache with the same limit and start (for another image or conditioning)."""
+        return StepCache(self.limit, self.start)
+
+    def run(self, blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
+            rows: int) -> torch.Tensor:
+        """The blocks over x (step(i, block, x) runs block i), skipping all but the first where allowed."""
+        index, self.steps = self.steps, self.steps + 1
+        x1 = step(0, blocks[0], x)
+        check()
+        if self.limit == 0:  # nothing measured or stored: the plain loop
+            self.changes.append(None)
+            return _loop(blocks, x1, step, check, 1)
+        first = (x1 - x)[:rows]
+        change = None
+        if self.first is not None and self.first.shape == first.shape:
+            change = relative_change(first, self.first)
+        self.changes.append(change)
+        if index >= self.start and change is not None and change < self.limit:
+            self.skipped += 1
+            return torch.cat([x1[:rows] + self.rest, x1[rows:]])
+        out = _loop(blocks, x1, step, check, 1)
+        self.first, self.rest = first, (out - x1)[:rows]
+        return out
+
+
+@dataclass
+class RefSlots:
+    """The reference rows' keys and values of each joint block (seed 001 RefSlot), for `refresh`: steps 0,
+    refresh, 2 refresh, ... record them while running every row; the others run only the rows before the
+    references ([text | image]) and attend to the recorded keys and values. An approximation: the reference
+    rows would take each step's target embedding (flow map). Set `record` per step with `begin`. A recording
+    step that the step cache skips records the first block only; the others keep their earlier keys and
+    values."""
+    refresh: int
+    record: bool = True
+    kv: dict = field(default_factory=dict)   # joint block index -> (k, v) [reference rows, heads, head]
+
+    def __post_init__(self):
+        if self.refresh < 1:
+            raise ValueError(f"RefSlots: refresh must be >= 1 (steps between recordings), got {self.refresh}")
+
+    def begin(self, step: int) -> None:
+        self.record = step % self.refresh == 0 or not self.kv
+
+    def parallel(self, i: int, block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                 rows: int) -> torch.Tensor:
+        """Block.parallel with block i's reference keys and values recorded (x holds every row) or read (x
+        holds the first `rows` rows only). The same operations as Block.parallel, so a recording step equals
+        it."""
+        w, n = block.w, x.shape[0]
+        h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
+        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(n, 3, a.heads, a.head).unbind(1)
+        q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
+        if self.record:
+            self.kv[i] = (k[rows:], v[rows:])
+            o = attention(q, k, v, s.group)
+        else:
+            ref_k, ref_v = self.kv[i]
+            q, k, v = (t.transpose(0, 1) for t in (q, torch.cat([k, ref_k]), torch.cat([v, ref_v])))
+            o = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, a.heads * a.head)
+        o = linear(o, w[OUT]).to(x.dtype)
+        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
+        return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
+
+
+def _loop(blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
+          begin: int = 0) -> torch.Tensor:
+    for i in range(begin, len(blocks)):
+        x = step(i, blocks[i], x)
+        check()
+    return x
+
+
+def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                 check: Callable[[], None], rows: int, cache: StepCache | None = None,
+                 slots: RefSlots | None = None) -> torch.Tensor:
+    """FLUX.3's joint blocks over x ([text | image | references] rows; the first `rows` are text and image),
+    with the step cache and the reference slots when given; neither given: Block.parallel block by
+    block."""
+    if slots is None:
+        step = lambda i, block, y: block.parallel(a, y, m, s)
+    else:
+        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows)
+    return _loop(blocks, x, step, check) if cache is None else cache.run(blocks, x, step, check, rows)

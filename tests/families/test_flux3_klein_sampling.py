@@ -1,0 +1,130 @@
+"""FLUX.3 Klein's sampler: ComfyUI's noise, Euler with the flow map's sigma_next, step cache, refresh."""
+
+import pytest
+import torch
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
+
+from dit_core.families.flux3_klein import Flux3Klein
+from dit_core.sampling import SamplingCancelled, flux_noise, klein_sigmas, sample_euler, sample_klein
+from dit_core.step_cache import StepCache, relative_change
+
+C = FLUX3_TINY["in_channels"]
+TEXT = FLUX3_TINY["joint_attention_dim"]
+SLOW = 64  # sinusoid frequencies kept by the tiny time embedders (see `model`)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The tiny flow-map model with time embedders that read only the slow half of the sinusoids (a trained
+    embedder is smooth in sigma; a random one swings its modulation by ~100% between steps 0.004 apart, so
+    that the first block's residual moves ~0.6-1.0 a step and no limit below 1 ever skips)."""
+    tiny = random_flux3(seed=11)
+    with torch.no_grad():
+        for te in (tiny.timestep_embedder, tiny.target_timestep_embedder):
+            te.linear_1.weight[:, :SLOW] = 0
+            te.linear_1.weight[:, 128:128 + SLOW] = 0
+    path = tmp_path_factory.mktemp("flux3_sampling") / "flux3.safetensors"
+    save_file(flux3_bfl_layout(tiny.state_dict()), path)
+    return Flux3Klein.load(path)
+
+
+@pytest.fixture(scope="module")
+def job():
+    torch.manual_seed(3)
+    return {"noise": flux_noise(7, 64, 96, channels=C)[0], "sigmas": klein_sigmas(16),
+            "text_rows": torch.randn(9, TEXT), "references": [torch.randn(C, 4, 4)]}
+
+
+def test_noise_is_comfyui_draw(comfy):
+    import comfy.sample
+    latent = torch.zeros(2, 128, 1024 // 16, 768 // 16)  # EmptyFlux2LatentImage, batch 2
+    seed = 605452029419059  # the distilled t2i template's seed
+    assert torch.equal(flux_noise(seed, 1024, 768, batch=2), comfy.sample.prepare_noise(latent, seed))
+    with pytest.raises(ValueError, match="multiples of 16"):
+        flux_noise(0, 1000, 768)
+
+
+def test_euler_on_velocity_matches_denoiser_form(model, job):
+    """Euler on the raw velocity equals k_diffusion's Euler on x0 = x - sigma v (to rounding)."""
+    ours = sample_klein(model, job["noise"], job["sigmas"], job["text_rows"])
+    sigmas = job["sigmas"]
+
+    def denoiser(x, sigma):
+        i = int((sigmas == sigma).nonzero()[0])
+        return model.denoised(x, float(sigma), float(sigmas[i + 1]), job["text_rows"][None])
+
+    reference = sample_euler(denoiser, job["noise"][None], sigmas)[0]
+    assert rel_err(ours, reference) <= 1e-5
+
+
+def test_cache_zero_is_uncached_sampler(model, job):
+    full = sample_klein(model, **job)
+    cache = StepCache(0.0)
+    assert torch.equal(sample_klein(model, **job, cache=cache), full)
+    assert (cache.steps, cache.skipped, cache.ran) == (16, 0, 16)
+
+
+@pytest.mark.parametrize("limit,max_err", [(0.1, 3e-3), (0.3, 2e-2)])
+def test_cache_skips_steps_and_stays_close(model, job, limit, max_err):
+    """Tiny model, 16 steps at shift 16, against every block run: 0.1 skips 6 of 16 steps (relative error of
+    the latent 5.9e-4), 0.3 skips 10 (4.7e-3)."""
+    full = sample_klein(model, **job)
+    cache = StepCache(limit)
+    cached = sample_klein(model, **job, cache=cache)
+    assert 0 < cache.skipped < cache.steps == 16
+    assert cache.changes[0] is None and all(c is not None for c in cache.changes[1:])
+    assert 1e-5 < rel_err(cached, full) <= max_err
+
+
+def test_cache_start_and_checks(model, job):
+    cache = StepCache(0.3, start=16)  # every step before 16: none skips
+    assert torch.equal(sample_klein(model, **job, cache=cache), sample_klein(model, **job))
+    assert cache.skipped == 0
+    for bad in ({"limit": -0.1}, {"limit": float("nan")}, {"start": -1}):
+        with pytest.raises(ValueError):
+            StepCache(**bad)
+    a = torch.tensor([1.0, -2.0])
+    assert relative_change(a + torch.tensor([0.3, 0.0]), a) == pytest.approx(0.3 / 3)
+
+
+def test_refresh_keeps_reference_keys_and_values(model, job):
+    """refresh 1 records every step (equal to no refresh); refresh 4 reuses keys and values 3 steps in 4
+    (tiny model: relative error 1.1e-2; refresh 2 with cache 0.1: 7.3e-3)."""
+    full = sample_klein(model, **job)
+    assert torch.equal(sample_klein(model, **job, refresh=1), full)
+    refreshed = sample_klein(model, **job, refresh=4)
+    assert 1e-6 < rel_err(refreshed, full) <= 2e-2
+    both = sample_klein(model, **job, refresh=2, cache=StepCache(0.1))
+    assert rel_err(both, full) <= 2e-2
+
+
+def test_cfg_runs_negative_with_its_own_cache(model, job):
+    negative = torch.zeros(4, TEXT)
+    seen = []
+
+    class Spy:
+        def output(self, x, sigma, sigma_next, rows, refs, check, cache, slots):
+            seen.append(cache)
+            return model.output(x, sigma, sigma_next, rows, refs, check, cache, slots)
+
+    cache = StepCache(0.1)
+    sigmas = job["sigmas"][:3]
+    out = sample_klein(Spy(), job["noise"], sigmas, job["text_rows"], negative=negative, cfg=3.5, cache=cache)
+    assert seen[0] is cache and seen[1] is not cache and seen[1].limit == 0.1 and cache.steps == 2
+    v = [model.output(job["noise"], 1.0, float(sigmas[1]), rows) for rows in (job["text_rows"], negative)]
+    x1 = job["noise"] + (sigmas[1] - sigmas[0]) * (v[1] + 3.5 * (v[0] - v[1]))
+    one = sample_klein(model, job["noise"], sigmas[:2], job["text_rows"], negative=negative, cfg=3.5)
+    assert rel_err(one, x1) <= 1e-6
+    assert out.shape == job["noise"].shape
+    with pytest.raises(ValueError, match="negative"):
+        sample_klein(model, job["noise"], sigmas, job["text_rows"], cfg=3.5)
+
+
+def test_cancel_between_steps(model, job):
+    done = []
+    with pytest.raises(SamplingCancelled) as err:
+        sample_klein(model, **job, cache=StepCache(0.3), callback=lambda i, n, x, x0: done.append(i),
+                     should_stop=lambda: len(done) >= 3)
+    assert (err.value.steps_done, err.value.total, done) == (3, 16, [1, 2, 3])
