@@ -1,4 +1,4 @@
-"""The FLUX.1 VAE decoder (ae.safetensors, BFL/ComfyUI names) in plain PyTorch f32, whole or in soft tiles."""
+"""The FLUX.1 VAE decoder (ae.safetensors, BFL names) in f32, whole or in soft tiles; its parts serve vae_flux2."""
 from __future__ import annotations
 
 import math
@@ -24,6 +24,23 @@ OVERLAP = 16
 ANCHOR = "decoder.conv_in.weight"
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a VAE file of one family holds: checked at load, and named in every error."""
+    latent_channels: int
+    post_quant: bool  # a 1x1 decoder.post_quant_conv before conv_in (FLUX.2); FLUX.1 has none
+    name: str  # e.g. "FLUX.1 VAE"
+    expected: str  # the file we expect, for error messages
+
+    def error(self, ckpt: Checkpoint, why: str) -> WeightsError:
+        return WeightsError(f"{ckpt.path.name}: {why}; expected {self.expected}")
+
+
+FLUX1 = Layout(LATENT_CHANNELS, False, "FLUX.1 VAE", f"a FLUX.1 VAE (ae.safetensors: AutoencoderKL with "
+               f"{LATENT_CHANNELS} latent channels, no quant convs, tensors named decoder.conv_in, decoder.mid.*, "
+               f"decoder.up.N.*, optionally under a prefix such as 'vae.')")
+
+
 def raw_latents(normalized: torch.Tensor) -> torch.Tensor:
     """Sampler-space latents -> raw VAE latents (ComfyUI's Flux process_out: z / 0.3611 + 0.1159)."""
     return normalized / SCALING + SHIFT
@@ -38,6 +55,7 @@ class DecoderShape:
     blocks: int  # resnet blocks per level (BFL num_res_blocks + 1)
     out_channels: int
     groups: int = GROUPS
+    post_quant: bool = False  # decoder.post_quant_conv, 1x1 on the latents (FLUX.2)
 
     @property
     def factor(self) -> int:
@@ -47,6 +65,8 @@ class DecoderShape:
 class ImageDecoder:
     """FLUX.1 VAE decoder: raw latents [B, 16, h, w] -> ComfyUI IMAGE [B, 8h, 8w, 3] in 0..1."""
 
+    LAYOUT = FLUX1  # frozen: a subclass for another family overrides it
+
     def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
         self.shape = shape
         self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
@@ -54,9 +74,9 @@ class ImageDecoder:
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
         ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
-        prefix = _find_prefix(ckpt)
-        shape = _read_shape(ckpt, prefix, groups)
-        return cls(shape, _read_weights(ckpt, prefix, shape))
+        prefix = _find_prefix(ckpt, cls.LAYOUT)
+        shape = _read_shape(ckpt, prefix, groups, cls.LAYOUT)
+        return cls(shape, read_part(ckpt, prefix + "decoder.", _decoder_tensors(shape), cls.LAYOUT))
 
     def to(self, device: str | torch.device) -> ImageDecoder:
         """The decoder with its weights on device (its decode then runs there; IMAGE comes back on the CPU)."""
@@ -83,10 +103,9 @@ class ImageDecoder:
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder)."""
         w, g = self.w, self.shape.groups
-        x = _conv(z, w, "conv_in")
-        x = _resnet(x, w, "mid.block_1", g)
-        x = _attention(x, w, "mid.attn_1", g)
-        x = _resnet(x, w, "mid.block_2", g)
+        if self.shape.post_quant:
+            z = _conv(z, w, "post_quant_conv")
+        x = mid(_conv(z, w, "conv_in"), w, g)
         for level in reversed(range(len(self.shape.channels))):
             for j in range(self.shape.blocks):
                 x = _resnet(x, w, f"up.{level}.block.{j}", g)
@@ -99,14 +118,13 @@ class ImageDecoder:
         c = self.shape.latent_channels
         if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != c:
             got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected raw FLUX.1 VAE latents [B, {c}, h, w] ({c} channels), got "
-                             f"{got}; is this latent from another model family?")
+            raise ValueError(f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] ({c} channels), "
+                             f"got {got}; is this latent from another model family?")
         return latents.to(self.w["conv_in.weight"].device, torch.float32)
 
     def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress) -> torch.Tensor:
-        """Overlapping tiles, each weighted by a linear ramp across its overlap with each neighbour and
-        normalized by the summed weights: a partition of unity, so the tiles cross-fade with no hard edge (as
-        ComfyUI's utils.tiled_scale feathers, with ramps sized to the actual overlap)."""
+        """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a
+        partition of unity, no hard edge (ComfyUI's utils.tiled_scale feathers; ramps sized to the overlap)."""
         b, _, h, w = z.shape
         f = self.shape.factor
         rows, cols = _spans(h, tile, overlap), _spans(w, tile, overlap)
@@ -134,6 +152,12 @@ def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
 
 def _norm(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     return F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
+
+
+def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:
+    """The middle of encoder and decoder alike: resnet, attention, resnet (BFL autoencoder.py `mid`)."""
+    x = _resnet(x, w, "mid.block_1", groups)
+    return _resnet(_attention(x, w, "mid.attn_1", groups), w, "mid.block_2", groups)
 
 
 def _resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
@@ -184,100 +208,99 @@ def _ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
 
 # --- loading ---------------------------------------------------------------------------------------------
 
-def _not_a_vae(ckpt: Checkpoint, why: str) -> WeightsError:
-    return WeightsError(f"{ckpt.path.name}: {why}; expected a FLUX.1 VAE (ae.safetensors: AutoencoderKL with "
-                        f"{LATENT_CHANNELS} latent channels, no quant convs, tensors named decoder.conv_in, "
-                        f"decoder.mid.*, decoder.up.N.*, optionally under a prefix such as 'vae.')")
-
-
-def _find_prefix(ckpt: Checkpoint) -> str:
+def _find_prefix(ckpt: Checkpoint, layout: Layout) -> str:
     """The prefix before `decoder.` (e.g. '', 'vae.', 'first_stage_model.'); the shortest if several."""
-    names = ckpt.keys()
-    found = [k[: -len(ANCHOR)] for k in names if k.endswith(ANCHOR)]
-    found = [p for p in found if p == "" or p.endswith(".")]
+    found = [k[: -len(ANCHOR)] for k in ckpt.keys() if k.endswith(ANCHOR)  # noqa: SIM118 (a list, no __iter__)
+             and (k == ANCHOR or k[-len(ANCHOR) - 1] == ".")]
     if not found:
-        raise _not_a_vae(ckpt, f"no '{ANCHOR}' tensor")
+        raise layout.error(ckpt, f"no '{ANCHOR}' tensor")
     return min(found, key=len)
 
 
-def _read_shape(ckpt: Checkpoint, prefix: str, groups: int) -> DecoderShape:
+def read_levels(ckpt: Checkpoint, part: str, kind: str, groups: int, layout: Layout) -> tuple[tuple[int, ...], int]:
+    """(channels per level, resnet blocks per level) of BFL's `{part}{kind}.N.block.J` (kind 'up' or 'down')."""
+    keys = [k[len(part):] for k in ckpt.keys() if k.startswith(part)]  # noqa: SIM118
+    if any(k.startswith(f"{kind}_blocks.") for k in keys):
+        raise layout.error(ckpt, f"{part[:-1]} tensors are in diffusers naming ({part}{kind}_blocks.*), not BFL's")
+    levels = {int(k.split(".")[1]) for k in keys if k.startswith(f"{kind}.") and k.split(".")[1].isdigit()}
+    if not levels or levels != set(range(len(levels))):
+        raise layout.error(ckpt, f"levels {part}{kind}.N found: {sorted(levels)}, expected 0..L-1")
+    blocks = {lv: {int(k.split(".")[3]) for k in keys if k.startswith(f"{kind}.{lv}.block.")} for lv in levels}
+    n = len(blocks[0])
+    if n == 0 or any(b != set(range(n)) for b in blocks.values()):
+        raise layout.error(ckpt, f"resnet blocks per level differ or have gaps: {blocks}")
+    channels = tuple(ckpt.shape(f"{part}{kind}.{lv}.block.0.conv1.weight")[0] for lv in range(len(levels)))
+    if any(c % groups for c in channels):
+        raise WeightsError(f"{ckpt.path.name}: VAE channels {channels} are not divisible by {groups} "
+                           f"norm groups (the FLUX VAEs use 32)")
+    return channels, n
+
+
+def _read_shape(ckpt: Checkpoint, prefix: str, groups: int, layout: Layout) -> DecoderShape:
     """Levels, channels and blocks per level from the tensor names and shapes (BFL autoencoder.py layout)."""
     d = prefix + "decoder."
     conv_in = ckpt.shape(d + "conv_in.weight")
-    if len(conv_in) != 4 or conv_in[1] != LATENT_CHANNELS:
-        got = f"{conv_in[1]} latent channels" if len(conv_in) == 4 else "not a conv"
-        raise _not_a_vae(ckpt, f"'{d}conv_in.weight' has shape {conv_in} ({got})")
-    names = ckpt.keys()
-    keys = [k[len(d):] for k in names if k.startswith(d)]
-    if any(k.startswith("up_blocks.") for k in keys):
-        raise _not_a_vae(ckpt, "decoder tensors are in diffusers naming (decoder.up_blocks.*), not BFL's")
-    levels = {int(k.split(".")[1]) for k in keys if k.startswith("up.") and k.split(".")[1].isdigit()}
-    if not levels or levels != set(range(len(levels))):
-        raise _not_a_vae(ckpt, f"decoder levels decoder.up.N found: {sorted(levels)}, expected 0..L-1")
-    blocks = {lv: {int(k.split(".")[3]) for k in keys if k.startswith(f"up.{lv}.block.")} for lv in levels}
-    n = len(blocks[0])
-    if n == 0 or any(b != set(range(n)) for b in blocks.values()):
-        raise _not_a_vae(ckpt, f"resnet blocks per level differ or have gaps: {blocks}")
+    if len(conv_in) != 4 or conv_in[1] != layout.latent_channels:
+        raise layout.error(ckpt, f"'{d}conv_in.weight' has shape {conv_in} ({conv_in[1]} latent channels)")
+    channels, n = read_levels(ckpt, d, "up", groups, layout)
     if prefix + "post_quant_conv.weight" in ckpt:
-        raise _not_a_vae(ckpt, "it has a post_quant_conv (an SD-style VAE)")
-    channels = tuple(ckpt.shape(f"{d}up.{lv}.block.0.conv1.weight")[0] for lv in range(len(levels)))
-    out = ckpt.shape(d + "conv_out.weight")[0]
-    if any(c % groups for c in channels):
-        raise WeightsError(f"{ckpt.path.name}: decoder channels {channels} are not divisible by {groups} "
-                           f"norm groups (FLUX.1's VAE uses 32)")
-    return DecoderShape(conv_in[1], channels, n, out, groups)
+        raise layout.error(ckpt, "it has a post_quant_conv (an SD-style VAE)")
+    return DecoderShape(conv_in[1], channels, n, ckpt.shape(d + "conv_out.weight")[0], groups, layout.post_quant)
 
 
-def _decoder_tensors(shape: DecoderShape) -> dict[str, tuple[int, ...]]:
-    """Every decoder tensor the forward uses, with its expected shape (without the `decoder.` prefix)."""
-    ch, top = shape.channels, shape.channels[-1]
-    t: dict[str, tuple[int, ...]] = {}
+class Shapes(dict):
+    """name -> expected shape, filled by the layers' own names (the forward functions above read the same)."""
 
-    def conv(name, cin, cout, k=3):
-        t[f"{name}.weight"], t[f"{name}.bias"] = (cout, cin, k, k), (cout,)
+    def conv(self, name: str, cin: int, cout: int, k: int = 3) -> None:
+        self[f"{name}.weight"], self[f"{name}.bias"] = (cout, cin, k, k), (cout,)
 
-    def norm(name, c):
-        t[f"{name}.weight"], t[f"{name}.bias"] = (c,), (c,)
+    def norm(self, name: str, c: int) -> None:
+        self[f"{name}.weight"], self[f"{name}.bias"] = (c,), (c,)
 
-    def resnet(name, cin, cout):
-        norm(f"{name}.norm1", cin)
-        conv(f"{name}.conv1", cin, cout)
-        norm(f"{name}.norm2", cout)
-        conv(f"{name}.conv2", cout, cout)
+    def resnet(self, name: str, cin: int, cout: int) -> None:
+        for i, (a, b) in enumerate(((cin, cout), (cout, cout)), 1):
+            self.norm(f"{name}.norm{i}", a)
+            self.conv(f"{name}.conv{i}", a, b)
         if cin != cout:
-            conv(f"{name}.nin_shortcut", cin, cout, 1)
+            self.conv(f"{name}.nin_shortcut", cin, cout, 1)
 
-    conv("conv_in", shape.latent_channels, top)
-    resnet("mid.block_1", top, top)
-    resnet("mid.block_2", top, top)
-    norm("mid.attn_1.norm", top)
-    for p in ("q", "k", "v", "proj_out"):
-        conv(f"mid.attn_1.{p}", top, top, 1)
+    def mid(self, c: int) -> None:
+        self.resnet("mid.block_1", c, c)
+        self.resnet("mid.block_2", c, c)
+        self.norm("mid.attn_1.norm", c)
+        for p in ("q", "k", "v", "proj_out"):
+            self.conv(f"mid.attn_1.{p}", c, c, 1)
+
+
+def _decoder_tensors(shape: DecoderShape) -> Shapes:
+    """Every decoder tensor the forward uses, with its expected shape (without the `decoder.` prefix)."""
+    ch, top, t = shape.channels, shape.channels[-1], Shapes()
+    if shape.post_quant:
+        t.conv("post_quant_conv", shape.latent_channels, shape.latent_channels, 1)
+    t.conv("conv_in", shape.latent_channels, top)
+    t.mid(top)
     cin = top
     for level in reversed(range(len(ch))):
         for j in range(shape.blocks):
-            resnet(f"up.{level}.block.{j}", cin, ch[level])
+            t.resnet(f"up.{level}.block.{j}", cin, ch[level])
             cin = ch[level]
         if level > 0:
-            conv(f"up.{level}.upsample.conv", ch[level], ch[level])
-    norm("norm_out", ch[0])
-    conv("conv_out", ch[0], shape.out_channels)
+            t.conv(f"up.{level}.upsample.conv", ch[level], ch[level])
+    t.norm("norm_out", ch[0])
+    t.conv("conv_out", ch[0], shape.out_channels)
     return t
 
 
-def _read_weights(ckpt: Checkpoint, prefix: str, shape: DecoderShape) -> dict[str, torch.Tensor]:
-    """The decoder's tensors as f32, shapes checked; attention 1x1 convs flattened to linears [C, C] here."""
-    expected_shapes = _decoder_tensors(shape)
-    d = f"{prefix}decoder."
-    names = ckpt.keys()
-    extra = sorted(k for k in names if k.startswith(d) and k[len(d):] not in expected_shapes)
-    if extra:  # e.g. attention inside the up levels (LDM attn_resolutions), which FLUX.1's decoder has not
-        raise _not_a_vae(ckpt, f"unexpected decoder tensors {extra[:3]}{' ...' if len(extra) > 3 else ''}")
+def read_part(ckpt: Checkpoint, part: str, expected_shapes: dict, layout: Layout) -> dict[str, torch.Tensor]:
+    """The tensors under `part` ('decoder.') as f32, named without it, shapes checked; attention 1x1 -> [C, C]."""
+    extra = sorted(k for k in ckpt.keys() if k.startswith(part) and k[len(part):] not in expected_shapes)  # noqa: SIM118
+    if extra:  # e.g. attention inside the up levels (LDM attn_resolutions), which the FLUX VAEs have not
+        raise layout.error(ckpt, f"unexpected {part[:-1].rsplit('.', 1)[-1]} tensors "
+                           f"{extra[:3]}{' ...' if len(extra) > 3 else ''}")
     weights = {}
     for name, expected in expected_shapes.items():
-        key = f"{prefix}decoder.{name}"
-        if key not in ckpt:
-            raise _not_a_vae(ckpt, f"tensor '{key}' is missing")
-        t = read_tensor(ckpt, key, expected)
+        if part + name not in ckpt:
+            raise layout.error(ckpt, f"tensor '{part}{name}' is missing")
+        t = read_tensor(ckpt, part + name, expected)
         weights[name] = t.flatten(1) if ".attn_1." in name and t.dim() == 4 else t
     return weights
