@@ -5,6 +5,7 @@ attention go through the small functions below, the seams a GPU path replaces (k
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -48,11 +49,12 @@ def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: S
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
     """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head), no mask), within groups of `group`
-    consecutive rows when group > 0 (block-diagonal)."""
+    consecutive rows when group > 0 (block-diagonal). Without groups, k and v may hold more rows than q (keys
+    and values kept from another step: FLUX.3's reference rows)."""
     rows, heads, head = q.shape
     g = group or rows
-    shape = (rows // g, g, heads, head)
-    q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+    q = q.reshape(rows // g, g, heads, head).transpose(1, 2)
+    k, v = (t.reshape(rows // g if group else 1, -1, heads, head).transpose(1, 2) for t in (k, v))
     o = F.scaled_dot_product_attention(q, k, v)
     return o.transpose(1, 2).reshape(rows, heads * head)
 
@@ -91,14 +93,19 @@ class Block:
             d = rms_norm(d, w[POST_MLP], a.eps)
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
 
-    def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
+    def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                 keys_values: Callable | None = None) -> torch.Tensor:
         """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
-        attn_scale and attn_gate (reference/families/flux3_klein.md section 3)."""
+        attn_scale and attn_gate (reference/families/flux3_klein.md section 3). keys_values(k, v) -> (k, v), when
+        given, sees the rows' normed and rotated keys and values before attention and may record or extend them
+        (dit_core/step_cache.py RefSlots)."""
         w, rows = self.w, x.shape[0]
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)
         q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
+        if keys_values is not None:
+            k, v = keys_values(k, v)
         o = linear(attention(q, k, v, s.group), w[OUT]).to(x.dtype)
         d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
         return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)

@@ -25,24 +25,9 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from .arch import Arch
-from .block import (
-    DOWN,
-    K_NORM,
-    NORM1,
-    OUT,
-    Q_NORM,
-    QKV,
-    UP,
-    Block,
-    attention,
-    head_norm_rotary,
-    modulated_norm,
-    swiglu,
-)
-from .linear import linear
+from .block import Block
 from .modulation import Modulation
 from .sequence import Sequence
 
@@ -127,22 +112,15 @@ class RefSlots:
     def parallel(self, i: int, block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
                  rows: int) -> torch.Tensor:
         """Block.parallel with block i's reference keys and values recorded (x holds every row) or read (x
-        holds the first `rows` rows only). The same operations as Block.parallel, so a recording step equals
-        it."""
-        w, n = block.w, x.shape[0]
-        h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(n, 3, a.heads, a.head).unbind(1)
-        q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
-        if self.record:
-            self.kv[i] = (k[rows:], v[rows:])
-            o = attention(q, k, v, s.group)
-        else:
+        holds the first `rows` rows only): a recording step equals Block.parallel."""
+        def keys_values(k: torch.Tensor, v: torch.Tensor):
+            if self.record:
+                self.kv[i] = (k[rows:], v[rows:])
+                return k, v
             ref_k, ref_v = self.kv[i]
-            q, k, v = (t.transpose(0, 1) for t in (q, torch.cat([k, ref_k]), torch.cat([v, ref_v])))
-            o = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).reshape(n, a.heads * a.head)
-        o = linear(o, w[OUT]).to(x.dtype)
-        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
-        return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
+            return torch.cat([k, ref_k]), torch.cat([v, ref_v])
+
+        return block.parallel(a, x, m, s, keys_values)
 
 
 def _loop(blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
