@@ -7,17 +7,22 @@ import os
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import comfy.model_management
 import comfy.utils
 import folder_paths
 import torch
+from comfy_api.latest import io
 
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.weights import WeightsError
 
 log = logging.getLogger("SwiftDiT")
 
+# ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
+# and Qwen3-VL share that vocabulary.
+TOKENIZER_DIR = Path(comfy.model_management.__file__).parent / "text_encoders" / "qwen25_tokenizer"
 LINEAR_MODES = {"as stored": "stored", "int8 convrot": "int8", "bf16": "bf16"}
 WEIGHT_DTYPES = ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
 
@@ -160,3 +165,63 @@ def conditioning_rows(node_id: str, input_name: str, conditioning) -> list:
     if mask is not None and rows.shape[0] == 1:
         rows = rows[:, mask[0].bool()]
     return rows
+
+
+# --- schema pieces and steps that every family's nodes share ------------------------------------------------
+
+def loader_inputs(family: str) -> list:
+    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears)."""
+    return [io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
+                           tooltip=f"A {family} file from models/diffusion_models"),
+            io.Combo.Input("weight_dtype", options=WEIGHT_DTYPES, default="default",
+                           tooltip="Kept for workflow compatibility: fp8 values quantize at load to INT8 ConvRot"),
+            io.Combo.Input("linears", options=list(LINEAR_MODES), default="as stored",
+                           tooltip="How the linears run: the file's own format, INT8 ConvRot, or BF16")]
+
+
+def linear_mode(node_id: str, weight_dtype: str, linears: str) -> str:
+    """The engine's linears mode for the loader's widgets: fp8 weight_dtype means quantize at load."""
+    if linears not in LINEAR_MODES:
+        raise SwiftDiTError(f"{node_id} · linears: {linears!r} is not one of {', '.join(LINEAR_MODES)}")
+    mode = LINEAR_MODES[linears]
+    return "int8" if weight_dtype.startswith("fp8") and mode == "stored" else mode
+
+
+def on_device(kind: str, handle, load: Callable[[], object], family: str = ""):
+    """LOADED's model of `kind` for handle, moved to engine_device(). The device is part of the cache key, and
+    so is the family for files that two families read differently (a VAE, a text encoder)."""
+    device = engine_device()
+    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: load().to(device))
+
+
+def check_family(node_id: str, model: ModelHandle, family: str, loader: str) -> None:
+    if model.family != family:
+        raise SwiftDiTError(f"{node_id} · model: a {model.family} model; connect a {loader}")
+
+
+def text_conditioning(rows: torch.Tensor) -> list:
+    """Stock CLIPTextEncode's entry for a Qwen text model: rows [1, L, width], no pooled output, an all-ones
+    attention mask (every row is attended)."""
+    return [[rows, {"pooled_output": None, "attention_mask": torch.ones(rows.shape[:2], dtype=torch.long)}]]
+
+
+def ksampler_inputs(model_input, steps: int, samplers: list[str], sampler: str, schedulers: list[str],
+                    scheduler: str) -> list:
+    """KSampler's inputs in KSampler's order, with a family's defaults and the choices its sampler has."""
+    return [model_input,
+            io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
+            io.Int.Input("steps", default=steps, min=1, max=10000),
+            io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01),
+            io.Combo.Input("sampler_name", options=samplers, default=sampler),
+            io.Combo.Input("scheduler", options=schedulers, default=scheduler),
+            io.Conditioning.Input("positive"), io.Conditioning.Input("negative"),
+            io.Latent.Input("latent_image"),
+            io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01)]
+
+
+def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:
+    """A VAE decode with a ComfyUI progress bar over its tiles; the decoder's errors name the samples input."""
+    bar = comfy.utils.ProgressBar(1)
+    with checked(node_id, "samples"):
+        return decoder.decode(samples["samples"].float(),
+                              progress=lambda done, total: bar.update_absolute(done, total))

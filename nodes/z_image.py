@@ -1,11 +1,7 @@
 """Z-Image Turbo nodes: loaders, text encode, the sampler and VAE decode, with the stock nodes' widgets."""
 from __future__ import annotations
 
-from pathlib import Path
-
-import comfy.model_management
 import folder_paths
-import torch
 from comfy_api.latest import io
 
 from ..dit_core.families.z_image import ZImage
@@ -13,18 +9,24 @@ from ..dit_core.qwen3_text import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
 from ..dit_core.vae import ImageDecoder
 from .base import (
-    LINEAR_MODES,
     LOADED,
-    WEIGHT_DTYPES,
+    TOKENIZER_DIR,
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    check_family,
     checked,
     conditioning_rows,
+    decode_image,
     engine_device,
     interrupt_check,
+    ksampler_inputs,
+    linear_mode,
+    loader_inputs,
     model_file,
+    on_device,
     run_sampler,
+    text_conditioning,
 )
 from .types import DiTModel, TextEncoder, Vae
 
@@ -32,16 +34,12 @@ CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
 LATENT_CHANNELS = 16
 DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
-# ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them).
-TOKENIZER_DIR = Path(comfy.model_management.__file__).parent / "text_encoders" / "qwen25_tokenizer"
 
 
 def load_dit(handle: ModelHandle) -> ZImage:
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
     matrix cores); elsewhere the float32 host path."""
-    device = engine_device()
-    return LOADED.get("dit", (*handle.key(), str(device)),
-                      lambda: ZImage.load(handle.path, handle.linears, handle.loras).to(device))
+    return on_device("dit", handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras))
 
 
 class ZImageLoader(io.ComfyNode):
@@ -50,26 +48,13 @@ class ZImageLoader(io.ComfyNode):
         return io.Schema(
             node_id="SwiftDiTZImageLoader", display_name="Z-Image Loader (SwiftDiT)", category=CATEGORY,
             description="Loads a Z-Image diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine.",
-            inputs=[
-                io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
-                               tooltip="A Z-Image file from models/diffusion_models"),
-                io.Combo.Input("weight_dtype", options=WEIGHT_DTYPES, default="default",
-                               tooltip="Kept for workflow compatibility: fp8 values quantize at load to INT8 ConvRot"),
-                io.Combo.Input("linears", options=list(LINEAR_MODES), default="as stored",
-                               tooltip="How the linears run: the file's own format, INT8 ConvRot, or BF16"),
-            ],
-            outputs=[DiTModel.Output()])
+            inputs=loader_inputs("Z-Image"), outputs=[DiTModel.Output()])
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, linears) -> io.NodeOutput:
         node = "SwiftDiTZImageLoader"
         path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        if linears not in LINEAR_MODES:
-            raise SwiftDiTError(f"{node} · linears: {linears!r} is not one of {', '.join(LINEAR_MODES)}")
-        mode = LINEAR_MODES[linears]
-        if weight_dtype.startswith("fp8") and mode == "stored":
-            mode = "int8"
-        handle = ModelHandle(FAMILY, path, mode, shift=DEFAULT_SHIFT)
+        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=DEFAULT_SHIFT)
         with checked(node, "unet_name"):
             load_dit(handle)
         return io.NodeOutput(handle)
@@ -150,9 +135,7 @@ class ZImageTextEncode(io.ComfyNode):
     def execute(cls, text, clip) -> io.NodeOutput:
         with checked("SwiftDiTZImageTextEncode", "text"):
             rows = load_text_encoder(clip).encode(text)
-        # Stock CLIPTextEncode's entry for Qwen3-4B: no pooled output, an all-ones attention mask.
-        mask = torch.ones(rows.shape[:2], dtype=torch.long)
-        return io.NodeOutput([[rows, {"pooled_output": None, "attention_mask": mask}]])
+        return io.NodeOutput(text_conditioning(rows))
 
 
 class ZImageSampler(io.ComfyNode):
@@ -161,23 +144,15 @@ class ZImageSampler(io.ComfyNode):
         return io.Schema(
             node_id="SwiftDiTZImageSampler", display_name="Z-Image KSampler (SwiftDiT)", category=CATEGORY,
             description="KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock.",
-            inputs=[DiTModel.Input("model"),
-                    io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-                    io.Int.Input("steps", default=8, min=1, max=10000),
-                    io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01),
-                    io.Combo.Input("sampler_name", options=list(SAMPLERS), default="res_multistep"),
-                    io.Combo.Input("scheduler", options=list(SCHEDULERS), default="simple"),
-                    io.Conditioning.Input("positive"), io.Conditioning.Input("negative"),
-                    io.Latent.Input("latent_image"),
-                    io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01)],
+            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "res_multistep", list(SCHEDULERS),
+                                   "simple"),
             outputs=[io.Latent.Output()])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise) -> io.NodeOutput:
         node = "SwiftDiTZImageSampler"
-        if model.family != FAMILY:
-            raise SwiftDiTError(f"{node} · model: a {model.family} model; connect a Z-Image loader")
+        check_family(node, model, FAMILY, "Z-Image loader")
         if "noise_mask" in latent_image:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
         pos = conditioning_rows(node, "positive", positive)
@@ -223,8 +198,8 @@ class ZImageVAELoader(io.ComfyNode):
 
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
-    device = engine_device()  # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
-    return LOADED.get("vae", (*handle.key(), str(device)), lambda: ImageDecoder.load(handle.path).to(device))
+    # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
+    return on_device("vae", handle, lambda: ImageDecoder.load(handle.path))
 
 
 class ZImageVAEDecode(io.ComfyNode):
@@ -237,12 +212,7 @@ class ZImageVAEDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, samples, vae) -> io.NodeOutput:
-        import comfy.utils
-        bar = comfy.utils.ProgressBar(1)
-        with checked("SwiftDiTZImageVAEDecode", "samples"):
-            image = load_vae(vae).decode(samples["samples"].float(),
-                                         progress=lambda done, total: bar.update_absolute(done, total))
-        return io.NodeOutput(image)
+        return io.NodeOutput(decode_image("SwiftDiTZImageVAEDecode", load_vae(vae), samples))
 
 
 NODES = [ZImageLoader, ZImageTextEncoderLoader, ZImageTextEncode, ZImageModelSamplingAuraFlow,

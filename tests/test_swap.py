@@ -30,7 +30,7 @@ PARTIAL = ("image_z_image", "image_z_image_int8", "image_z_image_turbo_fun_union
 def contract() -> dict:
     """docs/nodes.md, Z-Image table: stock node -> (our node id, our output type)."""
     text = (ROOT / "docs" / "nodes.md").read_text()
-    rows = re.findall(r"^\| `(SwiftDiT\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
+    rows = re.findall(r"^\| `(SwiftDiTZImage\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
     return {stock: (ours, out) for ours, stock, out in rows}
 
 

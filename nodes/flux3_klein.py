@@ -1,0 +1,236 @@
+"""FLUX.3 Klein nodes: loaders, text encode, the sampler (step cache, reference edits), VAE decode and encode."""
+from __future__ import annotations
+
+import folder_paths
+import torch
+from comfy_api.latest import io
+
+from ..dit_core.families.flux3_klein import Flux3Klein
+from ..dit_core.qwen3_vl_text import Qwen3VLTextEncoder
+from ..dit_core.sampling import klein_sigmas, prepare_noise, sample_klein
+from ..dit_core.step_cache import StepCache
+from ..dit_core.vae_flux2 import PACKED, Flux2VAE
+from .base import (
+    LOADED,
+    TOKENIZER_DIR,
+    FileHandle,
+    ModelHandle,
+    SwiftDiTError,
+    check_family,
+    checked,
+    conditioning_rows,
+    decode_image,
+    engine_device,
+    ksampler_inputs,
+    linear_mode,
+    loader_inputs,
+    log,
+    model_file,
+    on_device,
+    run_sampler,
+    text_conditioning,
+)
+from .types import DiTModel, TextEncoder, Vae
+
+CATEGORY = "SwiftDiT/FLUX.3 Klein"
+FAMILY = "flux3_klein"
+# Sigmas shift_16(linspace(1, 1/n, n)) then 0, as BFL's code and ComfyUI's klein workflows sample
+# (reference/families/flux3_klein.md section 7).
+KLEIN_SHIFT = 16.0
+# ComfyUI's reference-image key: ReferenceLatent (comfy_extras/nodes_edit_model.py) and ReferenceMultiLatent
+# append [B, 128, h, w] latents to this list on the conditioning.
+REFERENCES = "reference_latents"
+
+
+def load_dit(handle: ModelHandle) -> Flux3Klein:
+    return on_device("dit", handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras))
+
+
+def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
+    # On the CPU, as the Z-Image text encoder: one forward per prompt.
+    return LOADED.get("text", (*handle.key(), FAMILY), lambda: Qwen3VLTextEncoder.load(handle.path, TOKENIZER_DIR))
+
+
+def load_vae(handle: FileHandle) -> Flux2VAE:
+    return on_device("vae", handle, lambda: Flux2VAE.load(handle.path), FAMILY)
+
+
+class Flux3KleinLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinLoader", display_name="FLUX.3 Klein Loader (SwiftDiT)", category=CATEGORY,
+            description="Loads a FLUX.3 Klein diffusion model file (distilled or base; BF16, FP8 or INT8 ConvRot) "
+                        "for the SwiftDiT engine.",
+            inputs=loader_inputs("FLUX.3 Klein"), outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, unet_name, weight_dtype, linears) -> io.NodeOutput:
+        node = "SwiftDiTFlux3KleinLoader"
+        path = model_file(node, "diffusion_models", unet_name, "unet_name")
+        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=KLEIN_SHIFT)
+        with checked(node, "unet_name"):
+            load_dit(handle)
+        return io.NodeOutput(handle)
+
+
+class Flux3KleinTextEncoderLoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinTextEncoderLoader", display_name="FLUX.3 Klein Text Encoder Loader (SwiftDiT)",
+            category=CATEGORY, description="Loads FLUX.3 Klein's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot).",
+            inputs=[io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders")),
+                    io.Combo.Input("type", options=["flux3"], default="flux3"),
+                    io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)],
+            outputs=[TextEncoder.Output()])
+
+    @classmethod
+    def execute(cls, clip_name, type, device="default") -> io.NodeOutput:
+        node = "SwiftDiTFlux3KleinTextEncoderLoader"
+        handle = FileHandle("text", model_file(node, "text_encoders", clip_name, "clip_name"))
+        with checked(node, "clip_name"):
+            load_text_encoder(handle)
+        return io.NodeOutput(handle)
+
+
+class Flux3KleinTextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinTextEncode", display_name="FLUX.3 Klein Text Encode (SwiftDiT)",
+            category=CATEGORY,
+            description="The prompt's Qwen3-VL rows (layers 4, 8, ..., 32 stacked, padded to a multiple of 80 "
+                        "tokens) as CONDITIONING.",
+            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
+            outputs=[io.Conditioning.Output()])
+
+    @classmethod
+    def execute(cls, text, clip) -> io.NodeOutput:
+        with checked("SwiftDiTFlux3KleinTextEncode", "text"):
+            rows = load_text_encoder(clip).encode(text)
+        return io.NodeOutput(text_conditioning(rows))  # pad rows included: the DiT attends them
+
+
+class Flux3KleinSampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinSampler", display_name="FLUX.3 Klein KSampler (SwiftDiT)", category=CATEGORY,
+            description="KSampler for FLUX.3 Klein on the SwiftDiT engine, with the step cache; reference images "
+                        "come on the positive conditioning (ReferenceLatent, ReferenceMultiLatent).",
+            inputs=[*ksampler_inputs(DiTModel.Input("model"), 16, ["euler"], "euler", ["simple"], "simple"),
+                    io.Float.Input("cache", default=0.3, min=0.0, max=1.0, step=0.01,
+                                   tooltip="Step cache limit on the first block's change: a step under it skips "
+                                           "the other blocks. 0 runs every block; 0.3 suits distilled Klein"),
+                    io.Int.Input("refresh", default=0, min=0, max=10000,
+                                 tooltip="Edits: recompute the reference images' keys and values every this many "
+                                         "steps and reuse them between; 0 recomputes them every step")],
+            outputs=[io.Latent.Output()])
+
+    @classmethod
+    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise,
+                cache=0.3, refresh=0) -> io.NodeOutput:
+        node = "SwiftDiTFlux3KleinSampler"
+        check_family(node, model, FAMILY, "FLUX.3 Klein loader")
+        for name, value, allowed in (("sampler_name", sampler_name, "euler"), ("scheduler", scheduler, "simple")):
+            if value != allowed:
+                raise SwiftDiTError(f"{node} · {name}: {value!r} is not supported; FLUX.3 Klein samples with "
+                                    f"'{allowed}' (Euler on the flow at shift {KLEIN_SHIFT:g})")
+        if denoise != 1.0:
+            raise SwiftDiTError(f"{node} · denoise: {denoise} is not supported yet; use 1.0 (edits take their "
+                                f"image as a reference on the positive conditioning)")
+        latent = latent_image["samples"]
+        if "noise_mask" in latent_image:
+            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
+        if latent.dim() != 4 or latent.shape[1] != PACKED:
+            raise SwiftDiTError(f"{node} · latent_image: expected a FLUX.2 latent [B, {PACKED}, H/16, W/16] "
+                                f"(EmptyFlux2LatentImage), got {tuple(latent.shape)}")
+        pos = conditioning_rows(node, "positive", positive)
+        neg = conditioning_rows(node, "negative", negative)
+        refs = positive[0][1].get(REFERENCES) or []
+        for j, r in enumerate(refs):
+            if not isinstance(r, torch.Tensor) or r.dim() != 4 or r.shape[1] != PACKED:
+                got = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
+                raise SwiftDiTError(f"{node} · positive: reference latent {j} is {got}, expected a FLUX.2 latent "
+                                    f"[B, {PACKED}, h, w]; encode references with the FLUX.2 VAE")
+        with checked(node, "model"):
+            dit = load_dit(model)
+        if refs and not dit.mode_blocks["image_cond"]:
+            raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
+                                f"blocks); remove ReferenceLatent or load an edit-capable Klein")
+        with checked(node, "steps"):
+            sigmas = klein_sigmas(steps, model.shift)
+        noise = prepare_noise(latent, seed, latent_image.get("batch_index"))
+        device, batch = engine_device(), latent.shape[0]
+        pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # a batch of one serves every image
+
+        def sample(callback, should_stop):
+            out = []
+            for i in range(batch):
+                step_cache = StepCache(float(cache))
+                x = sample_klein(dit, noise[i].to(device), sigmas, pick(pos, i), [pick(r, i) for r in refs],
+                                 step_cache, int(refresh), negative=pick(neg, i), cfg=float(cfg),
+                                 callback=lambda s, n, x, x0, i=i: callback(i * steps + s, batch * steps, x, x0),
+                                 should_stop=should_stop)
+                out.append(x.cpu())
+                if cache > 0:
+                    log.info("%s: step cache %.3g skipped %d of %d steps (image %d of %d)", node, cache,
+                             step_cache.skipped, step_cache.steps, i + 1, batch)
+            return torch.stack(out)
+
+        with checked(node, "latent_image"):
+            samples = run_sampler(sample, batch * steps)
+        return io.NodeOutput({**latent_image, "samples": samples})
+
+
+class Flux3KleinVAELoader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinVAELoader", display_name="FLUX.3 Klein VAE Loader (SwiftDiT)",
+            category=CATEGORY, description="Loads the FLUX.2 VAE (flux2-vae.safetensors): decode, and encode for "
+                                           "reference images.",
+            inputs=[io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"))],
+            outputs=[Vae.Output()])
+
+    @classmethod
+    def execute(cls, vae_name) -> io.NodeOutput:
+        node = "SwiftDiTFlux3KleinVAELoader"
+        handle = FileHandle("vae", model_file(node, "vae", vae_name, "vae_name"))
+        with checked(node, "vae_name"):
+            load_vae(handle)
+        return io.NodeOutput(handle)
+
+
+class Flux3KleinVAEDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinVAEDecode", display_name="FLUX.3 Klein VAE Decode (SwiftDiT)",
+            category=CATEGORY, description="Decodes FLUX.2 latents [B, 128, H/16, W/16] to an IMAGE, in tiles for "
+                                           "large images.",
+            inputs=[io.Latent.Input("samples"), Vae.Input("vae")], outputs=[io.Image.Output()])
+
+    @classmethod
+    def execute(cls, samples, vae) -> io.NodeOutput:
+        return io.NodeOutput(decode_image("SwiftDiTFlux3KleinVAEDecode", load_vae(vae), samples))
+
+
+class Flux3KleinVAEEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTFlux3KleinVAEEncode", display_name="FLUX.3 Klein VAE Encode (SwiftDiT)",
+            category=CATEGORY, description="Encodes an IMAGE to a FLUX.2 latent (sizes cropped to multiples of 16), "
+                                           "e.g. a reference image for ReferenceLatent.",
+            inputs=[io.Image.Input("pixels"), Vae.Input("vae")], outputs=[io.Latent.Output()])
+
+    @classmethod
+    def execute(cls, pixels, vae) -> io.NodeOutput:
+        with checked("SwiftDiTFlux3KleinVAEEncode", "pixels"):
+            return io.NodeOutput({"samples": load_vae(vae).encode(pixels)})
+
+
+NODES = [Flux3KleinLoader, Flux3KleinTextEncoderLoader, Flux3KleinTextEncode, Flux3KleinSampler,
+         Flux3KleinVAELoader, Flux3KleinVAEDecode, Flux3KleinVAEEncode]
