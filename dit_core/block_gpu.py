@@ -4,6 +4,7 @@ residual), attention through SDPA. dit_core/block.py is its reference."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -69,6 +70,25 @@ def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
     return F.linear(x_bf16, lin.weight, bias)
 
 
+def _attend(q, k, v, keys_values: Callable | None) -> torch.Tensor:
+    """Attention of head_norm_rope's q, k, v [G, heads, g, D]; keys_values(k, v) sees k and v as the host block
+    shows them (rows [G g, heads, D]) and may add rows (G = 1: the keys beyond the queries' rows, as
+    dit_core/block.py attention takes them); the kernel needs k like q, so longer keys go to SDPA directly."""
+    if keys_values is not None:
+        G, heads, _, d = q.shape
+        k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
+        k, v = (t.reshape(G, -1, heads, d).transpose(1, 2).to(q.dtype).contiguous() for t in (k, v))
+    if k.shape == q.shape:
+        return run("attention", q, k, v)
+    o = F.scaled_dot_product_attention(q, k, v)
+    return o.transpose(1, 2).reshape(q.shape[0] * q.shape[2], -1)
+
+
+def _chunk(rows, r0: int, r1: int):
+    """Rows r0..r1 of _rows' (codes, scales, bf16 rows) triple."""
+    return tuple(None if t is None else t[r0:r1] for t in rows)
+
+
 @dataclass(frozen=True)
 class GpuBlock:
     """Block.w where it runs: 4 GpuLinears, then the norm gains (f32) or None."""
@@ -122,4 +142,25 @@ class GpuBlock:
             u = _product(q, sc, xb, w[UP])
             self._branch_into(a, xs, self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], w[POST_MLP],
                               m.mlp_gate, maps)
+        return x
+
+    def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                 keys_values: Callable | None = None) -> torch.Tensor:
+        """Block.parallel on the GPU: x + gate (Attn(h) + MLP(h)) as a new tensor (x stays as it is: the step
+        cache reads it after the block). One modulated-norm prologue gives h's rows for QKV and UP (quantized
+        once when both take the same INT8 rows). The gated sum is added as x += gate o, then x += gate d (each
+        in its product's epilogue when INT8): equal to gate (o + d) in exact math, o and d never stored."""
+        w, row_map, x = self.w, s.map, x.clone()
+        mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map}
+        h = self._rows(a, x, w[QKV], **mod)
+        same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
+        h_up = h if same else self._rows(a, x, w[UP], **mod)
+        hq, hk, hv = run("head_norm_rope", _product(*h, w[QKV]), a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos,
+                         s.sin, a.qk_eps, group=s.group)
+        o = _attend(hq, hk, hv, keys_values)
+        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], None, m.attn_gate, row_map)
+        for r0 in range(0, x.shape[0], CHUNK):
+            u = _product(*_chunk(h_up, r0, r0 + CHUNK), w[UP])
+            self._branch_into(a, x[r0:r0 + CHUNK], self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], None,
+                              m.attn_gate, row_map[r0:r0 + CHUNK])
         return x

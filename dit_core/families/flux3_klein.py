@@ -182,13 +182,16 @@ class Flux3Klein:
         return self.target is not None
 
     def to(self, device: str | torch.device) -> Flux3Klein:
-        """Every tensor on device: the host reference computing there (GPU blocks come with the kernels of
-        Block.parallel, issue 6)."""
+        """Every tensor on device; on a CUDA device the mode and joint blocks become GpuBlocks (INT8 ConvRot or
+        BF16 linears through kernels/, GpuBlock.parallel), elsewhere the host blocks compute there."""
         dev = torch.device(device)
 
         def move(obj):
             if isinstance(obj, torch.Tensor):
                 return obj.to(dev)
+            if isinstance(obj, Block) and dev.type == "cuda":
+                from ..block_gpu import GpuBlock
+                return GpuBlock.of(obj, dev)
             if isinstance(obj, (Linear, Block)):
                 return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj)})
             if isinstance(obj, tuple):

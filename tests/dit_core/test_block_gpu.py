@@ -1,5 +1,8 @@
 """The GPU block (kernels/) against the host block: INT8 emulation within 1e-2, the BF16 block within 3e-2; a whole
-Z-Image step on the GPU against the host path. Runs on the device only (pytest -m gpu)."""
+Z-Image step on the GPU against the host path; the parallel block (FLUX.3) at FLUX.3 Klein's sizes, with and
+without the keys_values hook. Runs on the device only (pytest -m gpu)."""
+from dataclasses import fields, replace
+
 import pytest
 import torch
 from conftest import rel_err
@@ -22,8 +25,9 @@ def random_block(a: Arch, sandwich: bool, seed: int) -> Block:
     lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
     gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
     post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
+    norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
     return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
-                  lin(a.hidden, a.ffn), gain(a.hidden), gain(a.hidden), gain(a.head), gain(a.head), *post))
+                  lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))
 
 
 @pytest.mark.parametrize("sandwich", [True, False])
@@ -58,3 +62,49 @@ def test_z_image_step_on_gpu_matches_host():
     gpu = host.to("cuda")
     ref = host.output(latent.double(), 0.5, caption.double()).float()
     assert rel_err(gpu.output(latent.cuda(), 0.5, caption.cuda()).cpu(), ref) <= 1e-2
+
+
+KLEIN = Arch(family="test", hidden=3072, layers=1, refiner=0, heads=24, head=128, ffn=9216, latents=128,
+             patch=(1, 1), text_dim=64, freq_dim=256, time_hidden=3072, time_dim=3072, eps=1e-6, qk_eps=1e-6,
+             final_eps=1e-6, rope_axes=(32,) * 4, rope_theta=10000.0, norm="layer")
+DEV = torch.device("cuda")
+
+
+def on_gpu(block: Block) -> Block:
+    """The host block's tensors on the GPU (its f64 reference runs there: the host would take minutes)."""
+    move = lambda t: t.to(DEV) if isinstance(t, torch.Tensor) else t  # noqa: E731
+    return Block(tuple(replace(t, **{f.name: move(getattr(t, f.name)) for f in fields(t)}) if isinstance(t, Linear)
+                       else move(t) for t in block.w))
+
+
+@pytest.mark.parametrize("hook", [None, "record", "extend"])
+@pytest.mark.parametrize("rows,group", [(4608, 0), (1000, 0), (1024, 256)])
+def test_gpu_parallel_block_matches_host(hook, rows, group):
+    if hook == "extend" and group:
+        pytest.skip("keys from another step extend the ungrouped sequence only (FLUX.3's joint blocks)")
+    a, host = KLEIN, random_block(KLEIN, sandwich=False, seed=rows)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(rows, a.hidden, generator=g).to(DEV)
+    mods = Modulation(*(0.3 * torch.randn(3, a.hidden, generator=g).to(DEV) for _ in range(4)),
+                      attn_shift=0.1 * torch.randn(3, a.hidden, generator=g).to(DEV))
+    row_map = (torch.arange(rows) >= rows // 8).long() + (torch.arange(rows) >= rows // 2).long()
+    seq = sequence_of(torch.randint(0, 64, (rows, 4), generator=g), row_map, a.rope_axes, a.rope_theta,
+                      group=group).to(DEV)
+    extra = [torch.randn(512, a.heads, a.head, generator=g).to(DEV) for _ in range(2)]
+    seen = []
+
+    def keys_values(k, v):
+        seen.append((k.float(), v.float()))
+        if hook == "extend":
+            return torch.cat([k, extra[0].to(k.dtype)]), torch.cat([v, extra[1].to(v.dtype)])
+        return k, v
+
+    kv = None if hook is None else keys_values
+    emulated = on_gpu(host.quantized()).parallel(a, x.double(), mods, seq, kv).float()
+    bf16 = on_gpu(host.dequantized(torch.bfloat16)).parallel(a, x, mods, seq, kv)
+    out = GpuBlock.of(host.quantized(), DEV).parallel(a, x, mods, seq, kv)
+    assert rel_err(out, emulated) <= 1e-2
+    assert rel_err(out, bf16) <= 3e-2
+    assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, kv), bf16) <= 1e-2
+    for ours, theirs in zip(seen[2], seen[0]) if kv else ():
+        assert ours.shape == theirs.shape == (rows, a.heads, a.head) and rel_err(ours, theirs) <= 1e-2

@@ -1,0 +1,109 @@
+"""GpuBlock on the CPU (every kernel falls back to its plain-torch reference) against the host block: forward and
+the parallel block (with and without the keys_values hook), INT8 against the INT8 emulation and BF16 against the
+BF16 host block, each within 1e-2. tests/dit_core/test_block_gpu.py runs the same on the GPU (pytest -m gpu)."""
+import pytest
+import torch
+from conftest import rel_err
+
+from dit_core import block_gpu
+from dit_core.arch import Arch
+from dit_core.block import Block
+from dit_core.block_gpu import GpuBlock
+from dit_core.modulation import Modulation
+from dit_core.sequence import sequence_of
+from dit_core.weights import Linear
+
+CPU = torch.device("cpu")
+
+
+def arch(norm: str) -> Arch:
+    return Arch(family="test", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
+                text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
+                rope_axes=(8, 12, 12), rope_theta=256.0, norm=norm)
+
+
+def random_block(a: Arch, sandwich: bool, seed: int = 0) -> Block:
+    g = torch.Generator().manual_seed(seed)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
+    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
+    post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
+    norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
+    return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
+                  lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))
+
+
+def inputs(a: Arch, rows: int, group: int):
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, a.hidden, generator=g)
+    mods = Modulation(*(0.3 * torch.randn(2, a.hidden, generator=g) for _ in range(4)),
+                      attn_shift=0.1 * torch.randn(2, a.hidden, generator=g))
+    row_map = (torch.arange(rows) >= rows // 3).long()
+    seq = sequence_of(torch.randint(0, 64, (rows, 3), generator=g), row_map, a.rope_axes, a.rope_theta, group=group)
+    return x, mods, seq
+
+
+def hosts(block: Block):
+    """(GpuBlock, host block, input dtype of the host) for INT8 and for BF16."""
+    int8, bf16 = block.quantized(), block.dequantized(torch.bfloat16)
+    return [(GpuBlock.of(int8, CPU), int8, torch.float64), (GpuBlock.of(bf16, CPU), bf16, torch.float32)]
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(block_gpu, "CHUNK", 64)  # several MLP chunks at these row counts
+
+
+@pytest.mark.parametrize("norm,sandwich", [("rms", True), ("rms", False), ("layer", False)])
+@pytest.mark.parametrize("rows,group", [(150, 0), (128, 32)])
+def test_forward_matches_host(norm, sandwich, rows, group):
+    a = arch(norm)
+    x, mods, seq = inputs(a, rows, group)
+    for gpu, host, dtype in hosts(random_block(a, sandwich)):
+        ref = host.forward(a, x.to(dtype), mods, seq).float()
+        assert rel_err(gpu.forward(a, x.clone(), mods, seq), ref) <= 1e-2
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+@pytest.mark.parametrize("rows,group", [(150, 0), (128, 32)])
+def test_parallel_matches_host(norm, rows, group):
+    a = arch(norm)
+    x, mods, seq = inputs(a, rows, group)
+    for gpu, host, dtype in hosts(random_block(a, sandwich=False)):
+        ref = host.parallel(a, x.to(dtype), mods, seq).float()
+        before = x.clone()
+        assert rel_err(gpu.parallel(a, x, mods, seq), ref) <= 1e-2
+        assert torch.equal(x, before)  # a new tensor: the step cache reads x after the block
+
+
+@pytest.mark.parametrize("group", [0, 32])
+def test_parallel_hook_sees_the_host_keys_and_values(group):
+    a = arch("layer")
+    x, mods, seq = inputs(a, 128, group)
+    seen = {}
+
+    def record(name):
+        def hook(k, v):
+            seen[name] = (k.float(), v.float())
+            return k, v
+        return hook
+
+    for gpu, host, dtype in hosts(random_block(a, sandwich=False, seed=3)):
+
+        ref = host.parallel(a, x.to(dtype), mods, seq, record("host")).float()
+        assert rel_err(gpu.parallel(a, x, mods, seq, record("gpu")), ref) <= 1e-2
+        for ours, theirs in zip(seen["gpu"], seen["host"]):
+            assert ours.shape == theirs.shape == (128, a.heads, a.head)
+            assert rel_err(ours, theirs) <= 1e-2
+
+
+def test_parallel_hook_may_add_keys_and_values():
+    """Keys and values kept from another step (RefSlots): more key rows than query rows."""
+    a = arch("layer")
+    x, mods, seq = inputs(a, 100, 0)
+    g = torch.Generator().manual_seed(5)
+    extra = [torch.randn(40, a.heads, a.head, generator=g) for _ in range(2)]
+    hook = lambda k, v: (torch.cat([k, extra[0].to(k.dtype)]), torch.cat([v, extra[1].to(v.dtype)]))  # noqa: E731
+    for gpu, host, dtype in hosts(random_block(a, sandwich=False, seed=4)):
+        ref = host.parallel(a, x.to(dtype), mods, seq, hook).float()
+        assert rel_err(gpu.parallel(a, x, mods, seq, hook), ref) <= 1e-2
+        assert rel_err(ref, host.parallel(a, x.to(dtype), mods, seq).float()) > 1e-2  # the hook mattered
