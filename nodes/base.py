@@ -225,3 +225,63 @@ def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:
     with checked(node_id, "samples"):
         return decoder.decode(samples["samples"].float(),
                               progress=lambda done, total: bar.update_absolute(done, total))
+
+
+class FileLoaderNode(io.ComfyNode):
+    """Base of the loaders of one file from a ComfyUI models folder (text encoders, VAEs); a family's node sets
+    the class constants below and `load` (the GGUF habit: a variant overrides only what differs)."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+    FOLDER = INPUT = KIND = ""
+
+    @staticmethod
+    def load(handle: FileHandle):
+        raise NotImplementedError
+
+    @classmethod
+    def extra_inputs(cls) -> list:
+        return []
+
+    @classmethod
+    def output(cls):
+        raise NotImplementedError
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
+                         description=cls.DESCRIPTION,
+                         inputs=[io.Combo.Input(cls.INPUT, options=folder_paths.get_filename_list(cls.FOLDER)),
+                                 *cls.extra_inputs()],
+                         outputs=[cls.output()])
+
+    @classmethod
+    def execute(cls, **inputs) -> io.NodeOutput:
+        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT))
+        with checked(cls.NODE_ID, cls.INPUT):
+            cls.load(handle)
+        return io.NodeOutput(handle)
+
+
+class TextEncoderLoaderNode(FileLoaderNode):
+    """CLIPLoader's widgets (clip_name, type with the family's value, optional device)."""
+    FOLDER, INPUT, KIND = "text_encoders", "clip_name", "text"
+    TYPE = ""
+
+    @classmethod
+    def extra_inputs(cls) -> list:
+        return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE),
+                io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)]
+
+    @classmethod
+    def output(cls):
+        from .types import TextEncoder
+        return TextEncoder.Output()
+
+
+class VAELoaderNode(FileLoaderNode):
+    """VAELoader's widget (vae_name)."""
+    FOLDER, INPUT, KIND = "vae", "vae_name", "vae"
+
+    @classmethod
+    def output(cls):
+        from .types import Vae
+        return Vae.Output()

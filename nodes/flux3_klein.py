@@ -1,7 +1,6 @@
 """FLUX.3 Klein nodes: loaders, text encode, the sampler (step cache, reference edits), VAE decode and encode."""
 from __future__ import annotations
 
-import folder_paths
 import torch
 from comfy_api.latest import io
 
@@ -16,6 +15,8 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    TextEncoderLoaderNode,
+    VAELoaderNode,
     check_family,
     checked,
     conditioning_rows,
@@ -74,24 +75,11 @@ class Flux3KleinLoader(io.ComfyNode):
         return io.NodeOutput(handle)
 
 
-class Flux3KleinTextEncoderLoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTFlux3KleinTextEncoderLoader", display_name="FLUX.3 Klein Text Encoder Loader (SwiftDiT)",
-            category=CATEGORY, description="Loads FLUX.3 Klein's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot).",
-            inputs=[io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders")),
-                    io.Combo.Input("type", options=["flux3"], default="flux3"),
-                    io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)],
-            outputs=[TextEncoder.Output()])
-
-    @classmethod
-    def execute(cls, clip_name, type, device="default") -> io.NodeOutput:
-        node = "SwiftDiTFlux3KleinTextEncoderLoader"
-        handle = FileHandle("text", model_file(node, "text_encoders", clip_name, "clip_name"))
-        with checked(node, "clip_name"):
-            load_text_encoder(handle)
-        return io.NodeOutput(handle)
+class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
+    NODE_ID, DISPLAY = "SwiftDiTFlux3KleinTextEncoderLoader", "FLUX.3 Klein Text Encoder Loader (SwiftDiT)"
+    CATEGORY, TYPE = CATEGORY, "flux3"
+    DESCRIPTION = "Loads FLUX.3 Klein's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot)."
+    load = staticmethod(load_text_encoder)
 
 
 class Flux3KleinTextEncode(io.ComfyNode):
@@ -184,23 +172,10 @@ class Flux3KleinSampler(io.ComfyNode):
         return io.NodeOutput({**latent_image, "samples": samples})
 
 
-class Flux3KleinVAELoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTFlux3KleinVAELoader", display_name="FLUX.3 Klein VAE Loader (SwiftDiT)",
-            category=CATEGORY, description="Loads the FLUX.2 VAE (flux2-vae.safetensors): decode, and encode for "
-                                           "reference images.",
-            inputs=[io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"))],
-            outputs=[Vae.Output()])
-
-    @classmethod
-    def execute(cls, vae_name) -> io.NodeOutput:
-        node = "SwiftDiTFlux3KleinVAELoader"
-        handle = FileHandle("vae", model_file(node, "vae", vae_name, "vae_name"))
-        with checked(node, "vae_name"):
-            load_vae(handle)
-        return io.NodeOutput(handle)
+class Flux3KleinVAELoader(VAELoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinVAELoader", "FLUX.3 Klein VAE Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads the FLUX.2 VAE (flux2-vae.safetensors): decode, and encode for reference images."
+    load = staticmethod(load_vae)
 
 
 class Flux3KleinVAEDecode(io.ComfyNode):

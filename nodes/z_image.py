@@ -14,6 +14,8 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    TextEncoderLoaderNode,
+    VAELoaderNode,
     check_family,
     checked,
     conditioning_rows,
@@ -98,28 +100,15 @@ class ZImageLoraLoaderModelOnly(io.ComfyNode):
         return io.NodeOutput(handle)
 
 
-class ZImageTextEncoderLoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageTextEncoderLoader", display_name="Z-Image Text Encoder Loader (SwiftDiT)",
-            category=CATEGORY, description="Loads Z-Image's Qwen3-4B text encoder (BF16, FP8 or INT8 ConvRot).",
-            inputs=[io.Combo.Input("clip_name", options=folder_paths.get_filename_list("text_encoders")),
-                    io.Combo.Input("type", options=["lumina2"], default="lumina2"),
-                    io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)],
-            outputs=[TextEncoder.Output()])
-
-    @classmethod
-    def execute(cls, clip_name, type, device="default") -> io.NodeOutput:
-        node = "SwiftDiTZImageTextEncoderLoader"
-        handle = FileHandle("text", model_file(node, "text_encoders", clip_name, "clip_name"))
-        with checked(node, "clip_name"):
-            load_text_encoder(handle)
-        return io.NodeOutput(handle)
-
-
 def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
     return LOADED.get("text", handle.key(), lambda: Qwen3TextEncoder.load(handle.path, TOKENIZER_DIR))
+
+
+class ZImageTextEncoderLoader(TextEncoderLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageTextEncoderLoader", "Z-Image Text Encoder Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads Z-Image's Qwen3-4B text encoder (BF16, FP8 or INT8 ConvRot)."
+    TYPE = "lumina2"
+    load = staticmethod(load_text_encoder)
 
 
 class ZImageTextEncode(io.ComfyNode):
@@ -179,27 +168,15 @@ class ZImageSampler(io.ComfyNode):
         return io.NodeOutput({**latent_image, "samples": samples})
 
 
-class ZImageVAELoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageVAELoader", display_name="Z-Image VAE Loader (SwiftDiT)", category=CATEGORY,
-            description="Loads FLUX.1's VAE (ae.safetensors), Z-Image's decoder.",
-            inputs=[io.Combo.Input("vae_name", options=folder_paths.get_filename_list("vae"))],
-            outputs=[Vae.Output()])
-
-    @classmethod
-    def execute(cls, vae_name) -> io.NodeOutput:
-        node = "SwiftDiTZImageVAELoader"
-        handle = FileHandle("vae", model_file(node, "vae", vae_name, "vae_name"))
-        with checked(node, "vae_name"):
-            load_vae(handle)
-        return io.NodeOutput(handle)
-
-
 def load_vae(handle: FileHandle) -> ImageDecoder:
     # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
     return on_device("vae", handle, lambda: ImageDecoder.load(handle.path))
+
+
+class ZImageVAELoader(VAELoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageVAELoader", "Z-Image VAE Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads FLUX.1's VAE (ae.safetensors), Z-Image's decoder."
+    load = staticmethod(load_vae)
 
 
 class ZImageVAEDecode(io.ComfyNode):
