@@ -100,7 +100,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("swap", help="replace the stock nodes of a family's graph with SwiftDiT's")
     p.add_argument("input", type=Path, metavar="IN")
     p.add_argument("output", type=Path, metavar="OUT")
-    p.add_argument("--family", choices=sorted(FAMILIES), default="z_image")
+    p.add_argument("--family", choices=[*sorted(FAMILIES), "auto"], default="z_image",
+                   help="the family's swap table (default z_image); auto: the one family whose graph IN holds")
     p.add_argument("--format", choices=("ui", "api"), help="IN's format (default: detected)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (never IN)")
     p.set_defaults(run=_swap)

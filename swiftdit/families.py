@@ -31,11 +31,13 @@ class Family:
     text_encoders: tuple[str, ...]
     vae_loader: str
     decoders: tuple[str, ...]
+    # VAE encodes whose LATENT reaches a sampler's conditioning (reference images, e.g. through ReferenceLatent)
+    vae_encoders: tuple[str, ...] = ()
     ours_roles: MappingProxyType = field(init=False)  # our node id -> the stock class it replaces
 
     def __post_init__(self):
         for stock in (self.sampler, self.model_loader, self.text_loader, self.vae_loader,
-                      *self.model_patches, *self.text_encoders, *self.decoders):
+                      *self.model_patches, *self.text_encoders, *self.decoders, *self.vae_encoders):
             if stock not in self.roles:
                 raise ValueError(f"family {self.name}: {stock} is named in a rule but has no role")
         object.__setattr__(self, "ours_roles",
@@ -108,4 +110,48 @@ Z_IMAGE = Family(
     decoders=("VAEDecode",),
 )
 
-FAMILIES = MappingProxyType({Z_IMAGE.name: Z_IMAGE})
+# docs/nodes.md, "FLUX.3 Klein": the same roles as Z-Image without model patches (the sampler applies shift 16
+# itself), plus VAE encode for reference images. The sampler runs Euler / simple at denoise 1 only and appends
+# `cache` and `refresh`. Stock ReferenceLatent / ReferenceMultiLatent / EmptyFlux2LatentImage stay: they take and give
+# CONDITIONING and LATENT (ReferenceMultiLatent also takes a VAE, so a VAELoader feeding it stays stock).
+FLUX3_KLEIN = Family(
+    name="flux3_klein",
+    title="FLUX.3 Klein",
+    roles=MappingProxyType({
+        "UNETLoader": Role("SwiftDiTFlux3KleinLoader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
+                           extra_widgets=(("linears", "as stored"),)),
+        "CLIPLoader": Role("SwiftDiTFlux3KleinTextEncoderLoader", outputs=("CLIP",),
+                           widgets=("clip_name", "type", "device"),
+                           accepts=(("device", ("default", "cpu")),)),
+        "CLIPTextEncode": Role("SwiftDiTFlux3KleinTextEncode", sockets=(("clip", "CLIP"),),
+                               outputs=("CONDITIONING",), widgets=("text",)),
+        "KSampler": Role("SwiftDiTFlux3KleinSampler",
+                         sockets=(("model", "MODEL"), ("positive", "CONDITIONING"),
+                                  ("negative", "CONDITIONING"), ("latent_image", "LATENT")),
+                         outputs=("LATENT",),
+                         widgets=("seed", "control_after_generate", "steps", "cfg", "sampler_name",
+                                  "scheduler", "denoise"),
+                         extra_widgets=(("cache", 0.3), ("refresh", 0)),
+                         accepts=(("sampler_name", ("euler",)), ("scheduler", ("simple",)),
+                                  ("denoise", (1.0,)))),
+        "VAELoader": Role("SwiftDiTFlux3KleinVAELoader", outputs=("VAE",), widgets=("vae_name",)),
+        "VAEDecode": Role("SwiftDiTFlux3KleinVAEDecode", sockets=(("samples", "LATENT"), ("vae", "VAE")),
+                          outputs=("IMAGE",)),
+        "VAEEncode": Role("SwiftDiTFlux3KleinVAEEncode", sockets=(("pixels", "IMAGE"), ("vae", "VAE")),
+                          outputs=("LATENT",)),
+    }),
+    wire_types=MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER",
+                                 "VAE": "SWIFTDIT_VAE"}),
+    sampler="KSampler",
+    model_loader="UNETLoader",
+    model_patches=(),
+    text_loader="CLIPLoader",
+    # Both official distilled templates load Qwen3-VL-4B (and the 9B prompt upsampler) with CLIPLoader type flux3.
+    text_loader_types=("flux3",),
+    text_encoders=("CLIPTextEncode",),
+    vae_loader="VAELoader",
+    decoders=("VAEDecode",),
+    vae_encoders=("VAEEncode",),
+)
+
+FAMILIES = MappingProxyType({f.name: f for f in (Z_IMAGE, FLUX3_KLEIN)})

@@ -114,6 +114,24 @@ def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
                 cand.add(vae.id)
         else:
             why.setdefault(n.id, f"its samples come from no {fam.title} sampler")
+    for sid in samplers:  # VAE encodes of reference images: upstream of the conditioning, never past a sampler
+        todo, seen = [into[(sid, n)] for n in conds if (sid, n) in into], set()
+        while todo:
+            w = todo.pop()
+            if w.src is None or w.src in seen or w.src not in nodes:
+                continue
+            seen.add(w.src)
+            n = nodes[w.src]
+            if any(plays(n, e) for e in fam.vae_encoders):
+                cand.add(n.id)
+                vae = src(n.id, "vae")
+                if plays(vae, fam.vae_loader):
+                    cand.add(vae.id)
+            elif not plays(n, fam.sampler):
+                todo += [x for x in by_dst[w.src] if x.type in ("CONDITIONING", "LATENT", None)]
+    for n in nodes.values():
+        if any(plays(n, e) for e in fam.vae_encoders) and n.id not in cand:
+            why.setdefault(n.id, f"its latent reaches the conditioning of no {fam.title} sampler")
     cand |= loaders | encoders
     cand = {c for c in cand if nodes[c].type in fam.roles}  # ours are already swapped
 
@@ -172,7 +190,7 @@ def _outside(fam: Family, stock: str) -> str:
     if stock == fam.model_loader or stock in fam.model_patches:
         return f"not on the model path of a {fam.title} sampler"
     if stock == fam.vae_loader:
-        return f"feeds no {fam.title} decode"
+        return f"feeds no {fam.title} decode" + (" or reference encode" if fam.vae_encoders else "")
     return f"not part of a {fam.title} graph"
 
 
@@ -192,7 +210,7 @@ def _widgets(fam: Family, node: dict) -> tuple[dict, str | None]:
 def _refused(role, values: dict, linked: set) -> str | None:
     for name, allowed in role.accepts:
         if name in values and name not in linked and values[name] not in allowed:
-            return f"{name} {values[name]!r} is not one SwiftDiT runs ({', '.join(allowed)})"
+            return f"{name} {values[name]!r} is not one SwiftDiT runs ({', '.join(map(str, allowed))})"
     return None
 
 
@@ -328,7 +346,14 @@ def detect_format(data) -> str:
 
 
 def swap(data: dict, family: str = "z_image", fmt: str | None = None) -> tuple[dict, Report]:
-    """Swap a workflow of either format; `fmt` ('ui' or 'api'), when given, must match what the data is."""
+    """Swap a workflow of either format; `fmt` ('ui' or 'api'), when given, must match what the data is.
+    `family` 'auto' tries every family and keeps the one that swaps something (an error if several do)."""
+    if family == "auto":
+        results = {name: swap(data, name, fmt) for name in FAMILIES}
+        hits = [name for name, (_, report) in results.items() if report.changed]
+        if len(hits) > 1:
+            raise ValueError(f"several families match ({', '.join(hits)}): pass --family")
+        return results[hits[0] if hits else next(iter(FAMILIES))]
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")
     found = detect_format(data)

@@ -27,10 +27,10 @@ PARTIAL = ("image_z_image", "image_z_image_int8", "image_z_image_turbo_fun_union
 
 
 
-def contract() -> dict:
-    """docs/nodes.md, Z-Image table: stock node -> (our node id, our output type)."""
+def contract(prefix: str = "SwiftDiTZImage") -> dict:
+    """docs/nodes.md, one family's table (Z-Image by default): stock node -> (our node id, our output type)."""
     text = (ROOT / "docs" / "nodes.md").read_text()
-    rows = re.findall(r"^\| `(SwiftDiTZImage\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
+    rows = re.findall(rf"^\| `({prefix}\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
     return {stock: (ours, out) for ours, stock, out in rows}
 
 
@@ -46,16 +46,16 @@ def link_ends(wf: dict) -> dict:
             for scope in UIGraph(wf).scopes() for lid, raw in scope.raw_links.items()}
 
 
-def stock_view(wf: dict) -> dict:
+def stock_view(wf: dict, family=FAMILY) -> dict:
     """The workflow with every allowed swap edit undone: what must equal the original exactly."""
     wf = copy.deepcopy(wf)
-    back = {ours: stock for ours, stock in FAMILY.ours_roles.items()}
-    types = {ours: stock for stock, ours in FAMILY.wire_types.items()}
+    back = {ours: stock for ours, stock in family.ours_roles.items()}
+    types = {ours: stock for stock, ours in family.wire_types.items()}
 
     def undo(obj):
         if isinstance(obj, dict):
             if obj.get("type") in back:  # one of our nodes
-                role = FAMILY.roles[back[obj["type"]]]
+                role = family.roles[back[obj["type"]]]
                 obj["type"] = back[obj["type"]]
                 if role.extra_widgets:
                     obj["widgets_values"] = obj["widgets_values"][:-len(role.extra_widgets)]
@@ -70,11 +70,11 @@ def stock_view(wf: dict) -> dict:
     return undo(wf)
 
 
-def stock_consumers_of_ours(wf: dict) -> list[str]:
+def stock_consumers_of_ours(wf: dict, family=FAMILY) -> list[str]:
     """Stock nodes that take or give one of our engine types (none may remain)."""
-    ours_types = set(FAMILY.wire_types.values())
+    ours_types = set(family.wire_types.values())
     return [f"{n['id']} {n['type']}" for n in all_nodes(wf)
-            if n["type"] not in FAMILY.ours_roles and n["type"] != "Reroute"
+            if n["type"] not in family.ours_roles and n["type"] != "Reroute"
             and any(e.get("type") in ours_types for e in n.get("inputs", []) + n.get("outputs", []))]
 
 
@@ -320,3 +320,163 @@ def test_cli_explains_bad_input(tmp_path):
     done = run_cli("to-api", src, tmp_path / "api.json", "--object-info", info)
     assert done.returncode == 2 and "is not in object_info" in done.stderr
     assert not (tmp_path / "out.json").exists() and not (tmp_path / "api.json").exists()
+
+
+# FLUX.3 Klein: the official distilled templates (t2i: subgraph #18 with the 9B prompt upsampler; edit: flat,
+# ReferenceMultiLatent). docs/nodes.md, "FLUX.3 Klein".
+KLEIN = FAMILIES["flux3_klein"]
+KLEIN_TEMPLATES = ("image_flux3_klein_distilled_t2i", "image_flux3_klein_distilled_image_edit")
+KLEIN_OBJECT_INFO = ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json"
+KLEIN_EXTRA = {"SwiftDiTFlux3KleinLoader": ["as stored"], "SwiftDiTFlux3KleinSampler": [0.3, 0]}
+# What each template swaps (API-style ids) and what stays of the family's roles, with the reason.
+KLEIN_CHANGED = {
+    "image_flux3_klein_distilled_t2i": {
+        "18:1": "SwiftDiTFlux3KleinLoader", "18:2": "SwiftDiTFlux3KleinTextEncoderLoader",
+        "18:3": "SwiftDiTFlux3KleinVAELoader", "18:4": "SwiftDiTFlux3KleinTextEncode",
+        "18:5": "SwiftDiTFlux3KleinTextEncode", "18:7": "SwiftDiTFlux3KleinSampler",
+        "18:8": "SwiftDiTFlux3KleinVAEDecode"},
+    "image_flux3_klein_distilled_image_edit": {
+        "1": "SwiftDiTFlux3KleinLoader", "2": "SwiftDiTFlux3KleinTextEncoderLoader",
+        "4": "SwiftDiTFlux3KleinTextEncode", "7": "SwiftDiTFlux3KleinSampler"},
+}
+KLEIN_LEFT = {
+    "image_flux3_klein_distilled_t2i": {
+        "18:12": ("CLIPLoader", "its CLIP also feeds stock TextGenerate (18:11), which needs CLIP"),
+        "18:6": ("EmptyFlux2LatentImage", "gives LATENT, stays stock"),
+        "18:11": ("TextGenerate", "takes CLIP, IMAGE, AUDIO, STRING, gives STRING, stays stock")},
+    "image_flux3_klein_distilled_image_edit": {
+        "3": ("VAELoader", "its VAE also feeds stock ReferenceMultiLatent (17), which needs VAE"),
+        "8": ("VAEDecode", "its vae comes from stock VAELoader (3)"),
+        "46": ("CLIPLoader", "its CLIP also feeds stock TextGenerate (47), which needs CLIP"),
+        "17": ("ReferenceMultiLatent", "takes CONDITIONING, VAE, IMAGE, gives CONDITIONING, LATENT, stays stock"),
+        "32": ("ConditioningZeroOut", "takes CONDITIONING, gives CONDITIONING, stays stock")},
+}
+
+
+def test_klein_family_table_is_the_contract():
+    docs = contract("SwiftDiTFlux3Klein")
+    assert {stock: role.ours for stock, role in KLEIN.roles.items()} == {s: o for s, (o, _) in docs.items()}
+    for ours, out in docs.values():
+        assert KLEIN.output_type(ours, 0) == out, ours
+    assert [name for name, _ in KLEIN.roles["KSampler"].extra_widgets] == ["cache", "refresh"]
+
+
+@pytest.mark.parametrize("name", KLEIN_TEMPLATES)
+def test_klein_templates_swap(name):
+    before = template(name)
+    assert problems(before) == []
+    after, report = swap_ui(before, "flux3_klein")
+    assert {where: new for where, _, new in report.changed} == KLEIN_CHANGED[name]
+    left = {where: (kind, why) for where, kind, why in report.left}
+    for where, expected in KLEIN_LEFT[name].items():
+        assert left[where] == expected, where
+    assert problems(after) == []  # links <-> slots both ways, types equal on both ends, subgraph ports
+    assert stock_consumers_of_ours(after, KLEIN) == []
+    assert link_ends(after) == link_ends(before)
+    old = {n["id"]: n for n in all_nodes(before)}
+    for node in all_nodes(after):
+        values, kept = node.get("widgets_values"), old[node["id"]].get("widgets_values")
+        if kept is None:
+            assert values is None, node["id"]
+            continue
+        assert values[:len(kept)] == kept and values[len(kept):] == KLEIN_EXTRA.get(node["type"], []), node["id"]
+        assert [e.get("link") for e in node.get("inputs", [])] == [e.get("link") for e in old[node["id"]]["inputs"]]
+    assert stock_view(after, KLEIN) == stock_view(before, KLEIN)  # nothing else moved
+    twice, again = swap_ui(after, "flux3_klein")
+    assert twice == after and again.changed == [] and again.retyped == 0
+    assert {why for _, kind, why in again.left if kind.startswith("SwiftDiT")} == {"already a SwiftDiT node"}
+
+
+def test_klein_t2i_subgraph_declarations_follow_the_wires():
+    after, report = swap_ui(template("image_flux3_klein_distilled_t2i"), "flux3_klein")
+    graph = UIGraph(after)
+    for scope in graph.subgraphs.values():
+        for port in scope.body["inputs"] + scope.body["outputs"]:
+            types = {link_view(scope.raw_links[lid])["type"] for lid in port["linkIds"]}
+            assert types == {port["type"]}, port["name"]
+    engine = {link_view(raw)["type"] for scope in graph.scopes() for raw in scope.raw_links.values()}
+    assert engine >= set(KLEIN.wire_types.values())
+    assert engine & set(KLEIN.wire_types) == {"CLIP"}  # the upsampler's loader -> TextGenerate stays stock
+    assert report.retyped == 4
+
+
+def test_a_z_image_swap_leaves_klein_alone_and_back():
+    for name in KLEIN_TEMPLATES:
+        after, report = swap_ui(template(name))  # the default family: z_image
+        assert report.changed == [] and after == template(name)
+    after, report = swap_ui(template("image_z_image_turbo"), "flux3_klein")
+    assert report.changed == []
+    assert {why for _, kind, why in report.left if kind == "CLIPLoader"} == \
+        {"type 'lumina2' is not a FLUX.3 Klein text encoder"}
+
+
+def test_klein_sampler_values_we_do_not_run_stay_stock():
+    wf = template("image_flux3_klein_distilled_image_edit")
+    sampler = next(n for n in wf["nodes"] if n["type"] == "KSampler")
+    sampler["widgets_values"][4] = "er_sde"
+    after, report = swap_ui(wf, "flux3_klein")
+    why = {where: reason for where, _, reason in report.left}
+    assert why["7"] == "sampler_name 'er_sde' is not one SwiftDiT runs (euler)"
+    assert {old for _, old, _ in report.changed} == {"CLIPLoader", "CLIPTextEncode"}
+    assert problems(after) == [] and stock_consumers_of_ours(after, KLEIN) == []
+    sampler["widgets_values"][4], sampler["widgets_values"][6] = "euler", 0.75
+    report = swap_ui(wf, "flux3_klein")[1]
+    assert {where: reason for where, _, reason in report.left}["7"] == \
+        "denoise 0.75 is not one SwiftDiT runs (1.0)"
+
+
+def stock_klein_workflow(name: str) -> dict:
+    """workflows/<name>.json with every one of our nodes turned back into the stock node it replaces."""
+    return stock_view(json.loads((ROOT / "workflows" / f"{name}.json").read_text()), KLEIN)
+
+
+@pytest.mark.parametrize("name", ("flux3_klein_t2i", "flux3_klein_edit"))
+def test_klein_stock_form_of_our_workflows_swaps_back(name):
+    def body(prompt):
+        return {k: {"class_type": v["class_type"], "inputs": v["inputs"]} for k, v in prompt.items()}
+    info = json.loads(KLEIN_OBJECT_INFO.read_text())
+    ours = json.loads((ROOT / "workflows" / f"{name}.json").read_text())
+    stock = stock_klein_workflow(name)
+    assert not [n["type"] for n in all_nodes(stock) if n["type"].startswith("SwiftDiT")]
+    swapped, report = swap_ui(stock, "flux3_klein")
+    assert problems(swapped) == [] and report.left and all(k not in KLEIN.roles for _, k, _ in report.left)
+    assert body(to_api(swapped, info)) == body(to_api(ours, info))
+    api, api_report = swap_api(to_api(stock, info), "flux3_klein")
+    assert body(api) == body(json.loads((ROOT / "workflows" / f"{name}_api.json").read_text()))
+    assert sorted(api_report.changed) == sorted(report.changed)
+    assert swap_api(api, "flux3_klein")[0] == api
+    if name == "flux3_klein_edit":  # the reference image's VAEEncode feeds ReferenceLatent: ours
+        assert ("13", "VAEEncode", "SwiftDiTFlux3KleinVAEEncode") in report.changed
+
+
+def test_klein_vae_encode_outside_the_conditioning_stays_stock():
+    info = json.loads(KLEIN_OBJECT_INFO.read_text())
+    prompt = to_api(stock_klein_workflow("flux3_klein_edit"), info)
+    prompt["7"]["inputs"].update(positive=["4", 0], negative=["32", 0])  # references unplugged
+    del prompt["14"], prompt["15"]
+    swapped, report = swap_api(prompt, "flux3_klein")
+    why = {where: reason for where, _, reason in report.left}
+    assert why["13"] == "its latent reaches the conditioning of no FLUX.3 Klein sampler"
+    assert why["3"] == "its VAE also feeds stock VAEEncode (13), which needs VAE"
+    assert why["8"] == "its vae comes from stock VAELoader (3)"
+    assert swapped["7"]["class_type"] == "SwiftDiTFlux3KleinSampler"
+    assert swapped["7"]["inputs"]["cache"] == 0.3 and swapped["7"]["inputs"]["refresh"] == 0
+
+
+def test_cli_swaps_a_klein_template(tmp_path):
+    src = tmp_path / "stock.json"
+    src.write_text(json.dumps(template("image_flux3_klein_distilled_t2i")))
+    out = tmp_path / "ours.json"
+    done = run_cli("swap", src, out, "--family", "flux3_klein")
+    assert done.returncode == 0, done.stderr
+    assert "18:7  KSampler -> SwiftDiTFlux3KleinSampler" in done.stdout and "TextGenerate" in done.stdout
+    assert json.loads(out.read_text()) == swap_ui(template("image_flux3_klein_distilled_t2i"), "flux3_klein")[0]
+
+    auto = tmp_path / "auto.json"
+    done = run_cli("swap", src, auto, "--family", "auto")
+    assert done.returncode == 0 and "FLUX.3 Klein: swapped 7 node(s)" in done.stdout
+    assert auto.read_bytes() == out.read_bytes()
+    z_src, z_out = tmp_path / "z.json", tmp_path / "z_ours.json"
+    z_src.write_text(json.dumps(template("image_z_image_turbo")))
+    done = run_cli("swap", z_src, z_out, "--family", "auto")
+    assert done.returncode == 0 and "Z-Image: swapped 7 node(s)" in done.stdout

@@ -19,6 +19,9 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = ROOT / "workflows"
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.json").read_text())
+# Each family's workflows are converted with its own /object_info fixture (file name prefix -> fixture).
+FIXTURES = {"z_image": OBJECT_INFO,
+            "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
 UI_FILES = sorted(p for p in WORKFLOWS.glob("*.json") if not p.stem.endswith("_api"))
 API_FILES = sorted(WORKFLOWS.glob("*_api.json"))
@@ -52,9 +55,14 @@ def node_types(path: Path) -> set[str]:
     return {body["class_type"] for body in data.values()}
 
 
+def fixture_for(path: Path) -> dict:
+    return next(info for prefix, info in FIXTURES.items() if path.name.startswith(prefix))
+
+
 def test_workflows_are_there_and_described():
-    assert [p.name for p in UI_FILES] == ["z_image_turbo_t2i.json"]
-    assert [p.name for p in API_FILES] == ["z_image_turbo_t2i_api.json"]
+    assert [p.name for p in UI_FILES] == ["flux3_klein_edit.json", "flux3_klein_t2i.json", "z_image_turbo_t2i.json"]
+    assert [p.name for p in API_FILES] == ["flux3_klein_edit_api.json", "flux3_klein_t2i_api.json",
+                                           "z_image_turbo_t2i_api.json"]
     readme = (WORKFLOWS / "README.md").read_text()
     for path in UI_FILES + API_FILES:
         assert f"`{path.name}`" in readme, path.name
@@ -103,11 +111,15 @@ def test_our_node_types_are_registered(path, registry):
     assert ours <= set(registry), f"not in nodes/__init__.py: {sorted(ours - set(registry))}"
 
 
-def test_object_info_fixture_matches_our_nodes(registry):
+@pytest.mark.parametrize("family", sorted(FIXTURES))
+def test_object_info_fixture_matches_our_nodes(registry, family):
+    fixtures = FIXTURES[family]
+    prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein"}[family]
+    assert {n for n in registry if n.startswith(prefix)} <= set(fixtures)  # every node of the family is there
     for node_id, cls in registry.items():
-        if node_id not in OBJECT_INFO:
+        if node_id not in fixtures:
             continue
-        live, fixture = cls.GET_NODE_INFO_V1(), OBJECT_INFO[node_id]
+        live, fixture = cls.GET_NODE_INFO_V1(), fixtures[node_id]
         live = live if isinstance(live, dict) else vars(live)
         assert live["input_order"] == fixture["input_order"], node_id
         assert list(live["output"]) == fixture["output"], node_id
@@ -119,15 +131,16 @@ def test_object_info_fixture_matches_our_nodes(registry):
 @pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
 def test_api_twin_is_what_to_api_makes(path):
     ui = json.loads((WORKFLOWS / path.name.replace("_api.json", ".json")).read_text())
-    assert json.loads(path.read_text()) == to_api(ui, OBJECT_INFO)
+    assert json.loads(path.read_text()) == to_api(ui, fixture_for(path))
 
 
 @pytest.mark.parametrize("path", UI_FILES, ids=lambda p: p.name)
 def test_ui_workflow_loads_and_is_already_ours(path):
     wf = json.loads(path.read_text())
     assert problems(wf) == []
-    swapped, report = swap_ui(wf)
-    assert swapped == wf and report.changed == []
+    for family in FIXTURES:
+        swapped, report = swap_ui(wf, family)
+        assert swapped == wf and report.changed == []
 
 
 def test_turbo_workflow_mirrors_the_official_template():
@@ -187,3 +200,47 @@ def test_to_api_names_a_node_missing_from_object_info():
     info = {k: v for k, v in OBJECT_INFO.items() if k != "ConditioningZeroOut"}
     with pytest.raises(ValueError, match=r"node 57:33 \(ConditioningZeroOut\) is not in object_info"):
         to_api(template("image_z_image_turbo"), info)
+
+
+def klein_template_values(name: str) -> dict:
+    """The sampler's and the loaders' values of an official distilled Klein template (promoted ones win)."""
+    wf = template(name)
+    if name.endswith("_t2i"):
+        v = next(n for n in wf["nodes"] if n["id"] == 18)["widgets_values"]  # promoted subgraph inputs
+        return {"text": v[0], "width": v[2], "height": v[3], "seed": v[4], "steps": v[5], "sampler_name": v[6],
+                "scheduler": v[7], "unet_name": v[8], "clip_name": v[9], "vae_name": v[10], "cfg": 1, "denoise": 1}
+    nodes = {n["id"]: n.get("widgets_values") for n in wf["nodes"]}  # 2: the text encoder, 46: the upsampler
+    seed, _, steps, cfg, sampler_name, scheduler, denoise = nodes[7]
+    return {"seed": seed, "steps": steps, "cfg": cfg, "sampler_name": sampler_name, "scheduler": scheduler,
+            "denoise": denoise, "unet_name": nodes[1][0], "clip_name": nodes[2][0], "vae_name": nodes[3][0],
+            "image": nodes[11][0]}
+
+
+@pytest.mark.parametrize("name, official", [("flux3_klein_t2i", "image_flux3_klein_distilled_t2i"),
+                                            ("flux3_klein_edit", "image_flux3_klein_distilled_image_edit")])
+def test_klein_workflows_mirror_the_official_templates(name, official):
+    want = klein_template_values(official)
+    ours = json.loads((WORKFLOWS / f"{name}_api.json").read_text())
+    by_type = {}
+    for body in ours.values():
+        by_type.setdefault(body["class_type"], []).append(body["inputs"])
+    sampler = by_type["SwiftDiTFlux3KleinSampler"][0]
+    assert {k: sampler[k] for k in ("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise")} == \
+        {k: want[k] for k in ("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise")}
+    assert (sampler["steps"], sampler["cache"], sampler["refresh"]) == (16, 0.3, 0)
+    assert by_type["SwiftDiTFlux3KleinLoader"][0] == {"unet_name": want["unet_name"], "weight_dtype": "default",
+                                                      "linears": "as stored"}
+    assert by_type["SwiftDiTFlux3KleinTextEncoderLoader"][0] == {"clip_name": want["clip_name"], "type": "flux3",
+                                                                 "device": "default"}
+    assert by_type["SwiftDiTFlux3KleinVAELoader"][0] == {"vae_name": want["vae_name"]}
+    assert by_type["SaveImage"][0]["filename_prefix"] == official
+    if name == "flux3_klein_t2i":  # the prompt as typed (the upsampler skipped), a real empty negative
+        assert [e["text"] for e in by_type["SwiftDiTFlux3KleinTextEncode"]] == [want["text"], ""]
+        assert by_type["EmptyFlux2LatentImage"][0] == {"width": want["width"], "height": want["height"],
+                                                       "batch_size": 1}
+    else:  # the reference: scaled to ~1 MP, our VAE encode, ReferenceLatent on positive and negative
+        assert by_type["LoadImage"][0] == {"image": want["image"]}
+        assert by_type["ImageScaleToTotalPixels"][0]["megapixels"] == 1.0
+        encode = next(k for k, v in ours.items() if v["class_type"] == "SwiftDiTFlux3KleinVAEEncode")
+        assert sorted(r["latent"][0] for r in by_type["ReferenceLatent"]) == [encode, encode]
+        assert sampler["latent_image"] == [encode, 0]  # the output takes the reference's size, as the template
