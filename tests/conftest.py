@@ -46,3 +46,16 @@ def comfy():
     import comfy.sample
     import comfy.samplers
     return sys.modules["comfy"]
+
+
+@pytest.fixture(scope="session")
+def swiftdit_pack(comfy):
+    """The pack imported once, as ComfyUI imports a custom-node folder (a package named after the folder), so the
+    nodes' relative imports of dit_core/ and kernels/ resolve as they do inside ComfyUI."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("swiftdit_pack", ROOT / "__init__.py",
+                                                  submodule_search_locations=[str(ROOT)])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["swiftdit_pack"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,11 +1,8 @@
 """workflows/: every node type used is ours (docs/nodes.md, the registry) or stock ComfyUI v0.3.75; the API
 twins are what `swiftdit to-api` makes; the UI -> API rules (subgraphs, promotion, bypass, mute, notes)."""
 import copy
-import importlib
-import importlib.util
 import json
 import re
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -83,26 +80,10 @@ def test_every_node_type_is_ours_or_stock(path):
 
 
 @pytest.fixture(scope="module")
-def registry(request):
+def registry(swiftdit_pack):
     """Our node classes by node id from nodes/__init__.py (NODES_BY_FAMILY), imported as ComfyUI does."""
-    try:
-        pack = sys.modules.get("swiftdit_pack")  # tests/nodes imported it already: reuse, never re-execute
-        if pack is None:
-            if not (COMFYUI_TREE / "comfy").is_dir():
-                pytest.skip("nodes/ imports ComfyUI's comfy_api and the ComfyUI tree is missing: "
-                            "node types were checked against docs/nodes.md only")
-            request.getfixturevalue("comfy")  # the v0.3.75 tree on sys.path (conftest)
-            spec = importlib.util.spec_from_file_location("swiftdit_pack_registry", ROOT / "__init__.py",
-                                                          submodule_search_locations=[str(ROOT)])
-            pack = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = pack
-            spec.loader.exec_module(pack)
-        nodes = importlib.import_module(f"{pack.__name__}.nodes")
-        classes = [c for group in nodes.NODES_BY_FAMILY.values() for c in group]
-        return {c.define_schema().node_id: c for c in classes}
-    except Exception as e:  # noqa: BLE001 - the registry grows beside these tests: say why, do not fail
-        pytest.skip(f"node registry not importable here ({type(e).__name__}: {e}); "
-                    f"node types were checked against docs/nodes.md only")
+    from swiftdit_pack.nodes import NODES_BY_FAMILY
+    return {c.define_schema().node_id: c for group in NODES_BY_FAMILY.values() for c in group}
 
 
 @pytest.mark.parametrize("path", UI_FILES + API_FILES, ids=lambda p: p.name)

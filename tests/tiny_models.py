@@ -49,10 +49,9 @@ def z_image_comfy_layout(state: dict) -> dict:
     return out
 
 
-def random_qwen3(seed: int = 0, **overrides) -> Qwen3Model:
-    """transformers' Qwen3 with every parameter random, RMSNorm gains around 1."""
-    torch.manual_seed(seed)
-    model = Qwen3Model(Qwen3Config(**{**QWEN3_TINY, **overrides})).eval()
+def randomize_language_model(model):
+    """Every parameter of a transformers language model random: RMSNorm gains around 1, matrices scaled by
+    1/sqrt(fan-in), embeddings and the rest standard normal."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -62,6 +61,13 @@ def random_qwen3(seed: int = 0, **overrides) -> Qwen3Model:
             else:
                 p.copy_(torch.randn_like(p))
     return model
+
+
+def random_qwen3(seed: int = 0, **overrides) -> Qwen3Model:
+    """transformers' Qwen3 with every parameter random, RMSNorm gains around 1."""
+    torch.manual_seed(seed)
+    model = Qwen3Model(Qwen3Config(**{**QWEN3_TINY, **overrides})).eval()
+    return randomize_language_model(model)
 
 
 def qwen3_comfy_layout(model: Qwen3Model, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -233,15 +239,7 @@ def random_qwen3_vl(seed: int = 0, **text_overrides):
     config = Qwen3VLConfig(text_config={**QWEN3_VL_TEXT_TINY, **text_overrides},
                            vision_config=QWEN3_VL_VISION_TINY, tie_word_embeddings=True)
     model = Qwen3VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.copy_(1 + 0.3 * torch.randn_like(p))
-            elif p.dim() == 2 and "embed" not in name:
-                p.copy_(torch.randn_like(p) / p.shape[1] ** 0.5)
-            else:
-                p.copy_(torch.randn_like(p))
-    return model
+    return randomize_language_model(model)
 
 
 def qwen3_vl_layout(model, layout: str = "hf") -> dict[str, torch.Tensor]:

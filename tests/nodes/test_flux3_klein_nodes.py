@@ -1,8 +1,6 @@
 """The FLUX.3 Klein nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, whole graphs (text to
 image, and an edit with references as ReferenceLatent puts them) against the engine called directly, errors
 naming node and input."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +13,7 @@ PROMPT = "a red fox in the snow"
 
 
 @pytest.fixture(scope="module")
-def pack(comfy):
-    """The pack imported as ComfyUI imports a custom-node folder (once per session: other node tests share it)."""
-    if "swiftdit_pack" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("swiftdit_pack", ROOT / "__init__.py",
-                                                      submodule_search_locations=[str(ROOT)])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["swiftdit_pack"] = module
-        spec.loader.exec_module(module)
+def pack(swiftdit_pack):
     import swiftdit_pack.nodes.flux3_klein as k
     return k
 

@@ -1,7 +1,5 @@
 """The Z-Image nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, a whole graph against the
 engine called directly, errors naming node and input, cancel, and the memory hook."""
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,13 +11,7 @@ DOC = (ROOT / "docs" / "nodes.md").read_text()
 
 
 @pytest.fixture(scope="module")
-def pack(comfy):
-    """The pack imported as ComfyUI imports a custom-node folder (a package named after the folder)."""
-    spec = importlib.util.spec_from_file_location("swiftdit_pack", ROOT / "__init__.py",
-                                                  submodule_search_locations=[str(ROOT)])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["swiftdit_pack"] = module
-    spec.loader.exec_module(module)
+def pack(swiftdit_pack):
     import swiftdit_pack.nodes.z_image as z
     return z
 
