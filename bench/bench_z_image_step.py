@@ -60,11 +60,21 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+def print_profile(step) -> None:
+    """The GPU kernels of one step, grouped by name, most time first: where the milliseconds go."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
     args = p.parse_args(argv)
     from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
     from tiny_models import z_image_comfy_layout
@@ -94,6 +104,8 @@ def main(argv=None) -> None:
         ours = ZImage.load(TensorSource(state), linears=mode).to("cuda")
         with torch.no_grad():
             results[label] = (*timed(lambda: ours.output(latent, sigma, caption), args.steps), weights_gb(ours))
+            if args.profile and mode == "int8":
+                print_profile(lambda: ours.output(latent, sigma, caption))
         del ours
         torch.cuda.empty_cache()
     base = results["diffusers BF16 (SDPA)"][0]

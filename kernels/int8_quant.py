@@ -18,8 +18,9 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb.
-Three launches: row statistics (norms only); each row's absmax, one program per (rows, group), merged by
-atomic max; codes, recomputing the rotation rather than storing rotated rows. Normed rows are never written.
+Three launches: row statistics (norms only); steps 1-3, one program per (rows, group), storing the bf16 rotated
+rows and merging each row's absmax by atomic max; steps 4-5 over the rotated rows. The normed (or activated)
+rows are never written; the rotated rows are, once (M x K bf16, within the CHUNK of rows the caller passes).
 """
 from __future__ import annotations
 
@@ -130,9 +131,9 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
 
 @triton_jit
 def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
-                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE, ROUND):
-    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, f32, rounded to
-    bf16 when ROUND (the absmax pass rounds only each row's maximum: rounding is monotonic).
+                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
+    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
+    (held in f32).
     g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 =
     H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
     results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
@@ -153,20 +154,17 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scal
         # halved (1/sqrt(256) = 1/sqrt(64) * 1/2).
         p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
         y0, y1, y2, y3 = (p + m) * 0.5, (p - m) * 0.5, (r + t) * 0.5, (t - r) * 0.5
-        if ROUND:
-            y0, y1, y2, y3 = round_to_bf16(y0), round_to_bf16(y1), round_to_bf16(y2), round_to_bf16(y3)
+        y0, y1, y2, y3 = round_to_bf16(y0), round_to_bf16(y1), round_to_bf16(y2), round_to_bf16(y3)
     else:
-        y0 = round_to_bf16(z0) if ROUND else z0
+        y0 = round_to_bf16(z0)
         y1, y2, y3 = y0, y0, y0
     return y0, y1, y2, y3
 
 
 @triton_jit
-def _store_codes(q_ptr, rows, rmask, cols, yb, divisor, K):
-    """Step 5 for one block of rotated columns."""
-    code = round_half_even(round_to_bf16(tl.math.div_rn(yb, divisor[:, None])))
-    code = tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8)
-    tl.store(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], code, mask=rmask[:, None])
+def _store_rotated(y_ptr, rows, rmask, cols, y, K):
+    """Step 3's bf16 rows for one block of rotated columns (y already holds bf16 values: the cast is exact)."""
+    tl.store(y_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], y.to(tl.bfloat16), mask=rmask[:, None])
 
 
 @triton_jit
@@ -198,15 +196,15 @@ def _row_stats_kernel(x_ptr, stride_x, stats_ptr, M, K, eps, NORM: tl.constexpr,
 
 
 @triton_jit
-def _quantize_group_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, q_ptr,
-                           s_ptr, M, K, CODES: tl.constexpr, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                           HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr,
-                           X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                           BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    # Grid (row blocks, groups): a program rotates one group of BLOCK_M rows. Launched twice: first (CODES
-    # off) for each row's absmax, merged over the row's groups by atomic max into stats[0]; then (CODES on)
-    # for the codes, once every absmax is known. Many small programs keep many loads in flight: one program
-    # per row block walking all groups ran 2-3x slower on the H200.
+def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, y_ptr, M, K,
+                   NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
+                   ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
+                   BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Grid (row blocks, groups): a program takes one group of BLOCK_M rows through steps 1-3, stores the bf16
+    # rotated rows and merges their absmax into stats[0] by atomic max. The prologue runs once: the codes pass
+    # reads these rows back instead of recomputing them (that recomputation cost 3-6x the bandwidth floor).
+    # Many small programs keep many loads in flight: one program per row block walking all groups ran 2-3x
+    # slower on the H200.
     Q: tl.constexpr = G // SPLIT
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     c0 = tl.program_id(1) * G
@@ -223,20 +221,30 @@ def _quantize_group_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
     y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
                                    shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
-                                   SPLIT, DOT_DTYPE, CODES)
-    if CODES:
-        s = tl.maximum(tl.math.div_rn(tl.load(stats_ptr + rows, mask=rmask, other=0.0), 127.0), 1e-30)
-        if c0 == 0:
-            tl.store(s_ptr + rows, s, mask=rmask)
-        divisor = round_to_bf16(s)
-        _store_codes(q_ptr, rows, rmask, c0 + hq, y0, divisor, K)
-        if SPLIT == 4:
-            _store_codes(q_ptr, rows, rmask, c0 + Q + hq, y1, divisor, K)
-            _store_codes(q_ptr, rows, rmask, c0 + 2 * Q + hq, y2, divisor, K)
-            _store_codes(q_ptr, rows, rmask, c0 + 3 * Q + hq, y3, divisor, K)
-    else:
-        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-        tl.atomic_max(stats_ptr + rows, round_to_bf16(tl.max(top, axis=1)), mask=rmask)
+                                   SPLIT, DOT_DTYPE)
+    _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
+    if SPLIT == 4:
+        _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
+        _store_rotated(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2, K)
+        _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
+    top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+    tl.atomic_max(stats_ptr + rows, tl.max(top, axis=1), mask=rmask)
+
+
+@triton_jit
+def _codes_kernel(y_ptr, stats_ptr, q_ptr, s_ptr, M, K, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    # Steps 4-5 over a [BLOCK_M, BLOCK_K] tile of the rotated bf16 rows, once every row's absmax is known.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols < K)[None, :]
+    s = tl.maximum(tl.math.div_rn(tl.load(stats_ptr + rows, mask=rmask, other=0.0), 127.0), 1e-30)
+    if tl.program_id(1) == 0:
+        tl.store(s_ptr + rows, s, mask=rmask)
+    offsets = rows[:, None].to(tl.int64) * K + cols[None, :]
+    yb = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+    code = round_half_even(round_to_bf16(tl.math.div_rn(yb, round_to_bf16(s)[:, None])))
+    tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 
 def _f32_or(t, absent):
@@ -278,13 +286,14 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         return codes, scales
     split = 4 if group == 256 else 1
     stats = torch.zeros(3, m, dtype=torch.float32, device=x.device)  # absmax (from 0), mean, 1/sqrt(.)
+    rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     if norm is not None:
         _row_stats_kernel[(triton.cdiv(m, block_m),)](x, x.stride(0), stats, m, k, eps, NORM=NORMS[norm],
                                                         BLOCK_M=block_m, BLOCK_K=256, num_warps=num_warps,
                                                         enable_fp_fusion=False)
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
-            _hadamard_bf16(group // split, x.device), stats, codes, scales, m, k)
+            _hadamard_bf16(group // split, x.device), stats, rotated, m, k)
     flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None, "HAS_SCALE": scale is not None,
                  "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
                  "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
@@ -292,7 +301,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
                  # CPU, whose interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
                  "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
                  "num_stages": num_stages, "enable_fp_fusion": False}
-    grid = (triton.cdiv(m, block_m), k // group)
-    _quantize_group_kernel[grid](*args, CODES=False, **flags)
-    _quantize_group_kernel[grid](*args, CODES=True, **flags)
+    _rotate_kernel[(triton.cdiv(m, block_m), k // group)](*args, **flags)
+    _codes_kernel[(triton.cdiv(m, 32), triton.cdiv(k, 256))](rotated, stats, codes, scales, m, k, BLOCK_M=32,
+                                                               BLOCK_K=256, num_warps=4)
     return codes, scales

@@ -26,7 +26,7 @@ M = 4608
 SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
 GROUP = 256
 QUANTIZER_LAUNCHES = [{"block_m": bm, "num_warps": nw, "num_stages": ns}
-                      for bm, nw, ns in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2), (64, 4, 3))]
+                      for bm, nw, ns in ((16, 4, 2), (32, 4, 2), (32, 8, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))]
 
 
 def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:

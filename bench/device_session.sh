@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One device call does a whole session's GPU work (the device is lent by the minute and each start costs minutes):
+# GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
+# Usage on the device: bash bench/device_session.sh [part ...]   parts: tests z_step streaming linears klein
+set -u
+OUT=${OUT:-device_out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+parts=${*:-tests z_step streaming}
+for part in $parts; do
+  start=$(date +%s)
+  case $part in
+    tests) timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/dit_core ;;
+    z_step) timeout 150 python3 bench/bench_z_image_step.py --profile ;;
+    quant_tests) timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
+    streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
+    linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    klein) timeout 300 python3 bench/bench_flux3_klein.py ;;
+    *) echo "unknown part $part" ;;
+  esac > "$OUT/$part.log" 2>&1
+  echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+done
