@@ -84,6 +84,13 @@ def _attend(q, k, v, keys_values: Callable | None) -> torch.Tensor:
     return o.transpose(1, 2).reshape(q.shape[0] * q.shape[2], -1)
 
 
+def _chunks(rows: int) -> list[tuple[int, int]]:
+    """Row ranges of at most CHUNK rows, near equal: 4608 rows go as two of 2304, not 4096 + 512 (a small last
+    chunk runs the MLP's products on a fraction of the card)."""
+    size = -(-rows // -(-rows // CHUNK)) if rows else 1
+    return [(r0, min(r0 + size, rows)) for r0 in range(0, rows, size)]
+
+
 def _chunk(rows, r0: int, r1: int):
     """Rows r0..r1 of _rows' (codes, scales, bf16 rows) triple."""
     return tuple(None if t is None else t[r0:r1] for t in rows)
@@ -135,8 +142,8 @@ class GpuBlock:
                          group=s.group)
         o = run("attention", hq, hk, hv)
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map)
-        for r0 in range(0, x.shape[0], CHUNK):
-            xs, maps = x[r0:r0 + CHUNK], row_map[r0:r0 + CHUNK]
+        for r0, r1 in _chunks(x.shape[0]):
+            xs, maps = x[r0:r1], row_map[r0:r1]
             q, sc, xb = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,
                                    row_map=maps)
             u = _product(q, sc, xb, w[UP])
@@ -159,8 +166,8 @@ class GpuBlock:
                          s.sin, a.qk_eps, group=s.group)
         o = _attend(hq, hk, hv, keys_values)
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], None, m.attn_gate, row_map)
-        for r0 in range(0, x.shape[0], CHUNK):
-            u = _product(*_chunk(h_up, r0, r0 + CHUNK), w[UP])
-            self._branch_into(a, x[r0:r0 + CHUNK], self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], None,
-                              m.attn_gate, row_map[r0:r0 + CHUNK])
+        for r0, r1 in _chunks(x.shape[0]):
+            u = _product(*_chunk(h_up, r0, r1), w[UP])
+            self._branch_into(a, x[r0:r1], self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], None, m.attn_gate,
+                              row_map[r0:r1])
         return x

@@ -31,7 +31,10 @@ class Sequence:
         return self.map.shape[0]
 
     def to(self, device) -> "Sequence":
-        return Sequence(self.map.to(device), self.cos.to(device), self.sin.to(device), self.group)
+        # int32 on a GPU, as the kernels read it: converted once here rather than at each of a step's launches.
+        gpu = torch.device(device).type == "cuda"
+        return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype), self.cos.to(device),
+                        self.sin.to(device), self.group)
 
     @property
     def runs(self) -> list[tuple[int, int, int]]:
