@@ -19,6 +19,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
+from gpu_profile import print_profile  # noqa: E402
 
 
 def timed(fn, steps: int) -> tuple[float, float, torch.Tensor]:
@@ -60,13 +61,27 @@ def rel(a, b) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def print_profile(step) -> None:
-    """The GPU kernels of one step, grouped by name, most time first: where the milliseconds go."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70))
+def random_reference(layers: int, vector_std: float):
+    """diffusers' Z-Image in BF16 on the GPU with random weights at sane scales: matrices N(0, 1/fan_in), vectors
+    (biases, norm gains around 1, pads) N(0, vector_std) (init leaves pads and gains at 0 and 1)."""
+    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = ZImageTransformer2DModel(n_layers=layers).to(torch.bfloat16).eval()
+        for name, t in ref.named_parameters():
+            t.data.normal_(0, vector_std if t.dim() == 1 or t.shape[0] == 1 else t.shape[-1] ** -0.5)
+            if "norm" in name and t.dim() == 1:
+                t.data.add_(1.0)
+    return ref
+
+
+def fidelity_line(ref, outputs: dict, step) -> str:
+    """Each output against the f32 step (diffusers' model cast to f32: the reference all are rounded from)."""
+    with torch.no_grad():
+        truth = step(ref.float(), torch.float32)
+    int8, bf16 = outputs["ours INT8 ConvRot"], outputs["ours BF16"]
+    return (f"INT8 vs our BF16 {rel(int8, bf16):.4f}; against the f32 step: ours INT8 {rel(int8, truth):.4f}, ours "
+            f"BF16 {rel(bf16, truth):.4f}, diffusers BF16 {rel(outputs['diffusers BF16 (SDPA)'], truth):.4f}")
 
 
 def main(argv=None) -> None:
@@ -75,48 +90,56 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
+    p.add_argument("--vector-std", type=float, default=0.5, help="std of the random biases/gains (timed model)")
+    p.add_argument("--also-vector-std", type=float, nargs="*", default=[0.1],
+                   help="fidelity (no timing) of models drawn with these vector stds too")
     args = p.parse_args(argv)
-    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
     from tiny_models import z_image_comfy_layout
 
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        ref = ZImageTransformer2DModel(n_layers=args.layers).to(torch.bfloat16).eval()
-        for name, t in ref.named_parameters():  # random weights at sane scales (init leaves pads/gains at 0/1)
-            t.data.normal_(0, 0.5 if t.dim() == 1 or t.shape[0] == 1 else t.shape[-1] ** -0.5)
-            if "norm" in name and t.dim() == 1:
-                t.data.add_(1.0)
+    ref = random_reference(args.layers, args.vector_std)
     latent = torch.randn(16, args.size // 8, args.size // 8, device="cuda")
     caption = torch.randn(512, 2560, device="cuda")
     sigma = 0.6429
     rows = (args.size // 16) ** 2 + 512
     print(f"# Z-Image step, {args.size}x{args.size} ({rows} rows), {args.layers} layers, "
-          f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}; random vectors N(0, {args.vector_std})")
 
-    def diffusers_step():
+    def diffusers_step(model, dtype=torch.bfloat16):
         with torch.no_grad():
-            return ref(x=[latent[:, None].bfloat16()], t=torch.tensor([1 - sigma], device="cuda"),
-                       cap_feats=[caption.bfloat16()], return_dict=False)[0][0][:, 0].float()
+            return model(x=[latent[:, None].to(dtype)], t=torch.tensor([1 - sigma], device="cuda"),
+                         cap_feats=[caption.to(dtype)], return_dict=False)[0][0][:, 0].float()
 
-    results = {"diffusers BF16 (SDPA)": (*timed(diffusers_step, args.steps), weights_gb(list(ref.parameters())))}
-    state = z_image_comfy_layout(ref.state_dict())
-    for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
-        ours = ZImage.load(TensorSource(state), linears=mode).to("cuda")
+    def ours_models(state):
+        for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
+            ours = ZImage.load(TensorSource(state), linears=mode).to("cuda")
+            yield label, ours, lambda: ours.output(latent, sigma, caption)
+            del ours
+            torch.cuda.empty_cache()
+
+    results = {"diffusers BF16 (SDPA)": (*timed(lambda: diffusers_step(ref), args.steps),
+                                         weights_gb(list(ref.parameters())))}
+    for label, ours, step in ours_models(z_image_comfy_layout(ref.state_dict())):
         with torch.no_grad():
-            results[label] = (*timed(lambda: ours.output(latent, sigma, caption), args.steps), weights_gb(ours))
-            if args.profile and mode == "int8":
-                print_profile(lambda: ours.output(latent, sigma, caption))
-        del ours
-        torch.cuda.empty_cache()
+            results[label] = (*timed(step, args.steps), weights_gb(ours))
+            if args.profile and label == "ours INT8 ConvRot":
+                print_profile(step)
     base = results["diffusers BF16 (SDPA)"][0]
     print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB |")
     print("|---|---|---|---|---|")
     for label, (ms, peak, _, wgb) in results.items():
         print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} |")
-    ref_out = results["diffusers BF16 (SDPA)"][2]
-    print(f"\nfidelity: INT8 vs our BF16 {rel(results['ours INT8 ConvRot'][2], results['ours BF16'][2]):.4f}, "
-          f"our BF16 vs diffusers BF16 {rel(results['ours BF16'][2], ref_out):.4f}, "
-          f"INT8 vs diffusers {rel(results['ours INT8 ConvRot'][2], ref_out):.4f} (relative Frobenius)")
+    outputs = {label: r[2] for label, r in results.items()}
+    print(f"\nfidelity (relative Frobenius), vectors N(0, {args.vector_std}): "
+          f"{fidelity_line(ref, outputs, diffusers_step)}")
+    for std in args.also_vector_std:
+        del ref
+        torch.cuda.empty_cache()
+        ref = random_reference(args.layers, std)
+        outputs = {"diffusers BF16 (SDPA)": diffusers_step(ref)}
+        for label, _, step in ours_models(z_image_comfy_layout(ref.state_dict())):
+            with torch.no_grad():
+                outputs[label] = step()
+        print(f"fidelity (relative Frobenius), vectors N(0, {std}): {fidelity_line(ref, outputs, diffusers_step)}")
 
 
 if __name__ == "__main__":

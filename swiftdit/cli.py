@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from .families import FAMILIES
+from .for_host import HOST, swap_for_host
 from .swap import detect_format, swap
 from .ui_graph import problems
 from .workflow_api import to_api
@@ -60,7 +61,11 @@ def _swap(args) -> None:
     try:
         fmt = detect_format(data)
         before = problems(data) if fmt == "ui" else []
-        result, report = swap(data, args.family, args.format)
+        host_report = None
+        if args.for_host:
+            result, report, host_report = swap_for_host(data, args.family, args.format)
+        else:
+            result, report = swap(data, args.family, args.format)
     except ValueError as e:
         raise UserError(f"IN {args.input}: {e}") from None
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # a field missing or of the wrong kind
@@ -72,6 +77,8 @@ def _swap(args) -> None:
         for line in before:
             print(f"warning: IN already has: {line}", file=sys.stderr)
     _write(args.output, result)
+    if host_report is not None:
+        print("\n".join(host_report.lines()))
     print("\n".join(report.lines()))
     print(f"wrote {args.output} ({fmt} format)")
 
@@ -103,6 +110,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--family", choices=[*sorted(FAMILIES), "auto"], default="z_image",
                    help="the family's swap table (default z_image); auto: the one family whose graph IN holds")
     p.add_argument("--format", choices=("ui", "api"), help="IN's format (default: detected)")
+    p.add_argument("--for-host", action="store_true",
+                   help=f"first reduce IN (UI format) to node types {HOST} has: literal sizes for "
+                        f"ResolutionSelector, switches resolved, the prompt upsampler skipped, ...")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (never IN)")
     p.set_defaults(run=_swap)
     p = sub.add_parser("to-api", help="turn a UI-format workflow into an API-format prompt")

@@ -1,0 +1,248 @@
+"""`swiftdit swap --for-host`: reduce a UI workflow to node types ComfyUI v0.3.75 (our test host) has, then
+swap: literal sizes for ResolutionSelector, switches resolved, the prompt upsampler skipped, ReferenceMultiLatent
+spelled out with ReferenceLatent (reference/templates.md section 7 lists what the host lacks)."""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass, field
+
+from .reference_multi_latent import ReferenceSpelling
+from .swap import Report, detect_format, swap
+from .ui_edit import UIEditor, widget_index
+from .ui_graph import SUBGRAPH_INPUT
+from .workflow_api import KEEP, _promoted
+
+HOST = "ComfyUI v0.3.75"
+# reference/templates.md section 7: node types of our families' official templates that v0.3.75 lacks.
+HOST_LACKS = frozenset({
+    "ComfySwitchNode", "CreateBoundingBoxes", "Flux3LayoutPrompt", "ResolutionSelector", "TextGenerate",
+    "ComfyMathExpression", "LTXVSeparateAVLatent", "ModelAttentionBackend", "LTXVAudioVAEDecode",
+    "LTXVConcatAVLatent", "LTXVDualCFGGuider", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "ManualSigmas",
+    "TextGenerateLTX2Prompt", "ReferenceMultiLatent", "BatchImagesNode", "ImageCompare", "SaveImageAdvanced",
+    "ResizeImageMaskNode", "LTXVImgToVideoInplace", "BlockSparseAttention"})
+LACKING_PREFIXES = ("MiniMaxH3",)
+# Nodes run for what they show or save: never removed for feeding nothing.
+OUTPUT_NODES = frozenset({"SaveImage", "PreviewImage", "PreviewAny", "SaveImageAdvanced", "ImageCompare",
+                          "SaveVideo", "SaveAudio", "PreviewAudio", "SaveAnimatedWEBP", "SaveAnimatedPNG",
+                          "SaveLatent"})
+# On v0.3.75 these give no output (newer ComfyUI passes the value on): what read them reads their input.
+NO_OUTPUT_ON_HOST = {"PreviewAny": "source", "SaveImage": "images", "PreviewImage": "images"}
+VIEWERS = ("ImageCompare",)  # show two images side by side and give nothing: removed
+PRIMITIVES = frozenset({"PrimitiveBoolean", "PrimitiveInt", "PrimitiveFloat", "PrimitiveString",
+                        "PrimitiveStringMultiline", "PrimitiveNode"})
+OFF = (2, 4)  # muted, bypassed: the frontend never sends them, so they need no reducing
+
+
+@dataclass
+class HostReport:
+    changes: list = field(default_factory=list)  # (where, node type, what became of it, why)
+
+    def lines(self) -> list[str]:
+        out = [f"reduced for {HOST}: {len(self.changes)} change(s)"]
+        return out + [f"  {where}  {kind}: {what} ({why})" for where, kind, what, why in self.changes]
+
+
+def resolution_size(aspect_ratio: str, megapixels: float, multiple: int) -> tuple[int, int]:
+    """Width and height as ResolutionSelector gives them: the ratio's sides scaled to `megapixels` (of 1024 x
+    1024 pixels each), each rounded to the nearest multiple of `multiple` (Python's round, as the node's)."""
+    m = re.match(r"\s*(\d+)\s*:\s*(\d+)", str(aspect_ratio))
+    if not m or multiple <= 0:
+        raise ValueError(f"aspect_ratio {aspect_ratio!r} / multiple {multiple!r} is not a ratio W:H and a step")
+    w, h = int(m[1]), int(m[2])
+    scale = math.sqrt(megapixels * 1024 * 1024 / (w * h))
+    return round(w * scale / multiple) * multiple, round(h * scale / multiple) * multiple
+
+
+class Reducer:
+    """One pass over a workflow copy; every rule reports what it changed and why."""
+    host = HOST
+
+    def __init__(self, workflow: dict):
+        self.ed = UIEditor(workflow)
+        self.report = HostReport()
+        # (scope key, node id) of nodes that fed a removed node: removed too if they end up feeding nothing
+        self.orphans: set = set()
+
+    def placements(self, key) -> list[tuple]:
+        graph = self.ed.graph
+        if key is None:
+            return [()]
+        return [p.path for p in graph.placed() if graph.is_instance(p.node) and p.node["type"] == key]
+
+    def where(self, scope, node) -> str:
+        return ", ".join(":".join(map(str, prefix + (node["id"],))) for prefix in self.placements(scope.key))
+
+    def live_scopes(self) -> list:
+        """The top level and every subgraph placed at least once (an unplaced definition never runs)."""
+        return [scope for scope in self.ed.graph.scopes() if self.placements(scope.key)]
+
+    def nodes_of(self, kinds) -> list[tuple]:
+        return [(scope, node) for scope in self.live_scopes() for node in list(scope.body.get("nodes", []))
+                if node.get("type") in kinds and node.get("mode") not in OFF]
+
+    def note(self, scope, node, what: str, why: str) -> None:
+        kind = node.get("type")
+        if self.ed.graph.is_instance(node):  # its type is a UUID: name the subgraph instead
+            kind = f"subgraph {self.ed.graph.subgraphs[kind].body.get('name') or kind!r}"
+        self.report.changes.append((self.where(scope, node), kind, what, why))
+
+    def drop(self, scope, node) -> None:
+        for origin_id, _ in self.ed.remove_node(scope, node):
+            if origin_id != SUBGRAPH_INPUT:
+                self.orphans.add((scope.key, origin_id))
+
+    def constant(self, scope, node, name: str, prefixes=None):
+        """The value input `name` has in every placement: its widget, a promoted subgraph value or a primitive's
+        value; ValueError when it is computed by another node or differs between placements."""
+        entry = next((e for e in node.get("inputs", []) if e.get("name") == name), None)
+        if entry is None or entry.get("link") is None:
+            return node["widgets_values"][widget_index(node, name)]
+        values = []
+        for prefix in self.placements(scope.key) if prefixes is None else prefixes:
+            trace = self.ed.graph.trace(prefix, scope, entry["link"])
+            origin = trace.origin
+            if trace.promoted:
+                value = _promoted(self.ed.graph, *trace.promoted)
+                values.append(node["widgets_values"][widget_index(node, name)] if value is KEEP else value)
+            elif origin is not None and origin.node.get("type") in PRIMITIVES:
+                values.append(self.constant(origin.scope, origin.node, "value", [origin.path[:-1]]))
+            else:
+                source = f"{origin.node.get('type')} ({origin.id})" if origin else "nothing"
+                raise ValueError(f"node {self.where(scope, node)} ({node['type']}): its {name} comes from "
+                                 f"{source}, not from a widget or primitive, so it is not known before a run")
+        if len({repr(v) for v in values}) != 1:
+            raise ValueError(f"node {self.where(scope, node)} ({node['type']}): its {name} differs between the "
+                             f"placements of its subgraph ({values})")
+        return values[0]
+
+    # --- the rules, in the order they run -----------------------------------------------------------------
+    def resolutions(self) -> None:
+        for scope, node in self.nodes_of({"ResolutionSelector"}):
+            args = [self.constant(scope, node, n) for n in ("aspect_ratio", "megapixels", "multiple")]
+            try:
+                size = resolution_size(*args)
+            except (ValueError, TypeError, ZeroDivisionError) as e:
+                raise ValueError(f"node {self.where(scope, node)} (ResolutionSelector): {e}") from None
+            for slot, value in enumerate(size):
+                for link_id in self.ed.consumers(scope, node["id"], slot):
+                    link = scope.link(link_id)
+                    target = scope.nodes.get(link["target_id"])
+                    name = target["inputs"][link["target_slot"]]["name"] if target else "output"
+                    try:
+                        self.ed.set_input_value(scope, link["target_id"], name, value)
+                    except (ValueError, StopIteration, KeyError) as e:
+                        raise ValueError(f"node {self.where(scope, node)} (ResolutionSelector): cannot write "
+                                         f"its {('width', 'height')[slot]} into what reads it: {e}") from None
+                    self.note(scope, target, f"{name} = {value}", "was wired from ResolutionSelector "
+                              f"{self.where(scope, node)}")
+            self.note(scope, node, "removed", f"{args[0]}, {args[1]} MP, multiple of {args[2]} gives "
+                      f"{size[0]}x{size[1]}, now written where it was read; {HOST} has no ResolutionSelector")
+            self.drop(scope, node)
+
+    def switches(self) -> None:
+        for scope, node in self.nodes_of({"ComfySwitchNode"}):
+            value = self.constant(scope, node, "switch")
+            chosen = "on_true" if value else "on_false"
+            self.ed.pass_through(scope, node, 0, chosen, self.where(scope, node))
+            self.note(scope, node, f"removed, its {chosen} wired straight through",
+                      f"switch is {value}; {HOST} has no ComfySwitchNode")
+            self.drop(scope, node)
+
+    def upsamplers(self) -> None:
+        for scope, node in self.nodes_of({"TextGenerate"}):
+            if self.ed.consumers(scope, node["id"], 1):
+                raise ValueError(f"node {self.where(scope, node)} (TextGenerate): its thinking output is used; "
+                                 f"only its generated text can be skipped")
+            self.ed.pass_through(scope, node, 0, "prompt", self.where(scope, node))
+            self.note(scope, node, "skipped, its prompt wired straight to what read the generated text",
+                      f"{HOST} has no TextGenerate: the prompt reaches the text encoder as typed, not upsampled")
+            self.drop(scope, node)
+
+    def layout_prompts(self) -> None:
+        for scope, node in self.nodes_of({"Flux3LayoutPrompt"}):
+            caption = node["widgets_values"][widget_index(node, "prompt")]
+            for entry in node.get("inputs", []):
+                origin = self.ed.origin(scope, node, entry["name"])
+                if origin and origin[0] != SUBGRAPH_INPUT:
+                    self.orphans.add((scope.key, origin[0]))
+                if entry.get("link") is not None:
+                    self.ed.remove_link(scope, entry["link"])
+            out = (node.get("outputs") or [{}])[0]
+            node.update(type="PrimitiveStringMultiline", widgets_values=[caption],
+                        inputs=[{"name": "value", "type": "STRING", "widget": {"name": "value"}, "link": None}],
+                        outputs=[{"name": "STRING", "type": "STRING", "links": out.get("links") or []}])
+            node.setdefault("properties", {})["Node name for S&R"] = "PrimitiveStringMultiline"
+            if "widgets_values_named" in node:
+                node["widgets_values_named"] = {"value": caption}
+            self.report.changes.append((self.where(scope, node), "Flux3LayoutPrompt",
+                                        "-> PrimitiveStringMultiline with its caption",
+                                        f"the bounding-box layout it would add is dropped: {HOST} has neither "
+                                        f"Flux3LayoutPrompt nor CreateBoundingBoxes"))
+
+    def reference_latents(self) -> None:
+        for scope, node in self.nodes_of({"ReferenceMultiLatent"}):
+            ReferenceSpelling(self, scope, node).run()
+
+    def viewers(self) -> None:
+        for scope, node in self.nodes_of(set(VIEWERS)):
+            if any(out.get("links") for out in node.get("outputs", [])):
+                raise ValueError(f"node {self.where(scope, node)} ({node['type']}): {HOST} lacks it and its "
+                                 f"output is used")
+            self.note(scope, node, "removed", f"a viewer that gives nothing; {HOST} lacks it")
+            self.drop(scope, node)
+
+    def outputless(self) -> None:
+        moved = True
+        while moved:  # PreviewAny -> PreviewAny chains: repeat until nothing reads one
+            moved = False
+            for scope, node in self.nodes_of(set(NO_OUTPUT_ON_HOST)):
+                for slot in range(len(node.get("outputs") or [])):
+                    name = NO_OUTPUT_ON_HOST[node["type"]] if slot == 0 else None
+                    if name is None and self.ed.consumers(scope, node["id"], slot):
+                        raise ValueError(f"node {self.where(scope, node)} ({node['type']}): its output {slot} "
+                                         f"is used; on {HOST} it gives no output")
+                    if name and self.ed.pass_through(scope, node, slot, name, self.where(scope, node)):
+                        moved = True
+                        self.note(scope, node, f"kept; what read its output now reads its {name}",
+                                  f"{HOST}'s {node['type']} gives no output")
+    
+    def prune(self) -> None:
+        while self.orphans:
+            key, node_id = self.orphans.pop()
+            scope = self.ed.scope(key)
+            node = scope.nodes.get(node_id)
+            if (node is None or node.get("type") in OUTPUT_NODES or self.ed.graph.is_instance(node)
+                    or not node.get("outputs") or any(out.get("links") for out in node["outputs"])):
+                continue
+            self.note(scope, node, "removed", "feeds nothing once the nodes it fed were reduced")
+            self.drop(scope, node)
+
+    def check(self) -> None:
+        for scope in self.live_scopes():
+            for node in scope.body.get("nodes", []):
+                kind = node.get("type", "")
+                if node.get("mode") not in OFF and (kind in HOST_LACKS or kind.startswith(LACKING_PREFIXES)):
+                    raise ValueError(f"node {self.where(scope, node)} ({kind}): {HOST} has no {kind}, and "
+                                     f"--for-host has no rule to reduce it")
+
+
+def reduce_for_host(workflow: dict) -> tuple[dict, HostReport]:
+    """A copy of a UI-format workflow reduced to node types ComfyUI v0.3.75 has, and what changed. ValueError
+    naming the node when something cannot be reduced."""
+    if detect_format(workflow) != "ui":
+        raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
+    reducer = Reducer(copy.deepcopy(workflow))
+    for rule in (reducer.resolutions, reducer.switches, reducer.upsamplers, reducer.layout_prompts,
+                 reducer.reference_latents, reducer.viewers, reducer.outputless, reducer.prune, reducer.check):
+        rule()
+    return reducer.ed.wf, reducer.report
+
+
+def swap_for_host(data: dict, family: str = "z_image",
+                  fmt: str | None = None) -> tuple[dict, Report, HostReport]:
+    """Reduce for the host, then swap: the reduction's stock VAEEncode nodes become ours like any other."""
+    reduced, host_report = reduce_for_host(data)
+    swapped, report = swap(reduced, family, fmt)
+    return swapped, report, host_report

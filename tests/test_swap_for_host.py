@@ -1,0 +1,248 @@
+"""`swiftdit swap --for-host` on the official FLUX.3 Klein templates: the reduced graphs use only node types (and
+output slots) ComfyUI v0.3.75 and our pack register, links stay consistent, every change is reported with its
+reason, reducing twice changes nothing, and what cannot be reduced fails naming the node."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from official_templates import template
+
+from host.object_info import object_info
+from swiftdit import problems, to_api
+from swiftdit.for_host import HOST_LACKS, reduce_for_host, resolution_size, swap_for_host
+from swiftdit.ui_graph import UIGraph
+
+ROOT = Path(__file__).resolve().parents[1]
+COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
+TEMPLATES = ("image_flux3_klein_distilled_t2i", "image_flux3_klein_distilled_image_edit")
+FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}
+# What each template's reduction does: where (API ids) -> (node type, start of what became of it).
+REDUCED = {
+    "image_flux3_klein_distilled_t2i": {
+        "19": ("ResolutionSelector", "removed"), "18:16": ("ComfySwitchNode", "removed, its on_true"),
+        "18:11": ("TextGenerate", "skipped"), "25": ("Flux3LayoutPrompt", "-> PrimitiveStringMultiline"),
+        "18:13": ("PreviewAny", "kept"), "18:12": ("CLIPLoader", "removed"),
+        "23": ("CreateBoundingBoxes", "removed"), "18:14": ("PrimitiveStringMultiline", "removed")},
+    "image_flux3_klein_distilled_image_edit": {
+        "51": ("ComfySwitchNode", "removed, its on_false"), "47": ("TextGenerate", "skipped"),
+        "49": ("Flux3LayoutPrompt", "-> PrimitiveStringMultiline"), "17": ("ReferenceMultiLatent", "-> 1 x"),
+        "18": ("ImageCompare", "removed"), "34": ("PreviewAny", "kept"), "52": ("PreviewAny", "kept"),
+        "33": ("CreateBoundingBoxes", "removed"), "46": ("CLIPLoader", "removed"),
+        "48": ("PrimitiveStringMultiline", "removed"), "50": ("BatchImagesNode", "removed")},
+}
+
+
+@pytest.fixture(scope="module")
+def host_info(swiftdit_pack):
+    """/object_info of ComfyUI v0.3.75 with our pack (computed in a child process, no server)."""
+    if not (COMFYUI_TREE / "nodes.py").is_file():
+        pytest.fail(f"ComfyUI tree missing at {COMFYUI_TREE}: run tests/run.sh (it unpacks it)")
+    return object_info(COMFYUI_TREE)
+
+
+@pytest.fixture(scope="module")
+def reduced():
+    return {name: swap_for_host(template(name), "flux3_klein") for name in TEMPLATES}
+
+
+def _spec_type(spec):
+    kind = spec[0] if isinstance(spec, (list, tuple)) and spec else spec
+    return "COMBO" if isinstance(kind, list) else kind
+
+
+def _joins(given, taken) -> bool:
+    """ComfyUI's type check: "*" joins anything, "A,B" either A or B."""
+    if "*" in (given, taken):
+        return True
+    return bool(set(str(given).split(",")) & set(str(taken).split(",")))
+
+
+def api_problems(prompt: dict, info: dict) -> list[str]:
+    """What a v0.3.75 server would refuse: unknown classes, missing required inputs, links to outputs the
+    origin lacks or of the wrong type."""
+    found = []
+    for nid, body in prompt.items():
+        node = info.get(body["class_type"])
+        if node is None:
+            found.append(f"{nid}: no class {body['class_type']}")
+            continue
+        specs = {**node["input"].get("optional", {}), **node["input"].get("required", {})}
+        for name in node["input"].get("required", {}):
+            if name not in body["inputs"]:
+                found.append(f"{nid} {body['class_type']}: required input {name} missing")
+        for name, value in body["inputs"].items():
+            if not (isinstance(value, list) and len(value) == 2 and isinstance(value[0], str)):
+                continue
+            origin = prompt.get(value[0])
+            outputs = info[origin["class_type"]]["output"] if origin and origin["class_type"] in info else []
+            if value[1] >= len(outputs):
+                found.append(f"{nid}.{name}: {value} is not an output of {origin and origin['class_type']}")
+            elif name in specs and not _joins(outputs[value[1]], _spec_type(specs[name])):
+                found.append(f"{nid}.{name}: takes {_spec_type(specs[name])}, given {outputs[value[1]]}")
+    return found
+
+
+def node_types(wf: dict) -> set:
+    graph = UIGraph(wf)
+    return {n["type"] for s in graph.scopes() for n in s.nodes.values() if not graph.is_instance(n)}
+
+
+def test_resolution_selector_sizes():
+    # the stock node's formula on the templates' settings (reference/templates.md sections 3 and 7)
+    assert resolution_size("1:1 (Square)", 1, 8) == (1024, 1024)
+    assert resolution_size("16:9", 0.4, 32) == (864, 480)
+    assert resolution_size("16:9 (Widescreen)", 0.9, 32) == (1280, 736)
+    assert resolution_size("1:1", 1.0, 16) == (1024, 1024)
+    with pytest.raises(ValueError, match="not a ratio"):
+        resolution_size("square", 1, 8)
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_reduced_template_runs_on_the_host_node_list(name, reduced, host_info):
+    wf, report, host_report = reduced[name]
+    assert problems(wf) == []  # links <-> slots both ways, types equal on both ends, subgraph ports
+    types = node_types(wf)
+    assert types - FRONTEND_ONLY <= set(host_info), sorted(types - FRONTEND_ONLY - set(host_info))
+    assert not types & HOST_LACKS
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    assert {where: (kind, what.split(" (")[0]) for where, kind, what, _ in host_report.changes
+            if not what.startswith(("width", "height"))}.keys() == REDUCED[name].keys()
+    for where, kind, what, why in host_report.changes:
+        if where in REDUCED[name]:
+            assert (kind, what[:len(REDUCED[name][where][1])]) == REDUCED[name][where], where
+        assert why, where
+    assert report.changed and not [kind for _, kind, _ in report.left if kind.startswith("SwiftDiT")]
+
+
+@pytest.mark.parametrize("name", TEMPLATES)
+def test_reduction_is_idempotent(name, reduced):
+    wf, _, _ = reduced[name]
+    again, report, host_report = swap_for_host(wf, "flux3_klein")
+    assert again == wf and host_report.changes == [] and report.changed == []
+    assert reduce_for_host(wf)[0] == wf
+
+
+def test_t2i_sizes_and_prompt(reduced, host_info):
+    wf, _, host_report = reduced["image_flux3_klein_distilled_t2i"]
+    prompt = to_api(wf, host_info)
+    latent = prompt["18:6"]["inputs"]
+    assert (latent["width"], latent["height"]) == (1024, 1024)  # ResolutionSelector 1:1, 1 MP, multiple 8
+    assert ("18", "subgraph 'Text to Image (FLUX 3 Image Klein SD)'", "width = 1024",
+            "was wired from ResolutionSelector 19") in host_report.changes
+    # the typed prompt reaches our text encode straight (upsampler and switch gone), PreviewAny still shows it
+    assert prompt["18:4"]["inputs"]["text"] == ["18:17", 0]
+    assert prompt["18:13"]["inputs"]["source"] == ["18:17", 0]
+    assert prompt["18:17"]["inputs"]["value"] == template("image_flux3_klein_distilled_t2i")["nodes"][1][
+        "widgets_values"][0]
+    assert prompt["18:4"]["class_type"] == "SwiftDiTFlux3KleinTextEncode"
+    sampler = prompt["18:7"]
+    assert sampler["class_type"] == "SwiftDiTFlux3KleinSampler"
+    assert (sampler["inputs"]["steps"], sampler["inputs"]["sampler_name"]) == (16, "euler")
+    assert not [k for k in prompt if k in ("18:11", "18:12", "18:14", "18:16", "19", "23")]
+
+
+def test_edit_references_spelled_out(reduced, host_info):
+    wf, report, _ = reduced["image_flux3_klein_distilled_image_edit"]
+    prompt = to_api(wf, host_info)
+    kinds = {k: v["class_type"] for k, v in prompt.items()}
+
+    def src(nid, name):
+        return prompt[nid]["inputs"][name][0]
+    for name, cond in (("positive", "4"), ("negative", "32")):
+        ref = src("7", name)
+        assert kinds[ref] == "ReferenceLatent" and src(ref, "conditioning") == cond
+        encode = src(ref, "latent")
+        assert kinds[encode] == "SwiftDiTFlux3KleinVAEEncode" and src(encode, "vae") == "3"
+        scale = prompt[src(encode, "pixels")]
+        assert scale["class_type"] == "ImageScaleToTotalPixels" and scale["inputs"]["image"] == ["11", 0]
+        assert (scale["inputs"]["upscale_method"], scale["inputs"]["megapixels"]) == ("lanczos", 1)
+    zero = prompt[src("7", "latent_image")]
+    assert zero["class_type"] == "LatentMultiply" and zero["inputs"]["multiplier"] == 0.0
+    assert kinds[zero["inputs"]["samples"][0]] == "SwiftDiTFlux3KleinVAEEncode"
+    assert [kinds[k] for k in ("3", "8")] == ["SwiftDiTFlux3KleinVAELoader", "SwiftDiTFlux3KleinVAEDecode"]
+    assert src("4", "text") == "49" and prompt["49"]["class_type"] == "PrimitiveStringMultiline"
+    assert prompt["49"]["inputs"]["value"].startswith("In <ref_image_0>, replace the earring <obj_1>")
+    assert "ImageCompare" not in kinds.values()
+    assert {old for _, old, _ in report.changed} >= {"VAELoader", "VAEDecode", "VAEEncode"}
+
+
+def edit_template_node(wf: dict, node_id: int) -> dict:
+    return next(n for n in wf["nodes"] if n["id"] == node_id)
+
+
+def test_what_cannot_be_reduced_names_the_node():
+    wf = template("image_flux3_klein_distilled_t2i")
+    edit_template_node(wf, 19)["widgets_values"][0] = "wide"
+    with pytest.raises(ValueError, match=r"node 19 \(ResolutionSelector\): aspect_ratio 'wide'"):
+        reduce_for_host(wf)
+
+    wf = template("image_flux3_klein_distilled_image_edit")
+    switch = edit_template_node(wf, 51)
+    switch["widgets_values"] = [True]
+    switch["inputs"][1]["link"] = None  # on_true unplugged: the branch the switch now picks is open
+    edit_template_node(wf, 34)["outputs"][0]["links"] = [64]
+    wf["links"] = [link for link in wf["links"] if link[0] != 71]
+    assert problems(wf) == []
+    with pytest.raises(ValueError, match=r"node 51 \(ComfySwitchNode\): its on_true is not wired"):
+        reduce_for_host(wf)
+
+    wf = template("image_flux3_klein_distilled_image_edit")
+    wf["nodes"].append({"id": 90, "type": "SaveImageAdvanced", "pos": [0, 0], "mode": 0, "inputs": [],
+                        "outputs": [], "widgets_values": []})
+    with pytest.raises(ValueError, match=r"node 90 \(SaveImageAdvanced\): ComfyUI v0\.3\.75 has no"):
+        reduce_for_host(wf)
+    with pytest.raises(ValueError, match="UI-format"):
+        reduce_for_host({"1": {"class_type": "KSampler", "inputs": {}}})
+
+
+def test_a_size_read_by_a_non_widget_input_fails():
+    wf = template("image_flux3_klein_distilled_t2i")
+    # ResolutionSelector#19's width also into the bounding-box PreviewAny#24 (a wire input, no widget to hold it)
+    preview = edit_template_node(wf, 24)
+    preview["inputs"][0]["link"] = 46
+    edit_template_node(wf, 25)["outputs"][0]["links"] = []
+    edit_template_node(wf, 19)["outputs"][0]["links"].append(46)
+    wf["links"] = [link for link in wf["links"] if link[0] != 45] + [[46, 19, 0, 24, 0, "INT"]]
+    assert problems(wf) == []
+    with pytest.raises(ValueError, match=r"node 19 \(ResolutionSelector\): cannot write its width .*'source'"):
+        reduce_for_host(wf)
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "swiftdit.cli", *map(str, args)], cwd=ROOT, check=False,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_cli_for_host(tmp_path, reduced):
+    src, out = tmp_path / "edit.json", tmp_path / "edit_host.json"
+    src.write_text(json.dumps(template("image_flux3_klein_distilled_image_edit")))
+    done = run_cli("swap", src, out, "--family", "flux3_klein", "--for-host")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text()) == reduced["image_flux3_klein_distilled_image_edit"][0]
+    assert "reduced for ComfyUI v0.3.75: 11 change(s)" in done.stdout
+    assert "51  ComfySwitchNode: removed, its on_false wired straight through (switch is False;" in done.stdout
+    assert "FLUX.3 Klein: swapped 7 node(s)" in done.stdout
+    bad = tmp_path / "bad.json"
+    wf = template("image_flux3_klein_distilled_image_edit")
+    wf["nodes"].append({"id": 90, "type": "SaveImageAdvanced", "mode": 0, "inputs": [], "outputs": []})
+    bad.write_text(json.dumps(wf))
+    done = run_cli("swap", bad, tmp_path / "x.json", "--family", "flux3_klein", "--for-host")
+    assert done.returncode == 2 and "node 90 (SaveImageAdvanced)" in done.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_size_reaches_inner_widgets_of_a_proxy_widget_subgraph(host_info):
+    # Z-Image base: ResolutionSelector#94 feeds subgraph #76, whose values live on the inner nodes
+    # (properties.proxyWidgets). Its SaveImageAdvanced (absent on v0.3.75, no rule) is made a SaveImage here.
+    wf = template("image_z_image")
+    save = edit_template_node(wf, 95)
+    save.update(type="SaveImage", widgets_values=["z_image"], widgets_values_named={"filename_prefix": "z_image"})
+    out, host_report = reduce_for_host(wf)
+    assert problems(out) == []
+    prompt = to_api(out, host_info)
+    assert (prompt["76:68"]["inputs"]["width"], prompt["76:68"]["inputs"]["height"]) == (1024, 1024)
+    assert [what for _, _, what, _ in host_report.changes] == ["width_1 = 1024", "height_1 = 1024", "removed"]
+    assert api_problems(prompt, host_info) == []
