@@ -30,11 +30,12 @@ class Sequence:
     def rows(self) -> int:
         return self.map.shape[0]
 
-    def to(self, device) -> "Sequence":
-        # int32 on a GPU, as the kernels read it: converted once here rather than at each of a step's launches.
+    def to(self, device, rotary_dtype: torch.dtype | None = None) -> "Sequence":
+        """The sequence on device, its cos/sin in rotary_dtype when given. The map goes int32 on a GPU, as the
+        kernels read it: converted once here rather than at each of a step's launches."""
         gpu = torch.device(device).type == "cuda"
-        return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype), self.cos.to(device),
-                        self.sin.to(device), self.group)
+        return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype),
+                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group)
 
     @property
     def runs(self) -> list[tuple[int, int, int]]:

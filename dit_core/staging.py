@@ -1,14 +1,20 @@
-"""Pinned-memory staging of block weights for streamed models: a block's tensors in one host buffer, viewed on a
-device slot once copied (seed 000: Staged, Part, stage, Staged.on, stagedBytes)."""
+"""Pinned-memory staging of block weights for streamed models: each block's tensors at 256-byte offsets of one
+host buffer per model (or per batch of blocks), viewed on a device slot once copied (seed 000: Staged, Part,
+stage, Staged.on, stagedBytes)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import weakref
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 ALIGN = 256  # each tensor starts at a multiple of this: any dtype's view is aligned, and copies stay coalesced
+
+log = logging.getLogger("SwiftDiT")
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,8 @@ class Part:
 @dataclass(frozen=True)
 class Staged:
     """A block as one byte buffer: template is the block with each tensor replaced by its Part, host the bytes
-    (page-locked when CUDA is there; None: the layout only, its bytes held elsewhere, e.g. a resident buffer)."""
+    (a view of a page-locked buffer when CUDA is there; None: the layout only, its bytes held elsewhere, e.g. a
+    resident buffer)."""
     template: Any
     nbytes: int
     host: torch.Tensor | None
@@ -38,6 +45,22 @@ class Staged:
             raise ValueError(f"a staged block of {self.nbytes} bytes needs a uint8 slot of at least that many, "
                              f"got {slot.dtype} of {slot.numel()}")
         return _rebuild(self.template, lambda p: p.view(slot))
+
+    def write(self, block: Any, out: torch.Tensor, files: dict[str, tuple[Any, str]] | None = None) -> None:
+        """block's bytes into out (uint8, nbytes, host or device) at this layout's offsets; block must have it
+        (the block this layout was made of, or its twin). files: see stage (host buffers only)."""
+        files = files if out.device.type == "cpu" else None
+        for (path, t), part in zip(_leaves(block), _parts(self.template), strict=True):
+            if (part.shape, part.dtype) != (tuple(t.shape), t.dtype):
+                raise ValueError(f"block tensor {path}: {tuple(t.shape)} {t.dtype} does not match its staged "
+                                 f"part {part.shape} {part.dtype}")
+            dest = out[part.offset:part.offset + part.nbytes]
+            source = (files or {}).get(path)
+            if source is not None and _stored_as(source, t):
+                source[0].read_into(source[1], dest)
+            elif part.nbytes:
+                # A device tensor comes back over PCIe; a host one is copied once (converted at load).
+                dest.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
 
     def copy_to(self, slot: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
         """The host bytes into slot: non-blocking on stream (the caller orders it with events) on a GPU,
@@ -56,42 +79,85 @@ class Staged:
 
 
 def host_buffer(nbytes: int) -> torch.Tensor:
-    """nbytes of host memory: page-locked when CUDA is there (asynchronous copies need it), plain otherwise."""
-    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+    """nbytes of host memory in one allocation of exactly that size: page-locked when CUDA is there
+    (asynchronous copies need it), plain otherwise. torch's pinned allocator (CachingHostAllocator) rounds each
+    allocation up to a power of two (up to twice the bytes), so ordinary memory is registered with CUDA
+    (cudaHostRegister) instead; torch's pinned allocator is the fallback where registering fails."""
+    if nbytes == 0 or not torch.cuda.is_available():
+        return torch.empty(nbytes, dtype=torch.uint8)
+    registered = _registered(nbytes)
+    if registered is not None:
+        return registered
+    log.warning("SwiftDiT: cudaHostRegister refused %d bytes; using torch's pinned allocator (it rounds up to "
+                "a power of two)", nbytes)
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
 
 
-def staged_bytes(block: Any) -> int:
-    """The bytes of block's staged copy (Staged.nbytes) without making it."""
-    end = 0
-    for _, t in _leaves(block):
-        end = _aligned(end) + t.numel() * t.element_size()
-    return _aligned(end)
+def _registered(nbytes: int) -> torch.Tensor | None:
+    """nbytes of ordinary host memory page-locked by CUDA, unregistered when the memory is released."""
+    import numpy as np
+    array = np.empty(nbytes, dtype=np.uint8)
+    cudart, address = torch.cuda.cudart(), array.ctypes.data
+    if int(cudart.cudaHostRegister(address, nbytes, 0)) != 0:
+        return None
+    # The tensor (and every view of it) holds the array; numpy runs weak-reference callbacks before it frees
+    # the bytes, so they are unregistered first (a freed registered range would refuse the next registration).
+    weakref.finalize(array, cudart.cudaHostUnregister, address).atexit = False  # the process's end frees all
+    return torch.from_numpy(array)
 
 
-def stage(block: Any, files: dict[str, tuple[Any, str]] | None = None) -> Staged:
-    """block (a GpuBlock, a host Block, any dataclass/tuple tree of tensors) in one host buffer. files maps a
-    tensor's path in the tree ('w.1.weight', see tensor_paths) to (Checkpoint, key): such a tensor is read from
-    the file straight into the buffer when the file stores it in the block's dtype and size (no second host
-    copy); the caller names only tensors the loader keeps as stored (not permuted, merged or requantized)."""
-    files = files or {}
+def layout(block: Any) -> Staged:
+    """block's staged layout (its tensors' Parts, 256-byte aligned, and the total bytes) without its bytes."""
     parts: dict[str, Part] = {}
     end = 0
     for path, t in _leaves(block):
         offset = _aligned(end)
         parts[path] = Part(tuple(t.shape), t.dtype, offset, t.numel() * t.element_size())
         end = offset + parts[path].nbytes
-    host = host_buffer(_aligned(end))
-    for path, t in _leaves(block):
-        part = parts[path]
-        out = host[part.offset:part.offset + part.nbytes]
-        source = files.get(path)
-        if source is not None and _stored_as(source, t):
-            source[0].read_into(source[1], out)
-        elif part.nbytes:
-            # A device tensor comes back over PCIe; a host one is copied once (converted at load).
-            out.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
     in_order = iter(parts.values())  # _rebuild walks the tree in _leaves' order
-    return Staged(_rebuild(block, lambda t: next(in_order)), host.numel(), host)
+    return Staged(_rebuild(block, lambda t: next(in_order)), _aligned(end), None)
+
+
+def meta_twin(block: Any) -> Any:
+    """block with each tensor replaced by a meta tensor of its shape and dtype: a layout without the bytes."""
+    return _rebuild(block, lambda t: t.to("meta"))
+
+
+def staged_bytes(block: Any) -> int:
+    """The bytes of block's staged copy (Staged.nbytes) without making it."""
+    return layout(block).nbytes
+
+
+def stage(block: Any, files: dict[str, tuple[Any, str]] | None = None) -> Staged:
+    """block (a GpuBlock, a host Block, any dataclass/tuple tree of tensors) in its own host buffer. files maps
+    a tensor's path in the tree ('w.1.weight', see tensor_paths) to (Checkpoint, key): such a tensor is read
+    from the file straight into the buffer when the file stores it in the block's dtype and size (no second
+    host copy); the caller names only tensors the loader keeps as stored (not permuted, merged or
+    requantized)."""
+    return stage_all([block], files=[files])[0]
+
+
+def stage_all(blocks: Iterable[Any], layouts: Sequence[Staged] | None = None,
+              files: Sequence[dict | None] | None = None) -> list[Staged]:
+    """The blocks in one host buffer of exactly the sum of their staged bytes (each a multiple of 256, so
+    every block and tensor starts aligned), each Staged's host a view of it. layouts: the blocks' layouts when
+    known, so that blocks may be a generator that makes each block only while it is written (no whole second
+    host copy); files[i]: stage's files for block i."""
+    if layouts is None:
+        blocks = list(blocks)
+        layouts = [layout(b) for b in blocks]
+    blocks = iter(blocks)
+    offsets, total = [], 0
+    for s in layouts:
+        offsets.append(total)
+        total += s.nbytes
+    host = host_buffer(total)
+    staged = []
+    for i, (s, start) in enumerate(zip(layouts, offsets)):
+        view = host[start:start + s.nbytes]
+        s.write(next(blocks), view, files[i] if files else None)
+        staged.append(dataclasses.replace(s, host=view))
+    return staged
 
 
 def tensor_paths(block: Any) -> list[str]:
@@ -129,6 +195,19 @@ def _leaves(obj: Any, path: str = ""):
     elif isinstance(obj, (tuple, list)):
         for i, item in enumerate(obj):
             yield from _leaves(item, f"{path}.{i}" if path else str(i))
+
+
+def _parts(template: Any):
+    """The Parts of a layout's template, in _leaves' order."""
+    if isinstance(template, Part):
+        yield template
+    elif dataclasses.is_dataclass(template) and not isinstance(template, type):
+        for f in dataclasses.fields(template):
+            if f.init:
+                yield from _parts(getattr(template, f.name))
+    elif isinstance(template, (tuple, list)):
+        for item in template:
+            yield from _parts(item)
 
 
 def _rebuild(obj: Any, fn):

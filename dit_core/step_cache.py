@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -70,22 +71,24 @@ class StepCache:
 
     def run(self, blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
             rows: int) -> torch.Tensor:
-        """The blocks over x (step(i, block, x) runs block i), skipping all but the first where allowed."""
+        """The blocks over x (step(i, block, x) runs block i), skipping all but the first where allowed. The
+        blocks are walked once, in order: streamed ones (dit_core/streaming.py) copy ahead of their use."""
         index, self.steps = self.steps, self.steps + 1
-        x1 = step(0, blocks[0], x)
-        check()
-        if self.limit == 0:  # nothing measured or stored: the plain loop
-            self.changes.append(None)
-            return _loop(blocks, x1, step, check, 1)
-        first = (x1 - x)[:rows]
-        change = None
-        if self.first is not None and self.first.shape == first.shape:
-            change = relative_change(first, self.first)
-        self.changes.append(change)
-        if index >= self.start and change is not None and change < self.limit:
-            self.skipped += 1
-            return torch.cat([x1[:rows] + self.rest, x1[rows:]])
-        out = _loop(blocks, x1, step, check, 1)
+        with _walk(blocks) as walk:
+            x1 = step(*next(walk), x)
+            check()
+            if self.limit == 0:  # nothing measured or stored: the plain loop
+                self.changes.append(None)
+                return _loop(walk, x1, step, check)
+            first = (x1 - x)[:rows]
+            change = None
+            if self.first is not None and self.first.shape == first.shape:
+                change = relative_change(first, self.first)
+            self.changes.append(change)
+            if index >= self.start and change is not None and change < self.limit:
+                self.skipped += 1
+                return torch.cat([x1[:rows] + self.rest, x1[rows:]])
+            out = _loop(walk, x1, step, check)
         self.first, self.rest = first, (out - x1)[:rows]
         return out
 
@@ -123,10 +126,22 @@ class RefSlots:
         return block.parallel(a, x, m, s, keys_values)
 
 
-def _loop(blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
-          begin: int = 0) -> torch.Tensor:
-    for i in range(begin, len(blocks)):
-        x = step(i, blocks[i], x)
+@contextmanager
+def _walk(blocks: Seq[Block]):
+    """(index, block) of blocks in order; a walk left early is closed at once, so that streamed blocks
+    order their next copies after the work already enqueued (StreamedBlocks.__iter__'s finally)."""
+    walk = iter(blocks)
+    try:
+        yield ((i, block) for i, block in enumerate(walk))
+    finally:
+        close = getattr(walk, "close", None)
+        if close is not None:
+            close()
+
+
+def _loop(walk, x: torch.Tensor, step: StepFn, check: Callable[[], None]) -> torch.Tensor:
+    for i, block in walk:
+        x = step(i, block, x)
         check()
     return x
 
@@ -141,4 +156,7 @@ def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s:
         step = lambda i, block, y: block.parallel(a, y, m, s)
     else:
         step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows)
-    return _loop(blocks, x, step, check) if cache is None else cache.run(blocks, x, step, check, rows)
+    if cache is not None:
+        return cache.run(blocks, x, step, check, rows)
+    with _walk(blocks) as walk:
+        return _loop(walk, x, step, check)

@@ -1,16 +1,24 @@
 """Streamed blocks: the resident blocks spread over the depth, the others staged in host memory and copied to two
 device slots ahead of their use on a copy stream; free() gives memory back and refill() takes it again
-(issue 5; seed 003: Weights, Ltx.free)."""
+(issue 5; seed 003: Weights, Ltx.free; seed 001: Model.fill, Model.room). Also the budget arithmetic: the
+device's free memory and the bytes a pass needs besides the weights."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .staging import Staged, host_buffer, stage
+from .arch import Arch
+from .block_gpu import CHUNK, GpuBlock
+from .staging import Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs
+
+
+class BudgetError(ValueError):
+    """A budget too small for the two slots the streamed blocks copy into (the loader's gpu_budget_gb)."""
 
 
 def spread(n: int, k: int) -> list[bool]:
@@ -31,7 +39,7 @@ def plan(block_bytes: Sequence[int], budget: int, slot_bytes: int | None = None)
     slot = max(block_bytes) if slot_bytes is None else slot_bytes
     need = SLOTS * slot
     if budget < need:
-        raise ValueError(f"a GPU budget of {budget} bytes ({budget / 2**30:.2f} GiB) cannot stream these blocks: "
+        raise BudgetError(f"a GPU budget of {budget} bytes ({budget / 2**30:.2f} GiB) cannot stream these blocks: "
                          f"the {SLOTS} slots they copy into need {need} bytes ({need / 2**30:.2f} GiB); raise "
                          f"the budget or free GPU memory")
     room = budget - need
@@ -49,10 +57,49 @@ def keep_order(m: int) -> list[int]:
     return sorted(range(m), key=rev)
 
 
+def gpu_free_bytes(device: torch.device | str) -> int:
+    """The device's free memory as ComfyUI counts it (model_management.get_free_memory): the driver's free
+    bytes plus those torch's caching allocator holds unused (a later allocation takes them first)."""
+    device = torch.device(device)
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 def gpu_budget(device: torch.device | str, reserve_bytes: int) -> int:
     """The device's free memory less reserve_bytes (what a pass needs besides the weights)."""
-    free, _ = torch.cuda.mem_get_info(torch.device(device))
-    return max(0, free - reserve_bytes)
+    return max(0, gpu_free_bytes(device) - reserve_bytes)
+
+
+def pass_bytes(a: Arch, rows: int) -> int:
+    """The device bytes a pass over `rows` rows takes besides the weights, generously: the f32 residual stream
+    four times (x, the parallel block's copy, the step cache's two), QKV's product and its rotated heads in
+    BF16, attention's output, each linear's input rows (BF16 or INT8 with scales), the MLP's chunk of rows
+    (its [rows, 2 ffn] product in BF16 and SwiGLU in f32), and 256 MiB for cuBLAS and the kernels' workspaces."""
+    chunk = min(rows, CHUNK)
+    per_row = 4 * 4 * a.hidden + 2 * 2 * 3 * a.width + 3 * a.width + 3 * a.hidden + 16
+    return rows * per_row + chunk * (2 * 2 * a.ffn + 6 * a.ffn) + (256 << 20)
+
+
+def streamed_blocks(blocks: Sequence[Any], device: torch.device | str, budget: int | Callable[[int], int],
+                    files: Sequence[dict] | None = None) -> StreamedBlocks:
+    """A family's host blocks as StreamedBlocks on device: GpuBlocks on a CUDA device (each made on the host
+    as it is staged or copied), the host blocks themselves elsewhere."""
+    device = torch.device(device)
+    return StreamedBlocks(blocks, device, budget, files, GpuBlock.of if device.type == "cuda" else None)
+
+
+def _as_is(block: Any, device: torch.device) -> Any:
+    return block
+
+
+def _layout_of(form: Callable[[Any, torch.device], Any], block: Any) -> Staged:
+    """The staged layout of form(block) from shapes alone (meta tensors: no conversion work); a form that
+    cannot run on meta tensors is run once on the host."""
+    meta = torch.device("meta")
+    try:
+        return layout(form(meta_twin(block), meta))
+    except (RuntimeError, NotImplementedError):
+        return layout(form(block, torch.device("cpu")))
 
 
 class StreamedBlocks:
@@ -60,33 +107,47 @@ class StreamedBlocks:
     order: a resident one as is, a streamed one viewed on its slot once its copy has landed (an event the
     compute stream waits on; no device-wide synchronize). Each copy is issued as soon as its slot is free: after
     the block that last used it was enqueued. On the CPU the same path runs with plain tensors and synchronous
-    copies. files[i]: stage's files for block i (tensors read from the checkpoint straight into host memory)."""
+    copies.
 
-    def __init__(self, blocks: Sequence[Any], device: torch.device | str, budget: int,
-                 files: Sequence[dict] | None = None):
-        self.device = torch.device(device)
-        staged = [b if isinstance(b, Staged) else stage(b, files[i] if files else None)
-                  for i, b in enumerate(blocks)]
-        if not staged:
+    blocks: host blocks (or Staged ones); form(block, device) makes a block as it runs (e.g. GpuBlock.of), one
+    block at a time. The host holds only what the device does not: the blocks that stream at load are staged
+    in one page-locked buffer (files[i]: stage's files for block i, read from the checkpoint straight into it),
+    the others go straight to the device; a block that leaves later is staged then, and its copy stays.
+    budget: bytes, or a function of the blocks' total bytes asked once (the automatic budget reads the free
+    memory after the model's other parts are on the device)."""
+
+    def __init__(self, blocks: Sequence[Any], device: torch.device | str, budget: int | Callable[[int], int],
+                 files: Sequence[dict] | None = None, form: Callable[[Any, torch.device], Any] | None = None):
+        if not blocks:
             raise ValueError("StreamedBlocks needs at least one block")
-        self._layouts = [s.layout() for s in staged]
-        self._bytes = [s.nbytes for s in staged]
+        self.device, form, cpu = torch.device(device), form or _as_is, torch.device("cpu")
+        self._layouts = [b.layout() if isinstance(b, Staged) else _layout_of(form, b) for b in blocks]
+        self._bytes = [s.nbytes for s in self._layouts]
         self.slot_bytes = max(self._bytes)
-        self._staged: list[Staged | None] = staged
-        self._resident: list[tuple[torch.Tensor, Any] | None] = [None] * len(staged)
+        self._staged: list[Staged | None] = [b if isinstance(b, Staged) else None for b in blocks]
+        self._resident: list[tuple[torch.Tensor, Any] | None] = [None] * len(blocks)
         self._slots: list[torch.Tensor] = []
         self._held: list[int | None] = [None] * SLOTS
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
         self._free_events = [torch.cuda.Event() for _ in range(SLOTS)] if cuda else []
         self._ready_events = [torch.cuda.Event() for _ in range(SLOTS)] if cuda else []
-        self.budget = budget
-        self.wanted = plan(self._bytes, budget, self.slot_bytes)
-        self.refill()
-        # The host holds only what the device does not: a resident block is staged again when free() drops it.
-        for i, r in enumerate(self._resident):
-            if r is not None:
-                self._staged[i] = None
+        self.budget = budget(self.total_bytes()) if callable(budget) else budget
+        self.wanted = plan(self._bytes, self.budget, self.slot_bytes)
+        streamed = [i for i, want in enumerate(self.wanted) if not want and self._staged[i] is None]
+        made = stage_all((form(blocks[i], cpu) for i in streamed), [self._layouts[i] for i in streamed],
+                         [files[i] for i in streamed] if files else None)
+        for i, staged in zip(streamed, made):
+            self._staged[i] = staged
+        for i, want in enumerate(self.wanted):
+            if want:
+                buf = torch.empty(self._bytes[i], dtype=torch.uint8, device=self.device)
+                if self._staged[i] is not None:
+                    self._staged[i].copy_to(buf)
+                else:
+                    self._layouts[i].write(form(blocks[i], cpu), buf)
+                self._resident[i] = (buf, self._layouts[i].on(buf))
+        self._make_slots()
 
     def __len__(self) -> int:
         return len(self._layouts)
@@ -94,6 +155,10 @@ class StreamedBlocks:
     @property
     def resident(self) -> list[bool]:
         return [r is not None for r in self._resident]
+
+    def total_bytes(self) -> int:
+        """Bytes of every block: what the device holds when all stay there (no slots then)."""
+        return sum(self._bytes)
 
     def device_bytes(self) -> int:
         """Bytes the blocks hold on the device now: resident blocks and slots."""
@@ -105,10 +170,14 @@ class StreamedBlocks:
         return sum(s.nbytes for s in self._staged if s is not None)
 
     def refill(self, budget: int | None = None) -> int:
-        """Puts the wanted blocks (the plan of budget, by default the last one) back on the device, each from its
-        staged copy, which stays (a later free() needs no copy back); returns the bytes it copied."""
+        """Puts the blocks where the plan of budget (by default the last one) wants them: a block no longer
+        wanted leaves first (staged if it holds no host copy), then each wanted one comes back from its staged
+        copy, which stays (a later free() needs no copy back). Returns the bytes it copied to the device."""
         if budget is not None:
             self.budget, self.wanted = budget, plan(self._bytes, budget, self.slot_bytes)
+        self._release([i for i, want in enumerate(self.wanted) if self._resident[i] is not None and not want])
+        if all(self.wanted):
+            self._slots, self._held = [], [None] * SLOTS  # nothing streams: the slots go
         copied = 0
         for i, want in enumerate(self.wanted):
             if want and self._resident[i] is None:
@@ -125,25 +194,34 @@ class StreamedBlocks:
                            for _ in range(SLOTS)]
             self._held = [None] * SLOTS
 
+    def _release(self, leaving: list[int]) -> None:
+        """Blocks `leaving` off the device; those without a host copy are staged first, together in one
+        buffer (torch's pinned allocator would round a buffer per block up to a power of two)."""
+        if not leaving:
+            return
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()  # copies in flight still write the slots
+        unstaged = [i for i in leaving if self._staged[i] is None]
+        host, start = host_buffer(sum(self._bytes[i] for i in unstaged)), 0
+        for i in unstaged:
+            view = host[start:start + self._bytes[i]]
+            view.copy_(self._resident[i][0])  # device to host, blocking: the device buffer is released next
+            self._staged[i], start = replace(self._layouts[i], host=view), start + self._bytes[i]
+        for i in leaving:
+            self._resident[i] = None
+
     def free(self, nbytes: int) -> int:
         """Gives at least nbytes of device memory back where the blocks hold that much: resident blocks leave
         (staged first when they hold no host copy) so that those kept stay spread, then the slots (a later pass
-        makes them again). Returns the bytes given back."""
-        if self._copy_stream is not None:
-            self._copy_stream.synchronize()  # copies in flight still write the slots
+        makes them again). The blocks stay wanted: refill() brings them back. Returns the bytes given back."""
         resident = [i for i, r in enumerate(self._resident) if r is not None]
-        freed = 0
+        leaving, freed = [], 0
         for j in reversed(keep_order(len(resident))):
             if freed >= nbytes:
                 break
-            i = resident[j]
-            buf = self._resident[i][0]
-            if self._staged[i] is None:
-                host = host_buffer(buf.numel())
-                host.copy_(buf)  # device to host, blocking: buf is released next
-                self._staged[i] = Staged(self._layouts[i].template, buf.numel(), host)
-            self._resident[i] = None
-            freed += buf.numel()
+            leaving.append(resident[j])
+            freed += self._bytes[resident[j]]
+        self._release(leaving)
         if freed < nbytes and self._slots:
             freed += sum(s.numel() for s in self._slots)
             self._slots, self._held = [], [None] * SLOTS

@@ -27,6 +27,7 @@ class Settings:
     clip_name: str = "qwen_3_4b.safetensors"
     vae_name: str = "ae.safetensors"
     linears: str = "as stored"  # ours only (docs/nodes.md)
+    gpu_budget_gb: float = 0  # ours only: 0 is automatic
     filename_prefix: str = "swiftdit"
 
 
@@ -98,7 +99,8 @@ def swiftdit_graph(s: Settings = Settings()) -> dict:
         {
             MODEL_LOADER: {
                 "class_type": "SwiftDiTZImageLoader",
-                "inputs": {"unet_name": s.unet_name, "weight_dtype": "default", "linears": s.linears},
+                "inputs": {"unet_name": s.unet_name, "weight_dtype": "default", "linears": s.linears,
+                           "gpu_budget_gb": s.gpu_budget_gb},
             },
             SAMPLING: {
                 "class_type": "SwiftDiTZImageModelSamplingAuraFlow",

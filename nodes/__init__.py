@@ -2,7 +2,7 @@
 from comfy_api.latest import ComfyExtension, io
 
 from . import flux3_klein, z_image
-from .base import install_memory_hook
+from .memory import install_memory_hook
 
 NODES_BY_FAMILY = {"z_image": z_image.NODES, "flux3_klein": flux3_klein.NODES}
 

@@ -1,8 +1,7 @@
-"""What every family's nodes share: model handles, the loaded-model cache, file lookup, errors, progress, cancel."""
+"""What every family's nodes share: model handles, file lookup, errors, progress, cancel, schema pieces (the
+loaded-model cache and its memory: nodes/memory.py)."""
 from __future__ import annotations
 
-import gc
-import logging
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -16,9 +15,16 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.sampling import SamplingCancelled
+from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import WeightsError
-
-log = logging.getLogger("SwiftDiT")
+from .memory import (  # noqa: F401 (log: for the families)
+    DEFAULT_PASS_ROWS,
+    LOADED,
+    describe,
+    fit_blocks,
+    log,
+    place_dit,
+)
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
 # and Qwen3-VL share that vocabulary.
@@ -63,6 +69,8 @@ class ModelHandle:
     linears: str
     loras: tuple[tuple[str, float], ...] = ()
     shift: float = 3.0
+    gpu_budget_gb: float = 0.0  # the loader's budget for the blocks on a GPU (0: automatic); not in the key:
+    # a new budget re-plans the loaded model (memory.fit_blocks) without reading the file again
 
     def key(self) -> tuple:
         return (self.family, file_key(self.path), self.linears,
@@ -80,54 +88,6 @@ class FileHandle:
 
     def key(self) -> tuple:
         return (self.kind, file_key(self.path))
-
-
-class LoadedModels:
-    """Engine models the nodes loaded, at most one of each kind (DiT, text encoder, VAE), kept across prompts
-    and emptied when ComfyUI frees memory for another model or the user unloads models."""
-
-    def __init__(self):
-        self._held: dict[str, tuple[tuple, object]] = {}
-
-    def get(self, kind: str, key: tuple, load: Callable[[], object]):
-        held = self._held.get(kind)
-        if held is not None and held[0] == key:
-            return held[1]
-        if held is not None:  # one model of a kind at a time: drop the old one before loading the new
-            del self._held[kind], held
-            gc.collect()
-        model = load()
-        self._held[kind] = (key, model)
-        log.info("SwiftDiT: loaded %s (%s)", os.path.basename(key[1][0]), kind)
-        return model
-
-    def free(self) -> int:
-        n = len(self._held)
-        self._held.clear()
-        gc.collect()
-        if n:
-            log.info("SwiftDiT: freed %d models", n)
-        return n
-
-
-LOADED = LoadedModels()
-
-
-def install_memory_hook() -> None:
-    """Empty LOADED whenever ComfyUI unloads all models (POST /free, the Unload Models button) or frees memory
-    it lacks for another model: ComfyUI's unload_all_models calls free_memory, so one wrapper covers both."""
-    original = comfy.model_management.free_memory
-    if getattr(original, "swiftdit_hook", False):
-        return
-
-    def free_memory(memory_required, device, keep_loaded=()):
-        result = original(memory_required, device, list(keep_loaded))
-        if memory_required >= 1e29 or comfy.model_management.get_free_memory(device) < memory_required:
-            LOADED.free()
-        return result
-
-    free_memory.swiftdit_hook = True
-    comfy.model_management.free_memory = free_memory
 
 
 def engine_device() -> torch.device:
@@ -170,13 +130,16 @@ def conditioning_rows(node_id: str, input_name: str, conditioning) -> list:
 # --- schema pieces and steps that every family's nodes share ------------------------------------------------
 
 def loader_inputs(family: str) -> list:
-    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears)."""
+    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears, gpu_budget_gb)."""
     return [io.Combo.Input("unet_name", options=folder_paths.get_filename_list("diffusion_models"),
                            tooltip=f"A {family} file from models/diffusion_models"),
             io.Combo.Input("weight_dtype", options=WEIGHT_DTYPES, default="default",
                            tooltip="Kept for workflow compatibility: fp8 values quantize at load to INT8 ConvRot"),
             io.Combo.Input("linears", options=list(LINEAR_MODES), default="as stored",
-                           tooltip="How the linears run: the file's own format, INT8 ConvRot, or BF16")]
+                           tooltip="How the linears run: the file's own format, INT8 ConvRot, or BF16"),
+            io.Float.Input("gpu_budget_gb", default=0.0, min=0.0, max=1024.0, step=0.5,
+                           tooltip="GPU memory the model's blocks may take, in GB; the others stream from "
+                                   "host memory. 0: automatic (the free memory less what a pass needs)")]
 
 
 def linear_mode(node_id: str, weight_dtype: str, linears: str) -> str:
@@ -187,11 +150,35 @@ def linear_mode(node_id: str, weight_dtype: str, linears: str) -> str:
     return "int8" if weight_dtype.startswith("fp8") and mode == "stored" else mode
 
 
-def on_device(kind: str, handle, load: Callable[[], object], family: str = ""):
-    """LOADED's model of `kind` for handle, moved to engine_device(). The device is part of the cache key, and
-    so is the family for files that two families read differently (a VAE, a text encoder)."""
+def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
+              place: Callable[[object, torch.device], object] | None = None):
+    """LOADED's model of `kind` for handle, moved to engine_device() (by place(model, device) when given).
+    The device is part of the cache key, and so is the family for files that two families read differently (a
+    VAE, a text encoder)."""
     device = engine_device()
-    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: load().to(device))
+    place = place or (lambda model, where: model.to(where))
+    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device)
+
+
+def dit_on_device(handle: ModelHandle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS):
+    """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb, and
+    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room)."""
+    device = engine_device()
+    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb))
+    fit_blocks(dit, device, handle.gpu_budget_gb, rows)
+    return dit
+
+
+def load_model(node_id: str, handle: ModelHandle, load: Callable[[ModelHandle], object]) -> str:
+    """A loader's step: handle's model loaded (errors name unet_name, or gpu_budget_gb when the blocks cannot
+    stream within it), and where its bytes are: the loader's text output (the log has it at load too)."""
+    try:
+        model = load(handle)
+    except BudgetError as e:
+        raise SwiftDiTError(f"{node_id} · gpu_budget_gb: {e}") from e
+    except (WeightsError, ValueError, FileNotFoundError) as e:
+        raise SwiftDiTError(f"{node_id} · unet_name: {e}") from e
+    return f"{os.path.basename(handle.path)}: {describe(model, engine_device())}"
 
 
 def check_family(node_id: str, model: ModelHandle, family: str, loader: str) -> None:

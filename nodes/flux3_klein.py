@@ -10,6 +10,7 @@ from ..dit_core.sampling import klein_sigmas, prepare_noise, sample_klein
 from ..dit_core.step_cache import StepCache
 from ..dit_core.vae_flux2 import PACKED, Flux2VAE
 from .base import (
+    DEFAULT_PASS_ROWS,
     LOADED,
     TOKENIZER_DIR,
     FileHandle,
@@ -21,9 +22,11 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
+    dit_on_device,
     engine_device,
     ksampler_inputs,
     linear_mode,
+    load_model,
     loader_inputs,
     log,
     model_file,
@@ -43,8 +46,9 @@ KLEIN_SHIFT = 16.0
 REFERENCES = "reference_latents"
 
 
-def load_dit(handle: ModelHandle) -> Flux3Klein:
-    return on_device("dit", handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras))
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Flux3Klein:
+    """The model where ComfyUI computes (on a GPU within the loader's budget), fitted for a pass over rows."""
+    return dit_on_device(handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras), rows)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
@@ -66,13 +70,12 @@ class Flux3KleinLoader(io.ComfyNode):
             inputs=loader_inputs("FLUX.3 Klein"), outputs=[DiTModel.Output()])
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, linears) -> io.NodeOutput:
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
         node = "SwiftDiTFlux3KleinLoader"
         path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=KLEIN_SHIFT)
-        with checked(node, "unet_name"):
-            load_dit(handle)
-        return io.NodeOutput(handle)
+        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=KLEIN_SHIFT,
+                             gpu_budget_gb=float(gpu_budget_gb))
+        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
 
 
 class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
@@ -142,8 +145,11 @@ class Flux3KleinSampler(io.ComfyNode):
                 got = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
                 raise SwiftDiTError(f"{node} · positive: reference latent {j} is {got}, expected a FLUX.2 latent "
                                     f"[B, {PACKED}, h, w]; encode references with the FLUX.2 VAE")
+        # A pass's rows: the image's tokens, the longest text rows and every reference's tokens.
+        rows = latent.shape[-2] * latent.shape[-1] + max(pos.shape[-2], neg.shape[-2]) + \
+            sum(r.shape[-2] * r.shape[-1] for r in refs)
         with checked(node, "model"):
-            dit = load_dit(model)
+            dit = load_dit(model, rows)
         if refs and not dit.mode_blocks["image_cond"]:
             raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
                                 f"blocks); remove ReferenceLatent or load an edit-capable Klein")

@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import folder_paths
+import torch
 from comfy_api.latest import io
 
-from ..dit_core.families.z_image import ZImage
+from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.qwen3_text import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
 from ..dit_core.vae import ImageDecoder
 from .base import (
+    DEFAULT_PASS_ROWS,
     LOADED,
     TOKENIZER_DIR,
     FileHandle,
@@ -20,10 +22,12 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
+    dit_on_device,
     engine_device,
     interrupt_check,
     ksampler_inputs,
     linear_mode,
+    load_model,
     loader_inputs,
     model_file,
     on_device,
@@ -38,10 +42,18 @@ LATENT_CHANNELS = 16
 DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
 
 
-def load_dit(handle: ModelHandle) -> ZImage:
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> ZImage:
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
-    matrix cores); elsewhere the float32 host path."""
-    return on_device("dit", handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras))
+    matrix cores) within the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32
+    host path."""
+    return dit_on_device(handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras), rows)
+
+
+def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
+    """The rows of one image's pass: its 2x2 patches and the longest conditioning's rows, each padded to a
+    multiple of 32 as the model pads them."""
+    pad = lambda n: -(-n // SEQ_MULTIPLE) * SEQ_MULTIPLE  # noqa: E731
+    return pad((latent.shape[-2] // 2) * (latent.shape[-1] // 2)) + pad(max(c.shape[-2] for c in conditionings))
 
 
 class ZImageLoader(io.ComfyNode):
@@ -53,13 +65,12 @@ class ZImageLoader(io.ComfyNode):
             inputs=loader_inputs("Z-Image"), outputs=[DiTModel.Output()])
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, linears) -> io.NodeOutput:
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
         node = "SwiftDiTZImageLoader"
         path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=DEFAULT_SHIFT)
-        with checked(node, "unet_name"):
-            load_dit(handle)
-        return io.NodeOutput(handle)
+        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=DEFAULT_SHIFT,
+                             gpu_budget_gb=float(gpu_budget_gb))
+        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
 
 
 class ZImageModelSamplingAuraFlow(io.ComfyNode):
@@ -147,7 +158,7 @@ class ZImageSampler(io.ComfyNode):
         pos = conditioning_rows(node, "positive", positive)
         neg = conditioning_rows(node, "negative", negative)
         with checked(node, "model"):
-            dit = load_dit(model)
+            dit = load_dit(model, pass_rows(latent_image["samples"], pos, neg))
 
         device = engine_device()
 

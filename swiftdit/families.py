@@ -68,13 +68,14 @@ class Family:
         return wire_type in self.wire_types or wire_type in self.wire_types.values()
 
 
-# docs/nodes.md, "Z-Image": every input name and widget order as the stock node's; the loader adds `linears`.
+# docs/nodes.md, "Z-Image": every input name and widget order as the stock node's; the loader adds `linears` and
+# `gpu_budget_gb` (0: automatic).
 Z_IMAGE = Family(
     name="z_image",
     title="Z-Image",
     roles=MappingProxyType({
         "UNETLoader": Role("SwiftDiTZImageLoader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
-                           extra_widgets=(("linears", "as stored"),)),
+                           extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
         "ModelSamplingAuraFlow": Role("SwiftDiTZImageModelSamplingAuraFlow", sockets=(("model", "MODEL"),),
                                       outputs=("MODEL",), widgets=("shift",)),
         "LoraLoaderModelOnly": Role("SwiftDiTZImageLoraLoaderModelOnly", sockets=(("model", "MODEL"),),
@@ -119,7 +120,7 @@ FLUX3_KLEIN = Family(
     title="FLUX.3 Klein",
     roles=MappingProxyType({
         "UNETLoader": Role("SwiftDiTFlux3KleinLoader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
-                           extra_widgets=(("linears", "as stored"),)),
+                           extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
         "CLIPLoader": Role("SwiftDiTFlux3KleinTextEncoderLoader", outputs=("CLIP",),
                            widgets=("clip_name", "type", "device"),
                            accepts=(("device", ("default", "cpu")),)),

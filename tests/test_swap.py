@@ -116,7 +116,7 @@ def test_links_and_widgets_survive(name):
         values, kept = node.get("widgets_values"), old[node["id"]].get("widgets_values")
         assert values[:len(kept)] == kept, node["id"]
         extra = values[len(kept):]
-        assert extra == (["as stored"] if node["type"] == "SwiftDiTZImageLoader" else []), node["id"]
+        assert extra == (["as stored", 0] if node["type"] == "SwiftDiTZImageLoader" else []), node["id"]
         assert [e.get("link") for e in node.get("inputs", [])] == \
             [e.get("link") for e in old[node["id"]]["inputs"]]
         assert [e.get("links") for e in node.get("outputs", [])] == \
@@ -281,7 +281,7 @@ def test_lora_on_the_model_path_is_swapped(object_info):
     swapped, report = swap_api(prompt)
     assert swapped["97"] == {"class_type": "SwiftDiTZImageLoraLoaderModelOnly",
                              "inputs": prompt["97"]["inputs"]}
-    assert swapped["57:28"]["inputs"] == {**prompt["57:28"]["inputs"], "linears": "as stored"}
+    assert swapped["57:28"]["inputs"] == {**prompt["57:28"]["inputs"], "linears": "as stored", "gpu_budget_gb": 0}
     assert len(report.changed) == 8
 
 
@@ -327,7 +327,7 @@ def test_cli_explains_bad_input(tmp_path):
 KLEIN = FAMILIES["flux3_klein"]
 KLEIN_TEMPLATES = ("image_flux3_klein_distilled_t2i", "image_flux3_klein_distilled_image_edit")
 KLEIN_OBJECT_INFO = ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json"
-KLEIN_EXTRA = {"SwiftDiTFlux3KleinLoader": ["as stored"], "SwiftDiTFlux3KleinSampler": [0.3, 0]}
+KLEIN_EXTRA = {"SwiftDiTFlux3KleinLoader": ["as stored", 0], "SwiftDiTFlux3KleinSampler": [0.3, 0]}
 # What each template swaps (API-style ids) and what stays of the family's roles, with the reason.
 KLEIN_CHANGED = {
     "image_flux3_klein_distilled_t2i": {

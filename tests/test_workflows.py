@@ -210,7 +210,7 @@ def test_klein_workflows_mirror_the_official_templates(name, official):
         {k: want[k] for k in ("seed", "steps", "cfg", "sampler_name", "scheduler", "denoise")}
     assert (sampler["steps"], sampler["cache"], sampler["refresh"]) == (16, 0.3, 0)
     assert by_type["SwiftDiTFlux3KleinLoader"][0] == {"unet_name": want["unet_name"], "weight_dtype": "default",
-                                                      "linears": "as stored"}
+                                                      "linears": "as stored", "gpu_budget_gb": 0}
     assert by_type["SwiftDiTFlux3KleinTextEncoderLoader"][0] == {"clip_name": want["clip_name"], "type": "flux3",
                                                                  "device": "default"}
     assert by_type["SwiftDiTFlux3KleinVAELoader"][0] == {"vae_name": want["vae_name"]}

@@ -181,9 +181,11 @@ class Flux3Klein:
         """The step-distilled model: it also embeds the sigma each step jumps to (sigma_next)."""
         return self.target is not None
 
-    def to(self, device: str | torch.device) -> Flux3Klein:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> Flux3Klein:
         """Every tensor on device; on a CUDA device the mode and joint blocks become GpuBlocks (INT8 ConvRot or
-        BF16 linears through kernels/, GpuBlock.parallel), elsewhere the host blocks compute there."""
+        BF16 linears through kernels/, GpuBlock.parallel), elsewhere the host blocks compute there. budget_bytes
+        (or budget_bytes(their total bytes), asked once the rest is there): the joint blocks' device bytes, the
+        others streaming from host memory (StreamedBlocks)."""
         dev = torch.device(device)
 
         def move(obj):
@@ -198,8 +200,11 @@ class Flux3Klein:
                 return tuple(move(o) for o in obj)
             return {k: move(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
 
-        return replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)
-                                if f.name != "arch"})
+        moved = replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)
+                                 if f.name not in ("arch", "blocks")})
+        from ..streaming import streamed_blocks
+        return replace(moved, blocks=move(self.blocks) if budget_bytes is None else
+                       streamed_blocks(self.blocks, dev, budget_bytes))
 
     def _embed(self, mlp: tuple[Linear, Linear], sigma: float, dtype: torch.dtype) -> torch.Tensor:
         # diffusers: time_proj(timestep.to(dtype) * 1000), the product in f32 (the same rounding as here).
@@ -261,7 +266,7 @@ class Flux3Klein:
         def seq(positions: torch.Tensor, map_: torch.Tensor) -> Sequence:
             # cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed: freqs_dtype float64).
             angles = rotary_angles(positions, a.rope_axes, a.rope_theta)
-            return Sequence(map_.to(dev), angles.cos().to(dev, dtype), angles.sin().to(dev, dtype))
+            return Sequence(map_, angles.cos(), angles.sin()).to(dev, dtype)
 
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
         modes = [m for m in MODES if m in rows]

@@ -172,11 +172,12 @@ class ZImage:
             files=() if isinstance(ckpt, TensorSource) else
             tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
 
-    def to(self, device: str | torch.device, budget_bytes: int | None = None) -> ZImage:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> ZImage:
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
         matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32. With budget_bytes
         the main blocks take at most that much device memory: those that do not fit stream from host memory
-        (StreamedBlocks; on the CPU the host blocks stream through CPU slots, the same numerics)."""
+        (StreamedBlocks; on the CPU the host blocks stream through CPU slots, the same numerics). A function
+        budget_bytes(total bytes of the main blocks) is asked once every other part is on the device."""
         dev = torch.device(device)
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
@@ -184,23 +185,19 @@ class ZImage:
         small = lambda lin: Linear(lin.dequantized().to(dev),
                                    None if lin.bias is None else lin.bias.float().to(dev))
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
-        return replace(
+        moved = replace(
             self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
             context=blocks(self.context), noise=blocks(self.noise), noise_mods=tuple(map(small, self.noise_mods)),
-            blocks=blocks(self.blocks) if budget_bytes is None else self._streamed(dev, budget_bytes),
             mods=tuple(map(small, self.mods)), final_mod=small(self.final_mod), final_out=small(self.final_out))
+        return replace(moved, blocks=blocks(self.blocks) if budget_bytes is None else
+                       self._streamed(dev, budget_bytes))
 
-    def _streamed(self, dev: torch.device, budget_bytes: int):
+    def _streamed(self, dev: torch.device, budget_bytes: int | Callable[[int], int]):
         """The main blocks as StreamedBlocks on dev (only imported when a budget asks for streaming)."""
-        from ..block_gpu import GpuBlock
-        from ..staging import stage
-        from ..streaming import StreamedBlocks
-        cpu = torch.device("cpu")
-        files = self.files if len(self.files) == len(self.blocks) else ({},) * len(self.blocks)
-        # Each block in its device form on the host, then staged, one at a time: no whole second host copy.
-        form = (lambda b: b) if dev.type == "cpu" else (lambda b: GpuBlock.of(b, cpu))
-        return StreamedBlocks([stage(form(b), f) for b, f in zip(self.blocks, files)], dev, budget_bytes)
+        from ..streaming import streamed_blocks
+        return streamed_blocks(self.blocks, dev, budget_bytes,
+                               self.files if len(self.files) == len(self.blocks) else None)
 
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
         """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""

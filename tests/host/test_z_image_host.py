@@ -23,7 +23,7 @@ TIMEOUT = 300.0
 
 # docs/nodes.md: node id -> (required inputs in order, optional inputs in order, output types).
 NODES = {
-    "SwiftDiTZImageLoader": (["unet_name", "weight_dtype", "linears"], [], ["SWIFTDIT_MODEL"]),
+    "SwiftDiTZImageLoader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], [], ["SWIFTDIT_MODEL"]),
     "SwiftDiTZImageTextEncoderLoader": (["clip_name", "type"], ["device"], ["SWIFTDIT_TEXT_ENCODER"]),
     "SwiftDiTZImageTextEncode": (["text", "clip"], [], ["CONDITIONING"]),
     "SwiftDiTZImageModelSamplingAuraFlow": (["model", "shift"], [], ["SWIFTDIT_MODEL"]),
@@ -63,6 +63,7 @@ INPUT_TYPES = {
     "denoise": "FLOAT",
     "shift": "FLOAT",
     "strength_model": "FLOAT",
+    "gpu_budget_gb": "FLOAT",
 }
 # Combos with fixed options (docs/nodes.md), in the documented order.
 COMBOS = {

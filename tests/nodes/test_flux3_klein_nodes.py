@@ -46,7 +46,7 @@ def models(pack, tmp_path_factory):
 
 
 CONTRACT = {
-    "SwiftDiTFlux3KleinLoader": (["unet_name", "weight_dtype", "linears"], "SWIFTDIT_MODEL"),
+    "SwiftDiTFlux3KleinLoader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
     "SwiftDiTFlux3KleinTextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTFlux3KleinTextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTFlux3KleinSampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
@@ -73,6 +73,13 @@ def test_schemas_follow_the_contract(pack):
     assert clip_type.default == "flux3"  # the templates' CLIPLoader type
     from swiftdit_pack.nodes import NODES_BY_FAMILY
     assert NODES_BY_FAMILY["flux3_klein"] == pack.NODES
+
+
+def test_loader_takes_a_gpu_budget_and_reports_the_model(pack, models):
+    out = pack.Flux3KleinLoader.execute(unet_name="flux3_klein_tiny.safetensors", weight_dtype="default",
+                                        linears="as stored", gpu_budget_gb=2.5)
+    assert out.result[0].gpu_budget_gb == 2.5  # on the CPU the host path keeps its blocks in RAM
+    assert out.ui["text"][0].startswith("flux3_klein_tiny.safetensors: ") and "host memory" in out.ui["text"][0]
 
 
 def run(node, **kwargs):

@@ -1,5 +1,7 @@
 """The Z-Image nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, a whole graph against the
-engine called directly, errors naming node and input, cancel, and the memory hook."""
+engine called directly, errors naming node and input, cancel, and memory: the loader's GPU budget, its report,
+and the hook that gives memory back to ComfyUI (streamed blocks, refilled on the next sample)."""
+import re
 from pathlib import Path
 
 import pytest
@@ -32,7 +34,7 @@ def models(pack, tmp_path_factory):
     for folder in ("diffusion_models", "text_encoders", "vae", "loras"):
         (root / folder).mkdir()
         folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
-    save_file(z_image_comfy_layout(random_z_image(in_channels=16).state_dict()),
+    save_file(z_image_comfy_layout(random_z_image(in_channels=16, n_layers=4).state_dict()),
               root / "diffusion_models" / "z_image_tiny.safetensors")
     save_file(qwen3_comfy_layout(random_qwen3(hidden_size=32, head_dim=8)),
               root / "text_encoders" / "qwen3_tiny.safetensors")
@@ -47,7 +49,7 @@ def models(pack, tmp_path_factory):
 
 # docs/nodes.md: each node's inputs in order (the stock node's widgets, then ours) and its output type.
 CONTRACT = {
-    "SwiftDiTZImageLoader": (["unet_name", "weight_dtype", "linears"], "SWIFTDIT_MODEL"),
+    "SwiftDiTZImageLoader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
     "SwiftDiTZImageTextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTZImageTextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTZImageModelSamplingAuraFlow": (["model", "shift"], "SWIFTDIT_MODEL"),
@@ -60,6 +62,7 @@ CONTRACT = {
 
 
 def test_schemas_follow_the_contract(pack):
+    from comfy_api.latest import io
     assert sorted(n.GET_SCHEMA().node_id for n in pack.NODES) == sorted(CONTRACT)
     for node in pack.NODES:
         schema = node.GET_SCHEMA()
@@ -70,14 +73,17 @@ def test_schemas_follow_the_contract(pack):
         assert [o.io_type for o in schema.outputs] == [output]
     seed = next(i for i in pack.ZImageSampler.GET_SCHEMA().inputs if i.id == "seed")
     assert seed.control_after_generate
+    budget = next(i for i in pack.ZImageLoader.GET_SCHEMA().inputs if i.id == "gpu_budget_gb")
+    assert isinstance(budget, io.Float.Input) and (budget.default, budget.min) == (0.0, 0.0)
 
 
 def run(node, **kwargs):
     return node.execute(**kwargs).result
 
 
-def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=None):
-    (model,) = run(z.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears=linears)
+def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=None, budget=0.0):
+    (model,) = run(z.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears=linears,
+                   gpu_budget_gb=budget)
     if lora is not None:
         (model,) = run(z.ZImageLoraLoaderModelOnly, model=model, lora_name=lora[0], strength_model=lora[1])
     (model,) = run(z.ZImageModelSamplingAuraFlow, model=model, shift=3.0)
@@ -127,7 +133,7 @@ def test_lora_node_merges_the_lora(pack, models):
 
 def test_models_stay_loaded_and_are_freed_with_comfyui(pack, models, caplog):
     import comfy.model_management
-    from swiftdit_pack.nodes.base import LOADED, install_memory_hook
+    from swiftdit_pack.nodes.memory import LOADED, install_memory_hook
     install_memory_hook()
     graph(pack)
     with caplog.at_level("INFO", logger="SwiftDiT"):
@@ -156,3 +162,101 @@ def test_cancel_interrupts_within_a_step(pack, models):
     finally:
         comfy.model_management.interrupt_current_processing(False)
     graph(pack)  # usable after
+
+
+def engine_samples(models, rows, seed=7):
+    from dit_core.families.z_image import ZImage
+    from dit_core.sampling import ksample
+    dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors")
+    return ksample(dit.denoised, seed, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
+                   positive=rows, negative=rows * 0, shift=3.0)
+
+
+def test_loader_reports_where_the_model_is(pack, models, caplog):
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()
+    with caplog.at_level("INFO", logger="SwiftDiT"):
+        out = pack.ZImageLoader.execute(unet_name="z_image_tiny.safetensors", weight_dtype="default",
+                                        linears="as stored", gpu_budget_gb=0.0)
+    assert out.result[0].gpu_budget_gb == 0.0
+    (report,) = out.ui["text"]
+    assert re.fullmatch(r"z_image_tiny.safetensors: \d+\.\d MiB of host memory", report), report
+    assert f"SwiftDiT: loaded {report.replace(':', ' (dit):', 1)}" in caplog.text
+
+
+def test_budget_arithmetic_with_the_loader_setting(pack):
+    from swiftdit_pack.nodes.memory import GIB, budget_bytes, reserve_bytes
+    free, held, reserve = 10 * GIB, 2 * GIB, 3 * GIB
+    assert budget_bytes(0, free, held, reserve) == 9 * GIB  # automatic: free + held - what a pass needs
+    assert budget_bytes(1.5, free, held, reserve) == int(1.5 * GIB)  # the loader's setting
+    assert budget_bytes(20, free, held, reserve) == 9 * GIB  # capped by what is there
+    assert budget_bytes(0, GIB, 0, reserve) == 0
+    from swiftdit_pack.dit_core.arch import Arch
+    from swiftdit_pack.dit_core.streaming import pass_bytes
+    a = Arch(family="t", hidden=3840, layers=30, refiner=2, heads=30, head=128, ffn=10240, latents=16,
+             patch=(2, 2), text_dim=2560, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5,
+             final_eps=1e-6, rope_axes=(32, 48, 48), rope_theta=256.0)
+
+    class Model:
+        arch = a
+    import comfy.model_management
+    assert reserve_bytes(Model, 4608) == pass_bytes(a, 4608) + comfy.model_management.extra_reserved_memory()
+    assert 1 * GIB < pass_bytes(a, 9216) < 3 * GIB  # Z-Image Turbo at 2 MP: the residual streams and the MLP
+
+
+@pytest.fixture
+def streamed_on_cpu(pack, monkeypatch):
+    """The nodes stream the DiT's blocks on the CPU as they do on a GPU, with ComfyUI's free memory fixed."""
+    import comfy.model_management
+    from swiftdit_pack.nodes import memory
+    memory.LOADED.free()
+    memory.install_memory_hook()
+    monkeypatch.setattr(memory, "streams_on", lambda device: True)
+    free = 64 * memory.GIB
+    monkeypatch.setattr(comfy.model_management, "get_free_memory",
+                        lambda dev=None, torch_free_too=False: (free, 0) if torch_free_too else free)
+    yield free
+    memory.LOADED.free()
+
+
+def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu, caplog):
+    import comfy.model_management
+    from swiftdit_pack.dit_core.streaming import StreamedBlocks
+    from swiftdit_pack.nodes.memory import LOADED
+    positive, samples, _ = graph(pack)
+    expected = engine_samples(models, positive[0][0])
+    assert torch.equal(samples["samples"], expected)
+    dit = LOADED._held["dit"][1]
+    blocks = dit.blocks
+    assert isinstance(blocks, StreamedBlocks) and all(blocks.resident) and blocks.host_bytes() == 0
+    cpu, total = torch.device("cpu"), blocks.total_bytes()
+    with caplog.at_level("INFO", logger="SwiftDiT"):
+        # another model needs half the blocks' bytes more than is free, then all of them
+        comfy.model_management.free_memory(streamed_on_cpu + total // 2, cpu)
+        assert 0 < sum(blocks.resident) < len(blocks) and blocks.device_bytes() <= total // 2
+        comfy.model_management.free_memory(streamed_on_cpu + blocks.device_bytes(), cpu)
+    assert "SwiftDiT: gave back" in caplog.text
+    assert blocks.device_bytes() == 0 and not any(blocks.resident) and blocks.host_bytes() == total
+    assert LOADED._held["dit"][1] is dit  # kept, in host memory
+    assert torch.equal(graph(pack)[1]["samples"], expected)
+    assert all(blocks.resident) and LOADED._held["dit"][1] is dit  # refilled, not reloaded
+    comfy.model_management.unload_all_models()
+    assert not LOADED._held
+
+
+def test_loader_budget_streams_the_blocks(pack, models, streamed_on_cpu, caplog):
+    from swiftdit_pack.nodes.memory import GIB, LOADED
+    positive, _, _ = graph(pack)
+    blocks = LOADED._held["dit"][1].blocks
+    size = blocks.slot_bytes
+    assert blocks._bytes == [size] * 4 and all(blocks.resident)
+    budget = (3 * size + size // 2) / GIB  # the two slots and one block
+    with caplog.at_level("INFO", logger="SwiftDiT"):
+        (model,) = run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default",
+                       linears="as stored", gpu_budget_gb=budget)
+        assert model.gpu_budget_gb == budget and sum(blocks.resident) == 1 and blocks.budget <= budget * GIB
+        samples = graph(pack, budget=budget)[1]["samples"]
+    assert "SwiftDiT: loaded" not in caplog.text  # a new budget re-plans the loaded model
+    assert torch.equal(samples, engine_samples(models, positive[0][0])) and sum(blocks.resident) == 1
+    graph(pack)  # back to automatic: every block returns
+    assert all(blocks.resident)

@@ -1,0 +1,239 @@
+"""Memory of the nodes' models (issue 5): the loaded-model cache, the DiT's block budget from the loader's
+gpu_budget_gb, GPU memory given back when ComfyUI frees memory (and taken again on the next use), and the
+report of where a model's bytes are."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import comfy.model_management
+import torch
+
+from ..dit_core.streaming import StreamedBlocks, pass_bytes
+
+log = logging.getLogger("SwiftDiT")
+
+GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
+UNLOAD_ALL = 1e29  # ComfyUI's unload_all_models (POST /free, Unload Models) asks free_memory for 1e30 bytes
+# Rows a pass is given room for before a prompt says how many it takes: a 2 MP image (8192 tokens of 2x2
+# latent patches) and 1024 text rows.
+DEFAULT_PASS_ROWS = 8192 + 1024
+
+
+def same_device(a: torch.device | None, b: torch.device | str | None) -> bool:
+    """a and b are one device ('cuda' and 'cuda:0' on a one-GPU host; ComfyUI names its device cuda:N)."""
+    if a is None or b is None:
+        return False
+    a, b = torch.device(a), torch.device(b)
+    return a.type == b.type and (a.index or 0) == (b.index or 0)
+
+
+class LoadedModels:
+    """Engine models the nodes loaded, at most one of each kind (DiT, text encoder, VAE), kept across prompts.
+    ComfyUI's unload (POST /free, Unload Models) empties it; when ComfyUI lacks memory for another model, the
+    models give back what it lacks (give_back). asking: our own request for room is being made (the hook then
+    takes nothing from ours)."""
+
+    def __init__(self):
+        self._held: dict[str, tuple[tuple, object, torch.device | None]] = {}
+        self.asking = False
+
+    def get(self, kind: str, key: tuple, load: Callable[[], object], device: torch.device | None = None):
+        held = self._held.get(kind)
+        if held is not None and held[0] == key:
+            return held[1]
+        if held is not None:  # one model of a kind at a time: drop the old one before loading the new
+            del self._held[kind], held
+            gc.collect()
+        model = load()
+        self._held[kind] = (key, model, device)
+        log.info("SwiftDiT: loaded %s (%s): %s", os.path.basename(key[1][0]), kind, describe(model, device))
+        return model
+
+    def free(self) -> int:
+        n = len(self._held)
+        self._held.clear()
+        gc.collect()
+        if n:
+            log.info("SwiftDiT: freed %d models", n)
+        return n
+
+    def give_back(self, nbytes: int, device: torch.device) -> int:
+        """At least nbytes of device's memory back where our models hold that much: streamed blocks leave
+        first (their staged copies stay; the next use brings them back), then whole models go (loaded again
+        from their files when next used). Returns the bytes given back."""
+        freed, moved, dropped = 0, 0, []
+        for _, model, where in self._held.values():
+            blocks = getattr(model, "blocks", None)
+            if freed < nbytes and same_device(where, device) and isinstance(blocks, StreamedBlocks):
+                before = sum(blocks.resident)
+                freed += blocks.free(nbytes - freed)
+                moved += before - sum(blocks.resident)
+        for kind, (_, model, where) in list(self._held.items()):
+            if freed < nbytes and same_device(where, device):
+                freed += placement(model).device
+                del self._held[kind]
+                dropped.append(kind)
+        if dropped:
+            gc.collect()
+        if freed:
+            log.info("SwiftDiT: gave back %.2f GiB of %s memory: %d DiT blocks to host memory (back on their "
+                     "next use)%s", freed / GIB, device, moved,
+                     f", dropped the {' and '.join(dropped)}" if dropped else "")
+        return freed
+
+
+LOADED = LoadedModels()
+
+
+def install_memory_hook() -> None:
+    """Wraps ComfyUI's free_memory, which unload_all_models (POST /free, the Unload Models button) and every
+    model load (load_models_gpu) call: after ComfyUI has unloaded its own models, an unload empties LOADED and
+    a shortfall is given back by ours (streamed blocks first)."""
+    original = comfy.model_management.free_memory
+    if getattr(original, "swiftdit_hook", False):
+        return
+
+    def free_memory(memory_required, device, keep_loaded=()):
+        result = original(memory_required, device, list(keep_loaded))
+        if memory_required >= UNLOAD_ALL:
+            LOADED.free()
+        elif not LOADED.asking:
+            short = memory_required - comfy.model_management.get_free_memory(device)
+            if short > 0 and LOADED.give_back(int(short), device):
+                comfy.model_management.soft_empty_cache()
+        return result
+
+    free_memory.swiftdit_hook = True
+    comfy.model_management.free_memory = free_memory
+
+
+# --- the DiT's block budget --------------------------------------------------------------------------------
+
+def streams_on(device: torch.device) -> bool:
+    """Whether a DiT's blocks stream within a budget there: on a CUDA GPU; the CPU's host path keeps its
+    blocks in RAM."""
+    return device.type == "cuda"
+
+
+def budget_bytes(gpu_budget_gb: float, free: int, held: int, reserve: int) -> int:
+    """The bytes a DiT's blocks may take on the device: the free memory plus what the blocks hold there
+    already, less `reserve` (a pass's need); at most the loader's gpu_budget_gb GB when set (0: automatic)."""
+    available = max(0, free + held - reserve)
+    return available if gpu_budget_gb <= 0 else min(int(gpu_budget_gb * GIB), available)
+
+
+def reserve_bytes(model, rows: int) -> int:
+    """What a pass over `rows` rows needs besides the weights, plus what ComfyUI keeps free for other
+    programs (--reserve-vram)."""
+    return pass_bytes(model.arch, rows) + int(comfy.model_management.extra_reserved_memory())
+
+
+@contextmanager
+def _asking():
+    LOADED.asking = True
+    try:
+        yield
+    finally:
+        LOADED.asking = False
+
+
+def make_room(device: torch.device, nbytes: int) -> None:
+    """ComfyUI unloads its own models until nbytes are free on device, as it does before loading one of its
+    own (load_models_gpu); ours stay."""
+    with _asking():
+        comfy.model_management.free_memory(nbytes, device)
+
+
+def place_dit(model, device: torch.device, gpu_budget_gb: float):
+    """model (on the host) where it runs; on a CUDA GPU its blocks take the budget (the rest stream from
+    page-locked host memory), asked once its other parts are there."""
+    if not streams_on(device):
+        return model.to(device)
+    reserve = reserve_bytes(model, DEFAULT_PASS_ROWS)
+
+    def budget(total: int) -> int:
+        make_room(device, (total if gpu_budget_gb <= 0 else min(total, int(gpu_budget_gb * GIB))) + reserve)
+        return budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), 0, reserve)
+
+    return model.to(device, budget_bytes=budget)
+
+
+def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int = DEFAULT_PASS_ROWS) -> None:
+    """Before a pass over `rows` rows: the streamed blocks re-planned for the budget now (Model.fill and
+    Model.room of seed 001): blocks given back to ComfyUI come back while there is room, and blocks leave
+    where the pass needs their room."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, StreamedBlocks):
+        return
+    reserve, held = reserve_bytes(model, rows), blocks.device_bytes()
+    target = blocks.total_bytes() if gpu_budget_gb <= 0 else min(blocks.total_bytes(), int(gpu_budget_gb * GIB))
+    if target + reserve > held:
+        make_room(device, target + reserve - held)
+    blocks.refill(budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), held, reserve))
+
+
+# --- where a model's bytes are ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """A model's bytes: on its device, in page-locked host memory (streamed blocks' staged copies), and in
+    other host memory."""
+    device: int = 0
+    pinned: int = 0
+    host: int = 0
+
+
+def placement(model) -> Placement:
+    """Where model's tensors are (each storage counted once): a walk of its dataclasses, containers, torch
+    modules and our own objects; streamed blocks report their own."""
+    device = pinned = host = 0
+    seen, storages, todo = set(), set(), [model]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, StreamedBlocks):
+            device, pinned = device + obj.device_bytes(), pinned + obj.host_bytes()
+        elif isinstance(obj, torch.Tensor):
+            storage = obj.untyped_storage()
+            if (storage.data_ptr(), obj.device) not in storages:
+                storages.add((storage.data_ptr(), obj.device))
+                if obj.device.type == "cpu":
+                    host += storage.nbytes()
+                else:
+                    device += storage.nbytes()
+        elif isinstance(obj, torch.nn.Module):
+            todo.extend([*obj.parameters(), *obj.buffers()])
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif isinstance(obj, (tuple, list)):
+            todo.extend(obj)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            todo.extend(getattr(obj, f.name) for f in dataclasses.fields(obj))
+        elif "dit_core." in f".{type(obj).__module__}" and hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    return Placement(device, pinned, host)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
+
+
+def describe(model, device: torch.device | None) -> str:
+    """One line for the log and the loader's output: the memory the model takes on its GPU and on the host
+    (page-locked: streamed blocks' staged copies), and for streamed blocks how many stay on the GPU."""
+    p, blocks = placement(model), getattr(model, "blocks", None)
+    streamed = isinstance(blocks, StreamedBlocks)
+    parts = [f"{_size(p.device)} on {device}"] if device is not None and device.type != "cpu" else []
+    if p.pinned or streamed:
+        parts.append(f"{_size(p.pinned)} of page-locked host memory")
+    parts.append(f"{_size(p.host)} of {'other ' if p.pinned or streamed else ''}host memory")
+    if streamed:
+        parts.append(f"{sum(blocks.resident)} of {len(blocks)} blocks resident (budget {_size(blocks.budget)})")
+    return ", ".join(parts)
