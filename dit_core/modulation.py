@@ -11,7 +11,7 @@ def sinusoids(times: torch.Tensor, dim: int, max_period: float = 10000.0, shift:
     """Rows [cos | sin] of each time times dim/2 frequencies max_period^(-i / (dim/2 - shift)), in f32 as
     diffusers' Timesteps (flip_sin_to_cos) and Z-Image's TimestepEmbedder compute them."""
     half = dim // 2
-    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32) / (half - shift)
+    exponent = -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=times.device) / (half - shift)
     args = times.reshape(-1, 1).float() * exponent.exp()[None]
     emb = torch.cat([args.cos(), args.sin()], dim=-1)
     if dim % 2:

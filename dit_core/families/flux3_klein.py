@@ -7,6 +7,7 @@ the VAE's [32, H/8, W/8].
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
@@ -123,6 +124,30 @@ def lora_aliases(names: set[str]) -> dict[str, tuple[str, int]]:
     return aliases
 
 
+@functools.lru_cache(maxsize=8)
+def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.device, dtype: torch.dtype):
+    """({mode: its rows' Sequence}, the joint Sequence of [txt | img | ref]) for n_txt text rows, the image's
+    packed grid (h, w) and the references' (grids[1:]): the same every step, so built and copied to the device
+    once per shape. Positions (t, h, w, l): image (0, h/2, w/2, 0), reference i (0, h/2, w/2, -(1 + i)), text
+    (0, 0, 0, j) (section 4); cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed)."""
+    def grid(hw, layer: int) -> torch.Tensor:
+        hh, ww = torch.meshgrid(torch.arange(hw[0]), torch.arange(hw[1]), indexing="ij")
+        pos = torch.stack([torch.zeros_like(hh), hh, ww, torch.full_like(hh, layer)], -1).reshape(-1, 4)
+        return pos.double() * torch.tensor([1.0, IMAGE_ROPE_SCALE, IMAGE_ROPE_SCALE, 1.0], dtype=torch.float64)
+
+    def seq(positions: torch.Tensor, map_: torch.Tensor) -> Sequence:
+        angles = rotary_angles(positions, a.rope_axes, a.rope_theta)
+        return Sequence(map_, angles.cos(), angles.sin()).to(dev, dtype)
+
+    pos = {"txt": torch.zeros(n_txt, 4, dtype=torch.float64), "image": grid(grids[0], 0)}
+    pos["txt"][:, 3] = torch.arange(n_txt, dtype=torch.float64)
+    if "image_cond" in modes:
+        pos["image_cond"] = torch.cat([grid(hw, -(1 + i)) for i, hw in enumerate(grids[1:])])
+    mode_seqs = {m: seq(pos[m], torch.zeros(len(pos[m]), dtype=torch.long)) for m in modes}
+    map_ = torch.cat([torch.full((len(pos[m]),), i, dtype=torch.long) for i, m in enumerate(modes)])
+    return mode_seqs, seq(torch.cat([pos[m] for m in modes]), map_)
+
+
 @dataclass(frozen=True)
 class Flux3Klein:
     """FLUX.3 Klein where it runs: time embedders (target: the flow map's, None for the base model), the
@@ -208,8 +233,9 @@ class Flux3Klein:
 
     def _embed(self, mlp: tuple[Linear, Linear], sigma: float, dtype: torch.dtype) -> torch.Tensor:
         # diffusers: time_proj(timestep.to(dtype) * 1000), the product in f32 (the same rounding as here).
-        t = torch.tensor([float(sigma)], dtype=torch.float32) * TIME_SCALE
-        emb = sinusoids(t, self.arch.freq_dim).to(self.final_out.weight.device)
+        # Made where the model is: a host tensor's copy would wait for the GPU (a stall in every step).
+        t = torch.full((1,), float(sigma), dtype=torch.float32, device=self.final_out.weight.device) * TIME_SCALE
+        emb = sinusoids(t, self.arch.freq_dim)
         return linear(F.silu(linear(emb, mlp[0])), mlp[1]).to(dtype)
 
     def time_embeddings(self, sigma: float, sigma_next: float | None, dtype: torch.dtype):
@@ -245,43 +271,27 @@ class Flux3Klein:
         act = {"image": F.silu(temb_img), "txt": F.silu(temb_0), "image_cond": F.silu(temb_0)}
         tokens = lambda r: r.reshape(a.latents, -1).t().to(dtype)  # row-major grid, a token a row
 
-        # Positions (t, h, w, l): image (0, h/2, w/2, 0), reference i (0, h/2, w/2, -(1 + i)),
-        # text (0, 0, 0, j) (section 4).
-        def grid(r: torch.Tensor, layer: int) -> torch.Tensor:
-            hh, ww = torch.meshgrid(torch.arange(r.shape[1]), torch.arange(r.shape[2]), indexing="ij")
-            pos = torch.stack([torch.zeros_like(hh), hh, ww, torch.full_like(hh, layer)], -1).reshape(-1, 4)
-            scale = torch.tensor([1.0, IMAGE_ROPE_SCALE, IMAGE_ROPE_SCALE, 1.0], dtype=torch.float64)
-            return pos.double() * scale
-
         n_txt = text_rows.shape[0]
-        pos = {"txt": torch.zeros(n_txt, 4, dtype=torch.float64), "image": grid(latent, 0)}
-        pos["txt"][:, 3] = torch.arange(n_txt, dtype=torch.float64)
         rows = {"txt": linear(text_rows.to(dtype), self.text_in).to(dtype),
                 "image": linear(tokens(latent), self.image_in).to(dtype)}
         slots = slots if references else None
         if references and (slots is None or slots.record):
-            pos["image_cond"] = torch.cat([grid(r, -(1 + i)) for i, r in enumerate(references)])
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
 
-        def seq(positions: torch.Tensor, map_: torch.Tensor) -> Sequence:
-            # cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed: freqs_dtype float64).
-            angles = rotary_angles(positions, a.rope_axes, a.rope_theta)
-            return Sequence(map_, angles.cos(), angles.sin()).to(dev, dtype)
-
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        modes = [m for m in MODES if m in rows]
+        modes = tuple(m for m in MODES if m in rows)
+        grids = tuple(r.shape[1:] for r in (latent, *(references if "image_cond" in rows else ())))
+        mode_seqs, s = _sequences(a, n_txt, grids, modes, dev, dtype)
         for m in modes:
-            s = seq(pos[m], torch.zeros(len(pos[m]), dtype=torch.long))
             mod = self._modulation(self.early_mods[m], act[m])
             for block in self.mode_blocks[m]:
-                rows[m] = block.parallel(a, rows[m], mod, s)
+                rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m])
                 check()
 
         # Joint blocks over [txt | img | ref] (diffusers' order; no mask): a row takes its mode's modulation.
         mods = [self._modulation(self.single_mods[m], act[m]) for m in modes]
         joint = Modulation(*(torch.cat([getattr(md, f.name) for md in mods]) for f in fields(Modulation)))
-        map_ = torch.cat([torch.full((len(pos[m]),), i, dtype=torch.long) for i, m in enumerate(modes)])
-        s, x = seq(torch.cat([pos[m] for m in modes]), map_), torch.cat([rows[m] for m in modes])
+        x = torch.cat([rows[m] for m in modes])
         x = joint_blocks(self.blocks, a, x, joint, s, check, n_txt + h * w, cache, slots)
 
         img = x[n_txt:n_txt + h * w]

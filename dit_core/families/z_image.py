@@ -201,8 +201,9 @@ class ZImage:
 
     def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
         """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
-        t = torch.tensor([(1.0 - float(sigma)) * TIME_SCALE], dtype=torch.float32)
-        emb = sinusoids(t, self.arch.freq_dim).to(self.cap_norm.device)
+        # Made where the model is: a host tensor's copy would wait for the GPU (a stall in every step).
+        t = torch.full((1,), (1.0 - float(sigma)) * TIME_SCALE, dtype=torch.float32, device=self.cap_norm.device)
+        emb = sinusoids(t, self.arch.freq_dim)
         return linear(F.silu(linear(emb, self.time[0])), self.time[1]).to(dtype)
 
     def modulation(self, mod: Linear, temb: torch.Tensor) -> Modulation:
