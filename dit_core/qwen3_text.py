@@ -205,6 +205,10 @@ class Qwen3TextEncoder:
         if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
             raise ValueError(f"Qwen3TextEncoder: token ids must be a non-empty list in [0, {vocab}), "
                              f"got {ids.numel()} ids {ids.tolist()[0][:8]}...")
+        limit = self.model.config.max_position_embeddings
+        if ids.numel() > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
+            raise ValueError(f"the prompt is {ids.numel()} tokens with its chat template, more than the text "
+                             f"encoder's {limit}; shorten it")
         return self.model(input_ids=ids).last_hidden_state.float()
 
     def encode(self, prompt: str) -> torch.Tensor:

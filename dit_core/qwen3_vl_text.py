@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 # transformers' hidden_states[k]: k = 0 is the embeddings, k >= 1 the output of decoder layer k - 1.
 LAYERS = (4, 8, 12, 16, 20, 24, 28, 32)
 PAD_MULTIPLE = 80  # Flux3TextEncoderStep(pad_multiple=80): the window is part of the model recipe (pads are attended)
-MAX_LENGTH = 8192  # max_sequence_length: longer prompts are truncated, as diffusers does
+MAX_LENGTH = 8192  # diffusers' max_sequence_length (it truncates longer prompts; we refuse them)
 PAD_ID = 151643  # <|endoftext|>, Qwen3-VL's pad token
 PAD_POSITION = 1  # transformers 4.57 (BFL's training environment) gave pad tokens position id 1
 # Qwen3-VL-4B's text_config: RoPE base and mRoPE sections; neither can be read from the tensors. Text tokens have
@@ -49,9 +49,10 @@ class KleinPromptTokenizer:
         tokenizer diffusers calls parses them)."""
         ids = self.tokenizer(CHAT_TEMPLATE.format(prompt))["input_ids"]
         if len(ids) > self.max_length:
-            log.warning("prompt of %d tokens truncated to %d (diffusers' max_sequence_length)", len(ids),
-                        self.max_length)
-            ids = ids[: self.max_length]
+            # diffusers cuts such a prompt at max_sequence_length without a word; the user would never learn
+            # that the end of the prompt was dropped, so it fails instead (the seeds' Klein.condition).
+            raise ValueError(f"the prompt is {len(ids)} tokens with its chat template, more than the text "
+                             f"encoder's {self.max_length}; shorten it")
         return ids
 
     def pad(self, ids: list[int]) -> tuple[list[int], list[int]]:

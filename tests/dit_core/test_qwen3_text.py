@@ -207,6 +207,13 @@ def test_token_ids_out_of_range(encoder):
         encoder.encode_ids([0, 151936])
 
 
+def test_a_prompt_past_the_context_is_refused(encoder, monkeypatch):
+    monkeypatch.setattr(encoder.model.config, "max_position_embeddings", 16)
+    assert encoder.encode_ids(list(range(16))).shape[1] == 16
+    with pytest.raises(ValueError, match=r"the prompt is 17 tokens .*more than the text encoder's 16; shorten it"):
+        encoder.encode_ids(list(range(17)))
+
+
 def test_features_match_comfyui_qwen3(comfy, tmp_path):
     """ComfyUI v0.3.75's own Qwen3_4B (what stock CLIPTextEncode runs for Z-Image), built tiny: its config
     fixes head_dim at 128, the rest comes from the dict. Layer -2 without the final norm, as Qwen3_4BModel."""

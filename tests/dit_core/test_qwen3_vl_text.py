@@ -143,15 +143,15 @@ def test_template_and_padding(tokenizer):
     assert len(tokenizer.pad([5] * 81)[0]) == 160
 
 
-def test_max_length_truncates_as_diffusers(reference, processor, files):
-    """A window cap that is no multiple of 80 (8192 is not either): truncated, then padded only up to the cap."""
+def test_a_prompt_over_max_length_is_refused(files):
+    """diffusers truncates silently; we refuse, naming the length and the limit (the node adds its name)."""
     enc = Qwen3VLTextEncoder.load(files["hf"], TOKENIZER_DIR)
     enc.tokenizer.max_length = 100
-    prompt = PROMPTS["long"]
-    assert len(enc.tokenize(prompt)) == 100
-    got = enc.encode(prompt)
-    want = diffusers_rows(reference, processor, prompt, max_sequence_length=100)
-    assert got.shape[1] == 100 and rel_err(got, want) <= 1e-5
+    with pytest.raises(ValueError, match=r"prompt is \d+ tokens .* more than the text encoder's 100; shorten it"):
+        enc.encode(PROMPTS["long"])
+    enc.tokenizer.max_length = 8192
+    enc.tokenizer.max_length = len(enc.tokenize(PROMPTS["long"]))  # exactly at the limit: accepted
+    assert enc.encode(PROMPTS["long"]).shape[1] == enc.tokenizer.max_length
 
 
 # --- errors -------------------------------------------------------------------------------------------------

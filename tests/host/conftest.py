@@ -22,6 +22,22 @@ from host.server import ComfyHost, HostError  # noqa: E402
 WRONG_FAMILY = "not_z_image_qwen3.safetensors"  # test_z_image_host.py ERROR_CASES names it too
 
 
+def _serving(server: ComfyHost):
+    """A module fixture's body: server started (a start that fails fails the test), yielded, then stopped."""
+    try:
+        server.start(timeout=120)
+    except HostError as e:
+        pytest.fail(str(e))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def serving():
+    """_serving, for the server fixtures of the host test files: `yield from serving(server)`."""
+    return _serving
+
+
 @pytest.fixture(scope="session")
 def model_set() -> checkpoints.ModelSet:
     """Generated once (about 30 s on 2 cores) and cached under .cache/models/<version key>/."""
@@ -43,9 +59,4 @@ def host(tmp_path_factory, model_set):
     unet = base / "models" / "unet"
     unet.mkdir(parents=True)
     (unet / WRONG_FAMILY).symlink_to(model_set.text_encoder)
-    try:
-        server.start(timeout=120)
-    except HostError as e:
-        pytest.fail(str(e))
-    yield server
-    server.stop()
+    yield from _serving(server)

@@ -15,7 +15,7 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from host.images import PNG_SIGNATURE, load
-from host.server import ComfyHost, HostError, of_type
+from host.server import ComfyHost, of_type
 from swiftdit.for_host import swap_for_host
 from swiftdit.workflow_api import to_api
 
@@ -68,19 +68,14 @@ def klein_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def klein_host(tmp_path_factory, klein_models):
+def klein_host(tmp_path_factory, klein_models, serving):
     base = tmp_path_factory.mktemp("klein_base")
     server = ComfyHost(COMFYUI_TREE, base, sys.executable)
     server.link_models({folder: klein_models / folder for folder in FILES})
     (base / "input").mkdir(parents=True)
     pixels = np.random.default_rng(0).integers(0, 256, (REFERENCE_SIZE[1], REFERENCE_SIZE[0], 3), dtype=np.uint8)
     Image.fromarray(pixels).save(base / "input" / REFERENCE)
-    try:
-        server.start(timeout=120)
-    except HostError as e:
-        pytest.fail(str(e))
-    yield server
-    server.stop()
+    yield from serving(server)
 
 
 def host_graph(host, name: str) -> dict:

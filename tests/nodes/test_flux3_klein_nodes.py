@@ -166,6 +166,10 @@ def test_errors_name_node_and_input(pack, models):
         graph_with(k, reference=torch.zeros(1, 16, 3, 2))
     with pytest.raises(SwiftDiTError, match="SwiftDiTFlux3KleinSampler · negative: empty conditioning"):
         graph_with(k, negative=[])
+    (clip,) = run(k.Flux3KleinTextEncoderLoader, clip_name="qwen3vl_tiny.safetensors", type="flux3")
+    with pytest.raises(SwiftDiTError, match=r"SwiftDiTFlux3KleinTextEncode · text: the prompt is \d+ tokens .*more "
+                                            r"than the text encoder's 8192; shorten it"):
+        run(k.Flux3KleinTextEncode, text="a cat " * 4200, clip=clip)
     (vae,) = run(k.Flux3KleinVAELoader, vae_name="flux2_vae_tiny.safetensors")
     with pytest.raises(SwiftDiTError, match="SwiftDiTFlux3KleinVAEDecode · samples: .*FLUX.2 latents"):
         run(k.Flux3KleinVAEDecode, samples={"samples": torch.zeros(1, 16, 3, 2)}, vae=vae)
