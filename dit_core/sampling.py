@@ -91,14 +91,21 @@ def flow_sigma_table(shift: float = 3.0, multiplier: float = 1.0, timesteps: int
     return time_shift(shift, ts / multiplier)
 
 
-def klein_sigmas(steps: int = 16, shift: float = 16.0) -> torch.Tensor:
+def klein_sigmas(steps: int = 16, shift: float = 16.0, denoise: float = 1.0) -> torch.Tensor:
     """FLUX.3 Klein's schedule: shift_S(linspace(1, 1/steps, steps)) then 0, f32. S = 16 as BFL's code and
     ComfyUI's klein workflows sample; diffusers' default is 6.93 (reference/families/flux3_klein.md
-    section 7)."""
+    section 7). denoise < 1 (image to image): the last steps + 1 sigmas of the schedule of int(steps / denoise)
+    steps, as KSampler.set_steps takes them (ksampler_sigmas); denoise 0: no sigmas, nothing to do."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     if not shift > 0:
         raise ValueError(f"klein_sigmas: shift must be > 0, got {shift}")
+    if not 0.0 <= denoise <= 1.0:
+        raise ValueError(f"denoise must be in [0, 1], got {denoise}")
+    if denoise <= 0.0:
+        return torch.zeros(0)
+    if denoise <= 0.9999:
+        return klein_sigmas(int(steps / denoise), shift)[-(steps + 1):]
     s = torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64)
     return torch.cat([time_shift(shift, s), torch.zeros(1, dtype=torch.float64)]).float()
 
@@ -366,7 +373,7 @@ def flux_noise(seed: int, height: int, width: int, batch: int = 1, channels: int
 def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: torch.Tensor,
                  references: Sequence[torch.Tensor] = (), cache=None, refresh: int = 0,
                  negative: torch.Tensor | None = None, cfg: float = 1.0, callback=None,
-                 should_stop=None) -> torch.Tensor:
+                 should_stop=None, latent: torch.Tensor | None = None) -> torch.Tensor:
     """One image's latent [128, h, w] at sigma 0 from noise [128, h, w] (seed 001 Flux.sample;
     reference/families/flux3_klein.md section 7): step i runs model.output(x, sigma_i, sigma_{i+1}) (the flow
     map embeds sigma_{i+1}, 0 after the last step), then Euler on the raw velocity,
@@ -376,7 +383,9 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
     negative pass keeps a fresh one of the same limit. refresh > 0 (edits) records the references' keys and
     values on steps 0, refresh, 2 refresh, ... and reuses them between. callback(i + 1, total, x, x0) after
     each step; should_stop() is asked before each step and after each block, raising
-    SamplingCancelled."""
+    SamplingCancelled. latent: the image latent to start from (image to image, with klein_sigmas' denoise):
+    x = sigma_0 noise + (1 - sigma_0) latent, ComfyUI's CONST noise_scaling (the Flux2 latent format's process_in
+    is the identity); None: an empty latent. No sigmas to walk: the latent (or the noise) as it is."""
     from .step_cache import RefSlots, StepCache  # the speed features, imported where used
 
     if not math.isclose(cfg, 1.0) and negative is None:
@@ -386,7 +395,11 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
     if not math.isclose(cfg, 1.0):
         neg_cache = cache.fresh() if isinstance(cache, StepCache) else None
         branches.append((negative, neg_cache, RefSlots(refresh) if refresh else None))
+    if len(sigmas) < 2:  # denoise 0: CFGGuider.sample returns the latent untouched
+        return noise if latent is None else latent
     x = sigmas[0].to(noise.dtype) * noise  # noise_scaling on an empty latent (1 * noise at sigma 1)
+    if latent is not None:
+        x = noise_scaling(sigmas[0].to(noise.dtype), noise, latent.to(noise.dtype))
     for i in range(total):
         _before_step(i, total, should_stop)
         check = lambda i=i: _before_step(i, total, should_stop)

@@ -128,9 +128,6 @@ class Flux3KleinSampler(io.ComfyNode):
             if value != allowed:
                 raise SwiftDiTError(f"{node} · {name}: {value!r} is not supported; FLUX.3 Klein samples with "
                                     f"'{allowed}' (Euler on the flow at shift {KLEIN_SHIFT:g})")
-        if denoise != 1.0:
-            raise SwiftDiTError(f"{node} · denoise: {denoise} is not supported yet; use 1.0 (edits take their "
-                                f"image as a reference on the positive conditioning)")
         latent = latent_image["samples"]
         if "noise_mask" in latent_image:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
@@ -154,7 +151,9 @@ class Flux3KleinSampler(io.ComfyNode):
             raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
                                 f"blocks); remove ReferenceLatent or load an edit-capable Klein")
         with checked(node, "steps"):
-            sigmas = klein_sigmas(steps, model.shift)
+            sigmas = klein_sigmas(steps, model.shift, float(denoise))
+        if len(sigmas) < 2:  # denoise 0: nothing to do, as KSampler
+            return io.NodeOutput(latent_image)
         noise = prepare_noise(latent, seed, latent_image.get("batch_index"))
         device, batch = engine_device(), latent.shape[0]
         pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # a batch of one serves every image
@@ -166,7 +165,7 @@ class Flux3KleinSampler(io.ComfyNode):
                 x = sample_klein(dit, noise[i].to(device), sigmas, pick(pos, i), [pick(r, i) for r in refs],
                                  step_cache, int(refresh), negative=pick(neg, i), cfg=float(cfg),
                                  callback=lambda s, n, x, x0, i=i: callback(i * steps + s, batch * steps, x, x0),
-                                 should_stop=should_stop)
+                                 should_stop=should_stop, latent=pick(latent, i))
                 out.append(x.cpu())
                 if cache > 0:
                     log.info("%s: step cache %.3g skipped %d of %d steps (image %d of %d)", node, cache,

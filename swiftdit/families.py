@@ -112,7 +112,7 @@ Z_IMAGE = Family(
 )
 
 # docs/nodes.md, "FLUX.3 Klein": the same roles as Z-Image without model patches (the sampler applies shift 16
-# itself), plus VAE encode for reference images. The sampler runs Euler / simple at denoise 1 only and appends
+# itself), plus VAE encode for reference images. The sampler runs Euler / simple (any denoise) and appends
 # `cache` and `refresh`. Stock ReferenceLatent / ReferenceMultiLatent / EmptyFlux2LatentImage stay: they take and give
 # CONDITIONING and LATENT (ReferenceMultiLatent also takes a VAE, so a VAELoader feeding it stays stock).
 FLUX3_KLEIN = Family(
@@ -133,8 +133,7 @@ FLUX3_KLEIN = Family(
                          widgets=("seed", "control_after_generate", "steps", "cfg", "sampler_name",
                                   "scheduler", "denoise"),
                          extra_widgets=(("cache", 0.3), ("refresh", 0)),
-                         accepts=(("sampler_name", ("euler",)), ("scheduler", ("simple",)),
-                                  ("denoise", (1.0,)))),
+                         accepts=(("sampler_name", ("euler",)), ("scheduler", ("simple",)))),
         "VAELoader": Role("SwiftDiTFlux3KleinVAELoader", outputs=("VAE",), widgets=("vae_name",)),
         "VAEDecode": Role("SwiftDiTFlux3KleinVAEDecode", sockets=(("samples", "LATENT"), ("vae", "VAE")),
                           outputs=("IMAGE",)),

@@ -419,10 +419,11 @@ def test_klein_sampler_values_we_do_not_run_stay_stock():
     assert why["7"] == "sampler_name 'er_sde' is not one SwiftDiT runs (euler)"
     assert {old for _, old, _ in report.changed} == {"CLIPLoader", "CLIPTextEncode"}
     assert problems(after) == [] and stock_consumers_of_ours(after, KLEIN) == []
-    sampler["widgets_values"][4], sampler["widgets_values"][6] = "euler", 0.75
-    report = swap_ui(wf, "flux3_klein")[1]
-    assert {where: reason for where, _, reason in report.left}["7"] == \
-        "denoise 0.75 is not one SwiftDiT runs (1.0)"
+    sampler["widgets_values"][4], sampler["widgets_values"][6] = "euler", 0.75  # image to image: ours runs it
+    after, report = swap_ui(wf, "flux3_klein")
+    assert "7" not in {where for where, _, _ in report.left}
+    ours = next(n for n in after["nodes"] if n["id"] == 7)
+    assert ours["type"] == "SwiftDiTFlux3KleinSampler" and ours["widgets_values"][6] == 0.75
 
 
 def stock_klein_workflow(name: str) -> dict:

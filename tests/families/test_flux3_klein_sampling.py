@@ -59,6 +59,28 @@ def test_euler_on_velocity_matches_denoiser_form(model, job):
     assert rel_err(ours, reference) <= 1e-5
 
 
+def test_image_to_image_starts_as_comfyui(comfy, model, job):
+    """denoise 0.5: the last 17 sigmas of the 32-step schedule (KSampler.set_steps), Euler from ComfyUI's CONST
+    noise_scaling of the latent; denoise 0 leaves the latent as it is."""
+    import comfy.model_sampling
+    sigmas = klein_sigmas(16, 16.0, denoise=0.5)
+    assert torch.equal(sigmas, klein_sigmas(32, 16.0)[-17:]) and 0 < sigmas[0] < 1
+    latent = torch.randn(job["noise"].shape, generator=torch.Generator().manual_seed(5))
+    ours = sample_klein(model, job["noise"], sigmas, job["text_rows"], latent=latent)
+
+    def denoiser(x, sigma):
+        i = int((sigmas == sigma).nonzero()[0])
+        return model.denoised(x, float(sigma), float(sigmas[i + 1]), job["text_rows"][None])
+
+    start = comfy.model_sampling.CONST().noise_scaling(sigmas[0], job["noise"][None], latent[None])
+    assert rel_err(ours, sample_euler(denoiser, start, sigmas)[0]) <= 1e-5
+    assert not torch.allclose(ours, sample_klein(model, job["noise"], sigmas, job["text_rows"]))  # latent used
+    assert sample_klein(model, job["noise"], klein_sigmas(16, 16.0, denoise=0.0), job["text_rows"],
+                        latent=latent) is latent
+    with pytest.raises(ValueError, match=r"denoise must be in \[0, 1\]"):
+        klein_sigmas(16, 16.0, denoise=1.5)
+
+
 def test_cache_zero_is_uncached_sampler(model, job):
     full = sample_klein(model, **job)
     cache = StepCache(0.0)
