@@ -1,7 +1,7 @@
 """One Z-Image Turbo transformer step at 1024x1024 (4096 image rows + a 512-row caption) on random weights of the
-real size: ours INT8 ConvRot and ours BF16 vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, in one
-run. Prints a markdown table (median ms over timed steps with CUDA events, peak memory of the step) and the
-fidelity of the INT8 step against the BF16 step.
+real size: ours INT8 ConvRot (eager, and replayed from a CUDA graph) and ours BF16 vs diffusers 0.42.1
+ZImageTransformer2DModel in BF16 with SDPA, in one run. Prints a markdown table (median ms over timed steps with
+CUDA events, peak memory of the step) and the fidelity of the INT8 step against the BF16 and f32 steps.
 
     python bench/bench_z_image_step.py [--steps 10] [--layers 30]
 """
@@ -123,6 +123,13 @@ def main(argv=None) -> None:
             results[label] = (*timed(step, args.steps), weights_gb(ours))
             if args.profile and label == "ours INT8 ConvRot":
                 print_profile(step)
+            if label == "ours INT8 ConvRot":  # the same step replayed from a CUDA graph (dit_core/step_graph.py)
+                graphed = ours.graphed()
+                replay = lambda: graphed(latent, sigma, caption)  # noqa: E731
+                results[label + ", CUDA graph"] = (*timed(replay, args.steps), weights_gb(ours))
+                same = torch.equal(results[label + ", CUDA graph"][2], results[label][2])
+                print(f"CUDA graph replay equals the eager INT8 step bit for bit: {same}", flush=True)
+                del graphed, replay
     base = results["diffusers BF16 (SDPA)"][0]
     print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB |")
     print("|---|---|---|---|---|")

@@ -5,6 +5,7 @@ comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at lo
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -108,6 +109,21 @@ def lora_aliases(a: Arch, names: set[str]) -> dict[str, tuple[str, int]]:
     return aliases
 
 
+@functools.lru_cache(maxsize=8)
+def _sequences(a: Arch, hp: int, wp: int, pad_img: int, cap_rows: int, device: torch.device, dtype: torch.dtype):
+    """(image, caption, [image; caption]) Sequences of an hp x wp patch grid with pad_img pad rows and cap_rows
+    caption rows (pads included): the same every step, so built and copied to the device once per shape.
+    Positions: caption row j (pads too) at (1 + j, 0, 0); image (h, w) at (cap_rows + 1, h, w); image pads at 0."""
+    grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
+    img_pos = torch.cat([torch.full((hp * wp, 1), cap_rows + 1), grid], dim=1)
+    img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
+    cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
+                           torch.zeros(cap_rows, dtype=torch.long)], -1)
+    img_seq, cap_seq = (sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes, a.rope_theta,
+                                    dtype).to(device) for pos in (img_pos, cap_pos))
+    return img_seq, cap_seq, concat([img_seq, cap_seq])
+
+
 @dataclass(frozen=True)
 class ZImage:
     """Z-Image where it runs: embedders, time MLP, the blocks (context refiners, noise refiners, main) with the
@@ -199,12 +215,14 @@ class ZImage:
         return streamed_blocks(self.blocks, dev, budget_bytes,
                                self.files if len(self.files) == len(self.blocks) else None)
 
-    def time_embedding(self, sigma: float, dtype: torch.dtype) -> torch.Tensor:
-        """temb [1, time_dim]: the model is fed t = 1 - sigma and embeds 1000 t (section 2)."""
-        # Made where the model is: a host tensor's copy would wait for the GPU (a stall in every step).
-        t = torch.full((1,), (1.0 - float(sigma)) * TIME_SCALE, dtype=torch.float32, device=self.cap_norm.device)
-        emb = sinusoids(t, self.arch.freq_dim)
-        return linear(F.silu(linear(emb, self.time[0])), self.time[1]).to(dtype)
+    def timestep(self, sigma: float) -> torch.Tensor:
+        """[1] f32 where the model is: the model is fed t = 1 - sigma and embeds 1000 t (section 2). Made there
+        (torch.full), not copied from the host: such a copy waits for the GPU, a stall in every step."""
+        return torch.full((1,), (1.0 - float(sigma)) * TIME_SCALE, dtype=torch.float32, device=self.cap_norm.device)
+
+    def time_embedding(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """temb [1, time_dim] of timestep(sigma)."""
+        return linear(F.silu(linear(sinusoids(t, self.arch.freq_dim), self.time[0])), self.time[1]).to(dtype)
 
     def modulation(self, mod: Linear, temb: torch.Tensor) -> Modulation:
         """scale_msa, gate_msa, scale_mlp, gate_mlp from the modulation linear (no SiLU before it); tanh gates."""
@@ -216,9 +234,33 @@ class ZImage:
         """The raw output (minus the velocity) for one image: latent [C, H, W] (normalized), caption
         [L, text_dim] text-encoder rows; returns [C, H, W] in the latent's dtype (f32 or f64). check() runs
         after each block (it raises to cancel within a step)."""
+        self._check(latent, caption)
+        return self.output_at(latent, self.timestep(sigma), caption, check)
+
+    def graphed(self) -> Callable[..., torch.Tensor]:
+        """output() replayed from one CUDA graph a step (dit_core/step_graph.py) when every block is on a CUDA
+        device, else output() itself. check() is asked before each step, not within it. The graphs read this
+        model's weights where they are: drop the callable before the model moves or is freed."""
+        if self.cap_norm.device.type != "cuda" or not isinstance(self.blocks, tuple):
+            return self.output
+        from ..step_graph import GraphedStep
+        replay = GraphedStep(lambda latent, t, caption: self.output_at(latent, t, caption))
+
+        def step(latent: torch.Tensor, sigma: float, caption: torch.Tensor,
+                 check: Callable[[], None] | None = None) -> torch.Tensor:
+            self._check(latent, caption)
+            if check is not None:
+                check()
+            return replay(latent, self.timestep(sigma), caption)
+        return step
+
+    def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
+                  check: Callable[[], None] | None = None) -> torch.Tensor:
+        """output() at the timestep tensor t (timestep(sigma)), inputs checked: on a GPU with every block there,
+        nothing in it waits for the host or copies from it, so a CUDA graph can capture it (dit_core/step_graph.py)."""
         check = check or (lambda: None)
         a, dtype = self.arch, latent.dtype
-        c, h, w = self._check(latent, caption)
+        c, h, w = latent.shape
         hp, wp = h // PATCH, w // PATCH
         # Token vector order (ph, pw, c), c fastest (section 3).
         tokens = latent.reshape(c, hp, PATCH, wp, PATCH).permute(1, 3, 2, 4, 0).reshape(hp * wp, -1)
@@ -231,17 +273,8 @@ class ZImage:
         cap = linear(rms_norm(caption.to(dtype), self.cap_norm, a.eps), self.cap_in).to(dtype)
         cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
 
-        # Positions: caption row j (pads too) at (1 + j, 0, 0); image (h, w) at (Lp + 1, h, w); image pads at 0.
-        grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
-        img_pos = torch.cat([torch.full((n_img, 1), cap_rows + 1), grid], dim=1)
-        img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
-        cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
-                               torch.zeros(cap_rows, dtype=torch.long)], -1)
-        seq = lambda pos: sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes,
-                                      a.rope_theta, dtype).to(latent.device)
-        img_seq, cap_seq = seq(img_pos), seq(cap_pos)
-
-        temb = self.time_embedding(sigma, dtype)
+        img_seq, cap_seq, joint = _sequences(a, hp, wp, pad_img, cap_rows, latent.device, dtype)
+        temb = self.time_embedding(t, dtype)
         for block, mod in zip(self.noise, self.noise_mods):
             x = block.forward(a, x, self.modulation(mod, temb), img_seq)
             check()
@@ -251,7 +284,7 @@ class ZImage:
             check()
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
-        x, joint = torch.cat([x, cap]), concat([img_seq, cap_seq])
+        x = torch.cat([x, cap])
         for block, mod in zip(self.blocks, self.mods):
             x = block.forward(a, x, self.modulation(mod, temb), joint)
             check()

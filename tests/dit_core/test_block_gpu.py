@@ -64,6 +64,18 @@ def test_z_image_step_on_gpu_matches_host():
     assert rel_err(gpu.output(latent.cuda(), 0.5, caption.cuda()).cpu(), ref) <= 1e-2
 
 
+def test_z_image_graphed_step_equals_eager():
+    """ZImage.graphed: the step replayed from a CUDA graph equals the eager step bit for bit, at two sigmas (a
+    value baked into the capture would show) and a second caption length (a second capture)."""
+    state = z_image_comfy_layout(random_z_image(dim=768, n_heads=6, axes_dims=[32, 48, 48]).state_dict())
+    gpu = ZImage.load(TensorSource(state), linears="int8").to("cuda")
+    step = gpu.graphed()
+    latent = torch.randn(4, 32, 24, device="cuda")
+    for sigma, rows in ((0.7, 77), (0.3, 77), (0.5, 40)):
+        caption = torch.randn(rows, 32, device="cuda")
+        assert torch.equal(step(latent, sigma, caption), gpu.output(latent, sigma, caption)), (sigma, rows)
+
+
 KLEIN = Arch(family="test", hidden=3072, layers=1, refiner=0, heads=24, head=128, ffn=9216, latents=128,
              patch=(1, 1), text_dim=64, freq_dim=256, time_hidden=3072, time_dim=3072, eps=1e-6, qk_eps=1e-6,
              final_eps=1e-6, rope_axes=(32,) * 4, rope_theta=10000.0, norm="layer")
