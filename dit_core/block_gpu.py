@@ -107,13 +107,13 @@ class GpuBlock:
                               (None if t is None else t.float().to(device)) for i, t in enumerate(block.w)))
 
     def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
-              act=None):
-        """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue), else the
-        same math in BF16 through torch."""
+              act=None, stats=None):
+        """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
+        norm's row statistics when already known), else the same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
-                       shift=shift, row_map=row_map, act=act)
+                       shift=shift, row_map=row_map, act=act, stats=stats)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())
@@ -123,14 +123,21 @@ class GpuBlock:
             h = x
         return None, None, h.to(torch.bfloat16)
 
-    def _branch_into(self, a: Arch, x, y_rows, lin: GpuLinear, post, gate, row_map) -> None:
+    @staticmethod
+    def _epilogue_gated(lin: GpuLinear, post) -> bool:
+        """Whether _branch_into gates in the product's epilogue (else in the gated-residual kernel)."""
+        return post is None and lin.int8
+
+    def _branch_into(self, a: Arch, x, y_rows, lin: GpuLinear, post, gate, row_map, next_rms=None) -> None:
         """x += gate[map] * (post norm of) linear(y): in the product's epilogue when there is no sandwich norm
-        (its output is never stored), else through the gated-residual kernel after the product."""
+        (its output is never stored), else through the gated-residual kernel after the product, which also
+        fills next_rms ([2, rows], when given) with the next RMS norm's row statistics of the updated x."""
         q, s, xb = y_rows
-        if post is None and lin.int8:
+        if self._epilogue_gated(lin, post):
             run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate, row_map=row_map)
             return
-        run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps)
+        run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps,
+            next_rms=None if next_rms is None else (next_rms, a.eps))
 
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it."""
@@ -141,11 +148,15 @@ class GpuBlock:
         hq, hk, hv = run("head_norm_rope", qkv, a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos, s.sin, a.qk_eps,
                          group=s.group)
         o = run("attention", hq, hk, hv)
-        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map)
+        # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
+        # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
+        fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
+        stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
+        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
             q, sc, xb = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,
-                                   row_map=maps)
+                                   row_map=maps, stats=None if stats is None else stats[:, r0:r1])
             u = _product(q, sc, xb, w[UP])
             self._branch_into(a, xs, self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], w[POST_MLP],
                               m.mlp_gate, maps)

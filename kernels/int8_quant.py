@@ -53,15 +53,18 @@ def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                   act=None):
-    """Step 1 of the math above: the bf16 rows [M, K] the rotation takes."""
+                   act=None, stats=None):
+    """Step 1 of the math above: the bf16 rows [M, K] the rotation takes (stats: quantize_rows')."""
     x = x.float()
     if act == "swiglu":
         gate, up = x[:, 0::2], x[:, 1::2]
         return (gate / (1 + torch.exp(-gate)) * up).to(torch.bfloat16)
     if act == "gelu_tanh":
         return (x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))).to(torch.bfloat16)
-    if norm == "rms":
+    if stats is not None:  # the row statistics as given: (mean, 1/sqrt(.)) of each row
+        x = (x - stats[0].float()[:, None]) * stats[1].float()[:, None]
+        x = x if norm_weight is None else x * norm_weight.float()
+    elif norm == "rms":
         x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
         x = x if norm_weight is None else x * norm_weight.float()
     elif norm == "layer":
@@ -75,10 +78,10 @@ def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shif
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-              act=None, out=None):
+              act=None, out=None, stats=None):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M])."""
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
-                       row_map=row_map, act=act)
+                       row_map=row_map, act=act, stats=stats)
     m, k = u.shape
     h = hadamard(group, torch.float32).to(u.device)
     yb = (u.float().reshape(m, k // group, group) @ h).reshape(m, k).to(torch.bfloat16)
@@ -196,7 +199,8 @@ def _row_stats_kernel(x_ptr, stride_x, stats_ptr, M, K, eps, NORM: tl.constexpr,
 
 
 @triton_jit
-def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, y_ptr, gmax_ptr, M, K,
+def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
+                   gmax_ptr, M, K,
                    NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
                    ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
@@ -217,7 +221,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
     inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
     if NORM != 0:
         mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
-        inv = tl.load(stats_ptr + M + rows, mask=rmask, other=1.0)
+        inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
     hq = tl.arange(0, Q)
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
     y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
@@ -263,10 +267,12 @@ def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, block_m=64, num_warps=4, num_stages=2):
+                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by the
-    math in this file's docstring. out: optional (codes, scales) work buffers, written fully. block_m,
-    num_warps, num_stages: launch shape (bench_int8_linear.py sweeps them)."""
+    math in this file's docstring. out: optional (codes, scales) work buffers, written fully. stats: the norm's
+    row statistics [2, M] f32 (mean, 1/sqrt(.)), when the kernel that wrote x computed them (gated_residual's
+    next_rms): the statistics launch is skipped. block_m, num_warps, num_stages: launch shape
+    (bench_int8_linear.py sweeps them)."""
     if norm not in NORMS or act not in ACTS:
         raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}")
     if act is not None and (norm is not None or scale is not None):
@@ -283,6 +289,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
     if scale is not None and (row_map is None or scale.shape[-1] != k):
         raise ValueError("quantize_rows: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
+    if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
+                              or stats.stride(1) != 1):
+        raise ValueError(f"quantize_rows: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
                                                   torch.empty(m, dtype=torch.float32, device=x.device))
     if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
@@ -290,17 +299,19 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     if m == 0:
         return codes, scales
     split = 4 if group == 256 else 1
-    stats = torch.empty(2, m, dtype=torch.float32, device=x.device)  # mean, 1/sqrt(.): norms only
+    computed = stats is None
+    if computed:
+        stats = torch.empty(2, m, dtype=torch.float32, device=x.device)  # mean, 1/sqrt(.): norms only
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
-    if norm is not None:
+    if norm is not None and computed:
         # block_m rows a program: 16 (4x the programs) measured slower on the H200, 60 us against 46 at M = 4608.
         _row_stats_kernel[(triton.cdiv(m, block_m),)](x, x.stride(0), stats, m, k, eps, NORM=NORMS[norm],
                                                         BLOCK_M=block_m, BLOCK_K=256, num_warps=num_warps,
                                                         enable_fp_fusion=False)
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
-            _hadamard_bf16(group // split, x.device), stats, rotated, group_max, m, k)
+            _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
     flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None, "HAS_SCALE": scale is not None,
                  "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
                  "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,

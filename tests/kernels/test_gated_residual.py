@@ -34,6 +34,21 @@ def test_sandwich_norm(m, n, device):
     torch.testing.assert_close(expected.cpu(), host, rtol=1e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("m,n", CASES)
+def test_next_rms_statistics(m, n, device):
+    """next_rms: the update as without it, and the next RMS norm's statistics of the updated rows, written into a
+    column slice of a wider buffer (poisoned first)."""
+    x, y, gate, row_map, post = inputs(m, n, seed=m + 2 * n, device=device)
+    expected = reference(x.clone(), y, gate, row_map, post, 1e-5)
+    wide = torch.full((2, m + 3), float("nan"), device=device)
+    gated_residual(x, y, gate, row_map, post, 1e-5, next_rms=(wide[:, 1:1 + m], 1e-6), block_n=64)
+    torch.testing.assert_close(x, expected, rtol=1e-6, atol=1e-5)
+    inv = 1 / torch.sqrt(x.cpu().double().pow(2).mean(-1) + 1e-6)
+    assert torch.equal(wide[0, 1:1 + m].cpu(), torch.zeros(m))
+    torch.testing.assert_close(wide[1, 1:1 + m].cpu().double(), inv, rtol=1e-6, atol=0)
+    assert wide[:, 0].isnan().all() and wide[:, -2:].isnan().all()  # nothing outside the slice
+
+
 def test_bad_arguments_raise():
     x, y, gate, row_map, post = inputs(4, 32, seed=0, device="cpu")
     with pytest.raises(ValueError):
@@ -42,6 +57,8 @@ def test_bad_arguments_raise():
         gated_residual(x, y[:, :16], gate, row_map)
     with pytest.raises(ValueError):
         gated_residual(x, y, gate, row_map, post[:16])
+    with pytest.raises(ValueError, match="next_rms"):
+        gated_residual(x, y, gate, row_map, post, next_rms=(torch.zeros(2, 5), 1e-6))
 
 
 @pytest.mark.gpu

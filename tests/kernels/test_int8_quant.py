@@ -136,6 +136,26 @@ def test_fused_kernel(m, k, group, case, device):
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
 
 
+@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (5, 512, 256)])
+def test_given_row_statistics(m, k, group, device):
+    """stats= (gated_residual's next_rms): the statistics launch is skipped and those given are used, also as a
+    column slice of a wider [2, M'] buffer (the MLP's chunks of rows)."""
+    x, kw = fused_inputs(m, k, {"norm": "rms", "weight": True, "shift": True}, seed=m * k, device=device)
+    g = torch.Generator().manual_seed(k)
+    wide = torch.stack([torch.zeros(m + 9), 0.5 + torch.rand(m + 9, generator=g)]).to(device)
+    stats = wide[:, 4:4 + m]
+    q, s = quantize_rows(x, group, **kw, stats=stats, out=poisoned_outputs(m, k, device), block_m=16)
+    q_ref, s_ref = reference(x, group, **kw, stats=stats)
+    assert not s.isnan().any()
+    assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
+    # The row statistics as the statistics launch computes them give the codes it gives.
+    own = torch.stack([torch.zeros(m), 1 / torch.sqrt(x.cpu().pow(2).mean(-1) + kw["eps"])]).to(device)
+    q_own, s_own = quantize_rows(x, group, **kw, stats=own, block_m=16)
+    assert_fused_close(q_own, s_own, *quantize_rows(x, group, **kw, block_m=16), max_fraction=0.01)
+    with pytest.raises(ValueError, match="stats must be"):
+        quantize_rows(x, group, **kw, stats=wide)
+
+
 def test_f32_rows_and_minus_128(device):
     """The residual stream comes in as f32; a negative absmax can quantize to -128 (format doc section 5)."""
     y = torch.zeros(2, 16, dtype=torch.float64)
