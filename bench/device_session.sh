@@ -13,9 +13,9 @@ parts=${*:-tests z_step streaming}
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels tests/dit_core ;;
+    tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels tests/dit_core ;;
     z_step) timeout 150 python3 bench/bench_z_image_step.py --profile ;;
-    quant_tests) timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
+    quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile ;;
