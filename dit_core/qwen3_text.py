@@ -67,6 +67,12 @@ class PromptTokenizer:
         return ids or [PAD_ID]
 
 
+def prompt_too_long(tokens: int, limit: int) -> ValueError:
+    """The error of a prompt longer than a text encoder takes (the node names itself and the input)."""
+    return ValueError(f"the prompt is {tokens} tokens with its chat template, more than the text encoder's "
+                      f"{limit}; shorten it")
+
+
 def find_root(ckpt: Checkpoint, roots: tuple[str, ...], wanted: str) -> str:
     """The first of roots under which ckpt holds a Qwen3-style text model (`<root>layers.0.self_attn.q_norm`);
     WeightsError naming what the file is otherwise, and `wanted` (what was expected, e.g. which file)."""
@@ -207,8 +213,7 @@ class Qwen3TextEncoder:
                              f"got {ids.numel()} ids {ids.tolist()[0][:8]}...")
         limit = self.model.config.max_position_embeddings
         if ids.numel() > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
-            raise ValueError(f"the prompt is {ids.numel()} tokens with its chat template, more than the text "
-                             f"encoder's {limit}; shorten it")
+            raise prompt_too_long(ids.numel(), limit)
         return self.model(input_ids=ids).last_hidden_state.float()
 
     def encode(self, prompt: str) -> torch.Tensor:

@@ -10,7 +10,15 @@ import torch
 from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
-from .qwen3_text import CHAT_TEMPLATE, RMS_EPS, find_root, load_tokenizer, read_shapes, read_state_dict
+from .qwen3_text import (
+    CHAT_TEMPLATE,
+    RMS_EPS,
+    find_root,
+    load_tokenizer,
+    prompt_too_long,
+    read_shapes,
+    read_state_dict,
+)
 from .weights import Checkpoint, WeightsError
 
 log = logging.getLogger(__name__)
@@ -51,8 +59,7 @@ class KleinPromptTokenizer:
         if len(ids) > self.max_length:
             # diffusers cuts such a prompt at max_sequence_length without a word; the user would never learn
             # that the end of the prompt was dropped, so it fails instead (the seeds' Klein.condition).
-            raise ValueError(f"the prompt is {len(ids)} tokens with its chat template, more than the text "
-                             f"encoder's {self.max_length}; shorten it")
+            raise prompt_too_long(len(ids), self.max_length)
         return ids
 
     def pad(self, ids: list[int]) -> tuple[list[int], list[int]]:
