@@ -18,8 +18,8 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb.
-Three launches: row statistics (norms only); steps 1-3, one program per (rows, group), storing the bf16 rotated
-rows and each (row, group)'s absmax; steps 4-5 over the rotated rows. The normed (or activated)
+Three launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3, one
+program per (rows, group), storing the bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. The normed (or activated)
 rows are never written; the rotated rows are, once (M x K bf16, within the CHUNK of rows the caller passes).
 """
 from __future__ import annotations
@@ -30,6 +30,7 @@ import math
 import torch
 
 from .rounding import round_half_even, round_to_bf16
+from .row_stats import NORMS, row_stats
 
 try:
     import triton
@@ -38,7 +39,6 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
-NORMS = {None: 0, "rms": 1, "layer": 2}
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 
 
@@ -171,34 +171,6 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 
 
 @triton_jit
-def _row_stats_kernel(x_ptr, stride_x, stats_ptr, M, K, eps, NORM: tl.constexpr, BLOCK_M: tl.constexpr,
-                      BLOCK_K: tl.constexpr):
-    # Step 1's statistics of BLOCK_M rows: mean (layer norm; 0 for RMS) to stats[0], 1/sqrt(.) to stats[1].
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < M
-    kcols = tl.arange(0, BLOCK_K)
-    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for c0 in range(0, K, BLOCK_K):
-        cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
-        v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
-        total += tl.sum(v, axis=1)
-        squares += tl.sum(v * v, axis=1)
-    mean = tl.math.div_rn(total, K * 1.0) if NORM == 2 else tl.zeros([BLOCK_M], dtype=tl.float32)
-    if NORM == 2:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for c0 in range(0, K, BLOCK_K):
-            cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
-            v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
-            v = tl.where(cmask, v - mean[:, None], 0.0)
-            squares += tl.sum(v * v, axis=1)
-    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, K * 1.0) + eps))
-    tl.store(stats_ptr + rows, mean, mask=rmask)
-    tl.store(stats_ptr + M + rows, inv, mask=rmask)
-
-
-@triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
                    gmax_ptr, M, K,
                    NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
@@ -305,10 +277,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
     if norm is not None and computed:
-        # block_m rows a program: 16 (4x the programs) measured slower on the H200, 60 us against 46 at M = 4608.
-        _row_stats_kernel[(triton.cdiv(m, block_m),)](x, x.stride(0), stats, m, k, eps, NORM=NORMS[norm],
-                                                        BLOCK_M=block_m, BLOCK_K=256, num_warps=num_warps,
-                                                        enable_fp_fusion=False)
+        row_stats(x, norm, eps, out=stats, block_m=block_m, num_warps=num_warps)
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)

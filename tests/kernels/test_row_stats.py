@@ -1,0 +1,32 @@
+"""kernels/row_stats.py against its reference: odd sizes (one row, K not a multiple of the 256-column tile, K of
+one tile), both norms, bf16 and f32 rows, rows with a stride, and a column slice of a wider output."""
+import pytest
+import torch
+
+from kernels.row_stats import reference, row_stats
+
+CASES = [(1, 256), (7, 100), (37, 640), (70, 3840)]  # (M, K)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("m,k", CASES)
+def test_kernel_matches_reference(m, k, dtype, norm, device):
+    g = torch.Generator().manual_seed(m * k)
+    wide = (3 + 2 * torch.randn(m, k + 5, generator=g)).to(device, dtype)  # an offset: the layer mean matters
+    x = wide[:, 2:2 + k]  # rows with a stride
+    out = torch.full((2, m + 4), float("nan"), device=device)
+    stats = row_stats(x, norm, 1e-5, out=out[:, 3:3 + m], block_m=16)
+    expected = reference(x, norm, 1e-5)
+    torch.testing.assert_close(stats, expected, rtol=2e-6, atol=2e-6)
+    assert out[:, :3].isnan().all() and out[:, -1].isnan().all()  # nothing outside the slice
+
+
+def test_bad_arguments_raise():
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="norm"):
+        row_stats(x, None)
+    with pytest.raises(ValueError, match="out must be"):
+        row_stats(x, "rms", out=torch.empty(2, 5))
+    with pytest.raises(ValueError, match="rows"):
+        row_stats(x.t(), "rms")
