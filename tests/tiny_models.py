@@ -7,7 +7,10 @@ from diffusers.models.transformers.transformer_z_image import ZImageTransformer2
 from safetensors.torch import save_file
 from transformers import Qwen3Config, Qwen3Model
 
+from dit_core.arch import Arch
+from dit_core.block import Block
 from dit_core.vae import SCALING, SHIFT
+from dit_core.weights import Linear
 
 # reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
 # has a power-of-4 ConvRot group for the INT8 tests.
@@ -294,3 +297,14 @@ def save_flux2_vae(vae, path, prefix: str = "") -> dict[str, torch.Tensor]:
     state = flux2_vae_bfl_layout(vae, prefix)
     save_file(state, str(path))
     return state
+
+
+def random_block(a: Arch, sandwich: bool, seed: int = 0) -> Block:
+    """A host block of arch a with random weights at sane scales (gains around 1); sandwich: post norms too."""
+    g = torch.Generator().manual_seed(seed)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
+    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
+    post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
+    norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
+    return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
+                  lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))

@@ -6,7 +6,7 @@ from dataclasses import fields, replace
 import pytest
 import torch
 from conftest import rel_err
-from tiny_models import random_z_image, z_image_comfy_layout
+from tiny_models import random_block, random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
 from dit_core.block import Block
@@ -18,16 +18,6 @@ from dit_core.weights import Linear, TensorSource
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-
-
-def random_block(a: Arch, sandwich: bool, seed: int) -> Block:
-    g = torch.Generator().manual_seed(seed)
-    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
-    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
-    post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
-    norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
-    return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
-                  lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))
 
 
 @pytest.mark.parametrize("sandwich", [True, False])

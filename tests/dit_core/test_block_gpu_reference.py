@@ -4,6 +4,7 @@ BF16 host block, each within 1e-2. tests/dit_core/test_block_gpu.py runs the sam
 import pytest
 import torch
 from conftest import rel_err
+from tiny_models import random_block
 
 from dit_core import block_gpu
 from dit_core.arch import Arch
@@ -11,7 +12,6 @@ from dit_core.block import Block
 from dit_core.block_gpu import GpuBlock
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
-from dit_core.weights import Linear
 
 CPU = torch.device("cpu")
 
@@ -20,16 +20,6 @@ def arch(norm: str) -> Arch:
     return Arch(family="test", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
                 text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
                 rope_axes=(8, 12, 12), rope_theta=256.0, norm=norm)
-
-
-def random_block(a: Arch, sandwich: bool, seed: int = 0) -> Block:
-    g = torch.Generator().manual_seed(seed)
-    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
-    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
-    post = (gain(a.hidden), gain(a.hidden)) if sandwich else (None, None)
-    norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
-    return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
-                  lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))
 
 
 def inputs(a: Arch, rows: int, group: int):
