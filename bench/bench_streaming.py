@@ -6,6 +6,7 @@ over the measured pinned host-to-device bandwidth).
 
     python bench/bench_streaming.py [--steps 5] [--h3-rows 4096] [--only z_image|h3]
     python bench/bench_streaming.py --smoke     # tiny sizes on the CPU: checks the script, times nothing useful
+    python bench/bench_streaming.py --only z_image --trace 0   # why a sweep row is slow: see trace()
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.modulation import Modulation  # noqa: E402
 from dit_core.sequence import sequence_of  # noqa: E402
 from dit_core.staging import stage, staged_bytes  # noqa: E402
+import dit_core.streaming as streaming  # noqa: E402
 from dit_core.streaming import SLOTS, StreamedBlocks  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 
@@ -105,7 +107,7 @@ def budget_for(sizes: list[int], percent: int) -> int:
     """Weights budget keeping percent of the blocks: everything at 100, else that share plus the two slots."""
     if percent == 100:
         return sum(sizes)
-    return sum(sizes) * percent // 100 + SLOTS * max(sizes)
+    return sum(sizes) * percent // 100 + streaming.SLOTS * max(sizes)
 
 
 def copied_bytes(streamed: StreamedBlocks) -> int:
@@ -142,6 +144,38 @@ def sweep(name: str, host_blocks: list[GpuBlock], step_with, steps: int, device,
     return rows
 
 
+def trace(host_blocks, step_with, percent: int, steps: int, device) -> None:
+    """Where a streamed step's time goes, at one share resident: the step with 2 and 3 slots, the copies alone
+    (the same slot protocol, no compute), and one profiled step's copies (mean time and bandwidth) and compute
+    stream busy time."""
+    sizes, staged = [staged_bytes(b) for b in host_blocks], [stage(b) for b in host_blocks]
+    for slots in (2, 3):
+        streaming.SLOTS = slots
+        streamed = StreamedBlocks(staged, device, budget_for(sizes, percent))
+        with torch.no_grad():
+            ms, _ = timed(lambda b=streamed: step_with(b), steps, device)
+            copies_ms, _ = timed(lambda b=streamed: [None for _ in b], steps, device)
+        print(f"trace {percent}% resident, {slots} slots: step {ms:.1f} ms, copies alone {copies_ms:.1f} ms", flush=True)
+        if slots == 2 and device.type == "cuda":
+            with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                step_with(streamed)
+                sync(device)
+            copies = [e for e in prof.events() if "Memcpy HtoD" in e.name]
+            kernels = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                             if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name)
+            busy, end = 0.0, float("-inf")  # union of kernel intervals (us)
+            for a, b in kernels:
+                busy += max(0.0, b - max(a, end))
+                end = max(end, b)
+            span = kernels[-1][1] - kernels[0][0]
+            mean = statistics.mean(e.time_range.elapsed_us() for e in copies) if copies else 0.0
+            print(f"  profiled: {len(copies)} copies of {mean / 1e3:.2f} ms mean "
+                  f"({max(sizes) / (mean * 1e-6) / 1e9 if mean else 0:.1f} GB/s), kernels busy {busy / 1e3:.1f} "
+                  f"of {span / 1e3:.1f} ms", flush=True)
+        del streamed
+    streaming.SLOTS = SLOTS
+
+
 def z_image(args, device, bandwidth) -> list[str]:
     from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
     from tiny_models import Z_IMAGE_TINY, z_image_comfy_layout
@@ -164,6 +198,8 @@ def z_image(args, device, bandwidth) -> list[str]:
     latent = torch.randn(base.arch.latents, px // 8, px // 8, device=device)
     caption = torch.randn(32 if args.smoke else 512, base.arch.text_dim, device=device)
     step = lambda blocks: replace(base, blocks=blocks).output(latent, 0.6429, caption)  # noqa: E731
+    if args.trace is not None:
+        return trace(host_blocks, step, args.trace, args.steps, device)
     return sweep(f"Z-Image INT8 {px}²", host_blocks, step, args.steps, device, bandwidth)
 
 
@@ -211,6 +247,7 @@ def main(argv=None) -> None:
     p.add_argument("--h3-blocks", type=int, default=50)
     p.add_argument("--only", choices=("z_image", "h3"))
     p.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU")
+    p.add_argument("--trace", type=int, metavar="PERCENT", help="Z-Image: where the time goes at this share")
     args = p.parse_args(argv)
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke and "torchvision" not in sys.modules:

@@ -43,41 +43,53 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
 
 
 @triton_jit
-def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                        M, N, K, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
-                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                        GROUP_M: tl.constexpr):
-    # Program order: GROUP_M row tiles walk the column tiles together, so their weight columns stay in L2.
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Program order: GROUP_M row tiles walk the column tiles together, so their weight columns stay in L2."""
     per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
+    first_m = (tile // per_group) * GROUP_M
     group_m = min(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@triton_jit
+def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.constexpr, EVEN_K: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] int32 = the tile's q wᵀ over all of K."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    if TMA:
+        # Hopper's tensor memory accelerator: one instruction a tile, zeros past the edges, no address math.
+        for k0 in range(0, K, BLOCK_K):
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = b_desc.load([pid_n * BLOCK_N, k0])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        # Rows and columns past the edge read row M-1 / N-1 (clamped, not masked: the loads stay
+        # unconditional); their results are never stored.
+        rm_in = tl.minimum(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
+        rn_in = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+        a_ptrs = q_ptr + rm_in[:, None] * K + rk[None, :]
+        # A [BLOCK_K, BLOCK_N] view of w: K-major, the only layout int8 wgmma takes for B.
+        b_ptrs = w_ptr + rn_in[None, :] * K + rk[:, None]
+        for k0 in range(0, K, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+    return acc
+
+
+@triton_jit
+def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
+              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr, LORA_DTYPE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rk = tl.arange(0, BLOCK_K)
-    # Rows and columns past the edge read row M-1 / N-1 (clamped, not masked: the loads stay unconditional);
-    # their results are never stored.
-    rm_in = tl.minimum(rm, M - 1).to(tl.int64)
-    rn_in = tl.minimum(rn, N - 1).to(tl.int64)
-    a_ptrs = q_ptr + rm_in[:, None] * K + rk[None, :]
-    # A [BLOCK_K, BLOCK_N] view of w: K-major, the only layout int8 wgmma takes for B.
-    b_ptrs = w_ptr + rn_in[None, :] * K + rk[:, None]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs)
-            b = tl.load(b_ptrs)
-        else:
-            a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
-            b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
-        acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K
     mmask = rm < M
     nmask = rn < N
     sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
@@ -87,8 +99,10 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         y = y + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
     if HAS_LORA:
         rr = tl.arange(0, BLOCK_R)
-        down = tl.load(down_ptr + rm_in[:, None] * R + rr[None, :], mask=rr[None, :] < R, other=0.0)
-        up = tl.load(up_ptr + rn_in[None, :] * R + rr[:, None], mask=rr[:, None] < R, other=0.0)
+        down = tl.load(down_ptr + rm[:, None].to(tl.int64) * R + rr[None, :], mask=mmask[:, None] & (rr[None, :] < R),
+                       other=0.0)
+        up = tl.load(up_ptr + rn[None, :].to(tl.int64) * R + rr[:, None], mask=nmask[None, :] & (rr[:, None] < R),
+                     other=0.0)
         y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
     mask = mmask[:, None] & nmask[None, :]
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
@@ -101,24 +115,71 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
 
 
-def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8):
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m},
-                         num_warps=num_warps, num_stages=num_stages)
+@triton_jit
+def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                        M, N, K, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+    # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
+    # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile.
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    a_desc = None
+    b_desc = None
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+            pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+            acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
+                            BLOCK_K)
+            _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                      M, N, R, HAS_BIAS, HAS_LORA, GATED, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+    else:
+        pid_m, pid_n = _tile_of(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
+        acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                  M, N, R, HAS_BIAS, HAS_LORA, GATED, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+
+
+def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False):
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
+                          "TMA": tma, "PERSISTENT": persistent}, num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.cache
 def _autotuned(gated: bool):
     """The kernel autotuned over Hopper tiles (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands in
-    shared memory, 3-4 stages) keyed on (M, N, K); the gated form restores the residual between trials."""
+    shared memory, 3-4 stages), pointer or TMA loads, one program a tile or persistent, keyed on (M, N, K);
+    the gated form restores the residual between trials."""
     configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(128, 128, 128, 4, 4),
                _config(64, 128, 128, 4, 4), _config(128, 256, 64, 8, 4)]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:  # TMA: Hopper and later
+        configs += [_config(128, 256, 128, 8, 3, tma=True), _config(128, 256, 128, 8, 4, tma=True),
+                    _config(128, 128, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 3, tma=True, persistent=True),
+                    _config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                    _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
     return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None)(
         _int8_linear_kernel)
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+@functools.cache
+def _descriptor_scratch() -> None:
+    """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
+    descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
-    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages} (tests,
-    tuning)."""
+    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, PERSISTENT, num_warps, num_stages}
+    (tests, tuning; TMA and PERSISTENT may be left out: off)."""
     m, k = q.shape
     n = w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
@@ -146,11 +207,16 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
                  "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
                  "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
+    _descriptor_scratch()
+    sms = _sm_count(q.device)
+
+    def grid(meta):
+        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
     if tiles is None:
-        grid = (lambda meta: (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),))
         _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
     else:
-        grid = (triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"]),)
+        tiles = {"TMA": False, "PERSISTENT": False, **tiles}
         _int8_linear_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
 
 

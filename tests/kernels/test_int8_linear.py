@@ -11,6 +11,8 @@ from kernels.int8_quant import quantize_rows
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
+# Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs.
+LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True}]
 ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
 
 
@@ -47,20 +49,22 @@ def test_integer_products_are_exact(device):
 
 @pytest.mark.parametrize("m,n,k", CASES)
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_bf16_output(m, n, k, with_bias, device):
+@pytest.mark.parametrize("loads", LOADS, ids=["pointers", "tma", "persistent", "tma-persistent"])
+def test_bf16_output(m, n, k, with_bias, loads, device):
     ops, _, _ = operands(m, n, k, seed=m + n + k, device=device)
     if not with_bias:
         ops["bias"] = None
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
-    int8_linear(**ops, out=out, tiles=SMALL_TILES)
+    int8_linear(**ops, out=out, tiles={**SMALL_TILES, **loads})
     assert torch.equal(out, reference(**ops))
 
 
 @pytest.mark.parametrize("m,n,k", CASES)
-def test_gated_residual_epilogue(m, n, k, device):
+@pytest.mark.parametrize("loads", LOADS, ids=["pointers", "tma", "persistent", "tma-persistent"])
+def test_gated_residual_epilogue(m, n, k, loads, device):
     ops, _, gated = operands(m, n, k, seed=m * n + k, device=device)
     expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
-    assert int8_linear_gated(**ops, **gated, tiles=SMALL_TILES) is gated["residual"]
+    assert int8_linear_gated(**ops, **gated, tiles={**SMALL_TILES, **loads}) is gated["residual"]
     assert torch.equal(gated["residual"], expected)
 
 
