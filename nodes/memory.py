@@ -36,10 +36,10 @@ class LoadedModels:
     """Engine models the nodes loaded, at most one of each kind (DiT, text encoder, VAE), kept across prompts.
     ComfyUI's unload (POST /free, Unload Models) empties it; when ComfyUI lacks memory for another model, the
     models give back what it lacks (give_back). asking: our own request for room is being made (the hook then
-    takes nothing from ours)."""
+    takes nothing from ours). Each model holds its companions by name (attached)."""
 
     def __init__(self):
-        self._held: dict[str, tuple[tuple, object, torch.device | None]] = {}
+        self._held: dict[str, tuple[tuple, object, torch.device | None, dict[str, object]]] = {}
         self.asking = False
 
     def get(self, kind: str, key: tuple, load: Callable[[], object], device: torch.device | None = None):
@@ -50,12 +50,29 @@ class LoadedModels:
             del self._held[kind], held
             gc.collect()
         model = load()
-        self._held[kind] = (key, model, device)
+        self._held[kind] = (key, model, device, {})
         log.info("SwiftDiT: loaded %s (%s): %s", os.path.basename(key[1][0]), kind, describe(model, device))
         return model
 
+    def attached(self, kind: str, name: str, make: Callable[[], object]):
+        """The companion `name` of the model of `kind` held now (e.g. its graphed step), made by make() on
+        first use and dropped with the model. A companion has clear(): give_back and free call it before the
+        model's memory moves or goes (a CUDA graph reads the weights where they were, and holds a pool)."""
+        companions = self._held[kind][3]
+        if name not in companions:
+            companions[name] = make()
+        return companions[name]
+
+    def _clear_companions(self, device: torch.device | None = None) -> None:
+        """clear() on the companions of the models on device (of all models when None)."""
+        for _, _, where, companions in self._held.values():
+            if device is None or same_device(where, device):
+                for companion in companions.values():
+                    companion.clear()
+
     def free(self) -> int:
         n = len(self._held)
+        self._clear_companions()
         self._held.clear()
         gc.collect()
         if n:
@@ -63,17 +80,19 @@ class LoadedModels:
         return n
 
     def give_back(self, nbytes: int, device: torch.device) -> int:
-        """At least nbytes of device's memory back where our models hold that much: streamed blocks leave
+        """At least nbytes of device's memory back where our models hold that much: the companions there are
+        cleared (CUDA graphs: their pools go, and none outlives the blocks it reads), streamed blocks leave
         first (their staged copies stay; the next use brings them back), then whole models go (loaded again
         from their files when next used). Returns the bytes given back."""
+        self._clear_companions(device)
         freed, moved, dropped = 0, 0, []
-        for _, model, where in self._held.values():
+        for _, model, where, _ in self._held.values():
             blocks = getattr(model, "blocks", None)
             if freed < nbytes and same_device(where, device) and isinstance(blocks, StreamedBlocks):
                 before = sum(blocks.resident)
                 freed += blocks.free(nbytes - freed)
                 moved += before - sum(blocks.resident)
-        for kind, (_, model, where) in list(self._held.items()):
+        for kind, (_, model, where, _) in list(self._held.items()):
             if freed < nbytes and same_device(where, device):
                 freed += placement(model).device
                 del self._held[kind]

@@ -161,11 +161,14 @@ class ZImageSampler(io.ComfyNode):
             dit = load_dit(model, pass_rows(latent_image["samples"], pos, neg))
 
         device = engine_device()
+        # On a GPU each step replays a CUDA graph while every block is resident; the graphs stay with the loaded
+        # model across prompts and are cleared when ComfyUI takes its memory back (LoadedModels.give_back).
+        step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
 
         def denoise_with(x, sigma, cond):
             # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's
             # pass moves to its device (a latent is a few MB).
-            x0 = dit.denoised(x.to(device), float(sigma), cond.to(device), interrupt_check)
+            x0 = dit.denoised(x.to(device), float(sigma), cond.to(device), interrupt_check, step)
             return x0.to(x.device)
 
         def sample(callback, should_stop):

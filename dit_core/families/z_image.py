@@ -238,20 +238,34 @@ class ZImage:
         return self.output_at(latent, self.timestep(sigma), caption, check)
 
     def graphed(self) -> Callable[..., torch.Tensor]:
-        """output() replayed from one CUDA graph a step (dit_core/step_graph.py) when every block is on a CUDA
-        device, else output() itself. check() is asked before each step, not within it. The graphs read this
-        model's weights where they are: drop the callable before the model moves or is freed."""
-        if self.cap_norm.device.type != "cuda" or not isinstance(self.blocks, tuple):
+        """output() replayed from one CUDA graph a step (dit_core/step_graph.py) on a CUDA device, else
+        output() itself. A graph reads the resident blocks where they were at its capture: while some blocks
+        stream (their slots are refilled within the step, which a graph cannot capture) the step runs eagerly,
+        and once the blocks have moved (resident_generation) the graphs are captured again. check() is asked
+        before a replayed step, not within it. step.clear() drops the graphs and their memory pools: call it
+        before the blocks move or the model goes (LoadedModels.attached)."""
+        if self.cap_norm.device.type != "cuda":
             return self.output
         from ..step_graph import GraphedStep
+        from ..streaming import resident_generation
         replay = GraphedStep(lambda latent, t, caption: self.output_at(latent, t, caption))
+        captured_at = None  # the blocks' generation the graphs read
 
         def step(latent: torch.Tensor, sigma: float, caption: torch.Tensor,
                  check: Callable[[], None] | None = None) -> torch.Tensor:
+            nonlocal captured_at
+            generation = resident_generation(self.blocks)
+            if generation is None:
+                replay.clear()
+                return self.output(latent, sigma, caption, check)
             self._check(latent, caption)
+            if generation != captured_at:
+                replay.clear()
+                captured_at = generation
             if check is not None:
                 check()
             return replay(latent, self.timestep(sigma), caption)
+        step.clear = replay.clear
         return step
 
     def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
@@ -310,8 +324,11 @@ class ZImage:
         return c, h, w
 
     def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor,
-                 check: Callable[[], None] | None = None) -> torch.Tensor:
+                 check: Callable[[], None] | None = None,
+                 step: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """x0 for a batch of normalized latents x [B, C, H, W] and conditioning [B or 1, L, text_dim]:
-        v = -out, x0 = x - sigma v = x + sigma out (ComfyUI CONST sampling)."""
-        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)], check) for i in range(x.shape[0])]
+        v = -out, x0 = x - sigma v = x + sigma out (ComfyUI CONST sampling). step: output() or its twin
+        (graphed())."""
+        step = step or self.output
+        outs = [step(x[i], sigma, cond[min(i, cond.shape[0] - 1)], check) for i in range(x.shape[0])]
         return x + float(sigma) * torch.stack(outs)

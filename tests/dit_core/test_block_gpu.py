@@ -1,6 +1,7 @@
 """The GPU block (kernels/) against the host block: INT8 emulation within 1e-2, the BF16 block within 3e-2; a whole
-Z-Image step on the GPU against the host path; the parallel block (FLUX.3) at FLUX.3 Klein's sizes, with and
-without the keys_values hook. Runs on the device only (pytest -m gpu)."""
+Z-Image step on the GPU against the host path, and replayed from a CUDA graph over resident or streamed blocks;
+the parallel block (FLUX.3) at FLUX.3 Klein's sizes, with and without the keys_values hook. Runs on the device
+only (pytest -m gpu)."""
 from dataclasses import fields, replace
 
 import pytest
@@ -14,6 +15,7 @@ from dit_core.block_gpu import GpuBlock
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
+from dit_core.streaming import StreamedBlocks
 from dit_core.weights import Linear, TensorSource
 
 pytestmark = [pytest.mark.gpu,
@@ -64,6 +66,33 @@ def test_z_image_graphed_step_equals_eager():
     for sigma, rows in ((0.7, 77), (0.3, 77), (0.5, 40)):
         caption = torch.randn(rows, 32, device="cuda")
         assert torch.equal(step(latent, sigma, caption), gpu.output(latent, sigma, caption)), (sigma, rows)
+
+
+def test_z_image_graphed_step_follows_the_streamed_blocks():
+    """ZImage.graphed over StreamedBlocks (as the nodes place the DiT): replayed while every block is
+    resident, eager while one streams, captured again once they have moved, each step equal to output() bit
+    for bit."""
+    state = z_image_comfy_layout(random_z_image(dim=768, n_heads=6, axes_dims=[32, 48, 48]).state_dict())
+    gpu = ZImage.load(TensorSource(state), linears="int8").to("cuda", budget_bytes=10**12)
+    blocks, step = gpu.blocks, gpu.graphed()
+    replay = step.clear.__self__  # the GraphedStep: which graphs it holds shows capture and fallback
+    latent, caption = torch.randn(4, 32, 24, device="cuda"), torch.randn(77, 32, device="cuda")
+    graphs = lambda: [entry[0] for entry in replay.graphs.values()]  # noqa: E731
+
+    assert isinstance(blocks, StreamedBlocks) and all(blocks.resident)
+    assert torch.equal(step(latent, 0.7, caption), gpu.output(latent, 0.7, caption))
+    (first,) = graphs()
+    blocks.free(1)  # one block leaves: it streams through a slot within the step, which a graph cannot hold
+    assert not all(blocks.resident)
+    assert torch.equal(step(latent, 0.7, caption), gpu.output(latent, 0.7, caption)) and graphs() == []
+    blocks.refill()
+    assert all(blocks.resident) and torch.equal(step(latent, 0.5, caption), gpu.output(latent, 0.5, caption))
+    (second,) = graphs()
+    blocks.free(1)
+    blocks.refill()  # moved and back between two steps: the generation tells
+    assert torch.equal(step(latent, 0.3, caption), gpu.output(latent, 0.3, caption))
+    (third,) = graphs()
+    assert second is not first and third is not second
 
 
 KLEIN = Arch(family="test", hidden=3072, layers=1, refiner=0, heads=24, head=128, ffn=9216, latents=128,

@@ -1,6 +1,7 @@
 """Block streaming's memory (issue 5): the host holds only what the device does not, in one buffer per batch
-of blocks; re-planning for a new budget; FLUX.3 Klein's joint blocks streamed under the step cache and
-reference slots; the bytes a pass needs; and the streamed runs on a GPU (pytest -m gpu)."""
+of blocks; re-planning for a new budget; the placement generation a CUDA graph is captured at; FLUX.3 Klein's
+joint blocks streamed under the step cache and reference slots; the bytes a pass needs; and the streamed runs on
+a GPU (pytest -m gpu)."""
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -13,7 +14,7 @@ from dit_core.families.z_image import ZImage
 from dit_core.sampling import klein_sigmas, sample_klein
 from dit_core.staging import host_buffer, staged_bytes
 from dit_core.step_cache import StepCache
-from dit_core.streaming import StreamedBlocks, pass_bytes, spread
+from dit_core.streaming import StreamedBlocks, pass_bytes, resident_generation, spread
 from dit_core.weights import TensorSource
 
 
@@ -56,6 +57,25 @@ def test_refill_replans_for_a_new_budget_with_the_same_output():
         assert torch.equal(run(streamed, x, mods, seq), resident)
     with pytest.raises(ValueError, match="cannot stream"):
         streamed.refill(max(sizes))
+
+
+def test_generation_counts_every_move_of_the_device_buffers():
+    blocks = gpu_blocks("int8", same=True, n=4)
+    size = staged_bytes(blocks[0])
+    streamed = StreamedBlocks(blocks, "cpu", 4 * size)
+    assert all(streamed.resident) and streamed.generation == 0 == resident_generation(streamed)
+    assert streamed.refill() == 0 and streamed.generation == 0  # nothing moved
+    streamed.free(size)  # one block leaves: the others stay, but a graph over all of them is stale
+    assert streamed.generation == 1 and resident_generation(streamed) is None
+    streamed.refill()
+    assert all(streamed.resident) and resident_generation(streamed) == streamed.generation == 2
+    streamed.refill(3 * size)  # room for one block besides the two slots: three leave
+    assert streamed.generation == 3 and sum(streamed.resident) == 1 and resident_generation(streamed) is None
+    streamed.free(10 * size)  # every block leaves, then the slots go
+    assert streamed.generation == 5 and not any(streamed.resident)
+    streamed.refill(4 * size)  # all come back
+    assert streamed.generation == 6 == resident_generation(streamed)
+    assert resident_generation(tuple(blocks)) == 0 == resident_generation(list(blocks))  # they never move
 
 
 def test_layouts_from_meta_equal_the_converted_blocks():

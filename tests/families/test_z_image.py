@@ -95,6 +95,9 @@ def test_denoised_is_x_plus_sigma_out(files):
     x, cond = torch.randn(2, 4, 4, 4), torch.randn(1, 5, 32)
     x0 = ours.denoised(x, 0.3, cond)
     assert torch.allclose(x0[1], x[1] + 0.3 * ours.output(x[1], 0.3, cond[0]))
+    sigmas = []  # a given step (the graphed one on a GPU) replaces output(), once per image
+    step = lambda latent, sigma, caption, check: sigmas.append(sigma) or ours.output(latent, sigma, caption)
+    assert torch.equal(ours.denoised(x, 0.3, cond, step=step), x0) and sigmas == [0.3, 0.3]
 
 
 def test_bad_inputs_name_what_is_wrong(files, tmp_path):

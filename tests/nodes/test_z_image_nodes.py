@@ -1,6 +1,7 @@
 """The Z-Image nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, a whole graph against the
 engine called directly, errors naming node and input, cancel, and memory: the loader's GPU budget, its report,
-and the hook that gives memory back to ComfyUI (streamed blocks, refilled on the next sample)."""
+the hook that gives memory back to ComfyUI (streamed blocks, refilled on the next sample) and the companions
+kept with a loaded model (its graphed step), cleared before its memory moves."""
 import re
 from pathlib import Path
 
@@ -217,6 +218,36 @@ def streamed_on_cpu(pack, monkeypatch):
                         lambda dev=None, torch_free_too=False: (free, 0) if torch_free_too else free)
     yield free
     memory.LOADED.free()
+
+
+class Companion:
+    """A stand-in for a model's graphed step: counts its clear() calls."""
+
+    def __init__(self):
+        self.cleared = 0
+
+    def clear(self):
+        self.cleared += 1
+
+
+def test_companions_live_and_are_cleared_with_their_model(pack):
+    from swiftdit_pack.nodes.memory import LoadedModels
+
+    class Model:
+        pass
+    loaded, cpu = LoadedModels(), torch.device("cpu")
+    loaded.get("dit", ("dit", ("a.safetensors",)), Model, cpu)
+    loaded.get("vae", ("vae", ("v.safetensors",)), Model, None)
+    first = loaded.attached("dit", "graphed_step", Companion)
+    assert loaded.attached("dit", "graphed_step", Companion) is first  # made once
+    vae = loaded.attached("vae", "graphed_step", Companion)
+    loaded.give_back(0, cpu)  # nothing to free, still cleared first: the blocks may move next
+    assert first.cleared == 1 and vae.cleared == 0  # only the models on that device
+    loaded.get("dit", ("dit", ("b.safetensors",)), Model, cpu)
+    second = loaded.attached("dit", "graphed_step", Companion)
+    assert second is not first and first.cleared == 1  # dropped with the model it belonged to
+    loaded.free()
+    assert second.cleared == 1 and vae.cleared == 1 and not loaded._held
 
 
 def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu, caplog):
