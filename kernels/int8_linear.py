@@ -86,8 +86,8 @@ def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.const
 
 @triton_jit
 def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
-              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr, LORA_DTYPE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
+              LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -107,8 +107,11 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
     mask = mmask[:, None] & nmask[None, :]
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
     if GATED:
-        rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
-        g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
+        if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
+            g = tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :]
+        else:
+            rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
+            g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         tl.store(out_ptr + offs, r + g * y, mask=mask)
     else:
@@ -118,11 +121,14 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                         M, N, K, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
-                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr):
+                        ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+                        WARP_SPECIALIZE: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
     # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile.
+    # WARP_SPECIALIZE (persistent only): producer warps load while consumer warps multiply (Triton's own
+    # partitioning; the flattened loop is its alternative).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -130,23 +136,39 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     if TMA:
         a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    if PERSISTENT:
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
-            pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
-            acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
-                            BLOCK_K)
-            _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                      M, N, R, HAS_BIAS, HAS_LORA, GATED, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+    if not PERSISTENT:
+        _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
+              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW,
+              EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
+    elif WARP_SPECIALIZE:
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), warp_specialize=True):
+            _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, EVEN_K,
+                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
     else:
-        pid_m, pid_n = _tile_of(tl.program_id(0), tiles_m, tiles_n, GROUP_M)
-        acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
-        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  M, N, R, HAS_BIAS, HAS_LORA, GATED, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+            _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, EVEN_K,
+                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
+
+
+@triton_jit
+def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, a_desc,
+          b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+          ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
+          TMA: tl.constexpr):
+    """One output tile: its products over K, then the epilogue."""
+    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+    acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
+              HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
 
 
 def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False):
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
-                          "TMA": tma, "PERSISTENT": persistent}, num_warps=num_warps, num_stages=num_stages)
+                          "TMA": tma, "PERSISTENT": persistent, "WARP_SPECIALIZE": False},
+                         num_warps=num_warps, num_stages=num_stages)
 
 
 @functools.cache
@@ -160,9 +182,12 @@ def _autotuned(gated: bool):
         configs += [_config(128, 256, 128, 8, 3, tma=True), _config(128, 256, 128, 8, 4, tma=True),
                     _config(128, 128, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 3, tma=True, persistent=True),
                     _config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                    _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
-    return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None)(
-        _int8_linear_kernel)
+                    _config(128, 128, 128, 8, 4, tma=True, persistent=True),
+                    _config(256, 128, 128, 8, 4, tma=True, persistent=True),
+                    _config(128, 256, 64, 8, 6, tma=True, persistent=True)]
+    # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again (~20 s).
+    return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None,
+                           cache_results=True)(_int8_linear_kernel)
 
 
 @functools.cache
@@ -178,8 +203,8 @@ def _descriptor_scratch() -> None:
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
-    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, PERSISTENT, num_warps, num_stages}
-    (tests, tuning; TMA and PERSISTENT may be left out: off)."""
+    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and optionally
+    TMA, PERSISTENT, WARP_SPECIALIZE (off when left out)} (tests, tuning)."""
     m, k = q.shape
     n = w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
@@ -203,6 +228,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
             gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank)
     flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "GATED": gate is not None,
+             "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1,
                  "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
                  "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
                  "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
@@ -216,7 +242,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
     if tiles is None:
         _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
     else:
-        tiles = {"TMA": False, "PERSISTENT": False, **tiles}
+        tiles = {"TMA": False, "PERSISTENT": False, "WARP_SPECIALIZE": False, **tiles}
         _int8_linear_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
 
 

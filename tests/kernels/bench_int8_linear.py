@@ -7,6 +7,8 @@ epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantize
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
+--gemm-sweep: instead, the GEMM alone (bf16 out and gated, graph ms) at every tile variant the autotuner has and
+a few it has not (warp-specialized), to see the landscape rather than the winner.
 """
 import argparse
 import statistics
@@ -20,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
-from kernels.int8_quant import quantize_rows
+from kernels.int8_quant import hadamard, quantize_rows
 
 M = 4608
 SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
@@ -132,6 +134,32 @@ def bench_shape(name, k, n, runs, kitchen):
     return rows, checks
 
 
+def gemm_sweep(runs):
+    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row)."""
+    ws = [dict(c.kwargs, WARP_SPECIALIZE=True, num_warps=c.num_warps, num_stages=c.num_stages)
+          for c in _autotuned(False).configs if c.kwargs["PERSISTENT"]]
+    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in _autotuned(False).configs]
+    rows = []
+    for tiles in variants + ws:
+        cells = []
+        for _, k, n in SHAPES:
+            g = torch.Generator().manual_seed(k + n)
+            q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
+            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+            s_x, s_w = torch.full((M,), 1e-3, device="cuda"), torch.full((n,), 1e-3, device="cuda")
+            out, residual = torch.empty(M, n, dtype=torch.bfloat16, device="cuda"), torch.zeros(M, n, device="cuda")
+            gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
+            plain = time_or_note(lambda: int8_linear(q, s_x, w, s_w, out=out, tiles=tiles), runs, True)
+            gated = time_or_note(lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate,
+                                                           row_map=row_map, tiles=tiles), runs, True)
+            cells.append(f"{plain} / {gated}")
+        name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**tiles) + "".join(
+            f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "WARP_SPECIALIZE") if tiles[flag])
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def bench_quantizers(runs):
     """The quantizer's launch shapes, plain and with the fused prologues the block uses."""
     g = torch.Generator().manual_seed(0)
@@ -146,6 +174,12 @@ def bench_quantizers(runs):
         glu = torch.randn(M, 2 * k, generator=g).to("cuda", torch.bfloat16)
         variants = {"plain bf16": (x, {}), "rms+modulation f32": (residual, mod),
                     "swiglu bf16": (glu, {"act": "swiglu"})}
+        # What the rotation alone costs as one cuBLAS product by H_256 (block-diagonal: rows of 256 values), bf16
+        # out: a floor for the rotate pass, whose prologue and group maxima come on top.
+        h = hadamard(GROUP, torch.bfloat16).cuda()
+        cublas = time_or_note(lambda x=x, h=h: x.view(-1, GROUP) @ h, runs, True)
+        rows.append(f"| {k} | rotation alone, cuBLAS x @ H_256 | {cublas} | " + " | ".join(
+            "" for _ in QUANTIZER_LAUNCHES[1:]) + " |")
         for label, (rows_in, kw) in variants.items():
             times = [time_or_note(lambda launch=launch, rows_in=rows_in, kw=kw:
                                   quantize_rows(rows_in, GROUP, **kw, **launch), runs, True)
@@ -157,10 +191,16 @@ def bench_quantizers(runs):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
+    parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")
+    if args.gemm_sweep:
+        print("| tiles | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
+        print("|---|" + "---|" * len(SHAPES))
+        gemm_sweep(args.runs)
+        return
     kitchen, notes = kitchen_linears()
     print("| linear K x N | contender | ms eager | ms graph | TOPS eager, graph |\n|---|---|---|---|---|")
     all_checks = []

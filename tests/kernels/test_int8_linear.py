@@ -12,7 +12,9 @@ from kernels.int8_quant import quantize_rows
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
 # Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs.
-LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True}]
+LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True},
+         {"TMA": True, "PERSISTENT": True, "WARP_SPECIALIZE": True}]
+LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-ws"]
 ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
 
 
@@ -49,7 +51,7 @@ def test_integer_products_are_exact(device):
 
 @pytest.mark.parametrize("m,n,k", CASES)
 @pytest.mark.parametrize("with_bias", [True, False])
-@pytest.mark.parametrize("loads", LOADS, ids=["pointers", "tma", "persistent", "tma-persistent"])
+@pytest.mark.parametrize("loads", LOADS, ids=LOAD_IDS)
 def test_bf16_output(m, n, k, with_bias, loads, device):
     ops, _, _ = operands(m, n, k, seed=m + n + k, device=device)
     if not with_bias:
@@ -60,9 +62,11 @@ def test_bf16_output(m, n, k, with_bias, loads, device):
 
 
 @pytest.mark.parametrize("m,n,k", CASES)
-@pytest.mark.parametrize("loads", LOADS, ids=["pointers", "tma", "persistent", "tma-persistent"])
-def test_gated_residual_epilogue(m, n, k, loads, device):
+@pytest.mark.parametrize("loads", LOADS, ids=LOAD_IDS)
+@pytest.mark.parametrize("gate_rows", [3, 1])  # one gate row: read as a vector, not gathered by row_map
+def test_gated_residual_epilogue(m, n, k, loads, gate_rows, device):
     ops, _, gated = operands(m, n, k, seed=m * n + k, device=device)
+    gated["gate"], gated["row_map"] = gated["gate"][:gate_rows], gated["row_map"] % gate_rows
     expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
     assert int8_linear_gated(**ops, **gated, tiles={**SMALL_TILES, **loads}) is gated["residual"]
     assert torch.equal(gated["residual"], expected)
