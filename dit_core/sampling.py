@@ -373,7 +373,7 @@ def flux_noise(seed: int, height: int, width: int, batch: int = 1, channels: int
 def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: torch.Tensor,
                  references: Sequence[torch.Tensor] = (), cache=None, refresh: int = 0,
                  negative: torch.Tensor | None = None, cfg: float = 1.0, callback=None,
-                 should_stop=None, latent: torch.Tensor | None = None) -> torch.Tensor:
+                 should_stop=None, latent: torch.Tensor | None = None, step=None) -> torch.Tensor:
     """One image's latent [128, h, w] at sigma 0 from noise [128, h, w] (seed 001 Flux.sample;
     reference/families/flux3_klein.md section 7): step i runs model.output(x, sigma_i, sigma_{i+1}) (the flow
     map embeds sigma_{i+1}, 0 after the last step), then Euler on the raw velocity,
@@ -385,7 +385,8 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
     each step; should_stop() is asked before each step and after each block, raising
     SamplingCancelled. latent: the image latent to start from (image to image, with klein_sigmas' denoise):
     x = sigma_0 noise + (1 - sigma_0) latent, ComfyUI's CONST noise_scaling (the Flux2 latent format's process_in
-    is the identity); None: an empty latent. No sigmas to walk: the latent (or the noise) as it is."""
+    is the identity); None: an empty latent. step: model.output or its twin (model.graphed()). No sigmas to walk:
+    the latent (or the noise) as it is."""
     from .step_cache import RefSlots, StepCache  # the speed features, imported where used
 
     if not math.isclose(cfg, 1.0) and negative is None:
@@ -408,7 +409,7 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
         for rows, step_cache, slots in branches:
             if slots is not None:
                 slots.begin(i)
-            vs.append(model.output(x, sigma, sigma_next, rows, references, check, step_cache, slots))
+            vs.append((step or model.output)(x, sigma, sigma_next, rows, references, check, step_cache, slots))
         v = vs[0] if len(vs) == 1 else vs[1] + cfg * (vs[0] - vs[1])
         x0 = x - sigmas[i].to(x.dtype) * v
         x = x + (sigmas[i + 1] - sigmas[i]).to(x.dtype) * v

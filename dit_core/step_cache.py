@@ -73,22 +73,29 @@ class StepCache:
             rows: int) -> torch.Tensor:
         """The blocks over x (step(i, block, x) runs block i), skipping all but the first where allowed. The
         blocks are walked once, in order: streamed ones (dit_core/streaming.py) copy ahead of their use."""
-        index, self.steps = self.steps, self.steps + 1
         with _walk(blocks) as walk:
             x1 = step(*next(walk), x)
             check()
-            if self.limit == 0:  # nothing measured or stored: the plain loop
-                self.changes.append(None)
-                return _loop(walk, x1, step, check)
-            first = (x1 - x)[:rows]
-            change = None
-            if self.first is not None and self.first.shape == first.shape:
-                change = relative_change(first, self.first)
-            self.changes.append(change)
-            if index >= self.start and change is not None and change < self.limit:
-                self.skipped += 1
-                return torch.cat([x1[:rows] + self.rest, x1[rows:]])
-            out = _loop(walk, x1, step, check)
+            return self.after_first(x, x1, rows, lambda y: _loop(walk, y, step, check))
+
+    def after_first(self, x: torch.Tensor, x1: torch.Tensor, rows: int,
+                    rest: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """A step once its first block has run (x in, x1 out): x1 + R_full where the change allows a skip, else
+        rest(x1), the other blocks; the counts and the stored residuals kept. A CUDA-graphed step (Flux3Klein.
+        graphed) replays its first block and its rest as two graphs around this host decision."""
+        index, self.steps = self.steps, self.steps + 1
+        if self.limit == 0:  # nothing measured or stored: the plain loop
+            self.changes.append(None)
+            return rest(x1)
+        first = (x1 - x)[:rows]
+        change = None
+        if self.first is not None and self.first.shape == first.shape:
+            change = relative_change(first, self.first)
+        self.changes.append(change)
+        if index >= self.start and change is not None and change < self.limit:
+            self.skipped += 1
+            return torch.cat([x1[:rows] + self.rest, x1[rows:]])
+        out = rest(x1)
         self.first, self.rest = first, (out - x1)[:rows]
         return out
 

@@ -21,7 +21,8 @@ MAX_SHAPES = 4  # graphs kept: each holds its own pool of the step's temporaries
 
 
 class GraphedStep:
-    """step(*tensors) -> tensor, replayed from a CUDA graph captured at the first call of each input shape."""
+    """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
+    each input shape."""
 
     def __init__(self, step: Callable[..., torch.Tensor]):
         self.step = step
@@ -38,7 +39,8 @@ class GraphedStep:
         for static, t in zip(statics, inputs):
             static.copy_(t)
         graph.replay()
-        return out.clone()  # the next replay overwrites `out`
+        # The next replay overwrites `out`: the caller gets its own copy (of each tensor of a tuple).
+        return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
     def _capture(self, inputs) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
         statics = [t.clone() for t in inputs]

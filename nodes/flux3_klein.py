@@ -156,6 +156,8 @@ class Flux3KleinSampler(io.ComfyNode):
             return io.NodeOutput(latent_image)
         noise = prepare_noise(latent, seed, latent_image.get("batch_index"))
         device, batch = engine_device(), latent.shape[0]
+        # On a GPU the joint blocks replay CUDA graphs while every block is resident (as Z-Image's sampler).
+        step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
         pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # a batch of one serves every image
 
         def sample(callback, should_stop):
@@ -165,7 +167,7 @@ class Flux3KleinSampler(io.ComfyNode):
                 x = sample_klein(dit, noise[i].to(device), sigmas, pick(pos, i), [pick(r, i) for r in refs],
                                  step_cache, int(refresh), negative=pick(neg, i), cfg=float(cfg),
                                  callback=lambda s, n, x, x0, i=i: callback(i * steps + s, batch * steps, x, x0),
-                                 should_stop=should_stop, latent=pick(latent, i))
+                                 should_stop=should_stop, latent=pick(latent, i), step=step)
                 out.append(x.cpu())
                 if cache > 0:
                     log.info("%s: step cache %.3g skipped %d of %d steps (image %d of %d)", node, cache,

@@ -231,22 +231,23 @@ class Flux3Klein:
         return replace(moved, blocks=move(self.blocks) if budget_bytes is None else
                        streamed_blocks(self.blocks, dev, budget_bytes))
 
-    def _embed(self, mlp: tuple[Linear, Linear], sigma: float, dtype: torch.dtype) -> torch.Tensor:
-        # diffusers: time_proj(timestep.to(dtype) * 1000), the product in f32 (the same rounding as here).
-        # Made where the model is: a host tensor's copy would wait for the GPU (a stall in every step).
-        t = torch.full((1,), float(sigma), dtype=torch.float32, device=self.final_out.weight.device) * TIME_SCALE
-        emb = sinusoids(t, self.arch.freq_dim)
-        return linear(F.silu(linear(emb, mlp[0])), mlp[1]).to(dtype)
+    def timestep(self, sigma: float) -> torch.Tensor:
+        """[1] f32 where the model is: 1000 sigma (diffusers: time_proj(timestep * 1000), the product in f32).
+        Made there (torch.full), not copied from the host: such a copy waits for the GPU, a stall every step."""
+        return torch.full((1,), float(sigma), dtype=torch.float32, device=self.final_out.weight.device) * TIME_SCALE
 
-    def time_embeddings(self, sigma: float, sigma_next: float | None, dtype: torch.dtype):
-        """(temb_img, temb_0) [1, time_dim] (section 2): image rows at sigma, text and reference rows at 0;
-        the flow map adds the target embedding of sigma_next to both."""
-        img, zero = self._embed(self.time, sigma, dtype), self._embed(self.time, 0.0, dtype)
+    def _embed(self, mlp: tuple[Linear, Linear], t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return linear(F.silu(linear(sinusoids(t, self.arch.freq_dim), mlp[0])), mlp[1]).to(dtype)
+
+    def time_embeddings(self, t: torch.Tensor, t_next: torch.Tensor | None, dtype: torch.dtype):
+        """(temb_img, temb_0) [1, time_dim] for timestep(sigma) t (section 2): image rows at sigma, text and
+        reference rows at 0; the flow map adds the target embedding of t_next = timestep(sigma_next) to both."""
+        img, zero = self._embed(self.time, t, dtype), self._embed(self.time, self.timestep(0.0), dtype)
         if self.target is not None:
-            if sigma_next is None:
+            if t_next is None:
                 raise ValueError("Flux3Klein: this is the step-distilled (flow map) model; sigma_next (the "
                                  "sigma the step jumps to, 0 after the last step) is required")
-            target = self._embed(self.target, sigma_next, dtype)
+            target = self._embed(self.target, t_next, dtype)
             img, zero = img + target, zero + target
         return img, zero
 
@@ -265,39 +266,114 @@ class Flux3Klein:
         block (it raises to cancel within a step). cache, slots: a sampler's step cache and reference slots
         (dit_core/step_cache.py; issue 6); a step whose slots do not record leaves the references out."""
         check = check or (lambda: None)
-        a, dtype, dev = self.arch, latent.dtype, latent.device
-        h, w = self._check(latent, text_rows, references)
-        temb_img, temb_0 = self.time_embeddings(sigma, sigma_next, dtype)
-        act = {"image": F.silu(temb_img), "txt": F.silu(temb_0), "image_cond": F.silu(temb_0)}
-        tokens = lambda r: r.reshape(a.latents, -1).t().to(dtype)  # row-major grid, a token a row
+        self._check(latent, text_rows, references)
+        t, t_next = self.timestep(sigma), None if sigma_next is None else self.timestep(sigma_next)
+        slots = slots if references else None
+        x, joint, s = self._joint_input(latent, t, t_next, text_rows, references, check, slots)
+        x = joint_blocks(self.blocks, self.arch, x, joint, s, check, self._tracked(latent, text_rows), cache, slots)
+        return self._velocity(x, latent, t, t_next, text_rows)
 
-        n_txt = text_rows.shape[0]
+    def graphed(self) -> Callable[..., torch.Tensor]:
+        """output() replayed from two CUDA graphs a step (dit_core/step_graph.py) on a CUDA device while every
+        block is resident: one from the embedders through the first joint block, one for the other joint
+        blocks, the step cache's decision between them on the host (StepCache.after_first); the final layer
+        runs eagerly. Steps whose reference slots record or read (refresh), or while blocks stream, run
+        output() itself. check() is asked before a replayed step, not within it. step.clear() drops the
+        graphs and their pools: call it before the blocks move or the model goes (LoadedModels.attached)."""
+        if self.final_out.weight.device.type != "cuda":
+            return self.output
+        from ..step_graph import GraphedStep
+        from ..streaming import resident_generation
+        a = self.arch
+
+        def head(latent, t, t_next, text_rows, *references):
+            x, joint, s = self._joint_input(latent, t, t_next, text_rows, references, lambda: None)
+            return x, next(iter(self.blocks)).parallel(a, x, joint, s)
+
+        def rest(x1, latent, t, t_next, text_rows, *references):
+            joint, s = self._joint_context(latent, t, t_next, text_rows, references, bool(references))[:2]
+            for i, block in enumerate(self.blocks):
+                if i:
+                    x1 = block.parallel(a, x1, joint, s)
+            return x1
+
+        graphs = (GraphedStep(head), GraphedStep(rest))
+        captured_at = None  # the blocks' generation the graphs read
+
+        def clear() -> None:
+            for graph in graphs:
+                graph.clear()
+
+        def step(latent, sigma, sigma_next, text_rows, references=(), check=None, cache=None, slots=None):
+            nonlocal captured_at
+            generation = resident_generation(self.blocks)
+            if generation is None or (slots is not None and references) or (sigma_next is None and self.flow_map):
+                clear()  # eager: streamed blocks, reference slots, or output()'s error for a missing sigma_next
+                return self.output(latent, sigma, sigma_next, text_rows, references, check, cache, slots)
+            if generation != captured_at:
+                clear()
+                captured_at = generation
+            self._check(latent, text_rows, references)
+            if check is not None:
+                check()
+            t, t_next = self.timestep(sigma), self.timestep(0.0 if sigma_next is None else sigma_next)
+            inputs = (latent, t, t_next, text_rows, *references)
+            x, x1 = graphs[0](*inputs)
+            rest_of = lambda y: graphs[1](y, *inputs)  # noqa: E731
+            x = rest_of(x1) if cache is None else cache.after_first(x, x1, self._tracked(latent, text_rows), rest_of)
+            return self._velocity(x, latent, t, t_next, text_rows)
+
+        step.clear = clear
+        return step
+
+    def _tracked(self, latent: torch.Tensor, text_rows: torch.Tensor) -> int:
+        """The joint rows that change each step: text and image (the step cache tracks them)."""
+        return text_rows.shape[0] + latent.shape[1] * latent.shape[2]
+
+    def _acts(self, t: torch.Tensor, t_next: torch.Tensor | None, dtype: torch.dtype) -> dict:
+        """SiLU of each mode's time embedding: image rows at t, text and reference rows at 0."""
+        temb_img, temb_0 = self.time_embeddings(t, t_next, dtype)
+        return {"image": F.silu(temb_img), "txt": F.silu(temb_0), "image_cond": F.silu(temb_0)}
+
+    def _joint_context(self, latent, t, t_next, text_rows, references, with_refs: bool):
+        """(the joint blocks' Modulation, their Sequence, the per-mode Sequences, the modes, acts): small work of
+        the timesteps and the shapes only."""
+        a, dtype = self.arch, latent.dtype
+        modes = tuple(m for m in MODES if m != "image_cond" or with_refs)
+        grids = tuple(r.shape[1:] for r in (latent, *(references if with_refs else ())))
+        mode_seqs, s = _sequences(a, text_rows.shape[0], grids, modes, latent.device, dtype)
+        act = self._acts(t, t_next, dtype)
+        mods = [self._modulation(self.single_mods[m], act[m]) for m in modes]
+        joint = Modulation(*(torch.cat([getattr(md, f.name) for md in mods]) for f in fields(Modulation)))
+        return joint, s, mode_seqs, modes, act
+
+    def _joint_input(self, latent, t, t_next, text_rows, references, check, slots=None):
+        """(x, the joint Modulation, the joint Sequence): the embedded rows after their mode blocks, [txt | img |
+        ref] (diffusers' order; no mask), each row taking its mode's modulation row in the joint blocks."""
+        a, dtype = self.arch, latent.dtype
+        with_refs = bool(references) and (slots is None or slots.record)
+        joint, s, mode_seqs, modes, act = self._joint_context(latent, t, t_next, text_rows, references, with_refs)
+        tokens = lambda r: r.reshape(a.latents, -1).t().to(dtype)  # row-major grid, a token a row
         rows = {"txt": linear(text_rows.to(dtype), self.text_in).to(dtype),
                 "image": linear(tokens(latent), self.image_in).to(dtype)}
-        slots = slots if references else None
-        if references and (slots is None or slots.record):
+        if with_refs:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
-
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        modes = tuple(m for m in MODES if m in rows)
-        grids = tuple(r.shape[1:] for r in (latent, *(references if "image_cond" in rows else ())))
-        mode_seqs, s = _sequences(a, n_txt, grids, modes, dev, dtype)
         for m in modes:
             mod = self._modulation(self.early_mods[m], act[m])
             for block in self.mode_blocks[m]:
                 rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m])
                 check()
+        return torch.cat([rows[m] for m in modes]), joint, s
 
-        # Joint blocks over [txt | img | ref] (diffusers' order; no mask): a row takes its mode's modulation.
-        mods = [self._modulation(self.single_mods[m], act[m]) for m in modes]
-        joint = Modulation(*(torch.cat([getattr(md, f.name) for md in mods]) for f in fields(Modulation)))
-        x = torch.cat([rows[m] for m in modes])
-        x = joint_blocks(self.blocks, a, x, joint, s, check, n_txt + h * w, cache, slots)
-
+    def _velocity(self, x, latent, t, t_next, text_rows) -> torch.Tensor:
+        """The final layer over the image rows of the joint blocks' output x: [128, h, w]."""
+        a, (h, w), n_txt = self.arch, latent.shape[1:], text_rows.shape[0]
         img = x[n_txt:n_txt + h * w]
+        temb_img = self.time_embeddings(t, t_next, x.dtype)[0]
         # BFL's [shift; scale] order as stored (diffusers' converter swaps it to [scale; shift]).
-        shift, scale = linear(F.silu(temb_img), self.final_mod).to(dtype).chunk(2, dim=-1)
-        out = linear(layer_norm(img, a.final_eps) * (1 + scale) + shift, self.final_out).to(dtype)
+        shift, scale = linear(F.silu(temb_img), self.final_mod).to(x.dtype).chunk(2, dim=-1)
+        out = linear(layer_norm(img, a.final_eps) * (1 + scale) + shift, self.final_out).to(x.dtype)
         return out.t().reshape(a.latents, h, w)
 
     def _check(self, latent: torch.Tensor, text_rows: torch.Tensor, references) -> tuple[int, int]:

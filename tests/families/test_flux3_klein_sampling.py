@@ -15,16 +15,21 @@ TEXT = FLUX3_TINY["joint_attention_dim"]
 SLOW = 64  # sinusoid frequencies kept by the tiny time embedders (see `model`)
 
 
+def smooth_time_embedders(tiny):
+    """tiny (diffusers' model) with both time embedders reading only the slow half of their sinusoids."""
+    with torch.no_grad():
+        for te in (tiny.timestep_embedder, tiny.target_timestep_embedder):
+            te.linear_1.weight[:, :SLOW] = 0
+            te.linear_1.weight[:, 128:128 + SLOW] = 0
+    return tiny
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """The tiny flow-map model with time embedders that read only the slow half of the sinusoids (a trained
     embedder is smooth in sigma; a random one swings its modulation by ~100% between steps 0.004 apart, so
     that the first block's residual moves ~0.6-1.0 a step and no limit below 1 ever skips)."""
-    tiny = random_flux3(seed=11)
-    with torch.no_grad():
-        for te in (tiny.timestep_embedder, tiny.target_timestep_embedder):
-            te.linear_1.weight[:, :SLOW] = 0
-            te.linear_1.weight[:, 128:128 + SLOW] = 0
+    tiny = smooth_time_embedders(random_flux3(seed=11))
     path = tmp_path_factory.mktemp("flux3_sampling") / "flux3.safetensors"
     save_file(flux3_bfl_layout(tiny.state_dict()), path)
     return Flux3Klein.load(path)
@@ -86,6 +91,7 @@ def test_cache_zero_is_uncached_sampler(model, job):
     cache = StepCache(0.0)
     assert torch.equal(sample_klein(model, **job, cache=cache), full)
     assert (cache.steps, cache.skipped, cache.ran) == (16, 0, 16)
+    assert torch.equal(sample_klein(model, **job, step=model.graphed()), full)  # on the CPU: output() itself
 
 
 @pytest.mark.parametrize("limit,max_err", [(0.1, 3e-3), (0.3, 2e-2)])
@@ -150,3 +156,30 @@ def test_cancel_between_steps(model, job):
         sample_klein(model, **job, cache=StepCache(0.3), callback=lambda i, n, x, x0: done.append(i),
                      should_stop=lambda: len(done) >= 3)
     assert (err.value.steps_done, err.value.total, done) == (3, 16, [1, 2, 3])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
+    """Flux3Klein.graphed on the GPU, placed as the nodes place it (StreamedBlocks, all resident): two graphs a
+    step (embedders through the first joint block; the other joint blocks) with the step cache's host decision
+    between them give the eager sampler's latent bit for bit, with the same changes and skips, at cache 0 and
+    0.3, without and with a reference (INT8 ConvRot linears: 256 wide)."""
+    tiny = smooth_time_embedders(random_flux3(seed=11, attention_head_dim=64, num_attention_heads=4,
+                                              axes_dims_rope=(16, 16, 16, 16)))
+    save_file(flux3_bfl_layout(tiny.state_dict()), tmp_path / "klein.safetensors")
+    gpu = Flux3Klein.load(tmp_path / "klein.safetensors", linears="int8").to("cuda", budget_bytes=10 ** 12)
+    step = gpu.graphed()
+    g = torch.Generator().manual_seed(3)
+    noise, text = flux_noise(7, 64, 96, channels=C)[0].cuda(), torch.randn(9, TEXT, generator=g).cuda()
+    reference = torch.randn(C, 4, 4, generator=g).cuda()
+    skipped = 0
+    for limit in (0.0, 0.3):
+        for references in ([], [reference]):
+            eager_cache, graph_cache = StepCache(limit), StepCache(limit)
+            eager = sample_klein(gpu, noise, klein_sigmas(16), text, references, eager_cache)
+            graphed = sample_klein(gpu, noise, klein_sigmas(16), text, references, graph_cache, step=step)
+            assert torch.equal(graphed, eager), (limit, len(references))
+            assert (graph_cache.changes, graph_cache.skipped) == (eager_cache.changes, eager_cache.skipped)
+            skipped += graph_cache.skipped
+    assert skipped > 0  # the skip path (x1 + R_full, then the eager final layer) ran too
