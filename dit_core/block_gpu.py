@@ -71,13 +71,14 @@ def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
 
 
 def _attend(q, k, v, keys_values: Callable | None) -> torch.Tensor:
-    """Attention of head_norm_rope's q, k, v [G, heads, g, D]; keys_values(k, v) sees k and v as the host block
-    shows them (rows [G g, heads, D]) and may add rows (G = 1: the keys beyond the queries' rows, as
-    dit_core/block.py attention takes them); the kernel needs k like q, so longer keys go to SDPA directly."""
+    """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
+    sees k and v as the host block shows them (rows [G g, heads, D]) and may add rows (G = 1: the keys beyond
+    the queries' rows, as dit_core/block.py attention takes them); the kernel needs k like q, so longer keys go
+    to SDPA directly."""
     if keys_values is not None:
         G, heads, _, d = q.shape
         k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
-        k, v = (t.reshape(G, -1, heads, d).transpose(1, 2).to(q.dtype).contiguous() for t in (k, v))
+        k, v = (t.reshape(G, -1, heads, d).transpose(1, 2).to(q.dtype) for t in (k, v))  # q's layout: BSHD
     if k.shape == q.shape:
         return run("attention", q, k, v)
     o = F.scaled_dot_product_attention(q, k, v)

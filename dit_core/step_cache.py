@@ -125,7 +125,8 @@ class RefSlots:
         holds the first `rows` rows only): a recording step equals Block.parallel."""
         def keys_values(k: torch.Tensor, v: torch.Tensor):
             if self.record:
-                self.kv[i] = (k[rows:], v[rows:])
+                # Copies: slices would keep the block's whole k and v (every row) alive until the next recording.
+                self.kv[i] = (k[rows:].clone(), v[rows:].clone())
                 return k, v
             ref_k, ref_v = self.kv[i]
             return torch.cat([k, ref_k]), torch.cat([v, ref_v])

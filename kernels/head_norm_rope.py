@@ -8,9 +8,11 @@ head t [D]:
   out[j + r] = n[j + r] c[j] + n[j] s[j]               j < r      (each product rounded, then the sum: no FMA)
   out[j]     = n[j]                                    j >= 2r
   one rounding to bf16 at the end; v is copied unchanged.
-Written as q, k, v = out[0], out[1], out[2] of one buffer [3, G, heads, g, D] bf16, each contiguous:
-G = M / g groups of g consecutive rows (g = group; G = 1, g = M when group is 0), the batch that
-kernels/attention.py hands to SDPA.
+Written as q, k, v of one buffer [3, G, g, heads, D] bf16 and returned as its views [G, heads, g, D]: G = M / g
+groups of g consecutive rows (g = group; G = 1, g = M when group is 0), the batch that kernels/attention.py hands
+to SDPA. Rows-major, heads within a row (SDPA's "BSHD"): cuDNN reads it as it is and writes its output in the same
+layout, so the attention's output is already the rows [M, heads D] the next linear takes (heads-major storage
+cost a copy of every output, ~43 us a Z-Image block at 1024^2).
 """
 from __future__ import annotations
 
@@ -40,12 +42,12 @@ def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group
         a, b = t[..., :r], t[..., r:2 * r]
         result.append(torch.cat([a * c - b * s, b * c + a * s, t[..., 2 * r:]], dim=-1))
     result.append(parts[2])
-    value = torch.stack(result).reshape(3, m // g, g, heads, d).transpose(2, 3).to(torch.bfloat16)
-    return tuple(value.contiguous() if out is None else out.copy_(value))
+    value = torch.stack(result).reshape(3, m // g, g, heads, d).to(torch.bfloat16)
+    return tuple(t.transpose(1, 2) for t in (value if out is None else out.copy_(value)))
 
 
 @triton_jit
-def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, R, GROUP, eps,
+def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, R, eps,
                            HAS_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_M: tl.constexpr):
     # Grid (row blocks, heads, q/k/v): a program normalizes and turns one head of BLOCK_M rows. Each value's
@@ -74,16 +76,16 @@ def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr
         s = tl.load(sin_ptr + rows[:, None] * R + angle[None, :], mask=amask, other=0.0)
         first = (cols < R)[None, :]
         x = tl.where(first, x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
-    # [3, G, heads, g, D]: row m is position m % g of group m // g.
-    grp = rows // GROUP
-    dst = (((which * (M // GROUP) + grp) * HEADS + head) * GROUP + rows % GROUP).to(tl.int64) * D
+    # [3, G, g, heads, D] is [3, M, heads, D]: row m is position m % g of group m // g.
+    dst = ((which * M + rows).to(tl.int64) * HEADS + head) * D
     tl.store(out_ptr + dst[:, None] + cols[None, :], round_to_bf16(x).to(tl.bfloat16), mask=mask)
 
 
 def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None,
                    block_m=32):
-    """(q, k, v), each [G, heads, g, head] bf16, from qkv [M, 3 heads head] by the math in this file's
-    docstring (q_weight/k_weight None: no head norm). out: an optional [3, G, heads, g, head] bf16 buffer."""
+    """(q, k, v), each [G, heads, g, head] bf16 (views of [G, g, heads, head]), from qkv [M, 3 heads head] by the
+    math in this file's docstring (q_weight/k_weight None: no head norm). out: an optional contiguous
+    [3, G, g, heads, head] bf16 buffer."""
     m, d = qkv.shape[0], head
     if qkv.dim() != 2 or qkv.shape[1] != 3 * heads * head or qkv.stride(-1) != 1:
         raise ValueError(f"head_norm_rope: qkv must be rows [M, 3 x {heads} heads x {head}], "
@@ -96,17 +98,17 @@ def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, 
         raise ValueError("head_norm_rope: q and k are normed together (both weights or neither)")
     if m % max(g, 1):
         raise ValueError(f"head_norm_rope: {m} rows do not split into attention groups of {g}")
-    shape = (3, m // max(g, 1), heads, g, d)
+    shape = (3, m // max(g, 1), g, heads, d)
     if out is None:
         out = torch.empty(shape, dtype=torch.bfloat16, device=qkv.device)
     if out.shape != shape or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"head_norm_rope: out must be contiguous bf16 {list(shape)}")
     if m == 0:
-        return tuple(out)
+        return tuple(t.transpose(1, 2) for t in out)
     weights = (torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None
                else cos)  # never read without a norm
     _head_norm_rope_kernel[(triton.cdiv(m, block_m), heads, 3)](
-        qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, g,
-        eps, HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m,
-        num_warps=4, enable_fp_fusion=False)
-    return tuple(out)
+        qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, eps,
+        HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, num_warps=4,
+        enable_fp_fusion=False)
+    return tuple(t.transpose(1, 2) for t in out)

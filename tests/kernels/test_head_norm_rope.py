@@ -35,9 +35,10 @@ def test_kernel_matches_reference(m, heads, head, r, group, normed, device):
     if not normed:
         wq = wk = None
     g = group or m
-    out = torch.full((3, m // g, heads, g, head), float("nan"), dtype=torch.bfloat16, device=device)
+    out = torch.full((3, m // g, g, heads, head), float("nan"), dtype=torch.bfloat16, device=device)
     q, k, v = head_norm_rope(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group, out=out, block_m=16)
-    assert all(t.is_contiguous() and t.shape == (m // g, heads, g, head) for t in (q, k, v))
+    # [G, heads, g, D] views of rows-major storage (SDPA's BSHD): a row's heads side by side.
+    assert all(t.shape == (m // g, heads, g, head) and t.transpose(1, 2).is_contiguous() for t in (q, k, v))
     assert not out.isnan().any()
     for got, want in zip((q, k, v), reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group)):
         assert_within_one_bf16_step(got, want)
