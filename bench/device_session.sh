@@ -13,7 +13,7 @@ parts=${*:-tests z_step streaming}
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels tests/dit_core ;;
+    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels tests/dit_core tests/families ;;
     z_step) timeout 150 python3 bench/bench_z_image_step.py --profile ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;

@@ -10,6 +10,11 @@ with nothing in it that waits for the host or copies from it, every tensor it re
 where it is while the graph lives (weights resident, not streamed: a streamed block's slot is refilled between
 steps), and every Triton kernel compiled and tuned before the capture (the first, eager call on a side stream does
 that). A replay cannot be cancelled within the step: cancel is asked between steps.
+
+Memory: the graphs of one GraphedStep (one per shape), and those of the GraphedSteps given one `pool`, share one
+memory pool, so they hold one step's temporaries, not one set each. That is safe because they replay one at a time
+on one stream and each call clones its outputs at once: a capture may reuse only memory that no kept tensor holds
+(another graph's temporaries, dead once its replay has ended).
 """
 from __future__ import annotations
 
@@ -17,15 +22,17 @@ from collections.abc import Callable
 
 import torch
 
-MAX_SHAPES = 4  # graphs kept: each holds its own pool of the step's temporaries (about 0.6 GB for Z-Image)
+MAX_SHAPES = 4  # graphs kept (their temporaries share a pool: about 0.6 GB for Z-Image at 1024x1024)
 
 
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
     each input shape."""
 
-    def __init__(self, step: Callable[..., torch.Tensor]):
-        self.step = step
+    def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None):
+        """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
+        default this step's own, made at its first capture)."""
+        self.step, self.pool = step, pool
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
@@ -50,10 +57,13 @@ class GraphedStep:
             self.step(*statics)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        self.pool = self.pool or torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self.pool):
             out = self.step(*statics)
         return graph, statics, out
 
-    def clear(self) -> None:
-        """Drop every graph and its pool (before the weights it reads move or go)."""
+    def clear(self, pool: tuple | None = None) -> None:
+        """Drop every graph (before the weights they read move or go) and with them their pool; later captures
+        go to `pool` (by default a new one: a released pool's id is not reused)."""
         self.graphs.clear()
+        self.pool = pool

@@ -297,12 +297,14 @@ class Flux3Klein:
                     x1 = block.parallel(a, x1, joint, s)
             return x1
 
-        graphs = (GraphedStep(head), GraphedStep(rest))
+        pool = torch.cuda.graph_pool_handle()  # the two graphs replay in turn: one pool of temporaries
+        graphs = (GraphedStep(head, pool), GraphedStep(rest, pool))
         captured_at = None  # the blocks' generation the graphs read
 
         def clear() -> None:
+            pool = torch.cuda.graph_pool_handle()
             for graph in graphs:
-                graph.clear()
+                graph.clear(pool)
 
         def step(latent, sigma, sigma_next, text_rows, references=(), check=None, cache=None, slots=None):
             nonlocal captured_at
