@@ -18,9 +18,12 @@ on one stream and each call clones its outputs at once: a capture may reuse only
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import torch
+
+log = logging.getLogger("SwiftDiT")
 
 MAX_SHAPES = 4  # graphs kept (their temporaries share a pool: about 0.6 GB for Z-Image at 1024x1024)
 
@@ -33,15 +36,25 @@ class GraphedStep:
         """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
         default this step's own, made at its first capture)."""
         self.step, self.pool = step, pool
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
+        # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
 
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
-        entry = self.graphs.get(key)
-        if entry is None:
-            if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph and pool go first
+        if key not in self.graphs:
+            if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph goes first
                 del self.graphs[next(iter(self.graphs))]
-            entry = self.graphs[key] = self._capture(inputs)
+            try:
+                self.graphs[key] = self._capture(inputs)
+            except RuntimeError as e:
+                # Something in the step cannot be captured (a bug to report, not the user's problem): this shape
+                # runs eagerly from now on, as fast as without graphs on a host that launches quickly.
+                log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
+                            str(e).splitlines()[0] if str(e) else type(e).__name__)
+                self.graphs[key] = None
+        entry = self.graphs[key]
+        if entry is None:
+            return self.step(*inputs)
         graph, statics, out = entry
         for static, t in zip(statics, inputs):
             static.copy_(t)

@@ -279,7 +279,8 @@ class Flux3Klein:
         blocks, the step cache's decision between them on the host (StepCache.after_first); the final layer
         runs eagerly. Steps whose reference slots record or read (refresh), or while blocks stream, run
         output() itself. check() is asked before a replayed step, not within it. step.clear() drops the
-        graphs and their pools: call it before the blocks move or the model goes (LoadedModels.attached)."""
+        graphs and their pool: call it before the blocks move or the model goes (LoadedModels.attached);
+        step.graphs: the two GraphedSteps."""
         if self.final_out.weight.device.type != "cuda":
             return self.output
         from ..step_graph import GraphedStep
@@ -325,7 +326,7 @@ class Flux3Klein:
             x = rest_of(x1) if cache is None else cache.after_first(x, x1, self._tracked(latent, text_rows), rest_of)
             return self._velocity(x, latent, t, t_next, text_rows)
 
-        step.clear = clear
+        step.clear, step.graphs = clear, graphs
         return step
 
     def _tracked(self, latent: torch.Tensor, text_rows: torch.Tensor) -> int:

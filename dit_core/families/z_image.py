@@ -242,8 +242,8 @@ class ZImage:
         output() itself. A graph reads the resident blocks where they were at its capture: while some blocks
         stream (their slots are refilled within the step, which a graph cannot capture) the step runs eagerly,
         and once the blocks have moved (resident_generation) the graphs are captured again. check() is asked
-        before a replayed step, not within it. step.clear() drops the graphs and their memory pools: call it
-        before the blocks move or the model goes (LoadedModels.attached)."""
+        before a replayed step, not within it. step.clear() drops the graphs and their memory pool: call it
+        before the blocks move or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
         if self.cap_norm.device.type != "cuda":
             return self.output
         from ..step_graph import GraphedStep
@@ -265,7 +265,7 @@ class ZImage:
             if check is not None:
                 check()
             return replay(latent, self.timestep(sigma), caption)
-        step.clear = replay.clear
+        step.clear, step.graphs = replay.clear, (replay,)
         return step
 
     def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,

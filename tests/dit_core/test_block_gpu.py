@@ -66,6 +66,8 @@ def test_z_image_graphed_step_equals_eager():
     for sigma, rows in ((0.7, 77), (0.3, 77), (0.5, 40)):
         caption = torch.randn(rows, 32, device="cuda")
         assert torch.equal(step(latent, sigma, caption), gpu.output(latent, sigma, caption)), (sigma, rows)
+    graphs = step.graphs[0].graphs
+    assert len(graphs) == 2 and None not in graphs.values()  # captured, not run eagerly after a failed capture
 
 
 def test_z_image_graphed_step_follows_the_streamed_blocks():
@@ -75,7 +77,7 @@ def test_z_image_graphed_step_follows_the_streamed_blocks():
     state = z_image_comfy_layout(random_z_image(dim=768, n_heads=6, axes_dims=[32, 48, 48]).state_dict())
     gpu = ZImage.load(TensorSource(state), linears="int8").to("cuda", budget_bytes=10**12)
     blocks, step = gpu.blocks, gpu.graphed()
-    replay = step.clear.__self__  # the GraphedStep: which graphs it holds shows capture and fallback
+    (replay,) = step.graphs  # the GraphedStep: which graphs it holds shows capture and fallback
     latent, caption = torch.randn(4, 32, 24, device="cuda"), torch.randn(77, 32, device="cuda")
     graphs = lambda: [entry[0] for entry in replay.graphs.values()]  # noqa: E731
 

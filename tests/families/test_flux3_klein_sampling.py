@@ -183,3 +183,4 @@ def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
             assert (graph_cache.changes, graph_cache.skipped) == (eager_cache.changes, eager_cache.skipped)
             skipped += graph_cache.skipped
     assert skipped > 0  # the skip path (x1 + R_full, then the eager final layer) ran too
+    assert all(g.graphs and None not in g.graphs.values() for g in step.graphs)  # captured, none fell back
