@@ -155,7 +155,8 @@ def trace(host_blocks, step_with, percent: int, steps: int, device) -> None:
         with torch.no_grad():
             ms, _ = timed(lambda b=streamed: step_with(b), steps, device)
             copies_ms, _ = timed(lambda b=streamed: [None for _ in b], steps, device)
-        print(f"trace {percent}% resident, {slots} slots: step {ms:.1f} ms, copies alone {copies_ms:.1f} ms", flush=True)
+        print(f"trace {percent}% resident, {slots} slots: step {ms:.1f} ms, copies alone {copies_ms:.1f} ms",
+              flush=True)
         if slots == 2 and device.type == "cuda":
             with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                 step_with(streamed)

@@ -17,10 +17,10 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 4. s = max(max_k |yb| / 127, 1e-30), f32, the division correctly rounded.
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
-Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb.
-Three launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3, one
-program per (rows, group), storing the bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. The normed (or activated)
-rows are never written; the rotated rows are, once (M x K bf16, within the CHUNK of rows the caller passes).
+Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
+launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3, a program per
+(rows, group), storing the bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. The normed (or
+activated) rows are never written; the rotated rows are, once (M x K bf16, within the caller's CHUNK).
 """
 from __future__ import annotations
 
@@ -114,7 +114,11 @@ def _rotation_input(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr,
             u = (u - mean[:, None]) * inv[:, None]
             if HAS_WEIGHT:
                 u = u * tl.load(w_ptr + cols)[None, :]
-        if HAS_SCALE:
+        if HAS_SCALE == 2:  # one modulation row (one image): vectors, not a gather per value
+            u = u * (1.0 + tl.load(scale_ptr + cols)[None, :])
+            if HAS_SHIFT:
+                u = u + tl.load(shift_ptr + cols)[None, :]
+        elif HAS_SCALE:
             mod = rmap[:, None] * K + cols[None, :]
             u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
             if HAS_SHIFT:
@@ -187,7 +191,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
     c0 = tl.program_id(1) * G
     rmask = rows < M
     rmap = tl.zeros([BLOCK_M], dtype=tl.int64)
-    if HAS_SCALE:
+    if HAS_SCALE == 1:
         rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
     mean = tl.zeros([BLOCK_M], dtype=tl.float32)
     inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
@@ -240,11 +244,10 @@ def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
                   act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2):
-    """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by the
-    math in this file's docstring. out: optional (codes, scales) work buffers, written fully. stats: the norm's
-    row statistics [2, M] f32 (mean, 1/sqrt(.)), when the kernel that wrote x computed them (gated_residual's
-    next_rms): the statistics launch is skipped. block_m, num_warps, num_stages: launch shape
-    (bench_int8_linear.py sweeps them)."""
+    """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
+    math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
+    (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics
+    launch then. block_m, num_warps, num_stages: launch shape (bench_int8_linear.py sweeps them)."""
     if norm not in NORMS or act not in ACTS:
         raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}")
     if act is not None and (norm is not None or scale is not None):
@@ -259,7 +262,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     k = x.shape[1] // 2 if act == "swiglu" else x.shape[1]
     if k % group or (act == "swiglu" and x.shape[1] % 2):
         raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
-    if scale is not None and (row_map is None or scale.shape[-1] != k):
+    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
         raise ValueError("quantize_rows: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
     if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
                               or stats.stride(1) != 1):
@@ -281,16 +284,17 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
-    flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None, "HAS_SCALE": scale is not None,
-                 "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
-                 "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
-                 # bf16 operands for the matrix cores; f32 (the same exact products and f32 sums) on the
-                 # CPU, whose interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
-                 "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
-                 "num_stages": num_stages, "enable_fp_fusion": False}
+    flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None,  # HAS_SCALE 2: one modulation row
+             "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 1,
+             "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
+             "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
+             # bf16 operands for the matrix cores; f32 (the same exact products and f32 sums) on the CPU, whose
+             # interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
+             "num_stages": num_stages, "enable_fp_fusion": False}
     _rotate_kernel[(triton.cdiv(m, block_m), k // group)](*args, **flags)
     groups = k // group
-    _codes_kernel[(triton.cdiv(m, 32), triton.cdiv(k, 256))](rotated, group_max, codes, scales, m, k, GROUPS=groups,
-                                                               GROUPS_P2=triton.next_power_of_2(groups), BLOCK_M=32,
-                                                               BLOCK_K=256, num_warps=4)
+    _codes_kernel[(triton.cdiv(m, 32), triton.cdiv(k, 256))](
+        rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups),
+        BLOCK_M=32, BLOCK_K=256, num_warps=4)
     return codes, scales

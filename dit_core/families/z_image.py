@@ -60,8 +60,9 @@ def read_arch(ckpt: Checkpoint, prefix: str) -> Arch:
 
 
 def _read_block(ckpt: Checkpoint, prefix: str, p: str, a: Arch, lin) -> Block:
-    """Block p (e.g. 'layers.3.'; lin reads a linear by its name after the file's prefix): QKV as stored [q; k; v] with each head's q and k rows (and head-norm gains)
-    permuted from adjacent-pair rotary to split halves; UP = gluRows(w1, w3)."""
+    """Block p (e.g. 'layers.3.'; lin reads a linear by its name after the file's prefix): QKV as stored
+    [q; k; v] with each head's q and k rows (and head-norm gains) permuted from adjacent-pair rotary to split
+    halves; UP = gluRows(w1, w3)."""
     perm = halves_permutation(a.rotary, a.head)
     heads = torch.arange(a.heads)[:, None] * a.head
     qk_rows = (heads + perm).reshape(-1)

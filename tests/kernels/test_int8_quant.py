@@ -38,14 +38,14 @@ def poisoned_outputs(m: int, k: int, device):
             torch.full((m,), float("nan"), device=device))
 
 
-def fused_inputs(m: int, k: int, case: dict, seed: int, device) -> tuple[torch.Tensor, dict]:
-    """Activation cases: bf16 rows (the product before the down projection); norm cases: the f32 residual."""
+def fused_inputs(m: int, k: int, case: dict, seed: int, device, rows: int = 3) -> tuple[torch.Tensor, dict]:
+    """Activation cases: bf16 rows (the product before the down projection); norm cases: the f32 residual,
+    modulated by `rows` modulation rows (1: one image, read as a vector by the kernel)."""
     g = torch.Generator().manual_seed(seed)
     width = 2 * k if case.get("act") == "swiglu" else k
     x = torch.randn(m, width, generator=g) * 2
     if "act" in case:
         return x.to(device, torch.bfloat16), {"act": case["act"]}
-    rows = 3
     kw = {"norm": case["norm"], "eps": 1e-5, "row_map": torch.randint(0, rows, (m,), generator=g).to(device),
           "scale": (0.3 * torch.randn(rows, k, generator=g)).to(device)}
     if case["weight"]:
@@ -128,8 +128,9 @@ def test_plain_kernel(m, k, group, device):
 
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 128, 64), (5, 512, 256)])
-def test_fused_kernel(m, k, group, case, device):
-    x, kw = fused_inputs(m, k, case, seed=m + k, device=device)
+@pytest.mark.parametrize("mod_rows", [3, 1])
+def test_fused_kernel(m, k, group, case, mod_rows, device):
+    x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=mod_rows)
     q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16)
     q_ref, s_ref = reference(x, group, **kw)
     assert not s.isnan().any()
