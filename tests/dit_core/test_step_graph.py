@@ -1,0 +1,80 @@
+"""dit_core/step_graph.py's bookkeeping on the CPU: which shapes hold a graph, the eager fallback when a capture
+fails, the oldest shape dropped past MAX_SHAPES, clear(). The replays themselves are GPU tests
+(tests/dit_core/test_block_gpu.py, tests/families/test_flux3_klein_sampling.py)."""
+import logging
+
+import pytest
+import torch
+
+from dit_core import step_graph
+from dit_core.step_graph import MAX_SHAPES, GraphedStep
+
+
+class FakeGraph:
+    """Stands in for a captured graph: replay() runs the step on the captured inputs into the captured output,
+    as a CUDA graph replays its kernels on its static tensors."""
+
+    def __init__(self, step, statics):
+        self.step, self.statics = step, statics
+        self.out = step(*statics)
+
+    def replay(self):
+        for out, new in zip(*((o,) if torch.is_tensor(o) else o for o in (self.out, self.step(*self.statics)))):
+            out.copy_(new)
+
+
+@pytest.fixture
+def fake_capture(monkeypatch):
+    captured = []
+
+    def capture(self, inputs):
+        statics = [t.clone() for t in inputs]
+        graph = FakeGraph(self.step, statics)
+        captured.append(tuple(t.shape for t in inputs))
+        return graph, statics, graph.out
+
+    monkeypatch.setattr(GraphedStep, "_capture", capture)
+    return captured
+
+
+def test_one_capture_per_shape_and_fresh_outputs(fake_capture):
+    step = GraphedStep(lambda x, t: x * t)
+    a, b = torch.randn(3, 4), torch.randn(5, 4)
+    out = step(a, torch.tensor([2.0]))
+    again = step(a, torch.tensor([3.0]))
+    assert torch.equal(out, a * 2) and torch.equal(again, a * 3)  # the first result is a copy, not overwritten
+    assert torch.equal(step(b, torch.tensor([1.0])), b)
+    assert fake_capture == [((3, 4), (1,)), ((5, 4), (1,))]
+
+
+def test_oldest_shape_goes_past_the_limit_and_clear_drops_all(fake_capture):
+    step = GraphedStep(lambda x: x + 1)
+    for rows in range(1, MAX_SHAPES + 2):
+        step(torch.zeros(rows, 2))
+    assert [key[0][0] for key in step.graphs] == [(rows, 2) for rows in range(2, MAX_SHAPES + 2)]
+    step.clear()
+    assert step.graphs == {} and step.pool is None
+
+
+def test_tuple_outputs_are_copied(fake_capture):
+    step = GraphedStep(lambda x: (x + 1, x * 2))
+    first = step(torch.ones(2))
+    step(torch.full((2,), 5.0))
+    assert [t.tolist() for t in first] == [[2.0, 2.0], [2.0, 2.0]]
+
+
+def test_failed_capture_runs_that_shape_eagerly(monkeypatch, caplog):
+    calls = []
+
+    def failing(self, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(GraphedStep, "_capture", failing)
+    step = GraphedStep(lambda x: calls.append(x.shape) or x - 1)
+    with caplog.at_level(logging.WARNING, logger=step_graph.log.name):
+        assert torch.equal(step(torch.ones(3)), torch.zeros(3))
+        assert torch.equal(step(torch.ones(3)), torch.zeros(3))
+    assert calls == [(3,), (3,)] and list(step.graphs.values()) == [None]
+    assert [r.message for r in caplog.records].count(
+        "SwiftDiT: a CUDA graph of the step could not be captured (operation not permitted when stream is "
+        "capturing); running it eagerly") == 1  # once per shape, its first line
