@@ -187,7 +187,13 @@ def _autotuned(gated: bool):
                     _config(128, 256, 64, 8, 6, tma=True, persistent=True)]
     # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again (~20 s).
     return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None,
-                           cache_results=True)(_int8_linear_kernel)
+                           prune_configs_by={"early_config_prune": _tma_where_it_can}, cache_results=True)(
+        _int8_linear_kernel)
+
+
+def _tma_where_it_can(configs, named_args, **kwargs):
+    """TMA descriptors need 16-byte row strides: K % 16 (ConvRot's groups are 16 to 256 wide, so always)."""
+    return [c for c in configs if not c.kwargs["TMA"] or named_args["K"] % 16 == 0]
 
 
 @functools.cache
