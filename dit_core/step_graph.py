@@ -46,6 +46,8 @@ class GraphedStep:
                 del self.graphs[next(iter(self.graphs))]
             try:
                 self.graphs[key] = self._capture(inputs)
+            except torch.cuda.OutOfMemoryError:
+                raise  # not a capture problem: the step would not fit eagerly either
             except RuntimeError as e:
                 # Something in the step cannot be captured (a bug to report, not the user's problem): this shape
                 # runs eagerly from now on, as fast as without graphs on a host that launches quickly.

@@ -39,11 +39,18 @@ class SwiftDiTError(Exception):
 
 @contextmanager
 def checked(node_id: str, input_name: str):
-    """Turns the engine's errors about an input into one message naming the node and that input."""
+    """Turns the engine's errors about an input into one message naming the node and that input. Running out of
+    GPU memory stays torch's OutOfMemoryError, so that ComfyUI still frees its models and shows its hint; the
+    message says which node and what to change."""
     try:
         yield
     except (WeightsError, ValueError, FileNotFoundError) as e:
         raise SwiftDiTError(f"{node_id} · {input_name}: {e}") from e
+    except torch.cuda.OutOfMemoryError as e:
+        raise torch.cuda.OutOfMemoryError(
+            f"{node_id} · {input_name}: out of GPU memory ({str(e).splitlines()[0] if str(e) else 'no detail'}); "
+            f"use a smaller image or batch, or a lower gpu_budget_gb on the loader (more blocks stream from host "
+            f"memory, leaving room for the pass)") from e
 
 
 def model_file(node_id: str, folder: str, name: str, input_name: str) -> str:

@@ -154,6 +154,22 @@ def test_errors_name_node_and_input(pack, models):
         graph(pack, width=15)
 
 
+def test_out_of_gpu_memory_names_node_and_fix(pack, models, monkeypatch):
+    """An OOM in the step stays torch's OutOfMemoryError (ComfyUI then unloads its models and shows its hint),
+    its message naming the sampler, the input and what to change."""
+    import comfy.model_management
+    from swiftdit_pack.dit_core.families.z_image import ZImage  # the pack's own modules, as ComfyUI loads them
+
+    def no_room(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore")
+
+    monkeypatch.setattr(ZImage, "denoised", no_room)
+    with pytest.raises(comfy.model_management.OOM_EXCEPTION,
+                       match=r"SwiftDiTZImageSampler · latent_image: out of GPU memory \(CUDA out of memory. Tried "
+                             r"to allocate 2.00 GiB\); use a smaller image or batch, or a lower gpu_budget_gb"):
+        graph(pack)
+
+
 def test_cancel_interrupts_within_a_step(pack, models):
     import comfy.model_management
     comfy.model_management.interrupt_current_processing(True)
