@@ -30,6 +30,13 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def assert_within_one_bf16_step(a: torch.Tensor, b: torch.Tensor) -> None:
+    """One bf16 step of b, or an f32 rounding of values of order one where a sum cancels to near zero."""
+    a, b = a.float(), b.float()
+    off = (a - b).abs() > 2.0 ** -7 * b.abs() + 2.0 ** -20
+    assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
+
+
 @pytest.fixture(scope="session")
 def comfy():
     """The unpacked ComfyUI v0.3.75 tree importable in-process (CPU), as an oracle."""

@@ -160,6 +160,25 @@ def gemm_sweep(runs):
     return rows
 
 
+def bench_qkv_rope(runs):
+    """Z-Image's QKV product then the q/k head norm and rotary: two launches against qkv_rope_linear's one."""
+    from kernels.head_norm_rope import head_norm_rope
+    from kernels.qkv_rope_linear import qkv_rope_linear
+    g = torch.Generator().manual_seed(5)
+    heads, head, k = 30, 128, 3840
+    q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-128, 128, (3 * heads * head, k), generator=g, dtype=torch.int8).cuda()
+    s_x, s_w = torch.full((M,), 1e-3, device="cuda"), torch.full((3 * heads * head,), 1e-3, device="cuda")
+    bias = torch.randn(3 * heads * head, generator=g).to("cuda", torch.bfloat16)
+    angles = 50 * torch.rand(M, head // 2, generator=g).cuda()
+    norms = (torch.ones(head, device="cuda"), torch.ones(head, device="cuda"))
+    two = lambda: head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, *norms, angles.cos(),  # noqa: E731
+                                 angles.sin())
+    one = lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(), angles.sin())  # noqa: E731
+    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | "
+            f"{time_or_note(one, runs, True)} |"]
+
+
 def bench_quantizers(runs):
     """The quantizer's launch shapes, plain and with the fused prologues the block uses."""
     g = torch.Generator().manual_seed(0)
@@ -214,6 +233,9 @@ def main():
     for gated in (False, True):
         for key, config in _autotuned(gated).cache.items():
             print(f"- {'gated' if gated else 'bf16 out'} {key}: {config}")
+    print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
+    print("| work | int8_linear + head_norm_rope | qkv_rope_linear (fused) |\n|---|---|---|")
+    print("\n".join(bench_qkv_rope(args.runs)))
     print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages):\n")
     shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
     print(f"| K | input | {shapes} |")

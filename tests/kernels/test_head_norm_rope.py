@@ -4,6 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import assert_within_one_bf16_step
 
 from dit_core.block import head_norm_rotary
 from dit_core.sequence import Sequence
@@ -19,13 +20,6 @@ def inputs(m, heads, head, r, seed, device):
     angles = 100 * torch.rand(m, r, generator=g)
     gains = (1 + 0.2 * torch.randn(2, head, generator=g))
     return tuple(t.to(device) for t in (qkv, angles.cos(), angles.sin(), gains[0], gains[1]))
-
-
-def assert_within_one_bf16_step(a, b):
-    """One bf16 step of b, or an f32 rounding of values of order one where a sum cancels to near zero."""
-    a, b = a.float(), b.float()
-    off = (a - b).abs() > 2.0 ** -7 * b.abs() + 2.0 ** -20
-    assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
 
 
 @pytest.mark.parametrize("normed", [True, False])

@@ -3,6 +3,7 @@ epilogue rounds as the reference does); with a LoRA within one bf16 step (its f3
 order); the whole quantize + product path equal to dit_core.linear's INT8 ConvRot emulation."""
 import pytest
 import torch
+from conftest import assert_within_one_bf16_step
 
 from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
@@ -32,13 +33,6 @@ def operands(m, n, k, seed, device, rank=0):
     gated = {"residual": torch.randn(m, n, generator=g), "gate": torch.randn(3, n, generator=g),
              "row_map": torch.randint(0, 3, (m,), generator=g)}
     return tuple({key: t.to(device) for key, t in d.items()} for d in (ops, lora, gated))
-
-
-def assert_within_one_bf16_step(a, b):
-    """One bf16 step of b, or an f32 rounding of values of order one where a sum cancels to near zero."""
-    a, b = a.float(), b.float()
-    off = (a - b).abs() > 2.0 ** -7 * b.abs() + 2.0 ** -20
-    assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
 
 
 def test_integer_products_are_exact(device):

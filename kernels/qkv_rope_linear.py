@@ -1,0 +1,149 @@
+"""The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8_linear.py then
+kernels/head_norm_rope.py in one launch (an experiment: not yet wired into dit_core/block_gpu.py).
+
+Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's
+1024^2 shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while
+in registers. Math: with the INT8 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear
+returns it, qkv = bf16(q w^T s_x s_w + bias), then head_norm_rope's math on qkv for the split-half rotary of
+r = D / 2 (FLUX.3's and Z-Image's heads: every column turned), the same one rounding to bf16 at the end, written as
+head_norm_rope writes it: q, k, v of one buffer [3, M, heads, D] (BSHD), returned as [1, heads, M, D] views.
+A tile holds whole heads of one of q, k or v (BLOCK_N a multiple of D that divides heads D), so a row's RMS over its
+head is a sum within the tile. The RMS sums run in another order than head_norm_rope's: within one bf16 step of it.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from . import head_norm_rope, int8_linear
+from .int8_linear import _config, _descriptor_scratch, _products, _tile_of
+from .rounding import round_to_bf16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6):
+    """The two launches it replaces, as their plain-torch references: (q, k, v) [1, heads, M, head] bf16."""
+    qkv = int8_linear.reference(q, s_x, w, s_w, bias)
+    return head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps)
+
+
+@triton_jit
+def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
+                     HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    # WARP_SPECIALIZE: int8_linear's configs carry it; this kernel runs its tiles one program each or persistent.
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    a_desc = None
+    b_desc = None
+    if TMA:
+        a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+            _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc,
+                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
+                           BLOCK_N, BLOCK_K, GROUP_M, TMA)
+    else:
+        _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
+                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
+                       BLOCK_N, BLOCK_K, GROUP_M, TMA)
+
+
+@triton_jit
+def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc, b_desc,
+                   M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+                   D: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr):
+    R: tl.constexpr = D // 2
+    HT: tl.constexpr = BLOCK_N // D  # whole heads in the tile
+    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+    acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
+    y = acc.to(tl.float32) * (sx[:, None] * tl.load(sw_ptr + rn)[None, :])
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
+    y = round_to_bf16(y)  # the product as int8_linear writes it
+    which = (pid_n * BLOCK_N) // HD  # 0 q, 1 k, 2 v: the tile lies in one of them
+    if which < 2:
+        # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
+        a, b = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, HT, 2, R)), (0, 1, 3, 2)))
+        if HAS_NORM:
+            ms = tl.math.div_rn(tl.sum(a * a, axis=2) + tl.sum(b * b, axis=2), D * 1.0)
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(ms + eps))[:, :, None]
+            j = tl.arange(0, R)
+            a = (a * inv) * tl.load(nw_ptr + which * D + j)[None, None, :]
+            b = (b * inv) * tl.load(nw_ptr + which * D + R + j)[None, None, :]
+        angle = rm[:, None] * R + tl.arange(0, R)[None, :]
+        c = tl.load(cos_ptr + angle, mask=mmask[:, None], other=1.0)[:, None, :]
+        s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
+        turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
+        y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N))
+    # [3, M, heads, D]: the tile's columns within q, k or v, at row m.
+    dst = out_ptr + which.to(tl.int64) * M * HD + rm[:, None].to(tl.int64) * HD + (rn - which * HD)[None, :]
+    tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
+
+
+def _fits(block_n: int, heads: int, head: int) -> bool:
+    return block_n % head == 0 and (heads * head) % block_n == 0
+
+
+@functools.cache
+def _autotuned():
+    """int8_linear's tiles, those of whole heads (and TMA where K allows it)."""
+    def whole_heads(configs, named_args, **kwargs):
+        d, hd = kwargs["D"], named_args["HD"]
+        kept = [c for c in configs if _fits(c.kwargs["BLOCK_N"], hd // d, d)
+                and (not c.kwargs["TMA"] or named_args["K"] % 16 == 0)]
+        return kept or [_config(64, d, 64, 4, 3)]
+    return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M", "N", "K", "HD"],
+                           prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
+
+
+def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, tiles=None):
+    """(q, k, v) [1, heads, M, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
+    the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps)
+    for cos/sin [M, head / 2]. tiles: None (autotuned, tiles of whole heads) or int8_linear's tiles dict."""
+    m, k = q.shape
+    n = w.shape[0]
+    if n != 3 * heads * head or cos.shape != (m, head // 2) or sin.shape != cos.shape or head % 2:
+        raise ValueError(f"qkv_rope_linear: weight [3 x {heads} x {head}, K] and cos/sin [{m}, {head // 2}] "
+                         f"(every column turned), got {tuple(w.shape)} and {tuple(cos.shape)}")
+    if (q_weight is None) != (k_weight is None):
+        raise ValueError("qkv_rope_linear: q and k are normed together (both weights or neither)")
+    out = torch.empty(3, m, heads, head, dtype=torch.bfloat16, device=q.device)
+    views = tuple(t.reshape(1, m, heads, head).transpose(1, 2) for t in out)
+    if m == 0:
+        return views
+    weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
+    args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
+            bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
+            k, heads * head, eps)
+    flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
+             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
+    _descriptor_scratch()
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+
+    def grid(meta):
+        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+    if tiles is None:
+        _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
+    else:
+        if not _fits(tiles["BLOCK_N"], heads, head):
+            raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
+                             f"divide {heads} x {head}")
+        tiles = {"TMA": False, "PERSISTENT": False, "WARP_SPECIALIZE": False, **tiles}
+        _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+    return views
