@@ -6,7 +6,7 @@ Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] 
 in registers. Math: with the INT8 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear
 returns it, qkv = bf16(q w^T s_x s_w + bias), then head_norm_rope's math on qkv for the split-half rotary of
 r = D / 2 (FLUX.3's and Z-Image's heads: every column turned), the same one rounding to bf16 at the end, written as
-head_norm_rope writes it: q, k, v of one buffer [3, M, heads, D] (BSHD), returned as [1, heads, M, D] views.
+head_norm_rope writes it: q, k, v of one buffer [3, M, heads, D] (BSHD), returned as [G, heads, g, D] views.
 A tile holds whole heads of one of q, k or v (BLOCK_N a multiple of D that divides heads D), so a row's RMS over its
 head is a sum within the tile. The RMS sums run in another order than head_norm_rope's: within one bf16 step of it.
 """
@@ -28,10 +28,10 @@ except ImportError:  # torch without Triton: reference() still imports
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
-def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6):
-    """The two launches it replaces, as their plain-torch references: (q, k, v) [1, heads, M, head] bf16."""
+def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0):
+    """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16."""
     qkv = int8_linear.reference(q, s_x, w, s_w, bias)
-    return head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps)
+    return head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
 
 
 @triton_jit
@@ -111,19 +111,22 @@ def _autotuned():
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
 
 
-def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, tiles=None):
-    """(q, k, v) [1, heads, M, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
-    the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps)
-    for cos/sin [M, head / 2]. tiles: None (autotuned, tiles of whole heads) or int8_linear's tiles dict."""
+def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0,
+                    tiles=None):
+    """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
+    the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
+    group=group) for cos/sin [M, head / 2]. tiles: None (autotuned, tiles of whole heads) or int8_linear's."""
     m, k = q.shape
-    n = w.shape[0]
+    n, g = w.shape[0], group or m
+    if m % max(g, 1):
+        raise ValueError(f"qkv_rope_linear: {m} rows do not split into attention groups of {g}")
     if n != 3 * heads * head or cos.shape != (m, head // 2) or sin.shape != cos.shape or head % 2:
         raise ValueError(f"qkv_rope_linear: weight [3 x {heads} x {head}, K] and cos/sin [{m}, {head // 2}] "
                          f"(every column turned), got {tuple(w.shape)} and {tuple(cos.shape)}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("qkv_rope_linear: q and k are normed together (both weights or neither)")
     out = torch.empty(3, m, heads, head, dtype=torch.bfloat16, device=q.device)
-    views = tuple(t.reshape(1, m, heads, head).transpose(1, 2) for t in out)
+    views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x

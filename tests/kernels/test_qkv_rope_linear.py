@@ -30,19 +30,20 @@ def operands(m, heads, head, k, seed, device, bias=True):
 @pytest.mark.parametrize("block_n", [32, 64])  # one head, two heads a tile
 @pytest.mark.parametrize("loads", [{}, {"TMA": True}, {"TMA": True, "PERSISTENT": True}],
                          ids=["pointers", "tma", "tma-persistent"])
-@pytest.mark.parametrize("normed,bias", [(True, True), (False, False)])
-def test_equals_the_two_launches(m, block_n, loads, normed, bias, device):
+@pytest.mark.parametrize("normed,bias,group", [(True, True, 0), (False, False, 0), (True, False, 1)])
+def test_equals_the_two_launches(m, block_n, loads, normed, bias, group, device):
     ops = operands(m, heads=4, head=32, k=64, seed=m + block_n, device=device, bias=bias)
     if not normed:
         ops["q_weight"] = ops["k_weight"] = None
-    got = qkv_rope_linear(**ops, eps=1e-5, tiles={**SMALL, "BLOCK_N": block_n, **loads})
+    got = qkv_rope_linear(**ops, eps=1e-5, group=group, tiles={**SMALL, "BLOCK_N": block_n, **loads})
     qkv = int8_linear(ops["q"], ops["s_x"], ops["w"], ops["s_w"], ops["bias"], tiles={**SMALL, "BLOCK_N": 32})
-    want = head_norm_rope(qkv, 4, 32, ops["q_weight"], ops["k_weight"], ops["cos"], ops["sin"], 1e-5)
+    want = head_norm_rope(qkv, 4, 32, ops["q_weight"], ops["k_weight"], ops["cos"], ops["sin"], 1e-5, group=group)
+    g = group or m
     for a, b in zip(got, want):
-        assert a.shape == b.shape == (1, 4, m, 32) and a.transpose(1, 2).is_contiguous()
+        assert a.shape == b.shape == (m // g, 4, g, 32) and a.transpose(1, 2).is_contiguous()
         assert_within_one_bf16_step(a, b)
     assert torch.equal(got[2], want[2])  # v: the product's bf16 rows as they are
-    for a, b in zip(got, reference(**ops, eps=1e-5)):
+    for a, b in zip(got, reference(**ops, eps=1e-5, group=group)):
         assert_within_one_bf16_step(a, b)
 
 
