@@ -46,11 +46,10 @@ class GraphedStep:
                 del self.graphs[next(iter(self.graphs))]
             try:
                 self.graphs[key] = self._capture(inputs)
-            except torch.cuda.OutOfMemoryError:
-                raise  # not a capture problem: the step would not fit eagerly either
             except RuntimeError as e:
-                # Something in the step cannot be captured (a bug to report, not the user's problem): this shape
-                # runs eagerly from now on, as fast as without graphs on a host that launches quickly.
+                # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its own
+                # pool did not fit beside the model (out of memory), or something in the step cannot be captured
+                # (a bug to report, not the user's problem). This shape runs eagerly from now on.
                 log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
                             str(e).splitlines()[0] if str(e) else type(e).__name__)
                 self.graphs[key] = None
