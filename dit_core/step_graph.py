@@ -81,3 +81,30 @@ class GraphedStep:
         go to `pool` (by default a new one: a released pool's id is not reused)."""
         self.graphs.clear()
         self.pool = pool
+
+
+class ModelGraphs:
+    """A model's graphed steps (GraphedSteps of its step functions, one memory pool: they replay in turn), valid
+    while the model's blocks stay where they were at the capture."""
+
+    def __init__(self, *steps: Callable[..., torch.Tensor]):
+        pool = torch.cuda.graph_pool_handle()
+        self.steps = tuple(GraphedStep(step, pool) for step in steps)
+        self.placed: int | None = None  # the blocks' generation the graphs read
+
+    def usable(self, blocks) -> bool:
+        """Whether the graphs may replay over blocks now: every block resident (a streamed block's slot is
+        refilled within the step, which a graph cannot hold) and where it was at the capture; else the graphs
+        go (the next call captures them again once the blocks stay put)."""
+        from .streaming import resident_generation  # streaming imports the GPU block; graphs only on a GPU
+        generation = resident_generation(blocks)
+        if generation != self.placed:
+            self.clear()
+            self.placed = generation
+        return generation is not None
+
+    def clear(self) -> None:
+        """Drop every graph and their pool (before the blocks move or the model goes)."""
+        pool = torch.cuda.graph_pool_handle()
+        for step in self.steps:
+            step.clear(pool)

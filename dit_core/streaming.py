@@ -91,7 +91,7 @@ def streamed_blocks(blocks: Sequence[Any], device: torch.device | str, budget: i
 def resident_generation(blocks: StreamedBlocks | Sequence[Any]) -> int | None:
     """The placement generation of blocks when every one of them stays on its device (0 for a plain sequence,
     which never moves), None while some stream. A CUDA graph reads the resident buffers where they were at
-    its capture: it replays only while this is the value it was captured at (ZImage.graphed)."""
+    its capture: it replays only while this is the value it was captured at (step_graph.ModelGraphs)."""
     if not isinstance(blocks, StreamedBlocks):
         return 0
     return blocks.generation if all(blocks.resident) else None

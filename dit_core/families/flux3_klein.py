@@ -283,8 +283,7 @@ class Flux3Klein:
         step.graphs: the two GraphedSteps."""
         if self.final_out.weight.device.type != "cuda":
             return self.output
-        from ..step_graph import GraphedStep
-        from ..streaming import resident_generation
+        from ..step_graph import ModelGraphs
         a = self.arch
 
         def head(latent, t, t_next, text_rows, *references):
@@ -298,35 +297,25 @@ class Flux3Klein:
                     x1 = block.parallel(a, x1, joint, s)
             return x1
 
-        pool = torch.cuda.graph_pool_handle()  # the two graphs replay in turn: one pool of temporaries
-        graphs = (GraphedStep(head, pool), GraphedStep(rest, pool))
-        captured_at = None  # the blocks' generation the graphs read
-
-        def clear() -> None:
-            pool = torch.cuda.graph_pool_handle()
-            for graph in graphs:
-                graph.clear(pool)
+        graphs = ModelGraphs(head, rest)
 
         def step(latent, sigma, sigma_next, text_rows, references=(), check=None, cache=None, slots=None):
-            nonlocal captured_at
-            generation = resident_generation(self.blocks)
-            if generation is None or (slots is not None and references) or (sigma_next is None and self.flow_map):
-                clear()  # eager: streamed blocks, reference slots, or output()'s error for a missing sigma_next
+            # Eager: reference slots (their keys and values change between steps), output()'s error for a missing
+            # sigma_next, streamed blocks.
+            if (slots is not None and references) or (sigma_next is None and self.flow_map) or \
+                    not graphs.usable(self.blocks):
                 return self.output(latent, sigma, sigma_next, text_rows, references, check, cache, slots)
-            if generation != captured_at:
-                clear()
-                captured_at = generation
             self._check(latent, text_rows, references)
             if check is not None:
                 check()
             t, t_next = self.timestep(sigma), self.timestep(0.0 if sigma_next is None else sigma_next)
             inputs = (latent, t, t_next, text_rows, *references)
-            x, x1 = graphs[0](*inputs)
-            rest_of = lambda y: graphs[1](y, *inputs)  # noqa: E731
+            x, x1 = graphs.steps[0](*inputs)
+            rest_of = lambda y: graphs.steps[1](y, *inputs)  # noqa: E731
             x = rest_of(x1) if cache is None else cache.after_first(x, x1, self._tracked(latent, text_rows), rest_of)
             return self._velocity(x, latent, t, t_next, text_rows)
 
-        step.clear, step.graphs = clear, graphs
+        step.clear, step.graphs = graphs.clear, graphs.steps
         return step
 
     def _tracked(self, latent: torch.Tensor, text_rows: torch.Tensor) -> int:

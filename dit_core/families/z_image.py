@@ -240,33 +240,24 @@ class ZImage:
 
     def graphed(self) -> Callable[..., torch.Tensor]:
         """output() replayed from one CUDA graph a step (dit_core/step_graph.py) on a CUDA device, else
-        output() itself. A graph reads the resident blocks where they were at its capture: while some blocks
-        stream (their slots are refilled within the step, which a graph cannot capture) the step runs eagerly,
-        and once the blocks have moved (resident_generation) the graphs are captured again. check() is asked
-        before a replayed step, not within it. step.clear() drops the graphs and their memory pool: call it
-        before the blocks move or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        output() itself; while some blocks stream the step runs eagerly, and once the blocks have moved the
+        graphs are captured again (ModelGraphs.usable). check() is asked before a replayed step, not within it.
+        step.clear() drops the graphs and their memory pool: call it before the blocks move or the model goes
+        (LoadedModels.attached); step.graphs: the GraphedStep."""
         if self.cap_norm.device.type != "cuda":
             return self.output
-        from ..step_graph import GraphedStep
-        from ..streaming import resident_generation
-        replay = GraphedStep(lambda latent, t, caption: self.output_at(latent, t, caption))
-        captured_at = None  # the blocks' generation the graphs read
+        from ..step_graph import ModelGraphs
+        graphs = ModelGraphs(lambda latent, t, caption: self.output_at(latent, t, caption))
 
         def step(latent: torch.Tensor, sigma: float, caption: torch.Tensor,
                  check: Callable[[], None] | None = None) -> torch.Tensor:
-            nonlocal captured_at
-            generation = resident_generation(self.blocks)
-            if generation is None:
-                replay.clear()
+            if not graphs.usable(self.blocks):
                 return self.output(latent, sigma, caption, check)
             self._check(latent, caption)
-            if generation != captured_at:
-                replay.clear()
-                captured_at = generation
             if check is not None:
                 check()
-            return replay(latent, self.timestep(sigma), caption)
-        step.clear, step.graphs = replay.clear, (replay,)
+            return graphs.steps[0](latent, self.timestep(sigma), caption)
+        step.clear, step.graphs = graphs.clear, graphs.steps
         return step
 
     def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,

@@ -78,3 +78,29 @@ def test_failed_capture_runs_that_shape_eagerly(monkeypatch, caplog):
     assert [r.message for r in caplog.records].count(
         "SwiftDiT: a CUDA graph of the step could not be captured (operation not permitted when stream is "
         "capturing); running it eagerly") == 1  # once per shape, its first line
+
+
+def test_model_graphs_follow_the_blocks_placement(monkeypatch):
+    """ModelGraphs.usable: replay while the blocks' generation is the captured one; a change (or streaming, None)
+    drops every step's graphs, into a fresh shared pool."""
+    import dit_core.streaming as streaming
+    from dit_core.step_graph import ModelGraphs
+
+    pools = iter(range(100))
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (next(pools), 0))
+    graphs = ModelGraphs(lambda x: x, lambda x: x)
+    usable = []
+    for generation in (0, 0, None, None, 1, 1, 2):
+        monkeypatch.setattr(streaming, "resident_generation", lambda blocks, g=generation: g)
+        for step in graphs.steps:
+            step.graphs.setdefault("shape", "a graph")  # what a replay would have captured
+        before = graphs.steps[0].pool
+        usable.append(graphs.usable(blocks=None))
+        kept = all(step.graphs for step in graphs.steps)
+        assert kept == (graphs.steps[0].pool == before)  # dropped graphs come with a new pool
+        assert graphs.steps[0].pool == graphs.steps[1].pool
+        usable[-1] = (usable[-1], kept)
+    # (replays, graphs kept): the first placement captures afresh; streaming (None) drops them once, and nothing
+    # is captured while it lasts (kept here only because the test planted a graph).
+    assert usable == [(True, False), (True, True), (False, False), (False, True), (True, False), (True, True),
+                      (True, False)]
