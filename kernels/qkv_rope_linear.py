@@ -17,7 +17,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear
-from .int8_linear import _config, _descriptor_scratch, _products, _tile_of
+from .int8_linear import _config, _descriptor_scratch, _products, _sm_count, _tile_of
 from .rounding import round_to_bf16
 
 try:
@@ -136,7 +136,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
     _descriptor_scratch()
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    sms = _sm_count(q.device)
 
     def grid(meta):
         tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
