@@ -208,6 +208,18 @@ def _descriptor_scratch() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
+def launch_grid(m: int, n: int, device: torch.device):
+    """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT), with the TMA
+    descriptors' scratch allocator in place (kernels/qkv_rope_linear.py launches the same way)."""
+    _descriptor_scratch()
+    sms = _sm_count(device)
+
+    def grid(meta):
+        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+    return grid
+
+
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
     """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and optionally
     TMA, PERSISTENT, WARP_SPECIALIZE (off when left out)} (tests, tuning)."""
@@ -235,16 +247,11 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
             row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank)
     flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "GATED": gate is not None,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1,
-                 "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
-                 "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
-                 "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
+             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
+             "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
+             "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
-    _descriptor_scratch()
-    sms = _sm_count(q.device)
-
-    def grid(meta):
-        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+    grid = launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
     else:

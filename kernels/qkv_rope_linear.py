@@ -17,7 +17,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear
-from .int8_linear import _config, _descriptor_scratch, _products, _sm_count, _tile_of
+from .int8_linear import _config, _products, _tile_of
 from .rounding import round_to_bf16
 
 try:
@@ -104,8 +104,7 @@ def _autotuned():
     """int8_linear's tiles, those of whole heads (and TMA where K allows it)."""
     def whole_heads(configs, named_args, **kwargs):
         d, hd = kwargs["D"], named_args["HD"]
-        kept = [c for c in configs if _fits(c.kwargs["BLOCK_N"], hd // d, d)
-                and (not c.kwargs["TMA"] or named_args["K"] % 16 == 0)]
+        kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)]
         return kept or [_config(64, d, 64, 4, 3)]
     return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
@@ -135,12 +134,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             k, heads * head, eps)
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
-    _descriptor_scratch()
-    sms = _sm_count(q.device)
-
-    def grid(meta):
-        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+    grid = int8_linear.launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
     else:
