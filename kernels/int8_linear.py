@@ -124,11 +124,12 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                         GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                        WARP_SPECIALIZE: tl.constexpr):
+                        SUBTILE: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
-    # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile.
-    # WARP_SPECIALIZE (persistent only): producer warps load while consumer warps multiply (Triton's own
-    # partitioning; the flattened loop is its alternative).
+    # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile; Triton's
+    # warp-specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE: the epilogue takes the
+    # tile as two halves of BLOCK_N / 2 columns, so its layout change through shared memory needs half as much (a
+    # gated 128 x 256 tile otherwise runs out of it).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -139,17 +140,12 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
               map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW,
-              EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
-    elif WARP_SPECIALIZE:
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), warp_specialize=True):
-            _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, EVEN_K,
-                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
+              EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
     else:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                   a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, EVEN_K,
-                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA)
+                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
 
 
 @triton_jit
@@ -157,17 +153,26 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
           b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
           ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
-          TMA: tl.constexpr):
-    """One output tile: its products over K, then the epilogue."""
+          TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """One output tile: its products over K, then the epilogue (on each half of the columns with SUBTILE)."""
     pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
     acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
-    _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
-              HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+    if SUBTILE:
+        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        _epilogue(left, pid_m, 2 * pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M,
+                  N, R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
+        _epilogue(right, pid_m, 2 * pid_n + 1, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
+                  map_ptr, M, N, R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
+                  BLOCK_R)
+    else:
+        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N,
+                  R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
 
 
-def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False):
+def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False,
+            subtile=False):
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
-                          "TMA": tma, "PERSISTENT": persistent, "WARP_SPECIALIZE": False},
+                          "TMA": tma, "PERSISTENT": persistent, "SUBTILE": subtile},
                          num_warps=num_warps, num_stages=num_stages)
 
 
@@ -227,7 +232,7 @@ def launch_grid(m: int, n: int, device: torch.device):
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
     """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and optionally
-    TMA, PERSISTENT, WARP_SPECIALIZE (off when left out)} (tests, tuning)."""
+    TMA, PERSISTENT, SUBTILE (off when left out)} (tests, tuning)."""
     m, k = q.shape
     n = w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
@@ -261,7 +266,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
     if tiles is None:
         _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
     else:
-        tiles = {"TMA": False, "PERSISTENT": False, "WARP_SPECIALIZE": False, **tiles}
+        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles}
         _int8_linear_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
 
 

@@ -280,7 +280,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
     if norm is not None and computed:
-        row_stats(x, norm, eps, out=stats, block_m=block_m, num_warps=num_warps)
+        row_stats(x, norm, eps, out=stats)
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)

@@ -38,8 +38,8 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
 def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
                      M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
-    # WARP_SPECIALIZE: int8_linear's configs carry it; this kernel runs its tiles one program each or persistent.
+                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
+    # SUBTILE: int8_linear's configs carry it (its pruned here: this epilogue takes whole tiles).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -104,7 +104,8 @@ def _autotuned():
     """int8_linear's tiles, those of whole heads (and TMA where K allows it)."""
     def whole_heads(configs, named_args, **kwargs):
         d, hd = kwargs["D"], named_args["HD"]
-        kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)]
+        kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)
+                and not c.kwargs["SUBTILE"]]
         return kept or [_config(64, d, 64, 4, 3)]
     return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M_TUNE", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
@@ -141,6 +142,6 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
         if not _fits(tiles["BLOCK_N"], heads, head):
             raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
                              f"divide {heads} x {head}")
-        tiles = {"TMA": False, "PERSISTENT": False, "WARP_SPECIALIZE": False, **tiles}
+        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles}
         _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
     return views

@@ -31,36 +31,61 @@ def reference(x, norm, eps=1e-6):
 
 @triton_jit
 def _row_stats_kernel(x_ptr, stride_x, stats_ptr, stride_stats, M, K, eps, NORM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, WHOLE_ROWS: tl.constexpr):
     # The statistics of BLOCK_M rows: mean (layer norm; 0 for RMS) to stats[0], 1/sqrt(.) to stats[1].
+    # WHOLE_ROWS (BLOCK_K >= K): the rows are loaded once and stay in registers for the layer norm's second pass;
+    # else the columns are walked BLOCK_K at a time (twice for the layer norm).
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < M
     kcols = tl.arange(0, BLOCK_K)
     base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    total = tl.zeros([BLOCK_M], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for c0 in range(0, K, BLOCK_K):
-        cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
-        v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
-        total += tl.sum(v, axis=1)
-        squares += tl.sum(v * v, axis=1)
-    mean = tl.math.div_rn(total, K * 1.0) if NORM == 2 else tl.zeros([BLOCK_M], dtype=tl.float32)
-    if NORM == 2:
+    if WHOLE_ROWS:
+        cmask = rmask[:, None] & (kcols < K)[None, :]
+        v = tl.load(base + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if NORM == 2:
+            mean = tl.math.div_rn(tl.sum(v, axis=1), K * 1.0)
+            v = tl.where(cmask, v - mean[:, None], 0.0)
+        squares = tl.sum(v * v, axis=1)
+    else:
+        total = tl.zeros([BLOCK_M], dtype=tl.float32)
         squares = tl.zeros([BLOCK_M], dtype=tl.float32)
         for c0 in range(0, K, BLOCK_K):
             cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
             v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
-            v = tl.where(cmask, v - mean[:, None], 0.0)
+            total += tl.sum(v, axis=1)
             squares += tl.sum(v * v, axis=1)
+        mean = tl.math.div_rn(total, K * 1.0) if NORM == 2 else tl.zeros([BLOCK_M], dtype=tl.float32)
+        if NORM == 2:
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for c0 in range(0, K, BLOCK_K):
+                cmask = rmask[:, None] & (c0 + kcols < K)[None, :]
+                v = tl.load(base + c0 + kcols[None, :], mask=cmask, other=0.0).to(tl.float32)
+                v = tl.where(cmask, v - mean[:, None], 0.0)
+                squares += tl.sum(v * v, axis=1)
     inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, K * 1.0) + eps))
     tl.store(stats_ptr + rows, mean, mask=rmask)
     tl.store(stats_ptr + stride_stats + rows, inv, mask=rmask)
 
 
-def row_stats(x, norm, eps=1e-6, *, out=None, block_m=64, num_warps=4):
+# Rows of up to half this many values (padded to a power of two) are held whole in registers, this many values a
+# program (64 a thread at 8 warps): Z-Image's 3840 and FLUX.3's 3072 take 4 rows a program, 1152 programs at 4608.
+WHOLE_ROW_VALUES = 16384
+
+
+def launch_shape(k: int) -> dict:
+    """The default launch for rows of k values: whole rows in registers where they fit, else 64 rows walking the
+    columns 256 at a time (at 4608 x 3840 on the H200, 16 rows a program measured slower: 60 us against 46)."""
+    width = triton.next_power_of_2(k)
+    if width <= WHOLE_ROW_VALUES // 2:
+        return {"block_m": min(64, WHOLE_ROW_VALUES // width), "block_k": width, "num_warps": 8}
+    return {"block_m": 64, "block_k": 256, "num_warps": 4}
+
+
+def row_stats(x, norm, eps=1e-6, *, out=None, block_m=None, block_k=None, num_warps=None):
     """stats [2, M] f32 of rows x [M, K] by the math above; out: an [2, M] f32 buffer with contiguous rows,
-    written fully. block_m rows a program: 16 (4x the programs) measured slower on the H200, 60 us against 46
-    at M = 4608, K = 3840."""
+    written fully. block_m, block_k, num_warps: the launch (tests, bench_int8_linear.py's sweep), by default
+    launch_shape(K)'s; block_k >= K holds whole rows."""
     if norm not in ("rms", "layer"):
         raise ValueError(f"row_stats: norm must be 'rms' or 'layer', got {norm!r}")
     if x.dim() != 2 or x.stride(-1) != 1:
@@ -69,8 +94,11 @@ def row_stats(x, norm, eps=1e-6, *, out=None, block_m=64, num_warps=4):
     stats = out if out is not None else torch.empty(2, m, dtype=torch.float32, device=x.device)
     if stats.shape != (2, m) or stats.dtype != torch.float32 or stats.stride(1) != 1:
         raise ValueError(f"row_stats: out must be f32 [2, {m}] with contiguous rows")
+    shape = {**launch_shape(k), **{name: v for name, v in (("block_m", block_m), ("block_k", block_k),
+                                                            ("num_warps", num_warps)) if v is not None}}
     if m:
-        _row_stats_kernel[(triton.cdiv(m, block_m),)](x, x.stride(0), stats, stats.stride(0), m, k, eps,
-                                                        NORM=NORMS[norm], BLOCK_M=block_m, BLOCK_K=256,
-                                                        num_warps=num_warps, enable_fp_fusion=False)
+        _row_stats_kernel[(triton.cdiv(m, shape["block_m"]),)](
+            x, x.stride(0), stats, stats.stride(0), m, k, eps, NORM=NORMS[norm], BLOCK_M=shape["block_m"],
+            BLOCK_K=shape["block_k"], WHOLE_ROWS=shape["block_k"] >= k, num_warps=shape["num_warps"],
+            enable_fp_fusion=False)
     return stats

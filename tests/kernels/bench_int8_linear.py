@@ -7,6 +7,7 @@ epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantize
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
+--quantizers: only the quantizer and row-statistics tables.
 --gemm-sweep: instead, the GEMM alone (bf16 out and gated, graph ms) at every tile variant the autotuner has and
 a few it has not (warp-specialized), to see the landscape rather than the winner.
 """
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_quant import hadamard, quantize_rows
+from kernels.row_stats import launch_shape, row_stats
+from kernels.row_stats import reference as row_stats_reference
 
 M = 4608
 SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
@@ -135,12 +138,13 @@ def bench_shape(name, k, n, runs, kitchen):
 
 
 def gemm_sweep(runs):
-    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row)."""
-    ws = [dict(c.kwargs, WARP_SPECIALIZE=True, num_warps=c.num_warps, num_stages=c.num_stages)
-          for c in _autotuned(False).configs if c.kwargs["PERSISTENT"]]
-    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in _autotuned(False).configs]
+    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): the gated
+    autotuner's tiles, and the subtiled epilogue on every TMA tile it lacks."""
+    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in _autotuned(True).configs]
+    variants += [dict(v, SUBTILE=True) for v in variants if v["TMA"] and not v["SUBTILE"]
+                 and dict(v, SUBTILE=True) not in variants]
     rows = []
-    for tiles in variants + ws:
+    for tiles in variants:
         cells = []
         for _, k, n in SHAPES:
             g = torch.Generator().manual_seed(k + n)
@@ -154,7 +158,7 @@ def gemm_sweep(runs):
                                                            row_map=row_map, tiles=tiles), runs, True)
             cells.append(f"{plain} / {gated}")
         name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**tiles) + "".join(
-            f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "WARP_SPECIALIZE") if tiles[flag])
+            f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "SUBTILE") if tiles[flag])
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     return rows
@@ -190,8 +194,12 @@ def bench_quantizers(runs):
                "scale": 0.1 * torch.randn(2, k, device="cuda"),
                "shift": 0.1 * torch.randn(2, k, device="cuda"),
                "row_map": torch.zeros(M, dtype=torch.int32, device="cuda")}
+        # As a one-image step runs it: one modulation row, the row statistics given (the gated residual's).
+        one_row = {**mod, "scale": mod["scale"][:1], "shift": mod["shift"][:1],
+                   "stats": row_stats_reference(residual, "rms", 1e-5)}
         glu = torch.randn(M, 2 * k, generator=g).to("cuda", torch.bfloat16)
-        variants = {"plain bf16": (x, {}), "rms+modulation f32": (residual, mod),
+        variants = {"plain bf16": (x, {}), "rms+modulation f32 (2 rows, statistics launch)": (residual, mod),
+                    "rms+modulation f32 (1 row, statistics given)": (residual, one_row),
                     "swiglu bf16": (glu, {"act": "swiglu"})}
         # What the rotation alone costs as one cuBLAS product by H_256 (block-diagonal: rows of 256 values), bf16
         # out: a floor for the rotate pass, whose prologue and group maxima come on top.
@@ -207,10 +215,42 @@ def bench_quantizers(runs):
     return rows
 
 
+def bench_row_stats(runs):
+    """The norms' row statistics (f32 rows, as the residual stream): the default launch against walking the
+    columns, with each launch's largest relative difference to the reference."""
+    rows = []
+    launches = {"default": {}, "64 rows, walk 256": {"block_m": 64, "block_k": 256, "num_warps": 4},
+                "16 rows, walk 256": {"block_m": 16, "block_k": 256, "num_warps": 4}}
+    for k in (3072, 3840):
+        x = 3 + torch.randn(M, k, generator=torch.Generator().manual_seed(k)).cuda()
+        for norm in ("rms", "layer"):
+            expected = row_stats_reference(x, norm, 1e-5)
+            cells = []
+            for launch in launches.values():
+                err = ((row_stats(x, norm, 1e-5, **launch) - expected).abs() / expected.abs().clamp(min=1e-6)).max()
+                cells.append(f"{time_or_note(lambda launch=launch: row_stats(x, norm, 1e-5, **launch), runs, True)}"
+                             f" ({err.item():.0e})")
+            rows.append(f"| {k} | {norm} | " + " | ".join(cells) + " |")
+    head = " | ".join(f"{name}" for name in launches)
+    return [f"default launch: {launch_shape(3840)} at K 3840", "", f"| K | norm | {head} |",
+            "|---|---|" + "---|" * len(launches)] + rows
+
+
+def print_quantizer_tables(runs):
+    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages):\n")
+    shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
+    print(f"| K | input | {shapes} |")
+    print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
+    print("\n".join(bench_quantizers(runs)))
+    print(f"\nRow statistics of f32 rows [{M}, K], ms in a CUDA graph (max relative difference to the reference):\n")
+    print("\n".join(bench_row_stats(runs)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
+    parser.add_argument("--quantizers", action="store_true", help="the quantizer and row-statistics tables only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
@@ -219,6 +259,9 @@ def main():
         print("| tiles | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
         print("|---|" + "---|" * len(SHAPES))
         gemm_sweep(args.runs)
+        return
+    if args.quantizers:
+        print_quantizer_tables(args.runs)
         return
     kitchen, notes = kitchen_linears()
     print("| linear K x N | contender | ms eager | ms graph | TOPS eager, graph |\n|---|---|---|---|---|")
@@ -236,11 +279,7 @@ def main():
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
     print("| work | int8_linear + head_norm_rope | qkv_rope_linear (fused) |\n|---|---|---|")
     print("\n".join(bench_qkv_rope(args.runs)))
-    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages):\n")
-    shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
-    print(f"| K | input | {shapes} |")
-    print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
-    print("\n".join(bench_quantizers(args.runs)))
+    print_quantizer_tables(args.runs)
 
 
 if __name__ == "__main__":

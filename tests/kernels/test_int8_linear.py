@@ -12,13 +12,11 @@ from kernels.int8_quant import quantize_rows
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
-# Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs.
-# The warp-specialized variant runs here on the CPU only: until a GPU run shows that Triton compiles it for Hopper
-# (bench_int8_linear.py --gemm-sweep, its own process), a compiler crash must not take the GPU test run with it.
-WS = {"TMA": True, "PERSISTENT": True, "WARP_SPECIALIZE": True}
+# Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs; the epilogue
+# on the whole tile or on its two halves (SUBTILE).
 LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True},
-         pytest.param(WS, marks=pytest.mark.skipif(torch.cuda.is_available(), reason="GPU: see WS above"))]
-LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-ws"]
+         {"TMA": True, "PERSISTENT": True, "SUBTILE": True}, {"SUBTILE": True}]
+LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-subtile", "subtile"]
 ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
 
 

@@ -8,15 +8,16 @@ from kernels.row_stats import reference, row_stats
 CASES = [(1, 256), (7, 100), (37, 640), (70, 3840)]  # (M, K)
 
 
+@pytest.mark.parametrize("launch", [{}, {"block_m": 16, "block_k": 256, "num_warps": 4}], ids=["whole", "walk"])
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("m,k", CASES)
-def test_kernel_matches_reference(m, k, dtype, norm, device):
+def test_kernel_matches_reference(m, k, dtype, norm, launch, device):
     g = torch.Generator().manual_seed(m * k)
     wide = (3 + 2 * torch.randn(m, k + 5, generator=g)).to(device, dtype)  # an offset: the layer mean matters
     x = wide[:, 2:2 + k]  # rows with a stride
     out = torch.full((2, m + 4), float("nan"), device=device)
-    stats = row_stats(x, norm, 1e-5, out=out[:, 3:3 + m], block_m=16)
+    stats = row_stats(x, norm, 1e-5, out=out[:, 3:3 + m], **launch)
     expected = reference(x, norm, 1e-5)
     torch.testing.assert_close(stats, expected, rtol=2e-6, atol=2e-6)
     assert out[:, :3].isnan().all() and out[:, -1].isnan().all()  # nothing outside the slice
