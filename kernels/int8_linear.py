@@ -184,12 +184,13 @@ def _autotuned(gated: bool):
     residual between trials."""
     configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(64, 128, 128, 4, 4)]
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:  # TMA: Hopper and later
-        # The tiles that won one of the Z-Image shapes (plain or gated) in the H200 sweep (docs/benchmarks.md);
-        # each candidate costs a compile on a shape's first run.
-        configs += [_config(128, 256, 128, 8, 4, tma=True), _config(128, 128, 128, 8, 4, tma=True),
-                    _config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                    _config(256, 128, 128, 8, 4, tma=True, persistent=True),
-                    _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
+        # The tiles that won or came close on a Z-Image shape in the H200 sweep (docs/benchmarks.md); each
+        # candidate costs a compile on a shape's first run. Gated 128 x 256 tiles fit in shared memory only with
+        # the subtiled epilogue, and not persistent.
+        configs += [_config(128, 128, 128, 8, 4, tma=True), _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
+        configs += [_config(128, 256, 128, 8, 4, tma=True, subtile=True)] if gated else [
+            _config(128, 256, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 4, tma=True, persistent=True),
+            _config(256, 128, 128, 8, 4, tma=True, persistent=True)]
     # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again (~20 s).
     return triton.autotune(configs, key=["M_TUNE", "N", "K"], restore_value=["out_ptr"] if gated else None,
                            prune_configs_by={"early_config_prune": _tma_where_it_can}, cache_results=True)(
