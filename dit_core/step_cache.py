@@ -120,7 +120,7 @@ class RefSlots:
         self.record = step % self.refresh == 0 or not self.kv
 
     def parallel(self, i: int, block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 rows: int) -> torch.Tensor:
+                 rows: int, keep_input: bool = True) -> torch.Tensor:
         """Block.parallel with block i's reference keys and values recorded (x holds every row) or read (x
         holds the first `rows` rows only): a recording step equals Block.parallel."""
         def keys_values(k: torch.Tensor, v: torch.Tensor):
@@ -131,7 +131,7 @@ class RefSlots:
             ref_k, ref_v = self.kv[i]
             return torch.cat([k, ref_k]), torch.cat([v, ref_v])
 
-        return block.parallel(a, x, m, s, keys_values)
+        return block.parallel(a, x, m, s, keys_values, keep_input)
 
 
 @contextmanager
@@ -160,10 +160,12 @@ def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s:
     """FLUX.3's joint blocks over x ([text | image | references] rows; the first `rows` are text and image),
     with the step cache and the reference slots when given; neither given: Block.parallel block by
     block."""
+    # StepCache.after_first reads the inputs of blocks 0 and 1 after them: the later blocks update their rows in
+    # place.
     if slots is None:
-        step = lambda i, block, y: block.parallel(a, y, m, s)
+        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2)
     else:
-        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows)
+        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2)
     if cache is not None:
         return cache.run(blocks, x, step, check, rows)
     with _walk(blocks) as walk:

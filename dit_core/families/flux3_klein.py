@@ -293,8 +293,8 @@ class Flux3Klein:
         def rest(x1, latent, t, t_next, text_rows, *references):
             joint, s = self._joint_context(latent, t, t_next, text_rows, references, bool(references))[:2]
             for i, block in enumerate(self.blocks):
-                if i:
-                    x1 = block.parallel(a, x1, joint, s)
+                if i:  # x1 (the graph's input) stays: StepCache.after_first reads it
+                    x1 = block.parallel(a, x1, joint, s, keep_input=i == 1)
             return x1
 
         graphs = ModelGraphs(head, rest)
@@ -354,7 +354,7 @@ class Flux3Klein:
         for m in modes:
             mod = self._modulation(self.early_mods[m], act[m])
             for block in self.mode_blocks[m]:
-                rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m])
+                rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False)
                 check()
         return torch.cat([rows[m] for m in modes]), joint, s
 

@@ -12,6 +12,7 @@ from dit_core.block import Block
 from dit_core.block_gpu import GpuBlock
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
+from dit_core.step_cache import StepCache, joint_blocks
 
 CPU = torch.device("cpu")
 
@@ -97,3 +98,31 @@ def test_parallel_hook_may_add_keys_and_values():
         ref = host.parallel(a, x.to(dtype), mods, seq, hook).float()
         assert rel_err(gpu.parallel(a, x, mods, seq, hook), ref) <= 1e-2
         assert rel_err(ref, host.parallel(a, x.to(dtype), mods, seq).float()) > 1e-2  # the hook mattered
+
+
+class _KeepingInputs:
+    """A GpuBlock that always keeps its input (the copy the in-place path saves)."""
+
+    def __init__(self, block: GpuBlock):
+        self.block = block
+
+    def parallel(self, a, x, m, s, keys_values=None, keep_input=True):
+        return self.block.parallel(a, x, m, s, keys_values, keep_input=True)
+
+
+def test_joint_blocks_in_place_equal_copies_under_the_step_cache():
+    """joint_blocks lets blocks 2.. update their rows in place: StepCache reads only the inputs of blocks 0 and 1.
+    Over steps that skip and steps that run, the outputs and decisions equal those of blocks that copy."""
+    a = arch("layer")
+    x, mods, seq = inputs(a, 96, 0)
+    blocks = [GpuBlock.of(random_block(a, sandwich=False, seed=10 + i).quantized(), CPU) for i in range(4)]
+    caches = StepCache(limit=0.3), StepCache(limit=0.3)
+    g = torch.Generator().manual_seed(6)
+    for change in (0.0, 1e-3, 1.0, 1e-3, 1e-3):  # small changes skip, the large one runs every block
+        x_step = x + change * torch.randn(x.shape, generator=g)
+        kept = x_step.clone()
+        got = joint_blocks(blocks, a, x_step, mods, seq, lambda: None, 64, caches[0])
+        want = joint_blocks([_KeepingInputs(b) for b in blocks], a, kept.clone(), mods, seq, lambda: None, 64,
+                            caches[1])
+        assert torch.equal(got, want) and torch.equal(x_step, kept)  # the step's input untouched
+    assert caches[0].changes == caches[1].changes and caches[0].skipped == 2
