@@ -2,7 +2,7 @@
 # One device call does a whole session's GPU work (the device is lent by the minute and each start costs minutes):
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
-#   parts: tests quant_tests z_step streaming stream_trace linears quantizers gemm_sweep klein
+#   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers gemm_sweep klein
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -14,7 +14,12 @@ parts=${*:-tests z_step streaming}
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels tests/dit_core tests/families ;;
+    # Two parts: each new small shape autotunes (compiles every candidate tile), so the streaming and family tests
+    # take minutes of their own.
+    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 tests/kernels \
+             tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
+    stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
+             tests/dit_core/test_streaming.py tests/families ;;
     z_step) timeout 150 python3 bench/bench_z_image_step.py --profile ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
