@@ -176,23 +176,45 @@ def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=Fal
                          num_warps=num_warps, num_stages=num_stages)
 
 
-@functools.cache
-def _autotuned(gated: bool):
-    """The kernel autotuned over Hopper tiles (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands in
-    shared memory, 3-4 stages), pointer or TMA loads, one program a tile or persistent, keyed on (N, K) and M's
-    bucket (M_TUNE: a new image size within the bucket tunes nothing again); the gated form restores the
-    residual between trials."""
-    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(64, 128, 128, 4, 4)]
-    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:  # TMA: Hopper and later
-        # The tiles that won or came close on a Z-Image shape in the H200 sweep (docs/benchmarks.md); each
-        # candidate costs a compile on a shape's first run. Gated 128 x 256 tiles fit in shared memory only with
-        # the subtiled epilogue, and not persistent.
+def candidate_tiles(gated: bool) -> list:
+    """The tiles worth trying on this GPU: pointer loads sized for 100 KB (Ada), 164 KB (Ampere) and 228 KB (Hopper)
+    of shared memory (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands, 3-4 stages), plus TMA tiles, one
+    program a tile or persistent, where there is TMA (Hopper and later). The H200 sweep kept those that won or came
+    close on a Z-Image shape (docs/benchmarks.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
+    epilogue, and not persistent."""
+    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(64, 128, 128, 4, 4),
+               _config(128, 256, 64, 8, 3), _config(128, 128, 64, 4, 3)]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
         configs += [_config(128, 128, 128, 8, 4, tma=True), _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
         configs += [_config(128, 256, 128, 8, 4, tma=True, subtile=True)] if gated else [
             _config(128, 256, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 4, tma=True, persistent=True),
             _config(256, 128, 128, 8, 4, tma=True, persistent=True)]
-    # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again (~20 s).
-    return triton.autotune(configs, key=["M_TUNE", "N", "K"], restore_value=["out_ptr"] if gated else None,
+    return configs
+
+
+# Hopper (sm_90): the sweep's winners, one a form, so nothing is timed on a shape's first run and one compiled
+# kernel serves every shape. Within 2% of the best candidate on each of Z-Image's four shapes (w2 bf16-out: 0.332
+# against 0.326 ms), the best on the other seven.
+HOPPER_TILES = {False: _config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                True: _config(128, 256, 128, 8, 4, tma=True, subtile=True)}
+
+
+def fixed_tiles(gated: bool, device: torch.device, k: int) -> dict | None:
+    """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0) or k % 16:
+        return None
+    config = HOPPER_TILES[gated]
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+@functools.cache
+def _autotuned(gated: bool):
+    """The kernel autotuned over candidate_tiles, keyed on (N, K) and M's bucket (M_TUNE: a new image size within
+    the bucket tunes nothing again); the gated form restores the residual between trials. Where the tiles are not
+    fixed (GPUs other than Hopper)."""
+    # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again.
+    return triton.autotune(candidate_tiles(gated), key=["M_TUNE", "N", "K"],
+                           restore_value=["out_ptr"] if gated else None,
                            prune_configs_by={"early_config_prune": _tma_where_it_can}, cache_results=True)(
         _int8_linear_kernel)
 
@@ -232,8 +254,8 @@ def launch_grid(m: int, n: int, device: torch.device):
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
-    """tiles: None (autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and optionally
-    TMA, PERSISTENT, SUBTILE (off when left out)} (tests, tuning)."""
+    """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
+    and optionally TMA, PERSISTENT, SUBTILE (off when left out)} (tests, tuning)."""
     m, k = q.shape
     n = w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
@@ -249,6 +271,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
     if m == 0:
         return
     rank = lora_down.shape[1] if lora_down is not None else 0
+    tiles = tiles or fixed_tiles(gate is not None, q.device, k)
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag is off)
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(),
             s_w.float().contiguous().reshape(-1), bias.contiguous() if bias is not None else absent,

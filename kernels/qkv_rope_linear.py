@@ -107,7 +107,7 @@ def _autotuned():
         kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)
                 and not c.kwargs["SUBTILE"]]
         return kept or [_config(64, d, 64, 4, 3)]
-    return triton.autotune(list(int8_linear._autotuned(False).configs), key=["M_TUNE", "N", "K", "HD"],
+    return triton.autotune(int8_linear.candidate_tiles(False), key=["M_TUNE", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
 
 
@@ -115,7 +115,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
                     tiles=None):
     """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
-    group=group) for cos/sin [M, head / 2]. tiles: None (autotuned, tiles of whole heads) or int8_linear's."""
+    group=group) for cos/sin [M, head / 2]. tiles: None (int8_linear's fixed tiles where they hold whole heads, else
+    autotuned over tiles that do) or int8_linear's form."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -129,6 +130,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
+    fixed = int8_linear.fixed_tiles(False, q.device, k)
+    tiles = tiles or (fixed if fixed and _fits(fixed["BLOCK_N"], heads, head) else None)
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,

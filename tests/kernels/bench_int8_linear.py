@@ -8,7 +8,7 @@ Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
 --quantizers: only the quantizer and row-statistics tables.
---gemm-sweep: instead, the GEMM alone (bf16 out and gated, graph ms) at every tile variant the autotuner has and
+--gemm-sweep: instead, the GEMM alone (bf16 out and gated, graph ms) at every candidate tile (int8_linear) and
 a few it has not (warp-specialized), to see the landscape rather than the winner.
 """
 import argparse
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
-from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
+from kernels.int8_linear import _autotuned, candidate_tiles, fixed_tiles, int8_linear, int8_linear_gated
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
@@ -139,8 +139,8 @@ def bench_shape(name, k, n, runs, kitchen):
 
 def gemm_sweep(runs):
     """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): the gated
-    autotuner's tiles, and the subtiled epilogue on every TMA tile it lacks."""
-    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in _autotuned(True).configs]
+    candidate tiles, and the subtiled epilogue on every TMA tile they lack."""
+    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in candidate_tiles(True)]
     variants += [dict(v, SUBTILE=True) for v in variants if v["TMA"] and not v["SUBTILE"]
                  and dict(v, SUBTILE=True) not in variants]
     rows = []
@@ -272,7 +272,8 @@ def main():
         all_checks.append(f"- {name}: " + "; ".join(checks))
     print("\nRelative Frobenius error against f32 x W_bf16^T + b (INT8 ConvRot expects about 1e-2):")
     print("\n".join(all_checks + [f"- {note}" for note in notes]))
-    print("\nTiles the autotuner chose, by (M, N, K, ...) key:")
+    print("\nTiles: " + "; ".join(f"{form} {fixed_tiles(gated, torch.device('cuda'), 3840)}" for form, gated in
+                                  (("bf16 out", False), ("gated", True))) + " (None: autotuned, chosen as below)")
     for gated in (False, True):
         for key, config in _autotuned(gated).cache.items():
             print(f"- {'gated' if gated else 'bf16 out'} {key}: {config}")
