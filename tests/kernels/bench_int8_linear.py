@@ -138,11 +138,14 @@ def bench_shape(name, k, n, runs, kitchen):
 
 
 def gemm_sweep(runs):
-    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): the gated
-    candidate tiles, and the subtiled epilogue on every TMA tile they lack."""
-    variants = [dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages) for c in candidate_tiles(True)]
-    variants += [dict(v, SUBTILE=True) for v in variants if v["TMA"] and not v["SUBTILE"]
-                 and dict(v, SUBTILE=True) not in variants]
+    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): both forms'
+    candidate tiles, and the subtiled epilogue on every TMA tile."""
+    variants = []
+    for c in candidate_tiles(False) + candidate_tiles(True):
+        for tiles in (dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages),
+                      dict(c.kwargs, SUBTILE=True, num_warps=c.num_warps, num_stages=c.num_stages)):
+            if tiles not in variants and (tiles["TMA"] or not tiles["SUBTILE"]):
+                variants.append(tiles)
     rows = []
     for tiles in variants:
         cells = []
