@@ -208,7 +208,9 @@ class Flux3Klein:
 
     def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> Flux3Klein:
         """Every tensor on device; on a CUDA device the mode and joint blocks become GpuBlocks (INT8 ConvRot or
-        BF16 linears through kernels/, GpuBlock.parallel), elsewhere the host blocks compute there. budget_bytes
+        BF16 linears through kernels/, GpuBlock.parallel) and the small linears (embedders, modulation, final
+        layer) f32 as Z-Image's (stored bf16, each step would convert them again: 0.8 ms a step at 1024^2),
+        elsewhere the host blocks compute there. budget_bytes
         (or budget_bytes(their total bytes), asked once the rest is there): the joint blocks' device bytes, the
         others streaming from host memory (StreamedBlocks)."""
         dev = torch.device(device)
@@ -219,6 +221,8 @@ class Flux3Klein:
             if isinstance(obj, Block) and dev.type == "cuda":
                 from ..block_gpu import GpuBlock
                 return GpuBlock.of(obj, dev)
+            if isinstance(obj, Linear) and dev.type == "cuda":
+                return Linear(obj.dequantized().to(dev), None if obj.bias is None else obj.bias.float().to(dev))
             if isinstance(obj, (Linear, Block)):
                 return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj)})
             if isinstance(obj, tuple):
