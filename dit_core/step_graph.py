@@ -19,6 +19,7 @@ on one stream and each call clones its outputs at once: a capture may reuse only
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -108,3 +109,32 @@ class ModelGraphs:
         pool = torch.cuda.graph_pool_handle()
         for step in self.steps:
             step.clear(pool)
+
+
+class KeptRows:
+    """make(rows, dtype) kept for the tensors that come back unchanged: the rows a step computes from its
+    conditioning alone (the same tensor every step of a sampler run, or the same view of it; positive and negative
+    alternate with CFG), made once, outside the graph, and fed to it. A tensor changed in place (its version) or
+    gone (the weak reference to it, or to the tensor it views) makes them again."""
+
+    def __init__(self, make: Callable[[torch.Tensor, torch.dtype], torch.Tensor], keep: int = 2):
+        self.make, self.keep, self.kept = make, keep, []
+
+    @staticmethod
+    def _where(rows: torch.Tensor) -> tuple:
+        # A live base holds its memory: the same base, place, shape and strides are the same values, unless the
+        # version counter (shared by views) has moved.
+        return rows.data_ptr(), tuple(rows.shape), rows.stride(), rows.dtype, rows.device, rows._version
+
+    def clear(self) -> None:
+        """Drops the kept rows (with the graphs, when the model gives its memory back)."""
+        self.kept = []
+
+    def __call__(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        base = rows if rows._base is None else rows._base
+        for ref, where, kept_dtype, made in self.kept:
+            if ref() is base and where == self._where(rows) and kept_dtype == dtype:
+                return made
+        made = self.make(rows, dtype)
+        self.kept = [(weakref.ref(base), self._where(rows), dtype, made)] + self.kept[:self.keep - 1]
+        return made

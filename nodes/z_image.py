@@ -165,10 +165,15 @@ class ZImageSampler(io.ComfyNode):
         # model across prompts and are cleared when ComfyUI takes its memory back (LoadedModels.give_back).
         step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
 
+        on_device = {}  # id -> (conditioning, its copy on the device): one copy a sampler run, not one a step
+
         def denoise_with(x, sigma, cond):
             # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's
-            # pass moves to its device (a latent is a few MB).
-            x0 = dit.denoised(x.to(device), float(sigma), cond.to(device), interrupt_check, step)
+            # pass moves to its device (a latent is a few MB). The same device tensor every step lets the graphed
+            # step keep the caption's refined rows (step_graph.KeptRows).
+            if id(cond) not in on_device:
+                on_device[id(cond)] = (cond, cond.to(device))
+            x0 = dit.denoised(x.to(device), float(sigma), on_device[id(cond)][1], interrupt_check, step)
             return x0.to(x.device)
 
         def sample(callback, should_stop):

@@ -18,7 +18,7 @@ from ..block import Block, layer_norm, rms_norm
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
-from ..sequence import concat, halves_permutation, sequence_of
+from ..sequence import Sequence, concat, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, TensorSource, WeightsError, glu_rows, read_linear, read_tensor
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "")
@@ -110,19 +110,28 @@ def lora_aliases(a: Arch, names: set[str]) -> dict[str, tuple[str, int]]:
     return aliases
 
 
+def _positions_to_sequence(a: Arch, pos: torch.Tensor, device: torch.device, dtype: torch.dtype) -> Sequence:
+    return sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes, a.rope_theta, dtype).to(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _caption_sequence(a: Arch, cap_rows: int, device: torch.device, dtype: torch.dtype) -> Sequence:
+    """The caption's Sequence of cap_rows rows (pads included), row j at (1 + j, 0, 0): built and copied to the
+    device once per length."""
+    zeros = torch.zeros(cap_rows, dtype=torch.long)
+    return _positions_to_sequence(a, torch.stack([torch.arange(1, cap_rows + 1), zeros, zeros], -1), device, dtype)
+
+
 @functools.lru_cache(maxsize=8)
 def _sequences(a: Arch, hp: int, wp: int, pad_img: int, cap_rows: int, device: torch.device, dtype: torch.dtype):
-    """(image, caption, [image; caption]) Sequences of an hp x wp patch grid with pad_img pad rows and cap_rows
-    caption rows (pads included): the same every step, so built and copied to the device once per shape.
-    Positions: caption row j (pads too) at (1 + j, 0, 0); image (h, w) at (cap_rows + 1, h, w); image pads at 0."""
+    """(image, [image; caption]) Sequences of an hp x wp patch grid with pad_img pad rows and cap_rows caption
+    rows (pads included): the same every step, so built and copied to the device once per shape.
+    Positions: image (h, w) at (cap_rows + 1, h, w); image pads at 0; the caption's as _caption_sequence."""
     grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
     img_pos = torch.cat([torch.full((hp * wp, 1), cap_rows + 1), grid], dim=1)
-    img_pos = torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)])
-    cap_pos = torch.stack([torch.arange(1, cap_rows + 1), torch.zeros(cap_rows, dtype=torch.long),
-                           torch.zeros(cap_rows, dtype=torch.long)], -1)
-    img_seq, cap_seq = (sequence_of(pos, torch.zeros(pos.shape[0], dtype=torch.long), a.rope_axes, a.rope_theta,
-                                    dtype).to(device) for pos in (img_pos, cap_pos))
-    return img_seq, cap_seq, concat([img_seq, cap_seq])
+    img_seq = _positions_to_sequence(a, torch.cat([img_pos, torch.zeros(pad_img, 3, dtype=torch.long)]), device,
+                                     dtype)
+    return img_seq, concat([img_seq, _caption_sequence(a, cap_rows, device, dtype)])
 
 
 @dataclass(frozen=True)
@@ -242,12 +251,16 @@ class ZImage:
         """output() replayed from one CUDA graph a step (dit_core/step_graph.py) on a CUDA device, else
         output() itself; while some blocks stream the step runs eagerly, and once the blocks have moved the
         graphs are captured again (ModelGraphs.usable). check() is asked before a replayed step, not within it.
-        step.clear() drops the graphs and their memory pool: call it before the blocks move or the model goes
-        (LoadedModels.attached); step.graphs: the GraphedStep."""
+        The caption's rows through the context refiners are made once per caption tensor (step_graph.KeptRows).
+        step.clear() drops the graphs, their memory pool and the kept rows: call it before the blocks move or the
+        model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
         if self.cap_norm.device.type != "cuda":
             return self.output
-        from ..step_graph import ModelGraphs
-        graphs = ModelGraphs(lambda latent, t, caption: self.output_at(latent, t, caption))
+        from ..step_graph import KeptRows, ModelGraphs
+        graphs = ModelGraphs(lambda latent, t, cap: self._output_with(latent, t, cap))
+        # The caption's rows through its embedder and the context refiners: the same every step (no timestep in
+        # them), made once per caption tensor outside the graph.
+        refined = KeptRows(self._caption_rows)
 
         def step(latent: torch.Tensor, sigma: float, caption: torch.Tensor,
                  check: Callable[[], None] | None = None) -> torch.Tensor:
@@ -256,37 +269,50 @@ class ZImage:
             self._check(latent, caption)
             if check is not None:
                 check()
-            return graphs.steps[0](latent, self.timestep(sigma), caption)
-        step.clear, step.graphs = graphs.clear, graphs.steps
+            return graphs.steps[0](latent, self.timestep(sigma), refined(caption, latent.dtype))
+        step.clear, step.graphs = lambda: (graphs.clear(), refined.clear()), graphs.steps
         return step
 
     def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
                   check: Callable[[], None] | None = None) -> torch.Tensor:
         """output() at the timestep tensor t (timestep(sigma)), inputs checked: on a GPU with every block there,
         nothing in it waits for the host or copies from it, so a CUDA graph can capture it (dit_core/step_graph.py)."""
+        return self._output_with(latent, t, self._caption_rows(caption, latent.dtype, check), check)
+
+    def _caption_rows(self, caption: torch.Tensor, dtype: torch.dtype,
+                      check: Callable[[], None] | None = None) -> torch.Tensor:
+        """The caption's rows, padded to SEQ_MULTIPLE, through the embedder and the context refiners (unmodulated:
+        the same every step)."""
+        check = check or (lambda: None)
+        a, n_cap = self.arch, caption.shape[0]
+        pad_cap = -n_cap % SEQ_MULTIPLE
+        cap = linear(rms_norm(caption.to(dtype), self.cap_norm, a.eps), self.cap_in).to(dtype)
+        cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
+        cap_seq = _caption_sequence(a, n_cap + pad_cap, caption.device, dtype)
+        identity = Modulation.identity(a.hidden, dtype=dtype, device=caption.device)
+        for block in self.context:
+            cap = block.forward(a, cap, identity, cap_seq)
+            check()
+        return cap
+
+    def _output_with(self, latent: torch.Tensor, t: torch.Tensor, cap: torch.Tensor,
+                     check: Callable[[], None] | None = None) -> torch.Tensor:
+        """output_at with the caption's rows already refined (_caption_rows)."""
         check = check or (lambda: None)
         a, dtype = self.arch, latent.dtype
         c, h, w = latent.shape
         hp, wp = h // PATCH, w // PATCH
         # Token vector order (ph, pw, c), c fastest (section 3).
         tokens = latent.reshape(c, hp, PATCH, wp, PATCH).permute(1, 3, 2, 4, 0).reshape(hp * wp, -1)
-        n_img, n_cap = tokens.shape[0], caption.shape[0]
-        pad_img, pad_cap = -n_img % SEQ_MULTIPLE, -n_cap % SEQ_MULTIPLE
-        cap_rows = n_cap + pad_cap
+        n_img = tokens.shape[0]
+        pad_img = -n_img % SEQ_MULTIPLE
 
         x = linear(tokens, self.image_in).to(dtype)
         x = torch.cat([x, self.image_pad.to(dtype).expand(pad_img, -1)])
-        cap = linear(rms_norm(caption.to(dtype), self.cap_norm, a.eps), self.cap_in).to(dtype)
-        cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
-
-        img_seq, cap_seq, joint = _sequences(a, hp, wp, pad_img, cap_rows, latent.device, dtype)
+        img_seq, joint = _sequences(a, hp, wp, pad_img, cap.shape[0], latent.device, dtype)
         temb = self.time_embedding(t, dtype)
         for block, mod in zip(self.noise, self.noise_mods):
             x = block.forward(a, x, self.modulation(mod, temb), img_seq)
-            check()
-        identity = Modulation.identity(a.hidden, dtype=dtype, device=latent.device)
-        for block in self.context:
-            cap = block.forward(a, cap, identity, cap_seq)
             check()
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).

@@ -1,13 +1,13 @@
 """dit_core/step_graph.py's bookkeeping on the CPU: which shapes hold a graph, the eager fallback when a capture
-fails, the oldest shape dropped past MAX_SHAPES, clear(). The replays themselves are GPU tests
-(tests/dit_core/test_block_gpu.py, tests/families/test_flux3_klein_sampling.py)."""
+fails, the oldest shape dropped past MAX_SHAPES, clear(), the rows kept per conditioning tensor (KeptRows). The
+replays themselves are GPU tests (tests/dit_core/test_block_gpu.py, tests/families/test_flux3_klein_sampling.py)."""
 import logging
 
 import pytest
 import torch
 
 from dit_core import step_graph
-from dit_core.step_graph import MAX_SHAPES, GraphedStep
+from dit_core.step_graph import MAX_SHAPES, GraphedStep, KeptRows
 
 
 class FakeGraph:
@@ -104,3 +104,28 @@ def test_model_graphs_follow_the_blocks_placement(monkeypatch):
     # is captured while it lasts (kept here only because the test planted a graph).
     assert usable == [(True, False), (True, True), (False, False), (False, True), (True, False), (True, True),
                       (True, False)]
+
+
+def test_kept_rows_follow_the_tensors():
+    """What a graphed step makes from its conditioning (FLUX.3's txt_in projection, Z-Image's refined caption): kept for the tensors that come back unchanged (positive and negative
+    alternating), projected again for a tensor changed in place or a new one."""
+    calls = []
+
+    def project(rows, dtype):
+        calls.append(rows)
+        return rows.to(dtype) * 2
+
+    kept = KeptRows(project)
+    pos, neg = torch.ones(3, 4), torch.zeros(5, 4)
+    first = kept(pos, torch.float32)
+    assert kept(neg, torch.float32) is not first and kept(pos, torch.float32) is first and len(calls) == 2
+    assert kept(neg, torch.float32) is kept(neg, torch.float32) and len(calls) == 2
+    pos.add_(1)  # in place: its version moves on
+    assert torch.equal(kept(pos, torch.float32), torch.full((3, 4), 4.0)) and len(calls) == 3
+    assert kept(pos, torch.float64).dtype == torch.float64 and len(calls) == 4
+    assert torch.equal(kept(torch.ones(3, 4), torch.float32), torch.full((3, 4), 2.0)) and len(calls) == 5
+    batch = torch.ones(2, 3, 4)  # a batch's rows: a new view of the same tensor each step
+    assert kept(batch[1], torch.float32) is kept(batch[1], torch.float32) and len(calls) == 6
+    assert kept(batch[0], torch.float32) is not kept(batch[1], torch.float32) and len(calls) == 7
+    batch[1].mul_(3)  # through another view: the shared version counter moves
+    assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 8

@@ -6,7 +6,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
 
-from dit_core.families.flux3_klein import Flux3Klein, _KeptProjections
+from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.sampling import SamplingCancelled, flux_noise, klein_sigmas, sample_euler, sample_klein
 from dit_core.step_cache import StepCache, relative_change
 
@@ -184,23 +184,3 @@ def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
             skipped += graph_cache.skipped
     assert skipped > 0  # the skip path (x1 + R_full, then the eager final layer) ran too
     assert all(g.graphs and None not in g.graphs.values() for g in step.graphs)  # captured, none fell back
-
-
-def test_kept_text_projections_follow_the_tensors():
-    """The graphed step's txt_in projections: kept for the tensors that come back unchanged (positive and negative
-    alternating), projected again for a tensor changed in place or a new one."""
-    calls = []
-
-    def project(rows, dtype):
-        calls.append(rows)
-        return rows.to(dtype) * 2
-
-    kept = _KeptProjections(project)
-    pos, neg = torch.ones(3, 4), torch.zeros(5, 4)
-    first = kept(pos, torch.float32)
-    assert kept(neg, torch.float32) is not first and kept(pos, torch.float32) is first and len(calls) == 2
-    assert kept(neg, torch.float32) is kept(neg, torch.float32) and len(calls) == 2
-    pos.add_(1)  # in place: its version moves on
-    assert torch.equal(kept(pos, torch.float32), torch.full((3, 4), 4.0)) and len(calls) == 3
-    assert kept(pos, torch.float64).dtype == torch.float64 and len(calls) == 4
-    assert torch.equal(kept(torch.ones(3, 4), torch.float32), torch.full((3, 4), 2.0)) and len(calls) == 5
