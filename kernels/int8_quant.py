@@ -180,36 +180,36 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
                    NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
                    ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
                    BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    # Grid (row blocks, groups): a program takes one group of BLOCK_M rows through steps 1-3, stores the bf16
-    # rotated rows and each row's absmax over the group to gmax [M, K / G] (no atomics, nothing to clear).
-    # The prologue runs once: the codes pass reads these rows back instead of recomputing them (that
-    # recomputation cost 3-6x the bandwidth floor).
-    # Many small programs keep many loads in flight: one program per row block walking all groups ran 2-3x
-    # slower on the H200.
+    # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
+    # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
+    # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
+    # clear). The codes pass reads these rows back: recomputing the prologue there cost 3-6x the bandwidth floor.
+    # Many small programs keep many loads in flight: a program per row block walking all groups ran 2-3x slower.
     Q: tl.constexpr = G // SPLIT
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    c0 = tl.program_id(1) * G
-    rmask = rows < M
-    rmap = tl.zeros([BLOCK_M], dtype=tl.int64)
-    if HAS_SCALE == 1:
-        rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-    inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    if NORM != 0:
-        mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
-        inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
     hq = tl.arange(0, Q)
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
-    y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
-                                   shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
-                                   SPLIT, DOT_DTYPE)
-    _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
-    if SPLIT == 4:
-        _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
-        _store_rotated(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2, K)
-        _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
-    top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-    tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
+    c0 = tl.program_id(1) * G
+    for block in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        rmap = tl.zeros([BLOCK_M], dtype=tl.int64)
+        if HAS_SCALE == 1:
+            rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if NORM != 0:
+            mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
+            inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
+        y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
+                                       shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                                       SPLIT, DOT_DTYPE)
+        _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
+        if SPLIT == 4:
+            _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
+        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+        tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
 
 
 @triton_jit
@@ -243,11 +243,12 @@ def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2):
+                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2, row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics
-    launch then. block_m, num_warps, num_stages: launch shape (bench_int8_linear.py sweeps them)."""
+    launch then. block_m, num_warps, num_stages, row_programs (the rotate pass's programs along the rows, each
+    walking row blocks; by default one per block): launch shape (bench_int8_linear.py sweeps them)."""
     if norm not in NORMS or act not in ACTS:
         raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}")
     if act is not None and (norm is not None or scale is not None):
@@ -273,14 +274,13 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
     if m == 0:
         return codes, scales
-    split = 4 if group == 256 else 1
-    computed = stats is None
-    if computed:
-        stats = torch.empty(2, m, dtype=torch.float32, device=x.device)  # mean, 1/sqrt(.): norms only
+    split, groups = (4 if group == 256 else 1), k // group
+    if stats is None:  # mean, 1/sqrt(.): norms only
+        stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
+        if norm is not None:
+            row_stats(x, norm, eps, out=stats)
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
-    group_max = torch.empty(m, k // group, dtype=torch.float32, device=x.device)
-    if norm is not None and computed:
-        row_stats(x, norm, eps, out=stats)
+    group_max = torch.empty(m, groups, dtype=torch.float32, device=x.device)
     args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
             row_map.to(torch.int32).contiguous() if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
@@ -292,8 +292,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
              "num_stages": num_stages, "enable_fp_fusion": False}
-    _rotate_kernel[(triton.cdiv(m, block_m), k // group)](*args, **flags)
-    groups = k // group
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, **flags)
     _codes_kernel[(triton.cdiv(m, 32), triton.cdiv(k, 256))](
         rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups),
         BLOCK_M=32, BLOCK_K=256, num_warps=4)

@@ -116,10 +116,11 @@ def test_reference_equals_host_quantizer(m, k, group):
     assert torch.equal(q, codes) and torch.equal(s, scales.reshape(-1))
 
 
+@pytest.mark.parametrize("row_programs", [None, 2], ids=["block-a-program", "two-walking"])
 @pytest.mark.parametrize("m,k,group", CASES)
-def test_plain_kernel(m, k, group, device):
+def test_plain_kernel(m, k, group, row_programs, device):
     x = rows_like_activations(m, k, seed=m * k, device=device)
-    q, s = quantize_rows(x, group, out=poisoned_outputs(m, k, device), block_m=16)
+    q, s = quantize_rows(x, group, out=poisoned_outputs(m, k, device), block_m=16, row_programs=row_programs)
     assert not s.isnan().any()
     assert_codes_match_float64(q, s, x, group, max_fraction=0)
     q_ref, s_ref = reference(x, group)
