@@ -175,9 +175,10 @@ class GpuBlock:
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
                  keys_values: Callable | None = None, keep_input: bool = True) -> torch.Tensor:
         """Block.parallel on the GPU: x + gate (Attn(h) + MLP(h)), as a new tensor when keep_input (the step cache
-        reads the first two joint blocks' inputs after them), else x updated in place (a copy of the rows fewer). One modulated-norm prologue gives h's rows for QKV and UP (quantized
-        once when both take the same INT8 rows). The gated sum is added as x += gate o, then x += gate d (each
-        in its product's epilogue when INT8): equal to gate (o + d) in exact math, o and d never stored."""
+        reads the first two joint blocks' inputs after them), else x updated in place (a copy of the rows fewer).
+        One modulated-norm prologue gives h's rows for QKV and UP (quantized once when both take the same INT8
+        rows). The gated sum is added as x += gate o, then x += gate d (each in its product's epilogue when INT8):
+        equal to gate (o + d) in exact math, o and d never stored."""
         w, row_map, x = self.w, s.map, x.clone() if keep_input else x
         mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map}
         h = self._rows(a, x, w[QKV], **mod)

@@ -1,14 +1,15 @@
 """The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8_linear.py then
 kernels/head_norm_rope.py in one launch (dit_core/block_gpu.py's QKV where it is INT8 and turns whole heads).
 
-Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's
-1024^2 shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while
-in registers. Measured on the H200 (bench_int8_linear.py): 0.421 ms against 0.438 for the two launches. Math: with the INT8 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear
-returns it, qkv = bf16(q w^T s_x s_w + bias), then head_norm_rope's math on qkv for the split-half rotary of
-r = D / 2 (FLUX.3's and Z-Image's heads: every column turned), the same one rounding to bf16 at the end, written as
-head_norm_rope writes it: q, k, v of one buffer [3, M, heads, D] (BSHD), returned as [G, heads, g, D] views.
-A tile holds whole heads of one of q, k or v (BLOCK_N a multiple of D that divides heads D), so a row's RMS over its
-head is a sum within the tile. The RMS sums run in another order than head_norm_rope's: within one bf16 step of it.
+Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's 1024^2
+shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while in
+registers. Measured on the H200 (bench_int8_linear.py): 0.421 ms against 0.438 for the two launches. Math: with the INT8
+ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear returns it, qkv = bf16(q w^T s_x s_w + bias),
+then head_norm_rope's math on qkv for the split-half rotary of r = D / 2 (FLUX.3's and Z-Image's heads: every column
+turned), the same one rounding to bf16 at the end, written as head_norm_rope writes it: q, k, v of one buffer [3, M,
+heads, D] (BSHD), returned as [G, heads, g, D] views. A tile holds whole heads of one of q, k or v (BLOCK_N a multiple
+of D that divides heads D), so a row's RMS over its head is a sum within the tile. The RMS sums run in another order
+than head_norm_rope's: within one bf16 step of it.
 """
 from __future__ import annotations
 

@@ -210,9 +210,8 @@ class Flux3Klein:
         """Every tensor on device; on a CUDA device the mode and joint blocks become GpuBlocks (INT8 ConvRot or
         BF16 linears through kernels/, GpuBlock.parallel) and the small linears (embedders, modulation, final
         layer) f32 as Z-Image's (stored bf16, each step would convert them again: 0.8 ms a step at 1024^2),
-        elsewhere the host blocks compute there. budget_bytes
-        (or budget_bytes(their total bytes), asked once the rest is there): the joint blocks' device bytes, the
-        others streaming from host memory (StreamedBlocks)."""
+        elsewhere the host blocks compute there. budget_bytes (or budget_bytes(their total bytes), asked once the
+        rest is there): the joint blocks' device bytes, the others streaming from host memory (StreamedBlocks)."""
         dev = torch.device(device)
 
         def move(obj):

@@ -107,8 +107,9 @@ def test_model_graphs_follow_the_blocks_placement(monkeypatch):
 
 
 def test_kept_rows_follow_the_tensors():
-    """What a graphed step makes from its conditioning (FLUX.3's txt_in projection, Z-Image's refined caption): kept for the tensors that come back unchanged (positive and negative
-    alternating), projected again for a tensor changed in place or a new one."""
+    """What a graphed step makes from its conditioning (FLUX.3's txt_in projection, Z-Image's refined caption): kept for
+    the tensors that come back unchanged (positive and negative alternating), projected again for a tensor changed in
+    place or a new one."""
     calls = []
 
     def project(rows, dtype):
