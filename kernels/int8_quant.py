@@ -232,27 +232,23 @@ def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GRO
     tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 
-def _f32_or(t, absent):
-    """t as contiguous f32, or `absent` for a pointer the kernel never reads (its constexpr flag off)."""
-    return absent if t is None else t.float().contiguous()
-
-
 @functools.cache
 def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
     return hadamard(size, torch.bfloat16).to(device).contiguous()
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2, row_programs=None):
+                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2, row_programs=None,
+                  chunk_rows=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics
-    launch then. block_m, num_warps, num_stages, row_programs (the rotate pass's programs along the rows, each
-    walking row blocks; by default one per block): launch shape (bench_int8_linear.py sweeps them)."""
-    if norm not in NORMS or act not in ACTS:
-        raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}")
-    if act is not None and (norm is not None or scale is not None):
-        raise ValueError("quantize_rows: an activation (act) and a modulated norm cannot be fused together")
+    launch then. Launch shape (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages; row_programs, the
+    rotate pass's programs along the rows, each walking row blocks (by default one a block); chunk_rows, both
+    passes a chunk of rows at a time through one reused scratch of rotated rows, which can then stay in L2 (by
+    default all rows at once)."""
+    if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
+        raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
     if norm_weight is not None and norm != "rms":
         raise ValueError("quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
     if x.dim() != 2 or x.stride(-1) != 1:
@@ -274,16 +270,16 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
     if m == 0:
         return codes, scales
-    split, groups = (4 if group == 256 else 1), k // group
+    split, groups, chunk = (4 if group == 256 else 1), k // group, min(m, chunk_rows or m)
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
             row_stats(x, norm, eps, out=stats)
-    rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
-    group_max = torch.empty(m, groups, dtype=torch.float32, device=x.device)
-    args = (x, x.stride(0), _f32_or(norm_weight, stats), _f32_or(scale, stats), _f32_or(shift, stats),
-            row_map.to(torch.int32).contiguous() if row_map is not None else stats,
-            _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
+    rotated = torch.empty(chunk, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
+    group_max = torch.empty(chunk, groups, dtype=torch.float32, device=x.device)
+    row_map = row_map.to(torch.int32).contiguous() if row_map is not None else None
+    # Contiguous f32, or stats standing in for a pointer the kernel never reads (its constexpr flag off).
+    vectors = [stats if t is None else t.float().contiguous() for t in (norm_weight, scale, shift)]
     flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None,  # HAS_SCALE 2: one modulation row
              "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 1,
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
@@ -292,8 +288,12 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
              "num_stages": num_stages, "enable_fp_fusion": False}
-    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, **flags)
-    _codes_kernel[(triton.cdiv(m, 32), triton.cdiv(k, 256))](
-        rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups),
-        BLOCK_M=32, BLOCK_K=256, num_warps=4)
+    for r0 in range(0, m, chunk):
+        rows, part = min(chunk, m - r0), slice(r0, r0 + chunk)
+        args = (x[part], x.stride(0), *vectors, row_map[part] if row_map is not None else stats,
+                _hadamard_bf16(group // split, x.device), stats[:, part], stats.stride(0), rotated, group_max, rows, k)
+        _rotate_kernel[(min(row_programs or rows, triton.cdiv(rows, block_m)), groups)](*args, **flags)
+        _codes_kernel[(triton.cdiv(rows, 32), triton.cdiv(k, 256))](
+            rotated, group_max, codes[part], scales[part], rows, k, GROUPS=groups,
+            GROUPS_P2=triton.next_power_of_2(groups), BLOCK_M=32, BLOCK_K=256, num_warps=4)
     return codes, scales

@@ -116,11 +116,17 @@ def test_reference_equals_host_quantizer(m, k, group):
     assert torch.equal(q, codes) and torch.equal(s, scales.reshape(-1))
 
 
-@pytest.mark.parametrize("row_programs", [None, 2], ids=["block-a-program", "two-walking"])
+# Launches: a program a row block; two programs walking the row blocks; chunks of rows through one scratch (the
+# last chunk shorter), alone and with walking programs.
+LAUNCHES = [{}, {"row_programs": 2}, {"chunk_rows": 16}, {"chunk_rows": 20, "row_programs": 1}]
+LAUNCH_IDS = ["block-a-program", "two-walking", "chunks", "chunks-walking"]
+
+
+@pytest.mark.parametrize("launch", LAUNCHES, ids=LAUNCH_IDS)
 @pytest.mark.parametrize("m,k,group", CASES)
-def test_plain_kernel(m, k, group, row_programs, device):
+def test_plain_kernel(m, k, group, launch, device):
     x = rows_like_activations(m, k, seed=m * k, device=device)
-    q, s = quantize_rows(x, group, out=poisoned_outputs(m, k, device), block_m=16, row_programs=row_programs)
+    q, s = quantize_rows(x, group, out=poisoned_outputs(m, k, device), block_m=16, **launch)
     assert not s.isnan().any()
     assert_codes_match_float64(q, s, x, group, max_fraction=0)
     q_ref, s_ref = reference(x, group)
@@ -130,9 +136,10 @@ def test_plain_kernel(m, k, group, row_programs, device):
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 128, 64), (5, 512, 256)])
 @pytest.mark.parametrize("mod_rows", [3, 1])
-def test_fused_kernel(m, k, group, case, mod_rows, device):
+@pytest.mark.parametrize("launch", LAUNCHES[::2], ids=LAUNCH_IDS[::2])
+def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=mod_rows)
-    q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16)
+    q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16, **launch)
     q_ref, s_ref = reference(x, group, **kw)
     assert not s.isnan().any()
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
@@ -150,6 +157,8 @@ def test_given_row_statistics(m, k, group, device):
     q_ref, s_ref = reference(x, group, **kw, stats=stats)
     assert not s.isnan().any()
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
+    chunked = quantize_rows(x, group, **kw, stats=stats, block_m=16, chunk_rows=16)  # slices of the slice
+    assert torch.equal(chunked[0], q) and torch.equal(chunked[1], s)
     # The row statistics as the statistics launch computes them give the codes it gives.
     own = torch.stack([torch.zeros(m), 1 / torch.sqrt(x.cpu().pow(2).mean(-1) + kw["eps"])]).to(device)
     q_own, s_own = quantize_rows(x, group, **kw, stats=own, block_m=16)
