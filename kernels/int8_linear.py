@@ -17,6 +17,7 @@ import functools
 
 import torch
 
+from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16
 
 try:
@@ -169,44 +170,6 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
                   R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
 
 
-def _config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False,
-            subtile=False):
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
-                          "TMA": tma, "PERSISTENT": persistent, "SUBTILE": subtile},
-                         num_warps=num_warps, num_stages=num_stages)
-
-
-def candidate_tiles(gated: bool) -> list:
-    """The tiles worth trying on this GPU: pointer loads sized for 100 KB (Ada), 164 KB (Ampere) and 228 KB (Hopper)
-    of shared memory (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands, 3-4 stages), plus TMA tiles, one
-    program a tile or persistent, where there is TMA (Hopper and later). The H200 sweep kept those that won or came
-    close on a Z-Image shape (docs/benchmarks.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
-    epilogue, and not persistent."""
-    configs = [_config(128, 256, 128, 8, 3), _config(128, 128, 128, 8, 4), _config(64, 128, 128, 4, 4),
-               _config(128, 256, 64, 8, 3), _config(128, 128, 64, 4, 3)]
-    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
-        configs += [_config(128, 128, 128, 8, 4, tma=True), _config(128, 128, 128, 8, 4, tma=True, persistent=True)]
-        configs += [_config(128, 256, 128, 8, 4, tma=True, subtile=True)] if gated else [
-            _config(128, 256, 128, 8, 4, tma=True), _config(128, 256, 128, 8, 4, tma=True, persistent=True),
-            _config(256, 128, 128, 8, 4, tma=True, persistent=True)]
-    return configs
-
-
-# Hopper (sm_90): the sweep's winners, one a form, so nothing is timed on a shape's first run and one compiled
-# kernel serves every shape. Within 2% of the best candidate on each of Z-Image's four shapes (w2 bf16-out: 0.332
-# against 0.326 ms), the best on the other seven.
-HOPPER_TILES = {False: _config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                True: _config(128, 256, 128, 8, 4, tma=True, subtile=True)}
-
-
-def fixed_tiles(gated: bool, device: torch.device, k: int) -> dict | None:
-    """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0) or k % 16:
-        return None
-    config = HOPPER_TILES[gated]
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-
-
 @functools.cache
 def _autotuned(gated: bool):
     """The kernel autotuned over candidate_tiles, keyed on (N, K) and M's bucket (M_TUNE: a new image size within
@@ -215,42 +178,8 @@ def _autotuned(gated: bool):
     # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again.
     return triton.autotune(candidate_tiles(gated), key=["M_TUNE", "N", "K"],
                            restore_value=["out_ptr"] if gated else None,
-                           prune_configs_by={"early_config_prune": _tma_where_it_can}, cache_results=True)(
+                           prune_configs_by={"early_config_prune": tma_where_it_can}, cache_results=True)(
         _int8_linear_kernel)
-
-
-def tune_bucket(m: int) -> int:
-    """M's autotune bucket: the next power of two (at least 64); tiles that win at 4608 rows win near it."""
-    return max(64, 1 << (m - 1).bit_length())
-
-
-def _tma_where_it_can(configs, named_args, **kwargs):
-    """TMA descriptors need 16-byte row strides: K % 16 (ConvRot's groups are 16 to 256 wide, so always)."""
-    return [c for c in configs if not c.kwargs["TMA"] or named_args["K"] % 16 == 0]
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-@functools.cache
-def _descriptor_scratch() -> None:
-    """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
-    descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-
-
-def launch_grid(m: int, n: int, device: torch.device):
-    """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT), with the TMA
-    descriptors' scratch allocator in place (kernels/qkv_rope_linear.py launches the same way)."""
-    _descriptor_scratch()
-    sms = _sm_count(device)
-
-    def grid(meta):
-        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
-    return grid
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):

@@ -18,7 +18,8 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear
-from .int8_linear import _config, _products, _tile_of
+from .int8_linear import _products, _tile_of
+from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16
 
 try:
@@ -105,10 +106,10 @@ def _autotuned():
     """int8_linear's tiles, those of whole heads (and TMA where K allows it)."""
     def whole_heads(configs, named_args, **kwargs):
         d, hd = kwargs["D"], named_args["HD"]
-        kept = [c for c in int8_linear._tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)
+        kept = [c for c in tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)
                 and not c.kwargs["SUBTILE"]]
-        return kept or [_config(64, d, 64, 4, 3)]
-    return triton.autotune(int8_linear.candidate_tiles(False), key=["M_TUNE", "N", "K", "HD"],
+        return kept or [config(64, d, 64, 4, 3)]
+    return triton.autotune(candidate_tiles(False), key=["M_TUNE", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
 
 
@@ -131,15 +132,15 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    fixed = int8_linear.fixed_tiles(False, q.device, k)
+    fixed = fixed_tiles(False, q.device, k)
     tiles = tiles or (fixed if fixed and _fits(fixed["BLOCK_N"], heads, head) else None)
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
-            k, heads * head, eps, int8_linear.tune_bucket(m))
+            k, heads * head, eps, tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
-    grid = int8_linear.launch_grid(m, n, q.device)
+    grid = launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
     else:

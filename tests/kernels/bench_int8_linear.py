@@ -22,7 +22,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
-from kernels.int8_linear import _autotuned, candidate_tiles, fixed_tiles, int8_linear, int8_linear_gated
+from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
+from kernels.int8_tiles import candidate_tiles, fixed_tiles
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference

@@ -1,0 +1,89 @@
+"""The INT8 GEMM's tiles (kernels/int8_linear.py, kernels/qkv_rope_linear.py): the candidates an autotuner tries, the
+ones fixed on Hopper from the H200 sweep, M's autotune bucket, and the launch grid.
+
+Issue 4. A tile is a triton.Config of BLOCK_M x BLOCK_N x BLOCK_K with GROUP_M (row tiles that walk the column tiles
+together), num_warps and num_stages, and three ways to run: TMA (Hopper's tensor memory accelerator loads the tiles),
+PERSISTENT (one program an SM walks the tiles), SUBTILE (the epilogue takes the tile's two column halves in turn).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:
+    import triton
+except ImportError:  # torch without Triton: the references still import
+    triton = None
+
+
+def config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False,
+            subtile=False):
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
+                          "TMA": tma, "PERSISTENT": persistent, "SUBTILE": subtile},
+                         num_warps=num_warps, num_stages=num_stages)
+
+
+def candidate_tiles(gated: bool) -> list:
+    """The tiles worth trying on this GPU: pointer loads sized for 100 KB (Ada), 164 KB (Ampere) and 228 KB (Hopper)
+    of shared memory (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands, 3-4 stages), plus TMA tiles, one
+    program a tile or persistent, where there is TMA (Hopper and later). The H200 sweep kept those that won or came
+    close on a Z-Image shape (docs/benchmarks.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
+    epilogue, and not persistent."""
+    configs = [config(128, 256, 128, 8, 3), config(128, 128, 128, 8, 4), config(64, 128, 128, 4, 4),
+               config(128, 256, 64, 8, 3), config(128, 128, 64, 4, 3)]
+    if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
+        configs += [config(128, 128, 128, 8, 4, tma=True), config(128, 128, 128, 8, 4, tma=True, persistent=True)]
+        configs += [config(128, 256, 128, 8, 4, tma=True, subtile=True)] if gated else [
+            config(128, 256, 128, 8, 4, tma=True), config(128, 256, 128, 8, 4, tma=True, persistent=True),
+            config(256, 128, 128, 8, 4, tma=True, persistent=True)]
+    return configs
+
+
+# Hopper (sm_90): the sweep's winners, one a form, so nothing is timed on a shape's first run and one compiled
+# kernel serves every shape. Within 2% of the best candidate on each of Z-Image's four shapes (w2 bf16-out: 0.332
+# against 0.326 ms), the best on the other seven.
+HOPPER_TILES = {False: config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                True: config(128, 256, 128, 8, 4, tma=True, subtile=True)} if triton is not None else {}
+
+
+def fixed_tiles(gated: bool, device: torch.device, k: int) -> dict | None:
+    """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0) or k % 16:
+        return None
+    config = HOPPER_TILES[gated]
+    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+
+
+def tune_bucket(m: int) -> int:
+    """M's autotune bucket: the next power of two (at least 64); tiles that win at 4608 rows win near it."""
+    return max(64, 1 << (m - 1).bit_length())
+
+
+def tma_where_it_can(configs, named_args, **kwargs):
+    """TMA descriptors need 16-byte row strides: K % 16 (ConvRot's groups are 16 to 256 wide, so always)."""
+    return [c for c in configs if not c.kwargs["TMA"] or named_args["K"] % 16 == 0]
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+@functools.cache
+def _descriptor_scratch() -> None:
+    """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
+    descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def launch_grid(m: int, n: int, device: torch.device):
+    """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT), with the TMA
+    descriptors' scratch allocator in place (kernels/qkv_rope_linear.py launches the same way)."""
+    _descriptor_scratch()
+    sms = _sm_count(device)
+
+    def grid(meta):
+        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+    return grid
