@@ -137,6 +137,15 @@ class GpuBlock:
             h = x
         return None, None, h.to(torch.bfloat16)
 
+    def _hidden(self, a: Arch, h, up: GpuLinear, down: GpuLinear):
+        """The MLP's hidden rows from UP's input rows h, as the down projection takes them (_rows' triple). INT8 UP:
+        SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored), then the plain quantizer; else
+        the product, then SwiGLU (in the quantizer's prologue when DOWN is INT8)."""
+        q, sc, xb = h
+        if up.int8:
+            return self._rows(a, run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True), down)
+        return self._rows(a, _product(q, sc, xb, up), down, act="swiglu")
+
     @staticmethod
     def _epilogue_gated(lin: GpuLinear, post) -> bool:
         """Whether _branch_into gates in the product's epilogue (else in the gated-residual kernel)."""
@@ -165,11 +174,9 @@ class GpuBlock:
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
-            q, sc, xb = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,
-                                   row_map=maps, stats=None if stats is None else stats[:, r0:r1])
-            u = _product(q, sc, xb, w[UP])
-            self._branch_into(a, xs, self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], w[POST_MLP],
-                              m.mlp_gate, maps)
+            h = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift, row_map=maps,
+                           stats=None if stats is None else stats[:, r0:r1])
+            self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps)
         return x
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
@@ -187,7 +194,6 @@ class GpuBlock:
         o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s), keys_values)
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], None, m.attn_gate, row_map)
         for r0, r1 in _chunks(x.shape[0]):
-            u = _product(*_chunk(h_up, r0, r1), w[UP])
-            self._branch_into(a, x[r0:r1], self._rows(a, u, w[DOWN], act="swiglu"), w[DOWN], None, m.attn_gate,
-                              row_map[r0:r1])
+            self._branch_into(a, x[r0:r1], self._hidden(a, _chunk(h_up, r0, r1), w[UP], w[DOWN]), w[DOWN], None,
+                              m.attn_gate, row_map[r0:r1])
         return x

@@ -6,14 +6,18 @@ kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, 
   y[m, n]   = float(acc) * (s_x[m] * s_w[n]) + bias[n]    f32, each operation rounded (no fused multiply-add)
             (+ lora[m, n] = (lora_down [M, r] @ lora_up [N, r]^T)[m, n]: bf16 operands, f32 sums)
   int8_linear:       out[m, n] = bf16(y[m, n])                                        (one rounding)
+    swiglu=True:     out[m, j] = bf16(silu(g) u), g = bf16(y[m, 2j]), u = bf16(y[m, 2j + 1]), silu(a) = a / (1 +
+                     exp(-a)) (N / 2 columns: the MLP's interleaved gate and up rows, as int8_quant's swiglu)
   int8_linear_gated: residual[m, n] = residual[m, n] + gate[row_map[m], n] * y[m, n]  (f32, in place)
 The scale product first, then the bias in f32, is dit_core.linear (int8_product, then + bias), our host
 reference; kitchen's CUTLASS epilogue (acc * s_x * s_w + bias) differs from it by an f32 ulp before the bf16
-rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored.
+rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored. The SwiGLU form
+writes half the bytes, and the down projection's quantizer then reads them as plain rows.
 """
 from __future__ import annotations
 
 import functools
+import logging
 
 import torch
 
@@ -29,9 +33,10 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
-              row_map=None, out=None):
+              row_map=None, out=None, swiglu=False):
     """The math above in plain torch (exact integer products in float64). With residual: the gated form
-    (updates residual in place and returns it); otherwise bf16 [M, N] (into out when given)."""
+    (updates residual in place and returns it); otherwise bf16 [M, N] or, with swiglu, [M, N / 2] (into out when
+    given)."""
     acc = (q.double() @ w.double().t()).float()
     y = acc * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
     if bias is not None:
@@ -40,6 +45,9 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
         y = y + lora_down.float() @ lora_up.float().t()
     if residual is not None:
         return residual.add_(gate.float()[row_map.long()] * y)
+    if swiglu:
+        g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
+        y = g / (1 + torch.exp(-g)) * u
     return y.to(torch.bfloat16) if out is None else out.copy_(y)
 
 
@@ -87,7 +95,7 @@ def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.const
 
 @triton_jit
 def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
-              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
               LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -107,7 +115,7 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
         y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
     mask = mmask[:, None] & nmask[None, :]
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
-    if GATED:
+    if FORM == 1:  # gated residual
         if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
             g = tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :]
         else:
@@ -115,13 +123,19 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
             g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         tl.store(out_ptr + offs, r + g * y, mask=mask)
+    elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
+        gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
+        rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        act = round_to_bf16(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)) * up)
+        tl.store(out_ptr + rm[:, None].to(tl.int64) * (N // 2) + rh[None, :], act.to(tl.bfloat16),
+                 mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:
         tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
 
 
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                        M, N, K, R, M_TUNE, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+                        M, N, K, R, M_TUNE, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
                         ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                         GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
@@ -140,18 +154,18 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW,
+              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW,
               EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
     else:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, EVEN_K,
+                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, EVEN_K,
                   LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
 
 
 @triton_jit
 def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, a_desc,
-          b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, GATED: tl.constexpr,
+          b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
           ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
           BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
           TMA: tl.constexpr, SUBTILE: tl.constexpr):
@@ -161,28 +175,34 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
     if SUBTILE:
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
         _epilogue(left, pid_m, 2 * pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M,
-                  N, R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
+                  N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
         _epilogue(right, pid_m, 2 * pid_n + 1, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-                  map_ptr, M, N, R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
+                  map_ptr, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
                   BLOCK_R)
     else:
         _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N,
-                  R, HAS_BIAS, HAS_LORA, GATED, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+                  R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+
+
+# The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.
+BF16, GATED, SWIGLU = 0, 1, 2
+_UNFIT: set[int] = set()  # forms whose fixed tiles ran out of shared memory here: autotuned instead
+log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _autotuned(gated: bool):
+def _autotuned(form: int):
     """The kernel autotuned over candidate_tiles, keyed on (N, K) and M's bucket (M_TUNE: a new image size within
     the bucket tunes nothing again); the gated form restores the residual between trials. Where the tiles are not
     fixed (GPUs other than Hopper)."""
     # cache_results: the timings persist in Triton's cache, so a ComfyUI restart does not tune again.
-    return triton.autotune(candidate_tiles(gated), key=["M_TUNE", "N", "K"],
-                           restore_value=["out_ptr"] if gated else None,
+    return triton.autotune(candidate_tiles(form == GATED), key=["M_TUNE", "N", "K"],
+                           restore_value=["out_ptr"] if form == GATED else None,
                            prune_configs_by={"early_config_prune": tma_where_it_can}, cache_results=True)(
         _int8_linear_kernel)
 
 
-def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles):
+def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
     and optionally TMA, PERSISTENT, SUBTILE (off when left out)} (tests, tuning)."""
     m, k = q.shape
@@ -200,7 +220,8 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
     if m == 0:
         return
     rank = lora_down.shape[1] if lora_down is not None else 0
-    tiles = tiles or fixed_tiles(gate is not None, q.device, k)
+    fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
+    tiles = tiles or fixed or None
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag is off)
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(),
             s_w.float().contiguous().reshape(-1), bias.contiguous() if bias is not None else absent,
@@ -209,7 +230,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
             gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank,
             tune_bucket(m))
-    flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "GATED": gate is not None,
+    flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "FORM": form,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
@@ -217,19 +238,31 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles)
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
     grid = launch_grid(m, n, q.device)
     if tiles is None:
-        _autotuned(gate is not None)[grid](*args, **flags, enable_fp_fusion=False)
-    else:
-        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles}
-        _int8_linear_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+        _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
+        return
+    try:
+        _int8_linear_kernel[grid](*args, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles},
+                                  enable_fp_fusion=False)
+    except triton.runtime.errors.OutOfResources:
+        if not fixed:
+            raise
+        # A fixed tile that does not fit (a driver or Triton that needs more shared memory than the H200 sweep's):
+        # nothing ran, so this form autotunes from now on.
+        log.warning("int8_linear: the fixed %s tile does not fit this GPU's shared memory; autotuning", tiles)
+        _UNFIT.add(form)
+        _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
 
 
-def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None):
-    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring."""
-    if out is None:
-        out = torch.empty(q.shape[0], w.shape[0], dtype=torch.bfloat16, device=q.device)
-    if out.shape != (q.shape[0], w.shape[0]) or out.dtype != torch.bfloat16 or not out.is_contiguous():
-        raise ValueError(f"int8_linear: out must be contiguous bf16 [{q.shape[0]}, {w.shape[0]}]")
-    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles)
+def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False):
+    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring; with swiglu,
+    SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]."""
+    m, n = q.shape[0], w.shape[0] // 2 if swiglu else w.shape[0]
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"int8_linear: swiglu takes interleaved gate and up rows, an even count, got {w.shape[0]}")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
+    if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"int8_linear: out must be contiguous bf16 [{m}, {n}]")
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles, SWIGLU if swiglu else BF16)
     return out
 
 
@@ -241,5 +274,5 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
         raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
     if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,):
         raise ValueError(f"int8_linear_gated: gate must be [R, {n}] and row_map [{m}]")
-    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles)
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED)
     return residual

@@ -40,19 +40,21 @@ def candidate_tiles(gated: bool) -> list:
     return configs
 
 
-# Hopper (sm_90): the sweep's winners, one a form, so nothing is timed on a shape's first run and one compiled
-# kernel serves every shape. Within 2% of the best candidate on each of Z-Image's four shapes (w2 bf16-out: 0.332
-# against 0.326 ms), the best on the other seven.
-HOPPER_TILES = {False: config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                True: config(128, 256, 128, 8, 4, tma=True, subtile=True)} if triton is not None else {}
+# Hopper (sm_90), by output form (int8_linear's BF16, GATED, SWIGLU): the sweep's winners, so nothing is timed on
+# a shape's first run and one compiled kernel serves every shape. bf16 and gated: within 2% of the best candidate on
+# each of Z-Image's four shapes (w2 bf16-out: 0.332 against 0.326 ms), the best on the other seven. SwiGLU (not yet
+# swept): the gated tile, whose heavier epilogue fits in shared memory.
+HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                1: config(128, 256, 128, 8, 4, tma=True, subtile=True),
+                2: config(128, 256, 128, 8, 4, tma=True, subtile=True)} if triton is not None else {}
 
 
-def fixed_tiles(gated: bool, device: torch.device, k: int) -> dict | None:
+def fixed_tiles(form: int, device: torch.device, k: int) -> dict | None:
     """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
     if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0) or k % 16:
         return None
-    config = HOPPER_TILES[gated]
-    return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    tile = HOPPER_TILES[form]
+    return {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
 
 
 def tune_bucket(m: int) -> int:

@@ -109,7 +109,7 @@ def _autotuned():
         kept = [c for c in tma_where_it_can(configs, named_args) if _fits(c.kwargs["BLOCK_N"], hd // d, d)
                 and not c.kwargs["SUBTILE"]]
         return kept or [config(64, d, 64, 4, 3)]
-    return triton.autotune(candidate_tiles(False), key=["M_TUNE", "N", "K", "HD"],
+    return triton.autotune(candidate_tiles(gated=False), key=["M_TUNE", "N", "K", "HD"],
                            prune_configs_by={"early_config_prune": whole_heads}, cache_results=True)(_qkv_rope_kernel)
 
 
@@ -132,7 +132,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    fixed = fixed_tiles(False, q.device, k)
+    fixed = fixed_tiles(0, q.device, k)  # int8_linear's BF16 form
     tiles = tiles or (fixed if fixed and _fits(fixed["BLOCK_N"], heads, head) else None)
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
-from kernels.int8_linear import _autotuned, int8_linear, int8_linear_gated
+from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, fixed_tiles
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
@@ -192,6 +192,22 @@ def bench_qkv_rope(runs):
             f"{time_or_note(one, runs, True)} |"]
 
 
+def bench_swiglu(runs):
+    """Z-Image's w1+w3 product and the down projection's quantizer: the product written whole and activated in the
+    quantizer's prologue, against SwiGLU in the product's epilogue and the plain quantizer; and how many codes
+    differ between the two (Triton's exp is the same in both: none should)."""
+    g = torch.Generator().manual_seed(6)
+    k, n = 3840, 20480
+    q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+    s_x, s_w = torch.full((M,), 2e-3, device="cuda"), torch.full((n,), 2e-3, device="cuda")
+    apart = lambda: quantize_rows(int8_linear(q, s_x, w, s_w), GROUP, act="swiglu")  # noqa: E731
+    fused = lambda: quantize_rows(int8_linear(q, s_x, w, s_w, swiglu=True), GROUP)  # noqa: E731
+    differ = (apart()[0] != fused()[0]).sum().item()
+    return [f"| w1+w3 3840x20480 + SwiGLU + quantize | {time_or_note(apart, runs, True)} | "
+            f"{time_or_note(fused, runs, True)} | {differ} |"]
+
+
 def bench_quantizers(runs):
     """The quantizer's launch shapes, plain and with the fused prologues the block uses."""
     g = torch.Generator().manual_seed(0)
@@ -283,14 +299,18 @@ def main():
         all_checks.append(f"- {name}: " + "; ".join(checks))
     print("\nRelative Frobenius error against f32 x W_bf16^T + b (INT8 ConvRot expects about 1e-2):")
     print("\n".join(all_checks + [f"- {note}" for note in notes]))
-    print("\nTiles: " + "; ".join(f"{form} {fixed_tiles(gated, torch.device('cuda'), 3840)}" for form, gated in
-                                  (("bf16 out", False), ("gated", True))) + " (None: autotuned, chosen as below)")
-    for gated in (False, True):
-        for key, config in _autotuned(gated).cache.items():
-            print(f"- {'gated' if gated else 'bf16 out'} {key}: {config}")
+    forms = {"bf16 out": BF16, "gated": GATED, "swiglu": SWIGLU}
+    print("\nTiles: " + "; ".join(f"{name} {fixed_tiles(form, torch.device('cuda'), 3840)}" for name, form in
+                                  forms.items()) + " (None: autotuned, chosen as below)")
+    for name, form in forms.items():
+        for key, config in _autotuned(form).cache.items():
+            print(f"- {name} {key}: {config}")
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
     print("| work | int8_linear + head_norm_rope | qkv_rope_linear (fused) |\n|---|---|---|")
     print("\n".join(bench_qkv_rope(args.runs)))
+    print("\nThe MLP's SwiGLU, ms in a CUDA graph:\n")
+    print("| work | in the quantizer's prologue | in the product's epilogue | codes that differ |\n|---|---|---|---|")
+    print("\n".join(bench_swiglu(args.runs)))
     print_quantizer_tables(args.runs)
 
 

@@ -8,7 +8,7 @@ from conftest import assert_within_one_bf16_step
 from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import int8_linear, int8_linear_gated, reference
-from kernels.int8_quant import quantize_rows
+from kernels.int8_quant import quantize_rows, rotation_input
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
@@ -67,6 +67,23 @@ def test_gated_residual_epilogue(m, n, k, loads, gate_rows, device):
     assert torch.equal(gated["residual"], expected)
 
 
+@pytest.mark.parametrize("m,n,k", CASES)
+@pytest.mark.parametrize("loads", LOADS, ids=LOAD_IDS)
+def test_swiglu_epilogue(m, n, k, loads, device):
+    """SiLU(gate) up of the interleaved column pairs: the bf16 product then int8_quant's SwiGLU step (the path it
+    replaces: the product written whole, the down projection's quantizer activating it), bit for bit here (on a GPU
+    Triton's exp and torch's may differ by an ulp: within one bf16 step there)."""
+    ops, _, _ = operands(m, 2 * n, k, seed=m + n * k, device=device)
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    assert int8_linear(**ops, out=out, swiglu=True, tiles={**SMALL_TILES, **loads}) is out
+    expected = reference(**ops, swiglu=True)
+    assert torch.equal(expected, rotation_input(reference(**ops), act="swiglu"))
+    if device.type == "cpu":
+        assert torch.equal(out, expected)
+    else:
+        assert_within_one_bf16_step(out, expected)
+
+
 @pytest.mark.parametrize("m,n,k", CASES[1:])
 def test_lora_in_the_epilogue(m, n, k, device):
     ops, lora, gated = operands(m, n, k, seed=k, device=device, rank=5)
@@ -100,6 +117,8 @@ def test_bad_arguments_raise():
     with pytest.raises(ValueError):
         int8_linear(ops["q"], ops["s_x"], ops["w"], ops["s_w"],
                     lora_down=torch.zeros(4, 2, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="even"):
+        int8_linear(ops["q"], ops["s_x"], ops["w"][:31], ops["s_w"][:31], swiglu=True)
 
 
 @pytest.mark.gpu
@@ -113,3 +132,4 @@ def test_zimage_shapes(k, n):
     expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
     assert torch.equal(int8_linear_gated(**ops, **gated), expected)
     assert_within_one_bf16_step(int8_linear(**ops, **lora), reference(**ops, **lora))
+    assert_within_one_bf16_step(int8_linear(**ops, swiglu=True), reference(**ops, swiglu=True))
