@@ -97,6 +97,9 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
     tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
 
 
+_UNFIT: list = []  # int8_linear's fixed tile, once it ran out of shared memory with this epilogue
+
+
 def _fits(block_n: int, heads: int, head: int) -> bool:
     return block_n % head == 0 and (heads * head) % block_n == 0
 
@@ -133,7 +136,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     if m == 0:
         return views
     fixed = fixed_tiles(0, q.device, k)  # int8_linear's BF16 form
-    tiles = tiles or (fixed if fixed and _fits(fixed["BLOCK_N"], heads, head) else None)
+    fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None
+    tiles = tiles or fixed
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
@@ -148,5 +152,11 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
                              f"divide {heads} x {head}")
         tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles}
-        _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+        try:
+            _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+        except triton.runtime.errors.OutOfResources:
+            if not fixed:
+                raise
+            _UNFIT.append(tiles)  # nothing ran: autotune (over tiles that fit) from now on
+            _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
     return views
