@@ -32,13 +32,21 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
+def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """q wᵀ exactly (|sums| <= K 2^14 < 2^31): torch's INT8 matrix product (cuBLASLt's, int32) on a GPU where its
+    shapes allow (more than 16 rows, K and N multiples of 8), else in float64. Where Triton is missing (ComfyUI's
+    portable builds) the reference below is what runs: float64 products would take minutes a step there."""
+    if q.is_cuda and q.shape[0] > 16 and q.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
+        return torch._int_mm(q.contiguous(), w.contiguous().t())
+    return q.double() @ w.double().t()
+
+
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
               row_map=None, out=None, swiglu=False):
-    """The math above in plain torch (exact integer products in float64). With residual: the gated form
+    """The math above in plain torch (exact integer products: exact_products). With residual: the gated form
     (updates residual in place and returns it); otherwise bf16 [M, N] or, with swiglu, [M, N / 2] (into out when
     given)."""
-    acc = (q.double() @ w.double().t()).float()
-    y = acc * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
+    y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
     if bias is not None:
         y = y + bias.float()
     if lora_down is not None:

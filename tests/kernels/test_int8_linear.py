@@ -7,7 +7,7 @@ from conftest import assert_within_one_bf16_step
 
 from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
-from kernels.int8_linear import int8_linear, int8_linear_gated, reference
+from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
@@ -133,3 +133,11 @@ def test_zimage_shapes(k, n):
     assert torch.equal(int8_linear_gated(**ops, **gated), expected)
     assert_within_one_bf16_step(int8_linear(**ops, **lora), reference(**ops, **lora))
     assert_within_one_bf16_step(int8_linear(**ops, swiglu=True), reference(**ops, swiglu=True))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_reference_products_on_the_gpu_are_exact():
+    """Without Triton the reference runs on the GPU: its INT8 products (torch._int_mm) equal float64's."""
+    ops, _, _ = operands(4608, 3840, 10240, seed=3, device="cuda")
+    assert torch.equal(exact_products(ops["q"], ops["w"]).double(), ops["q"].double() @ ops["w"].double().t())
