@@ -1,4 +1,4 @@
-"""INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing epilogue or a gated residual update.
+"""INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing, SwiGLU or gated-residual epilogue.
 
 Issue 4; reference/int8_convrot_format.md section 6. Codes q [M, K] int8 with row scales s_x [M] f32 (from
 kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N] (any float dtype):
@@ -37,7 +37,10 @@ def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     shapes allow (more than 16 rows, K and N multiples of 8), else in float64. Where Triton is missing (ComfyUI's
     portable builds) the reference below is what runs: float64 products would take minutes a step there."""
     if q.is_cuda and q.shape[0] > 16 and q.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
-        return torch._int_mm(q.contiguous(), w.contiguous().t())
+        try:
+            return torch._int_mm(q.contiguous(), w.contiguous().t())
+        except RuntimeError:  # a layout or build whose cuBLASLt does not take it: the float64 products below
+            pass
     return q.double() @ w.double().t()
 
 
