@@ -49,9 +49,14 @@ HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 2: config(128, 256, 128, 8, 4, tma=True, subtile=True)} if triton is not None else {}
 
 
+@functools.cache
+def _is_hopper(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+
+
 def fixed_tiles(form: int, device: torch.device, k: int) -> dict | None:
     """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) != (9, 0) or k % 16:
+    if not _is_hopper(device) or k % 16:
         return None
     tile = HOPPER_TILES[form]
     return {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
