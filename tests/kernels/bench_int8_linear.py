@@ -25,6 +25,7 @@ from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, fixed_tiles
 from kernels.int8_quant import hadamard, quantize_rows
+from kernels.int8_quant_one_pass import quantize_rows_one_pass
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 
@@ -261,6 +262,34 @@ def bench_row_stats(runs):
             "|---|---|" + "---|" * len(launches)] + rows
 
 
+def bench_one_pass(runs):
+    """The one-pass quantizer (whole rows in registers, statistics in the kernel) against the two-pass one with its
+    statistics launch, on the rows the blocks quantize at K 3072 (FLUX.3) and 3840 (Z-Image); and the fraction of
+    codes that differ between them (sums in another order: a few)."""
+    rows = []
+    for k in (3072, 3840):
+        g = torch.Generator().manual_seed(k)
+        plain = torch.randn(M, k, generator=g).to("cuda", torch.bfloat16)
+        residual = torch.randn(M, k, generator=g).cuda()
+        one_row = {"scale": 0.1 * torch.randn(1, k, device="cuda"), "shift": 0.1 * torch.randn(1, k, device="cuda"),
+                   "row_map": torch.zeros(M, dtype=torch.int32, device="cuda"), "eps": 1e-6}
+        variants = {"plain bf16": (plain, {}), "rms + gain + modulation, f32": (residual, {
+                        **one_row, "norm": "rms", "norm_weight": torch.ones(k, device="cuda")}),
+                    "layer norm + modulation, f32": (residual, {**one_row, "norm": "layer"})}
+        for label, (x, kw) in variants.items():
+            two = time_or_note(lambda x=x, kw=kw: quantize_rows(x, GROUP, **kw), runs, True)
+            ones = [time_or_note(lambda x=x, kw=kw, bm=bm: quantize_rows_one_pass(x, GROUP, **kw, block_m=bm), runs,
+                                 True) for bm in (1, 2, 4)]
+            try:
+                codes = quantize_rows(x, GROUP, **kw)[0], quantize_rows_one_pass(x, GROUP, **kw)[0]
+                differ = f"{(codes[0] != codes[1]).float().mean().item():.1e}"
+            except Exception as e:  # noqa: BLE001 - reported, as time_or_note does
+                differ = f"n/a ({type(e).__name__})"
+            rows.append(f"| {k} | {label} | {two} | " + " | ".join(ones) + f" | {differ} |")
+    return ["| K | rows | two passes | one pass, 1 row a program | 2 rows | 4 rows | codes that differ |",
+            "|---|---|---|---|---|---|---|"] + rows
+
+
 def print_quantizer_tables(runs):
     print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages[/row programs of the"
           " rotate pass][/c chunk rows]):\n")
@@ -271,6 +300,8 @@ def print_quantizer_tables(runs):
     print("\n".join(bench_quantizers(runs)))
     print(f"\nRow statistics of f32 rows [{M}, K], ms in a CUDA graph (max relative difference to the reference):\n")
     print("\n".join(bench_row_stats(runs)))
+    print("\nOne-pass quantizer (kernels/int8_quant_one_pass.py), ms in a CUDA graph:\n")
+    print("\n".join(bench_one_pass(runs)))
 
 
 def main():

@@ -1,0 +1,57 @@
+"""kernels/int8_quant_one_pass.py (whole rows in registers) against int8_quant's reference and its two-pass kernel:
+plain rows exactly as the float64 rotation allows (assert_codes_match_float64), the fused norms within
+int8_quant's bound; odd row counts, K below the padded width, one group, every group size; given statistics."""
+import pytest
+import torch
+from test_int8_quant import (
+    CASES,
+    assert_codes_match_float64,
+    assert_fused_close,
+    fused_inputs,
+    poisoned_outputs,
+    rows_like_activations,
+)
+
+from kernels.int8_quant import quantize_rows, reference
+from kernels.int8_quant_one_pass import MAX_WIDTH, fits, quantize_rows_one_pass
+
+NORMED = [{"norm": "rms", "weight": True, "shift": True}, {"norm": "rms", "weight": False, "shift": False},
+          {"norm": "layer", "weight": False, "shift": True}]
+
+
+@pytest.mark.parametrize("m,k,group", CASES + [(9, 768, 256)])
+@pytest.mark.parametrize("block_m", [1, 4])
+def test_plain_rows(m, k, group, block_m, device):
+    x = rows_like_activations(m, k, seed=m * k + 1, device=device)
+    q, s = quantize_rows_one_pass(x, group, out=poisoned_outputs(m, k, device), block_m=block_m)
+    assert not s.isnan().any()
+    assert_codes_match_float64(q, s, x, group, max_fraction=0)
+    two_pass = quantize_rows(x, group, block_m=16)
+    assert torch.equal(q, two_pass[0]) and torch.equal(s, two_pass[1])  # same sums, same order: equal
+
+
+@pytest.mark.parametrize("case", NORMED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 128, 64), (5, 512, 256), (6, 320, 64)])
+@pytest.mark.parametrize("mod_rows", [3, 1])
+def test_normed_rows(m, k, group, case, mod_rows, device):
+    x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=mod_rows)
+    q, s = quantize_rows_one_pass(x, group, **kw, out=poisoned_outputs(m, k, device))
+    assert not s.isnan().any()
+    assert_fused_close(q, s, *reference(x, group, **kw), max_fraction=0.01)
+
+
+def test_given_statistics_are_used(device):
+    m, k = 11, 256
+    x, kw = fused_inputs(m, k, NORMED[0], seed=3, device=device)
+    stats = torch.stack([torch.zeros(m), 0.5 + torch.rand(m, generator=torch.Generator().manual_seed(1))]).to(device)
+    q, s = quantize_rows_one_pass(x, 256, **kw, stats=stats)
+    assert_fused_close(q, s, *reference(x, 256, **kw, stats=stats), max_fraction=0.01)
+
+
+def test_what_does_not_fit_raises():
+    assert fits(MAX_WIDTH, None) and not fits(MAX_WIDTH + 256, None) and not fits(256, "swiglu")
+    x = torch.randn(4, MAX_WIDTH + 256)
+    with pytest.raises(ValueError, match="at most"):
+        quantize_rows_one_pass(x, 256)
+    with pytest.raises(ValueError, match="activation"):
+        quantize_rows_one_pass(torch.randn(4, 256), 256, act="swiglu")
