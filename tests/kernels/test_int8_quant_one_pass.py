@@ -5,6 +5,7 @@ import pytest
 import torch
 from test_int8_quant import (
     CASES,
+    ZIMAGE_ROWS,
     assert_codes_match_float64,
     assert_fused_close,
     fused_inputs,
@@ -12,7 +13,7 @@ from test_int8_quant import (
     rows_like_activations,
 )
 
-from kernels.int8_quant import quantize_rows, reference
+from kernels.int8_quant import hadamard, quantize_rows, reference
 from kernels.int8_quant_one_pass import MAX_WIDTH, fits, quantize_rows_one_pass
 
 NORMED = [{"norm": "rms", "weight": True, "shift": True}, {"norm": "rms", "weight": False, "shift": False},
@@ -55,3 +56,32 @@ def test_what_does_not_fit_raises():
         quantize_rows_one_pass(x, 256)
     with pytest.raises(ValueError, match="activation"):
         quantize_rows_one_pass(torch.randn(4, 256), 256, act="swiglu")
+
+
+def test_f32_rows_and_minus_128(device):
+    """Plain f32 rows are rounded to bf16 first; a negative absmax can quantize to -128 (format doc section 5)."""
+    y = torch.zeros(2, 16, dtype=torch.float64)
+    y[0, 0], y[1, 0] = -11.0, 11.0
+    x = (y @ hadamard(16, torch.float64)).float().to(device)
+    q, s = quantize_rows_one_pass(x, 16, out=poisoned_outputs(2, 16, device))
+    assert q[0, 0] == -128 and q[1, 0] == 127 and (q[:, 1:] == 0).all()
+    assert torch.equal(s.cpu(), torch.full((2,), 11.0) / 127)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("k", [3072, 3840])
+def test_plain_codes_equal_float64_rotation_at_real_shapes(k):
+    x = rows_like_activations(ZIMAGE_ROWS, k, seed=k, device="cuda")
+    q, s = quantize_rows_one_pass(x, 256, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
+    assert_codes_match_float64(q, s, x, 256, max_fraction=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", NORMED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
+@pytest.mark.parametrize("mod_rows", [1, 3])
+def test_normed_rows_at_zimage_shape(case, mod_rows):
+    x, kw = fused_inputs(ZIMAGE_ROWS, 3840, case, seed=mod_rows, device="cuda", rows=mod_rows)
+    q, s = quantize_rows_one_pass(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, 3840, "cuda"))
+    assert_fused_close(q, s, *reference(x, 256, **kw), max_fraction=1e-3)
