@@ -31,8 +31,8 @@ from .sequence import Sequence
 from .weights import Linear
 
 CHUNK = 4096  # rows a chunk of the MLP takes: its temporaries (the [rows, 2 ffn] product) stay a few hundred MB
-# Rows of at most 4096 values without an activation through kernels/int8_quant_one_pass.py (whole rows in registers,
-# read once) instead of the two-pass quantizer: off until the H200 says which is faster (bench_int8_linear.py).
+# Rows through kernels/int8_quant_one_pass.py (whole rows in registers, read once; two passes where they do not fit)
+# instead of the two-pass quantizer: off until the H200 says which is faster (bench_int8_linear.py --quantizers).
 ONE_PASS_QUANTIZER = False
 
 
@@ -129,8 +129,7 @@ class GpuBlock:
         norm's row statistics when already known), else the same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
-            one_pass = ONE_PASS_QUANTIZER and act is None and lin.weight.shape[1] <= 4096
-            q, s = run("quantize_rows_one_pass" if one_pass else "quantize_rows", x, lin.group, norm=norm,
+            q, s = run("quantize_rows_one_pass" if ONE_PASS_QUANTIZER else "quantize_rows", x, lin.group, norm=norm,
                        norm_weight=norm_weight, eps=a.eps, scale=scale, shift=shift, row_map=row_map, act=act,
                        stats=stats)
             return q, s, None

@@ -1,10 +1,11 @@
-"""Rows to INT8 ConvRot codes in one pass: whole rows held in registers (K up to 4096), read once, codes written once.
+"""Rows to INT8 ConvRot codes in one pass: whole rows held in registers, read once, codes written once.
 
 Issue 4. The math is kernels/int8_quant.py's (steps 1-5, its reference() is this kernel's reference), for the
 inputs without an activation: plain rows, or the modulated RMS / layer norm of f32 rows. Why a second kernel: the
 two-pass quantizer writes the rotated rows in bf16 and reads them back because a row's scale needs every group's
 maximum first; at Z-Image's 4608 x 3840 that round trip and the row statistics' own launch make it 2-3.5x its
-bandwidth floor (docs/benchmarks.md). Here a program holds BLOCK_M whole rows (padded to WIDTH, a power of two):
+bandwidth floor (docs/benchmarks.md). Here a program holds BLOCK_M whole rows (padded to WIDTH, a power of two; 16K
+values a program by default: 4 rows of Z-Image's 3840 or FLUX.3's 3072, one of the MLP's 10240 or 9216):
 their statistics (unless given), the normed and modulated bf16 rows, the rotation (every Q = min(g, 64) columns by
 H_Q on the matrix cores, the four Q-blocks of a 256-group mixed by H4 / 2 as int8_quant does), the row maxima, the
 scales and the codes all stay in registers. The row statistics are summed in another order than row_stats' (f32,
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .int8_quant import _hadamard_bf16
+from .int8_quant import _hadamard_bf16, quantize_rows
 from .row_stats import NORMS
 from .rounding import round_half_even, round_to_bf16
 
@@ -25,7 +26,7 @@ except ImportError:  # torch without Triton: the references still import
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
-MAX_WIDTH = 4096  # the widest row held whole (padded to a power of two): Z-Image's 3840, FLUX.3's 3072
+MAX_WIDTH = 16384  # the widest row held whole (padded to a power of two): one row a program, 64 values a thread
 
 
 @triton_jit
@@ -90,18 +91,22 @@ def _one_pass_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_pt
 
 
 def fits(k: int, act) -> bool:
-    """Whether these rows can take the one-pass quantizer: no activation, K of at most MAX_WIDTH."""
+    """Whether these rows can take one pass: no activation, K of at most MAX_WIDTH."""
     return act is None and k <= MAX_WIDTH
 
 
 def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                           act=None, out=None, stats=None, block_m=4, num_warps=8):
-    """int8_quant.quantize_rows' arguments and results, for rows that fit (fits(K, act)). block_m rows a program,
-    num_warps: the launch (bench_int8_linear.py sweeps them)."""
-    m, k = x.shape
-    if not fits(k, act) or x.stride(-1) != 1 or group not in (16, 64, 256) or k % group:
-        raise ValueError(f"quantize_rows_one_pass: rows of at most {MAX_WIDTH} contiguous values (a multiple of the "
-                         f"group 16, 64 or 256), no activation; got {tuple(x.shape)}, group {group}, act {act!r}")
+                           act=None, out=None, stats=None, block_m=None, num_warps=8):
+    """int8_quant.quantize_rows' arguments and results: in one pass where the rows fit (fits(K, act)), else through
+    quantize_rows itself. block_m rows a program (by default 16K values a program), num_warps: the launch
+    (bench_int8_linear.py sweeps them)."""
+    m, k = x.shape[0], x.shape[-1]
+    if not fits(k, act):
+        return quantize_rows(x, group, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
+                             row_map=row_map, act=act, out=out, stats=stats)
+    if x.dim() != 2 or x.stride(-1) != 1 or group not in (16, 64, 256) or k % group:
+        raise ValueError(f"quantize_rows_one_pass: rows [M, K] of contiguous values, K a multiple of the group 16, "
+                         f"64 or 256; got {tuple(x.shape)}, group {group}")
     if norm not in NORMS or (norm_weight is not None and norm != "rms"):
         raise ValueError(f"quantize_rows_one_pass: norm must be one of {list(NORMS)}; a gain goes with 'rms' only")
     if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
@@ -116,7 +121,7 @@ def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, s
     if m == 0:
         return codes, scales
     split, width = (4 if group == 256 else 1), max(triton.next_power_of_2(k), group)
-    block_m = max(block_m, 16 * (group // split) // width)  # the rotation's product takes at least 16 rows
+    block_m = max(block_m or min(64, MAX_WIDTH // width), 16 * (group // split) // width)  # a product of >= 16 rows
     absent = scales  # pointers the kernel never reads (their constexpr flag off)
     f32 = lambda t: absent if t is None else t.float().contiguous()  # noqa: E731
     stats_given = stats is not None

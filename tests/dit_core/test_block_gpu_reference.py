@@ -56,9 +56,8 @@ def test_forward_matches_host(norm, sandwich, rows, group):
 
 
 def test_one_pass_quantizer_switch(monkeypatch):
-    """ONE_PASS_QUANTIZER routes the rows without an activation and of at most 4096 values to quantize_rows_one_pass
-    (its reference here is the two-pass op's: equal outputs): here every quantization, the down projection's rows
-    included (plain after UP's SwiGLU epilogue)."""
+    """ONE_PASS_QUANTIZER routes every quantization to quantize_rows_one_pass (its reference here is the two-pass
+    op's: equal outputs), the down projection's rows included (plain after UP's SwiGLU epilogue)."""
     a = arch("rms")
     x, mods, seq = inputs(a, 150, 0)
     gpu = GpuBlock.of(random_block(a, sandwich=True).quantized(), CPU)

@@ -264,10 +264,10 @@ def bench_row_stats(runs):
 
 def bench_one_pass(runs):
     """The one-pass quantizer (whole rows in registers, statistics in the kernel) against the two-pass one with its
-    statistics launch, on the rows the blocks quantize at K 3072 (FLUX.3) and 3840 (Z-Image); and the fraction of
-    codes that differ between them (sums in another order: a few)."""
+    statistics launch, on the rows the blocks quantize: K 3072 (FLUX.3) and 3840 (Z-Image), and the MLP's hidden
+    rows, 9216 and 10240; and the fraction of codes that differ between them (sums in another order: a few)."""
     rows = []
-    for k in (3072, 3840):
+    for k in (3072, 3840, 9216, 10240):
         g = torch.Generator().manual_seed(k)
         plain = torch.randn(M, k, generator=g).to("cuda", torch.bfloat16)
         residual = torch.randn(M, k, generator=g).cuda()
@@ -276,6 +276,8 @@ def bench_one_pass(runs):
         variants = {"plain bf16": (plain, {}), "rms + gain + modulation, f32": (residual, {
                         **one_row, "norm": "rms", "norm_weight": torch.ones(k, device="cuda")}),
                     "layer norm + modulation, f32": (residual, {**one_row, "norm": "layer"})}
+        if k > 4096:  # the MLP's hidden rows: plain (after UP's SwiGLU epilogue)
+            variants = {"plain bf16": variants["plain bf16"]}
         for label, (x, kw) in variants.items():
             two = time_or_note(lambda x=x, kw=kw: quantize_rows(x, GROUP, **kw), runs, True)
             ones = [time_or_note(lambda x=x, kw=kw, bm=bm: quantize_rows_one_pass(x, GROUP, **kw, block_m=bm), runs,
