@@ -1,7 +1,8 @@
 """One Z-Image Turbo transformer step at 1024x1024 (4096 image rows + a 512-row caption) on random weights of the
-real size: ours INT8 ConvRot (eager, and replayed from a CUDA graph) and ours BF16 vs diffusers 0.42.1
-ZImageTransformer2DModel in BF16 with SDPA, in one run. Prints a markdown table (median ms over timed steps with
-CUDA events, peak memory of the step) and the fidelity of the INT8 step against the BF16 and f32 steps.
+real size: ours INT8 ConvRot (eager, replayed from a CUDA graph, and that with the one-pass quantizer) and ours BF16
+vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, in one run. Prints a markdown table (median ms over
+timed steps with CUDA events, peak memory of the step) and the fidelity of the INT8 step against the BF16 and f32
+steps.
 
     python bench/bench_z_image_step.py [--steps 10] [--layers 30]
 """
@@ -17,6 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from dit_core import block_gpu  # noqa: E402
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
@@ -130,6 +132,18 @@ def main(argv=None) -> None:
                 same = torch.equal(results[label + ", CUDA graph"][2], results[label][2])
                 print(f"CUDA graph replay equals the eager INT8 step bit for bit: {same}", flush=True)
                 del graphed, replay
+                # The same graphed step with every quantization in one pass (kernels/int8_quant_one_pass.py).
+                block_gpu.ONE_PASS_QUANTIZER, graphed = True, None
+                try:
+                    graphed = ours.graphed()
+                    one_pass = label + ", one-pass quantizer, CUDA graph"
+                    results[one_pass] = (*timed(lambda: graphed(latent, sigma, caption), args.steps),
+                                         weights_gb(ours))
+                    off = (results[one_pass][2] - results[label][2]).norm() / results[label][2].norm()
+                    print(f"one-pass quantizer: relative difference to the two-pass step {off.item():.2e}",
+                          flush=True)
+                finally:
+                    block_gpu.ONE_PASS_QUANTIZER, graphed = False, None
     base = results["diffusers BF16 (SDPA)"][0]
     print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB |")
     print("|---|---|---|---|---|")

@@ -14,8 +14,7 @@ parts=${*:-tests z_step streaming}
 for part in $parts; do
   start=$(date +%s)
   case $part in
-    # Two parts: each new small shape autotunes (compiles every candidate tile), so the streaming and family tests
-    # take minutes of their own.
+    # Two parts, each with its own cap: the streaming and family tests build and compile several small models.
     tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 tests/kernels \
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
