@@ -25,6 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from dit_core import block_gpu  # noqa: E402
 from dit_core.block_gpu import GpuBlock  # noqa: E402
 from dit_core.families.flux3_klein import Flux3Klein  # noqa: E402
 from dit_core.sampling import flux_noise, klein_sigmas, sample_klein  # noqa: E402
@@ -243,6 +244,8 @@ def main(argv=None) -> None:
                         "random embedders the step cache never skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print the kernels of ours INT8 at cache 0")
+    p.add_argument("--one-pass-quantizer", action=argparse.BooleanOptionalAction, default=True,
+                   help="also ours INT8 graphed with the one-pass quantizer (dit_core.block_gpu.ONE_PASS_QUANTIZER)")
     p.add_argument("--smoke", action="store_true", help="tiny model, 64x64, 3 steps, one run, on the CPU")
     args = p.parse_args(argv)
     caches = sorted({0.0, *(float(c) for c in args.caches.split(","))})
@@ -344,6 +347,18 @@ def main(argv=None) -> None:
                 print(f"{graphed}: latent equal to the eager run's bit for bit: {same}", flush=True)
             except Exception:  # noqa: BLE001
                 print(f"{graphed} FAILED:\n{traceback.format_exc()}", flush=True)
+            if not args.one_pass_quantizer:
+                continue
+            one_pass = f"{label}, one-pass quantizer, CUDA graphs"
+            block_gpu.ONE_PASS_QUANTIZER = True  # kernels/int8_quant_one_pass.py for every quantization
+            try:
+                kept = []
+                measure(one_pass, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
+                        weights_gb(ours, dev), kept)
+            except Exception:  # noqa: BLE001
+                print(f"{one_pass} FAILED:\n{traceback.format_exc()}", flush=True)
+            finally:
+                block_gpu.ONE_PASS_QUANTIZER = False
         ours = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()
