@@ -18,9 +18,8 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
-launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3, a program per
-(rows, group), storing the bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. The normed (or
-activated) rows are never written; the rotated rows are, once (M x K bf16, within the caller's CHUNK).
+launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_quant_one_pass.py: one launch).
 """
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3): dit_core.weights.hadamard,
     rebuilt because kernels/ imports nothing of dit_core, its sibling package inside ComfyUI."""
-    h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
-    h = h4
+    h = h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
     while h.shape[0] < group:
         h = torch.kron(h, h4)
     return (h / math.sqrt(group)).to(dtype)
@@ -237,37 +235,41 @@ def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
     return hadamard(size, torch.bfloat16).to(device).contiguous()
 
 
+def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="quantize_rows"):
+    """quantize_rows' arguments checked (a ValueError naming what is wrong): (M, K, codes, scales: out's or new)."""
+    if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
+        raise ValueError(f"{name}: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
+    if norm_weight is not None and norm != "rms":
+        raise ValueError(f"{name}: norm_weight is the RMS norm's gain (the layer norm has no affine)")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"{name}: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
+    if group not in (16, 64, 256):
+        raise ValueError(f"{name}: ConvRot group must be 16, 64 or 256 (tl.dot tiles), got {group}")
+    m, k = x.shape[0], x.shape[1] // 2 if act == "swiglu" else x.shape[1]
+    if k % group or (act == "swiglu" and x.shape[1] % 2):
+        raise ValueError(f"{name}: ConvRot group {group} does not divide the {k} features of x")
+    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
+        raise ValueError(f"{name}: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
+    if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
+                              or stats.stride(1) != 1):
+        raise ValueError(f"{name}: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
+    codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
+                                                  torch.empty(m, dtype=torch.float32, device=x.device))
+    if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
+        raise ValueError(f"{name}: out must be (int8 [{m}, {k}], f32 [{m}])")
+    return m, k, codes, scales
+
+
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
                   act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=2, row_programs=None,
                   chunk_rows=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
-    (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics
-    launch then. Launch shape (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages; row_programs, the
-    rotate pass's programs along the rows, each walking row blocks (by default one a block); chunk_rows, both
-    passes a chunk of rows at a time through one reused scratch of rotated rows, which can then stay in L2 (by
-    default all rows at once)."""
-    if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
-        raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
-    if norm_weight is not None and norm != "rms":
-        raise ValueError("quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
-    if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"quantize_rows: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
-    if group not in (16, 64, 256):
-        raise ValueError(f"quantize_rows: ConvRot group must be 16, 64 or 256 (tl.dot tiles), got {group}")
-    m = x.shape[0]
-    k = x.shape[1] // 2 if act == "swiglu" else x.shape[1]
-    if k % group or (act == "swiglu" and x.shape[1] % 2):
-        raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
-    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
-        raise ValueError("quantize_rows: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
-    if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
-                              or stats.stride(1) != 1):
-        raise ValueError(f"quantize_rows: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
-    codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
-                                                  torch.empty(m, dtype=torch.float32, device=x.device))
-    if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
-        raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
+    (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
+    then. Launch shape (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages; row_programs: the rotate
+    pass's programs along the rows, each walking row blocks (default: one a block); chunk_rows: both passes over a
+    chunk of rows at a time through one reused scratch of rotated rows that can stay in L2 (default: all rows)."""
+    m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
     split, groups, chunk = (4 if group == 256 else 1), k // group, min(m, chunk_rows or m)
@@ -284,10 +286,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 1,
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
-             # bf16 operands for the matrix cores; f32 (the same exact products and f32 sums) on the CPU, whose
-             # interpreter multiplies bf16 operands as raw 16-bit integers (triton 3.9).
-             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps,
-             "num_stages": num_stages, "enable_fp_fusion": False}
+             # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
+             "enable_fp_fusion": False}
     for r0 in range(0, m, chunk):
         rows, part = min(chunk, m - r0), slice(r0, r0 + chunk)
         args = (x[part], x.stride(0), *vectors, row_map[part] if row_map is not None else stats,

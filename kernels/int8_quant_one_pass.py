@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .int8_quant import _hadamard_bf16, quantize_rows
+from .int8_quant import _hadamard_bf16, checked, quantize_rows
 from .row_stats import NORMS
 from .rounding import round_half_even, round_to_bf16
 
@@ -100,24 +100,11 @@ def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, s
     """int8_quant.quantize_rows' arguments and results: in one pass where the rows fit (fits(K, act)), else through
     quantize_rows itself. block_m rows a program (by default 16K values a program), num_warps: the launch
     (bench_int8_linear.py sweeps them)."""
-    m, k = x.shape[0], x.shape[-1]
-    if not fits(k, act):
+    if not fits(x.shape[-1], act):
         return quantize_rows(x, group, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
                              row_map=row_map, act=act, out=out, stats=stats)
-    if x.dim() != 2 or x.stride(-1) != 1 or group not in (16, 64, 256) or k % group:
-        raise ValueError(f"quantize_rows_one_pass: rows [M, K] of contiguous values, K a multiple of the group 16, "
-                         f"64 or 256; got {tuple(x.shape)}, group {group}")
-    if norm not in NORMS or (norm_weight is not None and norm != "rms"):
-        raise ValueError(f"quantize_rows_one_pass: norm must be one of {list(NORMS)}; a gain goes with 'rms' only")
-    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
-        raise ValueError("quantize_rows_one_pass: modulation scale [R, K] needs row_map [M]")
-    if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
-                              or stats.stride(1) != 1):
-        raise ValueError(f"quantize_rows_one_pass: stats must be a norm's row statistics, f32 [2, {m}]")
-    codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
-                                                  torch.empty(m, dtype=torch.float32, device=x.device))
-    if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
-        raise ValueError(f"quantize_rows_one_pass: out must be (int8 [{m}, {k}], f32 [{m}])")
+    m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats,
+                                  "quantize_rows_one_pass")
     if m == 0:
         return codes, scales
     split, width = (4 if group == 256 else 1), max(triton.next_power_of_2(k), group)
