@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
-from kernels.int8_tiles import candidate_tiles, fixed_tiles
+from kernels.int8_tiles import candidate_tiles, config, fixed_tiles
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.int8_quant_one_pass import quantize_rows_one_pass
 from kernels.row_stats import launch_shape, row_stats
@@ -144,11 +144,19 @@ def bench_shape(name, k, n, runs, kitchen):
     return rows, checks
 
 
+# Tiles outside the candidates, to see whether any beats the fixed Hopper ones: a K depth of 256 (fewer waits per
+# tile), other row-group widths for the L2 reuse of weight columns, a 64-row tile, and the persistent SwiGLU-able form.
+SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(128, 256, 128, 8, 4, tma=True,
+               persistent=True, group_m=4), config(128, 256, 128, 8, 4, tma=True, persistent=True, group_m=16),
+               config(64, 256, 128, 4, 4, tma=True, persistent=True), config(128, 256, 128, 8, 3, tma=True,
+               persistent=True, subtile=True)]
+
+
 def gemm_sweep(runs):
     """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): both forms'
-    candidate tiles, and the subtiled epilogue on every TMA tile."""
+    candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
     variants = []
-    for c in candidate_tiles(False) + candidate_tiles(True):
+    for c in candidate_tiles(False) + candidate_tiles(True) + SWEEP_EXTRA:
         for tiles in (dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages),
                       dict(c.kwargs, SUBTILE=True, num_warps=c.num_warps, num_stages=c.num_stages)):
             if tiles not in variants and (tiles["TMA"] or not tiles["SUBTILE"]):
@@ -167,7 +175,7 @@ def gemm_sweep(runs):
             gated = time_or_note(lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate,
                                                            row_map=row_map, tiles=tiles), runs, True)
             cells.append(f"{plain} / {gated}")
-        name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} w{num_warps} s{num_stages}".format(**tiles) + "".join(
+        name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} g{GROUP_M} w{num_warps} s{num_stages}".format(**tiles) + "".join(
             f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "SUBTILE") if tiles[flag])
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
@@ -336,8 +344,8 @@ def main():
     print("\nTiles: " + "; ".join(f"{name} {fixed_tiles(form, torch.device('cuda'), 3840)}" for name, form in
                                   forms.items()) + " (None: autotuned, chosen as below)")
     for name, form in forms.items():
-        for key, config in _autotuned(form).cache.items():
-            print(f"- {name} {key}: {config}")
+        for key, chosen in _autotuned(form).cache.items():
+            print(f"- {name} {key}: {chosen}")
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
     print("| work | int8_linear + head_norm_rope | qkv_rope_linear (fused) |\n|---|---|---|")
     print("\n".join(bench_qkv_rope(args.runs)))
