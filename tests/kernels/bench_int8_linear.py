@@ -7,9 +7,9 @@ epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantize
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
---quantizers: only the quantizer and row-statistics tables.
---gemm-sweep: instead, the GEMM alone (bf16 out and gated, graph ms) at every candidate tile (int8_linear) and
-a few it has not (warp-specialized), to see the landscape rather than the winner.
+--quantizers: only the quantizer tables (two-pass launches, row statistics, the one-pass quantizer).
+--gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
+(kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
 import argparse
 import statistics
@@ -153,8 +153,8 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
 
 
 def gemm_sweep(runs):
-    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row): both forms'
-    candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
+    """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row) / SwiGLU:
+    both forms' candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
     variants = []
     for c in candidate_tiles(False) + candidate_tiles(True) + SWEEP_EXTRA:
         for tiles in (dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages),
@@ -174,7 +174,8 @@ def gemm_sweep(runs):
             plain = time_or_note(lambda: int8_linear(q, s_x, w, s_w, out=out, tiles=tiles), runs, True)
             gated = time_or_note(lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate,
                                                            row_map=row_map, tiles=tiles), runs, True)
-            cells.append(f"{plain} / {gated}")
+            swiglu = time_or_note(lambda: int8_linear(q, s_x, w, s_w, swiglu=True, tiles=tiles), runs, True)
+            cells.append(f"{plain} / {gated} / {swiglu}")
         name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} g{GROUP_M} w{num_warps} s{num_stages}".format(**tiles) + "".join(
             f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "SUBTILE") if tiles[flag])
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
