@@ -13,6 +13,8 @@ order unspecified in both): a code may move as int8_quant's fused prologues allo
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .int8_quant import _hadamard_bf16, checked, quantize_rows
@@ -90,9 +92,13 @@ def _one_pass_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_pt
              tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 
+_UNFIT_WIDTHS: set[int] = set()  # padded widths whose programs ran out of shared memory on this GPU
+
+
 def fits(k: int, act) -> bool:
-    """Whether these rows can take one pass: no activation, K of at most MAX_WIDTH."""
-    return act is None and k <= MAX_WIDTH
+    """Whether these rows can take one pass: no activation, K of at most MAX_WIDTH (and not a width this GPU's
+    shared memory turned down)."""
+    return act is None and k <= MAX_WIDTH and 1 << (k - 1).bit_length() not in _UNFIT_WIDTHS
 
 
 def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -100,9 +106,10 @@ def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, s
     """int8_quant.quantize_rows' arguments and results: in one pass where the rows fit (fits(K, act)), else through
     quantize_rows itself. block_m rows a program (by default 16K values a program), num_warps: the launch
     (bench_int8_linear.py sweeps them)."""
+    two_passes = functools.partial(quantize_rows, x, group, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale,
+                                   shift=shift, row_map=row_map, act=act, out=out, stats=stats)
     if not fits(x.shape[-1], act):
-        return quantize_rows(x, group, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
-                             row_map=row_map, act=act, out=out, stats=stats)
+        return two_passes()
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats,
                                   "quantize_rows_one_pass")
     if m == 0:
@@ -112,13 +119,18 @@ def quantize_rows_one_pass(x, group, *, norm=None, norm_weight=None, eps=1e-6, s
     absent = scales  # pointers the kernel never reads (their constexpr flag off)
     f32 = lambda t: absent if t is None else t.float().contiguous()  # noqa: E731
     stats_given = stats is not None
-    _one_pass_kernel[(triton.cdiv(m, block_m),)](
-        x, x.stride(0), f32(norm_weight), f32(scale), f32(shift),
-        row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-        _hadamard_bf16(group // split, x.device), stats if stats_given else absent,
-        stats.stride(0) if stats_given else 0, codes, scales, m, k, eps,
-        NORM=NORMS[norm], STATS_GIVEN=stats_given, HAS_WEIGHT=norm_weight is not None,
-        HAS_SCALE=0 if scale is None else 2 if scale.shape[0] == 1 else 1,
-        HAS_SHIFT=shift is not None and scale is not None, G=group, SPLIT=split, WIDTH=width, BLOCK_M=block_m,
-        DOT_DTYPE=tl.bfloat16 if x.is_cuda else tl.float32, num_warps=num_warps, enable_fp_fusion=False)
+    try:
+        _one_pass_kernel[(triton.cdiv(m, block_m),)](
+            x, x.stride(0), f32(norm_weight), f32(scale), f32(shift),
+            row_map.to(torch.int32).contiguous() if row_map is not None else absent,
+            _hadamard_bf16(group // split, x.device), stats if stats_given else absent,
+            stats.stride(0) if stats_given else 0, codes, scales, m, k, eps,
+            NORM=NORMS[norm], STATS_GIVEN=stats_given, HAS_WEIGHT=norm_weight is not None,
+            HAS_SCALE=0 if scale is None else 2 if scale.shape[0] == 1 else 1,
+            HAS_SHIFT=shift is not None and scale is not None, G=group, SPLIT=split, WIDTH=width, BLOCK_M=block_m,
+            DOT_DTYPE=tl.bfloat16 if x.is_cuda else tl.float32, num_warps=num_warps, enable_fp_fusion=False)
+    except triton.runtime.errors.OutOfResources:
+        # Nothing ran: the rows' layout changes need more shared memory than this GPU has (Ada's 100 KB, say).
+        _UNFIT_WIDTHS.add(width)
+        return two_passes()
     return codes, scales
