@@ -85,3 +85,24 @@ def test_normed_rows_at_zimage_shape(case, mod_rows):
     x, kw = fused_inputs(ZIMAGE_ROWS, 3840, case, seed=mod_rows, device="cuda", rows=mod_rows)
     q, s = quantize_rows_one_pass(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, 3840, "cuda"))
     assert_fused_close(q, s, *reference(x, 256, **kw), max_fraction=1e-3)
+
+
+def test_out_of_shared_memory_takes_two_passes(monkeypatch, device):
+    """A GPU whose shared memory turns a width down (OutOfResources before anything ran): the rows of that width go
+    through two passes, then and from then on."""
+    import triton.runtime.errors
+
+    from kernels import int8_quant_one_pass
+
+    class Refusing:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise triton.runtime.errors.OutOfResources(300000, 232448, "shared memory")
+            return launch
+
+    monkeypatch.setattr(int8_quant_one_pass, "_one_pass_kernel", Refusing())
+    monkeypatch.setattr(int8_quant_one_pass, "_UNFIT_WIDTHS", set())
+    x = rows_like_activations(5, 768, seed=4, device=device)
+    for got, want in zip(quantize_rows_one_pass(x, 256), quantize_rows(x, 256)):
+        assert torch.equal(got, want)
+    assert int8_quant_one_pass._UNFIT_WIDTHS == {1024} and not fits(768, None) and fits(512, None)
