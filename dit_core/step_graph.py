@@ -114,10 +114,11 @@ class ModelGraphs:
 class KeptRows:
     """make(rows, dtype) kept for the tensors that come back unchanged: the rows a step computes from its
     conditioning alone (the same tensor every step of a sampler run, or the same view of it; positive and negative
-    alternate with CFG), made once, outside the graph, and fed to it. A tensor changed in place (its version) or
-    gone (the weak reference to it, or to the tensor it views) makes them again."""
+    alternate with CFG; a batch's images each take theirs), made once, outside the graph, and fed to it. The last
+    `keep` are kept (a few MB each). A tensor changed in place (its version) or gone (the weak reference to it, or to
+    the tensor it views) makes them again."""
 
-    def __init__(self, make: Callable[[torch.Tensor, torch.dtype], torch.Tensor], keep: int = 2):
+    def __init__(self, make: Callable[[torch.Tensor, torch.dtype], torch.Tensor], keep: int = 4):
         self.make, self.keep, self.kept = make, keep, []
 
     @staticmethod

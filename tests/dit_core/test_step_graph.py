@@ -108,8 +108,8 @@ def test_model_graphs_follow_the_blocks_placement(monkeypatch):
 
 def test_kept_rows_follow_the_tensors():
     """What a graphed step makes from its conditioning (FLUX.3's txt_in projection, Z-Image's refined caption): kept for
-    the tensors that come back unchanged (positive and negative alternating), projected again for a tensor changed in
-    place or a new one."""
+    the tensors that come back unchanged (positive and negative alternating, a batch's images), projected again for a
+    tensor changed in place or a new one."""
     calls = []
 
     def project(rows, dtype):
@@ -130,3 +130,6 @@ def test_kept_rows_follow_the_tensors():
     assert kept(batch[0], torch.float32) is not kept(batch[1], torch.float32) and len(calls) == 7
     batch[1].mul_(3)  # through another view: the shared version counter moves
     assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 8
+    four = [torch.full((2, 4), float(i)) for i in range(4)]  # two images, positive and negative each: all kept
+    made = [kept(t, torch.float32) for t in four]
+    assert all(kept(t, torch.float32) is m for t, m in zip(four, made)) and len(calls) == 12
