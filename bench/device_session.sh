@@ -24,7 +24,7 @@ for part in $parts; do
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
-    quantizers) timeout 120 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
+    quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile ;;
     *) echo "unknown part $part" ;;
