@@ -7,7 +7,7 @@ epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantize
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
---quantizers: only the quantizer tables (two-pass launches, row statistics, the one-pass quantizer).
+--quantizers: instead, the quantizer tables (two-pass launches, row statistics, the one-pass quantizer).
 --gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
 (kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
@@ -319,7 +319,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
-    parser.add_argument("--quantizers", action="store_true", help="the quantizer and row-statistics tables only")
+    parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
@@ -353,7 +353,6 @@ def main():
     print("\nThe MLP's SwiGLU, ms in a CUDA graph:\n")
     print("| work | in the quantizer's prologue | in the product's epilogue | codes that differ |\n|---|---|---|---|")
     print("\n".join(bench_swiglu(args.runs)))
-    print_quantizer_tables(args.runs)
 
 
 if __name__ == "__main__":
