@@ -132,10 +132,10 @@ class KeptRows:
         self.kept = []
 
     def __call__(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        base = rows if rows._base is None else rows._base
-        for ref, where, kept_dtype, made in self.kept:
-            if ref() is base and where == self._where(rows) and kept_dtype == dtype:
+        base, where = (rows if rows._base is None else rows._base), self._where(rows)
+        for ref, kept_where, kept_dtype, made in self.kept:
+            if ref() is base and kept_where == where and kept_dtype == dtype:
                 return made
         made = self.make(rows, dtype)
-        self.kept = [(weakref.ref(base), self._where(rows), dtype, made)] + self.kept[:self.keep - 1]
+        self.kept = [(weakref.ref(base), where, dtype, made)] + self.kept[:self.keep - 1]
         return made

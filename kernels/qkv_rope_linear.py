@@ -41,7 +41,7 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
                      M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                      TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
-    # SUBTILE: int8_linear's configs carry it (its pruned here: this epilogue takes whole tiles).
+    # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
