@@ -244,8 +244,8 @@ def main(argv=None) -> None:
                         "random embedders the step cache never skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print the kernels of ours INT8 at cache 0")
-    p.add_argument("--one-pass-quantizer", action=argparse.BooleanOptionalAction, default=True,
-                   help="also ours INT8 graphed with the one-pass quantizer (dit_core.block_gpu.ONE_PASS_QUANTIZER)")
+    p.add_argument("--variant-chunk", type=int, default=8192, help="also ours INT8 graphed with the MLP in chunks "
+                   "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     p.add_argument("--smoke", action="store_true", help="tiny model, 64x64, 3 steps, one run, on the CPU")
     args = p.parse_args(argv)
     caches = sorted({0.0, *(float(c) for c in args.caches.split(","))})
@@ -347,18 +347,18 @@ def main(argv=None) -> None:
                 print(f"{graphed}: latent equal to the eager run's bit for bit: {same}", flush=True)
             except Exception:  # noqa: BLE001
                 print(f"{graphed} FAILED:\n{traceback.format_exc()}", flush=True)
-            if not args.one_pass_quantizer:
+            if not args.variant_chunk:
                 continue
-            one_pass = f"{label}, one-pass quantizer, CUDA graphs"
-            block_gpu.ONE_PASS_QUANTIZER = True  # kernels/int8_quant_one_pass.py for every quantization
+            variant = f"{label}, MLP chunks of {args.variant_chunk} rows, CUDA graphs"
+            chunk, block_gpu.CHUNK = block_gpu.CHUNK, args.variant_chunk  # fewer, larger MLP products
             try:
                 kept = []
-                measure(one_pass, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
+                measure(variant, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
                         weights_gb(ours, dev), kept)
             except Exception:  # noqa: BLE001
-                print(f"{one_pass} FAILED:\n{traceback.format_exc()}", flush=True)
+                print(f"{variant} FAILED:\n{traceback.format_exc()}", flush=True)
             finally:
-                block_gpu.ONE_PASS_QUANTIZER = False
+                block_gpu.CHUNK = chunk
         ours = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()

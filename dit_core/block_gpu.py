@@ -31,9 +31,6 @@ from .sequence import Sequence
 from .weights import Linear
 
 CHUNK = 4096  # rows a chunk of the MLP takes: its temporaries (the [rows, 2 ffn] product) stay a few hundred MB
-# Rows through kernels/int8_quant_one_pass.py (whole rows in registers, read once; two passes where they do not fit)
-# instead of the two-pass quantizer: off until the H200 says which is faster (bench_int8_linear.py --quantizers).
-ONE_PASS_QUANTIZER = False
 
 
 def run(op: str, *args, **kwargs):
@@ -129,9 +126,8 @@ class GpuBlock:
         norm's row statistics when already known), else the same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
-            q, s = run("quantize_rows_one_pass" if ONE_PASS_QUANTIZER else "quantize_rows", x, lin.group, norm=norm,
-                       norm_weight=norm_weight, eps=a.eps, scale=scale, shift=shift, row_map=row_map, act=act,
-                       stats=stats)
+            q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
+                       shift=shift, row_map=row_map, act=act, stats=stats)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())

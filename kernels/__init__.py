@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, int8_linear, int8_quant, int8_quant_one_pass, qkv_rope_linear
+from . import attention, gated_residual, head_norm_rope, int8_linear, int8_quant, qkv_rope_linear
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,6 @@ class Op:
 
 OPS = {
     "quantize_rows": Op(int8_quant.quantize_rows, int8_quant.reference, needs_triton_gpu),
-    "quantize_rows_one_pass": Op(int8_quant_one_pass.quantize_rows_one_pass, int8_quant.reference, needs_triton_gpu),
     "int8_linear": Op(int8_linear.int8_linear, int8_linear.reference, needs_int8_mma),
     "int8_linear_gated": Op(int8_linear.int8_linear_gated, int8_linear.reference, needs_int8_mma),
     "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma),

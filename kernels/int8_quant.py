@@ -19,7 +19,8 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_quant_one_pass.py: one launch).
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. (A one-pass kernel, whole rows in
+registers, measured 1.2-2x slower on the H200: docs/benchmarks.md.)
 """
 from __future__ import annotations
 

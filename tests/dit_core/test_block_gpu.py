@@ -10,7 +10,6 @@ from conftest import rel_err
 from tiny_models import random_block, random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
-from dit_core import block_gpu
 from dit_core.block import Block
 from dit_core.block_gpu import GpuBlock
 from dit_core.families.z_image import ZImage
@@ -23,11 +22,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-@pytest.mark.parametrize("sandwich,one_pass", [(True, False), (False, False), (True, True)],
-                         ids=["sandwich", "plain", "sandwich-one-pass"])
+@pytest.mark.parametrize("sandwich", [True, False], ids=["sandwich", "plain"])
 @pytest.mark.parametrize("rows,group", [(4608, 0), (1000, 0), (512, 128)])
-def test_gpu_block_matches_host(sandwich, one_pass, rows, group, monkeypatch):
-    monkeypatch.setattr(block_gpu, "ONE_PASS_QUANTIZER", one_pass)  # kernels/int8_quant_one_pass.py where it fits
+def test_gpu_block_matches_host(sandwich, rows, group):
     a = Arch(family="test", hidden=1024, layers=1, refiner=0, heads=8, head=128, ffn=2816, latents=16,
              patch=(2, 2), text_dim=64, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5,
              final_eps=1e-6, rope_axes=(32, 48, 48), rope_theta=256.0)

@@ -6,7 +6,6 @@ import torch
 from conftest import rel_err
 from tiny_models import random_block
 
-import kernels
 from dit_core import block_gpu
 from dit_core.arch import Arch
 from dit_core.block import Block
@@ -53,21 +52,6 @@ def test_forward_matches_host(norm, sandwich, rows, group):
     for gpu, host, dtype in hosts(random_block(a, sandwich)):
         ref = host.forward(a, x.to(dtype), mods, seq).float()
         assert rel_err(gpu.forward(a, x.clone(), mods, seq), ref) <= 1e-2
-
-
-def test_one_pass_quantizer_switch(monkeypatch):
-    """ONE_PASS_QUANTIZER routes every quantization to quantize_rows_one_pass (its reference here is the two-pass
-    op's: equal outputs), the down projection's rows included (plain after UP's SwiGLU epilogue)."""
-    a = arch("rms")
-    x, mods, seq = inputs(a, 150, 0)
-    gpu = GpuBlock.of(random_block(a, sandwich=True).quantized(), CPU)
-    two_pass = gpu.forward(a, x.clone(), mods, seq)
-    called = []
-    original = kernels.run
-    monkeypatch.setattr(kernels, "run", lambda op, *args, **kw: called.append(op) or original(op, *args, **kw))
-    monkeypatch.setattr(block_gpu, "ONE_PASS_QUANTIZER", True)
-    assert torch.equal(gpu.forward(a, x.clone(), mods, seq), two_pass)
-    assert called.count("quantize_rows_one_pass") == 2 + 2 * 3 and "quantize_rows" not in called  # 3 MLP chunks
 
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])

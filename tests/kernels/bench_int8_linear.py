@@ -7,7 +7,7 @@ epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantize
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
---quantizers: instead, the quantizer tables (two-pass launches, row statistics, the one-pass quantizer).
+--quantizers: instead, the quantizer tables (two-pass launches, row statistics).
 --gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
 (kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
@@ -25,7 +25,6 @@ from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles
 from kernels.int8_quant import hadamard, quantize_rows
-from kernels.int8_quant_one_pass import quantize_rows_one_pass
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 
@@ -152,13 +151,17 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
                persistent=True, subtile=True)]
 
 
+def launch_of(tile) -> dict:
+    """A tile as int8_linear's and qkv_rope_linear's `tiles` argument."""
+    return {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
+
+
 def gemm_sweep(runs):
     """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row) / SwiGLU:
     both forms' candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
     variants = []
     for c in candidate_tiles(False) + candidate_tiles(True) + SWEEP_EXTRA:
-        for tiles in (dict(c.kwargs, num_warps=c.num_warps, num_stages=c.num_stages),
-                      dict(c.kwargs, SUBTILE=True, num_warps=c.num_warps, num_stages=c.num_stages)):
+        for tiles in (launch_of(c), dict(launch_of(c), SUBTILE=True)):
             if tiles not in variants and (tiles["TMA"] or not tiles["SUBTILE"]):
                 variants.append(tiles)
     rows = []
@@ -197,9 +200,20 @@ def bench_qkv_rope(runs):
     norms = (torch.ones(head, device="cuda"), torch.ones(head, device="cuda"))
     two = lambda: head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, *norms, angles.cos(),  # noqa: E731
                                  angles.sin())
-    one = lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(), angles.sin())  # noqa: E731
-    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | "
-            f"{time_or_note(one, runs, True)} |"]
+    cells = [time_or_note(lambda t=t: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(),
+                                                      angles.sin(), tiles=t and launch_of(t)), runs, True)
+             for t in QKV_ROPE_TILES.values()]
+    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
+
+
+# qkv_rope_linear's tiles timed beside its default (int8_linear's fixed bf16 tile on Hopper): its epilogue holds two
+# whole heads a 256-column tile, so the best GEMM tile need not be its best.
+QKV_ROPE_TILES = {"default": None, "128x256 tma": config(128, 256, 128, 8, 4, tma=True),
+                  "128x256 s3 tma persistent": config(128, 256, 128, 8, 3, tma=True, persistent=True),
+                  "256x128 tma persistent": config(256, 128, 128, 8, 4, tma=True, persistent=True),
+                  "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True),
+                  "64x256 w4 tma persistent": config(64, 256, 128, 4, 4, tma=True, persistent=True)}
+
 
 
 def bench_swiglu(runs):
@@ -271,36 +285,6 @@ def bench_row_stats(runs):
             "|---|---|" + "---|" * len(launches)] + rows
 
 
-def bench_one_pass(runs):
-    """The one-pass quantizer (whole rows in registers, statistics in the kernel) against the two-pass one with its
-    statistics launch, on the rows the blocks quantize: K 3072 (FLUX.3) and 3840 (Z-Image), and the MLP's hidden
-    rows, 9216 and 10240; and the fraction of codes that differ between them (sums in another order: a few)."""
-    rows = []
-    for k in (3072, 3840, 9216, 10240):
-        g = torch.Generator().manual_seed(k)
-        plain = torch.randn(M, k, generator=g).to("cuda", torch.bfloat16)
-        residual = torch.randn(M, k, generator=g).cuda()
-        one_row = {"scale": 0.1 * torch.randn(1, k, device="cuda"), "shift": 0.1 * torch.randn(1, k, device="cuda"),
-                   "row_map": torch.zeros(M, dtype=torch.int32, device="cuda"), "eps": 1e-6}
-        variants = {"plain bf16": (plain, {}), "rms + gain + modulation, f32": (residual, {
-                        **one_row, "norm": "rms", "norm_weight": torch.ones(k, device="cuda")}),
-                    "layer norm + modulation, f32": (residual, {**one_row, "norm": "layer"})}
-        if k > 4096:  # the MLP's hidden rows: plain (after UP's SwiGLU epilogue)
-            variants = {"plain bf16": variants["plain bf16"]}
-        for label, (x, kw) in variants.items():
-            two = time_or_note(lambda x=x, kw=kw: quantize_rows(x, GROUP, **kw), runs, True)
-            ones = [time_or_note(lambda x=x, kw=kw, bm=bm: quantize_rows_one_pass(x, GROUP, **kw, block_m=bm), runs,
-                                 True) if bm * k <= 16384 else "-" for bm in (1, 2, 4)]  # 16K values a program
-            try:
-                codes = quantize_rows(x, GROUP, **kw)[0], quantize_rows_one_pass(x, GROUP, **kw)[0]
-                differ = f"{(codes[0] != codes[1]).float().mean().item():.1e}"
-            except Exception as e:  # noqa: BLE001 - reported, as time_or_note does
-                differ = f"n/a ({type(e).__name__})"
-            rows.append(f"| {k} | {label} | {two} | " + " | ".join(ones) + f" | {differ} |")
-    return ["| K | rows | two passes | one pass, 1 row a program | 2 rows | 4 rows | codes that differ |",
-            "|---|---|---|---|---|---|---|"] + rows
-
-
 def print_quantizer_tables(runs):
     print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages[/row programs of the"
           " rotate pass][/c chunk rows]):\n")
@@ -311,8 +295,6 @@ def print_quantizer_tables(runs):
     print("\n".join(bench_quantizers(runs)))
     print(f"\nRow statistics of f32 rows [{M}, K], ms in a CUDA graph (max relative difference to the reference):\n")
     print("\n".join(bench_row_stats(runs)))
-    print("\nOne-pass quantizer (kernels/int8_quant_one_pass.py), ms in a CUDA graph:\n")
-    print("\n".join(bench_one_pass(runs)))
 
 
 def main():
@@ -348,7 +330,8 @@ def main():
         for key, chosen in _autotuned(form).cache.items():
             print(f"- {name} {key}: {chosen}")
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
-    print("| work | int8_linear + head_norm_rope | qkv_rope_linear (fused) |\n|---|---|---|")
+    print("| work | int8_linear + head_norm_rope | " + " | ".join(f"fused, {t}" for t in QKV_ROPE_TILES) + " |")
+    print("|---|---|" + "---|" * len(QKV_ROPE_TILES))
     print("\n".join(bench_qkv_rope(args.runs)))
     print("\nThe MLP's SwiGLU, ms in a CUDA graph:\n")
     print("| work | in the quantizer's prologue | in the product's epilogue | codes that differ |\n|---|---|---|---|")
