@@ -31,13 +31,12 @@ from kernels.row_stats import reference as row_stats_reference
 M = 4608
 SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
 GROUP = 256
-# block_m/num_warps/num_stages; then the rotate pass walking row blocks with fewer programs (its loads pipelined);
-# then chunks of rows through one scratch that can stay in L2 (c: chunk rows).
-QUANTIZER_LAUNCHES = [{"block_m": bm, "num_warps": nw, "num_stages": ns}
+# block_m/num_warps/num_stages/row programs of the rotate pass: a program a row block (0), or fewer programs walking
+# the row blocks (their loads pipelined).
+QUANTIZER_LAUNCHES = [{"block_m": bm, "num_warps": nw, "num_stages": ns, "row_programs": 0}
                       for bm, nw, ns in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))] + [
     {"block_m": bm, "num_warps": 4, "num_stages": ns, "row_programs": rp}
-    for bm, ns, rp in ((64, 3, 8), (64, 3, 16), (32, 3, 32))] + [
-    {"block_m": 64, "num_warps": 4, "num_stages": 2, "chunk_rows": c} for c in (768, 1152, 2304)]
+    for bm, ns, rp in ((64, 3, 8), (64, 3, 16), (32, 3, 32))]
 
 
 def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
@@ -286,9 +285,9 @@ def bench_row_stats(runs):
 
 
 def print_quantizer_tables(runs):
-    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages[/row programs of the"
-          " rotate pass][/c chunk rows]):\n")
-    shapes = " | ".join("/".join(f"{'c' if key == 'chunk_rows' else ''}{v}" for key, v in c.items())
+    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages/row programs of the"
+          " rotate pass, 0: one a row block):\n")
+    shapes = " | ".join("/".join(str(v) for v in c.values())
                         for c in QUANTIZER_LAUNCHES)
     print(f"| K | input | {shapes} |")
     print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
