@@ -266,18 +266,16 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
-    then. Launch shape (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages; row_programs: the rotate
-    pass's programs along the rows, each walking row blocks (0: a program a row block). Defaults (None) from the H200 sweep: plain rows 3 stages
-    and 16 row programs (0.050 against 0.054 ms at K 3840), normed or activated rows 2 stages and a program a row
-    block (0.073 ms for the modulated RMS norm at K 3840). Chunks of rows through a scratch small enough for L2 were
-    slower at every size tried (0.059-0.082 ms)."""
+    then. Launch (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages, row_programs (the rotate pass's
+    programs along the rows, each walking row blocks; 0: one a row block). None: the H200 sweep's best, plain rows 3
+    stages and 16 programs (0.050 against 0.054 ms at K 3840), normed or activated rows 2 stages and 0."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None
-    num_stages = num_stages or (3 if plain else 2)
-    row_programs = (16 if plain else 0) if row_programs is None else row_programs
+    num_stages, row_programs = num_stages or (3 if plain else 2), (16 if plain else 0) if row_programs is None \
+        else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
