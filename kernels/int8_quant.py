@@ -274,8 +274,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None
-    num_stages, row_programs = num_stages or (3 if plain else 2), (16 if plain else 0) if row_programs is None \
-        else row_programs
+    num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
