@@ -44,9 +44,12 @@ def candidate_tiles(gated: bool) -> list:
 # a shape's first run and one compiled kernel serves every shape. bf16 and gated: within 2% of the best candidate on
 # each of Z-Image's four shapes (w2 bf16-out: 0.332 against 0.326 ms), the best on the other seven. SwiGLU (its
 # epilogue writes half the columns, so the persistent bf16 tile fits): 0.633 ms at w1+w3 against 0.696 subtiled.
+# "qkv_rope" (kernels/qkv_rope_linear.py, two whole heads a tile): one program a tile, 0.425 ms against 0.454
+# persistent at Z-Image's QKV.
 HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 1: config(128, 256, 128, 8, 4, tma=True, subtile=True),
-                2: config(128, 256, 128, 8, 4, tma=True, persistent=True)} if triton is not None else {}
+                2: config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                "qkv_rope": config(128, 256, 128, 8, 4, tma=True)} if triton is not None else {}
 
 
 @functools.cache
@@ -54,7 +57,7 @@ def _is_hopper(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
 
 
-def fixed_tiles(form: int, device: torch.device, k: int) -> dict | None:
+def fixed_tiles(form: int | str, device: torch.device, k: int) -> dict | None:
     """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
     if not _is_hopper(device) or k % 16:
         return None

@@ -97,7 +97,7 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
     tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
 
 
-_UNFIT: list = []  # int8_linear's fixed tile, once it ran out of shared memory with this epilogue
+_UNFIT: list = []  # the fixed Hopper tile, once it ran out of shared memory with this epilogue
 
 
 def _fits(block_n: int, heads: int, head: int) -> bool:
@@ -120,8 +120,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
                     tiles=None):
     """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
-    group=group) for cos/sin [M, head / 2]. tiles: None (int8_linear's fixed tiles where they hold whole heads, else
-    autotuned over tiles that do) or int8_linear's form."""
+    group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
+    holds whole heads, else autotuned over tiles that do) or int8_linear's form."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -135,7 +135,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    fixed = fixed_tiles(0, q.device, k)  # int8_linear's BF16 form
+    fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None
     tiles = tiles or fixed
     weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
