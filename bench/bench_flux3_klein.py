@@ -244,7 +244,7 @@ def main(argv=None) -> None:
                         "random embedders the step cache never skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print the kernels of ours INT8 at cache 0")
-    p.add_argument("--variant-chunk", type=int, default=8192, help="also ours INT8 graphed with the MLP in chunks "
+    p.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
                    "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     p.add_argument("--smoke", action="store_true", help="tiny model, 64x64, 3 steps, one run, on the CPU")
     args = p.parse_args(argv)
@@ -350,7 +350,7 @@ def main(argv=None) -> None:
             if not args.variant_chunk:
                 continue
             variant = f"{label}, MLP chunks of {args.variant_chunk} rows, CUDA graphs"
-            chunk, block_gpu.CHUNK = block_gpu.CHUNK, args.variant_chunk  # fewer, larger MLP products
+            chunk, block_gpu.CHUNK = block_gpu.CHUNK, args.variant_chunk  # other MLP products
             try:
                 kept = []
                 measure(variant, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),

@@ -1,5 +1,5 @@
 """One Z-Image Turbo transformer step at 1024x1024 (4096 image rows + a 512-row caption) on random weights of the
-real size: ours INT8 ConvRot (eager, replayed from a CUDA graph, and that with larger MLP chunks) and ours BF16
+real size: ours INT8 ConvRot (eager, replayed from a CUDA graph, and optionally with other MLP chunks) and ours BF16
 vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, in one run. Prints a markdown table (median ms over
 timed steps with CUDA events, peak memory of the step) and the fidelity of the INT8 step against the BF16 and f32
 steps.
@@ -92,8 +92,8 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
-    p.add_argument("--variant-chunk", type=int, default=8192,
-                   help="also ours INT8 graphed with the MLP in chunks of this many rows (dit_core.block_gpu.CHUNK)")
+    p.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks of "
+                   "this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     p.add_argument("--vector-std", type=float, default=0.5, help="std of the random biases/gains (timed model)")
     p.add_argument("--also-vector-std", type=float, nargs="*", default=[0.1],
                    help="fidelity (no timing) of models drawn with these vector stds too")
@@ -134,7 +134,9 @@ def main(argv=None) -> None:
                 same = torch.equal(results[label + ", CUDA graph"][2], results[label][2])
                 print(f"CUDA graph replay equals the eager INT8 step bit for bit: {same}", flush=True)
                 del graphed, replay
-                # The same graphed step with the MLP's rows in one chunk (block_gpu.CHUNK): fewer, larger products.
+                if not args.variant_chunk:
+                    continue
+                # The same graphed step with other MLP chunks (block_gpu.CHUNK): fewer, larger products or more.
                 chunk, block_gpu.CHUNK, graphed = block_gpu.CHUNK, args.variant_chunk, None
                 try:
                     graphed = ours.graphed()

@@ -61,7 +61,11 @@ def fixed_tiles(form: int | str, device: torch.device, k: int) -> dict | None:
     """The launch's tiles where they are fixed (Hopper, K a multiple of 16 as TMA needs), else None: autotuned."""
     if not _is_hopper(device) or k % 16:
         return None
-    tile = HOPPER_TILES[form]
+    return launch_of(HOPPER_TILES[form])
+
+
+def launch_of(tile) -> dict:
+    """A tile (triton.Config) as int8_linear's and qkv_rope_linear's `tiles` argument."""
     return {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
-from kernels.int8_tiles import candidate_tiles, config, fixed_tiles
+from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
@@ -150,11 +150,6 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
                persistent=True, subtile=True)]
 
 
-def launch_of(tile) -> dict:
-    """A tile as int8_linear's and qkv_rope_linear's `tiles` argument."""
-    return {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages}
-
-
 def gemm_sweep(runs):
     """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row) / SwiGLU:
     both forms' candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
@@ -212,7 +207,6 @@ QKV_ROPE_TILES = {"default": None, "128x256 tma persistent": config(128, 256, 12
                   "256x128 tma persistent": config(256, 128, 128, 8, 4, tma=True, persistent=True),
                   "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True),
                   "64x256 w4 tma persistent": config(64, 256, 128, 4, 4, tma=True, persistent=True)}
-
 
 
 def bench_swiglu(runs):
@@ -287,8 +281,7 @@ def bench_row_stats(runs):
 def print_quantizer_tables(runs):
     print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages/row programs of the"
           " rotate pass, 0: one a row block):\n")
-    shapes = " | ".join("/".join(str(v) for v in c.values())
-                        for c in QUANTIZER_LAUNCHES)
+    shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
     print(f"| K | input | {shapes} |")
     print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
     print("\n".join(bench_quantizers(runs)))
