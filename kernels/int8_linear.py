@@ -22,6 +22,7 @@ import logging
 import torch
 
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
+from .modulation_rows import shared_row
 from .rounding import round_to_bf16
 
 try:
@@ -131,7 +132,12 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
             g = tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :]
         else:
             rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
-            g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
+            shared = shared_row(rows, mmask)
+            if shared >= 0:  # the tile's rows share one gate row (kernels/modulation_rows.py)
+                g = tl.broadcast_to(tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :],
+                                    (BLOCK_M, BLOCK_N))
+            else:
+                g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         tl.store(out_ptr + offs, r + g * y, mask=mask)
     elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)

@@ -58,10 +58,15 @@ def test_bf16_output(m, n, k, with_bias, loads, device):
 
 @pytest.mark.parametrize("m,n,k", CASES)
 @pytest.mark.parametrize("loads", LOADS, ids=LOAD_IDS)
-@pytest.mark.parametrize("gate_rows", [3, 1])  # one gate row: read as a vector, not gathered by row_map
+# One gate row: read as a vector; "runs": rows 0-19 on gate row 0, the rest on row 1 (a packed sequence), so a
+# tile within a run reads its shared gate row as a vector, a tile across the boundary gathers; 3: gathered.
+@pytest.mark.parametrize("gate_rows", [3, 1, "runs"])
 def test_gated_residual_epilogue(m, n, k, loads, gate_rows, device):
     ops, _, gated = operands(m, n, k, seed=m * n + k, device=device)
-    gated["gate"], gated["row_map"] = gated["gate"][:gate_rows], gated["row_map"] % gate_rows
+    if gate_rows == "runs":
+        gated["gate"], gated["row_map"] = gated["gate"][:2], (torch.arange(m, device=device) >= 20).long()
+    else:
+        gated["gate"], gated["row_map"] = gated["gate"][:gate_rows], gated["row_map"] % gate_rows
     expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
     assert int8_linear_gated(**ops, **gated, tiles={**SMALL_TILES, **loads}) is gated["residual"]
     assert torch.equal(gated["residual"], expected)

@@ -38,15 +38,20 @@ def poisoned_outputs(m: int, k: int, device):
             torch.full((m,), float("nan"), device=device))
 
 
-def fused_inputs(m: int, k: int, case: dict, seed: int, device, rows: int = 3) -> tuple[torch.Tensor, dict]:
+def fused_inputs(m: int, k: int, case: dict, seed: int, device, rows: int | str = 3,
+                 first_run: int = 20) -> tuple[torch.Tensor, dict]:
     """Activation cases: bf16 rows (the product before the down projection); norm cases: the f32 residual,
-    modulated by `rows` modulation rows (1: one image, read as a vector by the kernel)."""
+    modulated by `rows` modulation rows mapped at random (1: one image, read as a vector by the kernel), or
+    "runs": 2 rows, rows below first_run on the first (a packed sequence: row blocks within a run read their
+    shared modulation row as vectors, a block across the boundary gathers)."""
     g = torch.Generator().manual_seed(seed)
     width = 2 * k if case.get("act") == "swiglu" else k
     x = torch.randn(m, width, generator=g) * 2
     if "act" in case:
         return x.to(device, torch.bfloat16), {"act": case["act"]}
-    kw = {"norm": case["norm"], "eps": 1e-5, "row_map": torch.randint(0, rows, (m,), generator=g).to(device),
+    row_map = (torch.arange(m) >= first_run).long() if rows == "runs" else torch.randint(0, rows, (m,), generator=g)
+    rows = 2 if rows == "runs" else rows
+    kw = {"norm": case["norm"], "eps": 1e-5, "row_map": row_map.to(device),
           "scale": (0.3 * torch.randn(rows, k, generator=g)).to(device)}
     if case["weight"]:
         kw["norm_weight"] = (1 + 0.2 * torch.randn(k, generator=g)).to(device)
@@ -135,7 +140,7 @@ def test_plain_kernel(m, k, group, launch, device):
 
 @pytest.mark.parametrize("case", FUSED, ids=lambda c: "-".join(f"{k}={v}" for k, v in c.items()))
 @pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 128, 64), (5, 512, 256)])
-@pytest.mark.parametrize("mod_rows", [3, 1])
+@pytest.mark.parametrize("mod_rows", [3, 1, "runs"])
 @pytest.mark.parametrize("launch", LAUNCHES[::2], ids=LAUNCH_IDS[::2])
 def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=mod_rows)
@@ -198,9 +203,13 @@ def test_plain_codes_equal_float64_rotation(k):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case,k", [(FUSED[0], 3840), (FUSED[2], 3840), (FUSED[3], 10240), (FUSED[4], 3840)])
-def test_fused_at_zimage_shapes(case, k):
-    x, kw = fused_inputs(ZIMAGE_ROWS, k, case, seed=k, device="cuda")
-    q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
-    q_ref, s_ref = reference(x, 256, **kw)
-    assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
+@pytest.mark.parametrize("case,k,mod_rows", [(FUSED[0], 3840, 3), (FUSED[2], 3840, 3), (FUSED[3], 10240, 3),
+                                             (FUSED[4], 3840, 3), (FUSED[2], 3072, "runs")])
+def test_fused_at_zimage_shapes(case, k, mod_rows):
+    """Z-Image's shapes, and FLUX.3 Klein's joint-block norm (512 text rows on one modulation row, the image's
+    rows on another, plus a boundary inside a row block)."""
+    for first_run in (512, 500):
+        x, kw = fused_inputs(ZIMAGE_ROWS, k, case, seed=k, device="cuda", rows=mod_rows, first_run=first_run)
+        q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
+        q_ref, s_ref = reference(x, 256, **kw)
+        assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
