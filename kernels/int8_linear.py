@@ -106,8 +106,8 @@ def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.const
 
 
 @triton_jit
-def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N, R,
-              HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
+def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared, M,
+              N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
               LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,18 +128,16 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
     mask = mmask[:, None] & nmask[None, :]
     offs = rm[:, None].to(tl.int64) * N + rn[None, :]
     if FORM == 1:  # gated residual
+        r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
-            g = tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :]
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :] * y, mask=mask)
+        elif shared >= 0:  # the tile's rows share one gate row (_tile): a vector (kernels/modulation_rows.py)
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :] * y,
+                     mask=mask)
         else:
             rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
-            shared = shared_row(rows, mmask)
-            if shared >= 0:  # the tile's rows share one gate row (kernels/modulation_rows.py)
-                g = tl.broadcast_to(tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :],
-                                    (BLOCK_M, BLOCK_N))
-            else:
-                g = tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0)
-        r = tl.load(out_ptr + offs, mask=mask, other=0.0)
-        tl.store(out_ptr + offs, r + g * y, mask=mask)
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
+                     mask=mask)
     elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
         gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
@@ -188,17 +186,21 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
           TMA: tl.constexpr, SUBTILE: tl.constexpr):
     """One output tile: its products over K, then the epilogue (on each half of the columns with SUBTILE)."""
     pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+    shared = -1  # the gate row all the tile's rows take, or -1; asked before the products, which hide the load
+    if FORM == 1 and not ONE_GATE_ROW:
+        rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        shared = shared_row(tl.load(map_ptr + rm, mask=rm < M, other=0).to(tl.int64), rm < M)
     acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if SUBTILE:
         left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        _epilogue(left, pid_m, 2 * pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M,
-                  N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
+        _epilogue(left, pid_m, 2 * pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                  shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
         _epilogue(right, pid_m, 2 * pid_n + 1, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-                  map_ptr, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
+                  map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
                   BLOCK_R)
     else:
-        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, M, N,
-                  R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared,
+                  M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
 
 
 # The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.

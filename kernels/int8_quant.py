@@ -93,11 +93,10 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
 
 
 @triton_jit
-def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, first, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
-                   K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, WIDTH, DOT_DTYPE):
+def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, WIDTH, DOT_DTYPE):
     """Step 1 for the WIDTH columns from `first` (bf16 values u [BLOCK_M, WIDTH], held in f32 or bf16), times
-    H_WIDTH on the matrix cores: exact products, f32 sums [BLOCK_M, WIDTH]. shared: the row block's one
-    modulation row, or -1."""
+    H_WIDTH on the matrix cores: exact products, f32 sums [BLOCK_M, WIDTH]."""
     cols = first + tl.arange(0, WIDTH)
     m2 = rmask[:, None]
     base = x_ptr + rows[:, None].to(tl.int64) * stride_x
@@ -121,21 +120,16 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, first, mean, inv,
             if HAS_SHIFT:
                 u = u + tl.load(shift_ptr + cols)[None, :]
         elif HAS_SCALE:
-            if shared >= 0:  # the block's rows share one modulation row: vectors (kernels/modulation_rows.py)
-                u = u * (1.0 + tl.load(scale_ptr + shared * K + cols)[None, :])
-                if HAS_SHIFT:
-                    u = u + tl.load(shift_ptr + shared * K + cols)[None, :]
-            else:
-                mod = rmap[:, None] * K + cols[None, :]
-                u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
-                if HAS_SHIFT:
-                    u = u + tl.load(shift_ptr + mod, mask=m2, other=0.0)
+            mod = rmap[:, None] * K + cols[None, :]
+            u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
+            if HAS_SHIFT:
+                u = u + tl.load(shift_ptr + mod, mask=m2, other=0.0)
         u = round_to_bf16(u)
     return tl.dot(u.to(DOT_DTYPE), h, input_precision="ieee", out_dtype=tl.float32)
 
 
 @triton_jit
-def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, shared, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
     """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
     (held in f32).
@@ -143,14 +137,14 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, shared, c0, mean, inv, w_p
     H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
     results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
     of 128 KB of shared memory."""
-    z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
+    z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
                         K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
     if SPLIT == 4:
-        z1 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, c0 + Q, mean, inv, w_ptr, scale_ptr,
+        z1 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr,
                             shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
-        z2 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr,
+        z2 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr,
                             shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
-        z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, shared, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
+        z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
                             shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
         # Output block s weighs z0..z3 by column s of H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]],
         # halved (1/sqrt(256) = 1/sqrt(64) * 1/2).
@@ -171,10 +165,9 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 
 @triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
-                   gmax_ptr, M, K,
-                   NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr,
-                   ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr, SPLIT: tl.constexpr,
-                   BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
     # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
     # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
@@ -187,19 +180,28 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
     for block in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < M
-        rmap = tl.zeros([BLOCK_M], dtype=tl.int64)
-        shared = -1
-        if HAS_SCALE == 1:
-            rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
-            shared = shared_row(rmap, rmask)
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
         if NORM != 0:
             mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
             inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
-        y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, shared, c0, mean, inv, w_ptr, scale_ptr,
-                                       shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
-                                       SPLIT, DOT_DTYPE)
+        if HAS_SCALE == 1:
+            # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
+            # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/modulation_rows.py).
+            rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
+            shared = shared_row(rmap, rmask)
+            if shared >= 0:
+                y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr,
+                                               scale_ptr + shared * K, shift_ptr + shared * K, h, K, NORM,
+                                               HAS_WEIGHT, 2, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
+            else:
+                y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
+                                               shift_ptr, h, K, NORM, HAS_WEIGHT, 1, HAS_SHIFT, ACT, X_BF16, Q,
+                                               SPLIT, DOT_DTYPE)
+        else:  # no row map to read: rows stand in for it
+            y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr, scale_ptr,
+                                           shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                                           SPLIT, DOT_DTYPE)
         _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
         if SPLIT == 4:
             _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
@@ -292,7 +294,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, **flags)
-    _codes_kernel[(triton.cdiv(m, 16), triton.cdiv(k, 256))](  # 16 rows: 0.026 against 0.035 ms at K 3840 (32)
+    _codes_kernel[(triton.cdiv(m, 16), triton.cdiv(k, 256))](  # 16 rows a program: 0.047 against 0.055 ms (32)
         rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups), BLOCK_M=16,
         BLOCK_K=256, num_warps=4)
     return codes, scales
