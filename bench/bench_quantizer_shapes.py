@@ -1,0 +1,124 @@
+"""Times the quantizer and the gated GEMM at the call shapes FLUX.3 Klein and Z-Image run (M 4608 rows), by kernel.
+
+Three tables (CUDA graphs, median of 30 replays; kernels' own times from the profiler over 20 eager calls):
+1. quantize_rows per call shape: the modulated norm with one modulation row or two in runs (FLUX.3's joint blocks:
+   512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside the two-pass floor at 4 TB/s
+   (input read, bf16 rotated rows written and read back, int8 codes written).
+2. The codes pass alone by launch shape (rows, columns, warps a program).
+3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
+On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
+"""
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kernels.int8_linear import int8_linear_gated  # noqa: E402
+from kernels.int8_quant import _codes_kernel, quantize_rows  # noqa: E402
+
+M, TEXT_ROWS, RUNS = 4608, 512, 30
+GEN = torch.Generator().manual_seed(0)
+
+
+def graph_ms(fn) -> float:
+    """Median ms of one replay of a CUDA graph holding one call of fn."""
+    for _ in range(3):
+        fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(10):
+        graph.replay()
+    events = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(RUNS)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def kernel_us(fn) -> str:
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+    return ", ".join(f"{e.key.strip('_')} {e.device_time_total / e.count:.1f}" for e in prof.key_averages()
+                     if e.device_time_total > 0)
+
+
+def rows(m, k, dtype=torch.float32):
+    return torch.randn(m, k, generator=GEN).to("cuda", dtype)
+
+
+def runs_map(m: int) -> torch.Tensor:
+    """Text rows on modulation row 0, image rows on row 1 (the joint blocks' packed sequence)."""
+    return (torch.arange(m, device="cuda") >= TEXT_ROWS).long()
+
+
+def modulated(m, k, mod_rows, norm="layer"):
+    return {"norm": norm, "eps": 1e-6, "scale": 0.1 * torch.randn(mod_rows, k, device="cuda"),
+            "shift": 0.1 * torch.randn(mod_rows, k, device="cuda"),
+            "row_map": runs_map(m) if mod_rows == 2 else torch.zeros(m, dtype=torch.long, device="cuda")}
+
+
+def quantizer_table() -> list[str]:
+    cases = {"Klein joint norm: layer f32 3072, 2 modulation rows in runs": (rows(M, 3072), modulated(M, 3072, 2)),
+             "the same, 1 modulation row": (rows(M, 3072), modulated(M, 3072, 1)),
+             "Klein attention out: plain bf16 3072": (rows(M, 3072, torch.bfloat16), {}),
+             "Klein MLP hidden: plain bf16 9216": (rows(M, 9216, torch.bfloat16), {}),
+             "Klein text blocks: layer f32 512x3072, 1 row": (rows(512, 3072), modulated(512, 3072, 1)),
+             "Klein text blocks: plain bf16 512x9216": (rows(512, 9216, torch.bfloat16), {}),
+             "Z-Image attention out: plain bf16 3840": (rows(M, 3840, torch.bfloat16), {}),
+             "Z-Image MLP hidden: plain bf16 10240": (rows(M, 10240, torch.bfloat16), {})}
+    out = ["| call | graph ms | two-pass floor ms | kernels (us a call) |", "|---|---|---|---|"]
+    for name, (x, kw) in cases.items():
+        fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw)  # noqa: E731
+        floor = x.numel() * (x.element_size() + 2 + 2 + 1) / 4e12 * 1e3
+        out.append(f"| {name} | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
+    return out
+
+
+def codes_table() -> list[str]:
+    out = ["| K | rows/columns/warps a program | codes ms | floor ms |", "|---|---|---|---|"]
+    for k in (3072, 3840, 9216, 10240):
+        groups = k // 256
+        y = rows(M, k, torch.bfloat16)
+        gmax = y.float().abs().view(M, groups, 256).amax(-1).contiguous()
+        q, s = torch.empty(M, k, dtype=torch.int8, device="cuda"), torch.empty(M, device="cuda")
+        for bm, bk, nw in ((16, 256, 4), (32, 256, 4), (64, 256, 4), (8, 1024, 4), (64, 128, 4), (32, 512, 4)):
+            fn = lambda bm=bm, bk=bk, nw=nw: _codes_kernel[(-(-M // bm), -(-k // bk))](  # noqa: E731
+                y, gmax, q, s, M, k, GROUPS=groups, GROUPS_P2=1 << (groups - 1).bit_length(), BLOCK_M=bm,
+                BLOCK_K=bk, num_warps=nw)
+            out.append(f"| {k} | {bm}/{bk}/{nw} | {graph_ms(fn):.4f} | {M * k * 3 / 4e12 * 1e3:.4f} |")
+    return out
+
+
+def gated_table() -> list[str]:
+    out = ["| K x N | gate rows | gated GEMM ms |", "|---|---|---|"]
+    for k, n in ((3072, 3072), (9216, 3072)):
+        q = torch.randint(-128, 128, (M, k), dtype=torch.int8, device="cuda")
+        w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
+        sx, sw, residual = torch.rand(M, device="cuda") * 1e-3, torch.rand(n, device="cuda") * 1e-3, rows(M, n)
+        maps = {"1": (1, torch.zeros(M, dtype=torch.long, device="cuda")), "2 in runs": (2, runs_map(M)),
+                "2 at random": (2, torch.randint(0, 2, (M,), device="cuda"))}
+        for label, (r, row_map) in maps.items():
+            gate = torch.randn(r, n, device="cuda")
+            fn = lambda gate=gate, row_map=row_map: int8_linear_gated(  # noqa: E731
+                q, sx, w, sw, None, residual=residual, gate=gate, row_map=row_map)
+            out.append(f"| {k}x{n} | {label} | {graph_ms(fn):.4f} |")
+    return out
+
+
+if __name__ == "__main__":
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
+    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))
