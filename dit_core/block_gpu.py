@@ -112,6 +112,19 @@ def _chunk(rows, r0: int, r1: int):
     return tuple(None if t is None else t[r0:r1] for t in rows)
 
 
+@dataclass
+class NormStats:
+    """The next RMS norm's row statistics of the rows x [2, rows] f32 (kernels/gated_residual.py next_rms), carried
+    from one block's last gated-residual kernel to the next block's first norm: its statistics launch goes (34 a
+    Z-Image step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
+    values: torch.Tensor
+    ready: bool = False
+
+    @staticmethod
+    def of(x: torch.Tensor) -> NormStats:
+        return NormStats(torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device))
+
+
 @dataclass(frozen=True)
 class GpuBlock:
     """Block.w where it runs: 4 GpuLinears, then the norm gains (f32) or None."""
@@ -164,21 +177,30 @@ class GpuBlock:
         run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps,
             next_rms=None if next_rms is None else (next_rms, a.eps))
 
-    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence) -> torch.Tensor:
-        """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it."""
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                carry: NormStats | None = None) -> torch.Tensor:
+        """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
+        statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
+        kernel (a sandwich norm, as Z-Image's)."""
         w, row_map = self.w, s.map
-        h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map)
+        given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
+        h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
+                       stats=given)
         o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
         self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
+        carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
             h = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift, row_map=maps,
                            stats=None if stats is None else stats[:, r0:r1])
-            self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps)
+            self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps,
+                              carry.values[:, r0:r1] if carried else None)
+        if carry is not None:
+            carry.ready = carried
         return x
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,

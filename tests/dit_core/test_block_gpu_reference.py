@@ -9,7 +9,7 @@ from tiny_models import random_block
 from dit_core import block_gpu
 from dit_core.arch import Arch
 from dit_core.block import Block
-from dit_core.block_gpu import GpuBlock
+from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.step_cache import StepCache, joint_blocks
@@ -126,3 +126,21 @@ def test_joint_blocks_in_place_equal_copies_under_the_step_cache():
                             caches[1])
         assert torch.equal(got, want) and torch.equal(x_step, kept)  # the step's input untouched
     assert caches[0].changes == caches[1].changes and caches[0].skipped == 2
+
+
+@pytest.mark.parametrize("sandwich", [True, False])
+def test_norm_statistics_carried_between_blocks(sandwich):
+    """Two blocks with NormStats carried: the second block's first norm reads the first block's last gated-residual
+    statistics (no statistics launch), giving what the uncarried blocks give; without a sandwich norm the MLP
+    ends in the GEMM's epilogue and nothing is carried (ready stays False)."""
+    a = arch("rms")
+    x, mods, seq = inputs(a, 150, 0)
+    gpu = GpuBlock.of(random_block(a, sandwich).quantized(), CPU)
+    plain = gpu.forward(a, gpu.forward(a, x.clone(), mods, seq), mods, seq)
+    carry = NormStats.of(x)
+    y = gpu.forward(a, x.clone(), mods, seq, carry)
+    assert carry.ready == sandwich
+    assert rel_err(gpu.forward(a, y, mods, seq, carry), plain) <= 1e-6
+    if sandwich:  # the statistics are read: wrong ones change the block's output
+        carry.values[1] *= 2
+        assert rel_err(gpu.forward(a, x.clone(), mods, seq, carry), gpu.forward(a, x.clone(), mods, seq)) > 1e-2
