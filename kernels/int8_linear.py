@@ -34,9 +34,8 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """q wᵀ exactly (|sums| <= K 2^14 < 2^31): torch's INT8 matrix product (cuBLASLt's, int32) on a GPU where its
-    shapes allow (more than 16 rows, K and N multiples of 8), else in float64. Where Triton is missing (ComfyUI's
-    portable builds) the reference below is what runs: float64 products would take minutes a step there."""
+    """q wᵀ exactly (|sums| <= K 2^14 < 2^31): cuBLASLt's INT8 product on a GPU where its shapes allow (more than 16
+    rows, K and N multiples of 8; the reference runs where Triton is missing), else in float64."""
     if q.is_cuda and q.shape[0] > 16 and q.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
         try:
             return torch._int_mm(q.contiguous(), w.contiguous().t())
@@ -47,9 +46,8 @@ def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
               row_map=None, out=None, swiglu=False):
-    """The math above in plain torch (exact integer products: exact_products). With residual: the gated form
-    (updates residual in place and returns it); otherwise bf16 [M, N] or, with swiglu, [M, N / 2] (into out when
-    given)."""
+    """The math above in plain torch (exact_products). With residual: the gated form (residual updated in place and
+    returned); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
     y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
     if bias is not None:
         y = y + bias.float()
@@ -85,8 +83,7 @@ def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.const
             acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
     else:
         rk = tl.arange(0, BLOCK_K)
-        # Rows and columns past the edge read row M-1 / N-1 (clamped, not masked: the loads stay
-        # unconditional); their results are never stored.
+        # Rows and columns past the edge read row M-1 / N-1 (clamped: unconditional loads), never stored.
         rm_in = tl.minimum(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
         rn_in = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         a_ptrs = q_ptr + rm_in[:, None] * K + rk[None, :]
@@ -157,9 +154,9 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         SUBTILE: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
     # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile; Triton's
-    # warp-specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE: the epilogue takes the
-    # tile as two halves of BLOCK_N / 2 columns, so its layout change through shared memory needs half as much (a
-    # gated 128 x 256 tile otherwise runs out of it).
+    # warp-specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2 or 4): the epilogue
+    # takes the tile's columns in that many parts (_tile), so its layout change through shared memory needs that much
+    # less (a gated 128 x 256 tile otherwise runs out of it).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -192,15 +189,23 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
         shared = shared_row(tl.load(map_ptr + rm, mask=rm < M, other=0).to(tl.int64), rm < M)
     acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if SUBTILE:
-        left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
-        _epilogue(left, pid_m, 2 * pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2, BLOCK_R)
-        _epilogue(right, pid_m, 2 * pid_n + 1, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-                  map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N // 2,
-                  BLOCK_R)
+        # Column halves (2) or quarters (4) in turn: fewer live temporaries (tests/kernels/sm90_builds.py: spills).
+        parts = _halves(acc, BLOCK_M, BLOCK_N)
+        if SUBTILE == 4:
+            parts = _halves(parts[0], BLOCK_M, BLOCK_N // 2) + _halves(parts[1], BLOCK_M, BLOCK_N // 2)
+        for i in tl.static_range(SUBTILE):
+            _epilogue(parts[i], pid_m, SUBTILE * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
+                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M,
+                      BLOCK_N // SUBTILE, BLOCK_R)
     else:
         _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared,
                   M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+
+
+@triton_jit
+def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc's columns [0, BLOCK_N / 2) and [BLOCK_N / 2, BLOCK_N), as a pair."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
 
 
 # The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.
@@ -222,16 +227,14 @@ def _autotuned(form: int):
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form):
-    """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
-    and optionally TMA, PERSISTENT, SUBTILE (off when left out)} (tests, tuning)."""
-    m, k = q.shape
-    n = w.shape[0]
+    """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
+    TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning)."""
+    (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
         raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
                          f"{q.dtype} and {tuple(w.shape)} {w.dtype}")
     if s_x.numel() != m or s_w.numel() != n:
-        raise ValueError(f"int8_linear: scales must hold one value per row ({m} and {n}), got {s_x.numel()} "
-                         f"and {s_w.numel()}")
+        raise ValueError(f"int8_linear: scales must be one a row ({m} and {n}), got {s_x.numel()}, {s_w.numel()}")
     if (lora_down is None) != (lora_up is None) or (
             lora_down is not None and (lora_down.shape[0] != m or lora_up.shape[0] != n
                                        or lora_down.shape[1] != lora_up.shape[1])):
@@ -260,7 +263,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
         return
     try:
-        _int8_linear_kernel[grid](*args, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles},
+        _int8_linear_kernel[grid](*args, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles},
                                   enable_fp_fusion=False)
     except triton.runtime.errors.OutOfResources:
         if not fixed:

@@ -3,7 +3,7 @@ ones fixed on Hopper from the H200 sweep, M's autotune bucket, and the launch gr
 
 Issue 4. A tile is a triton.Config of BLOCK_M x BLOCK_N x BLOCK_K with GROUP_M (row tiles that walk the column tiles
 together), num_warps and num_stages, and three ways to run: TMA (Hopper's tensor memory accelerator loads the tiles),
-PERSISTENT (one program an SM walks the tiles), SUBTILE (the epilogue takes the tile's two column halves in turn).
+PERSISTENT (one program an SM walks the tiles), SUBTILE (the epilogue takes the tile's columns in 2 or 4 parts).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ except ImportError:  # torch without Triton: the references still import
 
 
 def config(block_m, block_n, block_k, num_warps, num_stages, group_m=8, tma=False, persistent=False,
-            subtile=False):
+            subtile=0):
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": block_k, "GROUP_M": group_m,
                           "TMA": tma, "PERSISTENT": persistent, "SUBTILE": subtile},
                          num_warps=num_warps, num_stages=num_stages)
@@ -34,7 +34,7 @@ def candidate_tiles(gated: bool) -> list:
                config(128, 256, 64, 8, 3), config(128, 128, 64, 4, 3)]
     if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9:
         configs += [config(128, 128, 128, 8, 4, tma=True), config(128, 128, 128, 8, 4, tma=True, persistent=True)]
-        configs += [config(128, 256, 128, 8, 4, tma=True, subtile=True)] if gated else [
+        configs += [config(128, 256, 128, 8, 4, tma=True, subtile=2)] if gated else [
             config(128, 256, 128, 8, 4, tma=True), config(128, 256, 128, 8, 4, tma=True, persistent=True),
             config(256, 128, 128, 8, 4, tma=True, persistent=True)]
     return configs
@@ -47,7 +47,7 @@ def candidate_tiles(gated: bool) -> list:
 # "qkv_rope" (kernels/qkv_rope_linear.py, two whole heads a tile): one program a tile, 0.425 ms against 0.454
 # persistent at Z-Image's QKV.
 HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
-                1: config(128, 256, 128, 8, 4, tma=True, subtile=True),
+                1: config(128, 256, 128, 8, 4, tma=True, subtile=2),
                 2: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 "qkv_rope": config(128, 256, 128, 8, 4, tma=True)} if triton is not None else {}
 

@@ -151,7 +151,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
         if not _fits(tiles["BLOCK_N"], heads, head):
             raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
                              f"divide {heads} x {head}")
-        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": False, **tiles}
+        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
         try:
             _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
         except triton.runtime.errors.OutOfResources:

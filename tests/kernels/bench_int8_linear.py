@@ -147,16 +147,19 @@ def bench_shape(name, k, n, runs, kitchen):
 SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(128, 256, 128, 8, 4, tma=True,
                persistent=True, group_m=4), config(128, 256, 128, 8, 4, tma=True, persistent=True, group_m=16),
                config(64, 256, 128, 4, 4, tma=True, persistent=True), config(128, 256, 128, 8, 3, tma=True,
-               persistent=True, subtile=True)]
+               persistent=True, subtile=2)]
 
 
 def gemm_sweep(runs):
     """Rows: a tile variant, then graph ms of the GEMM alone per shape, bf16 out / gated (one gate row) / SwiGLU:
-    both forms' candidate tiles, the subtiled epilogue on every TMA tile, and SWEEP_EXTRA."""
+    both forms' candidate tiles, the epilogue on column halves of every TMA tile (and quarters of the 256-wide
+    ones: fewer spills, tests/kernels/sm90_builds.py), and SWEEP_EXTRA."""
     variants = []
     for c in candidate_tiles(False) + candidate_tiles(True) + SWEEP_EXTRA:
-        for tiles in (launch_of(c), dict(launch_of(c), SUBTILE=True)):
-            if tiles not in variants and (tiles["TMA"] or not tiles["SUBTILE"]):
+        tile = launch_of(c)
+        for tiles in (tile, dict(tile, SUBTILE=2), dict(tile, SUBTILE=4)):
+            if tiles not in variants and (not tiles["SUBTILE"] or tiles["TMA"] and tiles["BLOCK_N"] >= 128 * (
+                    tiles["SUBTILE"] // 2)):
                 variants.append(tiles)
     rows = []
     for tiles in variants:
@@ -174,7 +177,8 @@ def gemm_sweep(runs):
             swiglu = time_or_note(lambda: int8_linear(q, s_x, w, s_w, swiglu=True, tiles=tiles), runs, True)
             cells.append(f"{plain} / {gated} / {swiglu}")
         name = "{BLOCK_M}x{BLOCK_N}x{BLOCK_K} g{GROUP_M} w{num_warps} s{num_stages}".format(**tiles) + "".join(
-            f" {flag.lower()}" for flag in ("TMA", "PERSISTENT", "SUBTILE") if tiles[flag])
+            f" {flag.lower()}" for flag in ("TMA", "PERSISTENT") if tiles[flag]) + (
+            f" subtile {tiles['SUBTILE']}" if tiles["SUBTILE"] else "")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
         print(rows[-1], flush=True)
     return rows

@@ -13,10 +13,10 @@ from kernels.int8_quant import quantize_rows, rotation_input
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
 # Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs; the epilogue
-# on the whole tile or on its two halves (SUBTILE).
+# on the whole tile or on its column halves or quarters (SUBTILE).
 LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True},
-         {"TMA": True, "PERSISTENT": True, "SUBTILE": True}, {"SUBTILE": True}]
-LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-subtile", "subtile"]
+         {"TMA": True, "PERSISTENT": True, "SUBTILE": 2}, {"SUBTILE": 2}, {"TMA": True, "SUBTILE": 4}]
+LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-halves", "halves", "tma-quarters"]
 ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
 
 

@@ -1,0 +1,140 @@
+"""The hot Triton kernels built for the H200 (sm_90a) on a GPU-less host: Triton IR (test_cuda_frontend.py) and the
+whole build through the wheel's ptxas, for registers, spills and shared memory before any device time is spent.
+
+Run as a script (not under TRITON_INTERPRET, which replaces triton.jit): python tests/kernels/sm90_builds.py
+prints a markdown table of each case's resources at its H200 launch (kernels/int8_tiles.py HOPPER_TILES, the
+quantizer's defaults). A spill is a store to and load from local memory, which the 200+ KB of shared memory these
+tiles take leaves little L1 for.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_ptr", "up_ptr", "out_ptr", "gate_ptr")},
+          "q_ptr": "*i8", "w_ptr": "*i8", "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "R": "i32",
+          "M_TUNE": "i32"}
+ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
+          "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
+          "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
+CODES = {"y_ptr": "*bf16", "gmax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
+FORMS = {0: "bf16 rows", 1: "gated", 2: "SwiGLU"}
+
+
+def linear_case(form: int, one_gate_row: bool, tile: dict):
+    """int8_linear's kernel at a tile ({BLOCK_M.., TMA, PERSISTENT, SUBTILE, num_warps, num_stages})."""
+    import triton.language as tl
+
+    from kernels.int8_linear import _int8_linear_kernel
+    launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
+    constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row, "EVEN_K": True,
+                 "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16, "TMA": False, "PERSISTENT": False, "SUBTILE": False,
+                 **{k: v for k, v in tile.items() if k not in launch}}
+    return _int8_linear_kernel, LINEAR, constants, launch
+
+
+def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2):
+    import triton.language as tl
+
+    from kernels.int8_quant import _rotate_kernel
+    constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
+                 "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
+                 "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
+    signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
+    return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
+
+
+def frontend_cases() -> dict:
+    """name -> (kernel, signature, constants, launch): the forms and branches the interpreter cannot type-check."""
+    cases = {}
+    for form, one in ((0, False), (1, True), (1, False), (2, False)):
+        for tma, persistent, subtile in ((True, True, 4), (True, False, 2), (True, True, False), (False, False, False)):
+            tile = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "TMA": tma,
+                    "PERSISTENT": persistent, "SUBTILE": subtile, "num_warps": 8, "num_stages": 4}
+            cases[f"int8_linear {FORMS[form]}{'' if one or form != 1 else ' (gathered)'} tma {tma} persistent "
+                  f"{persistent} subtile {subtile}"] = linear_case(form, one, tile)
+    for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
+        for group in (256, 64):
+            cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
+                norm, has_scale, act, group)
+    from kernels.int8_quant import _codes_kernel
+    cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
+                      {"num_warps": 4})
+    return cases
+
+
+def resource_cases() -> dict:
+    """name -> case: what the H200 runs (HOPPER_TILES by form; the quantizer's launches) and the subtile variants."""
+    from kernels.int8_tiles import HOPPER_TILES, launch_of
+    cases = {}
+    for form in (0, 1, 2):
+        tile = launch_of(HOPPER_TILES[form])
+        for subtile in sorted({tile.get("SUBTILE", False), 4} - {False} | ({False} if form != 1 else set())):
+            for one in ((True, False) if form == 1 else (False,)):
+                label = f"int8_linear {FORMS[form]}" + (" one gate row" if one else " (gathered)" if form == 1 else "")
+                default = subtile == tile.get("SUBTILE", False)
+                cases[f"{label}, subtile {subtile}{' (H200 default)' if default else ''}"] = linear_case(
+                    form, one, {**tile, "SUBTILE": subtile})
+    cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
+    cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
+    cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)
+    cases["rotate: SwiGLU"] = rotate_case(0, 0, 1)
+    return cases
+
+
+def _target():
+    from triton.backends.compiler import GPUTarget
+    return GPUTarget("cuda", 90, 32)
+
+
+def lower(kernel, signature: dict, constants: dict) -> str:
+    """Triton IR of the kernel for sm_90 (triton's CompilationError where the frontend rejects it)."""
+    from triton._C.libtriton import ir
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.compiler import ASTSource
+    backend = CUDABackend(_target())
+    options = backend.parse_options({})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    source = ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants)
+    return str(source.make_ir(_target(), options, backend.get_codegen_implementation(options),
+                              backend.get_module_map(), context))
+
+
+def resources(kernel, signature: dict, constants: dict, launch: dict) -> dict:
+    """The whole build for sm_90a: registers, stack, spill stores and loads (bytes a thread), shared memory."""
+    import triton
+    from triton.compiler import ASTSource
+    built = triton.compile(ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants),
+                           target=_target(), options={**launch, "enable_fp_fusion": False})
+    ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next(p for p in (ptxas / "ptxas-blackwell", ptxas / "ptxas") if p.exists())  # the one that takes the PTX
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "kernel.ptx"
+        ptx.write_text(built.asm["ptx"])
+        report = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", str(ptx), "-o", os.devnull],
+                                capture_output=True, text=True)
+    text = report.stdout + report.stderr
+    spill = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", text)
+    regs = re.search(r"Used (\d+) registers", text)
+    if not (spill and regs):
+        raise RuntimeError(f"ptxas said: {text[-800:]}")
+    return {"registers": int(regs.group(1)), "stack": int(spill.group(1)), "spill stores": int(spill.group(2)),
+            "spill loads": int(spill.group(3)), "shared": built.metadata.shared}
+
+
+if __name__ == "__main__":
+    os.environ.pop("TRITON_INTERPRET", None)
+    print("| kernel at its H200 launch | registers | stack B | spill stores B | spill loads B | shared KB |")
+    print("|---|---|---|---|---|---|")
+    for name, (kernel, signature, constants, launch) in resource_cases().items():
+        r = resources(kernel, signature, constants, launch)
+        print(f"| {name} | {r['registers']} | {r['stack']} | {r['spill stores']} | {r['spill loads']} | "
+              f"{r['shared'] / 1024:.0f} |")
