@@ -188,7 +188,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         if HAS_SCALE == 1:
             # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
             # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/modulation_rows.py).
-            rmap = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)
+            rmap = tl.load(map_ptr + rows, mask=rmask, other=0)  # int32: half the registers of the gather's offsets
             shared = shared_row(rmap, rmask)
             if shared >= 0:
                 y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr,
@@ -249,8 +249,8 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="
     m, k = x.shape[0], x.shape[1] // 2 if act == "swiglu" else x.shape[1]
     if k % group or (act == "swiglu" and x.shape[1] % 2):
         raise ValueError(f"{name}: ConvRot group {group} does not divide the {k} features of x")
-    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k):
-        raise ValueError(f"{name}: modulation scale [R, K] needs row_map [M] (rows' modulation rows)")
+    if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k or scale.numel() >= 2**30):
+        raise ValueError(f"{name}: modulation scale [R, K] (under 2^30 values: int32 offsets) needs row_map [M]")
     if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
                               or stats.stride(1) != 1):
         raise ValueError(f"{name}: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")

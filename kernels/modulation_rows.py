@@ -18,7 +18,8 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 @triton_jit
 def shared_row(rmap, rmask):
-    """The row every valid row of the block maps to (rmap [BLOCK_M] int64, rmask [BLOCK_M]), else -1."""
-    lo = tl.min(tl.where(rmask, rmap, 1 << 62), axis=0)
+    """The row every valid row of the block maps to (rmap [BLOCK_M] int32 or int64, rows below 2^30; rmask
+    [BLOCK_M]), else -1."""
+    lo = tl.min(tl.where(rmask, rmap, 1 << 30), axis=0)
     hi = tl.max(tl.where(rmask, rmap, -1), axis=0)
     return tl.where(lo == hi, lo, -1)
