@@ -50,6 +50,20 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
+def qkv_rope_case(persistent: bool):
+    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent."""
+    from kernels.int8_tiles import HOPPER_TILES, launch_of
+    from kernels.qkv_rope_linear import _qkv_rope_kernel
+    tile = launch_of(HOPPER_TILES["qkv_rope"])
+    launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
+    signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
+                 "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
+    constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "EVEN_K": True, **tile, "PERSISTENT": persistent,
+                 "SUBTILE": 0}
+    return _qkv_rope_kernel, signature, constants, launch
+
+
 def frontend_cases() -> dict:
     """name -> (kernel, signature, constants, launch): the forms and branches the interpreter cannot type-check."""
     cases = {}
@@ -81,6 +95,8 @@ def resource_cases() -> dict:
                 default = subtile == tile.get("SUBTILE", False)
                 cases[f"{label}, subtile {subtile}{' (H200 default)' if default else ''}"] = linear_case(
                     form, one, {**tile, "SUBTILE": subtile})
+    cases["qkv_rope, a program a tile (H200 default: 0.425 ms at Z-Image's QKV)"] = qkv_rope_case(False)
+    cases["qkv_rope, persistent (0.454 ms)"] = qkv_rope_case(True)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)
