@@ -105,7 +105,8 @@ def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.const
 @triton_jit
 def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared, M,
               N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
-              LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+              WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -123,7 +124,9 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
                      other=0.0)
         y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
     mask = mmask[:, None] & nmask[None, :]
-    offs = rm[:, None].to(tl.int64) * N + rn[None, :]
+    # 32-bit offsets below 2^31 outputs (WIDE off): live from the residual's load to its store, 64-bit ones spilled.
+    row = rm.to(tl.int64) if WIDE else rm
+    offs = row[:, None] * N + rn[None, :]
     if FORM == 1:  # gated residual
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
@@ -132,14 +135,14 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :] * y,
                      mask=mask)
         else:
-            rows = tl.load(map_ptr + rm, mask=mmask, other=0).to(tl.int64)
+            rows = tl.load(map_ptr + rm, mask=mmask, other=0)  # the gate table: under 2^31 values
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
                      mask=mask)
     elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
         gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         act = round_to_bf16(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)) * up)
-        tl.store(out_ptr + rm[:, None].to(tl.int64) * (N // 2) + rh[None, :], act.to(tl.bfloat16),
+        tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
                  mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:
         tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
@@ -148,15 +151,14 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                         M, N, K, R, M_TUNE, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-                        ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
+                        ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
                         GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
                         SUBTILE: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
-    # (the loop flattened, so the next tile's loads start during this tile's epilogue), else one per tile; Triton's
-    # warp-specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2 or 4): the epilogue
-    # takes the tile's columns in that many parts (_tile), so its layout change through shared memory needs that much
-    # less (a gated 128 x 256 tile otherwise runs out of it).
+    # (the loop flattened: the next tile's loads start during this epilogue), else one a tile; Triton's warp-
+    # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
+    # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -166,22 +168,22 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW,
+              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE,
               EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
     else:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, EVEN_K,
+                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K,
                   LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
 
 
 @triton_jit
 def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, a_desc,
           b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-          ONE_GATE_ROW: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
-          TMA: tl.constexpr, SUBTILE: tl.constexpr):
-    """One output tile: its products over K, then the epilogue (on each half of the columns with SUBTILE)."""
+          ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+          GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """One output tile: its products over K, then the epilogue (on SUBTILE parts of the columns in turn)."""
     pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
     shared = -1  # the gate row all the tile's rows take, or -1; asked before the products, which hide the load
     if FORM == 1 and not ONE_GATE_ROW:
@@ -189,17 +191,16 @@ def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
         shared = shared_row(tl.load(map_ptr + rm, mask=rm < M, other=0).to(tl.int64), rm < M)
     acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
     if SUBTILE:
-        # Column halves (2) or quarters (4) in turn: fewer live temporaries (tests/kernels/sm90_builds.py: spills).
         parts = _halves(acc, BLOCK_M, BLOCK_N)
         if SUBTILE == 4:
             parts = _halves(parts[0], BLOCK_M, BLOCK_N // 2) + _halves(parts[1], BLOCK_M, BLOCK_N // 2)
         for i in tl.static_range(SUBTILE):
             _epilogue(parts[i], pid_m, SUBTILE * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
-                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M,
-                      BLOCK_N // SUBTILE, BLOCK_R)
+                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
+                      BLOCK_M, BLOCK_N // SUBTILE, BLOCK_R)
     else:
         _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared,
-                  M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
+                  M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
 
 
 @triton_jit
@@ -253,7 +254,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank,
             tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "FORM": form,
-             "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1,
+             "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
@@ -268,8 +269,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     except triton.runtime.errors.OutOfResources:
         if not fixed:
             raise
-        # A fixed tile that does not fit (a driver or Triton that needs more shared memory than the H200 sweep's):
-        # nothing ran, so this form autotunes from now on.
+        # A fixed tile that does not fit (another driver or Triton): nothing ran, so this form autotunes from now on.
         log.warning("int8_linear: the fixed %s tile does not fit this GPU's shared memory; autotuning", tiles)
         _UNFIT.add(form)
         _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
@@ -294,7 +294,7 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
     m, n = q.shape[0], w.shape[0]
     if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
         raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
-    if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,):
-        raise ValueError(f"int8_linear_gated: gate must be [R, {n}] and row_map [{m}]")
+    if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,) or gate.numel() >= 2**31:
+        raise ValueError(f"int8_linear_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
     _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED)
     return residual

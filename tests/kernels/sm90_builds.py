@@ -33,8 +33,9 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
 
     from kernels.int8_linear import _int8_linear_kernel
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
-    constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row, "EVEN_K": True,
-                 "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16, "TMA": False, "PERSISTENT": False, "SUBTILE": False,
+    constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row, "WIDE": False,
+                 "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16, "TMA": False, "PERSISTENT": False,
+                 "SUBTILE": 0,
                  **{k: v for k, v in tile.items() if k not in launch}}
     return _int8_linear_kernel, LINEAR, constants, launch
 
@@ -73,6 +74,10 @@ def frontend_cases() -> dict:
                     "PERSISTENT": persistent, "SUBTILE": subtile, "num_warps": 8, "num_stages": 4}
             cases[f"int8_linear {FORMS[form]}{'' if one or form != 1 else ' (gathered)'} tma {tma} persistent "
                   f"{persistent} subtile {subtile}"] = linear_case(form, one, tile)
+    for form in (1, 2):  # 64-bit offsets (2^31 outputs or more: too large to run in a test)
+        kernel, signature, constants, launch = linear_case(form, False, {"BLOCK_M": 128, "BLOCK_N": 256,
+                                                                         "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})
+        cases[f"int8_linear {FORMS[form]} wide"] = (kernel, signature, {**constants, "WIDE": True}, launch)
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
@@ -148,6 +153,9 @@ def resources(kernel, signature: dict, constants: dict, launch: dict) -> dict:
 
 if __name__ == "__main__":
     os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    print(f"Triton {triton.__version__}, sm_90a (the device's Triton decides: install its version to a folder and put "
+          f"it first on PYTHONPATH)\n")
     print("| kernel at its H200 launch | registers | stack B | spill stores B | spill loads B | shared KB |")
     print("|---|---|---|---|---|---|")
     for name, (kernel, signature, constants, launch) in resource_cases().items():

@@ -52,7 +52,7 @@ def lowered() -> dict:
 def test_every_case_lowers(lowered):
     failed = {name: why for name, why in lowered.items() if why != "ok" and "must fail" not in name}
     assert not failed, failed
-    assert len(lowered) == 16 + 10 + 1 + 1  # int8_linear forms x loads, quantizer variants, codes, the bad kernel
+    assert len(lowered) == 16 + 2 + 10 + 1 + 1  # int8_linear forms x loads, wide, quantizers, codes, the bad one
 
 
 def test_the_check_can_fail(lowered):
