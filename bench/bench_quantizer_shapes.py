@@ -8,7 +8,6 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
 """
-import statistics
 import sys
 from pathlib import Path
 
@@ -16,6 +15,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+
+from bench_int8_linear import median_ms  # noqa: E402
 
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import _codes_kernel, quantize_rows  # noqa: E402
@@ -25,26 +27,7 @@ GEN = torch.Generator().manual_seed(0)
 
 
 def graph_ms(fn) -> float:
-    """Median ms of one replay of a CUDA graph holding one call of fn."""
-    for _ in range(3):
-        fn()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(10):
-        graph.replay()
-    events = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2)) for _ in range(RUNS)]
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    return median_ms(fn, RUNS, graph=True)
 
 
 def kernel_us(fn) -> str:
