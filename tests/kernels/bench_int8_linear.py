@@ -2,8 +2,9 @@
 
 Contenders, all with the same INT8 codes and row scales (dit_core.weights.quantize_convrot of one f32
 weight): ours = kernels/int8_quant.quantize_rows + kernels/int8_linear.int8_linear (also each alone, the gated
-epilogue, and the fused quantizer prologues), F.linear in BF16 on the dequantized weight, and comfy-kitchen
-0.2.40's int8_linear with ConvRot on its cuda (and triton) back end when it imports and reports it available.
+epilogue, the fused quantizer prologues, and the Gluon GEMM of kernels/int8_linear_gluon.py), F.linear in BF16 on
+the dequantized weight, and comfy-kitchen 0.2.40's int8_linear with ConvRot on its cuda (and triton) back end when
+it imports and reports it available.
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
@@ -23,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
+from kernels.int8_linear_gluon import available as gluon_available
+from kernels.int8_linear_gluon import int8_linear_gluon
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
@@ -125,6 +128,12 @@ def bench_shape(name, k, n, runs, kitchen):
         "ours: quantizer alone": lambda: quantize_rows(x, GROUP, out=(q, s_x)),
         "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
     }
+    if gluon_available():  # the Gluon loop that keeps an integer MMA in flight (kernels/int8_linear_gluon.py)
+        for stages in (4, 3):
+            contenders[f"ours Gluon, {stages} stages: GEMM alone"] = (
+                lambda stages=stages: int8_linear_gluon(q, s_x, codes, s_w, bias, out=out, tile={"STAGES": stages}))
+        same = torch.equal(int8_linear_gluon(q, s_x, codes, s_w, bias), int8_linear(q, s_x, codes, s_w, bias))
+        checks.append(f"Gluon GEMM equal to ours bit for bit: {same}")
     for label, fn in kitchen.items():
         try:
             checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")

@@ -1,0 +1,75 @@
+"""kernels/int8_linear_gluon.py: built for the H200 in CI (no interpreter runs Gluon; the build must keep one
+integer wgmma group in flight, what the kernel is for), and on the GPU equal to int8_linear's reference bit for bit
+(pytest -m gpu)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels.int8_linear import reference
+
+ROOT = Path(__file__).resolve().parents[2]
+CHILD = """
+import json, re, torch
+from kernels import int8_linear_gluon as kg
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+import triton
+class Codes:  # what a tensor descriptor reads of its tensor: a 16-byte-aligned int8 base
+    dtype = torch.int8
+    @staticmethod
+    def data_ptr():
+        return 0
+t = kg.TILE
+desc = lambda rows, block: mangle_type(kg.TensorDescriptor(Codes, [rows, 3840], [3840, 1], block,
+    gl.NVMMASharedLayout.get_default_for(block, gl.int8)))
+sig = {"a_desc": desc(4608, [t["BLOCK_M"], t["BLOCK_K"]]), "b_desc": desc(3840, [t["BLOCK_N"], t["BLOCK_K"]]),
+       "sx_ptr": "*fp32", "sw_ptr": "*fp32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32",
+       "K": "i32"}
+consts = {"HAS_BIAS": True, "WIDE": False, "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"],
+          "num_warps": t["num_warps"]}
+src = GluonASTSource(kg._int8_linear_gluon_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
+built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t["num_warps"],
+                                                                       "enable_fp_fusion": False})
+ptx = built.asm["ptx"]
+print(json.dumps([sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                  re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx), built.metadata.shared]))
+"""
+
+
+def test_builds_for_the_h200_with_an_integer_mma_in_flight():
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    child = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    instructions, waits, shared = json.loads(child.stdout.strip().splitlines()[-1])
+    assert instructions == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"]
+    assert "1" in waits  # the loop leaves one MMA group in flight (Triton's own int8 loop waits for 0)
+    assert shared <= 227 * 1024  # the H200's shared memory a block
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m,n,k", [(1, 32, 64), (37, 80, 64), (40, 33, 160), (300, 520, 1040), (4608, 3840, 3840),
+                                   (4608, 3840, 10240)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_equals_the_reference(m, n, k, with_bias):
+    from kernels.int8_linear_gluon import int8_linear_gluon
+    g = torch.Generator().manual_seed(m + n + k)
+    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+    s_x, s_w = (torch.rand(m, generator=g) * 0.02).cuda(), (torch.rand(n, generator=g) * 0.002).cuda()
+    bias = torch.randn(n, generator=g).to("cuda", torch.bfloat16) if with_bias else None
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    int8_linear_gluon(q, s_x, w, s_w, bias, out=out)
+    assert torch.equal(out, reference(q, s_x, w, s_w, bias))
