@@ -4,15 +4,17 @@ kernels/int8_linear.py written in Gluon (Triton's explicit-layout language), to 
 The math is int8_linear's (its reference() is this kernel's): acc = q wᵀ exact in int32, y = float(acc) * (s_x[m] *
 s_w[n]) + bias[n] rounded once (no fused multiply-add), out = bf16(y).
 Why a second kernel: Triton's own pipeliner keeps no integer wgmma in flight across K steps. At the H200 tile it
-emits `wgmma.wait_group 0` after every K step for int8 (the MMA pipeline drains each step), while the same loop in fp8
-or bf16 waits for 1 (tests/kernels/sm90_builds.py shows both). Here the loop is written out: a ring of STAGES shared
-buffers filled by TMA, each K step's MMA issued asynchronously, then a wait that leaves one group in flight, and the
-slot the previous MMA read refilled only after that wait. Integer wgmma takes n <= 224, so a 256-wide tile issues two
-n = 128 instructions a k32 step, as Triton's does.
+emits `wgmma.wait_group 0` after every K step for int8 (the MMA pipeline drains each step), while the same loop in
+fp8 or bf16 waits for 1 (docs/benchmarks.md). Here the loop is written out: a ring of STAGES shared buffers filled
+by TMA, each K step's MMA issued asynchronously, then a wait that leaves one group in flight, and the slot the
+previous MMA read refilled only after that wait; a persistent program runs its tiles' K steps as one run. Integer
+wgmma takes n <= 224, so a 256-wide tile issues two n = 128 instructions a k32 step, as Triton's does.
 Not used by the block yet (no CPU interpreter runs Gluon): tests/kernels/test_int8_linear_gluon.py checks it on the
 GPU and its build in CI; bench_int8_linear.py times it.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -20,96 +22,134 @@ try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     # TMA's global-to-shared copy: async_load from Triton 3.7 (the H200's 3.6 names it async_copy_global_to_shared).
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 except ImportError:  # a Triton without Gluon (before 3.5): int8_linear.py is the kernel then
     gluon = None
 
-TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 4, "num_warps": 8}
+# 3 stages: the ring (3 x 48 KB) and the bf16 tile for the TMA store (64 KB) fill 208 of the H200's 227 KB.
+TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 3, "num_warps": 8,
+        "PERSISTENT": True}
 
 
 def available() -> bool:
     return gluon is not None
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 if gluon is not None:
     @gluon.jit
-    def _int8_linear_gluon_kernel(a_desc, b_desc, sx_ptr, sw_ptr, bias_ptr, out_ptr, M, N, K,
-                                  HAS_BIAS: gl.constexpr, WIDE: gl.constexpr, GROUP_M: gl.constexpr,
-                                  STAGES: gl.constexpr, num_warps: gl.constexpr):
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        # Tile order as int8_linear's _tile_of: GROUP_M row tiles walk the column tiles together (weights stay in L2).
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        tile = gl.program_id(0)
+    def _tile_offsets(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Row and column offsets of a tile, in int8_linear's _tile_of order: GROUP_M row tiles walk the column
+        tiles together (their weight columns stay in L2)."""
         per_group = GROUP_M * tiles_n
         first_m = (tile // per_group) * GROUP_M
         group_m = min(tiles_m - first_m, GROUP_M)
-        off_m = (first_m + (tile % per_group) % group_m) * BLOCK_M
-        off_n = ((tile % per_group) // group_m) * BLOCK_N
+        return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
+    @gluon.jit
+    def _load_step(a_desc, b_desc, a_ring, b_ring, ready, p, last, first, stride, steps, tiles_m, tiles_n,
+                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """TMA of K step p of this program's run (its tile first + (p // steps) stride, step p % steps) into ring
+        slot p % STAGES, signalling ready[slot]; nothing past step `last` (TMA zero-fills past K and the edges)."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        off_m, off_n = _tile_offsets(first + (p // steps) * stride, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+        k = (p % steps) * BLOCK_K
+        slot = p % STAGES
+        mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=p <= last)
+        tma_load(a_desc, [off_m, k], ready.index(slot), a_ring.index(slot), pred=p <= last)
+        tma_load(b_desc, [off_n, k], ready.index(slot), b_ring.index(slot), pred=p <= last)
+
+    @gluon.jit
+    def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, M, N, K,
+                                  HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                                  num_warps: gl.constexpr):
+        # A program takes tiles first, first + stride, ... (one when the grid is a program a tile, persistent
+        # otherwise) as one run of K steps: the ring and its phases carry from tile to tile, so the next tile's
+        # first loads are in flight during this tile's last MMAs and epilogue.
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        first = gl.program_id(0)
+        stride = gl.num_programs(0)
+        steps = gl.cdiv(K, BLOCK_K)
+        run = gl.cdiv(tiles_m * tiles_n - first, stride) * steps  # K steps of all this program's tiles
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, 128, 32])
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-        steps = gl.cdiv(K, BLOCK_K)
-        nbytes: gl.constexpr = a_desc.block_type.nbytes + b_desc.block_type.nbytes
-        for s in gl.static_range(STAGES - 1):  # the first STAGES - 1 K steps in flight (TMA zero-fills past K)
-            mbarrier.expect(ready.index(s), nbytes, pred=s < steps)
-            tma_load(a_desc, [off_m, s * BLOCK_K], ready.index(s), a_ring.index(s),
-                                            pred=s < steps)
-            tma_load(b_desc, [off_n, s * BLOCK_K], ready.index(s), b_ring.index(s),
-                                            pred=s < steps)
+        for s in gl.static_range(STAGES - 1):
+            _load_step(a_desc, b_desc, a_ring, b_ring, ready, s, run - 1, first, stride, steps, tiles_m, tiles_n,
+                       GROUP_M, STAGES)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=acc_layout)
-        for i in range(steps):
-            slot = i % STAGES
-            mbarrier.wait(ready.index(slot), phase=(i // STAGES) & 1)
-            acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, is_async=True)
-            # One group stays in flight: step i - 1's MMA is done, so the slot it read takes step i + STAGES - 1.
-            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
-            refill = i + STAGES - 1
-            free = refill % STAGES
-            mbarrier.expect(ready.index(free), nbytes, pred=refill < steps)
-            tma_load(a_desc, [off_m, refill * BLOCK_K], ready.index(free), a_ring.index(free),
-                                            pred=refill < steps)
-            tma_load(b_desc, [off_n, refill * BLOCK_K], ready.index(free), b_ring.index(free),
-                                            pred=refill < steps)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for t in range(run // steps):
+            for i in range(steps):
+                c = t * steps + i
+                slot = c % STAGES
+                mbarrier.wait(ready.index(slot), phase=(c // STAGES) & 1)
+                acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                                    is_async=True)
+                # One group stays in flight: step c - 1's MMA is done, so the slot it read takes step c + STAGES - 1
+                # (the next tile's first steps while this tile ends).
+                acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
+                _load_step(a_desc, b_desc, a_ring, b_ring, ready, c + STAGES - 1, run - 1, first, stride, steps,
+                           tiles_m, tiles_n, GROUP_M, STAGES)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            off_m, off_n = _tile_offsets(first + t * stride, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
+            y = _bf16_rows(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS, BLOCK_M, BLOCK_N)
+            # Through shared memory and TMA: no per-value pointers or masks (TMA clips the edges), and the store runs
+            # on while the next tile's MMAs start; the previous tile's store must have left the buffer first.
+            tma.store_wait(0)
+            out_tile.store(y)
+            fence_async_shared()
+            tma_store(out_desc, [off_m, off_n], out_tile)
+        tma.store_wait(0)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
 
-        # Epilogue in the accumulator's own layout (no shared-memory round trip): scales, bias, one bf16 rounding.
-        rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc_layout))
-        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc_layout))
-        mmask = rm < M
-        nmask = rn < N
-        sx = gl.load(sx_ptr + rm, mask=mmask, other=0.0)
-        sw = gl.load(sw_ptr + rn, mask=nmask, other=0.0)
+    @gluon.jit
+    def _bf16_rows(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                   BLOCK_N: gl.constexpr):
+        """The bf16 rows of a tile, in the accumulator's layout: scales, bias, one rounding."""
+        rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
+        rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
+        sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+        sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
         y = acc.to(gl.float32) * (gl.expand_dims(sx, 1) * gl.expand_dims(sw, 0))
         if HAS_BIAS:
-            y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=nmask, other=0.0).to(gl.float32), 0)
-        offs = gl.expand_dims(rm.to(gl.int64) if WIDE else rm, 1) * N + gl.expand_dims(rn, 0)  # 32-bit: fewer spills
-        gl.store(out_ptr + offs, y.to(gl.bfloat16), mask=gl.expand_dims(mmask, 1) & gl.expand_dims(nmask, 0))
+            y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
+        return y.to(gl.bfloat16)
 
 
 def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None):
     """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n], as int8_linear (no LoRA, no other form). CUDA (Hopper),
-    K a multiple of 16 (TMA's 16-byte rows). tile: TILE's keys (tests, timing)."""
+    K a multiple of 16 and N of 8 (TMA's 16-byte rows). tile: TILE's keys (tests, timing)."""
     if gluon is None:
         raise RuntimeError("int8_linear_gluon: this Triton has no Gluon (3.5 or later needed); use int8_linear")
     t = {**TILE, **(tile or {})}
     (m, k), n = q.shape, w.shape[0]
-    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or not q.is_cuda:
-        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16, got "
-                         f"{tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
+    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or n % 8 or not q.is_cuda:
+        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 and N of "
+                         f"8, got {tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
     out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
+    if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError(f"int8_linear_gluon: out must be contiguous bf16 [{m}, {n}] at a 16-byte aligned address")
     if m == 0:
         return out
     q, w = q.contiguous(), w.contiguous()
@@ -118,9 +158,12 @@ def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None):
     b_desc = TensorDescriptor.from_tensor(w, [t["BLOCK_N"], t["BLOCK_K"]],
                                           gl.NVMMASharedLayout.get_default_for([t["BLOCK_N"], t["BLOCK_K"]], gl.int8))
     sx, sw = s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1)
-    grid = (triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"]),)
+    tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
+    out_desc = TensorDescriptor.from_tensor(out, [t["BLOCK_M"], t["BLOCK_N"]], gl.NVMMASharedLayout.get_default_for(
+        [t["BLOCK_M"], t["BLOCK_N"]], gl.bfloat16))
+    grid = (min(tiles, _sm_count(q.device)) if t["PERSISTENT"] else tiles,)
     # enable_fp_fusion=False: the scale product and the bias add round separately, as the reference's do.
-    _int8_linear_gluon_kernel[grid](a_desc, b_desc, sx, sw, bias if bias is not None else sx, out, m, n, k,
-                                    HAS_BIAS=bias is not None, WIDE=m * n >= 2**31, GROUP_M=t["GROUP_M"],
-                                    STAGES=t["STAGES"], num_warps=t["num_warps"], enable_fp_fusion=False)
+    _int8_linear_gluon_kernel[grid](a_desc, b_desc, out_desc, sx, sw, bias if bias is not None else sx, m, n, k,
+                                    HAS_BIAS=bias is not None, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"],
+                                    num_warps=t["num_warps"], enable_fp_fusion=False)
     return out

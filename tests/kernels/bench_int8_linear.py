@@ -129,9 +129,9 @@ def bench_shape(name, k, n, runs, kitchen):
         "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
     }
     if gluon_available():  # the Gluon loop that keeps an integer MMA in flight (kernels/int8_linear_gluon.py)
-        for stages in (4, 3):
-            contenders[f"ours Gluon, {stages} stages: GEMM alone"] = (
-                lambda stages=stages: int8_linear_gluon(q, s_x, codes, s_w, bias, out=out, tile={"STAGES": stages}))
+        for label, tile in (("persistent", {}), ("a program a tile", {"PERSISTENT": False})):
+            contenders[f"ours Gluon, {label}: GEMM alone"] = (
+                lambda tile=tile: int8_linear_gluon(q, s_x, codes, s_w, bias, out=out, tile=tile))
         same = torch.equal(int8_linear_gluon(q, s_x, codes, s_w, bias), int8_linear(q, s_x, codes, s_w, bias))
         checks.append(f"Gluon GEMM equal to ours bit for bit: {same}")
     for label, fn in kitchen.items():
