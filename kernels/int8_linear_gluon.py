@@ -1,8 +1,8 @@
-"""INT8 x INT8 -> INT32 products with the matrix cores kept busy across K steps: the bf16-rows form of
+"""INT8 x INT8 -> INT32 products with the matrix cores kept busy across K steps: the bf16-rows and SwiGLU forms of
 kernels/int8_linear.py written in Gluon (Triton's explicit-layout language), to be timed against it.
 
 The math is int8_linear's (its reference() is this kernel's): acc = q wᵀ exact in int32, y = float(acc) * (s_x[m] *
-s_w[n]) + bias[n] rounded once (no fused multiply-add), out = bf16(y).
+s_w[n]) + bias[n] rounded once (no fused multiply-add), out = bf16(y); SwiGLU: bf16(silu(g) u) of the bf16 pairs.
 Why a second kernel: Triton's own pipeliner keeps no integer wgmma in flight across K steps. At the H200 tile it
 emits `wgmma.wait_group 0` after every K step for int8 (the MMA pipeline drains each step), while the same loop in
 fp8 or bf16 waits for 1 (docs/benchmarks.md). Here the loop is written out: a ring of STAGES shared buffers filled
@@ -72,8 +72,8 @@ if gluon is not None:
 
     @gluon.jit
     def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, M, N, K,
-                                  HAS_BIAS: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                                  num_warps: gl.constexpr):
+                                  HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, GROUP_M: gl.constexpr,
+                                  STAGES: gl.constexpr, num_warps: gl.constexpr):
         # A program takes tiles first, first + stride, ... (one when the grid is a program a tile, persistent
         # otherwise) as one run of K steps: the ring and its phases carry from tile to tile, so the next tile's
         # first loads are in flight during this tile's last MMAs and epilogue.
@@ -113,6 +113,10 @@ if gluon is not None:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             off_m, off_n = _tile_offsets(first + t * stride, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             y = _bf16_rows(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS, BLOCK_M, BLOCK_N)
+            if SWIGLU:  # interleaved column pairs (gate 2j, up 2j + 1) to silu(gate) up: half the columns
+                gate, up = gl.split(gl.reshape(y.to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+                y = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
+                off_n = off_n // 2
             # Through shared memory and TMA: no per-value pointers or masks (TMA clips the edges), and the store runs
             # on while the next tile's MMAs start; the previous tile's store must have left the buffer first.
             tma.store_wait(0)
@@ -137,33 +141,36 @@ if gluon is not None:
         return y.to(gl.bfloat16)
 
 
-def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None):
-    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n], as int8_linear (no LoRA, no other form). CUDA (Hopper),
-    K a multiple of 16 and N of 8 (TMA's 16-byte rows). tile: TILE's keys (tests, timing)."""
+def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None, swiglu=False):
+    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] as int8_linear (no LoRA, no gated form); with swiglu,
+    SiLU(gate) up of the interleaved column pairs, bf16 [M, N / 2]. CUDA (Hopper), K a multiple of 16 and the output's
+    N of 8 (TMA's 16-byte rows). tile: TILE's keys (tests, timing)."""
     if gluon is None:
         raise RuntimeError("int8_linear_gluon: this Triton has no Gluon (3.5 or later needed); use int8_linear")
     t = {**TILE, **(tile or {})}
     (m, k), n = q.shape, w.shape[0]
-    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or n % 8 or not q.is_cuda:
-        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 and N of "
-                         f"8, got {tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
-    out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
-    if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
-        raise ValueError(f"int8_linear_gluon: out must be contiguous bf16 [{m}, {n}] at a 16-byte aligned address")
+    n_out = n // 2 if swiglu else n
+    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or n_out % 8 or n % 2 * swiglu \
+            or not q.is_cuda:
+        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 and the "
+                         f"output's N of 8, got {tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
+    out = torch.empty(m, n_out, dtype=torch.bfloat16, device=q.device) if out is None else out
+    if out.shape != (m, n_out) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
+        raise ValueError(f"int8_linear_gluon: out must be contiguous bf16 [{m}, {n_out}] at a 16-byte aligned address")
     if m == 0:
         return out
     q, w = q.contiguous(), w.contiguous()
-    a_desc = TensorDescriptor.from_tensor(q, [t["BLOCK_M"], t["BLOCK_K"]],
-                                          gl.NVMMASharedLayout.get_default_for([t["BLOCK_M"], t["BLOCK_K"]], gl.int8))
-    b_desc = TensorDescriptor.from_tensor(w, [t["BLOCK_N"], t["BLOCK_K"]],
-                                          gl.NVMMASharedLayout.get_default_for([t["BLOCK_N"], t["BLOCK_K"]], gl.int8))
-    sx, sw = s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1)
-    tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
-    out_desc = TensorDescriptor.from_tensor(out, [t["BLOCK_M"], t["BLOCK_N"]], gl.NVMMASharedLayout.get_default_for(
-        [t["BLOCK_M"], t["BLOCK_N"]], gl.bfloat16))
+
+    def descriptor(tensor, block, dtype):
+        return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+    bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (min(tiles, _sm_count(q.device)) if t["PERSISTENT"] else tiles,)
     # enable_fp_fusion=False: the scale product and the bias add round separately, as the reference's do.
-    _int8_linear_gluon_kernel[grid](a_desc, b_desc, out_desc, sx, sw, bias if bias is not None else sx, m, n, k,
-                                    HAS_BIAS=bias is not None, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"],
+    _int8_linear_gluon_kernel[grid](descriptor(q, [bm, bk], gl.int8), descriptor(w, [bn, bk], gl.int8),
+                                    descriptor(out, [bm, bn // 2 if swiglu else bn], gl.bfloat16),
+                                    s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+                                    bias if bias is not None else s_w, m, n, k, HAS_BIAS=bias is not None,
+                                    SWIGLU=swiglu, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"],
                                     num_warps=t["num_warps"], enable_fp_fusion=False)
     return out

@@ -234,8 +234,13 @@ def bench_swiglu(runs):
     apart = lambda: quantize_rows(int8_linear(q, s_x, w, s_w), GROUP, act="swiglu")  # noqa: E731
     fused = lambda: quantize_rows(int8_linear(q, s_x, w, s_w, swiglu=True), GROUP)  # noqa: E731
     differ = (apart()[0] != fused()[0]).sum().item()
-    return [f"| w1+w3 3840x20480 + SwiGLU + quantize | {time_or_note(apart, runs, True)} | "
+    rows = [f"| w1+w3 3840x20480 + SwiGLU + quantize | {time_or_note(apart, runs, True)} | "
             f"{time_or_note(fused, runs, True)} | {differ} |"]
+    if gluon_available():  # the SwiGLU epilogue on the Gluon GEMM (kernels/int8_linear_gluon.py)
+        gluon = lambda: quantize_rows(int8_linear_gluon(q, s_x, w, s_w, swiglu=True), GROUP)  # noqa: E731
+        rows.append(f"| the same, the product by the Gluon GEMM | - | {time_or_note(gluon, runs, True)} | "
+                    f"{(gluon()[0] != fused()[0]).sum().item()} against ours |")
+    return rows
 
 
 def bench_quantizers(runs):

@@ -1,6 +1,6 @@
 """kernels/int8_linear_gluon.py: built for the H200 in CI (no interpreter runs Gluon; the build must keep one
 integer wgmma group in flight, what the kernel is for), and on the GPU equal to int8_linear's reference bit for bit
-(pytest -m gpu)."""
+(its SwiGLU form equal to int8_linear's; pytest -m gpu)."""
 import json
 import os
 import subprocess
@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.int8_linear import reference
+from conftest import assert_within_one_bf16_step
+
+from kernels.int8_linear import int8_linear, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = """
@@ -35,13 +37,20 @@ sig = {"a_desc": desc(Codes, 4608, [t["BLOCK_M"], t["BLOCK_K"]], gl.int8),
        "b_desc": desc(Codes, 3840, [t["BLOCK_N"], t["BLOCK_K"]], gl.int8),
        "out_desc": desc(Rows, 4608, [t["BLOCK_M"], t["BLOCK_N"]], gl.bfloat16),
        "sx_ptr": "*fp32", "sw_ptr": "*fp32", "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
-consts = {"HAS_BIAS": True, "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"], "num_warps": t["num_warps"]}
-src = GluonASTSource(kg._int8_linear_gluon_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
-built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t["num_warps"],
-                                                                       "enable_fp_fusion": False})
-ptx = built.asm["ptx"]
-print(json.dumps([sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
-                  re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx), built.metadata.shared]))
+found = {}
+for swiglu in (False, True):
+    out_block = [t["BLOCK_M"], t["BLOCK_N"] // 2 if swiglu else t["BLOCK_N"]]
+    consts = {"HAS_BIAS": True, "SWIGLU": swiglu, "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"],
+              "num_warps": t["num_warps"]}
+    src = GluonASTSource(kg._int8_linear_gluon_kernel, {**sig, "out_desc": desc(Rows, 4608, out_block, gl.bfloat16),
+                                                        **{k: "constexpr" for k in consts}}, consts)
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t["num_warps"],
+                                                                           "enable_fp_fusion": False})
+    ptx = built.asm["ptx"]
+    found["swiglu" if swiglu else "bf16 rows"] = [sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                                                  re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx),
+                                                  built.metadata.shared]
+print(json.dumps(found))
 """
 
 
@@ -51,10 +60,10 @@ def test_builds_for_the_h200_with_an_integer_mma_in_flight():
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     child = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
-    instructions, waits, shared = json.loads(child.stdout.strip().splitlines()[-1])
-    assert instructions == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"]
-    assert "1" in waits  # the loop leaves one MMA group in flight (Triton's own int8 loop waits for 0)
-    assert shared <= 227 * 1024  # the H200's shared memory a block (the ring and the output tile)
+    for form, (instructions, waits, shared) in json.loads(child.stdout.strip().splitlines()[-1]).items():
+        assert instructions == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], form
+        assert "1" in waits, form  # the loop leaves one MMA group in flight (Triton's own int8 loop waits for 0)
+        assert shared <= 227 * 1024, form  # the H200's shared memory a block (the ring and the output tile)
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -76,3 +85,7 @@ def test_equals_the_reference(m, n, k, with_bias, tile):
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     int8_linear_gluon(q, s_x, w, s_w, bias, out=out, tile=tile)
     assert torch.equal(out, reference(q, s_x, w, s_w, bias))
+    # SwiGLU of the column pairs: as int8_linear's SwiGLU epilogue, within a bf16 step of the reference (exp's ulp).
+    half = int8_linear_gluon(q, s_x, w, s_w, bias, tile=tile, swiglu=True)
+    assert_within_one_bf16_step(half, reference(q, s_x, w, s_w, bias, swiglu=True))
+    assert torch.equal(half, int8_linear(q, s_x, w, s_w, bias, swiglu=True))
