@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein
+#          gluon_sweep klein
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -27,6 +27,7 @@ for part in $parts; do
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
+    gluon_sweep) timeout 300 python3 tests/kernels/bench_int8_linear.py --runs 20 --gluon-sweep ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile ;;
     *) echo "unknown part $part" ;;

@@ -9,6 +9,7 @@ Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
 --quantizers: instead, the quantizer tables (two-pass launches, row statistics).
+--gluon-sweep: instead, the Gluon GEMM (kernels/int8_linear_gluon.py) at each GLUON_SWEEP launch against ours.
 --gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
 (kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
@@ -157,6 +158,34 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
                persistent=True, group_m=4), config(128, 256, 128, 8, 4, tma=True, persistent=True, group_m=16),
                config(64, 256, 128, 4, 4, tma=True, persistent=True), config(128, 256, 128, 8, 3, tma=True,
                persistent=True, subtile=2)]
+
+
+# The Gluon GEMM's launch variants (kernels/int8_linear_gluon.py TILE keys): ring depth, persistence, the row-group
+# width of the tile order, and 128-wide or 256-row tiles (whose rings fit more stages).
+GLUON_SWEEP = [{}, {"STAGES": 2}, {"PERSISTENT": False}, {"GROUP_M": 16}, {"BLOCK_N": 128, "STAGES": 4},
+               {"BLOCK_N": 128, "STAGES": 5}, {"BLOCK_M": 256, "BLOCK_N": 128}]
+
+
+def gluon_sweep(runs):
+    """Rows: a Gluon launch variant, then graph ms of the GEMM alone per shape, bf16 out / SwiGLU, against ours
+    (int8_linear at its fixed tiles) in the first row."""
+    rows = []
+    cases = [("ours (Triton)", None)] + [(", ".join(f"{k} {v}" for k, v in t.items()) or "TILE", t)
+                                         for t in GLUON_SWEEP]
+    for label, tile in cases:
+        cells = []
+        for _, k, n in SHAPES:
+            g = torch.Generator().manual_seed(k + n)
+            q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
+            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+            s_x, s_w = torch.full((M,), 1e-3, device="cuda"), torch.full((n,), 1e-3, device="cuda")
+            run = int8_linear if tile is None else (lambda *a, **kw: int8_linear_gluon(*a, **kw, tile=tile))
+            plain = time_or_note(lambda: run(q, s_x, w, s_w), runs, True)
+            swiglu = time_or_note(lambda: run(q, s_x, w, s_w, swiglu=True), runs, True)
+            cells.append(f"{plain} / {swiglu}")
+        rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        print(rows[-1], flush=True)
+    return rows
 
 
 def gemm_sweep(runs):
@@ -311,11 +340,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
+    parser.add_argument("--gluon-sweep", action="store_true", help="the Gluon GEMM's launch variants, nothing else")
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")
+    if args.gluon_sweep:
+        print("| Gluon launch | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
+        print("|---|" + "---|" * len(SHAPES))
+        gluon_sweep(args.runs)
+        return
     if args.gemm_sweep:
         print("| tiles | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
         print("|---|" + "---|" * len(SHAPES))
