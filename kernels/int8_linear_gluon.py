@@ -1,8 +1,10 @@
-"""INT8 x INT8 -> INT32 products with the matrix cores kept busy across K steps: the bf16-rows and SwiGLU forms of
-kernels/int8_linear.py written in Gluon (Triton's explicit-layout language), to be timed against it.
+"""INT8 x INT8 -> INT32 products with the matrix cores kept busy across K steps: kernels/int8_linear.py's three
+output forms (bf16 rows, SwiGLU, the gated residual) written in Gluon (Triton's explicit-layout language), to be timed
+against it.
 
 The math is int8_linear's (its reference() is this kernel's): acc = q wᵀ exact in int32, y = float(acc) * (s_x[m] *
-s_w[n]) + bias[n] rounded once (no fused multiply-add), out = bf16(y); SwiGLU: bf16(silu(g) u) of the bf16 pairs.
+s_w[n]) + bias[n] rounded once (no fused multiply-add), out = bf16(y); SwiGLU: bf16(silu(g) u) of the bf16 pairs;
+gated: residual + gate[row_map[m]] * y in f32.
 Why a second kernel: Triton's own pipeliner keeps no integer wgmma in flight across K steps. At the H200 tile it
 emits `wgmma.wait_group 0` after every K step for int8 (the MMA pipeline drains each step), while the same loop in
 fp8 or bf16 waits for 1 (docs/benchmarks.md). Here the loop is written out: a ring of STAGES shared buffers filled
@@ -71,9 +73,9 @@ if gluon is not None:
         tma_load(b_desc, [off_n, k], ready.index(slot), b_ring.index(slot), pred=p <= last)
 
     @gluon.jit
-    def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, M, N, K,
-                                  HAS_BIAS: gl.constexpr, SWIGLU: gl.constexpr, GROUP_M: gl.constexpr,
-                                  STAGES: gl.constexpr, num_warps: gl.constexpr):
+    def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, M, N, K,
+                                  HAS_BIAS: gl.constexpr, FORM: gl.constexpr, ONE_GATE_ROW: gl.constexpr,
+                                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         # A program takes tiles first, first + stride, ... (one when the grid is a program a tile, persistent
         # otherwise) as one run of K steps: the ring and its phases carry from tile to tile, so the next tile's
         # first loads are in flight during this tile's last MMAs and epilogue.
@@ -91,7 +93,10 @@ if gluon is not None:
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        # The output tile's buffer: bf16 rows, SwiGLU's half, or (gated) a column half of the f32 residual.
         out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+        residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(residual_in, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
         for s in gl.static_range(STAGES - 1):
@@ -112,25 +117,65 @@ if gluon is not None:
                            tiles_m, tiles_n, GROUP_M, STAGES)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             off_m, off_n = _tile_offsets(first + t * stride, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
-            y = _bf16_rows(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS, BLOCK_M, BLOCK_N)
-            if SWIGLU:  # interleaved column pairs (gate 2j, up 2j + 1) to silu(gate) up: half the columns
-                gate, up = gl.split(gl.reshape(y.to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-                y = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
-                off_n = off_n // 2
-            # Through shared memory and TMA: no per-value pointers or masks (TMA clips the edges), and the store runs
-            # on while the next tile's MMAs start; the previous tile's store must have left the buffer first.
-            tma.store_wait(0)
-            out_tile.store(y)
-            fence_async_shared()
-            tma_store(out_desc, [off_m, off_n], out_tile)
+            y = _scaled(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS, BLOCK_M, BLOCK_N)
+            if FORM == 1:
+                _gated_halves(y, t, off_m, off_n, out_desc, out_tile, residual_in, gate_ptr, map_ptr, M, N,
+                              ONE_GATE_ROW, BLOCK_M, BLOCK_N)
+            else:
+                y = y.to(gl.bfloat16)
+                if FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1) to silu(gate) up: half the columns
+                    gate, up = gl.split(gl.reshape(y.to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+                    y = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
+                    off_n = off_n // 2
+                # Through shared memory and TMA: no per-value pointers or masks (TMA clips the edges), and the store
+                # runs on while the next tile's MMAs start; the previous tile's store must have left the buffer first.
+                tma.store_wait(0)
+                out_tile.store(y)
+                fence_async_shared()
+                tma_store(out_desc, [off_m, off_n], out_tile)
         tma.store_wait(0)
+        mbarrier.invalidate(residual_in)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
 
     @gluon.jit
-    def _bf16_rows(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
-                   BLOCK_N: gl.constexpr):
-        """The bf16 rows of a tile, in the accumulator's layout: scales, bias, one rounding."""
+    def _gated_halves(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N,
+                      ONE_GATE_ROW: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """residual += gate[row_map] * y over the tile, a column half at a time through res_tile (64 KB of f32):
+        TMA in, the update in registers, TMA out; the gate row as a vector when the tile's rows share one."""
+        HALF: gl.constexpr = BLOCK_N // 2
+        halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+        for h in gl.static_range(2):
+            part = halves[h]
+            col = off_n + h * HALF
+            tma.store_wait(0)  # the last store out of res_tile is done
+            mbarrier.expect(residual_in, res_desc.block_type.nbytes)
+            tma_load(res_desc, [off_m, col], residual_in, res_tile)
+            mbarrier.wait(residual_in, phase=(t * 2 + h) & 1)
+            r = res_tile.load(part.type.layout)
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
+            rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
+            if ONE_GATE_ROW:
+                res_tile.store(r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part)
+            else:
+                rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
+                lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
+                hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
+                # (Each branch stores: a gate vector and a gate tile are two types to the compiler's if.)
+                if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
+                    shared = gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0)
+                    res_tile.store(r + gl.expand_dims(shared, 0) * part)
+                else:
+                    res_tile.store(r + part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
+                                                      mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0),
+                                                      other=0.0))
+            fence_async_shared()
+            tma_store(res_desc, [off_m, col], res_tile)
+
+    @gluon.jit
+    def _scaled(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS: gl.constexpr, BLOCK_M: gl.constexpr,
+                BLOCK_N: gl.constexpr):
+        """y (f32) of a tile, in the accumulator's layout: the scales, then the bias."""
         rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, acc.type.layout))
         rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, acc.type.layout))
         sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
@@ -138,39 +183,64 @@ if gluon is not None:
         y = acc.to(gl.float32) * (gl.expand_dims(sx, 1) * gl.expand_dims(sw, 0))
         if HAS_BIAS:
             y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
-        return y.to(gl.bfloat16)
+        return y
 
 
-def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None, swiglu=False):
-    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] as int8_linear (no LoRA, no gated form); with swiglu,
-    SiLU(gate) up of the interleaved column pairs, bf16 [M, N / 2]. CUDA (Hopper), K a multiple of 16 and the output's
-    N of 8 (TMA's 16-byte rows). tile: TILE's keys (tests, timing)."""
+def _launch(q, s_x, w, s_w, bias, out, out_cols, form, gate, row_map, tile):
+    """The kernel over codes q [M, K] and w [N, K] into out (bf16 rows, SwiGLU's half, or the f32 residual),
+    whose TMA box is BLOCK_M x out_cols(BLOCK_N)."""
     if gluon is None:
         raise RuntimeError("int8_linear_gluon: this Triton has no Gluon (3.5 or later needed); use int8_linear")
     t = {**TILE, **(tile or {})}
     (m, k), n = q.shape, w.shape[0]
-    n_out = n // 2 if swiglu else n
-    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or n_out % 8 or n % 2 * swiglu \
-            or not q.is_cuda:
-        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 and the "
-                         f"output's N of 8, got {tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
-    out = torch.empty(m, n_out, dtype=torch.bfloat16, device=q.device) if out is None else out
-    if out.shape != (m, n_out) or out.dtype != torch.bfloat16 or not out.is_contiguous() or out.data_ptr() % 16:
-        raise ValueError(f"int8_linear_gluon: out must be contiguous bf16 [{m}, {n_out}] at a 16-byte aligned address")
+    if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or not q.is_cuda:
+        raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 (TMA's "
+                         f"16-byte rows), got {tuple(q.shape)} {q.dtype} and {tuple(w.shape)} {w.dtype}")
+    if not out.is_contiguous() or out.data_ptr() % 16 or out.shape[1] * out.element_size() % 16:
+        raise ValueError(f"int8_linear_gluon: the output [{m}, {out.shape[1]}] must be contiguous, 16-byte aligned, "
+                         f"its rows a multiple of 16 bytes (TMA)")
     if m == 0:
         return out
-    q, w = q.contiguous(), w.contiguous()
 
     def descriptor(tensor, block, dtype):
         return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     grid = (min(tiles, _sm_count(q.device)) if t["PERSISTENT"] else tiles,)
-    # enable_fp_fusion=False: the scale product and the bias add round separately, as the reference's do.
-    _int8_linear_gluon_kernel[grid](descriptor(q, [bm, bk], gl.int8), descriptor(w, [bn, bk], gl.int8),
-                                    descriptor(out, [bm, bn // 2 if swiglu else bn], gl.bfloat16),
-                                    s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
-                                    bias if bias is not None else s_w, m, n, k, HAS_BIAS=bias is not None,
-                                    SWIGLU=swiglu, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"],
-                                    num_warps=t["num_warps"], enable_fp_fusion=False)
+    absent = s_w  # pointer arguments the kernel never reads (their constexpr flag is off)
+    # enable_fp_fusion=False: products and sums round separately, as the reference's do.
+    _int8_linear_gluon_kernel[grid](
+        descriptor(q.contiguous(), [bm, bk], gl.int8), descriptor(w.contiguous(), [bn, bk], gl.int8),
+        descriptor(out, [bm, out_cols(bn)], gl.float32 if form == 1 else gl.bfloat16),
+        s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+        bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
+        row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k,
+        HAS_BIAS=bias is not None, FORM=form, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
+        GROUP_M=t["GROUP_M"], STAGES=t["STAGES"], num_warps=t["num_warps"], enable_fp_fusion=False)
     return out
+
+
+def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None, swiglu=False):
+    """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] as int8_linear (no LoRA); with swiglu, SiLU(gate) up of the
+    interleaved column pairs, bf16 [M, N / 2]. CUDA (Hopper), K a multiple of 16, the output's N of 8. tile: TILE's
+    keys (tests, timing)."""
+    m, n = q.shape[0], w.shape[0] // 2 if swiglu else w.shape[0]
+    if swiglu and w.shape[0] % 2:
+        raise ValueError(f"int8_linear_gluon: swiglu takes interleaved gate and up rows, an even count, got "
+                         f"{w.shape[0]}")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
+    if out.shape != (m, n) or out.dtype != torch.bfloat16:
+        raise ValueError(f"int8_linear_gluon: out must be bf16 [{m}, {n}]")
+    return _launch(q, s_x, w, s_w, bias, out, (lambda bn: bn // 2) if swiglu else (lambda bn: bn), 2 if swiglu else 0,
+                   None, None, tile)
+
+
+def int8_linear_gluon_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, tile=None):
+    """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n]), as
+    int8_linear_gated (no LoRA). N a multiple of 4 (TMA's 16-byte rows); gate under 2^31 values."""
+    m, n = q.shape[0], w.shape[0]
+    if residual.shape != (m, n) or residual.dtype != torch.float32:
+        raise ValueError(f"int8_linear_gluon_gated: residual must be f32 [{m}, {n}]")
+    if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,) or gate.numel() >= 2**31:
+        raise ValueError(f"int8_linear_gluon_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
+    return _launch(q, s_x, w, s_w, bias, residual, lambda bn: bn // 2, 1, gate, row_map, tile)

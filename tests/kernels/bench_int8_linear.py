@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_linear_gluon import available as gluon_available
-from kernels.int8_linear_gluon import int8_linear_gluon
+from kernels.int8_linear_gluon import int8_linear_gluon, int8_linear_gluon_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
@@ -133,6 +133,8 @@ def bench_shape(name, k, n, runs, kitchen):
         for label, tile in (("persistent", {}), ("a program a tile", {"PERSISTENT": False})):
             contenders[f"ours Gluon, {label}: GEMM alone"] = (
                 lambda tile=tile: int8_linear_gluon(q, s_x, codes, s_w, bias, out=out, tile=tile))
+        contenders["ours Gluon: gated GEMM alone"] = lambda: int8_linear_gluon_gated(
+            q, s_x, codes, s_w, bias, residual=residual, gate=gate, row_map=row_map)
         same = torch.equal(int8_linear_gluon(q, s_x, codes, s_w, bias), int8_linear(q, s_x, codes, s_w, bias))
         checks.append(f"Gluon GEMM equal to ours bit for bit: {same}")
     for label, fn in kitchen.items():

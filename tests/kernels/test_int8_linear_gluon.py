@@ -1,6 +1,6 @@
 """kernels/int8_linear_gluon.py: built for the H200 in CI (no interpreter runs Gluon; the build must keep one
 integer wgmma group in flight, what the kernel is for), and on the GPU equal to int8_linear's reference bit for bit
-(its SwiGLU form equal to int8_linear's; pytest -m gpu)."""
+(its SwiGLU form equal to int8_linear's, its gated form to the reference; pytest -m gpu)."""
 import json
 import os
 import subprocess
@@ -31,25 +31,29 @@ class Codes:  # what a tensor descriptor reads of its tensor: a 16-byte-aligned 
 t = kg.TILE
 class Rows(Codes):
     dtype = torch.bfloat16
+class Residual(Codes):
+    dtype = torch.float32
 desc = lambda base, rows, block, dtype: mangle_type(kg.TensorDescriptor(base, [rows, 3840], [3840, 1], block,
     gl.NVMMASharedLayout.get_default_for(block, dtype)))
 sig = {"a_desc": desc(Codes, 4608, [t["BLOCK_M"], t["BLOCK_K"]], gl.int8),
        "b_desc": desc(Codes, 3840, [t["BLOCK_N"], t["BLOCK_K"]], gl.int8),
-       "out_desc": desc(Rows, 4608, [t["BLOCK_M"], t["BLOCK_N"]], gl.bfloat16),
-       "sx_ptr": "*fp32", "sw_ptr": "*fp32", "bias_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32"}
+       "sx_ptr": "*fp32", "sw_ptr": "*fp32", "bias_ptr": "*bf16", "gate_ptr": "*fp32", "map_ptr": "*i32", "M": "i32",
+       "N": "i32", "K": "i32"}
 found = {}
-for swiglu in (False, True):
-    out_block = [t["BLOCK_M"], t["BLOCK_N"] // 2 if swiglu else t["BLOCK_N"]]
-    consts = {"HAS_BIAS": True, "SWIGLU": swiglu, "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"],
-              "num_warps": t["num_warps"]}
-    src = GluonASTSource(kg._int8_linear_gluon_kernel, {**sig, "out_desc": desc(Rows, 4608, out_block, gl.bfloat16),
-                                                        **{k: "constexpr" for k in consts}}, consts)
+half = [t["BLOCK_M"], t["BLOCK_N"] // 2]
+for name, form, one_row, out in (("bf16 rows", 0, False, desc(Rows, 4608, [t["BLOCK_M"], t["BLOCK_N"]], gl.bfloat16)),
+                                 ("swiglu", 2, False, desc(Rows, 4608, half, gl.bfloat16)),
+                                 ("gated, one gate row", 1, True, desc(Residual, 4608, half, gl.float32)),
+                                 ("gated, a row map", 1, False, desc(Residual, 4608, half, gl.float32))):
+    consts = {"HAS_BIAS": True, "FORM": form, "ONE_GATE_ROW": one_row, "GROUP_M": t["GROUP_M"],
+              "STAGES": t["STAGES"], "num_warps": t["num_warps"]}
+    src = GluonASTSource(kg._int8_linear_gluon_kernel, {**sig, "out_desc": out, **{k: "constexpr" for k in consts}},
+                         consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t["num_warps"],
                                                                            "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
-    found["swiglu" if swiglu else "bf16 rows"] = [sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
-                                                  re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx),
-                                                  built.metadata.shared]
+    found[name] = [sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                   re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx), built.metadata.shared]
 print(json.dumps(found))
 """
 
@@ -76,7 +80,7 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 @pytest.mark.parametrize("with_bias", [True, False])
 @pytest.mark.parametrize("tile", [{}, {"PERSISTENT": False}, {"STAGES": 2}])
 def test_equals_the_reference(m, n, k, with_bias, tile):
-    from kernels.int8_linear_gluon import int8_linear_gluon
+    from kernels.int8_linear_gluon import int8_linear_gluon, int8_linear_gluon_gated
     g = torch.Generator().manual_seed(m + n + k)
     q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -89,3 +93,10 @@ def test_equals_the_reference(m, n, k, with_bias, tile):
     half = int8_linear_gluon(q, s_x, w, s_w, bias, tile=tile, swiglu=True)
     assert_within_one_bf16_step(half, reference(q, s_x, w, s_w, bias, swiglu=True))
     assert torch.equal(half, int8_linear(q, s_x, w, s_w, bias, swiglu=True))
+    # The gated residual, bit for bit: one gate row, two in runs (rows below 20 on the first), three at random.
+    for rows, row_map in ((1, torch.zeros(m, dtype=torch.long)), (2, (torch.arange(m) >= 20).long()),
+                          (3, torch.randint(0, 3, (m,), generator=g))):
+        gate, residual = torch.randn(rows, n, generator=g).cuda(), torch.randn(m, n, generator=g).cuda()
+        expected = reference(q, s_x, w, s_w, bias, residual=residual.clone(), gate=gate, row_map=row_map.cuda())
+        int8_linear_gluon_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map.cuda(), tile=tile)
+        assert torch.equal(residual, expected), rows
