@@ -33,9 +33,9 @@ try:
 except ImportError:  # a Triton without Gluon (before 3.5): int8_linear.py is the kernel then
     gluon = None
 
-# 3 stages: the ring (3 x 48 KB) and the bf16 tile for the TMA store (64 KB) fill 208 of the H200's 227 KB.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 3, "num_warps": 8,
-        "PERSISTENT": True}
+# STAGES (when not given): 4 for bf16 rows and SwiGLU (a 4 x 48 KB ring and 32 KB of output: 224 of the H200's 227
+# KB), 3 for the gated form (its f32 half tile is 64 KB).
+TILE = {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128, "GROUP_M": 8, "num_warps": 8, "PERSISTENT": True}
 
 
 def available() -> bool:
@@ -93,7 +93,7 @@ if gluon is not None:
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        # The output tile's buffer: bf16 rows, SwiGLU's half, or (gated) a column half of the f32 residual.
+        # The output's buffer, a column half of the tile: bf16 rows, SwiGLU's output, or the f32 residual (gated).
         out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
         residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(residual_in, count=1)
@@ -121,22 +121,27 @@ if gluon is not None:
             if FORM == 1:
                 _gated_halves(y, t, off_m, off_n, out_desc, out_tile, residual_in, gate_ptr, map_ptr, M, N,
                               ONE_GATE_ROW, BLOCK_M, BLOCK_N)
-            else:
-                y = y.to(gl.bfloat16)
-                if FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1) to silu(gate) up: half the columns
-                    gate, up = gl.split(gl.reshape(y.to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-                    y = (gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(gl.bfloat16)
-                    off_n = off_n // 2
-                # Through shared memory and TMA: no per-value pointers or masks (TMA clips the edges), and the store
-                # runs on while the next tile's MMAs start; the previous tile's store must have left the buffer first.
-                tma.store_wait(0)
-                out_tile.store(y)
-                fence_async_shared()
-                tma_store(out_desc, [off_m, off_n], out_tile)
+            elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1) to silu(gate) up: half the columns
+                gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+                _store_out((gl.div_rn(gate, 1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile, off_m,
+                           off_n // 2)
+            else:  # bf16 rows, a column half at a time (a half-size buffer leaves room for a 4-stage ring)
+                halves = gl.split(gl.permute(gl.reshape(y.to(gl.bfloat16), [BLOCK_M, 2, BLOCK_N // 2]), [0, 2, 1]))
+                for h in gl.static_range(2):
+                    _store_out(halves[h], out_desc, out_tile, off_m, off_n + h * (BLOCK_N // 2))
         tma.store_wait(0)
         mbarrier.invalidate(residual_in)
         for s in gl.static_range(STAGES):
             mbarrier.invalidate(ready.index(s))
+
+    @gluon.jit
+    def _store_out(part, out_desc, out_tile, off_m, off_n):
+        """part to the output at (off_m, off_n) through out_tile and TMA: no per-value pointers or masks (TMA clips the
+        edges), and the store runs on while the next MMAs start; the last store must have left the buffer first."""
+        tma.store_wait(0)
+        out_tile.store(part)
+        fence_async_shared()
+        tma_store(out_desc, [off_m, off_n], out_tile)
 
     @gluon.jit
     def _gated_halves(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N,
@@ -186,12 +191,12 @@ if gluon is not None:
         return y
 
 
-def _launch(q, s_x, w, s_w, bias, out, out_cols, form, gate, row_map, tile):
-    """The kernel over codes q [M, K] and w [N, K] into out (bf16 rows, SwiGLU's half, or the f32 residual),
-    whose TMA box is BLOCK_M x out_cols(BLOCK_N)."""
+def _launch(q, s_x, w, s_w, bias, out, form, gate, row_map, tile):
+    """The kernel over codes q [M, K] and w [N, K] into out (bf16 rows, SwiGLU's half, or the f32 residual), a TMA
+    box of BLOCK_M x BLOCK_N / 2 at a time."""
     if gluon is None:
         raise RuntimeError("int8_linear_gluon: this Triton has no Gluon (3.5 or later needed); use int8_linear")
-    t = {**TILE, **(tile or {})}
+    t = {**TILE, "STAGES": 3 if form == 1 else 4, **(tile or {})}
     (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k or k % 16 or not q.is_cuda:
         raise ValueError(f"int8_linear_gluon: codes must be CUDA int8 [M, K] and [N, K], K a multiple of 16 (TMA's "
@@ -211,7 +216,7 @@ def _launch(q, s_x, w, s_w, bias, out, out_cols, form, gate, row_map, tile):
     # enable_fp_fusion=False: products and sums round separately, as the reference's do.
     _int8_linear_gluon_kernel[grid](
         descriptor(q.contiguous(), [bm, bk], gl.int8), descriptor(w.contiguous(), [bn, bk], gl.int8),
-        descriptor(out, [bm, out_cols(bn)], gl.float32 if form == 1 else gl.bfloat16),
+        descriptor(out, [bm, bn // 2], gl.float32 if form == 1 else gl.bfloat16),
         s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
         bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
         row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k,
@@ -231,8 +236,7 @@ def int8_linear_gluon(q, s_x, w, s_w, bias=None, *, out=None, tile=None, swiglu=
     out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
     if out.shape != (m, n) or out.dtype != torch.bfloat16:
         raise ValueError(f"int8_linear_gluon: out must be bf16 [{m}, {n}]")
-    return _launch(q, s_x, w, s_w, bias, out, (lambda bn: bn // 2) if swiglu else (lambda bn: bn), 2 if swiglu else 0,
-                   None, None, tile)
+    return _launch(q, s_x, w, s_w, bias, out, 2 if swiglu else 0, None, None, tile)
 
 
 def int8_linear_gluon_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, tile=None):
@@ -243,4 +247,4 @@ def int8_linear_gluon_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_ma
         raise ValueError(f"int8_linear_gluon_gated: residual must be f32 [{m}, {n}]")
     if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,) or gate.numel() >= 2**31:
         raise ValueError(f"int8_linear_gluon_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
-    return _launch(q, s_x, w, s_w, bias, residual, lambda bn: bn // 2, 1, gate, row_map, tile)
+    return _launch(q, s_x, w, s_w, bias, residual, 1, gate, row_map, tile)

@@ -164,8 +164,8 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
 
 # The Gluon GEMM's launch variants (kernels/int8_linear_gluon.py TILE keys): ring depth, persistence, the row-group
 # width of the tile order, and 128-wide or 256-row tiles (whose rings fit more stages).
-GLUON_SWEEP = [{}, {"STAGES": 2}, {"PERSISTENT": False}, {"GROUP_M": 16}, {"BLOCK_N": 128, "STAGES": 4},
-               {"BLOCK_N": 128, "STAGES": 5}, {"BLOCK_M": 256, "BLOCK_N": 128}]
+GLUON_SWEEP = [{}, {"STAGES": 3}, {"PERSISTENT": False}, {"GROUP_M": 16}, {"BLOCK_N": 128, "STAGES": 5},
+               {"BLOCK_N": 128, "STAGES": 6}, {"BLOCK_M": 256, "BLOCK_N": 128}]
 
 
 def gluon_sweep(runs):
