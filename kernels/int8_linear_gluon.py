@@ -73,6 +73,23 @@ if gluon is not None:
         tma_load(b_desc, [off_n, k], ready.index(slot), b_ring.index(slot), pred=p <= last)
 
     @gluon.jit
+    def _tile_products(a_desc, b_desc, a_ring, b_ring, ready, acc, t, steps, run, first, stride, tiles_m, tiles_n,
+                       GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """acc = the products of the program's t-th tile over K (int32, exact), its MMAs done."""
+        for i in range(steps):
+            c = t * steps + i
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), phase=(c // STAGES) & 1)
+            acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                                is_async=True)
+            # One group stays in flight: step c - 1's MMA is done, so the slot it read takes step c + STAGES - 1
+            # (the next tile's first steps while this tile ends).
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
+            _load_step(a_desc, b_desc, a_ring, b_ring, ready, c + STAGES - 1, run - 1, first, stride, steps, tiles_m,
+                       tiles_n, GROUP_M, STAGES)
+        return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+    @gluon.jit
     def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, M, N, K,
                                   HAS_BIAS: gl.constexpr, FORM: gl.constexpr, ONE_GATE_ROW: gl.constexpr,
                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
@@ -104,18 +121,8 @@ if gluon is not None:
                        GROUP_M, STAGES)
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=acc_layout)
         for t in range(run // steps):
-            for i in range(steps):
-                c = t * steps + i
-                slot = c % STAGES
-                mbarrier.wait(ready.index(slot), phase=(c // STAGES) & 1)
-                acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, use_acc=i > 0,
-                                    is_async=True)
-                # One group stays in flight: step c - 1's MMA is done, so the slot it read takes step c + STAGES - 1
-                # (the next tile's first steps while this tile ends).
-                acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
-                _load_step(a_desc, b_desc, a_ring, b_ring, ready, c + STAGES - 1, run - 1, first, stride, steps,
-                           tiles_m, tiles_n, GROUP_M, STAGES)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = _tile_products(a_desc, b_desc, a_ring, b_ring, ready, acc, t, steps, run, first, stride, tiles_m,
+                                 tiles_n, GROUP_M, STAGES)
             off_m, off_n = _tile_offsets(first + t * stride, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             y = _scaled(acc, off_m, off_n, sx_ptr, sw_ptr, bias_ptr, M, N, HAS_BIAS, BLOCK_M, BLOCK_N)
             if FORM == 1:
