@@ -241,7 +241,14 @@ def bench_qkv_rope(runs):
     cells = [time_or_note(lambda t=t: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(),
                                                       angles.sin(), tiles=t and launch_of(t)), runs, True)
              for t in QKV_ROPE_TILES.values()]
-    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
+    rows = [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
+    if gluon_available():  # the same on the Gluon GEMM (kernels/qkv_rope_linear_gluon.py), persistent and not
+        from kernels.qkv_rope_linear_gluon import qkv_rope_linear_gluon
+        cells = [time_or_note(lambda tile=tile: qkv_rope_linear_gluon(q, s_x, w, s_w, bias, heads, head, *norms,
+                                                                        angles.cos(), angles.sin(), tile=tile),
+                              runs, True) for tile in ({}, {"PERSISTENT": False})]
+        rows.append("| the same on the Gluon GEMM: persistent, a program a tile | - | " + " | ".join(cells) + " |")
+    return rows
 
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a

@@ -54,6 +54,22 @@ for name, form, one_row, out in (("bf16 rows", 0, False, desc(Rows, 4608, half, 
     ptx = built.asm["ptx"]
     found[name] = [sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
                    re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx), built.metadata.shared]
+from kernels import qkv_rope_linear_gluon as kq
+box = [1, t["BLOCK_M"], t["BLOCK_N"]]
+qkv_out = mangle_type(kg.TensorDescriptor(Rows, [3, 4608, 3840], [4608 * 3840, 3840, 1], box,
+                                          gl.NVMMASharedLayout.get_default_for(box, gl.bfloat16)))
+consts = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "GROUP_M": t["GROUP_M"], "STAGES": 3,
+          "num_warps": t["num_warps"]}
+qkv_sig = {"a_desc": sig["a_desc"], "b_desc": desc(Codes, 11520, [t["BLOCK_N"], t["BLOCK_K"]], gl.int8),
+           "out_desc": qkv_out, "sx_ptr": "*fp32", "sw_ptr": "*fp32", "bias_ptr": "*bf16", "nw_ptr": "*fp32",
+           "cos_ptr": "*fp32", "sin_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32", "eps": "fp32"}
+src = GluonASTSource(kq._qkv_rope_gluon_kernel, {**qkv_sig, **{k: "constexpr" for k in consts}}, consts)
+built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": t["num_warps"],
+                                                                       "enable_fp_fusion": False})
+ptx = built.asm["ptx"]
+found["qkv + head norm + rotary"] = [sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                                     re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx),
+                                     built.metadata.shared]
 print(json.dumps(found))
 """
 
@@ -100,3 +116,25 @@ def test_equals_the_reference(m, n, k, with_bias, tile):
         expected = reference(q, s_x, w, s_w, bias, residual=residual.clone(), gate=gate, row_map=row_map.cuda())
         int8_linear_gluon_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map.cuda(), tile=tile)
         assert torch.equal(residual, expected), rows
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("m,heads,group", [(37, 4, 0), (300, 6, 100), (4608, 30, 0)])
+@pytest.mark.parametrize("normed", [True, False])
+def test_qkv_rope_equals_the_triton_kernel(m, heads, group, normed):
+    """kernels/qkv_rope_linear_gluon.py against qkv_rope_linear (the same math, the same roundings): equal, or
+    within one bf16 step where the RMS sums run in another order; v bit for bit."""
+    from test_qkv_rope_linear import operands
+
+    from kernels.qkv_rope_linear import qkv_rope_linear
+    from kernels.qkv_rope_linear_gluon import qkv_rope_linear_gluon
+    ops = operands(m, heads=heads, head=128, k=3840 if m == 4608 else 256, seed=m, device="cuda")
+    if not normed:
+        ops["q_weight"] = ops["k_weight"] = None
+    got = qkv_rope_linear_gluon(**ops, group=group)
+    want = qkv_rope_linear(**ops, group=group)
+    for a, b in zip(got, want):
+        assert a.shape == b.shape
+        assert_within_one_bf16_step(a, b)
+    assert torch.equal(got[2], want[2])
