@@ -25,7 +25,6 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from dit_core import block_gpu  # noqa: E402
 from dit_core.block_gpu import GpuBlock  # noqa: E402
 from dit_core.families.flux3_klein import Flux3Klein  # noqa: E402
 from dit_core.sampling import flux_noise, klein_sigmas, sample_klein  # noqa: E402
@@ -33,6 +32,8 @@ from dit_core.step_cache import StepCache  # noqa: E402
 from dit_core.vae_flux2 import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
+from step_variants import add_arguments as add_variant_arguments  # noqa: E402
+from step_variants import variants  # noqa: E402
 
 # reference/families/flux3_klein.md section 1: diffusers' class defaults are the real Klein (24 heads x 128 =
 # 3072, 5 mode blocks per mode, 28 joint blocks, text rows of 20480, 128-channel packed latents at /16); the
@@ -244,8 +245,7 @@ def main(argv=None) -> None:
                         "random embedders the step cache never skips)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--profile", action="store_true", help="also print the kernels of ours INT8 at cache 0")
-    p.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
-                   "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
+    add_variant_arguments(p)
     p.add_argument("--smoke", action="store_true", help="tiny model, 64x64, 3 steps, one run, on the CPU")
     args = p.parse_args(argv)
     caches = sorted({0.0, *(float(c) for c in args.caches.split(","))})
@@ -347,18 +347,17 @@ def main(argv=None) -> None:
                 print(f"{graphed}: latent equal to the eager run's bit for bit: {same}", flush=True)
             except Exception:  # noqa: BLE001
                 print(f"{graphed} FAILED:\n{traceback.format_exc()}", flush=True)
-            if not args.variant_chunk:
-                continue
-            variant = f"{label}, MLP chunks of {args.variant_chunk} rows, CUDA graphs"
-            chunk, block_gpu.CHUNK = block_gpu.CHUNK, args.variant_chunk  # other MLP products
-            try:
-                kept = []
-                measure(variant, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
-                        weights_gb(ours, dev), kept)
-            except Exception:  # noqa: BLE001
-                print(f"{variant} FAILED:\n{traceback.format_exc()}", flush=True)
-            finally:
-                block_gpu.CHUNK = chunk
+            for name, module, attribute, value in variants(args):  # switches, each graphed anew
+                variant, before = f"{label}, {name}, CUDA graphs", getattr(module, attribute)
+                setattr(module, attribute, value)
+                try:
+                    kept = []
+                    measure(variant, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
+                            weights_gb(ours, dev), kept)
+                except Exception:  # noqa: BLE001
+                    print(f"{variant} FAILED:\n{traceback.format_exc()}", flush=True)
+                finally:
+                    setattr(module, attribute, before)
         ours = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()

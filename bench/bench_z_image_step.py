@@ -18,10 +18,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from dit_core import block_gpu  # noqa: E402
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
+from step_variants import add_arguments as add_variant_arguments  # noqa: E402
+from step_variants import variants  # noqa: E402
 
 
 def timed(fn, steps: int) -> tuple[float, float, torch.Tensor]:
@@ -92,8 +93,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=30)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
-    p.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks of "
-                   "this many rows (dit_core.block_gpu.CHUNK; 0: not)")
+    add_variant_arguments(p)
     p.add_argument("--vector-std", type=float, default=0.5, help="std of the random biases/gains (timed model)")
     p.add_argument("--also-vector-std", type=float, nargs="*", default=[0.1],
                    help="fidelity (no timing) of models drawn with these vector stds too")
@@ -134,20 +134,20 @@ def main(argv=None) -> None:
                 same = torch.equal(results[label + ", CUDA graph"][2], results[label][2])
                 print(f"CUDA graph replay equals the eager INT8 step bit for bit: {same}", flush=True)
                 del graphed, replay
-                if not args.variant_chunk:
-                    continue
-                # The same graphed step with other MLP chunks (block_gpu.CHUNK): fewer, larger products or more.
-                chunk, block_gpu.CHUNK, graphed = block_gpu.CHUNK, args.variant_chunk, None
-                try:
-                    graphed = ours.graphed()
-                    variant = f"{label}, MLP chunks of {args.variant_chunk} rows, CUDA graph"
-                    results[variant] = (*timed(lambda: graphed(latent, sigma, caption), args.steps),
-                                        weights_gb(ours))
-                    same = torch.equal(results[variant][2], results[label][2])
-                    print(f"MLP chunks of {args.variant_chunk} rows: step equal to CHUNK {chunk}'s: {same}",
-                          flush=True)
-                finally:
-                    block_gpu.CHUNK, graphed = chunk, None
+                # The same graphed step under each asked variant of a module switch (captured anew).
+                for name, module, attribute, value in variants(args):
+                    kept, graphed = getattr(module, attribute), None
+                    setattr(module, attribute, value)
+                    try:
+                        graphed = ours.graphed()
+                        variant = f"{label}, {name}, CUDA graph"
+                        results[variant] = (*timed(lambda: graphed(latent, sigma, caption), args.steps),
+                                            weights_gb(ours))
+                        diff = (results[variant][2] - results[label][2]).norm() / results[label][2].norm()
+                        print(f"{name}: step relative to the default's {diff.item():.2e}", flush=True)
+                    finally:
+                        setattr(module, attribute, kept)
+                        graphed = None
     base = results["diffusers BF16 (SDPA)"][0]
     print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB |")
     print("|---|---|---|---|---|")
