@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -145,6 +146,8 @@ def main(argv=None) -> None:
                                             weights_gb(ours))
                         diff = (results[variant][2] - results[label][2]).norm() / results[label][2].norm()
                         print(f"{name}: step relative to the default's {diff.item():.2e}", flush=True)
+                    except Exception:  # noqa: BLE001 - a failing variant is a finding; the other rows stand
+                        print(f"{name} FAILED:\n{traceback.format_exc()}", flush=True)
                     finally:
                         setattr(module, attribute, kept)
                         graphed = None
