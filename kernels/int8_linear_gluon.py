@@ -72,6 +72,35 @@ if gluon is not None:
         tma_load(a_desc, [off_m, k], ready.index(slot), a_ring.index(slot), pred=p <= last)
         tma_load(b_desc, [off_n, k], ready.index(slot), b_ring.index(slot), pred=p <= last)
 
+    @gluon.constexpr_function
+    def ACC_LAYOUT(num_warps):
+        """The accumulator's: warps along the rows, two n = 128 integer wgmma a 256-wide tile per k32 step."""
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, 128, 32])
+
+    @gluon.jit
+    def _start(a_desc, b_desc, M, N, K, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """This program's run (tiles first, first + stride, ..., their K steps in one ring: one tile when the grid
+        is a program a tile), the ring allocated and its first STAGES - 1 steps in flight: (a_ring, b_ring, ready,
+        tiles_m, tiles_n, first, stride, steps, run)."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        first = gl.program_id(0)
+        stride = gl.num_programs(0)
+        steps = gl.cdiv(K, BLOCK_K)
+        run = gl.cdiv(tiles_m * tiles_n - first, stride) * steps  # K steps of all this program's tiles
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+        for s in gl.static_range(STAGES - 1):
+            _load_step(a_desc, b_desc, a_ring, b_ring, ready, s, run - 1, first, stride, steps, tiles_m, tiles_n,
+                       GROUP_M, STAGES)
+        return a_ring, b_ring, ready, tiles_m, tiles_n, first, stride, steps, run
+
     @gluon.jit
     def _tile_products(a_desc, b_desc, a_ring, b_ring, ready, acc, t, steps, run, first, stride, tiles_m, tiles_n,
                        GROUP_M: gl.constexpr, STAGES: gl.constexpr):
@@ -93,33 +122,17 @@ if gluon is not None:
     def _int8_linear_gluon_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, M, N, K,
                                   HAS_BIAS: gl.constexpr, FORM: gl.constexpr, ONE_GATE_ROW: gl.constexpr,
                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
-        # A program takes tiles first, first + stride, ... (one when the grid is a program a tile, persistent
-        # otherwise) as one run of K steps: the ring and its phases carry from tile to tile, so the next tile's
-        # first loads are in flight during this tile's last MMAs and epilogue.
+        # A program's tiles are one run of K steps (_start): the ring and its phases carry from tile to tile, so the
+        # next tile's first loads are in flight during this tile's last MMAs and epilogue.
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        first = gl.program_id(0)
-        stride = gl.num_programs(0)
-        steps = gl.cdiv(K, BLOCK_K)
-        run = gl.cdiv(tiles_m * tiles_n - first, stride) * steps  # K steps of all this program's tiles
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, 128, 32])
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        a_ring, b_ring, ready, tiles_m, tiles_n, first, stride, steps, run = _start(a_desc, b_desc, M, N, K, GROUP_M,
+                                                                                   STAGES)
         # The output's buffer, a column half of the tile: bf16 rows, SwiGLU's output, or the f32 residual (gated).
         out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
         residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         mbarrier.init(residual_in, count=1)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-        for s in gl.static_range(STAGES - 1):
-            _load_step(a_desc, b_desc, a_ring, b_ring, ready, s, run - 1, first, stride, steps, tiles_m, tiles_n,
-                       GROUP_M, STAGES)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=acc_layout)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=ACC_LAYOUT(num_warps))
         for t in range(run // steps):
             acc = _tile_products(a_desc, b_desc, a_ring, b_ring, ready, acc, t, steps, run, first, stride, tiles_m,
                                  tiles_n, GROUP_M, STAGES)
@@ -198,6 +211,17 @@ if gluon is not None:
         return y
 
 
+def _descriptor(tensor, block, dtype):
+    """A TMA descriptor of tensor by blocks of `block`, in the default swizzle for the matrix cores."""
+    return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def _grid(m: int, n: int, t: dict, device: torch.device) -> tuple:
+    """A program an SM (PERSISTENT: each runs every SM-count-th tile), else a program a tile."""
+    tiles = triton.cdiv(m, t["BLOCK_M"]) * triton.cdiv(n, t["BLOCK_N"])
+    return (min(tiles, _sm_count(device)) if t["PERSISTENT"] else tiles,)
+
+
 def _launch(q, s_x, w, s_w, bias, out, form, gate, row_map, tile):
     """The kernel over codes q [M, K] and w [N, K] into out (bf16 rows, SwiGLU's half, or the f32 residual), a TMA
     box of BLOCK_M x BLOCK_N / 2 at a time."""
@@ -213,17 +237,12 @@ def _launch(q, s_x, w, s_w, bias, out, form, gate, row_map, tile):
                          f"its rows a multiple of 16 bytes (TMA)")
     if m == 0:
         return out
-
-    def descriptor(tensor, block, dtype):
-        return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    grid = (min(tiles, _sm_count(q.device)) if t["PERSISTENT"] else tiles,)
     absent = s_w  # pointer arguments the kernel never reads (their constexpr flag is off)
     # enable_fp_fusion=False: products and sums round separately, as the reference's do.
-    _int8_linear_gluon_kernel[grid](
-        descriptor(q.contiguous(), [bm, bk], gl.int8), descriptor(w.contiguous(), [bn, bk], gl.int8),
-        descriptor(out, [bm, bn // 2], gl.float32 if form == 1 else gl.bfloat16),
+    _int8_linear_gluon_kernel[_grid(m, n, t, q.device)](
+        _descriptor(q.contiguous(), [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
+        _descriptor(out, [bm, bn // 2], gl.float32 if form == 1 else gl.bfloat16),
         s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
         bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
         row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k,

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from .int8_linear_gluon import TILE, _sm_count, available, gluon
+from .int8_linear_gluon import TILE, available, gluon
 
 if gluon is not None:
-    import triton
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
 
-    from .int8_linear_gluon import TensorDescriptor, _load_step, _scaled, _tile_offsets, _tile_products, tma_store
+    from .int8_linear_gluon import (ACC_LAYOUT, _descriptor, _grid, _scaled, _start, _tile_offsets, _tile_products,
+                                    tma_store)
 
     @gluon.jit
     def _store_out3(part, out_desc, out_tile, which, off_m, col):
@@ -34,28 +34,13 @@ if gluon is not None:
                                HD, eps, HAS_BIAS: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                                GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         R: gl.constexpr = D // 2
         HT: gl.constexpr = BLOCK_N // D  # whole heads in the tile
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        first = gl.program_id(0)
-        stride = gl.num_programs(0)
-        steps = gl.cdiv(K, BLOCK_K)
-        run = gl.cdiv(tiles_m * tiles_n - first, stride) * steps
-        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, 128, 32])
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        a_ring, b_ring, ready, tiles_m, tiles_n, first, stride, steps, run = _start(a_desc, b_desc, M, N, K, GROUP_M,
+                                                                                   STAGES)
         out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
-        for s in gl.static_range(STAGES):
-            mbarrier.init(ready.index(s), count=1)
-        for s in gl.static_range(STAGES - 1):
-            _load_step(a_desc, b_desc, a_ring, b_ring, ready, s, run - 1, first, stride, steps, tiles_m, tiles_n,
-                       GROUP_M, STAGES)
-        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=acc_layout)
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=ACC_LAYOUT(num_warps))
         for t in range(run // steps):
             acc = _tile_products(a_desc, b_desc, a_ring, b_ring, ready, acc, t, steps, run, first, stride, tiles_m,
                                  tiles_n, GROUP_M, STAGES)
@@ -113,15 +98,11 @@ def qkv_rope_linear_gluon(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight,
     views = tuple(v.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for v in out)
     if m == 0:
         return views
-
-    def descriptor(tensor, block, dtype):
-        return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     norms = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
-    _qkv_rope_gluon_kernel[(min(tiles, _sm_count(q.device)) if t["PERSISTENT"] else tiles,)](
-        descriptor(q.contiguous(), [bm, bk], gl.int8), descriptor(w.contiguous(), [bn, bk], gl.int8),
-        descriptor(out, [1, bm, bn], gl.bfloat16), s_x.float().contiguous().reshape(-1),
+    _qkv_rope_gluon_kernel[_grid(m, n, t, q.device)](
+        _descriptor(q.contiguous(), [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
+        _descriptor(out, [1, bm, bn], gl.bfloat16), s_x.float().contiguous().reshape(-1),
         s_w.float().contiguous().reshape(-1), bias if bias is not None else s_w, norms, cos.float().contiguous(),
         sin.float().contiguous(), m, n, k, heads * head, eps, HAS_BIAS=bias is not None,
         HAS_NORM=q_weight is not None, D=head, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"], num_warps=t["num_warps"],

@@ -168,6 +168,14 @@ GLUON_SWEEP = [{}, {"STAGES": 3}, {"PERSISTENT": False}, {"GROUP_M": 16}, {"BLOC
                {"BLOCK_N": 128, "STAGES": 6}, {"BLOCK_M": 256, "BLOCK_N": 128}]
 
 
+def random_codes(k: int, n: int):
+    """(q [M, k], s_x, w [n, k], s_w) on the GPU: random codes, scales 1e-3, the same for a shape every time."""
+    g = torch.Generator().manual_seed(k + n)
+    q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+    return q, torch.full((M,), 1e-3, device="cuda"), w, torch.full((n,), 1e-3, device="cuda")
+
+
 def gluon_sweep(runs):
     """Rows: a Gluon launch variant, then graph ms of the GEMM alone per shape, bf16 out / SwiGLU, against ours
     (int8_linear at its fixed tiles) in the first row."""
@@ -177,10 +185,7 @@ def gluon_sweep(runs):
     for label, tile in cases:
         cells = []
         for _, k, n in SHAPES:
-            g = torch.Generator().manual_seed(k + n)
-            q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
-            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
-            s_x, s_w = torch.full((M,), 1e-3, device="cuda"), torch.full((n,), 1e-3, device="cuda")
+            q, s_x, w, s_w = random_codes(k, n)
             run = int8_linear if tile is None else (lambda *a, **kw: int8_linear_gluon(*a, **kw, tile=tile))
             plain = time_or_note(lambda: run(q, s_x, w, s_w), runs, True)
             swiglu = time_or_note(lambda: run(q, s_x, w, s_w, swiglu=True), runs, True)
@@ -205,10 +210,7 @@ def gemm_sweep(runs):
     for tiles in variants:
         cells = []
         for _, k, n in SHAPES:
-            g = torch.Generator().manual_seed(k + n)
-            q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
-            w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
-            s_x, s_w = torch.full((M,), 1e-3, device="cuda"), torch.full((n,), 1e-3, device="cuda")
+            q, s_x, w, s_w = random_codes(k, n)
             out, residual = torch.empty(M, n, dtype=torch.bfloat16, device="cuda"), torch.zeros(M, n, device="cuda")
             gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
             plain = time_or_note(lambda: int8_linear(q, s_x, w, s_w, out=out, tiles=tiles), runs, True)
