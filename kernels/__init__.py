@@ -70,8 +70,10 @@ def _takes_linear(q, s_x, w, *args, lora_down=None, tiles=None, swiglu=False, **
 
 
 def _takes_qkv(q, s_x, w, s_w, bias, heads, head, *args, tiles=None, **kwargs) -> bool:
-    """As _takes_linear, and the 256-column tile holds whole heads of q, k or v."""
-    return tiles is None and q.shape[1] % 16 == 0 and 256 % head == 0 and (heads * head) % 256 == 0
+    """As _takes_linear, and the Gluon tile's columns hold whole heads of q, k or v."""
+    from .int8_linear_gluon import TILE
+    columns = TILE["BLOCK_N"]
+    return tiles is None and q.shape[1] % 16 == 0 and columns % head == 0 and (heads * head) % columns == 0
 
 
 def _without_tiles(launcher):
