@@ -7,14 +7,10 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
-    parser.add_argument("--variant-gluon", action="store_true", help="also ours INT8 graphed with the Gluon GEMMs "
-                        "(kernels.GLUON_GEMM: the integer MMA kept in flight)")
 
 
 def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
-    import kernels
     from dit_core import block_gpu
-    out = [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
+    return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk)
-    return out + [("Gluon GEMMs", kernels, "GLUON_GEMM", True)] * args.variant_gluon

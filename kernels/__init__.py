@@ -59,46 +59,6 @@ OPS = {
 }
 
 
-# The Gluon GEMMs (kernels/int8_linear_gluon.py, qkv_rope_linear_gluon.py: the integer MMA kept in flight) in place
-# of the Triton ones where they take the call: off until the H200 measures them faster (the benches' --variant-gluon).
-GLUON_GEMM = False
-
-
-def _takes_linear(q, s_x, w, *args, lora_down=None, tiles=None, swiglu=False, **kwargs) -> bool:
-    """No LoRA, no explicit tiles, TMA's 16-byte rows (K, and the output's N, of int8 and bf16/f32 values)."""
-    return lora_down is None and tiles is None and q.shape[1] % 16 == 0 and w.shape[0] % (16 if swiglu else 8) == 0
-
-
-def _takes_qkv(q, s_x, w, s_w, bias, heads, head, *args, tiles=None, **kwargs) -> bool:
-    """As _takes_linear, and the Gluon tile's columns hold whole heads of q, k or v."""
-    from .int8_linear_gluon import TILE
-    columns = TILE["BLOCK_N"]
-    return tiles is None and q.shape[1] % 16 == 0 and columns % head == 0 and (heads * head) % columns == 0
-
-
-def _without_tiles(launcher):
-    return lambda *args, lora_down=None, lora_up=None, tiles=None, **kwargs: launcher(*args, **kwargs)
-
-
-@functools.cache
-def _gluon_ops() -> dict:
-    """op -> (takes(*args, **kwargs), launcher) of the Gluon kernels, where this Triton has Gluon."""
-    from . import int8_linear_gluon, qkv_rope_linear_gluon
-    if not int8_linear_gluon.available():
-        return {}
-    return {"int8_linear": (_takes_linear, _without_tiles(int8_linear_gluon.int8_linear_gluon)),
-            "int8_linear_gated": (_takes_linear, _without_tiles(int8_linear_gluon.int8_linear_gluon_gated)),
-            "qkv_rope_linear": (_takes_qkv, _without_tiles(qkv_rope_linear_gluon.qkv_rope_linear_gluon))}
-
-
-def _gluon(op: str, device: torch.device, args, kwargs):
-    """The Gluon launcher for this call when GLUON_GEMM is on and it takes it, else None."""
-    if not GLUON_GEMM or torch.cuda.get_device_capability(device) != (9, 0):
-        return None
-    takes, launcher = _gluon_ops().get(op, (None, None))
-    return launcher if takes is not None and takes(*args, **kwargs) else None
-
-
 @functools.cache
 def _log_fallback(op: str, reason: str) -> None:
     log.warning("swiftdit kernels: %s runs its plain-torch reference (%s)", op, reason)
@@ -111,6 +71,6 @@ def run(op: str, *args, **kwargs):
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     reason = entry.capable(device)
     if reason is None:
-        return (_gluon(op, device, args, kwargs) or entry.launcher)(*args, **kwargs)
+        return entry.launcher(*args, **kwargs)
     _log_fallback(op, reason)
     return entry.reference(*args, **kwargs)

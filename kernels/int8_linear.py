@@ -21,9 +21,11 @@ import logging
 
 import torch
 
-from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
+from .int8_products import halves, products, tile_of
+from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
+from .split_tail import counter_reset, item_of, others_added, parts_stored, tail_split
 
 try:
     import triton
@@ -59,47 +61,6 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
         g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
         y = g / (1 + torch.exp(-g)) * u
     return y.to(torch.bfloat16) if out is None else out.copy_(y)
-
-
-@triton_jit
-def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
-    """Program order: GROUP_M row tiles walk the column tiles together, so their weight columns stay in L2."""
-    per_group = GROUP_M * tiles_n
-    first_m = (tile // per_group) * GROUP_M
-    group_m = min(tiles_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
-
-
-@triton_jit
-def _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA: tl.constexpr, EVEN_K: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc [BLOCK_M, BLOCK_N] int32 = the tile's q wᵀ over all of K."""
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    if TMA:
-        # Hopper's tensor memory accelerator: one instruction a tile, zeros past the edges, no address math.
-        for k0 in range(0, K, BLOCK_K):
-            a = a_desc.load([pid_m * BLOCK_M, k0])
-            b = b_desc.load([pid_n * BLOCK_N, k0])
-            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
-    else:
-        rk = tl.arange(0, BLOCK_K)
-        # Rows and columns past the edge read row M-1 / N-1 (clamped: unconditional loads), never stored.
-        rm_in = tl.minimum(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
-        rn_in = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-        a_ptrs = q_ptr + rm_in[:, None] * K + rk[None, :]
-        # A [BLOCK_K, BLOCK_N] view of w: K-major, the only layout int8 wgmma takes for B.
-        b_ptrs = w_ptr + rn_in[None, :] * K + rk[:, None]
-        for k0 in range(0, K, BLOCK_K):
-            if EVEN_K:
-                a = tl.load(a_ptrs)
-                b = tl.load(b_ptrs)
-            else:
-                a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
-                b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
-            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
-            a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
-    return acc
 
 
 @triton_jit
@@ -150,15 +111,17 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                        M, N, K, R, M_TUNE, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-                        ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                        SUBTILE: tl.constexpr):
-    # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the tiles
-    # (the loop flattened: the next tile's loads start during this epilogue), else one a tile; Triton's warp-
+                        M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
+                        HAS_LORA: tl.constexpr,
+                        FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr,
+                        LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+    # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
+    # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
+    # SPLIT: the tiles from `whole` on run in `parts` parts along K (kernels/split_tail.py), else every tile whole.
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -168,45 +131,61 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-              map_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE,
-              EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
+              map_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
+              HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M,
+              TMA, SUBTILE, SPLIT)
     else:
-        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
-            _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K,
-                  LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE)
+        items = whole + (tiles_m * tiles_n - whole) * parts
+        for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
+            _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                  sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
+                  HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R,
+                  GROUP_M, TMA, SUBTILE, SPLIT)
 
 
 @triton_jit
-def _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, a_desc,
-          b_desc, M, N, K, R, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-          ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
-          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-          GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr):
-    """One output tile: its products over K, then the epilogue (on SUBTILE parts of the columns in turn)."""
-    pid_m, pid_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, sums_ptr,
+          count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
+          HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr,
+          EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+          BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+          SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+    """One work item: an output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with
+    SPLIT, a tail tile's part, the epilogue run by the last of its parts only."""
+    if SPLIT:
+        tile, tail, part, k_lo, k_hi = item_of(item, whole, parts, tl.cdiv(K, BLOCK_K), BLOCK_K)
+    else:
+        tile, tail, part, k_lo, k_hi = item, -1, 0, 0, K
+    pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
     shared = -1  # the gate row all the tile's rows take, or -1; asked before the products, which hide the load
     if FORM == 1 and not ONE_GATE_ROW:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         shared = shared_row(tl.load(map_ptr + rm, mask=rm < M, other=0).to(tl.int64), rm < M)
-    acc = _products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, TMA, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
-    if SUBTILE:
-        parts = _halves(acc, BLOCK_M, BLOCK_N)
+    acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, k_lo, k_hi, TMA, EVEN_K, BLOCK_M, BLOCK_N,
+                    BLOCK_K)
+    if SUBTILE:  # the epilogue's column parts (and a split tile's stored sums: fewer pointers live at a time)
+        subtiles = halves(acc, BLOCK_M, BLOCK_N)
         if SUBTILE == 4:
-            parts = _halves(parts[0], BLOCK_M, BLOCK_N // 2) + _halves(parts[1], BLOCK_M, BLOCK_N // 2)
-        for i in tl.static_range(SUBTILE):
-            _epilogue(parts[i], pid_m, SUBTILE * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
-                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
-                      BLOCK_M, BLOCK_N // SUBTILE, BLOCK_R)
+            subtiles = halves(subtiles[0], BLOCK_M, BLOCK_N // 2) + halves(subtiles[1], BLOCK_M, BLOCK_N // 2)
     else:
-        _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared,
-                  M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_R)
-
-
-@triton_jit
-def _halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """acc's columns [0, BLOCK_N / 2) and [BLOCK_N / 2, BLOCK_N), as a pair."""
-    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+        subtiles = (acc,)
+    count: tl.constexpr = SUBTILE if SUBTILE else 1
+    last = tail < 0  # a whole tile (a Python True without SPLIT)
+    if SPLIT:
+        if tail >= 0:
+            last = parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
+    if last:
+        for i in tl.static_range(count):
+            subtile = subtiles[i]
+            if SPLIT:
+                if tail >= 0:
+                    subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
+            _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
+                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
+                      BLOCK_M, BLOCK_N // count, BLOCK_R)
+        if SPLIT:
+            if tail >= 0:
+                counter_reset(count_ptr, tail)
 
 
 # The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.
@@ -259,20 +238,28 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
-    grid = launch_grid(m, n, q.device)
+    unsplit = (absent, absent, 2**30, 1)  # every tile whole
     if tiles is None:
-        _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
+        _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
+                                                      enable_fp_fusion=False)
         return
+    tiles = dict(tiles)
+    wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
+    split = tail_split(m, n, k, tiles, wave, absent)
+    if fixed and split[3] > 1:  # a split tile's sums stored in quarters: no spills at the Hopper tile (sm90_builds.py)
+        tiles["SUBTILE"] = 4
     try:
-        _int8_linear_kernel[grid](*args, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles},
-                                  enable_fp_fusion=False)
+        _int8_linear_kernel[launch_grid(m, n, q.device, *split[2:])](
+            *args, *split, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles},
+            SPLIT=split[3] > 1, enable_fp_fusion=False)
     except triton.runtime.errors.OutOfResources:
         if not fixed:
             raise
         # A fixed tile that does not fit (another driver or Triton): nothing ran, so this form autotunes from now on.
         log.warning("int8_linear: the fixed %s tile does not fit this GPU's shared memory; autotuning", tiles)
         _UNFIT.add(form)
-        _autotuned(form)[grid](*args, **flags, enable_fp_fusion=False)
+        _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
+                                                      enable_fp_fusion=False)
 
 
 def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False):

@@ -80,7 +80,7 @@ def tma_where_it_can(configs, named_args, **kwargs):
 
 
 @functools.cache
-def _sm_count(device: torch.device) -> int:
+def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
@@ -91,13 +91,16 @@ def _descriptor_scratch() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def launch_grid(m: int, n: int, device: torch.device):
-    """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT), with the TMA
-    descriptors' scratch allocator in place (kernels/qkv_rope_linear.py launches the same way)."""
+def launch_grid(m: int, n: int, device: torch.device, whole: int | None = None, parts: int = 1):
+    """The grid of an [m, n] output for a config (one program a work item, or one an SM for PERSISTENT), the work
+    items the tiles, or with parts > 1 the first `whole` tiles and `parts` parts of each later one
+    (kernels/split_tail.py), with the TMA descriptors' scratch allocator in place (kernels/qkv_rope_linear.py
+    launches the same way)."""
     _descriptor_scratch()
-    sms = _sm_count(device)
+    sms = sm_count(device)
 
     def grid(meta):
         tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        return (min(sms, tiles_mn) if meta["PERSISTENT"] else tiles_mn,)
+        items = tiles_mn if parts == 1 else whole + (tiles_mn - whole) * parts
+        return (min(sms, items) if meta["PERSISTENT"] else items,)
     return grid

@@ -2,14 +2,12 @@
 
 Contenders, all with the same INT8 codes and row scales (dit_core.weights.quantize_convrot of one f32
 weight): ours = kernels/int8_quant.quantize_rows + kernels/int8_linear.int8_linear (also each alone, the gated
-epilogue, the fused quantizer prologues, and the Gluon GEMM of kernels/int8_linear_gluon.py), F.linear in BF16 on
-the dequantized weight, and comfy-kitchen 0.2.40's int8_linear with ConvRot on its cuda (and triton) back end when
-it imports and reports it available.
+epilogue and the fused quantizer prologues), F.linear in BF16 on the dequantized weight, and comfy-kitchen 0.2.40's
+int8_linear with ConvRot on its cuda (and triton) back end when it imports and reports it available.
 Median of --runs timed runs after 10 warm-ups, CUDA events; eagerly and replayed from a CUDA graph (the graph
 column removes Python and launch overhead, kitchen's registry included). TOPS = 2 M N K / t. Prints markdown.
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
 --quantizers: instead, the quantizer tables (two-pass launches, row statistics).
---gluon-sweep: instead, the Gluon GEMM (kernels/int8_linear_gluon.py) at each GLUON_SWEEP launch against ours.
 --gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
 (kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
@@ -25,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
-from kernels.int8_linear_gluon import available as gluon_available
-from kernels.int8_linear_gluon import int8_linear_gluon, int8_linear_gluon_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.int8_quant import hadamard, quantize_rows
 from kernels.row_stats import launch_shape, row_stats
@@ -129,14 +125,6 @@ def bench_shape(name, k, n, runs, kitchen):
         "ours: quantizer alone": lambda: quantize_rows(x, GROUP, out=(q, s_x)),
         "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
     }
-    if gluon_available():  # the Gluon loop that keeps an integer MMA in flight (kernels/int8_linear_gluon.py)
-        for label, tile in (("persistent", {}), ("a program a tile", {"PERSISTENT": False})):
-            contenders[f"ours Gluon, {label}: GEMM alone"] = (
-                lambda tile=tile: int8_linear_gluon(q, s_x, codes, s_w, bias, out=out, tile=tile))
-        contenders["ours Gluon: gated GEMM alone"] = lambda: int8_linear_gluon_gated(
-            q, s_x, codes, s_w, bias, residual=residual, gate=gate, row_map=row_map)
-        same = torch.equal(int8_linear_gluon(q, s_x, codes, s_w, bias), int8_linear(q, s_x, codes, s_w, bias))
-        checks.append(f"Gluon GEMM equal to ours bit for bit: {same}")
     for label, fn in kitchen.items():
         try:
             checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")
@@ -162,37 +150,12 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
                persistent=True, subtile=2)]
 
 
-# The Gluon GEMM's launch variants (kernels/int8_linear_gluon.py TILE keys): ring depth, persistence, the row-group
-# width of the tile order, and 128-wide or 256-row tiles (whose rings fit more stages).
-GLUON_SWEEP = [{}, {"STAGES": 3}, {"PERSISTENT": False}, {"GROUP_M": 16}, {"BLOCK_N": 128, "STAGES": 5},
-               {"BLOCK_N": 128, "STAGES": 6}, {"BLOCK_M": 256, "BLOCK_N": 128}]
-
-
 def random_codes(k: int, n: int):
     """(q [M, k], s_x, w [n, k], s_w) on the GPU: random codes, scales 1e-3, the same for a shape every time."""
     g = torch.Generator().manual_seed(k + n)
     q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
     return q, torch.full((M,), 1e-3, device="cuda"), w, torch.full((n,), 1e-3, device="cuda")
-
-
-def gluon_sweep(runs):
-    """Rows: a Gluon launch variant, then graph ms of the GEMM alone per shape, bf16 out / SwiGLU, against ours
-    (int8_linear at its fixed tiles) in the first row."""
-    rows = []
-    cases = [("ours (Triton)", None)] + [(", ".join(f"{k} {v}" for k, v in t.items()) or "TILE", t)
-                                         for t in GLUON_SWEEP]
-    for label, tile in cases:
-        cells = []
-        for _, k, n in SHAPES:
-            q, s_x, w, s_w = random_codes(k, n)
-            run = int8_linear if tile is None else (lambda *a, **kw: int8_linear_gluon(*a, **kw, tile=tile))
-            plain = time_or_note(lambda: run(q, s_x, w, s_w), runs, True)
-            swiglu = time_or_note(lambda: run(q, s_x, w, s_w, swiglu=True), runs, True)
-            cells.append(f"{plain} / {swiglu}")
-        rows.append(f"| {label} | " + " | ".join(cells) + " |")
-        print(rows[-1], flush=True)
-    return rows
 
 
 def gemm_sweep(runs):
@@ -243,14 +206,7 @@ def bench_qkv_rope(runs):
     cells = [time_or_note(lambda t=t: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(),
                                                       angles.sin(), tiles=t and launch_of(t)), runs, True)
              for t in QKV_ROPE_TILES.values()]
-    rows = [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
-    if gluon_available():  # the same on the Gluon GEMM (kernels/qkv_rope_linear_gluon.py), persistent and not
-        from kernels.qkv_rope_linear_gluon import qkv_rope_linear_gluon
-        cells = [time_or_note(lambda tile=tile: qkv_rope_linear_gluon(q, s_x, w, s_w, bias, heads, head, *norms,
-                                                                        angles.cos(), angles.sin(), tile=tile),
-                              runs, True) for tile in ({}, {"PERSISTENT": False})]
-        rows.append("| the same on the Gluon GEMM: persistent, a program a tile | - | " + " | ".join(cells) + " |")
-    return rows
+    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
 
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a
@@ -274,13 +230,8 @@ def bench_swiglu(runs):
     apart = lambda: quantize_rows(int8_linear(q, s_x, w, s_w), GROUP, act="swiglu")  # noqa: E731
     fused = lambda: quantize_rows(int8_linear(q, s_x, w, s_w, swiglu=True), GROUP)  # noqa: E731
     differ = (apart()[0] != fused()[0]).sum().item()
-    rows = [f"| w1+w3 3840x20480 + SwiGLU + quantize | {time_or_note(apart, runs, True)} | "
+    return [f"| w1+w3 3840x20480 + SwiGLU + quantize | {time_or_note(apart, runs, True)} | "
             f"{time_or_note(fused, runs, True)} | {differ} |"]
-    if gluon_available():  # the SwiGLU epilogue on the Gluon GEMM (kernels/int8_linear_gluon.py)
-        gluon = lambda: quantize_rows(int8_linear_gluon(q, s_x, w, s_w, swiglu=True), GROUP)  # noqa: E731
-        rows.append(f"| the same, the product by the Gluon GEMM | - | {time_or_note(gluon, runs, True)} | "
-                    f"{(gluon()[0] != fused()[0]).sum().item()} against ours |")
-    return rows
 
 
 def bench_quantizers(runs):
@@ -351,17 +302,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
-    parser.add_argument("--gluon-sweep", action="store_true", help="the Gluon GEMM's launch variants, nothing else")
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")
-    if args.gluon_sweep:
-        print("| Gluon launch | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
-        print("|---|" + "---|" * len(SHAPES))
-        gluon_sweep(args.runs)
-        return
     if args.gemm_sweep:
         print("| tiles | " + " | ".join(f"{name} {k}x{n}" for name, k, n in SHAPES) + " |")
         print("|---|" + "---|" * len(SHAPES))

@@ -19,7 +19,7 @@ if str(ROOT) not in sys.path:
 
 LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_ptr", "up_ptr", "out_ptr", "gate_ptr")},
           "q_ptr": "*i8", "w_ptr": "*i8", "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "R": "i32",
-          "M_TUNE": "i32"}
+          "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32", "whole": "i32", "parts": "i32"}
 ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
           "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
           "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
@@ -35,8 +35,7 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
     constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row, "WIDE": False,
                  "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16, "TMA": False, "PERSISTENT": False,
-                 "SUBTILE": 0,
-                 **{k: v for k, v in tile.items() if k not in launch}}
+                 "SUBTILE": 0, "SPLIT": False, **{k: v for k, v in tile.items() if k not in launch}}
     return _int8_linear_kernel, LINEAR, constants, launch
 
 
@@ -51,17 +50,19 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
-def qkv_rope_case(persistent: bool):
-    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent."""
+def qkv_rope_case(persistent: bool, split: bool = False):
+    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent;
+    split: the last wave's tiles in parts along K."""
     from kernels.int8_tiles import HOPPER_TILES, launch_of
     from kernels.qkv_rope_linear import _qkv_rope_kernel
     tile = launch_of(HOPPER_TILES["qkv_rope"])
     launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
     signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
                  "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
+                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32",
+                 "whole": "i32", "parts": "i32"}
     constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "EVEN_K": True, **tile, "PERSISTENT": persistent,
-                 "SUBTILE": 0}
+                 "SUBTILE": 0, "SPLIT": split}
     return _qkv_rope_kernel, signature, constants, launch
 
 
@@ -78,6 +79,8 @@ def frontend_cases() -> dict:
         kernel, signature, constants, launch = linear_case(form, False, {"BLOCK_M": 128, "BLOCK_N": 256,
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})
         cases[f"int8_linear {FORMS[form]} wide"] = (kernel, signature, {**constants, "WIDE": True}, launch)
+    cases.update(split_cases())
+    cases["qkv_rope, tail split"] = qkv_rope_case(False, True)
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
@@ -86,6 +89,14 @@ def frontend_cases() -> dict:
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
                       {"num_warps": 4})
     return cases
+
+
+def split_cases() -> dict:
+    """Each form at its H200 tile with the last wave's tiles split along K (kernels/split_tail.py), as launched."""
+    from kernels.int8_tiles import HOPPER_TILES, launch_of
+    return {f"int8_linear {FORMS[form]}{' one gate row' if one else ''}, tail split (H200 tile, subtile 4)":
+            linear_case(form, one, {**launch_of(HOPPER_TILES[form]), "SUBTILE": 4, "SPLIT": True})
+            for form, one in ((0, False), (1, True), (1, False), (2, False))}
 
 
 def resource_cases() -> dict:
@@ -100,8 +111,10 @@ def resource_cases() -> dict:
                 default = subtile == tile.get("SUBTILE", False)
                 cases[f"{label}, subtile {subtile}{' (H200 default)' if default else ''}"] = linear_case(
                     form, one, {**tile, "SUBTILE": subtile})
+    cases.update(split_cases())
     cases["qkv_rope, a program a tile (H200 default: 0.425 ms at Z-Image's QKV)"] = qkv_rope_case(False)
     cases["qkv_rope, persistent (0.454 ms)"] = qkv_rope_case(True)
+    cases["qkv_rope, a program a tile, tail split"] = qkv_rope_case(False, True)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)

@@ -9,6 +9,7 @@ from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
+from kernels.split_tail import _WORKSPACES, split_of
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
@@ -87,6 +88,43 @@ def test_swiglu_epilogue(m, n, k, loads, device):
         assert torch.equal(out, expected)
     else:
         assert_within_one_bf16_step(out, expected)
+
+
+def test_the_tail_split_decision():
+    """Z-Image's out and down projections at 1024^2 (540 tiles of 128 x 256 on 132 SMs): the last 12 tiles in parts;
+    none where the waves come out even, the tail is over half a wave, or there is one K step."""
+    assert split_of(540, 132, 30) == (528, 7) and split_of(540, 132, 80) == (528, 8)
+    assert split_of(432, 132, 24) == (396, 3)  # FLUX.3 Klein's 3072-wide outputs
+    assert split_of(528, 132, 30) == (528, 1) and split_of(2880, 132, 30) == (2880, 1)  # even; a tail of 108
+    assert split_of(100, 132, 30) == (100, 1) and split_of(133, 132, 1) == (133, 1)  # under a wave; one K step
+
+
+# (M, N, K, wave): 9 tiles on 4 programs, the last in 2 parts; 6 tiles on 5, the last in 4 parts of uneven K runs.
+SPLIT_CASES = [(37, 80, 64, 4), (40, 64, 480, 5)]
+SPLIT_LOADS = [{}, {"TMA": True, "PERSISTENT": True}, {"TMA": True, "SUBTILE": 2}]
+
+
+@pytest.mark.parametrize("m,n,k,wave", SPLIT_CASES)
+@pytest.mark.parametrize("loads", SPLIT_LOADS, ids=["pointers", "tma-persistent", "tma-halves"])
+def test_split_tail_equals_the_whole_tiles(m, n, k, wave, loads, device):
+    """Every form with its last tiles split along K (kernels/split_tail.py) equals the reference bit for bit, twice
+    over (the counters are back at 0 after a launch)."""
+    tiles = {**SMALL_TILES, **loads, "WAVE": wave}
+    assert split_of(-(-m // 16) * -(-n // 32), wave, -(-k // 32))[1] > 1
+    for seed in (1, 2):
+        ops, _, gated = operands(m, n, k, seed=seed, device=device)
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        assert torch.equal(int8_linear(**ops, out=out, tiles=tiles), reference(**ops))
+        expected = reference(**ops, **{**gated, "residual": gated["residual"].clone()})
+        assert torch.equal(int8_linear_gated(**ops, **gated, tiles=tiles), expected)
+        half = {**ops, "w": ops["w"][: n // 2 * 2], "s_w": ops["s_w"][: n // 2 * 2], "bias": ops["bias"][: n // 2 * 2]}
+        got = int8_linear(**half, swiglu=True, tiles=tiles)
+        if device.type == "cpu":
+            assert torch.equal(got, reference(**half, swiglu=True))
+        else:
+            assert_within_one_bf16_step(got, reference(**half, swiglu=True))
+    counters = [c for (dev, w, _), (_, c) in _WORKSPACES.items() if w == wave and dev.type == device.type]
+    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
 
 
 @pytest.mark.parametrize("m,n,k", CASES[1:])

@@ -1,0 +1,61 @@
+"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
+take the output tiles in, a tile's int32 products over a run of K, and a tile's column halves for the epilogues.
+
+Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32
+(|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers to wgmma on int8 operands.
+"""
+from __future__ import annotations
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: the references still import
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+@triton_jit
+def tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Program order: GROUP_M row tiles walk the column tiles together, so their weight columns stay in L2."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = min(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@triton_jit
+def products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, k_lo, k_hi, TMA: tl.constexpr,
+              EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc [BLOCK_M, BLOCK_N] int32 = the tile's q wᵀ over K's columns [k_lo, k_hi) (multiples of BLOCK_K)."""
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    if TMA:
+        # Hopper's tensor memory accelerator: one instruction a tile, zeros past the edges, no address math.
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            a = a_desc.load([pid_m * BLOCK_M, k0])
+            b = b_desc.load([pid_n * BLOCK_N, k0])
+            acc = tl.dot(a, b.T, acc, out_dtype=tl.int32)
+    else:
+        rk = tl.arange(0, BLOCK_K)
+        # Rows and columns past the edge read row M-1 / N-1 (clamped: unconditional loads), never stored.
+        rm_in = tl.minimum(pid_m * BLOCK_M + tl.arange(0, BLOCK_M), M - 1).to(tl.int64)
+        rn_in = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+        a_ptrs = q_ptr + rm_in[:, None] * K + (k_lo + rk)[None, :]
+        # A [BLOCK_K, BLOCK_N] view of w: K-major, the only layout int8 wgmma takes for B.
+        b_ptrs = w_ptr + rn_in[None, :] * K + (k_lo + rk)[:, None]
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            if EVEN_K:
+                a = tl.load(a_ptrs)
+                b = tl.load(b_ptrs)
+            else:
+                a = tl.load(a_ptrs, mask=rk[None, :] < K - k0, other=0)
+                b = tl.load(b_ptrs, mask=rk[:, None] < K - k0, other=0)
+            acc = tl.dot(a, b, acc, out_dtype=tl.int32)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+    return acc
+
+
+@triton_jit
+def halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """acc's columns [0, BLOCK_N / 2) and [BLOCK_N / 2, BLOCK_N), as a pair."""
+    return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))

@@ -1,0 +1,108 @@
+"""A GEMM's last, partial wave of tiles split along K (stream-K's tail), the parts' integer sums added exactly.
+
+Issue 4. T output tiles on P SMs, one tile an SM at a time, take ceil(T / P) tile times; with T = W P + t and
+0 < t <= P / 2 the last wave keeps t SMs busy and leaves the others idle: Z-Image's out and down projections at
+1024^2 (540 tiles of 128 x 256 on 132 SMs) spend a fifth of their time in that wave. Each of the t tail tiles is cut
+into S parts along K (S <= P / t, each a contiguous run of K steps), so the last wave lasts about 1/S of a tile:
+  part s of a tail tile:  sums_s = sum over its K steps of q w^T          (int32, stored to its own slot)
+  the part that arrives last (a counter):  acc = its sums + the other parts' slots, then the epilogue
+Integer sums are exact and their order free, so the output equals the unsplit kernel's bit for bit whichever part
+arrives last. The parts never wait for each other (no spinning: a part that is not last just ends).
+
+The workspace (slots of int32 sums and one counter a tail tile) is one per device and tile size, made outside CUDA
+graph capture and kept: the last part sets its counter back to 0, so every launch finds them at 0. It assumes what
+this engine does: one device's GEMMs run one at a time (one compute stream).
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: the references still import
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
+ENABLED = True  # the benches time the GEMMs with and without (bench/step_variants.py)
+
+
+def split_of(tiles: int, wave: int, k_steps: int) -> tuple[int, int]:
+    """(whole, parts): the first `whole` tiles run whole, each later one in `parts` parts along K; (tiles, 1) where
+    there is no tail worth splitting (an exact number of waves, a tail over half a wave, or too few K steps)."""
+    waves, tail = divmod(tiles, wave) if wave > 0 else (0, 0)
+    parts = min(wave // tail, MAX_PARTS, max(k_steps // 4, 2)) if tail else 1
+    if not ENABLED or waves == 0 or tail > wave // 2 or k_steps < 2 or parts < 2:
+        return tiles, 1
+    return tiles - tail, parts
+
+
+def tail_split(m: int, n: int, k: int, tiles: dict, wave: int, absent: torch.Tensor) -> tuple:
+    """The GEMM kernel's split arguments (sums, counters, whole, parts) for an [m, n] output over k in `tiles`, on
+    `wave` programs at a time: split_of's split where it finds one and the workspace is there, else every tile
+    whole (absent: a tensor standing for the pointers the kernel then never reads)."""
+    count = triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
+    whole, parts = split_of(count, wave, triton.cdiv(k, tiles["BLOCK_K"]))
+    room = workspace(absent.device, wave, tiles["BLOCK_M"] * tiles["BLOCK_N"]) if parts > 1 else None
+    return (absent, absent, count, 1) if room is None else (*room, whole, parts)
+
+
+_WORKSPACES: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def workspace(device: torch.device, wave: int, tile_values: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(sums int32 [wave * tile_values], counters int32 [wave]) for this device and tile size (at most `wave` parts
+    in all), or None while a CUDA graph is being captured and they are not made yet (made there, they would belong
+    to the graph's memory pool): that launch runs unsplit."""
+    key = (torch.device(device), wave, tile_values)
+    if key not in _WORKSPACES:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _WORKSPACES[key] = (torch.zeros(wave * tile_values, dtype=torch.int32, device=device),
+                            torch.zeros(wave, dtype=torch.int32, device=device))
+    return _WORKSPACES[key]
+
+
+@triton_jit
+def item_of(item, whole, parts, k_steps, BLOCK_K: tl.constexpr):
+    """Work item -> (tile, tail: its index among the split tiles or -1, part, K range [k_lo, k_hi))."""
+    split = item >= whole
+    tail = tl.where(split, (item - whole) // parts, -1)
+    part = tl.where(split, (item - whole) % parts, 0)
+    count = tl.where(split, parts, 1)
+    return (tl.where(split, whole + tail, item), tail, part, part * k_steps // count * BLOCK_K,
+            (part + 1) * k_steps // count * BLOCK_K)
+
+
+@triton_jit
+def parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """This part's int32 sums (the tile's column subtiles, a tuple) stored to its slot and counted in: True for the
+    part counted last (it adds the others' slots, others_added, then sets the counter back, counter_reset)."""
+    for i in tl.static_range(len(subtiles)):
+        tl.store(_slot(sums_ptr, tail, part, parts, i, len(subtiles), BLOCK_M, BLOCK_N), subtiles[i])
+    tl.debug_barrier()  # every thread's sums stored before the counter (released at GPU scope) says so
+    return tl.atomic_add(count_ptr + tail, 1, sem="acq_rel", scope="gpu") == parts - 1
+
+
+@triton_jit
+def others_added(subtile, i, count: tl.constexpr, sums_ptr, tail, part, parts, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """Subtile i of `count` plus the other parts' sums of it."""
+    for other in range(0, parts):
+        if other != part:  # .cg: from L2, where the other SMs' stores are, never a stale L1 line
+            subtile += tl.load(_slot(sums_ptr, tail, other, parts, i, count, BLOCK_M, BLOCK_N), cache_modifier=".cg")
+    return subtile
+
+
+@triton_jit
+def counter_reset(count_ptr, tail):
+    tl.atomic_xchg(count_ptr + tail, 0)
+
+
+@triton_jit
+def _slot(sums_ptr, tail, part, parts, i, count: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Pointers to subtile i (of `count` column subtiles, each stored whole) of a part's slot."""
+    cols: tl.constexpr = BLOCK_N // count
+    base = sums_ptr + ((tail * parts + part).to(tl.int64) * count + i) * (BLOCK_M * cols)
+    return base + tl.arange(0, BLOCK_M)[:, None] * cols + tl.arange(0, cols)[None, :]
