@@ -209,6 +209,40 @@ def bench_qkv_rope(runs):
     return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
 
 
+def bench_tail_split(runs):
+    """The GEMM alone with its last wave's tiles split along K (kernels/split_tail.py, the default) and whole, at the
+    shapes where it splits: Z-Image's out and w2, FLUX.3 Klein's attention and MLP outputs."""
+    from kernels import split_tail
+    rows = []
+    for name, k, n in (("Z-Image out", 3840, 3840), ("Z-Image w2", 10240, 3840), ("Klein out", 3072, 3072),
+                       ("Klein MLP out", 9216, 3072)):
+        q, s_x, w, s_w = random_codes(k, n)
+        residual = torch.zeros(M, n, device="cuda")
+        gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
+        cells, outs = [], []
+        for enabled in (True, False):
+            split_tail.ENABLED = enabled
+            cells += [time_or_note(lambda: int8_linear(q, s_x, w, s_w), runs, True),
+                      time_or_note(lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate,
+                                                             row_map=row_map), runs, True)]
+            outs += [int8_linear(q, s_x, w, s_w), int8_linear_gated(q, s_x, w, s_w, residual=torch.ones_like(
+                residual), gate=gate, row_map=row_map)]
+        split_tail.ENABLED = True
+        same = torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+        rows.append(f"| {name} {k}x{n} | " + " | ".join(cells) + f" | {same} |")
+    from kernels.qkv_rope_linear import qkv_rope_linear  # Z-Image's QKV (1620 tiles: the last 36 in 3 parts)
+    q, s_x, w, s_w = random_codes(3840, 11520)
+    angles = torch.rand(M, 64, device="cuda")
+    qkv = lambda: qkv_rope_linear(q, s_x, w, s_w, None, 30, 128, None, None, angles.cos(), angles.sin())  # noqa: E731
+    cells, outs = [], []
+    for enabled in (True, False):
+        split_tail.ENABLED = enabled
+        cells.append(time_or_note(qkv, runs, True))
+        outs.append(torch.stack(qkv()))
+    split_tail.ENABLED = True
+    return rows + [f"| Z-Image QKV + rotary 3840x11520 | {cells[0]} | - | {cells[1]} | - | {torch.equal(*outs)} |"]
+
+
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a
 # 256-column tile, so the best GEMM tile need not be its best.
 QKV_ROPE_TILES = {"default": None, "128x256 tma persistent": config(128, 256, 128, 8, 4, tma=True, persistent=True),
@@ -334,6 +368,10 @@ def main():
     print("| work | int8_linear + head_norm_rope | " + " | ".join(f"fused, {t}" for t in QKV_ROPE_TILES) + " |")
     print("|---|---|" + "---|" * len(QKV_ROPE_TILES))
     print("\n".join(bench_qkv_rope(args.runs)))
+    print("\nThe last wave's tiles split along K, ms in a CUDA graph:\n")
+    print("| GEMM alone | bf16 out, split | gated, split | bf16 out, whole | gated, whole | equal bit for bit |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(bench_tail_split(args.runs)))
     print("\nThe MLP's SwiGLU, ms in a CUDA graph:\n")
     print("| work | in the quantizer's prologue | in the product's epilogue | codes that differ |\n|---|---|---|---|")
     print("\n".join(bench_swiglu(args.runs)))
