@@ -3,7 +3,8 @@
 Issue 4. T output tiles on P SMs, one tile an SM at a time, take ceil(T / P) tile times; with T = W P + t and
 0 < t <= P / 2 the last wave keeps t SMs busy and leaves the others idle: Z-Image's out and down projections at
 1024^2 (540 tiles of 128 x 256 on 132 SMs) spend a fifth of their time in that wave. Each of the t tail tiles is cut
-into S parts along K (S <= P / t, each a contiguous run of K steps), so the last wave lasts about 1/S of a tile:
+into S parts along K (S <= P / t, each a contiguous run of K steps), so the last wave lasts about 1/S of a tile
+(where K is long enough for that to pay: MIN_K_STEPS):
   part s of a tail tile:  sums_s = sum over its K steps of q w^T          (int32, stored to its own slot)
   the part that arrives last (a counter):  acc = its sums + the other parts' slots, then the epilogue
 Integer sums are exact and their order free, so the output equals the unsplit kernel's bit for bit whichever part
@@ -25,15 +26,19 @@ except ImportError:  # torch without Triton: the references still import
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
+# Measured on the H200 (docs/benchmarks.md, 2026-12-03): the split kernel's whole tiles run slower than the unsplit
+# kernel's (its persistent loop prefetches less), which a tail of 24-30 K steps does not win back (Z-Image's out and
+# QKV, Klein's attention output: 0-13% slower), one of 72-80 does (w2, Klein's MLP output: 5-10% faster).
+MIN_K_STEPS = 64
 ENABLED = True  # the benches time the GEMMs with and without (bench/step_variants.py)
 
 
 def split_of(tiles: int, wave: int, k_steps: int) -> tuple[int, int]:
     """(whole, parts): the first `whole` tiles run whole, each later one in `parts` parts along K; (tiles, 1) where
-    there is no tail worth splitting (an exact number of waves, a tail over half a wave, or too few K steps)."""
+    there is no tail worth splitting (an exact number of waves, a tail over half a wave, under MIN_K_STEPS)."""
     waves, tail = divmod(tiles, wave) if wave > 0 else (0, 0)
     parts = min(wave // tail, MAX_PARTS, max(k_steps // 4, 2)) if tail else 1
-    if not ENABLED or waves == 0 or tail > wave // 2 or k_steps < 2 or parts < 2:
+    if not ENABLED or waves == 0 or tail > wave // 2 or k_steps < max(MIN_K_STEPS, 2) or parts < 2:
         return tiles, 1
     return tiles - tail, parts
 
