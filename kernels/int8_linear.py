@@ -121,7 +121,8 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
-    # SPLIT: the tiles from `whole` on run in `parts` parts along K (kernels/split_tail.py), else every tile whole.
+    # SPLIT: the tail launch, program i the part i % parts of tile whole + i // parts (kernels/split_tail.py), else
+    # the tiles [0, whole) whole.
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -135,9 +136,9 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
               HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M,
               TMA, SUBTILE, SPLIT)
     else:
-        items = whole + (tiles_m * tiles_n - whole) * parts
-        for item in tl.range(tl.program_id(0), items, tl.num_programs(0), flatten=True):
-            _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+        for tile in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
+                             flatten=True):
+            _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                   sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
                   HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R,
                   GROUP_M, TMA, SUBTILE, SPLIT)
@@ -150,12 +151,12 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
           EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
           SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
-    """One work item: an output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with
-    SPLIT, a tail tile's part, the epilogue run by the last of its parts only."""
+    """An output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with SPLIT, program
+    `item`'s part of a tail tile, the epilogue run by the part that is counted last."""
     if SPLIT:
         tile, tail, part, k_lo, k_hi = item_of(item, whole, parts, tl.cdiv(K, BLOCK_K), BLOCK_K)
     else:
-        tile, tail, part, k_lo, k_hi = item, -1, 0, 0, K
+        tile, tail, part, k_lo, k_hi = item, 0, 0, 0, K
     pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
     shared = -1  # the gate row all the tile's rows take, or -1; asked before the products, which hide the load
     if FORM == 1 and not ONE_GATE_ROW:
@@ -170,22 +171,19 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
     else:
         subtiles = (acc,)
     count: tl.constexpr = SUBTILE if SUBTILE else 1
-    last = tail < 0  # a whole tile (a Python True without SPLIT)
+    last = True  # a whole tile; a part: whether it is counted last
     if SPLIT:
-        if tail >= 0:
-            last = parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
+        last = parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
     if last:
         for i in tl.static_range(count):
             subtile = subtiles[i]
             if SPLIT:
-                if tail >= 0:
-                    subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
+                subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
             _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
                       gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
                       BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:
-            if tail >= 0:
-                counter_reset(count_ptr, tail)
+            counter_reset(count_ptr, tail)
 
 
 # The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.
@@ -243,15 +241,12 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
                                                       enable_fp_fusion=False)
         return
-    tiles = dict(tiles)
+    tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
-    split = tail_split(m, n, k, tiles, wave, absent)
-    if fixed and split[3] > 1:  # a split tile's sums stored in quarters: no spills at the Hopper tile (sm90_builds.py)
-        tiles["SUBTILE"] = 4
+    sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent)
     try:
-        _int8_linear_kernel[launch_grid(m, n, q.device, *split[2:])](
-            *args, *split, **flags, **{"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles},
-            SPLIT=split[3] > 1, enable_fp_fusion=False)
+        _int8_linear_kernel[launch_grid(m, n, q.device, whole)](*args, absent, absent, whole, 1, **flags, **tiles,
+                                                                 SPLIT=False, enable_fp_fusion=False)
     except triton.runtime.errors.OutOfResources:
         if not fixed:
             raise
@@ -260,6 +255,11 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         _UNFIT.add(form)
         _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
                                                       enable_fp_fusion=False)
+        return
+    if parts > 1:  # the tail launch, a program a part; at the Hopper tile its sums stored in quarters (no spills)
+        tail_tiles = {**tiles, "PERSISTENT": False, "SUBTILE": 4 if fixed else tiles["SUBTILE"]}
+        _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail_tiles, SPLIT=True,
+                                              enable_fp_fusion=False)
 
 
 def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False):

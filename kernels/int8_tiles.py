@@ -91,16 +91,15 @@ def _descriptor_scratch() -> None:
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
 
 
-def launch_grid(m: int, n: int, device: torch.device, whole: int | None = None, parts: int = 1):
-    """The grid of an [m, n] output for a config (one program a work item, or one an SM for PERSISTENT), the work
-    items the tiles, or with parts > 1 the first `whole` tiles and `parts` parts of each later one
-    (kernels/split_tail.py), with the TMA descriptors' scratch allocator in place (kernels/qkv_rope_linear.py
-    launches the same way)."""
+def launch_grid(m: int, n: int, device: torch.device, tiles_run: int | None = None):
+    """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT) running its first
+    tiles_run tiles (all when None; kernels/split_tail.py runs the rest), with the TMA descriptors' scratch allocator
+    in place (kernels/qkv_rope_linear.py launches the same way)."""
     _descriptor_scratch()
     sms = sm_count(device)
 
     def grid(meta):
-        tiles_mn = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
-        items = tiles_mn if parts == 1 else whole + (tiles_mn - whole) * parts
-        return (min(sms, items) if meta["PERSISTENT"] else items,)
+        tiles = triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])
+        tiles = tiles if tiles_run is None else min(tiles, tiles_run)
+        return (min(sms, tiles) if meta["PERSISTENT"] else tiles,)
     return grid

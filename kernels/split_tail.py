@@ -2,11 +2,11 @@
 
 Issue 4. T output tiles on P SMs, one tile an SM at a time, take ceil(T / P) tile times; with T = W P + t and
 0 < t <= P / 2 the last wave keeps t SMs busy and leaves the others idle: Z-Image's out and down projections at
-1024^2 (540 tiles of 128 x 256 on 132 SMs) spend a fifth of their time in that wave. Each of the t tail tiles is cut
-into S parts along K (S <= P / t, each a contiguous run of K steps), so the last wave lasts about 1/S of a tile
-(where K is long enough for that to pay: MIN_K_STEPS):
+1024^2 (540 tiles of 128 x 256 on 132 SMs) spend a fifth of their time in that wave. The GEMM's launch runs the W P
+whole tiles; a second launch cuts each of the t tail tiles into S parts along K (S <= P / t, each a contiguous run
+of K steps), a program a part, so the tail lasts about 1/S of a tile (where K is long enough: MIN_K_STEPS):
   part s of a tail tile:  sums_s = sum over its K steps of q w^T          (int32, stored to its own slot)
-  the part that arrives last (a counter):  acc = its sums + the other parts' slots, then the epilogue
+  the part counted last:  acc = its sums + the other parts' slots, then the GEMM's epilogue
 Integer sums are exact and their order free, so the output equals the unsplit kernel's bit for bit whichever part
 arrives last. The parts never wait for each other (no spinning: a part that is not last just ends).
 
@@ -26,10 +26,10 @@ except ImportError:  # torch without Triton: the references still import
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
-# Measured on the H200 (docs/benchmarks.md, 2026-12-03): the split kernel's whole tiles run slower than the unsplit
-# kernel's (its persistent loop prefetches less), which a tail of 24-30 K steps does not win back (Z-Image's out and
-# QKV, Klein's attention output: 0-13% slower), one of 72-80 does (w2, Klein's MLP output: 5-10% faster).
-MIN_K_STEPS = 64
+# Measured on the H200 (docs/benchmarks.md, 2026-12-03) with the parts in the GEMM's own launch: its whole tiles ran
+# slower (the persistent loop prefetched less), so only 72-80 K steps won (5-10%); with the tail in a launch of its
+# own the whole tiles are the unsplit kernel's, and the split is tried from 8 K steps.
+MIN_K_STEPS = 8
 ENABLED = True  # the benches time the GEMMs with and without (bench/step_variants.py)
 
 
@@ -44,13 +44,14 @@ def split_of(tiles: int, wave: int, k_steps: int) -> tuple[int, int]:
 
 
 def tail_split(m: int, n: int, k: int, tiles: dict, wave: int, absent: torch.Tensor) -> tuple:
-    """The GEMM kernel's split arguments (sums, counters, whole, parts) for an [m, n] output over k in `tiles`, on
-    `wave` programs at a time: split_of's split where it finds one and the workspace is there, else every tile
-    whole (absent: a tensor standing for the pointers the kernel then never reads)."""
+    """(sums, counters, whole, parts, tail programs) for an [m, n] output over k in `tiles`, on `wave` programs at a
+    time: the tiles [0, whole) run whole in the GEMM's launch, the rest in a tail launch of `tail programs` programs
+    (split_of's split where it finds one and the workspace is there, else every tile whole: absent, a tensor
+    standing for the pointers never read, and no tail)."""
     count = triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     whole, parts = split_of(count, wave, triton.cdiv(k, tiles["BLOCK_K"]))
     room = workspace(absent.device, wave, tiles["BLOCK_M"] * tiles["BLOCK_N"]) if parts > 1 else None
-    return (absent, absent, count, 1) if room is None else (*room, whole, parts)
+    return (absent, absent, count, 1, 0) if room is None else (*room, whole, parts, (count - whole) * parts)
 
 
 _WORKSPACES: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -71,13 +72,11 @@ def workspace(device: torch.device, wave: int, tile_values: int) -> tuple[torch.
 
 @triton_jit
 def item_of(item, whole, parts, k_steps, BLOCK_K: tl.constexpr):
-    """Work item -> (tile, tail: its index among the split tiles or -1, part, K range [k_lo, k_hi))."""
-    split = item >= whole
-    tail = tl.where(split, (item - whole) // parts, -1)
-    part = tl.where(split, (item - whole) % parts, 0)
-    count = tl.where(split, parts, 1)
-    return (tl.where(split, whole + tail, item), tail, part, part * k_steps // count * BLOCK_K,
-            (part + 1) * k_steps // count * BLOCK_K)
+    """The tail launch's program `item` -> (tile, tail: its index among the split tiles, part, K range [k_lo,
+    k_hi))."""
+    tail = item // parts
+    part = item % parts
+    return whole + tail, tail, part, part * k_steps // parts * BLOCK_K, (part + 1) * k_steps // parts * BLOCK_K
 
 
 @triton_jit
