@@ -19,10 +19,8 @@ import torch
 
 from . import head_norm_rope, int8_linear
 from .int8_products import products, tile_of
-from .int8_tiles import (candidate_tiles, config, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
-                         tune_bucket)
+from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16
-from .split_tail import counter_reset, item_of, others_added, parts_stored, tail_split
 
 try:
     import triton
@@ -40,11 +38,10 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
 
 @triton_jit
 def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
-                     M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
-                     D: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                     SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
-    # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles). SPLIT: as int8_linear's.
+                     M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
+    # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -52,48 +49,27 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
     if TMA:
         a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    if PERSISTENT:  # the tiles [0, whole); SPLIT (the tail launch, a program a part) is not persistent
-        for item in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
-                             flatten=True):
-            _qkv_rope_tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sums_ptr,
-                           count_ptr, a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, whole, parts, HAS_BIAS,
-                           HAS_NORM, D, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SPLIT)
+    if PERSISTENT:
+        for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+            _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc,
+                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
+                           BLOCK_N, BLOCK_K, GROUP_M, TMA)
     else:
         _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
-                       sums_ptr, count_ptr, a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, whole, parts,
-                       HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SPLIT)
+                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
+                       BLOCK_N, BLOCK_K, GROUP_M, TMA)
 
 
 @triton_jit
-def _qkv_rope_tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, sums_ptr,
-                   count_ptr, a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, whole, parts,
-                   HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                   TMA: tl.constexpr, SPLIT: tl.constexpr):
-    if SPLIT:  # kernels/split_tail.py, as int8_linear's
-        tile, tail, part, k_lo, k_hi = item_of(item, whole, parts, tl.cdiv(K, BLOCK_K), BLOCK_K)
-    else:
-        tile, tail, part, k_lo, k_hi = item, 0, 0, 0, K
-    pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
-    acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, k_lo, k_hi, TMA, EVEN_K, BLOCK_M, BLOCK_N,
-                   BLOCK_K)
-    last = True  # a whole tile; a part: whether it is counted last
-    if SPLIT:
-        last = parts_stored((acc,), sums_ptr, count_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
-        if last:
-            acc = others_added(acc, 0, 1, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
-            counter_reset(count_ptr, tail)
-    if last:
-        _qkv_rope_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, HD,
-                           eps, HAS_BIAS, HAS_NORM, D, BLOCK_M, BLOCK_N)
-
-
-@triton_jit
-def _qkv_rope_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, HD, eps,
-                       HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
+def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc, b_desc,
+                   M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+                   D: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr):
     R: tl.constexpr = D // 2
     HT: tl.constexpr = BLOCK_N // D  # whole heads in the tile
+    pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
+    acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, 0, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
+                   BLOCK_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -169,26 +145,19 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             k, heads * head, eps, tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
-    unsplit = (s_x, s_x, 2**30, 1)  # every tile whole (s_x stands for the pointers never read)
+    grid = launch_grid(m, n, q.device)
     if tiles is None:
-        _autotuned()[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False, enable_fp_fusion=False)
-        return views
-    if not _fits(tiles["BLOCK_N"], heads, head):
-        raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
-                         f"divide {heads} x {head}")
-    tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
-    wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # kernels/split_tail.py (tests set it)
-    sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, s_x)
-    try:
-        _qkv_rope_kernel[launch_grid(m, n, q.device, whole)](*args, s_x, s_x, whole, 1, **flags, **tiles, SPLIT=False,
-                                                              enable_fp_fusion=False)
-    except triton.runtime.errors.OutOfResources:
-        if not fixed:
-            raise
-        _UNFIT.append(tiles)  # nothing ran: autotune (over tiles that fit) from now on
-        _autotuned()[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False, enable_fp_fusion=False)
-        return views
-    if parts > 1:  # the tail launch, a program a part
-        _qkv_rope_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags,
-                                           **{**tiles, "PERSISTENT": False}, SPLIT=True, enable_fp_fusion=False)
+        _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
+    else:
+        if not _fits(tiles["BLOCK_N"], heads, head):
+            raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
+                             f"divide {heads} x {head}")
+        tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
+        try:
+            _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
+        except triton.runtime.errors.OutOfResources:
+            if not fixed:
+                raise
+            _UNFIT.append(tiles)  # nothing ran: autotune (over tiles that fit) from now on
+            _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
     return views

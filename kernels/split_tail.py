@@ -26,10 +26,10 @@ except ImportError:  # torch without Triton: the references still import
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
-# Measured on the H200 (docs/benchmarks.md, 2026-12-03) with the parts in the GEMM's own launch: its whole tiles ran
-# slower (the persistent loop prefetched less), so only 72-80 K steps won (5-10%); with the tail in a launch of its
-# own the whole tiles are the unsplit kernel's, and the split is tried from 8 K steps.
-MIN_K_STEPS = 8
+# Measured on the H200 (docs/benchmarks.md, 2026-12-03), the GEMM alone at 1024^2: 8-9% faster at 72-80 K steps
+# (Z-Image's w2, Klein's MLP output), 2-4% slower at 24-30 (out, QKV): the last part's reads of the other parts'
+# slots and the second launch cost about a short tile's time.
+MIN_K_STEPS = 64
 ENABLED = True  # the benches time the GEMMs with and without (bench/step_variants.py)
 
 

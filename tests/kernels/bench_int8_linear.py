@@ -211,11 +211,10 @@ def bench_qkv_rope(runs):
 
 def bench_tail_split(runs):
     """The GEMM alone with its last wave's tiles split along K (kernels/split_tail.py, the default) and whole, at the
-    shapes where it splits at 1024^2: Z-Image's out, w2 and fused QKV, FLUX.3 Klein's attention and MLP outputs."""
+    shapes where it splits at 1024^2 (split_tail.MIN_K_STEPS): Z-Image's w2 and FLUX.3 Klein's MLP output."""
     from kernels import split_tail
     rows = []
-    for name, k, n in (("Z-Image out", 3840, 3840), ("Z-Image w2", 10240, 3840), ("Klein out", 3072, 3072),
-                       ("Klein MLP out", 9216, 3072)):
+    for name, k, n in (("Z-Image w2", 10240, 3840), ("Klein MLP out", 9216, 3072)):
         q, s_x, w, s_w = random_codes(k, n)
         residual = torch.zeros(M, n, device="cuda")
         gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
@@ -230,17 +229,7 @@ def bench_tail_split(runs):
         split_tail.ENABLED = True
         same = torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
         rows.append(f"| {name} {k}x{n} | " + " | ".join(cells) + f" | {same} |")
-    from kernels.qkv_rope_linear import qkv_rope_linear  # Z-Image's QKV: 1620 tiles, the last 36 in 3 parts
-    q, s_x, w, s_w = random_codes(3840, 11520)
-    angles = torch.rand(M, 64, device="cuda")
-    qkv = lambda: qkv_rope_linear(q, s_x, w, s_w, None, 30, 128, None, None, angles.cos(), angles.sin())  # noqa: E731
-    cells, outs = [], []
-    for enabled in (True, False):
-        split_tail.ENABLED = enabled
-        cells.append(time_or_note(qkv, runs, True))
-        outs.append(torch.stack(qkv()))
-    split_tail.ENABLED = True
-    return rows + [f"| Z-Image QKV + rotary 3840x11520 | {cells[0]} | - | {cells[1]} | - | {torch.equal(*outs)} |"]
+    return rows
 
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a

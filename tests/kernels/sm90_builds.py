@@ -50,19 +50,17 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
-def qkv_rope_case(persistent: bool, split: bool = False):
-    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent;
-    split: its tail launch (kernels/split_tail.py)."""
+def qkv_rope_case(persistent: bool):
+    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent."""
     from kernels.int8_tiles import HOPPER_TILES, launch_of
     from kernels.qkv_rope_linear import _qkv_rope_kernel
     tile = launch_of(HOPPER_TILES["qkv_rope"])
     launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
     signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
                  "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32",
-                 "whole": "i32", "parts": "i32"}
+                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
     constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "EVEN_K": True, **tile, "PERSISTENT": persistent,
-                 "SUBTILE": 0, "SPLIT": split}
+                 "SUBTILE": 0}
     return _qkv_rope_kernel, signature, constants, launch
 
 
@@ -80,7 +78,6 @@ def frontend_cases() -> dict:
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})
         cases[f"int8_linear {FORMS[form]} wide"] = (kernel, signature, {**constants, "WIDE": True}, launch)
     cases.update(split_cases())
-    cases["qkv_rope, tail split"] = qkv_rope_case(False, True)
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
@@ -112,7 +109,6 @@ def resource_cases() -> dict:
                 cases[f"{label}, subtile {subtile}{' (H200 default)' if default else ''}"] = linear_case(
                     form, one, {**tile, "SUBTILE": subtile})
     cases.update(split_cases())
-    cases["qkv_rope, tail split"] = qkv_rope_case(False, True)
     cases["qkv_rope, a program a tile (H200 default: 0.425 ms at Z-Image's QKV)"] = qkv_rope_case(False)
     cases["qkv_rope, persistent (0.454 ms)"] = qkv_rope_case(True)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)

@@ -7,8 +7,6 @@ from conftest import assert_within_one_bf16_step
 from kernels.head_norm_rope import head_norm_rope
 from kernels.int8_linear import int8_linear
 from kernels.qkv_rope_linear import qkv_rope_linear, reference
-from kernels import split_tail
-from kernels.split_tail import split_of
 
 SMALL = {"BLOCK_M": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 
@@ -47,18 +45,6 @@ def test_equals_the_two_launches(m, block_n, loads, normed, bias, group, device)
     assert torch.equal(got[2], want[2])  # v: the product's bf16 rows as they are
     for a, b in zip(got, reference(**ops, eps=1e-5, group=group)):
         assert_within_one_bf16_step(a, b)
-
-
-@pytest.mark.parametrize("loads", [{}, {"TMA": True, "PERSISTENT": True}], ids=["pointers", "tma-persistent"])
-def test_split_tail_equals_whole_tiles(loads, device, monkeypatch):
-    """18 tiles on a wave of 8: the last 2 in 4 parts along K in a tail launch (kernels/split_tail.py), bit for bit
-    the whole tiles'."""
-    monkeypatch.setattr(split_tail, "MIN_K_STEPS", 2)  # whatever the H200's threshold
-    ops = operands(37, heads=4, head=32, k=512, seed=3, device=device)
-    tiles = {**SMALL, "BLOCK_N": 64, **loads}
-    assert split_of(18, 8, 16) == (16, 4)
-    for got, want in zip(qkv_rope_linear(**ops, tiles={**tiles, "WAVE": 8}), qkv_rope_linear(**ops, tiles=tiles)):
-        assert torch.equal(got, want)
 
 
 def test_tiles_must_hold_whole_heads(device):
