@@ -7,8 +7,6 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
-    parser.add_argument("--variant-no-pdl", action="store_true", help="also ours INT8 graphed without programmatic "
-                        "dependent launch (kernels.dependent_launch.ENABLED off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -16,7 +14,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
-    from kernels import dependent_launch, split_tail
+    from kernels import split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
-        args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("no PDL", dependent_launch, "ENABLED", False)] * args.variant_no_pdl
+        args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
-
 try:
     import triton
     import triton.language as tl
@@ -39,9 +37,7 @@ def reference(x, y, gate, row_map, post_weight=None, eps=1e-6, next_rms=None):
 
 @triton_jit
 def _gated_residual_kernel(x_ptr, y_ptr, stride_y, gate_ptr, map_ptr, w_ptr, stats_ptr, stride_stats, N, eps,
-                           next_eps, HAS_NORM: tl.constexpr, NEXT_RMS: tl.constexpr, BLOCK_N: tl.constexpr,
-                           PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                           next_eps, HAS_NORM: tl.constexpr, NEXT_RMS: tl.constexpr, BLOCK_N: tl.constexpr):
     # One program per row; it walks the row in BLOCK_N columns (twice with the norm: statistic, then update).
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -95,5 +91,5 @@ def gated_residual(x, y, gate, row_map, post_weight=None, eps=1e-6, next_rms=Non
                                  row_map.to(torch.int32).contiguous(), weight, stats, stats.stride(0), n, eps,
                                  float(next_eps), HAS_NORM=post_weight is not None, NEXT_RMS=next_rms is not None,
                                  BLOCK_N=min(block_n, triton.next_power_of_2(n)), num_warps=4,
-                                 enable_fp_fusion=False, **launch_flags(x.device))
+                                 enable_fp_fusion=False)
     return x

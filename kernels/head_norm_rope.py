@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
 from .rounding import round_to_bf16
 
 try:
@@ -50,8 +49,7 @@ def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group
 @triton_jit
 def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, R, eps,
                            HAS_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                           BLOCK_M: tl.constexpr, PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                           BLOCK_M: tl.constexpr):
     # Grid (row blocks, heads, q/k/v): a program normalizes and turns one head of BLOCK_M rows. Each value's
     # rotary partner (j +- r) is a second load of the same row, which the first one brought into L1.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -112,5 +110,5 @@ def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, 
     _head_norm_rope_kernel[(triton.cdiv(m, block_m), heads, 3)](
         qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, eps,
         HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, num_warps=4,
-        enable_fp_fusion=False, **launch_flags(qkv.device))
+        enable_fp_fusion=False)
     return tuple(t.transpose(1, 2) for t in out)

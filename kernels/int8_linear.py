@@ -21,7 +21,6 @@ import logging
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
 from .int8_products import halves, products, tile_of
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
@@ -117,8 +116,7 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr,
                         LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr, PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
@@ -236,7 +234,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
-             "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1))), **launch_flags(q.device)}
+             "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
     unsplit = (absent, absent, 2**30, 1)  # every tile whole
     if tiles is None:

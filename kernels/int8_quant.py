@@ -29,7 +29,6 @@ import math
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
 from .modulation_rows import shared_row
 from .rounding import round_half_even, round_to_bf16
 from .row_stats import NORMS, row_stats
@@ -132,10 +131,12 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
 @triton_jit
 def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
-    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16 (held in
-    f32). g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 = H4 (x) H_64,
-    so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four results (a radix-4
-    butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead of 128 KB of shared memory."""
+    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
+    (held in f32).
+    g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 =
+    H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
+    results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
+    of 128 KB of shared memory."""
     z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
                         K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
     if SPLIT == 4:
@@ -166,13 +167,12 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
                    gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
                    HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
-    # Grid (row programs, groups): a program takes one group of BLOCK_M rows at a time through steps 1-3 (row blocks
-    # strided by the row programs), storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G]
-    # (no atomics). The codes pass reads them back (recomputing the prologue there cost 3-6x the bandwidth floor;
-    # a program a row block walking all groups, fewer loads in flight, ran 2-3x slower).
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
+    # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
+    # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
+    # clear). The codes pass reads these rows back: recomputing the prologue there cost 3-6x the bandwidth floor.
+    # Many small programs keep many loads in flight: a program per row block walking all groups ran 2-3x slower.
     Q: tl.constexpr = G // SPLIT
     hq = tl.arange(0, Q)
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
@@ -213,8 +213,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
 
 @triton_jit
 def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # Steps 4-5 over a [BLOCK_M, BLOCK_K] tile of the rotated bf16 rows, once every group's absmax is known.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -277,7 +276,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     plain = norm is None and act is None
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
-        stats = row_stats(x, norm, eps) if norm is not None else torch.empty(2, m, device=x.device)
+        stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
+        if norm is not None:
+            row_stats(x, norm, eps, out=stats)
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, groups, dtype=torch.float32, device=x.device)
     row_map = row_map.to(torch.int32).contiguous() if row_map is not None else None
@@ -289,11 +290,11 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
-             "enable_fp_fusion": False, **launch_flags(x.device)}
+             "enable_fp_fusion": False}
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, **flags)
     _codes_kernel[(triton.cdiv(m, 16), triton.cdiv(k, 256))](  # 16 rows a program: 0.047 against 0.055 ms (32)
         rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups), BLOCK_M=16,
-        BLOCK_K=256, num_warps=4, **launch_flags(x.device))
+        BLOCK_K=256, num_warps=4)
     return codes, scales

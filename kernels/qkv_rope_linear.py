@@ -17,7 +17,6 @@ import functools
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
 from . import head_norm_rope, int8_linear
 from .int8_products import products, tile_of
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
@@ -41,9 +40,7 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
 def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
                      M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
-                     PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
     # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -147,7 +144,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
             k, heads * head, eps, tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
-             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0, **launch_flags(q.device)}
+             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
     grid = launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned()[grid](*args, **flags, enable_fp_fusion=False)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from .dependent_launch import launch_flags, wait_then_release
-
 try:
     import triton
     import triton.language as tl
@@ -33,9 +31,7 @@ def reference(x, norm, eps=1e-6):
 
 @triton_jit
 def _row_stats_kernel(x_ptr, stride_x, stats_ptr, stride_stats, M, K, eps, NORM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, WHOLE_ROWS: tl.constexpr,
-                      PDL: tl.constexpr):
-    wait_then_release(PDL)  # first: before any load or store
+                      BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, WHOLE_ROWS: tl.constexpr):
     # The statistics of BLOCK_M rows: mean (layer norm; 0 for RMS) to stats[0], 1/sqrt(.) to stats[1].
     # WHOLE_ROWS (BLOCK_K >= K): the rows are loaded once and stay in registers for the layer norm's second pass;
     # else the columns are walked BLOCK_K at a time (twice for the layer norm).
@@ -105,5 +101,5 @@ def row_stats(x, norm, eps=1e-6, *, out=None, block_m=None, block_k=None, num_wa
         _row_stats_kernel[(triton.cdiv(m, shape["block_m"]),)](
             x, x.stride(0), stats, stats.stride(0), m, k, eps, NORM=NORMS[norm], BLOCK_M=shape["block_m"],
             BLOCK_K=shape["block_k"], WHOLE_ROWS=shape["block_k"] >= k, num_warps=shape["num_warps"],
-            enable_fp_fusion=False, **launch_flags(x.device))
+            enable_fp_fusion=False)
     return stats

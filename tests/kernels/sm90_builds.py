@@ -133,7 +133,6 @@ def lower(kernel, signature: dict, constants: dict) -> str:
     context = ir.context()
     ir.load_dialects(context)
     backend.load_dialects(context)
-    constants = {"PDL": True, **constants} if "PDL" in kernel.arg_names else constants  # as Hopper launches it
     source = ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants)
     return str(source.make_ir(_target(), options, backend.get_codegen_implementation(options),
                               backend.get_module_map(), context))
@@ -143,9 +142,8 @@ def resources(kernel, signature: dict, constants: dict, launch: dict) -> dict:
     """The whole build for sm_90a: registers, stack, spill stores and loads (bytes a thread), shared memory."""
     import triton
     from triton.compiler import ASTSource
-    constants = {"PDL": True, **constants}  # as Hopper launches it (kernels/dependent_launch.py)
     built = triton.compile(ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants),
-                           target=_target(), options={**launch, "enable_fp_fusion": False, "launch_pdl": True})
+                           target=_target(), options={**launch, "enable_fp_fusion": False})
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     ptxas = next(p for p in (ptxas / "ptxas-blackwell", ptxas / "ptxas") if p.exists())  # the one that takes the PTX
     with tempfile.TemporaryDirectory() as tmp:
