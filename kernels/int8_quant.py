@@ -19,8 +19,9 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them. (A one-pass kernel, whole rows in
-registers, measured 1.2-2x slower on the H200: docs/benchmarks.md.)
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py; with CODES_IN_ROTATE
+by the rotate pass's program that finishes a row block's last group, one launch fewer). (A one-pass kernel, whole
+rows in registers, measured 1.2-2x slower on the H200: docs/benchmarks.md.)
 """
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ import math
 import torch
 
 from .modulation_rows import shared_row
-from .rounding import round_half_even, round_to_bf16
+from .int8_codes import arrival_counters, codes_by_last_group, launch_codes
+from .rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
 
 try:
@@ -41,6 +43,8 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
+# Steps 4-5 by the rotate pass's last group of each row block (kernels/int8_codes.py), else in a launch of their own.
+CODES_IN_ROTATE = False
 
 
 def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -165,9 +169,10 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 
 @triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
-                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
-                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                   gmax_ptr, q_ptr, s_ptr, count_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
+                   G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   CODES_HERE: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr):
     # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
     # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
     # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
@@ -209,26 +214,8 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
             _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
         top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
         tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
-
-
-@triton_jit
-def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    # Steps 4-5 over a [BLOCK_M, BLOCK_K] tile of the rotated bf16 rows, once every group's absmax is known.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
-    rmask = rows < M
-    groups = tl.arange(0, GROUPS_P2)
-    gmax = tl.load(gmax_ptr + rows[:, None] * GROUPS + groups[None, :],
-                   mask=rmask[:, None] & (groups < GROUPS)[None, :], other=0.0)
-    s = tl.maximum(tl.math.div_rn(tl.max(gmax, axis=1), 127.0), 1e-30)
-    if tl.program_id(1) == 0:
-        tl.store(s_ptr + rows, s, mask=rmask)
-    mask = rmask[:, None] & (cols < K)[None, :]
-    offsets = rows[:, None].to(tl.int64) * K + cols[None, :]
-    yb = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    code = round_half_even(round_to_bf16(tl.math.div_rn(yb, round_to_bf16(s)[:, None])))
-    tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
+        if CODES_HERE:  # steps 4-5 by the row block's last group (kernels/int8_codes.py)
+            codes_by_last_group(y_ptr, gmax_ptr, q_ptr, s_ptr, count_ptr, block, M, K, GROUPS, GROUPS_P2, BLOCK_M)
 
 
 @functools.cache
@@ -292,9 +279,11 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
-            _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max, m, k)
-    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, **flags)
-    _codes_kernel[(triton.cdiv(m, 16), triton.cdiv(k, 256))](  # 16 rows a program: 0.047 against 0.055 ms (32)
-        rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups), BLOCK_M=16,
-        BLOCK_K=256, num_warps=4)
+            _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max)
+    counters = arrival_counters(x.device, triton.cdiv(m, block_m)) if CODES_IN_ROTATE else None
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
+        *args, codes, scales, stats if counters is None else counters, m, k, **flags, CODES_HERE=counters is not None,
+        GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups))
+    if counters is None:
+        launch_codes(rotated, group_max, codes, scales)
     return codes, scales
