@@ -6,7 +6,7 @@ Issue 4; reference/int8_convrot_format.md section 5. For rotated rows yb [M, K] 
   q[m, k] = clamp(rint(bf16(yb[m, k] / bf16(s[m]))), -128, 127)   (ties to even)
 Two ways to run it: a launch of its own after the rotate pass (`_codes_kernel`, a program a 16 x 256 tile), or by
 the rotate pass itself (`codes_by_last_group`): the program that finishes a row block's last group (an arrival
-counter a row block, as kernels/split_tail.py counts a tile's parts) writes that row block's codes, reading the
+counter a row block: kernels/arrival_counters.py) writes that row block's codes, reading the
 rotated rows the other groups' programs just stored, from L2. The maximum is exact whatever the order the groups
 arrive in, so both give the same codes bit for bit.
 """
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .arrival_counters import counted_last, counter_reset
 from .rounding import round_half_even, round_to_bf16
 
 try:
@@ -69,26 +70,9 @@ def codes_by_last_group(y_ptr, gmax_ptr, q_ptr, s_ptr, count_ptr, block, M, K, G
                         GROUPS_P2: tl.constexpr, BLOCK_M: tl.constexpr):
     """Called by each group's program once it has stored row block `block`'s rotated rows and maxima: the program
     counted last writes the block's codes and scales, and sets the counter back to 0 for the next launch."""
-    tl.debug_barrier()  # every thread's stores done before the counter (released at GPU scope) says so
-    if tl.atomic_add(count_ptr + block, 1, sem="acq_rel", scope="gpu") == GROUPS - 1:
+    if counted_last(count_ptr, block, GROUPS):
         for r0 in tl.static_range(0, BLOCK_M, _ROWS):
             rows = block * BLOCK_M + r0 + tl.arange(0, _ROWS)
             for c0 in range(0, K, _COLUMNS):
                 _codes_tile(y_ptr, gmax_ptr, q_ptr, s_ptr, rows, c0, M, K, GROUPS, GROUPS_P2, _COLUMNS, True)
-        tl.atomic_xchg(count_ptr + block, 0)
-
-
-_COUNTERS: dict[tuple[torch.device, int], torch.Tensor] = {}
-
-
-def arrival_counters(device: torch.device, count: int) -> torch.Tensor | None:
-    """Zeroed int32 counters (at least `count`) for this device, made once and kept (each launch leaves them at 0), or
-    None while a CUDA graph is being captured and they are not made yet (made there, they would belong to the
-    graph's memory pool): that launch takes the codes launch of its own instead."""
-    size = max(64, 1 << (count - 1).bit_length())  # a few sizes only: each is kept
-    key = (torch.device(device), size)
-    if key not in _COUNTERS:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _COUNTERS[key] = torch.zeros(size, dtype=torch.int32, device=device)
-    return _COUNTERS[key]
+        counter_reset(count_ptr, block)

@@ -25,7 +25,8 @@ from .int8_products import halves, products, tile_of
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
-from .split_tail import counter_reset, item_of, others_added, parts_stored, tail_split
+from .arrival_counters import counter_reset
+from .split_tail import item_of, others_added, parts_stored, tail_split
 
 try:
     import triton
@@ -112,11 +113,10 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                         M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
-                        HAS_LORA: tl.constexpr,
-                        FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr,
-                        LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+                        HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr,
+                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+                        PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the

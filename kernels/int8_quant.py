@@ -31,7 +31,8 @@ import math
 import torch
 
 from .modulation_rows import shared_row
-from .int8_codes import arrival_counters, codes_by_last_group, launch_codes
+from .arrival_counters import kept
+from .int8_codes import codes_by_last_group, launch_codes
 from .rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
 
@@ -280,7 +281,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "enable_fp_fusion": False}
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max)
-    counters = arrival_counters(x.device, triton.cdiv(m, block_m)) if CODES_IN_ROTATE else None
+    counters = kept(x.device, triton.cdiv(m, block_m)) if CODES_IN_ROTATE else None  # kernels/arrival_counters.py
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
         *args, codes, scales, stats if counters is None else counters, m, k, **flags, CODES_HERE=counters is not None,
         GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups))

@@ -10,13 +10,13 @@ of K steps), a program a part, so the tail lasts about 1/S of a tile (where K is
 Integer sums are exact and their order free, so the output equals the unsplit kernel's bit for bit whichever part
 arrives last. The parts never wait for each other (no spinning: a part that is not last just ends).
 
-The workspace (slots of int32 sums and one counter a tail tile) is one per device and tile size, made outside CUDA
-graph capture and kept: the last part sets its counter back to 0, so every launch finds them at 0. It assumes what
-this engine does: one device's GEMMs run one at a time (one compute stream).
+The slots of int32 sums and the counters (one a tail tile) are kept buffers of kernels/arrival_counters.py.
 """
 from __future__ import annotations
 
 import torch
+
+from .arrival_counters import counted_last, kept
 
 try:
     import triton
@@ -50,24 +50,11 @@ def tail_split(m: int, n: int, k: int, tiles: dict, wave: int, absent: torch.Ten
     standing for the pointers never read, and no tail)."""
     count = triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
     whole, parts = split_of(count, wave, triton.cdiv(k, tiles["BLOCK_K"]))
-    room = workspace(absent.device, wave, tiles["BLOCK_M"] * tiles["BLOCK_N"]) if parts > 1 else None
-    return (absent, absent, count, 1, 0) if room is None else (*room, whole, parts, (count - whole) * parts)
-
-
-_WORKSPACES: dict[tuple[torch.device, int, int], tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-def workspace(device: torch.device, wave: int, tile_values: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(sums int32 [wave * tile_values], counters int32 [wave]) for this device and tile size (at most `wave` parts
-    in all), or None while a CUDA graph is being captured and they are not made yet (made there, they would belong
-    to the graph's memory pool): that launch runs unsplit."""
-    key = (torch.device(device), wave, tile_values)
-    if key not in _WORKSPACES:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        _WORKSPACES[key] = (torch.zeros(wave * tile_values, dtype=torch.int32, device=device),
-                            torch.zeros(wave, dtype=torch.int32, device=device))
-    return _WORKSPACES[key]
+    sums = kept(absent.device, wave * tiles["BLOCK_M"] * tiles["BLOCK_N"], zeroed=False) if parts > 1 else None
+    counters = kept(absent.device, wave) if parts > 1 else None
+    if sums is None or counters is None:
+        return absent, absent, count, 1, 0
+    return sums, counters, whole, parts, (count - whole) * parts
 
 
 @triton_jit
@@ -82,11 +69,11 @@ def item_of(item, whole, parts, k_steps, BLOCK_K: tl.constexpr):
 @triton_jit
 def parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This part's int32 sums (the tile's column subtiles, a tuple) stored to its slot and counted in: True for the
-    part counted last (it adds the others' slots, others_added, then sets the counter back, counter_reset)."""
+    part counted last (kernels/arrival_counters.py; it adds the others' slots, others_added, then sets the counter
+    back, counter_reset)."""
     for i in tl.static_range(len(subtiles)):
         tl.store(_slot(sums_ptr, tail, part, parts, i, len(subtiles), BLOCK_M, BLOCK_N), subtiles[i])
-    tl.debug_barrier()  # every thread's sums stored before the counter (released at GPU scope) says so
-    return tl.atomic_add(count_ptr + tail, 1, sem="acq_rel", scope="gpu") == parts - 1
+    return counted_last(count_ptr, tail, parts)
 
 
 @triton_jit
@@ -97,11 +84,6 @@ def others_added(subtile, i, count: tl.constexpr, sums_ptr, tail, part, parts, B
         if other != part:  # .cg: from L2, where the other SMs' stores are, never a stale L1 line
             subtile += tl.load(_slot(sums_ptr, tail, other, parts, i, count, BLOCK_M, BLOCK_N), cache_modifier=".cg")
     return subtile
-
-
-@triton_jit
-def counter_reset(count_ptr, tail):
-    tl.atomic_xchg(count_ptr + tail, 0)
 
 
 @triton_jit

@@ -10,7 +10,8 @@ from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
 from kernels import split_tail
-from kernels.split_tail import _WORKSPACES, split_of
+from kernels.arrival_counters import counters_left
+from kernels.split_tail import split_of
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
@@ -130,8 +131,7 @@ def test_split_tail_equals_the_whole_tiles(m, n, k, wave, loads, device, short_k
             assert torch.equal(got, reference(**half, swiglu=True))
         else:
             assert_within_one_bf16_step(got, reference(**half, swiglu=True))
-    counters = [c for (dev, w, _), (_, c) in _WORKSPACES.items() if w == wave and dev.type == device.type]
-    assert counters and all(int(c.abs().sum()) == 0 for c in counters)
+    assert counters_left() == 0
 
 
 @pytest.mark.parametrize("m,n,k", CASES[1:])

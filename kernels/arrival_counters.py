@@ -1,0 +1,53 @@
+"""Arrival counters: the programs that share a piece of work count themselves in, and the one counted last does the
+step that needs all of them (kernels/split_tail.py: a tile's parts along K; kernels/int8_codes.py: a row block's
+groups). No program waits for another, so nothing depends on which programs run at the same time.
+
+Issue 4. A program stores its share, then `counted_last`: a barrier (every thread's stores issued) and one atomic add
+with acquire-release semantics at GPU scope, so the program counted last sees every earlier program's stores (it
+reads them with .cg loads, from L2). That program sets the counter back to 0 (`counter_reset`): each launch finds
+its counters at 0. The buffers are made once per device and kept, outside CUDA graph capture (made during one, they
+would belong to the graph's memory pool): `kept` returns None then, and the caller runs its path without counters.
+They assume what this engine does: one device's kernels run one at a time (one compute stream).
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: the references still import
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+_KEPT: dict[tuple, torch.Tensor] = {}
+
+
+def kept(device: torch.device, numel: int, dtype: torch.dtype = torch.int32, zeroed: bool = True):
+    """A buffer of at least `numel` values for this device, zeroed or not (small ones a power of two, at least 64:
+    few sizes, each kept), shared by every kernel that asks for it (each launch leaves its counters at 0, and none
+    runs beside another); None while a CUDA graph is being captured and it is not made yet."""
+    size = max(64, 1 << (numel - 1).bit_length()) if numel <= 1 << 16 else numel
+    key = (torch.device(device), size, dtype, zeroed)
+    if key not in _KEPT:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        _KEPT[key] = (torch.zeros if zeroed else torch.empty)(size, dtype=dtype, device=device)
+    return _KEPT[key]
+
+
+def counters_left() -> int:
+    """The sum of every kept counter (tests: each launch leaves them at 0)."""
+    return sum(int(t.abs().sum()) for (_, _, dtype, zeroed), t in _KEPT.items() if zeroed and dtype == torch.int32)
+
+
+@triton_jit
+def counted_last(count_ptr, index, total):
+    """After this program's stores: count it in at counter `index`; True for the program counted last of `total`."""
+    tl.debug_barrier()  # every thread's stores issued before the counter (released at GPU scope) says so
+    return tl.atomic_add(count_ptr + index, 1, sem="acq_rel", scope="gpu") == total - 1
+
+
+@triton_jit
+def counter_reset(count_ptr, index):
+    tl.atomic_xchg(count_ptr + index, 0)
