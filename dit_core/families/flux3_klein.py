@@ -7,6 +7,7 @@ the VAE's [32, H/8, W/8].
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable
@@ -30,6 +31,11 @@ PREFIXES = ("model.diffusion_model.", "")
 MARKER = "early_stream_modulations.image.lin.weight"
 FLOW_MAP = "ref_time_in.in_layer.weight"
 MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows: [txt | img | ref]
+# The text's (and references') mode blocks on side streams while the image's run on the caller's, on a GPU: their
+# products (512 text rows: a third of the SMs or less) can fill what the image blocks leave idle. Off until the H200
+# times it (bench_flux3_klein.py --variant-concurrent-modes); the rows are the same either way.
+MODES_CONCURRENT = False
+_SIDE_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
                "image_cond": "content_mode_blocks.image_cond."}
 ROPE_THETA = 10000.0
@@ -146,6 +152,17 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
     mode_seqs = {m: seq(pos[m], torch.zeros(len(pos[m]), dtype=torch.long)) for m in modes}
     map_ = torch.cat([torch.full((len(pos[m]),), i, dtype=torch.long) for i, m in enumerate(modes)])
     return mode_seqs, seq(torch.cat([pos[m] for m in modes]), map_)
+
+
+def _side_streams(device: torch.device, modes: list[str]) -> dict[str, torch.cuda.Stream]:
+    """mode -> its side stream on a CUDA device (made once and kept: a graph's warm-up and capture use the same),
+    none elsewhere."""
+    if device.type != "cuda":
+        return {}
+    for m in modes:
+        if (device, m) not in _SIDE_STREAMS:
+            _SIDE_STREAMS[(device, m)] = torch.cuda.Stream(device)
+    return {m: _SIDE_STREAMS[(device, m)] for m in modes}
 
 
 @dataclass(frozen=True)
@@ -361,11 +378,21 @@ class Flux3Klein:
         if with_refs:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        for m in modes:
-            mod = self._modulation(self.early_mods[m], act[m])
-            for block in self.mode_blocks[m]:
-                rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False)
-                check()
+        sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if MODES_CONCURRENT else {}
+        main = torch.cuda.current_stream(latent.device) if sides else None
+        for side in sides.values():
+            side.wait_stream(main)
+        try:
+            for m in modes:
+                with torch.cuda.stream(sides[m]) if m in sides else contextlib.nullcontext():
+                    mod = self._modulation(self.early_mods[m], act[m])
+                    for block in self.mode_blocks[m]:
+                        rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False)
+                        check()
+        finally:  # joined also when check() cancels: nothing of the step left running on a side stream
+            for m, side in sides.items():
+                main.wait_stream(side)
+                rows[m].record_stream(main)  # made on the side stream, read and freed on the caller's
         return torch.cat([rows[m] for m in modes]), joint, s
 
     def _velocity(self, x, latent, t, t_next, text_rows) -> torch.Tensor:

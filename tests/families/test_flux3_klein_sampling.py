@@ -6,6 +6,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
 
+from dit_core.families import flux3_klein
 from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.sampling import SamplingCancelled, flux_noise, klein_sigmas, sample_euler, sample_klein
 from dit_core.step_cache import StepCache, relative_change
@@ -184,3 +185,24 @@ def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
             skipped += graph_cache.skipped
     assert skipped > 0  # the skip path (x1 + R_full, then the eager final layer) ran too
     assert all(g.graphs and None not in g.graphs.values() for g in step.graphs)  # captured, none fell back
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_concurrent_mode_blocks_on_gpu(tmp_path, monkeypatch):
+    """MODES_CONCURRENT: the text's and the reference's mode blocks on side streams, eager and graphed, give the
+    latents of the one-stream sampler bit for bit."""
+    tiny = smooth_time_embedders(random_flux3(seed=12, attention_head_dim=64, num_attention_heads=4,
+                                              axes_dims_rope=(16, 16, 16, 16)))
+    save_file(flux3_bfl_layout(tiny.state_dict()), tmp_path / "klein.safetensors")
+    gpu = Flux3Klein.load(tmp_path / "klein.safetensors", linears="int8").to("cuda", budget_bytes=10 ** 12)
+    g = torch.Generator().manual_seed(4)
+    noise, text = flux_noise(8, 64, 96, channels=C)[0].cuda(), torch.randn(9, TEXT, generator=g).cuda()
+    reference = torch.randn(C, 4, 4, generator=g).cuda()
+    for references in ([], [reference]):
+        one_stream = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
+        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", True)
+        eager = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
+        graphed = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0), step=gpu.graphed())
+        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", False)
+        assert torch.equal(eager, one_stream) and torch.equal(graphed, one_stream), len(references)
