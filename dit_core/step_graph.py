@@ -29,6 +29,16 @@ log = logging.getLogger("SwiftDiT")
 MAX_SHAPES = 4  # graphs kept (their temporaries share a pool: about 0.6 GB for Z-Image at 1024x1024)
 
 
+_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream every capture on this device warms up and is captured on (one, kept)."""
+    if device not in _CAPTURE_STREAMS:
+        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device=device)
+    return _CAPTURE_STREAMS[device]
+
+
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
     each input shape."""
@@ -66,14 +76,15 @@ class GraphedStep:
 
     def _capture(self, inputs) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
         statics = [t.clone() for t in inputs]
-        side = torch.cuda.Stream(device=statics[0].device)
+        side = _capture_stream(statics[0].device)
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile, tune and fill the caches outside the capture
             self.step(*statics)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # On the warm-up's stream: what kernels keep per stream (kernels/arrival_counters.py) is there.
+        with torch.cuda.graph(graph, pool=self.pool, stream=side):
             out = self.step(*statics)
         return graph, statics, out
 

@@ -5,9 +5,10 @@ groups). No program waits for another, so nothing depends on which programs run 
 Issue 4. A program stores its share, then `counted_last`: a barrier (every thread's stores issued) and one atomic add
 with acquire-release semantics at GPU scope, so the program counted last sees every earlier program's stores (it
 reads them with .cg loads, from L2). That program sets the counter back to 0 (`counter_reset`): each launch finds
-its counters at 0. The buffers are made once per device and kept, outside CUDA graph capture (made during one, they
-would belong to the graph's memory pool): `kept` returns None then, and the caller runs its path without counters.
-They assume what this engine does: one device's kernels run one at a time (one compute stream).
+its counters at 0. The buffers are made once per device and stream and kept, outside CUDA graph capture (made during
+one, they would belong to the graph's memory pool): `kept` returns None then, and the caller runs its path without
+counters. Launches on one stream run one after another, so they may share a stream's buffers; a graph is captured on
+the stream its warm-up ran on (dit_core/step_graph.py), so the capture finds them.
 """
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ _KEPT: dict[tuple, torch.Tensor] = {}
 
 
 def kept(device: torch.device, numel: int, dtype: torch.dtype = torch.int32, zeroed: bool = True):
-    """A buffer of at least `numel` values for this device, zeroed or not (small ones a power of two, at least 64:
-    few sizes, each kept), shared by every kernel that asks for it (each launch leaves its counters at 0, and none
-    runs beside another); None while a CUDA graph is being captured and it is not made yet."""
+    """A buffer of at least `numel` values for this device and its current stream, zeroed or not (small ones a power
+    of two, at least 64: few sizes, each kept), shared by the kernels that ask for it on that stream (each launch
+    leaves its counters at 0); None while a CUDA graph is being captured and it is not made yet."""
     size = max(64, 1 << (numel - 1).bit_length()) if numel <= 1 << 16 else numel
-    key = (torch.device(device), size, dtype, zeroed)
+    stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
+    key = (torch.device(device), stream, size, dtype, zeroed)
     if key not in _KEPT:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
@@ -38,7 +40,7 @@ def kept(device: torch.device, numel: int, dtype: torch.dtype = torch.int32, zer
 
 def counters_left() -> int:
     """The sum of every kept counter (tests: each launch leaves them at 0)."""
-    return sum(int(t.abs().sum()) for (_, _, dtype, zeroed), t in _KEPT.items() if zeroed and dtype == torch.int32)
+    return sum(int(t.abs().sum()) for (*_, dtype, zeroed), t in _KEPT.items() if zeroed and dtype == torch.int32)
 
 
 @triton_jit

@@ -33,7 +33,8 @@ FLOW_MAP = "ref_time_in.in_layer.weight"
 MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows: [txt | img | ref]
 # The text's (and references') mode blocks on side streams while the image's run on the caller's, on a GPU: their
 # products (512 text rows: a third of the SMs or less) can fill what the image blocks leave idle. Off until the H200
-# times it (bench_flux3_klein.py --variant-concurrent-modes); the rows are the same either way.
+# times it (bench_flux3_klein.py --variant-concurrent-modes); the rows are the same either way (kernels keep their
+# counters per stream: kernels/arrival_counters.py).
 MODES_CONCURRENT = False
 _SIDE_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
