@@ -30,9 +30,9 @@ import math
 
 import torch
 
-from .modulation_rows import shared_row
 from .arrival_counters import kept
 from .int8_codes import codes_by_last_group, launch_codes
+from .modulation_rows import shared_row
 from .rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
 
@@ -282,9 +282,10 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max)
     counters = kept(x.device, triton.cdiv(m, block_m)) if CODES_IN_ROTATE else None  # kernels/arrival_counters.py
+    here = counters is not None  # without, GROUPS 0: one compile serves every K
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
-        *args, codes, scales, stats if counters is None else counters, m, k, **flags, CODES_HERE=counters is not None,
-        GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups))
+        *args, codes, scales, counters if here else stats, m, k, **flags, CODES_HERE=here, GROUPS=groups * here,
+        GROUPS_P2=triton.next_power_of_2(groups) if here else 1)
     if counters is None:
         launch_codes(rotated, group_max, codes, scales)
     return codes, scales
