@@ -47,7 +47,8 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
                  "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
                  "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16,
-                 "CODES_HERE": codes_here, "GROUPS": 3840 // group, "GROUPS_P2": 16 if group == 256 else 64}
+                 "CODES_HERE": codes_here, "GROUPS": 3840 // group * codes_here,
+                 "GROUPS_P2": (16 if group == 256 else 64) if codes_here else 1}
     signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
