@@ -29,14 +29,16 @@ log = logging.getLogger("SwiftDiT")
 MAX_SHAPES = 4  # graphs kept (their temporaries share a pool: about 0.6 GB for Z-Image at 1024x1024)
 
 
-_CAPTURE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 
-def _capture_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream every capture on this device warms up and is captured on (one, kept)."""
-    if device not in _CAPTURE_STREAMS:
-        _CAPTURE_STREAMS[device] = torch.cuda.Stream(device=device)
-    return _CAPTURE_STREAMS[device]
+def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
+    """One CUDA stream a device and purpose, made once and kept ("capture": every graph's warm-up and capture; a
+    model's side streams): what kernels keep per stream (kernels/arrival_counters.py) made in a warm-up is there
+    again in the capture."""
+    if (device, purpose) not in _STREAMS:
+        _STREAMS[(device, purpose)] = torch.cuda.Stream(device=device)
+    return _STREAMS[(device, purpose)]
 
 
 class GraphedStep:
@@ -76,7 +78,7 @@ class GraphedStep:
 
     def _capture(self, inputs) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
         statics = [t.clone() for t in inputs]
-        side = _capture_stream(statics[0].device)
+        side = kept_stream(statics[0].device, "capture")
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile, tune and fill the caches outside the capture
             self.step(*statics)

@@ -36,7 +36,6 @@ MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows
 # times it (bench_flux3_klein.py --variant-concurrent-modes); the rows are the same either way (kernels keep their
 # counters per stream: kernels/arrival_counters.py).
 MODES_CONCURRENT = False
-_SIDE_STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
                "image_cond": "content_mode_blocks.image_cond."}
 ROPE_THETA = 10000.0
@@ -156,14 +155,9 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
 
 
 def _side_streams(device: torch.device, modes: list[str]) -> dict[str, torch.cuda.Stream]:
-    """mode -> its side stream on a CUDA device (made once and kept: a graph's warm-up and capture use the same),
-    none elsewhere."""
-    if device.type != "cuda":
-        return {}
-    for m in modes:
-        if (device, m) not in _SIDE_STREAMS:
-            _SIDE_STREAMS[(device, m)] = torch.cuda.Stream(device)
-    return {m: _SIDE_STREAMS[(device, m)] for m in modes}
+    """mode -> its side stream on a CUDA device (kept: a graph's warm-up and capture use the same), none elsewhere."""
+    from ..step_graph import kept_stream
+    return {m: kept_stream(device, f"FLUX.3 {m} mode blocks") for m in modes} if device.type == "cuda" else {}
 
 
 @dataclass(frozen=True)
