@@ -134,6 +134,16 @@ def test_split_tail_equals_the_whole_tiles(m, n, k, wave, loads, device, short_k
     assert counters_left() == 0
 
 
+def test_split_tail_with_a_lora(device, short_k_split):
+    """The LoRA's product in a split tile's epilogue (run by its last part) as in the whole tile's, bit for bit."""
+    ops, lora, gated = operands(40, 64, 480, seed=5, device=device, rank=5)
+    for tiles in ({**SMALL_TILES, "TMA": True, "PERSISTENT": True}, SMALL_TILES):
+        whole = int8_linear(**ops, **lora, tiles=tiles)
+        assert torch.equal(int8_linear(**ops, **lora, tiles={**tiles, "WAVE": 5}), whole)
+        expected = int8_linear_gated(**ops, **lora, **{**gated, "residual": gated["residual"].clone()}, tiles=tiles)
+        assert torch.equal(int8_linear_gated(**ops, **lora, **gated, tiles={**tiles, "WAVE": 5}), expected)
+
+
 @pytest.mark.parametrize("m,n,k", CASES[1:])
 def test_lora_in_the_epilogue(m, n, k, device):
     ops, lora, gated = operands(m, n, k, seed=k, device=device, rank=5)

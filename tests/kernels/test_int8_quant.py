@@ -153,7 +153,7 @@ def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
 
 
 @pytest.mark.parametrize("case", [{}, FUSED[0], FUSED[3]], ids=["plain", "rms-modulated", "swiglu"])
-@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 512, 256)])
+@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 512, 256), (7, 256, 256)])  # 4, 2 and 1 groups
 @pytest.mark.parametrize("launch", LAUNCHES, ids=LAUNCH_IDS)
 def test_codes_by_the_last_group(m, k, group, case, launch, device, monkeypatch):
     """CODES_IN_ROTATE: the rotate pass's program that finishes a row block's last group writes its codes
