@@ -28,6 +28,15 @@ CODES_ROWS, CODES_COLUMNS = 16, 256  # a tile of the codes: 0.047 against 0.055 
 _ROWS, _COLUMNS = (tl.constexpr(CODES_ROWS), tl.constexpr(CODES_COLUMNS)) if tl is not None else (None, None)
 
 
+def reference(rotated: torch.Tensor, group_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The math above in plain torch: (codes int8 [M, K], scales f32 [M]) of rotated bf16 rows [M, K] and their
+    group maxima [M, K / g]."""
+    amax = group_max.float().amax(-1)
+    # A tensor divisor: CUDA torch divides by a Python scalar as a product with its reciprocal.
+    s = (amax / torch.full_like(amax, 127.0)).clamp(min=1e-30)
+    return (rotated / s.to(torch.bfloat16)[:, None]).round().clamp(-128, 127).to(torch.int8), s
+
+
 @triton_jit
 def _codes_tile(y_ptr, gmax_ptr, q_ptr, s_ptr, rows, col0, M, K, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                 BLOCK_K: tl.constexpr, FROM_L2: tl.constexpr):

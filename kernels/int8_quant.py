@@ -32,6 +32,7 @@ import torch
 
 from .arrival_counters import kept
 from .int8_codes import codes_by_last_group, launch_codes
+from .int8_codes import reference as codes_reference
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
@@ -90,10 +91,7 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
     m, k = u.shape
     h = hadamard(group, torch.float32).to(u.device)
     yb = (u.float().reshape(m, k // group, group) @ h).reshape(m, k).to(torch.bfloat16)
-    amax = yb.abs().amax(-1).float()
-    # A tensor divisor: CUDA torch divides by a Python scalar as a product with its reciprocal.
-    s = (amax / torch.full_like(amax, 127.0)).clamp(min=1e-30)
-    q = (yb / s.to(torch.bfloat16)[:, None]).round().clamp(-128, 127).to(torch.int8)
+    q, s = codes_reference(yb, yb.abs().reshape(m, k // group, group).amax(-1))
     return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
 
 

@@ -20,6 +20,8 @@ from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
 from kernels import int8_quant
 from kernels.arrival_counters import counters_left
+from kernels.int8_codes import launch_codes
+from kernels.int8_codes import reference as codes_reference
 from kernels.int8_quant import hadamard, quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
@@ -150,6 +152,17 @@ def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     q_ref, s_ref = reference(x, group, **kw)
     assert not s.isnan().any()
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
+
+
+@pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16)])
+def test_codes_launch_equals_its_reference(m, k, group, device):
+    """kernels/int8_codes.py alone: rows not a multiple of its 16-row tile, one row, one group, K past one tile."""
+    yb = rows_like_activations(m, k, seed=m + k, device=device)
+    group_max = yb.float().abs().reshape(m, k // group, group).amax(-1).contiguous()
+    codes, scales = poisoned_outputs(m, k, device)
+    launch_codes(yb, group_max, codes, scales)
+    q_ref, s_ref = codes_reference(yb, group_max)
+    assert torch.equal(codes, q_ref) and torch.equal(scales, s_ref)
 
 
 @pytest.mark.parametrize("case", [{}, FUSED[0], FUSED[3]], ids=["plain", "rms-modulated", "swiglu"])
