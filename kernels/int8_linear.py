@@ -236,11 +236,11 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
-    unsplit = (absent, absent, 2**30, 1)  # every tile whole
-    if tiles is None:
-        _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
+    def autotuned():  # every tile whole
+        _autotuned(form)[launch_grid(m, n, q.device)](*args, absent, absent, 2**30, 1, **flags, SPLIT=False,
                                                       enable_fp_fusion=False)
-        return
+    if tiles is None:
+        return autotuned()
     tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
     sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent)
@@ -253,9 +253,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         # A fixed tile that does not fit (another driver or Triton): nothing ran, so this form autotunes from now on.
         log.warning("int8_linear: the fixed %s tile does not fit this GPU's shared memory; autotuning", tiles)
         _UNFIT.add(form)
-        _autotuned(form)[launch_grid(m, n, q.device)](*args, *unsplit, **flags, SPLIT=False,
-                                                      enable_fp_fusion=False)
-        return
+        return autotuned()
     if parts > 1:  # the tail launch, a program a part; at the Hopper tile its sums stored in quarters (no spills)
         tail_tiles = {**tiles, "PERSISTENT": False, "SUBTILE": 4 if fixed else tiles["SUBTILE"]}
         _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail_tiles, SPLIT=True,
