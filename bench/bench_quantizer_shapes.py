@@ -19,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import int8_quant  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -65,15 +64,11 @@ def quantizer_table() -> list[str]:
              "Klein text blocks: plain bf16 512x9216": (rows(512, 9216, torch.bfloat16), {}),
              "Z-Image attention out: plain bf16 3840": (rows(M, 3840, torch.bfloat16), {}),
              "Z-Image MLP hidden: plain bf16 10240": (rows(M, 10240, torch.bfloat16), {})}
-    out = ["| call | graph ms | codes by the rotate pass (CODES_IN_ROTATE), graph ms | two-pass floor ms | kernels "
-           "(us a call) |", "|---|---|---|---|---|"]
+    out = ["| call | graph ms | two-pass floor ms | kernels (us a call) |", "|---|---|---|---|"]
     for name, (x, kw) in cases.items():
         fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw)  # noqa: E731
         floor = x.numel() * (x.element_size() + 2 + 2 + 1) / 4e12 * 1e3
-        int8_quant.CODES_IN_ROTATE = True
-        in_rotate = graph_ms(fn)
-        int8_quant.CODES_IN_ROTATE = False
-        out.append(f"| {name} | {graph_ms(fn):.4f} | {in_rotate:.4f} | {floor:.4f} | {kernel_us(fn)} |")
+        out.append(f"| {name} | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
     return out
 
 

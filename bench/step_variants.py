@@ -7,10 +7,8 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
-    parser.add_argument("--variant-codes-in-rotate", action="store_true", help="also ours INT8 graphed with the "
-                        "codes written by the rotate pass's last group (kernels.int8_quant.CODES_IN_ROTATE on)")
-    parser.add_argument("--variant-concurrent-modes", action="store_true", help="also ours INT8 graphed with "
-                        "FLUX.3's text mode blocks on a side stream (flux3_klein.MODES_CONCURRENT on)")
+    parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
+                        "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -19,8 +17,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_quant, split_tail
+    from kernels import split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("codes in rotate", int8_quant, "CODES_IN_ROTATE", True)] * args.variant_codes_in_rotate + [
-        ("concurrent mode blocks", flux3_klein, "MODES_CONCURRENT", True)] * args.variant_concurrent_modes
+        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes

@@ -1,6 +1,6 @@
 """Arrival counters: the programs that share a piece of work count themselves in, and the one counted last does the
-step that needs all of them (kernels/split_tail.py: a tile's parts along K; kernels/int8_codes.py: a row block's
-groups). No program waits for another, so nothing depends on which programs run at the same time.
+step that needs all of them (kernels/split_tail.py: a tile's parts along K). No program waits for another, so
+nothing depends on which programs run at the same time.
 
 Issue 4. A program stores its share, then `counted_last`: a barrier (every thread's stores issued) and one atomic add
 with acquire-release semantics at GPU scope, so the program counted last sees every earlier program's stores (it

@@ -19,9 +19,10 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py; with CODES_IN_ROTATE
-by the rotate pass's program that finishes a row block's last group, one launch fewer). (A one-pass kernel, whole
-rows in registers, measured 1.2-2x slower on the H200: docs/benchmarks.md.)
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). (Measured slower on
+the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
+pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
+each writes 64 x K codes alone.)
 """
 from __future__ import annotations
 
@@ -30,8 +31,7 @@ import math
 
 import torch
 
-from .arrival_counters import kept
-from .int8_codes import codes_by_last_group, launch_codes
+from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
@@ -45,8 +45,6 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
-# Steps 4-5 by the rotate pass's last group of each row block (kernels/int8_codes.py), else in a launch of their own.
-CODES_IN_ROTATE = False
 
 
 def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -168,10 +166,9 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 
 @triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
-                   gmax_ptr, q_ptr, s_ptr, count_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                   HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
-                   G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   CODES_HERE: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr):
+                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
     # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
     # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
@@ -213,8 +210,6 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
             _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
         top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
         tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
-        if CODES_HERE:  # steps 4-5 by the row block's last group (kernels/int8_codes.py)
-            codes_by_last_group(y_ptr, gmax_ptr, q_ptr, s_ptr, count_ptr, block, M, K, GROUPS, GROUPS_P2, BLOCK_M)
 
 
 @functools.cache
@@ -279,11 +274,6 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "enable_fp_fusion": False}
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
             _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max)
-    counters = kept(x.device, triton.cdiv(m, block_m)) if CODES_IN_ROTATE else None  # kernels/arrival_counters.py
-    here = counters is not None  # without, GROUPS 0: one compile serves every K
-    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
-        *args, codes, scales, counters if here else stats, m, k, **flags, CODES_HERE=here, GROUPS=groups * here,
-        GROUPS_P2=triton.next_power_of_2(groups) if here else 1)
-    if counters is None:
-        launch_codes(rotated, group_max, codes, scales)
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, m, k, **flags)
+    launch_codes(rotated, group_max, codes, scales)
     return codes, scales

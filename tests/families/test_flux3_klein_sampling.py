@@ -190,8 +190,8 @@ def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_concurrent_mode_blocks_on_gpu(tmp_path, monkeypatch):
-    """MODES_CONCURRENT: the text's and the reference's mode blocks on side streams, eager and graphed, give the
-    latents of the one-stream sampler bit for bit."""
+    """MODES_CONCURRENT (the default): the text's and the reference's mode blocks on side streams, eager and graphed,
+    give the latents of the one-stream sampler bit for bit."""
     tiny = smooth_time_embedders(random_flux3(seed=12, attention_head_dim=64, num_attention_heads=4,
                                               axes_dims_rope=(16, 16, 16, 16)))
     save_file(flux3_bfl_layout(tiny.state_dict()), tmp_path / "klein.safetensors")
@@ -200,9 +200,9 @@ def test_concurrent_mode_blocks_on_gpu(tmp_path, monkeypatch):
     noise, text = flux_noise(8, 64, 96, channels=C)[0].cuda(), torch.randn(9, TEXT, generator=g).cuda()
     reference = torch.randn(C, 4, 4, generator=g).cuda()
     for references in ([], [reference]):
+        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", False)
         one_stream = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
         monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", True)
         eager = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
         graphed = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0), step=gpu.graphed())
-        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", False)
         assert torch.equal(eager, one_stream) and torch.equal(graphed, one_stream), len(references)

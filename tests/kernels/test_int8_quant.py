@@ -18,8 +18,6 @@ import torch
 from dit_core.weights import hadamard as host_hadamard
 from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
-from kernels import int8_quant
-from kernels.arrival_counters import counters_left
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
 from kernels.int8_quant import hadamard, quantize_rows, reference
@@ -165,22 +163,6 @@ def test_codes_launch_equals_its_reference(m, k, group, device):
     assert torch.equal(codes, q_ref) and torch.equal(scales, s_ref)
 
 
-@pytest.mark.parametrize("case", [{}, FUSED[0], FUSED[3]], ids=["plain", "rms-modulated", "swiglu"])
-@pytest.mark.parametrize("m,k,group", [(37, 64, 16), (19, 512, 256), (7, 256, 256)])  # 4, 2 and 1 groups
-@pytest.mark.parametrize("launch", LAUNCHES, ids=LAUNCH_IDS)
-def test_codes_by_the_last_group(m, k, group, case, launch, device, monkeypatch):
-    """CODES_IN_ROTATE: the rotate pass's program that finishes a row block's last group writes its codes
-    (kernels/int8_codes.py): equal to the codes launch bit for bit, twice over (the counters are back at 0)."""
-    x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=3) if case else (
-        rows_like_activations(m, k, seed=m, device=device), {})
-    want = quantize_rows(x, group, **kw, block_m=16, **launch)
-    monkeypatch.setattr(int8_quant, "CODES_IN_ROTATE", True)
-    for _ in range(2):
-        got = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16, **launch)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
-    assert counters_left() == 0
-
-
 @pytest.mark.parametrize("m,k,group", [(37, 64, 16), (5, 512, 256)])
 def test_given_row_statistics(m, k, group, device):
     """stats= (gated_residual's next_rms): the statistics launch is skipped and those given are used, also as a
@@ -244,19 +226,3 @@ def test_fused_at_zimage_shapes(case, k, mod_rows):
         q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
         q_ref, s_ref = reference(x, 256, **kw)
         assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case,k", [({}, 3840), ({}, 10240), (FUSED[0], 3840), (FUSED[2], 3072), (FUSED[3], 9216)])
-def test_codes_by_the_last_group_at_real_shapes(case, k, monkeypatch):
-    """CODES_IN_ROTATE at Z-Image's and Klein's shapes, where the groups' programs run concurrently: the codes of the
-    last group's program equal the codes launch's bit for bit, over runs whose buffers hold other rows before."""
-    x, kw = fused_inputs(ZIMAGE_ROWS, k, case, seed=k, device="cuda", rows="runs") if case else (
-        rows_like_activations(ZIMAGE_ROWS, k, seed=k, device="cuda"), {})
-    want = quantize_rows(x, 256, **kw)
-    monkeypatch.setattr(int8_quant, "CODES_IN_ROTATE", True)
-    for seed in (1, 2):
-        quantize_rows(torch.randn_like(x), 256, **kw)  # other values in the allocator's blocks a stale read would see
-        got = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
