@@ -4,6 +4,11 @@ absmax, which the rotate pass stores.
 Issue 4; reference/int8_convrot_format.md section 5. For rotated rows yb [M, K] (bf16) and gmax [M, K / g] (f32):
   s[m] = max(max_j gmax[m, j] / 127, 1e-30)                 (the division correctly rounded)
   q[m, k] = clamp(rint(bf16(yb[m, k] / bf16(s[m]))), -128, 127)   (ties to even)
+The quotient is taken as a product with the row's reciprocal r = f32(1 / bf16(s)), which rounds to the same bf16 as
+the correctly rounded quotient for every bf16 yb: with yb = Y 2^a and bf16(s) = S 2^b (Y, S odd, at most 8 bits),
+yb / bf16(s) is never a bf16 midpoint (M 2^c, M odd of 9 bits: Y = M S would need 9 bits or more), and lies at
+least 2^-17 of its size from every midpoint, while both f32 results are within 2^-23 of it (tests/kernels/
+test_int8_quant.py checks every case exhaustively; below 2^-126 both round to the code 0).
 A launch of its own after the rotate pass, a program a 16 x 256 tile. (Written by the rotate pass's program that
 finishes a row block's last group instead, bit-equal, a Z-Image step took 2x as long on the H200: those programs
 run last in the launch and each writes its row block's 64 x K codes alone. docs/benchmarks.md.)
@@ -51,7 +56,9 @@ def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GRO
     mask = rmask[:, None] & (cols < K)[None, :]
     offsets = rows[:, None].to(tl.int64) * K + cols[None, :]
     yb = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    code = round_half_even(round_to_bf16(tl.math.div_rn(yb, round_to_bf16(s)[:, None])))
+    # bf16(yb / bf16(s)) as bf16(yb * (1 / bf16(s))): equal for every bf16 yb and s (see above), and a product
+    # where the correctly rounded division is a dozen instructions an element.
+    code = round_half_even(round_to_bf16(yb * tl.math.div_rn(1.0, round_to_bf16(s))[:, None]))
     tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 

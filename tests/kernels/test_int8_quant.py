@@ -163,6 +163,25 @@ def test_codes_launch_equals_its_reference(m, k, group, device):
     assert torch.equal(codes, q_ref) and torch.equal(scales, s_ref)
 
 
+@pytest.mark.parametrize("exponent", [0, -99, 120])  # scales near 1, near the 1e-30 floor, near bf16's largest / 127
+def test_quotient_as_product_with_the_reciprocal(exponent):
+    """kernels/int8_codes.py takes bf16(yb / bf16(s)) as bf16(yb * f32(1 / bf16(s))): the same value for every
+    finite bf16 yb and every bf16 significand of s (both sides scale by powers of two alike), so the same codes."""
+    every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
+    y = every[every.isfinite()]
+    s = torch.arange(128, 256, dtype=torch.float32) / 128 * 2.0 ** exponent  # every bf16 significand, exactly
+    assert torch.equal(s, s.to(torch.bfloat16).float())
+    quotient = (y[None, :] / s[:, None]).to(torch.bfloat16)
+    product = (y[None, :] * (1 / s)[:, None]).to(torch.bfloat16)
+    in_range = quotient.float().abs() <= 256  # the codes clamp beyond 127.5
+    assert torch.equal(quotient[in_range], product[in_range])
+    codes = lambda q: q.float().round().clamp(-128, 127)  # noqa: E731
+    assert torch.equal(codes(quotient), codes(product))
+    # The check can fail: a reciprocal of bf16's 8 bits (error 2^-9, past the 2^-17 margin) gives other values.
+    coarse = (1 / s).to(torch.bfloat16).float()
+    assert not torch.equal(quotient[in_range], (y[None, :] * coarse[:, None]).to(torch.bfloat16)[in_range])
+
+
 @pytest.mark.parametrize("m,k,group", [(37, 64, 16), (5, 512, 256)])
 def test_given_row_statistics(m, k, group, device):
     """stats= (gated_residual's next_rms): the statistics launch is skipped and those given are used, also as a
