@@ -79,7 +79,8 @@ def codes_table() -> list[str]:
         y = rows(M, k, torch.bfloat16)
         gmax = y.float().abs().view(M, groups, 256).amax(-1).contiguous()
         q, s = torch.empty(M, k, dtype=torch.int8, device="cuda"), torch.empty(M, device="cuda")
-        for bm, bk, nw in ((16, 256, 4), (32, 256, 4), (64, 256, 4), (8, 1024, 4), (64, 128, 4), (32, 512, 4)):
+        for bm, bk, nw in ((16, 256, 4), (32, 256, 4), (64, 256, 4), (8, 1024, 4), (64, 128, 4), (32, 512, 4),
+                           (16, 512, 4), (8, 512, 4), (16, 256, 2)):
             fn = lambda bm=bm, bk=bk, nw=nw: _codes_kernel[(-(-M // bm), -(-k // bk))](  # noqa: E731
                 y, gmax, q, s, M, k, GROUPS=groups, GROUPS_P2=1 << (groups - 1).bit_length(), BLOCK_M=bm,
                 BLOCK_K=bk, num_warps=nw)
