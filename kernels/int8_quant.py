@@ -105,7 +105,9 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
         # gate j and up j sit side by side: one contiguous load of 2 WIDTH values, split in pairs.
         pairs = tl.load(base + 2 * first + tl.arange(0, 2 * WIDTH)[None, :], mask=m2, other=0.0)
         gate, up = tl.split(tl.reshape(pairs.to(tl.float32), (pairs.shape[0], WIDTH, 2)))
-        u = round_to_bf16(tl.math.div_rn(gate, 1.0 + tl.exp(-gate)) * up)
+        # exp is approximate on the GPU (ex2.approx), so a correctly rounded division (div.rn: a dozen instructions
+        # and a slow-path branch) buys no exactness; `/` lowers to div.full (2 ulp). Both within a bf16 step of torch.
+        u = round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)
     elif NORM == 0 and not HAS_SCALE and ACT == 0 and X_BF16:
         u = tl.load(base + cols[None, :], mask=m2, other=0.0)  # already bf16: nothing to round
     else:
