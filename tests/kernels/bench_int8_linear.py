@@ -52,7 +52,9 @@ def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
             fn()
         torch.cuda.current_stream().wait_stream(side)
         captured = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(captured):
+        # Captured on the warm-up's stream: buffers kernels keep per stream (kernels/arrival_counters.py, the split
+        # tail's) are made outside a capture only, so a capture on another stream would run without them.
+        with torch.cuda.graph(captured, stream=side):
             fn()
         call = captured.replay
     for _ in range(warmups):
