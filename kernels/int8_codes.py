@@ -68,4 +68,3 @@ def launch_codes(rotated: torch.Tensor, group_max: torch.Tensor, codes: torch.Te
     _codes_kernel[(triton.cdiv(m, CODES_ROWS), triton.cdiv(k, CODES_COLUMNS))](
         rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups),
         BLOCK_M=CODES_ROWS, BLOCK_K=CODES_COLUMNS, num_warps=4)
-
