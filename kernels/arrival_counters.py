@@ -24,23 +24,23 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 _KEPT: dict[tuple, torch.Tensor] = {}
 
 
-def kept(device: torch.device, numel: int, dtype: torch.dtype = torch.int32, zeroed: bool = True):
-    """A buffer of at least `numel` values for this device and its current stream, zeroed or not (small ones a power
-    of two, at least 64: few sizes, each kept), shared by the kernels that ask for it on that stream (each launch
-    leaves its counters at 0); None while a CUDA graph is being captured and it is not made yet."""
+def kept(device: torch.device, numel: int, zeroed: bool = True):
+    """An int32 buffer of at least `numel` values for this device and its current stream, zeroed (counters) or not
+    (small ones a power of two, at least 64: few sizes, each kept), shared by the kernels that ask for it on that
+    stream (each launch leaves its counters at 0); None while a CUDA graph is being captured and it is not made yet."""
     size = max(64, 1 << (numel - 1).bit_length()) if numel <= 1 << 16 else numel
     stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0
-    key = (torch.device(device), stream, size, dtype, zeroed)
+    key = (torch.device(device), stream, size, zeroed)
     if key not in _KEPT:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        _KEPT[key] = (torch.zeros if zeroed else torch.empty)(size, dtype=dtype, device=device)
+        _KEPT[key] = (torch.zeros if zeroed else torch.empty)(size, dtype=torch.int32, device=device)
     return _KEPT[key]
 
 
 def counters_left() -> int:
     """The sum of every kept counter (tests: each launch leaves them at 0)."""
-    return sum(int(t.abs().sum()) for (*_, dtype, zeroed), t in _KEPT.items() if zeroed and dtype == torch.int32)
+    return sum(int(t.abs().sum()) for (*_, zeroed), t in _KEPT.items() if zeroed)
 
 
 @triton_jit

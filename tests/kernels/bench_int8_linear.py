@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from dit_core.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
@@ -46,14 +47,16 @@ def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
     torch.cuda.synchronize()
     call = fn
     if graph:
-        side = torch.cuda.Stream()
+        # The step graphs' capture stream (dit_core/step_graph.py): what kernels keep per stream (the split tail's
+        # buffers, kernels/arrival_counters.py) is made once for it, not for a new stream at each timing.
+        side = kept_stream(torch.device("cuda", torch.cuda.current_device()), "capture")
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             fn()
         torch.cuda.current_stream().wait_stream(side)
         captured = torch.cuda.CUDAGraph()
-        # Captured on the warm-up's stream: buffers kernels keep per stream (kernels/arrival_counters.py, the split
-        # tail's) are made outside a capture only, so a capture on another stream would run without them.
+        # Captured on the warm-up's stream: those buffers are made outside a capture only, so a capture on another
+        # stream would run without them (whole tiles).
         with torch.cuda.graph(captured, stream=side):
             fn()
         call = captured.replay
