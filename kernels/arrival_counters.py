@@ -69,13 +69,19 @@ def ticket(count_ptr, total):
 
 
 @triton_jit
-def wait_for_peers(count_ptr, index, peers):
+def wait_for_peers(count_ptr, index, peers, POLL_LOADS: tl.constexpr = False):
     """After this program's stores: count it in at counter `index` and wait until all `peers` are in; then every
-    peer's stores before its count are visible (to .cg loads). Each peer must `leave` after its last read."""
+    peer's stores before its count are visible (to .cg loads). Each peer must `leave` after its last read.
+    POLL_LOADS: poll with volatile loads (every thread), then one acquiring atomic; else with acquiring atomics."""
     tl.debug_barrier()
     count = tl.atomic_add(count_ptr + index, 1, sem="acq_rel", scope="gpu") + 1
-    while count < peers:
-        count = tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
+    if POLL_LOADS:
+        while count < peers:
+            count = tl.load(count_ptr + index, volatile=True)
+        tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
+    else:
+        while count < peers:
+            count = tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 
