@@ -4,10 +4,8 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 1. quantize_rows per call shape, in one launch and in two: the modulated norm with one modulation row or two in runs
    (FLUX.3's joint blocks: 512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside each
    one's floor at 4 TB/s (input read and int8 codes written; two launches also write and read back bf16 rows).
-2. The one launch by launch shape (rows and warps a program; ticket order or the grid's; polling by atomics or
-   loads), beside the two launches.
-3. The codes pass alone by launch shape (rows, columns, warps a program).
-4. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
+2. The codes pass alone by launch shape (rows, columns, warps a program).
+3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
 """
 import sys
@@ -23,7 +21,6 @@ from bench_int8_linear import median_ms  # noqa: E402
 
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
-from kernels import int8_quant  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
 
 M, TEXT_ROWS, RUNS = 4608, 512, 30
@@ -77,31 +74,6 @@ def quantizer_table() -> list[str]:
     return out
 
 
-def one_launch_table() -> list[str]:
-    cases = {"Z-Image attention out: plain bf16 3840": (rows(M, 3840, torch.bfloat16), {}),
-             "Z-Image MLP hidden: plain bf16 10240": (rows(M, 10240, torch.bfloat16), {}),
-             "Z-Image norm: rms f32 3840, 1 row": (rows(M, 3840), modulated(M, 3840, 1, norm="rms")),
-             "Klein joint norm: layer f32 3072, 2 rows in runs": (rows(M, 3072), modulated(M, 3072, 2))}
-    launches = [(bm, nw, ticket, poll) for bm, nw in ((16, 2), (16, 4), (32, 4), (64, 4), (64, 8))
-                for ticket, poll in ((True, False), (False, False), (True, True), (False, True))]
-    out = ["| call | two launches ms | " + " | ".join(f"{bm}/{nw}{'/ticket' * t}{'/loads' * p}"
-                                                       for bm, nw, t, p in launches) + " |",
-           "|---|---|" + "---|" * len(launches)]
-    for name, (x, kw) in cases.items():
-        times = []
-        expected = quantize_rows(x, 256, **kw, one_launch=False)
-        for bm, nw, ticket, poll in launches:
-            int8_quant.TICKETS, int8_quant.POLL_LOADS = ticket, poll
-            fn = lambda x=x, kw=kw, bm=bm, nw=nw: quantize_rows(x, 256, **kw, one_launch=True,  # noqa: E731
-                                                                block_m=bm, num_warps=nw)
-            equal = all(torch.equal(a, b) for a, b in zip(fn(), expected))
-            times.append(f"{graph_ms(fn):.4f}" + ("" if equal else " (codes differ)"))
-        int8_quant.TICKETS, int8_quant.POLL_LOADS = True, False
-        two = graph_ms(lambda x=x, kw=kw: quantize_rows(x, 256, **kw, one_launch=False))
-        out.append(f"| {name} | {two:.4f} | " + " | ".join(times) + " |")
-    return out
-
-
 def codes_table() -> list[str]:
     out = ["| K | rows/columns/warps a program | codes ms | floor ms |", "|---|---|---|---|"]
     for k in (3072, 3840, 9216, 10240):
@@ -136,7 +108,4 @@ def gated_table() -> list[str]:
 
 if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
-    if "--one-launch" in sys.argv:  # the one launch's sweep only
-        print("\n".join(one_launch_table()))
-    else:
-        print("\n".join(quantizer_table() + [""] + one_launch_table() + [""] + codes_table() + [""] + gated_table()))
+    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))

@@ -69,19 +69,13 @@ def ticket(count_ptr, total):
 
 
 @triton_jit
-def wait_for_peers(count_ptr, index, peers, POLL_LOADS: tl.constexpr = False):
+def wait_for_peers(count_ptr, index, peers):
     """After this program's stores: count it in at counter `index` and wait until all `peers` are in; then every
-    peer's stores before its count are visible (to .cg loads). Each peer must `leave` after its last read.
-    POLL_LOADS: poll with volatile loads (every thread), then one acquiring atomic; else with acquiring atomics."""
+    peer's stores before its count are visible (to .cg loads). Each peer must `leave` after its last read."""
     tl.debug_barrier()
     count = tl.atomic_add(count_ptr + index, 1, sem="acq_rel", scope="gpu") + 1
-    if POLL_LOADS:
-        while count < peers:
-            count = tl.load(count_ptr + index, volatile=True)
-        tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
-    else:
-        while count < peers:
-            count = tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
+    while count < peers:
+        count = tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
     tl.debug_barrier()
 
 

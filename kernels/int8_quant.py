@@ -48,7 +48,6 @@ __all__ = ["ACTS", "hadamard", "quantize_rows", "reference", "rotation_input"]
 # Steps 1-5 in one launch where its programs may wait for each other (_quantize_kernel), else two (the benches time
 # both: bench/step_variants.py).
 ONE_LAUNCH = True
-TICKETS, POLL_LOADS = True, False  # one launch: ticket order (else the grid's), polling by loads (else atomics)
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -68,8 +67,7 @@ def _quantize_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_pt
                      s_ptr, gmax_ptr, count_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
                      HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
                      G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                     GROUPS_P2: tl.constexpr, PHASE: tl.constexpr, TICKETS: tl.constexpr,
-                     POLL_LOADS: tl.constexpr):
+                     GROUPS_P2: tl.constexpr, PHASE: tl.constexpr):
     # One launch (PHASE 0), a program a (row block, group) in ticket order, groups fastest: steps 1-3 in registers,
     # the group's absmax stored, a wait for the row block's other groups (kernels/arrival_counters.py), then steps
     # 4-5 from the registers: the bf16 rotated rows never leave the SM. Triton's CPU interpreter runs programs one
@@ -79,7 +77,7 @@ def _quantize_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_pt
     GROUPS = K // G
     hq = tl.arange(0, Q)
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
-    if PHASE == 0 and TICKETS:
+    if PHASE == 0:
         item = ticket(count_ptr, tl.num_programs(0))
     else:
         item = tl.program_id(0)
@@ -91,7 +89,7 @@ def _quantize_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_pt
     if PHASE != 2:
         tl.store(gmax_ptr + rows * GROUPS + group, group_absmax(y0, y1, y2, y3), mask=rmask)
     if PHASE == 0:
-        wait_for_peers(count_ptr, 1 + block, GROUPS, POLL_LOADS)
+        wait_for_peers(count_ptr, 1 + block, GROUPS)
     if PHASE != 1:
         s, r = row_scales(group_maxima(gmax_ptr, rows, rmask, GROUPS, GROUPS_P2))
         if group == 0:
@@ -169,8 +167,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         if counters is not None or not x.is_cuda:  # the CPU interpreter: the kernel's two phases, one after the other
             for phase in (0,) if counters is not None else (1, 2):
                 _quantize_kernel[(blocks * groups,)](*args, codes, scales, group_max, stats if counters is None
-                                                     else counters, m, k, **flags, PHASE=phase, TICKETS=TICKETS,
-                                                     POLL_LOADS=POLL_LOADS,
+                                                     else counters, m, k, **flags, PHASE=phase,
                                                      GROUPS_P2=triton.next_power_of_2(groups))
             return codes, scales
     rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass

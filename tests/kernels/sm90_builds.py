@@ -53,8 +53,7 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
                  "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
     signature = {**(QUANTIZE if one_launch else ROTATE), "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
     if one_launch:
-        return _quantize_kernel, signature, {**constants, "GROUPS_P2": 64, "PHASE": 0, "TICKETS": True,
-                                           "POLL_LOADS": False}, {"num_warps": 4}
+        return _quantize_kernel, signature, {**constants, "GROUPS_P2": 64, "PHASE": 0}, {"num_warps": 4}
     return rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
