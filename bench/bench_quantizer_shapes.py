@@ -1,9 +1,9 @@
 """Times the quantizer and the gated GEMM at the call shapes FLUX.3 Klein and Z-Image run (M 4608 rows), by kernel.
 
 Three tables (CUDA graphs, median of 30 replays; kernels' own times from the profiler over 20 eager calls):
-1. quantize_rows per call shape, in one launch and in two: the modulated norm with one modulation row or two in runs
-   (FLUX.3's joint blocks: 512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside each
-   one's floor at 4 TB/s (input read and int8 codes written; two launches also write and read back bf16 rows).
+1. quantize_rows per call shape: the modulated norm with one modulation row or two in runs (FLUX.3's joint blocks:
+   512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside the two-pass floor at 4 TB/s
+   (input read, bf16 rotated rows written and read back, int8 codes written).
 2. The codes pass alone by launch shape (rows, columns, warps a program).
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
@@ -64,13 +64,11 @@ def quantizer_table() -> list[str]:
              "Klein text blocks: plain bf16 512x9216": (rows(512, 9216, torch.bfloat16), {}),
              "Z-Image attention out: plain bf16 3840": (rows(M, 3840, torch.bfloat16), {}),
              "Z-Image MLP hidden: plain bf16 10240": (rows(M, 10240, torch.bfloat16), {})}
-    out = ["| call | one launch ms | floor | two launches ms | floor | kernels, one launch (us a call) |",
-           "|---|---|---|---|---|---|"]
+    out = ["| call | graph ms | two-pass floor ms | kernels (us a call) |", "|---|---|---|---|"]
     for name, (x, kw) in cases.items():
-        one, two = (lambda x=x, kw=kw, o=o: quantize_rows(x, 256, **kw, one_launch=o) for o in (True, False))
-        floors = [x.numel() * (x.element_size() + extra) / 4e12 * 1e3 for extra in (1, 2 + 2 + 1)]
-        out.append(f"| {name} | {graph_ms(one):.4f} | {floors[0]:.4f} | {graph_ms(two):.4f} | {floors[1]:.4f} | "
-                   f"{kernel_us(one)} |")
+        fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw)  # noqa: E731
+        floor = x.numel() * (x.element_size() + 2 + 2 + 1) / 4e12 * 1e3
+        out.append(f"| {name} | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
     return out
 
 

@@ -1,17 +1,14 @@
-"""Arrival counters: programs that share a piece of work count themselves in, and either the one counted last does
-the step that needs all of them (kernels/split_tail.py: a tile's parts along K; no program waits for another), or
-each waits until all are in (kernels/int8_quant.py: a row block's groups, each needing the others' maxima).
+"""Arrival counters: the programs that share a piece of work count themselves in, and the one counted last does the
+step that needs all of them (kernels/split_tail.py: a tile's parts along K). No program waits for another, so
+nothing depends on which programs run at the same time.
 
-Issue 4. A program stores its share, then counts in: a barrier (every thread's stores issued) and one atomic add
-with acquire-release semantics at GPU scope, so a program that sees the count complete sees every counted program's
-stores (it reads them with .cg loads, from L2). Counters go back to 0 (`counter_reset`, or the last of `leave`):
-each launch finds them at 0. Waiting is safe only in order: a program takes a `ticket` (the order programs
-started in) and its peers are the tickets beside its own, so the programs waited on have started or start next;
-with at least as many programs resident as peers (the launcher checks peers <= SMs), the first row of peers
-completes whatever else runs, and so on. The buffers are made once per device and stream and kept, outside CUDA
-graph capture (made during one, they would belong to the graph's memory pool): `kept` returns None then, and the
-caller runs its path without counters. Launches on one stream run one after another, so they may share a stream's
-buffers; a graph is captured on the stream its warm-up ran on (dit_core/step_graph.py), so the capture finds them.
+Issue 4. A program stores its share, then `counted_last`: a barrier (every thread's stores issued) and one atomic add
+with acquire-release semantics at GPU scope, so the program counted last sees every earlier program's stores (it
+reads them with .cg loads, from L2). That program sets the counter back to 0 (`counter_reset`): each launch finds
+its counters at 0. The buffers are made once per device and stream and kept, outside CUDA graph capture (made during
+one, they would belong to the graph's memory pool): `kept` returns None then, and the caller runs its path without
+counters. Launches on one stream run one after another, so they may share a stream's buffers; a graph is captured on
+the stream its warm-up ran on (dit_core/step_graph.py), so the capture finds them.
 """
 from __future__ import annotations
 
@@ -56,31 +53,3 @@ def counted_last(count_ptr, index, total):
 @triton_jit
 def counter_reset(count_ptr, index):
     tl.atomic_xchg(count_ptr + index, 0)
-
-
-@triton_jit
-def ticket(count_ptr, total):
-    """This program's place (0 .. total - 1) in the order the launch's `total` programs started, from counter 0; the
-    program with the last ticket sets it back to 0 (every other ticket is taken by then)."""
-    place = tl.atomic_add(count_ptr, 1, sem="relaxed", scope="gpu")
-    if place == total - 1:
-        counter_reset(count_ptr, 0)
-    return place
-
-
-@triton_jit
-def wait_for_peers(count_ptr, index, peers):
-    """After this program's stores: count it in at counter `index` and wait until all `peers` are in; then every
-    peer's stores before its count are visible (to .cg loads). Each peer must `leave` after its last read."""
-    tl.debug_barrier()
-    count = tl.atomic_add(count_ptr + index, 1, sem="acq_rel", scope="gpu") + 1
-    while count < peers:
-        count = tl.atomic_add(count_ptr + index, 0, sem="acquire", scope="gpu")
-    tl.debug_barrier()
-
-
-@triton_jit
-def leave(count_ptr, index, peers):
-    """Count out of wait_for_peers' counter: the last peer out sets it back to 0 (no peer reads it after that)."""
-    if tl.atomic_add(count_ptr + index, 1, sem="relaxed", scope="gpu") == 2 * peers - 1:
-        counter_reset(count_ptr, index)

@@ -17,24 +17,24 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 4. s = max(max_k |yb| / 127, 1e-30), f32, the division correctly rounded.
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
-Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Row
-statistics first (norms only, kernels/row_stats.py; none when the caller has them), then one launch where its
-programs may wait for each other: a program a (row block, group) rotates its group in registers (kernels/
-int8_rotate.py), stores the group's absmax, waits for the row block's other groups, and writes its codes; the bf16
-rotated rows never leave the SM. Elsewhere two launches: steps 1-3 storing the bf16 rotated rows and the maxima,
-then steps 4-5 over them (kernels/int8_codes.py); both give the same codes bit for bit. (Measured slower on the
-H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
+Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
+launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). (Measured slower on
+the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone.)
 """
 from __future__ import annotations
 
+import functools
+import math
+
 import torch
 
-from .arrival_counters import kept, leave, ticket, wait_for_peers
-from .int8_codes import codes_of, group_maxima, launch_codes, row_scales
+from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
-from .int8_rotate import ACTS, group_absmax, hadamard, hadamard_bf16, rotate_kernel, rotated_rows, rotation_input
+from .modulation_rows import shared_row
+from .rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
 
 try:
@@ -44,10 +44,41 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
-__all__ = ["ACTS", "hadamard", "quantize_rows", "reference", "rotation_input"]
-# Steps 1-5 in one launch where its programs may wait for each other (_quantize_kernel), else two (the benches time
-# both: bench/step_variants.py).
-ONE_LAUNCH = True
+ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
+
+
+def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3): dit_core.weights.hadamard,
+    rebuilt because kernels/ imports nothing of dit_core, its sibling package inside ComfyUI."""
+    h = h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
+    while h.shape[0] < group:
+        h = torch.kron(h, h4)
+    return (h / math.sqrt(group)).to(dtype)
+
+
+def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
+                   act=None, stats=None):
+    """Step 1 of the math above: the bf16 rows [M, K] the rotation takes (stats: quantize_rows')."""
+    x = x.float()
+    if act == "swiglu":
+        gate, up = x[:, 0::2], x[:, 1::2]
+        return (gate / (1 + torch.exp(-gate)) * up).to(torch.bfloat16)
+    if act == "gelu_tanh":
+        return (x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))).to(torch.bfloat16)
+    if stats is not None:  # the row statistics as given: (mean, 1/sqrt(.)) of each row
+        x = (x - stats[0].float()[:, None]) * stats[1].float()[:, None]
+        x = x if norm_weight is None else x * norm_weight.float()
+    elif norm == "rms":
+        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+        x = x if norm_weight is None else x * norm_weight.float()
+    elif norm == "layer":
+        x = x - x.mean(-1, keepdim=True)
+        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    if scale is not None:
+        rows = row_map.long()
+        x = x * (1 + scale.float()[rows])
+        x = x if shift is None else x + shift.float()[rows]
+    return x.to(torch.bfloat16)
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -63,45 +94,129 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
 
 
 @triton_jit
-def _quantize_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, q_ptr,
-                     s_ptr, gmax_ptr, count_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                     HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
-                     G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                     GROUPS_P2: tl.constexpr, PHASE: tl.constexpr):
-    # One launch (PHASE 0), a program a (row block, group) in ticket order, groups fastest: steps 1-3 in registers,
-    # the group's absmax stored, a wait for the row block's other groups (kernels/arrival_counters.py), then steps
-    # 4-5 from the registers: the bf16 rotated rows never leave the SM. Triton's CPU interpreter runs programs one
-    # after another, where a wait never ends: there the same programs run twice, storing the maxima (PHASE 1), then
-    # rotating again and storing the codes (PHASE 2).
+def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, WIDTH, DOT_DTYPE):
+    """Step 1 for the WIDTH columns from `first` (bf16 values u [BLOCK_M, WIDTH], held in f32 or bf16), times
+    H_WIDTH on the matrix cores: exact products, f32 sums [BLOCK_M, WIDTH]."""
+    cols = first + tl.arange(0, WIDTH)
+    m2 = rmask[:, None]
+    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    if ACT == 1:
+        # gate j and up j sit side by side: one contiguous load of 2 WIDTH values, split in pairs.
+        pairs = tl.load(base + 2 * first + tl.arange(0, 2 * WIDTH)[None, :], mask=m2, other=0.0)
+        gate, up = tl.split(tl.reshape(pairs.to(tl.float32), (pairs.shape[0], WIDTH, 2)))
+        # exp is approximate on the GPU (ex2.approx), so a correctly rounded division (div.rn: a dozen instructions
+        # and a slow-path branch) buys no exactness; `/` lowers to div.full (2 ulp). Both within a bf16 step of torch.
+        u = round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)
+    elif NORM == 0 and not HAS_SCALE and ACT == 0 and X_BF16:
+        u = tl.load(base + cols[None, :], mask=m2, other=0.0)  # already bf16: nothing to round
+    else:
+        u = tl.load(base + cols[None, :], mask=m2, other=0.0).to(tl.float32)
+        if ACT == 2:
+            u = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
+        if NORM != 0:
+            u = (u - mean[:, None]) * inv[:, None]
+            if HAS_WEIGHT:
+                u = u * tl.load(w_ptr + cols)[None, :]
+        if HAS_SCALE == 2:  # one modulation row (one image): vectors, not a gather per value
+            u = u * (1.0 + tl.load(scale_ptr + cols)[None, :])
+            if HAS_SHIFT:
+                u = u + tl.load(shift_ptr + cols)[None, :]
+        elif HAS_SCALE:
+            mod = rmap[:, None] * K + cols[None, :]
+            u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
+            if HAS_SHIFT:
+                u = u + tl.load(shift_ptr + mod, mask=m2, other=0.0)
+        u = round_to_bf16(u)
+    return tl.dot(u.to(DOT_DTYPE), h, input_precision="ieee", out_dtype=tl.float32)
+
+
+@triton_jit
+def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
+    """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
+    (held in f32).
+    g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 =
+    H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
+    results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
+    of 128 KB of shared memory."""
+    z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
+                        K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+    if SPLIT == 4:
+        z1 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+        z2 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+        z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
+                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+        # Output block s weighs z0..z3 by column s of H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]],
+        # halved (1/sqrt(256) = 1/sqrt(64) * 1/2).
+        p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
+        y0, y1, y2, y3 = (p + m) * 0.5, (p - m) * 0.5, (r + t) * 0.5, (t - r) * 0.5
+        y0, y1, y2, y3 = round_to_bf16(y0), round_to_bf16(y1), round_to_bf16(y2), round_to_bf16(y3)
+    else:
+        y0 = round_to_bf16(z0)
+        y1, y2, y3 = y0, y0, y0
+    return y0, y1, y2, y3
+
+
+@triton_jit
+def _store_rotated(y_ptr, rows, rmask, cols, y, K):
+    """Step 3's bf16 rows for one block of rotated columns (y already holds bf16 values: the cast is exact)."""
+    tl.store(y_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], y.to(tl.bfloat16), mask=rmask[:, None])
+
+
+@triton_jit
+def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
+                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
+    # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
+    # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
+    # clear). The codes pass reads these rows back: recomputing the prologue there cost 3-6x the bandwidth floor.
+    # Many small programs keep many loads in flight: a program per row block walking all groups ran 2-3x slower.
     Q: tl.constexpr = G // SPLIT
-    GROUPS = K // G
     hq = tl.arange(0, Q)
     h = tl.load(h_ptr + hq[:, None] * Q + hq[None, :]).to(DOT_DTYPE)
-    if PHASE == 0:
-        item = ticket(count_ptr, tl.num_programs(0))
-    else:
-        item = tl.program_id(0)
-    block, group = item // GROUPS, item % GROUPS
-    c0 = group * G
-    rows, rmask, y0, y1, y2, y3 = rotated_rows(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, stats_ptr,
-                                               stride_stats, h, block, c0, M, K, NORM, HAS_WEIGHT, HAS_SCALE,
-                                               HAS_SHIFT, ACT, X_BF16, SPLIT, BLOCK_M, DOT_DTYPE)
-    if PHASE != 2:
-        tl.store(gmax_ptr + rows * GROUPS + group, group_absmax(y0, y1, y2, y3), mask=rmask)
-    if PHASE == 0:
-        wait_for_peers(count_ptr, 1 + block, GROUPS)
-    if PHASE != 1:
-        s, r = row_scales(group_maxima(gmax_ptr, rows, rmask, GROUPS, GROUPS_P2))
-        if group == 0:
-            tl.store(s_ptr + rows, s, mask=rmask)
-        base = q_ptr + rows[:, None].to(tl.int64) * K + c0 + hq[None, :]
-        tl.store(base, codes_of(y0, r), mask=rmask[:, None])
+    c0 = tl.program_id(1) * G
+    for block in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if NORM != 0:
+            mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
+            inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
+        if HAS_SCALE == 1:
+            # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
+            # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/modulation_rows.py).
+            rmap = tl.load(map_ptr + rows, mask=rmask, other=0)  # int32: half the registers of the gather's offsets
+            shared = shared_row(rmap, rmask)
+            if shared >= 0:
+                y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr,
+                                               scale_ptr + shared * K, shift_ptr + shared * K, h, K, NORM,
+                                               HAS_WEIGHT, 2, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
+            else:
+                y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
+                                               shift_ptr, h, K, NORM, HAS_WEIGHT, 1, HAS_SHIFT, ACT, X_BF16, Q,
+                                               SPLIT, DOT_DTYPE)
+        else:  # no row map to read: rows stand in for it
+            y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr, scale_ptr,
+                                           shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
+                                           SPLIT, DOT_DTYPE)
+        _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
         if SPLIT == 4:
-            tl.store(base + Q, codes_of(y1, r), mask=rmask[:, None])
-            tl.store(base + 2 * Q, codes_of(y2, r), mask=rmask[:, None])
-            tl.store(base + 3 * Q, codes_of(y3, r), mask=rmask[:, None])
-    if PHASE == 0:
-        leave(count_ptr, 1 + block, GROUPS)
+            _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
+        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+        tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
+
+
+@functools.cache
+def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
+    return hadamard(size, torch.bfloat16).to(device).contiguous()
 
 
 def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="quantize_rows"):
@@ -130,26 +245,24 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, one_launch=None, block_m=64, num_warps=4, num_stages=None,
-                  row_programs=None):
+                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=None, row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
-    then. one_launch (None: ONE_LAUNCH): steps 1-5 in one launch where it may wait (a GPU with at least K / g SMs,
-    counters made), else the rotate and codes launches. Launch (bench_int8_linear.py sweeps it): block_m, num_warps;
-    for the two launches num_stages, row_programs (the rotate pass's programs along the rows, each walking row
-    blocks; 0: one a row block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against
-    0.054 ms at K 3840), normed or activated rows 2 stages and 0."""
+    then. Launch (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages, row_programs (the rotate pass's
+    programs along the rows, each walking row blocks; 0: one a row block). None: the H200 sweep's best, plain rows 3
+    stages and 16 programs (0.050 against 0.054 ms at K 3840), normed or activated rows 2 stages and 0."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
-    split, groups, blocks = (4 if group == 256 else 1), k // group, triton.cdiv(m, block_m)
+    split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
             row_stats(x, norm, eps, out=stats)
+    rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, groups, dtype=torch.float32, device=x.device)
     row_map = row_map.to(torch.int32).contiguous() if row_map is not None else None
     # Contiguous f32, or stats standing in for a pointer the kernel never reads (its constexpr flag off).
@@ -159,27 +272,10 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
-             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "enable_fp_fusion": False}
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
+             "enable_fp_fusion": False}
     args = (x, x.stride(0), *vectors, row_map if row_map is not None else stats,
-            hadamard_bf16(group // split, x.device), stats, stats.stride(0))
-    if ONE_LAUNCH if one_launch is None else one_launch:
-        counters = _counters(x.device, blocks, groups)
-        if counters is not None or not x.is_cuda:  # the CPU interpreter: the kernel's two phases, one after the other
-            for phase in (0,) if counters is not None else (1, 2):
-                _quantize_kernel[(blocks * groups,)](*args, codes, scales, group_max, stats if counters is None
-                                                     else counters, m, k, **flags, PHASE=phase,
-                                                     GROUPS_P2=triton.next_power_of_2(groups))
-            return codes, scales
-    rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
-    rotate_kernel[(min(row_programs or m, blocks), groups)](*args, rotated, group_max, m, k, **flags,
-                                                            num_stages=num_stages)
+            _hadamard_bf16(group // split, x.device), stats, stats.stride(0), rotated, group_max)
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](*args, m, k, **flags)
     launch_codes(rotated, group_max, codes, scales)
     return codes, scales
-
-
-def _counters(device: torch.device, blocks: int, groups: int):
-    """The one launch's counters (a ticket, then one a row block) where its waits are safe: a GPU with at least as
-    many SMs as a row block has groups (kernels/arrival_counters.py), the buffer made; else None."""
-    if device.type != "cuda" or groups > torch.cuda.get_device_properties(device).multi_processor_count:
-        return None
-    return kept(device, 1 + blocks)

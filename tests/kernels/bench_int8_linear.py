@@ -34,12 +34,9 @@ SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w
 GROUP = 256
 # block_m/num_warps/num_stages/row programs of the rotate pass: a program a row block (0), or fewer programs walking
 # the row blocks (their loads pipelined).
-# One launch (block_m/num_warps), then two (block_m/num_warps/num_stages/row_programs of the rotate pass).
-QUANTIZER_LAUNCHES = [{"one_launch": True, "block_m": bm, "num_warps": nw} for bm, nw in ((32, 4), (64, 4), (64, 8))
-                      ] + [
-    {"one_launch": False, "block_m": bm, "num_warps": nw, "num_stages": ns, "row_programs": 0}
-    for bm, nw, ns in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))] + [
-    {"one_launch": False, "block_m": bm, "num_warps": 4, "num_stages": ns, "row_programs": rp}
+QUANTIZER_LAUNCHES = [{"block_m": bm, "num_warps": nw, "num_stages": ns, "row_programs": 0}
+                      for bm, nw, ns in ((32, 4, 2), (64, 4, 2), (64, 8, 2), (128, 8, 2))] + [
+    {"block_m": bm, "num_warps": 4, "num_stages": ns, "row_programs": rp}
     for bm, ns, rp in ((64, 3, 8), (64, 3, 16), (32, 3, 32))]
 
 
@@ -319,10 +316,9 @@ def bench_row_stats(runs):
 
 
 def print_quantizer_tables(runs):
-    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (one launch: block_m/num_warps; two: block_m/"
-          "num_warps/num_stages/row programs of the rotate pass, 0: one a row block):\n")
-    shapes = " | ".join(("one " if c["one_launch"] else "two ") + "/".join(str(v) for v in list(c.values())[1:])
-                        for c in QUANTIZER_LAUNCHES)
+    print("\nQuantizer alone, ms in a CUDA graph, by launch shape (block_m/num_warps/num_stages/row programs of the"
+          " rotate pass, 0: one a row block):\n")
+    shapes = " | ".join("/".join(str(v) for v in c.values()) for c in QUANTIZER_LAUNCHES)
     print(f"| K | input | {shapes} |")
     print("|---|---|" + "---|" * len(QUANTIZER_LAUNCHES))
     print("\n".join(bench_quantizers(runs)))

@@ -23,8 +23,6 @@ LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_pt
 ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
           "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
           "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
-QUANTIZE = {**{k: v for k, v in ROTATE.items() if k not in ("y_ptr", "gmax_ptr")}, "q_ptr": "*i8", "s_ptr": "*fp32",
-            "gmax_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "K": "i32"}
 CODES = {"y_ptr": "*bf16", "gmax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
 FORMS = {0: "bf16 rows", 1: "gated", 2: "SwiGLU"}
 
@@ -41,20 +39,15 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     return _int8_linear_kernel, LINEAR, constants, launch
 
 
-def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2,
-                one_launch: bool = False):
-    """The quantizer's rotate pass (two launches), or with one_launch its one-launch kernel (the GPU's phase 0)."""
+def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2):
     import triton.language as tl
 
-    from kernels.int8_quant import _quantize_kernel
-    from kernels.int8_rotate import rotate_kernel
+    from kernels.int8_quant import _rotate_kernel
     constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
                  "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
                  "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
-    signature = {**(QUANTIZE if one_launch else ROTATE), "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
-    if one_launch:
-        return _quantize_kernel, signature, {**constants, "GROUPS_P2": 64, "PHASE": 0}, {"num_warps": 4}
-    return rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
+    signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
+    return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
 def qkv_rope_case(persistent: bool):
@@ -87,9 +80,8 @@ def frontend_cases() -> dict:
     cases.update(split_cases())
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
-            for one in (False, True):
-                cases[f"{'quantize, one launch' if one else 'rotate'} norm {norm} modulation {has_scale} act {act} "
-                      f"group {group}"] = rotate_case(norm, has_scale, act, group, one_launch=one)
+            cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
+                norm, has_scale, act, group)
     from kernels.int8_codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
                       {"num_warps": 4})
@@ -123,9 +115,6 @@ def resource_cases() -> dict:
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)
     cases["rotate: SwiGLU"] = rotate_case(0, 0, 1)
-    cases["quantize, one launch: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0, one_launch=True)
-    cases["quantize, one launch: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0, one_launch=True)
-    cases["quantize, one launch: plain bf16 rows"] = rotate_case(0, 0, 0, one_launch=True)
     return cases
 
 

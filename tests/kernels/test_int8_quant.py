@@ -18,7 +18,6 @@ import torch
 from dit_core.weights import hadamard as host_hadamard
 from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
-from kernels.arrival_counters import counters_left
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
 from kernels.int8_quant import hadamard, quantize_rows, reference
@@ -124,12 +123,10 @@ def test_reference_equals_host_quantizer(m, k, group):
     assert torch.equal(q, codes) and torch.equal(s, scales.reshape(-1))
 
 
-# Launches: the default (one launch: on the CPU its two phases); two launches with the rotate pass's default, a program
-# a row block (normed rows' default), two and one programs walking the row blocks (plain rows' default walks too).
-TWO = {"one_launch": False}
-LAUNCHES = [{}, TWO, {**TWO, "row_programs": 0, "num_stages": 2}, {**TWO, "row_programs": 2},
-            {**TWO, "row_programs": 1, "num_stages": 3}]
-LAUNCH_IDS = ["one-launch", "two-launches", "block-a-program", "two-walking", "one-walking"]
+# Launches: the default for the input; a program a row block (normed rows' default); two and one programs walking
+# the row blocks (plain rows' default walks too).
+LAUNCHES = [{}, {"row_programs": 0, "num_stages": 2}, {"row_programs": 2}, {"row_programs": 1, "num_stages": 3}]
+LAUNCH_IDS = ["default", "block-a-program", "two-walking", "one-walking"]
 
 
 @pytest.mark.parametrize("launch", LAUNCHES, ids=LAUNCH_IDS)
@@ -153,29 +150,6 @@ def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     q_ref, s_ref = reference(x, group, **kw)
     assert not s.isnan().any()
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
-
-
-ONE_LAUNCH_CASES = [({}, 3), (FUSED[0], 3), (FUSED[2], "runs"), (FUSED[3], 3)]
-
-
-def assert_one_launch_equals_two(m, k, group, case, mod_rows, device):
-    """The one-launch kernel's codes and scales equal the two launches' bit for bit (the same f32 and bf16 steps);
-    every counter it took is back at 0."""
-    if case:
-        x, kw = fused_inputs(m, k, case, seed=m + k, device=device, rows=mod_rows)
-    else:
-        x, kw = rows_like_activations(m, k, seed=m + k, device=device), {}
-    q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), one_launch=True)
-    q_two, s_two = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), one_launch=False)
-    assert torch.equal(q, q_two) and torch.equal(s, s_two)
-    assert counters_left() == 0
-
-
-@pytest.mark.parametrize("case,mod_rows", ONE_LAUNCH_CASES, ids=["plain", "rms", "layer-runs", "swiglu"])
-@pytest.mark.parametrize("m,k,group", [(1, 256, 256), (77, 768, 256), (37, 64, 16)])
-def test_one_launch_equals_two_launches(m, k, group, case, mod_rows, device):
-    """Rows past one 64-row block and not a multiple of it, one row, one group, several groups."""
-    assert_one_launch_equals_two(m, k, group, case, mod_rows, device)
 
 
 @pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16)])
@@ -271,12 +245,3 @@ def test_fused_at_zimage_shapes(case, k, mod_rows):
         q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
         q_ref, s_ref = reference(x, 256, **kw)
         assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case,mod_rows", ONE_LAUNCH_CASES, ids=["plain", "rms", "layer-runs", "swiglu"])
-@pytest.mark.parametrize("k", [3072, 3840, 9216, 10240])
-def test_one_launch_at_real_shapes(case, mod_rows, k):
-    """Z-Image's and FLUX.3 Klein's widths (12 to 40 groups a row block waiting for each other), 4608 rows."""
-    assert_one_launch_equals_two(ZIMAGE_ROWS, k, 256, case, mod_rows, "cuda")

@@ -9,7 +9,7 @@ import kernels
 from kernels import OPS, run
 from kernels.int8_quant import reference as quantize_reference
 
-TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs", "one_launch"}  # launchers only
+TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs"}  # launchers only
 
 
 def test_references_take_the_launchers_arguments():
