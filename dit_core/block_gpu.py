@@ -186,17 +186,20 @@ class GpuBlock:
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
                        stats=given)
-        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s))
-        # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
-        # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
-        fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
-        stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
-        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
+        o = self._rows(a, run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s)), w[OUT])
+        mlp_norm = {"norm_weight": w[NORM2], "scale": m.mlp_scale, "shift": m.mlp_shift}
+        if a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN]):
+            # A sandwich norm (Z-Image's) and quantized MLP rows: the gated-residual kernel also rotates its updated
+            # rows for UP (kernels/gated_residual.py), so the quantizer's rotate pass and its read of x go.
+            up_rows = (*run("gated_residual_quantized", x, _product(*o, w[OUT]), m.attn_gate, row_map, w[POST_ATTN],
+                            a.eps, a.eps, w[UP].group, **mlp_norm), None)
+        else:
+            up_rows = None
+            self._branch_into(a, x, o, w[OUT], w[POST_ATTN], m.attn_gate, row_map)
         carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
-            h = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift, row_map=maps,
-                           stats=None if stats is None else stats[:, r0:r1])
+            h = _chunk(up_rows, r0, r1) if up_rows else self._rows(a, xs, w[UP], **mlp_norm, row_map=maps)
             self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps,
                               carry.values[:, r0:r1] if carried else None)
         if carry is not None:
