@@ -22,7 +22,8 @@ launches: row statistics (norms only, kernels/row_stats.py; none when the caller
 bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). (Measured slower on
 the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
-each writes 64 x K codes alone.)
+each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
+codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics and waits, at 2-5 an SM.)
 """
 from __future__ import annotations
 
