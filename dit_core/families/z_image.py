@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, layer_norm, rms_norm
-from ..block_gpu import NormStats
+from ..block_gpu import Carry
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
@@ -291,11 +291,11 @@ class ZImage:
         cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
         cap_seq = _caption_sequence(a, n_cap + pad_cap, caption.device, dtype)
         identity = Modulation.identity(a.hidden, dtype=dtype, device=caption.device)
-        carry = NormStats.of(cap)  # each block's first norm statistics from the block before (GPU blocks)
+        carry = Carry.of(cap, defer=True)  # GPU blocks: each block's last update applied by the next one's first kernel
         for block in self.context:
             cap = block.forward(a, cap, identity, cap_seq, carry)
             check()
-        return cap
+        return carry.settle(cap)
 
     def _output_with(self, latent: torch.Tensor, t: torch.Tensor, cap: torch.Tensor,
                      check: Callable[[], None] | None = None) -> torch.Tensor:
@@ -313,17 +313,20 @@ class ZImage:
         x = torch.cat([x, self.image_pad.to(dtype).expand(pad_img, -1)])
         img_seq, joint = _sequences(a, hp, wp, pad_img, cap.shape[0], latent.device, dtype)
         temb = self.time_embedding(t, dtype)
-        carry = NormStats.of(x)  # each block's first norm statistics from the block before (GPU blocks)
+        carry = Carry.of(x, defer=True)  # GPU blocks: each block's last update applied by the next one's first kernel
         for block, mod in zip(self.noise, self.noise_mods):
             x = block.forward(a, x, self.modulation(mod, temb), img_seq, carry)
             check()
+        x = carry.settle(x)
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
         x = torch.cat([x, cap])
-        carry = NormStats.of(x)
+        # Streamed blocks (not a tuple) carry the norm statistics only: a deferred update would read a refilled slot.
+        carry = Carry.of(x, defer=isinstance(self.blocks, tuple))
         for block, mod in zip(self.blocks, self.mods):
             x = block.forward(a, x, self.modulation(mod, temb), joint, carry)
             check()
+        x = carry.settle(x)
         return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
 
     def _final(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
