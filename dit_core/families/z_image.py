@@ -6,6 +6,7 @@ comfy/ldm/lumina/model.py). The checkpoint layout is converted once, here, at lo
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -156,6 +157,9 @@ class ZImage:
     # Per main block, stage()'s files: its tensors the loader keeps as stored, read from the file straight into
     # host memory when the blocks stream (to(device, budget_bytes)).
     files: tuple[dict, ...] = field(default=(), repr=False, compare=False)
+    # On a GPU: noise_mods + mods stacked into one linear (each of them a view of its rows), so a step's modulation
+    # rows of every block come from one product, one bias add and one tanh (128 launches before).
+    mod_stack: Linear | None = field(default=None, repr=False, compare=False)
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -201,7 +205,8 @@ class ZImage:
 
     def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> ZImage:
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
-        matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32. With budget_bytes
+        matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32, the modulation linears
+        as views of one stacked linear (mod_stack). With budget_bytes
         the main blocks take at most that much device memory: those that do not fit stream from host memory
         (StreamedBlocks; on the CPU the host blocks stream through CPU slots, the same numerics). A function
         budget_bytes(total bytes of the main blocks) is asked once every other part is on the device."""
@@ -212,11 +217,18 @@ class ZImage:
         small = lambda lin: Linear(lin.dequantized().to(dev),
                                    None if lin.bias is None else lin.bias.float().to(dev))
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
+        mods = self.noise_mods + self.mods
+        stack = Linear(torch.cat([m.dequantized() for m in mods]).to(dev),
+                       torch.cat([torch.zeros(m.out_features) if m.bias is None else m.bias.float() for m in mods]
+                                 ).to(dev))
+        rows = [0, *itertools.accumulate(m.out_features for m in mods)]
+        views = tuple(Linear(stack.weight[r0:r1], stack.bias[r0:r1]) for r0, r1 in zip(rows, rows[1:]))
         moved = replace(
             self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
-            context=blocks(self.context), noise=blocks(self.noise), noise_mods=tuple(map(small, self.noise_mods)),
-            mods=tuple(map(small, self.mods)), final_mod=small(self.final_mod), final_out=small(self.final_out))
+            context=blocks(self.context), noise=blocks(self.noise), noise_mods=views[:len(self.noise_mods)],
+            mods=views[len(self.noise_mods):], mod_stack=stack, final_mod=small(self.final_mod),
+            final_out=small(self.final_out))
         return replace(moved, blocks=blocks(self.blocks) if budget_bytes is None else
                        self._streamed(dev, budget_bytes))
 
@@ -235,10 +247,17 @@ class ZImage:
         """temb [1, time_dim] of timestep(sigma)."""
         return linear(F.silu(linear(sinusoids(t, self.arch.freq_dim), self.time[0])), self.time[1]).to(dtype)
 
-    def modulation(self, mod: Linear, temb: torch.Tensor) -> Modulation:
-        """scale_msa, gate_msa, scale_mlp, gate_mlp from the modulation linear (no SiLU before it); tanh gates."""
-        scale_msa, gate_msa, scale_mlp, gate_mlp = linear(temb, mod).to(temb.dtype).chunk(4, dim=-1)
-        return Modulation(scale_msa, gate_msa.tanh(), scale_mlp, gate_mlp.tanh())
+    def modulations(self, temb: torch.Tensor) -> list[Modulation]:
+        """Each modulated block's (noise refiners, then main blocks) scale_msa, gate_msa, scale_mlp, gate_mlp from
+        its modulation linear (no SiLU before it); tanh gates. One product for all where they are stacked."""
+        hidden = self.arch.hidden
+        if self.mod_stack is None:
+            parts = torch.stack([linear(temb, m).to(temb.dtype).reshape(4, hidden)
+                                 for m in self.noise_mods + self.mods])
+        else:
+            parts = linear(temb, self.mod_stack).to(temb.dtype).reshape(-1, 4, hidden)
+        gates = parts[:, 1::2].tanh()  # [blocks, 2, hidden]
+        return [Modulation(p[0:1], g[0:1], p[2:3], g[1:2]) for p, g in zip(parts, gates)]
 
     def output(self, latent: torch.Tensor, sigma: float, caption: torch.Tensor,
                check: Callable[[], None] | None = None) -> torch.Tensor:
@@ -313,9 +332,10 @@ class ZImage:
         x = torch.cat([x, self.image_pad.to(dtype).expand(pad_img, -1)])
         img_seq, joint = _sequences(a, hp, wp, pad_img, cap.shape[0], latent.device, dtype)
         temb = self.time_embedding(t, dtype)
+        mods = self.modulations(temb)
         carry = Carry.of(x, defer=True)  # GPU blocks: each block's last update applied by the next one's first kernel
-        for block, mod in zip(self.noise, self.noise_mods):
-            x = block.forward(a, x, self.modulation(mod, temb), img_seq, carry)
+        for block, m in zip(self.noise, mods):
+            x = block.forward(a, x, m, img_seq, carry)
             check()
         x = carry.settle(x)
 
@@ -323,8 +343,8 @@ class ZImage:
         x = torch.cat([x, cap])
         # Streamed blocks (not a tuple) carry the norm statistics only: a deferred update would read a refilled slot.
         carry = Carry.of(x, defer=isinstance(self.blocks, tuple))
-        for block, mod in zip(self.blocks, self.mods):
-            x = block.forward(a, x, self.modulation(mod, temb), joint, carry)
+        for block, m in zip(self.blocks, mods[len(self.noise):]):
+            x = block.forward(a, x, m, joint, carry)
             check()
         x = carry.settle(x)
         return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
