@@ -151,8 +151,12 @@ class GpuBlock:
 
     @staticmethod
     def of(block: Block, device: torch.device) -> GpuBlock:
-        return GpuBlock(tuple(GpuLinear.of(t, device) if i <= DOWN else
-                              (None if t is None else t.float().to(device)) for i, t in enumerate(block.w)))
+        w = [GpuLinear.of(t, device) if i <= DOWN else (None if t is None else t.float().to(device))
+             for i, t in enumerate(block.w)]
+        if w[Q_NORM] is not None and w[K_NORM] is not None and w[Q_NORM].shape == w[K_NORM].shape:
+            # the rows of one [2, D] tensor: the head-norm kernels read them as it, no stacking launch a call
+            w[Q_NORM], w[K_NORM] = torch.stack([w[Q_NORM], w[K_NORM]])
+        return GpuBlock(tuple(w))
 
     def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
               act=None, stats=None):

@@ -81,6 +81,17 @@ def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr
     tl.store(out_ptr + dst[:, None] + cols[None, :], round_to_bf16(x).to(tl.bfloat16), mask=mask)
 
 
+def qk_norm_rows(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
+    """The q and k norm gains as rows [2, D] f32: a view where they are already the two rows of one such tensor
+    (dit_core.block_gpu.GpuBlock keeps them so), else a stacked copy (a launch a call)."""
+    d = q_weight.numel()
+    if (q_weight.dtype == k_weight.dtype == torch.float32 and q_weight.is_contiguous() and k_weight.is_contiguous()
+            and k_weight.numel() == d and k_weight.data_ptr() == q_weight.data_ptr() + 4 * d
+            and k_weight.untyped_storage().data_ptr() == q_weight.untyped_storage().data_ptr()):
+        return q_weight.as_strided((2, d), (d, 1))
+    return torch.stack([q_weight.float().reshape(-1), k_weight.float().reshape(-1)])
+
+
 def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None,
                    block_m=32):
     """(q, k, v), each [G, heads, g, head] bf16 (views of [G, g, heads, head]), from qkv [M, 3 heads head] by the
@@ -105,8 +116,7 @@ def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, 
         raise ValueError(f"head_norm_rope: out must be contiguous bf16 {list(shape)}")
     if m == 0:
         return tuple(t.transpose(1, 2) for t in out)
-    weights = (torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None
-               else cos)  # never read without a norm
+    weights = qk_norm_rows(q_weight, k_weight) if q_weight is not None else cos  # never read without a norm
     _head_norm_rope_kernel[(triton.cdiv(m, block_m), heads, 3)](
         qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, eps,
         HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, num_warps=4,

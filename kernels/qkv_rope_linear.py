@@ -139,7 +139,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None
     tiles = tiles or fixed
-    weights = torch.stack([q_weight.float(), k_weight.float()]).contiguous() if q_weight is not None else s_x
+    weights = head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
             k, heads * head, eps, tune_bucket(m))

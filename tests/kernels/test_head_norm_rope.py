@@ -8,7 +8,7 @@ from conftest import assert_within_one_bf16_step
 
 from dit_core.block import head_norm_rotary
 from dit_core.sequence import Sequence
-from kernels.head_norm_rope import head_norm_rope, reference
+from kernels.head_norm_rope import head_norm_rope, qk_norm_rows, reference
 
 # (M, heads, head, r, group): odd M, partial and full rotary, no rotary, head not a power of 2, groups.
 CASES = [(7, 2, 32, 8, 0), (37, 3, 64, 32, 0), (1, 1, 16, 0, 0), (12, 3, 24, 12, 4), (20, 2, 32, 16, 5)]
@@ -71,3 +71,13 @@ def test_zimage_shape(group):
     for got, want in zip((q, k, v), reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group)):
         assert_within_one_bf16_step(got, want)
         assert (got != want).float().mean() < 1e-3
+
+
+def test_qk_norm_rows_views_adjacent_rows():
+    """The gains as GpuBlock keeps them (rows of one [2, D] f32 tensor) are viewed, no copy; apart, stacked."""
+    both = torch.randn(2, 64)
+    rows = qk_norm_rows(both[0], both[1])
+    assert rows.data_ptr() == both.data_ptr() and torch.equal(rows, both)
+    apart = qk_norm_rows(both[1], both[0])
+    assert apart.data_ptr() != both.data_ptr() and torch.equal(apart, both.flip(0))
+    assert torch.equal(qk_norm_rows(both[0].bfloat16(), both[1].bfloat16()), both.bfloat16().float())
