@@ -219,20 +219,25 @@ class GpuBlock:
             h = self._rows(a, x, w[QKV], **attn_norm, row_map=row_map, stats=given)
         o = self._rows(a, run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s)), w[OUT])
         mlp_norm = {"norm_weight": w[NORM2], "scale": m.mlp_scale, "shift": m.mlp_shift}
-        if RESIDUAL_ROTATES and a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN]):
-            # A sandwich norm (Z-Image's) and quantized MLP rows: the gated-residual kernel also rotates its updated
-            # rows for UP (kernels/gated_residual.py), so the quantizer's rotate pass and its read of x go.
-            up_rows = (*run("gated_residual_quantized", x, _product(*o, w[OUT]), m.attn_gate, row_map, w[POST_ATTN],
-                            a.eps, a.eps, w[UP].group, **mlp_norm), None)
-        else:
-            up_rows = None
-            self._branch_into(a, x, o, w[OUT], w[POST_ATTN], m.attn_gate, row_map)
+        # A sandwich norm (Z-Image's) and quantized MLP rows: the gated-residual kernel also rotates its updated rows
+        # for UP (kernels/gated_residual.py), so the quantizer's rotate pass and its read of x go; or (switch off)
+        # it writes their norm's row statistics, so the quantizer's statistics launch goes.
+        up_rows = stats = None
+        if a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN]):
+            if RESIDUAL_ROTATES:
+                up_rows = (*run("gated_residual_quantized", x, _product(*o, w[OUT]), m.attn_gate, row_map,
+                                w[POST_ATTN], a.eps, a.eps, w[UP].group, **mlp_norm), None)
+            else:
+                stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device)
+        if up_rows is None:
+            self._branch_into(a, x, o, w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
         chunks = _chunks(x.shape[0])
         sandwich = a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         defer = RESIDUAL_ROTATES and carry is not None and carry.defer and sandwich and len(chunks) == 1
         for r0, r1 in chunks:
             xs, maps = x[r0:r1], row_map[r0:r1]
-            h = _chunk(up_rows, r0, r1) if up_rows else self._rows(a, xs, w[UP], **mlp_norm, row_map=maps)
+            h = _chunk(up_rows, r0, r1) if up_rows else self._rows(
+                a, xs, w[UP], **mlp_norm, row_map=maps, stats=None if stats is None else stats[:, r0:r1])
             hidden = self._hidden(a, h, w[UP], w[DOWN])
             if defer:
                 carry.pending = (_product(*hidden, w[DOWN]), m.mlp_gate, row_map, w[POST_MLP], a.eps)

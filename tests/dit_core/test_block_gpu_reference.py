@@ -146,13 +146,16 @@ def test_norm_statistics_carried_between_blocks(sandwich):
         assert rel_err(gpu.forward(a, x.clone(), mods, seq, carry), gpu.forward(a, x.clone(), mods, seq)) > 1e-2
 
 
+@pytest.mark.parametrize("rotates", [True, False])
 @pytest.mark.parametrize("chunk", [64, 8192])
 @pytest.mark.parametrize("sandwich", [True, False])
-def test_deferred_update_between_blocks(sandwich, chunk, monkeypatch):
+def test_deferred_update_between_blocks(sandwich, chunk, rotates, monkeypatch):
     """Carry with defer: with a sandwich norm and the MLP in one chunk the first block leaves its MLP update pending
     and the second block's first kernel applies it with its QKV rows (gated_residual_quantized); settle applies the
-    last one. Three blocks give what the blocks give one by one; nothing is deferred otherwise."""
+    last one. Three blocks give what the blocks give one by one; nothing is deferred otherwise (nor with
+    RESIDUAL_ROTATES off: the statistics path)."""
     monkeypatch.setattr(block_gpu, "CHUNK", chunk)
+    monkeypatch.setattr(block_gpu, "RESIDUAL_ROTATES", rotates)
     a = arch("rms")
     x, mods, seq = inputs(a, 150, 1)
     gpu = GpuBlock.of(random_block(a, sandwich).quantized(), CPU)
@@ -161,6 +164,6 @@ def test_deferred_update_between_blocks(sandwich, chunk, monkeypatch):
         plain = gpu.forward(a, plain, mods, seq)
     carry = Carry.of(x, defer=True)
     y = gpu.forward(a, x.clone(), mods, seq, carry)
-    assert (carry.pending is not None) == (sandwich and chunk > 150)
+    assert (carry.pending is not None) == (sandwich and chunk > 150 and rotates)
     y = gpu.forward(a, gpu.forward(a, y, mods, seq, carry), mods, seq, carry)
     assert rel_err(carry.settle(y), plain) <= 1e-6 and carry.pending is None
