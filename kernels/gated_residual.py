@@ -129,7 +129,7 @@ def _checked(x, y, gate, row_map, post_weight, next_rms) -> None:
         raise ValueError(f"gated_residual: next_rms statistics must be f32 [2, {m}] with contiguous rows")
 
 
-def _launch(x, y, gate, row_map, post_weight, eps, stats, next_eps, block_n, quantized=None) -> None:
+def _launch(x, y, gate, row_map, post_weight, eps, stats, next_eps, block_n, quantized=None, num_warps=4) -> None:
     """The kernel over every row; quantized: (group, norm_weight, scale, shift, rotated, group_max) or None."""
     m, n = x.shape
     weight = post_weight.float().contiguous() if post_weight is not None else x  # never read without the norm
@@ -144,7 +144,7 @@ def _launch(x, y, gate, row_map, post_weight, eps, stats, next_eps, block_n, qua
                                  HAS_WEIGHT=norm_weight is not None, HAS_SCALE=scale is not None,
                                  HAS_SHIFT=shift is not None and scale is not None,
                                  # f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
-                                 DOT_DTYPE=tl.bfloat16 if x.is_cuda else tl.float32, num_warps=4,
+                                 DOT_DTYPE=tl.bfloat16 if x.is_cuda else tl.float32, num_warps=num_warps,
                                  enable_fp_fusion=False)
 
 
@@ -159,7 +159,7 @@ def gated_residual(x, y, gate, row_map, post_weight=None, eps=1e-6, next_rms=Non
 
 
 def gated_residual_quantized(x, y, gate, row_map, post_weight, eps, next_eps, group, norm_weight=None, scale=None,
-                             shift=None, out=None, block_n=4096):
+                             shift=None, out=None, block_n=4096, num_warps=4):
     """gated_residual, then the next linear's input rows of the updated x: (codes int8 [M, N], scales f32 [M]) of
     its RMS norm (eps next_eps, gain norm_weight) modulated by scale/shift [R, N] through row_map, rotated in groups
     of `group` (kernels/int8_quant.py's math; ConvRot's 256 or 64, N a multiple of it). out: (codes, scales)."""
@@ -171,6 +171,6 @@ def gated_residual_quantized(x, y, gate, row_map, post_weight, eps, next_eps, gr
     gmax = torch.empty(m, 1, dtype=torch.float32, device=x.device)
     if m:
         _launch(x, y, gate, row_map, post_weight, eps, stats, next_eps, block_n,
-                (group, norm_weight, scale, shift, rotated, gmax))
+                (group, norm_weight, scale, shift, rotated, gmax), num_warps)
         launch_codes(rotated, gmax, codes, scales)
     return codes, scales
