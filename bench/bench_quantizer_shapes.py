@@ -1,12 +1,11 @@
 """Times the quantizer and the gated GEMM at the call shapes FLUX.3 Klein and Z-Image run (M 4608 rows), by kernel.
 
-Four tables (CUDA graphs, median of 30 replays; kernels' own times from the profiler over 20 eager calls):
+Three tables (CUDA graphs, median of 30 replays; kernels' own times from the profiler over 20 eager calls):
 1. quantize_rows per call shape: the modulated norm with one modulation row or two in runs (FLUX.3's joint blocks:
    512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside the two-pass floor at 4 TB/s
    (input read, bf16 rotated rows written and read back, int8 codes written).
-2. Z-Image's sandwich-norm update with the next linear's rotation, apart and fused (--residual: only this).
-3. The codes pass alone by launch shape (rows, columns, warps a program).
-4. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
+2. The codes pass alone by launch shape (rows, columns, warps a program).
+3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
 """
 import sys
@@ -20,7 +19,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels.gated_residual import gated_residual, gated_residual_quantized  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -74,27 +72,6 @@ def quantizer_table() -> list[str]:
     return out
 
 
-def residual_table() -> list[str]:
-    """Z-Image's sandwich-norm update and the next linear's rows: gated_residual (next_rms) + quantize_rows (stats
-    given) against gated_residual_quantized by launch (warps / columns a step)."""
-    k = 3840
-    x, y, gate = rows(M, k), rows(M, k, torch.bfloat16), 0.1 * torch.randn(1, k, device="cuda")
-    row_map, post, gain = torch.zeros(M, dtype=torch.long, device="cuda"), rows(1, k)[0], rows(1, k)[0]
-    scale, stats = 0.1 * torch.randn(1, k, device="cuda"), torch.empty(2, M, device="cuda")
-
-    def apart():
-        gated_residual(x, y, gate, row_map, post, 1e-6, next_rms=(stats, 1e-6))
-        return quantize_rows(x, 256, norm="rms", norm_weight=gain, eps=1e-6, scale=scale, row_map=row_map,
-                             stats=stats)
-    out = ["| launch | ms (graph) | floor (210 MB at 4 TB/s) | kernels (us a call) |", "|---|---|---|---|",
-           f"| apart: gated_residual + quantize_rows | {graph_ms(apart):.4f} | 0.0525 | {kernel_us(apart)} |"]
-    for nw, bn in ((4, 4096), (8, 4096), (16, 4096), (4, 1024), (8, 1024), (8, 2048)):
-        fn = lambda nw=nw, bn=bn: gated_residual_quantized(  # noqa: E731
-            x, y, gate, row_map, post, 1e-6, 1e-6, 256, norm_weight=gain, scale=scale, block_n=bn, num_warps=nw)
-        out.append(f"| fused {nw} warps, {bn} columns | {graph_ms(fn):.4f} | 0.0525 | {kernel_us(fn)} |")
-    return out
-
-
 def codes_table() -> list[str]:
     out = ["| K | rows/columns/warps a program | codes ms | floor ms |", "|---|---|---|---|"]
     for k in (3072, 3840, 9216, 10240):
@@ -129,7 +106,4 @@ def gated_table() -> list[str]:
 
 if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
-    if "--residual" in sys.argv:  # the sandwich-norm update with the next rotation only
-        print("\n".join(residual_table()))
-    else:
-        print("\n".join(quantizer_table() + [""] + residual_table() + [""] + codes_table() + [""] + gated_table()))
+    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))

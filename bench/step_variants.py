@@ -9,9 +9,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
-    parser.add_argument("--variant-residual-apart", action="store_true", help="also ours INT8 graphed with the "
-                        "sandwich norm's gated residual apart from the next quantizer's rotation "
-                        "(dit_core.block_gpu.RESIDUAL_ROTATES off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -23,5 +20,4 @@ def variants(args) -> list:
     from kernels import split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
-        ("gated residual apart from the rotation", block_gpu, "RESIDUAL_ROTATES", False)] * args.variant_residual_apart
+        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes

@@ -79,7 +79,7 @@ class Block:
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry=None) -> torch.Tensor:
         """x + gate (attention of the modulated norm), then the same with the MLP; x [rows, hidden] (f32/f64).
         With POST_ATTN/POST_MLP (Z-Image's sandwich norms) each branch output is normed before its gate. carry:
-        the GPU block's state between blocks (block_gpu.Carry); here nothing is carried."""
+        the GPU block's norm statistics between blocks (block_gpu.NormStats); here nothing is carried."""
         w, rows = self.w, x.shape[0]
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)

@@ -33,10 +33,6 @@ from .weights import Linear
 # Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
 # MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
 CHUNK = 8192
-# With a sandwich norm, the gated-residual kernel rotates its updated rows for the next linear (UP's, and the next
-# block's QKV through Carry.defer): gated_residual_quantized. Off: the quantizer's rotate pass reads the rows again
-# (the benches time both: bench/step_variants.py).
-RESIDUAL_ROTATES = True
 
 
 def run(op: str, *args, **kwargs):
@@ -117,31 +113,16 @@ def _chunk(rows, r0: int, r1: int):
 
 
 @dataclass
-class Carry:
-    """What a GPU block hands the next in a loop of blocks over the same rows x (Z-Image's):
-    values, ready: the next RMS norm's row statistics [2, rows] f32, written by the MLP branch's gated-residual kernel
-      (kernels/gated_residual.py next_rms) and read by the next block's first norm: its statistics launch goes.
-      ready: whether values hold x's statistics now; a block that cannot write them clears it.
-    defer: hold that last gated residual back instead (pending: (y, gate, row_map, post_weight, eps)), so that the
-      next block's first kernel applies it and rotates the updated rows for its QKV in one pass
-      (gated_residual_quantized): the QKV quantizer's rotate pass and its read of x go. Only where the blocks stay
-      resident: a streamed block's slot is refilled once its work is queued, and the pending update reads its gain.
-    settle(x) applies what is pending: after the loop, or where the next block cannot take it."""
+class NormStats:
+    """The next RMS norm's row statistics of the rows x [2, rows] f32 (kernels/gated_residual.py next_rms), carried
+    from one block's last gated-residual kernel to the next block's first norm: its statistics launch goes (34 a
+    Z-Image step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
     values: torch.Tensor
     ready: bool = False
-    defer: bool = False
-    pending: tuple | None = None
 
     @staticmethod
-    def of(x: torch.Tensor, defer: bool = False) -> Carry:
-        return Carry(torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device), defer=defer)
-
-    def settle(self, x: torch.Tensor) -> torch.Tensor:
-        if self.pending is not None:
-            y, gate, row_map, post, eps = self.pending
-            self.pending, self.ready = None, False
-            run("gated_residual", x, y, gate, row_map, post_weight=post, eps=eps)
-        return x
+    def of(x: torch.Tensor) -> NormStats:
+        return NormStats(torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device))
 
 
 @dataclass(frozen=True)
@@ -200,52 +181,30 @@ class GpuBlock:
         run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps,
             next_rms=None if next_rms is None else (next_rms, a.eps))
 
-    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry: Carry | None = None) -> torch.Tensor:
-        """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it, but for the MLP's gated
-        residual when carry defers it (carry.pending: the next block or carry.settle applies it). carry: x's RMS
-        norm statistics, read when ready and written for the next block when the MLP branch ends in the
-        gated-residual kernel (a sandwich norm, as Z-Image's); a pending update from the block before."""
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                carry: NormStats | None = None) -> torch.Tensor:
+        """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
+        statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
+        kernel (a sandwich norm, as Z-Image's)."""
         w, row_map = self.w, s.map
-        attn_norm = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift}
-        pending = carry.pending if carry is not None else None
-        if pending is not None and pending[2] is row_map and a.norm == "rms" and w[QKV].int8:
-            carry.pending = None  # the block before's last update, and QKV's rows of its result, in one kernel
-            h = (*run("gated_residual_quantized", x, *pending, a.eps, w[QKV].group, **attn_norm), None)
-        else:
-            given = None
-            if carry is not None:
-                carry.settle(x)
-                given = carry.values if carry.ready and a.norm == "rms" else None
-            h = self._rows(a, x, w[QKV], **attn_norm, row_map=row_map, stats=given)
-        o = self._rows(a, run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s)), w[OUT])
-        mlp_norm = {"norm_weight": w[NORM2], "scale": m.mlp_scale, "shift": m.mlp_shift}
-        # A sandwich norm (Z-Image's) and quantized MLP rows: the gated-residual kernel also rotates its updated rows
-        # for UP (kernels/gated_residual.py), so the quantizer's rotate pass and its read of x go; or (switch off)
-        # it writes their norm's row statistics, so the quantizer's statistics launch goes.
-        up_rows = stats = None
-        if a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN]):
-            if RESIDUAL_ROTATES:
-                up_rows = (*run("gated_residual_quantized", x, _product(*o, w[OUT]), m.attn_gate, row_map,
-                                w[POST_ATTN], a.eps, a.eps, w[UP].group, **mlp_norm), None)
-            else:
-                stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device)
-        if up_rows is None:
-            self._branch_into(a, x, o, w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
-        chunks = _chunks(x.shape[0])
-        sandwich = a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
-        defer = RESIDUAL_ROTATES and carry is not None and carry.defer and sandwich and len(chunks) == 1
-        for r0, r1 in chunks:
+        given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
+        h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
+                       stats=given)
+        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s))
+        # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
+        # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
+        fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
+        stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
+        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
+        carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
+        for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
-            h = _chunk(up_rows, r0, r1) if up_rows else self._rows(
-                a, xs, w[UP], **mlp_norm, row_map=maps, stats=None if stats is None else stats[:, r0:r1])
-            hidden = self._hidden(a, h, w[UP], w[DOWN])
-            if defer:
-                carry.pending = (_product(*hidden, w[DOWN]), m.mlp_gate, row_map, w[POST_MLP], a.eps)
-            else:
-                self._branch_into(a, xs, hidden, w[DOWN], w[POST_MLP], m.mlp_gate, maps,
-                                  carry.values[:, r0:r1] if carry is not None and sandwich else None)
+            h = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift, row_map=maps,
+                           stats=None if stats is None else stats[:, r0:r1])
+            self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps,
+                              carry.values[:, r0:r1] if carried else None)
         if carry is not None:
-            carry.ready = sandwich and not defer
+            carry.ready = carried
         return x
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,

@@ -56,8 +56,6 @@ OPS = {
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
     "attention": Op(attention.attention, attention.reference, needs_cuda),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
-    "gated_residual_quantized": Op(gated_residual.gated_residual_quantized, gated_residual.reference_quantized,
-                                   needs_triton_gpu),
 }
 
 

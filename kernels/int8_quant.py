@@ -117,9 +117,7 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
             u = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
         if NORM != 0:
             u = (u - mean[:, None]) * inv[:, None]
-            if HAS_WEIGHT == 2:  # gathered as the modulation (gated_residual.py: a row's groups as the rows)
-                u = u * tl.load(w_ptr + rmap[:, None] * K + cols[None, :], mask=m2, other=0.0)
-            elif HAS_WEIGHT:
+            if HAS_WEIGHT:
                 u = u * tl.load(w_ptr + cols)[None, :]
         if HAS_SCALE == 2:  # one modulation row (one image): vectors, not a gather per value
             u = u * (1.0 + tl.load(scale_ptr + cols)[None, :])

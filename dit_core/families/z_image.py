@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, layer_norm, rms_norm
-from ..block_gpu import Carry
+from ..block_gpu import NormStats
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
@@ -136,6 +136,16 @@ def _sequences(a: Arch, hp: int, wp: int, pad_img: int, cap_rows: int, device: t
     return img_seq, concat([img_seq, _caption_sequence(a, cap_rows, device, dtype)])
 
 
+def stacked(linears: tuple[Linear, ...], device: torch.device) -> tuple[Linear, tuple[Linear, ...]]:
+    """Float linears of one input as one f32 linear on device (their rows one after another, a zero bias where
+    one has none) and each of them as a view of its rows."""
+    stack = Linear(torch.cat([m.dequantized() for m in linears]).to(device),
+                   torch.cat([torch.zeros(m.out_features) if m.bias is None else m.bias.float() for m in linears]
+                             ).to(device))
+    rows = [0, *itertools.accumulate(m.out_features for m in linears)]
+    return stack, tuple(Linear(stack.weight[r0:r1], stack.bias[r0:r1]) for r0, r1 in zip(rows, rows[1:]))
+
+
 @dataclass(frozen=True)
 class ZImage:
     """Z-Image where it runs: embedders, time MLP, the blocks (context refiners, noise refiners, main) with the
@@ -217,12 +227,7 @@ class ZImage:
         small = lambda lin: Linear(lin.dequantized().to(dev),
                                    None if lin.bias is None else lin.bias.float().to(dev))
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
-        mods = self.noise_mods + self.mods
-        stack = Linear(torch.cat([m.dequantized() for m in mods]).to(dev),
-                       torch.cat([torch.zeros(m.out_features) if m.bias is None else m.bias.float() for m in mods]
-                                 ).to(dev))
-        rows = [0, *itertools.accumulate(m.out_features for m in mods)]
-        views = tuple(Linear(stack.weight[r0:r1], stack.bias[r0:r1]) for r0, r1 in zip(rows, rows[1:]))
+        stack, views = stacked(self.noise_mods + self.mods, dev)
         moved = replace(
             self, time=tuple(map(small, self.time)), cap_norm=self.cap_norm.to(dev), cap_in=small(self.cap_in),
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
@@ -310,11 +315,11 @@ class ZImage:
         cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
         cap_seq = _caption_sequence(a, n_cap + pad_cap, caption.device, dtype)
         identity = Modulation.identity(a.hidden, dtype=dtype, device=caption.device)
-        carry = Carry.of(cap, defer=True)  # GPU blocks: each block's last update applied by the next one's first kernel
+        carry = NormStats.of(cap)  # each block's first norm statistics from the block before (GPU blocks)
         for block in self.context:
             cap = block.forward(a, cap, identity, cap_seq, carry)
             check()
-        return carry.settle(cap)
+        return cap
 
     def _output_with(self, latent: torch.Tensor, t: torch.Tensor, cap: torch.Tensor,
                      check: Callable[[], None] | None = None) -> torch.Tensor:
@@ -333,20 +338,17 @@ class ZImage:
         img_seq, joint = _sequences(a, hp, wp, pad_img, cap.shape[0], latent.device, dtype)
         temb = self.time_embedding(t, dtype)
         mods = self.modulations(temb)
-        carry = Carry.of(x, defer=True)  # GPU blocks: each block's last update applied by the next one's first kernel
+        carry = NormStats.of(x)  # each block's first norm statistics from the block before (GPU blocks)
         for block, m in zip(self.noise, mods):
             x = block.forward(a, x, m, img_seq, carry)
             check()
-        x = carry.settle(x)
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
         x = torch.cat([x, cap])
-        # Streamed blocks (not a tuple) carry the norm statistics only: a deferred update would read a refilled slot.
-        carry = Carry.of(x, defer=isinstance(self.blocks, tuple))
+        carry = NormStats.of(x)
         for block, m in zip(self.blocks, mods[len(self.noise):]):
             x = block.forward(a, x, m, joint, carry)
             check()
-        x = carry.settle(x)
         return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
 
     def _final(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ from tiny_models import random_block
 from dit_core import block_gpu
 from dit_core.arch import Arch
 from dit_core.block import Block
-from dit_core.block_gpu import Carry, GpuBlock
+from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.step_cache import StepCache, joint_blocks
@@ -130,40 +130,17 @@ def test_joint_blocks_in_place_equal_copies_under_the_step_cache():
 
 @pytest.mark.parametrize("sandwich", [True, False])
 def test_norm_statistics_carried_between_blocks(sandwich):
-    """Two blocks with the statistics carried (Carry without defer): the second block's first norm reads the first block's last gated-residual
+    """Two blocks with NormStats carried: the second block's first norm reads the first block's last gated-residual
     statistics (no statistics launch), giving what the uncarried blocks give; without a sandwich norm the MLP
     ends in the GEMM's epilogue and nothing is carried (ready stays False)."""
     a = arch("rms")
     x, mods, seq = inputs(a, 150, 0)
     gpu = GpuBlock.of(random_block(a, sandwich).quantized(), CPU)
     plain = gpu.forward(a, gpu.forward(a, x.clone(), mods, seq), mods, seq)
-    carry = Carry.of(x)
+    carry = NormStats.of(x)
     y = gpu.forward(a, x.clone(), mods, seq, carry)
     assert carry.ready == sandwich
     assert rel_err(gpu.forward(a, y, mods, seq, carry), plain) <= 1e-6
     if sandwich:  # the statistics are read: wrong ones change the block's output
         carry.values[1] *= 2
         assert rel_err(gpu.forward(a, x.clone(), mods, seq, carry), gpu.forward(a, x.clone(), mods, seq)) > 1e-2
-
-
-@pytest.mark.parametrize("rotates", [True, False])
-@pytest.mark.parametrize("chunk", [64, 8192])
-@pytest.mark.parametrize("sandwich", [True, False])
-def test_deferred_update_between_blocks(sandwich, chunk, rotates, monkeypatch):
-    """Carry with defer: with a sandwich norm and the MLP in one chunk the first block leaves its MLP update pending
-    and the second block's first kernel applies it with its QKV rows (gated_residual_quantized); settle applies the
-    last one. Three blocks give what the blocks give one by one; nothing is deferred otherwise (nor with
-    RESIDUAL_ROTATES off: the statistics path)."""
-    monkeypatch.setattr(block_gpu, "CHUNK", chunk)
-    monkeypatch.setattr(block_gpu, "RESIDUAL_ROTATES", rotates)
-    a = arch("rms")
-    x, mods, seq = inputs(a, 150, 1)
-    gpu = GpuBlock.of(random_block(a, sandwich).quantized(), CPU)
-    plain = x.clone()
-    for _ in range(3):
-        plain = gpu.forward(a, plain, mods, seq)
-    carry = Carry.of(x, defer=True)
-    y = gpu.forward(a, x.clone(), mods, seq, carry)
-    assert (carry.pending is not None) == (sandwich and chunk > 150 and rotates)
-    y = gpu.forward(a, gpu.forward(a, y, mods, seq, carry), mods, seq, carry)
-    assert rel_err(carry.settle(y), plain) <= 1e-6 and carry.pending is None

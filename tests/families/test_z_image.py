@@ -6,7 +6,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_image_comfy_layout
 
-from dit_core.families.z_image import ZImage
+from dit_core.families.z_image import ZImage, stacked
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
@@ -57,6 +57,22 @@ def test_forward_matches_diffusers(reference, files, size, caption_len):
     for sigma in (1.0, 0.6429):
         expected = diffusers_out(model, latent, sigma, caption)
         assert rel_err(ours.output(latent, sigma, caption), expected) <= 1e-5
+
+
+def test_stacked_modulation_linears_give_each_blocks_rows(reference, files):
+    """ZImage.to(GPU) stacks the modulation linears (mod_stack: one product a step); the stacked rows give every
+    block's Modulation as the linears one by one do, and the diffusers match holds with them."""
+    from dataclasses import replace
+    model, _ = reference
+    ours = ZImage.load(files / "z_image_f32.safetensors")
+    stack, views = stacked(ours.noise_mods + ours.mods, torch.device("cpu"))
+    fast = replace(ours, noise_mods=views[:len(ours.noise_mods)], mods=views[len(ours.noise_mods):], mod_stack=stack)
+    temb = ours.time_embedding(ours.timestep(0.5), torch.float32)
+    for one, each in zip(fast.modulations(temb), ours.modulations(temb), strict=True):
+        for field in ("attn_scale", "attn_gate", "mlp_scale", "mlp_gate"):
+            torch.testing.assert_close(getattr(one, field), getattr(each, field), rtol=1e-6, atol=1e-6)
+    latent, caption = torch.randn(4, 8, 8), torch.randn(12, 32)
+    assert rel_err(fast.output(latent, 0.5, caption), diffusers_out(model, latent, 0.5, caption)) <= 1e-5
 
 
 def test_arch_read_from_file(files):
