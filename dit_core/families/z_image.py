@@ -216,10 +216,10 @@ class ZImage:
     def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> ZImage:
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
         matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32, the modulation linears
-        as views of one stacked linear (mod_stack). With budget_bytes
-        the main blocks take at most that much device memory: those that do not fit stream from host memory
-        (StreamedBlocks; on the CPU the host blocks stream through CPU slots, the same numerics). A function
-        budget_bytes(total bytes of the main blocks) is asked once every other part is on the device."""
+        as views of one stacked linear (mod_stack). With budget_bytes the main blocks take at most that much device
+        memory: those that do not fit stream from host memory (StreamedBlocks; on the CPU the host blocks stream
+        through CPU slots, the same numerics). A function budget_bytes(total bytes of the main blocks) is asked
+        once every other part is on the device."""
         dev = torch.device(device)
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))

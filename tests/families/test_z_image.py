@@ -1,5 +1,7 @@
 """Z-Image on the shared block vs diffusers 0.42.1 ZImageTransformer2DModel on a tiny random instance."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import rel_err
@@ -62,7 +64,6 @@ def test_forward_matches_diffusers(reference, files, size, caption_len):
 def test_stacked_modulation_linears_give_each_blocks_rows(reference, files):
     """ZImage.to(GPU) stacks the modulation linears (mod_stack: one product a step); the stacked rows give every
     block's Modulation as the linears one by one do, and the diffusers match holds with them."""
-    from dataclasses import replace
     model, _ = reference
     ours = ZImage.load(files / "z_image_f32.safetensors")
     stack, views = stacked(ours.noise_mods + ours.mods, torch.device("cpu"))
