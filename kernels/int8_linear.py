@@ -21,7 +21,7 @@ import logging
 
 import torch
 
-from .int8_products import halves, products, tile_of
+from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
@@ -73,11 +73,7 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
     nmask = rn < N
-    sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
-    sw = tl.load(sw_ptr + rn, mask=nmask, other=0.0)
-    y = acc.to(tl.float32) * (sx[:, None] * sw[None, :])
-    if HAS_BIAS:
-        y = y + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    y = dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS)
     if HAS_LORA:
         rr = tl.arange(0, BLOCK_R)
         down = tl.load(down_ptr + rm[:, None].to(tl.int64) * R + rr[None, :], mask=mmask[:, None] & (rr[None, :] < R),
@@ -101,9 +97,8 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
                      mask=mask)
     elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
-        gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
+        act = swiglu_pairs(y, BLOCK_M, BLOCK_N)
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        act = round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)  # approximate division: see int8_quant's swiglu
         tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
                  mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:

@@ -1,10 +1,13 @@
-"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
-take the output tiles in, a tile's int32 products over a run of K, and a tile's column halves for the epilogues.
+"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py, qkv_rope_linear.py and swiglu_quant_linear.py: the
+order programs take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, and the
+epilogues' first steps (the scales and bias; SwiGLU of column pairs).
 
 Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32
 (|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers to wgmma on int8 operands.
 """
 from __future__ import annotations
+
+from .rounding import round_to_bf16
 
 try:
     import triton
@@ -59,3 +62,24 @@ def products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, k_lo, k_hi, TM
 def halves(acc, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """acc's columns [0, BLOCK_N / 2) and [BLOCK_N / 2, BLOCK_N), as a pair."""
     return tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+
+
+@triton_jit
+def dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS: tl.constexpr):
+    """y [rows rm, columns rn] f32 = float(acc) * (s_x[m] * s_w[n]) + bias[n], each operation rounded (the launches
+    turn fused multiply-adds off): int8_linear's math."""
+    sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
+    sw = tl.load(sw_ptr + rn, mask=nmask, other=0.0)
+    y = acc.to(tl.float32) * (sx[:, None] * sw[None, :])
+    if HAS_BIAS:
+        y = y + tl.load(bias_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    return y
+
+
+@triton_jit
+def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """SiLU(gate) up of y's interleaved column pairs, [BLOCK_M, BLOCK_N / 2] bf16 values held in f32: each of gate
+    and up rounded to bf16 first, as the product int8_linear writes; the division approximate (div.full: see
+    int8_quant's swiglu)."""
+    gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
+    return round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)

@@ -27,11 +27,11 @@ codes from registers, 1.1-1.5x at every launch shape: each program's chain of at
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 
+from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
 from .modulation_rows import shared_row
@@ -49,15 +49,6 @@ ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 # Bytes of bf16 rotated rows a chunk of rows may hold (0: the rows in one chunk). Not measured yet: off until the
 # step bench's variant row (--variant-l2-chunks, bench/step_variants.py) shows it faster on the H200.
 L2_ROTATED_BYTES = 0
-
-
-def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3): dit_core.weights.hadamard,
-    rebuilt because kernels/ imports nothing of dit_core, its sibling package inside ComfyUI."""
-    h = h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
-    while h.shape[0] < group:
-        h = torch.kron(h, h4)
-    return (h / math.sqrt(group)).to(dtype)
 
 
 def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -139,11 +130,8 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
 def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
     """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
-    (held in f32).
-    g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: H_256 =
-    H4 (x) H_64, so each 64-column block goes through H_64 on the matrix cores and H4/2 mixes the four
-    results (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB) instead
-    of 128 KB of shared memory."""
+    (held in f32). g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: each
+    64-column block through H_64, then the radix-4 butterfly (kernels/hadamard.py)."""
     z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
                         K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
     if SPLIT == 4:
@@ -153,11 +141,7 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scal
                             shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
         z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
                             shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
-        # Output block s weighs z0..z3 by column s of H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]],
-        # halved (1/sqrt(256) = 1/sqrt(64) * 1/2).
-        p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
-        y0, y1, y2, y3 = (p + m) * 0.5, (p - m) * 0.5, (r + t) * 0.5, (t - r) * 0.5
-        y0, y1, y2, y3 = round_to_bf16(y0), round_to_bf16(y1), round_to_bf16(y2), round_to_bf16(y3)
+        y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
     else:
         y0 = round_to_bf16(z0)
         y1, y2, y3 = y0, y0, y0
@@ -218,11 +202,6 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
 
 
-@functools.cache
-def _hadamard_bf16(size: int, device: torch.device) -> torch.Tensor:
-    return hadamard(size, torch.bfloat16).to(device).contiguous()
-
-
 def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="quantize_rows"):
     """quantize_rows' arguments checked (a ValueError naming what is wrong): (M, K, codes, scales: out's or new)."""
     if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
@@ -278,7 +257,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
-    h = _hadamard_bf16(group // split, x.device)
+    h = hadamard_bf16(group // split, x.device)
     # Row chunks whose rotated rows fit in L2 (L2_ROTATED_BYTES; 0: one chunk), each rotated and then coded, so the
     # codes launch reads them from L2, not DRAM (Z-Image's MLP hidden: 94 MB of them, the H200's L2 50 MB).
     step = max(block_m, L2_ROTATED_BYTES // (2 * k) // block_m * block_m) if L2_ROTATED_BYTES else m

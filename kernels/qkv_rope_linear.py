@@ -18,7 +18,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear
-from .int8_products import products, tile_of
+from .int8_products import dequantized, products, tile_of
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16
 
@@ -73,11 +73,8 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
-    sx = tl.load(sx_ptr + rm, mask=mmask, other=0.0)
-    y = acc.to(tl.float32) * (sx[:, None] * tl.load(sw_ptr + rn)[None, :])
-    if HAS_BIAS:
-        y = y + tl.load(bias_ptr + rn).to(tl.float32)[None, :]
-    y = round_to_bf16(y)  # the product as int8_linear writes it
+    # the product as int8_linear writes it
+    y = round_to_bf16(dequantized(acc, rm, rn, mmask, rn < N, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS))
     which = (pid_n * BLOCK_N) // HD  # 0 q, 1 k, 2 v: the tile lies in one of them
     if which < 2:
         # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
