@@ -6,9 +6,6 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
    (input read, bf16 rotated rows written and read back, int8 codes written).
 2. The codes pass alone by launch shape (rows, columns, warps a program).
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
-With --swiglu-rotate only: the MLP's UP product, SwiGLU and the down projection's quantizer, as two launches
-(int8_linear's SwiGLU form, quantize_rows) or with the rotation in the product's epilogue (swiglu_quant_linear),
-persistent or a program a pair, at Z-Image's and Klein's MLP shapes.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
 """
 import sys
@@ -22,10 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import swiglu_quant_linear  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
-from kernels.int8_linear import SWIGLU, int8_linear  # noqa: E402
-from kernels.int8_tiles import HOPPER_TILES, launch_of  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
 
@@ -110,27 +104,6 @@ def gated_table() -> list[str]:
     return out
 
 
-def swiglu_rotate_table() -> list[str]:
-    out = ["| K x N (N / 2 hidden) | path | graph ms | kernels (us a call) |", "|---|---|---|---|"]
-    for k, n in ((3840, 20480), (3072, 18432)):
-        q = torch.randint(-128, 128, (M, k), dtype=torch.int8, device="cuda")
-        w = torch.randint(-128, 128, (n, k), dtype=torch.int8, device="cuda")
-        sx, sw, bias = torch.rand(M, device="cuda") * 1e-3, torch.rand(n, device="cuda") * 1e-3, rows(1, n)[0]
-        expected = quantize_rows(int8_linear(q, sx, w, sw, bias, swiglu=True), 256)
-        tile = launch_of(HOPPER_TILES[SWIGLU])
-        paths = {"two launches": lambda: quantize_rows(int8_linear(q, sx, w, sw, bias, swiglu=True), 256),
-                 "rotation in the epilogue, persistent": lambda: swiglu_quant_linear.swiglu_quant_linear(
-                     q, sx, w, sw, bias, tiles=tile),
-                 "rotation in the epilogue, a program a pair": lambda: swiglu_quant_linear.swiglu_quant_linear(
-                     q, sx, w, sw, bias, tiles={**tile, "PERSISTENT": False})}
-        for name, fn in paths.items():
-            same = all(torch.equal(a, b) for a, b in zip(fn(), expected))
-            out.append(f"| {k}x{n} | {name}{'' if same else ' (NOT EQUAL)'} | {graph_ms(fn):.4f} | {kernel_us(fn)} |")
-    return out
-
-
 if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
-    tables = [swiglu_rotate_table()] if "--swiglu-rotate" in sys.argv else [
-        quantizer_table(), codes_table(), gated_table()]
-    print("\n\n".join("\n".join(t) for t in tables))
+    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))

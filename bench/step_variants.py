@@ -9,12 +9,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
-    parser.add_argument("--variant-l2-chunks", type=int, default=0, help="also ours INT8 graphed with the "
-                        "quantizer's rows in chunks of at most this many MB of rotated rows (kernels.int8_quant."
-                        "L2_ROTATED_BYTES; 0: not)")
-    parser.add_argument("--variant-swiglu-apart", action="store_true", help="also ours INT8 graphed with the "
-                        "MLP's UP product and the down projection's rotation in launches of their own "
-                        "(kernels.swiglu_quant_linear.ENABLED off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -23,10 +17,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_quant, split_tail, swiglu_quant_linear
+    from kernels import split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
-        (f"quantizer in row chunks of {args.variant_l2_chunks} MB", int8_quant, "L2_ROTATED_BYTES",
-         args.variant_l2_chunks << 20)] * bool(args.variant_l2_chunks) + [
-        ("UP product and rotation apart", swiglu_quant_linear, "ENABLED", False)] * args.variant_swiglu_apart
+        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes

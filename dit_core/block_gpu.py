@@ -158,12 +158,9 @@ class GpuBlock:
 
     def _hidden(self, a: Arch, h, up: GpuLinear, down: GpuLinear):
         """The MLP's hidden rows from UP's input rows h, as the down projection takes them (_rows' triple). INT8 UP:
-        SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored), then the plain quantizer, or with
-        DOWN INT8 at group 256 the rotation there too (kernels/swiglu_quant_linear.py); else the product, then SwiGLU
-        (in the quantizer's prologue when DOWN is INT8)."""
+        SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored), then the plain quantizer; else
+        the product, then SwiGLU (in the quantizer's prologue when DOWN is INT8)."""
         q, sc, xb = h
-        if up.int8 and down.int8 and down.group == 256:  # ComfyUI's files: the rotation in the product's epilogue
-            return (*run("swiglu_quant_linear", q, sc, up.weight, up.scale, up.bias), None)
         if up.int8:
             return self._rows(a, run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True), down)
         return self._rows(a, _product(q, sc, xb, up), down, act="swiglu")

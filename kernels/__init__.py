@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, int8_linear, int8_quant, qkv_rope_linear, swiglu_quant_linear
+from . import attention, gated_residual, head_norm_rope, int8_linear, int8_quant, qkv_rope_linear
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,6 @@ OPS = {
     "quantize_rows": Op(int8_quant.quantize_rows, int8_quant.reference, needs_triton_gpu),
     "int8_linear": Op(int8_linear.int8_linear, int8_linear.reference, needs_int8_mma),
     "int8_linear_gated": Op(int8_linear.int8_linear_gated, int8_linear.reference, needs_int8_mma),
-    "swiglu_quant_linear": Op(swiglu_quant_linear.swiglu_quant_linear, swiglu_quant_linear.reference,
-                              needs_int8_mma),
     "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma),
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
     "attention": Op(attention.attention, attention.reference, needs_cuda),

@@ -1,5 +1,5 @@
-"""The regular Hadamard of ConvRot's groups and its 256-point form on the matrix cores, shared by the quantizer
-(kernels/int8_quant.py) and the UP product that rotates its SwiGLU rows (kernels/swiglu_quant_linear.py).
+"""The regular Hadamard of ConvRot's groups and its 256-point form on the matrix cores (kernels/int8_quant.py's
+rotate pass).
 
 Issue 4; reference/int8_convrot_format.md section 3: H_g = H4^(x log4 g) / sqrt(g), H4 = [[1,1,1,-1],[1,1,-1,1],
 [1,-1,1,1],[-1,1,1,1]], entries +-1/sqrt(g), exact in bf16. H_256 = H4 (x) H_64: a 256-column group u = [u0 u1 u2 u3]

@@ -1,5 +1,5 @@
-"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py, qkv_rope_linear.py and swiglu_quant_linear.py: the
-order programs take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, and the
+"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
+take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, and the
 epilogues' first steps (the scales and bias; SwiGLU of column pairs).
 
 Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32

@@ -46,9 +46,6 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
-# Bytes of bf16 rotated rows a chunk of rows may hold (0: the rows in one chunk). Not measured yet: off until the
-# step bench's variant row (--variant-l2-chunks, bench/step_variants.py) shows it faster on the H200.
-L2_ROTATED_BYTES = 0
 
 
 def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -258,14 +255,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
     h = hadamard_bf16(group // split, x.device)
-    # Row chunks whose rotated rows fit in L2 (L2_ROTATED_BYTES; 0: one chunk), each rotated and then coded, so the
-    # codes launch reads them from L2, not DRAM (Z-Image's MLP hidden: 94 MB of them, the H200's L2 50 MB).
-    step = max(block_m, L2_ROTATED_BYTES // (2 * k) // block_m * block_m) if L2_ROTATED_BYTES else m
-    for r0 in range(0, m, step):
-        r1 = min(r0 + step, m)
-        chunk_map = row_map[r0:r1] if row_map is not None else stats  # stats: a pointer never read
-        _rotate_kernel[(min(row_programs or m, triton.cdiv(r1 - r0, block_m)), groups)](
-            x[r0:r1], x.stride(0), *vectors, chunk_map, h, stats[:, r0:r1], stats.stride(0), rotated[r0:r1],
-            group_max[r0:r1], r1 - r0, k, **flags)
-        launch_codes(rotated[r0:r1], group_max[r0:r1], codes[r0:r1], scales[r0:r1])
+    row_map = row_map if row_map is not None else stats  # stats: a pointer never read
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
+        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)
+    launch_codes(rotated, group_max, codes, scales)
     return codes, scales

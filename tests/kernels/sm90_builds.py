@@ -64,20 +64,6 @@ def qkv_rope_case(persistent: bool):
     return _qkv_rope_kernel, signature, constants, launch
 
 
-def swiglu_rotate_case(persistent: bool):
-    """The UP product rotating its SwiGLU rows (kernels/swiglu_quant_linear.py) at the SwiGLU form's H200 tile."""
-    import triton.language as tl
-
-    from kernels.int8_tiles import HOPPER_TILES, launch_of
-    from kernels.swiglu_quant_linear import _swiglu_rotate_kernel
-    tile = launch_of(HOPPER_TILES[2])
-    launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-    signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
-                 "h_ptr": "*bf16", "y_ptr": "*bf16", "gmax_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
-    constants = {"HAS_BIAS": True, "WIDE": False, "EVEN_K": True, **tile, "PERSISTENT": persistent, "DOT_DTYPE": tl.bfloat16}
-    return _swiglu_rotate_kernel, signature, constants, launch
-
-
 def frontend_cases() -> dict:
     """name -> (kernel, signature, constants, launch): the forms and branches the interpreter cannot type-check."""
     cases = {}
@@ -92,8 +78,6 @@ def frontend_cases() -> dict:
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})
         cases[f"int8_linear {FORMS[form]} wide"] = (kernel, signature, {**constants, "WIDE": True}, launch)
     cases.update(split_cases())
-    for persistent in (True, False):
-        cases[f"swiglu_quant_linear persistent {persistent}"] = swiglu_rotate_case(persistent)
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
@@ -127,8 +111,6 @@ def resource_cases() -> dict:
     cases.update(split_cases())
     cases["qkv_rope, a program a tile (H200 default: 0.425 ms at Z-Image's QKV)"] = qkv_rope_case(False)
     cases["qkv_rope, persistent (0.454 ms)"] = qkv_rope_case(True)
-    cases["swiglu_quant_linear, persistent (H200 default)"] = swiglu_rotate_case(True)
-    cases["swiglu_quant_linear, a program a pair"] = swiglu_rotate_case(False)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)

@@ -20,7 +20,6 @@ from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
-from kernels import int8_quant
 from kernels.int8_quant import hadamard, quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
@@ -203,28 +202,6 @@ def test_given_row_statistics(m, k, group, device):
         quantize_rows(x, group, **kw, stats=wide)
 
 
-@pytest.mark.parametrize("case", [{}, FUSED[0], FUSED[3]], ids=["plain", "rms", "swiglu"])
-def test_row_chunks_equal_one_chunk(case, device, monkeypatch):
-    """L2_ROTATED_BYTES: the rows rotated and coded chunk by chunk (here 32-row chunks, the last one short) give the
-    codes and scales of one chunk, bit for bit; statistics given as a slice of a wider buffer included."""
-    m, k = 77, 256
-    if case:
-        x, kw = fused_inputs(m, k, case, seed=5, device=device)
-    else:
-        x, kw = rows_like_activations(m, k, seed=5, device=device), {}
-    whole = quantize_rows(x, 256, **kw, block_m=16)
-    monkeypatch.setattr(int8_quant, "L2_ROTATED_BYTES", 2 * k * 32)
-    chunked = quantize_rows(x, 256, **kw, out=poisoned_outputs(m, k, device), block_m=16)
-    assert torch.equal(chunked[0], whole[0]) and torch.equal(chunked[1], whole[1])
-    if "norm" in kw:
-        wide = torch.zeros(2, m + 3, device=device)
-        wide[1, 3:] = 1 / torch.sqrt(x.float().pow(2).mean(-1) + kw["eps"])
-        given = quantize_rows(x, 256, **kw, stats=wide[:, 3:], block_m=16)
-        monkeypatch.setattr(int8_quant, "L2_ROTATED_BYTES", 0)
-        assert all(torch.equal(a, b) for a, b in zip(given, quantize_rows(x, 256, **kw, stats=wide[:, 3:],
-                                                                          block_m=16)))
-
-
 def test_f32_rows_and_minus_128(device):
     """The residual stream comes in as f32; a negative absmax can quantize to -128 (format doc section 5)."""
     y = torch.zeros(2, 16, dtype=torch.float64)
@@ -270,15 +247,3 @@ def test_fused_at_zimage_shapes(case, k, mod_rows):
         assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("case,k", [({}, 10240), (FUSED[0], 3840)], ids=["plain-10240", "rms-3840"])
-def test_row_chunks_at_zimage_shapes(case, k, monkeypatch):
-    """The quantizer in 24 MB chunks of rotated rows (the step bench's --variant-l2-chunks 24) equals one chunk."""
-    if case:
-        x, kw = fused_inputs(ZIMAGE_ROWS, k, case, seed=k, device="cuda")
-    else:
-        x, kw = rows_like_activations(ZIMAGE_ROWS, k, seed=k, device="cuda"), {}
-    whole = quantize_rows(x, 256, **kw)
-    monkeypatch.setattr(int8_quant, "L2_ROTATED_BYTES", 24 << 20)
-    assert all(torch.equal(a, b) for a, b in zip(quantize_rows(x, 256, **kw), whole))
