@@ -18,7 +18,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear
-from .int8_products import dequantized, products, tile_of
+from .int8_products import dequantized, halves, products, tile_of
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16
 
@@ -38,10 +38,10 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
 
 @triton_jit
 def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
-                     M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, EVEN_K: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                     TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
-    # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles).
+                     M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                     EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
+    # SUBTILE (0 or 2): the epilogue on the whole tile or on each half of its heads (autotuned tiles: whole).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
@@ -52,30 +52,48 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
             _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc,
-                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
-                           BLOCK_N, BLOCK_K, GROUP_M, TMA)
+                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                           BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SUBTILE)
     else:
         _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
-                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, EVEN_K, BLOCK_M,
-                       BLOCK_N, BLOCK_K, GROUP_M, TMA)
+                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                       BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SUBTILE)
 
 
 @triton_jit
 def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc, b_desc,
                    M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
-                   D: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr):
-    R: tl.constexpr = D // 2
-    HT: tl.constexpr = BLOCK_N // D  # whole heads in the tile
+                   D: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr):
+    """A tile's products, then the epilogue on the whole tile or (SUBTILE 2, the tile two heads or more) on each
+    half of its heads in turn: half the registers live."""
     pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
     acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, 0, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
                    BLOCK_K)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SUBTILE == 2:
+        first, second = halves(acc, BLOCK_M, BLOCK_N)
+        _qkv_rope_epilogue(first, rm, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
+                           M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N // 2)
+        _qkv_rope_epilogue(second, rm, pid_n * BLOCK_N + BLOCK_N // 2, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr,
+                           sin_ptr, out_ptr, M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N // 2)
+    else:
+        _qkv_rope_epilogue(acc, rm, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M,
+                           N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N)
+
+
+@triton_jit
+def _qkv_rope_epilogue(acc, rm, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, HD, eps,
+                       HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                       BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    """The products acc of WIDTH columns from col0 (whole heads) to q, k or v rows: head norm and rotary for q, k."""
+    R: tl.constexpr = D // 2
+    HT: tl.constexpr = WIDTH // D  # whole heads
+    rn = col0 + tl.arange(0, WIDTH)
     mmask = rm < M
     # the product as int8_linear writes it
     y = round_to_bf16(dequantized(acc, rm, rn, mmask, rn < N, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS))
-    which = (pid_n * BLOCK_N) // HD  # 0 q, 1 k, 2 v: the tile lies in one of them
+    which = col0 // HD  # 0 q, 1 k, 2 v: the columns lie in one of them
     if which < 2:
         # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
         a, b = tl.split(tl.permute(tl.reshape(y, (BLOCK_M, HT, 2, R)), (0, 1, 3, 2)))
@@ -89,9 +107,12 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
         c = tl.load(cos_ptr + angle, mask=mmask[:, None], other=1.0)[:, None, :]
         s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
         turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
-        y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N))
-    # [3, M, heads, D]: the tile's columns within q, k or v, at row m.
-    dst = out_ptr + which.to(tl.int64) * M * HD + rm[:, None].to(tl.int64) * HD + (rn - which * HD)[None, :]
+        y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, WIDTH))
+    # [3, M, heads, D]: the columns within q, k or v, at row m; 32-bit offsets below 2^31 outputs (WIDE off): a
+    # [BLOCK_M, WIDTH] tensor of 64-bit ones takes twice the registers.
+    plane = which.to(tl.int64) * M * HD
+    row = rm.to(tl.int64) if WIDE else rm
+    dst = out_ptr + plane + (row[:, None] * HD + (rn - which * HD)[None, :])
     tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
 
 
@@ -140,15 +161,16 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
             k, heads * head, eps, tune_bucket(m))
-    flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head,
+    flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head, "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
     grid = launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned()[grid](*args, **flags, enable_fp_fusion=False)
     else:
-        if not _fits(tiles["BLOCK_N"], heads, head):
-            raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} must hold whole heads of {head} and "
-                             f"divide {heads} x {head}")
+        parts = tiles.get("SUBTILE") or 1
+        if not _fits(tiles["BLOCK_N"], heads, head) or parts not in (1, 2) or (tiles["BLOCK_N"] // parts) % head:
+            raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} (or each of SUBTILE 2's halves) must hold "
+                             f"whole heads of {head}, and BLOCK_N divide {heads} x {head}")
         tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
         try:
             _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)

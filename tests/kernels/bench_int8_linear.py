@@ -206,12 +206,17 @@ def bench_qkv_rope(runs):
     bias = torch.randn(3 * heads * head, generator=g).to("cuda", torch.bfloat16)
     angles = 50 * torch.rand(M, head // 2, generator=g).cuda()
     norms = (torch.ones(head, device="cuda"), torch.ones(head, device="cuda"))
-    two = lambda: head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, *norms, angles.cos(),  # noqa: E731
-                                 angles.sin())
-    cells = [time_or_note(lambda t=t: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, angles.cos(),
-                                                      angles.sin(), tiles=t and launch_of(t)), runs, True)
+    cos, sin = angles.cos(), angles.sin()
+    two = lambda: head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, *norms, cos, sin)  # noqa: E731
+    cells = [time_or_note(lambda t=t: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, cos, sin,
+                                                      tiles=t and launch_of(t)), runs, True)
              for t in QKV_ROPE_TILES.values()]
-    return [f"| QKV 3840x11520 + head norm + rotary | {time_or_note(two, runs, True)} | " + " | ".join(cells) + " |"]
+    expected = two()
+    same = all(torch.equal(qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, cos, sin,
+                                           tiles=t and launch_of(t))[0], expected[0]) for t in QKV_ROPE_TILES.values())
+    alone = time_or_note(lambda: int8_linear(q, s_x, w, s_w, bias), runs, True)
+    return [f"| QKV 3840x11520 + head norm + rotary | {alone} | {time_or_note(two, runs, True)} | " + " | ".join(cells)
+            + f" | {same} |"]
 
 
 def bench_tail_split(runs):
@@ -239,7 +244,12 @@ def bench_tail_split(runs):
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a
 # 256-column tile, so the best GEMM tile need not be its best.
-QKV_ROPE_TILES = {"default": None, "128x256 tma persistent": config(128, 256, 128, 8, 4, tma=True, persistent=True),
+QKV_ROPE_TILES = {"default": None, "128x256 tma, a head at a time": config(128, 256, 128, 8, 4, tma=True, subtile=2),
+                  "128x256 tma persistent": config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                  "128x256 tma persistent, a head at a time": config(128, 256, 128, 8, 4, tma=True, persistent=True,
+                                                                    subtile=2),
+                  "128x256 s3 tma persistent, a head at a time": config(128, 256, 128, 8, 3, tma=True,
+                                                                       persistent=True, subtile=2),
                   "128x256 s3 tma persistent": config(128, 256, 128, 8, 3, tma=True, persistent=True),
                   "256x128 tma persistent": config(256, 128, 128, 8, 4, tma=True, persistent=True),
                   "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True),
@@ -326,11 +336,20 @@ def print_quantizer_tables(runs):
     print("\n".join(bench_row_stats(runs)))
 
 
+def print_qkv_table(runs):
+    print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin tables given):\n")
+    print("| work | the product alone | int8_linear + head_norm_rope | " + " | ".join(
+        f"fused, {t}" for t in QKV_ROPE_TILES) + " | q equal bit for bit |")
+    print("|---|---|---|" + "---|" * len(QKV_ROPE_TILES) + "---|")
+    print("\n".join(bench_qkv_rope(runs)))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
+    parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
@@ -342,6 +361,9 @@ def main():
         return
     if args.quantizers:
         print_quantizer_tables(args.runs)
+        return
+    if args.qkv:
+        print_qkv_table(args.runs)
         return
     kitchen, notes = kitchen_linears()
     print("| linear K x N | contender | ms eager | ms graph | TOPS eager, graph |\n|---|---|---|---|---|")
@@ -358,10 +380,7 @@ def main():
     for name, form in forms.items():
         for key, chosen in _autotuned(form).cache.items():
             print(f"- {name} {key}: {chosen}")
-    print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin computed in both):\n")
-    print("| work | int8_linear + head_norm_rope | " + " | ".join(f"fused, {t}" for t in QKV_ROPE_TILES) + " |")
-    print("|---|---|" + "---|" * len(QKV_ROPE_TILES))
-    print("\n".join(bench_qkv_rope(args.runs)))
+    print_qkv_table(args.runs)
     print("\nThe last wave's tiles split along K, ms in a CUDA graph:\n")
     print("| GEMM alone | bf16 out, split | gated, split | bf16 out, whole | gated, whole | equal bit for bit |")
     print("|---|---|---|---|---|---|")

@@ -50,8 +50,9 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
-def qkv_rope_case(persistent: bool):
-    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent."""
+def qkv_rope_case(persistent: bool, subtile: int = 0):
+    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent, the
+    epilogue on both heads at once or one at a time (subtile 2)."""
     from kernels.int8_tiles import HOPPER_TILES, launch_of
     from kernels.qkv_rope_linear import _qkv_rope_kernel
     tile = launch_of(HOPPER_TILES["qkv_rope"])
@@ -59,8 +60,8 @@ def qkv_rope_case(persistent: bool):
     signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
                  "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
                  "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
-    constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "EVEN_K": True, **tile, "PERSISTENT": persistent,
-                 "SUBTILE": 0}
+    constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "WIDE": False, "EVEN_K": True, **tile, "PERSISTENT": persistent,
+                 "SUBTILE": subtile}
     return _qkv_rope_kernel, signature, constants, launch
 
 
