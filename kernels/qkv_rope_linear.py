@@ -49,46 +49,60 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
     if TMA:
         a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    tables = (None, None, None)
+    if TMA:
+        WIDTH: tl.constexpr = BLOCK_N // 2 if SUBTILE == 2 else BLOCK_N
+        tables = (tl.make_tensor_descriptor(cos_ptr, shape=[M, D // 2], strides=[D // 2, 1],
+                                            block_shape=[BLOCK_M, D // 2]),
+                  tl.make_tensor_descriptor(sin_ptr, shape=[M, D // 2], strides=[D // 2, 1],
+                                            block_shape=[BLOCK_M, D // 2]),
+                  tl.make_tensor_descriptor(out_ptr, shape=[3, M, HD], strides=[M * HD, HD, 1],
+                                            block_shape=[1, BLOCK_M, WIDTH]))
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
             _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc,
-                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                           b_desc, tables, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
                            BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SUBTILE)
     else:
         _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
-                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                       a_desc, b_desc, tables, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
                        BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA, SUBTILE)
 
 
 @triton_jit
 def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc, b_desc,
-                   M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+                   tables, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr):
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+                   SUBTILE: tl.constexpr):
     """A tile's products, then the epilogue on the whole tile or (SUBTILE 2, the tile two heads or more) on each
     half of its heads in turn: half the registers live."""
     pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
     acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, 0, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
                    BLOCK_K)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row0 = pid_m * BLOCK_M
     if SUBTILE == 2:
         first, second = halves(acc, BLOCK_M, BLOCK_N)
-        _qkv_rope_epilogue(first, rm, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
-                           M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N // 2)
-        _qkv_rope_epilogue(second, rm, pid_n * BLOCK_N + BLOCK_N // 2, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr,
-                           sin_ptr, out_ptr, M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N // 2)
+        _qkv_rope_epilogue(first, row0, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
+                           tables, M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, TMA, BLOCK_M, BLOCK_N // 2)
+        _qkv_rope_epilogue(second, row0, pid_n * BLOCK_N + BLOCK_N // 2, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr,
+                           sin_ptr, out_ptr, tables, M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, TMA, BLOCK_M,
+                           BLOCK_N // 2)
     else:
-        _qkv_rope_epilogue(acc, rm, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M,
-                           N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, BLOCK_M, BLOCK_N)
+        _qkv_rope_epilogue(acc, row0, pid_n * BLOCK_N, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
+                           tables, M, N, HD, eps, HAS_BIAS, HAS_NORM, D, WIDE, TMA, BLOCK_M, BLOCK_N)
 
 
 @triton_jit
-def _qkv_rope_epilogue(acc, rm, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, HD, eps,
-                       HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
-                       BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
-    """The products acc of WIDTH columns from col0 (whole heads) to q, k or v rows: head norm and rotary for q, k."""
+def _qkv_rope_epilogue(acc, row0, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, tables, M, N, HD,
+                       eps, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                       TMA: tl.constexpr, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
+    """The products acc of WIDTH columns from col0 (whole heads) to q, k or v rows: head norm and rotary for q, k.
+    TMA: the rotary tables read and the rows written by the descriptors `tables` (cos, sin, out), else by pointers
+    (a [BLOCK_M, R] tensor of pointers a table: the registers the persistent build spilled)."""
     R: tl.constexpr = D // 2
     HT: tl.constexpr = WIDTH // D  # whole heads
+    rm = row0 + tl.arange(0, BLOCK_M)
     rn = col0 + tl.arange(0, WIDTH)
     mmask = rm < M
     # the product as int8_linear writes it
@@ -103,17 +117,25 @@ def _qkv_rope_epilogue(acc, rm, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr,
             j = tl.arange(0, R)
             a = (a * inv) * tl.load(nw_ptr + which * D + j)[None, None, :]
             b = (b * inv) * tl.load(nw_ptr + which * D + R + j)[None, None, :]
-        angle = rm[:, None] * R + tl.arange(0, R)[None, :]
-        c = tl.load(cos_ptr + angle, mask=mmask[:, None], other=1.0)[:, None, :]
-        s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
+        if TMA:  # rows past M read as zeros, never stored
+            c = tables[0].load([row0, 0])[:, None, :]
+            s = tables[1].load([row0, 0])[:, None, :]
+        else:
+            angle = rm[:, None] * R + tl.arange(0, R)[None, :]
+            c = tl.load(cos_ptr + angle, mask=mmask[:, None], other=1.0)[:, None, :]
+            s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
         turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
         y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, WIDTH))
-    # [3, M, heads, D]: the columns within q, k or v, at row m; 32-bit offsets below 2^31 outputs (WIDE off): a
-    # [BLOCK_M, WIDTH] tensor of 64-bit ones takes twice the registers.
-    plane = which.to(tl.int64) * M * HD
-    row = rm.to(tl.int64) if WIDE else rm
-    dst = out_ptr + plane + (row[:, None] * HD + (rn - which * HD)[None, :])
-    tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
+    # [3, M, heads, D]: the columns within q, k or v, at row m (TMA: clipped at M within the plane `which`); 32-bit
+    # offsets below 2^31 outputs (WIDE off): a [BLOCK_M, WIDTH] tensor of 64-bit ones takes twice the registers.
+    if TMA:
+        tables[2].store([which, row0, col0 - which * HD], tl.reshape(round_to_bf16(y).to(tl.bfloat16),
+                                                                     (1, BLOCK_M, WIDTH)))
+    else:
+        plane = which.to(tl.int64) * M * HD
+        row = rm.to(tl.int64) if WIDE else rm
+        dst = out_ptr + plane + (row[:, None] * HD + (rn - which * HD)[None, :])
+        tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
 
 
 _UNFIT: list = []  # the fixed Hopper tile, once it ran out of shared memory with this epilogue
