@@ -18,8 +18,10 @@ CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): on
 # Tile loads: pointers, TMA descriptors (Hopper), each with one program a tile or persistent programs; the epilogue
 # on the whole tile or on its column halves or quarters (SUBTILE).
 LOADS = [{}, {"TMA": True}, {"PERSISTENT": True}, {"TMA": True, "PERSISTENT": True},
-         {"TMA": True, "PERSISTENT": True, "SUBTILE": 2}, {"SUBTILE": 2}, {"TMA": True, "SUBTILE": 4}]
-LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-halves", "halves", "tma-quarters"]
+         {"TMA": True, "PERSISTENT": True, "SUBTILE": 2}, {"SUBTILE": 2}, {"TMA": True, "SUBTILE": 4},
+         {"TMA": 2, "PERSISTENT": True}, {"TMA": 2, "SUBTILE": 2}]
+LOAD_IDS = ["pointers", "tma", "persistent", "tma-persistent", "tma-persistent-halves", "halves", "tma-quarters",
+            "tma-stores-persistent", "tma-stores-halves"]
 ZIMAGE = [(3840, 11520), (3840, 3840), (3840, 20480), (10240, 3840)]  # (K, N): qkv, out, w1+w3, w2
 
 
