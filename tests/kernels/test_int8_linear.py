@@ -111,11 +111,11 @@ def short_k_split(monkeypatch):
 
 # (M, N, K, wave): 9 tiles on 4 programs, the last in 2 parts; 6 tiles on 5, the last in 4 parts of uneven K runs.
 SPLIT_CASES = [(37, 80, 64, 4), (40, 64, 480, 5)]
-SPLIT_LOADS = [{}, {"TMA": True, "PERSISTENT": True}, {"TMA": True, "SUBTILE": 2}]
+SPLIT_LOADS = [{}, {"TMA": True, "PERSISTENT": True}, {"TMA": True, "SUBTILE": 2}, {"TMA": 2, "PERSISTENT": True}]
 
 
 @pytest.mark.parametrize("m,n,k,wave", SPLIT_CASES)
-@pytest.mark.parametrize("loads", SPLIT_LOADS, ids=["pointers", "tma-persistent", "tma-halves"])
+@pytest.mark.parametrize("loads", SPLIT_LOADS, ids=["pointers", "tma-persistent", "tma-halves", "tma-stores"])
 def test_split_tail_equals_the_whole_tiles(m, n, k, wave, loads, device, short_k_split):
     """Every form with its last tiles split along K in a tail launch (kernels/split_tail.py) equals the reference bit
     for bit, twice over (the counters are back at 0 after a launch)."""
