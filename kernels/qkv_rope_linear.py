@@ -46,11 +46,10 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
     b_desc = None
+    tables = (None, None, None)  # with TMA: the rotary tables' loads and the rows' stores by descriptor too
     if TMA:
         a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
-    tables = (None, None, None)
-    if TMA:
         WIDTH: tl.constexpr = BLOCK_N // 2 if SUBTILE == 2 else BLOCK_N
         tables = (tl.make_tensor_descriptor(cos_ptr, shape=[M, D // 2], strides=[D // 2, 1],
                                             block_shape=[BLOCK_M, D // 2]),
@@ -76,7 +75,8 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
                    SUBTILE: tl.constexpr):
     """A tile's products, then the epilogue on the whole tile or (SUBTILE 2, the tile two heads or more) on each
-    half of its heads in turn: half the registers live."""
+    half of its heads in turn (fewer registers live only where the compiler keeps the halves apart: on the H200 the
+    pointer-store build ran slower, docs/benchmarks.md)."""
     pid_m, pid_n = tile_of(tile, tiles_m, tiles_n, GROUP_M)
     acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, 0, K, TMA, EVEN_K, BLOCK_M, BLOCK_N,
                    BLOCK_K)
