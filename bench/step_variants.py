@@ -17,16 +17,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def tile_variants() -> dict:
     """Hopper tile sets worth a step's time beside the fixed ones: the bf16 rows stored by TMA (TMA 2: fewer stages
-    fit beside the store's buffer), the fused QKV persistent (its TMA epilogue fits at 3 stages a head at a time)."""
+    fit beside the store's buffer), the fused QKV's rotary tables and rows by TMA (TMA 2), a program a tile or
+    persistent (fits at 3 stages a head at a time)."""
     from kernels.int8_tiles import HOPPER_TILES, config
     stores_128 = {0: config(128, 256, 128, 8, 3, tma=2, persistent=True, subtile=2),
                   2: config(128, 256, 128, 8, 3, tma=2, persistent=True)}
     stores_64 = {0: config(128, 256, 64, 8, 3, tma=2, persistent=True),
                  2: config(128, 256, 64, 8, 6, tma=2, persistent=True)}
-    qkv = {"qkv_rope": config(128, 256, 128, 8, 3, tma=True, persistent=True, subtile=2)}
+    qkv = {"qkv_rope": config(128, 256, 128, 8, 3, tma=2, persistent=True, subtile=2)}
+    qkv_tma = {"qkv_rope": config(128, 256, 128, 8, 4, tma=2)}
     return {name: {**HOPPER_TILES, **tiles} for name, tiles in (
         ("bf16 rows stored by TMA (K 128, 3 stages)", stores_128), ("bf16 rows stored by TMA (K 64)", stores_64),
-        ("QKV persistent (3 stages, a head at a time)", qkv))}
+        ("QKV persistent (3 stages, a head at a time)", qkv), ("QKV's tables and rows by TMA", qkv_tma))}
 
 
 def variants(args) -> list:

@@ -46,10 +46,11 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
     tiles_n = tl.cdiv(N, BLOCK_N)
     a_desc = None
     b_desc = None
-    tables = (None, None, None)  # with TMA: the rotary tables' loads and the rows' stores by descriptor too
+    tables = (None, None, None)  # TMA 2: the rotary tables' loads and the rows' stores by descriptor too
     if TMA:
         a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
+    if TMA == 2:
         WIDTH: tl.constexpr = BLOCK_N // 2 if SUBTILE == 2 else BLOCK_N
         tables = (tl.make_tensor_descriptor(cos_ptr, shape=[M, D // 2], strides=[D // 2, 1],
                                             block_shape=[BLOCK_M, D // 2]),
@@ -98,7 +99,7 @@ def _qkv_rope_epilogue(acc, row0, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_pt
                        eps, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
                        TMA: tl.constexpr, BLOCK_M: tl.constexpr, WIDTH: tl.constexpr):
     """The products acc of WIDTH columns from col0 (whole heads) to q, k or v rows: head norm and rotary for q, k.
-    TMA: the rotary tables read and the rows written by the descriptors `tables` (cos, sin, out), else by pointers
+    TMA 2: the rotary tables read and the rows written by the descriptors `tables` (cos, sin, out), else by pointers
     (a [BLOCK_M, R] tensor of pointers a table: the registers the persistent build spilled)."""
     R: tl.constexpr = D // 2
     HT: tl.constexpr = WIDTH // D  # whole heads
@@ -117,7 +118,7 @@ def _qkv_rope_epilogue(acc, row0, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_pt
             j = tl.arange(0, R)
             a = (a * inv) * tl.load(nw_ptr + which * D + j)[None, None, :]
             b = (b * inv) * tl.load(nw_ptr + which * D + R + j)[None, None, :]
-        if TMA:  # rows past M read as zeros, never stored
+        if TMA == 2:  # rows past M read as zeros, never stored
             c = tables[0].load([row0, 0])[:, None, :]
             s = tables[1].load([row0, 0])[:, None, :]
         else:
@@ -126,9 +127,9 @@ def _qkv_rope_epilogue(acc, row0, col0, sx_ptr, sw_ptr, bias_ptr, nw_ptr, cos_pt
             s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
         turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
         y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, WIDTH))
-    # [3, M, heads, D]: the columns within q, k or v, at row m (TMA: clipped at M within the plane `which`); 32-bit
+    # [3, M, heads, D]: the columns within q, k or v, at row m (TMA 2: clipped at M within the plane `which`); 32-bit
     # offsets below 2^31 outputs (WIDE off): a [BLOCK_M, WIDTH] tensor of 64-bit ones takes twice the registers.
-    if TMA:
+    if TMA == 2:
         tables[2].store([which, row0, col0 - which * HD], tl.reshape(round_to_bf16(y).to(tl.bfloat16),
                                                                      (1, BLOCK_M, WIDTH)))
     else:
@@ -194,6 +195,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             raise ValueError(f"qkv_rope_linear: BLOCK_N {tiles['BLOCK_N']} (or each of SUBTILE 2's halves) must hold "
                              f"whole heads of {head}, and BLOCK_N divide {heads} x {head}")
         tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
+        if tiles["TMA"] == 2 and head % 8:  # TMA's 16-byte strides (the rotary tables' rows: head / 2 f32)
+            tiles["TMA"] = True
         try:
             _qkv_rope_kernel[grid](*args, **flags, **tiles, enable_fp_fusion=False)
         except triton.runtime.errors.OutOfResources:

@@ -245,15 +245,13 @@ def bench_tail_split(runs):
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a
 # 256-column tile, so the best GEMM tile need not be its best.
-QKV_ROPE_TILES = {"default": None, "128x256 tma, a head at a time": config(128, 256, 128, 8, 4, tma=True, subtile=2),
-                  "128x256 s3 tma persistent, a head at a time": config(128, 256, 128, 8, 3, tma=True,
-                                                                       persistent=True, subtile=2),
-                  "128x256x64 s4 tma persistent": config(128, 256, 64, 8, 4, tma=True, persistent=True),
-                  "128x256x64 s5 tma persistent": config(128, 256, 64, 8, 5, tma=True, persistent=True),
-                  "128x256x64 s4 tma persistent, a head at a time": config(128, 256, 64, 8, 4, tma=True,
+QKV_ROPE_TILES = {"default": None, "128x256, tables and stores by TMA": config(128, 256, 128, 8, 4, tma=2),
+                  "128x256 s3 persistent, TMA 2, a head at a time": config(128, 256, 128, 8, 3, tma=2,
                                                                           persistent=True, subtile=2),
-                  "128x256x64 s6 tma persistent, a head at a time": config(128, 256, 64, 8, 6, tma=True,
-                                                                          persistent=True, subtile=2)}
+                  "128x256x64 s4 persistent, TMA 2": config(128, 256, 64, 8, 4, tma=2, persistent=True),
+                  "128x256x64 s5 persistent, TMA 2": config(128, 256, 64, 8, 5, tma=2, persistent=True),
+                  "128x256x64 s6 persistent, TMA 2, a head at a time": config(128, 256, 64, 8, 6, tma=2,
+                                                                             persistent=True, subtile=2)}
 
 
 def bench_swiglu(runs):

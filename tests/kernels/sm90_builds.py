@@ -62,8 +62,8 @@ def qkv_rope_case(persistent: bool, subtile: int = 0):
                  "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
     constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "WIDE": False, "EVEN_K": True, **tile,
                  "PERSISTENT": persistent, "SUBTILE": subtile}
-    if persistent:  # the TMA epilogue's buffers beside the ring: 3 stages fit a head at a time (213 KB)
-        launch["num_stages"] = 3
+    if persistent:  # TMA 2's tables and store buffers beside the ring: 3 stages fit a head at a time (213 KB)
+        launch["num_stages"], constants["TMA"] = 3, 2
     return _qkv_rope_kernel, signature, constants, launch
 
 

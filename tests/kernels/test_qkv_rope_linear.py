@@ -29,8 +29,9 @@ def operands(m, heads, head, k, seed, device, bias=True):
 
 @pytest.mark.parametrize("m", [1, 37])
 @pytest.mark.parametrize("block_n", [32, 64])  # one head, two heads a tile
-@pytest.mark.parametrize("loads", [{}, {"TMA": True}, {"TMA": True, "PERSISTENT": True}],
-                         ids=["pointers", "tma", "tma-persistent"])
+@pytest.mark.parametrize("loads", [{}, {"TMA": True}, {"TMA": True, "PERSISTENT": True}, {"TMA": 2},
+                                   {"TMA": 2, "PERSISTENT": True}],
+                         ids=["pointers", "tma", "tma-persistent", "tma-tables-stores", "tma-tables-stores-persistent"])
 @pytest.mark.parametrize("normed,bias,group", [(True, True, 0), (False, False, 0), (True, False, 1)])
 def test_equals_the_two_launches(m, block_n, loads, normed, bias, group, device):
     ops = operands(m, heads=4, head=32, k=64, seed=m + block_n, device=device, bias=bias)
@@ -48,7 +49,7 @@ def test_equals_the_two_launches(m, block_n, loads, normed, bias, group, device)
         assert_within_one_bf16_step(a, b)
 
 
-@pytest.mark.parametrize("loads", [{}, {"TMA": True, "PERSISTENT": True}], ids=["pointers", "tma-persistent"])
+@pytest.mark.parametrize("loads", [{}, {"TMA": 2, "PERSISTENT": True}], ids=["pointers", "tma-2-persistent"])
 @pytest.mark.parametrize("m", [1, 37])
 def test_a_head_at_a_time_equals_the_whole_tile(m, loads, device):
     """SUBTILE 2: the epilogue on each of a two-head tile's heads in turn; the same math a head, bit for bit."""
@@ -81,6 +82,6 @@ def test_zimage_shape_default_tiles():
         assert_within_one_bf16_step(a, b)
     assert torch.equal(got[2], want[2])
     tile = launch_of(HOPPER_TILES["qkv_rope"])
-    for variant in ({"SUBTILE": 2}, {"PERSISTENT": True, "SUBTILE": 2, "num_stages": 3},  # the bench's rows
-                    {"PERSISTENT": True, "BLOCK_K": 64, "num_stages": 5}):
+    for variant in ({"SUBTILE": 2}, {"TMA": 2}, {"TMA": 2, "PERSISTENT": True, "SUBTILE": 2, "num_stages": 3},
+                    {"TMA": 2, "PERSISTENT": True, "BLOCK_K": 64, "num_stages": 5}):  # the bench's rows
         assert all(torch.equal(a, b) for a, b in zip(qkv_rope_linear(**ops, tiles={**tile, **variant}), got))
