@@ -65,10 +65,10 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
 
 
 @triton_jit
-def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, o_desc, gate_ptr, map_ptr,
-              shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-              ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr, TMA: tl.constexpr):
+def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared, M,
+              N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
+              WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -99,13 +99,8 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
     elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
         act = swiglu_pairs(y, BLOCK_M, BLOCK_N)
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        if TMA == 2:  # by the descriptor, through shared memory: no pointer a value (clipped at the edges)
-            o_desc.store([pid_m * BLOCK_M, pid_n * (BLOCK_N // 2)], act.to(tl.bfloat16))
-        else:
-            tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
-                     mask=mmask[:, None] & (rh < N // 2)[None, :])
-    elif TMA == 2:
-        o_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], round_to_bf16(y).to(tl.bfloat16))
+        tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
+                 mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:
         tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
 
@@ -117,8 +112,7 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
                         PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
-    # TMA: tiles loaded by descriptors (Hopper), else by pointers; TMA 2: the bf16 rows (forms 0 and 2) stored by one
-    # too, through shared memory, with no pointer a value. PERSISTENT: one program per SM walks the work
+    # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
@@ -126,31 +120,28 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     # the tiles [0, whole) whole.
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    descs = (None, None, None)  # the tiles' loads (TMA), the bf16 rows' stores (TMA 2, forms 0 and 2)
+    a_desc = None
+    b_desc = None
     if TMA:
-        width: tl.constexpr = BLOCK_N // (SUBTILE if SUBTILE else 1) // (2 if FORM == 2 else 1)
-        descs = (tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K]),
-                 tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K]),
-                 tl.make_tensor_descriptor(out_ptr, shape=[M, N // (2 if FORM == 2 else 1)],
-                                           strides=[N // (2 if FORM == 2 else 1), 1], block_shape=[BLOCK_M, width])
-                 if TMA == 2 and FORM != 1 else None)
+        a_desc = tl.make_tensor_descriptor(q_ptr, shape=[M, K], strides=[K, 1], block_shape=[BLOCK_M, BLOCK_K])
+        b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-              map_ptr, sums_ptr, count_ptr, descs, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
+              map_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
               HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M,
               TMA, SUBTILE, SPLIT)
     else:
         for tile in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
                              flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  sums_ptr, count_ptr, descs, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
+                  sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
                   HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R,
                   GROUP_M, TMA, SUBTILE, SPLIT)
 
 
 @triton_jit
 def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, sums_ptr,
-          count_ptr, descs, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
+          count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
           HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr,
           EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
           BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
@@ -166,7 +157,7 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
     if FORM == 1 and not ONE_GATE_ROW:
         rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         shared = shared_row(tl.load(map_ptr + rm, mask=rm < M, other=0).to(tl.int64), rm < M)
-    acc = products(q_ptr, w_ptr, descs[0], descs[1], pid_m, pid_n, M, N, K, k_lo, k_hi, TMA, EVEN_K, BLOCK_M, BLOCK_N,
+    acc = products(q_ptr, w_ptr, a_desc, b_desc, pid_m, pid_n, M, N, K, k_lo, k_hi, TMA, EVEN_K, BLOCK_M, BLOCK_N,
                     BLOCK_K)
     if SUBTILE:  # the epilogue's column parts (and a split tile's stored sums: fewer pointers live at a time)
         subtiles = halves(acc, BLOCK_M, BLOCK_N)
@@ -184,8 +175,8 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
             if SPLIT:
                 subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
             _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
-                      descs[2], gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE,
-                      LORA_DTYPE, BLOCK_M, BLOCK_N // count, BLOCK_R, TMA)
+                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
+                      BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:
             counter_reset(count_ptr, tail)
 
@@ -246,8 +237,6 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     if tiles is None:
         return autotuned()
     tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
-    if tiles["TMA"] == 2 and (out.shape[1] * out.element_size()) % 16:  # TMA's 16-byte row strides: stores by pointer
-        tiles["TMA"] = True
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
     sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent)
     try:

@@ -245,13 +245,9 @@ def bench_tail_split(runs):
 
 # qkv_rope_linear's tiles timed beside its default (HOPPER_TILES["qkv_rope"]): its epilogue holds two whole heads a
 # 256-column tile, so the best GEMM tile need not be its best.
-QKV_ROPE_TILES = {"default": None, "128x256, tables and stores by TMA": config(128, 256, 128, 8, 4, tma=2),
-                  "128x256 s3 persistent, TMA 2, a head at a time": config(128, 256, 128, 8, 3, tma=2,
-                                                                          persistent=True, subtile=2),
-                  "128x256x64 s4 persistent, TMA 2": config(128, 256, 64, 8, 4, tma=2, persistent=True),
-                  "128x256x64 s5 persistent, TMA 2": config(128, 256, 64, 8, 5, tma=2, persistent=True),
-                  "128x256x64 s6 persistent, TMA 2, a head at a time": config(128, 256, 64, 8, 6, tma=2,
-                                                                             persistent=True, subtile=2)}
+QKV_ROPE_TILES = {"default": None, "128x256 tma persistent": config(128, 256, 128, 8, 4, tma=True, persistent=True),
+                  "128x256 s3 tma persistent": config(128, 256, 128, 8, 3, tma=True, persistent=True),
+                  "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True)}
 
 
 def bench_swiglu(runs):
@@ -334,31 +330,6 @@ def print_quantizer_tables(runs):
     print("\n".join(bench_row_stats(runs)))
 
 
-# The bf16-row forms' stores by TMA descriptor (TMA 2): the staging buffer beside the ring leaves fewer stages.
-TMA_STORE_TILES = {BF16: {"3 stages, a half at a time": (128, 3, 2), "K 64, 3 stages": (64, 3, 0),
-                          "K 64, 6 stages, a half at a time": (64, 6, 2)},
-                   SWIGLU: {"3 stages": (128, 3, 0), "K 64, 5 stages": (64, 5, 0), "K 64, 6 stages": (64, 6, 0)}}
-
-
-def print_tma_store_table(runs):
-    print("\nThe GEMM's bf16 rows stored by TMA (the fixed tile otherwise), ms in a CUDA graph:\n")
-    print("| GEMM | fixed tile (stores by pointer) | by TMA: " + " | ".join(
-        f"{name}" for name in TMA_STORE_TILES[BF16]) + " | equal bit for bit |\n|---|---|---|---|---|---|")
-    for name, k, n in SHAPES[1:]:
-        form = SWIGLU if name == "w1+w3" else BF16
-        q, s_x, w, s_w = random_codes(k, n)
-        base = {**fixed_tiles(form, q.device, k), "WAVE": torch.cuda.get_device_properties(0).multi_processor_count}
-        expected = int8_linear(q, s_x, w, s_w, swiglu=form == SWIGLU)
-        cells, same = [time_or_note(lambda: int8_linear(q, s_x, w, s_w, swiglu=form == SWIGLU), runs, True)], True
-        for block_k, stages, subtile in TMA_STORE_TILES[form].values():
-            tiles = {**base, "TMA": 2, "BLOCK_K": block_k, "num_stages": stages, "SUBTILE": subtile}
-            fn = lambda t=tiles: int8_linear(q, s_x, w, s_w, swiglu=form == SWIGLU, tiles=dict(t))  # noqa: E731
-            cells.append(time_or_note(fn, runs, True))
-            same = same and (cells[-1].startswith("n/a") or torch.equal(fn(), expected))
-        print(f"| {name} {k}x{n} ({'SwiGLU: ' + ', '.join(TMA_STORE_TILES[SWIGLU]) if form == SWIGLU else 'bf16'}) | "
-              + " | ".join(cells) + f" | {same} |")
-
-
 def print_qkv_table(runs):
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin tables given):\n")
     print("| work | the product alone | int8_linear + head_norm_rope | " + " | ".join(
@@ -372,8 +343,7 @@ def main():
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
-    parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles and the GEMM's bf16 rows stored by "
-                        "TMA, nothing else")
+    parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles, nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
@@ -388,7 +358,6 @@ def main():
         return
     if args.qkv:
         print_qkv_table(args.runs)
-        print_tma_store_table(args.runs)
         return
     kitchen, notes = kitchen_linears()
     print("| linear K x N | contender | ms eager | ms graph | TOPS eager, graph |\n|---|---|---|---|---|")
