@@ -25,7 +25,8 @@ from dit_core.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
-from kernels.int8_quant import hadamard, quantize_rows
+from kernels.hadamard import hadamard
+from kernels.int8_quant import quantize_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 

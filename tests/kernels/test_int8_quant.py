@@ -20,7 +20,8 @@ from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
-from kernels.int8_quant import hadamard, quantize_rows, reference
+from kernels.hadamard import hadamard
+from kernels.int8_quant import quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
 FUSED = [{"norm": "rms", "weight": True, "shift": True}, {"norm": "rms", "weight": False, "shift": False},
