@@ -4,8 +4,7 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 1. quantize_rows per call shape: the modulated norm with one modulation row or two in runs (FLUX.3's joint blocks:
    512 text rows, then the image's), plain rows, the text-mode blocks' 512 rows; beside the two-pass floor at 4 TB/s
    (input read, bf16 rotated rows written and read back, int8 codes written).
-2. The codes pass alone by launch shape (rows, columns, warps a program); the rotate pass run twice (maxima, then
-   codes: int8_quant.ROTATE_TWICE) against once plus the codes pass, by call shape and launch.
+2. The codes pass alone by launch shape (rows, columns, warps a program).
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
 """
@@ -22,7 +21,6 @@ from bench_int8_linear import median_ms  # noqa: E402
 
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
-from kernels import int8_quant  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
 
 M, TEXT_ROWS, RUNS = 4608, 512, 30
@@ -90,32 +88,6 @@ def codes_table() -> list[str]:
     return out
 
 
-def rotate_twice_table() -> list[str]:
-    """Each call shape both ways; the twice form at a few launches (block_m, num_warps, num_stages, row_programs)."""
-    out = ["| call | launch | once (rows stored) ms | twice ms | floor once / twice ms |", "|---|---|---|---|---|"]
-    launches = [{}, {"block_m": 32}, {"row_programs": 0}, {"num_warps": 8}, {"block_m": 32, "num_stages": 2}]
-    cases = {"Z-Image attention out: plain bf16 3840": (rows(M, 3840, torch.bfloat16), {}, "plain"),
-             "Z-Image MLP hidden: plain bf16 10240": (rows(M, 10240, torch.bfloat16), {}, "plain"),
-             "Klein MLP hidden: plain bf16 9216": (rows(M, 9216, torch.bfloat16), {}, "plain"),
-             "Z-Image norm: rms f32 3840, 1 row": (rows(M, 3840), modulated(M, 3840, 1, "rms"), "normed"),
-             "Klein joint norm: layer f32 3072, 2 rows in runs": (rows(M, 3072), modulated(M, 3072, 2), "normed")}
-    saved = int8_quant.ROTATE_TWICE
-    try:
-        for name, (x, kw, form) in cases.items():
-            # once: x read, bf16 rows written and read back, codes written; twice: x read twice, codes written
-            floors = [x.numel() * (x.element_size() * reads + 4 * (reads == 1) + 1) / 4e12 * 1e3 for reads in (1, 2)]
-            for launch in launches[:1 if form == "normed" else None]:
-                times = []
-                for forms in ((), (form,)):
-                    int8_quant.ROTATE_TWICE = forms
-                    times.append(graph_ms(lambda x=x, kw=kw, launch=launch: quantize_rows(x, 256, **kw, **launch)))
-                out.append(f"| {name} | {launch or 'default'} | {times[0]:.4f} | {times[1]:.4f} | "
-                           f"{floors[0]:.4f} / {floors[1]:.4f} |")
-    finally:
-        int8_quant.ROTATE_TWICE = saved
-    return out
-
-
 def gated_table() -> list[str]:
     out = ["| K x N | gate rows | gated GEMM ms |", "|---|---|---|"]
     for k, n in ((3072, 3072), (9216, 3072)):
@@ -134,4 +106,4 @@ def gated_table() -> list[str]:
 
 if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
-    print("\n".join(rotate_twice_table() + [""] + quantizer_table() + [""] + codes_table() + [""] + gated_table()))
+    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))

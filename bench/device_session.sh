@@ -20,7 +20,7 @@ for part in $parts; do
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
              tests/dit_core/test_streaming.py tests/families ;;
-    z_step) timeout 240 python3 bench/bench_z_image_step.py --profile --variant-rotate-once --variant-rotate-twice-all ;;
+    z_step) timeout 200 python3 bench/bench_z_image_step.py --profile ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
@@ -30,7 +30,7 @@ for part in $parts; do
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
-    klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-rotate-once ;;
+    klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-serial-modes ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
   echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"

@@ -9,10 +9,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
-    parser.add_argument("--variant-rotate-once", action="store_true", help="also ours INT8 graphed with every "
-                        "quantizer storing its rotated rows for a codes pass (kernels.int8_quant.ROTATE_TWICE empty)")
-    parser.add_argument("--variant-rotate-twice-all", action="store_true", help="also ours INT8 graphed with every "
-                        "quantizer rotating twice, normed and activated rows too (ROTATE_TWICE all forms)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -21,10 +17,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_quant, split_tail
+    from kernels import split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
-        ("rotated rows stored (rotate once)", int8_quant, "ROTATE_TWICE", ())] * args.variant_rotate_once + [
-        ("every quantizer rotating twice", int8_quant, "ROTATE_TWICE", ("plain", "normed", "activated"))
-    ] * args.variant_rotate_twice_all
+        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes

@@ -39,25 +39,6 @@ def reference(rotated: torch.Tensor, group_max: torch.Tensor) -> tuple[torch.Ten
 
 
 @triton_jit
-def row_scales(gmax_ptr, rows, rmask, GROUPS, GROUPS_P2: tl.constexpr):
-    """Step 4: s [BLOCK_M] of the rows' group maxima, and the reciprocal r = f32(1 / bf16(s)) step 5 multiplies by."""
-    groups = tl.arange(0, GROUPS_P2)
-    gmax = tl.load(gmax_ptr + rows[:, None] * GROUPS + groups[None, :],
-                   mask=rmask[:, None] & (groups < GROUPS)[None, :], other=0.0)
-    s = tl.maximum(tl.math.div_rn(tl.max(gmax, axis=1), 127.0), 1e-30)
-    return s, tl.math.div_rn(1.0, round_to_bf16(s))
-
-
-@triton_jit
-def codes_of(yb, r):
-    """Step 5 for bf16 values yb (held in f32) of rows with reciprocals r [BLOCK_M]: bf16(yb / bf16(s)) as
-    bf16(yb * r), equal for every bf16 yb and s (see above), and a product where the correctly rounded division is
-    a dozen instructions an element."""
-    code = round_half_even(round_to_bf16(yb * r[:, None]))
-    return tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8)
-
-
-@triton_jit
 def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     # Steps 4-5 over a [BLOCK_M, BLOCK_K] tile of the rotated bf16 rows, once every group's absmax is known; the
@@ -66,13 +47,19 @@ def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GRO
     col0 = tl.program_id(1) * BLOCK_K
     cols = col0 + tl.arange(0, BLOCK_K)
     rmask = rows < M
-    s, r = row_scales(gmax_ptr, rows, rmask, GROUPS, GROUPS_P2)
+    groups = tl.arange(0, GROUPS_P2)
+    gmax = tl.load(gmax_ptr + rows[:, None] * GROUPS + groups[None, :],
+                   mask=rmask[:, None] & (groups < GROUPS)[None, :], other=0.0)
+    s = tl.maximum(tl.math.div_rn(tl.max(gmax, axis=1), 127.0), 1e-30)
     if col0 == 0:
         tl.store(s_ptr + rows, s, mask=rmask)
     mask = rmask[:, None] & (cols < K)[None, :]
     offsets = rows[:, None].to(tl.int64) * K + cols[None, :]
     yb = tl.load(y_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    tl.store(q_ptr + offsets, codes_of(yb, r), mask=mask)
+    # bf16(yb / bf16(s)) as bf16(yb * (1 / bf16(s))): equal for every bf16 yb and s (see above), and a product
+    # where the correctly rounded division is a dozen instructions an element.
+    code = round_half_even(round_to_bf16(yb * tl.math.div_rn(1.0, round_to_bf16(s))[:, None]))
+    tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 
 def launch_codes(rotated: torch.Tensor, group_max: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:

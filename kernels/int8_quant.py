@@ -19,9 +19,7 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). For the forms in
-ROTATE_TWICE the rotate pass instead stores only the maxima, then runs again (the same code: the same y bit for bit)
-to steps 4-5 in its registers: the input read twice instead of bf16 rows written and read back. (Measured slower on
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). (Measured slower on
 the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
@@ -35,7 +33,7 @@ import math
 import torch
 
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
-from .int8_codes import codes_of, launch_codes, row_scales
+from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
 from .modulation_rows import shared_row
 from .rounding import round_to_bf16
@@ -49,9 +47,6 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
-# The forms ("plain", "normed", "activated") whose rotate pass runs twice, maxima then codes, rather than storing the
-# bf16 rotated rows for a codes pass: plain rows are read twice (2 bytes a value) where the round trip moves 4.
-ROTATE_TWICE = ("plain",)
 
 
 def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -152,22 +147,20 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scal
 
 
 @triton_jit
-def _store_rows(ptr, rows, rmask, cols, values, K):
-    """One block of columns of rows [M, K] (the bf16 rotated rows, or the codes)."""
-    tl.store(ptr + rows[:, None].to(tl.int64) * K + cols[None, :], values, mask=rmask[:, None])
+def _store_rotated(y_ptr, rows, rmask, cols, y, K):
+    """Step 3's bf16 rows for one block of rotated columns (y already holds bf16 values: the cast is exact)."""
+    tl.store(y_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], y.to(tl.bfloat16), mask=rmask[:, None])
 
 
 @triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
-                   gmax_ptr, q_ptr, s_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
-                   HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
-                   G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                   PASS: tl.constexpr, GROUPS_P2: tl.constexpr):
+                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
+                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
+                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
     # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
     # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
     # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
-    # clear). PASS 0 stores the rows for the codes pass; PASS 1 only the maxima, and PASS 2 (a second launch)
-    # rotates again and writes the codes (ROTATE_TWICE).
+    # clear). The codes pass reads these rows back: recomputing the prologue there cost 3-6x the bandwidth floor.
     # Many small programs keep many loads in flight: a program per row block walking all groups ran 2-3x slower.
     Q: tl.constexpr = G // SPLIT
     hq = tl.arange(0, Q)
@@ -176,10 +169,6 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
     for block in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < M
-        if PASS == 2:
-            s, r = row_scales(gmax_ptr, rows, rmask, K // G, GROUPS_P2)
-            if tl.program_id(1) == 0:
-                tl.store(s_ptr + rows, s, mask=rmask)
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
         if NORM != 0:
@@ -202,21 +191,13 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
             y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr, scale_ptr,
                                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
                                            SPLIT, DOT_DTYPE)
-        if PASS == 2:
-            _store_rows(q_ptr, rows, rmask, c0 + hq, codes_of(y0, r), K)
-            if SPLIT == 4:
-                _store_rows(q_ptr, rows, rmask, c0 + Q + hq, codes_of(y1, r), K)
-                _store_rows(q_ptr, rows, rmask, c0 + 2 * Q + hq, codes_of(y2, r), K)
-                _store_rows(q_ptr, rows, rmask, c0 + 3 * Q + hq, codes_of(y3, r), K)
-        else:
-            if PASS == 0:  # y holds bf16 values: the cast is exact
-                _store_rows(y_ptr, rows, rmask, c0 + hq, y0.to(tl.bfloat16), K)
-                if SPLIT == 4:
-                    _store_rows(y_ptr, rows, rmask, c0 + Q + hq, y1.to(tl.bfloat16), K)
-                    _store_rows(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2.to(tl.bfloat16), K)
-                    _store_rows(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3.to(tl.bfloat16), K)
-            top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-            tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
+        _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
+        if SPLIT == 4:
+            _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 2 * Q + hq, y2, K)
+            _store_rotated(y_ptr, rows, rmask, c0 + 3 * Q + hq, y3, K)
+        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+        tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
 
 
 def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="quantize_rows"):
@@ -262,9 +243,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
             row_stats(x, norm, eps, out=stats)
-    twice = ("normed" if norm else "activated" if act else "plain") in ROTATE_TWICE
-    # step 3's rows, read by the codes pass (rotating twice, none)
-    rotated = codes if twice else torch.empty(m, k, dtype=torch.bfloat16, device=x.device)
+    rotated = torch.empty(m, k, dtype=torch.bfloat16, device=x.device)  # step 3's rows, read by the codes pass
     group_max = torch.empty(m, groups, dtype=torch.float32, device=x.device)
     row_map = row_map.to(torch.int32).contiguous() if row_map is not None else None
     # Contiguous f32, or stats standing in for a pointer the kernel never reads (its constexpr flag off).
@@ -274,15 +253,11 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
-             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "GROUPS_P2": triton.next_power_of_2(groups),
-             "num_warps": num_warps, "num_stages": num_stages, "enable_fp_fusion": False}
+             "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
+             "enable_fp_fusion": False}
     h = hadamard_bf16(group // split, x.device)
     row_map = row_map if row_map is not None else stats  # stats: a pointer never read
-    grid = (min(row_programs or m, triton.cdiv(m, block_m)), groups)
-    args = (x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, codes, scales, m, k)
-    _rotate_kernel[grid](*args, PASS=int(twice), **flags)
-    if twice:
-        _rotate_kernel[grid](*args, PASS=2, **flags)
-    else:
-        launch_codes(rotated, group_max, codes, scales)
+    _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
+        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)
+    launch_codes(rotated, group_max, codes, scales)
     return codes, scales

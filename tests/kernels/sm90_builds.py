@@ -22,7 +22,7 @@ LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_pt
           "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32", "whole": "i32", "parts": "i32"}
 ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
           "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
-          "gmax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
+          "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
 CODES = {"y_ptr": "*bf16", "gmax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
 FORMS = {0: "bf16 rows", 1: "gated", 2: "SwiGLU"}
 
@@ -39,16 +39,13 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     return _int8_linear_kernel, LINEAR, constants, launch
 
 
-def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2,
-                passes: int = 0):
-    """The rotate pass: PASS 0 stores the rotated rows, 1 only the maxima, 2 rotates again to the codes."""
+def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2):
     import triton.language as tl
 
     from kernels.int8_quant import _rotate_kernel
     constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
                  "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
-                 "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16,
-                 "PASS": passes, "GROUPS_P2": 16}
+                 "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
     signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
@@ -83,9 +80,8 @@ def frontend_cases() -> dict:
     cases.update(split_cases())
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1), (0, 0, 2)):
         for group in (256, 64):
-            for passes in (0, 1, 2):
-                cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group} pass {passes}"] = (
-                    rotate_case(norm, has_scale, act, group, passes=passes))
+            cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
+                norm, has_scale, act, group)
     from kernels.int8_codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
                       {"num_warps": 4})
@@ -117,10 +113,7 @@ def resource_cases() -> dict:
     cases["qkv_rope, persistent (0.428 ms)"] = qkv_rope_case(True)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
-    cases["rotate: plain bf16 rows (16 programs, 3 stages), rows stored"] = rotate_case(0, 0, 0, num_stages=3)
-    for passes, what in ((1, "maxima only"), (2, "rotated again to codes")):
-        cases[f"rotate: plain bf16 rows (16 programs, 3 stages), {what}"] = rotate_case(0, 0, 0, num_stages=3,
-                                                                                      passes=passes)
+    cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)
     cases["rotate: SwiGLU"] = rotate_case(0, 0, 1)
     return cases
 

@@ -21,7 +21,6 @@ from dit_core.weights import rotate
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
 from kernels.hadamard import hadamard
-from kernels import int8_quant
 from kernels.int8_quant import quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
@@ -154,31 +153,6 @@ def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
 
 
-FORMS = {"plain": {}, "normed": FUSED[0], "activated": FUSED[3]}
-
-
-def codes_both_ways(monkeypatch, form, m, k, group, device, mod_rows=3, **launch):
-    """The codes of one form's rows with the rotate pass run twice (maxima, then codes) and once (the bf16 rotated
-    rows stored for the codes pass)."""
-    if form == "plain":
-        x, kw = rows_like_activations(m, k, seed=m + k, device=device), {}
-    else:
-        x, kw = fused_inputs(m, k, FORMS[form], seed=m + k, device=device, rows=mod_rows)
-    out = []
-    for forms in ((form,), ()):
-        monkeypatch.setattr(int8_quant, "ROTATE_TWICE", forms)
-        out.append(quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), **launch))
-    return out
-
-
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16), (21, 128, 64)])
-def test_rotating_twice_gives_the_same_codes(monkeypatch, form, m, k, group, device):
-    """Rows not a multiple of the row block, one row, one group, K of several groups: bit for bit either way."""
-    (q, s), (q_once, s_once) = codes_both_ways(monkeypatch, form, m, k, group, device, mod_rows="runs", block_m=16)
-    assert not s.isnan().any() and torch.equal(q, q_once) and torch.equal(s, s_once)
-
-
 @pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16)])
 def test_codes_launch_equals_its_reference(m, k, group, device):
     """kernels/int8_codes.py alone: rows not a multiple of its 16-row tile, one row, one group, K past one tile."""
@@ -274,12 +248,3 @@ def test_fused_at_zimage_shapes(case, k, mod_rows):
         assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
 
 
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("k", [3840, 10240])
-def test_rotating_twice_at_zimage_shapes(monkeypatch, form, k):
-    (q, s), (q_once, s_once) = codes_both_ways(monkeypatch, form, ZIMAGE_ROWS, k, 256, "cuda")
-    assert torch.equal(q, q_once) and torch.equal(s, s_once)
