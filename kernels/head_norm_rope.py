@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .rounding import round_to_bf16
+from .rounding import rounded_bf16
 
 try:
     import triton
@@ -78,7 +78,7 @@ def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr
         x = tl.where(first, x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
     # [3, G, g, heads, D] is [3, M, heads, D]: row m is position m % g of group m // g.
     dst = ((which * M + rows).to(tl.int64) * HEADS + head) * D
-    tl.store(out_ptr + dst[:, None] + cols[None, :], round_to_bf16(x).to(tl.bfloat16), mask=mask)
+    tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
 
 
 def qk_norm_rows(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:

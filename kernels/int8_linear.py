@@ -27,7 +27,7 @@ import torch
 from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
-from .rounding import round_to_bf16
+from .rounding import rounded_bf16
 from .arrival_counters import counter_reset
 from .split_tail import item_of, others_added, parts_stored, tail_split
 
@@ -105,7 +105,7 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
         tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
                  mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:
-        tl.store(out_ptr + offs, round_to_bf16(y).to(tl.bfloat16), mask=mask)
+        tl.store(out_ptr + offs, rounded_bf16(y), mask=mask)
 
 
 @triton_jit

@@ -22,7 +22,7 @@ import torch
 from . import head_norm_rope, int8_linear
 from .int8_products import dequantized, products, tile_of
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
-from .rounding import round_to_bf16
+from .rounding import round_to_bf16, rounded_bf16
 
 try:
     import triton
@@ -97,7 +97,7 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
     # outputs (WIDE off): a [BLOCK_M, BLOCK_N] tensor of 64-bit ones takes twice the registers.
     row = rm.to(tl.int64) if WIDE else rm
     dst = out_ptr + which.to(tl.int64) * M * HD + (row[:, None] * HD + (rn - which * HD)[None, :])
-    tl.store(dst, round_to_bf16(y).to(tl.bfloat16), mask=mmask[:, None])
+    tl.store(dst, rounded_bf16(y), mask=mmask[:, None])
 
 
 _UNFIT: list = []  # the fixed Hopper tile, once it ran out of shared memory with this epilogue
