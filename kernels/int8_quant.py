@@ -24,7 +24,9 @@ the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
 codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics and waits, at 2-5 an SM; the
-rows in chunks whose rotated rows fit in L2, a Z-Image step 1.4 ms slower: each chunk's launches end part-empty.)
+rows in chunks whose rotated rows fit in L2, a Z-Image step 1.4 ms slower: each chunk's launches end part-empty; this
+pass run twice, the group maxima then the codes from a second rotation (no bf16 round trip), 1.3-1.6x: the pass is
+bound by its instruction issue, not by DRAM.)
 """
 from __future__ import annotations
 
