@@ -109,8 +109,10 @@ def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, 
         u = tl.load(base + cols[None, :], mask=m2, other=0.0).to(tl.float32)
         if ACT == 2:
             u = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
+        if NORM == 2:
+            u = u - mean[:, None]
         if NORM != 0:
-            u = (u - mean[:, None]) * inv[:, None]
+            u = u * inv[:, None]
             if HAS_WEIGHT:
                 u = u * tl.load(w_ptr + cols)[None, :]
         if HAS_SCALE == 2:  # one modulation row (one image): vectors, not a gather per value
@@ -173,8 +175,9 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         rmask = rows < M
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        if NORM != 0:
+        if NORM == 2:  # an RMS norm's mean is 0 (kernels/row_stats.py): neither read nor subtracted
             mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
+        if NORM != 0:
             inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
         if HAS_SCALE == 1:
             # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
@@ -232,9 +235,10 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
-    then. Launch (bench_int8_linear.py sweeps it): block_m, num_warps, num_stages, row_programs (the rotate pass's
-    programs along the rows, each walking row blocks; 0: one a row block). None: the H200 sweep's best, plain rows 3
-    stages and 16 programs (0.050 against 0.054 ms at K 3840), normed or activated rows 2 stages and 0."""
+    then (an RMS norm's mean row is 0 and not read). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
+    num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
+    block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
+    normed or activated rows 2 stages and 0."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
@@ -257,7 +261,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
-    h = hadamard_bf16(group // split, x.device)
+    h = hadamard_bf16(group // split, x.device, halved=split == 4)
     row_map = row_map if row_map is not None else stats  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
         x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)

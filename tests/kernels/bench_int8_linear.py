@@ -156,6 +156,30 @@ SWEEP_EXTRA = [config(128, 256, 256, 8, 2, tma=True, persistent=True), config(12
                persistent=True, subtile=2)]
 
 
+# One warpgroup a program, small enough that two programs share an SM (shared memory under half of 227 KB, registers
+# under 256 a thread: tests/kernels/sm90_builds.py): one's epilogue runs while the other's products do, as two
+# ping-pong consumer warpgroups would, where the 8-warp 128 x 256 tile leaves the matrix cores idle in its epilogue.
+TWO_A_SM = {"128x128x128 w4 s3 tma": config(128, 128, 128, 4, 3, tma=True),
+            "128x128x64 w4 s4 tma": config(128, 128, 64, 4, 4, tma=True)}
+
+
+def bench_two_a_sm(runs):
+    """The GEMM alone at Z-Image's shapes, bf16 out / gated / SwiGLU: its fixed Hopper tiles against TWO_A_SM's."""
+    rows = []
+    for _, k, n in SHAPES:
+        q, s_x, w, s_w = random_codes(k, n)
+        out, residual = torch.empty(M, n, dtype=torch.bfloat16, device="cuda"), torch.zeros(M, n, device="cuda")
+        gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
+        cells = []
+        for tile in [None] + [launch_of(t) for t in TWO_A_SM.values()]:
+            cells.append(" / ".join(time_or_note(fn, runs, True) for fn in (
+                lambda: int8_linear(q, s_x, w, s_w, out=out, tiles=tile),
+                lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate, row_map=row_map, tiles=tile),
+                lambda: int8_linear(q, s_x, w, s_w, swiglu=True, tiles=tile))))
+        rows.append(f"| {k}x{n} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def random_codes(k: int, n: int):
     """(q [M, k], s_x, w [n, k], s_w) on the GPU: random codes, scales 1e-3, the same for a shape every time."""
     g = torch.Generator().manual_seed(k + n)
@@ -248,7 +272,8 @@ def bench_tail_split(runs):
 # 256-column tile, so the best GEMM tile need not be its best.
 QKV_ROPE_TILES = {"default": None, "128x256 tma persistent": config(128, 256, 128, 8, 4, tma=True, persistent=True),
                   "128x256 s3 tma persistent": config(128, 256, 128, 8, 3, tma=True, persistent=True),
-                  "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True)}
+                  "128x128 tma persistent": config(128, 128, 128, 8, 4, tma=True, persistent=True),
+                  **{f"two a SM, {name}": tile for name, tile in TWO_A_SM.items()}}
 
 
 def bench_swiglu(runs):
@@ -344,7 +369,8 @@ def main():
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--gemm-sweep", action="store_true", help="every GEMM tile variant, nothing else")
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
-    parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles, nothing else")
+    parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles and the tiles two programs an SM "
+                        "run (TWO_A_SM), nothing else")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
@@ -358,6 +384,9 @@ def main():
         print_quantizer_tables(args.runs)
         return
     if args.qkv:
+        print("| GEMM alone, graph ms: bf16 out / gated / SwiGLU | fixed Hopper tiles | " + " | ".join(TWO_A_SM)
+              + " |\n|---|---|" + "---|" * len(TWO_A_SM))
+        print("\n".join(bench_two_a_sm(args.runs)))
         print_qkv_table(args.runs)
         return
     kitchen, notes = kitchen_linears()

@@ -138,11 +138,20 @@ def lower(kernel, signature: dict, constants: dict) -> str:
                               backend.get_module_map(), context))
 
 
+def launch_divisibility(kernel, signature: dict) -> dict:
+    """What triton.jit assumes at the H200 launches: every pointer (torch's allocations) and every integer argument
+    (Z-Image's and Klein's sizes, strides) a multiple of 16, so loads and stores vectorize as they do there."""
+    names = list(kernel.arg_names)
+    return {(names.index(name),): [["tt.divisibility", 16]] for name, kind in signature.items()
+            if kind.startswith("*") or kind == "i32"}
+
+
 def resources(kernel, signature: dict, constants: dict, launch: dict) -> dict:
     """The whole build for sm_90a: registers, stack, spill stores and loads (bytes a thread), shared memory."""
     import triton
     from triton.compiler import ASTSource
-    built = triton.compile(ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants),
+    built = triton.compile(ASTSource(kernel, {**signature, **{name: "constexpr" for name in constants}}, constants,
+                                     launch_divisibility(kernel, signature)),
                            target=_target(), options={**launch, "enable_fp_fusion": False})
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     ptxas = next(p for p in (ptxas / "ptxas-blackwell", ptxas / "ptxas") if p.exists())  # the one that takes the PTX
