@@ -20,7 +20,7 @@ for part in $parts; do
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
              tests/dit_core/test_streaming.py tests/families ;;
-    z_step) timeout 240 python3 bench/bench_z_image_step.py --profile --variant-two-a-sm ;;
+    z_step) timeout 200 python3 bench/bench_z_image_step.py --profile ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;

@@ -9,9 +9,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
     parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
-    parser.add_argument("--variant-two-a-sm", action="store_true", help="also ours INT8 graphed with the fused "
-                        "QKV, and then also the bf16-out and SwiGLU GEMMs, on 128 x 128 x 128 tiles of 4 warps and 3 "
-                        "stages (two programs an SM: int8_tiles.HOPPER_TILES)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
 
@@ -20,12 +17,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_tiles, split_tail
-    two = int8_tiles.config(128, 128, 128, 4, 3, tma=True)
-    tiles = int8_tiles.HOPPER_TILES
-    return [("QKV two programs an SM", int8_tiles, "HOPPER_TILES", {**tiles, "qkv_rope": two}),
-            ("QKV, bf16-out and SwiGLU GEMMs two programs an SM", int8_tiles, "HOPPER_TILES",
-             {**tiles, "qkv_rope": two, 0: two, 2: two})] * args.variant_two_a_sm + [
-        (f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
+    from kernels import split_tail
+    return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
         ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes
