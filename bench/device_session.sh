@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv
+#          klein qkv hopper_tests linears_triton
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -20,17 +20,20 @@ for part in $parts; do
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
              tests/dit_core/test_streaming.py tests/families ;;
-    z_step) timeout 200 python3 bench/bench_z_image_step.py --profile ;;
+    z_step) timeout 260 python3 bench/bench_z_image_step.py --profile --variant-triton-gemm ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    linears_triton) SWIFTDIT_HOPPER_GEMM=0 timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    hopper_tests) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
+           tests/kernels/test_int8_linear.py tests/kernels/test_qkv_rope_linear.py tests/dit_core/test_block_gpu.py ;;
     qkv) timeout 240 sh -c 'python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_qkv_rope_linear.py &&
            python3 tests/kernels/bench_int8_linear.py --runs 30 --qkv' ;;
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
-    klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-serial-modes ;;
+    klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
   echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"

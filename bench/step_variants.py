@@ -11,13 +11,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
+    parser.add_argument("--variant-triton-gemm", action="store_true", help="also ours INT8 graphed with the Triton "
+                        "GEMMs where the Hopper ones run (kernels.int8_linear_hopper.ENABLED off)")
 
 
 def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import split_tail
+    from kernels import int8_linear_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
-        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes
+        ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
+        ("Triton GEMMs", int8_linear_hopper, "ENABLED", False)] * args.variant_triton_gemm

@@ -24,6 +24,7 @@ import logging
 
 import torch
 
+from . import int8_linear_hopper
 from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
 from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
 from .modulation_rows import shared_row
@@ -217,6 +218,9 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         raise ValueError("int8_linear: a LoRA needs lora_down [M, r] and lora_up [N, r] together")
     if m == 0:
         return
+    if tiles is None and lora_down is None and int8_linear_hopper.unusable(
+            q, out, out.shape[1] * out.element_size()) is None:
+        return int8_linear_hopper.launch(q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map)
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
     tiles = tiles or fixed or None

@@ -1,0 +1,276 @@
+"""The INT8 linears on Hopper with the work split between warps: a producer warp loads, a warpgroup multiplies.
+
+Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
+fused QKV with head norm and rotary, their math and references unchanged (each form here equals its Triton kernel bit
+for bit: tests/kernels/test_int8_linear_hopper.py), written in Gluon (Triton's explicit-layout language).
+Why: Triton's own pipeliner waits for every integer wgmma before it issues the next K step's loads (`wgmma.wait_group
+0`, docs/benchmarks.md), so the matrix cores idle while a load's address math and barriers run. Here `warp_specialize`
+gives one warp (the producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers, and
+the default warpgroup (the consumer) only waits for a slot, issues its MMAs asynchronously, keeps one group in
+flight, and frees the slot the group before read (the `empty` barrier). The consumer takes the program's tiles in
+turn (a program an SM), 128 x 128 each: an int32 accumulator of 128 registers a thread, and a Z-Image or Klein output
+of 3840 or 3072 columns makes 8-9 waves of tiles, not 4.1 of 128 x 256. The tile leaves through shared memory by TMA
+(stores the MMA layout cannot coalesce); the gated form reads and writes the f32 residual by TMA, a column half at a
+time. Measured on the H200: 1.2-1.25x the Triton kernel's GEMM at every Z-Image and Klein shape (1330-1500 TOPS).
+Two consumers in ping-pong (one's epilogue under the other's MMAs) faulted on Triton 3.6 when both ran.
+GPU only (no interpreter runs Gluon); where `unusable` names a reason, the callers run the Triton kernels.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    # TMA's copies: async_load / async_store from Triton 3.7 (the H200's 3.6 has only the long names).
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+except ImportError:  # a Triton without Gluon (before 3.5)
+    gluon = None
+
+BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5}  # a 5 x 32 KB ring
+# SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
+ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
+
+
+@functools.cache
+def _capability(device: torch.device):
+    return torch.cuda.get_device_capability(device), torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
+    """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not; out's
+    rows are row_bytes long."""
+    if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, or interpreted"
+    if not q.is_cuda or _capability(q.device)[0] != (9, 0):
+        return "not a Hopper GPU (wgmma)"
+    k = q.shape[1]
+    if (k % 16 or row_bytes % 16 or q.data_ptr() % 16 or out.data_ptr() % 16 or q.stride() != (k, 1)
+            or not out.is_contiguous()):
+        return "TMA needs 16-byte rows and bases"
+    return None
+
+
+if gluon is not None:
+    @gluon.jit
+    def _tile_offsets(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Row and column offsets of a tile: GROUP_M row tiles walk the column tiles together (weights stay in L2)."""
+        per_group = GROUP_M * tiles_n
+        first_m = (tile // per_group) * GROUP_M
+        group_m = min(tiles_m - first_m, GROUP_M)
+        return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
+
+    @gluon.jit
+    def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
+                  STAGES: gl.constexpr):
+        """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once the
+        consumer has freed the slot from step c - STAGES."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        steps = gl.cdiv(K, BLOCK_K)
+        for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
+            off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
+                                         BLOCK_M, BLOCK_N)
+            for i in range(steps):
+                c = t * steps + i
+                slot = c % STAGES
+                mbarrier.wait(empty.index(slot), ((c // STAGES) & 1) ^ 1)  # a fresh barrier passes parity 1
+                mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+                tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(slot), a_ring.index(slot))  # zeros past K, M, N
+                tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(slot), b_ring.index(slot))
+
+    @gluon.jit
+    def _products(a_ring, b_ring, ready, empty, t, steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """The program's t-th tile's int32 products over K (exact), every slot it read freed."""
+        acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
+        for i in range(steps):
+            c = t * steps + i
+            slot = c % STAGES
+            mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
+            acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, use_acc=i > 0,
+                                is_async=True)
+            acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
+            mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=i > 0)  # step c - 1's MMA is done
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        mbarrier.arrive(empty.index((t * steps + steps - 1) % STAGES))
+        return acc
+
+    @gluon.jit
+    def _store(part, out_desc, out_tile, coords):
+        """part to the output at coords through out_tile and TMA (clipped at the edges); the last store must have
+        left out_tile first."""
+        tma.store_wait(0)
+        out_tile.store(part)
+        fence_async_shared()
+        tma_store(out_desc, coords, out_tile)
+
+    @gluon.jit
+    def _gated(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
+        """residual += gate[row_map] * y, a column half at a time through res_tile: TMA in, update, TMA out; the gate
+        row a vector when the tile's rows share one."""
+        BLOCK_M: gl.constexpr = y.shape[0]
+        HALF: gl.constexpr = y.shape[1] // 2
+        halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+        for h in gl.static_range(2):
+            part = halves[h]
+            col = off_n + h * HALF
+            tma.store_wait(0)  # the last store has left res_tile
+            mbarrier.expect(residual_in, res_desc.block_type.nbytes)
+            tma_load(res_desc, [off_m, col], residual_in, res_tile)
+            mbarrier.wait(residual_in, (t * 2 + h) & 1)
+            r = res_tile.load(part.type.layout)
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
+            rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
+            if ONE_GATE_ROW:
+                res_tile.store(r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part)
+            else:
+                rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
+                lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
+                hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
+                if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
+                    shared = gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0)
+                    res_tile.store(r + gl.expand_dims(shared, 0) * part)
+                else:
+                    res_tile.store(r + part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
+                                                      mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0),
+                                                      other=0.0))
+            fence_async_shared()
+            tma_store(res_desc, [off_m, col], res_tile)
+
+    @gluon.jit
+    def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
+                  D: gl.constexpr):
+        """qkv_rope_linear's head math on a tile of whole heads of q, k or v (bf16 values held in f32), stored into
+        [3, M, heads D] by a 3-D TMA box (clipped at M inside each of q, k and v)."""
+        BLOCK_M: gl.constexpr = y.shape[0]
+        BLOCK_N: gl.constexpr = y.shape[1]
+        R: gl.constexpr = D // 2
+        which = off_n // HD  # 0 q, 1 k, 2 v
+        if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
+            # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
+            a, b = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
+            j = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, a.type.layout)))
+            if HAS_NORM:
+                ms = gl.div_rn(gl.sum(a * a, axis=2) + gl.sum(b * b, axis=2), D * 1.0)
+                inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
+                a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
+                b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
+            angle = gl.expand_dims(rm, 1) * R + gl.expand_dims(j, 0)
+            inside = gl.expand_dims(rm < M, 1)
+            cos = gl.expand_dims(gl.load(cos_ptr + angle, mask=inside, other=1.0), 1)
+            sin = gl.expand_dims(gl.load(sin_ptr + angle, mask=inside, other=0.0), 1)
+            turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
+            turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N]).to(gl.bfloat16)
+            _store(gl.reshape(turned, [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [which, off_m, off_n - which * HD])
+        else:
+            _store(gl.reshape(y.to(gl.bfloat16), [1, BLOCK_M, BLOCK_N]), out_desc, out_tile,
+                   [which, off_m, off_n - which * HD])
+
+    @gluon.jit
+    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, residual_in, sx_ptr, sw_ptr,
+                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        """The program's tiles: their products, then the form's epilogue (int8_linear's y, rounded once)."""
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, BLOCK_N, 32])
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        steps = gl.cdiv(K, BLOCK_K)
+        for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
+            acc = _products(a_ring, b_ring, ready, empty, t, steps, layout, BLOCK_M, BLOCK_N, STAGES)
+            off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
+                                         BLOCK_M, BLOCK_N)
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
+            rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
+            sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+            sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
+            y = acc.to(gl.float32) * (gl.expand_dims(sx, 1) * gl.expand_dims(sw, 0))
+            if HAS_BIAS:
+                y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
+            if FORM == 1:
+                _gated(y, t, off_m, off_n, out_desc, out_tile, residual_in, gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
+            elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
+                gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
+                _store((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile, [off_m, off_n // 2])
+            elif FORM == 3:
+                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr,
+                          sin_ptr, M, HD, eps, HAS_NORM, D)
+            else:
+                _store(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
+        tma.store_wait(0)
+
+    @gluon.jit
+    def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
+                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
+                                   ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
+                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+        out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(residual_in, count=1)
+        fence_async_shared()
+        gl.warp_specialize([
+            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, residual_in, sx_ptr, sw_ptr,
+                         bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM, HAS_BIAS,
+                         ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
+        ], [1], [24])
+
+
+def _descriptor(tensor, block, dtype):
+    """A TMA descriptor of tensor by blocks of `block`, in the default swizzle for the matrix cores."""
+    return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
+           head=128, eps=1e-6):
+    """The kernel over codes q [M, K] and w [N, K] into out: bf16 [M, N] (BF16), the f32 residual [M, N] in place
+    (GATED), bf16 [M, N / 2] (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE). The callers check `unusable` first."""
+    t = TILE
+    (m, k), n = q.shape, w.shape[0]
+    bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
+    if form == QKV_ROPE:
+        out_desc = _descriptor(out, [1, bm, bn], gl.bfloat16)
+    elif form == GATED:
+        out_desc = _descriptor(out, [bm, bn // 2], gl.float32)
+    else:
+        out_desc = _descriptor(out, [bm, bn // 2 if form == SWIGLU else bn], gl.bfloat16)
+    absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    # enable_fp_fusion=False: products and sums round separately, as the references' do.
+    _int8_linear_hopper_kernel[(min(tiles, _capability(q.device)[1]),)](
+        _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc,
+        s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+        bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
+        row_map.to(torch.int32).contiguous() if row_map is not None else absent,
+        norms if norms is not None else absent, cos.float().contiguous() if cos is not None else absent,
+        sin.float().contiguous() if sin is not None else absent, m, n, k, heads_d, eps, FORM=form,
+        HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1, HAS_NORM=norms is not None,
+        D=head, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"], num_warps=4, enable_fp_fusion=False)

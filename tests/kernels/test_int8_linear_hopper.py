@@ -1,0 +1,151 @@
+"""kernels/int8_linear_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must split the warps
+and keep an integer wgmma group in flight), and on the GPU equal bit for bit to the Triton kernels it stands in for
+(int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_within_one_bf16_step
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD = """
+import json, re, torch
+from kernels import int8_linear_hopper as kh
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+import triton
+class Codes:  # what a tensor descriptor reads of its tensor: a 16-byte-aligned base of a dtype
+    dtype = torch.int8
+    @staticmethod
+    def data_ptr():
+        return 0
+class Rows(Codes):
+    dtype = torch.bfloat16
+class Residual(Codes):
+    dtype = torch.float32
+t = kh.TILE
+def desc(base, shape, block, dtype):
+    strides = [shape[1] * shape[2], shape[2], 1] if len(shape) == 3 else [shape[1], 1]
+    return mangle_type(kh.TensorDescriptor(base, shape, strides, block,
+                                           gl.NVMMASharedLayout.get_default_for(block, dtype)))
+bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
+pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr", "cos_ptr", "sin_ptr")}
+found = {}
+for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
+                        ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
+                        ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
+                        ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
+    sig = {"a_desc": desc(Codes, [4608, 3840], [bm, bk], gl.int8), "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8),
+           "out_desc": out, **pointers, "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
+           "eps": "fp32"}
+    consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
+              "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"]}
+    src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    ptx = built.asm["ptx"]
+    found[name] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                   "waits": sorted(set(re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx))),
+                   "setmaxnreg": sorted(set(re.findall(r"setmaxnreg.(?:inc|dec).sync.aligned.u32\\s+(\\d+)", ptx))),
+                   "shared": built.metadata.shared}
+print(json.dumps(found))
+"""
+
+
+def test_builds_for_the_h200_with_a_producer_warp_and_an_integer_mma_in_flight():
+    pytest.importorskip("triton.experimental.gluon")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found) == 4
+    for name, built in found.items():
+        assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
+        assert "1" in built["waits"], name  # one group in flight across K steps
+        assert "24" in built["setmaxnreg"], name  # the producer warp's registers handed to the warpgroup
+        assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
+
+
+hopper_gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                reason="needs a Hopper GPU")
+# (M, N, K): Z-Image's out and w2, Klein's MLP output; rows not a multiple of the tile, one row, K of one 16-byte
+# step past the tile, N not a multiple of the tile.
+SHAPES = [(4608, 3840, 3840), (4608, 3840, 10240), (4096, 3072, 12288), (130, 272, 272), (1, 144, 144),
+          (257, 1024, 128)]
+
+
+def _both(monkeypatch, call):
+    """call() through the Hopper kernel (it must have launched), then through the Triton kernels (it off)."""
+    from kernels import int8_linear_hopper
+    launches = []
+    launch = int8_linear_hopper.launch
+    monkeypatch.setattr(int8_linear_hopper, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    monkeypatch.setattr(int8_linear_hopper, "ENABLED", True)
+    hopper = call()
+    assert launches, "the Hopper kernel did not take the call"
+    monkeypatch.setattr(int8_linear_hopper, "ENABLED", False)
+    return hopper, call()
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
+    from test_int8_linear import operands
+
+    from kernels.int8_linear import int8_linear, reference
+    ops, _, _ = operands(m, n, k, seed=m + n + k, device="cuda")
+    ops["bias"] = ops["bias"] if with_bias else None
+    poisoned = lambda cols: torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
+    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n)))
+    assert torch.equal(hopper, triton_rows) and torch.equal(hopper, reference(**ops))
+    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n // 2), swiglu=True))
+    assert torch.equal(hopper, triton_rows)
+    assert_within_one_bf16_step(hopper, reference(**ops, swiglu=True))  # torch's exp against the GPU's
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("gate_rows", [1, "runs", 3])
+def test_gated_residual(m, n, k, gate_rows, monkeypatch):
+    from test_int8_linear import operands
+
+    from kernels.int8_linear import int8_linear_gated, reference
+    ops, _, gated = operands(m, n, k, seed=m * n + k, device="cuda")
+    if gate_rows == "runs":  # a packed sequence: rows 0-199 on gate row 0, the rest on row 1
+        gated["gate"], gated["row_map"] = gated["gate"][:2], (torch.arange(m, device="cuda") >= 200).long()
+    else:
+        gated["gate"], gated["row_map"] = gated["gate"][:gate_rows], gated["row_map"] % gate_rows
+    start = gated.pop("residual")
+    expected = reference(**ops, **gated, residual=start.clone())
+    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear_gated(**ops, **gated, residual=start.clone()))
+    assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("m,heads,group", [(4608, 30, 0), (4096, 24, 0), (37, 2, 0), (300, 3, 100)])
+@pytest.mark.parametrize("normed", [True, False])
+def test_fused_qkv(m, heads, group, normed, monkeypatch):
+    from test_qkv_rope_linear import operands
+
+    from kernels.qkv_rope_linear import qkv_rope_linear, reference
+    ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
+    if not normed:
+        ops["q_weight"] = ops["k_weight"] = None
+    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, group=group))
+    # q and k within one bf16 step of the Triton kernel's (a head's RMS sums in another order: 128-column tiles
+    # of one warpgroup against 256 of two), v bit for bit.
+    for a, b, want in zip(hopper, triton_views, reference(**ops, group=group)):
+        assert a.shape == b.shape and a.transpose(1, 2).is_contiguous()
+        assert_within_one_bf16_step(a, b)
+        assert_within_one_bf16_step(a, want)
+    assert torch.equal(hopper[2], triton_views[2])
