@@ -36,7 +36,9 @@ except ImportError:  # a Triton without Gluon (before 3.5)
     gluon = None
 
 BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5}  # a 5 x 32 KB ring
+# A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile): with the output's buffer 224 of the H200's
+# 227 KB of shared memory.
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 
@@ -92,9 +94,12 @@ if gluon is not None:
                 tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(slot), b_ring.index(slot))
 
     @gluon.jit
-    def _products(a_ring, b_ring, ready, empty, t, steps, layout: gl.constexpr, BLOCK_M: gl.constexpr,
-                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-        """The program's t-th tile's int32 products over K (exact), every slot it read freed."""
+    def _products(a_ring, b_ring, ready, empty, t, steps, res_desc, res_tile, residual_in, off_m, off_n,
+                  layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                  PREFETCH: gl.constexpr):
+        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH (the gated
+        form): the tile's f32 residual is loaded into res_tile's halves during the K loop, after the third step, when
+        the last tile's stores out of res_tile are long done, so the epilogue does not wait for it."""
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
         for i in range(steps):
             c = t * steps + i
@@ -104,6 +109,12 @@ if gluon is not None:
                                 is_async=True)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=i > 0)  # step c - 1's MMA is done
+            if PREFETCH:
+                if i == min(2, steps - 1):
+                    tma.store_wait(0)
+                    mbarrier.expect(residual_in, 2 * res_desc.block_type.nbytes)
+                    tma_load(res_desc, [off_m, off_n], residual_in, res_tile.index(0))
+                    tma_load(res_desc, [off_m, off_n + BLOCK_N // 2], residual_in, res_tile.index(1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((t * steps + steps - 1) % STAGES))
         return acc
@@ -119,36 +130,33 @@ if gluon is not None:
 
     @gluon.jit
     def _gated(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y, a column half at a time through res_tile: TMA in, update, TMA out; the gate
-        row a vector when the tile's rows share one."""
+        """residual += gate[row_map] * y on the residual _products loaded, a column half at a time, each half
+        stored by TMA; the gate row a vector when the tile's rows share one."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+        mbarrier.wait(residual_in, t & 1)
         for h in gl.static_range(2):
             part = halves[h]
             col = off_n + h * HALF
-            tma.store_wait(0)  # the last store has left res_tile
-            mbarrier.expect(residual_in, res_desc.block_type.nbytes)
-            tma_load(res_desc, [off_m, col], residual_in, res_tile)
-            mbarrier.wait(residual_in, (t * 2 + h) & 1)
-            r = res_tile.load(part.type.layout)
+            r = res_tile.index(h).load(part.type.layout)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
             rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
             if ONE_GATE_ROW:
-                res_tile.store(r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part)
+                res_tile.index(h).store(r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part)
             else:
                 rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
                 lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
                 hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
                 if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
                     shared = gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0)
-                    res_tile.store(r + gl.expand_dims(shared, 0) * part)
+                    res_tile.index(h).store(r + gl.expand_dims(shared, 0) * part)
                 else:
-                    res_tile.store(r + part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
-                                                      mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0),
-                                                      other=0.0))
+                    gates = gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
+                                    mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0), other=0.0)
+                    res_tile.index(h).store(r + part * gates)
             fence_async_shared()
-            tma_store(res_desc, [off_m, col], res_tile)
+            tma_store(res_desc, [off_m, col], res_tile.index(h))
 
     @gluon.jit
     def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
@@ -195,9 +203,10 @@ if gluon is not None:
         tiles_n = gl.cdiv(N, BLOCK_N)
         steps = gl.cdiv(K, BLOCK_K)
         for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
-            acc = _products(a_ring, b_ring, ready, empty, t, steps, layout, BLOCK_M, BLOCK_N, STAGES)
             off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
                                          BLOCK_M, BLOCK_N)
+            acc = _products(a_ring, b_ring, ready, empty, t, steps, out_desc, out_tile, residual_in, off_m, off_n,
+                            layout, BLOCK_M, BLOCK_N, STAGES, FORM == 1)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
@@ -227,7 +236,10 @@ if gluon is not None:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+        if FORM == 1:  # the gated form's residual tile, in column halves (TMA boxes)
+            out_tile = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+        else:
+            out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -273,4 +285,4 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
         norms if norms is not None else absent, cos.float().contiguous() if cos is not None else absent,
         sin.float().contiguous() if sin is not None else absent, m, n, k, heads_d, eps, FORM=form,
         HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1, HAS_NORM=norms is not None,
-        D=head, GROUP_M=t["GROUP_M"], STAGES=t["STAGES"], num_warps=4, enable_fp_fusion=False)
+        D=head, GROUP_M=t["GROUP_M"], STAGES=t["GATED_STAGES" if form == GATED else "STAGES"], num_warps=4, enable_fp_fusion=False)

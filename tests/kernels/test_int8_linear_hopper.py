@@ -45,7 +45,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
            "out_desc": out, **pointers, "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
-              "GROUP_M": t["GROUP_M"], "STAGES": t["STAGES"]}
+              "GROUP_M": t["GROUP_M"], "STAGES": t["GATED_STAGES" if form == 1 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
