@@ -38,7 +38,8 @@ except ImportError:  # a Triton without Gluon (before 3.5)
 BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
 # A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile): with the output's buffer 224 of the H200's
 # 227 KB of shared memory.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5}
+# PER_SM 2 (two programs an SM, 128 registers a thread at launch) needs a ring of at most 2-3 stages to fit.
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "PER_SM": 1}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 
@@ -129,7 +130,8 @@ if gluon is not None:
         tma_store(out_desc, coords, out_tile)
 
     @gluon.jit
-    def _gated(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
+    def _gated(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N,
+               ONE_GATE_ROW: gl.constexpr):
         """residual += gate[row_map] * y on the residual _products loaded, a column half at a time, each half
         stored by TMA; the gate row a vector when the tile's rows share one."""
         BLOCK_M: gl.constexpr = y.shape[0]
@@ -277,7 +279,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # enable_fp_fusion=False: products and sums round separately, as the references' do.
-    _int8_linear_hopper_kernel[(min(tiles, _capability(q.device)[1]),)](
+    _int8_linear_hopper_kernel[(min(tiles, t["PER_SM"] * _capability(q.device)[1]),)](
         _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc,
         s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
         bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
@@ -285,4 +287,5 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
         norms if norms is not None else absent, cos.float().contiguous() if cos is not None else absent,
         sin.float().contiguous() if sin is not None else absent, m, n, k, heads_d, eps, FORM=form,
         HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1, HAS_NORM=norms is not None,
-        D=head, GROUP_M=t["GROUP_M"], STAGES=t["GATED_STAGES" if form == GATED else "STAGES"], num_warps=4, enable_fp_fusion=False)
+        D=head, GROUP_M=t["GROUP_M"], STAGES=t["GATED_STAGES" if form == GATED else "STAGES"], num_warps=4,
+        maxnreg=128 if t["PER_SM"] == 2 else None, enable_fp_fusion=False)

@@ -13,7 +13,8 @@ than head_norm_rope's: within one bf16 step of it. (Measured slower on the H200,
 epilogue a head at a time, 0.443 against 0.417 ms; the rotary tables and the rows through TMA descriptors, 0.454, or
 persistent at 3 stages, 0.426: the epilogue costs about 60 us a call over the product, 0.354. Two programs an SM on
 128 x 128 tiles of 4 warps, so that one's epilogue runs under the other's products: 0.398 against 0.402 alone, but
-a Z-Image step 75.2 against 74.6 ms.)
+a Z-Image step 75.2 against 74.6 ms.) On Hopper with heads of 128 this epilogue runs in
+kernels/int8_linear_hopper.py instead (a tile a head; v bit for bit, q and k within one bf16 step of this kernel's).
 """
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
-    sig = {"a_desc": desc(Codes, [4608, 3840], [bm, bk], gl.int8), "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8),
+    sig = {"a_desc": desc(Codes, [4608, 3840], [bm, bk], gl.int8),
+           "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8),
            "out_desc": out, **pointers, "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
