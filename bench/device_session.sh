@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests linears_triton
+#          klein qkv hopper_tests hopper_only linears_triton
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -26,6 +26,7 @@ for part in $parts; do
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     linears_triton) SWIFTDIT_HOPPER_GEMM=0 timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    hopper_only) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py ;;
     hopper_tests) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
            tests/kernels/test_int8_linear.py tests/kernels/test_qkv_rope_linear.py tests/dit_core/test_block_gpu.py ;;
     qkv) timeout 240 sh -c 'python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_qkv_rope_linear.py &&

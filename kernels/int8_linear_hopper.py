@@ -1,18 +1,19 @@
 """The INT8 linears on Hopper with the work split between warps: a producer warp loads, a warpgroup multiplies.
 
 Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
-fused QKV with head norm and rotary, their math and references unchanged (each form here equals its Triton kernel bit
-for bit: tests/kernels/test_int8_linear_hopper.py), written in Gluon (Triton's explicit-layout language).
-Why: Triton's own pipeliner waits for every integer wgmma before it issues the next K step's loads (`wgmma.wait_group
-0`, docs/benchmarks.md), so the matrix cores idle while a load's address math and barriers run. Here `warp_specialize`
-gives one warp (the producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers, and
-the default warpgroup (the consumer) only waits for a slot, issues its MMAs asynchronously, keeps one group in
-flight, and frees the slot the group before read (the `empty` barrier). The consumer takes the program's tiles in
-turn (a program an SM), 128 x 128 each: an int32 accumulator of 128 registers a thread, and a Z-Image or Klein output
-of 3840 or 3072 columns makes 8-9 waves of tiles, not 4.1 of 128 x 256. The tile leaves through shared memory by TMA
-(stores the MMA layout cannot coalesce); the gated form reads and writes the f32 residual by TMA, a column half at a
-time. Measured on the H200: 1.2-1.25x the Triton kernel's GEMM at every Z-Image and Klein shape (1330-1500 TOPS).
-Two consumers in ping-pong (one's epilogue under the other's MMAs) faulted on Triton 3.6 when both ran.
+fused QKV with head norm and rotary, their math and references unchanged (the forms equal the Triton kernels bit for
+bit, the QKV's q and k within one bf16 step: tests/kernels/test_int8_linear_hopper.py), written in Gluon.
+Why: Triton's pipeliner waits for every integer wgmma before it issues the next K step's loads (`wait_group 0`), so
+the matrix cores idle while the loads' address math and barriers run. Here `warp_specialize` gives one warp (the
+producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers; the default warpgroup (the
+consumer) only waits for a slot, issues its MMAs asynchronously, keeps one group in flight, and frees the slot the
+group before read (`empty`). It takes the program's tiles in turn (a program an SM), 128 x 128 each: an int32
+accumulator of 128 registers a thread, and 3840 or 3072 output columns make 8-9 waves of tiles, not 4.1 of 128 x 256.
+Outputs leave through shared memory by TMA (the MMA layout cannot coalesce stores); what an epilogue reads besides
+the products (the gated residual tile, the QKV's cos and sin rows) is loaded by TMA during the K loop.
+Measured on the H200 (docs/benchmarks.md, 2026-12-03): the products 1.13-1.36x the Triton kernel's at Z-Image's and
+Klein's shapes (1300-1490 TOPS). Measured and left: two consumers in ping-pong faulted on Triton 3.6 once both had
+tiles; two programs an SM (2-stage rings, 128 registers) 1.2-1.45x slower; 5 stages rather than 6 the same.
 GPU only (no interpreter runs Gluon); where `unusable` names a reason, the callers run the Triton kernels.
 """
 from __future__ import annotations
@@ -36,10 +37,9 @@ except ImportError:  # a Triton without Gluon (before 3.5)
     gluon = None
 
 BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
-# A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile): with the output's buffer 224 of the H200's
-# 227 KB of shared memory.
-# PER_SM 2 (two programs an SM, 128 registers a thread at launch) needs a ring of at most 2-3 stages to fit.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "PER_SM": 1}
+# A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile, 4 with the fused QKV's 64 KB of cos and sin rows
+# beside its output box): 224 of the H200's 227 KB of shared memory.
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "QKV_STAGES": 4}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 
@@ -95,12 +95,13 @@ if gluon is not None:
                 tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(slot), b_ring.index(slot))
 
     @gluon.jit
-    def _products(a_ring, b_ring, ready, empty, t, steps, res_desc, res_tile, residual_in, off_m, off_n,
-                  layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+    def _products(a_ring, b_ring, ready, empty, t, steps, pre_a_desc, pre_b_desc, pre_tile, prefetched, off_m, col_a,
+                  col_b, layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   PREFETCH: gl.constexpr):
-        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH (the gated
-        form): the tile's f32 residual is loaded into res_tile's halves during the K loop, after the third step, when
-        the last tile's stores out of res_tile are long done, so the epilogue does not wait for it."""
+        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH: the
+        epilogue's other operands (the gated form's residual halves; the fused QKV's cos and sin rows) are loaded
+        into pre_tile by TMA after the third K step, when the last epilogue's reads and stores of it are long done,
+        so the epilogue does not wait for them."""
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
         for i in range(steps):
             c = t * steps + i
@@ -113,9 +114,10 @@ if gluon is not None:
             if PREFETCH:
                 if i == min(2, steps - 1):
                     tma.store_wait(0)
-                    mbarrier.expect(residual_in, 2 * res_desc.block_type.nbytes)
-                    tma_load(res_desc, [off_m, off_n], residual_in, res_tile.index(0))
-                    tma_load(res_desc, [off_m, off_n + BLOCK_N // 2], residual_in, res_tile.index(1))
+                    fence_async_shared()  # the last epilogue's reads of pre_tile before TMA writes it
+                    mbarrier.expect(prefetched, pre_a_desc.block_type.nbytes + pre_b_desc.block_type.nbytes)
+                    tma_load(pre_a_desc, [off_m, col_a], prefetched, pre_tile.index(0))
+                    tma_load(pre_b_desc, [off_m, col_b], prefetched, pre_tile.index(1))
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         mbarrier.arrive(empty.index((t * steps + steps - 1) % STAGES))
         return acc
@@ -130,14 +132,14 @@ if gluon is not None:
         tma_store(out_desc, coords, out_tile)
 
     @gluon.jit
-    def _gated(y, t, off_m, off_n, res_desc, res_tile, residual_in, gate_ptr, map_ptr, M, N,
+    def _gated(y, t, off_m, off_n, res_desc, res_tile, prefetched, gate_ptr, map_ptr, M, N,
                ONE_GATE_ROW: gl.constexpr):
         """residual += gate[row_map] * y on the residual _products loaded, a column half at a time, each half
         stored by TMA; the gate row a vector when the tile's rows share one."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
-        mbarrier.wait(residual_in, t & 1)
+        mbarrier.wait(prefetched, t & 1)
         for h in gl.static_range(2):
             part = halves[h]
             col = off_n + h * HALF
@@ -161,14 +163,15 @@ if gluon is not None:
             tma_store(res_desc, [off_m, col], res_tile.index(h))
 
     @gluon.jit
-    def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
-                  D: gl.constexpr):
+    def _qkv_rope(y, t, off_m, off_n, out_desc, out_tile, nw_ptr, rope_tile, prefetched, HD, eps,
+                  HAS_NORM: gl.constexpr, D: gl.constexpr):
         """qkv_rope_linear's head math on a tile of whole heads of q, k or v (bf16 values held in f32), stored into
         [3, M, heads D] by a 3-D TMA box (clipped at M inside each of q, k and v)."""
         BLOCK_M: gl.constexpr = y.shape[0]
         BLOCK_N: gl.constexpr = y.shape[1]
         R: gl.constexpr = D // 2
         which = off_n // HD  # 0 q, 1 k, 2 v
+        mbarrier.wait(prefetched, t & 1)  # the tile's cos and sin rows (zeros past M: rows the store clips)
         if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
             # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
             a, b = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
@@ -178,11 +181,8 @@ if gluon is not None:
                 inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
                 a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
                 b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
-            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
-            angle = gl.expand_dims(rm, 1) * R + gl.expand_dims(j, 0)
-            inside = gl.expand_dims(rm < M, 1)
-            cos = gl.expand_dims(gl.load(cos_ptr + angle, mask=inside, other=1.0), 1)
-            sin = gl.expand_dims(gl.load(sin_ptr + angle, mask=inside, other=0.0), 1)
+            cos = gl.expand_dims(rope_tile.index(0).load(gl.SliceLayout(1, a.type.layout)), 1)
+            sin = gl.expand_dims(rope_tile.index(1).load(gl.SliceLayout(1, a.type.layout)), 1)
             turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
             turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N]).to(gl.bfloat16)
             _store(gl.reshape(turned, [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [which, off_m, off_n - which * HD])
@@ -191,8 +191,8 @@ if gluon is not None:
                    [which, off_m, off_n - which * HD])
 
     @gluon.jit
-    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, residual_in, sx_ptr, sw_ptr,
-                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, pre_tile, prefetched, sx_ptr,
+                  sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_desc, sin_desc, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         """The program's tiles: their products, then the form's epilogue (int8_linear's y, rounded once)."""
@@ -207,8 +207,12 @@ if gluon is not None:
         for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
             off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
                                          BLOCK_M, BLOCK_N)
-            acc = _products(a_ring, b_ring, ready, empty, t, steps, out_desc, out_tile, residual_in, off_m, off_n,
-                            layout, BLOCK_M, BLOCK_N, STAGES, FORM == 1)
+            if FORM == 1:  # the residual tile's column halves
+                acc = _products(a_ring, b_ring, ready, empty, t, steps, out_desc, out_desc, pre_tile, prefetched, off_m,
+                                off_n, off_n + BLOCK_N // 2, layout, BLOCK_M, BLOCK_N, STAGES, True)
+            else:  # the fused QKV's rotary rows (cos, sin)
+                acc = _products(a_ring, b_ring, ready, empty, t, steps, cos_desc, sin_desc, pre_tile, prefetched, off_m,
+                                0, 0, layout, BLOCK_M, BLOCK_N, STAGES, FORM == 3)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
@@ -217,20 +221,20 @@ if gluon is not None:
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
             if FORM == 1:
-                _gated(y, t, off_m, off_n, out_desc, out_tile, residual_in, gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
+                _gated(y, t, off_m, off_n, out_desc, pre_tile, prefetched, gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
                 _store((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile, [off_m, off_n // 2])
             elif FORM == 3:
-                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr,
-                          sin_ptr, M, HD, eps, HAS_NORM, D)
+                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), t, off_m, off_n, out_desc, out_tile, nw_ptr, pre_tile,
+                          prefetched, HD, eps, HAS_NORM, D)
             else:
                 _store(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
-                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
+                                   cos_desc, sin_desc, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
                                    ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                                    GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -238,22 +242,29 @@ if gluon is not None:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        if FORM == 1:  # the gated form's residual tile, in column halves (TMA boxes)
-            out_tile = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+        # pre_tile: what _products prefetches for the epilogue (the gated form's residual tile in column halves, which
+        # it also stores from; the fused QKV's cos and sin rows); out_tile: the output's TMA box.
+        if FORM == 1:
+            pre_tile = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
+            out_tile = pre_tile
         else:
             out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
+            if FORM == 3:
+                pre_tile = gl.allocate_shared_memory(cos_desc.dtype, [2] + cos_desc.block_type.shape, cos_desc.layout)
+            else:
+                pre_tile = out_tile  # (not read)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        residual_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        prefetched = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
-        mbarrier.init(residual_in, count=1)
+        mbarrier.init(prefetched, count=1)
         fence_async_shared()
         gl.warp_specialize([
-            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, residual_in, sx_ptr, sw_ptr,
-                         bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM, HAS_BIAS,
-                         ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES)),
+            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, pre_tile, prefetched, sx_ptr,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_desc, sin_desc, M, N, K, HD, eps, FORM,
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [1], [24])
 
@@ -277,15 +288,17 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     else:
         out_desc = _descriptor(out, [bm, bn // 2 if form == SWIGLU else bn], gl.bfloat16)
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
+    a_desc = _descriptor(q, [bm, bk], gl.int8)
+    rope = [_descriptor(table.float().contiguous(), [bm, head // 2], gl.float32) for table in (cos, sin)] if (
+        form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # enable_fp_fusion=False: products and sums round separately, as the references' do.
-    _int8_linear_hopper_kernel[(min(tiles, t["PER_SM"] * _capability(q.device)[1]),)](
-        _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc,
-        s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
-        bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
+    _int8_linear_hopper_kernel[(min(tiles, _capability(q.device)[1]),)](
+        a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc, s_x.float().contiguous().reshape(-1),
+        s_w.float().contiguous().reshape(-1), bias if bias is not None else absent,
+        gate.float().contiguous() if gate is not None else absent,
         row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-        norms if norms is not None else absent, cos.float().contiguous() if cos is not None else absent,
-        sin.float().contiguous() if sin is not None else absent, m, n, k, heads_d, eps, FORM=form,
+        norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
         HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1, HAS_NORM=norms is not None,
-        D=head, GROUP_M=t["GROUP_M"], STAGES=t["GATED_STAGES" if form == GATED else "STAGES"], num_warps=4,
-        maxnreg=128 if t["PER_SM"] == 2 else None, enable_fp_fusion=False)
+        D=head, GROUP_M=t["GROUP_M"], STAGES=t[{GATED: "GATED_STAGES", QKV_ROPE: "QKV_STAGES"}.get(form, "STAGES")],
+        num_warps=4, enable_fp_fusion=False)

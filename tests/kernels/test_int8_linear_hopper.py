@@ -35,18 +35,19 @@ def desc(base, shape, block, dtype):
     return mangle_type(kh.TensorDescriptor(base, shape, strides, block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))
 bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr", "cos_ptr", "sin_ptr")}
+pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr")}
 found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
-    sig = {"a_desc": desc(Codes, [4608, 3840], [bm, bk], gl.int8),
-           "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8),
-           "out_desc": out, **pointers, "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
+    a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
+    rope = desc(Residual, [4608, 64], [bm, 64], gl.float32) if form == 3 else a_desc
+    sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out, **pointers,
+           "map_ptr": "*i32", "cos_desc": rope, "sin_desc": rope, "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
-              "GROUP_M": t["GROUP_M"], "STAGES": t["GATED_STAGES" if form == 1 else "STAGES"]}
+              "GROUP_M": t["GROUP_M"], "STAGES": t[{1: "GATED_STAGES", 3: "QKV_STAGES"}.get(form, "STAGES")]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
