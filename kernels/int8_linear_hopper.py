@@ -12,9 +12,8 @@ accumulator of 128 registers a thread, and 3840 or 3072 output columns make 8-9 
 Outputs leave through shared memory by TMA (the MMA layout cannot coalesce stores); what an epilogue reads besides
 the products (the gated residual tile, the QKV's cos and sin rows) is loaded by TMA during the K loop.
 Measured on the H200 (docs/benchmarks.md, 2026-12-03): the products 1.13-1.36x the Triton kernel's at Z-Image's and
-Klein's shapes (1300-1490 TOPS). Measured and left: two consumers in ping-pong faulted on Triton 3.6 once both had
-tiles; two programs an SM (2-stage rings, 128 registers) 1.2-1.45x slower; 5 stages rather than 6 the same.
-GPU only (no interpreter runs Gluon); where `unusable` names a reason, the callers run the Triton kernels.
+Klein's shapes (1300-1490 TOPS). Measured and left: two consumers in ping-pong (faulted on Triton 3.6), two programs
+an SM (1.2-1.45x slower). GPU only (no interpreter runs Gluon); where `unusable` objects, the Triton kernels run.
 """
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def _capability(device: torch.device):
 
 
 def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
-    """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not; out's
-    rows are row_bytes long."""
+    """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not."""
     if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, or interpreted"
     if not q.is_cuda or _capability(q.device)[0] != (9, 0):
@@ -98,10 +96,9 @@ if gluon is not None:
     def _products(a_ring, b_ring, ready, empty, t, steps, pre_a_desc, pre_b_desc, pre_tile, prefetched, off_m, col_a,
                   col_b, layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   PREFETCH: gl.constexpr):
-        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH: the
-        epilogue's other operands (the gated form's residual halves; the fused QKV's cos and sin rows) are loaded
-        into pre_tile by TMA after the third K step, when the last epilogue's reads and stores of it are long done,
-        so the epilogue does not wait for them."""
+        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH: what the
+        epilogue reads besides (the gated residual's halves; the QKV's cos and sin rows) loaded into pre_tile by TMA
+        after the third K step, when the last epilogue's reads and stores of it are long done."""
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
         for i in range(steps):
             c = t * steps + i
@@ -124,8 +121,7 @@ if gluon is not None:
 
     @gluon.jit
     def _store(part, out_desc, out_tile, coords):
-        """part to the output at coords through out_tile and TMA (clipped at the edges); the last store must have
-        left out_tile first."""
+        """part to the output at coords through out_tile and TMA (clipped at the edges), once the last store left."""
         tma.store_wait(0)
         out_tile.store(part)
         fence_async_shared()
@@ -210,7 +206,7 @@ if gluon is not None:
             if FORM == 1:  # the residual tile's column halves
                 acc = _products(a_ring, b_ring, ready, empty, t, steps, out_desc, out_desc, pre_tile, prefetched, off_m,
                                 off_n, off_n + BLOCK_N // 2, layout, BLOCK_M, BLOCK_N, STAGES, True)
-            else:  # the fused QKV's rotary rows (cos, sin)
+            else:  # the fused QKV's rotary rows (cos, sin); the other forms prefetch nothing
                 acc = _products(a_ring, b_ring, ready, empty, t, steps, cos_desc, sin_desc, pre_tile, prefetched, off_m,
                                 0, 0, layout, BLOCK_M, BLOCK_N, STAGES, FORM == 3)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
