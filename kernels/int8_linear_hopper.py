@@ -1,26 +1,26 @@
 """The INT8 linears on Hopper with the work split between warps: a producer warp loads, a warpgroup multiplies.
 
 Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
-fused QKV with head norm and rotary, their math and references unchanged (the forms equal the Triton kernels bit for
-bit, the QKV's q and k within one bf16 step: tests/kernels/test_int8_linear_hopper.py), written in Gluon.
-Why: Triton's pipeliner waits for every integer wgmma before it issues the next K step's loads (`wait_group 0`), so
-the matrix cores idle while the loads' address math and barriers run. Here `warp_specialize` gives one warp (the
-producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers; the default warpgroup (the
-consumer) only waits for a slot, issues its MMAs asynchronously, keeps one group in flight, and frees the slot the
-group before read (`empty`). It takes the program's tiles in turn (a program an SM), 128 x 128 each: an int32
-accumulator of 128 registers a thread, and 3840 or 3072 output columns make 8-9 waves of tiles, not 4.1 of 128 x 256.
-Outputs leave through shared memory by TMA (the MMA layout cannot coalesce stores); what an epilogue reads besides
-the products (the gated residual tile, the QKV's cos and sin rows) is loaded by TMA during the K loop.
-Measured on the H200 (docs/benchmarks.md, 2026-12-03): the products 1.13-1.36x the Triton kernel's at Z-Image's and
-Klein's shapes (1300-1490 TOPS). Measured and left: two consumers in ping-pong (faulted on Triton 3.6), two programs
-an SM (1.2-1.45x slower). GPU only (no interpreter runs Gluon); where `unusable` objects, the Triton kernels run.
+fused QKV, in Gluon, their math and references unchanged (the forms equal the Triton kernels bit for bit, the QKV's q
+and k within one bf16 step: tests/kernels/test_int8_linear_hopper.py). Why: Triton's pipeliner waits for every
+integer wgmma before it issues the next K step's loads (`wait_group 0`). Here `warp_specialize` gives one warp (the
+producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers; the default warpgroup
+(the consumer) waits for a slot, issues its MMAs asynchronously, keeps one group in flight, and frees the slot the
+group before read (`empty`). It takes the program's tiles in turn (a program an SM), 128 x 128 each (an int32
+accumulator of 128 registers a thread; 3840 or 3072 columns make 8-9 waves of tiles, not 4.1 of 128 x 256). Outputs
+leave through shared memory by TMA; what an epilogue reads besides the products (the gated residual tile, the QKV's
+cos and sin rows) is loaded by TMA during the K loop. Measured on the H200 (docs/benchmarks.md, 2026-12-03): the
+products 1.13-1.36x the Triton kernel's (1300-1490 TOPS). Measured and left: two consumers in ping-pong (faulted on
+Triton 3.6), two programs an SM (1.2-1.45x slower). GPU only (no interpreter runs Gluon); where `unusable` objects,
+the Triton kernels run.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
+
+from .int8_tiles import sm_count
 
 try:
     import triton
@@ -43,16 +43,11 @@ TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 
 
-@functools.cache
-def _capability(device: torch.device):
-    return torch.cuda.get_device_capability(device), torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
     """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not."""
     if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, or interpreted"
-    if not q.is_cuda or _capability(q.device)[0] != (9, 0):
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
     k = q.shape[1]
     if (k % 16 or row_bytes % 16 or q.data_ptr() % 16 or out.data_ptr() % 16 or q.stride() != (k, 1)
@@ -71,6 +66,13 @@ if gluon is not None:
         return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
     @gluon.jit
+    def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+        """(tiles_m, tiles_n, K steps, the program's tile count): the run both partitions walk in the same order."""
+        tiles_m = gl.cdiv(M, BLOCK_M)
+        tiles_n = gl.cdiv(N, BLOCK_N)
+        return tiles_m, tiles_n, gl.cdiv(K, BLOCK_K), gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))
+
+    @gluon.jit
     def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr):
         """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once the
@@ -78,10 +80,8 @@ if gluon is not None:
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        steps = gl.cdiv(K, BLOCK_K)
-        for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        for t in range(run):
             off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
                                          BLOCK_M, BLOCK_N)
             for i in range(steps):
@@ -197,10 +197,8 @@ if gluon is not None:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        steps = gl.cdiv(K, BLOCK_K)
-        for t in range(gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))):
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        for t in range(run):
             off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
                                          BLOCK_M, BLOCK_N)
             if FORM == 1:  # the residual tile's column halves
@@ -265,15 +263,14 @@ if gluon is not None:
         ], [1], [24])
 
 
-def _descriptor(tensor, block, dtype):
-    """A TMA descriptor of tensor by blocks of `block`, in the default swizzle for the matrix cores."""
+def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matrix cores' default swizzle
     return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
            head=128, eps=1e-6):
-    """The kernel over codes q [M, K] and w [N, K] into out: bf16 [M, N] (BF16), the f32 residual [M, N] in place
-    (GATED), bf16 [M, N / 2] (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE). The callers check `unusable` first."""
+    """Codes q [M, K] and w [N, K] into out: bf16 [M, N], f32 residual [M, N] in place (GATED), bf16 [M, N / 2]
+    (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE). The callers ask `unusable` first."""
     t = TILE
     (m, k), n = q.shape, w.shape[0]
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
@@ -289,7 +286,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
         form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     # enable_fp_fusion=False: products and sums round separately, as the references' do.
-    _int8_linear_hopper_kernel[(min(tiles, _capability(q.device)[1]),)](
+    _int8_linear_hopper_kernel[(min(tiles, sm_count(q.device)),)](
         a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc, s_x.float().contiguous().reshape(-1),
         s_w.float().contiguous().reshape(-1), bias if bias is not None else absent,
         gate.float().contiguous() if gate is not None else absent,
