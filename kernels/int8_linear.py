@@ -221,8 +221,9 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     if m == 0:
         return
     if tiles is None and lora_down is None and int8_linear_hopper.unusable(
-            q, out, out.shape[1] * out.element_size()) is None:
-        return int8_linear_hopper.launch(q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map)
+            q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map):
+        return
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
     tiles = tiles or fixed or None

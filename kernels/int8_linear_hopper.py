@@ -1,21 +1,18 @@
 """The INT8 linears on Hopper with the work split between warps: a producer warp loads, a warpgroup multiplies.
 
 Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
-fused QKV, in Gluon, their math and references unchanged (the forms equal the Triton kernels bit for bit, the QKV's q
-and k within one bf16 step: tests/kernels/test_int8_linear_hopper.py). Why: Triton's pipeliner waits for every
-integer wgmma before it issues the next K step's loads (`wait_group 0`). Here `warp_specialize` gives one warp (the
-producer, 24 registers) the TMA loads of each K step into a ring of STAGES shared buffers; the default warpgroup
-(the consumer) waits for a slot, issues its MMAs asynchronously, keeps one group in flight, and frees the slot the
-group before read (`empty`). It takes the program's tiles in turn (a program an SM), 128 x 128 each (an int32
-accumulator of 128 registers a thread; 3840 or 3072 columns make 8-9 waves of tiles, not 4.1 of 128 x 256). Outputs
-leave through shared memory by TMA; what an epilogue reads besides the products (the gated residual tile, the QKV's
-cos and sin rows) is loaded by TMA during the K loop. Measured on the H200 (docs/benchmarks.md, 2026-12-03): the
-products 1.13-1.36x the Triton kernel's (1300-1490 TOPS). Measured and left: two consumers in ping-pong (faulted on
-Triton 3.6), two programs an SM (1.2-1.45x slower). GPU only (no interpreter runs Gluon); where `unusable` objects,
-the Triton kernels run.
+fused QKV in Gluon, their math and references unchanged (tests/kernels/test_int8_linear_hopper.py: bit for bit, the
+QKV's q and k within one bf16 step). Triton's pipeliner waits for each integer wgmma before the next K step's loads;
+here `warp_specialize` gives one warp (24 registers) the TMA loads into a ring of STAGES buffers, and the default
+warpgroup waits for a slot, issues its MMAs asynchronously, keeps one group in flight and frees the slot behind it
+(`empty`). A program an SM takes its 128 x 128 tiles in turn; outputs leave by TMA, and what an epilogue reads
+besides the products (the gated residual tile, the QKV's cos and sin rows) is loaded during the K loop. Measured on
+the H200 (docs/benchmarks.md, docs/gpu_path.md): products 1.13-1.36x the Triton kernel's (1300-1490 TOPS); ping-pong
+consumers faulted on Triton 3.6, two programs an SM were slower. GPU only: where `unusable` objects, Triton's run.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -41,6 +38,7 @@ BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and th
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "QKV_STAGES": 4}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
+UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
 
 
 def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
@@ -50,10 +48,8 @@ def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
     k = q.shape[1]
-    if (k % 16 or row_bytes % 16 or q.data_ptr() % 16 or out.data_ptr() % 16 or q.stride() != (k, 1)
-            or not out.is_contiguous()):
-        return "TMA needs 16-byte rows and bases"
-    return None
+    aligned = k % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
+    return None if aligned and q.stride() == (k, 1) and out.is_contiguous() else "TMA needs 16-byte rows and bases"
 
 
 if gluon is not None:
@@ -96,9 +92,8 @@ if gluon is not None:
     def _products(a_ring, b_ring, ready, empty, t, steps, pre_a_desc, pre_b_desc, pre_tile, prefetched, off_m, col_a,
                   col_b, layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                   PREFETCH: gl.constexpr):
-        """The program's t-th tile's int32 products over K (exact), every slot it read freed. PREFETCH: what the
-        epilogue reads besides (the gated residual's halves; the QKV's cos and sin rows) loaded into pre_tile by TMA
-        after the third K step, when the last epilogue's reads and stores of it are long done."""
+        """The program's t-th tile's int32 products over K (exact), every slot it read freed; PREFETCH: pre_tile's two
+        boxes loaded by TMA after the third K step, when the last epilogue's reads and stores of it are long done."""
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
         for i in range(steps):
             c = t * steps + i
@@ -130,8 +125,7 @@ if gluon is not None:
     @gluon.jit
     def _gated(y, t, off_m, off_n, res_desc, res_tile, prefetched, gate_ptr, map_ptr, M, N,
                ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y on the residual _products loaded, a column half at a time, each half
-        stored by TMA; the gate row a vector when the tile's rows share one."""
+        """residual += gate[row_map] * y on the prefetched residual, a column half at a time (gate rows as vectors)."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
@@ -161,8 +155,7 @@ if gluon is not None:
     @gluon.jit
     def _qkv_rope(y, t, off_m, off_n, out_desc, out_tile, nw_ptr, rope_tile, prefetched, HD, eps,
                   HAS_NORM: gl.constexpr, D: gl.constexpr):
-        """qkv_rope_linear's head math on a tile of whole heads of q, k or v (bf16 values held in f32), stored into
-        [3, M, heads D] by a 3-D TMA box (clipped at M inside each of q, k and v)."""
+        """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA box."""
         BLOCK_M: gl.constexpr = y.shape[0]
         BLOCK_N: gl.constexpr = y.shape[1]
         R: gl.constexpr = D // 2
@@ -182,9 +175,8 @@ if gluon is not None:
             turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
             turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N]).to(gl.bfloat16)
             _store(gl.reshape(turned, [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [which, off_m, off_n - which * HD])
-        else:
-            _store(gl.reshape(y.to(gl.bfloat16), [1, BLOCK_M, BLOCK_N]), out_desc, out_tile,
-                   [which, off_m, off_n - which * HD])
+        else:  # v
+            _store(gl.reshape(y.to(gl.bfloat16), [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [2, off_m, off_n - 2 * HD])
 
     @gluon.jit
     def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, pre_tile, prefetched, sx_ptr,
@@ -236,8 +228,7 @@ if gluon is not None:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        # pre_tile: what _products prefetches for the epilogue (the gated form's residual tile in column halves, which
-        # it also stores from; the fused QKV's cos and sin rows); out_tile: the output's TMA box.
+        # pre_tile: what _products prefetches (the gated residual's column halves, stored from too; the QKV's cos, sin)
         if FORM == 1:
             pre_tile = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
             out_tile = pre_tile
@@ -270,7 +261,10 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
            head=128, eps=1e-6):
     """Codes q [M, K] and w [N, K] into out: bf16 [M, N], f32 residual [M, N] in place (GATED), bf16 [M, N / 2]
-    (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE). The callers ask `unusable` first."""
+    (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE); True, or False where nothing ran (not buildable here: UNBUILT says
+    why, and the callers run the Triton kernels). The callers ask `unusable` first."""
+    if form in UNBUILT:
+        return False
     t = TILE
     (m, k), n = q.shape, w.shape[0]
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
@@ -285,13 +279,22 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     rope = [_descriptor(table.float().contiguous(), [bm, head // 2], gl.float32) for table in (cos, sin)] if (
         form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    # enable_fp_fusion=False: products and sums round separately, as the references' do.
-    _int8_linear_hopper_kernel[(min(tiles, sm_count(q.device)),)](
-        a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc, s_x.float().contiguous().reshape(-1),
-        s_w.float().contiguous().reshape(-1), bias if bias is not None else absent,
-        gate.float().contiguous() if gate is not None else absent,
-        row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-        norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
-        HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1, HAS_NORM=norms is not None,
-        D=head, GROUP_M=t["GROUP_M"], STAGES=t[{GATED: "GATED_STAGES", QKV_ROPE: "QKV_STAGES"}.get(form, "STAGES")],
-        num_warps=4, enable_fp_fusion=False)
+    try:  # enable_fp_fusion=False: products and sums round separately, as the references' do.
+        _int8_linear_hopper_kernel[(min(tiles, sm_count(q.device)),)](
+            a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc, s_x.float().contiguous().reshape(-1),
+            s_w.float().contiguous().reshape(-1), bias if bias is not None else absent,
+            gate.float().contiguous() if gate is not None else absent,
+            row_map.to(torch.int32).contiguous() if row_map is not None else absent,
+            norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
+            HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
+            HAS_NORM=norms is not None, D=head, GROUP_M=t["GROUP_M"],
+            STAGES=t[{GATED: "GATED_STAGES", QKV_ROPE: "QKV_STAGES"}.get(form, "STAGES")], num_warps=4,
+            enable_fp_fusion=False)
+    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
+            raise  # a launch's own error, not a build's
+        UNBUILT[form] = f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}"
+        logging.getLogger(__name__).warning("int8_linear_hopper: form %d not built (%s); Triton's kernels run it",
+                                            form, UNBUILT[form])
+        return False
+    return True

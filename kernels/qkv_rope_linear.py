@@ -142,10 +142,10 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     if m == 0:
         return views
     if tiles is None and _fits(int8_linear_hopper.TILE["BLOCK_N"], heads, head) and int8_linear_hopper.unusable(
-            q, out, heads * head * 2) is None:
-        int8_linear_hopper.launch(q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
-                                  norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None
-                                  else None, cos=cos, sin=sin, heads_d=heads * head, head=head, eps=eps)
+            q, out, heads * head * 2) is None and int8_linear_hopper.launch(
+            q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
+            norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
+            sin=sin, heads_d=heads * head, head=head, eps=eps):
         return views
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None

@@ -74,6 +74,45 @@ def test_builds_for_the_h200_with_a_producer_warp_and_an_integer_mma_in_flight()
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
 
 
+class _Unbuildable:
+    """Stands in for the Gluon kernel: every launch fails as a build that runs out of shared memory would, or (with
+    a launch error) as a launch would."""
+    def __init__(self, error):
+        self.error, self.calls = error, 0
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.calls += 1
+            raise self.error
+        return launch
+
+
+def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
+    """Where Gluon's API or the card's limits refuse the build, the call runs the Triton kernel (equal to the
+    reference), the reason is kept, and later calls do not try the build again; a launch's own error still raises."""
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+
+    from test_int8_linear import SMALL_TILES, operands
+
+    from kernels import int8_linear as int8_linear_module
+    from kernels import int8_linear_hopper
+    from kernels.int8_linear import int8_linear, reference
+    ops, _, _ = operands(37, 48, 96, seed=5, device=device)
+    monkeypatch.setattr(int8_linear_module, "fixed_tiles", lambda *args: dict(SMALL_TILES))  # (no autotuning here)
+    fake = _Unbuildable(triton.runtime.errors.OutOfResources(300000, 232448, "shared memory"))
+    monkeypatch.setattr(int8_linear_hopper, "_int8_linear_hopper_kernel", fake)
+    monkeypatch.setattr(int8_linear_hopper, "unusable", lambda *args: None)
+    monkeypatch.setattr(int8_linear_hopper, "UNBUILT", {})
+    for _ in range(2):
+        assert torch.equal(int8_linear(**ops), reference(**ops))
+    assert fake.calls == 1 and "OutOfResources" in int8_linear_hopper.UNBUILT[int8_linear_hopper.BF16]
+    monkeypatch.setattr(int8_linear_hopper, "_int8_linear_hopper_kernel", _Unbuildable(RuntimeError(
+        "Triton Error [CUDA]: an illegal memory access was encountered")))
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        int8_linear(**ops, swiglu=True)
+
+
 hopper_gpu = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                 reason="needs a Hopper GPU")
 # (M, N, K): Z-Image's out and w2, Klein's MLP output; rows not a multiple of the tile, one row, K of one 16-byte
