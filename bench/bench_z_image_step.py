@@ -134,6 +134,9 @@ def main(argv=None) -> None:
                 results[label + ", CUDA graph"] = (*timed(replay, args.steps), weights_gb(ours))
                 same = torch.equal(results[label + ", CUDA graph"][2], results[label][2])
                 print(f"CUDA graph replay equals the eager INT8 step bit for bit: {same}", flush=True)
+                if args.profile:  # the kernels inside one replay: their time against the eager step's above
+                    print("one replay of the CUDA graph:")
+                    print_profile(replay)
                 del graphed, replay
                 # The same graphed step under each asked variant of a module switch (captured anew).
                 for name, module, attribute, value in variants(args):
