@@ -17,7 +17,7 @@ H200, docs/benchmarks.md 2026-12-03: the SwiGLU form also rotating its rows for 
 group's two tiles in turn, 0.78 against 0.71 ms with the rotate pass apart, since Triton flattens no persistent loop
 with two main loops in it; the bf16 rows stored by TMA descriptors, 2-20% slower: a stage fewer fits.)
 On Hopper the calls without a LoRA go to kernels/int8_linear_hopper.py (the same math bit for bit, its products
-1.15-1.25x faster: a producer warp keeps the loads off the MMAs' warps); this kernel runs everything else.
+1.13-1.36x faster: a producer warp keeps the loads off the MMAs' warps); this kernel runs everything else.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ warpgroup waits for a slot, issues its MMAs asynchronously, keeps one group in f
 (`empty`). A program an SM takes its 128 x 128 tiles in turn; outputs leave by TMA, and what an epilogue reads
 besides the products (the gated residual tile, the QKV's cos and sin rows) is loaded during the K loop. Measured on
 the H200 (docs/benchmarks.md, docs/gpu_path.md): products 1.13-1.36x the Triton kernel's (1300-1490 TOPS); ping-pong
-consumers faulted on Triton 3.6, two programs an SM were slower. GPU only: where `unusable` objects, Triton's run.
+consumers faulted on Triton 3.6, two programs an SM were slower. GPU only; where `unusable` objects, Triton's kernels.
 """
 from __future__ import annotations
 

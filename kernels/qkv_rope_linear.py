@@ -141,7 +141,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    if tiles is None and _fits(int8_linear_hopper.TILE["BLOCK_N"], heads, head) and int8_linear_hopper.unusable(
+    if tiles is None and head == int8_linear_hopper.TILE["BLOCK_N"] and int8_linear_hopper.unusable(
             q, out, heads * head * 2) is None and int8_linear_hopper.launch(
             q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
