@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton
+#          klein qkv hopper_tests hopper_only linears_triton shapes
 set -u
 OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -25,6 +25,7 @@ for part in $parts; do
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    shapes) timeout 200 python3 bench/bench_linear_shapes.py ;;
     linears_triton) SWIFTDIT_HOPPER_GEMM=0 timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     hopper_only) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py ;;
     hopper_tests) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \

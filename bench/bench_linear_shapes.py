@@ -1,0 +1,85 @@
+"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels against the Triton ones in
+the same run: where a step's product time goes, shape by shape.
+
+Forms as the blocks call them (dit_core/block_gpu.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
+and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
+codes; graph ms (median) of one call, TOPS = 2 M N K / t, and ms a step = calls a step x ms (Z-Image's caption
+refiners run once per prompt, not a step). Needs a CUDA GPU; the Hopper column where int8_linear_hopper can run.
+
+    python bench/bench_linear_shapes.py [--runs 30]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels")]
+
+from bench_int8_linear import median_ms  # noqa: E402
+from kernels import int8_linear_hopper  # noqa: E402
+from kernels.int8_linear import int8_linear, int8_linear_gated  # noqa: E402
+from kernels.qkv_rope_linear import qkv_rope_linear  # noqa: E402
+
+# (family, linear, form, M, K, N, calls a step); N is the product's width (UP: gate and up interleaved).
+SHAPES = [("Z-Image", "qkv", "qkv", 4608, 3840, 11520, 30), ("Z-Image", "qkv", "qkv", 4096, 3840, 11520, 2),
+          ("Z-Image", "out", "rows", 4608, 3840, 3840, 30), ("Z-Image", "up", "swiglu", 4608, 3840, 20480, 30),
+          ("Z-Image", "down", "rows", 4608, 10240, 3840, 30)]
+for _m, _calls, _rows in ((4608, 28, "joint"), (4096, 5, "image mode"), (512, 5, "text mode")):
+    SHAPES += [(f"Klein {_rows}", "qkv", "qkv", _m, 3072, 9216, _calls),
+               (f"Klein {_rows}", "up", "swiglu", _m, 3072, 18432, _calls),
+               (f"Klein {_rows}", "out", "gated", _m, 3072, 3072, _calls),
+               (f"Klein {_rows}", "down", "gated", _m, 9216, 3072, _calls)]
+
+
+def call_of(form: str, m: int, k: int, n: int):
+    """A no-argument call of the linear in its form on random codes (the same for a shape every time)."""
+    g = torch.Generator().manual_seed(m + k + n)
+    q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
+    w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
+    s_x, s_w = torch.full((m,), 1e-3, device="cuda"), torch.full((n,), 1e-3, device="cuda")
+    bias = torch.randn(n, generator=g).to("cuda", torch.bfloat16)
+    if form == "qkv":
+        heads, head = n // 3 // 128, 128
+        angles = 50 * torch.rand(m, head // 2, generator=g).cuda()
+        cos, sin, gains = angles.cos(), angles.sin(), torch.ones(2, head, device="cuda")
+        return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], cos, sin)
+    if form == "gated":
+        residual, gate = torch.zeros(m, n, device="cuda"), torch.ones(1, n, device="cuda")
+        row_map = torch.zeros(m, dtype=torch.int32, device="cuda")
+        return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map)
+    return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_linear_shapes needs a CUDA GPU")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, runs = {args.runs}\n")
+    print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
+          "| Hopper ms a step | Triton ms a step |\n|---|---|---|---|---|---|---|---|---|")
+    totals = {}
+    for family, linear, form, m, k, n, calls in SHAPES:
+        call, times = call_of(form, m, k, n), []
+        for enabled in (True, False):
+            int8_linear_hopper.ENABLED = enabled
+            times.append(median_ms(call, args.runs, True))
+        int8_linear_hopper.ENABLED = True
+        tops = [2 * m * n * k / t / 1e9 for t in times]
+        family_total = totals.setdefault(family.split()[0], [0.0, 0.0])
+        family_total[0] += calls * times[0]
+        family_total[1] += calls * times[1]
+        print(f"| {family} | {linear} ({form}) | {m}x{k}x{n} | {calls} | {times[0]:.4f} ({tops[0]:.0f}) | "
+              f"{times[1]:.4f} ({tops[1]:.0f}) | {times[1] / times[0]:.2f} | {calls * times[0]:.2f} | "
+              f"{calls * times[1]:.2f} |", flush=True)
+    for family, (hopper, triton_ms) in totals.items():
+        print(f"\n{family}: the products {hopper:.2f} ms a step on Hopper's kernels, {triton_ms:.2f} on Triton's")
+
+
+if __name__ == "__main__":
+    main()
