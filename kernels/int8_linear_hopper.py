@@ -29,7 +29,7 @@ try:
     # TMA's copies: async_load / async_store from Triton 3.7 (the H200's 3.6 has only the long names).
     tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
     tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
-except ImportError:  # a Triton without Gluon (before 3.5)
+except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
 BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
@@ -268,29 +268,26 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     t = TILE
     (m, k), n = q.shape, w.shape[0]
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-    if form == QKV_ROPE:
-        out_desc = _descriptor(out, [1, bm, bn], gl.bfloat16)
-    elif form == GATED:
-        out_desc = _descriptor(out, [bm, bn // 2], gl.float32)
-    else:
-        out_desc = _descriptor(out, [bm, bn // 2 if form == SWIGLU else bn], gl.bfloat16)
+    box, dtype = {QKV_ROPE: ([1, bm, bn], gl.bfloat16), GATED: ([bm, bn // 2], gl.float32),
+                  SWIGLU: ([bm, bn // 2], gl.bfloat16)}.get(form, ([bm, bn], gl.bfloat16))
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
-    a_desc = _descriptor(q, [bm, bk], gl.int8)
-    rope = [_descriptor(table.float().contiguous(), [bm, head // 2], gl.float32) for table in (cos, sin)] if (
-        form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    try:  # enable_fp_fusion=False: products and sums round separately, as the references' do.
-        _int8_linear_hopper_kernel[(min(tiles, sm_count(q.device)),)](
-            a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), out_desc, s_x.float().contiguous().reshape(-1),
-            s_w.float().contiguous().reshape(-1), bias if bias is not None else absent,
-            gate.float().contiguous() if gate is not None else absent,
+    try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
+        a_desc = _descriptor(q, [bm, bk], gl.int8)
+        rope = [_descriptor(table.float().contiguous(), [bm, head // 2], gl.float32) for table in (cos, sin)] if (
+            form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
+        # enable_fp_fusion=False: products and sums round separately, as the references' do.
+        _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
+            a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), _descriptor(out, box, dtype),
+            s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+            bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
             norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_NORM=norms is not None, D=head, GROUP_M=t["GROUP_M"],
             STAGES=t[{GATED: "GATED_STAGES", QKV_ROPE: "QKV_STAGES"}.get(form, "STAGES")], num_warps=4,
             enable_fp_fusion=False)
-    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, RuntimeError) as e:
+    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
+            AttributeError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "PassManager" not in str(e):
             raise  # a launch's own error, not a build's
         UNBUILT[form] = f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}"

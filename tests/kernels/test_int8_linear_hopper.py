@@ -87,6 +87,41 @@ class _Unbuildable:
         return launch
 
 
+class _Recorder:
+    """Stands in for the Gluon kernel: records each launch's grid, arguments and keywords."""
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
+
+
+def test_the_launcher_gives_each_form_its_boxes_and_ring():
+    """The launcher's side of each form, on the CPU (tensor descriptors read only shapes, strides and addresses): the
+    output's TMA box, the ring's stages, a program an SM at most, the rotary tables only for the fused QKV."""
+    pytest.importorskip("triton.experimental.gluon")
+    from kernels import int8_linear_hopper as kh
+    m, k, n = 300, 256, 384  # 3 x 3 tiles of 128; the CPU counts 4 SMs (int8_tiles.sm_count)
+    q, w = torch.zeros(m, k, dtype=torch.int8), torch.zeros(n, k, dtype=torch.int8)
+    s_x, s_w, rows = torch.ones(m), torch.ones(n), torch.zeros(m, 64)
+    gated = {"gate": torch.ones(1, n), "row_map": torch.zeros(m, dtype=torch.long)}
+    rope = {"cos": rows, "sin": rows, "heads_d": 128, "head": 128, "norms": torch.ones(2, 128)}
+    cases = [(kh.BF16, torch.empty(m, n, dtype=torch.bfloat16), {}, [128, 128], 6),
+             (kh.GATED, torch.zeros(m, n), gated, [128, 64], 5),
+             (kh.SWIGLU, torch.empty(m, n // 2, dtype=torch.bfloat16), {}, [128, 64], 6),
+             (kh.QKV_ROPE, torch.empty(3, m, 128, dtype=torch.bfloat16), rope, [1, 128, 128], 4)]
+    for form, out, extra, box, stages in cases:
+        recorder = _Recorder()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kh, "_int8_linear_hopper_kernel", recorder)
+            patch.setattr(kh, "UNBUILT", {})
+            assert kh.launch(q, s_x, w, s_w, None, out, form, **extra) is True
+        (grid, args, kwargs), = recorder.launches
+        assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
+        assert list(args[2].block_shape) == box and args[2].base is out, form
+        assert (list(args[9].block_shape) == [128, 64]) == (form == kh.QKV_ROPE), form
+
+
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
     """Where Gluon's API or the card's limits refuse the build, the call runs the Triton kernel (equal to the
     reference), the reason is kept, and later calls do not try the build again; a launch's own error still raises."""
@@ -124,12 +159,12 @@ SHAPES = [(4608, 3840, 3840), (4608, 3840, 10240), (4096, 3072, 12288), (130, 27
 def _both(monkeypatch, call):
     """call() through the Hopper kernel (it must have launched), then through the Triton kernels (it off)."""
     from kernels import int8_linear_hopper
-    launches = []
-    launch = int8_linear_hopper.launch
-    monkeypatch.setattr(int8_linear_hopper, "launch", lambda *a, **kw: launches.append(1) or launch(*a, **kw))
+    launches, launch = [], int8_linear_hopper.launch
+    monkeypatch.setattr(int8_linear_hopper, "launch",
+                        lambda *a, **kw: launches.append(launch(*a, **kw)) or launches[-1])
     monkeypatch.setattr(int8_linear_hopper, "ENABLED", True)
     hopper = call()
-    assert launches, "the Hopper kernel did not take the call"
+    assert launches and all(launches), f"the Hopper kernel did not take the call: {int8_linear_hopper.UNBUILT}"
     monkeypatch.setattr(int8_linear_hopper, "ENABLED", False)
     return hopper, call()
 
