@@ -1,6 +1,7 @@
 """kernels/int8_linear_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must split the warps
-and keep an integer wgmma group in flight), and on the GPU equal bit for bit to the Triton kernels it stands in for
-(int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
+and keep an integer wgmma group in flight), its launcher's boxes and its fallback to Triton where it cannot be built
+checked on the CPU, and on the GPU equal bit for bit to the Triton kernels it stands in for (int8_linear's three
+forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
 import json
 import os
 import subprocess
