@@ -28,7 +28,8 @@ import torch
 
 from . import int8_linear_hopper
 from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
-from .int8_tiles import candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can, tune_bucket
+from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
+                         tune_bucket)
 from .modulation_rows import shared_row
 from .rounding import rounded_bf16
 from .arrival_counters import counter_reset
@@ -187,8 +188,6 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
             counter_reset(count_ptr, tail)
 
 
-# The output forms (the kernel's FORM): bf16 rows, the gated residual update, SwiGLU of column pairs as bf16 rows.
-BF16, GATED, SWIGLU = 0, 1, 2
 _UNFIT: set[int] = set()  # forms whose fixed tiles ran out of shared memory here: autotuned instead
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from .int8_tiles import sm_count
+from .int8_tiles import BF16, GATED, SWIGLU, sm_count
 
 try:
     import triton
@@ -32,7 +32,7 @@ try:
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
-BF16, GATED, SWIGLU, QKV_ROPE = 0, 1, 2, 3  # int8_linear's form numbers, and the fused QKV
+QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile, 4 with the fused QKV's 64 KB of cos and sin rows
 # beside its output box): 224 of the H200's 227 KB of shared memory.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "QKV_STAGES": 4}
@@ -268,8 +268,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     t = TILE
     (m, k), n = q.shape, w.shape[0]
     bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-    box, dtype = {QKV_ROPE: ([1, bm, bn], gl.bfloat16), GATED: ([bm, bn // 2], gl.float32),
-                  SWIGLU: ([bm, bn // 2], gl.bfloat16)}.get(form, ([bm, bn], gl.bfloat16))
+    box, dtype = {BF16: ([bm, bn], gl.bfloat16), GATED: ([bm, bn // 2], gl.float32),
+                  SWIGLU: ([bm, bn // 2], gl.bfloat16), QKV_ROPE: ([1, bm, bn], gl.bfloat16)}[form]
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
     try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
         a_desc = _descriptor(q, [bm, bk], gl.int8)

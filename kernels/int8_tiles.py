@@ -40,7 +40,11 @@ def candidate_tiles(gated: bool) -> list:
     return configs
 
 
-# Hopper (sm_90), by output form (int8_linear's BF16, GATED, SWIGLU): the sweep's winners, so nothing is timed on
+# The INT8 GEMMs' output forms (their kernels' FORM; kernels/int8_linear.py, kernels/int8_linear_hopper.py): bf16 rows,
+# the gated residual update, SwiGLU of column pairs as bf16 rows.
+BF16, GATED, SWIGLU = 0, 1, 2
+
+# Hopper (sm_90), by output form (BF16, GATED, SWIGLU): the sweep's winners, so nothing is timed on
 # a shape's first run and one compiled kernel serves every shape. bf16 and gated: within 2% of the best candidate on
 # each of Z-Image's four shapes (w2 bf16-out: 0.332 against 0.326 ms), the best on the other seven. SwiGLU (its
 # epilogue writes half the columns, so the persistent bf16 tile fits): 0.633 ms at w1+w3 against 0.696 subtiled.
