@@ -75,26 +75,18 @@ def test_builds_for_the_h200_with_a_producer_warp_and_an_integer_mma_in_flight()
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
 
 
-class _Unbuildable:
-    """Stands in for the Gluon kernel: every launch fails as a build that runs out of shared memory would, or (with
-    a launch error) as a launch would."""
-    def __init__(self, error):
-        self.error, self.calls = error, 0
+class _FakeKernel:
+    """Stands in for the Gluon kernel: records each launch's grid, arguments and keywords, and raises `error` (a
+    build that runs out of shared memory, a launch's own failure) where one is given."""
+    def __init__(self, error=None):
+        self.error, self.launches = error, []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
-            self.calls += 1
-            raise self.error
+            self.launches.append((grid, args, kwargs))
+            if self.error is not None:
+                raise self.error
         return launch
-
-
-class _Recorder:
-    """Stands in for the Gluon kernel: records each launch's grid, arguments and keywords."""
-    def __init__(self):
-        self.launches = []
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: self.launches.append((grid, args, kwargs))
 
 
 def test_the_launcher_gives_each_form_its_boxes_and_ring():
@@ -112,7 +104,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
              (kh.SWIGLU, torch.empty(m, n // 2, dtype=torch.bfloat16), {}, [128, 64], 6),
              (kh.QKV_ROPE, torch.empty(3, m, 128, dtype=torch.bfloat16), rope, [1, 128, 128], 4)]
     for form, out, extra, box, stages in cases:
-        recorder = _Recorder()
+        recorder = _FakeKernel()
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(kh, "_int8_linear_hopper_kernel", recorder)
             patch.setattr(kh, "UNBUILT", {})
@@ -136,14 +128,14 @@ def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch
     from kernels.int8_linear import int8_linear, reference
     ops, _, _ = operands(37, 48, 96, seed=5, device=device)
     monkeypatch.setattr(int8_linear_module, "fixed_tiles", lambda *args: dict(SMALL_TILES))  # (no autotuning here)
-    fake = _Unbuildable(triton.runtime.errors.OutOfResources(300000, 232448, "shared memory"))
+    fake = _FakeKernel(triton.runtime.errors.OutOfResources(300000, 232448, "shared memory"))
     monkeypatch.setattr(int8_linear_hopper, "_int8_linear_hopper_kernel", fake)
     monkeypatch.setattr(int8_linear_hopper, "unusable", lambda *args: None)
     monkeypatch.setattr(int8_linear_hopper, "UNBUILT", {})
     for _ in range(2):
         assert torch.equal(int8_linear(**ops), reference(**ops))
-    assert fake.calls == 1 and "OutOfResources" in int8_linear_hopper.UNBUILT[int8_linear_hopper.BF16]
-    monkeypatch.setattr(int8_linear_hopper, "_int8_linear_hopper_kernel", _Unbuildable(RuntimeError(
+    assert len(fake.launches) == 1 and "OutOfResources" in int8_linear_hopper.UNBUILT[int8_linear_hopper.BF16]
+    monkeypatch.setattr(int8_linear_hopper, "_int8_linear_hopper_kernel", _FakeKernel(RuntimeError(
         "Triton Error [CUDA]: an illegal memory access was encountered")))
     with pytest.raises(RuntimeError, match="illegal memory access"):
         int8_linear(**ops, swiglu=True)
