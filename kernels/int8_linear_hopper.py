@@ -1,14 +1,16 @@
-"""The INT8 linears on Hopper with the work split between warps: a producer warp loads, a warpgroup multiplies.
+"""The INT8 linears on Hopper with the work split between warps: a producer warp loads, two warpgroups multiply.
 
 Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
 fused QKV in Gluon, their math and references unchanged (tests/kernels/test_int8_linear_hopper.py: bit for bit, the
 QKV's q and k within one bf16 step). Triton's pipeliner waits for each integer wgmma before the next K step's loads;
-here `warp_specialize` gives one warp (24 registers) the TMA loads into a ring of STAGES buffers, and the default
-warpgroup waits for a slot, issues its MMAs asynchronously, keeps one group in flight and frees the slot behind it
-(`empty`). A program an SM takes its 128 x 128 tiles in turn; outputs leave by TMA, and what an epilogue reads
-besides the products (the gated residual tile, the QKV's cos and sin rows) is loaded during the K loop. Measured on
-the H200 (docs/benchmarks.md, docs/gpu_path.md): products 1.13-1.36x the Triton kernel's (1300-1490 TOPS); ping-pong
-consumers faulted on Triton 3.6, two programs an SM were slower. GPU only; where `unusable` objects, Triton's kernels.
+here `warp_specialize` gives one warp (24 registers) the TMA loads into a ring of STAGES buffers. A program an SM
+takes its 128 x 128 tiles in turn, the two consumer warpgroups every other one (ping-pong): a consumer waits for a
+slot, issues its MMAs asynchronously, keeps one group in flight and frees the slot behind it (`empty`), and once its
+tile's K loop is issued the other consumer's may start (`turn`), so one's epilogue runs under the other's products.
+The turn also keeps the ring's barriers within a phase of the step a consumer waits for (their parity alone names
+the step). Outputs leave by TMA from each consumer's own box; the gated form reads its residual half by TMA into
+it. Measured on the H200 (docs/benchmarks.md, docs/gpu_path.md): products 1.2-1.5x the Triton kernel's (1100-1570
+TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only; where `unusable` objects, Triton's kernels.
 """
 from __future__ import annotations
 
@@ -33,9 +35,9 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
-# A ring of 6 x 32 KB (5 with the gated form's 64 KB residual tile, 4 with the fused QKV's 64 KB of cos and sin rows
-# beside its output box): 224 of the H200's 227 KB of shared memory.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 6, "GATED_STAGES": 5, "QKV_STAGES": 4}
+# A ring of 5 x 32 KB beside the two consumers' 32 KB output boxes (SwiGLU's 16 KB boxes: 6): 224 of the H200's
+# 227 KB of shared memory.
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
@@ -63,7 +65,7 @@ if gluon is not None:
 
     @gluon.jit
     def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-        """(tiles_m, tiles_n, K steps, the program's tile count): the run both partitions walk in the same order."""
+        """(tiles_m, tiles_n, K steps, the program's tile count): the run every partition walks in the same order."""
         tiles_m = gl.cdiv(M, BLOCK_M)
         tiles_n = gl.cdiv(N, BLOCK_N)
         return tiles_m, tiles_n, gl.cdiv(K, BLOCK_K), gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))
@@ -71,7 +73,7 @@ if gluon is not None:
     @gluon.jit
     def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr):
-        """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once the
+        """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once a
         consumer has freed the slot from step c - STAGES."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -89,78 +91,78 @@ if gluon is not None:
                 tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(slot), b_ring.index(slot))
 
     @gluon.jit
-    def _products(a_ring, b_ring, ready, empty, t, steps, pre_a_desc, pre_b_desc, pre_tile, prefetched, off_m, col_a,
-                  col_b, layout: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                  PREFETCH: gl.constexpr):
-        """The program's t-th tile's int32 products over K (exact), every slot it read freed; PREFETCH: pre_tile's two
-        boxes loaded by TMA after the third K step, when the last epilogue's reads and stores of it are long done."""
+    def _products(a_ring, b_ring, ready, empty, first, steps, their_turn, layout: gl.constexpr, BLOCK_M: gl.constexpr,
+                  BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """A tile's int32 products over K (exact) from the run's steps first.. first + steps - 1, every slot freed;
+        their_turn arrived once the last MMA is issued, so the other consumer's K loop follows on the matrix cores."""
         acc = gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.int32, layout=layout)
         for i in range(steps):
-            c = t * steps + i
+            c = first + i
             slot = c % STAGES
             mbarrier.wait(ready.index(slot), (c // STAGES) & 1)
             acc = warpgroup_mma(a_ring.index(slot), b_ring.index(slot).permute((1, 0)), acc, use_acc=i > 0,
                                 is_async=True)
             acc, _, _ = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_ring.index(slot), b_ring.index(slot)))
             mbarrier.arrive(empty.index((c + STAGES - 1) % STAGES), pred=i > 0)  # step c - 1's MMA is done
-            if PREFETCH:
-                if i == min(2, steps - 1):
-                    tma.store_wait(0)
-                    fence_async_shared()  # the last epilogue's reads of pre_tile before TMA writes it
-                    mbarrier.expect(prefetched, pre_a_desc.block_type.nbytes + pre_b_desc.block_type.nbytes)
-                    tma_load(pre_a_desc, [off_m, col_a], prefetched, pre_tile.index(0))
-                    tma_load(pre_b_desc, [off_m, col_b], prefetched, pre_tile.index(1))
+        mbarrier.arrive(their_turn)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        mbarrier.arrive(empty.index((t * steps + steps - 1) % STAGES))
+        mbarrier.arrive(empty.index((first + steps - 1) % STAGES))
         return acc
 
     @gluon.jit
     def _store(part, out_desc, out_tile, coords):
-        """part to the output at coords through out_tile and TMA (clipped at the edges), once the last store left."""
+        """part to the output at coords through out_tile and TMA (clipped at the edges), once its last store left."""
         tma.store_wait(0)
         out_tile.store(part)
         fence_async_shared()
         tma_store(out_desc, coords, out_tile)
 
     @gluon.jit
-    def _gated(y, t, off_m, off_n, res_desc, res_tile, prefetched, gate_ptr, map_ptr, M, N,
-               ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y on the prefetched residual, a column half at a time (gate rows as vectors)."""
+    def _fetch(res_desc, res_tile, fetched, off_m, col):
+        """The residual's box at (off_m, col) into res_tile by TMA (`fetched` says when), once its last store left."""
+        tma.store_wait(0)
+        mbarrier.expect(fetched, res_desc.block_type.nbytes)
+        tma_load(res_desc, [off_m, col], fetched, res_tile)
+
+    @gluon.jit
+    def _gated(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
+        """residual += gate[row_map] * y, a column half at a time through res_tile (gate rows as vectors); the first
+        half's residual on its way since the tile began."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
-        mbarrier.wait(prefetched, t & 1)
         for h in gl.static_range(2):
             part = halves[h]
             col = off_n + h * HALF
-            r = res_tile.index(h).load(part.type.layout)
+            if h == 1:  # (the first half was asked for before the K loop: _fetch)
+                _fetch(res_desc, res_tile, fetched, off_m, col)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
             rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
+            mbarrier.wait(fetched, h)  # (two phases a tile)
+            r = res_tile.load(part.type.layout)
             if ONE_GATE_ROW:
-                res_tile.index(h).store(r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part)
+                r = r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part
             else:
                 rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
                 lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
                 hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
                 if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
-                    shared = gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0)
-                    res_tile.index(h).store(r + gl.expand_dims(shared, 0) * part)
+                    r = r + gl.expand_dims(gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0), 0) * part
                 else:
-                    gates = gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
-                                    mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0), other=0.0)
-                    res_tile.index(h).store(r + part * gates)
+                    r = r + part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
+                                           mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0), other=0.0)
+            res_tile.store(r)
             fence_async_shared()
-            tma_store(res_desc, [off_m, col], res_tile.index(h))
+            tma_store(res_desc, [off_m, col], res_tile)
 
     @gluon.jit
-    def _qkv_rope(y, t, off_m, off_n, out_desc, out_tile, nw_ptr, rope_tile, prefetched, HD, eps,
-                  HAS_NORM: gl.constexpr, D: gl.constexpr):
+    def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
+                  D: gl.constexpr):
         """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA box."""
         BLOCK_M: gl.constexpr = y.shape[0]
         BLOCK_N: gl.constexpr = y.shape[1]
         R: gl.constexpr = D // 2
         which = off_n // HD  # 0 q, 1 k, 2 v
-        mbarrier.wait(prefetched, t & 1)  # the tile's cos and sin rows (zeros past M: rows the store clips)
         if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
             # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
             a, b = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
@@ -170,8 +172,12 @@ if gluon is not None:
                 inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
                 a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
                 b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
-            cos = gl.expand_dims(rope_tile.index(0).load(gl.SliceLayout(1, a.type.layout)), 1)
-            sin = gl.expand_dims(rope_tile.index(1).load(gl.SliceLayout(1, a.type.layout)), 1)
+            # the rows' cos and sin [M, R] (zeros past M: rows the store clips)
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
+            at = gl.expand_dims(rm * R, 1) + gl.expand_dims(j, 0)
+            inside = gl.expand_dims(rm < M, 1) & gl.expand_dims(j < R, 0)
+            cos = gl.expand_dims(gl.load(cos_ptr + at, mask=inside, other=0.0), 1)
+            sin = gl.expand_dims(gl.load(sin_ptr + at, mask=inside, other=0.0), 1)
             turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
             turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N]).to(gl.bfloat16)
             _store(gl.reshape(turned, [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [which, off_m, off_n - which * HD])
@@ -179,26 +185,28 @@ if gluon is not None:
             _store(gl.reshape(y.to(gl.bfloat16), [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [2, off_m, off_n - 2 * HD])
 
     @gluon.jit
-    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, pre_tile, prefetched, sx_ptr,
-                  sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_desc, sin_desc, M, N, K, HD, eps, FORM: gl.constexpr,
+    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
+                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        """The program's tiles: their products, then the form's epilogue (int8_linear's y, rounded once)."""
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
+        """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
+        issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
+        out_tile = out_tiles.index(W)
         tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
-        for t in range(run):
+        for t in range(W, run, 2):
             off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
                                          BLOCK_M, BLOCK_N)
-            if FORM == 1:  # the residual tile's column halves
-                acc = _products(a_ring, b_ring, ready, empty, t, steps, out_desc, out_desc, pre_tile, prefetched, off_m,
-                                off_n, off_n + BLOCK_N // 2, layout, BLOCK_M, BLOCK_N, STAGES, True)
-            else:  # the fused QKV's rotary rows (cos, sin); the other forms prefetch nothing
-                acc = _products(a_ring, b_ring, ready, empty, t, steps, cos_desc, sin_desc, pre_tile, prefetched, off_m,
-                                0, 0, layout, BLOCK_M, BLOCK_N, STAGES, FORM == 3)
+            if FORM == 1:
+                _fetch(out_desc, out_tile, fetched.index(W), off_m, off_n)
+            if t > 0:  # the other consumer's tile t - 1 is issued: the ring's barriers are a phase from ours at most
+                mbarrier.wait(turn.index(W), ((t - 1) // 2) & 1)
+            acc = _products(a_ring, b_ring, ready, empty, t * steps, steps, turn.index(1 - W), layout, BLOCK_M,
+                            BLOCK_N, STAGES)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
             sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
@@ -207,20 +215,20 @@ if gluon is not None:
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
             if FORM == 1:
-                _gated(y, t, off_m, off_n, out_desc, pre_tile, prefetched, gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
+                _gated(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
                 _store((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile, [off_m, off_n // 2])
             elif FORM == 3:
-                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), t, off_m, off_n, out_desc, out_tile, nw_ptr, pre_tile,
-                          prefetched, HD, eps, HAS_NORM, D)
+                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr,
+                          M, HD, eps, HAS_NORM, D)
             else:
                 _store(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
-                                   cos_desc, sin_desc, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
+                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
                                    ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                                    GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -228,30 +236,29 @@ if gluon is not None:
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-        # pre_tile: what _products prefetches (the gated residual's column halves, stored from too; the QKV's cos, sin)
-        if FORM == 1:
-            pre_tile = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
-            out_tile = pre_tile
-        else:
-            out_tile = gl.allocate_shared_memory(out_desc.dtype, out_desc.block_type.shape, out_desc.layout)
-            if FORM == 3:
-                pre_tile = gl.allocate_shared_memory(cos_desc.dtype, [2] + cos_desc.block_type.shape, cos_desc.layout)
-            else:
-                pre_tile = out_tile  # (not read)
+        # each consumer's output box (the gated form's residual, read and written in it)
+        out_tiles = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        prefetched = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # a consumer's K loop may start
+        fetched = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # its residual half is in
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=1)
-        mbarrier.init(prefetched, count=1)
+        for w in gl.static_range(2):
+            mbarrier.init(turn.index(w), count=1)
+            mbarrier.init(fetched.index(w), count=1)
         fence_async_shared()
+        # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer.
         gl.warp_specialize([
-            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, out_tile, pre_tile, prefetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_desc, sin_desc, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES)),
+            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 0)),
+            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
-        ], [1], [24])
+        ], [4, 1], [224, 24])
 
 
 def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matrix cores' default swizzle
@@ -273,8 +280,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
     try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
         a_desc = _descriptor(q, [bm, bk], gl.int8)
-        rope = [_descriptor(table.float().contiguous(), [bm, head // 2], gl.float32) for table in (cos, sin)] if (
-            form == QKV_ROPE) else [a_desc, a_desc]  # (not read)
+        rope = [table.float().contiguous() for table in (cos, sin)] if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
         _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
             a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), _descriptor(out, box, dtype),
@@ -284,7 +290,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
             norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_NORM=norms is not None, D=head, GROUP_M=t["GROUP_M"],
-            STAGES=t[{GATED: "GATED_STAGES", QKV_ROPE: "QKV_STAGES"}.get(form, "STAGES")], num_warps=4,
+            STAGES=t["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4,
             enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:

@@ -36,19 +36,18 @@ def desc(base, shape, block, dtype):
     return mangle_type(kh.TensorDescriptor(base, shape, strides, block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))
 bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr")}
+pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr", "cos_ptr", "sin_ptr")}
 found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
     a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
-    rope = desc(Residual, [4608, 64], [bm, 64], gl.float32) if form == 3 else a_desc
     sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out, **pointers,
-           "map_ptr": "*i32", "cos_desc": rope, "sin_desc": rope, "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
+           "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
-              "GROUP_M": t["GROUP_M"], "STAGES": t[{1: "GATED_STAGES", 3: "QKV_STAGES"}.get(form, "STAGES")]}
+              "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
@@ -99,10 +98,10 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
     s_x, s_w, rows = torch.ones(m), torch.ones(n), torch.zeros(m, 64)
     gated = {"gate": torch.ones(1, n), "row_map": torch.zeros(m, dtype=torch.long)}
     rope = {"cos": rows, "sin": rows, "heads_d": 128, "head": 128, "norms": torch.ones(2, 128)}
-    cases = [(kh.BF16, torch.empty(m, n, dtype=torch.bfloat16), {}, [128, 128], 6),
+    cases = [(kh.BF16, torch.empty(m, n, dtype=torch.bfloat16), {}, [128, 128], 5),
              (kh.GATED, torch.zeros(m, n), gated, [128, 64], 5),
              (kh.SWIGLU, torch.empty(m, n // 2, dtype=torch.bfloat16), {}, [128, 64], 6),
-             (kh.QKV_ROPE, torch.empty(3, m, 128, dtype=torch.bfloat16), rope, [1, 128, 128], 4)]
+             (kh.QKV_ROPE, torch.empty(3, m, 128, dtype=torch.bfloat16), rope, [1, 128, 128], 5)]
     for form, out, extra, box, stages in cases:
         recorder = _FakeKernel()
         with pytest.MonkeyPatch.context() as patch:
@@ -112,7 +111,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         (grid, args, kwargs), = recorder.launches
         assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
         assert list(args[2].block_shape) == box and args[2].base is out, form
-        assert (list(args[9].block_shape) == [128, 64]) == (form == kh.QKV_ROPE), form
+        assert (args[9] is rows and args[10] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
 
 
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
