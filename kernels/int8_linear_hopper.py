@@ -1,16 +1,14 @@
 """The INT8 linears on Hopper with the work split between warps: a producer warp loads, two warpgroups multiply.
 
 Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
-fused QKV in Gluon, their math and references unchanged (tests/kernels/test_int8_linear_hopper.py: bit for bit, the
-QKV's q and k within one bf16 step). Triton's pipeliner waits for each integer wgmma before the next K step's loads;
-here `warp_specialize` gives one warp (24 registers) the TMA loads into a ring of STAGES buffers. A program an SM
-takes its 128 x 128 tiles in turn, the two consumer warpgroups every other one (ping-pong): a consumer waits for a
-slot, issues its MMAs asynchronously, keeps one group in flight and frees the slot behind it (`empty`), and once its
-tile's K loop is issued the other consumer's may start (`turn`), so one's epilogue runs under the other's products.
-The turn also keeps the ring's barriers within a phase of the step a consumer waits for (their parity alone names
-the step). Outputs leave by TMA from each consumer's own box; the gated form reads its residual half by TMA into
-it. Measured on the H200 (docs/benchmarks.md, docs/gpu_path.md): products 1.2-1.5x the Triton kernel's (1100-1570
-TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only; where `unusable` objects, Triton's kernels.
+fused QKV in Gluon, their math and references unchanged (bit for bit; the QKV's q and k within one bf16 step). Triton's
+pipeliner waits for each integer wgmma before the next K step's loads; here `warp_specialize` gives one warp (24
+registers) the TMA loads into a ring of STAGES buffers. A program an SM takes its 128 x 128 tiles in turn, two consumer
+warpgroups every other one (ping-pong): each waits for a slot, issues its MMAs asynchronously, keeps one group in flight
+and frees the slot behind it (`empty`); once one's K loop is issued the other's may start (`turn`: so one's epilogue
+runs under the other's products, and the ring's barriers stay within a phase of the step awaited, which their parity
+alone names). Outputs leave by TMA from each consumer's box. On the H200 (docs/benchmarks.md): products 1.2-1.5x
+Triton's (1100-1570 TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only (else `unusable`).
 """
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
-# A ring of 5 x 32 KB beside the two consumers' 32 KB output boxes (SwiGLU's 16 KB boxes: 6): 224 of the H200's
-# 227 KB of shared memory.
+# A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
@@ -49,39 +46,39 @@ def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
         return "off, no Gluon, or interpreted"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
-    k = q.shape[1]
-    aligned = k % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
-    return None if aligned and q.stride() == (k, 1) and out.is_contiguous() else "TMA needs 16-byte rows and bases"
+    aligned = q.shape[1] % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
+    dense = q.stride() == (q.shape[1], 1) and out.is_contiguous()
+    return None if aligned and dense else "TMA needs 16-byte rows and bases"
 
 
 if gluon is not None:
     @gluon.jit
-    def _tile_offsets(tile, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-        """Row and column offsets of a tile: GROUP_M row tiles walk the column tiles together (weights stay in L2)."""
+    def _tile_offsets(t, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Row and column offsets of the program's t-th tile: GROUP_M row tiles walk the column tiles together (weights
+        stay in L2; int8_products.tile_of's order, which the split tail's launch takes up)."""
+        tile = gl.program_id(0) + t * gl.num_programs(0)
         per_group = GROUP_M * tiles_n
         first_m = (tile // per_group) * GROUP_M
         group_m = min(tiles_m - first_m, GROUP_M)
         return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
     @gluon.jit
-    def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-        """(tiles_m, tiles_n, K steps, the program's tile count): the run every partition walks in the same order."""
-        tiles_m = gl.cdiv(M, BLOCK_M)
-        tiles_n = gl.cdiv(N, BLOCK_N)
-        return tiles_m, tiles_n, gl.cdiv(K, BLOCK_K), gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))
+    def _schedule(M, N, K, TILES, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+        """(tiles_m, tiles_n, K steps, the program's count of the first TILES tiles), walked alike by every part."""
+        program, programs = gl.program_id(0), gl.num_programs(0)
+        return gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), gl.cdiv(K, BLOCK_K), gl.cdiv(TILES - program, programs)
 
     @gluon.jit
-    def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
+    def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, TILES, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr):
         """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once a
         consumer has freed the slot from step c - STAGES."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, TILES, BLOCK_M, BLOCK_N, BLOCK_K)
         for t in range(run):
-            off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
-                                         BLOCK_M, BLOCK_N)
+            off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             for i in range(steps):
                 c = t * steps + i
                 slot = c % STAGES
@@ -126,8 +123,7 @@ if gluon is not None:
 
     @gluon.jit
     def _gated(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y, a column half at a time through res_tile (gate rows as vectors); the first
-        half's residual on its way since the tile began."""
+        """residual += gate[row_map] * y by column halves through res_tile (the first asked for before the K loop)."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
@@ -138,19 +134,19 @@ if gluon is not None:
                 _fetch(res_desc, res_tile, fetched, off_m, col)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
             rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
-            mbarrier.wait(fetched, h)  # (two phases a tile)
-            r = res_tile.load(part.type.layout)
             if ONE_GATE_ROW:
-                r = r + gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part
+                gated = gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part
             else:
                 rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
                 lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
                 hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
                 if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
-                    r = r + gl.expand_dims(gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0), 0) * part
+                    gated = gl.expand_dims(gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0), 0) * part
                 else:
-                    r = r + part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
+                    gated = part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
                                            mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0), other=0.0)
+            mbarrier.wait(fetched, h)  # (two phases a tile)
+            r = gated + res_tile.load(part.type.layout)  # (the residual read last: fewer registers held)
             res_tile.store(r)
             fence_async_shared()
             tma_store(res_desc, [off_m, col], res_tile)
@@ -159,34 +155,41 @@ if gluon is not None:
     def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
                   D: gl.constexpr):
         """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA box."""
-        BLOCK_M: gl.constexpr = y.shape[0]
         BLOCK_N: gl.constexpr = y.shape[1]
         R: gl.constexpr = D // 2
         which = off_n // HD  # 0 q, 1 k, 2 v
-        if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
-            # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
-            a, b = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
-            j = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, a.type.layout)))
-            if HAS_NORM:
-                ms = gl.div_rn(gl.sum(a * a, axis=2) + gl.sum(b * b, axis=2), D * 1.0)
-                inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
-                a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
-                b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
-            # the rows' cos and sin [M, R] (zeros past M: rows the store clips)
-            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
-            at = gl.expand_dims(rm * R, 1) + gl.expand_dims(j, 0)
-            inside = gl.expand_dims(rm < M, 1) & gl.expand_dims(j < R, 0)
-            cos = gl.expand_dims(gl.load(cos_ptr + at, mask=inside, other=0.0), 1)
-            sin = gl.expand_dims(gl.load(sin_ptr + at, mask=inside, other=0.0), 1)
-            turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
-            turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [BLOCK_M, BLOCK_N]).to(gl.bfloat16)
-            _store(gl.reshape(turned, [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [which, off_m, off_n - which * HD])
+        if which < 2:
+            # Row halves in turn (the layout's highest row bit is a register's: no data moves), so that one half's
+            # cos and sin rows are held at a time (both halves' at once spilled 664 bytes a thread).
+            HALF: gl.constexpr = y.shape[0] // 2
+            halves = gl.split(gl.permute(gl.reshape(y, [2, HALF, BLOCK_N]), [1, 2, 0]))
+            tma.store_wait(0)  # out_tile's last store has left
+            for h in gl.static_range(2):
+                # [HALF, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R]
+                a, b = gl.split(gl.permute(gl.reshape(halves[h], [HALF, BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
+                j = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, a.type.layout)))
+                if HAS_NORM:
+                    ms = gl.div_rn(gl.sum(a * a, axis=2) + gl.sum(b * b, axis=2), D * 1.0)
+                    inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
+                    a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
+                    b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
+                rm = off_m + h * HALF + gl.arange(0, HALF, layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
+                at = gl.expand_dims(rm * R, 1) + gl.expand_dims(j, 0)
+                inside = gl.expand_dims(rm < M, 1) & gl.expand_dims(j < R, 0)  # (zeros past M: rows not stored)
+                cos = gl.expand_dims(gl.load(cos_ptr + at, mask=inside, other=0.0), 1)
+                sin = gl.expand_dims(gl.load(sin_ptr + at, mask=inside, other=0.0), 1)
+                turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [HALF, heads, R, 2]
+                turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [1, HALF, BLOCK_N]).to(gl.bfloat16)
+                out_tile.slice(h * HALF, HALF, dim=1).store(turned)
+            fence_async_shared()
+            tma_store(out_desc, [which, off_m, off_n - which * HD], out_tile)
         else:  # v
-            _store(gl.reshape(y.to(gl.bfloat16), [1, BLOCK_M, BLOCK_N]), out_desc, out_tile, [2, off_m, off_n - 2 * HD])
+            v = gl.reshape(y.to(gl.bfloat16), [1, y.shape[0], BLOCK_N])
+            _store(v, out_desc, out_tile, [2, off_m, off_n - 2 * HD])
 
     @gluon.jit
     def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
-                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
@@ -197,10 +200,9 @@ if gluon is not None:
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
         out_tile = out_tiles.index(W)
-        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, TILES, BLOCK_M, BLOCK_N, BLOCK_K)
         for t in range(W, run, 2):
-            off_m, off_n = _tile_offsets(gl.program_id(0) + t * gl.num_programs(0), tiles_m, tiles_n, GROUP_M,
-                                         BLOCK_M, BLOCK_N)
+            off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             if FORM == 1:
                 _fetch(out_desc, out_tile, fetched.index(W), off_m, off_n)
             if t > 0:  # the other consumer's tile t - 1 is issued: the ring's barriers are a phase from ours at most
@@ -228,14 +230,11 @@ if gluon is not None:
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
-                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr, HAS_BIAS: gl.constexpr,
-                                   ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
-                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
-        BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
-        BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
-        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
+                                   cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM: gl.constexpr,
+                                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr,
+                                   D: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+        a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+        b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
         out_tiles = gl.allocate_shared_memory(out_desc.dtype, [2] + out_desc.block_type.shape, out_desc.layout)
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -252,12 +251,12 @@ if gluon is not None:
         # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 1)),
-            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, TILES, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
 
@@ -266,32 +265,30 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
-           head=128, eps=1e-6):
-    """Codes q [M, K] and w [N, K] into out: bf16 [M, N], f32 residual [M, N] in place (GATED), bf16 [M, N / 2]
-    (SWIGLU) or bf16 [3, M, heads_d] (QKV_ROPE); True, or False where nothing ran (not buildable here: UNBUILT says
-    why, and the callers run the Triton kernels). The callers ask `unusable` first."""
+           head=128, eps=1e-6, whole=None):
+    """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place; SWIGLU: bf16
+    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d]), only its first `whole` 128 x 128 tiles where given (split_tail's);
+    True, or False where nothing ran (UNBUILT says why; the callers run Triton's). Callers ask `unusable` first."""
     if form in UNBUILT:
         return False
-    t = TILE
     (m, k), n = q.shape, w.shape[0]
-    bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
+    bm, bn, bk = TILE["BLOCK_M"], TILE["BLOCK_N"], TILE["BLOCK_K"]
     box, dtype = {BF16: ([bm, bn], gl.bfloat16), GATED: ([bm, bn // 2], gl.float32),
                   SWIGLU: ([bm, bn // 2], gl.bfloat16), QKV_ROPE: ([1, bm, bn], gl.bfloat16)}[form]
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
     try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
-        a_desc = _descriptor(q, [bm, bk], gl.int8)
         rope = [table.float().contiguous() for table in (cos, sin)] if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
-        _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
-            a_desc, _descriptor(w.contiguous(), [bn, bk], gl.int8), _descriptor(out, box, dtype),
-            s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+        whole = triton.cdiv(m, bm) * triton.cdiv(n, bn) if whole is None else whole
+        _int8_linear_hopper_kernel[(min(whole, sm_count(q.device)),)](
+            _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
+            _descriptor(out, box, dtype), s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-            norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
+            norms if norms is not None else absent, *rope, m, n, k, whole, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
-            HAS_NORM=norms is not None, D=head, GROUP_M=t["GROUP_M"],
-            STAGES=t["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4,
-            enable_fp_fusion=False)
+            HAS_NORM=norms is not None, D=head, GROUP_M=TILE["GROUP_M"],
+            STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "PassManager" not in str(e):

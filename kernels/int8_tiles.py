@@ -55,6 +55,9 @@ HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 1: config(128, 256, 128, 8, 4, tma=True, subtile=2),
                 2: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 "qkv_rope": config(128, 256, 128, 8, 4, tma=True)} if triton is not None else {}
+# The tail launch after kernels/int8_linear_hopper.py's whole tiles (its 128 x 128 tiles, in tile_of's order too),
+# the sums stored in column quarters.
+HOPPER_TAIL_TILES = config(128, 128, 128, 4, 4, tma=True, subtile=4) if triton is not None else None
 
 
 @functools.cache
