@@ -30,8 +30,8 @@ import torch
 
 from . import int8_linear_hopper
 from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
-from .int8_tiles import (BF16, GATED, HOPPER_TAIL_TILES, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, launch_of,
-                         sm_count, tma_where_it_can, tune_bucket)
+from .int8_tiles import (BF16, GATED, HOPPER_TAIL_TILES, SWIGLU, candidate_tiles, descriptor_scratch, fixed_tiles,
+                         launch_grid, launch_of, sm_count, tma_where_it_can, tune_bucket)
 from .modulation_rows import shared_row
 from .rounding import rounded_bf16
 from .arrival_counters import counter_reset
@@ -244,6 +244,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tail, sm_count(q.device), absent)
         if int8_linear_hopper.launch(q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, whole=whole):
             if parts > 1:  # the Hopper kernel's last, partial wave of tiles split along K
+                descriptor_scratch()
                 _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail, SPLIT=True,
                                                       enable_fp_fusion=False)
             return

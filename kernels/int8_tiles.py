@@ -93,7 +93,7 @@ def sm_count(device: torch.device) -> int:
 
 
 @functools.cache
-def _descriptor_scratch() -> None:
+def descriptor_scratch() -> None:
     """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
     descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -103,7 +103,7 @@ def launch_grid(m: int, n: int, device: torch.device, tiles_run: int | None = No
     """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT) running its first
     tiles_run tiles (all when None; kernels/split_tail.py runs the rest), with the TMA descriptors' scratch allocator
     in place (kernels/qkv_rope_linear.py launches the same way)."""
-    _descriptor_scratch()
+    descriptor_scratch()
     sms = sm_count(device)
 
     def grid(meta):

@@ -126,9 +126,12 @@ def test_the_last_partial_wave_goes_to_the_split_tail_launch(monkeypatch):
     for module in (kh, int8_linear_module):
         monkeypatch.setattr(module, "sm_count", lambda device: 132)
     for (m, k, n), whole, tail_programs in (((4608, 10240, 3840), 1056, 24 * 5), ((4608, 9216, 3072), 864, None)):
-        hopper, tail = _FakeKernel(), _FakeKernel()
+        hopper, tail, scratch = _FakeKernel(), _FakeKernel(), []
         monkeypatch.setattr(kh, "_int8_linear_hopper_kernel", hopper)
         monkeypatch.setattr(int8_linear_module, "_int8_linear_kernel", tail)
+        # (the tail launch's device-side TMA descriptors need Triton's scratch allocator, though no Triton kernel
+        # may have run before it in the process)
+        monkeypatch.setattr(int8_linear_module, "descriptor_scratch", lambda: scratch.append(True))
         q, w = torch.zeros(m, k, dtype=torch.int8), torch.zeros(n, k, dtype=torch.int8)
         int8_linear_module.int8_linear(q, torch.ones(m), w, torch.ones(n))
         (grid, args, _), = hopper.launches
@@ -138,7 +141,7 @@ def test_the_last_partial_wave_goes_to_the_split_tail_launch(monkeypatch):
         else:
             (grid, args, kwargs), = tail.launches
             assert grid == (tail_programs,) and kwargs["SPLIT"] and kwargs["BLOCK_N"] == 128 and args[-2:] == (
-                whole, 5)
+                whole, 5) and scratch
 
 
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
