@@ -18,8 +18,7 @@ group's two tiles in turn, 0.78 against 0.71 ms with the rotate pass apart, sinc
 with two main loops in it; the bf16 rows stored by TMA descriptors, 2-20% slower: a stage fewer fits.)
 On Hopper the calls without a LoRA go to kernels/int8_linear_hopper.py (the same math bit for bit, its products
 1.2-1.5x faster: a producer warp keeps the loads off the MMAs' warps, two consumer warpgroups hide each other's
-epilogues), its last partial wave split along K in this kernel's tail launch where split_tail finds it worth it; this
-kernel runs everything else.
+epilogues); this kernel runs everything else.
 """
 from __future__ import annotations
 
@@ -30,8 +29,8 @@ import torch
 
 from . import int8_linear_hopper
 from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
-from .int8_tiles import (BF16, GATED, HOPPER_TAIL_TILES, SWIGLU, candidate_tiles, descriptor_scratch, fixed_tiles,
-                         launch_grid, launch_of, sm_count, tma_where_it_can, tune_bucket)
+from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
+                         tune_bucket)
 from .modulation_rows import shared_row
 from .rounding import rounded_bf16
 from .arrival_counters import counter_reset
@@ -221,9 +220,11 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         raise ValueError("int8_linear: a LoRA needs lora_down [M, r] and lora_up [N, r] together")
     if m == 0:
         return
+    if tiles is None and lora_down is None and int8_linear_hopper.unusable(
+            q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map):
+        return
     rank = lora_down.shape[1] if lora_down is not None else 0
-    hopper = tiles is None and lora_down is None and int8_linear_hopper.unusable(
-        q, out, out.shape[1] * out.element_size()) is None
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
     tiles = tiles or fixed or None
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag is off)
@@ -239,15 +240,6 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
-    if hopper:
-        tail = launch_of(HOPPER_TAIL_TILES)
-        sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tail, sm_count(q.device), absent)
-        if int8_linear_hopper.launch(q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, whole=whole):
-            if parts > 1:  # the Hopper kernel's last, partial wave of tiles split along K
-                descriptor_scratch()
-                _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail, SPLIT=True,
-                                                      enable_fp_fusion=False)
-            return
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
     def autotuned():  # every tile whole
         _autotuned(form)[launch_grid(m, n, q.device)](*args, absent, absent, 2**30, 1, **flags, SPLIT=False,

@@ -55,7 +55,7 @@ if gluon is not None:
     @gluon.jit
     def _tile_offsets(t, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """Row and column offsets of the program's t-th tile: GROUP_M row tiles walk the column tiles together (weights
-        stay in L2; int8_products.tile_of's order, which the split tail's launch takes up)."""
+        stay in L2)."""
         tile = gl.program_id(0) + t * gl.num_programs(0)
         per_group = GROUP_M * tiles_n
         first_m = (tile // per_group) * GROUP_M
@@ -63,20 +63,20 @@ if gluon is not None:
         return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
     @gluon.jit
-    def _schedule(M, N, K, TILES, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
-        """(tiles_m, tiles_n, K steps, the program's count of the first TILES tiles), walked alike by every part."""
-        program, programs = gl.program_id(0), gl.num_programs(0)
-        return gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N), gl.cdiv(K, BLOCK_K), gl.cdiv(TILES - program, programs)
+    def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
+        """(tiles_m, tiles_n, K steps, the program's tile count): the run every partition walks in the same order."""
+        tiles_m, tiles_n = gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N)
+        return tiles_m, tiles_n, gl.cdiv(K, BLOCK_K), gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))
 
     @gluon.jit
-    def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, TILES, GROUP_M: gl.constexpr,
+    def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr):
         """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once a
         consumer has freed the slot from step c - STAGES."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
-        tiles_m, tiles_n, steps, run = _schedule(M, N, K, TILES, BLOCK_M, BLOCK_N, BLOCK_K)
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
         for t in range(run):
             off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             for i in range(steps):
@@ -182,7 +182,7 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
-                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM: gl.constexpr,
+                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
                   GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
@@ -193,7 +193,7 @@ if gluon is not None:
         layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, BLOCK_N, 32])
         out_tile = out_tiles.index(W)
-        tiles_m, tiles_n, steps, run = _schedule(M, N, K, TILES, BLOCK_M, BLOCK_N, BLOCK_K)
+        tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
         for t in range(W, run, 2):
             off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             if FORM == 1:
@@ -223,7 +223,7 @@ if gluon is not None:
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
-                                   cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM: gl.constexpr,
+                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr,
                                    D: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -244,12 +244,12 @@ if gluon is not None:
         # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, TILES, HD, eps, FORM,
+                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 1)),
-            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, TILES, GROUP_M, STAGES)),
+            (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
 
@@ -258,10 +258,10 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
-           head=128, eps=1e-6, whole=None):
+           head=128, eps=1e-6):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place; SWIGLU: bf16
-    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d]), only its first `whole` 128 x 128 tiles where given (split_tail's);
-    True, or False where nothing ran (UNBUILT says why; the callers run Triton's). Callers ask `unusable` first."""
+    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d]); True, or False where nothing ran (UNBUILT says why; the callers run
+    Triton's kernels). The callers ask `unusable` first."""
     if form in UNBUILT:
         return False
     (m, k), n = q.shape, w.shape[0]
@@ -272,13 +272,12 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
     try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
         rope = [table.float().contiguous() for table in (cos, sin)] if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
-        whole = triton.cdiv(m, bm) * triton.cdiv(n, bn) if whole is None else whole
-        _int8_linear_hopper_kernel[(min(whole, sm_count(q.device)),)](
+        _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
             _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
             _descriptor(out, box, dtype), s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-            norms if norms is not None else absent, *rope, m, n, k, whole, heads_d, eps, FORM=form,
+            norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_NORM=norms is not None, D=head, GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)

@@ -55,9 +55,6 @@ HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 1: config(128, 256, 128, 8, 4, tma=True, subtile=2),
                 2: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 "qkv_rope": config(128, 256, 128, 8, 4, tma=True)} if triton is not None else {}
-# The tail launch after kernels/int8_linear_hopper.py's whole tiles (its 128 x 128 tiles, in tile_of's order too),
-# the sums stored in column quarters.
-HOPPER_TAIL_TILES = config(128, 128, 128, 4, 4, tma=True, subtile=4) if triton is not None else None
 
 
 @functools.cache
@@ -93,7 +90,7 @@ def sm_count(device: torch.device) -> int:
 
 
 @functools.cache
-def descriptor_scratch() -> None:
+def _descriptor_scratch() -> None:
     """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
     descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
     triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
@@ -103,7 +100,7 @@ def launch_grid(m: int, n: int, device: torch.device, tiles_run: int | None = No
     """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT) running its first
     tiles_run tiles (all when None; kernels/split_tail.py runs the rest), with the TMA descriptors' scratch allocator
     in place (kernels/qkv_rope_linear.py launches the same way)."""
-    descriptor_scratch()
+    _descriptor_scratch()
     sms = sm_count(device)
 
     def grid(meta):

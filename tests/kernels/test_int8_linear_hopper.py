@@ -44,7 +44,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
     a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
     sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out, **pointers,
-           "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "TILES": "i32", "HD": "i32",
+           "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
@@ -112,36 +112,6 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
         assert list(args[2].block_shape) == box and args[2].base is out, form
         assert (args[9] is rows and args[10] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
-
-
-def test_the_last_partial_wave_goes_to_the_split_tail_launch(monkeypatch):
-    """On 132 SMs, Z-Image's DOWN at 1024^2 (1080 tiles of 128 x 128, 80 K steps): the Hopper kernel takes the 1056
-    tiles of eight whole waves and the Triton kernel's tail launch the last 24, each in 5 parts along K; Klein's
-    (864 tiles, a tail over half a wave) stays whole in the Hopper kernel (the GPU tests compare the outputs)."""
-    pytest.importorskip("triton.experimental.gluon")
-    from kernels import int8_linear as int8_linear_module
-    from kernels import int8_linear_hopper as kh
-    monkeypatch.setattr(kh, "unusable", lambda *args: None)
-    monkeypatch.setattr(kh, "UNBUILT", {})
-    for module in (kh, int8_linear_module):
-        monkeypatch.setattr(module, "sm_count", lambda device: 132)
-    for (m, k, n), whole, tail_programs in (((4608, 10240, 3840), 1056, 24 * 5), ((4608, 9216, 3072), 864, None)):
-        hopper, tail, scratch = _FakeKernel(), _FakeKernel(), []
-        monkeypatch.setattr(kh, "_int8_linear_hopper_kernel", hopper)
-        monkeypatch.setattr(int8_linear_module, "_int8_linear_kernel", tail)
-        # (the tail launch's device-side TMA descriptors need Triton's scratch allocator, though no Triton kernel
-        # may have run before it in the process)
-        monkeypatch.setattr(int8_linear_module, "descriptor_scratch", lambda: scratch.append(True))
-        q, w = torch.zeros(m, k, dtype=torch.int8), torch.zeros(n, k, dtype=torch.int8)
-        int8_linear_module.int8_linear(q, torch.ones(m), w, torch.ones(n))
-        (grid, args, _), = hopper.launches
-        assert grid == (132,) and args[14] == whole  # the kernel's TILES
-        if tail_programs is None:
-            assert not tail.launches
-        else:
-            (grid, args, kwargs), = tail.launches
-            assert grid == (tail_programs,) and kwargs["SPLIT"] and kwargs["BLOCK_N"] == 128 and args[-2:] == (
-                whole, 5) and scratch
 
 
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
