@@ -28,7 +28,7 @@ for part in $parts; do
     shapes) timeout 200 python3 bench/bench_linear_shapes.py ;;
     linears_triton) SWIFTDIT_HOPPER_GEMM=0 timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     hopper_only) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py ;;
-    hopper_tests) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
+    hopper_tests) timeout 320 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
            tests/kernels/test_int8_linear.py tests/kernels/test_qkv_rope_linear.py tests/dit_core/test_block_gpu.py ;;
     qkv) timeout 240 sh -c 'python3 -m pytest -q -m gpu -p no:cacheprovider tests/kernels/test_qkv_rope_linear.py &&
            python3 tests/kernels/bench_int8_linear.py --runs 30 --qkv' ;;
