@@ -1,7 +1,7 @@
 """kernels/int8_linear_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must split the warps
-and keep an integer wgmma group in flight), its launcher's boxes and its fallback to Triton where it cannot be built
-checked on the CPU, and on the GPU equal bit for bit to the Triton kernels it stands in for (int8_linear's three
-forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
+into a producer and two consumer warpgroups and keep an integer wgmma group in flight), its launcher's boxes and its
+fallback to Triton where it cannot be built checked on the CPU, and on the GPU equal bit for bit to the Triton
+kernels it stands in for (int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
 import json
 import os
 import subprocess
@@ -59,7 +59,7 @@ print(json.dumps(found))
 """
 
 
-def test_builds_for_the_h200_with_a_producer_warp_and_an_integer_mma_in_flight():
+def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_mma_in_flight():
     pytest.importorskip("triton.experimental.gluon")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -70,7 +70,8 @@ def test_builds_for_the_h200_with_a_producer_warp_and_an_integer_mma_in_flight()
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
-        assert "24" in built["setmaxnreg"], name  # the producer warp's registers handed to the warpgroup
+        assert "24" in built["setmaxnreg"], name  # the producer warp's registers handed to the warpgroups
+        assert "224" in built["setmaxnreg"], name  # the second consumer warpgroup's (ping-pong)
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
 
 
