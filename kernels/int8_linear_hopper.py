@@ -241,7 +241,8 @@ if gluon is not None:
             mbarrier.init(turn.index(w), count=1)
             mbarrier.init(fetched.index(w), count=1)
         fence_async_shared()
-        # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer.
+        # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer. The consumers' arguments
+        # are written out twice: a tuple built beforehand and extended by W reaches them without its constexprs.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                          sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
