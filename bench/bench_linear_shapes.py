@@ -7,6 +7,8 @@ codes; graph ms (median) of one call, TOPS = 2 M N K / t, and ms a step = calls 
 refiners run once per prompt, not a step). Needs a CUDA GPU; the Hopper column where int8_linear_hopper can run.
 
     python bench/bench_linear_shapes.py [--runs 30]
+    python bench/bench_linear_shapes.py --once FORM M K N   # three calls, no timing: for ncu (device_session's ncu)
+FORM: qkv, swiglu, gated, rows, or quantize (quantize_rows of plain bf16 rows [M, K]; N unused).
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels")]
 from bench_int8_linear import median_ms  # noqa: E402
 from kernels import int8_linear_hopper  # noqa: E402
 from kernels.int8_linear import int8_linear, int8_linear_gated  # noqa: E402
+from kernels.int8_quant import quantize_rows  # noqa: E402
 from kernels.qkv_rope_linear import qkv_rope_linear  # noqa: E402
 
 # (family, linear, form, M, K, N, calls a step); N is the product's width (UP: gate and up interleaved).
@@ -47,6 +50,9 @@ def call_of(form: str, m: int, k: int, n: int):
         angles = 50 * torch.rand(m, head // 2, generator=g).cuda()
         cos, sin, gains = angles.cos(), angles.sin(), torch.ones(2, head, device="cuda")
         return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], cos, sin)
+    if form == "quantize":
+        x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
+        return lambda: quantize_rows(x, 256)
     if form == "gated":
         residual, gate = torch.zeros(m, n, device="cuda"), torch.ones(1, n, device="cuda")
         row_map = torch.zeros(m, dtype=torch.int32, device="cuda")
@@ -57,9 +63,16 @@ def call_of(form: str, m: int, k: int, n: int):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--once", nargs=4, metavar=("FORM", "M", "K", "N"), help="three calls of one linear, no timing")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_linear_shapes needs a CUDA GPU")
+    if args.once:
+        call = call_of(args.once[0], *map(int, args.once[1:]))
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, runs = {args.runs}\n")
     print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
           "| Hopper ms a step | Triton ms a step |\n|---|---|---|---|---|---|---|---|---|")

@@ -3,9 +3,9 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton shapes
+#          klein qkv hopper_tests hopper_only linears_triton shapes ncu
 set -u
-OUT=${OUT:-device_out}; mkdir -p "$OUT"
+export OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
@@ -36,6 +36,14 @@ for part in $parts; do
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ;;
+    # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
+    # quantizer; details and per-instruction stall samples (SASS) as text beside each report.
+    ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper"
+           "quantize 4608 3072 0 rotate" "quantize 4608 3072 0 codes"; do set -- $c; r=$OUT/ncu_$1_$5
+           ncu --clock-control none --set full --import-source yes -k regex:$5 --launch-skip 2 --launch-count 1 \
+             -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
+           ncu -i $r.ncu-rep --page details > $r.txt && ncu -i $r.ncu-rep --page source --csv --print-source sass \
+             > $r.sass.csv; rm -f $r.ncu-rep; done' ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
   echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
