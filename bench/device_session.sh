@@ -38,7 +38,7 @@ for part in $parts; do
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ;;
     # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
     # quantizer; details and per-instruction stall samples (SASS) as text beside each report.
-    ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper"
+    ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper" \
            "quantize 4608 3072 0 rotate" "quantize 4608 3072 0 codes"; do set -- $c; r=$OUT/ncu_$1_$5
            ncu --clock-control none --set full --import-source yes -k regex:$5 --launch-skip 2 --launch-count 1 \
              -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
