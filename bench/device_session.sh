@@ -37,13 +37,13 @@ for part in $parts; do
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ;;
     # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
-    # quantizer; details and per-instruction stall samples (SASS) as text beside each report.
+    # quantizer; its details page and a summary of its per-instruction stall samples (bench/ncu_stalls.py) as text.
     ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper" \
-           "quantize 4608 3072 0 rotate" "quantize 4608 3072 0 codes"; do set -- $c; r=$OUT/ncu_$1_$5
+           "quantize 4608 3072 0 rotate" "quantize 4608 3072 0 codes"; do set -- $c; r=/tmp/ncu_$1_$5
            ncu --clock-control none --set full --import-source yes -k regex:$5 --launch-skip 2 --launch-count 1 \
              -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
-           ncu -i $r.ncu-rep --page details > $r.txt && ncu -i $r.ncu-rep --page source --csv --print-source sass \
-             > $r.sass.csv; rm -f $r.ncu-rep; done' ;;
+           ncu -i $r.ncu-rep --page details > $OUT/ncu_$1_$5.txt && ncu -i $r.ncu-rep --page source --csv \
+             --print-source sass > $r.csv && python3 bench/ncu_stalls.py $r.csv > $OUT/ncu_$1_$5.stalls.txt; done' ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
   echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
