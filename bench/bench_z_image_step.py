@@ -1,8 +1,9 @@
 """One Z-Image Turbo transformer step at 1024x1024 (4096 image rows + a 512-row caption) on random weights of the
 real size: ours INT8 ConvRot (eager, replayed from a CUDA graph, and optionally with other MLP chunks) and ours BF16
-vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, in one run. Prints a markdown table (median ms over
-timed steps with CUDA events, peak memory of the step) and the fidelity of the INT8 step against the BF16 and f32
-steps.
+vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, and the same model with its blocks' linears run by
+ComfyUI's own INT8 ConvRot linear (comfy-kitchen 0.2.40's CUDA int8_linear: stock ComfyUI's arithmetic), in one run.
+Prints a markdown table (median ms over timed steps with CUDA events, peak memory of the step) and the fidelity of
+each INT8 step against the BF16 and f32 steps.
 
     python bench/bench_z_image_step.py [--steps 10] [--layers 30]
 """
@@ -79,13 +80,52 @@ def random_reference(layers: int, vector_std: float):
     return ref
 
 
+KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"
+
+
+def kitchen_int8(model, backend: str = "cuda"):
+    """A copy of diffusers' model whose blocks' attention and feed-forward linears (those our INT8 path quantizes)
+    are ComfyUI's INT8 ConvRot linear: weights quantized by kitchen from the same BF16 values as ours, each call
+    comfy_kitchen.int8_linear (its `backend`: cuda on the GPU, eager on the CPU)."""
+    import copy
+
+    import comfy_kitchen
+
+    class KitchenLinear(torch.nn.Module):
+        def __init__(self, linear: torch.nn.Linear):
+            super().__init__()
+            q, s = torch.ops.comfy_kitchen.quantize_int8_convrot_weight(linear.weight.data.float(), 256)
+            self.register_buffer("q", q)
+            self.register_buffer("s", s)  # [N, 1] f32, as ComfyUI stores it
+            self.bias = linear.bias
+
+        def forward(self, x):
+            with comfy_kitchen.use_backend(backend):
+                out = comfy_kitchen.int8_linear(x.reshape(-1, x.shape[-1]), self.q, self.s, self.bias, x.dtype,
+                                                True, 256)
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+
+    quantized = copy.deepcopy(model)
+    for name, module in list(quantized.named_modules()):
+        if ".attention" in name or ".feed_forward" in name:
+            for child_name, child in list(module.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(module, child_name, KitchenLinear(child))
+    return quantized
+
+
 def fidelity_line(ref, outputs: dict, step) -> str:
     """Each output against the f32 step (diffusers' model cast to f32: the reference all are rounded from)."""
     with torch.no_grad():
         truth = step(ref.float(), torch.float32)
-    int8, bf16 = outputs["ours INT8 ConvRot"], outputs["ours BF16"]
-    return (f"INT8 vs our BF16 {rel(int8, bf16):.4f}; against the f32 step: ours INT8 {rel(int8, truth):.4f}, ours "
-            f"BF16 {rel(bf16, truth):.4f}, diffusers BF16 {rel(outputs['diffusers BF16 (SDPA)'], truth):.4f}")
+    int8, bf16, diffusers = outputs["ours INT8 ConvRot"], outputs["ours BF16"], outputs["diffusers BF16 (SDPA)"]
+    line = (f"INT8 vs our BF16 {rel(int8, bf16):.4f}; against the f32 step: ours INT8 {rel(int8, truth):.4f}, ours "
+            f"BF16 {rel(bf16, truth):.4f}, diffusers BF16 {rel(diffusers, truth):.4f}")
+    if KITCHEN in outputs:  # ComfyUI's INT8 arithmetic in the same model: the format's own error
+        kitchen = outputs[KITCHEN]
+        line += (f"; kitchen INT8 vs diffusers BF16 {rel(kitchen, diffusers):.4f}, against the f32 step "
+                 f"{rel(kitchen, truth):.4f}, ours INT8 vs kitchen INT8 {rel(int8, kitchen):.4f}")
+    return line
 
 
 def main(argv=None) -> None:
@@ -123,6 +163,14 @@ def main(argv=None) -> None:
 
     results = {"diffusers BF16 (SDPA)": (*timed(lambda: diffusers_step(ref), args.steps),
                                          weights_gb(list(ref.parameters())))}
+    try:  # a failure of the peer is reported; the other rows stand
+        kitchen = kitchen_int8(ref)
+        results[KITCHEN] = (*timed(lambda: diffusers_step(kitchen), args.steps),
+                            weights_gb(list(kitchen.parameters()) + list(kitchen.buffers())))
+    except Exception:  # noqa: BLE001
+        print(f"{KITCHEN} FAILED:\n{traceback.format_exc()}", flush=True)
+    kitchen = None
+    torch.cuda.empty_cache()
     for label, ours, step in ours_models(z_image_comfy_layout(ref.state_dict())):
         with torch.no_grad():
             results[label] = (*timed(step, args.steps), weights_gb(ours))
@@ -166,7 +214,8 @@ def main(argv=None) -> None:
         del ref
         torch.cuda.empty_cache()
         ref = random_reference(args.layers, std)
-        outputs = {"diffusers BF16 (SDPA)": diffusers_step(ref)}
+        outputs = {"diffusers BF16 (SDPA)": diffusers_step(ref), KITCHEN: diffusers_step(kitchen_int8(ref))}
+        torch.cuda.empty_cache()
         for label, _, step in ours_models(z_image_comfy_layout(ref.state_dict())):
             with torch.no_grad():
                 outputs[label] = step()
