@@ -1,6 +1,7 @@
 """FLUX.3 Klein (distilled) at 1024x1024, 16 steps, on random weights of the real size: the time of the whole
 16-step transformer loop, ours INT8 ConvRot at step cache 0, 0.2 and 0.3 (and ours BF16 at 0) vs diffusers
-0.42.1 Flux3Transformer2DModel in BF16 with its own Euler loop, in one run. Each final latent is decoded by a
+0.42.1 Flux3Transformer2DModel in BF16 with its own Euler loop, and the same model with ComfyUI's INT8 ConvRot
+linears (bench/kitchen_peer.py: stock ComfyUI's INT8 arithmetic), in one run. Each final latent is decoded by a
 random FLUX.2 VAE of the real size on the GPU, and the table gives each image's PSNR against ours INT8 at
 cache 0 and against diffusers. Issue 6's goal on the H200: <= 0.8 s at cache 0, <= 0.5 s at 0.3.
 
@@ -32,6 +33,7 @@ from dit_core.step_cache import StepCache  # noqa: E402
 from dit_core.vae_flux2 import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
+from kitchen_peer import kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
@@ -48,6 +50,7 @@ TINY = {"in_channels": 128, "cond_in_channels": 128, "num_layers": 2, "num_singl
 TINY_VAE = {"block_out_channels": (16, 32, 32, 64), "layers_per_block": 1, "norm_num_groups": 4}
 TINY_GROUPS = 4
 DIFFUSERS = "diffusers BF16 (SDPA)"
+KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"  # stock ComfyUI's INT8 arithmetic (bench/kitchen_peer.py)
 INT8_0 = "ours INT8 ConvRot cache 0"
 BF16_0 = "ours BF16 cache 0"
 
@@ -316,6 +319,16 @@ def main(argv=None) -> None:
         measure(DIFFUSERS, diffusers_loop(ref, noise, sigmas, text, dtype), weights_gb(ref, dev))
     except Exception:  # noqa: BLE001
         print(f"{DIFFUSERS} FAILED:\n{traceback.format_exc()}", flush=True)
+    try:
+        with torch.no_grad():
+            kitchen = kitchen_int8(ref, "cuda" if dev.type == "cuda" else "eager")
+        measure(KITCHEN, diffusers_loop(kitchen, noise, sigmas, text, dtype), weights_gb(kitchen, dev))
+    except Exception as e:  # noqa: BLE001 - (--smoke's tiny linears are narrower than a ConvRot group)
+        print(f"{KITCHEN} FAILED: {e}" if args.smoke else f"{KITCHEN} FAILED:\n{traceback.format_exc()}",
+              flush=True)
+    kitchen = None
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
     for mode, limits in (("int8", caches), ("bf16", [0.0] if args.bf16 else [])):
         if not limits:
             continue
@@ -406,7 +419,7 @@ def report(results: dict, steps: int, smoke: bool, dev: torch.device) -> None:
     for label, r in results.items():
         if "cache" in r and r["cache"].limit > 0:
             print(f"- {label}: {changes_line(r['cache'])}")
-    pairs = [(INT8_0, DIFFUSERS), (BF16_0, DIFFUSERS), (INT8_0, BF16_0)]
+    pairs = [(INT8_0, DIFFUSERS), (BF16_0, DIFFUSERS), (INT8_0, BF16_0), (KITCHEN, DIFFUSERS), (INT8_0, KITCHEN)]
     fidelity = [f"{a} vs {b} {rel(results[a]['latent'], results[b]['latent']):.4f}" for a, b in pairs
                 if a in results and b in results]
     if fidelity:

@@ -23,6 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
+from kitchen_peer import kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
@@ -81,37 +82,6 @@ def random_reference(layers: int, vector_std: float):
 
 
 KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"
-
-
-def kitchen_int8(model, backend: str = "cuda"):
-    """A copy of diffusers' model whose blocks' attention and feed-forward linears (those our INT8 path quantizes)
-    are ComfyUI's INT8 ConvRot linear: weights quantized by kitchen from the same BF16 values as ours, each call
-    comfy_kitchen.int8_linear (its `backend`: cuda on the GPU, eager on the CPU)."""
-    import copy
-
-    import comfy_kitchen
-
-    class KitchenLinear(torch.nn.Module):
-        def __init__(self, linear: torch.nn.Linear):
-            super().__init__()
-            q, s = torch.ops.comfy_kitchen.quantize_int8_convrot_weight(linear.weight.data.float(), 256)
-            self.register_buffer("q", q)
-            self.register_buffer("s", s)  # [N, 1] f32, as ComfyUI stores it
-            self.bias = linear.bias
-
-        def forward(self, x):
-            with comfy_kitchen.use_backend(backend):
-                out = comfy_kitchen.int8_linear(x.reshape(-1, x.shape[-1]), self.q, self.s, self.bias, x.dtype,
-                                                True, 256)
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-
-    quantized = copy.deepcopy(model)
-    for name, module in list(quantized.named_modules()):
-        if ".attention" in name or ".feed_forward" in name:
-            for child_name, child in list(module.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    setattr(module, child_name, KitchenLinear(child))
-    return quantized
 
 
 def fidelity_line(ref, outputs: dict, step) -> str:
