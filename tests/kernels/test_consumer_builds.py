@@ -22,21 +22,23 @@ SHARED_PER_BLOCK = 99 * 1024  # sm_86, sm_89 and sm_120: 100 KB an SM, 99 KB a b
 TOO_LARGE = "a Hopper ring (must not fit)"
 
 
+def pointer_tiles(gated: bool) -> list:
+    """The autotuner's tiles without TMA (what these cards are offered), as launches."""
+    from kernels.int8_tiles import candidate_tiles, launch_of
+    return [launch_of(tile) for tile in candidate_tiles(gated) if not tile.kwargs["TMA"]]
+
+
 def consumer_cases() -> dict:
     """name -> (form label, kernel, signature, constants, launch): every pointer-load tile of each INT8 linear form
     and the fused QKV (whole heads of 128), and the quantizer passes at their default launches."""
     from sm90_builds import CODES, FORMS, linear_case, qkv_rope_case, rotate_case
-
-    from kernels.int8_tiles import candidate_tiles, launch_of
     cases = {}
     for form, one in ((0, False), (1, True), (1, False), (2, False)):
         label = f"int8_linear {FORMS[form]}" + (" one gate row" if one else " (gathered)" if form == 1 else "")
-        for tile in candidate_tiles(gated=form == 1):  # (the CPU has no GPU: no TMA tiles are offered)
-            tile = launch_of(tile)
+        for tile in pointer_tiles(gated=form == 1):
             cases[f"{label} {tile}"] = (label, *linear_case(form, one, tile))
     qkv = qkv_rope_case(False)
-    for tile in candidate_tiles(gated=False):
-        tile = launch_of(tile)
+    for tile in pointer_tiles(gated=False):
         if tile["BLOCK_N"] % 128 == 0:  # whole heads of 128 (qkv_rope_linear's pruning)
             launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
             cases[f"qkv_rope {tile}"] = ("qkv_rope", qkv[0], qkv[1], {**qkv[2], **tile}, launch)
