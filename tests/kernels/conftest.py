@@ -24,6 +24,14 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+def compiler_env() -> dict:
+    """The environment of a child Python that builds kernels for a GPU on this host: Triton compiling, not
+    interpreted (the interpreter replaces triton.jit), the repository and this folder (sm90_builds) importable."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    return env
+
+
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

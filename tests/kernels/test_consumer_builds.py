@@ -12,11 +12,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
 CARDS = {"sm_86": 86, "sm_89": 89, "sm_120": 120}
 SHARED_PER_BLOCK = 99 * 1024  # sm_86, sm_89 and sm_120: 100 KB an SM, 99 KB a block
 TOO_LARGE = "a Hopper ring (must not fit)"
@@ -79,8 +77,8 @@ def build_for(capability: int) -> dict:
 def built() -> dict:
     """card -> its child's results; the three cards build side by side."""
     pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "kernels"), env.get("PYTHONPATH", "")])
+    from conftest import compiler_env  # (not at the top: the child runs this file with Triton compiling)
+    env = compiler_env()
     children = {card: subprocess.Popen([sys.executable, __file__, str(capability)], env=env, text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                 for card, capability in CARDS.items()}

@@ -4,14 +4,10 @@ happily (an `if` on a runtime value whose branches give one variable two shapes 
 Lowering, not running: no GPU needed. The tests' interpreter mode replaces triton.jit, so the lowering runs in a
 child Python without it (this file's main)."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def lower_all() -> dict:
@@ -42,8 +38,8 @@ def lower_all() -> dict:
 @pytest.fixture(scope="module")
 def lowered() -> dict:
     pytest.importorskip("triton.backends.nvidia.compiler")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests" / "kernels"), env.get("PYTHONPATH", "")])
+    from conftest import compiler_env  # (not at the top: the child runs this file with Triton compiling)
+    env = compiler_env()
     child = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
     assert child.returncode == 0, child.stderr[-3000:]
     return json.loads(child.stdout.splitlines()[-1])

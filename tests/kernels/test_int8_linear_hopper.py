@@ -3,16 +3,13 @@ into a producer and two consumer warpgroups and keep an integer wgmma group in f
 fallback to Triton where it cannot be built checked on the CPU, and on the GPU equal bit for bit to the Triton
 kernels it stands in for (int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_within_one_bf16_step
+from conftest import assert_within_one_bf16_step, compiler_env
 
-ROOT = Path(__file__).resolve().parents[2]
 BUILD = """
 import json, re, torch
 from kernels import int8_linear_hopper as kh
@@ -61,8 +58,7 @@ print(json.dumps(found))
 
 def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_mma_in_flight():
     pytest.importorskip("triton.experimental.gluon")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = compiler_env()
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
