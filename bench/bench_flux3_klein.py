@@ -33,7 +33,7 @@ from dit_core.step_cache import StepCache  # noqa: E402
 from dit_core.vae_flux2 import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
-from kitchen_peer import kitchen_int8  # noqa: E402
+from kitchen_peer import KITCHEN, kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
@@ -50,7 +50,6 @@ TINY = {"in_channels": 128, "cond_in_channels": 128, "num_layers": 2, "num_singl
 TINY_VAE = {"block_out_channels": (16, 32, 32, 64), "layers_per_block": 1, "norm_num_groups": 4}
 TINY_GROUPS = 4
 DIFFUSERS = "diffusers BF16 (SDPA)"
-KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"  # stock ComfyUI's INT8 arithmetic (bench/kitchen_peer.py)
 INT8_0 = "ours INT8 ConvRot cache 0"
 BF16_0 = "ours BF16 cache 0"
 

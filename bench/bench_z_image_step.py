@@ -23,7 +23,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
-from kitchen_peer import kitchen_int8  # noqa: E402
+from kitchen_peer import KITCHEN, kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
@@ -79,9 +79,6 @@ def random_reference(layers: int, vector_std: float):
             if "norm" in name and t.dim() == 1:
                 t.data.add_(1.0)
     return ref
-
-
-KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"
 
 
 def fidelity_line(ref, outputs: dict, step) -> str:

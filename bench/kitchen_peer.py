@@ -14,6 +14,7 @@ import importlib
 
 import torch
 
+KITCHEN = "diffusers + comfy-kitchen INT8 ConvRot"  # the peer's label in the benchmarks' tables
 GROUP = 256  # the ConvRot group of ComfyUI's files
 BLOCK_PARTS = (".attention", ".attn", ".feed_forward", ".ff")  # Z-Image's and FLUX.3's module names
 
