@@ -1,5 +1,6 @@
-"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels against the Triton ones in
-the same run: where a step's product time goes, shape by shape.
+"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels (also with each tile's scales
+asked for before its K loop) against the Triton ones in the same run: where a step's product time goes, shape by
+shape. The fused QKV turns by its angles' factors as the blocks call it, and once more by cos and sin tables.
 
 Forms as the blocks call them (dit_core/block_gpu.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
 and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
@@ -25,6 +26,7 @@ from bench_int8_linear import median_ms  # noqa: E402
 from kernels import int8_linear_hopper  # noqa: E402
 from kernels.int8_linear import int8_linear, int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
+from dit_core.sequence import sequence_of  # noqa: E402
 from kernels.qkv_rope_linear import qkv_rope_linear  # noqa: E402
 
 # (family, linear, form, M, K, N, calls a step); N is the product's width (UP: gate and up interleaved).
@@ -36,10 +38,15 @@ for _m, _calls, _rows in ((4608, 28, "joint"), (4096, 5, "image mode"), (512, 5,
                (f"Klein {_rows}", "up", "swiglu", _m, 3072, 18432, _calls),
                (f"Klein {_rows}", "out", "gated", _m, 3072, 3072, _calls),
                (f"Klein {_rows}", "down", "gated", _m, 9216, 3072, _calls)]
+# The fused QKV turned by cos and sin tables, as before the angles' factors (not counted in a step).
+TABLES = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30), ("Klein joint", "qkv, tables", "qkv", 4608, 3072,
+                                                                     9216, 28)]
 
 
-def call_of(form: str, m: int, k: int, n: int):
-    """A no-argument call of the linear in its form on random codes (the same for a shape every time)."""
+def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", tables: bool = False):
+    """A no-argument call of the linear in its form on random codes (the same for a shape every time), as the family's
+    blocks make it: the QKV's rotary from its angles' factors (tables: from cos and sin tables), the joint blocks'
+    gate rows by mode (text rows first)."""
     g = torch.Generator().manual_seed(m + k + n)
     q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -47,15 +54,20 @@ def call_of(form: str, m: int, k: int, n: int):
     bias = torch.randn(n, generator=g).to("cuda", torch.bfloat16)
     if form == "qkv":
         heads, head = n // 3 // 128, 128
-        angles = 50 * torch.rand(m, head // 2, generator=g).cuda()
-        cos, sin, gains = angles.cos(), angles.sin(), torch.ones(2, head, device="cuda")
-        return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], cos, sin)
+        axes, theta = ((32, 48, 48), 256.0) if family == "Z-Image" else ((32, 32, 32, 32), 10000.0)
+        seq = sequence_of(torch.randint(0, 64, (m, len(axes)), generator=g) * 0.5, torch.zeros(m, dtype=torch.long),
+                          axes, theta).to("cuda")
+        angles, gains = None if tables else seq.angles.as_args(), torch.ones(2, head, device="cuda")
+        return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], seq.cos, seq.sin,
+                                       angles=angles)
     if form == "quantize":
         x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
         return lambda: quantize_rows(x, 256)
     if form == "gated":
-        residual, gate = torch.zeros(m, n, device="cuda"), torch.ones(1, n, device="cuda")
-        row_map = torch.zeros(m, dtype=torch.int32, device="cuda")
+        residual, gate = torch.zeros(m, n, device="cuda"), torch.ones(3, n, device="cuda")
+        row_map = (torch.arange(m, device="cuda") >= 512).int() if family == "Klein joint" else \
+            torch.zeros(m, dtype=torch.int32, device="cuda")
+        gate = gate if family == "Klein joint" else gate[:1]
         return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map)
     return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu")
 
@@ -74,24 +86,25 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, runs = {args.runs}\n")
-    print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
-          "| Hopper ms a step | Triton ms a step |\n|---|---|---|---|---|---|---|---|---|")
+    print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | scales early | Triton ms (TOPS) "
+          "| Triton / Hopper | Hopper ms a step | early a step | Triton ms a step |\n" + "|---" * 11 + "|")
     totals = {}
-    for family, linear, form, m, k, n, calls in SHAPES:
-        call, times = call_of(form, m, k, n), []
-        for enabled in (True, False):
-            int8_linear_hopper.ENABLED = enabled
+    for family, linear, form, m, k, n, calls in SHAPES + TABLES:
+        call, times = call_of(form, m, k, n, family, tables=linear == "qkv, tables"), []
+        for enabled, early in ((True, False), (True, True), (False, False)):
+            int8_linear_hopper.ENABLED, int8_linear_hopper.TILE["EARLY_SCALES"] = enabled, early
             times.append(median_ms(call, args.runs, True))
-        int8_linear_hopper.ENABLED = True
+        int8_linear_hopper.ENABLED, int8_linear_hopper.TILE["EARLY_SCALES"] = True, False
         tops = [2 * m * n * k / t / 1e9 for t in times]
-        family_total = totals.setdefault(family.split()[0], [0.0, 0.0])
-        family_total[0] += calls * times[0]
-        family_total[1] += calls * times[1]
+        family_total = totals.setdefault(family.split()[0], [0.0, 0.0, 0.0]) if linear != "qkv, tables" else [0] * 3
+        for i in range(3):
+            family_total[i] += calls * times[i]
         print(f"| {family} | {linear} ({form}) | {m}x{k}x{n} | {calls} | {times[0]:.4f} ({tops[0]:.0f}) | "
-              f"{times[1]:.4f} ({tops[1]:.0f}) | {times[1] / times[0]:.2f} | {calls * times[0]:.2f} | "
-              f"{calls * times[1]:.2f} |", flush=True)
-    for family, (hopper, triton_ms) in totals.items():
-        print(f"\n{family}: the products {hopper:.2f} ms a step on Hopper's kernels, {triton_ms:.2f} on Triton's")
+              f"{times[1]:.4f} | {times[2]:.4f} ({tops[2]:.0f}) | {times[2] / times[0]:.2f} | {calls * times[0]:.2f} | "
+              f"{calls * times[1]:.2f} | {calls * times[2]:.2f} |", flush=True)
+    for family, (hopper, early, triton_ms) in totals.items():
+        print(f"\n{family}: the products {hopper:.2f} ms a step on Hopper's kernels ({early:.2f} with the scales "
+              f"asked for early), {triton_ms:.2f} on Triton's")
 
 
 if __name__ == "__main__":

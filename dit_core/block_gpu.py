@@ -80,7 +80,7 @@ def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence):
     # The fused epilogue turns every column of a head, and a tile holds whole heads (D a power of two >= 16).
     if lin.int8 and 2 * s.cos.shape[-1] == a.head and a.head >= 16 and a.head & (a.head - 1) == 0:
         return run("qkv_rope_linear", q, sc, lin.weight, lin.scale, lin.bias, a.heads, a.head, q_weight, k_weight,
-                   s.cos, s.sin, a.qk_eps, group=s.group)
+                   s.cos, s.sin, a.qk_eps, group=s.group, angles=s.angles.as_args() if s.angles else None)
     return run("head_norm_rope", _product(q, sc, xb, lin), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
                a.qk_eps, group=s.group)
 

@@ -7,22 +7,38 @@ import torch
 
 
 @dataclass(frozen=True)
+class AngleFactors:
+    """The rotary angles as positions times frequencies: angle[row, j] = positions[row, axis(j)] * freqs[j], axis(j)
+    the axis whose columns hold j (ends: the first columns of axes 1, 2, 3). The fused QKV's epilogue on Hopper makes
+    cos and sin from these (kernels/int8_hopper_epilogues.py) rather than reading the [rows, R] tables."""
+    positions: torch.Tensor  # [rows, 4] float32 (axes past the rotary's: 0)
+    freqs: torch.Tensor  # [R] float32
+    ends: tuple[int, int, int]
+
+    def as_args(self) -> tuple:
+        return self.positions, self.freqs, self.ends
+
+
+@dataclass(frozen=True)
 class Sequence:
     """The rows of one packed sequence, where the block runs.
 
     map: [rows] long, each row's modulation row. cos, sin: [rows, rotary/2] of each row's rotary angles (per axis
     its frequencies, concatenated axis by axis). group: rows attend within consecutive groups of that many rows
-    (0: all rows), as the tiles of a VAE.
+    (0: all rows), as the tiles of a VAE. angles: the tables' angles as factors, where they have them.
     """
     map: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     group: int = 0
+    angles: AngleFactors | None = None
 
     def __post_init__(self):
         rows = self.map.shape[0]
         if self.cos.shape != self.sin.shape or self.cos.shape[0] != rows:
             raise ValueError(f"sequence of {rows} rows given rotary tables {tuple(self.cos.shape)}")
+        if self.angles is not None and self.angles.positions.shape[0] != rows:
+            raise ValueError(f"sequence of {rows} rows given angles of {self.angles.positions.shape[0]}")
         if self.group and rows % self.group:
             raise ValueError(f"{rows} rows do not split into attention groups of {self.group}")
 
@@ -34,8 +50,10 @@ class Sequence:
         """The sequence on device, its cos/sin in rotary_dtype when given. The map goes int32 on a GPU, as the
         kernels read it: converted once here rather than at each of a step's launches."""
         gpu = torch.device(device).type == "cuda"
+        angles = None if self.angles is None else AngleFactors(
+            self.angles.positions.to(device), self.angles.freqs.to(device), self.angles.ends)
         return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype),
-                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group)
+                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group, angles)
 
     @property
     def runs(self) -> list[tuple[int, int, int]]:
@@ -66,18 +84,37 @@ def rotary_angles(positions: torch.Tensor, axes: tuple[int, ...], theta: float) 
     return torch.cat(parts, dim=-1)
 
 
+def angle_factors(positions: torch.Tensor, axes: tuple[int, ...], theta: float) -> AngleFactors | None:
+    """rotary_angles' factors (its frequencies rounded to float32), or None where the kernel cannot take them: more
+    than 4 axes, 256 frequencies or more, or positions that float32 does not hold exactly."""
+    half = [d // 2 for d in axes]
+    exact = torch.equal(positions.double(), positions.float().double())
+    if len(axes) > 4 or sum(half) >= 256 or not exact:
+        return None
+    freqs = torch.cat([1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d) for d in axes]).float()
+    ends = [sum(half[:a + 1]) for a in range(len(axes))][:3]
+    padded = torch.zeros(positions.shape[0], 4, dtype=torch.float32)
+    padded[:, :len(axes)] = positions.float()
+    return AngleFactors(padded, freqs, tuple(ends + [sum(half)] * (3 - len(ends))))
+
+
 def sequence_of(positions: torch.Tensor, map_: torch.Tensor, axes: tuple[int, ...], theta: float,
                 dtype: torch.dtype = torch.float32, group: int = 0) -> Sequence:
     """The sequence of rows at integer positions [rows, axes] using modulation rows map_. The angles are rounded
     to dtype before cos/sin, as the references do (float64 keeps them exact)."""
     angles = rotary_angles(positions, axes, theta).to(dtype)
-    return Sequence(map_.long(), angles.cos(), angles.sin(), group)
+    return Sequence(map_.long(), angles.cos(), angles.sin(), group, angle_factors(positions, axes, theta))
 
 
 def concat(parts: list[Sequence]) -> Sequence:
-    """Sequences joined row-wise (their maps index the same modulation rows)."""
+    """Sequences joined row-wise (their maps index the same modulation rows); the angles' factors where every part
+    has them, with the same frequencies."""
+    first = parts[0].angles
+    same = first is not None and all(p.angles is not None and p.angles.ends == first.ends and
+                                     torch.equal(p.angles.freqs, first.freqs) for p in parts)
+    angles = AngleFactors(torch.cat([p.angles.positions for p in parts]), first.freqs, first.ends) if same else None
     return Sequence(torch.cat([p.map for p in parts]), torch.cat([p.cos for p in parts]),
-                    torch.cat([p.sin for p in parts]))
+                    torch.cat([p.sin for p in parts]), 0, angles)
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,8 @@ registers) the TMA loads into a ring of STAGES buffers. A program an SM takes it
 warpgroups every other one (ping-pong): each waits for a slot, issues its MMAs asynchronously, keeps one group in flight
 and frees the slot behind it (`empty`); once one's K loop is issued the other's may start (`turn`: so one's epilogue
 runs under the other's products, and the ring's barriers stay within a phase of the step awaited, which their parity
-alone names). Outputs leave by TMA from each consumer's box. On the H200 (docs/benchmarks.md): products 1.2-1.5x
+alone names). Outputs leave by TMA from each consumer's box; the gated and QKV epilogues are
+kernels/int8_hopper_epilogues.py's. On the H200 (docs/benchmarks.md): products 1.2-1.5x
 Triton's (1100-1570 TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only (else `unusable`).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 
 import torch
 
+from .int8_hopper_epilogues import axis_ends
 from .int8_tiles import BF16, GATED, SWIGLU, sm_count
 
 try:
@@ -26,15 +28,15 @@ try:
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    # TMA's copies: async_load / async_store from Triton 3.7 (the H200's 3.6 has only the long names).
-    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+
+    from .int8_hopper_epilogues import fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
 QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6,
+        "EARLY_SCALES": False}  # EARLY_SCALES: each tile's row and column scales asked for before its K loop
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
@@ -107,84 +109,11 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _store(part, out_desc, out_tile, coords):
-        """part to the output at coords through out_tile and TMA (clipped at the edges), once its last store left."""
-        tma.store_wait(0)
-        out_tile.store(part)
-        fence_async_shared()
-        tma_store(out_desc, coords, out_tile)
-
-    @gluon.jit
-    def _fetch(res_desc, res_tile, fetched, off_m, col):
-        """The residual's box at (off_m, col) into res_tile by TMA (`fetched` says when), once its last store left."""
-        tma.store_wait(0)
-        mbarrier.expect(fetched, res_desc.block_type.nbytes)
-        tma_load(res_desc, [off_m, col], fetched, res_tile)
-
-    @gluon.jit
-    def _gated(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, M, N, ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y by column halves through res_tile (the first asked for before the K loop)."""
-        BLOCK_M: gl.constexpr = y.shape[0]
-        HALF: gl.constexpr = y.shape[1] // 2
-        halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
-        for h in gl.static_range(2):
-            part = halves[h]
-            col = off_n + h * HALF
-            if h == 1:  # (the first half was asked for before the K loop: _fetch)
-                _fetch(res_desc, res_tile, fetched, off_m, col)
-            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
-            rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
-            if ONE_GATE_ROW:
-                gated = gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part
-            else:
-                rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
-                lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
-                hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
-                if lo == hi:  # one gate row for the tile (a packed sequence's run): a vector
-                    gated = gl.expand_dims(gl.load(gate_ptr + lo * N + rn, mask=rn < N, other=0.0), 0) * part
-                else:
-                    gated = part * gl.load(gate_ptr + gl.expand_dims(rows, 1) * N + gl.expand_dims(rn, 0),
-                                           mask=gl.expand_dims(rm < M, 1) & gl.expand_dims(rn < N, 0), other=0.0)
-            mbarrier.wait(fetched, h)  # (two phases a tile)
-            r = gated + res_tile.load(part.type.layout)  # (the residual read last: fewer registers held)
-            res_tile.store(r)
-            fence_async_shared()
-            tma_store(res_desc, [off_m, col], res_tile)
-
-    @gluon.jit
-    def _qkv_rope(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps, HAS_NORM: gl.constexpr,
-                  D: gl.constexpr):
-        """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA box."""
-        BLOCK_N: gl.constexpr = y.shape[1]
-        R: gl.constexpr = D // 2
-        which = off_n // HD  # 0 q, 1 k, 2 v
-        if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
-            # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
-            # (By row halves, one half's cos and sin rows held at a time, it spilled no registers but ran 7% slower.)
-            a, b = gl.split(gl.permute(gl.reshape(y, [y.shape[0], BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
-            j = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, a.type.layout)))
-            if HAS_NORM:
-                ms = gl.div_rn(gl.sum(a * a, axis=2) + gl.sum(b * b, axis=2), D * 1.0)
-                inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
-                a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
-                b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
-            rm = off_m + gl.arange(0, y.shape[0], layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
-            at = gl.expand_dims(rm * R, 1) + gl.expand_dims(j, 0)
-            inside = gl.expand_dims(rm < M, 1) & gl.expand_dims(j < R, 0)  # (zeros past M: rows not stored)
-            cos = gl.expand_dims(gl.load(cos_ptr + at, mask=inside, other=0.0), 1)
-            sin = gl.expand_dims(gl.load(sin_ptr + at, mask=inside, other=0.0), 1)
-            turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
-            turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [1, y.shape[0], BLOCK_N]).to(gl.bfloat16)
-            _store(turned, out_desc, out_tile, [which, off_m, off_n - which * HD])
-        else:  # v
-            v = gl.reshape(y.to(gl.bfloat16), [1, y.shape[0], BLOCK_N])
-            _store(v, out_desc, out_tile, [2, off_m, off_n - 2 * HD])
-
-    @gluon.jit
     def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
                   bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
-                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
+                  ANGLES: gl.constexpr, EARLY_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                  W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
         issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -197,35 +126,42 @@ if gluon is not None:
         for t in range(W, run, 2):
             off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
             if FORM == 1:
-                _fetch(out_desc, out_tile, fetched.index(W), off_m, off_n)
+                fetch_box(out_desc, out_tile, fetched.index(W), off_m, off_n)
             if t > 0:  # the other consumer's tile t - 1 is issued: the ring's barriers are a phase from ours at most
                 mbarrier.wait(turn.index(W), ((t - 1) // 2) & 1)
-            acc = _products(a_ring, b_ring, ready, empty, t * steps, steps, turn.index(1 - W), layout, BLOCK_M,
-                            BLOCK_N, STAGES)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
-            sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
+            if EARLY_SCALES:  # (in flight through the K loop, held in registers)
+                sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+                sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
+            acc = _products(a_ring, b_ring, ready, empty, t * steps, steps, turn.index(1 - W), layout, BLOCK_M,
+                            BLOCK_N, STAGES)
+            if not EARLY_SCALES:
+                sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+                sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
             y = acc.to(gl.float32) * (gl.expand_dims(sx, 1) * gl.expand_dims(sw, 0))
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
             if FORM == 1:
-                _gated(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, M, N, ONE_GATE_ROW)
+                gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, M, N,
+                               ONE_GATE_ROW)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-                _store((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile, [off_m, off_n // 2])
+                store_box((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile,
+                          [off_m, off_n // 2])
             elif FORM == 3:
-                _qkv_rope(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr,
-                          M, HD, eps, HAS_NORM, D)
+                qkv_epilogue(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr,
+                             sin_ptr, M, HD, eps, HAS_NORM, D, ANGLES)
             else:
-                _store(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
+                store_box(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
                                    cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr,
-                                   D: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                                   D: gl.constexpr, ANGLES: gl.constexpr, EARLY_SCALES: gl.constexpr,
+                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
@@ -246,10 +182,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                          sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 0)),
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, EARLY_SCALES, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                          sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, GROUP_M, STAGES, 1)),
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, EARLY_SCALES, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
@@ -258,11 +194,12 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
     return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, heads_d=0,
-           head=128, eps=1e-6):
+def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, angles=None,
+           heads_d=0, head=128, eps=1e-6):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place; SWIGLU: bf16
-    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d]); True, or False where nothing ran (UNBUILT says why; the callers run
-    Triton's kernels). The callers ask `unusable` first."""
+    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos and sin [M, head / 2] or, where given, by angles:
+    (positions [M, 4], freqs [head / 2], the first columns of axes 1-3), int8_hopper_epilogues' factors); True, or
+    False where nothing ran (UNBUILT says why; the callers run Triton's kernels). The callers ask `unusable` first."""
     if form in UNBUILT:
         return False
     (m, k), n = q.shape, w.shape[0]
@@ -271,7 +208,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
                   SWIGLU: ([bm, bn // 2], gl.bfloat16), QKV_ROPE: ([1, bm, bn], gl.bfloat16)}[form]
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
     try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
-        rope = [table.float().contiguous() for table in (cos, sin)] if form == QKV_ROPE else [absent, absent]
+        rope = [table.float().contiguous() for table in (angles[:2] if angles is not None else (cos, sin))] \
+            if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
         _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
             _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
@@ -280,7 +218,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
             norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
-            HAS_NORM=norms is not None, D=head, GROUP_M=TILE["GROUP_M"],
+            HAS_NORM=norms is not None, D=head, ANGLES=axis_ends(angles[2]) if angles is not None else 0,
+            EARLY_SCALES=TILE["EARLY_SCALES"], GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:

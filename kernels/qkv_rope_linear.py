@@ -35,8 +35,9 @@ except ImportError:  # torch without Triton: reference() still imports
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
-def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0):
-    """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16."""
+def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, angles=None):
+    """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16. (angles:
+    the tables' factors, read only by the Hopper epilogue: the tables are the rotary's truth.)"""
     qkv = int8_linear.reference(q, s_x, w, s_w, bias)
     return head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
 
@@ -123,11 +124,13 @@ def _autotuned():
 
 
 def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0,
-                    tiles=None):
+                    tiles=None, angles=None):
     """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
     group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
-    holds whole heads, else autotuned over tiles that do) or int8_linear's form."""
+    holds whole heads, else autotuned over tiles that do) or int8_linear's form. angles: None, or the factors of
+    cos's and sin's angles (positions [M, 4], freqs [head / 2], the first columns of axes 1-3:
+    kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -135,6 +138,9 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     if n != 3 * heads * head or cos.shape != (m, head // 2) or sin.shape != cos.shape or head % 2:
         raise ValueError(f"qkv_rope_linear: weight [3 x {heads} x {head}, K] and cos/sin [{m}, {head // 2}] "
                          f"(every column turned), got {tuple(w.shape)} and {tuple(cos.shape)}")
+    if angles is not None and (tuple(angles[0].shape) != (m, 4) or tuple(angles[1].shape) != (head // 2,)):
+        raise ValueError(f"qkv_rope_linear: angles' positions [{m}, 4] and freqs [{head // 2}], got "
+                         f"{tuple(angles[0].shape)} and {tuple(angles[1].shape)}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("qkv_rope_linear: q and k are normed together (both weights or neither)")
     out = torch.empty(3, m, heads, head, dtype=torch.bfloat16, device=q.device)
@@ -145,7 +151,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             q, out, heads * head * 2) is None and int8_linear_hopper.launch(
             q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
-            sin=sin, heads_d=heads * head, head=head, eps=eps):
+            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps):
         return views
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None

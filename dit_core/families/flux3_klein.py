@@ -23,7 +23,7 @@ from ..block import Block, layer_norm
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
-from ..sequence import Sequence, halves_permutation, rotary_angles
+from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
 from ..step_cache import RefSlots, StepCache, joint_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
@@ -143,7 +143,8 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
 
     def seq(positions: torch.Tensor, map_: torch.Tensor) -> Sequence:
         angles = rotary_angles(positions, a.rope_axes, a.rope_theta)
-        return Sequence(map_, angles.cos(), angles.sin()).to(dev, dtype)
+        factors = angle_factors(positions, a.rope_axes, a.rope_theta)
+        return Sequence(map_, angles.cos(), angles.sin(), 0, factors).to(dev, dtype)
 
     pos = {"txt": torch.zeros(n_txt, 4, dtype=torch.float64), "image": grid(grids[0], 0)}
     pos["txt"][:, 3] = torch.arange(n_txt, dtype=torch.float64)

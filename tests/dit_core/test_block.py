@@ -1,11 +1,13 @@
 """The shared block's host reference: grouped attention, split-half rotary vs adjacent pairs, runs, INT8 round trip."""
+import pytest
 import torch
 from conftest import rel_err
 
 from dit_core.arch import Arch
 from dit_core.block import Block, attention
 from dit_core.modulation import Modulation
-from dit_core.sequence import halves_permutation, rotate_halves, runs_of, sequence_of
+from dit_core.sequence import (angle_factors, concat, halves_permutation, rotary_angles, rotate_halves, runs_of,
+                               sequence_of)
 from dit_core.weights import Linear
 
 ARCH = Arch(family="test", hidden=64, layers=1, refiner=0, heads=2, head=32, ffn=128, latents=4, patch=(2, 2),
@@ -65,6 +67,27 @@ def test_halves_permutation_turns_adjacent_pairs_into_split_halves():
     ours = (rotate_halves(q[..., perm], angles.cos(), angles.sin()) *
             rotate_halves(k[..., perm], angles.cos(), angles.sin())).sum(-1)
     assert torch.allclose(ours, (adjacent(q) * adjacent(k)).sum(-1), atol=1e-12)
+
+
+@pytest.mark.parametrize("axes,theta,scale", [((32, 48, 48), 256.0, 1.0), ((32, 32, 32, 32), 10000.0, 0.5)])
+def test_angle_factors_remake_the_tables_angles(axes, theta, scale):
+    """The factors the Hopper QKV epilogue makes its angles from (positions x frequencies, kernels/
+    int8_hopper_epilogues.angles_reference) give the tables' float32 angles within an ulp; concat keeps them where
+    the parts agree; positions float32 cannot hold, or more than 4 axes, give none."""
+    from kernels.int8_hopper_epilogues import angles_reference
+    positions = torch.randint(0, 1024, (50, len(axes))) * scale
+    seq = sequence_of(positions, torch.zeros(50, dtype=torch.long), axes, theta)
+    tables = rotary_angles(positions, axes, theta).float()
+    made = angles_reference(*seq.angles.as_args())
+    assert made.dtype == torch.float32 and made.shape == tables.shape
+    ulp = torch.finfo(torch.float32).eps * tables.abs().clamp_min(1e-30)
+    assert ((made - tables).abs() <= ulp).all()
+    joined = concat([seq, seq])
+    assert torch.equal(joined.angles.positions, torch.cat([seq.angles.positions] * 2))
+    other = sequence_of(positions, torch.zeros(50, dtype=torch.long), axes, theta * 2)
+    assert concat([seq, other]).angles is None
+    assert angle_factors(positions.double() + 1 / 3, axes, theta) is None
+    assert angle_factors(torch.zeros(5, 5), (8,) * 5, theta) is None
 
 
 def test_runs_of_rows_sharing_a_modulation_row():

@@ -38,12 +38,14 @@ found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
-                        ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
+                        ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
+                        ("qkv, its rotary made from angles", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
     a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
     sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out, **pointers,
            "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
+              "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0, "EARLY_SCALES": t["EARLY_SCALES"],
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
@@ -51,7 +53,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
     found[name] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
                    "waits": sorted(set(re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx))),
                    "setmaxnreg": sorted(set(re.findall(r"setmaxnreg.(?:inc|dec).sync.aligned.u32\\s+(\\d+)", ptx))),
-                   "shared": built.metadata.shared}
+                   "shared": built.metadata.shared, "cos": ptx.count("cos.approx")}
 print(json.dumps(found))
 """
 
@@ -62,13 +64,14 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(found) == 4
+    assert len(found) == 5
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
         assert "24" in built["setmaxnreg"], name  # the producer warp's registers handed to the warpgroups
         assert "224" in built["setmaxnreg"], name  # the second consumer warpgroup's (ping-pong)
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
+        assert (built["cos"] > 0) == ("angles" in name), name  # cos and sin on the MUFU, not read from tables
 
 
 class _FakeKernel:
@@ -109,6 +112,19 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
         assert list(args[2].block_shape) == box and args[2].base is out, form
         assert (args[9] is rows and args[10] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
+        assert kwargs["ANGLES"] == 0 and kwargs["EARLY_SCALES"] == kh.TILE["EARLY_SCALES"], form
+    # The fused QKV given the angles' factors reads those instead of the tables.
+    positions, freqs, recorder = torch.zeros(m, 4), torch.ones(64), _FakeKernel()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kh, "_int8_linear_hopper_kernel", recorder)
+        patch.setattr(kh, "UNBUILT", {})
+        assert kh.launch(q, s_x, w, s_w, None, torch.empty(3, m, 128, dtype=torch.bfloat16), kh.QKV_ROPE,
+                         **rope, angles=(positions, freqs, (16, 32, 48)))
+    (_, args, kwargs), = recorder.launches
+    assert args[9] is positions and args[10] is freqs and kwargs["ANGLES"] == 1 << 24 | 16 | 32 << 8 | 48 << 16
+    with pytest.raises(ValueError, match="nondecreasing"):
+        kh.launch(q, s_x, w, s_w, None, torch.empty(3, m, 128, dtype=torch.bfloat16), kh.QKV_ROPE, **rope,
+                  angles=(positions, freqs, (32, 16, 48)))
 
 
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
@@ -199,14 +215,23 @@ def test_gated_residual(m, n, k, gate_rows, monkeypatch):
 @hopper_gpu
 @pytest.mark.parametrize("m,heads,group", [(4608, 30, 0), (4096, 24, 0), (37, 2, 0), (300, 3, 100)])
 @pytest.mark.parametrize("normed", [True, False])
-def test_fused_qkv(m, heads, group, normed, monkeypatch):
+@pytest.mark.parametrize("rotary", ["tables", "angles"])
+def test_fused_qkv(m, heads, group, normed, rotary, monkeypatch):
     from test_qkv_rope_linear import operands
 
+    from dit_core.sequence import sequence_of
     from kernels.qkv_rope_linear import qkv_rope_linear, reference
     ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
     if not normed:
         ops["q_weight"] = ops["k_weight"] = None
-    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, group=group))
+    angles = None
+    if rotary == "angles":  # Z-Image's axes at positions to 1023, FLUX.3's at halves (its image rows' scale)
+        axes, theta, scale = ((32, 48, 48), 256.0, 1.0) if m % 2 else ((32, 32, 32, 32), 10000.0, 0.5)
+        g = torch.Generator().manual_seed(m)
+        seq = sequence_of(torch.randint(0, 1024, (m, len(axes)), generator=g) * scale, torch.zeros(m, dtype=torch.long),
+                          axes, theta).to("cuda")
+        ops["cos"], ops["sin"], angles = seq.cos, seq.sin, seq.angles.as_args()
+    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, group=group, angles=angles))
     # q and k within one bf16 step of the Triton kernel's (a head's RMS sums in another order: 128-column tiles
     # of one warpgroup against 256 of two), v bit for bit.
     for a, b, want in zip(hopper, triton_views, reference(**ops, group=group)):

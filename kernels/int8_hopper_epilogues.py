@@ -1,0 +1,142 @@
+"""The epilogues of kernels/int8_linear_hopper.py (Gluon): the gated residual and the fused QKV's head math, each on
+a consumer's 128 x 128 tile y = bf16-or-f32 values of q w^T s_x s_w + bias, while the other consumer's products run.
+
+Issue 4. Gated: residual[rows, cols] += gate[row_map[row], cols] * y, by column halves through the consumer's box.
+QKV: for q and k, RMS over each head (x gain), then the split-half rotary: (a, b) -> (a cos - b sin, b cos + a sin)
+for pair (j, j + R) of a head of D = 2 R. Its cos and sin come from the tables [M, R] or, where the caller has the
+angles' factors, are made here: angle[row, j] = positions[row, axis(j)] * freqs[j] (rotary_angles' per-axis
+frequencies, axis(j) the axis whose columns hold j), reduced by whole turns, 2 pi = 6.28125 + 1.9353071795864769e-3
+(the first part exact in a product with any turn count below 2^15), then cos.approx and sin.approx (absolute error
+below 1e-6 on [-pi, pi]). The angle's one f32 product rounds where the tables' angle rounds the float64 product: cos
+and sin within an ulp of the angle (3e-5 at an angle of 500) of the tables', q and k within one bf16 step.
+Why: the tables' 128 loaded values a thread, with the head math's, spilled 664 bytes a thread; made here, none.
+"""
+from __future__ import annotations
+
+import torch
+
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma
+    # TMA's copies: async_load / async_store from Triton 3.7 (the H200's 3.6 has only the long names).
+    tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+    tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
+except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
+    gluon = None
+
+
+def axis_ends(ends) -> int:
+    """The constexpr of the angles' factors: 1 << 24 | the first columns of axes 1, 2, 3 (8 bits each)."""
+    if len(ends) != 3 or not all(0 <= e < 256 for e in ends) or list(ends) != sorted(ends):
+        raise ValueError(f"rotary axes' first columns must be 3 nondecreasing values below 256, got {ends}")
+    return 1 << 24 | ends[0] | ends[1] << 8 | ends[2] << 16
+
+
+def angles_reference(positions: torch.Tensor, freqs: torch.Tensor, ends) -> torch.Tensor:
+    """angle[row, j] = positions[row, axis(j)] * freqs[j] in f32: the epilogue's angles, as plain torch."""
+    axis = torch.bucketize(torch.arange(freqs.shape[0], device=freqs.device), torch.tensor(ends, device=freqs.device),
+                           right=True)
+    return positions.float()[:, axis] * freqs.float()
+
+
+if gluon is not None:
+    @gluon.jit
+    def store_box(part, out_desc, out_tile, coords):
+        """part to the output at coords through out_tile and TMA (clipped at the edges), once its last store left."""
+        tma.store_wait(0)
+        out_tile.store(part)
+        fence_async_shared()
+        tma_store(out_desc, coords, out_tile)
+
+    @gluon.jit
+    def fetch_box(res_desc, res_tile, fetched, off_m, col):
+        """The residual's box at (off_m, col) into res_tile by TMA (`fetched` says when), once its last store left."""
+        tma.store_wait(0)
+        mbarrier.expect(fetched, res_desc.block_type.nbytes)
+        tma_load(res_desc, [off_m, col], fetched, res_tile)
+
+    @gluon.jit
+    def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, M, N,
+                       ONE_GATE_ROW: gl.constexpr):
+        """residual += gate[row_map] * y by column halves through res_tile (the first asked for before the K loop)."""
+        BLOCK_M: gl.constexpr = y.shape[0]
+        HALF: gl.constexpr = y.shape[1] // 2
+        halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
+        if not ONE_GATE_ROW:
+            rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, halves[0].type.layout))
+            rows = gl.load(map_ptr + rm, mask=rm < M, other=0)
+            lo = gl.min(gl.where(rm < M, rows, 1 << 30), axis=0)
+            hi = gl.max(gl.where(rm < M, rows, -1), axis=0)
+        for h in gl.static_range(2):
+            part = halves[h]
+            col = off_n + h * HALF
+            if h == 1:  # (the first half was asked for before the K loop)
+                fetch_box(res_desc, res_tile, fetched, off_m, col)
+            rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
+            if ONE_GATE_ROW:
+                part = gl.expand_dims(gl.load(gate_ptr + rn, mask=rn < N, other=0.0), 0) * part
+            else:  # the gate rows of the tile's rows (a packed sequence's runs: one or two), a vector each, each
+                # multiplying its rows in place (a gathered [rows, columns] load held 64-bit addresses a value: spills)
+                for g in range(lo, hi + 1):
+                    vector = gl.expand_dims(gl.load(gate_ptr + g * N + rn, mask=rn < N, other=0.0), 0)
+                    part = gl.where(gl.expand_dims(rows == g, 1), vector * part, part)
+            mbarrier.wait(fetched, h)  # (two phases a tile)
+            r = part + res_tile.load(part.type.layout)  # (the residual read last: fewer registers held)
+            res_tile.store(r)
+            fence_async_shared()
+            tma_store(res_desc, [off_m, col], res_tile)
+
+    @gluon.jit
+    def _approx(x, op: gl.constexpr):  # one PTX instruction a value (cvt.rni, cos.approx, sin.approx)
+        return gl.inline_asm_elementwise(op + ".f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
+
+    @gluon.jit
+    def rotary_turns(pos_ptr, freq_ptr, rm, j, M, ANGLES: gl.constexpr):
+        """cos and sin [BM, 1, R] of angle positions[row, axis(j)] * freqs[j] (positions [M, 4]; ANGLES: axis_ends),
+        reduced by whole turns, then the MUFU's."""
+        jj = gl.expand_dims(j, 0)
+        p0 = gl.expand_dims(gl.load(pos_ptr + rm * 4, mask=rm < M, other=0.0), 1)
+        p1 = gl.expand_dims(gl.load(pos_ptr + rm * 4 + 1, mask=rm < M, other=0.0), 1)
+        p2 = gl.expand_dims(gl.load(pos_ptr + rm * 4 + 2, mask=rm < M, other=0.0), 1)
+        p3 = gl.expand_dims(gl.load(pos_ptr + rm * 4 + 3, mask=rm < M, other=0.0), 1)
+        p = gl.where(jj < (ANGLES & 255), p0, gl.where(jj < ((ANGLES >> 8) & 255), p1,
+                                                       gl.where(jj < ((ANGLES >> 16) & 255), p2, p3)))
+        angle = p * gl.expand_dims(gl.load(freq_ptr + j), 0)
+        turns = _approx(angle * 0.15915494309189535, "cvt.rni.f32")
+        r = (angle - turns * 6.28125) - turns * 1.9353071795864769e-3
+        return gl.expand_dims(_approx(r, "cos.approx.ftz"), 1), gl.expand_dims(_approx(r, "sin.approx.ftz"), 1)
+
+    @gluon.jit
+    def qkv_epilogue(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps,
+                     HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr):
+        """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA
+        box."""
+        BLOCK_N: gl.constexpr = y.shape[1]
+        R: gl.constexpr = D // 2
+        which = off_n // HD  # 0 q, 1 k, 2 v
+        if which < 2:  # (each branch stores: the head math leaves its values in another layout than y's)
+            # [BM, heads, 2 halves, R] -> each head's first and second half: n[j] and its rotary partner n[j + R].
+            # (By row halves, one half's cos and sin rows held at a time, it spilled no registers but ran 7% slower.)
+            a, b = gl.split(gl.permute(gl.reshape(y, [y.shape[0], BLOCK_N // D, 2, R]), [0, 1, 3, 2]))
+            j = gl.arange(0, R, layout=gl.SliceLayout(0, gl.SliceLayout(1, a.type.layout)))
+            if HAS_NORM:
+                ms = gl.div_rn(gl.sum(a * a, axis=2) + gl.sum(b * b, axis=2), D * 1.0)
+                inv = gl.expand_dims(gl.div_rn(1.0, gl.sqrt_rn(ms + eps)), 2)
+                a = (a * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + j), 0), 1)
+                b = (b * inv) * gl.expand_dims(gl.expand_dims(gl.load(nw_ptr + which * D + R + j), 0), 1)
+            rm = off_m + gl.arange(0, y.shape[0], layout=gl.SliceLayout(1, gl.SliceLayout(1, a.type.layout)))
+            if ANGLES:  # (cos_ptr, sin_ptr: the angles' positions and freqs)
+                cos, sin = rotary_turns(cos_ptr, sin_ptr, rm, j, M, ANGLES)
+            else:
+                at = gl.expand_dims(rm * R, 1) + gl.expand_dims(j, 0)
+                inside = gl.expand_dims(rm < M, 1) & gl.expand_dims(j < R, 0)  # (zeros past M: rows not stored)
+                cos = gl.expand_dims(gl.load(cos_ptr + at, mask=inside, other=0.0), 1)
+                sin = gl.expand_dims(gl.load(sin_ptr + at, mask=inside, other=0.0), 1)
+            turned = gl.join(a * cos - b * sin, b * cos + a * sin)  # [BM, heads, R, 2]
+            turned = gl.reshape(gl.permute(turned, [0, 1, 3, 2]), [1, y.shape[0], BLOCK_N]).to(gl.bfloat16)
+            store_box(turned, out_desc, out_tile, [which, off_m, off_n - which * HD])
+        else:  # v
+            v = gl.reshape(y.to(gl.bfloat16), [1, y.shape[0], BLOCK_N])
+            store_box(v, out_desc, out_tile, [2, off_m, off_n - 2 * HD])
+
