@@ -1,6 +1,6 @@
-"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels (also with each tile's scales
-asked for before its K loop) against the Triton ones in the same run: where a step's product time goes, shape by
-shape. The fused QKV turns by its angles' factors as the blocks call it, and once more by cos and sin tables.
+"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels against the Triton ones in
+the same run: where a step's product time goes, shape by shape. The fused QKV turns by its angles' factors as the
+blocks call it, and once more by cos and sin tables.
 
 Forms as the blocks call them (dit_core/block_gpu.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
 and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
@@ -86,25 +86,24 @@ def main() -> None:
         torch.cuda.synchronize()
         return
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, runs = {args.runs}\n")
-    print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | scales early | Triton ms (TOPS) "
-          "| Triton / Hopper | Hopper ms a step | early a step | Triton ms a step |\n" + "|---" * 11 + "|")
+    print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
+          "| Hopper ms a step | Triton ms a step |\n" + "|---" * 9 + "|")
     totals = {}
     for family, linear, form, m, k, n, calls in SHAPES + TABLES:
         call, times = call_of(form, m, k, n, family, tables=linear == "qkv, tables"), []
-        for enabled, early in ((True, False), (True, True), (False, False)):
-            int8_linear_hopper.ENABLED, int8_linear_hopper.TILE["EARLY_SCALES"] = enabled, early
+        for enabled in (True, False):
+            int8_linear_hopper.ENABLED = enabled
             times.append(median_ms(call, args.runs, True))
-        int8_linear_hopper.ENABLED, int8_linear_hopper.TILE["EARLY_SCALES"] = True, False
+        int8_linear_hopper.ENABLED = True
         tops = [2 * m * n * k / t / 1e9 for t in times]
-        family_total = totals.setdefault(family.split()[0], [0.0, 0.0, 0.0]) if linear != "qkv, tables" else [0] * 3
-        for i in range(3):
-            family_total[i] += calls * times[i]
+        family_total = totals.setdefault(family.split()[0], [0.0, 0.0]) if linear != "qkv, tables" else [0, 0]
+        family_total[0] += calls * times[0]
+        family_total[1] += calls * times[1]
         print(f"| {family} | {linear} ({form}) | {m}x{k}x{n} | {calls} | {times[0]:.4f} ({tops[0]:.0f}) | "
-              f"{times[1]:.4f} | {times[2]:.4f} ({tops[2]:.0f}) | {times[2] / times[0]:.2f} | {calls * times[0]:.2f} | "
-              f"{calls * times[1]:.2f} | {calls * times[2]:.2f} |", flush=True)
-    for family, (hopper, early, triton_ms) in totals.items():
-        print(f"\n{family}: the products {hopper:.2f} ms a step on Hopper's kernels ({early:.2f} with the scales "
-              f"asked for early), {triton_ms:.2f} on Triton's")
+              f"{times[1]:.4f} ({tops[1]:.0f}) | {times[1] / times[0]:.2f} | {calls * times[0]:.2f} | "
+              f"{calls * times[1]:.2f} |", flush=True)
+    for family, (hopper, triton_ms) in totals.items():
+        print(f"\n{family}: the products {hopper:.2f} ms a step on Hopper's kernels, {triton_ms:.2f} on Triton's")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu
-set -u
+set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -12,8 +12,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 parts=${*:-tests z_step streaming}
+stamped() { python3 -u -c "import sys, time; [print(f'{time.time():.2f}', l, end='', flush=True) for l in sys.stdin]"; }
 for part in $parts; do
   start=$(date +%s)
+  # The card's power, clocks and throttle reasons every 250 ms (a graphed step runs at its power limit: clocks drop).
+  nvidia-smi --query-gpu=timestamp,power.draw,power.limit,clocks.sm,temperature.gpu,clocks_throttle_reasons.active \
+    --format=csv,noheader -lms 250 > "$OUT/power_$part.csv" 2>/dev/null & sampler=$!
   case $part in
     # Two parts, each with its own cap: the streaming and family tests build and compile several small models.
     tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 tests/kernels \
@@ -35,7 +39,7 @@ for part in $parts; do
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
-    klein) timeout 330 python3 bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ;;
+    klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm 2>&1 | stamped ;;
     # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
     # quantizer; its details page and a summary of its per-instruction stall samples (bench/ncu_stalls.py) as text.
     ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper" \
@@ -46,5 +50,6 @@ for part in $parts; do
              --print-source sass > $r.csv && python3 bench/ncu_stalls.py $r.csv > $OUT/ncu_$1_$5.stalls.txt; done' ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
+  kill $sampler 2>/dev/null
   echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 done

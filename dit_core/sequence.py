@@ -8,11 +8,12 @@ import torch
 
 @dataclass(frozen=True)
 class AngleFactors:
-    """The rotary angles as positions times frequencies: angle[row, j] = positions[row, axis(j)] * freqs[j], axis(j)
-    the axis whose columns hold j (ends: the first columns of axes 1, 2, 3). The fused QKV's epilogue on Hopper makes
-    cos and sin from these (kernels/int8_hopper_epilogues.py) rather than reading the [rows, R] tables."""
+    """The rotary angles as positions times frequencies: angle[row, j] = positions[row, axis(j)] * freq[j], axis(j)
+    the axis whose columns hold j (ends: the first columns of axes 1, 2, 3), freq the float64 frequency as two f32
+    (freqs [hi; lo]). The fused QKV's epilogue on Hopper makes cos and sin from these (kernels/int8_hopper_epilogues.py)
+    rather than reading the [rows, R] tables."""
     positions: torch.Tensor  # [rows, 4] float32 (axes past the rotary's: 0)
-    freqs: torch.Tensor  # [R] float32
+    freqs: torch.Tensor  # [2, R] float32: hi, lo
     ends: tuple[int, int, int]
 
     def as_args(self) -> tuple:
@@ -85,13 +86,14 @@ def rotary_angles(positions: torch.Tensor, axes: tuple[int, ...], theta: float) 
 
 
 def angle_factors(positions: torch.Tensor, axes: tuple[int, ...], theta: float) -> AngleFactors | None:
-    """rotary_angles' factors (its frequencies rounded to float32), or None where the kernel cannot take them: more
-    than 4 axes, 256 frequencies or more, or positions that float32 does not hold exactly."""
+    """rotary_angles' factors, or None where the kernel cannot take them: more than 4 axes, 256 frequencies or more,
+    or positions that float32 does not hold exactly."""
     half = [d // 2 for d in axes]
     exact = torch.equal(positions.double(), positions.float().double())
     if len(axes) > 4 or sum(half) >= 256 or not exact:
         return None
-    freqs = torch.cat([1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d) for d in axes]).float()
+    freq = torch.cat([1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d) for d in axes])
+    freqs = torch.stack([freq.float(), (freq - freq.float().double()).float()])
     ends = [sum(half[:a + 1]) for a in range(len(axes))][:3]
     padded = torch.zeros(positions.shape[0], 4, dtype=torch.float32)
     padded[:, :len(axes)] = positions.float()

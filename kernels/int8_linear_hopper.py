@@ -35,8 +35,7 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
 
 QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
-TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6,
-        "EARLY_SCALES": False}  # EARLY_SCALES: each tile's row and column scales asked for before its K loop
+TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
@@ -112,8 +111,7 @@ if gluon is not None:
     def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
                   bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
-                  ANGLES: gl.constexpr, EARLY_SCALES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  W: gl.constexpr):
+                  ANGLES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
         issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -131,14 +129,11 @@ if gluon is not None:
                 mbarrier.wait(turn.index(W), ((t - 1) // 2) & 1)
             rm = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, layout))
             rn = off_n + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, layout))
-            if EARLY_SCALES:  # (in flight through the K loop, held in registers)
-                sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
-                sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
             acc = _products(a_ring, b_ring, ready, empty, t * steps, steps, turn.index(1 - W), layout, BLOCK_M,
                             BLOCK_N, STAGES)
-            if not EARLY_SCALES:
-                sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
-                sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
+            # (The scales asked for before the K loop ran 1-6% slower on every shape: registers held through it.)
+            sx = gl.load(sx_ptr + rm, mask=rm < M, other=0.0)
+            sw = gl.load(sw_ptr + rn, mask=rn < N, other=0.0)
             y = acc.to(gl.float32) * (gl.expand_dims(sx, 1) * gl.expand_dims(sw, 0))
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
@@ -160,8 +155,8 @@ if gluon is not None:
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
                                    cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr,
-                                   D: gl.constexpr, ANGLES: gl.constexpr, EARLY_SCALES: gl.constexpr,
-                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                                   D: gl.constexpr, ANGLES: gl.constexpr, GROUP_M: gl.constexpr,
+                                   STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
@@ -182,10 +177,10 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                          sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, EARLY_SCALES, GROUP_M, STAGES, 0)),
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                          sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, EARLY_SCALES, GROUP_M, STAGES, 1)),
+                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
@@ -198,7 +193,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
            heads_d=0, head=128, eps=1e-6):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place; SWIGLU: bf16
     [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos and sin [M, head / 2] or, where given, by angles:
-    (positions [M, 4], freqs [head / 2], the first columns of axes 1-3), int8_hopper_epilogues' factors); True, or
+    (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3), int8_hopper_epilogues' factors); True, or
     False where nothing ran (UNBUILT says why; the callers run Triton's kernels). The callers ask `unusable` first."""
     if form in UNBUILT:
         return False
@@ -219,7 +214,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
             norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_NORM=norms is not None, D=head, ANGLES=axis_ends(angles[2]) if angles is not None else 0,
-            EARLY_SCALES=TILE["EARLY_SCALES"], GROUP_M=TILE["GROUP_M"],
+            GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:

@@ -129,7 +129,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
     group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
     holds whole heads, else autotuned over tiles that do) or int8_linear's form. angles: None, or the factors of
-    cos's and sin's angles (positions [M, 4], freqs [head / 2], the first columns of axes 1-3:
+    cos's and sin's angles (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3:
     kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them."""
     m, k = q.shape
     n, g = w.shape[0], group or m
@@ -138,8 +138,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     if n != 3 * heads * head or cos.shape != (m, head // 2) or sin.shape != cos.shape or head % 2:
         raise ValueError(f"qkv_rope_linear: weight [3 x {heads} x {head}, K] and cos/sin [{m}, {head // 2}] "
                          f"(every column turned), got {tuple(w.shape)} and {tuple(cos.shape)}")
-    if angles is not None and (tuple(angles[0].shape) != (m, 4) or tuple(angles[1].shape) != (head // 2,)):
-        raise ValueError(f"qkv_rope_linear: angles' positions [{m}, 4] and freqs [{head // 2}], got "
+    if angles is not None and (tuple(angles[0].shape) != (m, 4) or tuple(angles[1].shape) != (2, head // 2)):
+        raise ValueError(f"qkv_rope_linear: angles' positions [{m}, 4] and freqs [2, {head // 2}], got "
                          f"{tuple(angles[0].shape)} and {tuple(angles[1].shape)}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("qkv_rope_linear: q and k are normed together (both weights or neither)")

@@ -71,17 +71,19 @@ def test_halves_permutation_turns_adjacent_pairs_into_split_halves():
 
 @pytest.mark.parametrize("axes,theta,scale", [((32, 48, 48), 256.0, 1.0), ((32, 32, 32, 32), 10000.0, 0.5)])
 def test_angle_factors_remake_the_tables_angles(axes, theta, scale):
-    """The factors the Hopper QKV epilogue makes its angles from (positions x frequencies, kernels/
-    int8_hopper_epilogues.angles_reference) give the tables' float32 angles within an ulp; concat keeps them where
-    the parts agree; positions float32 cannot hold, or more than 4 axes, give none."""
+    """The factors the Hopper QKV epilogue makes its angles from (positions x frequencies as two f32, kernels/
+    int8_hopper_epilogues.angles_reference) give the tables' float32 angles exactly; concat keeps them where the parts
+    agree; positions float32 cannot hold, or more than 4 axes, give none."""
     from kernels.int8_hopper_epilogues import angles_reference
     positions = torch.randint(0, 1024, (50, len(axes))) * scale
     seq = sequence_of(positions, torch.zeros(50, dtype=torch.long), axes, theta)
     tables = rotary_angles(positions, axes, theta).float()
     made = angles_reference(*seq.angles.as_args())
-    assert made.dtype == torch.float32 and made.shape == tables.shape
-    ulp = torch.finfo(torch.float32).eps * tables.abs().clamp_min(1e-30)
-    assert ((made - tables).abs() <= ulp).all()
+    assert made.dtype == torch.float32 and torch.equal(made, tables)
+    # hi + lo carries what one f32 frequency drops: with hi alone the angles would be off by up to an ulp.
+    one = (seq.angles.positions.double()[:, torch.bucketize(torch.arange(tables.shape[1]), torch.tensor(
+        seq.angles.ends), right=True)] * seq.angles.freqs[0].double()).float()
+    assert not torch.equal(one, tables)
     joined = concat([seq, seq])
     assert torch.equal(joined.angles.positions, torch.cat([seq.angles.positions] * 2))
     other = sequence_of(positions, torch.zeros(50, dtype=torch.long), axes, theta * 2)
