@@ -1,6 +1,7 @@
 """Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels against the Triton ones in
 the same run: where a step's product time goes, shape by shape. The fused QKV turns by its angles' factors as the
-blocks call it, and once more by cos and sin tables.
+blocks call it, and once more by cos and sin tables; FLUX.3's OUT and DOWN as its parallel blocks call them (OUT
+rows, DOWN adding them under the gate), and once more as before (each adding into the residual).
 
 Forms as the blocks call them (dit_core/block_gpu.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
 and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
@@ -36,17 +37,20 @@ SHAPES = [("Z-Image", "qkv", "qkv", 4608, 3840, 11520, 30), ("Z-Image", "qkv", "
 for _m, _calls, _rows in ((4608, 28, "joint"), (4096, 5, "image mode"), (512, 5, "text mode")):
     SHAPES += [(f"Klein {_rows}", "qkv", "qkv", _m, 3072, 9216, _calls),
                (f"Klein {_rows}", "up", "swiglu", _m, 3072, 18432, _calls),
-               (f"Klein {_rows}", "out", "gated", _m, 3072, 3072, _calls),
+               (f"Klein {_rows}", "out", "rows", _m, 3072, 3072, _calls),
                (f"Klein {_rows}", "down", "gated", _m, 9216, 3072, _calls)]
-# The fused QKV turned by cos and sin tables, as before the angles' factors (not counted in a step).
-TABLES = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30), ("Klein joint", "qkv, tables", "qkv", 4608, 3072,
-                                                                     9216, 28)]
+# As before (not counted in a step): the fused QKV turned by cos and sin tables, not its angles' factors; FLUX.3's
+# OUT adding into the residual in its own epilogue, and DOWN without the attention branch's rows to add.
+EARLIER = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30),
+           ("Klein joint", "qkv, tables", "qkv", 4608, 3072, 9216, 28),
+           ("Klein joint", "out, gated", "gated", 4608, 3072, 3072, 28),
+           ("Klein joint", "down, no addend", "gated", 4608, 9216, 3072, 28)]
 
 
-def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", tables: bool = False):
+def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earlier: bool = False):
     """A no-argument call of the linear in its form on random codes (the same for a shape every time), as the family's
-    blocks make it: the QKV's rotary from its angles' factors (tables: from cos and sin tables), the joint blocks'
-    gate rows by mode (text rows first)."""
+    blocks make it: the QKV's rotary from its angles' factors, the joint blocks' gate rows by mode (text rows first),
+    FLUX.3's DOWN adding the attention branch's rows (earlier: the QKV from tables, DOWN without rows to add)."""
     g = torch.Generator().manual_seed(m + k + n)
     q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -57,7 +61,7 @@ def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", tabl
         axes, theta = ((32, 48, 48), 256.0) if family == "Z-Image" else ((32, 32, 32, 32), 10000.0)
         seq = sequence_of(torch.randint(0, 64, (m, len(axes)), generator=g) * 0.5, torch.zeros(m, dtype=torch.long),
                           axes, theta).to("cuda")
-        angles, gains = None if tables else seq.angles.as_args(), torch.ones(2, head, device="cuda")
+        angles, gains = None if earlier else seq.angles.as_args(), torch.ones(2, head, device="cuda")
         return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], seq.cos, seq.sin,
                                        angles=angles)
     if form == "quantize":
@@ -68,7 +72,9 @@ def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", tabl
         row_map = (torch.arange(m, device="cuda") >= 512).int() if family == "Klein joint" else \
             torch.zeros(m, dtype=torch.int32, device="cuda")
         gate = gate if family == "Klein joint" else gate[:1]
-        return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map)
+        addend = None if earlier or k != 9216 else torch.randn(m, n, generator=g).to("cuda", torch.bfloat16)
+        return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map,
+                                         addend=addend)
     return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu")
 
 
@@ -89,14 +95,14 @@ def main() -> None:
     print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
           "| Hopper ms a step | Triton ms a step |\n" + "|---" * 9 + "|")
     totals = {}
-    for family, linear, form, m, k, n, calls in SHAPES + TABLES:
-        call, times = call_of(form, m, k, n, family, tables=linear == "qkv, tables"), []
+    for family, linear, form, m, k, n, calls in SHAPES + EARLIER:
+        call, times = call_of(form, m, k, n, family, earlier=(family, linear, form, m, k, n, calls) in EARLIER), []
         for enabled in (True, False):
             int8_linear_hopper.ENABLED = enabled
             times.append(median_ms(call, args.runs, True))
         int8_linear_hopper.ENABLED = True
         tops = [2 * m * n * k / t / 1e9 for t in times]
-        family_total = totals.setdefault(family.split()[0], [0.0, 0.0]) if linear != "qkv, tables" else [0, 0]
+        family_total = totals.setdefault(family.split()[0], [0.0, 0.0]) if "," not in linear else [0, 0]
         family_total[0] += calls * times[0]
         family_total[1] += calls * times[1]
         print(f"| {family} | {linear} ({form}) | {m}x{k}x{n} | {calls} | {times[0]:.4f} ({tops[0]:.0f}) | "

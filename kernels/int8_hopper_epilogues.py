@@ -58,10 +58,22 @@ if gluon is not None:
         mbarrier.expect(fetched, res_desc.block_type.nbytes)
         tma_load(res_desc, [off_m, col], fetched, res_tile)
 
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.7 on; the H200's 3.6 has the private name
+        @gluon.jit
+        def addend_box(res_tile, add_desc):
+            """The residual's box seen as the addend's (bf16, half its bytes): the two take turns in it."""
+            return res_tile.reinterpret(gl.bfloat16, add_desc.block_type.shape, add_desc.layout)
+    else:
+        @gluon.jit
+        def addend_box(res_tile, add_desc):
+            return res_tile._reinterpret(gl.bfloat16, add_desc.block_type.shape, add_desc.layout)
+
     @gluon.jit
-    def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, M, N,
-                       ONE_GATE_ROW: gl.constexpr):
-        """residual += gate[row_map] * y by column halves through res_tile (the first asked for before the K loop)."""
+    def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, add_desc, M, N,
+                       ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr):
+        """residual += gate[row_map] * (y + addend) by column halves through res_tile, the first half's addend (else
+        its residual) asked for before the K loop. With an addend, each half's addend then its residual pass
+        through the box: four phases a tile (their waits exposed, as DOWN's long K loop hides them)."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
@@ -73,7 +85,14 @@ if gluon is not None:
         for h in gl.static_range(2):
             part = halves[h]
             col = off_n + h * HALF
-            if h == 1:  # (the first half was asked for before the K loop)
+            if HAS_ADDEND:
+                add_tile = addend_box(res_tile, add_desc)
+                if h == 1:
+                    fetch_box(add_desc, add_tile, fetched, off_m, col)
+                mbarrier.wait(fetched, 0)
+                part = part + add_tile.load(part.type.layout).to(gl.float32)
+                fetch_box(res_desc, res_tile, fetched, off_m, col)
+            elif h == 1:  # (the first half was asked for before the K loop)
                 fetch_box(res_desc, res_tile, fetched, off_m, col)
             rn = col + gl.arange(0, HALF, layout=gl.SliceLayout(0, part.type.layout))
             if ONE_GATE_ROW:
@@ -83,7 +102,7 @@ if gluon is not None:
                 for g in range(lo, hi + 1):
                     vector = gl.expand_dims(gl.load(gate_ptr + g * N + rn, mask=rn < N, other=0.0), 0)
                     part = gl.where(gl.expand_dims(rows == g, 1), vector * part, part)
-            mbarrier.wait(fetched, h)  # (two phases a tile)
+            mbarrier.wait(fetched, 1 if HAS_ADDEND else h)  # (two or four phases a tile)
             r = part + res_tile.load(part.type.layout)  # (the residual read last: fewer registers held)
             res_tile.store(r)
             fence_async_shared()

@@ -9,6 +9,7 @@ kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, 
     swiglu=True:     out[m, j] = bf16(silu(g) u), g = bf16(y[m, 2j]), u = bf16(y[m, 2j + 1]), silu(a) = a / (1 +
                      exp(-a)) (N / 2 columns: the MLP's interleaved gate and up rows, as int8_quant's swiglu)
   int8_linear_gated: residual[m, n] = residual[m, n] + gate[row_map[m], n] * y[m, n]  (f32, in place)
+    addend:          y[m, n] + addend[m, n] in place of y (bf16 [M, N]: a parallel block's other branch)
 The scale product first, then the bias in f32, is dit_core.linear (int8_product, then + bias), our host
 reference; kitchen's CUTLASS epilogue (acc * s_x * s_w + bias) differs from it by an f32 ulp before the bf16
 rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored. The SwiGLU form
@@ -56,7 +57,7 @@ def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
-              row_map=None, out=None, swiglu=False):
+              row_map=None, out=None, swiglu=False, addend=None):
     """The math above in plain torch (exact_products). With residual: the gated form (residual updated in place and
     returned); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
     y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
@@ -65,7 +66,7 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
     if lora_down is not None:
         y = y + lora_down.float() @ lora_up.float().t()
     if residual is not None:
-        return residual.add_(gate.float()[row_map.long()] * y)
+        return residual.add_(gate.float()[row_map.long()] * (y if addend is None else y + addend.float()))
     if swiglu:
         g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
         y = g / (1 + torch.exp(-g)) * u
@@ -73,10 +74,10 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
 
 
 @triton_jit
-def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, shared, M,
-              N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
-              WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-              BLOCK_R: tl.constexpr):
+def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
+              shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
+              ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -94,6 +95,8 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
     row = rm.to(tl.int64) if WIDE else rm
     offs = row[:, None] * N + rn[None, :]
     if FORM == 1:  # gated residual
+        if HAS_ADDEND:
+            y = y + tl.load(add_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :] * y, mask=mask)
@@ -115,11 +118,12 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
 
 @triton_jit
 def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                        M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
-                        HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr,
-                        EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
-                        PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+                        add_ptr, M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
+                        HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
+                        HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
+                        SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
@@ -135,25 +139,25 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
-              map_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
-              HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M,
-              TMA, SUBTILE, SPLIT)
+              map_ptr, add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
+              HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N,
+              BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
     else:
         for tile in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
                              flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
-                  sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS,
-                  HAS_LORA, FORM, ONE_GATE_ROW, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, BLOCK_R,
-                  GROUP_M, TMA, SUBTILE, SPLIT)
+                  add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
+                  HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N,
+                  BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
 
 
 @triton_jit
-def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, sums_ptr,
-          count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
-          HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, WIDE: tl.constexpr,
-          EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
-          SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
+          sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
+          HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr,
+          WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
+          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
+          TMA: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     """An output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with SPLIT, program
     `item`'s part of a tail tile, the epilogue run by the part that is counted last."""
     if SPLIT:
@@ -183,8 +187,8 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
             if SPLIT:
                 subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
             _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
-                      gate_ptr, map_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, WIDE, LORA_DTYPE,
-                      BLOCK_M, BLOCK_N // count, BLOCK_R)
+                      gate_ptr, map_ptr, add_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND,
+                      WIDE, LORA_DTYPE, BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:
             counter_reset(count_ptr, tail)
 
@@ -205,7 +209,7 @@ def _autotuned(form: int):
         _int8_linear_kernel)
 
 
-def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form):
+def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
     TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning)."""
     (m, k), n = q.shape, w.shape[0]
@@ -222,7 +226,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         return
     if tiles is None and lora_down is None and int8_linear_hopper.unusable(
             q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
-            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map):
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend):
         return
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
@@ -233,10 +237,11 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
             lora_down.contiguous() if lora_down is not None else absent,
             lora_up.contiguous() if lora_up is not None else absent, out,
             gate.float().contiguous() if gate is not None else absent,
-            row_map.to(torch.int32).contiguous() if row_map is not None else absent, m, n, k, rank,
-            tune_bucket(m))
+            row_map.to(torch.int32).contiguous() if row_map is not None else absent,
+            addend if addend is not None else absent, m, n, k, rank, tune_bucket(m))
     flags = {"HAS_BIAS": bias is not None, "HAS_LORA": lora_down is not None, "FORM": form,
-             "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "WIDE": m * n >= 2**31,
+             "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "HAS_ADDEND": addend is not None,
+             "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
              "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
@@ -279,12 +284,15 @@ def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=
 
 
 def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lora_down=None, lora_up=None,
-                      tiles=None):
-    """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA))."""
+                      tiles=None, addend=None):
+    """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) (+
+    addend[m, n], bf16 [M, N]))."""
     m, n = q.shape[0], w.shape[0]
     if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
         raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
     if gate.dim() != 2 or gate.shape[1] != n or row_map.shape != (m,) or gate.numel() >= 2**31:
         raise ValueError(f"int8_linear_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
-    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED)
+    if addend is not None and (addend.shape != (m, n) or addend.dtype != torch.bfloat16 or not addend.is_contiguous()):
+        raise ValueError(f"int8_linear_gated: addend must be contiguous bf16 [{m}, {n}]")
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend)
     return residual

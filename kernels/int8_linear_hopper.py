@@ -29,7 +29,7 @@ try:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .int8_hopper_epilogues import fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load
+    from .int8_hopper_epilogues import addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -108,10 +108,11 @@ if gluon is not None:
         return acc
 
     @gluon.jit
-    def _consumer(a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr, sw_ptr,
-                  bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
-                  HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr, D: gl.constexpr,
-                  ANGLES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
+    def _consumer(a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
+                  sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                  HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_NORM: gl.constexpr,
+                  D: gl.constexpr, ANGLES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                  W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
         issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -123,7 +124,9 @@ if gluon is not None:
         tiles_m, tiles_n, steps, run = _schedule(M, N, K, BLOCK_M, BLOCK_N, BLOCK_K)
         for t in range(W, run, 2):
             off_m, off_n = _tile_offsets(t, tiles_m, tiles_n, GROUP_M, BLOCK_M, BLOCK_N)
-            if FORM == 1:
+            if FORM == 1 and HAS_ADDEND:
+                fetch_box(add_desc, addend_box(out_tile, add_desc), fetched.index(W), off_m, off_n)
+            elif FORM == 1:
                 fetch_box(out_desc, out_tile, fetched.index(W), off_m, off_n)
             if t > 0:  # the other consumer's tile t - 1 is issued: the ring's barriers are a phase from ours at most
                 mbarrier.wait(turn.index(W), ((t - 1) // 2) & 1)
@@ -138,8 +141,8 @@ if gluon is not None:
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
             if FORM == 1:
-                gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, M, N,
-                               ONE_GATE_ROW)
+                gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, add_desc, M,
+                               N, ONE_GATE_ROW, HAS_ADDEND)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
                 store_box((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile,
@@ -152,11 +155,11 @@ if gluon is not None:
         tma.store_wait(0)
 
     @gluon.jit
-    def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr,
-                                   cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
-                                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_NORM: gl.constexpr,
-                                   D: gl.constexpr, ANGLES: gl.constexpr, GROUP_M: gl.constexpr,
-                                   STAGES: gl.constexpr):
+    def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, add_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr,
+                                   nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr,
+                                   HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr,
+                                   GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
@@ -175,12 +178,12 @@ if gluon is not None:
         # Warps 0-3 and 4-7 the consumers (wgmma wants whole warpgroups), warp 8 the producer. The consumers' arguments
         # are written out twice: a tuple built beforehand and extended by W reaches them without its constexprs.
         gl.warp_specialize([
-            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
-            (_consumer, (a_desc, b_desc, out_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                         sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
+            (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
+            (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
@@ -189,13 +192,15 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
     return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=None, cos=None, sin=None, angles=None,
-           heads_d=0, head=128, eps=1e-6):
-    """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place; SWIGLU: bf16
-    [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos and sin [M, head / 2] or, where given, by angles:
-    (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3), int8_hopper_epilogues' factors); True, or
-    False where nothing ran (UNBUILT says why; the callers run Triton's kernels). The callers ask `unusable` first."""
-    if form in UNBUILT:
+def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, norms=None, cos=None, sin=None,
+           angles=None, heads_d=0, head=128, eps=1e-6):
+    """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
+    [M, N] added to the product where given; SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
+    and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
+    axes 1-3), int8_hopper_epilogues' factors); True, or False where nothing ran (UNBUILT says why, or an addend TMA
+    cannot read; the callers run Triton's kernels). The callers ask `unusable` first."""
+    if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
+                                                   or w.shape[0] % 8)):
         return False
     (m, k), n = q.shape, w.shape[0]
     bm, bn, bk = TILE["BLOCK_M"], TILE["BLOCK_N"], TILE["BLOCK_K"]
@@ -208,13 +213,14 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, norms=No
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
         _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
             _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
-            _descriptor(out, box, dtype), s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
+            _descriptor(out, box, dtype), _descriptor(addend, box, gl.bfloat16) if addend is not None else absent,
+            s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
             norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
-            HAS_NORM=norms is not None, D=head, ANGLES=axis_ends(angles[2]) if angles is not None else 0,
-            GROUP_M=TILE["GROUP_M"],
+            HAS_ADDEND=addend is not None, HAS_NORM=norms is not None, D=head,
+            ANGLES=axis_ends(angles[2]) if angles is not None else 0, GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:

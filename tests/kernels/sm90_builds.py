@@ -18,8 +18,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_ptr", "up_ptr", "out_ptr", "gate_ptr")},
-          "q_ptr": "*i8", "w_ptr": "*i8", "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "R": "i32",
-          "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32", "whole": "i32", "parts": "i32"}
+          "q_ptr": "*i8", "w_ptr": "*i8", "map_ptr": "*i32", "add_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+          "R": "i32", "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32", "whole": "i32", "parts": "i32"}
 ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
           "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
           "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
@@ -33,9 +33,10 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
 
     from kernels.int8_linear import _int8_linear_kernel
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
-    constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row, "WIDE": False,
-                 "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16, "TMA": False, "PERSISTENT": False,
-                 "SUBTILE": 0, "SPLIT": False, **{k: v for k, v in tile.items() if k not in launch}}
+    constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row,
+                 "HAS_ADDEND": False, "WIDE": False, "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16,
+                 "TMA": False, "PERSISTENT": False, "SUBTILE": 0, "SPLIT": False,
+                 **{k: v for k, v in tile.items() if k not in launch}}
     return _int8_linear_kernel, LINEAR, constants, launch
 
 
@@ -73,6 +74,10 @@ def frontend_cases() -> dict:
                     "PERSISTENT": persistent, "SUBTILE": subtile, "num_warps": 8, "num_stages": 4}
             cases[f"int8_linear {FORMS[form]}{'' if one or form != 1 else ' (gathered)'} tma {tma} persistent "
                   f"{persistent} subtile {subtile}"] = linear_case(form, one, tile)
+    kernel, signature, constants, launch = linear_case(1, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
+                                                                  "GROUP_M": 8, "TMA": True, "PERSISTENT": True,
+                                                                  "SUBTILE": 4, "num_warps": 8, "num_stages": 4})
+    cases["int8_linear gated with an addend"] = (kernel, signature, {**constants, "HAS_ADDEND": True}, launch)
     for form in (1, 2):  # 64-bit offsets (2^31 outputs or more: too large to run in a test)
         kernel, signature, constants, launch = linear_case(form, False, {"BLOCK_M": 128, "BLOCK_N": 256,
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})

@@ -76,6 +76,21 @@ def test_gated_residual_epilogue(m, n, k, loads, gate_rows, device):
 
 
 @pytest.mark.parametrize("m,n,k", CASES)
+def test_gated_residual_with_an_addend(m, n, k, device):
+    """residual += gate (y + addend): a parallel block's two branches under one gate, the other's bf16 output added
+    in this product's epilogue (FLUX.3's attention output into the MLP's down projection)."""
+    ops, _, gated = operands(m, n, k, seed=m + 7 * n + k, device=device)
+    addend = torch.randn(m, n, device=device).to(torch.bfloat16)
+    start = gated.pop("residual")
+    expected = reference(**ops, **gated, residual=start.clone(), addend=addend)
+    assert not torch.equal(expected, reference(**ops, **gated, residual=start.clone()))
+    ours = int8_linear_gated(**ops, **gated, residual=start.clone(), addend=addend, tiles=SMALL_TILES)
+    assert torch.equal(ours, expected)
+    with pytest.raises(ValueError, match="addend must be contiguous bf16"):
+        int8_linear_gated(**ops, **gated, residual=start.clone(), addend=addend.float())
+
+
+@pytest.mark.parametrize("m,n,k", CASES)
 @pytest.mark.parametrize("loads", LOADS, ids=LOAD_IDS)
 def test_swiglu_epilogue(m, n, k, loads, device):
     """SiLU(gate) up of the interleaved column pairs: the bf16 product then int8_quant's SwiGLU step (the path it

@@ -37,14 +37,18 @@ pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr
 found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
+                        ("gated, with an addend", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
                         ("qkv, its rotary made from angles", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
     a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
-    sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out, **pointers,
+    addend = desc(Rows, [4608, 3840], [bm, bn // 2], gl.bfloat16) if "addend" in name else out
+    sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out,
+           "add_desc": addend, **pointers,
            "map_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "HD": "i32",
            "eps": "fp32"}
-    consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_NORM": True, "D": 128,
+    consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_ADDEND": "addend" in name,
+              "HAS_NORM": True, "D": 128,
               "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0,
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
@@ -64,7 +68,7 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(found) == 5
+    assert len(found) == 6
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
@@ -111,7 +115,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         (grid, args, kwargs), = recorder.launches
         assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
         assert list(args[2].block_shape) == box and args[2].base is out, form
-        assert (args[9] is rows and args[10] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
+        assert (args[10] is rows and args[11] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
         assert kwargs["ANGLES"] == 0, form
     # The fused QKV given the angles' factors reads those instead of the tables.
     positions, freqs, recorder = torch.zeros(m, 4), torch.ones(2, 64), _FakeKernel()
@@ -121,7 +125,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         assert kh.launch(q, s_x, w, s_w, None, torch.empty(3, m, 128, dtype=torch.bfloat16), kh.QKV_ROPE,
                          **rope, angles=(positions, freqs, (16, 32, 48)))
     (_, args, kwargs), = recorder.launches
-    assert args[9] is positions and args[10] is freqs and kwargs["ANGLES"] == 1 << 24 | 16 | 32 << 8 | 48 << 16
+    assert args[10] is positions and args[11] is freqs and kwargs["ANGLES"] == 1 << 24 | 16 | 32 << 8 | 48 << 16
     with pytest.raises(ValueError, match="nondecreasing"):
         kh.launch(q, s_x, w, s_w, None, torch.empty(3, m, 128, dtype=torch.bfloat16), kh.QKV_ROPE, **rope,
                   angles=(positions, freqs, (32, 16, 48)))
@@ -196,7 +200,8 @@ def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
 @hopper_gpu
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("gate_rows", [1, "runs", 3])
-def test_gated_residual(m, n, k, gate_rows, monkeypatch):
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     from test_int8_linear import operands
 
     from kernels.int8_linear import int8_linear_gated, reference
@@ -206,6 +211,7 @@ def test_gated_residual(m, n, k, gate_rows, monkeypatch):
     else:
         gated["gate"], gated["row_map"] = gated["gate"][:gate_rows], gated["row_map"] % gate_rows
     start = gated.pop("residual")
+    gated["addend"] = torch.randn(m, n, device="cuda").to(torch.bfloat16) if with_addend else None
     expected = reference(**ops, **gated, residual=start.clone())
     hopper, triton_rows = _both(monkeypatch, lambda: int8_linear_gated(**ops, **gated, residual=start.clone()))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
