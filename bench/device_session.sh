@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton shapes ncu
+#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -39,6 +39,7 @@ for part in $parts; do
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
+    energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm 2>&1 | stamped ;;
     # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
     # quantizer; its details page and a summary of its per-instruction stall samples (bench/ncu_stalls.py) as text.
