@@ -13,6 +13,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
     parser.add_argument("--variant-triton-gemm", action="store_true", help="also ours INT8 graphed with the Triton "
                         "GEMMs where the Hopper ones run (kernels.int8_linear_hopper.ENABLED off)")
+    parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
+                        "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
+                        "GROUP_M: the weights read from memory once a group)")
 
 
 def variants(args) -> list:
@@ -23,4 +26,6 @@ def variants(args) -> list:
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
         ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
-        ("Triton GEMMs", int8_linear_hopper, "ENABLED", False)] * args.variant_triton_gemm
+        ("Triton GEMMs", int8_linear_hopper, "ENABLED", False)] * args.variant_triton_gemm + [
+        (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
+        for g in args.variant_group_m]
