@@ -1,7 +1,8 @@
 """The epilogues of kernels/int8_linear_hopper.py (Gluon): the gated residual and the fused QKV's head math, each on
 a consumer's 128 x 128 tile y = bf16-or-f32 values of q w^T s_x s_w + bias, while the other consumer's products run.
 
-Issue 4. Gated: residual[rows, cols] += gate[row_map[row], cols] * y, by column halves through the consumer's box.
+Issue 4. Gated: residual[rows, cols] += gate[row_map[row], cols] * (y (+ addend[rows, cols], bf16)), by column halves
+through the consumer's box (an addend's half passes through it before each residual half).
 QKV: for q and k, RMS over each head (x gain), then the split-half rotary: (a, b) -> (a cos - b sin, b cos + a sin)
 for pair (j, j + R) of a head of D = 2 R. Its cos and sin come from the tables [M, R] or, where the caller has the
 angles' factors, are made here from angle[row, j] = f32(positions[row, axis(j)] x freq[j]), axis(j) the axis whose
