@@ -95,14 +95,14 @@ def main() -> None:
     print("| family | linear (form) | M x K x N | calls a step | Hopper ms (TOPS) | Triton ms (TOPS) | Triton / Hopper "
           "| Hopper ms a step | Triton ms a step |\n" + "|---" * 9 + "|")
     totals = {}
-    for family, linear, form, m, k, n, calls in SHAPES + EARLIER:
-        call, times = call_of(form, m, k, n, family, earlier=(family, linear, form, m, k, n, calls) in EARLIER), []
+    for earlier, (family, linear, form, m, k, n, calls) in [(False, s) for s in SHAPES] + [(True, s) for s in EARLIER]:
+        call, times = call_of(form, m, k, n, family, earlier), []
         for enabled in (True, False):
             int8_linear_hopper.ENABLED = enabled
             times.append(median_ms(call, args.runs, True))
         int8_linear_hopper.ENABLED = True
         tops = [2 * m * n * k / t / 1e9 for t in times]
-        family_total = totals.setdefault(family.split()[0], [0.0, 0.0]) if "," not in linear else [0, 0]
+        family_total = [0, 0] if earlier else totals.setdefault(family.split()[0], [0.0, 0.0])
         family_total[0] += calls * times[0]
         family_total[1] += calls * times[1]
         print(f"| {family} | {linear} ({form}) | {m}x{k}x{n} | {calls} | {times[0]:.4f} ({tops[0]:.0f}) | "
