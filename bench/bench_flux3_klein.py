@@ -33,6 +33,7 @@ from dit_core.step_cache import StepCache  # noqa: E402
 from dit_core.vae_flux2 import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
+from gpu_energy import energy_reader  # noqa: E402
 from kitchen_peer import KITCHEN, kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
@@ -63,13 +64,16 @@ def version(name: str) -> str:
 
 def timed(fn, runs: int, dev: torch.device):
     """fn() once to warm up (kernel compilation, autotuning), then `runs` times: (median s, peak GB the runs
-    added above what was allocated before them (nan on the CPU), last output). CUDA events on the GPU."""
+    added above what was allocated before them (nan on the CPU), last output, mean J a run or None). CUDA events on
+    the GPU; joules from NVML's counter over the runs (bench/gpu_energy.py)."""
     cuda = dev.type == "cuda"
     out = fn()
     if cuda:
         torch.cuda.synchronize(dev)
         base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
+    energy = energy_reader(dev)
+    first = energy() if energy else None
     times = []
     for _ in range(runs):
         if cuda:
@@ -84,7 +88,7 @@ def timed(fn, runs: int, dev: torch.device):
             out = fn()
             times.append(time.perf_counter() - t0)
     peak = (torch.cuda.max_memory_allocated(dev) - base) / 1e9 if cuda else float("nan")
-    return statistics.median(times), peak, out
+    return statistics.median(times), peak, out, (energy() - first) / runs if energy else None
 
 
 def weights_gb(obj, dev: torch.device) -> float:
@@ -305,8 +309,8 @@ def main(argv=None) -> None:
         """Time fn into results[label], with a line at once (a run cut short still reports)."""
         started = time.perf_counter()
         with torch.inference_mode():
-            s, peak, latent = timed(fn, runs, dev)
-        results[label] = r = {"s": s, "peak": peak, "latent": latent, "weights": weights}
+            s, peak, latent, joules = timed(fn, runs, dev)
+        results[label] = r = {"s": s, "peak": peak, "latent": latent, "weights": weights, "J": joules}
         if kept:
             # The timed runs (not the warm-up): the same inputs, so the same skips; a range if not.
             r["cache"], r["skipped"] = kept[-1], "-".join(map(str, sorted({c.skipped for c in kept[1:]})))
@@ -405,14 +409,15 @@ def report(results: dict, steps: int, smoke: bool, dev: torch.device) -> None:
         return "identical" if v == float("inf") else f"{v:.1f} dB"
 
     print(f"\n| model{' (smoke, CPU)' if smoke else ''} | s / {steps} steps | vs diffusers | skipped steps | "
-          f"PSNR vs INT8 cache 0 | PSNR vs diffusers | weights GB | run peak GB above weights |")
-    print("|---|---|---|---|---|---|---|---|")
+          f"PSNR vs INT8 cache 0 | PSNR vs diffusers | weights GB | run peak GB above weights | J / {steps} steps |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, r in results.items():
         skipped = f"{r['skipped']} of {steps}" if "cache" in r and r["cache"].limit > 0 else "-"
         speed = "n/a" if base["s"] is None else f"{base['s'] / r['s']:.2f}x"
         peak = "-" if math.isnan(r["peak"]) else f"{r['peak']:.2f}"
+        joules = "-" if r["J"] is None else f"{r['J']:.1f}"
         print(f"| {label} | {r['s']:.3f} | {speed} | {skipped} | {db(r, int8)} | {db(r, base)} | "
-              f"{r['weights']:.2f} | {peak} |")
+              f"{r['weights']:.2f} | {peak} | {joules} |")
 
     print("\nstep cache: the first joint block's relative change per step ('*': skipped)")
     for label, r in results.items():
