@@ -22,19 +22,23 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
+from gpu_energy import energy_reader  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
 from kitchen_peer import KITCHEN, kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
 
-def timed(fn, steps: int) -> tuple[float, float, torch.Tensor]:
-    """Median ms of fn() over `steps` runs after 3 warm-ups, and the peak GPU memory it added (GB)."""
+def timed(fn, steps: int) -> tuple:
+    """Median ms of fn() over `steps` runs after 3 warm-ups, the peak GPU memory it added (GB), the last output, and
+    the mean joules a run (NVML's counter, bench/gpu_energy.py; None without it)."""
     for _ in range(3):
         out = fn()
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
+    energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
+    first = energy() if energy else None
     times = []
     for _ in range(steps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -43,7 +47,8 @@ def timed(fn, steps: int) -> tuple[float, float, torch.Tensor]:
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 1e9, out
+    joules = (energy() - first) / steps if energy else None
+    return statistics.median(times), (torch.cuda.max_memory_allocated() - base) / 1e9, out, joules
 
 
 def weights_gb(model) -> float:
@@ -170,10 +175,11 @@ def main(argv=None) -> None:
                         setattr(module, attribute, kept)
                         graphed = None
     base = results["diffusers BF16 (SDPA)"][0]
-    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB |")
-    print("|---|---|---|---|---|")
-    for label, (ms, peak, _, wgb) in results.items():
-        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} |")
+    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
+    print("|---|---|---|---|---|---|")
+    for label, (ms, peak, _, joules, wgb) in results.items():
+        energy = "-" if joules is None else f"{joules:.1f}"
+        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
     outputs = {label: r[2] for label, r in results.items()}
     print(f"\nfidelity (relative Frobenius), vectors N(0, {args.vector_std}): "
           f"{fidelity_line(ref, outputs, diffusers_step)}")
