@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_linear_shapes import call_of  # noqa: E402
+from gpu_energy import energy_reader  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
 
 M, WIDTH, FFN, HEADS = 4608, 3072, 9216, 24
@@ -62,8 +63,8 @@ CASES = [("INT8 QKV + head norm + rotary", lambda: call_of("qkv", M, WIDTH, FFN)
          ("BF16 F.linear 3072 x 9216 (diffusers' QKV)", lambda: _bf16_linear(WIDTH, FFN), 2 * M * WIDTH * FFN)]
 
 
-def sustained(call, seconds: float, nvml, handle, reps: int = 10):
-    """(ms a call, J a call, mean W, SM MHz at the end) of `call` replayed in a graph of `reps` for `seconds`."""
+def sustained(call, seconds: float, energy, reps: int = 10):
+    """(ms a call, J a call, mean W) of `call` replayed in a graph of `reps` for `seconds` (energy: joules so far)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -84,11 +85,10 @@ def sustained(call, seconds: float, nvml, handle, reps: int = 10):
             torch.cuda.synchronize()
         return replays
     replay_for(seconds)  # the clocks settle at this kernel's power
-    energy, start = nvml.nvmlDeviceGetTotalEnergyConsumption(handle), time.perf_counter()
+    first, start = energy(), time.perf_counter()
     calls = replay_for(seconds) * reps
-    elapsed, joules = time.perf_counter() - start, (nvml.nvmlDeviceGetTotalEnergyConsumption(handle) - energy) / 1e3
-    clock = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
-    return elapsed / calls * 1e3, joules / calls, joules / elapsed, clock
+    elapsed, joules = time.perf_counter() - start, energy() - first
+    return elapsed / calls * 1e3, joules / calls, joules / elapsed
 
 
 def main() -> None:
@@ -97,8 +97,10 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("energy_by_kernel needs a CUDA GPU")
-    import pynvml as nvml
-    nvml.nvmlInit()
+    energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
+    if energy is None:
+        sys.exit("energy_by_kernel needs NVML's energy counter (nvidia-ml-py)")
+    import pynvml as nvml  # (energy_reader initialized it)
     handle = nvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
     limit = nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1e3
     time.sleep(1.0)
@@ -108,7 +110,8 @@ def main() -> None:
     print("| kernel (FLUX.3 Klein joint block, 4608 rows) | ms a call, sustained | J a call | mean W | SM MHz | "
           "TOPS sustained | GOP a J |\n" + "|---" * 7 + "|")
     for name, make, ops in CASES:
-        ms, joules, watts, clock = sustained(make(), args.seconds, nvml, handle)
+        ms, joules, watts = sustained(make(), args.seconds, energy)
+        clock = nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM)
         rate = f"{ops / ms / 1e9:.0f} | {ops / joules / 1e9:.0f}" if ops else "- | -"
         print(f"| {name} | {ms:.4f} | {joules:.4f} | {watts:.0f} | {clock} | {rate} |", flush=True)
 
