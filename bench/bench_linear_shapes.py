@@ -40,7 +40,8 @@ for _m, _calls, _rows in ((4608, 28, "joint"), (4096, 5, "image mode"), (512, 5,
                (f"Klein {_rows}", "out", "rows", _m, 3072, 3072, _calls),
                (f"Klein {_rows}", "down", "gated", _m, 9216, 3072, _calls)]
 # As before (not counted in a step): the fused QKV turned by cos and sin tables, not its angles' factors; FLUX.3's
-# OUT adding into the residual in its own epilogue, and DOWN without the attention branch's rows to add.
+# OUT adding into the residual in its own epilogue, and DOWN without the attention branch's rows to add
+# (nor the next norm's statistics).
 EARLIER = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30),
            ("Klein joint", "qkv, tables", "qkv", 4608, 3072, 9216, 28),
            ("Klein joint", "out, gated", "gated", 4608, 3072, 3072, 28),
@@ -50,7 +51,8 @@ EARLIER = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30),
 def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earlier: bool = False):
     """A no-argument call of the linear in its form on random codes (the same for a shape every time), as the family's
     blocks make it: the QKV's rotary from its angles' factors, the joint blocks' gate rows by mode (text rows first),
-    FLUX.3's DOWN adding the attention branch's rows (earlier: the QKV from tables, DOWN without rows to add)."""
+    FLUX.3's DOWN adding the attention branch's rows and writing the next norm's statistics (earlier: the QKV from
+    tables, DOWN without either)."""
     g = torch.Generator().manual_seed(m + k + n)
     q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -72,9 +74,11 @@ def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earl
         row_map = (torch.arange(m, device="cuda") >= 512).int() if family == "Klein joint" else \
             torch.zeros(m, dtype=torch.int32, device="cuda")
         gate = gate if family == "Klein joint" else gate[:1]
-        addend = None if earlier or k != 9216 else torch.randn(m, n, generator=g).to("cuda", torch.bfloat16)
+        summed = not earlier and k == 9216  # FLUX.3's DOWN: the attention rows added, the next norm's statistics
+        addend = torch.randn(m, n, generator=g).to("cuda", torch.bfloat16) if summed else None
+        next_norm = (torch.empty(2, m, device="cuda"), "layer", 1e-6) if summed else None
         return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map,
-                                         addend=addend)
+                                         addend=addend, next_norm=next_norm)
     return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu")
 
 

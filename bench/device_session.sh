@@ -3,7 +3,8 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy
+#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests
+#   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -24,7 +25,7 @@ for part in $parts; do
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
              tests/dit_core/test_streaming.py tests/families ;;
-    z_step) timeout 260 python3 bench/bench_z_image_step.py --profile --variant-triton-gemm ;;
+    z_step) timeout 260 python3 bench/bench_z_image_step.py --profile --variant-triton-gemm ${VARIANTS:-} ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;
     streaming) timeout 240 python3 bench/bench_streaming.py --steps 3 ;;
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
@@ -40,7 +41,10 @@ for part in $parts; do
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
-    klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm 2>&1 | stamped ;;
+    klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
+             2>&1 | stamped ;;
+    carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
+             tests/dit_core/test_block_gpu.py -k "gated or parallel or builds" ;;
     # Nsight Compute on one call of each (the third: the first builds): Klein's QKV and UP products, plain rows'
     # quantizer; its details page and a summary of its per-instruction stall samples (bench/ncu_stalls.py) as text.
     ncu) timeout 280 sh -c 'for c in "qkv 4608 3072 9216 hopper" "swiglu 4608 3072 18432 hopper" \

@@ -37,12 +37,21 @@ def _attention():
     return call
 
 
-def _normed_rows():
-    """The QKV's input as the joint block makes it: LayerNorm of the f32 residual, each mode's shift and scale."""
+def _normed_rows(carried: bool = False):
+    """The QKV's input as the joint block makes it: LayerNorm of the f32 residual, each mode's shift and scale;
+    carried: its statistics given (the block before wrote them), no statistics pass."""
     x = torch.randn(M, WIDTH, device="cuda")
     scale, shift = torch.randn(3, WIDTH, device="cuda") * 0.1, torch.randn(3, WIDTH, device="cuda") * 0.1
     row_map = (torch.arange(M, device="cuda") >= 512).int()
-    return lambda: quantize_rows(x, 256, norm="layer", scale=scale, shift=shift, row_map=row_map)
+    stats = torch.stack([x.mean(1), torch.rsqrt(x.var(1, unbiased=False) + 1e-6)]) if carried else None
+    return lambda: quantize_rows(x, 256, norm="layer", scale=scale, shift=shift, row_map=row_map, stats=stats)
+
+
+def _int_mm(k, n):
+    """cuBLASLt's INT8 product (int32 out, no epilogue) at our products' shapes: its tiles' operations a joule."""
+    x = torch.randint(-128, 128, (M, k), device="cuda", dtype=torch.int8)
+    w = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+    return lambda: torch._int_mm(x, w.t())
 
 
 def _bf16_linear(k, n):
@@ -58,9 +67,14 @@ CASES = [("INT8 QKV + head norm + rotary", lambda: call_of("qkv", M, WIDTH, FFN)
          ("INT8 DOWN, gated + addend", lambda: call_of("gated", M, FFN, WIDTH), 2 * M * FFN * WIDTH),
          ("cuDNN attention (bf16)", _attention, 4 * M * M * 128 * HEADS),
          ("quantizer: LayerNorm + modulation, K 3072", _normed_rows, 0),
+         ("the same, statistics carried", lambda: _normed_rows(carried=True), 0),
          ("quantizer: plain rows, K 3072", lambda: call_of("quantize", M, WIDTH, 0), 0),
          ("quantizer: plain rows, K 9216", lambda: call_of("quantize", M, FFN, 0), 0),
-         ("BF16 F.linear 3072 x 9216 (diffusers' QKV)", lambda: _bf16_linear(WIDTH, FFN), 2 * M * WIDTH * FFN)]
+         ("BF16 F.linear 3072 x 9216 (diffusers' QKV)", lambda: _bf16_linear(WIDTH, FFN), 2 * M * WIDTH * FFN),
+         ("cuBLASLt INT8 _int_mm 3072 x 18432 (UP's shape, int32 out)", lambda: _int_mm(WIDTH, 2 * FFN),
+          2 * M * WIDTH * 2 * FFN),
+         ("cuBLASLt INT8 _int_mm 9216 x 3072 (DOWN's shape, int32 out)", lambda: _int_mm(FFN, WIDTH),
+          2 * M * FFN * WIDTH)]
 
 
 def sustained(call, seconds: float, energy, reps: int = 10):

@@ -13,9 +13,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "tile whole (kernels.split_tail.ENABLED off: no tail split)")
     parser.add_argument("--variant-triton-gemm", action="store_true", help="also ours INT8 graphed with the Triton "
                         "GEMMs where the Hopper ones run (kernels.int8_linear_hopper.ENABLED off)")
+    parser.add_argument("--variant-uncarried", action="store_true", help="also ours INT8 graphed with FLUX.3's "
+                        "blocks making their norm statistics by a pass of their own (flux3_klein's NormStats carry off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
+
+
+class _Uncarried:
+    """block_gpu.NormStats' stand-in: no statistics carried between blocks."""
+
+    @staticmethod
+    def of(x):
+        return None
 
 
 def variants(args) -> list:
@@ -27,5 +37,6 @@ def variants(args) -> list:
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
         ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
         ("Triton GEMMs", int8_linear_hopper, "ENABLED", False)] * args.variant_triton_gemm + [
+        ("norm statistics uncarried", flux3_klein, "NormStats", _Uncarried)] * args.variant_uncarried + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

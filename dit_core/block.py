@@ -95,13 +95,13 @@ class Block:
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 keys_values: Callable | None = None, keep_input: bool = True) -> torch.Tensor:
+                 keys_values: Callable | None = None, keep_input: bool = True, carry=None) -> torch.Tensor:
         """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
         attn_scale and attn_gate (reference/families/flux3_klein.md section 3). keys_values(k, v) -> (k, v), when
         given, sees the rows' normed and rotated keys and values before attention and may record or extend them
         (dit_core/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
-        rows); here the result is always a new tensor."""
+        rows); here the result is always a new tensor. carry: as forward's (nothing carried here)."""
         w, rows = self.w, x.shape[0]
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)

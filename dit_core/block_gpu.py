@@ -114,9 +114,10 @@ def _chunk(rows, r0: int, r1: int):
 
 @dataclass
 class NormStats:
-    """The next RMS norm's row statistics of the rows x [2, rows] f32 (kernels/gated_residual.py next_rms), carried
-    from one block's last gated-residual kernel to the next block's first norm: its statistics launch goes (34 a
-    Z-Image step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
+    """The next block's first norm's row statistics of the rows x [2, rows] f32, carried from the block's last kernel
+    that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a parallel block's gated DOWN product: either
+    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 33 a FLUX.3
+    Klein step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
     values: torch.Tensor
     ready: bool = False
 
@@ -173,13 +174,14 @@ class GpuBlock:
     def _branch_into(self, a: Arch, x, y_rows, lin: GpuLinear, post, gate, row_map, next_rms=None,
                      addend=None) -> None:
         """x += gate[map] * (post norm of) linear(y): in the product's epilogue when there is no sandwich norm
-        (its output is never stored), else through the gated-residual kernel after the product, which also
-        fills next_rms ([2, rows], when given) with the next RMS norm's row statistics of the updated x. addend:
-        bf16 rows added to linear(y) under the same gate (in the epilogue: _epilogue_gated)."""
+        (its output is never stored), else through the gated-residual kernel after the product. next_rms ([2,
+        rows], when given): filled with the next norm's row statistics of the updated x (a.norm's in the
+        epilogue, RMS in the gated-residual kernel). addend: bf16 rows added to linear(y) under the same gate (in
+        the epilogue: _epilogue_gated)."""
         q, s, xb = y_rows
         if self._epilogue_gated(lin, post):
             run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate, row_map=row_map,
-                addend=addend)
+                addend=addend, next_norm=None if next_rms is None else (next_rms, a.norm, a.eps))
             return
         run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps,
             next_rms=None if next_rms is None else (next_rms, a.eps))
@@ -211,26 +213,33 @@ class GpuBlock:
         return x
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 keys_values: Callable | None = None, keep_input: bool = True) -> torch.Tensor:
+                 keys_values: Callable | None = None, keep_input: bool = True,
+                 carry: NormStats | None = None) -> torch.Tensor:
         """Block.parallel on the GPU: x + gate (Attn(h) + MLP(h)), as a new tensor when keep_input (the step cache
         reads the first two joint blocks' inputs after them), else x updated in place (a copy of the rows fewer).
         One modulated-norm prologue gives h's rows for QKV and UP (quantized once when both take the same INT8
         rows). Both INT8: x += gate (d + o) in DOWN's epilogue, o the attention branch's bf16 output (as a stock
         linear's), d never stored: one pass over the residual, where OUT gating in its own epilogue took a second
-        (its short K loop did not hide that epilogue). Else x += gate o, then x += gate d (each in its product's
-        epilogue when INT8): equal to gate (o + d) in exact math."""
+        (its short K loop did not hide that epilogue); that product also writes the output's norm statistics into
+        carry (NormStats: the next block's norm reads them, x's when ready here). Else x += gate o, then x += gate d
+        (each in its product's epilogue when INT8): equal to gate (o + d) in exact math."""
         w, row_map, x = self.w, s.map, x.clone() if keep_input else x
+        given = carry.values if carry is not None and carry.ready else None
         mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map}
-        h = self._rows(a, x, w[QKV], **mod)
+        h = self._rows(a, x, w[QKV], **mod, stats=given)
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
-        h_up = h if same else self._rows(a, x, w[UP], **mod)
+        h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
         o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s), keys_values)
         o_rows, summed = self._rows(a, o, w[OUT]), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)
         else:
             self._branch_into(a, x, o_rows, w[OUT], None, m.attn_gate, row_map)
+        carried = carry is not None and summed
         for r0, r1 in _chunks(x.shape[0]):
             self._branch_into(a, x[r0:r1], self._hidden(a, _chunk(h_up, r0, r1), w[UP], w[DOWN]), w[DOWN], None,
-                              m.attn_gate, row_map[r0:r1], addend=o[r0:r1] if summed else None)
+                              m.attn_gate, row_map[r0:r1], carry.values[:, r0:r1] if carried else None,
+                              addend=o[r0:r1] if summed else None)
+        if carry is not None:
+            carry.ready = carried
         return x

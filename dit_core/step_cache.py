@@ -29,6 +29,7 @@ import torch
 
 from .arch import Arch
 from .block import Block
+from .block_gpu import NormStats
 from .modulation import Modulation
 from .sequence import Sequence
 
@@ -120,7 +121,7 @@ class RefSlots:
         self.record = step % self.refresh == 0 or not self.kv
 
     def parallel(self, i: int, block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 rows: int, keep_input: bool = True) -> torch.Tensor:
+                 rows: int, keep_input: bool = True, carry=None) -> torch.Tensor:
         """Block.parallel with block i's reference keys and values recorded (x holds every row) or read (x
         holds the first `rows` rows only): a recording step equals Block.parallel."""
         def keys_values(k: torch.Tensor, v: torch.Tensor):
@@ -131,7 +132,7 @@ class RefSlots:
             ref_k, ref_v = self.kv[i]
             return torch.cat([k, ref_k]), torch.cat([v, ref_v])
 
-        return block.parallel(a, x, m, s, keys_values, keep_input)
+        return block.parallel(a, x, m, s, keys_values, keep_input, carry)
 
 
 @contextmanager
@@ -161,11 +162,13 @@ def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s:
     with the step cache and the reference slots when given; neither given: Block.parallel block by
     block."""
     # StepCache.after_first reads the inputs of blocks 0 and 1 after them: the later blocks update their rows in
-    # place.
+    # place. carry: each block's norm statistics from the block before (GPU blocks; every block's input is the
+    # output of the block before, whether the cache skips the others or not).
+    carry = NormStats.of(x)
     if slots is None:
-        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2)
+        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2, carry=carry)
     else:
-        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2)
+        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2, carry=carry)
     if cache is not None:
         return cache.run(blocks, x, step, check, rows)
     with _walk(blocks) as walk:

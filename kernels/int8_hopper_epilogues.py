@@ -2,7 +2,9 @@
 a consumer's 128 x 128 tile y = bf16-or-f32 values of q w^T s_x s_w + bias, while the other consumer's products run.
 
 Issue 4. Gated: residual[rows, cols] += gate[row_map[row], cols] * (y (+ addend[rows, cols], bf16)), by column halves
-through the consumer's box (an addend's half passes through it before each residual half).
+through the consumer's box (an addend's half passes through it before each residual half); where asked, each updated
+half's row sums and centred squares (the next norm's parts: kernels/row_stats.py, runs of 64 columns), so the next
+block's norm needs no pass over the residual.
 QKV: for q and k, RMS over each head (x gain), then the split-half rotary: (a, b) -> (a cos - b sin, b cos + a sin)
 for pair (j, j + R) of a head of D = 2 R. Its cos and sin come from the tables [M, R] or, where the caller has the
 angles' factors, are made here from angle[row, j] = f32(positions[row, axis(j)] x freq[j]), axis(j) the axis whose
@@ -70,11 +72,12 @@ if gluon is not None:
             return res_tile._reinterpret(gl.bfloat16, add_desc.block_type.shape, add_desc.layout)
 
     @gluon.jit
-    def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, add_desc, M, N,
-                       ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr):
+    def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, add_desc, parts_ptr, M, N,
+                       ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_PARTS: gl.constexpr):
         """residual += gate[row_map] * (y + addend) by column halves through res_tile, the first half's addend (else
         its residual) asked for before the K loop. With an addend, each half's addend then its residual pass
-        through the box: four phases a tile (their waits exposed, as DOWN's long K loop hides them)."""
+        through the box: four phases a tile (their waits exposed, as DOWN's long K loop hides them). HAS_PARTS:
+        each half's parts of the updated rows to parts_ptr [2, N / HALF, M]."""
         BLOCK_M: gl.constexpr = y.shape[0]
         HALF: gl.constexpr = y.shape[1] // 2
         halves = gl.split(gl.permute(gl.reshape(y, [BLOCK_M, 2, HALF]), [0, 2, 1]))
@@ -108,6 +111,13 @@ if gluon is not None:
             res_tile.store(r)
             fence_async_shared()
             tma_store(res_desc, [off_m, col], res_tile)
+            if HAS_PARTS:  # (rows past M: masked; a half past N: none, N a multiple of HALF)
+                rp = off_m + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, part.type.layout))
+                sums = gl.sum(r, axis=1)
+                centred = r - gl.expand_dims(sums * (1.0 / HALF), 1)  # (a power of two: the mean exact)
+                at = (col // HALF) * M + rp
+                gl.store(parts_ptr + at, sums, mask=(rp < M) & (col < N))
+                gl.store(parts_ptr + (N // HALF) * M + at, gl.sum(centred * centred, axis=1), mask=(rp < M) & (col < N))
 
     @gluon.jit
     def _approx(x, op: gl.constexpr):  # one PTX instruction a value (cvt.rni, cos.approx, sin.approx)

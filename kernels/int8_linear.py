@@ -29,11 +29,13 @@ import logging
 import torch
 
 from . import int8_linear_hopper
-from .int8_products import dequantized, halves, products, swiglu_pairs, tile_of
+from .int8_products import dequantized, exact_products, halves, products, swiglu_pairs, tile_of
 from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
                          tune_bucket)
 from .modulation_rows import shared_row
 from .rounding import rounded_bf16
+from .row_stats import reference as stats_reference
+from .row_stats import row_stats, stats_of_parts
 from .arrival_counters import counter_reset
 from .split_tail import item_of, others_added, parts_stored, tail_split
 
@@ -45,28 +47,20 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
-def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """q wᵀ exactly (|sums| <= K 2^14 < 2^31): cuBLASLt's INT8 product on a GPU where its shapes allow (more than 16
-    rows, K and N multiples of 8; the reference runs where Triton is missing), else in float64."""
-    if q.is_cuda and q.shape[0] > 16 and q.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
-        try:
-            return torch._int_mm(q.contiguous(), w.contiguous().t())
-        except RuntimeError:  # a layout or build whose cuBLASLt does not take it: the float64 products below
-            pass
-    return q.double() @ w.double().t()
-
-
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
-              row_map=None, out=None, swiglu=False, addend=None):
+              row_map=None, out=None, swiglu=False, addend=None, next_norm=None):
     """The math above in plain torch (exact_products). With residual: the gated form (residual updated in place and
-    returned); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
+    returned; next_norm's stats filled); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
     y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
     if bias is not None:
         y = y + bias.float()
     if lora_down is not None:
         y = y + lora_down.float() @ lora_up.float().t()
     if residual is not None:
-        return residual.add_(gate.float()[row_map.long()] * (y if addend is None else y + addend.float()))
+        residual.add_(gate.float()[row_map.long()] * (y if addend is None else y + addend.float()))
+        if next_norm is not None:
+            next_norm[0].copy_(stats_reference(residual, *next_norm[1:]))
+        return residual
     if swiglu:
         g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
         y = g / (1 + torch.exp(-g)) * u
@@ -209,9 +203,10 @@ def _autotuned(form: int):
         _int8_linear_kernel)
 
 
-def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None):
+def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None, parts=None):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
-    TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning)."""
+    TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning). True where the Hopper kernel ran (it fills
+    parts, the updated rows' norm parts, when given)."""
     (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
         raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
@@ -226,8 +221,8 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         return
     if tiles is None and lora_down is None and int8_linear_hopper.unusable(
             q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
-            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend):
-        return
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts):
+        return True
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
     tiles = tiles or fixed or None
@@ -284,9 +279,10 @@ def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=
 
 
 def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lora_down=None, lora_up=None,
-                      tiles=None, addend=None):
+                      tiles=None, addend=None, next_norm=None):
     """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) (+
-    addend[m, n], bf16 [M, N]))."""
+    addend[m, n], bf16 [M, N])). next_norm: (stats [2, M] f32, "rms" or "layer", eps) filled with that norm's
+    statistics of the updated rows (kernels/row_stats.py): from the Hopper epilogue's parts, else a pass after."""
     m, n = q.shape[0], w.shape[0]
     if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
         raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
@@ -294,5 +290,11 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
         raise ValueError(f"int8_linear_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
     if addend is not None and (addend.shape != (m, n) or addend.dtype != torch.bfloat16 or not addend.is_contiguous()):
         raise ValueError(f"int8_linear_gated: addend must be contiguous bf16 [{m}, {n}]")
-    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend)
+    width = int8_linear_hopper.PART_COLUMNS
+    parts = torch.empty(2, n // width, m, device=q.device) if next_norm is not None and n % width == 0 else None
+    if _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend, parts) and \
+            parts is not None:
+        stats_of_parts(parts, *next_norm[1:], out=next_norm[0], width=width)
+    elif next_norm is not None:
+        row_stats(residual, *next_norm[1:], out=next_norm[0])
     return residual

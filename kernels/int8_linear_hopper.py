@@ -36,6 +36,7 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
 QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
+PART_COLUMNS = TILE["BLOCK_N"] // 2  # the gated epilogue's column halves: the width of the norm parts it writes
 # SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
 ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
@@ -109,12 +110,13 @@ if gluon is not None:
 
     @gluon.jit
     def _consumer(a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
-                  sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                  sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_NORM: gl.constexpr,
                   D: gl.constexpr, ANGLES: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                   W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
-        issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run."""
+        issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run. HAS_NORM:
+        the QKV reads its heads' norm gains at norm_ptr; the gated form writes the updated rows' norm parts there."""
         BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
         BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -141,14 +143,14 @@ if gluon is not None:
             if HAS_BIAS:
                 y = y + gl.expand_dims(gl.load(bias_ptr + rn, mask=rn < N, other=0.0).to(gl.float32), 0)
             if FORM == 1:
-                gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, add_desc, M,
-                               N, ONE_GATE_ROW, HAS_ADDEND)
+                gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, add_desc,
+                               norm_ptr, M, N, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
                 store_box((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile,
                           [off_m, off_n // 2])
             elif FORM == 3:
-                qkv_epilogue(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr,
+                qkv_epilogue(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, norm_ptr, cos_ptr,
                              sin_ptr, M, HD, eps, HAS_NORM, D, ANGLES)
             else:
                 store_box(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
@@ -156,7 +158,7 @@ if gluon is not None:
 
     @gluon.jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, add_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr,
-                                   nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
+                                   norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr,
                                    HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr,
                                    GROUP_M: gl.constexpr, STAGES: gl.constexpr):
@@ -179,10 +181,10 @@ if gluon is not None:
         # are written out twice: a tuple built beforehand and extended by W reaches them without its constexprs.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
-                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
-                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, nw_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
                          HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
@@ -192,10 +194,11 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
     return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, norms=None, cos=None, sin=None,
-           angles=None, heads_d=0, head=128, eps=1e-6):
+def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, parts=None, norms=None,
+           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
-    [M, N] added to the product where given; SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
+    [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
+    (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
     axes 1-3), int8_hopper_epilogues' factors); True, or False where nothing ran (UNBUILT says why, or an addend TMA
     cannot read; the callers run Triton's kernels). The callers ask `unusable` first."""
@@ -217,9 +220,9 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,
-            norms if norms is not None else absent, *rope, m, n, k, heads_d, eps, FORM=form,
+            next((t for t in (norms, parts) if t is not None), absent), *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
-            HAS_ADDEND=addend is not None, HAS_NORM=norms is not None, D=head,
+            HAS_ADDEND=addend is not None, HAS_NORM=norms is not None or parts is not None, D=head,
             ANGLES=axis_ends(angles[2]) if angles is not None else 0, GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,

@@ -1,11 +1,13 @@
 """The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
 take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, and the
-epilogues' first steps (the scales and bias; SwiGLU of column pairs).
+epilogues' first steps (the scales and bias; SwiGLU of column pairs); and the references' exact products.
 
 Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32
 (|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers to wgmma on int8 operands.
 """
 from __future__ import annotations
+
+import torch
 
 from .rounding import round_to_bf16
 
@@ -15,6 +17,17 @@ try:
 except ImportError:  # torch without Triton: the references still import
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """q wᵀ exactly (|sums| <= K 2^14 < 2^31): cuBLASLt's INT8 product on a GPU where its shapes allow (more than 16
+    rows, K and N multiples of 8; the reference runs where Triton is missing), else in float64."""
+    if q.is_cuda and q.shape[0] > 16 and q.shape[1] % 8 == 0 and w.shape[0] % 8 == 0:
+        try:
+            return torch._int_mm(q.contiguous(), w.contiguous().t())
+        except RuntimeError:  # a layout or build whose cuBLASLt does not take it: the float64 products below
+            pass
+    return q.double() @ w.double().t()
 
 
 @triton_jit

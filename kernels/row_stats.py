@@ -5,7 +5,13 @@ divisions and the square root correctly rounded):
   "rms"    mean = 0,          inv = 1/sqrt(sum(x^2) / K + eps)
   "layer"  mean = sum(x) / K, inv = 1/sqrt(sum((x - mean)^2) / K + eps)   (two passes: no cancellation)
 written as stats [2, M] = (mean, inv). kernels/gated_residual.py's next_rms computes the RMS ones while it writes
-the rows, which saves this launch.
+the rows, which saves this launch. So does the Hopper gated product (kernels/int8_hopper_epilogues.py) for either
+norm, by parts: for each run p of W columns (W = K / P) it writes
+  parts[0, p, m] = s_p = sum(x[m, p W .. p W + W - 1]),   parts[1, p, m] = c_p = sum((x - s_p / W)^2) over that run
+and stats_of_parts combines the P parts of each row in a fixed order (no cancellation: every term is a square):
+  "layer"  mean = sum_p s_p / K,  inv = 1/sqrt(sum_p (c_p + W (s_p / W - mean)^2) / K + eps)
+  "rms"    mean = 0,              inv = 1/sqrt(sum_p (c_p + W (s_p / W)^2) / K + eps)
+equal to the two-pass statistics in exact arithmetic, within a few f32 ulps of them here.
 """
 from __future__ import annotations
 
@@ -27,6 +33,21 @@ def reference(x, norm, eps=1e-6):
     mean = x.mean(-1) if norm == "layer" else torch.zeros(x.shape[0], device=x.device)
     inv = 1 / torch.sqrt((x - mean[:, None]).pow(2).mean(-1) + eps)
     return torch.stack([mean, inv])
+
+
+def parts_reference(x, width: int) -> torch.Tensor:
+    """The parts [2, K / width, M] f32 of rows x [M, K] (the math above; what the Hopper gated product writes)."""
+    runs = x.float().reshape(x.shape[0], -1, width)
+    sums = runs.sum(-1)
+    return torch.stack([sums, (runs - (sums / width)[..., None]).pow(2).sum(-1)]).transpose(1, 2).contiguous()
+
+
+def stats_of_parts_reference(parts, norm, eps=1e-6, width: int = 64):
+    """stats_of_parts' math in plain torch (f32): stats [2, M] of the parts [2, P, M] of runs of `width`."""
+    sums, centred = parts.float().unbind(0)
+    k = sums.shape[0] * width
+    mean = sums.sum(0) / k if norm == "layer" else torch.zeros_like(sums[0])
+    return torch.stack([mean, 1 / torch.sqrt((centred + width * (sums / width - mean).pow(2)).sum(0) / k + eps)])
 
 
 @triton_jit
@@ -103,3 +124,41 @@ def row_stats(x, norm, eps=1e-6, *, out=None, block_m=None, block_k=None, num_wa
             BLOCK_K=shape["block_k"], WHOLE_ROWS=shape["block_k"] >= k, num_warps=shape["num_warps"],
             enable_fp_fusion=False)
     return stats
+
+
+@triton_jit
+def _parts_kernel(parts_ptr, stats_ptr, stride_stats, M, P, eps, WIDTH: tl.constexpr, NORM: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr):
+    # BLOCK_M rows' P parts at once (P <= BLOCK_P), combined as the math above.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    p = tl.arange(0, BLOCK_P)
+    inside = (rows < M)[:, None] & (p < P)[None, :]
+    at = p[None, :] * M + rows[:, None]
+    sums = tl.load(parts_ptr + at, mask=inside, other=0.0)
+    centred = tl.load(parts_ptr + P * M + at, mask=inside, other=0.0)
+    k = P * WIDTH * 1.0
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if NORM == 2:
+        mean = tl.math.div_rn(tl.sum(sums, axis=1), k)
+    dev = tl.math.div_rn(sums, WIDTH * 1.0) - mean[:, None]
+    squares = tl.sum(tl.where(inside, centred + WIDTH * (dev * dev), 0.0), axis=1)
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, k) + eps))
+    tl.store(stats_ptr + rows, mean, mask=rows < M)
+    tl.store(stats_ptr + stride_stats + rows, inv, mask=rows < M)
+
+
+def stats_of_parts(parts, norm, eps=1e-6, *, out, width: int = 64):
+    """The norm's stats [2, M] (into out: f32 with contiguous rows) from the parts [2, P, M] f32 of runs of `width`
+    columns, by the math above."""
+    if norm not in ("rms", "layer"):
+        raise ValueError(f"stats_of_parts: norm must be 'rms' or 'layer', got {norm!r}")
+    _, p, m = parts.shape
+    if parts.dtype != torch.float32 or not parts.is_contiguous() or out.shape != (2, m) or out.stride(1) != 1:
+        raise ValueError(f"stats_of_parts: parts must be contiguous f32 [2, P, M] and out f32 [2, {m}]")
+    if m:
+        block_p = triton.next_power_of_2(p)
+        block_m = max(1, min(64, 4096 // block_p))
+        _parts_kernel[(triton.cdiv(m, block_m),)](parts, out, out.stride(0), m, p, eps, WIDTH=width,
+                                                  NORM=NORMS[norm], BLOCK_M=block_m, BLOCK_P=block_p, num_warps=4,
+                                                  enable_fp_fusion=False)
+    return out

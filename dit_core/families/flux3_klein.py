@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, layer_norm
+from ..block_gpu import NormStats
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
@@ -310,9 +311,10 @@ class Flux3Klein:
 
         def rest(x1, latent, t, t_next, txt, *references):
             joint, s = self._joint_context(latent, t, t_next, txt, references, bool(references))[:2]
+            carry = NormStats.of(x1)  # each block's norm statistics from the block before
             for i, block in enumerate(self.blocks):
                 if i:  # x1 (the graph's input) stays: StepCache.after_first reads it
-                    x1 = block.parallel(a, x1, joint, s, keep_input=i == 1)
+                    x1 = block.parallel(a, x1, joint, s, keep_input=i == 1, carry=carry)
             return x1
 
         graphs = ModelGraphs(head, rest)
@@ -381,9 +383,9 @@ class Flux3Klein:
         try:
             for m in modes:
                 with torch.cuda.stream(sides[m]) if m in sides else contextlib.nullcontext():
-                    mod = self._modulation(self.early_mods[m], act[m])
+                    mod, carry = self._modulation(self.early_mods[m], act[m]), NormStats.of(rows[m])
                     for block in self.mode_blocks[m]:
-                        rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False)
+                        rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False, carry=carry)
                         check()
         finally:  # joined also when check() cancels: nothing of the step left running on a side stream
             for m, side in sides.items():

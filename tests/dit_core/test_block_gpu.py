@@ -11,7 +11,7 @@ from tiny_models import random_block, random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
 from dit_core.block import Block
-from dit_core.block_gpu import GpuBlock
+from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
@@ -141,3 +141,8 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
     assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, kv), bf16) <= 1e-2
     for ours, theirs in zip(seen[2], seen[0]) if kv else ():
         assert ours.shape == theirs.shape == (rows, a.heads, a.head) and rel_err(ours, theirs) <= 1e-2
+    if hook is None:  # the next block's norm statistics from this block's gated DOWN product (the Hopper parts)
+        carry = NormStats.of(x)
+        gpu = GpuBlock.of(host.quantized(), DEV)
+        carried = gpu.parallel(a, gpu.parallel(a, x, mods, seq, carry=carry), mods, seq, carry=carry)
+        assert carry.ready and rel_err(carried, gpu.parallel(a, out, mods, seq)) <= 1e-5

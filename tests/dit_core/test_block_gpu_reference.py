@@ -106,8 +106,8 @@ class _KeepingInputs:
     def __init__(self, block: GpuBlock):
         self.block = block
 
-    def parallel(self, a, x, m, s, keys_values=None, keep_input=True):
-        return self.block.parallel(a, x, m, s, keys_values, keep_input=True)
+    def parallel(self, a, x, m, s, keys_values=None, keep_input=True, carry=None):
+        return self.block.parallel(a, x, m, s, keys_values, keep_input=True, carry=carry)
 
 
 def test_joint_blocks_in_place_equal_copies_under_the_step_cache():
@@ -144,3 +144,23 @@ def test_norm_statistics_carried_between_blocks(sandwich):
     if sandwich:  # the statistics are read: wrong ones change the block's output
         carry.values[1] *= 2
         assert rel_err(gpu.forward(a, x.clone(), mods, seq, carry), gpu.forward(a, x.clone(), mods, seq)) > 1e-2
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_norm_statistics_carried_between_parallel_blocks(norm):
+    """Two parallel blocks with NormStats carried: the second block's norm reads the statistics the first block's
+    gated DOWN product wrote with its output (next_norm), giving what the uncarried blocks give; a BF16 block
+    writes none (ready stays False)."""
+    a = arch(norm)
+    x, mods, seq = inputs(a, 150, 0)
+    gpu = GpuBlock.of(random_block(a, sandwich=False).quantized(), CPU)
+    plain = gpu.parallel(a, gpu.parallel(a, x, mods, seq), mods, seq)
+    carry = NormStats.of(x)
+    y = gpu.parallel(a, x, mods, seq, carry=carry)
+    assert carry.ready
+    assert rel_err(gpu.parallel(a, y, mods, seq, carry=carry), plain) <= 1e-6
+    carry.values[1] *= 2  # the statistics are read: wrong ones change the block's output
+    assert rel_err(gpu.parallel(a, x, mods, seq, carry=carry), gpu.parallel(a, x, mods, seq)) > 1e-2
+    GpuBlock.of(random_block(a, sandwich=False).dequantized(torch.bfloat16), CPU).parallel(a, x, mods, seq,
+                                                                                          carry=carry)
+    assert not carry.ready

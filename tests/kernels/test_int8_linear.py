@@ -9,6 +9,7 @@ from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
+from kernels.row_stats import reference as stats_reference
 from kernels import split_tail
 from kernels.arrival_counters import counters_left
 from kernels.split_tail import split_of
@@ -88,6 +89,24 @@ def test_gated_residual_with_an_addend(m, n, k, device):
     assert torch.equal(ours, expected)
     with pytest.raises(ValueError, match="addend must be contiguous bf16"):
         int8_linear_gated(**ops, **gated, residual=start.clone(), addend=addend.float())
+
+
+@pytest.mark.parametrize("norm", ["layer", "rms"])
+def test_gated_residual_with_the_next_norms_statistics(norm, device):
+    """next_norm: the updated rows' norm statistics (the next block's first norm) into the given [2, M] view."""
+    m, n, k = 37, 128, 64
+    ops, _, gated = operands(m, n, k, seed=5, device=device)
+    start = gated.pop("residual") + 3  # a mean away from 0: the layer norm's statistics differ from the RMS'
+    expected = reference(**ops, **gated, residual=start.clone())
+    out = torch.full((2, m + 2), float("nan"), device=device)
+    rows = int8_linear_gated(**ops, **gated, residual=start.clone(), next_norm=(out[:, 1:1 + m], norm, 1e-6),
+                             tiles=SMALL_TILES)
+    assert torch.equal(rows, expected)
+    torch.testing.assert_close(out[:, 1:1 + m], stats_reference(expected, norm, 1e-6), rtol=2e-6, atol=0)
+    assert out[:, 0].isnan().all() and out[:, -1].isnan().all()
+    by_reference = torch.empty(2, m, device=device)
+    reference(**ops, **gated, residual=start.clone(), next_norm=(by_reference, norm, 1e-6))
+    assert torch.equal(by_reference, stats_reference(expected, norm, 1e-6))
 
 
 @pytest.mark.parametrize("m,n,k", CASES)

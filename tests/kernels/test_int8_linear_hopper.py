@@ -33,7 +33,7 @@ def desc(base, shape, block, dtype):
     return mangle_type(kh.TensorDescriptor(base, shape, strides, block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))
 bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
-pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "nw_ptr", "cos_ptr", "sin_ptr")}
+pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "norm_ptr", "cos_ptr", "sin_ptr")}
 found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
@@ -116,7 +116,15 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
         assert grid == (4,) and kwargs["FORM"] == form and kwargs["STAGES"] == stages, form
         assert list(args[2].block_shape) == box and args[2].base is out, form
         assert (args[10] is rows and args[11] is rows) == (form == kh.QKV_ROPE), form  # the rotary tables
-        assert kwargs["ANGLES"] == 0, form
+        assert kwargs["ANGLES"] == 0 and kwargs["HAS_NORM"] == (form == kh.QKV_ROPE), form
+    # The gated form asked for the next norm's parts writes them where the QKV reads its norm gains.
+    parts, recorder = torch.empty(2, n // kh.PART_COLUMNS, m), _FakeKernel()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kh, "_int8_linear_hopper_kernel", recorder)
+        patch.setattr(kh, "UNBUILT", {})
+        assert kh.launch(q, s_x, w, s_w, None, torch.zeros(m, n), kh.GATED, **gated, parts=parts)
+    (_, args, kwargs), = recorder.launches
+    assert args[9] is parts and kwargs["HAS_NORM"] and kh.PART_COLUMNS == kh.TILE["BLOCK_N"] // 2
     # The fused QKV given the angles' factors reads those instead of the tables.
     positions, freqs, recorder = torch.zeros(m, 4), torch.ones(2, 64), _FakeKernel()
     with pytest.MonkeyPatch.context() as patch:
@@ -215,6 +223,14 @@ def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     expected = reference(**ops, **gated, residual=start.clone())
     hopper, triton_rows = _both(monkeypatch, lambda: int8_linear_gated(**ops, **gated, residual=start.clone()))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
+    # The next norm's statistics from the epilogue's parts: the updated rows bit for bit, their statistics within
+    # a few f32 ulps of the two-pass ones (kernels/row_stats.py).
+    from kernels.row_stats import reference as stats_reference
+    for norm in ("layer", "rms"):
+        stats = torch.full((2, m), float("nan"), device="cuda")
+        rows = int8_linear_gated(**ops, **gated, residual=start.clone(), next_norm=(stats, norm, 1e-6))
+        assert torch.equal(rows, expected)
+        torch.testing.assert_close(stats, stats_reference(expected, norm, 1e-6), rtol=4e-6, atol=0)
 
 
 @pytest.mark.gpu
