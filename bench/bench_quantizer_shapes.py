@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
+from kernels import int8_codes  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -69,6 +70,10 @@ def quantizer_table() -> list[str]:
         fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw)  # noqa: E731
         floor = x.numel() * (x.element_size() + 2 + 2 + 1) / 4e12 * 1e3
         out.append(f"| {name} | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
+        if x.shape[1] > 8192:  # rotated rows past L2: the codes pass's column order matters (int8_codes.LAST_FIRST)
+            int8_codes.LAST_FIRST = False
+            out.append(f"| the same, codes first columns first | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
+            int8_codes.LAST_FIRST = True
     return out
 
 
@@ -83,7 +88,7 @@ def codes_table() -> list[str]:
                            (16, 512, 4), (8, 512, 4), (16, 256, 2)):
             fn = lambda bm=bm, bk=bk, nw=nw: _codes_kernel[(-(-M // bm), -(-k // bk))](  # noqa: E731
                 y, gmax, q, s, M, k, GROUPS=groups, GROUPS_P2=1 << (groups - 1).bit_length(), BLOCK_M=bm,
-                BLOCK_K=bk, num_warps=nw)
+                BLOCK_K=bk, LAST_FIRST=True, num_warps=nw)
             out.append(f"| {k} | {bm}/{bk}/{nw} | {graph_ms(fn):.4f} | {M * k * 3 / 4e12 * 1e3:.4f} |")
     return out
 

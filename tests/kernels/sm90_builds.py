@@ -88,8 +88,8 @@ def frontend_cases() -> dict:
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
                 norm, has_scale, act, group)
     from kernels.int8_codes import _codes_kernel
-    cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
-                      {"num_warps": 4})
+    cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
+                                             "LAST_FIRST": True}, {"num_warps": 4})
     return cases
 
 

@@ -44,8 +44,8 @@ def consumer_cases() -> dict:
         name = f"rotate norm {norm} modulation {has_scale} act {act}"
         cases[name] = (name, *rotate_case(norm, has_scale, act, num_stages=3 if norm == act == 0 else 2))
     from kernels.int8_codes import _codes_kernel
-    cases["codes"] = ("codes", _codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256},
-                      {"num_warps": 4})
+    cases["codes"] = ("codes", _codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
+                                                      "LAST_FIRST": True}, {"num_warps": 4})
     # A Hopper-sized ring (5 x 48 KB), to show the shared memory read is the build's: it must not fit these cards.
     cases[TOO_LARGE] = (TOO_LARGE, *linear_case(0, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
                                                            "GROUP_M": 8, "num_warps": 8, "num_stages": 5}))
