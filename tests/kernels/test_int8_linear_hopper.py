@@ -224,13 +224,14 @@ def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     hopper, triton_rows = _both(monkeypatch, lambda: int8_linear_gated(**ops, **gated, residual=start.clone()))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
     # The next norm's statistics from the epilogue's parts: the updated rows bit for bit, their statistics within
-    # a few f32 ulps of the two-pass ones (kernels/row_stats.py).
+    # a few f32 ulps of the two-pass ones (kernels/row_stats.py): 1/sqrt(.) relatively, the means (near 0 here)
+    # absolutely.
     from kernels.row_stats import reference as stats_reference
     for norm in ("layer", "rms"):
         stats = torch.full((2, m), float("nan"), device="cuda")
         rows = int8_linear_gated(**ops, **gated, residual=start.clone(), next_norm=(stats, norm, 1e-6))
         assert torch.equal(rows, expected)
-        torch.testing.assert_close(stats, stats_reference(expected, norm, 1e-6), rtol=4e-6, atol=0)
+        torch.testing.assert_close(stats, stats_reference(expected, norm, 1e-6), rtol=4e-6, atol=1e-6)
 
 
 @pytest.mark.gpu
