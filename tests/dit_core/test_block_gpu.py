@@ -145,7 +145,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
         carry = NormStats.of(x)
         gpu = GpuBlock.of(host.quantized(), DEV)
         first = gpu.parallel(a, x, mods, seq, carry=carry)
-        assert carry.ready and torch.equal(first, out)
+        assert carry.ready and rel_err(first, out) <= 1e-6
         # Statistics a few f32 ulps from the second block's own (kernels/row_stats.py) move a few of its codes by
         # one, which its linears spread over the rows: measured 2e-4, 50x inside the INT8 block's 1e-2.
         assert rel_err(gpu.parallel(a, first, mods, seq, carry=carry), gpu.parallel(a, out, mods, seq)) <= 1e-3
