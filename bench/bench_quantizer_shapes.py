@@ -50,14 +50,18 @@ def runs_map(m: int) -> torch.Tensor:
     return (torch.arange(m, device="cuda") >= TEXT_ROWS).long()
 
 
-def modulated(m, k, mod_rows, norm="layer"):
+def modulated(m, k, mod_rows, norm="layer", starts=True):
+    """The joint blocks' call: two modulation rows in runs, their first rows given (row_starts) unless not starts."""
     return {"norm": norm, "eps": 1e-6, "scale": 0.1 * torch.randn(mod_rows, k, device="cuda"),
             "shift": 0.1 * torch.randn(mod_rows, k, device="cuda"),
-            "row_map": runs_map(m) if mod_rows == 2 else torch.zeros(m, dtype=torch.long, device="cuda")}
+            "row_map": runs_map(m) if mod_rows == 2 else torch.zeros(m, dtype=torch.long, device="cuda"),
+            "row_starts": (0, TEXT_ROWS) if mod_rows == 2 and starts else None}
 
 
 def quantizer_table() -> list[str]:
     cases = {"Klein joint norm: layer f32 3072, 2 modulation rows in runs": (rows(M, 3072), modulated(M, 3072, 2)),
+             "the same, the runs' first rows not given (gathered)": (rows(M, 3072), modulated(M, 3072, 2,
+                                                                                              starts=False)),
              "the same, 1 modulation row": (rows(M, 3072), modulated(M, 3072, 1)),
              "Klein attention out: plain bf16 3072": (rows(M, 3072, torch.bfloat16), {}),
              "Klein MLP hidden: plain bf16 9216": (rows(M, 9216, torch.bfloat16), {}),

@@ -16,7 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-codes-first-first", action="store_true", help="also ours INT8 graphed with the "
                         "codes pass taking its column blocks first to last (kernels.int8_codes.LAST_FIRST off)")
     parser.add_argument("--variant-uncarried", action="store_true", help="also ours INT8 graphed with FLUX.3's "
-                        "blocks making their norm statistics by a pass of their own (flux3_klein's NormStats carry off)")
+                        "blocks making their norm statistics by a pass of their own (flux3_klein's NormStats "
+                        "carry off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")

@@ -141,13 +141,14 @@ class GpuBlock:
         return GpuBlock(tuple(w))
 
     def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
-              act=None, stats=None):
+              act=None, stats=None, row_starts=None):
         """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
-        norm's row statistics when already known), else the same math in BF16 through torch."""
+        norm's row statistics when already known; row_starts: Sequence.starts), else the same math in BF16
+        through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
-                       shift=shift, row_map=row_map, act=act, stats=stats)
+                       shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())
@@ -225,7 +226,8 @@ class GpuBlock:
         (each in its product's epilogue when INT8): equal to gate (o + d) in exact math."""
         w, row_map, x = self.w, s.map, x.clone() if keep_input else x
         given = carry.values if carry is not None and carry.ready else None
-        mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map}
+        mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map,
+               "row_starts": s.starts}
         h = self._rows(a, x, w[QKV], **mod, stats=given)
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
         h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)

@@ -26,15 +26,20 @@ class Sequence:
 
     map: [rows] long, each row's modulation row. cos, sin: [rows, rotary/2] of each row's rotary angles (per axis
     its frequencies, concatenated axis by axis). group: rows attend within consecutive groups of that many rows
-    (0: all rows), as the tiles of a VAE. angles: the tables' angles as factors, where they have them.
+    (0: all rows), as the tiles of a VAE. angles: the tables' angles as factors, where they have them. starts: the
+    first row of each run of rows sharing a modulation row (host ints; from a map made on the host, else None):
+    where every run starts on one of its row blocks, the quantizer reads each block's modulation row as vectors.
     """
     map: torch.Tensor
     cos: torch.Tensor
     sin: torch.Tensor
     group: int = 0
     angles: AngleFactors | None = None
+    starts: tuple[int, ...] | None = None
 
     def __post_init__(self):
+        if self.starts is None and self.map.device.type == "cpu":
+            object.__setattr__(self, "starts", tuple(first for first, _, _ in runs_of(self.map)))
         rows = self.map.shape[0]
         if self.cos.shape != self.sin.shape or self.cos.shape[0] != rows:
             raise ValueError(f"sequence of {rows} rows given rotary tables {tuple(self.cos.shape)}")
@@ -54,16 +59,12 @@ class Sequence:
         angles = None if self.angles is None else AngleFactors(
             self.angles.positions.to(device), self.angles.freqs.to(device), self.angles.ends)
         return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype),
-                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group, angles)
-
-    @property
-    def runs(self) -> list[tuple[int, int, int]]:
-        """(first, end, modulation row) of each run of consecutive rows sharing a modulation row: the
-        products that gate in their epilogue take one gate row per run."""
-        return runs_of(self.map)
+                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group, angles,
+                        self.starts)
 
 
 def runs_of(map_: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(first, end, modulation row) of each run of consecutive rows sharing a modulation row."""
     runs, values = [], map_.tolist()
     first = 0
     for i in range(1, len(values) + 1):
@@ -115,8 +116,13 @@ def concat(parts: list[Sequence]) -> Sequence:
     same = first is not None and all(p.angles is not None and p.angles.ends == first.ends and
                                      torch.equal(p.angles.freqs, first.freqs) for p in parts)
     angles = AngleFactors(torch.cat([p.angles.positions for p in parts]), first.freqs, first.ends) if same else None
+    # Each part's runs, shifted (a part's first run may continue the last one's: a start too many only makes the
+    # quantizer's check stricter).
+    offsets = [sum(p.rows for p in parts[:i]) for i in range(len(parts))]
+    starts = None if any(p.starts is None for p in parts) else tuple(
+        o + first for o, p in zip(offsets, parts) for first in p.starts)
     return Sequence(torch.cat([p.map for p in parts]), torch.cat([p.cos for p in parts]),
-                    torch.cat([p.sin for p in parts]), 0, angles)
+                    torch.cat([p.sin for p in parts]), 0, angles, starts)
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -181,11 +181,11 @@ if gluon is not None:
         # are written out twice: a tuple built beforehand and extended by W reaches them without its constexprs.
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
-                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
-                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM,
-                         HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
+                         sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, GROUP_M, STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 

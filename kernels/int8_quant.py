@@ -77,8 +77,9 @@ def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shif
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-              act=None, out=None, stats=None):
-    """The math above in plain torch: (codes int8 [M, K], scales f32 [M])."""
+              act=None, out=None, stats=None, row_starts=None):
+    """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
+    changes nothing here."""
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
                        row_map=row_map, act=act, stats=stats)
     m, k = u.shape
@@ -179,7 +180,12 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
             mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
         if NORM != 0:
             inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
-        if HAS_SCALE == 1:
+        if HAS_SCALE == 3:  # every run starts on a row block: the block's first row names its modulation row
+            first = tl.load(map_ptr + block * BLOCK_M)
+            y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr,
+                                           scale_ptr + first * K, shift_ptr + first * K, h, K, NORM, HAS_WEIGHT, 2,
+                                           HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
+        elif HAS_SCALE == 1:
             # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
             # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/modulation_rows.py).
             rmap = tl.load(map_ptr + rows, mask=rmask, other=0)  # int32: half the registers of the gather's offsets
@@ -231,11 +237,15 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, block_m=64, num_warps=4, num_stages=None, row_programs=None):
+                  act=None, out=None, stats=None, row_starts=None, block_m=64, num_warps=4, num_stages=None,
+                  row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
-    then (an RMS norm's mean row is 0 and not read). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
+    then (an RMS norm's mean row is 0 and not read). row_starts: the first row of each run of rows sharing a
+    modulation row (host ints, dit_core.sequence.Sequence.starts); where each starts a row block, each block reads
+    its row as vectors with no gather compiled (with one, Klein's joint norm took 42.6 us on the H200 against 30.0
+    with one modulation row: 248 registers against 207). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
     num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
     block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
     normed or activated rows 2 stages and 0."""
@@ -244,6 +254,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None
+    aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
@@ -255,7 +266,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     # Contiguous f32, or stats standing in for a pointer the kernel never reads (its constexpr flag off).
     vectors = [stats if t is None else t.float().contiguous() for t in (norm_weight, scale, shift)]
     flags = {"NORM": NORMS[norm], "HAS_WEIGHT": norm_weight is not None,  # HAS_SCALE 2: one modulation row
-             "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 1,
+             "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 3 if aligned else 1,
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)

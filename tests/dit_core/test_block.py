@@ -94,6 +94,11 @@ def test_angle_factors_remake_the_tables_angles(axes, theta, scale):
 
 def test_runs_of_rows_sharing_a_modulation_row():
     assert runs_of(torch.tensor([0, 0, 1, 1, 1, 0])) == [(0, 2, 0), (2, 5, 1), (5, 6, 0)]
+    # Sequence.starts: each run's first row, from a map made on the host; kept on the way to a device, shifted by
+    # concat (the quantizer's hint: kernels/int8_quant.py row_starts).
+    seq = sequence_of(torch.zeros(6, 2), torch.tensor([0, 0, 1, 1, 1, 0]), (4, 4), 100.0)
+    assert seq.starts == (0, 2, 5) and seq.to("cpu").starts == (0, 2, 5)
+    assert concat([seq, seq]).starts == (0, 2, 5, 6, 8, 11)
 
 
 def test_quantized_block_is_int8_and_dequantizes_close():

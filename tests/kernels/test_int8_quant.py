@@ -21,6 +21,7 @@ from dit_core.weights import rotate
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
 from kernels.hadamard import hadamard
+from kernels import int8_quant
 from kernels.int8_quant import quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
@@ -151,6 +152,26 @@ def test_fused_kernel(m, k, group, case, mod_rows, launch, device):
     q_ref, s_ref = reference(x, group, **kw)
     assert not s.isnan().any()
     assert_fused_close(q, s, q_ref, s_ref, max_fraction=0.01)
+
+
+@pytest.mark.parametrize("case", [FUSED[0], FUSED[2]], ids=["rms", "layer"])
+@pytest.mark.parametrize("first_run", [32, 20])
+def test_row_starts_read_each_blocks_modulation_row(case, first_run, device, monkeypatch):
+    """Runs that start on 16-row blocks (row_starts given): each block's first row names its modulation row, no
+    gather (HAS_SCALE 3); runs that do not: the gathering kernel (1). Both bit for bit the kernel without the hint."""
+    m, k, group = 53, 512, 256
+    x, kw = fused_inputs(m, k, case, seed=9, device=device, rows="runs", first_run=first_run)
+    kernel, forms = int8_quant._rotate_kernel, []
+
+    class Spy:  # the rotate pass's launches, each form recorded
+        def __getitem__(self, grid):
+            return lambda *args, **flags: (forms.append(flags["HAS_SCALE"]), kernel[grid](*args, **flags))
+    monkeypatch.setattr(int8_quant, "_rotate_kernel", Spy())
+    q, s = quantize_rows(x, group, **kw, out=poisoned_outputs(m, k, device), block_m=16, row_starts=(0, first_run))
+    q_ref, s_ref = quantize_rows(x, group, **kw, block_m=16)
+    assert forms == ([3, 1] if first_run % 16 == 0 else [1, 1])
+    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert_fused_close(q, s, *reference(x, group, **kw, row_starts=(0, first_run)), max_fraction=0.01)
 
 
 @pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16)])
