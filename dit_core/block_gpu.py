@@ -116,7 +116,7 @@ def _chunk(rows, r0: int, r1: int):
 class NormStats:
     """The next block's first norm's row statistics of the rows x [2, rows] f32, carried from the block's last kernel
     that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a parallel block's gated DOWN product: either
-    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 33 a FLUX.3
+    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 35 a FLUX.3
     Klein step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
     values: torch.Tensor
     ready: bool = False
