@@ -163,12 +163,15 @@ def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s:
     block."""
     # StepCache.after_first reads the inputs of blocks 0 and 1 after them: the later blocks update their rows in
     # place. carry: each block's norm statistics from the block before (GPU blocks; every block's input is the
-    # output of the block before, whether the cache skips the others or not).
+    # output of the block before, whether the cache skips the others or not), from block 1 on, as the graphed
+    # step (Flux3Klein.graphed) carries them within its second graph: block 1 makes its own, so both give the same
+    # bits (statistics from the parts differ from a pass's by f32 ulps).
     carry = NormStats.of(x)
     if slots is None:
-        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2, carry=carry)
+        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2, carry=carry if i else None)
     else:
-        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2, carry=carry)
+        step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2,
+                                                  carry=carry if i else None)
     if cache is not None:
         return cache.run(blocks, x, step, check, rows)
     with _walk(blocks) as walk:
