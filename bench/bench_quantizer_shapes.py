@@ -6,7 +6,9 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
    (input read, bf16 rotated rows written and read back, int8 codes written).
 2. The codes pass alone by launch shape (rows, columns, warps a program).
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
-On the device: python bench/bench_quantizer_shapes.py (or bench/device_session.sh quantizer_shapes).
+--one-pass: only plain rows, kernels/int8_quant_hopper.py's one pass (by groups an item and programs an SM) beside
+the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
+On the device: python bench/bench_quantizer_shapes.py [--one-pass] (bench/device_session.sh quantizer_shapes).
 """
 import sys
 from pathlib import Path
@@ -19,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import int8_codes  # noqa: E402
+from kernels import int8_codes, int8_quant_hopper  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -81,6 +83,24 @@ def quantizer_table() -> list[str]:
     return out
 
 
+def one_pass_table() -> list[str]:
+    out = ["| plain bf16 rows | Triton passes ms | one pass ms (groups an item / programs an SM) | one-pass floor ms |",
+           "|---|---|---|---|"]
+    for m, k in ((M, 3072), (M, 9216), (M, 3840), (M, 10240), (TEXT_ROWS, 9216)):
+        x = rows(m, k, torch.bfloat16)
+        codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
+        int8_quant_hopper.ENABLED = False
+        two = graph_ms(lambda x=x: quantize_rows(x, 256))
+        int8_quant_hopper.ENABLED = True
+        timed = [f"default {graph_ms(lambda x=x: quantize_rows(x, 256)):.4f}"]
+        for g in (g for g in (1, 2, 3) if (k // 256) % g == 0):
+            for per_sm in (2, 3, 4):
+                fn = lambda x=x, g=g, per_sm=per_sm: int8_quant_hopper.launch(x, codes, scales, g, per_sm)  # noqa
+                timed.append(f"{g}/{per_sm} {graph_ms(fn):.4f}")
+        out.append(f"| {m}x{k} | {two:.4f} | {', '.join(timed)} | {x.numel() * 3 / 4e12 * 1e3:.4f} |")
+    return out
+
+
 def codes_table() -> list[str]:
     out = ["| K | rows/columns/warps a program | codes ms | floor ms |", "|---|---|---|---|"]
     for k in (3072, 3840, 9216, 10240):
@@ -115,4 +135,7 @@ def gated_table() -> list[str]:
 
 if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
-    print("\n".join(quantizer_table() + [""] + codes_table() + [""] + gated_table()))
+    if "--one-pass" in sys.argv:
+        print("\n".join(one_pass_table()))
+    else:
+        print("\n".join(one_pass_table() + [""] + quantizer_table() + [""] + codes_table() + [""] + gated_table()))

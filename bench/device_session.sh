@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests
+#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass
 #   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
@@ -39,6 +39,8 @@ for part in $parts; do
            python3 tests/kernels/bench_int8_linear.py --runs 30 --qkv' ;;
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
+    one_pass) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py \
+                -k "one_pass or plain"; timeout 150 python3 bench/bench_quantizer_shapes.py --one-pass ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \

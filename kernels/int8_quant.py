@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from . import int8_quant_hopper
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
@@ -251,6 +252,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     normed or activated rows 2 stages and 0."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
+        return codes, scales
+    if norm is None and act is None and int8_quant_hopper.unusable(x, group) is None \
+            and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None
