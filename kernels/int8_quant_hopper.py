@@ -11,7 +11,7 @@ counted itself in (an int32 counter a row block, kernels/arrival_counters.py's k
 partial maxima, and writes its codes from shared memory. Items are taken in order from a ticket counter, so the
 items a program waits for are held by running programs: no wait can block on a program not yet started, whatever
 the card runs beside it (a row block's chunks need only that many programs resident). Each program takes its next
-ticket while its loads are in flight. The last of a row block's items to leave sets its counter back to 0; the last
+ticket while it writes its codes, once its row block's chunks are all in. The last of a row block's items to leave sets its counter back to 0; the last
 program to finish, the tickets'.
 GPU only (Hopper, Gluon, TMA), else `unusable` says why and kernels/int8_quant.py's passes run.
 """
@@ -128,13 +128,15 @@ if gluon is not None:
                 mbarrier.expect(ready.index(g), 4 * x_desc.block_type.nbytes)
                 for a in gl.static_range(4):
                     tma_load(x_desc, [off_m, c0 + (4 * g + a) * BQ], ready.index(g), xs.index(4 * g + a))
-            after = _ticket(work_ptr + 1)  # (under the loads)
             top = _rotate_item(xs, hs, ready, phase, G, acc)
             gl.store(pmax_ptr + chunk * M + off_m + rows_acc, top, mask=off_m + rows_acc < M)
             gl.thread_barrier()  # every thread's partial maxima (and bf16 rows) stored before the count says so
             gl.atomic_add(count_ptr + block, 1, sem="release", scope="gpu")
             while gl.atomic_add(count_ptr + block, 0, sem="acquire", scope="gpu") < CHUNKS:
                 pass
+            # The next ticket, under the codes: taken once this item waits for nothing (a program holding two of a
+            # row block's tickets, one to be done after the other, would wait for itself).
+            after = _ticket(work_ptr + 1)
             rm = off_m + rows_io
             amax = gl.zeros([BM], gl.float32, gl.SliceLayout(1, io))
             for c in range(CHUNKS):
