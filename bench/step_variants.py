@@ -18,6 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-uncarried", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "blocks making their norm statistics by a pass of their own (flux3_klein's NormStats "
                         "carry off)")
+    parser.add_argument("--variant-two-pass-quant", action="store_true", help="also ours INT8 graphed with plain "
+                        "rows quantized by the Triton passes where the Hopper one-pass kernel runs "
+                        "(kernels.int8_quant_hopper.ENABLED off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -35,12 +38,13 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_codes, int8_linear_hopper, split_tail
+    from kernels import int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
         ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
         ("Triton GEMMs", int8_linear_hopper, "ENABLED", False)] * args.variant_triton_gemm + [
         ("norm statistics uncarried", flux3_klein, "NormStats", _Uncarried)] * args.variant_uncarried + [
         ("codes first columns first", int8_codes, "LAST_FIRST", False)] * args.variant_codes_first_first + [
+        ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

@@ -286,7 +286,7 @@ def test_one_pass_equals_two_passes(m, k, groups, monkeypatch):
     y = torch.zeros(2, 256, dtype=torch.float64)
     y[0, 0], y[1, 0] = -11.0, 11.0  # (test_f32_rows_and_minus_128's rows: they rotate to y exactly)
     x[:2] = 0
-    x[:2, :256] = (y @ hadamard(256, torch.float64)).to(x)
+    x[:2, :256] = (y @ hadamard(256, torch.float64)).to(x)[:m]
     q, s = poisoned_outputs(m, k, "cuda")
     assert int8_quant_hopper.launch(x, q, s, groups), int8_quant_hopper.UNBUILT
     assert counters_left() == 0
@@ -294,7 +294,7 @@ def test_one_pass_equals_two_passes(m, k, groups, monkeypatch):
     q_ref, s_ref = quantize_rows(x, 256)
     assert torch.equal(s, s_ref), f"{int((s != s_ref).sum())} scales differ"
     assert torch.equal(q, q_ref), f"{int((q != q_ref).sum())} codes differ"
-    assert q[0, 0] == -128 and q[1, 0] == 127
+    assert q[0, 0] == -128 and (m == 1 or q[1, 0] == 127)
     graph, stream, again, replayed = torch.cuda.CUDAGraph(), torch.cuda.Stream(), *(poisoned_outputs(m, k, "cuda")
                                                                                    for _ in range(2))
     stream.wait_stream(torch.cuda.current_stream())
