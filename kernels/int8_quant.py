@@ -19,7 +19,8 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). (Measured slower on
+bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). On Hopper, the MLP's
+plain hidden rows take kernels/int8_quant_hopper.py's one pass instead. (Measured slower on
 the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
@@ -253,8 +254,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
-    if norm is None and act is None and int8_quant_hopper.unusable(x, group) is None \
-            and int8_quant_hopper.launch(x, codes, scales):
+    one_pass = norm is None and act is None and int8_quant_hopper.chosen(m, k)
+    if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
     plain = norm is None and act is None

@@ -1,18 +1,19 @@
 """Plain bf16 rows to INT8 ConvRot codes in one pass over memory on Hopper (Gluon): the rotated rows stay in shared
 memory until their row scales are known.
 
-Issue 4. kernels/int8_quant.py's math for rows with no prologue (the attention output before OUT, the MLP's hidden
-rows after UP's SwiGLU epilogue), group 256, bit for bit its kernels' (the same matrix-core sums: u_a (H_64 / 2) by
-wgmma, then the radix-4 butterfly). Its two launches move 7 bytes a value (x read, the rotated rows written and read
-back, the codes written); this one 3: x read once by TMA, the codes written.
-A work item is 64 rows x GPI groups (a chunk of the row block's columns): its rotated rows are rounded to bf16 into
-the shared memory x came in, and its rows' partial absmax go to global memory; once every chunk of the row block has
-counted itself in (an int32 counter a row block, kernels/arrival_counters.py's kept buffers), each item reads all the
-partial maxima, and writes its codes from shared memory. Items are taken in order from a ticket counter, so the
-items a program waits for are held by running programs: no wait can block on a program not yet started, whatever
-the card runs beside it (a row block's chunks need only that many programs resident). Each program takes its next
-ticket while it writes its codes, once its row block's chunks are all in. The last of a row block's items to leave sets its counter back to 0; the last
-program to finish, the tickets'.
+Issue 4. kernels/int8_quant.py's math for rows with no prologue (here the MLP's hidden rows after UP's SwiGLU
+epilogue: `chosen`), group 256, bit for bit its kernels' (the same matrix-core sums: u_a (H_64 / 2) by wgmma, then
+the radix-4 butterfly; tests/kernels/test_int8_quant.py). Its two launches move 7 bytes a value (x read, the rotated
+rows written and read back, the codes written); this one 3: x read once by TMA, the codes written.
+A work item is 64 rows x G groups (a chunk of a row block's columns). Its rotated rows are rounded to bf16 into the
+shared memory x came in, and its rows' partial absmax go to global memory. Once every chunk of the row block has
+counted itself in (an int32 counter a row block, in kernels/arrival_counters.py's kept buffers), each item reads all
+the partial maxima and writes its codes from shared memory. Items are taken in order from a ticket counter, and a
+program takes its next ticket only once its row block's chunks are all in (holding two tickets of one row block, it
+would wait for itself). So the items a program waits for are held by running programs, whatever else the card runs
+(a row block's chunks need only that many programs resident). The last of a row block's items to leave sets its
+counter back to 0; the last program to finish, the tickets'. (Two item buffers, the next item's loads under this
+one's wait and codes, measured slower on the H200: 72 KB a program, one group an item, 36 waits a row block.)
 GPU only (Hopper, Gluon, TMA), else `unusable` says why and kernels/int8_quant.py's passes run.
 """
 from __future__ import annotations
@@ -56,9 +57,19 @@ def unusable(x: torch.Tensor, group: int) -> str | None:
     return None
 
 
+def chosen(m: int, k: int) -> bool:
+    """Whether quantize_rows takes this kernel for plain rows [m, k]: only where it measured faster on the H200
+    (docs/benchmarks.md, 2026-12-03, twelfth session; graph ms, Triton passes -> one pass): the MLP's hidden rows,
+    4608 x 9216 0.0888 -> 0.0725 and 4608 x 10240 0.0974 -> 0.0872. Where the Triton passes' rotated rows stay in
+    L2 (the attention outputs: 4608 x 3072 0.0326 -> 0.0316, 4608 x 3840 0.0389 -> 0.0446) or the rows are few
+    (512 x 9216: 0.0199 -> 0.0227), the row blocks' waits for their chunks cost what the bytes saved."""
+    return m >= 2048 and k >= 8192
+
+
 def groups_per_item(groups: int) -> int:
-    """The groups a work item takes: 1 (two buffers of 32 KB: three programs an SM)."""
-    return 1
+    """The groups a work item takes: 2 where they divide the row's (72 KB of shared memory: three programs an SM),
+    else 3, else 1. (1 group, 36 chunks a Klein hidden row block: 0.100 ms; 3 groups, two programs an SM: 0.087.)"""
+    return next(g for g in (2, 3, 1) if groups % g == 0)
 
 
 if gluon is not None:
@@ -71,43 +82,29 @@ if gluon is not None:
         return gl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def _rotate_item(xs, first, hs, ready, bar, phase, G: gl.constexpr, layout: gl.constexpr):
-        """The item's groups (xs blocks first.., barriers bar..) rotated and rounded to bf16 in place of x; returns
-        each row's absmax."""
+    def _rotate_item(xs, hs, ready, phase, G: gl.constexpr, layout: gl.constexpr):
+        """The item's groups rotated and rounded to bf16 in place of x in xs; returns each row's absmax."""
         BM: gl.constexpr = xs.shape[1]
         BQ: gl.constexpr = xs.shape[2]
         top = gl.zeros([BM], gl.float32, gl.SliceLayout(1, layout))
         zero = gl.zeros([BM, BQ], gl.float32, layout)
         for g in range(G):  # (not unrolled: registers for one group's values only)
-            mbarrier.wait(ready.index(bar + g), phase)
-            z0 = warpgroup_mma(xs.index(first + 4 * g), hs, zero, use_acc=False, is_async=True)
-            z1 = warpgroup_mma(xs.index(first + 4 * g + 1), hs, zero, use_acc=False, is_async=True)
-            z2 = warpgroup_mma(xs.index(first + 4 * g + 2), hs, zero, use_acc=False, is_async=True)
-            z3 = warpgroup_mma(xs.index(first + 4 * g + 3), hs, zero, use_acc=False, is_async=True)
+            mbarrier.wait(ready.index(g), phase)
+            z0 = warpgroup_mma(xs.index(4 * g), hs, zero, use_acc=False, is_async=True)
+            z1 = warpgroup_mma(xs.index(4 * g + 1), hs, zero, use_acc=False, is_async=True)
+            z2 = warpgroup_mma(xs.index(4 * g + 2), hs, zero, use_acc=False, is_async=True)
+            z3 = warpgroup_mma(xs.index(4 * g + 3), hs, zero, use_acc=False, is_async=True)
             z0, z1, z2, z3 = warpgroup_mma_wait(num_outstanding=0, deps=(z0, z1, z2, z3))
             # kernels/hadamard.radix4_rounded's butterfly (the 1/2 of 1/sqrt(256) is in the operand)
             p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
             y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + t), _rounded(t - r)
             top = gl.maximum(top, gl.max(gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)),
                                                     gl.maximum(gl.abs(y2), gl.abs(y3))), axis=1))
-            xs.index(first + 4 * g).store(y0.to(gl.bfloat16))  # (the wgmmas read these blocks: they are done)
-            xs.index(first + 4 * g + 1).store(y1.to(gl.bfloat16))
-            xs.index(first + 4 * g + 2).store(y2.to(gl.bfloat16))
-            xs.index(first + 4 * g + 3).store(y3.to(gl.bfloat16))
+            xs.index(4 * g).store(y0.to(gl.bfloat16))  # (the wgmmas read these blocks: they are done)
+            xs.index(4 * g + 1).store(y1.to(gl.bfloat16))
+            xs.index(4 * g + 2).store(y2.to(gl.bfloat16))
+            xs.index(4 * g + 3).store(y3.to(gl.bfloat16))
         return top
-
-    @gluon.jit
-    def _load_item(x_desc, xs, first, ready, bar, item, CHUNKS, G: gl.constexpr):
-        """The item's 64 rows x G groups of x into xs blocks first.. by TMA, group g's 4 on barrier bar + g (zeros
-        past M)."""
-        BM: gl.constexpr = x_desc.block_type.shape[0]
-        BQ: gl.constexpr = x_desc.block_type.shape[1]
-        block = item // CHUNKS
-        c0 = (item - block * CHUNKS) * (4 * G * BQ)
-        for g in gl.static_range(G):
-            mbarrier.expect(ready.index(bar + g), 4 * x_desc.block_type.nbytes)
-            for a in gl.static_range(4):
-                tma_load(x_desc, [block * BM, c0 + (4 * g + a) * BQ], ready.index(bar + g), xs.index(first + 4 * g + a))
 
     @gluon.jit
     def _plain_quant_kernel(x_desc, h_desc, q_ptr, s_ptr, pmax_ptr, count_ptr, work_ptr, M, K, CHUNKS, ITEMS,
@@ -118,40 +115,38 @@ if gluon is not None:
         # The codes' tiles: 16 values (16 bytes of codes) a thread, a row's 64 across 4 threads.
         io: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[4, 1],
                                             order=[1, 0])
-        # Two items' buffers: the next item's loads run under this one's wait and codes.
-        xs = gl.allocate_shared_memory(gl.bfloat16, [2 * 4 * G, BM, BQ], x_desc.layout)
+        xs = gl.allocate_shared_memory(gl.bfloat16, [4 * G, BM, BQ], x_desc.layout)
         hs = gl.allocate_shared_memory(gl.bfloat16, [BQ, BQ], h_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [2 * G + 1, 1], mbarrier.MBarrierLayout())  # the last: H's
-        for g in gl.static_range(2 * G + 1):
+        ready = gl.allocate_shared_memory(gl.int64, [G + 1, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(G + 1):
             mbarrier.init(ready.index(g), count=1)
         fence_async_shared()
-        mbarrier.expect(ready.index(2 * G), h_desc.block_type.nbytes)
-        tma_load(h_desc, [0, 0], ready.index(2 * G), hs)
-        mbarrier.wait(ready.index(2 * G), 0)
+        mbarrier.expect(ready.index(G), h_desc.block_type.nbytes)
+        tma_load(h_desc, [0, 0], ready.index(G), hs)
+        mbarrier.wait(ready.index(G), 0)
         rows_acc = gl.arange(0, BM, layout=gl.SliceLayout(1, acc))
         rows_io = gl.arange(0, BM, layout=gl.SliceLayout(1, io))
         cols_io = gl.arange(0, BQ, layout=gl.SliceLayout(0, io))
         item = _ticket(work_ptr + 1)
-        if item < ITEMS:
-            _load_item(x_desc, xs, 0, ready, 0, item, CHUNKS, G)
-        done = item * 0  # items this program has done (a tensor: it changes in the loop)
+        phase = item * 0  # (a tensor: it changes in the loop)
         while item < ITEMS:
-            buf = done % 2
             block = item // CHUNKS
             chunk = item - block * CHUNKS
             off_m = block * BM
             c0 = chunk * (4 * G * BQ)
-            top = _rotate_item(xs, buf * 4 * G, hs, ready, buf * G, (done // 2) & 1, G, acc)
+            for g in gl.static_range(G):  # (zeros past M)
+                mbarrier.expect(ready.index(g), 4 * x_desc.block_type.nbytes)
+                for a in gl.static_range(4):
+                    tma_load(x_desc, [off_m, c0 + (4 * g + a) * BQ], ready.index(g), xs.index(4 * g + a))
+            top = _rotate_item(xs, hs, ready, phase, G, acc)
             gl.store(pmax_ptr + chunk * M + off_m + rows_acc, top, mask=off_m + rows_acc < M)
             gl.thread_barrier()  # every thread's partial maxima (and bf16 rows) stored before the count says so
             gl.atomic_add(count_ptr + block, 1, sem="release", scope="gpu")
             while gl.atomic_add(count_ptr + block, 0, sem="acquire", scope="gpu") < CHUNKS:
                 pass
-            # The next ticket and its loads, under the codes: taken once this item waits for nothing (a program
-            # holding two of a row block's tickets, one to be done after the other, would wait for itself).
+            # The next ticket, under the codes: taken once this item waits for nothing (a program holding two of a
+            # row block's tickets, one to be done after the other, would wait for itself).
             after = _ticket(work_ptr + 1)
-            if after < ITEMS:  # (the other buffer: its codes were read out last round, behind a barrier and fence)
-                _load_item(x_desc, xs, (1 - buf) * 4 * G, ready, (1 - buf) * G, after, CHUNKS, G)
             rm = off_m + rows_io
             amax = gl.zeros([BM], gl.float32, gl.SliceLayout(1, io))
             for c in range(CHUNKS):
@@ -165,14 +160,14 @@ if gluon is not None:
             at = gl.expand_dims(rm.to(gl.int64) * K + c0, 1) + gl.expand_dims(cols_io, 0)
             inside = gl.expand_dims(rm < M, 1)
             for j in range(4 * G):
-                code = _rounded(xs.index(buf * 4 * G + j).load(io).to(gl.float32) * inverse)
+                code = _rounded(xs.index(j).load(io).to(gl.float32) * inverse)
                 code = gl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [code], dtype=gl.float32,
                                                  is_pure=True, pack=1)
                 code = gl.minimum(gl.maximum(code, -128.0), 127.0)
                 gl.store(q_ptr + at + j * BQ, code.to(gl.int8), mask=inside)
-            gl.thread_barrier()  # every read of this buffer done before the item after next loads into it
+            gl.thread_barrier()  # every read of xs done before the next item's loads overwrite it
             fence_async_shared()
-            done += 1
+            phase ^= 1
             item = after
         if gl.atomic_add(work_ptr + 2, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) - 1:
             gl.atomic_xchg(work_ptr + 1, 0, sem="relaxed", scope="gpu")  # every program has taken its last ticket
@@ -180,11 +175,12 @@ if gluon is not None:
 
 
 def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int | None = None,
-           programs_per_sm: int = 3) -> bool:
+           programs_per_sm: int = 4) -> bool:
     """Codes and scales of plain bf16 rows x [M, K] (`unusable` asked first); False where nothing ran (no counters
     during a CUDA graph's capture before any warm-up made them, or a build error: UNBUILT says why). groups: the
     groups an item takes (groups_per_item's by default); programs_per_sm: programs launched an SM (162 registers a
-    thread allow 3; those that shared memory does not admit start later, and find tickets or none)."""
+    thread allow 3 at once; the others start as those end, and find tickets or none: 4 measured 0.0725 against
+    0.0784 ms with 3 at Klein's hidden rows)."""
     m, k = x.shape
     g = groups or groups_per_item(k // GROUP)
     chunks = k // (GROUP * g)
