@@ -40,7 +40,8 @@ for part in $parts; do
     quantizers) timeout 200 python3 tests/kernels/bench_int8_linear.py --runs 30 --quantizers ;;
     quantizer_shapes) timeout 200 python3 bench/bench_quantizer_shapes.py ;;
     one_pass) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py \
-                -k "one_pass or plain"; timeout 150 python3 bench/bench_quantizer_shapes.py --one-pass ;;
+                tests/kernels/test_int8_quant_hopper.py -k "one_pass or plain"
+              timeout 150 python3 bench/bench_quantizer_shapes.py --one-pass ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \

@@ -35,6 +35,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .int8_hopper_epilogues import tma_load
+    cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # (Triton 3.7 on; the H200's 3.6)
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -140,7 +141,7 @@ if gluon is not None:
                     tma_load(x_desc, [off_m, c0 + (4 * g + a) * BQ], ready.index(g), xs.index(4 * g + a))
             top = _rotate_item(xs, hs, ready, phase, G, acc)
             gl.store(pmax_ptr + chunk * M + off_m + rows_acc, top, mask=off_m + rows_acc < M)
-            gl.thread_barrier()  # every thread's partial maxima (and bf16 rows) stored before the count says so
+            cta_barrier()  # every thread's partial maxima (and bf16 rows) stored before the count says so
             gl.atomic_add(count_ptr + block, 1, sem="release", scope="gpu")
             while gl.atomic_add(count_ptr + block, 0, sem="acquire", scope="gpu") < CHUNKS:
                 pass
@@ -165,7 +166,7 @@ if gluon is not None:
                                                  is_pure=True, pack=1)
                 code = gl.minimum(gl.maximum(code, -128.0), 127.0)
                 gl.store(q_ptr + at + j * BQ, code.to(gl.int8), mask=inside)
-            gl.thread_barrier()  # every read of xs done before the next item's loads overwrite it
+            cta_barrier()  # every read of xs done before the next item's loads overwrite it
             fence_async_shared()
             phase ^= 1
             item = after

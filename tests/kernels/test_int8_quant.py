@@ -21,8 +21,7 @@ from dit_core.weights import rotate
 from kernels.int8_codes import launch_codes
 from kernels.int8_codes import reference as codes_reference
 from kernels.hadamard import hadamard
-from kernels import int8_quant, int8_quant_hopper
-from kernels.arrival_counters import counters_left
+from kernels import int8_quant
 from kernels.int8_quant import quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
@@ -268,43 +267,3 @@ def test_fused_at_zimage_shapes(case, k, mod_rows):
         q, s = quantize_rows(x, 256, **kw, out=poisoned_outputs(ZIMAGE_ROWS, k, "cuda"))
         q_ref, s_ref = reference(x, 256, **kw)
         assert_fused_close(q, s, q_ref, s_ref, max_fraction=1e-3)
-
-
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("m,k,groups", [(4608, 3072, None), (4608, 9216, 1), (4607, 3840, 3), (4608, 10240, 2),
-                                        (100, 768, None), (1, 256, None)])
-def test_one_pass_equals_two_passes(m, k, groups, monkeypatch):
-    """kernels/int8_quant_hopper.py against the Triton passes, bit for bit (the same matrix-core sums): FLUX.3's and
-    Z-Image's plain rows, rows not a multiple of 64, one row, each item size; -128 where a row's absmax is
-    negative; every counter back at 0; again, and replayed in a CUDA graph."""
-    x = rows_like_activations(m, k, seed=k + m, device="cuda")
-    if int8_quant_hopper.unusable(x, 256):
-        pytest.skip(int8_quant_hopper.unusable(x, 256))
-    y = torch.zeros(2, 256, dtype=torch.float64)
-    y[0, 0], y[1, 0] = -11.0, 11.0  # (test_f32_rows_and_minus_128's rows: they rotate to y exactly)
-    x[:2] = 0
-    x[:2, :256] = (y @ hadamard(256, torch.float64)).to(x)[:m]
-    q, s = poisoned_outputs(m, k, "cuda")
-    assert int8_quant_hopper.launch(x, q, s, groups), int8_quant_hopper.UNBUILT
-    assert counters_left() == 0
-    monkeypatch.setattr(int8_quant_hopper, "ENABLED", False)
-    q_ref, s_ref = quantize_rows(x, 256)
-    assert torch.equal(s, s_ref), f"{int((s != s_ref).sum())} scales differ"
-    assert torch.equal(q, q_ref), f"{int((q != q_ref).sum())} codes differ"
-    assert q[0, 0] == -128 and (m == 1 or q[1, 0] == 127)
-    graph, stream, again, replayed = torch.cuda.CUDAGraph(), torch.cuda.Stream(), *(poisoned_outputs(m, k, "cuda")
-                                                                                   for _ in range(2))
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # the warm-up on the capture's stream makes its counters
-        assert int8_quant_hopper.launch(x, *again, groups)
-    stream.synchronize()
-    assert torch.equal(again[0], q) and torch.equal(again[1], s)
-    with torch.cuda.graph(graph, stream=stream):
-        assert int8_quant_hopper.launch(x, *replayed, groups)
-    for _ in range(2):
-        graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(replayed[0], q) and torch.equal(replayed[1], s) and counters_left() == 0
