@@ -83,117 +83,92 @@ if gluon is not None:
         return gl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
 
     @gluon.jit
-    def _load_item(x_desc, xs, first, ready, bar, item, CHUNKS, G: gl.constexpr):
-        """The item's 64 rows x G groups of x into xs blocks first.. by TMA, group g's 4 on barrier bar + g (zeros
-        past M)."""
-        BM: gl.constexpr = x_desc.block_type.shape[0]
-        BQ: gl.constexpr = x_desc.block_type.shape[1]
-        block = item // CHUNKS
-        c0 = (item - block * CHUNKS) * (4 * G * BQ)
-        for g in gl.static_range(G):
-            mbarrier.expect(ready.index(bar + g), 4 * x_desc.block_type.nbytes)
-            for a in gl.static_range(4):
-                tma_load(x_desc, [block * BM, c0 + (4 * g + a) * BQ], ready.index(bar + g),
-                         xs.index(first + 4 * g + a))
-
-    @gluon.jit
-    def _rotate_item(xs, first, hs, ready, bar, phase, G: gl.constexpr, layout: gl.constexpr):
-        """The item's groups (xs blocks first.., barriers bar..) rotated and rounded to bf16 in place of x; returns
-        each row's absmax."""
+    def _rotate_item(xs, hs, ready, phase, G: gl.constexpr, layout: gl.constexpr):
+        """The item's groups rotated and rounded to bf16 in place of x in xs; returns each row's absmax."""
         BM: gl.constexpr = xs.shape[1]
         BQ: gl.constexpr = xs.shape[2]
         top = gl.zeros([BM], gl.float32, gl.SliceLayout(1, layout))
         zero = gl.zeros([BM, BQ], gl.float32, layout)
         for g in range(G):  # (not unrolled: registers for one group's values only)
-            mbarrier.wait(ready.index(bar + g), phase)
-            z0 = warpgroup_mma(xs.index(first + 4 * g), hs, zero, use_acc=False, is_async=True)
-            z1 = warpgroup_mma(xs.index(first + 4 * g + 1), hs, zero, use_acc=False, is_async=True)
-            z2 = warpgroup_mma(xs.index(first + 4 * g + 2), hs, zero, use_acc=False, is_async=True)
-            z3 = warpgroup_mma(xs.index(first + 4 * g + 3), hs, zero, use_acc=False, is_async=True)
+            mbarrier.wait(ready.index(g), phase)
+            z0 = warpgroup_mma(xs.index(4 * g), hs, zero, use_acc=False, is_async=True)
+            z1 = warpgroup_mma(xs.index(4 * g + 1), hs, zero, use_acc=False, is_async=True)
+            z2 = warpgroup_mma(xs.index(4 * g + 2), hs, zero, use_acc=False, is_async=True)
+            z3 = warpgroup_mma(xs.index(4 * g + 3), hs, zero, use_acc=False, is_async=True)
             z0, z1, z2, z3 = warpgroup_mma_wait(num_outstanding=0, deps=(z0, z1, z2, z3))
             # kernels/hadamard.radix4_rounded's butterfly (the 1/2 of 1/sqrt(256) is in the operand)
             p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
             y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + t), _rounded(t - r)
             top = gl.maximum(top, gl.max(gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)),
                                                     gl.maximum(gl.abs(y2), gl.abs(y3))), axis=1))
-            xs.index(first + 4 * g).store(y0.to(gl.bfloat16))  # (the wgmmas read these blocks: they are done)
-            xs.index(first + 4 * g + 1).store(y1.to(gl.bfloat16))
-            xs.index(first + 4 * g + 2).store(y2.to(gl.bfloat16))
-            xs.index(first + 4 * g + 3).store(y3.to(gl.bfloat16))
+            xs.index(4 * g).store(y0.to(gl.bfloat16))  # (the wgmmas read these blocks: they are done)
+            xs.index(4 * g + 1).store(y1.to(gl.bfloat16))
+            xs.index(4 * g + 2).store(y2.to(gl.bfloat16))
+            xs.index(4 * g + 3).store(y3.to(gl.bfloat16))
         return top
 
     @gluon.jit
     def _plain_quant_kernel(x_desc, h_desc, q_ptr, s_ptr, pmax_ptr, count_ptr, work_ptr, M, K, CHUNKS, ITEMS,
-                            G: gl.constexpr, CHUNKS_P2: gl.constexpr, BUFFERS: gl.constexpr):
+                            G: gl.constexpr):
         BM: gl.constexpr = x_desc.block_type.shape[0]
         BQ: gl.constexpr = x_desc.block_type.shape[1]
         acc: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BQ, 16])
         # The codes' tiles: 16 values (16 bytes of codes) a thread, a row's 64 across 4 threads.
         io: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4], warps_per_cta=[4, 1],
                                             order=[1, 0])
-        # A row's partial maxima, one thread's: all asked for at once (one at a time, a Klein hidden row's 18 were
-        # 18 L2 round trips an item).
-        parts: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, CHUNKS_P2], threads_per_warp=[32, 1],
-                                               warps_per_cta=[4, 1], order=[1, 0])
-        xs = gl.allocate_shared_memory(gl.bfloat16, [BUFFERS * 4 * G, BM, BQ], x_desc.layout)
+        xs = gl.allocate_shared_memory(gl.bfloat16, [4 * G, BM, BQ], x_desc.layout)
         hs = gl.allocate_shared_memory(gl.bfloat16, [BQ, BQ], h_desc.layout)
-        ready = gl.allocate_shared_memory(gl.int64, [BUFFERS * G + 1, 1], mbarrier.MBarrierLayout())  # last: H's
-        for g in gl.static_range(BUFFERS * G + 1):
+        ready = gl.allocate_shared_memory(gl.int64, [G + 1, 1], mbarrier.MBarrierLayout())
+        for g in gl.static_range(G + 1):
             mbarrier.init(ready.index(g), count=1)
         fence_async_shared()
-        mbarrier.expect(ready.index(BUFFERS * G), h_desc.block_type.nbytes)
-        tma_load(h_desc, [0, 0], ready.index(BUFFERS * G), hs)
-        mbarrier.wait(ready.index(BUFFERS * G), 0)
+        mbarrier.expect(ready.index(G), h_desc.block_type.nbytes)
+        tma_load(h_desc, [0, 0], ready.index(G), hs)
+        mbarrier.wait(ready.index(G), 0)
         rows_acc = gl.arange(0, BM, layout=gl.SliceLayout(1, acc))
         rows_io = gl.arange(0, BM, layout=gl.SliceLayout(1, io))
         cols_io = gl.arange(0, BQ, layout=gl.SliceLayout(0, io))
-        rows_parts = gl.arange(0, BM, layout=gl.SliceLayout(1, parts))
-        chunks = gl.expand_dims(gl.arange(0, CHUNKS_P2, layout=gl.SliceLayout(0, parts)), 0)
         item = _ticket(work_ptr + 1)
-        if item < ITEMS:
-            _load_item(x_desc, xs, 0, ready, 0, item, CHUNKS, G)
-        done = item * 0  # items this program has done (a tensor: it changes in the loop)
+        phase = item * 0  # (a tensor: it changes in the loop)
         while item < ITEMS:
-            buf = done % BUFFERS
             block = item // CHUNKS
             chunk = item - block * CHUNKS
             off_m = block * BM
             c0 = chunk * (4 * G * BQ)
-            top = _rotate_item(xs, buf * 4 * G, hs, ready, buf * G, (done // BUFFERS) & 1, G, acc)
-            gl.store(pmax_ptr + (off_m + rows_acc) * CHUNKS + chunk, top, mask=off_m + rows_acc < M)
+            for g in gl.static_range(G):  # (zeros past M)
+                mbarrier.expect(ready.index(g), 4 * x_desc.block_type.nbytes)
+                for a in gl.static_range(4):
+                    tma_load(x_desc, [off_m, c0 + (4 * g + a) * BQ], ready.index(g), xs.index(4 * g + a))
+            top = _rotate_item(xs, hs, ready, phase, G, acc)
+            gl.store(pmax_ptr + chunk * M + off_m + rows_acc, top, mask=off_m + rows_acc < M)
             cta_barrier()  # every thread's partial maxima (and bf16 rows) stored before the count says so
             gl.atomic_add(count_ptr + block, 1, sem="release", scope="gpu")
             while gl.atomic_add(count_ptr + block, 0, sem="acquire", scope="gpu") < CHUNKS:
                 pass
-            # The next ticket, taken once this item waits for nothing (a program holding two of a row block's
-            # tickets, one to be done after the other, would wait for itself); with two buffers, its loads go under
-            # this item's codes.
+            # The next ticket, under the codes: taken once this item waits for nothing (a program holding two of a
+            # row block's tickets, one to be done after the other, would wait for itself).
             after = _ticket(work_ptr + 1)
-            if BUFFERS == 2 and after < ITEMS:  # (the other buffer's codes were read out last round, behind a fence)
-                _load_item(x_desc, xs, (1 - buf) * 4 * G, ready, (1 - buf) * G, after, CHUNKS, G)
-            rp = gl.expand_dims(off_m + rows_parts, 1)
-            amax = gl.max(gl.load(pmax_ptr + rp * CHUNKS + chunks, mask=(rp < M) & (chunks < CHUNKS), other=0.0,
-                                  cache_modifier=".cg"), axis=1)
+            rm = off_m + rows_io
+            amax = gl.zeros([BM], gl.float32, gl.SliceLayout(1, io))
+            for c in range(CHUNKS):
+                amax = gl.maximum(amax, gl.load(pmax_ptr + c * M + rm, mask=rm < M, other=0.0, cache_modifier=".cg"))
             if gl.atomic_add(count_ptr + block, 1, sem="relaxed", scope="gpu") == 2 * CHUNKS - 1:
                 gl.atomic_xchg(count_ptr + block, 0, sem="relaxed", scope="gpu")  # every sibling has read the count
-            rm = off_m + rows_io
-            s = gl.convert_layout(gl.maximum(gl.div_rn(amax, 127.0), 1e-30), gl.SliceLayout(1, io))
+            s = gl.maximum(gl.div_rn(amax, 127.0), 1e-30)
             if chunk == 0:
                 gl.store(s_ptr + rm, s, mask=rm < M)
             inverse = gl.expand_dims(gl.div_rn(1.0, _rounded(s)), 1)  # kernels/int8_codes.py's product
             at = gl.expand_dims(rm.to(gl.int64) * K + c0, 1) + gl.expand_dims(cols_io, 0)
             inside = gl.expand_dims(rm < M, 1)
             for j in range(4 * G):
-                code = _rounded(xs.index(buf * 4 * G + j).load(io).to(gl.float32) * inverse)
+                code = _rounded(xs.index(j).load(io).to(gl.float32) * inverse)
                 code = gl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [code], dtype=gl.float32,
                                                  is_pure=True, pack=1)
                 code = gl.minimum(gl.maximum(code, -128.0), 127.0)
                 gl.store(q_ptr + at + j * BQ, code.to(gl.int8), mask=inside)
-            cta_barrier()  # every read of this buffer done before its next loads overwrite it
+            cta_barrier()  # every read of xs done before the next item's loads overwrite it
             fence_async_shared()
-            if BUFFERS == 1 and after < ITEMS:
-                _load_item(x_desc, xs, 0, ready, 0, after, CHUNKS, G)
-            done += 1
+            phase ^= 1
             item = after
         if gl.atomic_add(work_ptr + 2, 1, sem="acq_rel", scope="gpu") == gl.num_programs(0) - 1:
             gl.atomic_xchg(work_ptr + 1, 0, sem="relaxed", scope="gpu")  # every program has taken its last ticket
@@ -201,12 +176,12 @@ if gluon is not None:
 
 
 def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: int | None = None,
-           programs_per_sm: int = 4, buffers: int = 1) -> bool:
+           programs_per_sm: int = 4) -> bool:
     """Codes and scales of plain bf16 rows x [M, K] (`unusable` asked first); False where nothing ran (no counters
     during a CUDA graph's capture before any warm-up made them, or a build error: UNBUILT says why). groups: the
     groups an item takes (groups_per_item's by default); programs_per_sm: programs launched an SM (162 registers a
     thread allow 3 at once; the others start as those end, and find tickets or none: 4 measured 0.0725 against
-    0.0784 ms with 3 at Klein's hidden rows); buffers: 2 loads each next item under this one's wait and codes."""
+    0.0784 ms with 3 at Klein's hidden rows)."""
     m, k = x.shape
     g = groups or groups_per_item(k // GROUP)
     chunks = k // (GROUP * g)
@@ -215,15 +190,14 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: i
     if counters is None or not (codes.is_contiguous() and scales.is_contiguous()):
         return False
     programs = min(blocks * chunks, sm_count(x.device) * programs_per_sm)
-    pmax = torch.empty(m, chunks, dtype=torch.float32, device=x.device)
+    pmax = torch.empty(chunks, m, dtype=torch.float32, device=x.device)
     layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_Q], gl.bfloat16)
     h = hadamard_bf16(BLOCK_Q, x.device, halved=True)
     try:
         _plain_quant_kernel[(programs,)](
             TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_Q], layout),
             TensorDescriptor.from_tensor(h, [BLOCK_Q, BLOCK_Q], layout), codes, scales, pmax, counters,
-            counters[blocks:], m, k, chunks, blocks * chunks, G=g, CHUNKS_P2=triton.next_power_of_2(chunks),
-            BUFFERS=buffers, num_warps=4, enable_fp_fusion=False)
+            counters[blocks:], m, k, chunks, blocks * chunks, G=g, num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError) as e:
         UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")

@@ -34,16 +34,15 @@ def desc(shape):
     return mangle_type(kq.TensorDescriptor(Rows, shape, [shape[1], 1], block,
                                            gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)))
 found = {}
-for groups, buffers in ((1, 1), (2, 1), (3, 1), (1, 2)):
+for groups in (1, 2, 3):
     sig = {"x_desc": desc([4608, 9216]), "h_desc": desc([64, 64]), "q_ptr": "*i8", "s_ptr": "*fp32",
            "pmax_ptr": "*fp32", "count_ptr": "*i32", "work_ptr": "*i32", "M": "i32", "K": "i32", "CHUNKS": "i32",
-           "ITEMS": "i32", "G": "constexpr", "CHUNKS_P2": "constexpr", "BUFFERS": "constexpr"}
-    constants = {"G": groups, "CHUNKS_P2": {1: 64, 2: 32, 3: 16}[groups], "BUFFERS": buffers}
-    src = GluonASTSource(kq._plain_quant_kernel, sig, constants)
+           "ITEMS": "i32", "G": "constexpr"}
+    src = GluonASTSource(kq._plain_quant_kernel, sig, {"G": groups})
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
     ordered = r"(?:atom|red|ld)\\.global\\.gpu\\.(acquire|release|acq_rel)"
-    found[f"{groups}/{buffers}"] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+    found[groups] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
                      "atomics": sorted(set(re.findall(ordered, ptx))),
                      "tma": "cp.async.bulk.tensor" in ptx, "shared": built.metadata.shared}
 print(json.dumps(found))
@@ -60,9 +59,8 @@ def test_builds_for_the_h200_rotating_on_bf16_wgmma_with_ordered_counters():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"], groups
         assert built["atomics"] == ["acq_rel", "acquire", "release"], groups  # count in, wait, last to finish
         assert built["tma"], groups
-        # x's blocks (32 KB a group, one or two items') and H_64 / 2: three programs an SM at two groups (or one
-        # group in two buffers), two at three
-        assert built["shared"] <= {"1/1": 76, "2/1": 76, "3/1": 113, "1/2": 76}[groups] * 1024, (groups, built)
+        # x's blocks (32 KB a group) and H_64 / 2: three programs an SM at two groups, two at three
+        assert built["shared"] <= {"1": 76, "2": 76, "3": 113}[groups] * 1024, (groups, built["shared"])
 
 
 def test_taken_only_for_hidden_rows_and_whole_groups():
@@ -101,8 +99,7 @@ def test_the_launcher_splits_rows_into_items_and_counts_programs(monkeypatch):
     assert int8_quant_hopper.launch(x, codes, scales)
     (grid, args, kwargs), = fake.launches
     assert grid == (528,) and kwargs["G"] == 2 and args[0] == ((4608, 9216), (64, 64))
-    assert args[-4:] == (4608, 9216, 18, 72 * 18) and args[4].shape == (4608, 18)
-    assert kwargs["CHUNKS_P2"] == 32 and kwargs["BUFFERS"] == 1
+    assert args[-4:] == (4608, 9216, 18, 72 * 18) and args[4].shape == (18, 4608)
     assert args[5].data_ptr() == kept.data_ptr() and args[6].data_ptr() == kept[72:].data_ptr()
     assert int8_quant_hopper.launch(x[:100], codes[:100], scales[:100], groups=3, programs_per_sm=2)
     assert fake.launches[-1][0] == (24,) and fake.launches[-1][2]["G"] == 3  # 2 row blocks x 12 chunks
