@@ -3,8 +3,8 @@ memory until their row scales are known.
 
 Issue 4. kernels/int8_quant.py's math for rows with no prologue (here the MLP's hidden rows after UP's SwiGLU
 epilogue: `chosen`), group 256, bit for bit its kernels' (the same matrix-core sums: u_a (H_64 / 2) by wgmma, then
-the radix-4 butterfly; tests/kernels/test_int8_quant_hopper.py). Its two launches move 7 bytes a value (x read, the rotated
-rows written and read back, the codes written); this one 3: x read once by TMA, the codes written.
+the radix-4 butterfly; tests/kernels/test_int8_quant_hopper.py). Its two launches move 7 bytes a value (x read,
+the rotated rows written and read back, the codes written); this one 3: x read once by TMA, the codes written.
 A work item is 64 rows x G groups (a chunk of a row block's columns). Its rotated rows are rounded to bf16 into the
 shared memory x came in, and its rows' partial absmax go to global memory. Once every chunk of the row block has
 counted itself in (an int32 counter a row block, in kernels/arrival_counters.py's kept buffers), each item reads all
