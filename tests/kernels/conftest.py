@@ -24,6 +24,28 @@ if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 
+# The start of a child Python that builds a Gluon kernel for the H200 on this host (compiler_env's): the compiler's
+# entry points, and stand-ins for tensors (what a tensor descriptor reads of its tensor: a 16-byte-aligned base of a
+# dtype).
+GLUON_BUILD = """
+import json, re, torch
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
+import triton
+class Codes:
+    dtype = torch.int8
+    @staticmethod
+    def data_ptr():
+        return 0
+class Rows(Codes):
+    dtype = torch.bfloat16
+class Residual(Codes):
+    dtype = torch.float32
+"""
+
+
 def compiler_env() -> dict:
     """The environment of a child Python that builds kernels for a GPU on this host: Triton compiling, not
     interpreted (the interpreter replaces triton.jit), the repository and this folder (sm90_builds) importable."""

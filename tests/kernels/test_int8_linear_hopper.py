@@ -8,25 +8,10 @@ import sys
 
 import pytest
 import torch
-from conftest import assert_within_one_bf16_step, compiler_env
+from conftest import GLUON_BUILD, assert_within_one_bf16_step, compiler_env
 
-BUILD = """
-import json, re, torch
+BUILD = GLUON_BUILD + """
 from kernels import int8_linear_hopper as kh
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
-import triton
-class Codes:  # what a tensor descriptor reads of its tensor: a 16-byte-aligned base of a dtype
-    dtype = torch.int8
-    @staticmethod
-    def data_ptr():
-        return 0
-class Rows(Codes):
-    dtype = torch.bfloat16
-class Residual(Codes):
-    dtype = torch.float32
 t = kh.TILE
 def desc(base, shape, block, dtype):
     strides = [shape[1] * shape[2], shape[2], 1] if len(shape) == 3 else [shape[1], 1]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import compiler_env
+from conftest import GLUON_BUILD, compiler_env
 from test_int8_quant import poisoned_outputs, rows_like_activations
 
 from kernels import int8_quant_hopper
@@ -16,19 +16,8 @@ from kernels.arrival_counters import counters_left
 from kernels.hadamard import hadamard
 from kernels.int8_quant import quantize_rows
 
-BUILD = """
-import json, re, torch
+BUILD = GLUON_BUILD + """
 from kernels import int8_quant_hopper as kq
-from triton.backends.compiler import GPUTarget
-from triton.experimental.gluon import language as gl
-from triton.experimental.gluon._runtime import GluonASTSource
-from triton.runtime.jit import mangle_type
-import triton
-class Rows:  # what a tensor descriptor reads of its tensor: a 16-byte-aligned base of a dtype
-    dtype = torch.bfloat16
-    @staticmethod
-    def data_ptr():
-        return 0
 def desc(shape):
     block = [kq.BLOCK_M, kq.BLOCK_Q]
     return mangle_type(kq.TensorDescriptor(Rows, shape, [shape[1], 1], block,
