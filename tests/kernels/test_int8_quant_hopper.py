@@ -93,7 +93,7 @@ def test_the_launcher_splits_rows_into_items_and_counts_programs(monkeypatch):
     assert int8_quant_hopper.launch(x[:100], codes[:100], scales[:100], groups=3, programs_per_sm=2)
     assert fake.launches[-1][0] == (24,) and fake.launches[-1][2]["G"] == 3  # 2 row blocks x 12 chunks
     assert not int8_quant_hopper.launch(torch.zeros(65536, 256, dtype=torch.bfloat16), *poisoned_outputs(
-        65536, 256, "cpu"))  # 1024 row blocks: no counters kept
+        65536, 256, "cpu"))  # 1024 row blocks: past the stand-in's 128 counters, as in a capture before a warm-up
     assert len(fake.launches) == 2
 
 
