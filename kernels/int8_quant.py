@@ -254,11 +254,11 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if m == 0:
         return codes, scales
-    one_pass = norm is None and act is None and int8_quant_hopper.chosen(m, k)
+    plain = norm is None and act is None
+    one_pass = plain and int8_quant_hopper.chosen(m, k)
     if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
     split, groups = (4 if group == 256 else 1), k // group
-    plain = norm is None and act is None
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
