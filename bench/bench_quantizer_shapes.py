@@ -8,7 +8,9 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 --one-pass: only plain rows, kernels/int8_quant_hopper.py's one pass (by groups an item and programs an SM) beside
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
-On the device: python bench/bench_quantizer_shapes.py [--one-pass] (bench/device_session.sh quantizer_shapes).
+--turned: only attention outputs, kernels/int8_quant_turned.py's pass (rows whose v was turned by H_64) by rows and
+warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
+On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned] (device_session.sh quantizer_shapes).
 """
 import sys
 from pathlib import Path
@@ -25,6 +27,7 @@ from kernels import int8_codes, int8_quant_hopper  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
+from kernels.int8_quant_turned import quantize_turned  # noqa: E402
 
 M, TEXT_ROWS, RUNS = 4608, 512, 30
 GEN = torch.Generator().manual_seed(0)
@@ -101,6 +104,21 @@ def one_pass_table() -> list[str]:
     return out
 
 
+def turned_table() -> list[str]:
+    out = ["| attention output rows | rotate + codes passes ms | turned pass ms (rows / warps a program) | floor ms |",
+           "|---|---|---|---|"]
+    for m, k in ((M, 3072), (M, 3840), (TEXT_ROWS, 3072)):
+        t = rows(m, k, torch.bfloat16)
+        codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
+        timed = [f"default {graph_ms(lambda t=t: quantize_rows(t, 256, turned=True)):.4f}"]
+        for r, nw in ((1, 2), (1, 4), (2, 4), (2, 8), (4, 8)):
+            fn = lambda t=t, r=r, nw=nw: quantize_turned(t, out=(codes, scales), rows=r, num_warps=nw)  # noqa: E731
+            timed.append(f"{r}/{nw} {graph_ms(fn):.4f}")
+        out.append(f"| {m}x{k} | {graph_ms(lambda t=t: quantize_rows(t, 256)):.4f} | {', '.join(timed)} | "
+                   f"{t.numel() * 3 / 4e12 * 1e3:.4f} |")
+    return out
+
+
 def codes_table() -> list[str]:
     out = ["| K | rows/columns/warps a program | codes ms | floor ms |", "|---|---|---|---|"]
     for k in (3072, 3840, 9216, 10240):
@@ -137,5 +155,7 @@ if __name__ == "__main__":
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, group 256\n")
     if "--one-pass" in sys.argv:
         print("\n".join(one_pass_table()))
+    elif "--turned" in sys.argv:
+        print("\n".join(turned_table()))
     else:
         print("\n".join(one_pass_table() + [""] + quantizer_table() + [""] + codes_table() + [""] + gated_table()))

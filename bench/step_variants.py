@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-two-pass-quant", action="store_true", help="also ours INT8 graphed with plain "
                         "rows quantized by the Triton passes where the Hopper one-pass kernel runs "
                         "(kernels.int8_quant_hopper.ENABLED off)")
+    parser.add_argument("--variant-unturned-v", action="store_true", help="also ours INT8 graphed with v not "
+                        "turned in the QKV, OUT's rows rotated by the rotate pass (dit_core.block_gpu.TURN_V off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -46,5 +48,6 @@ def variants(args) -> list:
         ("norm statistics uncarried", flux3_klein, "NormStats", _Uncarried)] * args.variant_uncarried + [
         ("codes first columns first", int8_codes, "LAST_FIRST", False)] * args.variant_codes_first_first + [
         ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
+        ("v not turned", block_gpu, "TURN_V", False)] * args.variant_unturned_v + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

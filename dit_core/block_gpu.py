@@ -33,13 +33,20 @@ from .weights import Linear
 # Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
 # MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
 CHUNK = 8192
+# v turned by H_64 in the fused QKV for an INT8 OUT where it can (_turns_v); benchmarks time both.
+TURN_V = True
+
+
+def kernels():
+    """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
+    in ComfyUI."""
+    parent = __package__.rpartition(".")[0]
+    return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
 
 
 def run(op: str, *args, **kwargs):
-    """kernels.run: op's Triton launcher, or its reference where the device can't run it. kernels/ is the
-    sibling package of dit_core: top level in tests and tools, inside the custom-node package in ComfyUI."""
-    parent = __package__.rpartition(".")[0]
-    return importlib.import_module(f"{parent}.kernels" if parent else "kernels").run(op, *args, **kwargs)
+    """kernels.run: op's Triton launcher, or its reference where the device can't run it."""
+    return kernels().run(op, *args, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -72,15 +79,29 @@ def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
     return F.linear(x_bf16, lin.weight, bias)
 
 
-def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence):
-    """q, k, v [G, heads, g, D] (normed, turned) from QKV's input rows h: one INT8 product with the head norm
-    and rotary in its epilogue (q, k, v never stored as one [rows, 3 heads D] output) where it can, else the
-    product and then head_norm_rope."""
+def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
+    """Whether QKV's product takes the head norm and rotary in its epilogue: INT8, every column of a head turned,
+    and a tile holding whole heads (D a power of two >= 16)."""
+    return qkv.int8 and 2 * s.cos.shape[-1] == a.head and a.head >= 16 and a.head & (a.head - 1) == 0
+
+
+def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence) -> bool:
+    """Whether v leaves the fused QKV turned by H_64 (each 64 columns of a head), so that OUT's INT8 ConvRot rows
+    need only the radix-4 step (kernels/int8_quant_turned.py: 3 bytes a value moved, not the rotate pass's 7):
+    attention is linear in v, so its output arrives turned too."""
+    return (TURN_V and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
+            and kernels().int8_quant_turned.fits(a.heads * a.head, out.group))
+
+
+def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: bool = False):
+    """q, k, v [G, heads, g, D] (normed, turned; v by H_64 where turn_v) from QKV's input rows h: one INT8
+    product with the head norm and rotary in its epilogue (q, k, v never stored as one [rows, 3 heads D] output)
+    where it can, else the product and then head_norm_rope."""
     q, sc, xb = h
-    # The fused epilogue turns every column of a head, and a tile holds whole heads (D a power of two >= 16).
-    if lin.int8 and 2 * s.cos.shape[-1] == a.head and a.head >= 16 and a.head & (a.head - 1) == 0:
+    if _fused_heads(a, lin, s):
         return run("qkv_rope_linear", q, sc, lin.weight, lin.scale, lin.bias, a.heads, a.head, q_weight, k_weight,
-                   s.cos, s.sin, a.qk_eps, group=s.group, angles=s.angles.as_args() if s.angles else None)
+                   s.cos, s.sin, a.qk_eps, group=s.group, angles=s.angles.as_args() if s.angles else None,
+                   turn_v=turn_v)
     return run("head_norm_rope", _product(q, sc, xb, lin), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
                a.qk_eps, group=s.group)
 
@@ -141,14 +162,14 @@ class GpuBlock:
         return GpuBlock(tuple(w))
 
     def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
-              act=None, stats=None, row_starts=None):
+              act=None, stats=None, row_starts=None, turned=False):
         """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
-        norm's row statistics when already known; row_starts: Sequence.starts), else the same math in BF16
-        through torch."""
+        norm's row statistics when already known; row_starts: Sequence.starts; turned: an attention's output
+        whose v was turned, _turns_v), else the same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
-                       shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts)
+                       shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts, turned=turned)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())
@@ -196,12 +217,14 @@ class GpuBlock:
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
                        stats=given)
-        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s))
+        turn = _turns_v(a, w[QKV], w[OUT], s)
+        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
-        self._branch_into(a, x, self._rows(a, o, w[OUT]), w[OUT], w[POST_ATTN], m.attn_gate, row_map, stats)
+        self._branch_into(a, x, self._rows(a, o, w[OUT], turned=turn), w[OUT], w[POST_ATTN], m.attn_gate, row_map,
+                          stats)
         carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
@@ -231,8 +254,9 @@ class GpuBlock:
         h = self._rows(a, x, w[QKV], **mod, stats=given)
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
         h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
-        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s), keys_values)
-        o_rows, summed = self._rows(a, o, w[OUT]), w[OUT].int8 and w[DOWN].int8
+        turn = _turns_v(a, w[QKV], w[OUT], s)  # (keys_values then keeps and returns v turned: one block's own)
+        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values)
+        o_rows, summed = self._rows(a, o, w[OUT], turned=turn), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)
         else:

@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from . import int8_quant_hopper
+from . import int8_quant_hopper, int8_quant_turned
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
@@ -79,9 +79,12 @@ def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shif
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-              act=None, out=None, stats=None, row_starts=None):
+              act=None, out=None, stats=None, row_starts=None, turned=False):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
-    changes nothing here."""
+    changes nothing here. turned: x's 64-column blocks already turned by H_64 (kernels/int8_quant_turned.py)."""
+    if turned:
+        q, s = int8_quant_turned.reference(x)
+        return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
                        row_map=row_map, act=act, stats=stats)
     m, k = u.shape
@@ -239,8 +242,8 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, row_starts=None, block_m=64, num_warps=4, num_stages=None,
-                  row_programs=None):
+                  act=None, out=None, stats=None, row_starts=None, turned=False, block_m=64, num_warps=4,
+                  num_stages=None, row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
     (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
@@ -250,8 +253,14 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     with one modulation row: 248 registers against 207). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
     num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
     block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
-    normed or activated rows 2 stages and 0."""
+    normed or activated rows 2 stages and 0. turned: plain rows whose 64-column blocks are already turned by H_64
+    (an attention's output of a v turned by qkv_rope_linear's turn_v): kernels/int8_quant_turned.py's one pass."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
+    if turned:
+        if norm is not None or act is not None or not int8_quant_turned.fits(k, group):
+            raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {int8_quant_turned.GROUP}, "
+                             f"at most {int8_quant_turned.MAX_K} features; got {k} in groups of {group}")
+        return int8_quant_turned.quantize_turned(x.to(torch.bfloat16).contiguous(), out=(codes, scales))
     if m == 0:
         return codes, scales
     plain = norm is None and act is None

@@ -23,6 +23,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear, int8_linear_hopper
+from .hadamard import hadamard, hadamard_bf16
 from .int8_products import dequantized, products, tile_of
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16, rounded_bf16
@@ -34,18 +35,29 @@ except ImportError:  # torch without Triton: reference() still imports
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
+TURN = 64  # turn_v's blocks of columns: H_256 = H4 (x) H_64, the H_64 factor taken here (kernels/int8_quant_turned.py)
 
-def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, angles=None):
-    """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16. (angles:
-    the tables' factors, read only by the Hopper epilogue: the tables are the rotary's truth.)"""
+
+def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, angles=None,
+              turn_v=False):
+    """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16, v turned
+    where asked. (angles: the tables' factors, read only by the Hopper epilogue: the tables are the rotary's
+    truth.)"""
     qkv = int8_linear.reference(q, s_x, w, s_w, bias)
-    return head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
+    q, k, v = head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
+    return (q, k, turn_v_reference(v)) if turn_v else (q, k, v)
+
+
+def turn_v_reference(v: torch.Tensor) -> torch.Tensor:
+    """v [..., D] with each 64 columns times H_64, rounded once to bf16 (the exact products' sums in float64)."""
+    blocks = v.double().reshape(*v.shape[:-1], v.shape[-1] // TURN, TURN)
+    return (blocks @ hadamard(TURN, torch.float64).to(v.device)).reshape(v.shape).to(torch.bfloat16)
 
 
 @triton_jit
-def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, M, N, K, HD, eps,
-                     M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
-                     EVEN_K: tl.constexpr,
+def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, h_ptr, out_ptr, M, N, K, HD,
+                     eps, M_TUNE, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                     EVEN_K: tl.constexpr, TURN_V: tl.constexpr, DOT_DTYPE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                      TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr):
     # SUBTILE: int8_linear's configs carry it (pruned here: this epilogue takes whole tiles).
@@ -58,19 +70,20 @@ def _qkv_rope_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, si
         b_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1], block_shape=[BLOCK_N, BLOCK_K])
     if PERSISTENT:
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
-            _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc,
-                           b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K, BLOCK_M,
-                           BLOCK_N, BLOCK_K, GROUP_M, TMA)
+            _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, h_ptr, out_ptr,
+                           a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                           TURN_V, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
     else:
-        _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr,
-                       a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K, BLOCK_M,
-                       BLOCK_N, BLOCK_K, GROUP_M, TMA)
+        _qkv_rope_tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, h_ptr,
+                       out_ptr, a_desc, b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS, HAS_NORM, D, WIDE, EVEN_K,
+                       TURN_V, DOT_DTYPE, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, TMA)
 
 
 @triton_jit
-def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, out_ptr, a_desc, b_desc,
-                   M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
-                   D: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr, sin_ptr, h_ptr, out_ptr, a_desc,
+                   b_desc, M, N, K, HD, eps, tiles_m, tiles_n, HAS_BIAS: tl.constexpr, HAS_NORM: tl.constexpr,
+                   D: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, TURN_V: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr):
     R: tl.constexpr = D // 2
     HT: tl.constexpr = BLOCK_N // D  # whole heads in the tile
@@ -97,6 +110,11 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
         s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
         turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
         y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N))
+    elif TURN_V:  # each 64 columns of v times H_64: exact products of the bf16 values, f32 sums
+        hq = tl.arange(0, 64)
+        h = tl.load(h_ptr + hq[:, None] * 64 + hq[None, :]).to(DOT_DTYPE)
+        blocks = tl.reshape(y, (BLOCK_M * (BLOCK_N // 64), 64)).to(DOT_DTYPE)
+        y = tl.reshape(tl.dot(blocks, h, input_precision="ieee", out_dtype=tl.float32), (BLOCK_M, BLOCK_N))
     # [3, M, heads, D]: the tile's columns within q, k or v, at row m; 32-bit offsets within a plane below 2^31
     # outputs (WIDE off): a [BLOCK_M, BLOCK_N] tensor of 64-bit ones takes twice the registers.
     row = rm.to(tl.int64) if WIDE else rm
@@ -124,13 +142,15 @@ def _autotuned():
 
 
 def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0,
-                    tiles=None, angles=None):
+                    tiles=None, angles=None, turn_v=False):
     """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
     group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
     holds whole heads, else autotuned over tiles that do) or int8_linear's form. angles: None, or the factors of
     cos's and sin's angles (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3:
-    kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them."""
+    kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them.
+    turn_v: v's each 64 columns leave times H_64, bf16(v H_64) (turn_v_reference; head a multiple of 64), so that
+    the attention's output rows need only kernels/int8_quant_turned.py's pass to be ConvRot codes."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -141,6 +161,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     if angles is not None and (tuple(angles[0].shape) != (m, 4) or tuple(angles[1].shape) != (2, head // 2)):
         raise ValueError(f"qkv_rope_linear: angles' positions [{m}, 4] and freqs [2, {head // 2}], got "
                          f"{tuple(angles[0].shape)} and {tuple(angles[1].shape)}")
+    if turn_v and head % TURN:
+        raise ValueError(f"qkv_rope_linear: turn_v turns v by blocks of {TURN} columns within a head, not {head}")
     if (q_weight is None) != (k_weight is None):
         raise ValueError("qkv_rope_linear: q and k are normed together (both weights or neither)")
     out = torch.empty(3, m, heads, head, dtype=torch.bfloat16, device=q.device)
@@ -151,17 +173,19 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             q, out, heads * head * 2) is None and int8_linear_hopper.launch(
             q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
-            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps):
+            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn_v=turn_v):
         return views
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None
     tiles = tiles or fixed
     weights = head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
-            bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(), out, m, n,
-            k, heads * head, eps, tune_bucket(m))
+            bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(),
+            hadamard_bf16(TURN, q.device) if turn_v else s_x, out, m, n, k, heads * head, eps, tune_bucket(m))
+    # TURN_V's products: bf16 on the matrix cores, f32 on the CPU (the interpreter multiplies bf16 as 16-bit ints)
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head, "WIDE": m * n >= 2**31,
-             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0}
+             "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0, "TURN_V": turn_v,
+             "DOT_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32}
     grid = launch_grid(m, n, q.device)
     if tiles is None:
         _autotuned()[grid](*args, **flags, enable_fp_fusion=False)

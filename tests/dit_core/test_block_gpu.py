@@ -10,13 +10,15 @@ from conftest import rel_err
 from tiny_models import random_block, random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
-from dit_core.block import Block
+from dit_core import block_gpu
+from dit_core.block import OUT, QKV, Block
 from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.streaming import StreamedBlocks
 from dit_core.weights import Linear, TensorSource
+from kernels.qkv_rope_linear import turn_v_reference
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -125,21 +127,28 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
                       group=group).to(DEV)
     extra = [torch.randn(512, a.heads, a.head, generator=g).to(DEV) for _ in range(2)]
     seen = []
+    int8 = GpuBlock.of(host.quantized(), DEV)
+    turned = block_gpu._turns_v(a, int8.w[QKV], int8.w[OUT], seq)  # the INT8 block's v turned by H_64 (Klein: yes)
 
-    def keys_values(k, v):
-        seen.append((k.float(), v.float()))
-        if hook == "extend":
-            return torch.cat([k, extra[0].to(k.dtype)]), torch.cat([v, extra[1].to(v.dtype)])
-        return k, v
+    def keys_values(turn):
+        """The hook as a block sees it: v turned where the block turns it, so rows kept from it come turned."""
+        def recorded(k, v):
+            seen.append((k.float(), v.float()))
+            if hook == "extend":
+                v_extra = turn_v_reference(extra[1]) if turn else extra[1]
+                return torch.cat([k, extra[0].to(k.dtype)]), torch.cat([v, v_extra.to(v.dtype)])
+            return k, v
+        return None if hook is None else recorded
 
-    kv = None if hook is None else keys_values
-    emulated = on_gpu(host.quantized()).parallel(a, x.double(), mods, seq, kv).float()
-    bf16 = on_gpu(host.dequantized(torch.bfloat16)).parallel(a, x, mods, seq, kv)
-    out = GpuBlock.of(host.quantized(), DEV).parallel(a, x, mods, seq, kv)
+    emulated = on_gpu(host.quantized()).parallel(a, x.double(), mods, seq, keys_values(False)).float()
+    bf16 = on_gpu(host.dequantized(torch.bfloat16)).parallel(a, x, mods, seq, keys_values(False))
+    out = int8.parallel(a, x, mods, seq, keys_values(turned))
     assert rel_err(out, emulated) <= 1e-2
     assert rel_err(out, bf16) <= 3e-2
-    assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, kv), bf16) <= 1e-2
-    for ours, theirs in zip(seen[2], seen[0]) if kv else ():
+    assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, keys_values(False)),
+                   bf16) <= 1e-2
+    for i, (ours, theirs) in enumerate(zip(seen[2], seen[0]) if hook else ()):  # k, then v
+        theirs = turn_v_reference(theirs).float() if turned and i == 1 else theirs
         assert ours.shape == theirs.shape == (rows, a.heads, a.head) and rel_err(ours, theirs) <= 1e-2
     if hook is None:  # the next block's norm statistics from this block's gated DOWN product (the Hopper parts)
         carry = NormStats.of(x)

@@ -8,19 +8,22 @@ from tiny_models import random_block
 
 from dit_core import block_gpu
 from dit_core.arch import Arch
-from dit_core.block import Block
+from dit_core.block import OUT, QKV, Block
 from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.step_cache import StepCache, joint_blocks
+from kernels.qkv_rope_linear import turn_v_reference
 
 CPU = torch.device("cpu")
 
 
-def arch(norm: str) -> Arch:
+def arch(norm: str, rope_axes=(8, 12, 12)) -> Arch:
+    """(8, 12, 12): rotary on half of each head, so QKV's product and head_norm_rope run apart; (16, 24, 24): every
+    column turned, the fused QKV (and v turned for OUT: _turns_v)."""
     return Arch(family="test", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
                 text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
-                rope_axes=(8, 12, 12), rope_theta=256.0, norm=norm)
+                rope_axes=rope_axes, rope_theta=256.0, norm=norm)
 
 
 def inputs(a: Arch, rows: int, group: int):
@@ -164,3 +167,39 @@ def test_norm_statistics_carried_between_parallel_blocks(norm):
     GpuBlock.of(random_block(a, sandwich=False).dequantized(torch.bfloat16), CPU).parallel(a, x, mods, seq,
                                                                                           carry=carry)
     assert not carry.ready
+
+
+@pytest.mark.parametrize("norm,sandwich", [("rms", True), ("layer", False)])
+def test_v_turned_for_out(norm, sandwich):
+    """The fused QKV turns v by H_64 where OUT is INT8 ConvRot of 256 (_turns_v), and OUT's rows take the turned
+    quantizer: forward and parallel still match the host block, whose v is not turned; a keys_values hook sees v
+    turned and may add rows it kept from the same block."""
+    a = arch(norm, rope_axes=(16, 24, 24))
+    x, mods, _ = inputs(a, 128, 0)
+    positions, row_map = torch.randint(0, 64, (128, 3), generator=torch.Generator().manual_seed(1)), torch.zeros(128)
+    seq, first_rows = (sequence_of(positions[:n], row_map[:n].long(), a.rope_axes, a.rope_theta) for n in (128, 100))
+    block = random_block(a, sandwich, seed=7)
+    gpu, host = GpuBlock.of(block.quantized(), CPU), block.quantized()
+    assert block_gpu._turns_v(a, gpu.w[QKV], gpu.w[OUT], seq)
+    assert not block_gpu._turns_v(a, gpu.w[QKV], GpuBlock.of(block.dequantized(), CPU).w[OUT], seq)  # BF16 OUT
+    ref = host.forward(a, x.double(), mods, seq).float()
+    assert rel_err(gpu.forward(a, x.clone(), mods, seq), ref) <= 1e-2
+    seen, kept = {}, {}
+
+    def record(name):
+        def hook(k, v):
+            seen[name] = v.float()
+            return k, v
+        return hook
+    ref = host.parallel(a, x.double(), mods, seq, record("host")).float()
+    assert rel_err(gpu.parallel(a, x, mods, seq, record("gpu")), ref) <= 1e-2
+    assert rel_err(seen["gpu"], turn_v_reference(seen["host"]).float()) <= 1e-2
+
+    def keep(k, v):  # StepCache's refresh: the last 28 rows' keys and values kept, then given back
+        kept.update(k=k[100:].clone(), v=v[100:].clone())
+        return k, v
+    whole = gpu.parallel(a, x, mods, seq, keep)
+    for v_kept, err in ((kept["v"], 1e-3), (turn_v_reference(kept["v"]), None)):  # as kept; turned back (wrong)
+        again = gpu.parallel(a, x[:100], mods, first_rows,
+                             lambda k, v: (torch.cat([k, kept["k"]]), torch.cat([v, v_kept])))
+        assert (rel_err(again, whole[:100]) <= err) if err else (rel_err(again, whole[:100]) > 1e-2)

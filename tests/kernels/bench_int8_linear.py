@@ -131,6 +131,13 @@ def bench_shape(name, k, n, runs, kitchen):
         "ours: quantizer alone": lambda: quantize_rows(x, GROUP, out=(q, s_x)),
         "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
     }
+    if name == "out":  # the attention's output arrives turned by H_64 where the QKV turned v (block_gpu._turns_v)
+        t = (x.float().reshape(M, k // 64, 64) @ hadamard(64).cuda()).reshape(M, k).to(torch.bfloat16)
+        turned = int8_linear(*quantize_rows(t, GROUP, turned=True), codes, s_w, bias)
+        checks.append(f"ours, rows turned, vs f32: {rel_err(turned, exact):.2e}")
+        contenders["ours: turned quantize + GEMM"] = lambda: int8_linear(*quantize_rows(t, GROUP, turned=True),
+                                                                        codes, s_w, bias, out=out)
+        contenders["ours: turned quantizer alone"] = lambda: quantize_rows(t, GROUP, turned=True, out=(q, s_x))
     for label, fn in kitchen.items():
         try:
             checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")
@@ -241,8 +248,10 @@ def bench_qkv_rope(runs):
                                            tiles=t and launch_of(t))[i], expected[i])
                for t in QKV_ROPE_TILES.values() for i in range(3))
     alone = time_or_note(lambda: int8_linear(q, s_x, w, s_w, bias), runs, True)
+    turned = time_or_note(lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, *norms, cos, sin, turn_v=True),
+                          runs, True)
     return [f"| QKV 3840x11520 + head norm + rotary | {alone} | {time_or_note(two, runs, True)} | " + " | ".join(cells)
-            + f" | {same} |"]
+            + f" | {turned} | {same} |"]
 
 
 def bench_tail_split(runs):
@@ -359,8 +368,8 @@ def print_quantizer_tables(runs):
 def print_qkv_table(runs):
     print("\nQKV with the head norm and rotary, ms in a CUDA graph (cos/sin tables given):\n")
     print("| work | the product alone | int8_linear + head_norm_rope | " + " | ".join(
-        f"fused, {t}" for t in QKV_ROPE_TILES) + " | q, k, v equal to the default's |")
-    print("|---|---|---|" + "---|" * len(QKV_ROPE_TILES) + "---|")
+        f"fused, {t}" for t in QKV_ROPE_TILES) + " | default, v turned | q, k, v equal to the default's |")
+    print("|---|---|---|" + "---|" * len(QKV_ROPE_TILES) + "---|---|")
     print("\n".join(bench_qkv_rope(runs)))
 
 

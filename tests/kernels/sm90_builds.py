@@ -51,18 +51,28 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
-def qkv_rope_case(persistent: bool):
-    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent."""
+def qkv_rope_case(persistent: bool, turn_v: bool = False):
+    """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent;
+    turn_v: v's 64-column blocks times H_64 on the matrix cores."""
+    import triton.language as tl
     from kernels.int8_tiles import HOPPER_TILES, launch_of
     from kernels.qkv_rope_linear import _qkv_rope_kernel
     tile = launch_of(HOPPER_TILES["qkv_rope"])
     launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
     signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
-                 "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "out_ptr": "*bf16", "M": "i32", "N": "i32",
-                 "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
+                 "nw_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32", "h_ptr": "*bf16", "out_ptr": "*bf16",
+                 "M": "i32", "N": "i32", "K": "i32", "HD": "i32", "eps": "fp32", "M_TUNE": "i32"}
     constants = {"HAS_BIAS": True, "HAS_NORM": True, "D": 128, "WIDE": False, "EVEN_K": True, **tile,
-                 "PERSISTENT": persistent, "SUBTILE": 0}
+                 "PERSISTENT": persistent, "SUBTILE": 0, "TURN_V": turn_v, "DOT_DTYPE": tl.bfloat16}
     return _qkv_rope_kernel, signature, constants, launch
+
+
+def turned_case(k: int = 3840):
+    """kernels/int8_quant_turned.py's pass at an attention output's width (whole rows in registers)."""
+    from kernels.int8_quant_turned import BLOCK, GROUP, _turned_codes_kernel
+    signature = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
+    constants = {"GROUP": GROUP, "BLOCK": BLOCK, "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1}
+    return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
 
 def frontend_cases() -> dict:
@@ -116,6 +126,8 @@ def resource_cases() -> dict:
     cases.update(split_cases())
     cases["qkv_rope, a program a tile (H200 default: 0.402 ms at Z-Image's QKV)"] = qkv_rope_case(False)
     cases["qkv_rope, persistent (0.404 ms)"] = qkv_rope_case(True)
+    cases["qkv_rope, v turned"] = qkv_rope_case(False, turn_v=True)
+    cases["turned rows: radix-4 and codes, K 3840"] = turned_case()
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)

@@ -29,23 +29,26 @@ def pointer_tiles(gated: bool) -> list:
 def consumer_cases() -> dict:
     """name -> (form label, kernel, signature, constants, launch): every pointer-load tile of each INT8 linear form
     and the fused QKV (whole heads of 128), and the quantizer passes at their default launches."""
-    from sm90_builds import CODES, FORMS, linear_case, qkv_rope_case, rotate_case
+    from sm90_builds import CODES, FORMS, linear_case, qkv_rope_case, rotate_case, turned_case
     cases = {}
     for form, one in ((0, False), (1, True), (1, False), (2, False)):
         label = f"int8_linear {FORMS[form]}" + (" one gate row" if one else " (gathered)" if form == 1 else "")
         for tile in pointer_tiles(gated=form == 1):
             cases[f"{label} {tile}"] = (label, *linear_case(form, one, tile))
-    qkv = qkv_rope_case(False)
-    for tile in pointer_tiles(gated=False):
-        if tile["BLOCK_N"] % 128 == 0:  # whole heads of 128 (qkv_rope_linear's pruning)
-            launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
-            cases[f"qkv_rope {tile}"] = ("qkv_rope", qkv[0], qkv[1], {**qkv[2], **tile}, launch)
+    for turn_v in (False, True):
+        qkv = qkv_rope_case(False, turn_v)
+        for tile in pointer_tiles(gated=False):
+            if tile["BLOCK_N"] % 128 == 0:  # whole heads of 128 (qkv_rope_linear's pruning)
+                launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
+                label = "qkv_rope, v turned" if turn_v else "qkv_rope"
+                cases[f"{label} {tile}"] = (label, qkv[0], qkv[1], {**qkv[2], **tile}, launch)
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1)):
         name = f"rotate norm {norm} modulation {has_scale} act {act}"
         cases[name] = (name, *rotate_case(norm, has_scale, act, num_stages=3 if norm == act == 0 else 2))
     from kernels.int8_codes import _codes_kernel
     cases["codes"] = ("codes", _codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                                       "LAST_FIRST": True}, {"num_warps": 4})
+    cases["turned codes"] = ("turned codes", *turned_case())
     # A Hopper-sized ring (5 x 48 KB), to show the shared memory read is the build's: it must not fit these cards.
     cases[TOO_LARGE] = (TOO_LARGE, *linear_case(0, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
                                                            "GROUP_M": 8, "num_warps": 8, "num_stages": 5}))

@@ -25,7 +25,8 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
                         ("gated, with an addend", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
-                        ("qkv, its rotary made from angles", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
+                        ("qkv, its rotary made from angles", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
+                        ("qkv, v turned", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
     a_desc = desc(Codes, [4608, 3840], [bm, bk], gl.int8)
     addend = desc(Rows, [4608, 3840], [bm, bn // 2], gl.bfloat16) if "addend" in name else out
     sig = {"a_desc": a_desc, "b_desc": desc(Codes, [3840, 3840], [bn, bk], gl.int8), "out_desc": out,
@@ -34,7 +35,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_ADDEND": "addend" in name,
               "HAS_NORM": True, "D": 128,
-              "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0,
+              "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0, "TURN_V": "turned" in name,
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
@@ -42,7 +43,8 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
     found[name] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
                    "waits": sorted(set(re.findall(r"wgmma.wait_group.sync.aligned\\s+(\\d+)", ptx))),
                    "setmaxnreg": sorted(set(re.findall(r"setmaxnreg.(?:inc|dec).sync.aligned.u32\\s+(\\d+)", ptx))),
-                   "shared": built.metadata.shared, "cos": ptx.count("cos.approx")}
+                   "shared": built.metadata.shared, "cos": ptx.count("cos.approx"),
+                   "shuffles": ptx.count("shfl.sync.bfly")}
 print(json.dumps(found))
 """
 
@@ -53,7 +55,7 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(found) == 6
+    assert len(found) == 7
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
@@ -61,6 +63,11 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
         assert "224" in built["setmaxnreg"], name  # the second consumer warpgroup's (ping-pong)
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
         assert (built["cos"] > 0) == ("angles" in name), name  # cos and sin on the MUFU, not read from tables
+    # v turned by H_64 in registers: 3 shuffles a pair of values for each of the two digits with a lane bit (two
+    # consumers' 128 x 128 tiles, 128 values a thread), no layout conversion through shared memory
+    turned, plain = found["qkv, v turned"], found["qkv + head norm + rotary"]
+    assert turned["shuffles"] - plain["shuffles"] == 2 * 2 * 64 * 3
+    assert turned["shared"] == plain["shared"]
 
 
 class _FakeKernel:
@@ -256,3 +263,22 @@ def _pair_lengths(t):
     half = t.shape[-1] // 2
     length = (t[..., :half] ** 2 + t[..., half:] ** 2).sqrt()
     return torch.cat([length, length], -1)
+
+
+@pytest.mark.gpu
+@hopper_gpu
+@pytest.mark.parametrize("m,heads", [(4608, 30), (4608, 24), (37, 2)])
+def test_fused_qkv_turned_v(m, heads, monkeypatch):
+    """turn_v: q and k as without it; v turned in registers by warp shuffles (the Hopper epilogue) against the Triton
+    kernel's matrix-core H_64 and the float64 reference, each within a bf16 step (f32 sums in other orders)."""
+    from test_qkv_rope_linear import operands
+
+    from kernels.qkv_rope_linear import qkv_rope_linear, reference
+    ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
+    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, turn_v=True))
+    plain = qkv_rope_linear(**ops)  # (the Triton kernels: _both left the Hopper kernel off)
+    assert torch.equal(hopper[0], _both(monkeypatch, lambda: qkv_rope_linear(**ops))[0][0])
+    assert torch.equal(triton_views[0], plain[0]) and torch.equal(triton_views[1], plain[1])
+    assert_within_one_bf16_step(hopper[2], triton_views[2])
+    assert_within_one_bf16_step(hopper[2], reference(**ops, turn_v=True)[2])
+    assert (hopper[2] != triton_views[2]).float().mean() < 1e-3  # rare: a sum within f32 rounding of a midpoint
