@@ -8,8 +8,8 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
 --one-pass: only plain rows, kernels/int8_quant_hopper.py's one pass (by groups an item and programs an SM) beside
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
---turned: only attention outputs, kernels/int8_quant_turned.py's pass (rows whose v was turned by H_64) by rows and
-warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
+--turned: only attention outputs, kernels/int8_quant_turned.py's pass (rows whose v was turned, and plain rows) by
+rows and warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
 On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned] (device_session.sh quantizer_shapes).
 """
 import sys
@@ -105,17 +105,19 @@ def one_pass_table() -> list[str]:
 
 
 def turned_table() -> list[str]:
-    out = ["| attention output rows | rotate + codes passes ms | turned pass ms (rows / warps a program) | floor ms |",
-           "|---|---|---|---|"]
+    out = ["| attention output rows | rotate + codes passes ms | turned rows' pass ms (rows / warps a program) | "
+           "plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
     for m, k in ((M, 3072), (M, 3840), (TEXT_ROWS, 3072)):
         t = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
-        timed = [f"default {graph_ms(lambda t=t: quantize_rows(t, 256, turned=True)):.4f}"]
-        for r, nw in ((1, 2), (1, 4), (2, 4), (2, 8), (4, 8)):
-            fn = lambda t=t, r=r, nw=nw: quantize_turned(t, out=(codes, scales), rows=r, num_warps=nw)  # noqa: E731
-            timed.append(f"{r}/{nw} {graph_ms(fn):.4f}")
-        out.append(f"| {m}x{k} | {graph_ms(lambda t=t: quantize_rows(t, 256)):.4f} | {', '.join(timed)} | "
-                   f"{t.numel() * 3 / 4e12 * 1e3:.4f} |")
+        timed = {}
+        for turned in (True, False):
+            timed[turned] = [f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu)):.4f}"]
+            for r, nw in ((1, 2), (1, 8), (2, 4), (2, 8), (4, 8)):
+                fn = lambda t=t, tu=turned, r=r, nw=nw: quantize_turned(t, tu, (codes, scales), r, nw)  # noqa: E731
+                timed[turned].append(f"{r}/{nw} {graph_ms(fn):.4f}")
+        out.append(f"| {m}x{k} | {graph_ms(lambda t=t: quantize_rows(t, 256)):.4f} | {', '.join(timed[True])} | "
+                   f"{', '.join(timed[False])} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
 
 

@@ -143,48 +143,24 @@ if gluon is not None:
         return gl.expand_dims(_approx(r, "cos.approx.ftz"), 1), gl.expand_dims(_approx(r, "sin.approx.ftz"), 1)
 
     @gluon.jit
-    def _lane_partner(x, lanes: gl.constexpr):  # the value of the same register in lane ^ lanes (a warp shuffle)
-        return gl.inline_asm_elementwise(f"shfl.sync.bfly.b32 $0, $1, {lanes}, 0x1f, 0xffffffff;", "=r,r", [x],
-                                         dtype=gl.float32, is_pure=True, pack=1)
-
-    @gluon.jit
-    def _h4_halved(x0, x1, x2, x3):
-        """(H4 / 2) along a base-4 digit of four values: out_s = sum / 2 - x_(3 - s) (H4 = ones - 2 antidiagonal)."""
-        half = ((x0 + x1) + (x2 + x3)) * 0.5
-        return half - x3, half - x2, half - x1, half - x0
-
-    @gluon.jit
-    def _h4_halved_across(x0, x1, lanes: gl.constexpr):
-        """_h4_halved along a digit with one bit in registers (x0, x1) and the other the lane bit `lanes`: the
-        partner lane holds the digit's two other values, and each output takes the value with both bits flipped."""
-        pair = x0 + x1
-        half = (pair + _lane_partner(pair, lanes)) * 0.5
-        return half - _lane_partner(x1, lanes), half - _lane_partner(x0, lanes)
-
-    @gluon.jit
     def turned_v(y):
-        """Each 64 columns of the tile y [BM, BN] (bf16 values in f32, wgmma's accumulator layout) times H_64 =
-        (H4 / 2)^(x 3), digit by digit of the column c = 16 d2 + 4 d1 + d0 (qkv_rope_linear's turn_v). In that
-        layout a thread holds columns 8 j + 2 t + e of its rows (t its lane mod 4): so d2 (bits 4-5) lies in its
-        registers, d1 in register bit 3 and lane bit 1, d0 in register bit 0 and lane bit 0; a warp shuffle brings
-        a lane bit's other half. f32 sums, within f32 rounding of turn_v_reference's."""
+        """Each 64 columns of the tile y [BM, BN] (bf16 values in f32, wgmma's accumulator layout) times (H4 / 2)
+        (x) I_16: the top base-4 digit d of the column j = 16 d + e (qkv_rope_linear's turn_v). In that layout a
+        thread holds columns 8 i + 2 t + b of its rows (t its lane mod 4), so d's two bits (4 and 5) lie in its own
+        registers: out_s = sum / 2 - x_(3 - s) (H4 = ones - 2 antidiagonal), no data moved between threads. (The
+        whole of H_64 so, its lower digits by warp shuffles, made the Klein QKV 19% slower on the H200: 802
+        shuffles a tile.)"""
         BM: gl.constexpr = y.shape[0]
         BN: gl.constexpr = y.shape[1]
         layout: gl.constexpr = y.type.layout
         x = gl.permute(gl.reshape(y, [BM, BN // 64, 2, 2, 16]), [0, 1, 4, 2, 3])  # [.., bit 5, bit 4]
         b4_0, b4_1 = gl.split(x)
-        x0, x2 = gl.split(b4_0)  # d2 = 2 bit5 + bit4
+        x0, x2 = gl.split(b4_0)  # d = 2 bit5 + bit4
         x1, x3 = gl.split(b4_1)
-        z0, z1, z2, z3 = _h4_halved(x0, x1, x2, x3)
-        x = gl.join(gl.join(z0, z1), gl.join(z2, z3))  # [.., bit 4, bit 5]
-        y = gl.reshape(gl.permute(x, [0, 1, 4, 3, 2]), [BM, BN])
-        b3_0, b3_1 = gl.split(gl.permute(gl.reshape(y, [BM, BN // 16, 2, 8]), [0, 1, 3, 2]))  # bit 3 last
-        z0, z1 = _h4_halved_across(b3_0, b3_1, 2)
-        y = gl.reshape(gl.permute(gl.join(z0, z1), [0, 1, 3, 2]), [BM, BN])
-        e0, e1 = gl.split(gl.reshape(y, [BM, BN // 2, 2]))  # bit 0 last
-        z0, z1 = _h4_halved_across(e0, e1, 1)
-        # y's own layout again: the same registers' columns, so no data moves (the build tests check none does)
-        return gl.convert_layout(gl.reshape(gl.join(z0, z1), [BM, BN]), layout)
+        half = ((x0 + x1) + (x2 + x3)) * 0.5
+        x = gl.join(gl.join(half - x3, half - x2), gl.join(half - x1, half - x0))  # [.., bit 4, bit 5]
+        # y's own layout again: the same registers' columns, so no data moves (the build tests count shuffles)
+        return gl.convert_layout(gl.reshape(gl.permute(x, [0, 1, 4, 3, 2]), [BM, BN]), layout)
 
     @gluon.jit
     def qkv_epilogue(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps,

@@ -20,8 +20,10 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
 bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). On Hopper, the MLP's
-plain hidden rows take kernels/int8_quant_hopper.py's one pass instead. (Measured slower on
-the H200, docs/benchmarks.md: a one-pass kernel, whole rows in registers, 1.2-2x; the codes written by the rotate
+plain hidden rows take kernels/int8_quant_hopper.py's one pass instead; many plain bf16 rows of up to 8192 features
+(attention outputs), and attention outputs whose v was turned (`turned`), kernels/int8_quant_turned.py's (a row a
+program, its groups' blocks the product's rows). (Measured slower on the H200, docs/benchmarks.md: a one-pass kernel
+for every prologue, whole rows of up to 16384 values in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
 codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics and waits, at 2-5 an SM; the
@@ -51,6 +53,9 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
+# Plain bf16 rows of up to int8_quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
+# (H200, graph ms: 4608 x 3072 0.0307 against these passes' 0.0334, x 3840 0.0320 against 0.0387; 512 x 3072 even).
+WHOLE_ROWS_MIN_M = 2048
 
 
 def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -267,6 +272,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     one_pass = plain and int8_quant_hopper.chosen(m, k)
     if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
+    if plain and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
+            and int8_quant_turned.fits(k, group):
+        return int8_quant_turned.quantize_turned(x, turned=False, out=(codes, scales))
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs

@@ -23,8 +23,9 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear, int8_linear_hopper
-from .hadamard import hadamard, hadamard_bf16
 from .int8_products import dequantized, products, tile_of
+from .int8_quant_turned import BLOCK as TURN
+from .int8_quant_turned import turn_matrix, turned_rows
 from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from .rounding import round_to_bf16, rounded_bf16
 
@@ -35,8 +36,6 @@ except ImportError:  # torch without Triton: reference() still imports
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
-TURN = 64  # turn_v's blocks of columns: H_256 = H4 (x) H_64, the H_64 factor taken here (kernels/int8_quant_turned.py)
-
 
 def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, angles=None,
               turn_v=False):
@@ -45,13 +44,7 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
     truth.)"""
     qkv = int8_linear.reference(q, s_x, w, s_w, bias)
     q, k, v = head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
-    return (q, k, turn_v_reference(v)) if turn_v else (q, k, v)
-
-
-def turn_v_reference(v: torch.Tensor) -> torch.Tensor:
-    """v [..., D] with each 64 columns times H_64, rounded once to bf16 (the exact products' sums in float64)."""
-    blocks = v.double().reshape(*v.shape[:-1], v.shape[-1] // TURN, TURN)
-    return (blocks @ hadamard(TURN, torch.float64).to(v.device)).reshape(v.shape).to(torch.bfloat16)
+    return (q, k, turned_rows(v)) if turn_v else (q, k, v)
 
 
 @triton_jit
@@ -110,7 +103,7 @@ def _qkv_rope_tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, nw_ptr, cos_ptr
         s = tl.load(sin_ptr + angle, mask=mmask[:, None], other=0.0)[:, None, :]
         turned = tl.join(a * c - b * s, b * c + a * s)  # [BM, heads, R, 2]
         y = tl.reshape(tl.permute(turned, (0, 1, 3, 2)), (BLOCK_M, BLOCK_N))
-    elif TURN_V:  # each 64 columns of v times H_64: exact products of the bf16 values, f32 sums
+    elif TURN_V:  # each 64 columns of v times (H4 / 2) (x) I_16: exact products of the bf16 values, f32 sums
         hq = tl.arange(0, 64)
         h = tl.load(h_ptr + hq[:, None] * 64 + hq[None, :]).to(DOT_DTYPE)
         blocks = tl.reshape(y, (BLOCK_M * (BLOCK_N // 64), 64)).to(DOT_DTYPE)
@@ -149,8 +142,9 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     holds whole heads, else autotuned over tiles that do) or int8_linear's form. angles: None, or the factors of
     cos's and sin's angles (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3:
     kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them.
-    turn_v: v's each 64 columns leave times H_64, bf16(v H_64) (turn_v_reference; head a multiple of 64), so that
-    the attention's output rows need only kernels/int8_quant_turned.py's pass to be ConvRot codes."""
+    turn_v: v's each 64 columns leave turned along their top base-4 digit, bf16(v ((H4 / 2) (x) I_16))
+    (int8_quant_turned.turned_rows; head a multiple of 64): the rotation's share that the Hopper epilogue does in
+    registers, so that the attention's output rows go to codes in kernels/int8_quant_turned.py's one pass."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -181,7 +175,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     weights = head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else s_x
     args = (q.contiguous(), s_x.float().contiguous().reshape(-1), w.contiguous(), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else s_x, weights, cos.float().contiguous(), sin.float().contiguous(),
-            hadamard_bf16(TURN, q.device) if turn_v else s_x, out, m, n, k, heads * head, eps, tune_bucket(m))
+            turn_matrix(q.device) if turn_v else s_x, out, m, n, k, heads * head, eps, tune_bucket(m))
     # TURN_V's products: bf16 on the matrix cores, f32 on the CPU (the interpreter multiplies bf16 as 16-bit ints)
     flags = {"HAS_BIAS": bias is not None, "HAS_NORM": q_weight is not None, "D": head, "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0, "TURN_V": turn_v,

@@ -18,7 +18,7 @@ from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.streaming import StreamedBlocks
 from dit_core.weights import Linear, TensorSource
-from kernels.qkv_rope_linear import turn_v_reference
+from kernels.int8_quant_turned import turned_rows
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -135,7 +135,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
         def recorded(k, v):
             seen.append((k.float(), v.float()))
             if hook == "extend":
-                v_extra = turn_v_reference(extra[1]) if turn else extra[1]
+                v_extra = turned_rows(extra[1]) if turn else extra[1]
                 return torch.cat([k, extra[0].to(k.dtype)]), torch.cat([v, v_extra.to(v.dtype)])
             return k, v
         return None if hook is None else recorded
@@ -148,7 +148,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
     assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, keys_values(False)),
                    bf16) <= 1e-2
     for i, (ours, theirs) in enumerate(zip(seen[2], seen[0]) if hook else ()):  # k, then v
-        theirs = turn_v_reference(theirs).float() if turned and i == 1 else theirs
+        theirs = turned_rows(theirs).float() if turned and i == 1 else theirs
         assert ours.shape == theirs.shape == (rows, a.heads, a.head) and rel_err(ours, theirs) <= 1e-2
     if hook is None:  # the next block's norm statistics from this block's gated DOWN product (the Hopper parts)
         carry = NormStats.of(x)

@@ -13,7 +13,7 @@ from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.step_cache import StepCache, joint_blocks
-from kernels.qkv_rope_linear import turn_v_reference
+from kernels.int8_quant_turned import turned_rows
 
 CPU = torch.device("cpu")
 
@@ -193,13 +193,13 @@ def test_v_turned_for_out(norm, sandwich):
         return hook
     ref = host.parallel(a, x.double(), mods, seq, record("host")).float()
     assert rel_err(gpu.parallel(a, x, mods, seq, record("gpu")), ref) <= 1e-2
-    assert rel_err(seen["gpu"], turn_v_reference(seen["host"]).float()) <= 1e-2
+    assert rel_err(seen["gpu"], turned_rows(seen["host"]).float()) <= 1e-2
 
     def keep(k, v):  # StepCache's refresh: the last 28 rows' keys and values kept, then given back
         kept.update(k=k[100:].clone(), v=v[100:].clone())
         return k, v
     whole = gpu.parallel(a, x, mods, seq, keep)
-    for v_kept, err in ((kept["v"], 1e-3), (turn_v_reference(kept["v"]), None)):  # as kept; turned back (wrong)
+    for v_kept, err in ((kept["v"], 1e-3), (turned_rows(kept["v"]), None)):  # as kept; turned back (wrong)
         again = gpu.parallel(a, x[:100], mods, first_rows,
                              lambda k, v: (torch.cat([k, kept["k"]]), torch.cat([v, v_kept])))
         assert (rel_err(again, whole[:100]) <= err) if err else (rel_err(again, whole[:100]) > 1e-2)

@@ -27,6 +27,7 @@ from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, in
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.hadamard import hadamard
 from kernels.int8_quant import quantize_rows
+from kernels.int8_quant_turned import quantize_turned, turned_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 
@@ -131,13 +132,14 @@ def bench_shape(name, k, n, runs, kitchen):
         "ours: quantizer alone": lambda: quantize_rows(x, GROUP, out=(q, s_x)),
         "BF16 F.linear": lambda: F.linear(x, w_bf16, bias),
     }
-    if name == "out":  # the attention's output arrives turned by H_64 where the QKV turned v (block_gpu._turns_v)
-        t = (x.float().reshape(M, k // 64, 64) @ hadamard(64).cuda()).reshape(M, k).to(torch.bfloat16)
+    if name == "out":  # the attention's output arrives turned where the QKV turned v (block_gpu._turns_v)
+        t = turned_rows(x)
         turned = int8_linear(*quantize_rows(t, GROUP, turned=True), codes, s_w, bias)
         checks.append(f"ours, rows turned, vs f32: {rel_err(turned, exact):.2e}")
         contenders["ours: turned quantize + GEMM"] = lambda: int8_linear(*quantize_rows(t, GROUP, turned=True),
                                                                         codes, s_w, bias, out=out)
         contenders["ours: turned quantizer alone"] = lambda: quantize_rows(t, GROUP, turned=True, out=(q, s_x))
+        contenders["ours: plain rows' one-pass quantizer alone"] = lambda: quantize_turned(x, False, out=(q, s_x))
     for label, fn in kitchen.items():
         try:
             checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")

@@ -67,11 +67,14 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
     return _qkv_rope_kernel, signature, constants, launch
 
 
-def turned_case(k: int = 3840):
+def turned_case(k: int = 3840, turned: bool = True):
     """kernels/int8_quant_turned.py's pass at an attention output's width (whole rows in registers)."""
-    from kernels.int8_quant_turned import BLOCK, GROUP, _turned_codes_kernel
-    signature = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
-    constants = {"GROUP": GROUP, "BLOCK": BLOCK, "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1}
+    import triton.language as tl
+
+    from kernels.int8_quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
+    signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
+    constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK,
+                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16}
     return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
 
@@ -128,6 +131,7 @@ def resource_cases() -> dict:
     cases["qkv_rope, persistent (0.404 ms)"] = qkv_rope_case(True)
     cases["qkv_rope, v turned"] = qkv_rope_case(False, turn_v=True)
     cases["turned rows: radix-4 and codes, K 3840"] = turned_case()
+    cases["plain rows in one pass, K 3840"] = turned_case(turned=False)
     cases["rotate: modulated layer norm, 2 rows in runs (Klein)"] = rotate_case(2, 1, 0)
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)

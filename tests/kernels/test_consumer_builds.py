@@ -49,6 +49,7 @@ def consumer_cases() -> dict:
     cases["codes"] = ("codes", _codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                                       "LAST_FIRST": True}, {"num_warps": 4})
     cases["turned codes"] = ("turned codes", *turned_case())
+    cases["plain codes in one pass"] = ("plain codes in one pass", *turned_case(turned=False))
     # A Hopper-sized ring (5 x 48 KB), to show the shared memory read is the build's: it must not fit these cards.
     cases[TOO_LARGE] = (TOO_LARGE, *linear_case(0, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
                                                            "GROUP_M": 8, "num_warps": 8, "num_stages": 5}))

@@ -1,48 +1,52 @@
-"""kernels/int8_quant_turned.py: rows turned by H_64 (an attention's output of a turned v) to INT8 ConvRot codes.
+"""kernels/int8_quant_turned.py: plain rows, or an attention's output whose v was turned along each 64 columns' top
+digit, to INT8 ConvRot codes in one pass.
 
-The kernel equals its reference bit for bit: the radix-4 step sums four halved bf16 values in f32, exact for the
-rows here (their values' exponents lie within f32's 24 bits of each other), then int8_codes' steps. Against the
-rotate pass on the unturned rows u, the turned rows t = bf16(u H_64) carry one bf16 rounding more: codes move by
-one or two at a few percent of values, scales by a bf16 step at most (checked, and bounded, below)."""
+Against the float64 rotation of the same rows (test_int8_quant's assert_codes_match_float64: the matrix cores' f32 sums
+may round a value lying within their error of a bf16 midpoint the other way; every other code and scale equal). For
+turned rows t the unturned rows are t ((H4 / 2) (x) I_16) in float64 (the factor is its own inverse). Against the
+rotate pass on the unturned bf16 rows u, turned rows t = bf16(u ((H4 / 2) (x) I_16)) carry one bf16 rounding more:
+codes move by one or two at a few percent of values, scales by a bf16 step at most (checked, and bounded, below)."""
 import pytest
 import torch
-from test_int8_quant import poisoned_outputs, rows_like_activations
+from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_like_activations
 
 from kernels import int8_quant
 from kernels.hadamard import hadamard
-from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference
+from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference, turned_rows
 
 
-def turned_rows(u: torch.Tensor) -> torch.Tensor:
-    """bf16(u_a H_64) of each 64 columns: what the attention's output is when its v was turned."""
-    m, k = u.shape
-    return (u.double().reshape(m, k // 64, 64) @ hadamard(64, torch.float64).to(u.device)).reshape(m, k).to(
-        torch.bfloat16)
+def unturned(t: torch.Tensor) -> torch.Tensor:
+    """float64 rows whose 64 columns' top digit, turned, gives t."""
+    blocks = t.double().reshape(t.shape[0], -1, 4, 16)
+    return torch.einsum("mbae,as->mbse", blocks, hadamard(4, torch.float64).to(t.device)).reshape(t.shape)
 
 
 @pytest.mark.parametrize("m,k", [(1, 256), (37, 768), (5, 3072), (3, 3840)])  # one row, odd rows, Klein, Z-Image
 @pytest.mark.parametrize("rows", [1, 2])
-def test_equals_its_reference(m, k, rows, device):
+@pytest.mark.parametrize("turned", [True, False], ids=["turned", "plain"])
+def test_codes_equal_float64_rotation(m, k, rows, turned, device):
     t = rows_like_activations(m, k, seed=m + k, device=device)
-    q, s = quantize_turned(t, out=poisoned_outputs(m, k, device), rows=rows)
-    q_ref, s_ref = reference(t)
-    assert torch.equal(s, s_ref) and torch.equal(q, q_ref)
+    q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows)
+    assert_codes_match_float64(q, s, unturned(t) if turned else t, 256, max_fraction=0)
+    q_ref, s_ref = reference(t, turned)
+    assert (q.int() - q_ref.int()).abs().max() <= 2 and ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
 
 
 def test_minus_128_and_a_zero_row(device):
     """A negative absmax can quantize to -128 (format doc section 5), as int8_quant's test_f32_rows_and_minus_128."""
-    t = torch.zeros(3, 256, dtype=torch.bfloat16, device=device)
-    for row, sign in ((0, -1), (1, 1)):  # column 0 of each block: (H4 / 2) of (y0 = +-11, 0, 0, 0)
-        t[row, [0, 64, 128, 192]] = torch.tensor([5.5, 5.5, 5.5, -5.5], device=device).to(torch.bfloat16) * sign
-    q, s = quantize_turned(t, out=poisoned_outputs(3, 256, device))
-    assert q[0, 0] == -128 and q[1, 0] == 127 and (q[:2, 1:] == 0).all() and (q[2] == 0).all()
-    assert torch.equal(s.cpu(), torch.tensor([11 / 127, 11 / 127, 1e-30], dtype=torch.float32))
-    q_ref, s_ref = reference(t)
-    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    y = torch.zeros(3, 256, dtype=torch.float64)
+    y[0, 0], y[1, 0] = -11.0, 11.0  # bf16(11/127) < 11/127, so 11 / it rounds to 127.5 in bf16
+    for turned in (False, True):
+        u = y @ hadamard(256, torch.float64)  # rotates back to y exactly (each value +-11/16)
+        t = turned_rows(u) if turned else u.to(torch.bfloat16)  # exact in bf16 both ways
+        q, s = quantize_turned(t.to(device), turned, out=poisoned_outputs(3, 256, device))
+        assert q[0, 0] == -128 and q[1, 0] == 127 and (q[:2, 1:] == 0).all() and (q[2] == 0).all()
+        assert torch.equal(s.cpu(), torch.tensor([11 / 127, 11 / 127, 1e-30], dtype=torch.float32))
 
 
 def test_as_the_rotate_pass_of_the_unturned_rows(device):
-    """The whole path, u -> t = bf16(u H_64) -> codes, against int8_quant's codes of u: one rounding more."""
+    """The whole path, u -> t = bf16(u ((H4 / 2) (x) I_16)) -> codes, against int8_quant's codes of u: one rounding
+    more."""
     u = rows_like_activations(64, 3840, seed=3, device=device)
     q, s = quantize_turned(turned_rows(u))
     q_u, s_u = int8_quant.reference(u, 256)
@@ -54,8 +58,9 @@ def test_as_the_rotate_pass_of_the_unturned_rows(device):
 def test_quantize_rows_takes_turned_rows(device):
     t = rows_like_activations(7, 512, seed=1, device=device)
     q, s = int8_quant.quantize_rows(t, 256, turned=True)
-    q_ref, s_ref = int8_quant.reference(t, 256, turned=True)
+    q_ref, s_ref = quantize_turned(t)
     assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+    assert int8_quant.reference(t, 256, turned=True)[1].allclose(s, rtol=2.0 ** -7)
     with pytest.raises(ValueError, match="turned rows"):
         int8_quant.quantize_rows(t, 64, turned=True)
     with pytest.raises(ValueError, match="turned rows"):
@@ -71,9 +76,27 @@ def test_fits():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k", [3072, 3840])
-def test_attention_output_shapes(k):
-    """Klein's and Z-Image's attention outputs at 1024^2 (4608 rows), bit for bit the reference."""
-    t = turned_rows(rows_like_activations(4608, k, seed=k, device="cuda"))
-    q, s = quantize_turned(t, out=poisoned_outputs(4608, k, "cuda"))
-    q_ref, s_ref = reference(t)
-    assert torch.equal(s, s_ref) and torch.equal(q, q_ref)
+@pytest.mark.parametrize("turned", [True, False], ids=["turned", "plain"])
+def test_attention_output_shapes(k, turned):
+    """Klein's and Z-Image's attention outputs at 1024^2 (4608 rows): the float64 rotation's codes (at most 1e-5 of
+    them across a midpoint)."""
+    u = rows_like_activations(4608, k, seed=k, device="cuda")
+    t = turned_rows(u) if turned else u
+    q, s = quantize_turned(t, turned, out=poisoned_outputs(4608, k, "cuda"))
+    assert_codes_match_float64(q, s, unturned(t) if turned else t, 256, max_fraction=1e-5)
+
+
+def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatch):
+    """Plain bf16 rows from WHOLE_ROWS_MIN_M rows on (lowered here) go through this pass; f32 rows and normed rows
+    do not."""
+    calls = []
+    monkeypatch.setattr(int8_quant, "WHOLE_ROWS_MIN_M", 16)
+    monkeypatch.setattr(int8_quant.int8_quant_turned, "quantize_turned",
+                        lambda *a, **kw: calls.append(kw["turned"]) or quantize_turned(*a, **kw))
+    x = rows_like_activations(16, 512, seed=2, device=device)
+    q, s = int8_quant.quantize_rows(x, 256)
+    assert calls == [False]
+    assert_codes_match_float64(q, s, x, 256, max_fraction=0)
+    int8_quant.quantize_rows(x[:15], 256)
+    int8_quant.quantize_rows(x.float(), 256)
+    assert calls == [False]

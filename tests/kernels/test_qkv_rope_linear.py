@@ -6,7 +6,8 @@ from conftest import assert_within_one_bf16_step
 
 from kernels.head_norm_rope import head_norm_rope
 from kernels.int8_linear import int8_linear
-from kernels.qkv_rope_linear import qkv_rope_linear, reference, turn_v_reference
+from kernels.int8_quant_turned import turned_rows
+from kernels.qkv_rope_linear import qkv_rope_linear, reference
 
 SMALL = {"BLOCK_M": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 
@@ -49,13 +50,13 @@ def test_equals_the_two_launches(m, block_n, loads, normed, bias, group, device)
 
 @pytest.mark.parametrize("m,block_n", [(1, 64), (37, 128)])  # one head, two heads a tile
 def test_turned_v(m, block_n, device):
-    """turn_v: q and k as without it, v each 64 columns times H_64 (f32 sums: within a bf16 step of float64's)."""
+    """turn_v: q and k as without it, v's each 64 columns turned along their top digit (four bf16 halves summed:
+    exact in f32, so bit for bit float64's)."""
     ops = operands(m, heads=2, head=64, k=64, seed=m, device=device)
     tiles = {**SMALL, "BLOCK_N": block_n}
     got, plain = qkv_rope_linear(**ops, tiles=tiles, turn_v=True), qkv_rope_linear(**ops, tiles=tiles)
     assert torch.equal(got[0], plain[0]) and torch.equal(got[1], plain[1])
-    assert_within_one_bf16_step(got[2], turn_v_reference(plain[2]))
-    assert_within_one_bf16_step(got[2], reference(**ops, turn_v=True)[2])
+    assert torch.equal(got[2], turned_rows(plain[2])) and torch.equal(got[2], reference(**ops, turn_v=True)[2])
     assert got[2].transpose(1, 2).is_contiguous()
     with pytest.raises(ValueError, match="turn_v"):
         qkv_rope_linear(**operands(m, heads=2, head=32, k=64, seed=m, device=device), turn_v=True)
