@@ -108,9 +108,9 @@ def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: 
 
 def _attend(q, k, v, keys_values: Callable | None) -> torch.Tensor:
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
-    sees k and v as the host block shows them (rows [G g, heads, D]) and may add rows (G = 1: the keys beyond
-    the queries' rows, as dit_core/block.py attention takes them); the kernel needs k like q, so longer keys go
-    to SDPA directly."""
+    sees k and v as the host block shows them (rows [G g, heads, D]; v turned where the block turns it, _turns_v)
+    and may add rows (G = 1: the keys beyond the queries' rows, as dit_core/block.py attention takes them); the
+    kernel needs k like q, so longer keys go to SDPA directly."""
     if keys_values is not None:
         G, heads, _, d = q.shape
         k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
