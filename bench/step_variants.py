@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "rows quantized by the Triton passes where the Hopper one-pass kernel runs "
                         "(kernels.int8_quant_hopper.ENABLED off)")
     parser.add_argument("--variant-unturned-v", action="store_true", help="also ours INT8 graphed with v not "
-                        "turned in the QKV, OUT's rows rotated by the rotate pass (dit_core.block_gpu.TURN_V off)")
+                        "turned in the QKV, OUT's rows quantized as plain rows (dit_core.block_gpu.TURN_V off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")

@@ -33,7 +33,7 @@ from .weights import Linear
 # Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
 # MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
 CHUNK = 8192
-# v turned by H_64 in the fused QKV for an INT8 OUT where it can (_turns_v); benchmarks time both.
+# v turned in the fused QKV for an INT8 OUT where it can (_turns_v); benchmarks time both.
 TURN_V = True
 
 
@@ -86,15 +86,16 @@ def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
 
 
 def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence) -> bool:
-    """Whether v leaves the fused QKV turned by H_64 (each 64 columns of a head), so that OUT's INT8 ConvRot rows
-    need only the radix-4 step (kernels/int8_quant_turned.py: 3 bytes a value moved, not the rotate pass's 7):
-    attention is linear in v, so its output arrives turned too."""
+    """Whether v leaves the fused QKV turned along each 64 columns' top base-4 digit (a factor of OUT's rotation,
+    free in the epilogue's registers), so that OUT's INT8 ConvRot rows go to codes in one pass
+    (kernels/int8_quant_turned.py: 3 bytes a value moved, not the rotate pass's 7): attention is linear in v, so
+    its output arrives turned too."""
     return (TURN_V and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
             and kernels().int8_quant_turned.fits(a.heads * a.head, out.group))
 
 
 def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: bool = False):
-    """q, k, v [G, heads, g, D] (normed, turned; v by H_64 where turn_v) from QKV's input rows h: one INT8
+    """q, k, v [G, heads, g, D] (normed, turned; v turned where turn_v) from QKV's input rows h: one INT8
     product with the head norm and rotary in its epilogue (q, k, v never stored as one [rows, 3 heads D] output)
     where it can, else the product and then head_norm_rope."""
     q, sc, xb = h

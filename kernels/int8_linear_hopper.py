@@ -202,7 +202,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
     [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
     (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
-    axes 1-3), int8_hopper_epilogues' factors; turn_v: v's each 64 columns times H_64); True, or False where
+    axes 1-3), int8_hopper_epilogues' factors; turn_v: v's each 64 columns turned, turned_v); True, or False where
     nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers run Triton's kernels). The callers ask
     `unusable` first."""
     if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)

@@ -86,7 +86,7 @@ def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shif
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
               act=None, out=None, stats=None, row_starts=None, turned=False):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
-    changes nothing here. turned: x's 64-column blocks already turned by H_64 (kernels/int8_quant_turned.py)."""
+    changes nothing here. turned: x an attention's output whose v was turned (kernels/int8_quant_turned.py)."""
     if turned:
         q, s = int8_quant_turned.reference(x)
         return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
@@ -258,8 +258,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     with one modulation row: 248 registers against 207). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
     num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
     block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
-    normed or activated rows 2 stages and 0. turned: plain rows whose 64-column blocks are already turned by H_64
-    (an attention's output of a v turned by qkv_rope_linear's turn_v): kernels/int8_quant_turned.py's one pass."""
+    normed or activated rows 2 stages and 0. turned: plain rows that hold a factor of the rotation already (an
+    attention's output of a v turned by qkv_rope_linear's turn_v): kernels/int8_quant_turned.py's one pass."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
         if norm is not None or act is not None or not int8_quant_turned.fits(k, group):

@@ -15,6 +15,8 @@ persistent at 3 stages, 0.426: the epilogue costs about 60 us a call over the pr
 128 x 128 tiles of 4 warps, so that one's epilogue runs under the other's products: 0.398 against 0.402 alone, but
 a Z-Image step 75.2 against 74.6 ms.) On Hopper with heads of 128 this epilogue runs in
 kernels/int8_linear_hopper.py instead (a tile a head; v bit for bit, q and k within one bf16 step of this kernel's).
+Where asked (turn_v), v leaves turned along each 64 columns' top base-4 digit, a factor of OUT's ConvRot rotation
+(kernels/int8_quant_turned.py): here a product with (H4 / 2) (x) I_16, in the Hopper epilogue sums in registers.
 """
 from __future__ import annotations
 

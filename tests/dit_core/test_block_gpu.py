@@ -128,7 +128,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group):
     extra = [torch.randn(512, a.heads, a.head, generator=g).to(DEV) for _ in range(2)]
     seen = []
     int8 = GpuBlock.of(host.quantized(), DEV)
-    turned = block_gpu._turns_v(a, int8.w[QKV], int8.w[OUT], seq)  # the INT8 block's v turned by H_64 (Klein: yes)
+    turned = block_gpu._turns_v(a, int8.w[QKV], int8.w[OUT], seq)  # the INT8 block's v turned (Klein: yes)
 
     def keys_values(turn):
         """The hook as a block sees it: v turned where the block turns it, so rows kept from it come turned."""

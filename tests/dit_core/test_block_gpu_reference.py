@@ -171,7 +171,7 @@ def test_norm_statistics_carried_between_parallel_blocks(norm):
 
 @pytest.mark.parametrize("norm,sandwich", [("rms", True), ("layer", False)])
 def test_v_turned_for_out(norm, sandwich):
-    """The fused QKV turns v by H_64 where OUT is INT8 ConvRot of 256 (_turns_v), and OUT's rows take the turned
+    """The fused QKV turns v where OUT is INT8 ConvRot of 256 (_turns_v), and OUT's rows take the turned
     quantizer: forward and parallel still match the host block, whose v is not turned; a keys_values hook sees v
     turned and may add rows it kept from the same block."""
     a = arch(norm, rope_axes=(16, 24, 24))
