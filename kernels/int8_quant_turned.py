@@ -41,12 +41,18 @@ def fits(k: int, group: int) -> bool:
     return group == GROUP and k % GROUP == 0 and 0 < k <= MAX_K
 
 
-def turned_rows(u: torch.Tensor) -> torch.Tensor:
-    """u [..., K] with each 64 columns' digit d turned: bf16(u ((H4 / 2) (x) I_16)), the products exact, the sums
-    in float64 (what turn_v does to v, and so to an attention's output)."""
+def turned_digit(u: torch.Tensor) -> torch.Tensor:
+    """u [..., K] in float64 with each 64 columns' digit d turned: u ((H4 / 2) (x) I_16), unrounded. The factor is
+    its own inverse, so this also turns rows back."""
     h4 = hadamard(4, torch.float64).to(u.device)
     blocks = u.double().reshape(*u.shape[:-1], u.shape[-1] // BLOCK, 4, TURN)
-    return torch.einsum("...ae,as->...se", blocks, h4).reshape(u.shape).to(torch.bfloat16)
+    return torch.einsum("...ae,as->...se", blocks, h4).reshape(u.shape)
+
+
+def turned_rows(u: torch.Tensor) -> torch.Tensor:
+    """bf16(u ((H4 / 2) (x) I_16)), the products exact, the sums in float64: what turn_v does to v, and so to an
+    attention's output."""
+    return turned_digit(u).to(torch.bfloat16)
 
 
 @functools.cache

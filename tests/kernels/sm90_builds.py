@@ -53,7 +53,7 @@ def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: 
 
 def qkv_rope_case(persistent: bool, turn_v: bool = False):
     """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent;
-    turn_v: v's 64-column blocks times H_64 on the matrix cores."""
+    turn_v: v's 64-column blocks turned along their top digit on the matrix cores."""
     import triton.language as tl
     from kernels.int8_tiles import HOPPER_TILES, launch_of
     from kernels.qkv_rope_linear import _qkv_rope_kernel

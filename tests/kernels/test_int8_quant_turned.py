@@ -12,13 +12,7 @@ from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_l
 
 from kernels import int8_quant
 from kernels.hadamard import hadamard
-from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference, turned_rows
-
-
-def unturned(t: torch.Tensor) -> torch.Tensor:
-    """float64 rows whose 64 columns' top digit, turned, gives t."""
-    blocks = t.double().reshape(t.shape[0], -1, 4, 16)
-    return torch.einsum("mbae,as->mbse", blocks, hadamard(4, torch.float64).to(t.device)).reshape(t.shape)
+from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference, turned_digit, turned_rows
 
 
 @pytest.mark.parametrize("m,k", [(1, 256), (37, 768), (5, 3072), (3, 3840)])  # one row, odd rows, Klein, Z-Image
@@ -27,7 +21,7 @@ def unturned(t: torch.Tensor) -> torch.Tensor:
 def test_codes_equal_float64_rotation(m, k, rows, turned, device):
     t = rows_like_activations(m, k, seed=m + k, device=device)
     q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows)
-    assert_codes_match_float64(q, s, unturned(t) if turned else t, 256, max_fraction=0)
+    assert_codes_match_float64(q, s, turned_digit(t) if turned else t, 256, max_fraction=0)
     q_ref, s_ref = reference(t, turned)
     assert (q.int() - q_ref.int()).abs().max() <= 2 and ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
 
@@ -83,7 +77,7 @@ def test_attention_output_shapes(k, turned):
     u = rows_like_activations(4608, k, seed=k, device="cuda")
     t = turned_rows(u) if turned else u
     q, s = quantize_turned(t, turned, out=poisoned_outputs(4608, k, "cuda"))
-    assert_codes_match_float64(q, s, unturned(t) if turned else t, 256, max_fraction=1e-5)
+    assert_codes_match_float64(q, s, turned_digit(t) if turned else t, 256, max_fraction=1e-5)
 
 
 def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatch):
