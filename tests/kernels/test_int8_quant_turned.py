@@ -154,5 +154,5 @@ def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
     monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
     triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
     for q, s in (hopper, triton_codes):
-        assert_codes_match_float64(q, s, unturned(t), 256, max_fraction=1e-5)
+        assert_codes_match_float64(q, s, turned_digit(t), 256, max_fraction=1e-5)
     assert (hopper[0] != triton_codes[0]).float().mean() <= 1e-5
