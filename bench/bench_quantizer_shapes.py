@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import int8_codes, int8_quant, int8_quant_hopper  # noqa: E402
+from kernels import int8_codes, int8_quant, int8_quant_hopper, int8_quant_turned_hopper  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -105,18 +105,21 @@ def one_pass_table() -> list[str]:
 
 
 def turned_table() -> list[str]:
-    out = ["| attention output rows | rotate + codes passes ms | turned rows' pass ms (rows / warps a program) | "
-           "plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
+    out = ["| attention output rows | rotate + codes passes ms | turned rows: Gluon (2 / 4 warps), Triton (rows / warps) "
+           "ms | plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
     whole_rows_min_m = int8_quant.WHOLE_ROWS_MIN_M
     for m, k in ((M, 3072), (M, 3840), (TEXT_ROWS, 3072)):
         t = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
-        timed = {}
+        timed = {True: [f"Gluon {graph_ms(lambda t=t, w=w: int8_quant_turned_hopper.launch(t, codes, scales, w)):.4f}"
+                        for w in (2, 4)], False: []}
+        int8_quant_turned_hopper.ENABLED = False
         for turned in (True, False):
-            timed[turned] = [f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu)):.4f}"]
-            for r, nw in ((1, 2), (1, 8), (2, 4), (2, 8), (4, 8)):
+            timed[turned].append(f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu)):.4f}")
+            for r, nw in ((1, 2), (2, 4), (2, 8)):
                 fn = lambda t=t, tu=turned, r=r, nw=nw: quantize_turned(t, tu, (codes, scales), r, nw)  # noqa: E731
                 timed[turned].append(f"{r}/{nw} {graph_ms(fn):.4f}")
+        int8_quant_turned_hopper.ENABLED = True
         int8_quant.WHOLE_ROWS_MIN_M = 1 << 30  # the rotate and codes passes, not the plain rows' one pass
         passes = graph_ms(lambda t=t: quantize_rows(t, 256))
         int8_quant.WHOLE_ROWS_MIN_M = whole_rows_min_m

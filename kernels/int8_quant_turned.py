@@ -21,6 +21,7 @@ import functools
 
 import torch
 
+from . import int8_quant_turned_hopper
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import reference as codes_reference
 from .rounding import round_half_even, round_to_bf16
@@ -120,7 +121,7 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, M, K, GROUP: tl.constexpr, 
 def quantize_turned(t: torch.Tensor, turned: bool = True, out=None, rows: int = 1, num_warps: int = 4):
     """Rows t [M, K] bf16 (turned: an attention's output whose v was turned, turned_rows) to (codes int8 [M, K],
     scales f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch
-    shape."""
+    shape. On Hopper, turned rows take kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -128,6 +129,9 @@ def quantize_turned(t: torch.Tensor, turned: bool = True, out=None, rows: int = 
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
                                                   torch.empty(m, dtype=torch.float32, device=t.device))
     span = TURN if turned else BLOCK
+    if m and turned and int8_quant_turned_hopper.unusable(t) is None and int8_quant_turned_hopper.launch(t, codes,
+                                                                                                       scales):
+        return codes, scales
     if m:
         # bf16 operands on the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints
         _turned_codes_kernel[(triton.cdiv(m, rows),)](

@@ -6,11 +6,16 @@ may round a value lying within their error of a bf16 midpoint the other way; eve
 turned rows t the unturned rows are t ((H4 / 2) (x) I_16) in float64 (the factor is its own inverse). Against the
 rotate pass on the unturned bf16 rows u, turned rows t = bf16(u ((H4 / 2) (x) I_16)) carry one bf16 rounding more:
 codes move by one or two at a few percent of values, scales by a bf16 step at most (checked, and bounded, below)."""
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
+from conftest import GLUON_BUILD, compiler_env
 from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_like_activations
 
-from kernels import int8_quant
+from kernels import int8_quant, int8_quant_turned_hopper
 from kernels.hadamard import hadamard
 from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference, turned_digit, turned_rows
 
@@ -94,3 +99,60 @@ def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatc
     int8_quant.quantize_rows(x[:15], 256)
     int8_quant.quantize_rows(x.float(), 256)
     assert calls == [False]
+
+
+BUILD = GLUON_BUILD + """
+from kernels import int8_quant_turned_hopper as kt
+sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "GROUPS_P2": "constexpr"}
+found = {}
+for groups_p2 in (16, 32):  # K 3072 and 3840; 8192
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}  # what triton.jit assumes at the H200's launches
+    src = GluonASTSource(kt._turned_codes_hopper_kernel, sig, {(4,): groups_p2}, attrs)
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 2, "enable_fp_fusion": False})
+    ptx = built.asm["ptx"]
+    found[groups_p2] = {"loads": len(re.findall(r"ld\\.global[.\\w]*\\.v4\\.b32", ptx)),
+                        "stores": len(re.findall(r"st\\.global[.\\w]*\\.v4\\.b32", ptx)),
+                        "shuffles": ptx.count("shfl.sync"), "shared": built.metadata.shared}
+print(json.dumps(found))
+"""
+
+
+def test_hopper_kernel_builds_with_h16_in_each_threads_registers():
+    """The Gluon kernel for sm_90a (CI has no GPU): each thread's 16 columns of a block load and store as 16-byte
+    vectors (bf16 in, int8 out), and the butterflies move no data between threads (shuffles only in the row's
+    absmax: two warps' lanes; shared memory only for the warps' partial maxima)."""
+    pytest.importorskip("triton.experimental.gluon")
+    done = subprocess.run([sys.executable, "-c", BUILD], env=compiler_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for groups_p2, built in found.items():
+        reps = int(groups_p2) // 16  # a warp's lanes cover 8 groups: the layout wraps past 16
+        assert built["loads"] == 4 * 2 * reps and built["stores"] == 4 * reps, (groups_p2, built)
+        assert built["shuffles"] <= 16 and built["shared"] <= 64, (groups_p2, built)
+
+
+def test_hopper_kernel_off_the_gpu_says_why():
+    t = torch.zeros(4, 256, dtype=torch.bfloat16)
+    assert int8_quant_turned_hopper.unusable(t) is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m,k", [(4608, 3072), (4608, 3840), (512, 3072), (3, 8192), (1, 256)])
+def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
+    """The Gluon kernel took the call, and gives the float64 rotation's codes as the Triton kernel does (each within
+    its f32 sums' midpoints; the two agree on all but those)."""
+    u = rows_like_activations(m, k, seed=m + k, device="cuda")
+    t = turned_rows(u)
+    launched, launch = [], int8_quant_turned_hopper.launch
+    monkeypatch.setattr(int8_quant_turned_hopper, "launch", lambda *a, **kw: launched.append(launch(*a, **kw)) or
+                        launched[-1])
+    hopper = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
+    assert launched == [True], int8_quant_turned_hopper.UNBUILT
+    monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
+    triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
+    for q, s in (hopper, triton_codes):
+        assert_codes_match_float64(q, s, turned_digit(t), 256, max_fraction=1e-5)
+    assert (hopper[0] != triton_codes[0]).float().mean() <= 1e-5

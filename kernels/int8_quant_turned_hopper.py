@@ -1,0 +1,115 @@
+"""kernels/int8_quant_turned.py's turned rows on Hopper (Gluon): H_16 by two radix-4 butterflies in registers, each
+thread holding 16 contiguous columns.
+
+Issue 4. The same math as int8_quant_turned's docstring: z_a = t_a (I_4 (x) H_16 / 2), y_s = bf16(sum_a H4[a, s] z_a),
+then the row scales and codes. Triton's kernel there takes H_16 on the matrix cores: its loads hold 8 values a thread,
+so the digit of columns 4 and 8 lies across threads, and the product's operands go through shared memory (9 layout
+conversions in its sm_90 build; the same butterflies written in Triton need 34). Here a BlockedLayout gives each thread
+16 contiguous columns (two 16-byte loads), so both digits of H_16 (H_16 = (H4 / 2) (x) (H4 / 2)) are a thread's own
+registers: splits and joins, no data moved between threads. A program takes one row: its groups along the layout's
+rows, each 64-column block of a group as one tensor. f32 sums in another order than the product's, so a value within
+their rounding of a bf16 midpoint may round the other way: codes are checked against the float64 rotation as the
+Triton kernel's are (tests/kernels/test_int8_quant_turned.py). GPU only (Hopper, Gluon), else `unusable` says why
+and int8_quant_turned's Triton kernel runs.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+try:
+    import triton
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
+    gluon = None
+
+GROUP, BLOCK = 256, 64  # (the kernel's own constexprs below: jit functions read no plain globals)
+# SWIFTDIT_HOPPER_QUANT=0 runs the Triton kernels everywhere (as for kernels/int8_quant_hopper.py).
+ENABLED = os.environ.get("SWIFTDIT_HOPPER_QUANT", "1") != "0"
+UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
+
+
+def unusable(t: torch.Tensor) -> str | None:
+    """None when this kernel can take the turned rows t [M, K] (contiguous bf16, checked by the caller), else why
+    not."""
+    if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, unbuilt or interpreted"
+    if not t.is_cuda or torch.cuda.get_device_capability(t.device) != (9, 0):
+        return "not a Hopper GPU"
+    return None
+
+
+if gluon is not None:
+    @gluon.jit
+    def _rounded(x):  # f32 to the nearest bf16 (ties to even: cvt.rn), as f32
+        return x.to(gl.bfloat16).to(gl.float32)
+
+    @gluon.jit
+    def _h4_halved_last(x):
+        """(H4 / 2) along the last axis (of 4) of x [R, 4, 4, 4]: out_s = sum / 2 - x_(3 - s) (H4 = ones - 2
+        antidiagonal)."""
+        lo0, lo1 = gl.split(gl.reshape(x, [x.shape[0], 4, 4, 2, 2]))  # the axis' low bit 0, 1
+        x0, x2 = gl.split(lo0)
+        x1, x3 = gl.split(lo1)
+        half = ((x0 + x1) + (x2 + x3)) * 0.5
+        return gl.reshape(gl.join(gl.join(half - x3, half - x1), gl.join(half - x2, half - x0)), x.shape)
+
+    @gluon.jit
+    def _block_z(t_ptr, at, inside, layout: gl.constexpr):
+        """z_a of one 64-column block of each group [groups, 64]: (H4 / 2) along columns' bits 0-1, then 2-3, halved."""
+        x = gl.load(t_ptr + at, mask=inside, other=0.0).to(gl.float32)
+        x = _h4_halved_last(gl.reshape(x, [x.shape[0], 4, 4, 4]))
+        x = gl.permute(_h4_halved_last(gl.permute(x, [0, 1, 3, 2])), [0, 1, 3, 2])
+        return gl.convert_layout(gl.reshape(x, [x.shape[0], 64]), layout) * 0.5  # (the same registers: no moves)
+
+    @gluon.jit
+    def _store_codes(q_ptr, at, inside, y, r):
+        code = (y * r).to(gl.bfloat16).to(gl.float32)
+        code = (code + 12582912.0) - 12582912.0  # rint, ties to even (1.5 x 2^23: no fraction bits left)
+        gl.store(q_ptr + at, gl.minimum(gl.maximum(code, -128.0), 127.0).to(gl.int8), mask=inside)
+
+    @gluon.jit
+    def _turned_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, GROUPS_P2: gl.constexpr):
+        GROUP: gl.constexpr = 256
+        BLOCK: gl.constexpr = 64
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[8, 4],
+                                                warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
+        row = gl.program_id(0)
+        g = gl.arange(0, GROUPS_P2, layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, BLOCK, layout=gl.SliceLayout(0, layout))
+        # [groups, 64]: block a of group g at column g 256 + a 64 + c of the row
+        at = row.to(gl.int64) * K + (gl.expand_dims(g * GROUP, 1) + gl.expand_dims(c, 0))
+        inside = gl.expand_dims(g < K // GROUP, 1) & gl.expand_dims(c < BLOCK, 0)
+        z0 = _block_z(t_ptr, at, inside, layout)
+        z1 = _block_z(t_ptr, at + BLOCK, inside, layout)
+        z2 = _block_z(t_ptr, at + 2 * BLOCK, inside, layout)
+        z3 = _block_z(t_ptr, at + 3 * BLOCK, inside, layout)
+        p, m, r, q = z0 + z1, z2 - z3, z0 - z1, z2 + z3  # radix-4: kernels/hadamard.py's radix4_rounded
+        y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + q), _rounded(q - r)
+        top = gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3)))
+        s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
+        gl.store(s_ptr + row, s)
+        reciprocal = gl.div_rn(1.0, _rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        _store_codes(q_ptr, at, inside, y0, reciprocal)
+        _store_codes(q_ptr, at + BLOCK, inside, y1, reciprocal)
+        _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, reciprocal)
+        _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, reciprocal)
+
+
+def launch(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2) -> bool:
+    """Codes and scales of turned rows t [M, K] (contiguous bf16, K a multiple of 256) into codes and scales; True,
+    or False where this Triton cannot build the kernel (UNBUILT says why; the caller runs the Triton kernel). The
+    caller asks `unusable` first. num_warps 2: a warp covers 8 groups, so two cover a row of 16 (K 3840 and 4096)."""
+    m, k = t.shape
+    try:  # (a Triton whose Gluon differs fails in the build: nothing has run)
+        _turned_codes_hopper_kernel[(m,)](t, codes, scales, k, GROUPS_P2=triton.next_power_of_2(k // GROUP),
+                                          num_warps=num_warps, enable_fp_fusion=False)
+    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
+            AttributeError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
+            raise  # a launch's own error, not a build's
+        UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")
+        return False
+    return True
