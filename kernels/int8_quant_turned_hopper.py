@@ -38,6 +38,12 @@ def unusable(t: torch.Tensor) -> str | None:
         return "off, no Gluon, unbuilt or interpreted"
     if not t.is_cuda or torch.cuda.get_device_capability(t.device) != (9, 0):
         return "not a Hopper GPU"
+    groups = t.shape[1] // GROUP
+    if groups * 16 < 15 * triton.next_power_of_2(groups):
+        # The layout's rows are a power of two of groups, the rest masked: H200, graph ms (docs/benchmarks.md,
+        # 2026-12-04, fourteenth session), 4608 x 3840 (15 of 16) 0.0242 against Triton's 0.0274, but 4608 x 3072
+        # (12 of 16) 0.0261 against 0.0234.
+        return "a row's groups more than 1/16 short of a power of two (Triton's kernel is faster there)"
     return None
 
 

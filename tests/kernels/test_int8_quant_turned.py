@@ -142,15 +142,14 @@ def test_hopper_kernel_off_the_gpu_says_why():
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("m,k", [(4608, 3072), (4608, 3840), (512, 3072), (3, 8192), (1, 256)])
 def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
-    """The Gluon kernel took the call, and gives the float64 rotation's codes as the Triton kernel does (each within
-    its f32 sums' midpoints; the two agree on all but those)."""
+    """The Gluon kernel gives the float64 rotation's codes as the Triton kernel does (each within its f32 sums'
+    midpoints; the two agree on all but those); quantize_turned takes it where a row's groups come within 1/16 of a
+    power of two (K 3072, 12 groups of 16, goes to Triton's kernel: faster there)."""
     u = rows_like_activations(m, k, seed=m + k, device="cuda")
     t = turned_rows(u)
-    launched, launch = [], int8_quant_turned_hopper.launch
-    monkeypatch.setattr(int8_quant_turned_hopper, "launch", lambda *a, **kw: launched.append(launch(*a, **kw)) or
-                        launched[-1])
-    hopper = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
-    assert launched == [True], int8_quant_turned_hopper.UNBUILT
+    hopper = poisoned_outputs(m, k, "cuda")
+    assert int8_quant_turned_hopper.launch(t, *hopper), int8_quant_turned_hopper.UNBUILT
+    assert (int8_quant_turned_hopper.unusable(t) is None) == (k != 3072)
     monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
     triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
     for q, s in (hopper, triton_codes):
