@@ -10,7 +10,9 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
 --turned: only attention outputs, kernels/int8_quant_turned.py's pass (rows whose v was turned, and plain rows) by
 rows and warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
-On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned] (device_session.sh quantizer_shapes).
+--hidden: only the MLP's hidden rows, plain against turned by UP's SwiGLU epilogue (block_gpu._turns_hidden).
+On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned | --hidden] (device_session.sh
+quantizer_shapes, one_pass, turned, hidden).
 """
 import sys
 from pathlib import Path
@@ -105,16 +107,16 @@ def one_pass_table() -> list[str]:
 
 
 def turned_table() -> list[str]:
-    out = ["| attention output rows | rotate + codes passes ms | turned rows: Gluon (2 / 4 warps), Triton (rows / warps) "
-           "ms | plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
+    out = ["| attention output rows | rotate + codes passes ms | turned rows: Gluon (2 / 4 warps), Triton (rows / "
+           "warps) ms | plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
     whole_rows_min_m = int8_quant.WHOLE_ROWS_MIN_M
     for m, k in ((M, 3072), (M, 3840), (TEXT_ROWS, 3072)):
         t = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
-        timed = {True: [f"Gluon {graph_ms(lambda t=t, w=w: int8_quant_turned_hopper.launch(t, codes, scales, w)):.4f}"
-                        for w in (2, 4)], False: []}
+        timed = {"v": [f"Gluon {graph_ms(lambda t=t, w=w: int8_quant_turned_hopper.launch(t, codes, scales, w)):.4f}"
+                       for w in (2, 4)], None: []}
         int8_quant_turned_hopper.ENABLED = False
-        for turned in (True, False):
+        for turned in ("v", None):
             timed[turned].append(f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu)):.4f}")
             for r, nw in ((1, 2), (2, 4), (2, 8)):
                 fn = lambda t=t, tu=turned, r=r, nw=nw: quantize_turned(t, tu, (codes, scales), r, nw)  # noqa: E731
@@ -123,8 +125,28 @@ def turned_table() -> list[str]:
         int8_quant.WHOLE_ROWS_MIN_M = 1 << 30  # the rotate and codes passes, not the plain rows' one pass
         passes = graph_ms(lambda t=t: quantize_rows(t, 256))
         int8_quant.WHOLE_ROWS_MIN_M = whole_rows_min_m
-        out.append(f"| {m}x{k} | {passes:.4f} | {', '.join(timed[True])} | "
-                   f"{', '.join(timed[False])} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
+        out.append(f"| {m}x{k} | {passes:.4f} | {', '.join(timed['v'])} | "
+                   f"{', '.join(timed[None])} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
+    return out
+
+
+def hidden_table() -> list[str]:
+    """The MLP's hidden rows: plain (the Gluon one pass where chosen, else the Triton passes) against turned by UP's
+    SwiGLU epilogue (kernels/int8_quant_turned_hopper.py's hidden rows by warps and groups a warp; the Triton
+    passes with the rest of the rotation as their operand)."""
+    out = ["| hidden rows | plain: one pass (Gluon) or the passes | turned: Gluon (warps / groups a warp) | turned: "
+           "the Triton passes | floor ms |", "|---|---|---|---|---|"]
+    for m, k in ((M, 9216), (M, 10240), (TEXT_ROWS, 9216)):
+        t = rows(m, k, torch.bfloat16)
+        codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
+        plain = graph_ms(lambda t=t: quantize_rows(t, 256, out=(codes, scales)))
+        hidden = int8_quant_turned_hopper.launch_hidden
+        gluon = [f"{w}/{g} {graph_ms(lambda t=t, w=w, g=g: hidden(t, codes, scales, w, g)):.4f}"
+                 for w, g in ((1, 4), (2, 4), (1, 8), (4, 4))]
+        int8_quant_turned_hopper.ENABLED = False
+        passes = graph_ms(lambda t=t: quantize_rows(t, 256, turned="hidden", out=(codes, scales)))
+        int8_quant_turned_hopper.ENABLED = True
+        out.append(f"| {m}x{k} | {plain:.4f} | {', '.join(gluon)} | {passes:.4f} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
 
 
@@ -166,5 +188,7 @@ if __name__ == "__main__":
         print("\n".join(one_pass_table()))
     elif "--turned" in sys.argv:
         print("\n".join(turned_table()))
+    elif "--hidden" in sys.argv:
+        print("\n".join(hidden_table()))
     else:
         print("\n".join(one_pass_table() + [""] + quantizer_table() + [""] + codes_table() + [""] + gated_table()))

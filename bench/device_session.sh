@@ -3,7 +3,7 @@
 # GPU tests, then the benchmarks, each with its own time cap, logs to $OUT (or ./device_out).
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
-#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned
+#          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
@@ -46,6 +46,10 @@ for part in $parts; do
               tests/kernels/test_int8_linear_hopper.py tests/dit_core/test_block_gpu.py -k "turned or attention_output \
               or fused_qkv or block or step"
             timeout 120 python3 bench/bench_quantizer_shapes.py --turned ;;
+    hidden) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant_turned.py \
+              tests/kernels/test_int8_linear_hopper.py tests/dit_core/test_block_gpu.py -k "hidden or swiglu or \
+              bf16_rows or block or step"
+            timeout 120 python3 bench/bench_quantizer_shapes.py --hidden ;;
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(kernels.int8_quant_hopper.ENABLED off)")
     parser.add_argument("--variant-unturned-v", action="store_true", help="also ours INT8 graphed with v not "
                         "turned in the QKV, OUT's rows quantized as plain rows (dit_core.block_gpu.TURN_V off)")
+    parser.add_argument("--variant-unturned-hidden", action="store_true", help="also ours INT8 graphed with UP's "
+                        "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.block_gpu.TURN_HIDDEN "
+                        "off)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -49,5 +52,6 @@ def variants(args) -> list:
         ("codes first columns first", int8_codes, "LAST_FIRST", False)] * args.variant_codes_first_first + [
         ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
         ("v not turned", block_gpu, "TURN_V", False)] * args.variant_unturned_v + [
+        ("hidden rows not turned", block_gpu, "TURN_HIDDEN", False)] * args.variant_unturned_hidden + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

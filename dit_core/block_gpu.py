@@ -33,8 +33,10 @@ from .weights import Linear
 # Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
 # MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
 CHUNK = 8192
-# v turned in the fused QKV for an INT8 OUT where it can (_turns_v); benchmarks time both.
+# v turned in the fused QKV for an INT8 OUT where it can (_turns_v), UP's SwiGLU rows for an INT8 DOWN
+# (_turns_hidden); benchmarks time both ways.
 TURN_V = True
+TURN_HIDDEN = True
 
 
 def kernels():
@@ -92,6 +94,13 @@ def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence) -> bool:
     its output arrives turned too."""
     return (TURN_V and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
             and kernels().int8_quant_turned.fits(a.heads * a.head, out.group))
+
+
+def _turns_hidden(up: GpuLinear, down: GpuLinear) -> bool:
+    """Whether UP's SwiGLU epilogue turns the hidden rows along each 64 columns' digits d2 and d1 (two factors of
+    DOWN's rotation, in the epilogue's registers), so that DOWN's codes pass does the rest with no matrix product
+    (kernels/int8_quant_turned.py's TURNED["hidden"])."""
+    return TURN_HIDDEN and up.int8 and down.int8 and down.group == 256
 
 
 def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: bool = False):
@@ -163,10 +172,11 @@ class GpuBlock:
         return GpuBlock(tuple(w))
 
     def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
-              act=None, stats=None, row_starts=None, turned=False):
+              act=None, stats=None, row_starts=None, turned=None):
         """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
-        norm's row statistics when already known; row_starts: Sequence.starts; turned: an attention's output
-        whose v was turned, _turns_v), else the same math in BF16 through torch."""
+        norm's row statistics when already known; row_starts: Sequence.starts; turned: "v", an attention's output
+        whose v was turned, _turns_v; "hidden", UP's turned SwiGLU rows, _turns_hidden), else the same math in BF16
+        through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
@@ -182,11 +192,14 @@ class GpuBlock:
 
     def _hidden(self, a: Arch, h, up: GpuLinear, down: GpuLinear):
         """The MLP's hidden rows from UP's input rows h, as the down projection takes them (_rows' triple). INT8 UP:
-        SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored), then the plain quantizer; else
-        the product, then SwiGLU (in the quantizer's prologue when DOWN is INT8)."""
+        SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored; the rows turned there for an INT8
+        DOWN, _turns_hidden), then the quantizer; else the product, then SwiGLU (in the quantizer's prologue when
+        DOWN is INT8)."""
         q, sc, xb = h
         if up.int8:
-            return self._rows(a, run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True), down)
+            turn = _turns_hidden(up, down)
+            hidden = run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True, turn_hidden=turn)
+            return self._rows(a, hidden, down, turned="hidden" if turn else None)
         return self._rows(a, _product(q, sc, xb, up), down, act="swiglu")
 
     @staticmethod
@@ -224,8 +237,8 @@ class GpuBlock:
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
-        self._branch_into(a, x, self._rows(a, o, w[OUT], turned=turn), w[OUT], w[POST_ATTN], m.attn_gate, row_map,
-                          stats)
+        self._branch_into(a, x, self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT], w[POST_ATTN],
+                          m.attn_gate, row_map, stats)
         carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         for r0, r1 in _chunks(x.shape[0]):
             xs, maps = x[r0:r1], row_map[r0:r1]
@@ -257,7 +270,7 @@ class GpuBlock:
         h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s)  # (keys_values then keeps and returns v turned: one block's own)
         o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values)
-        o_rows, summed = self._rows(a, o, w[OUT], turned=turn), w[OUT].int8 and w[DOWN].int8
+        o_rows, summed = self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)
         else:

@@ -163,6 +163,29 @@ if gluon is not None:
         return gl.convert_layout(gl.reshape(gl.permute(x, [0, 1, 4, 3, 2]), [BM, BN]), layout)
 
     @gluon.jit
+    def _h4_halved_pair(x):
+        """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)], as turned_v."""
+        lo0, lo1 = gl.split(x)
+        x0, x2 = gl.split(lo0)
+        x1, x3 = gl.split(lo1)
+        half = ((x0 + x1) + (x2 + x3)) * 0.5
+        return gl.join(gl.join(half - x3, half - x1), gl.join(half - x2, half - x0))
+
+    @gluon.jit
+    def turned_hidden(act):
+        """Each 64 columns of SwiGLU's f32 tile act [BM, BH] (int8_linear's turn_hidden) turned along digits d2, then
+        d1 of j = 16 d2 + 4 d1 + d0 (int8_quant_turned.turned_f32's order). act's column j comes from the accumulator's
+        columns 2j and 2j + 1, which a thread holds at 8 i + 2 t (+1): j = 4 i + t, so j's bits 2-5, both digits,
+        lie in its own registers, as d2 does for turned_v."""
+        BM: gl.constexpr = act.shape[0]
+        BH: gl.constexpr = act.shape[1]
+        x = gl.reshape(act, [BM, BH // 64, 2, 2, 2, 2, 4])  # [.., d2 high, d2 low, d1 high, d1 low, d0]
+        x = _h4_halved_pair(gl.permute(x, [0, 1, 4, 5, 6, 2, 3]))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
+        x = _h4_halved_pair(gl.permute(x, [0, 1, 5, 6, 4, 2, 3]))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
+        x = gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 4]), [BM, BH])
+        return gl.convert_layout(x, act.type.layout)  # (the same registers: the build tests count shuffles)
+
+    @gluon.jit
     def qkv_epilogue(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps,
                      HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr, TURN_V: gl.constexpr):
         """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA

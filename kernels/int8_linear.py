@@ -8,6 +8,9 @@ kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, 
   int8_linear:       out[m, n] = bf16(y[m, n])                                        (one rounding)
     swiglu=True:     out[m, j] = bf16(silu(g) u), g = bf16(y[m, 2j]), u = bf16(y[m, 2j + 1]), silu(a) = a / (1 +
                      exp(-a)) (N / 2 columns: the MLP's interleaved gate and up rows, as int8_quant's swiglu)
+    turn_hidden:     out = bf16(turned_f32(silu(g) u)): each 64 columns turned along digits d2 and d1 in f32
+                     (kernels/int8_quant_turned.py: two factors of DOWN's rotation, in the epilogue's registers on
+                     Hopper; the codes pass then does the rest, no matrix product)
   int8_linear_gated: residual[m, n] = residual[m, n] + gate[row_map[m], n] * y[m, n]  (f32, in place)
     addend:          y[m, n] + addend[m, n] in place of y (bf16 [M, N]: a parallel block's other branch)
 The scale product first, then the bias in f32, is dit_core.linear (int8_product, then + bias), our host
@@ -30,6 +33,7 @@ import torch
 
 from . import int8_linear_hopper
 from .int8_products import dequantized, exact_products, halves, products, swiglu_pairs, tile_of
+from .int8_quant_turned import turned_f32
 from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
                          tune_bucket)
 from .modulation_rows import shared_row
@@ -48,7 +52,7 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
-              row_map=None, out=None, swiglu=False, addend=None, next_norm=None):
+              row_map=None, out=None, swiglu=False, addend=None, next_norm=None, turn_hidden=False):
     """The math above in plain torch (exact_products). With residual: the gated form (residual updated in place and
     returned; next_norm's stats filled); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
     y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
@@ -64,6 +68,7 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
     if swiglu:
         g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
         y = g / (1 + torch.exp(-g)) * u
+        y = turned_f32(y) if turn_hidden else y
     return y.to(torch.bfloat16) if out is None else out.copy_(y)
 
 
@@ -71,7 +76,7 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
 def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
               shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
               ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+              TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -101,8 +106,8 @@ def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out
             rows = tl.load(map_ptr + rm, mask=mmask, other=0)  # the gate table: under 2^31 values
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
                      mask=mask)
-    elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even)
-        act = swiglu_pairs(y, BLOCK_M, BLOCK_N)
+    elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even; turned: whole 64s)
+        act = swiglu_pairs(y, BLOCK_M, BLOCK_N, TURN)
         rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
                  mask=mmask[:, None] & (rh < N // 2)[None, :])
@@ -115,9 +120,9 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         add_ptr, M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
                         HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
                         HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-                        GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr,
-                        SPLIT: tl.constexpr):
+                        TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
+                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
@@ -134,14 +139,14 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
               map_ptr, add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
-              HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N,
+              HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N,
               BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
     else:
         for tile in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
                              flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                   add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
-                  HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, BLOCK_M, BLOCK_N,
+                  HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N,
                   BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
 
 
@@ -149,8 +154,9 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
 def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
           sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
           HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr,
-          WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr,
+          WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, TURN: tl.constexpr,
+          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+          GROUP_M: tl.constexpr,
           TMA: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     """An output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with SPLIT, program
     `item`'s part of a tail tile, the epilogue run by the part that is counted last."""
@@ -182,7 +188,7 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
                 subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
             _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
                       gate_ptr, map_ptr, add_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND,
-                      WIDE, LORA_DTYPE, BLOCK_M, BLOCK_N // count, BLOCK_R)
+                      WIDE, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:
             counter_reset(count_ptr, tail)
 
@@ -203,10 +209,11 @@ def _autotuned(form: int):
         _int8_linear_kernel)
 
 
-def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None, parts=None):
+def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None, parts=None,
+            turn=False):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
     TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning). True where the Hopper kernel ran (it fills
-    parts, the updated rows' norm parts, when given)."""
+    parts, the updated rows' norm parts, when given). turn: SWIGLU's rows turned (int8_linear's turn_hidden)."""
     (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
         raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
@@ -221,7 +228,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         return
     if tiles is None and lora_down is None and int8_linear_hopper.unusable(
             q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
-            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts):
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts, turn=turn):
         return True
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
@@ -238,7 +245,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "HAS_ADDEND": addend is not None,
              "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
-             "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32,
+             "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32, "TURN": turn,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
     def autotuned():  # every tile whole
@@ -247,6 +254,9 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     if tiles is None:
         return autotuned()
     tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
+    if turn and (tiles["BLOCK_N"] // max(tiles["SUBTILE"], 1)) % 128:
+        raise ValueError(f"int8_linear: turned SwiGLU rows need an epilogue of whole 128 columns (64 rows' pairs), "
+                         f"got BLOCK_N {tiles['BLOCK_N']} in {max(tiles['SUBTILE'], 1)} parts")
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
     sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent)
     try:
@@ -260,21 +270,29 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         _UNFIT.add(form)
         return autotuned()
     if parts > 1:  # the tail launch, a program a part; at the Hopper tile its sums stored in quarters (no spills)
-        tail_tiles = {**tiles, "PERSISTENT": False, "SUBTILE": 4 if fixed else tiles["SUBTILE"]}
+        subtile = 4 if fixed else tiles["SUBTILE"]
+        while turn and subtile and tiles["BLOCK_N"] // subtile % 128:  # (turned: whole 128 columns a part)
+            subtile //= 2
+        tail_tiles = {**tiles, "PERSISTENT": False, "SUBTILE": subtile if subtile > 1 else 0}
         _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail_tiles, SPLIT=True,
                                               enable_fp_fusion=False)
 
 
-def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False):
+def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False,
+                turn_hidden=False):
     """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring; with swiglu,
-    SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]."""
+    SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]; turn_hidden: those rows turned before their
+    bf16 rounding (the math's turn_hidden)."""
     m, n = q.shape[0], w.shape[0] // 2 if swiglu else w.shape[0]
     if swiglu and w.shape[0] % 2:
         raise ValueError(f"int8_linear: swiglu takes interleaved gate and up rows, an even count, got {w.shape[0]}")
+    if turn_hidden and (not swiglu or n % 64):
+        raise ValueError(f"int8_linear: turn_hidden turns SwiGLU's rows by blocks of 64 columns, got {n} columns")
     out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
     if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"int8_linear: out must be contiguous bf16 [{m}, {n}]")
-    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles, SWIGLU if swiglu else BF16)
+    _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles, SWIGLU if swiglu else BF16,
+            turn=turn_hidden)
     return out
 
 

@@ -29,7 +29,8 @@ try:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .int8_hopper_epilogues import addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load
+    from .int8_hopper_epilogues import (addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load,
+                                        turned_hidden)
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -112,7 +113,7 @@ if gluon is not None:
     def _consumer(a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                   sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_NORM: gl.constexpr,
-                  D: gl.constexpr, ANGLES: gl.constexpr, TURN_V: gl.constexpr, GROUP_M: gl.constexpr,
+                  D: gl.constexpr, ANGLES: gl.constexpr, TURN: gl.constexpr, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr, W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
         issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run. HAS_NORM:
@@ -147,11 +148,13 @@ if gluon is not None:
                                norm_ptr, M, N, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM)
             elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
-                store_box((gate / (1.0 + gl.exp(-gate)) * up).to(gl.bfloat16), out_desc, out_tile,
-                          [off_m, off_n // 2])
+                act = gate / (1.0 + gl.exp(-gate)) * up
+                if TURN:
+                    act = turned_hidden(act)
+                store_box(act.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n // 2])
             elif FORM == 3:
                 qkv_epilogue(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, norm_ptr, cos_ptr,
-                             sin_ptr, M, HD, eps, HAS_NORM, D, ANGLES, TURN_V)
+                             sin_ptr, M, HD, eps, HAS_NORM, D, ANGLES, TURN)
             else:
                 store_box(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
@@ -161,7 +164,7 @@ if gluon is not None:
                                    norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr,
                                    HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr,
-                                   TURN_V: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                                   TURN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
@@ -182,11 +185,11 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
                          sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
-                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN_V, GROUP_M, STAGES,
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GROUP_M, STAGES,
                          0)),
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
                          sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
-                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN_V, GROUP_M, STAGES,
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GROUP_M, STAGES,
                          1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
@@ -197,12 +200,13 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, parts=None, norms=None,
-           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn_v=False):
+           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
     [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
     (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
-    axes 1-3), int8_hopper_epilogues' factors; turn_v: v's each 64 columns turned, turned_v); True, or False where
+    axes 1-3), int8_hopper_epilogues' factors; turn: QKV_ROPE's v turned (turned_v), SWIGLU's rows turned
+    (turned_hidden)); True, or False where
     nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers run Triton's kernels). The callers ask
     `unusable` first."""
     if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
@@ -226,7 +230,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             next((t for t in (norms, parts) if t is not None), absent), *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_ADDEND=addend is not None, HAS_NORM=norms is not None or parts is not None, D=head,
-            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN_V=turn_v, GROUP_M=TILE["GROUP_M"],
+            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from .int8_quant_turned import turned_hidden
 from .rounding import round_to_bf16
 
 try:
@@ -90,9 +91,12 @@ def dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS: t
 
 
 @triton_jit
-def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
     """SiLU(gate) up of y's interleaved column pairs, [BLOCK_M, BLOCK_N / 2] bf16 values held in f32: each of gate
     and up rounded to bf16 first, as the product int8_linear writes; the division approximate (div.full: see
-    int8_quant's swiglu)."""
+    int8_quant's swiglu). TURN: each 64 columns turned before the rounding (int8_quant_turned.turned_hidden)."""
     gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
-    return round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)
+    act = gate / (1.0 + tl.exp(-gate)) * up
+    if TURN:
+        act = turned_hidden(act, BLOCK_M, BLOCK_N // 2)
+    return round_to_bf16(act)

@@ -21,8 +21,9 @@ Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.qua
 launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
 bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). On Hopper, the MLP's
 plain hidden rows take kernels/int8_quant_hopper.py's one pass instead; many plain bf16 rows of up to 8192 features
-(attention outputs), and attention outputs whose v was turned (`turned`), kernels/int8_quant_turned.py's (a row a
-program, its groups' blocks the product's rows). (Measured slower on the H200, docs/benchmarks.md: a one-pass kernel
+(attention outputs), and rows that hold factors of the rotation already (`turned`: attention outputs whose v was
+turned, hidden rows turned by UP's SwiGLU epilogue), kernels/int8_quant_turned.py's (a row a program, its groups'
+blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. (Measured slower on the H200, docs/benchmarks.md: a one-pass kernel
 for every prologue, whole rows of up to 16384 values in registers, 1.2-2x; the codes written by the rotate
 pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
 each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
@@ -37,7 +38,7 @@ import math
 
 import torch
 
-from . import int8_quant_hopper, int8_quant_turned
+from . import int8_quant_hopper, int8_quant_turned, int8_quant_turned_hopper
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
@@ -84,11 +85,12 @@ def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shif
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-              act=None, out=None, stats=None, row_starts=None, turned=False):
+              act=None, out=None, stats=None, row_starts=None, turned=None):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
-    changes nothing here. turned: x an attention's output whose v was turned (kernels/int8_quant_turned.py)."""
+    changes nothing here. turned: plain rows x that hold the factors of the rotation a producer took
+    (kernels/int8_quant_turned.py's TURNED: "v", an attention's output; "hidden", UP's SwiGLU output)."""
     if turned:
-        q, s = int8_quant_turned.reference(x)
+        q, s = int8_quant_turned.reference(x, turned)
         return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
                        row_map=row_map, act=act, stats=stats)
@@ -247,7 +249,7 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, row_starts=None, turned=False, block_m=64, num_warps=4,
+                  act=None, out=None, stats=None, row_starts=None, turned=None, block_m=64, num_warps=4,
                   num_stages=None, row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
@@ -258,23 +260,32 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     with one modulation row: 248 registers against 207). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
     num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
     block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
-    normed or activated rows 2 stages and 0. turned: plain rows that hold a factor of the rotation already (an
-    attention's output of a v turned by qkv_rope_linear's turn_v): kernels/int8_quant_turned.py's one pass."""
+    normed or activated rows 2 stages and 0. turned: plain rows that hold the factors of the rotation a producer
+    took (int8_quant_turned.TURNED: "v", an attention's output of a v turned by qkv_rope_linear's turn_v; "hidden",
+    UP's output turned by int8_linear's turn_hidden): on Hopper, hidden rows take kernels/int8_quant_turned_hopper.py's
+    pass; else rows of up to int8_quant_turned.MAX_K features its one pass; else the passes below with the rest of
+    the rotation as their operand."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
-        if norm is not None or act is not None or not int8_quant_turned.fits(k, group):
+        if norm is not None or act is not None or group != int8_quant_turned.GROUP or \
+                turned not in int8_quant_turned.TURNED:
             raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {int8_quant_turned.GROUP}, "
-                             f"at most {int8_quant_turned.MAX_K} features; got {k} in groups of {group}")
-        return int8_quant_turned.quantize_turned(x.to(torch.bfloat16).contiguous(), out=(codes, scales))
+                             f"turned as one of {list(int8_quant_turned.TURNED)}; got groups of {group}, {turned!r}")
+        x = x.to(torch.bfloat16).contiguous()
+        if m and turned == "hidden" and int8_quant_turned_hopper.unusable(x, turned) is None and \
+                int8_quant_turned_hopper.launch_hidden(x, codes, scales):
+            return codes, scales
+        if int8_quant_turned.fits(k, group):
+            return int8_quant_turned.quantize_turned(x, turned, out=(codes, scales))
     if m == 0:
         return codes, scales
     plain = norm is None and act is None
-    one_pass = plain and int8_quant_hopper.chosen(m, k)
+    one_pass = plain and not turned and int8_quant_hopper.chosen(m, k)
     if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
-    if plain and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
+    if plain and not turned and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
             and int8_quant_turned.fits(k, group):
-        return int8_quant_turned.quantize_turned(x, turned=False, out=(codes, scales))
+        return int8_quant_turned.quantize_turned(x, turned=None, out=(codes, scales))
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
@@ -294,7 +305,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
-    h = hadamard_bf16(group // split, x.device, halved=split == 4)
+    h = int8_quant_turned.rest_operand(turned, 64, x.device) if turned else \
+        hadamard_bf16(group // split, x.device, halved=split == 4)
     row_map = row_map if row_map is not None else stats  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
         x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)

@@ -1,13 +1,18 @@
 """Plain rows to INT8 ConvRot codes in one pass, whole rows a program: rotation on the matrix cores, radix-4 step,
-row scales, codes; for rows of up to MAX_K features (attention outputs), with or without v turned upstream.
+row scales, codes; for rows of up to MAX_K features, plain or with a factor of the rotation taken upstream (turned).
 
-Issue 4; reference/int8_convrot_format.md sections 3-5. H_256 = H4 (x) H_64 (kernels/hadamard.py) and H_64 = (H4 / 2)
-(x) H_16 along the digits of a column j = 16 d + e of a 64-column block, so a 256-group u = [u0 u1 u2 u3] rotates as
+Issue 4; reference/int8_convrot_format.md sections 3-5. H_256 = H4 (x) H_64 (kernels/hadamard.py) and H_64 =
+(H4 / 2) (x) (H4 / 2) (x) (H4 / 2) along the base-4 digits of a column j = 16 d2 + 4 d1 + d0 of a 64-column block, so
+a 256-group u = [u0 u1 u2 u3] rotates as
   y_s = sum_a H4[a, s] z_a,   z_a = u_a (H_64 / 2)      (radix4_rounded; each z_a on the matrix cores)
-turned: attention is linear in v, so the fused QKV may take d's factor into v (qkv_rope_linear's turn_v: v' =
-bf16(v ((H4 / 2) (x) I_16)) per 64 columns, in registers, no cost measured); the attention's output t then holds
-t_a = u_a ((H4 / 2) (x) I_16) up to its bf16 rounding, and z_a = t_a (I_4 (x) H_16 / 2): products of 16 columns, not
-64. Either way, for rows t [M, K] bf16 (K a multiple of 256):
+The factors commute, so a producer may take some of them in its registers (TURNED: the digits it turns), and z_a is
+then the rest (rest_operand):
+  "v"       attention is linear in v, so the fused QKV turns d2 of v (qkv_rope_linear's turn_v, bf16(v ((H4 / 2) (x)
+            I_16))) and the attention's output t holds t_a = u_a ((H4 / 2) (x) I_16) up to its bf16 rounding;
+            z_a = t_a (I_4 (x) H_16 / 2): products of 16 columns, not 64.
+  "hidden"  UP's SwiGLU epilogue turns d2 and d1 of the MLP's hidden rows before their one bf16 rounding
+            (int8_linear's turn_hidden, turned_f32); z_a = t_a (I_16 (x) H4 / 2).
+For rows t [M, K] bf16 (K a multiple of 256):
   z_a as above, bf16 operands (exact products), f32 sums;  y = bf16(sum_a H4[a, s] z_a)
   s = max(max_k |y| / 127, 1e-30),  q = clamp(rint(bf16(y / bf16(s))), -128, 127)   (kernels/int8_codes.py)
 Why: kernels/int8_quant.py's rotate pass writes and reads back the bf16 rotated rows: 7 bytes a value; this pass
@@ -22,7 +27,7 @@ import functools
 import torch
 
 from . import int8_quant_turned_hopper
-from .hadamard import hadamard, hadamard_bf16, radix4_rounded
+from .hadamard import hadamard, radix4_rounded
 from .int8_codes import reference as codes_reference
 from .rounding import round_half_even, round_to_bf16
 
@@ -42,18 +47,76 @@ def fits(k: int, group: int) -> bool:
     return group == GROUP and k % GROUP == 0 and 0 < k <= MAX_K
 
 
-def turned_digit(u: torch.Tensor) -> torch.Tensor:
-    """u [..., K] in float64 with each 64 columns' digit d turned: u ((H4 / 2) (x) I_16), unrounded. The factor is
-    its own inverse, so this also turns rows back."""
+# The base-4 digits of each 64-column block (j = 16 d2 + 4 d1 + d0) that a producer turns, in the order it turns them.
+TURNED = {"v": (2,), "hidden": (2, 1)}
+
+
+def _digits_last(x: torch.Tensor, digit: int) -> torch.Tensor:
+    """x [..., 64 k] as [..., k, 4, 4 (the other two digits, high first), 4 (this digit)]: a view to turn along."""
+    return torch.movedim(x.reshape(*x.shape[:-1], x.shape[-1] // BLOCK, 4, 4, 4), -1 - digit, -1)
+
+
+def _digits_back(x: torch.Tensor, digit: int) -> torch.Tensor:
+    return torch.movedim(x, -1, -1 - digit).reshape(*x.shape[:-4], -1)
+
+
+def turned_digit(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
+    """u [..., K] in float64 with each 64 columns' listed digits turned (H4 / 2 along each), unrounded. Each factor
+    is its own inverse, so this also turns rows back."""
     h4 = hadamard(4, torch.float64).to(u.device)
-    blocks = u.double().reshape(*u.shape[:-1], u.shape[-1] // BLOCK, 4, TURN)
-    return torch.einsum("...ae,as->...se", blocks, h4).reshape(u.shape)
+    x = u.double()
+    for digit in digits:
+        x = _digits_back(_digits_last(x, digit) @ h4, digit)
+    return x
 
 
-def turned_rows(u: torch.Tensor) -> torch.Tensor:
-    """bf16(u ((H4 / 2) (x) I_16)), the products exact, the sums in float64: what turn_v does to v, and so to an
+def turned_rows(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
+    """bf16 of turned_digit's rows, the products exact, the sums in float64: what turn_v does to v, and so to an
     attention's output."""
-    return turned_digit(u).to(torch.bfloat16)
+    return turned_digit(u, digits).to(torch.bfloat16)
+
+
+def turned_f32(u: torch.Tensor, digits=TURNED["hidden"]) -> torch.Tensor:
+    """u [..., K] f32 with the listed digits turned in f32 as the epilogues turn them, digit after digit: half =
+    ((x0 + x1) + (x2 + x3)) / 2, out_s = half - x_(3 - s) (H4 = ones - 2 antidiagonal). Unrounded: UP's SwiGLU
+    epilogue rounds the turned rows to bf16 once (int8_linear's turn_hidden)."""
+    x = u.float()
+    for digit in digits:
+        x0, x1, x2, x3 = _digits_last(x, digit).unbind(-1)
+        half = ((x0 + x1) + (x2 + x3)) * 0.5
+        x = _digits_back(torch.stack([half - x3, half - x2, half - x1, half - x0], -1), digit)
+    return x
+
+
+@triton_jit
+def _h4_halved_pair(x):
+    """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)]: turned_f32's sums."""
+    lo0, lo1 = tl.split(x)
+    x0, x2 = tl.split(lo0)
+    x1, x3 = tl.split(lo1)
+    half = ((x0 + x1) + (x2 + x3)) * 0.5
+    return tl.join(tl.join(half - x3, half - x1), tl.join(half - x2, half - x0))
+
+
+@triton_jit
+def turned_hidden(act, BM: tl.constexpr, BH: tl.constexpr):
+    """turned_f32 of f32 rows act [BM, BH] (BH a multiple of 64): digit d2, then d1 (kernels/int8_linear.py's
+    SwiGLU epilogue; kernels/int8_hopper_epilogues.py's turned_hidden is the same on Hopper, in registers)."""
+    x = tl.reshape(act, (BM, BH // 64, 2, 2, 2, 2, 4))  # [.., d2 high, d2 low, d1 high, d1 low, d0]
+    x = _h4_halved_pair(tl.permute(x, (0, 1, 4, 5, 6, 2, 3)))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
+    x = _h4_halved_pair(tl.permute(x, (0, 1, 5, 6, 4, 2, 3)))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
+    return tl.reshape(tl.permute(x, (0, 1, 2, 3, 5, 6, 4)), (BM, BH))
+
+
+@functools.cache
+def rest_operand(turned: str | None, span: int, device: torch.device) -> torch.Tensor:
+    """The factors of H_span / 2 that a producer did not take (I_4 for a turned digit), in bf16 (entries 0 and +-2^-k:
+    exact), contiguous on device: the products' operand for rows turned upstream (plain rows: H_span / 2)."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    for digit in reversed(range(span.bit_length() // 2)):  # (16: digits 1, 0; 64: 2, 1, 0), the highest first
+        factor = torch.eye(4, dtype=torch.float64) if digit in TURNED.get(turned, ()) else hadamard(4, torch.float64)
+        h = torch.kron(h, factor)
+    return (h / 2).to(torch.bfloat16).to(device).contiguous()
 
 
 @functools.cache
@@ -63,12 +126,11 @@ def turn_matrix(device: torch.device) -> torch.Tensor:
     return torch.kron(hadamard(4, torch.float64), torch.eye(TURN, dtype=torch.float64)).to(device, torch.bfloat16)
 
 
-def reference(t: torch.Tensor, turned: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """The math above in plain torch: (codes int8 [M, K], scales f32 [M]) of rows t [M, K] (turned: d's factor
-    already taken, turned_rows)."""
+def reference(t: torch.Tensor, turned: str | None = "v") -> tuple[torch.Tensor, torch.Tensor]:
+    """The math above in plain torch: (codes int8 [M, K], scales f32 [M]) of rows t [M, K] (turned: the digits that
+    a producer took, TURNED's key; None: plain rows)."""
     m, k = t.shape
-    span = TURN if turned else BLOCK
-    z = t.double().reshape(m, k // span, span) @ (hadamard(span, torch.float64) / 2).to(t.device)
+    z = t.double().reshape(m, k // BLOCK, BLOCK) @ rest_operand(turned, BLOCK, t.device).double()
     y = torch.einsum("mgab,as->mgsb", z.reshape(m, k // GROUP, 4, BLOCK), hadamard(4, torch.float64).to(t.device) * 2)
     y = y.reshape(m, k).to(torch.bfloat16)
     return codes_reference(y, y.abs().reshape(m, k // GROUP, GROUP).amax(-1))
@@ -84,8 +146,8 @@ def _store_codes(q_ptr, at, inside, y, r):
 @triton_jit
 def _block_turned(t_ptr, at, inside, h, ROWS: tl.constexpr, GROUPS_P2: tl.constexpr, BLOCK: tl.constexpr,
                   SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """One 64-column block of each group [ROWS, groups, 64] times (H_SPAN / 2) along its last SPAN columns, on the
-    matrix cores: the groups' blocks stand as the product's rows (ROWS x groups x 64 / SPAN of them)."""
+    """One 64-column block of each group [ROWS, groups, 64] times h (rest_operand) along its last SPAN columns, on
+    the matrix cores: the groups' blocks stand as the product's rows (ROWS x groups x 64 / SPAN of them)."""
     t = tl.load(t_ptr + at, mask=inside, other=0.0).to(DOT_DTYPE)
     z = tl.dot(tl.reshape(t, (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)), h, input_precision="ieee",
                out_dtype=tl.float32)
@@ -118,24 +180,26 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, M, K, GROUP: tl.constexpr, 
     _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
 
 
-def quantize_turned(t: torch.Tensor, turned: bool = True, out=None, rows: int = 1, num_warps: int = 4):
-    """Rows t [M, K] bf16 (turned: an attention's output whose v was turned, turned_rows) to (codes int8 [M, K],
-    scales f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch
-    shape. On Hopper, turned rows take kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
+def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4):
+    """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
+    f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
+    Hopper, rows whose v was turned take kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
                          f"{MAX_K}, got {t.dtype} {tuple(t.shape)}")
+    if turned is not None and turned not in TURNED:
+        raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None, got {turned!r}")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
                                                   torch.empty(m, dtype=torch.float32, device=t.device))
-    span = TURN if turned else BLOCK
-    if m and turned and int8_quant_turned_hopper.unusable(t) is None and int8_quant_turned_hopper.launch(t, codes,
-                                                                                                       scales):
+    if m and turned == "v" and int8_quant_turned_hopper.unusable(t) is None and \
+            int8_quant_turned_hopper.launch(t, codes, scales):
         return codes, scales
     if m:
+        span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
         # bf16 operands on the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints
         _turned_codes_kernel[(triton.cdiv(m, rows),)](
-            t, hadamard_bf16(span, t.device, halved=True), codes, scales, m, k, GROUP=GROUP, BLOCK=BLOCK, SPAN=span,
+            t, rest_operand(turned, span, t.device), codes, scales, m, k, GROUP=GROUP, BLOCK=BLOCK, SPAN=span,
             GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows, DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32,
             num_warps=num_warps, enable_fp_fusion=False)
     return codes, scales

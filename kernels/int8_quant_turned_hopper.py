@@ -11,6 +11,10 @@ rows, each 64-column block of a group as one tensor. f32 sums in another order t
 their rounding of a bf16 midpoint may round the other way: codes are checked against the float64 rotation as the
 Triton kernel's are (tests/kernels/test_int8_quant_turned.py). GPU only (Hopper, Gluon), else `unusable` says why
 and int8_quant_turned's Triton kernel runs.
+Hidden rows (TURNED "hidden": UP's SwiGLU epilogue took d2 and d1) of any length: z_a = t_a (I_16 (x) H4 / 2), the
+digit d0 in each thread's 8 contiguous columns, then the radix-4 step. A program takes a row by chunks of 4 groups a
+warp (the next chunk's loads issued before this one's butterflies); the rotated bf16 values wait in shared memory
+(K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote.
 """
 from __future__ import annotations
 
@@ -31,13 +35,15 @@ ENABLED = os.environ.get("SWIFTDIT_HOPPER_QUANT", "1") != "0"
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
-def unusable(t: torch.Tensor) -> str | None:
-    """None when this kernel can take the turned rows t [M, K] (contiguous bf16, checked by the caller), else why
-    not."""
+def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
+    """None when a kernel here can take the turned rows t [M, K] (contiguous bf16, K a multiple of 256, checked by
+    the caller; turned: int8_quant_turned.TURNED's key), else why not."""
     if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, unbuilt or interpreted"
     if not t.is_cuda or torch.cuda.get_device_capability(t.device) != (9, 0):
         return "not a Hopper GPU"
+    if turned == "hidden":
+        return None
     groups = t.shape[1] // GROUP
     if groups * 16 < 15 * triton.next_power_of_2(groups):
         # The layout's rows are a power of two of groups, the rest masked: H200, graph ms (docs/benchmarks.md,
@@ -104,14 +110,73 @@ if gluon is not None:
         _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, reciprocal)
 
 
-def launch(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2) -> bool:
-    """Codes and scales of turned rows t [M, K] (contiguous bf16, K a multiple of 256) into codes and scales; True,
-    or False where this Triton cannot build the kernel (UNBUILT says why; the caller runs the Triton kernel). The
-    caller asks `unusable` first. num_warps 2: a warp covers 8 groups, so two cover a row of 16 (K 3840 and 4096)."""
+    @gluon.jit
+    def _d0_turned(x):
+        """(H4 / 2) along digit d0 (columns' bits 0-1) of x [CH, 64], whose layout gives each thread 8 contiguous
+        columns: splits and joins of its own registers, halved (the operand's 1/2: exact)."""
+        layout: gl.constexpr = x.type.layout
+        turned = _h4_halved_last(gl.reshape(x.to(gl.float32), [x.shape[0], 4, 4, 4]))
+        return gl.convert_layout(gl.reshape(turned, [x.shape[0], 64]), layout) * 0.5
+
+    @gluon.jit
+    def _hidden_chunk(t_ptr, at, G, g0, g, c):
+        """The loads of one chunk: a group's four 64-column blocks [CH, 64] (zeros past the row's G groups)."""
+        inside = gl.expand_dims(g0 + g < G, 1) & gl.expand_dims(c < 64, 0)
+        return (gl.load(t_ptr + at, mask=inside, other=0.0), gl.load(t_ptr + at + 64, mask=inside, other=0.0),
+                gl.load(t_ptr + at + 128, mask=inside, other=0.0), gl.load(t_ptr + at + 192, mask=inside, other=0.0))
+
+    @gluon.jit
+    def _hidden_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, CHUNKS: gl.constexpr, CH: gl.constexpr):
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
+        ys = gl.allocate_shared_memory(gl.bfloat16, [4 * CHUNKS, CH, 64],
+                                       gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+        G = K // 256
+        g = gl.arange(0, CH, layout=gl.SliceLayout(1, layout))
+        c = gl.arange(0, 64, layout=gl.SliceLayout(0, layout))
+        at = gl.program_id(0).to(gl.int64) * K + (gl.expand_dims(g * 256, 1) + gl.expand_dims(c, 0))
+        x0, x1, x2, x3 = _hidden_chunk(t_ptr, at, G, 0, g, c)
+        top = gl.zeros([CH, 64], gl.float32, layout)
+        for i in range(CHUNKS):
+            n0, n1, n2, n3 = _hidden_chunk(t_ptr, at + (i + 1) * (CH * 256), G, (i + 1) * CH, g, c)  # (under these)
+            z0, z1, z2, z3 = _d0_turned(x0), _d0_turned(x1), _d0_turned(x2), _d0_turned(x3)
+            p, m, r, q = z0 + z1, z2 - z3, z0 - z1, z2 + z3  # radix-4: kernels/hadamard.py's radix4_rounded
+            y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + q), _rounded(q - r)
+            top = gl.maximum(top, gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3))))
+            ys.index(4 * i).store(y0.to(gl.bfloat16))
+            ys.index(4 * i + 1).store(y1.to(gl.bfloat16))
+            ys.index(4 * i + 2).store(y2.to(gl.bfloat16))
+            ys.index(4 * i + 3).store(y3.to(gl.bfloat16))
+            x0, x1, x2, x3 = n0, n1, n2, n3
+        s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
+        gl.store(s_ptr + gl.program_id(0), s)
+        reciprocal = gl.div_rn(1.0, _rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        for i in range(CHUNKS):  # (each thread reads back the values it stored: no barrier)
+            inside = gl.expand_dims(i * CH + g < G, 1) & gl.expand_dims(c < 64, 0)
+            for a in gl.static_range(4):
+                y = ys.index(4 * i + a).load(layout).to(gl.float32)
+                _store_codes(q_ptr, at + (i * (CH * 256) + a * 64), inside, y, reciprocal)
+
+
+def launch_hidden(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2,
+                  groups_per_warp: int = 4) -> bool:
+    """Codes and scales of hidden rows t [M, K] (contiguous bf16, K a multiple of 256, turned "hidden"), as
+    `launch`. num_warps, groups_per_warp: a chunk's shape (4 groups a warp: a thread's 8 columns of each block). Two
+    warps measured best on the H200 (docs/benchmarks.md, 2026-12-04, fourteenth session; graph ms, 1 / 2 / 4 warps):
+    4608 x 10240 0.0664 / 0.0515 / 0.0548, 4608 x 9216 0.0531 / 0.0497 / 0.0541, 512 x 9216 0.0171 / 0.0131 /
+    0.0131."""
     m, k = t.shape
+    chunk = num_warps * groups_per_warp
+    return _built(lambda: _hidden_codes_hopper_kernel[(m,)](
+        t, codes, scales, k, CHUNKS=triton.cdiv(k // GROUP, chunk), CH=chunk, num_warps=num_warps,
+        enable_fp_fusion=False))
+
+
+def _built(run) -> bool:
+    """run() (a launch); False where this Triton cannot build the kernel (UNBUILT says why; the caller runs the
+    Triton kernels)."""
     try:  # (a Triton whose Gluon differs fails in the build: nothing has run)
-        _turned_codes_hopper_kernel[(m,)](t, codes, scales, k, GROUPS_P2=triton.next_power_of_2(k // GROUP),
-                                          num_warps=num_warps, enable_fp_fusion=False)
+        run()
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError, RuntimeError) as e:
         if isinstance(e, RuntimeError) and "PassManager" not in str(e):
@@ -119,3 +184,13 @@ def launch(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps
         UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")
         return False
     return True
+
+
+def launch(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2) -> bool:
+    """Codes and scales of turned rows t [M, K] (contiguous bf16, K a multiple of 256) into codes and scales; True,
+    or False where this Triton cannot build the kernel (UNBUILT says why; the caller runs the Triton kernel). The
+    caller asks `unusable` first. num_warps 2: a warp covers 8 groups, so two cover a row of 16 (K 3840 and 4096)."""
+    m, k = t.shape
+    return _built(lambda: _turned_codes_hopper_kernel[(m,)](
+        t, codes, scales, k, GROUPS_P2=triton.next_power_of_2(k // GROUP), num_warps=num_warps,
+        enable_fp_fusion=False))

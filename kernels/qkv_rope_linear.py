@@ -169,7 +169,7 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
             q, out, heads * head * 2) is None and int8_linear_hopper.launch(
             q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
-            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn_v=turn_v):
+            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn=turn_v):
         return views
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None

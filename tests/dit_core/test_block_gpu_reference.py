@@ -8,7 +8,7 @@ from tiny_models import random_block
 
 from dit_core import block_gpu
 from dit_core.arch import Arch
-from dit_core.block import OUT, QKV, Block
+from dit_core.block import DOWN, OUT, QKV, UP, Block
 from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
@@ -203,3 +203,30 @@ def test_v_turned_for_out(norm, sandwich):
         again = gpu.parallel(a, x[:100], mods, first_rows,
                              lambda k, v: (torch.cat([k, kept["k"]]), torch.cat([v, v_kept])))
         assert (rel_err(again, whole[:100]) <= err) if err else (rel_err(again, whole[:100]) > 1e-2)
+
+
+@pytest.mark.parametrize("norm,sandwich", [("rms", True), ("layer", False)])
+def test_hidden_rows_turned_for_down(norm, sandwich, monkeypatch):
+    """UP's SwiGLU epilogue turns the hidden rows where UP and DOWN are INT8 and DOWN's groups are 256
+    (_turns_hidden), and DOWN's quantizer takes them as turned: forward and parallel match the host block either
+    way, and the turn changes the rows DOWN quantizes (so the path ran)."""
+    a = arch(norm, rope_axes=(16, 24, 24))
+    x, mods, seq = inputs(a, 128, 0)
+    block = random_block(a, sandwich, seed=9)
+    gpu, host = GpuBlock.of(block.quantized(), CPU), block.quantized()
+    assert block_gpu._turns_hidden(gpu.w[UP], gpu.w[DOWN])
+    assert not block_gpu._turns_hidden(gpu.w[UP], GpuBlock.of(block.dequantized(), CPU).w[DOWN])  # BF16 DOWN
+    turned, run = [], block_gpu.run
+    monkeypatch.setattr(block_gpu, "run", lambda op, *args, **kw: (
+        turned.append(kw.get("turned")) if op == "quantize_rows" else None) or run(op, *args, **kw))
+    outputs = {}
+    for turn in (True, False):
+        monkeypatch.setattr(block_gpu, "TURN_HIDDEN", turn)
+        turned.clear()
+        for step in ("forward", "parallel"):
+            ref = getattr(host, step)(a, x.double(), mods, seq).float()
+            outputs[turn, step] = getattr(gpu, step)(a, x.clone(), mods, seq)
+            assert rel_err(outputs[turn, step], ref) <= 1e-2, (turn, step)
+        assert ("hidden" in turned) == turn
+    for step in ("forward", "parallel"):
+        assert not torch.equal(outputs[True, step], outputs[False, step])

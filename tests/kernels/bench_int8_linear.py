@@ -27,7 +27,7 @@ from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, in
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.hadamard import hadamard
 from kernels.int8_quant import quantize_rows
-from kernels.int8_quant_turned import quantize_turned, turned_rows
+from kernels.int8_quant_turned import TURNED, quantize_turned, turned_rows
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 
@@ -134,12 +134,24 @@ def bench_shape(name, k, n, runs, kitchen):
     }
     if name == "out":  # the attention's output arrives turned where the QKV turned v (block_gpu._turns_v)
         t = turned_rows(x)
-        turned = int8_linear(*quantize_rows(t, GROUP, turned=True), codes, s_w, bias)
+        turned = int8_linear(*quantize_rows(t, GROUP, turned="v"), codes, s_w, bias)
         checks.append(f"ours, rows turned, vs f32: {rel_err(turned, exact):.2e}")
-        contenders["ours: turned quantize + GEMM"] = lambda: int8_linear(*quantize_rows(t, GROUP, turned=True),
+        contenders["ours: turned quantize + GEMM"] = lambda: int8_linear(*quantize_rows(t, GROUP, turned="v"),
                                                                         codes, s_w, bias, out=out)
-        contenders["ours: turned quantizer alone"] = lambda: quantize_rows(t, GROUP, turned=True, out=(q, s_x))
-        contenders["ours: plain rows' one-pass quantizer alone"] = lambda: quantize_turned(x, False, out=(q, s_x))
+        contenders["ours: turned quantizer alone"] = lambda: quantize_rows(t, GROUP, turned="v", out=(q, s_x))
+        contenders["ours: plain rows' one-pass quantizer alone"] = lambda: quantize_turned(x, None, out=(q, s_x))
+    if name == "w2":  # UP's SwiGLU epilogue turns the hidden rows for an INT8 DOWN (block_gpu._turns_hidden)
+        t = turned_rows(x, TURNED["hidden"])
+        turned = int8_linear(*quantize_rows(t, GROUP, turned="hidden"), codes, s_w, bias)
+        checks.append(f"ours, rows turned, vs f32: {rel_err(turned, exact):.2e}")
+        contenders["ours: turned quantize + GEMM"] = lambda: int8_linear(*quantize_rows(t, GROUP, turned="hidden"),
+                                                                        codes, s_w, bias, out=out)
+        contenders["ours: turned quantizer alone"] = lambda: quantize_rows(t, GROUP, turned="hidden", out=(q, s_x))
+    if name == "w1+w3":  # the turn's cost in UP's SwiGLU epilogue
+        hidden = torch.empty(M, n // 2, dtype=torch.bfloat16, device="cuda")
+        contenders["ours: SwiGLU GEMM alone"] = lambda: int8_linear(q, s_x, codes, s_w, bias, out=hidden, swiglu=True)
+        contenders["ours: SwiGLU GEMM alone, rows turned"] = lambda: int8_linear(
+            q, s_x, codes, s_w, bias, out=hidden, swiglu=True, turn_hidden=True)
     for label, fn in kitchen.items():
         try:
             checks.append(f"{label} vs f32: {rel_err(fn(x, codes, scale, bias), exact):.2e}")

@@ -35,6 +35,7 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
     constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row,
                  "HAS_ADDEND": False, "WIDE": False, "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16,
+                 "TURN": False,
                  "TMA": False, "PERSISTENT": False, "SUBTILE": 0, "SPLIT": False,
                  **{k: v for k, v in tile.items() if k not in launch}}
     return _int8_linear_kernel, LINEAR, constants, launch
@@ -91,6 +92,10 @@ def frontend_cases() -> dict:
                                                                   "GROUP_M": 8, "TMA": True, "PERSISTENT": True,
                                                                   "SUBTILE": 4, "num_warps": 8, "num_stages": 4})
     cases["int8_linear gated with an addend"] = (kernel, signature, {**constants, "HAS_ADDEND": True}, launch)
+    kernel, signature, constants, launch = linear_case(2, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
+                                                                  "GROUP_M": 8, "TMA": True, "PERSISTENT": True,
+                                                                  "SUBTILE": 0, "num_warps": 8, "num_stages": 4})
+    cases["int8_linear SwiGLU, rows turned"] = (kernel, signature, {**constants, "TURN": True}, launch)
     for form in (1, 2):  # 64-bit offsets (2^31 outputs or more: too large to run in a test)
         kernel, signature, constants, launch = linear_case(form, False, {"BLOCK_M": 128, "BLOCK_N": 256,
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})

@@ -9,6 +9,7 @@ from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
+from kernels.int8_quant_turned import TURNED, turned_digit
 from kernels.row_stats import reference as stats_reference
 from kernels import split_tail
 from kernels.arrival_counters import counters_left
@@ -124,6 +125,32 @@ def test_swiglu_epilogue(m, n, k, loads, device):
         assert torch.equal(out, expected)
     else:
         assert_within_one_bf16_step(out, expected)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (37, 192, 96)])  # one row; a tile's rows past M, 3 blocks of 64
+@pytest.mark.parametrize("loads", [{}, {"TMA": True, "PERSISTENT": True}, {"SUBTILE": 2}],
+                         ids=["pointers", "tma-persistent", "halves"])
+def test_swiglu_rows_turned(m, n, k, loads, device):
+    """turn_hidden: SwiGLU's f32 rows turned along each 64 columns' digits d2 and d1 before their one bf16 rounding
+    (int8_quant_turned.turned_f32, the epilogue's sums in its order): bit for bit here; turned back in float64, the
+    plain rows within a bf16 step (each side rounded once); an epilogue narrower than 64 rows' pairs refused."""
+    ops, _, _ = operands(m, 2 * n, k, seed=m + n * k, device=device)
+    tiles = {**SMALL_TILES, "BLOCK_N": 128 * max(loads.get("SUBTILE", 1), 1), **loads}
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+    assert int8_linear(**ops, out=out, tiles=tiles, swiglu=True, turn_hidden=True) is out
+    expected = reference(**ops, swiglu=True, turn_hidden=True)
+    if device.type == "cpu":
+        assert torch.equal(out, expected)
+    else:
+        assert_within_one_bf16_step(out, expected)
+    plain = reference(**ops, swiglu=True)
+    back = turned_digit(out.double(), TURNED["hidden"])
+    assert ((back - plain.double()).abs() <= 2.0 ** -7 * (plain.double().abs() + back.abs().amax())).all()
+    assert not torch.equal(out, plain)
+    with pytest.raises(ValueError, match="whole 128 columns"):
+        int8_linear(**ops, tiles=SMALL_TILES, swiglu=True, turn_hidden=True)
+    with pytest.raises(ValueError, match="blocks of 64"):
+        int8_linear(**ops, turn_hidden=True)
 
 
 def test_the_tail_split_decision():

@@ -24,6 +24,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("gated, with an addend", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
+                        ("swiglu, rows turned", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
                         ("qkv + head norm + rotary", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
                         ("qkv, its rotary made from angles", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16)),
                         ("qkv, v turned", 3, desc(Rows, [3, 4608, 3840], [1, bm, bn], gl.bfloat16))):
@@ -35,7 +36,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
            "eps": "fp32"}
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_ADDEND": "addend" in name,
               "HAS_NORM": True, "D": 128,
-              "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0, "TURN_V": "turned" in name,
+              "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0, "TURN": "turned" in name,
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
@@ -55,7 +56,7 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
     done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
-    assert len(found) == 7
+    assert len(found) == 8
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
@@ -63,9 +64,11 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
         assert "224" in built["setmaxnreg"], name  # the second consumer warpgroup's (ping-pong)
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
         assert (built["cos"] > 0) == ("angles" in name), name  # cos and sin on the MUFU, not read from tables
-    # v turned along the digit its threads hold in registers: no shuffle, no layout conversion through shared memory
-    turned, plain = found["qkv, v turned"], found["qkv + head norm + rotary"]
-    assert turned["shuffles"] == plain["shuffles"] and turned["shared"] == plain["shared"]
+    # v turned along the digit its threads hold in registers, SwiGLU's rows along two: no shuffle, no layout
+    # conversion through shared memory
+    for turned, plain in (("qkv, v turned", "qkv + head norm + rotary"), ("swiglu, rows turned", "swiglu")):
+        assert found[turned]["shuffles"] == found[plain]["shuffles"], turned
+        assert found[turned]["shared"] == found[plain]["shared"], turned
 
 
 class _FakeKernel:
@@ -192,6 +195,15 @@ def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
     hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n // 2), swiglu=True))
     assert torch.equal(hopper, triton_rows)
     assert_within_one_bf16_step(hopper, reference(**ops, swiglu=True))  # torch's exp against the GPU's
+    if n // 2 % 64 == 0:  # SwiGLU's rows turned in the epilogue's registers (turn_hidden), as Triton's kernel does
+        hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n // 2), swiglu=True,
+                                                                     turn_hidden=True))
+        assert torch.equal(hopper, triton_rows)
+        # torch's exp and division against the GPU's, a few f32 ulps of each of a 64-block's values: where the turn's
+        # sums cancel, that is more than a bf16 step of the sum
+        block_max = reference(**ops, swiglu=True).float().abs().reshape(m, -1, 64).amax(-1, keepdim=True)
+        assert_within_one_bf16_step(hopper, reference(**ops, swiglu=True, turn_hidden=True),
+                                    allowance=2.0 ** -18 * block_max.expand(m, n // 128, 64).reshape(m, n // 2))
 
 
 @pytest.mark.gpu

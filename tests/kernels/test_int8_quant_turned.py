@@ -17,16 +17,17 @@ from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_l
 
 from kernels import int8_quant, int8_quant_turned_hopper
 from kernels.hadamard import hadamard
-from kernels.int8_quant_turned import MAX_K, fits, quantize_turned, reference, turned_digit, turned_rows
+from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digit,
+                                      turned_f32, turned_rows)
 
 
 @pytest.mark.parametrize("m,k", [(1, 256), (37, 768), (5, 3072), (3, 3840)])  # one row, odd rows, Klein, Z-Image
 @pytest.mark.parametrize("rows", [1, 2])
-@pytest.mark.parametrize("turned", [True, False], ids=["turned", "plain"])
+@pytest.mark.parametrize("turned", ["v", "hidden", None])
 def test_codes_equal_float64_rotation(m, k, rows, turned, device):
     t = rows_like_activations(m, k, seed=m + k, device=device)
     q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows)
-    assert_codes_match_float64(q, s, turned_digit(t) if turned else t, 256, max_fraction=0)
+    assert_codes_match_float64(q, s, turned_digit(t, TURNED[turned]) if turned else t, 256, max_fraction=0)
     q_ref, s_ref = reference(t, turned)
     assert (q.int() - q_ref.int()).abs().max() <= 2 and ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
 
@@ -35,9 +36,9 @@ def test_minus_128_and_a_zero_row(device):
     """A negative absmax can quantize to -128 (format doc section 5), as int8_quant's test_f32_rows_and_minus_128."""
     y = torch.zeros(3, 256, dtype=torch.float64)
     y[0, 0], y[1, 0] = -11.0, 11.0  # bf16(11/127) < 11/127, so 11 / it rounds to 127.5 in bf16
-    for turned in (False, True):
+    for turned in (None, "v", "hidden"):
         u = y @ hadamard(256, torch.float64)  # rotates back to y exactly (each value +-11/16)
-        t = turned_rows(u) if turned else u.to(torch.bfloat16)  # exact in bf16 both ways
+        t = turned_rows(u, TURNED[turned]) if turned else u.to(torch.bfloat16)  # exact in bf16 each way
         q, s = quantize_turned(t.to(device), turned, out=poisoned_outputs(3, 256, device))
         assert q[0, 0] == -128 and q[1, 0] == 127 and (q[:2, 1:] == 0).all() and (q[2] == 0).all()
         assert torch.equal(s.cpu(), torch.tensor([11 / 127, 11 / 127, 1e-30], dtype=torch.float32))
@@ -56,15 +57,41 @@ def test_as_the_rotate_pass_of_the_unturned_rows(device):
 
 def test_quantize_rows_takes_turned_rows(device):
     t = rows_like_activations(7, 512, seed=1, device=device)
-    q, s = int8_quant.quantize_rows(t, 256, turned=True)
-    q_ref, s_ref = quantize_turned(t)
-    assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
-    assert int8_quant.reference(t, 256, turned=True)[1].allclose(s, rtol=2.0 ** -7)
+    for turned in TURNED:
+        q, s = int8_quant.quantize_rows(t, 256, turned=turned)
+        q_ref, s_ref = quantize_turned(t, turned)
+        assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
+        assert int8_quant.reference(t, 256, turned=turned)[1].allclose(s, rtol=2.0 ** -7)
     with pytest.raises(ValueError, match="turned rows"):
-        int8_quant.quantize_rows(t, 64, turned=True)
+        int8_quant.quantize_rows(t, 64, turned="v")
+    with pytest.raises(ValueError, match="turned rows"):
+        int8_quant.quantize_rows(t, 256, turned="q")
     with pytest.raises(ValueError, match="turned rows"):
         int8_quant.quantize_rows(t.float(), 256, norm="rms", scale=torch.zeros(1, 512, device=device),
-                                 row_map=torch.zeros(7, dtype=torch.long, device=device), turned=True)
+                                 row_map=torch.zeros(7, dtype=torch.long, device=device), turned="v")
+
+
+def test_hidden_rows_past_whole_rows_take_the_passes_with_the_rest_as_operand(device):
+    """Turned rows longer than MAX_K (the MLP's hidden rows: 9216, 10240) where no Gluon kernel runs: the rotate and
+    codes passes, their 64-column operand the factors the producer left (rest_operand), against the float64
+    rotation."""
+    for turned in TURNED:
+        t = rows_like_activations(3, MAX_K + 256, seed=4, device=device)
+        q, s = int8_quant.quantize_rows(t, 256, turned=turned, out=poisoned_outputs(3, MAX_K + 256, device))
+        assert_codes_match_float64(q, s, turned_digit(t, TURNED[turned]), 256, max_fraction=0)
+
+
+def test_rest_operand_completes_the_rotation():
+    """Each turn's digits, then the rest (rest_operand, doubled), give H_64 exactly; turned_f32 is the float64 turn
+    within f32 sums' rounding; each factor is its own inverse."""
+    u = torch.randn(5, 256, dtype=torch.float64)
+    full = (u.reshape(5, 4, 64) @ hadamard(64, torch.float64)).reshape(5, 256)
+    for turned, digits in TURNED.items():
+        rest = rest_operand(turned, 64, torch.device("cpu")).double() * 2
+        assert torch.allclose((turned_digit(u, digits).reshape(5, 4, 64) @ rest).reshape(5, 256), full, atol=1e-12)
+        assert torch.allclose(turned_digit(turned_digit(u, digits), digits), u, atol=1e-12)
+    assert torch.equal(rest_operand(None, 64, torch.device("cpu")).double(), hadamard(64, torch.float64) / 2)
+    assert torch.allclose(turned_f32(u.float()).double(), turned_digit(u, TURNED["hidden"]), rtol=0, atol=1e-6)
 
 
 def test_fits():
@@ -75,7 +102,7 @@ def test_fits():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k", [3072, 3840])
-@pytest.mark.parametrize("turned", [True, False], ids=["turned", "plain"])
+@pytest.mark.parametrize("turned", ["v", None])
 def test_attention_output_shapes(k, turned):
     """Klein's and Z-Image's attention outputs at 1024^2 (4608 rows): the float64 rotation's codes (at most 1e-5 of
     them across a midpoint)."""
@@ -94,11 +121,11 @@ def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatc
                         lambda *a, **kw: calls.append(kw["turned"]) or quantize_turned(*a, **kw))
     x = rows_like_activations(16, 512, seed=2, device=device)
     q, s = int8_quant.quantize_rows(x, 256)
-    assert calls == [False]
+    assert calls == [None]
     assert_codes_match_float64(q, s, x, 256, max_fraction=0)
     int8_quant.quantize_rows(x[:15], 256)
     int8_quant.quantize_rows(x.float(), 256)
-    assert calls == [False]
+    assert calls == [None]
 
 
 BUILD = GLUON_BUILD + """
@@ -155,3 +182,55 @@ def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
     for q, s in (hopper, triton_codes):
         assert_codes_match_float64(q, s, turned_digit(t), 256, max_fraction=1e-5)
     assert (hopper[0] != triton_codes[0]).float().mean() <= 1e-5
+
+
+HIDDEN_BUILD = GLUON_BUILD + """
+from kernels import int8_quant_turned_hopper as kt
+sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "CHUNKS": "constexpr", "CH": "constexpr"}
+found = {}
+for chunks, ch, warps in ((10, 4, 1), (5, 8, 2)):  # K 10240 by chunks of 4 groups a warp
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
+    src = GluonASTSource(kt._hidden_codes_hopper_kernel, sig, {(4,): chunks, (5,): ch}, attrs)
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": warps, "enable_fp_fusion": False})
+    ptx = built.asm["ptx"]
+    found[warps] = {"loads": len(re.findall(r"ld\\.global[.\\w]*\\.v4\\.b32", ptx)),
+                    "code stores": len(re.findall(r"st\\.global[.\\w]*\\.v2\\.b32", ptx)),
+                    "shared stores": len(re.findall(r"st\\.shared\\.v4\\.b32", ptx)),
+                    "shuffles": ptx.count("shfl.sync"), "shared": built.metadata.shared}
+print(json.dumps(found))
+"""
+
+
+def test_hidden_rows_kernel_builds_with_d0_in_each_threads_registers():
+    """The Gluon kernel for hidden rows, for sm_90a: each block's 8 columns a thread load as one 16-byte vector (a
+    chunk's four blocks, then the next chunk's under them), its codes leave as 8 bytes and its rotated values wait in
+    shared memory as 16 bytes; no shuffles but the row's absmax (5 steps across a warp's lanes, one more for the
+    warps); shared memory K x 2 bytes."""
+    pytest.importorskip("triton.experimental.gluon")
+    done = subprocess.run([sys.executable, "-c", HIDDEN_BUILD], env=compiler_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    for warps, built in found.items():
+        assert built["loads"] == 8 and built["code stores"] == 4 and built["shared stores"] == 4, (warps, built)
+        assert built["shuffles"] <= 5 + int(warps) and 10240 * 2 <= built["shared"] <= 10240 * 2 + 64, (warps, built)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs a Hopper GPU")
+@pytest.mark.parametrize("m,k", [(4608, 9216), (4608, 10240), (512, 9216), (3, 8448), (1, 256)])
+@pytest.mark.parametrize("warps,groups", [(1, 4), (2, 4), (1, 8)])
+def test_hidden_rows_kernel_against_the_passes(m, k, warps, groups, monkeypatch):
+    """The Gluon kernel for hidden rows (quantize_rows takes it on Hopper) against the float64 rotation, and against
+    the Triton passes with the rest of the rotation as their operand (all but f32 sums' midpoints equal)."""
+    t = turned_rows(rows_like_activations(m, k, seed=m + k, device="cuda"), TURNED["hidden"])
+    hopper = poisoned_outputs(m, k, "cuda")
+    assert int8_quant_turned_hopper.launch_hidden(t, *hopper, warps, groups), int8_quant_turned_hopper.UNBUILT
+    assert int8_quant_turned_hopper.unusable(t, "hidden") is None
+    monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
+    passes = int8_quant.quantize_rows(t, 256, turned="hidden", out=poisoned_outputs(m, k, "cuda"))
+    for q, s in (hopper, passes):
+        assert_codes_match_float64(q, s, turned_digit(t, TURNED["hidden"]), 256, max_fraction=1e-5)
+    assert (hopper[0] != passes[0]).float().mean() <= 1e-5
