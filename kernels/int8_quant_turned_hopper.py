@@ -14,7 +14,9 @@ and int8_quant_turned's Triton kernel runs.
 Hidden rows (TURNED "hidden": UP's SwiGLU epilogue took d2 and d1) of any length: z_a = t_a (I_16 (x) H4 / 2), the
 digit d0 in each thread's 8 contiguous columns, then the radix-4 step. A program takes a row by chunks of 4 groups a
 warp (the next chunk's loads issued before this one's butterflies); the rotated bf16 values wait in shared memory
-(K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote.
+(K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote. (Measured slower on the H200,
+docs/benchmarks.md 2026-12-04, fourteenth session: no shared memory, the codes loop loading the row again from L2
+and rotating it again, 0.0653 against 0.0498 ms at 4608 x 9216 and 0.0678 against 0.0512 at 4608 x 10240.)
 """
 from __future__ import annotations
 
