@@ -156,8 +156,7 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
           HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr,
           WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, TURN: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
-          GROUP_M: tl.constexpr,
-          TMA: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+          GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     """An output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with SPLIT, program
     `item`'s part of a tail tile, the epilogue run by the part that is counted last."""
     if SPLIT:

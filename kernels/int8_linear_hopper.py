@@ -206,9 +206,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
     (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
     axes 1-3), int8_hopper_epilogues' factors; turn: QKV_ROPE's v turned (turned_v), SWIGLU's rows turned
-    (turned_hidden)); True, or False where
-    nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers run Triton's kernels). The callers ask
-    `unusable` first."""
+    (turned_hidden)); True, or False where nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers
+    run Triton's kernels). The callers ask `unusable` first."""
     if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
                                                    or w.shape[0] % 8)):
         return False

@@ -23,14 +23,14 @@ bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/i
 plain hidden rows take kernels/int8_quant_hopper.py's one pass instead; many plain bf16 rows of up to 8192 features
 (attention outputs), and rows that hold factors of the rotation already (`turned`: attention outputs whose v was
 turned, hidden rows turned by UP's SwiGLU epilogue), kernels/int8_quant_turned.py's (a row a program, its groups'
-blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. (Measured slower on the H200, docs/benchmarks.md: a one-pass kernel
-for every prologue, whole rows of up to 16384 values in registers, 1.2-2x; the codes written by the rotate
-pass's program finishing a row block's last group, 2x a Z-Image step: those programs come last in the launch and
-each writes 64 x K codes alone; one launch whose programs wait for their row block's other groups' maxima and write
-codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics and waits, at 2-5 an SM; the
-rows in chunks whose rotated rows fit in L2, a Z-Image step 1.4 ms slower: each chunk's launches end part-empty; this
-pass run twice, the group maxima then the codes from a second rotation (no bf16 round trip), 1.3-1.6x: the pass is
-bound by its instruction issue, not by DRAM.)
+blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. (Measured slower on the H200,
+docs/benchmarks.md: a one-pass kernel for every prologue, whole rows of up to 16384 values in registers, 1.2-2x; the
+codes written by the rotate pass's program finishing a row block's last group, 2x a Z-Image step: those programs
+come last in the launch and each writes 64 x K codes alone; one launch whose programs wait for their row block's
+other groups' maxima and write codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics
+and waits, at 2-5 an SM; the rows in chunks whose rotated rows fit in L2, a Z-Image step 1.4 ms slower: each chunk's
+launches end part-empty; this pass run twice, the group maxima then the codes from a second rotation (no bf16 round
+trip), 1.3-1.6x: the pass is bound by its instruction issue, not by DRAM.)
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""kernels/int8_quant_turned.py's turned rows on Hopper (Gluon): H_16 by two radix-4 butterflies in registers, each
-thread holding 16 contiguous columns.
+"""kernels/int8_quant_turned.py's turned rows on Hopper (Gluon), the rest of the rotation in each thread's registers:
+rows whose v was turned (H_16 by two radix-4 butterflies, a thread holding 16 contiguous columns), and hidden rows
+(d0 by one, a thread holding 8).
 
 Issue 4. The same math as int8_quant_turned's docstring: z_a = t_a (I_4 (x) H_16 / 2), y_s = bf16(sum_a H4[a, s] z_a),
 then the row scales and codes. Triton's kernel there takes H_16 on the matrix cores: its loads hold 8 values a thread,
@@ -44,8 +45,8 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
         return "off, no Gluon, unbuilt or interpreted"
     if not t.is_cuda or torch.cuda.get_device_capability(t.device) != (9, 0):
         return "not a Hopper GPU"
-    if turned == "hidden":
-        return None
+    if turned == "hidden":  # a row's rotated values wait in shared memory
+        return None if t.shape[1] * 2 <= 192 * 1024 else "a row's rotated values larger than shared memory"
     groups = t.shape[1] // GROUP
     if groups * 16 < 15 * triton.next_power_of_2(groups):
         # The layout's rows are a power of two of groups, the rest masked: H200, graph ms (docs/benchmarks.md,
