@@ -35,6 +35,10 @@ def consumer_cases() -> dict:
         label = f"int8_linear {FORMS[form]}" + (" one gate row" if one else " (gathered)" if form == 1 else "")
         for tile in pointer_tiles(gated=form == 1):
             cases[f"{label} {tile}"] = (label, *linear_case(form, one, tile))
+            if form == 2 and tile["BLOCK_N"] % 128 == 0:  # rows turned: whole 64 of them a tile (int8_linear's check)
+                kernel, signature, constants, launch = linear_case(form, one, tile)
+                cases[f"{label}, rows turned {tile}"] = (f"{label}, rows turned", kernel, signature,
+                                                         {**constants, "TURN": True}, launch)
     for turn_v in (False, True):
         qkv = qkv_rope_case(False, turn_v)
         for tile in pointer_tiles(gated=False):
