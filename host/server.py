@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -259,6 +260,22 @@ class ComfyHost:
     def free(self, unload_models: bool = True, free_memory: bool = False) -> None:
         """POST /free: ComfyUI acts on it when its prompt worker next wakes (at once when idle)."""
         self.request("POST", "/free", {"unload_models": unload_models, "free_memory": free_memory})
+
+    def free_until(self, pattern: str, timeout: float = 60.0, every: float = 5.0) -> re.Match | None:
+        """POST /free until the log shows `pattern` (its match), or None after timeout. Posted again every
+        `every` seconds because ComfyUI v0.3.75's prompt worker can miss it: /free sets a flag and notifies the
+        queue, but a notify that lands after the worker read the flags and before it waits again is lost, and the
+        worker then sleeps up to 1000 s (its queue's timeout once its garbage collection is done)."""
+        mark, deadline, posted = self.log_mark(), time.monotonic() + timeout, -every
+        while time.monotonic() < deadline:
+            if time.monotonic() - posted >= every:
+                self.free()
+                posted = time.monotonic()
+            found = re.search(pattern, self.log_since(mark))
+            if found:
+                return found
+            time.sleep(0.2)
+        return None
 
     def events(self, client_id: str | None = None) -> EventStream:
         """A WebSocket listener for client_id; enter it before posting with the same client_id (progress

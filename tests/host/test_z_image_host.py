@@ -281,12 +281,7 @@ def test_models_kept_across_prompts_and_freed_on_unload(host):
     kept = run(3)
     assert "SwiftDiT: loaded" not in host.log_since(mark), "a model was reloaded for a later prompt"
 
-    mark = host.log_mark()
-    host.free(unload_models=True)
-    deadline, freed = time.monotonic() + 30, None
-    while freed is None and time.monotonic() < deadline:
-        freed = re.search(r"SwiftDiT: freed (\d+) models", host.log_since(mark))
-        time.sleep(0.2)
+    freed = host.free_until(r"SwiftDiT: freed (\d+) models")
     assert freed, f"no 'SwiftDiT: freed' line after POST /free:\n{host.log_tail()}"
     assert int(freed.group(1)) == 3  # DiT, text encoder, VAE
 
