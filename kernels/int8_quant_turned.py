@@ -60,7 +60,7 @@ def _digits_back(x: torch.Tensor, digit: int) -> torch.Tensor:
     return torch.movedim(x, -1, -1 - digit).reshape(*x.shape[:-4], -1)
 
 
-def turned_digit(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
+def turned_digits(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
     """u [..., K] in float64 with each 64 columns' listed digits turned (H4 / 2 along each), unrounded. Each factor
     is its own inverse, so this also turns rows back."""
     h4 = hadamard(4, torch.float64).to(u.device)
@@ -71,9 +71,9 @@ def turned_digit(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
 
 
 def turned_rows(u: torch.Tensor, digits=TURNED["v"]) -> torch.Tensor:
-    """bf16 of turned_digit's rows, the products exact, the sums in float64: what turn_v does to v, and so to an
+    """bf16 of turned_digits' rows, the products exact, the sums in float64: what turn_v does to v, and so to an
     attention's output."""
-    return turned_digit(u, digits).to(torch.bfloat16)
+    return turned_digits(u, digits).to(torch.bfloat16)
 
 
 def turned_f32(u: torch.Tensor, digits=TURNED["hidden"]) -> torch.Tensor:

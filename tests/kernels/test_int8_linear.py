@@ -9,7 +9,7 @@ from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
 from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
 from kernels.int8_quant import quantize_rows, rotation_input
-from kernels.int8_quant_turned import TURNED, turned_digit
+from kernels.int8_quant_turned import TURNED, turned_digits
 from kernels.row_stats import reference as stats_reference
 from kernels import split_tail
 from kernels.arrival_counters import counters_left
@@ -144,7 +144,7 @@ def test_swiglu_rows_turned(m, n, k, loads, device):
     else:
         assert_within_one_bf16_step(out, expected)
     plain = reference(**ops, swiglu=True)
-    back = turned_digit(out.double(), TURNED["hidden"])
+    back = turned_digits(out.double(), TURNED["hidden"])
     assert ((back - plain.double()).abs() <= 2.0 ** -7 * (plain.double().abs() + back.abs().amax())).all()
     assert not torch.equal(out, plain)
     with pytest.raises(ValueError, match="whole 128 columns"):

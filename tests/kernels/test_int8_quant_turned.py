@@ -17,7 +17,7 @@ from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_l
 
 from kernels import int8_quant, int8_quant_turned_hopper
 from kernels.hadamard import hadamard
-from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digit,
+from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digits,
                                       turned_f32, turned_rows)
 
 
@@ -27,7 +27,7 @@ from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, ref
 def test_codes_equal_float64_rotation(m, k, rows, turned, device):
     t = rows_like_activations(m, k, seed=m + k, device=device)
     q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows)
-    assert_codes_match_float64(q, s, turned_digit(t, TURNED[turned]) if turned else t, 256, max_fraction=0)
+    assert_codes_match_float64(q, s, turned_digits(t, TURNED[turned]) if turned else t, 256, max_fraction=0)
     q_ref, s_ref = reference(t, turned)
     assert (q.int() - q_ref.int()).abs().max() <= 2 and ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
 
@@ -78,7 +78,7 @@ def test_hidden_rows_past_whole_rows_take_the_passes_with_the_rest_as_operand(de
     for turned in TURNED:
         t = rows_like_activations(3, MAX_K + 256, seed=4, device=device)
         q, s = int8_quant.quantize_rows(t, 256, turned=turned, out=poisoned_outputs(3, MAX_K + 256, device))
-        assert_codes_match_float64(q, s, turned_digit(t, TURNED[turned]), 256, max_fraction=0)
+        assert_codes_match_float64(q, s, turned_digits(t, TURNED[turned]), 256, max_fraction=0)
 
 
 def test_rest_operand_completes_the_rotation():
@@ -88,10 +88,10 @@ def test_rest_operand_completes_the_rotation():
     full = (u.reshape(5, 4, 64) @ hadamard(64, torch.float64)).reshape(5, 256)
     for turned, digits in TURNED.items():
         rest = rest_operand(turned, 64, torch.device("cpu")).double() * 2
-        assert torch.allclose((turned_digit(u, digits).reshape(5, 4, 64) @ rest).reshape(5, 256), full, atol=1e-12)
-        assert torch.allclose(turned_digit(turned_digit(u, digits), digits), u, atol=1e-12)
+        assert torch.allclose((turned_digits(u, digits).reshape(5, 4, 64) @ rest).reshape(5, 256), full, atol=1e-12)
+        assert torch.allclose(turned_digits(turned_digits(u, digits), digits), u, atol=1e-12)
     assert torch.equal(rest_operand(None, 64, torch.device("cpu")).double(), hadamard(64, torch.float64) / 2)
-    assert torch.allclose(turned_f32(u.float()).double(), turned_digit(u, TURNED["hidden"]), rtol=0, atol=1e-6)
+    assert torch.allclose(turned_f32(u.float()).double(), turned_digits(u, TURNED["hidden"]), rtol=0, atol=1e-6)
 
 
 def test_fits():
@@ -109,7 +109,7 @@ def test_attention_output_shapes(k, turned):
     u = rows_like_activations(4608, k, seed=k, device="cuda")
     t = turned_rows(u) if turned else u
     q, s = quantize_turned(t, turned, out=poisoned_outputs(4608, k, "cuda"))
-    assert_codes_match_float64(q, s, turned_digit(t) if turned else t, 256, max_fraction=1e-5)
+    assert_codes_match_float64(q, s, turned_digits(t) if turned else t, 256, max_fraction=1e-5)
 
 
 def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatch):
@@ -180,7 +180,7 @@ def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
     monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
     triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
     for q, s in (hopper, triton_codes):
-        assert_codes_match_float64(q, s, turned_digit(t), 256, max_fraction=1e-5)
+        assert_codes_match_float64(q, s, turned_digits(t), 256, max_fraction=1e-5)
     assert (hopper[0] != triton_codes[0]).float().mean() <= 1e-5
 
 
@@ -232,5 +232,5 @@ def test_hidden_rows_kernel_against_the_passes(m, k, warps, groups, monkeypatch)
     monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
     passes = int8_quant.quantize_rows(t, 256, turned="hidden", out=poisoned_outputs(m, k, "cuda"))
     for q, s in (hopper, passes):
-        assert_codes_match_float64(q, s, turned_digit(t, TURNED["hidden"]), 256, max_fraction=1e-5)
+        assert_codes_match_float64(q, s, turned_digits(t, TURNED["hidden"]), 256, max_fraction=1e-5)
     assert (hopper[0] != passes[0]).float().mean() <= 1e-5
