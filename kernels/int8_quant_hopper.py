@@ -75,8 +75,15 @@ def groups_per_item(groups: int) -> int:
 
 if gluon is not None:
     @gluon.jit
-    def _rounded(x):  # f32 to the nearest bf16 (ties to even: cvt.rn), as f32
+    def bf16_rounded(x):  # f32 to the nearest bf16 (ties to even: cvt.rn), as f32
         return x.to(gl.bfloat16).to(gl.float32)
+
+    @gluon.jit
+    def radix4_bf16(z0, z1, z2, z3):
+        """kernels/hadamard.radix4_rounded's butterfly on a group's four blocks z_a (the 1/2 of 1/sqrt(256) is in
+        their operand), each output rounded to bf16 (held in f32); kernels/int8_quant_turned_hopper.py's too."""
+        p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
+        return bf16_rounded(p + m), bf16_rounded(p - m), bf16_rounded(r + t), bf16_rounded(t - r)
 
     @gluon.jit
     def _ticket(work_ptr):
@@ -96,9 +103,7 @@ if gluon is not None:
             z2 = warpgroup_mma(xs.index(4 * g + 2), hs, zero, use_acc=False, is_async=True)
             z3 = warpgroup_mma(xs.index(4 * g + 3), hs, zero, use_acc=False, is_async=True)
             z0, z1, z2, z3 = warpgroup_mma_wait(num_outstanding=0, deps=(z0, z1, z2, z3))
-            # kernels/hadamard.radix4_rounded's butterfly (the 1/2 of 1/sqrt(256) is in the operand)
-            p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
-            y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + t), _rounded(t - r)
+            y0, y1, y2, y3 = radix4_bf16(z0, z1, z2, z3)
             top = gl.maximum(top, gl.max(gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)),
                                                     gl.maximum(gl.abs(y2), gl.abs(y3))), axis=1))
             xs.index(4 * g).store(y0.to(gl.bfloat16))  # (the wgmmas read these blocks: they are done)
@@ -157,11 +162,11 @@ if gluon is not None:
             s = gl.maximum(gl.div_rn(amax, 127.0), 1e-30)
             if chunk == 0:
                 gl.store(s_ptr + rm, s, mask=rm < M)
-            inverse = gl.expand_dims(gl.div_rn(1.0, _rounded(s)), 1)  # kernels/int8_codes.py's product
+            inverse = gl.expand_dims(gl.div_rn(1.0, bf16_rounded(s)), 1)  # kernels/int8_codes.py's product
             at = gl.expand_dims(rm.to(gl.int64) * K + c0, 1) + gl.expand_dims(cols_io, 0)
             inside = gl.expand_dims(rm < M, 1)
             for j in range(4 * G):
-                code = _rounded(xs.index(j).load(io).to(gl.float32) * inverse)
+                code = bf16_rounded(xs.index(j).load(io).to(gl.float32) * inverse)
                 code = gl.inline_asm_elementwise("cvt.rni.f32.f32 $0, $1;", "=r,r", [code], dtype=gl.float32,
                                                  is_pure=True, pack=1)
                 code = gl.minimum(gl.maximum(code, -128.0), 127.0)

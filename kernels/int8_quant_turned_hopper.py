@@ -29,6 +29,8 @@ try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
+
+    from .int8_quant_hopper import bf16_rounded, radix4_bf16
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -57,10 +59,6 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
 
 
 if gluon is not None:
-    @gluon.jit
-    def _rounded(x):  # f32 to the nearest bf16 (ties to even: cvt.rn), as f32
-        return x.to(gl.bfloat16).to(gl.float32)
-
     @gluon.jit
     def _h4_halved_last(x):
         """(H4 / 2) along the last axis (of 4) of x [R, 4, 4, 4]: out_s = sum / 2 - x_(3 - s) (H4 = ones - 2
@@ -101,12 +99,11 @@ if gluon is not None:
         z1 = _block_z(t_ptr, at + BLOCK, inside, layout)
         z2 = _block_z(t_ptr, at + 2 * BLOCK, inside, layout)
         z3 = _block_z(t_ptr, at + 3 * BLOCK, inside, layout)
-        p, m, r, q = z0 + z1, z2 - z3, z0 - z1, z2 + z3  # radix-4: kernels/hadamard.py's radix4_rounded
-        y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + q), _rounded(q - r)
+        y0, y1, y2, y3 = radix4_bf16(z0, z1, z2, z3)
         top = gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3)))
         s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
         gl.store(s_ptr + row, s)
-        reciprocal = gl.div_rn(1.0, _rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
         _store_codes(q_ptr, at, inside, y0, reciprocal)
         _store_codes(q_ptr, at + BLOCK, inside, y1, reciprocal)
         _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, reciprocal)
@@ -143,8 +140,7 @@ if gluon is not None:
         for i in range(CHUNKS):
             n0, n1, n2, n3 = _hidden_chunk(t_ptr, at + (i + 1) * (CH * 256), G, (i + 1) * CH, g, c)  # (under these)
             z0, z1, z2, z3 = _d0_turned(x0), _d0_turned(x1), _d0_turned(x2), _d0_turned(x3)
-            p, m, r, q = z0 + z1, z2 - z3, z0 - z1, z2 + z3  # radix-4: kernels/hadamard.py's radix4_rounded
-            y0, y1, y2, y3 = _rounded(p + m), _rounded(p - m), _rounded(r + q), _rounded(q - r)
+            y0, y1, y2, y3 = radix4_bf16(z0, z1, z2, z3)
             top = gl.maximum(top, gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3))))
             ys.index(4 * i).store(y0.to(gl.bfloat16))
             ys.index(4 * i + 1).store(y1.to(gl.bfloat16))
@@ -153,7 +149,7 @@ if gluon is not None:
             x0, x1, x2, x3 = n0, n1, n2, n3
         s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
         gl.store(s_ptr + gl.program_id(0), s)
-        reciprocal = gl.div_rn(1.0, _rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
         for i in range(CHUNKS):  # (each thread reads back the values it stored: no barrier)
             inside = gl.expand_dims(i * CH + g < G, 1) & gl.expand_dims(c < 64, 0)
             for a in gl.static_range(4):

@@ -5,7 +5,10 @@ pytest imports this file before the test modules of this folder, and nothing out
 Triton. On a GPU machine the same small-shape tests run compiled, beside the `gpu`-marked ones at real shapes.
 """
 import importlib.util
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,16 @@ def compiler_env() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(Path(__file__).parent), env.get("PYTHONPATH", "")])
     return env
+
+
+def gluon_builds(script: str) -> dict:
+    """What a build script (GLUON_BUILD + its own lines) prints last as JSON, run in a child Python that compiles
+    (compiler_env); skipped where this Triton has no Gluon."""
+    pytest.importorskip("triton.experimental.gluon")
+    done = subprocess.run([sys.executable, "-c", script], env=compiler_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="session")

@@ -2,13 +2,9 @@
 into a producer and two consumer warpgroups and keep an integer wgmma group in flight), its launcher's boxes and its
 fallback to Triton where it cannot be built checked on the CPU, and on the GPU equal bit for bit to the Triton
 kernels it stands in for (int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import GLUON_BUILD, assert_within_one_bf16_step, compiler_env
+from conftest import GLUON_BUILD, assert_within_one_bf16_step, gluon_builds
 
 BUILD = GLUON_BUILD + """
 from kernels import int8_linear_hopper as kh
@@ -51,11 +47,7 @@ print(json.dumps(found))
 
 
 def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_mma_in_flight():
-    pytest.importorskip("triton.experimental.gluon")
-    env = compiler_env()
-    done = subprocess.run([sys.executable, "-c", BUILD], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = gluon_builds(BUILD)
     assert len(found) == 8
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name

@@ -2,13 +2,9 @@
 wgmma, count row blocks in with release and acquire atomics, and fit three programs an SM), its launcher's choices
 and fallbacks checked on the CPU, and on the GPU equal bit for bit to kernels/int8_quant.py's Triton passes
 (pytest -m gpu)."""
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import GLUON_BUILD, compiler_env
+from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import poisoned_outputs, rows_like_activations
 
 from kernels import int8_quant_hopper
@@ -39,11 +35,7 @@ print(json.dumps(found))
 
 
 def test_builds_for_the_h200_rotating_on_bf16_wgmma_with_ordered_counters():
-    pytest.importorskip("triton.experimental.gluon")
-    done = subprocess.run([sys.executable, "-c", BUILD], env=compiler_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = gluon_builds(BUILD)
     for groups, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16"], groups
         assert built["atomics"] == ["acq_rel", "acquire", "release"], groups  # count in, wait, last to finish

@@ -6,13 +6,9 @@ may round a value lying within their error of a bf16 midpoint the other way; eve
 turned rows t the unturned rows are t ((H4 / 2) (x) I_16) in float64 (the factor is its own inverse). Against the
 rotate pass on the unturned bf16 rows u, turned rows t = bf16(u ((H4 / 2) (x) I_16)) carry one bf16 rounding more:
 codes move by one or two at a few percent of values, scales by a bf16 step at most (checked, and bounded, below)."""
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import GLUON_BUILD, compiler_env
+from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_like_activations
 
 from kernels import int8_quant, int8_quant_turned_hopper
@@ -148,11 +144,7 @@ def test_hopper_kernel_builds_with_h16_in_each_threads_registers():
     """The Gluon kernel for sm_90a (CI has no GPU): each thread's 16 columns of a block load and store as 16-byte
     vectors (bf16 in, int8 out), and the butterflies move no data between threads (shuffles only in the row's
     absmax: two warps' lanes; shared memory only for the warps' partial maxima)."""
-    pytest.importorskip("triton.experimental.gluon")
-    done = subprocess.run([sys.executable, "-c", BUILD], env=compiler_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = gluon_builds(BUILD)
     for groups_p2, built in found.items():
         reps = int(groups_p2) // 16  # a warp's lanes cover 8 groups: the layout wraps past 16
         assert built["loads"] == 4 * 2 * reps and built["stores"] == 4 * reps, (groups_p2, built)
@@ -207,11 +199,7 @@ def test_hidden_rows_kernel_builds_with_d0_in_each_threads_registers():
     chunk's four blocks, then the next chunk's under them), its codes leave as 8 bytes and its rotated values wait in
     shared memory as 16 bytes; no shuffles but the row's absmax (5 steps across a warp's lanes, one more for the
     warps); shared memory K x 2 bytes."""
-    pytest.importorskip("triton.experimental.gluon")
-    done = subprocess.run([sys.executable, "-c", HIDDEN_BUILD], env=compiler_env(), capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = gluon_builds(HIDDEN_BUILD)
     for warps, built in found.items():
         assert built["loads"] == 8 and built["code stores"] == 4 and built["shared stores"] == 4, (warps, built)
         assert built["shuffles"] <= 5 + int(warps) and 10240 * 2 <= built["shared"] <= 10240 * 2 + 64, (warps, built)
