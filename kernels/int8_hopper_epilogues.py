@@ -152,19 +152,15 @@ if gluon is not None:
         shuffles a tile.)"""
         BM: gl.constexpr = y.shape[0]
         BN: gl.constexpr = y.shape[1]
-        layout: gl.constexpr = y.type.layout
-        x = gl.permute(gl.reshape(y, [BM, BN // 64, 2, 2, 16]), [0, 1, 4, 2, 3])  # [.., bit 5, bit 4]
-        b4_0, b4_1 = gl.split(x)
-        x0, x2 = gl.split(b4_0)  # d = 2 bit5 + bit4
-        x1, x3 = gl.split(b4_1)
-        half = ((x0 + x1) + (x2 + x3)) * 0.5
-        x = gl.join(gl.join(half - x3, half - x2), gl.join(half - x1, half - x0))  # [.., bit 4, bit 5]
+        x = h4_halved_pair(gl.permute(gl.reshape(y, [BM, BN // 64, 2, 2, 16]), [0, 1, 4, 2, 3]))  # [.., bit 5, bit 4]
         # y's own layout again: the same registers' columns, so no data moves (the build tests count shuffles)
-        return gl.convert_layout(gl.reshape(gl.permute(x, [0, 1, 4, 3, 2]), [BM, BN]), layout)
+        return gl.convert_layout(gl.reshape(gl.permute(x, [0, 1, 3, 4, 2]), [BM, BN]), y.type.layout)
 
     @gluon.jit
-    def _h4_halved_pair(x):
-        """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)], as turned_v."""
+    def h4_halved_pair(x):
+        """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)]: out_s = sum / 2 -
+        x_(3 - s) (H4 = ones - 2 antidiagonal), splits and joins of the registers holding x (turned_v,
+        turned_hidden; kernels/int8_quant_turned_hopper.py's butterflies; int8_quant_turned.turned_f32's sums)."""
         lo0, lo1 = gl.split(x)
         x0, x2 = gl.split(lo0)
         x1, x3 = gl.split(lo1)
@@ -180,8 +176,8 @@ if gluon is not None:
         BM: gl.constexpr = act.shape[0]
         BH: gl.constexpr = act.shape[1]
         x = gl.reshape(act, [BM, BH // 64, 2, 2, 2, 2, 4])  # [.., d2 high, d2 low, d1 high, d1 low, d0]
-        x = _h4_halved_pair(gl.permute(x, [0, 1, 4, 5, 6, 2, 3]))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
-        x = _h4_halved_pair(gl.permute(x, [0, 1, 5, 6, 4, 2, 3]))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
+        x = h4_halved_pair(gl.permute(x, [0, 1, 4, 5, 6, 2, 3]))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
+        x = h4_halved_pair(gl.permute(x, [0, 1, 5, 6, 4, 2, 3]))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
         x = gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 4]), [BM, BH])
         return gl.convert_layout(x, act.type.layout)  # (the same registers: the build tests count shuffles)
 

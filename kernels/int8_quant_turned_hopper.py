@@ -30,6 +30,7 @@ try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
+    from .int8_hopper_epilogues import h4_halved_pair
     from .int8_quant_hopper import bf16_rounded, radix4_bf16
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
@@ -61,13 +62,8 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
 if gluon is not None:
     @gluon.jit
     def _h4_halved_last(x):
-        """(H4 / 2) along the last axis (of 4) of x [R, 4, 4, 4]: out_s = sum / 2 - x_(3 - s) (H4 = ones - 2
-        antidiagonal)."""
-        lo0, lo1 = gl.split(gl.reshape(x, [x.shape[0], 4, 4, 2, 2]))  # the axis' low bit 0, 1
-        x0, x2 = gl.split(lo0)
-        x1, x3 = gl.split(lo1)
-        half = ((x0 + x1) + (x2 + x3)) * 0.5
-        return gl.reshape(gl.join(gl.join(half - x3, half - x1), gl.join(half - x2, half - x0)), x.shape)
+        """(H4 / 2) along the last axis (of 4) of x [R, 4, 4, 4] (the axis' two bits: h4_halved_pair's)."""
+        return gl.reshape(h4_halved_pair(gl.reshape(x, [x.shape[0], 4, 4, 2, 2])), x.shape)
 
     @gluon.jit
     def _block_z(t_ptr, at, inside, layout: gl.constexpr):
@@ -108,7 +104,6 @@ if gluon is not None:
         _store_codes(q_ptr, at + BLOCK, inside, y1, reciprocal)
         _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, reciprocal)
         _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, reciprocal)
-
 
     @gluon.jit
     def _d0_turned(x):
