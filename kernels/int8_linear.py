@@ -16,13 +16,9 @@ kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, 
 The scale product first, then the bias in f32, is dit_core.linear (int8_product, then + bias), our host
 reference; kitchen's CUTLASS epilogue (acc * s_x * s_w + bias) differs from it by an f32 ulp before the bf16
 rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored. The SwiGLU form
-writes half the bytes, and the down projection's quantizer then reads them as plain rows. (Measured slower on the
-H200, docs/benchmarks.md 2026-12-03: the SwiGLU form also rotating its rows for DOWN, a program taking a rotation
-group's two tiles in turn, 0.78 against 0.71 ms with the rotate pass apart, since Triton flattens no persistent loop
-with two main loops in it; the bf16 rows stored by TMA descriptors, 2-20% slower: a stage fewer fits.)
-On Hopper the calls without a LoRA go to kernels/int8_linear_hopper.py (the same math bit for bit, its products
-1.2-1.5x faster: a producer warp keeps the loads off the MMAs' warps, two consumer warpgroups hide each other's
-epilogues); this kernel runs everything else.
+writes half the bytes (measured slower on the H200: it rotating its rows for DOWN too, and bf16 rows stored by TMA).
+On Hopper the calls without a LoRA go to kernels/int8_linear_hopper.py (the same math bit for bit, 1.2-1.5x faster:
+warp-specialized); this kernel runs everything else.
 """
 from __future__ import annotations
 

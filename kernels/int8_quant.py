@@ -23,14 +23,10 @@ bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/i
 plain hidden rows take kernels/int8_quant_hopper.py's one pass instead; many plain bf16 rows of up to 8192 features
 (attention outputs), and rows that hold factors of the rotation already (`turned`: attention outputs whose v was
 turned, hidden rows turned by UP's SwiGLU epilogue), kernels/int8_quant_turned.py's (a row a program, its groups'
-blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. (Measured slower on the H200,
-docs/benchmarks.md: a one-pass kernel for every prologue, whole rows of up to 16384 values in registers, 1.2-2x; the
-codes written by the rotate pass's program finishing a row block's last group, 2x a Z-Image step: those programs
-come last in the launch and each writes 64 x K codes alone; one launch whose programs wait for their row block's
-other groups' maxima and write codes from registers, 1.1-1.5x at every launch shape: each program's chain of atomics
-and waits, at 2-5 an SM; the rows in chunks whose rotated rows fit in L2, a Z-Image step 1.4 ms slower: each chunk's
-launches end part-empty; this pass run twice, the group maxima then the codes from a second rotation (no bf16 round
-trip), 1.3-1.6x: the pass is bound by its instruction issue, not by DRAM.)
+blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. Measured slower on the H200
+(docs/benchmarks.md): one pass for every prologue (1.2-2x), codes by the rotate pass's last program of a row block
+(2x a step), programs waiting on their row block's maxima (1.1-1.5x), L2-sized row chunks, this pass run twice
+(1.3-1.6x): the pass is bound by its instruction issue, not by DRAM.
 """
 from __future__ import annotations
 
@@ -223,28 +219,28 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
 
 
-def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, name="quantize_rows"):
+def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
     """quantize_rows' arguments checked (a ValueError naming what is wrong): (M, K, codes, scales: out's or new)."""
     if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
-        raise ValueError(f"{name}: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
+        raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
     if norm_weight is not None and norm != "rms":
-        raise ValueError(f"{name}: norm_weight is the RMS norm's gain (the layer norm has no affine)")
+        raise ValueError(f"quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
     if x.dim() != 2 or x.stride(-1) != 1:
-        raise ValueError(f"{name}: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
+        raise ValueError(f"quantize_rows: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
     if group not in (16, 64, 256):
-        raise ValueError(f"{name}: ConvRot group must be 16, 64 or 256 (tl.dot tiles), got {group}")
+        raise ValueError(f"quantize_rows: ConvRot group must be 16, 64 or 256 (tl.dot tiles), got {group}")
     m, k = x.shape[0], x.shape[1] // 2 if act == "swiglu" else x.shape[1]
     if k % group or (act == "swiglu" and x.shape[1] % 2):
-        raise ValueError(f"{name}: ConvRot group {group} does not divide the {k} features of x")
+        raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
     if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k or scale.numel() >= 2**30):
-        raise ValueError(f"{name}: modulation scale [R, K] (under 2^30 values: int32 offsets) needs row_map [M]")
+        raise ValueError(f"quantize_rows: modulation scale [R, K] (under 2^30 values: int32 offsets) needs row_map [M]")
     if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
                               or stats.stride(1) != 1):
-        raise ValueError(f"{name}: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
+        raise ValueError(f"quantize_rows: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=x.device),
                                                   torch.empty(m, dtype=torch.float32, device=x.device))
     if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
-        raise ValueError(f"{name}: out must be (int8 [{m}, {k}], f32 [{m}])")
+        raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
     return m, k, codes, scales
 
 
@@ -252,19 +248,15 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
                   act=None, out=None, stats=None, row_starts=None, turned=None, block_m=64, num_warps=4,
                   num_stages=None, row_programs=None):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
-    math. out: optional (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32
-    (mean, 1/sqrt(.)) when the kernel that wrote x computed them (gated_residual's next_rms): no statistics launch
-    then (an RMS norm's mean row is 0 and not read). row_starts: the first row of each run of rows sharing a
-    modulation row (host ints, dit_core.sequence.Sequence.starts); where each starts a row block, each block reads
-    its row as vectors with no gather compiled (with one, Klein's joint norm took 42.6 us on the H200 against 30.0
-    with one modulation row: 248 registers against 207). Launch (bench_int8_linear.py sweeps it): block_m, num_warps,
-    num_stages, row_programs (the rotate pass's programs along the rows, each walking row blocks; 0: one a row
-    block). None: the H200 sweep's best, plain rows 3 stages and 16 programs (0.050 against 0.054 ms at K 3840),
-    normed or activated rows 2 stages and 0. turned: plain rows that hold the factors of the rotation a producer
-    took (int8_quant_turned.TURNED: "v", an attention's output of a v turned by qkv_rope_linear's turn_v; "hidden",
-    UP's output turned by int8_linear's turn_hidden): on Hopper, hidden rows take kernels/int8_quant_turned_hopper.py's
-    pass; else rows of up to int8_quant_turned.MAX_K features its one pass; else the passes below with the rest of
-    the rotation as their operand."""
+    math. out: (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32 (mean,
+    1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts: the first
+    row of each run of rows sharing a modulation row (dit_core.sequence.Sequence.starts); where each starts a row
+    block, each block reads its row as vectors, no gather (Klein's joint norm 30.0 against 42.6 us on the H200).
+    Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row blocks; 0: one a
+    row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and 0). turned: plain rows
+    holding factors of the rotation (int8_quant_turned.TURNED: "v" from qkv_rope_linear's turn_v, "hidden" from
+    int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's pass, else rows of up to
+    int8_quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
         if norm is not None or act is not None or group != int8_quant_turned.GROUP or \
