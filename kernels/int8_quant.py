@@ -224,7 +224,7 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
     if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
         raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
     if norm_weight is not None and norm != "rms":
-        raise ValueError(f"quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
+        raise ValueError("quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"quantize_rows: x must be rows [M, K], contiguous columns, got {tuple(x.shape)}")
     if group not in (16, 64, 256):
@@ -233,7 +233,7 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
     if k % group or (act == "swiglu" and x.shape[1] % 2):
         raise ValueError(f"quantize_rows: ConvRot group {group} does not divide the {k} features of x")
     if scale is not None and (row_map is None or scale.dim() != 2 or scale.shape[1] != k or scale.numel() >= 2**30):
-        raise ValueError(f"quantize_rows: modulation scale [R, K] (under 2^30 values: int32 offsets) needs row_map [M]")
+        raise ValueError("quantize_rows: modulation scale [R, K] (under 2^30 values: int32 offsets) needs row_map [M]")
     if stats is not None and (norm is None or stats.shape != (2, m) or stats.dtype != torch.float32
                               or stats.stride(1) != 1):
         raise ValueError(f"quantize_rows: stats must be a norm's row statistics, f32 [2, {m}] with contiguous rows")
