@@ -1,7 +1,8 @@
 """Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
 
 Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324, so no Triton
-kernel here: the work is choosing SDPA's back end. For q, k, v [G, heads, g, D] bf16 (the layout of
+kernel here: the work is choosing SDPA's back end. (A Triton kernel with INT8 scores, branch attention-int8, measured
+slower at Klein's shape: 0.548 against cuDNN's 0.400 ms, and more joules a call; docs/benchmarks.md, 2026-12-04.) For q, k, v [G, heads, g, D] bf16 (the layout of
 kernels/head_norm_rope.py: G groups of g consecutive rows, rows attend within their group), or
 [1, heads, M, D] with `group`
 (M / group groups of `group` consecutive rows; 0: all rows attend to all):
