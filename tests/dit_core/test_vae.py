@@ -60,10 +60,11 @@ def test_default_groups_are_flux_32(tmp_path):
     assert dec.shape.groups == 32 and dec.shape.channels == (32, 64) and dec.shape.blocks == 3
 
 
-def test_normalized_latents_helper(flux):
-    vae, _ = flux
+def test_normalized_latents_helper(comfy):
+    """raw_latents undoes ComfyUI's FLUX.1 latent format (its process_out), the constants not ours."""
+    import comfy.latent_formats
     n = torch.randn(1, 16, 4, 4)
-    assert torch.allclose(raw_latents(n), n / vae.config.scaling_factor + vae.config.shift_factor)
+    assert torch.allclose(raw_latents(n), comfy.latent_formats.Flux().process_out(n))
 
 
 def test_reads_sizes_from_the_file(flux):

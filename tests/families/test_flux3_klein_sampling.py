@@ -111,8 +111,9 @@ def test_cache_start_and_checks(model, job):
     cache = StepCache(0.3, start=16)  # every step before 16: none skips
     assert torch.equal(sample_klein(model, **job, cache=cache), sample_klein(model, **job))
     assert cache.skipped == 0
-    for bad in ({"limit": -0.1}, {"limit": float("nan")}, {"start": -1}):
-        with pytest.raises(ValueError):
+    for bad, message in (({"limit": -0.1}, "limit must be"), ({"limit": float("nan")}, "limit must be"),
+                         ({"start": -1}, "start must be")):
+        with pytest.raises(ValueError, match=message):
             StepCache(**bad)
     a = torch.tensor([1.0, -2.0])
     assert relative_change(a + torch.tensor([0.3, 0.0]), a) == pytest.approx(0.3 / 3)

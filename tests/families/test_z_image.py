@@ -8,6 +8,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_image_comfy_layout
 
+from dit_core.block import LINEARS
 from dit_core.families.z_image import ZImage, stacked
 from dit_core.weights import WeightsError
 
@@ -98,9 +99,19 @@ def test_int8_forward_close_to_float(files):
     ref = plain.output(latent, 0.75, caption)
     err = rel_err(stored.output(latent, 0.75, caption), ref)
     assert 1e-4 < err <= 3e-2  # INT8 noise is there, and small
-    # The same quantizer at load (group 64 here) gives the file's codes: identical outputs.
-    assert rel_err(ZImage.load(files / "z_image_f32.safetensors", linears="int8").output(latent, 0.75, caption),
-                   quantized.output(latent, 0.75, caption)) == 0
+    # Quantized at load, each linear takes the file's codes and scales where it takes the file's group (64); the
+    # others (K 512: group 256 at load) differ, and the model stays as close to the file's as INT8 noise allows.
+    same_group = 0
+    for file_block, load_block in zip(stored.blocks + stored.noise + stored.context,
+                                      quantized.blocks + quantized.noise + quantized.context):
+        for file_linear, load_linear in ((file_block.w[i], load_block.w[i]) for i in LINEARS):
+            if not file_linear.quantized or file_linear.group != load_linear.group:
+                continue
+            assert torch.equal(file_linear.weight, load_linear.weight)
+            assert torch.equal(file_linear.scale, load_linear.scale)
+            same_group += 1
+    assert same_group >= 3 * len(stored.blocks + stored.noise + stored.context)  # QKV, OUT, UP at least
+    assert 0 < rel_err(quantized.output(latent, 0.75, caption), stored.output(latent, 0.75, caption)) <= 3e-2
     # INT8 file dequantized to BF16 stays close to the float model too.
     back = ZImage.load(files / "z_image_int8_convrot.safetensors", linears="bf16")
     assert not back.blocks[0].w[0].quantized

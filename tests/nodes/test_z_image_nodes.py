@@ -3,6 +3,7 @@ engine called directly, errors naming node and input, cancel, and memory: the lo
 the hook that gives memory back to ComfyUI (streamed blocks, refilled on the next sample) and the companions
 kept with a loaded model (its graphed step), cleared before its memory moves."""
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,8 @@ def models(pack, tmp_path_factory):
         folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
     save_file(z_image_comfy_layout(random_z_image(in_channels=16, n_layers=4).state_dict()),
               root / "diffusion_models" / "z_image_tiny.safetensors")
+    # A real model beside the folders: a name reaching it through ".." must be refused, not found missing.
+    shutil.copy(root / "diffusion_models" / "z_image_tiny.safetensors", root / "secret.safetensors")
     save_file(qwen3_comfy_layout(random_qwen3(hidden_size=32, head_dim=8)),
               root / "text_encoders" / "qwen3_tiny.safetensors")
     save_bfl(tiny_vae("two_level"), root / "vae" / "ae_tiny.safetensors")
@@ -145,12 +148,21 @@ def test_models_stay_loaded_and_are_freed_with_comfyui(pack, models, caplog):
 
 
 def test_errors_name_node_and_input(pack, models):
+    """Each message names the node, the input and the fix; a name outside ComfyUI's folders is refused although the
+    file it points at exists (the models fixture puts one there), and nothing is loaded."""
     from swiftdit_pack.nodes.base import SwiftDiTError
-    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageLoader · unet_name: vae_here.safetensors: not a Z-Image"):
+    from swiftdit_pack.nodes.memory import LOADED
+    assert (models / "secret.safetensors").is_file()
+    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageLoader · unet_name: vae_here.safetensors: not a Z-Image"
+                                            ".*; pick a Z-Image file such as z_image_turbo_bf16.safetensors"):
         run(pack.ZImageLoader, unet_name="vae_here.safetensors", weight_dtype="default", linears="as stored")
-    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageLoader · unet_name: '../secret.safetensors' is not in"):
+    held = dict(LOADED._held)
+    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageLoader · unet_name: '../secret.safetensors' is not in "
+                                            ".*; put the file there and refresh"):
         run(pack.ZImageLoader, unet_name="../secret.safetensors", weight_dtype="default", linears="as stored")
-    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageSampler · latent_image: .*patch grid"):
+    assert LOADED._held == held  # nothing loaded or replaced by the refused name
+    with pytest.raises(SwiftDiTError, match="SwiftDiTZImageSampler · latent_image: .*patch grid.*image width and "
+                                            "height must be multiples of 16 pixels"):
         graph(pack, width=15)
 
 
@@ -170,15 +182,30 @@ def test_out_of_gpu_memory_names_node_and_fix(pack, models, monkeypatch):
         graph(pack)
 
 
-def test_cancel_interrupts_within_a_step(pack, models):
+def test_cancel_interrupts_within_a_step(pack, models, monkeypatch):
+    """A cancel during a step stops it between blocks: the sampler's own check before each step is made blind here,
+    so only the check inside the step can raise, and the first step must not finish."""
     import comfy.model_management
-    comfy.model_management.interrupt_current_processing(True)
-    try:
-        with pytest.raises(comfy.model_management.InterruptProcessingException):
-            graph(pack)
-    finally:
-        comfy.model_management.interrupt_current_processing(False)
+    from swiftdit_pack.dit_core.families.z_image import ZImage
+    calls, finished, denoised = [], [], ZImage.denoised
+
+    def counted(self, *args, **kwargs):
+        calls.append(1)
+        out = denoised(self, *args, **kwargs)
+        finished.append(1)
+        return out
+    monkeypatch.setattr(ZImage, "denoised", counted)
+    with monkeypatch.context() as blind:
+        blind.setattr(comfy.model_management, "processing_interrupted", lambda: False)
+        comfy.model_management.interrupt_current_processing(True)
+        try:
+            with pytest.raises(comfy.model_management.InterruptProcessingException):
+                graph(pack)
+        finally:
+            comfy.model_management.interrupt_current_processing(False)
+    assert calls == [1] and not finished
     graph(pack)  # usable after
+    assert finished
 
 
 def engine_samples(models, rows, seed=7):
