@@ -2,10 +2,10 @@
 
 Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324, so no Triton
 kernel here: the work is choosing SDPA's back end. (A Triton kernel with INT8 scores, branch attention-int8, measured
-slower at Klein's shape: 0.548 against cuDNN's 0.400 ms, and more joules a call; docs/benchmarks.md, 2026-12-04.) For q, k, v [G, heads, g, D] bf16 (the layout of
-kernels/head_norm_rope.py: G groups of g consecutive rows, rows attend within their group), or
-[1, heads, M, D] with `group`
-(M / group groups of `group` consecutive rows; 0: all rows attend to all):
+slower at Klein's shape: 0.548 against cuDNN's 0.400 ms, and more joules a call; docs/benchmarks.md, 2026-12-04.)
+For q, k, v [G, heads, g, D] bf16 (the layout of kernels/head_norm_rope.py: G groups of g consecutive rows, rows
+attend within their group), or [1, heads, M, D] with `group` (M / group groups of `group` consecutive rows; 0: all
+rows attend to all):
   o[b, h] = softmax(q[b, h] k[b, h]^T / sqrt(D)) v[b, h]      (no mask; b runs over the groups)
 returned as rows [G g, heads D] (row b g + i, head h at columns h D ... h D + D - 1), as
 dit_core.block.attention returns them.

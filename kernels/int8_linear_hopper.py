@@ -44,14 +44,16 @@ UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluo
 
 
 def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
-    """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not."""
+    """None when this kernel can take the call (Hopper, Gluon, TMA's 16-byte rows and bases), else why not (the
+    operands asked first, so that the CPU's tests reach that answer too)."""
+    aligned = q.shape[1] % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
+    if not (aligned and q.stride() == (q.shape[1], 1) and out.is_contiguous()):
+        return "TMA needs 16-byte rows and bases"
     if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, or interpreted"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
-    aligned = q.shape[1] % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
-    dense = q.stride() == (q.shape[1], 1) and out.is_contiguous()
-    return None if aligned and dense else "TMA needs 16-byte rows and bases"
+    return None
 
 
 if gluon is not None:

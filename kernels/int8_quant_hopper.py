@@ -46,15 +46,16 @@ UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's A
 
 
 def unusable(x: torch.Tensor, group: int) -> str | None:
-    """None when this kernel can take plain rows x [M, K] of ConvRot group `group`, else why not."""
-    if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
-        return "off, no Gluon, unbuilt or interpreted"
-    if not x.is_cuda or torch.cuda.get_device_capability(x.device) != (9, 0):
-        return "not a Hopper GPU (wgmma)"
+    """None when this kernel can take plain rows x [M, K] of ConvRot group `group`, else why not (the inputs asked
+    first, so that the CPU's tests reach those answers too)."""
     if group != GROUP or x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] % GROUP:
         return "not bf16 rows of whole 256-groups"
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         return "TMA needs 16-byte rows and bases"
+    if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, unbuilt or interpreted"
+    if not x.is_cuda or torch.cuda.get_device_capability(x.device) != (9, 0):
+        return "not a Hopper GPU (wgmma)"
     return None
 
 

@@ -124,6 +124,18 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
                   angles=(positions, freqs, (32, 16, 48)))
 
 
+def test_unusable_names_the_operands_then_the_machine():
+    """TMA's 16-byte rows and bases asked of the operands on any machine, then the machine's answer."""
+    from kernels import int8_linear_hopper
+    q, out = torch.zeros(8, 64, dtype=torch.int8), torch.zeros(8, 32, dtype=torch.bfloat16)
+    tma = "TMA needs 16-byte rows and bases"
+    assert int8_linear_hopper.unusable(torch.zeros(8, 72, dtype=torch.int8)[:, 4:68], out, 64) == tma  # q strided
+    assert int8_linear_hopper.unusable(torch.zeros(8, 40, dtype=torch.int8), out, 64) == tma  # K 40
+    assert int8_linear_hopper.unusable(q, out, 24) == tma  # an output row of 24 bytes
+    assert int8_linear_hopper.unusable(q, out.t(), 64) == tma  # out not contiguous
+    assert int8_linear_hopper.unusable(q, out, 64) in ("off, no Gluon, or interpreted", "not a Hopper GPU (wgmma)")
+
+
 def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch, device):
     """Where Gluon's API or the card's limits refuse the build, the call runs the Triton kernel (equal to the
     reference), the reason is kept, and later calls do not try the build again; a launch's own error still raises."""

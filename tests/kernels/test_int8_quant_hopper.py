@@ -51,8 +51,11 @@ def test_taken_only_for_hidden_rows_and_whole_groups():
     assert not any(int8_quant_hopper.chosen(m, k) for m, k in ((4608, 3072), (4608, 3840), (512, 9216)))
     assert [int8_quant_hopper.groups_per_item(g) for g in (36, 40, 15, 13)] == [2, 2, 3, 1]
     x = torch.zeros(8, 512, dtype=torch.bfloat16)
-    assert int8_quant_hopper.unusable(x, 256)  # the CPU (and the interpreter)
-    assert int8_quant_hopper.unusable(x.float(), 256) and int8_quant_hopper.unusable(x, 64)
+    assert int8_quant_hopper.unusable(x.float(), 256) == "not bf16 rows of whole 256-groups"
+    assert int8_quant_hopper.unusable(x, 64) == "not bf16 rows of whole 256-groups"
+    assert int8_quant_hopper.unusable(torch.zeros(8, 520, dtype=torch.bfloat16)[:, 4:516], 256) == \
+        "TMA needs 16-byte rows and bases"  # its base 8 bytes past a 16-byte boundary
+    assert int8_quant_hopper.unusable(x, 256) in ("off, no Gluon, unbuilt or interpreted", "not a Hopper GPU (wgmma)")
 
 
 class _FakeKernel:

@@ -152,8 +152,14 @@ def test_hopper_kernel_builds_with_h16_in_each_threads_registers():
 
 
 def test_hopper_kernel_off_the_gpu_says_why():
-    t = torch.zeros(4, 256, dtype=torch.bfloat16)
-    assert int8_quant_turned_hopper.unusable(t) is not None
+    """The rows' answers on any machine (groups short of a power of two; hidden rows larger than shared memory),
+    then the machine's."""
+    off = ("off, no Gluon, unbuilt or interpreted", "not a Hopper GPU")
+    assert int8_quant_turned_hopper.unusable(torch.zeros(4, 3072, dtype=torch.bfloat16)).startswith("a row's groups")
+    assert int8_quant_turned_hopper.unusable(torch.zeros(4, 3840, dtype=torch.bfloat16)) in off
+    assert int8_quant_turned_hopper.unusable(torch.zeros(1, 3072, dtype=torch.bfloat16), "hidden") in off
+    assert int8_quant_turned_hopper.unusable(torch.zeros(1, 99 * 1024, dtype=torch.bfloat16), "hidden") == \
+        "a row's rotated values larger than shared memory"
 
 
 @pytest.mark.gpu

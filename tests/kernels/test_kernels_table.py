@@ -19,7 +19,12 @@ def test_references_take_the_launchers_arguments():
         assert set(launcher) <= set(reference), name
 
 
-def test_cpu_inputs_fall_back_to_the_reference_once(caplog):
+def test_cpu_inputs_fall_back_to_the_reference_once(caplog, monkeypatch):
+    """On CPU inputs run() calls the reference, never the launcher (one that fails stands in for it here), and logs
+    the fallback once per op and reason."""
+    def launcher(*args, **kwargs):
+        raise AssertionError("the launcher ran on CPU inputs")
+    monkeypatch.setitem(OPS, "quantize_rows", kernels.Op(launcher, quantize_reference, OPS["quantize_rows"].capable))
     x = torch.randn(3, 32).to(torch.bfloat16)
     kernels._log_fallback.cache_clear()
     with caplog.at_level(logging.WARNING, logger="kernels"):
