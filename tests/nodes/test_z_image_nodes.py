@@ -2,12 +2,14 @@
 engine called directly, errors naming node and input, cancel, and memory: the loader's GPU budget, its report,
 the hook that gives memory back to ComfyUI (streamed blocks, refilled on the next sample) and the companions
 kept with a loaded model (its graphed step), cleared before its memory moves."""
+import math
 import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -224,11 +226,16 @@ def test_loader_reports_where_the_model_is(pack, models, caplog):
                                         linears="as stored", gpu_budget_gb=0.0)
     assert out.result[0].gpu_budget_gb == 0.0
     (report,) = out.ui["text"]
-    assert re.fullmatch(r"z_image_tiny.safetensors: \d+\.\d MiB of host memory", report), report
+    size = re.fullmatch(r"z_image_tiny.safetensors: (\d+\.\d) MiB of host memory", report)
+    assert size, report
+    with safe_open(models / "diffusion_models" / "z_image_tiny.safetensors", "pt") as f:
+        assert {f.get_slice(name).get_dtype() for name in f.keys()} == {"F32"}
+        stored = sum(math.prod(f.get_slice(name).get_shape()) * 4 for name in f.keys()) / 2**20
+    assert abs(float(size.group(1)) - stored) <= 0.1  # the weights as stored, each counted once
     assert f"SwiftDiT: loaded {report.replace(':', ' (dit):', 1)}" in caplog.text
 
 
-def test_budget_arithmetic_with_the_loader_setting(pack):
+def test_budget_arithmetic_with_the_loader_setting(pack, monkeypatch):
     from swiftdit_pack.nodes.memory import GIB, budget_bytes, reserve_bytes
     free, held, reserve = 10 * GIB, 2 * GIB, 3 * GIB
     assert budget_bytes(0, free, held, reserve) == 9 * GIB  # automatic: free + held - what a pass needs
@@ -244,7 +251,12 @@ def test_budget_arithmetic_with_the_loader_setting(pack):
     class Model:
         arch = a
     import comfy.model_management
-    assert reserve_bytes(Model, 4608) == pass_bytes(a, 4608) + comfy.model_management.extra_reserved_memory()
+    monkeypatch.setattr(comfy.model_management, "extra_reserved_memory", lambda: 123 << 20)  # --reserve-vram
+    # pass_bytes' documented sum at 1024^2 (4608 rows, one MLP chunk): per row the f32 residual 4 times, QKV's
+    # product and its heads in bf16, attention's output, the linears' input rows (34 hidden-wide values, + 16 B);
+    # the chunk's [rows, 2 ffn] bf16 product and f32 SwiGLU (10 ffn); 256 MiB of workspaces.
+    by_hand = 4608 * (34 * 3840 + 16) + 4608 * 10 * 10240 + (256 << 20)
+    assert reserve_bytes(Model, 4608) == by_hand + (123 << 20)
     assert 1 * GIB < pass_bytes(a, 9216) < 3 * GIB  # Z-Image Turbo at 2 MP: the residual streams and the MLP
 
 
