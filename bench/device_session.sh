@@ -31,7 +31,7 @@ for part in $parts; do
     stream_trace) timeout 240 sh -c 'for p in 0 25; do python3 bench/bench_streaming.py --only z_image --trace $p --steps 3; done' ;;
     linears) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
     shapes) timeout 200 python3 bench/bench_linear_shapes.py ;;
-    linears_triton) SWIFTDIT_HOPPER_GEMM=0 timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 ;;
+    linears_triton) timeout 150 python3 tests/kernels/bench_int8_linear.py --runs 30 --triton-gemm ;;
     hopper_only) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py ;;
     hopper_tests) timeout 320 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
            tests/kernels/test_int8_linear.py tests/kernels/test_qkv_rope_linear.py tests/dit_core/test_block_gpu.py ;;

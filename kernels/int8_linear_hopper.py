@@ -38,8 +38,8 @@ QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 PART_COLUMNS = TILE["BLOCK_N"] // 2  # the gated epilogue's column halves: the width of the norm parts it writes
-# SWIFTDIT_HOPPER_GEMM=0 runs the Triton kernels everywhere (benchmarks time both in one run).
-ENABLED = os.environ.get("SWIFTDIT_HOPPER_GEMM", "1") != "0"
+# False runs the Triton kernels everywhere (the step benches' --variant-triton-gemm, bench_int8_linear --triton-gemm).
+ENABLED = True
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
 
 

@@ -40,8 +40,8 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 BLOCK_M, BLOCK_Q, GROUP = 64, 64, 256  # a wgmma's 64 rows; a group as 4 blocks of 64 columns (kernels/hadamard.py)
-# SWIFTDIT_HOPPER_QUANT=0 runs kernels/int8_quant.py's passes everywhere (benchmarks time both in one run).
-ENABLED = os.environ.get("SWIFTDIT_HOPPER_QUANT", "1") != "0"
+# False runs kernels/int8_quant.py's passes everywhere (the step benches' --variant-two-pass-quant).
+ENABLED = True
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 

@@ -36,8 +36,8 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 GROUP, BLOCK = 256, 64  # (the kernel's own constexprs below: jit functions read no plain globals)
-# SWIFTDIT_HOPPER_QUANT=0 runs the Triton kernels everywhere (as for kernels/int8_quant_hopper.py).
-ENABLED = os.environ.get("SWIFTDIT_HOPPER_QUANT", "1") != "0"
+# False runs the Triton kernels everywhere (benchmarks time both in one run).
+ENABLED = True
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 

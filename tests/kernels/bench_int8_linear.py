@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
+from kernels import int8_linear_hopper
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.hadamard import hadamard
@@ -394,7 +395,10 @@ def main():
     parser.add_argument("--quantizers", action="store_true", help="the quantizer tables, nothing else")
     parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles and the tiles two programs an SM "
                         "run (TWO_A_SM), nothing else")
+    parser.add_argument("--triton-gemm", action="store_true", help="ours by the Triton products where the Hopper "
+                        "ones run (int8_linear_hopper.ENABLED off)")
     args = parser.parse_args()
+    int8_linear_hopper.ENABLED = not args.triton_gemm
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")
