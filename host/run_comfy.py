@@ -6,6 +6,9 @@ import os
 import runpy
 import sys
 
+# The torch.library.Library that owns the shim's op schemas: it must live as long as the process.
+_TORCHVISION_LIB = None
+
 
 class TorchvisionOpsShim(importlib.abc.MetaPathFinder):
     """On the first `import torchvision`, make sure the ops its fake registrations name exist.
@@ -16,9 +19,8 @@ class TorchvisionOpsShim(importlib.abc.MetaPathFinder):
     torch unimported until main.py has set its environment ("Torch already imported" otherwise).
     """
 
-    lib = None  # the torch.library.Library that owns the op schemas; must live as long as the process
-
     def find_spec(self, name, path=None, target=None):
+        global _TORCHVISION_LIB
         if name != "torchvision":
             return None
         sys.meta_path.remove(self)  # one-shot
@@ -28,11 +30,11 @@ class TorchvisionOpsShim(importlib.abc.MetaPathFinder):
         try:
             torch.ops.load_library(os.path.join(spec.submodule_search_locations[0], "_C.so"))
         except Exception:
-            if TorchvisionOpsShim.lib is not None:  # another shim of this process defined them already
+            if _TORCHVISION_LIB is not None:  # another shim of this process defined them already
                 return spec
-            TorchvisionOpsShim.lib = torch.library.Library("torchvision", "DEF")
+            _TORCHVISION_LIB = torch.library.Library("torchvision", "DEF")
             for op in ("nms", "qnms"):
-                TorchvisionOpsShim.lib.define(
+                _TORCHVISION_LIB.define(
                     op + "(Tensor dets, Tensor scores, float iou_threshold) -> Tensor"
                 )
         return spec
