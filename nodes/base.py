@@ -20,11 +20,11 @@ from ..dit_core.weights import WeightsError
 from .memory import (  # noqa: F401 (log: for the families)
     DEFAULT_PASS_ROWS,
     LOADED,
-    describe,
     fit_blocks,
     log,
     place_dit,
 )
+from .model_bytes import describe
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
 # and Qwen3-VL share that vocabulary.

@@ -1,9 +1,8 @@
 """Memory of the nodes' models (issue 5): the loaded-model cache, the DiT's block budget from the loader's
-gpu_budget_gb, GPU memory given back when ComfyUI frees memory (and taken again on the next use), and the
-report of where a model's bytes are."""
+gpu_budget_gb, and GPU memory given back when ComfyUI frees memory (and taken again on the next use); the report of
+where a model's bytes are is nodes/model_bytes.py."""
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -14,10 +13,10 @@ import comfy.model_management
 import torch
 
 from ..dit_core.streaming import StreamedBlocks, pass_bytes
+from .model_bytes import GIB, describe, placement  # GIB: the loader's GB, as ComfyUI's --reserve-vram counts
 
 log = logging.getLogger("SwiftDiT")
 
-GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
 UNLOAD_ALL = 1e29  # ComfyUI's unload_all_models (POST /free, Unload Models) asks free_memory for 1e30 bytes
 # Rows a pass is given room for before a prompt says how many it takes: a 2 MP image (8192 tokens of 2x2
 # latent patches) and 1024 text rows.
@@ -194,65 +193,3 @@ def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int = DE
     if target + reserve > held:
         make_room(device, target + reserve - held)
     blocks.refill(budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), held, reserve))
-
-
-# --- where a model's bytes are ------------------------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """A model's bytes: on its device, in page-locked host memory (streamed blocks' staged copies), and in
-    other host memory."""
-    device: int = 0
-    pinned: int = 0
-    host: int = 0
-
-
-def placement(model) -> Placement:
-    """Where model's tensors are (each storage counted once): a walk of its dataclasses, containers, torch
-    modules and our own objects; streamed blocks report their own."""
-    device = pinned = host = 0
-    seen, storages, todo = set(), set(), [model]
-    while todo:
-        obj = todo.pop()
-        if id(obj) in seen:
-            continue
-        seen.add(id(obj))
-        if isinstance(obj, StreamedBlocks):
-            device, pinned = device + obj.device_bytes(), pinned + obj.host_bytes()
-        elif isinstance(obj, torch.Tensor):
-            storage = obj.untyped_storage()
-            if (storage.data_ptr(), obj.device) not in storages:
-                storages.add((storage.data_ptr(), obj.device))
-                if obj.device.type == "cpu":
-                    host += storage.nbytes()
-                else:
-                    device += storage.nbytes()
-        elif isinstance(obj, torch.nn.Module):
-            todo.extend([*obj.parameters(), *obj.buffers()])
-        elif isinstance(obj, dict):
-            todo.extend(obj.values())
-        elif isinstance(obj, (tuple, list)):
-            todo.extend(obj)
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            todo.extend(getattr(obj, f.name) for f in dataclasses.fields(obj))
-        elif "dit_core." in f".{type(obj).__module__}" and hasattr(obj, "__dict__"):
-            todo.extend(vars(obj).values())
-    return Placement(device, pinned, host)
-
-
-def _size(nbytes: int) -> str:
-    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.1f} MiB"
-
-
-def describe(model, device: torch.device | None) -> str:
-    """One line for the log and the loader's output: the memory the model takes on its GPU and on the host
-    (page-locked: streamed blocks' staged copies), and for streamed blocks how many stay on the GPU."""
-    p, blocks = placement(model), getattr(model, "blocks", None)
-    streamed = isinstance(blocks, StreamedBlocks)
-    parts = [f"{_size(p.device)} on {device}"] if device is not None and device.type != "cpu" else []
-    if p.pinned or streamed:
-        parts.append(f"{_size(p.pinned)} of page-locked host memory")
-    parts.append(f"{_size(p.host)} of {'other ' if p.pinned or streamed else ''}host memory")
-    if streamed:
-        parts.append(f"{sum(blocks.resident)} of {len(blocks)} blocks resident (budget {_size(blocks.budget)})")
-    return ", ".join(parts)
