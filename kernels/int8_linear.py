@@ -28,12 +28,11 @@ import logging
 import torch
 
 from . import int8_linear_hopper
-from .int8_products import dequantized, exact_products, halves, products, swiglu_pairs, tile_of
+from .int8_products import exact_products, halves, linear_epilogue, products, tile_of
 from .int8_quant_turned import turned_f32
 from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
                          tune_bucket)
 from .modulation_rows import shared_row
-from .rounding import rounded_bf16
 from .row_stats import reference as stats_reference
 from .row_stats import row_stats, stats_of_parts
 from .arrival_counters import counter_reset
@@ -66,49 +65,6 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
         y = g / (1 + torch.exp(-g)) * u
         y = turned_f32(y) if turn_hidden else y
     return y.to(torch.bfloat16) if out is None else out.copy_(y)
-
-
-@triton_jit
-def _epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
-              shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
-              ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, LORA_DTYPE: tl.constexpr,
-              TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    mmask = rm < M
-    nmask = rn < N
-    y = dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS)
-    if HAS_LORA:
-        rr = tl.arange(0, BLOCK_R)
-        down = tl.load(down_ptr + rm[:, None].to(tl.int64) * R + rr[None, :], mask=mmask[:, None] & (rr[None, :] < R),
-                       other=0.0)
-        up = tl.load(up_ptr + rn[None, :].to(tl.int64) * R + rr[:, None], mask=nmask[None, :] & (rr[:, None] < R),
-                     other=0.0)
-        y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
-    mask = mmask[:, None] & nmask[None, :]
-    # 32-bit offsets below 2^31 outputs (WIDE off): live from the residual's load to its store, 64-bit ones spilled.
-    row = rm.to(tl.int64) if WIDE else rm
-    offs = row[:, None] * N + rn[None, :]
-    if FORM == 1:  # gated residual
-        if HAS_ADDEND:
-            y = y + tl.load(add_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        r = tl.load(out_ptr + offs, mask=mask, other=0.0)
-        if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
-            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :] * y, mask=mask)
-        elif shared >= 0:  # the tile's rows share one gate row (_tile): a vector (kernels/modulation_rows.py)
-            tl.store(out_ptr + offs, r + tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :] * y,
-                     mask=mask)
-        else:
-            rows = tl.load(map_ptr + rm, mask=mmask, other=0)  # the gate table: under 2^31 values
-            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
-                     mask=mask)
-    elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even; turned: whole 64s)
-        act = swiglu_pairs(y, BLOCK_M, BLOCK_N, TURN)
-        rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
-                 mask=mmask[:, None] & (rh < N // 2)[None, :])
-    else:
-        tl.store(out_ptr + offs, rounded_bf16(y), mask=mask)
 
 
 @triton_jit
@@ -181,7 +137,7 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
             subtile = subtiles[i]
             if SPLIT:
                 subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
-            _epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
+            linear_epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
                       gate_ptr, map_ptr, add_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND,
                       WIDE, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:

@@ -1,6 +1,7 @@
 """The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
-take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, and the
-epilogues' first steps (the scales and bias; SwiGLU of column pairs); and the references' exact products.
+take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, the epilogues' first
+steps (the scales and bias; SwiGLU of column pairs) and int8_linear's whole epilogue; and the references' exact
+products.
 
 Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32
 (|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers to wgmma on int8 operands.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .int8_quant_turned import turned_hidden
-from .rounding import round_to_bf16
+from .rounding import round_to_bf16, rounded_bf16
 
 try:
     import triton
@@ -100,3 +101,49 @@ def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.const
     if TURN:
         act = turned_hidden(act, BLOCK_M, BLOCK_N // 2)
     return round_to_bf16(act)
+
+
+@triton_jit
+def linear_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
+                    add_ptr, shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
+                    ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr,
+                    LORA_DTYPE: tl.constexpr, TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_R: tl.constexpr):
+    """kernels/int8_linear.py's epilogue on a tile (or a column part of one) of int32 products: its math's forms
+    (FORM 0 bf16 rows, 1 the gated residual, 2 SwiGLU), with the LoRA's product and the addend where given."""
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mmask = rm < M
+    nmask = rn < N
+    y = dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS)
+    if HAS_LORA:
+        rr = tl.arange(0, BLOCK_R)
+        down = tl.load(down_ptr + rm[:, None].to(tl.int64) * R + rr[None, :], mask=mmask[:, None] & (rr[None, :] < R),
+                       other=0.0)
+        up = tl.load(up_ptr + rn[None, :].to(tl.int64) * R + rr[:, None], mask=nmask[None, :] & (rr[:, None] < R),
+                     other=0.0)
+        y = y + tl.dot(down.to(LORA_DTYPE), up.to(LORA_DTYPE), input_precision="ieee", out_dtype=tl.float32)
+    mask = mmask[:, None] & nmask[None, :]
+    # 32-bit offsets below 2^31 outputs (WIDE off): live from the residual's load to its store, 64-bit ones spilled.
+    row = rm.to(tl.int64) if WIDE else rm
+    offs = row[:, None] * N + rn[None, :]
+    if FORM == 1:  # gated residual
+        if HAS_ADDEND:
+            y = y + tl.load(add_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        r = tl.load(out_ptr + offs, mask=mask, other=0.0)
+        if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :] * y, mask=mask)
+        elif shared >= 0:  # the tile's rows share one gate row (_tile): a vector (kernels/modulation_rows.py)
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :] * y,
+                     mask=mask)
+        else:
+            rows = tl.load(map_ptr + rm, mask=mmask, other=0)  # the gate table: under 2^31 values
+            tl.store(out_ptr + offs, r + tl.load(gate_ptr + rows[:, None] * N + rn[None, :], mask=mask, other=0.0) * y,
+                     mask=mask)
+    elif FORM == 2:  # SwiGLU of the column pairs (a tile holds whole pairs: BLOCK_N is even; turned: whole 64s)
+        act = swiglu_pairs(y, BLOCK_M, BLOCK_N, TURN)
+        rh = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
+                 mask=mmask[:, None] & (rh < N // 2)[None, :])
+    else:
+        tl.store(out_ptr + offs, rounded_bf16(y), mask=mask)
