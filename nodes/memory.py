@@ -13,7 +13,7 @@ import comfy.model_management
 import torch
 
 from ..dit_core.streaming import StreamedBlocks, pass_bytes
-from .model_bytes import GIB, describe, placement  # GIB: the loader's GB, as ComfyUI's --reserve-vram counts
+from .model_bytes import GIB, describe, placement
 
 log = logging.getLogger("SwiftDiT")
 

@@ -8,7 +8,7 @@ import torch
 
 from ..dit_core.streaming import StreamedBlocks
 
-GIB = 2**30
+GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
 
 
 @dataclasses.dataclass(frozen=True)
