@@ -17,16 +17,13 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 4. s = max(max_k |yb| / 127, 1e-30), f32, the division correctly rounded.
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
-Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Three
-launches: row statistics (norms only, kernels/row_stats.py; none when the caller has them); steps 1-3 storing the
-bf16 rotated rows and each (row, group)'s absmax; steps 4-5 over them (kernels/int8_codes.py). On Hopper, the MLP's
-plain hidden rows take kernels/int8_quant_hopper.py's one pass instead; many plain bf16 rows of up to 8192 features
-(attention outputs), and rows that hold factors of the rotation already (`turned`: attention outputs whose v was
-turned, hidden rows turned by UP's SwiGLU epilogue), kernels/int8_quant_turned.py's (a row a program, its groups'
-blocks the product's rows) or, on Hopper, kernels/int8_quant_turned_hopper.py's. Measured slower on the H200
-(docs/benchmarks.md): one pass for every prologue (1.2-2x), codes by the rotate pass's last program of a row block
-(2x a step), programs waiting on their row block's maxima (1.1-1.5x), L2-sized row chunks, this pass run twice
-(1.3-1.6x): the pass is bound by its instruction issue, not by DRAM.
+Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Here:
+row statistics (norms only, kernels/row_stats.py; none when the caller has them), steps 1-3 storing the bf16 rotated
+rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8_codes.py). quantize_rows sends other rows to
+their own kernels: plain hidden rows on Hopper to int8_quant_hopper.py; many plain bf16 rows of up to 8192 features,
+and rows holding factors of the rotation (`turned`), to int8_quant_turned.py or int8_quant_turned_hopper.py. The
+pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms measured slower on the
+H200 (docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -34,7 +31,7 @@ import math
 
 import torch
 
-from . import int8_quant_hopper, int8_quant_turned, int8_quant_turned_hopper
+from . import int8_quant_hopper, int8_quant_turned
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
@@ -264,11 +261,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
             raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {int8_quant_turned.GROUP}, "
                              f"turned as one of {list(int8_quant_turned.TURNED)}; got groups of {group}, {turned!r}")
         x = x.to(torch.bfloat16).contiguous()
-        if m and turned == "hidden" and int8_quant_turned_hopper.unusable(x, turned) is None and \
-                int8_quant_turned_hopper.launch_hidden(x, codes, scales):
+        if int8_quant_turned.launched(x, group, turned, codes, scales):
             return codes, scales
-        if int8_quant_turned.fits(k, group):
-            return int8_quant_turned.quantize_turned(x, turned, out=(codes, scales))
     if m == 0:
         return codes, scales
     plain = norm is None and act is None

@@ -203,3 +203,16 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
             GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows, DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32,
             num_warps=num_warps, enable_fp_fusion=False)
     return codes, scales
+
+
+def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether this file's passes took turned rows t (contiguous bf16 [M, K]) into (codes, scales): hidden rows on
+    Hopper by kernels/int8_quant_turned_hopper.py's pass (any width), else rows that fit quantize_turned. False
+    leaves them to kernels/int8_quant.py's passes, with rest_operand as the rotation."""
+    if t.shape[0] and turned == "hidden" and int8_quant_turned_hopper.unusable(t, turned) is None and \
+            int8_quant_turned_hopper.launch_hidden(t, codes, scales):
+        return True
+    if not fits(t.shape[1], group):
+        return False
+    quantize_turned(t, turned, out=(codes, scales))
+    return True
