@@ -1,5 +1,5 @@
 """What every family's nodes share: model handles, file lookup, errors, progress, cancel, schema pieces (the
-loaded-model cache and its memory: nodes/memory.py)."""
+loaded-model cache, its memory and the engine's device: nodes/memory.py)."""
 from __future__ import annotations
 
 import os
@@ -17,13 +17,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import WeightsError
-from .memory import (  # noqa: F401 (log: for the families)
-    DEFAULT_PASS_ROWS,
-    LOADED,
-    fit_blocks,
-    log,
-    place_dit,
-)
+from .memory import engine_device
 from .model_bytes import describe
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
@@ -97,12 +91,6 @@ class FileHandle:
         return (self.kind, file_key(self.path))
 
 
-def engine_device() -> torch.device:
-    """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
-    device = comfy.model_management.get_torch_device()
-    return device if device.type == "cuda" else torch.device("cpu")
-
-
 def interrupt_check() -> None:
     """Raises ComfyUI's interrupt inside a step (called between blocks): Cancel takes effect within a step."""
     comfy.model_management.throw_exception_if_processing_interrupted()
@@ -155,25 +143,6 @@ def linear_mode(node_id: str, weight_dtype: str, linears: str) -> str:
         raise SwiftDiTError(f"{node_id} · linears: {linears!r} is not one of {', '.join(LINEAR_MODES)}")
     mode = LINEAR_MODES[linears]
     return "int8" if weight_dtype.startswith("fp8") and mode == "stored" else mode
-
-
-def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
-              place: Callable[[object, torch.device], object] | None = None):
-    """LOADED's model of `kind` for handle, moved to engine_device() (by place(model, device) when given).
-    The device is part of the cache key, and so is the family for files that two families read differently (a
-    VAE, a text encoder)."""
-    device = engine_device()
-    place = place or (lambda model, where: model.to(where))
-    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device)
-
-
-def dit_on_device(handle: ModelHandle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS):
-    """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb, and
-    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room)."""
-    device = engine_device()
-    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb))
-    fit_blocks(dit, device, handle.gpu_budget_gb, rows)
-    return dit
 
 
 def load_model(node_id: str, handle: ModelHandle, load: Callable[[ModelHandle], object]) -> str:

@@ -10,8 +10,6 @@ from ..dit_core.sampling import klein_sigmas, prepare_noise, sample_klein
 from ..dit_core.step_cache import StepCache
 from ..dit_core.vae_flux2 import PACKED, Flux2VAE
 from .base import (
-    DEFAULT_PASS_ROWS,
-    LOADED,
     TOKENIZER_DIR,
     FileHandle,
     ModelHandle,
@@ -22,18 +20,15 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
-    dit_on_device,
-    engine_device,
     ksampler_inputs,
     linear_mode,
     load_model,
     loader_inputs,
-    log,
     model_file,
-    on_device,
     run_sampler,
     text_conditioning,
 )
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
 from .types import DiTModel, TextEncoder, Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"

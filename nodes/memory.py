@@ -1,6 +1,6 @@
-"""Memory of the nodes' models (issue 5): the loaded-model cache, the DiT's block budget from the loader's
-gpu_budget_gb, and GPU memory given back when ComfyUI frees memory (and taken again on the next use); the report of
-where a model's bytes are is nodes/model_bytes.py."""
+"""Memory of the nodes' models (issue 5): the engine's device, the loaded-model cache and its models there, the
+DiT's block budget from the loader's gpu_budget_gb, and GPU memory given back when ComfyUI frees memory (and taken
+again on the next use); the report of where a model's bytes are is nodes/model_bytes.py."""
 from __future__ import annotations
 
 import gc
@@ -193,3 +193,28 @@ def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int = DE
     if target + reserve > held:
         make_room(device, target + reserve - held)
     blocks.refill(budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), held, reserve))
+
+
+def engine_device() -> torch.device:
+    """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
+    device = comfy.model_management.get_torch_device()
+    return device if device.type == "cuda" else torch.device("cpu")
+
+
+def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
+              place: Callable[[object, torch.device], object] | None = None):
+    """LOADED's model of `kind` for handle (nodes/base.py's ModelHandle or FileHandle), moved to engine_device()
+    (by place(model, device) when given). The device is part of the cache key, and so is the family for files that
+    two families read differently (a VAE, a text encoder)."""
+    device = engine_device()
+    place = place or (lambda model, where: model.to(where))
+    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device)
+
+
+def dit_on_device(handle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS):
+    """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb, and
+    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room)."""
+    device = engine_device()
+    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb))
+    fit_blocks(dit, device, handle.gpu_budget_gb, rows)
+    return dit

@@ -10,8 +10,6 @@ from ..dit_core.qwen3_text import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
 from ..dit_core.vae import ImageDecoder
 from .base import (
-    DEFAULT_PASS_ROWS,
-    LOADED,
     TOKENIZER_DIR,
     FileHandle,
     ModelHandle,
@@ -22,18 +20,16 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
-    dit_on_device,
-    engine_device,
     interrupt_check,
     ksampler_inputs,
     linear_mode,
     load_model,
     loader_inputs,
     model_file,
-    on_device,
     run_sampler,
     text_conditioning,
 )
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
 from .types import DiTModel, TextEncoder, Vae
 
 CATEGORY = "SwiftDiT/Z-Image"
