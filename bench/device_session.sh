@@ -4,7 +4,7 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
-#          attention_fp8
+#          attention_fp8 attention
 #   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
@@ -54,6 +54,8 @@ for part in $parts; do
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
+    attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
+               timeout 200 python3 bench/bench_attention.py --stages 2 3 4 ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \

@@ -1,0 +1,226 @@
+"""Attention with INT8 scores on Hopper: q k^T on the INT8 matrix cores, the softmax in f32, p v in bf16 (Gluon).
+
+Why: a graphed FLUX.3 Klein step runs at the H200's 700 W limit and follows its joules; attention (cuDNN bf16) is
+about 29% of them, and NVIDIA's own FP8 attention takes 0.69x bf16's joules (docs/benchmarks.md, 2026-12-04,
+sixteenth session). Here only the scores are 8-bit: p v stays bf16, so the error is the scores' alone.
+For rows q, k, v [M, H D] bf16 (head h at columns h D .. h D + D - 1, D = 128; kernels/head_norm_rope.py's rows):
+1. q codes a row and head: a = max_d |q[m, h, d]|, sq[h, m] = a / 127, cq = rint(q (127 / a)) (ties to even).
+   k codes a block of BLOCK_N = 128 rows and head: a = max over the block's rows and d, sk[h, b] = a / 127, ck alike.
+   (1e-30 stands for a of 0.) A block's scale, not a row's, so the softmax's factor is a row's, not an element's.
+2. s[i, j] = sum_d cq[i, d] ck[j, d], exact in int32 (|s| <= 128 * 127^2 < 2^22).
+3. x[i, j] = s[i, j] * (sq[h, i] * sk[h, j / 128] * log2(e) / sqrt(D)), f32: scores in base 2.
+4. o[i] = sum_j bf16(2^(x_ij - m_i)) v[j] / sum_j 2^(x_ij - m_i), m_i the row's running maximum (flash attention's
+   online rescaling by 2^(m_old - m_new)); the products and sums in f32, o rounded once to bf16.
+The kernel: a program a 128-row block of one head; a producer warp brings the block's q codes once and k codes and
+v by TMA into a ring of STAGES slots; two consumer warpgroups (64 rows each) take every slot in turn. Step 3's int32
+to f32 is an add of 1.5 * 2^23 as bits and an f32 subtraction (exact below 2^22): the conversion instruction runs
+at a quarter of the FMA's rate, which the MUFU's exp2 already takes.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .rounding import round_half_even
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                                  warpgroup_mma_wait)
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .int8_hopper_epilogues import tma_load
+except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
+    gluon = None
+
+HEAD, BLOCK_M, BLOCK_N = 128, 128, 128
+STAGES = 3
+LOG2E = 1.4426950408889634
+ENABLED = False  # the blocks' attention takes this kernel where usable (on when measured better: docs/benchmarks.md)
+
+
+def codes_reference(x: torch.Tensor, heads: int, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1 in plain torch: (codes int8 [M, H D], scales f32 [H, M] (per_row) or [H, ceil(M / BLOCK_N)])."""
+    m = x.shape[0]
+    t = x.float().reshape(m, heads, HEAD)
+    if per_row:
+        amax = t.abs().amax(-1).t()  # [H, M]
+        inv = torch.full_like(amax, 127.0) / amax.clamp(min=1e-30)
+        codes = (t * inv.t()[:, :, None]).round()
+    else:
+        blocks = -(-m // BLOCK_N)
+        padded = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, blocks * BLOCK_N - m))
+        amax = padded.abs().reshape(blocks, BLOCK_N, heads, HEAD).amax((1, 3)).t()  # [H, blocks]
+        inv = torch.full_like(amax, 127.0) / amax.clamp(min=1e-30)
+        codes = (padded * inv.t().repeat_interleave(BLOCK_N, 0)[:, :, None]).round()[:m]
+    scales = amax.clamp(min=1e-30) / torch.full_like(amax, 127.0)
+    return codes.to(torch.int8).reshape(m, heads * HEAD), scales
+
+
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Steps 1-4 in float64 (p rounded to bf16 against the row's final maximum): rows [M, H D] bf16."""
+    m = q.shape[0]
+    (cq, sq), (ck, sk) = codes_reference(q, heads, True), codes_reference(k, heads, False)
+    cq, ck = (c.double().reshape(m, heads, HEAD).transpose(0, 1) for c in (cq, ck))
+    s = cq @ ck.transpose(1, 2)  # [H, M, M], exact
+    key_scale = sk.double().repeat_interleave(BLOCK_N, 1)[:, :m]
+    x = s * (sq.double()[:, :, None] * key_scale[:, None, :]) * (LOG2E / math.sqrt(HEAD))
+    p = torch.exp2(x - x.amax(-1, keepdim=True))
+    vh = v.double().reshape(m, heads, HEAD).transpose(0, 1)
+    o = (p.to(torch.bfloat16).double() @ vh) / p.sum(-1, keepdim=True)
+    return o.transpose(0, 1).reshape(m, heads * HEAD).to(torch.bfloat16)
+
+
+@triton_jit
+def _codes_kernel(x_ptr, c_ptr, s_ptr, M, H, PER_ROW: tl.constexpr, BLOCK: tl.constexpr, D: tl.constexpr):
+    """Step 1 for a block of BLOCK rows of head program_id(1)."""
+    b, h = tl.program_id(0), tl.program_id(1)
+    rows = b * BLOCK + tl.arange(0, BLOCK)
+    at = rows[:, None] * (H * D) + h * D + tl.arange(0, D)[None, :]
+    x = tl.load(x_ptr + at, mask=rows[:, None] < M, other=0.0).to(tl.float32)
+    if PER_ROW:
+        amax = tl.maximum(tl.max(tl.abs(x), axis=1), 1e-30)
+        codes = round_half_even(x * (127.0 / amax)[:, None])
+        tl.store(s_ptr + h * M + rows, amax / 127.0, mask=rows < M)
+    else:
+        amax = tl.maximum(tl.max(tl.max(tl.abs(x), axis=1), axis=0), 1e-30)
+        codes = round_half_even(x * (127.0 / amax))
+        tl.store(s_ptr + h * tl.cdiv(M, BLOCK) + b, amax / 127.0)
+    tl.store(c_ptr + at, codes.to(tl.int8), mask=rows[:, None] < M)
+
+
+def codes(x: torch.Tensor, heads: int, per_row: bool, out=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1 by _codes_kernel: what codes_reference returns, bit for bit (out: (codes, scales), written fully)."""
+    m = x.shape[0]
+    c, s = out if out is not None else (
+        torch.empty(m, heads * HEAD, dtype=torch.int8, device=x.device),
+        torch.empty(heads, m if per_row else triton.cdiv(m, BLOCK_N), dtype=torch.float32, device=x.device))
+    block = 64 if per_row else BLOCK_N
+    _codes_kernel[(triton.cdiv(m, block), heads)](x, c, s, m, heads, PER_ROW=per_row, BLOCK=block, D=HEAD,
+                                                  num_warps=4)
+    return c, s
+
+
+def unusable(q: torch.Tensor, heads: int) -> str | None:
+    """None when the kernel can take rows q [M, H D] (and k, v alike), else why not."""
+    if q.dim() != 2 or q.shape[1] != heads * HEAD or q.stride() != (heads * HEAD, 1) or q.dtype != torch.bfloat16:
+        return f"rows must be contiguous bf16 [M, heads x {HEAD}]"
+    if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, or interpreted"
+    if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
+        return "not a Hopper GPU (wgmma)"
+    return None
+
+
+if gluon is not None:
+    @gluon.jit
+    def _loads(q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M):
+        """The producer warp: the block's q codes once, then each key block's k codes and v rows into slot j % STAGES
+        once both consumers freed it from block j - STAGES."""
+        BN: gl.constexpr = k_desc.block_type.shape[0]
+        D: gl.constexpr = k_desc.block_type.shape[1]
+        S: gl.constexpr = k_ring.shape[0]
+        h = gl.program_id(1)
+        mbarrier.expect(q_ready, q_desc.block_type.nbytes)
+        tma_load(q_desc, [gl.program_id(0) * q_desc.block_type.shape[0], h * D], q_ready, q_tile)
+        for j in range(gl.cdiv(M, BN)):
+            slot = j % S
+            mbarrier.wait(empty.index(slot), ((j // S) & 1) ^ 1)  # a fresh barrier passes parity 1
+            mbarrier.expect(ready.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            tma_load(k_desc, [j * BN, h * D], ready.index(slot), k_ring.index(slot))  # zeros past M
+            tma_load(v_desc, [j * BN, h * D], ready.index(slot), v_ring.index(slot))
+
+    @gluon.jit
+    def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor,
+              EVEN: gl.constexpr, W: gl.constexpr):
+        """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored."""
+        BN: gl.constexpr = k_ring.shape[1]
+        D: gl.constexpr = k_ring.shape[2]
+        S: gl.constexpr = k_ring.shape[0]
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, BN, 32])
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        h = gl.program_id(1)
+        first = gl.program_id(0) * (2 * 64) + W * 64
+        rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
+        row_factor = gl.load(sq_ptr + h * M + rows, mask=rows < M, other=0.0) * factor
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
+        acc = gl.zeros([64, D], gl.float32, layout=o_layout)
+        blocks = gl.cdiv(M, BN)
+        q_rows = q_tile.slice(W * 64, 64)
+        mbarrier.wait(q_ready, 0)
+        for j in range(blocks):
+            slot = j % S
+            mbarrier.wait(ready.index(slot), (j // S) & 1)
+            s = warpgroup_mma(q_rows, k_ring.index(slot).permute((1, 0)),
+                              gl.zeros([64, BN], gl.int32, layout=s_layout), use_acc=False, is_async=True)
+            s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_rows, k_ring.index(slot)))
+            r = row_factor * gl.load(sk_ptr + h * blocks + j)
+            # int32 -> f32 exactly: 1.5 * 2^23 + s as bits is that f32 (|s| < 2^22)
+            x = ((s + 0x4B400000).to(gl.float32, bitcast=True) - 12582912.0) * gl.expand_dims(r, 1)
+            if not EVEN:
+                cols = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
+                x = gl.where(gl.expand_dims(cols < M, 0), x, float("-inf"))
+            m_new = gl.maximum(m_i, gl.max(x, axis=1))
+            alpha = gl.exp2(m_i - m_new)
+            p = gl.exp2(x - gl.expand_dims(m_new, 1))
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
+            acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_ring.index(slot), acc,
+                                is_async=True)
+            acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_ring.index(slot)))
+            mbarrier.arrive(empty.index(slot))
+            m_i = m_new
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
+        out_rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
+        at = gl.expand_dims(out_rows, 1) * (H * D) + h * D + gl.expand_dims(cols, 0)
+        gl.store(o_ptr + at, o.to(gl.bfloat16), mask=gl.expand_dims(out_rows < M, 1))
+
+    @gluon.jit
+    def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN: gl.constexpr,
+                          STAGES: gl.constexpr):
+        q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
+        k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=2)  # both consumers
+        fence_async_shared()
+        gl.warp_specialize([
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 0)),
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 1)),
+            (_loads, (q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M)),
+        ], [4, 1], [232, 24])
+
+
+def _descriptor(t: torch.Tensor, block: list, dtype):
+    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+
+
+def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first)."""
+    m = q.shape[0]
+    (cq, sq), (ck, sk) = codes(q, heads, True), codes(k, heads, False)
+    out = torch.empty_like(q)
+    _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
+        _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
+        _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
+        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
+    return out

@@ -1,0 +1,119 @@
+"""kernels/attention_int8.py: the codes pass against its reference bit for bit (interpreted on the CPU), the
+reference's error against f32 attention, the sm_90a build, and the Gluon kernel against the reference on the GPU."""
+import math
+
+import pytest
+import torch
+
+from conftest import GLUON_BUILD, gluon_builds
+from kernels import attention_int8 as ka
+
+
+def head_rows(m: int, heads: int, seed: int, device, spread: float = 1.0) -> torch.Tensor:
+    """Rows [m, heads x 128] bf16 as the blocks' q and k are: each head's 128 values RMS-normed (times `spread`)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, heads, ka.HEAD, generator=g) * (1 + torch.rand(1, heads, ka.HEAD, generator=g))
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True)) * spread
+    return x.reshape(m, heads * ka.HEAD).to(torch.bfloat16).to(device)
+
+
+def f32_attention(q, k, v, heads):
+    m = q.shape[0]
+    q, k, v = (t.float().reshape(m, heads, ka.HEAD).transpose(0, 1) for t in (q, k, v))
+    o = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(ka.HEAD), -1) @ v
+    return o.transpose(0, 1).reshape(m, heads * ka.HEAD)
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.mark.parametrize("m", [1, 63, 130, 257])
+@pytest.mark.parametrize("per_row", [True, False])
+def test_codes_equal_their_reference(m, per_row, device):
+    """Odd row counts (a block past M, one row); outputs poisoned first. Codes reach +-127 and the scales are the
+    absmax / 127 of each row (block) and head."""
+    x = head_rows(m, 2, seed=m, device=device, spread=3.0)
+    blocks = m if per_row else -(-m // ka.BLOCK_N)
+    out = (torch.full((m, 2 * ka.HEAD), 0x55, dtype=torch.int8, device=device),
+           torch.full((2, blocks), float("nan"), device=device))
+    c, s = ka.codes(x, 2, per_row, out=out)
+    c_ref, s_ref = ka.codes_reference(x, 2, per_row)
+    assert torch.equal(c.cpu(), c_ref.cpu()) and torch.equal(s.cpu(), s_ref.cpu())
+    assert c.abs().amax().item() == 127
+
+
+def test_reference_is_the_exact_attention_where_the_codes_are_exact():
+    """Integer rows whose absmax is 127 in every row (q) and block (k) have scales 1: the reference is then the f64
+    attention of those rows with p rounded to bf16, which only the rounding of p separates from f64's own."""
+    g = torch.Generator().manual_seed(1)
+    m, heads = 200, 2
+    q, k = (torch.randint(-40, 41, (m, heads * ka.HEAD), generator=g).float() for _ in range(2))
+    q[:, ::ka.HEAD] = 127.0  # each row's and block's absmax in each head
+    k[:, ::ka.HEAD] = -127.0
+    q, k = q / 64, k / 64  # scores of a sane size; codes stay exact (scales 127/64 / 127)
+    v = torch.randn(m, heads * ka.HEAD, generator=g).to(torch.bfloat16)
+    got = ka.reference(q.to(torch.bfloat16), k.to(torch.bfloat16), v, heads)
+    truth = f32_attention(q.double(), k.double(), v.double(), heads)
+    assert rel(got, truth) < 4e-3  # bf16 p and output
+
+
+def test_reference_error_against_f32_attention():
+    """On rows as the blocks make them the INT8 scores move the output by about 1% of its size (bf16 attention: 0.2-
+    0.6%); a wrong scale or an off-by-one block would move it by tens of percent."""
+    m, heads = 300, 2
+    q, k, v = (head_rows(m, heads, seed, "cpu", spread) for seed, spread in ((1, 1.5), (2, 1.5), (3, 1.0)))
+    err = rel(ka.reference(q, k, v, heads), f32_attention(q, k, v, heads))
+    assert 1e-3 < err < 2.5e-2
+
+
+def test_off_or_without_a_hopper_gpu_it_says_why():
+    x = torch.zeros(4, 2 * ka.HEAD, dtype=torch.bfloat16)
+    assert "contiguous bf16" in ka.unusable(x.float(), 2)
+    assert "contiguous bf16" in ka.unusable(x, 3)
+    assert ka.unusable(x, 2) is not None  # off by default, interpreted or on the CPU
+
+
+BUILD = GLUON_BUILD + """
+from kernels import attention_int8 as ka
+def desc(base, shape, block, dtype):
+    return mangle_type(ka.TensorDescriptor(base, shape, [shape[1], 1], block,
+                                           gl.NVMMASharedLayout.get_default_for(block, dtype)))
+found = {}
+for even in (True, False):
+    m = 4608 if even else 4608 + 77
+    sig = {"q_desc": desc(Codes, [m, 3072], [128, 128], gl.int8), "k_desc": desc(Codes, [m, 3072], [128, 128], gl.int8),
+           "v_desc": desc(Rows, [m, 3072], [128, 128], gl.bfloat16), "sq_ptr": "*fp32", "sk_ptr": "*fp32",
+           "o_ptr": "*bf16", "M": "i32", "H": "i32", "factor": "fp32"}
+    consts = {"EVEN": even, "STAGES": ka.STAGES}
+    src = GluonASTSource(ka._attention_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
+    built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
+    ptx = built.asm["ptx"]
+    found[str(even)] = {"mma": sorted(set(re.findall(r"wgmma.mma_async[.\\w]*", ptx))),
+                        "int_to_float": ptx.count("cvt.rn.f32.s32"), "shared": built.metadata.shared,
+                        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg.(?:inc|dec).sync.aligned.u32\\s+(\\d+)", ptx)))}
+print(json.dumps(found))
+"""
+
+
+def test_builds_for_the_h200_with_integer_scores_and_bf16_values():
+    found = gluon_builds(BUILD)
+    for even, built in found.items():
+        assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16",
+                                "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], even
+        assert built["int_to_float"] == 0, even  # the scores made f32 by an add, not the quarter-rate cvt
+        assert "24" in built["setmaxnreg"], even  # the producer warp's registers handed to the warpgroups
+        assert built["shared"] <= 227 * 1024, even
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m, heads", [(4608, 24), (4608, 30), (512, 24), (4096 + 77, 2)])
+def test_kernel_against_reference(m, heads, monkeypatch):
+    """Klein's and Z-Image's joint rows, Klein's text rows, and rows past a whole block."""
+    monkeypatch.setattr(ka, "ENABLED", True)
+    q, k, v = (head_rows(m, heads, seed, "cuda", spread) for seed, spread in ((1, 1.5), (2, 1.5), (3, 1.0)))
+    assert ka.unusable(q, heads) is None
+    got = ka.attention_int8(q, k, v, heads)
+    want = ka.reference(q.cpu(), k.cpu(), v.cpu(), heads)
+    assert rel(got.cpu(), want) < 1e-2
+    assert rel(got.float(), f32_attention(q, k, v, heads)) < 2.5e-2
