@@ -140,9 +140,25 @@ if gluon is not None:
             tma_load(v_desc, [j * BN, h * D], ready.index(slot), v_ring.index(slot))
 
     @gluon.jit
+    def _softmax_block(s, r, m_i, j, M, EVEN: gl.constexpr, BN: gl.constexpr):
+        """Step 4's part of key block j: (p = 2^(x - m_new), m_new, 2^(m_i - m_new)) from its int32 scores s and the
+        rows' factors r (step 3). The scores biased by 1.5 * 2^23 as f32 bits are s + 1.5 * 2^23 exactly (|s| <
+        2^22) and keep s's order: their row maximum is taken as they are, and x - m_new is one fma of them."""
+        fb = (s + 0x4B400000).to(gl.float32, bitcast=True)
+        if not EVEN:
+            cols = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s.type.layout))
+            fb = gl.where(gl.expand_dims(cols < M, 0), fb, 0.0)
+        m_new = gl.maximum(m_i, (gl.max(fb, axis=1) - 12582912.0) * r)
+        x = fb * gl.expand_dims(r, 1) - gl.expand_dims(m_new + 12582912.0 * r, 1)
+        if not EVEN:
+            x = gl.where(gl.expand_dims(cols < M, 0), x, float("-inf"))
+        return gl.exp2(x), m_new, gl.exp2(m_i - m_new)
+
+    @gluon.jit
     def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor,
               EVEN: gl.constexpr, W: gl.constexpr):
-        """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored."""
+        """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored. Key
+        block j's q k^T is issued with block j - 1's p v behind it, so j's softmax runs under j - 1's p v."""
         BN: gl.constexpr = k_ring.shape[1]
         D: gl.constexpr = k_ring.shape[2]
         S: gl.constexpr = k_ring.shape[0]
@@ -155,34 +171,34 @@ if gluon is not None:
         first = gl.program_id(0) * (2 * 64) + W * 64
         rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
         row_factor = gl.load(sq_ptr + h * M + rows, mask=rows < M, other=0.0) * factor
-        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
-        l_i = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, s_layout))
-        acc = gl.zeros([64, D], gl.float32, layout=o_layout)
         blocks = gl.cdiv(M, BN)
+        zeros = gl.zeros([64, BN], gl.int32, layout=s_layout)
         q_rows = q_tile.slice(W * 64, 64)
         mbarrier.wait(q_ready, 0)
-        for j in range(blocks):
-            slot = j % S
+        mbarrier.wait(ready.index(0), 0)
+        s = warpgroup_mma(q_rows, k_ring.index(0).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_rows, k_ring.index(0)))[0]
+        m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
+        p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks), m_i, 0, M, EVEN, BN)
+        l_i = gl.sum(p, axis=1)
+        p16 = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        acc = gl.zeros([64, D], gl.float32, layout=o_layout)
+        for j in range(1, blocks):
+            slot, last = j % S, (j - 1) % S
             mbarrier.wait(ready.index(slot), (j // S) & 1)
-            s = warpgroup_mma(q_rows, k_ring.index(slot).permute((1, 0)),
-                              gl.zeros([64, BN], gl.int32, layout=s_layout), use_acc=False, is_async=True)
-            s, _, _ = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_rows, k_ring.index(slot)))
-            r = row_factor * gl.load(sk_ptr + h * blocks + j)
-            # int32 -> f32 exactly: 1.5 * 2^23 + s as bits is that f32 (|s| < 2^22)
-            x = ((s + 0x4B400000).to(gl.float32, bitcast=True) - 12582912.0) * gl.expand_dims(r, 1)
-            if not EVEN:
-                cols = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, s_layout))
-                x = gl.where(gl.expand_dims(cols < M, 0), x, float("-inf"))
-            m_new = gl.maximum(m_i, gl.max(x, axis=1))
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(x - gl.expand_dims(m_new, 1))
+            s = warpgroup_mma(q_rows, k_ring.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_rows, k_ring.index(slot)))[0]
+            p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks + j), m_i, j, M, EVEN, BN)
             l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p16, v_ring.index(last)))[0]
+            mbarrier.arrive(empty.index(last))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout), v_ring.index(slot), acc,
-                                is_async=True)
-            acc, _ = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_ring.index(slot)))
-            mbarrier.arrive(empty.index(slot))
-            m_i = m_new
+            p16 = gl.convert_layout(p.to(gl.bfloat16), p_layout)
+        last = (blocks - 1) % S
+        acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, p16, v_ring.index(last)))[0]
+        mbarrier.arrive(empty.index(last))
         o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
         out_rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))

@@ -114,6 +114,6 @@ def test_kernel_against_reference(m, heads, monkeypatch):
     q, k, v = (head_rows(m, heads, seed, "cuda", spread) for seed, spread in ((1, 1.5), (2, 1.5), (3, 1.0)))
     assert ka.unusable(q, heads) is None
     got = ka.attention_int8(q, k, v, heads)
-    want = ka.reference(q.cpu(), k.cpu(), v.cpu(), heads)
+    want, truth = ka.reference(q.cpu(), k.cpu(), v.cpu(), heads), f32_attention(q, k, v, heads).cpu()
     assert rel(got.cpu(), want) < 1e-2
-    assert rel(got.float(), f32_attention(q, k, v, heads)) < 2.5e-2
+    assert rel(got.cpu(), truth) < rel(want, truth) + 2e-3  # the online softmax no worse than the reference's math
