@@ -26,6 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-unturned-hidden", action="store_true", help="also ours INT8 graphed with UP's "
                         "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.block_gpu.TURN_HIDDEN "
                         "off)")
+    parser.add_argument("--variant-int8-attention", action="store_true", help="also ours INT8 graphed with "
+                        "attention's scores on the INT8 matrix cores (kernels.attention_int8.ENABLED on)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -43,7 +45,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
-    from kernels import int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
+    from kernels import attention_int8, int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
         ("mode blocks on one stream", flux3_klein, "MODES_CONCURRENT", False)] * args.variant_serial_modes + [
@@ -53,5 +55,6 @@ def variants(args) -> list:
         ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
         ("v not turned", block_gpu, "TURN_V", False)] * args.variant_unturned_v + [
         ("hidden rows not turned", block_gpu, "TURN_HIDDEN", False)] * args.variant_unturned_hidden + [
+        ("INT8 attention scores", attention_int8, "ENABLED", True)] * args.variant_int8_attention + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

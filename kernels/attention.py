@@ -1,8 +1,9 @@
 """Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
 
-Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324, so no Triton
-kernel here: the work is choosing SDPA's back end. (A Triton kernel with INT8 scores, branch attention-int8, measured
-slower at Klein's shape: 0.548 against cuDNN's 0.400 ms, and more joules a call; docs/benchmarks.md, 2026-12-04.)
+Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324: the work here is
+choosing SDPA's back end. Where kernels/attention_int8.py is switched on and takes the rows (Hopper, heads of 128, one
+group), its INT8 scores run instead (issue 6: fewer joules a call than cuDNN's bf16 at the same time; an error of
+about 1% against bf16's 0.2%, docs/benchmarks.md).
 For q, k, v [G, heads, g, D] bf16 (the layout of kernels/head_norm_rope.py: G groups of g consecutive rows, rows
 attend within their group), or [1, heads, M, D] with `group` (M / group groups of `group` consecutive rows; 0: all
 rows attend to all):
@@ -17,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from . import attention_int8
 
 # Tried in this order; SDPA takes the first whose constraints the inputs meet (MATH last, always possible).
 BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
@@ -52,6 +55,11 @@ def attention(q, k, v, group=0):
     if group and q.shape[2] != group and (q.shape[0] != 1 or q.shape[2] % group):
         raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
                          f"of {group}, got {tuple(q.shape)}")
+    if not group or q.shape[2] == group:
+        rows = [t[0].transpose(0, 1).reshape(t.shape[2], -1) if t.shape[0] == 1 and t[0].transpose(0, 1)
+                .is_contiguous() else t for t in (q, k, v)]  # the QKV's rows [M, heads D] where q, k, v view them
+        if all(r.dim() == 2 and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
+            return attention_int8.attention_int8(*rows, q.shape[1])
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
     with sdpa_kernel(BACKENDS, set_priority=True):

@@ -117,3 +117,21 @@ def test_kernel_against_reference(m, heads, monkeypatch):
     want, truth = ka.reference(q.cpu(), k.cpu(), v.cpu(), heads), f32_attention(q, k, v, heads).cpu()
     assert rel(got.cpu(), want) < 1e-2
     assert rel(got.cpu(), truth) < rel(want, truth) + 2e-3  # the online softmax no worse than the reference's math
+
+
+def test_blocks_attention_hands_the_qkv_rows_over_where_usable(monkeypatch):
+    """kernels.attention.attention gives the kernel the QKV's rows [M, heads x 128] themselves (views, not copies)
+    where q, k, v view them and the kernel is usable; groups and batched heads stay with SDPA."""
+    from kernels import attention
+    calls = []
+    shape_only = ka.unusable  # its answer on the rows' shape and dtype; the machine's taken as a Hopper GPU
+    monkeypatch.setattr(ka, "unusable", lambda r, h: (shape_only(r, h) or "").startswith("rows") or None)
+    monkeypatch.setattr(ka, "attention_int8", lambda q, k, v, heads: calls.append((q, k, v, heads)) or q)
+    qkv = torch.randn(3, 256, 2 * ka.HEAD).to(torch.bfloat16)  # the QKV's output: [3, M, heads x D]
+    q, k, v = (t.reshape(256, 2, ka.HEAD).transpose(0, 1).unsqueeze(0) for t in qkv)  # head_norm_rope's views
+    out = attention.attention(q, k, v)
+    assert len(calls) == 1 and calls[0][3] == 2 and out.data_ptr() == qkv[0].data_ptr()
+    assert all(r.data_ptr() == t.data_ptr() and r.shape == (256, 2 * ka.HEAD) for r, t in zip(calls[0], qkv))
+    assert attention.attention(q, k, v, group=128).shape == (256, 2 * ka.HEAD)  # two groups: SDPA
+    assert attention.attention(q.float(), k.float(), v.float()).dtype == torch.float32  # f32 rows: SDPA
+    assert len(calls) == 1
