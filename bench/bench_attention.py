@@ -66,7 +66,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA GPU")
     energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
-    ka.ENABLED = True
+    ka.VALUES = "bf16"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows, heads x 128\n")
     print("| heads | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n" + "|---" * 6 + "|")
     for heads in args.heads:
@@ -84,11 +84,13 @@ def main() -> None:
                 return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).reshape(m, -1)
         cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)]
         cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
-        for stages in args.stages:
-            def ours(stages=stages):
-                ka.STAGES = stages
-                return ka.attention_int8(q, k, v, heads)
-            cases.append((f"INT8 scores, {stages} slots, codes included", ours))
+        for v8 in (False, True):
+            for stages in args.stages:
+                def ours(stages=stages, v8=v8):
+                    ka.STAGES = stages
+                    return ka.attention_int8(q, k, v, heads, v8=v8)
+                pv = "e4m3 p v (v's e4m3 by torch, timed)" if v8 else "bf16 p v"
+                cases.append((f"INT8 scores, {pv}, {stages} slots, codes included", ours))
         cases.append(("q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
                                                       ka.codes(k, heads, False, out=ck)) and None))
         flop = 4 * m * m * ka.HEAD * heads

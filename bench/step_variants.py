@@ -26,8 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-unturned-hidden", action="store_true", help="also ours INT8 graphed with UP's "
                         "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.block_gpu.TURN_HIDDEN "
                         "off)")
-    parser.add_argument("--variant-int8-attention", action="store_true", help="also ours INT8 graphed with "
-                        "attention's scores on the INT8 matrix cores (kernels.attention_int8.ENABLED on)")
+    parser.add_argument("--variant-int8-attention", nargs="*", default=[], choices=["bf16", "e4m3"],
+                        help="also ours INT8 graphed with attention's scores on the INT8 matrix cores, p v in each "
+                        "type given (kernels.attention_int8.VALUES)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -55,6 +56,6 @@ def variants(args) -> list:
         ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
         ("v not turned", block_gpu, "TURN_V", False)] * args.variant_unturned_v + [
         ("hidden rows not turned", block_gpu, "TURN_HIDDEN", False)] * args.variant_unturned_hidden + [
-        ("INT8 attention scores", attention_int8, "ENABLED", True)] * args.variant_int8_attention + [
+        (f"INT8 attention scores, {pv} p v", attention_int8, "VALUES", pv) for pv in args.variant_int8_attention] + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

@@ -59,7 +59,7 @@ def attention(q, k, v, group=0):
         rows = [t[0].transpose(0, 1).reshape(t.shape[2], -1) if t.shape[0] == 1 and t[0].transpose(0, 1)
                 .is_contiguous() else t for t in (q, k, v)]  # the QKV's rows [M, heads D] where q, k, v view them
         if all(r.dim() == 2 and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
-            return attention_int8.attention_int8(*rows, q.shape[1])
+            return attention_int8.attention_int8(*rows, q.shape[1], v8=attention_int8.VALUES == "e4m3")
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
     with sdpa_kernel(BACKENDS, set_priority=True):
