@@ -66,7 +66,6 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA GPU")
     energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
-    ka.VALUES = "bf16"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows, heads x 128\n")
     print("| heads | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n" + "|---" * 6 + "|")
     for heads in args.heads:
@@ -91,6 +90,9 @@ def main() -> None:
                     return ka.attention_int8(q, k, v, heads, v8=v8)
                 pv = "e4m3 p v (v's e4m3 by torch, timed)" if v8 else "bf16 p v"
                 cases.append((f"INT8 scores, {pv}, {stages} slots, codes included", ours))
+            made = ka.operands(q, k, v, heads, v8)
+            cases.append((f"INT8 scores, {'e4m3' if v8 else 'bf16'} p v, the kernel alone ({ka.STAGES} slots)",
+                          lambda made=made, v8=v8: ka.launch(*made, heads, v8)))
         cases.append(("q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
                                                       ka.codes(k, heads, False, out=ck)) and None))
         flop = 4 * m * m * ka.HEAD * heads

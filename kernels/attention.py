@@ -1,9 +1,9 @@
 """Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
 
 Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324: the work here is
-choosing SDPA's back end. Where kernels/attention_int8.py is switched on and takes the rows (Hopper, heads of 128, one
-group), its INT8 scores run instead (issue 6: fewer joules a call than cuDNN's bf16 at the same time; an error of
-about 1% against bf16's 0.2%, docs/benchmarks.md).
+choosing SDPA's back end. Where the caller asks for INT8 scores and kernels/attention_int8.py takes the rows (Hopper,
+heads of 128, one group), that kernel runs instead (issue 6: fewer joules a call than cuDNN's bf16 at its time; an
+error of about 1.3% against bf16's 0.2%, docs/benchmarks.md).
 For q, k, v [G, heads, g, D] bf16 (the layout of kernels/head_norm_rope.py: G groups of g consecutive rows, rows
 attend within their group), or [1, heads, M, D] with `group` (M / group groups of `group` consecutive rows; 0: all
 rows attend to all):
@@ -40,26 +40,27 @@ def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.reshape(h, m // group, group, d).transpose(0, 1)
 
 
-def reference(q, k, v, group=0):
-    """The math above in f32 (bf16 out)."""
+def reference(q, k, v, group=0, int8_values=None):
+    """The math above in f32 (bf16 out); int8_values: the kernel's, whose exact math this is."""
     q, k, v = (_groups(t, group) for t in (q, k, v))
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return _rows(torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
 
 
-def attention(q, k, v, group=0):
-    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype."""
+def attention(q, k, v, group=0, int8_values=None):
+    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. int8_values "bf16" or "e4m3":
+    kernels/attention_int8.py's INT8 scores where it takes the rows, p v in that type."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if group and q.shape[2] != group and (q.shape[0] != 1 or q.shape[2] % group):
         raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
                          f"of {group}, got {tuple(q.shape)}")
-    if not group or q.shape[2] == group:
+    if int8_values in ("bf16", "e4m3") and (not group or q.shape[2] == group):
         rows = [t[0].transpose(0, 1).reshape(t.shape[2], -1) if t.shape[0] == 1 and t[0].transpose(0, 1)
                 .is_contiguous() else t for t in (q, k, v)]  # the QKV's rows [M, heads D] where q, k, v view them
         if all(r.dim() == 2 and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
-            return attention_int8.attention_int8(*rows, q.shape[1], v8=attention_int8.VALUES == "e4m3")
+            return attention_int8.attention_int8(*rows, q.shape[1], v8=int8_values == "e4m3")
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
     with sdpa_kernel(BACKENDS, set_priority=True):

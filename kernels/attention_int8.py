@@ -45,9 +45,6 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
 HEAD, BLOCK_M, BLOCK_N = 128, 128, 128
 STAGES = 3
 LOG2E = 1.4426950408889634
-# The blocks' attention (kernels/attention.py): None keeps cuDNN's bf16; "bf16" or "e4m3" takes this kernel where
-# usable, its p v in that type (docs/benchmarks.md measures each).
-VALUES: str | None = None
 
 
 def codes_reference(x: torch.Tensor, heads: int, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -129,8 +126,8 @@ def unusable(q: torch.Tensor, heads: int) -> str | None:
     """None when the kernel can take rows q [M, H D] (and k, v alike), else why not."""
     if q.dim() != 2 or q.shape[1] != heads * HEAD or q.stride() != (heads * HEAD, 1) or q.dtype != torch.bfloat16:
         return f"rows must be contiguous bf16 [M, heads x {HEAD}]"
-    if VALUES not in ("bf16", "e4m3") or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return "off, no Gluon, or interpreted"
+    if gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return "no Gluon, or interpreted"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
     return None
@@ -261,16 +258,27 @@ def _descriptor(t: torch.Tensor, block: list, dtype):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> torch.Tensor:
-    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first). v8:
-    p and v in e4m3 (p scaled by 448, v by channel: values_e4m3), the p v product on the FP8 matrix cores."""
-    m = q.shape[0]
+def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> tuple:
+    """The kernel's operands from rows q, k, v [M, H D] bf16: q codes and scales, k codes and scales, v's rows (v8:
+    values_e4m3's v^T and channel scales)."""
     (cq, sq), (ck, sk) = codes(q, heads, True), codes(k, heads, False)
-    vt, sv = values_e4m3(v) if v8 else (v, sq)
-    out = torch.empty_like(q)
+    return (cq, sq, ck, sk, *(values_e4m3(v) if v8 else (v, sq)))
+
+
+def launch(cq, sq, ck, sk, values, sv, heads: int, v8: bool = False) -> torch.Tensor:
+    """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first)."""
+    m = cq.shape[0]
+    out = torch.empty(m, heads * HEAD, dtype=torch.bfloat16, device=cq.device)
     _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
         _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
-        _descriptor(vt, [HEAD, BLOCK_N], gl.float8e4nv) if v8 else _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16),
+        _descriptor(values, [HEAD, BLOCK_N], gl.float8e4nv) if v8 else _descriptor(values, [BLOCK_N, HEAD],
+                                                                                     gl.bfloat16),
         sq, sk, sv, out, m, heads, LOG2E / math.sqrt(HEAD), EVEN=m % BLOCK_N == 0, V8=v8, STAGES=STAGES,
         num_warps=4)
     return out
+
+
+def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> torch.Tensor:
+    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first). v8:
+    p and v in e4m3 (p scaled by 448, v by channel: values_e4m3), the p v product on the FP8 matrix cores."""
+    return launch(*operands(q, k, v, heads, v8), heads, v8)

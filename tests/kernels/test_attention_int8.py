@@ -80,7 +80,7 @@ def test_off_or_without_a_hopper_gpu_it_says_why():
     x = torch.zeros(4, 2 * ka.HEAD, dtype=torch.bfloat16)
     assert "contiguous bf16" in ka.unusable(x.float(), 2)
     assert "contiguous bf16" in ka.unusable(x, 3)
-    assert ka.unusable(x, 2) is not None  # off by default, interpreted or on the CPU
+    assert ka.unusable(x, 2) is not None  # interpreted or on the CPU
 
 
 BUILD = GLUON_BUILD + """
@@ -126,7 +126,6 @@ def test_builds_for_the_h200_with_integer_scores_and_bf16_or_e4m3_values():
 @pytest.mark.parametrize("m, heads", [(4608, 24), (4608, 30), (512, 24), (4096 + 80, 2)])
 def test_kernel_against_reference(m, heads, v8, monkeypatch):
     """Klein's and Z-Image's joint rows, Klein's text rows, and rows past a whole block; p v in bf16 or e4m3."""
-    monkeypatch.setattr(ka, "VALUES", "bf16")
     q, k, v = (head_rows(m, heads, seed, "cuda", spread) for seed, spread in ((1, 1.5), (2, 1.5), (3, 1.0)))
     assert ka.unusable(q, heads) is None
     got = ka.attention_int8(q, k, v, heads, v8=v8)
@@ -145,9 +144,10 @@ def test_blocks_attention_hands_the_qkv_rows_over_where_usable(monkeypatch):
     monkeypatch.setattr(ka, "attention_int8", lambda q, k, v, heads, v8: calls.append((q, k, v, heads, v8)) or q)
     qkv = torch.randn(3, 256, 2 * ka.HEAD).to(torch.bfloat16)  # the QKV's output: [3, M, heads x D]
     q, k, v = (t.reshape(256, 2, ka.HEAD).transpose(0, 1).unsqueeze(0) for t in qkv)  # head_norm_rope's views
-    out = attention.attention(q, k, v)
+    assert attention.attention(q, k, v).shape == (256, 2 * ka.HEAD) and not calls  # not asked for: SDPA
+    out = attention.attention(q, k, v, int8_values="bf16")
     assert len(calls) == 1 and calls[0][3:] == (2, False) and out.data_ptr() == qkv[0].data_ptr()
     assert all(r.data_ptr() == t.data_ptr() and r.shape == (256, 2 * ka.HEAD) for r, t in zip(calls[0], qkv))
-    assert attention.attention(q, k, v, group=128).shape == (256, 2 * ka.HEAD)  # two groups: SDPA
-    assert attention.attention(q.float(), k.float(), v.float()).dtype == torch.float32  # f32 rows: SDPA
+    assert attention.attention(q, k, v, group=128, int8_values="bf16").shape == (256, 2 * ka.HEAD)  # two groups
+    assert attention.attention(*(t.float() for t in (q, k, v)), int8_values="e4m3").dtype == torch.float32  # f32
     assert len(calls) == 1
