@@ -83,16 +83,13 @@ def main() -> None:
                 return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).reshape(m, -1)
         cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)]
         cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
-        for v8 in (False, True):
-            for stages in args.stages:
-                def ours(stages=stages, v8=v8):
-                    ka.STAGES = stages
-                    return ka.attention_int8(q, k, v, heads, v8=v8)
-                pv = "e4m3 p v (v's e4m3 by torch, timed)" if v8 else "bf16 p v"
-                cases.append((f"INT8 scores, {pv}, {stages} slots, codes included", ours))
-            made = ka.operands(q, k, v, heads, v8)
-            cases.append((f"INT8 scores, {'e4m3' if v8 else 'bf16'} p v, the kernel alone ({ka.STAGES} slots)",
-                          lambda made=made, v8=v8: ka.launch(*made, heads, v8)))
+        for stages in args.stages:
+            def ours(stages=stages):
+                ka.STAGES = stages
+                return ka.attention_int8(q, k, v, heads)
+            cases.append((f"INT8 scores, {stages} slots, codes included", ours))
+        made = ka.operands(q, k, v, heads)
+        cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))
         cases.append(("q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
                                                       ka.codes(k, heads, False, out=ck)) and None))
         flop = 4 * m * m * ka.HEAD * heads

@@ -26,9 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-unturned-hidden", action="store_true", help="also ours INT8 graphed with UP's "
                         "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.block_gpu.TURN_HIDDEN "
                         "off)")
-    parser.add_argument("--variant-int8-attention", nargs="*", default=[], choices=["off", "bf16", "e4m3"],
-                        help="also ours INT8 graphed with every family's attention scores on the INT8 matrix cores, "
-                        "p v in each type given, or (off) none (dit_core.block_gpu.INT8_ATTENTION)")
+    parser.add_argument("--variant-int8-attention", action="store_true", help="also ours INT8 graphed with every "
+                        "family's attention scores on the INT8 matrix cores (dit_core.block_gpu.INT8_ATTENTION)")
+    parser.add_argument("--variant-cudnn-attention", action="store_true", help="also ours INT8 graphed with every "
+                        "family's attention by cuDNN's bf16 SDPA (dit_core.block_gpu.INT8_ATTENTION empty)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -46,6 +47,7 @@ def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
     from dit_core.families import flux3_klein
+    from dit_core.families import FAMILIES
     from kernels import int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [
@@ -56,7 +58,7 @@ def variants(args) -> list:
         ("plain rows by the Triton passes", int8_quant_hopper, "ENABLED", False)] * args.variant_two_pass_quant + [
         ("v not turned", block_gpu, "TURN_V", False)] * args.variant_unturned_v + [
         ("hidden rows not turned", block_gpu, "TURN_HIDDEN", False)] * args.variant_unturned_hidden + [
-        (f"attention {'cuDNN bf16' if pv == 'off' else f'INT8 scores, {pv} p v'}", block_gpu, "INT8_ATTENTION",
-         {} if pv == "off" else {"z_image": pv, "flux3_klein": pv}) for pv in args.variant_int8_attention] + [
+        ("attention INT8 scores", block_gpu, "INT8_ATTENTION", set(FAMILIES))] * args.variant_int8_attention + [
+        ("attention cuDNN bf16", block_gpu, "INT8_ATTENTION", set())] * args.variant_cudnn_attention + [
         (f"Hopper GEMMs' GROUP_M {g}", int8_linear_hopper, "TILE", {**int8_linear_hopper.TILE, "GROUP_M": g})
         for g in args.variant_group_m]

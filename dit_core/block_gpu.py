@@ -37,10 +37,10 @@ CHUNK = 8192
 # (_turns_hidden); benchmarks time both ways.
 TURN_V = True
 TURN_HIDDEN = True
-# Families whose attention takes INT8 scores (kernels/attention_int8.py), p v in the type given; the others keep
-# cuDNN's bf16. FLUX.3 Klein at 1024^2: 0.791 against 0.810 s a 16-step run, 8% fewer joules, its image 59.7 dB from
-# the bf16 attention's and as far from diffusers' as before (53.8 dB) (docs/benchmarks.md, 2026-12-04).
-INT8_ATTENTION = {"flux3_klein": "bf16"}
+# Families whose attention takes INT8 scores (kernels/attention_int8.py); the others keep cuDNN's bf16. FLUX.3 Klein
+# at 1024^2: 0.791-0.805 against 0.806-0.821 s a 16-step run, 3-8% fewer joules, its image 59.7 dB from the bf16
+# attention's and as far from diffusers' as before (53.8 dB) (docs/benchmarks.md, 2026-12-04).
+INT8_ATTENTION = {"flux3_klein"}
 
 
 def kernels():
@@ -120,17 +120,17 @@ def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: 
                a.qk_eps, group=s.group)
 
 
-def _attend(q, k, v, keys_values: Callable | None, int8_values: str | None) -> torch.Tensor:
+def _attend(q, k, v, keys_values: Callable | None, int8_scores: bool) -> torch.Tensor:
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
     sees k and v as the host block shows them (rows [G g, heads, D]; v turned where the block turns it, _turns_v)
     and may add rows (G = 1: the keys beyond the queries' rows, as dit_core/block.py attention takes them); the
-    kernel needs k like q, so longer keys go to SDPA directly. int8_values: INT8_ATTENTION's for the family."""
+    kernel needs k like q, so longer keys go to SDPA directly. int8_scores: the family's in INT8_ATTENTION."""
     if keys_values is not None:
         G, heads, _, d = q.shape
         k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
         k, v = (t.reshape(G, -1, heads, d).transpose(1, 2).to(q.dtype) for t in (k, v))  # q's layout: BSHD
     if k.shape == q.shape:
-        return run("attention", q, k, v, int8_values=int8_values)
+        return run("attention", q, k, v, int8_scores=int8_scores)
     o = F.scaled_dot_product_attention(q, k, v)
     return o.transpose(1, 2).reshape(q.shape[0] * q.shape[2], -1)
 
@@ -237,7 +237,7 @@ class GpuBlock:
                        stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s)
         o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                int8_values=INT8_ATTENTION.get(a.family))
+                int8_scores=a.family in INT8_ATTENTION)
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
@@ -274,7 +274,7 @@ class GpuBlock:
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
         h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s)  # (keys_values then keeps and returns v turned: one block's own)
-        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values, INT8_ATTENTION.get(a.family))
+        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values, a.family in INT8_ATTENTION)
         o_rows, summed = self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)

@@ -40,27 +40,27 @@ def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.reshape(h, m // group, group, d).transpose(0, 1)
 
 
-def reference(q, k, v, group=0, int8_values=None):
-    """The math above in f32 (bf16 out); int8_values: the kernel's, whose exact math this is."""
+def reference(q, k, v, group=0, int8_scores=False):
+    """The math above in f32 (bf16 out); int8_scores: the kernel's approximation, whose exact math this is."""
     q, k, v = (_groups(t, group) for t in (q, k, v))
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return _rows(torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
 
 
-def attention(q, k, v, group=0, int8_values=None):
-    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. int8_values "bf16" or "e4m3":
-    kernels/attention_int8.py's INT8 scores where it takes the rows, p v in that type."""
+def attention(q, k, v, group=0, int8_scores=False):
+    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. int8_scores:
+    kernels/attention_int8.py where it takes the rows."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if group and q.shape[2] != group and (q.shape[0] != 1 or q.shape[2] % group):
         raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
                          f"of {group}, got {tuple(q.shape)}")
-    if int8_values in ("bf16", "e4m3") and (not group or q.shape[2] == group):
+    if int8_scores and (not group or q.shape[2] == group):
         rows = [t[0].transpose(0, 1).reshape(t.shape[2], -1) if t.shape[0] == 1 and t[0].transpose(0, 1)
                 .is_contiguous() else t for t in (q, k, v)]  # the QKV's rows [M, heads D] where q, k, v view them
         if all(r.dim() == 2 and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
-            return attention_int8.attention_int8(*rows, q.shape[1], v8=int8_values == "e4m3")
+            return attention_int8.attention_int8(*rows, q.shape[1])
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
     with sdpa_kernel(BACKENDS, set_priority=True):

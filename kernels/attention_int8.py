@@ -65,16 +65,8 @@ def codes_reference(x: torch.Tensor, heads: int, per_row: bool) -> tuple[torch.T
     return codes.to(torch.int8).reshape(m, heads * HEAD), scales
 
 
-def values_e4m3(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """v's rows [M, H D] as e4m3 v^T [H D, M] scaled by channel (a channel's largest |v| to 448), and the channel
-    scales [H D] f32 (amax / 448)."""
-    scale = v.float().abs().amax(0).clamp(min=1e-30) / 448.0
-    return (v.float() / scale).to(torch.float8_e4m3fn).t().contiguous(), scale
-
-
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> torch.Tensor:
-    """Steps 1-4 in float64 (p rounded to bf16 against the row's final maximum; v8: p x 448 and v as values_e4m3
-    rounded to e4m3): rows [M, H D] bf16."""
+def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Steps 1-4 in float64 (p rounded to bf16 against the row's final maximum): rows [M, H D] bf16."""
     m = q.shape[0]
     (cq, sq), (ck, sk) = codes_reference(q, heads, True), codes_reference(k, heads, False)
     cq, ck = (c.double().reshape(m, heads, HEAD).transpose(0, 1) for c in (cq, ck))
@@ -82,13 +74,8 @@ def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8:
     key_scale = sk.double().repeat_interleave(BLOCK_N, 1)[:, :m]
     x = s * (sq.double()[:, :, None] * key_scale[:, None, :]) * (LOG2E / math.sqrt(HEAD))
     p = torch.exp2(x - x.amax(-1, keepdim=True))
-    if v8:
-        vt, scale = values_e4m3(v)
-        vh = (vt.t().double() * scale.double()).reshape(m, heads, HEAD).transpose(0, 1)
-        rounded = (p * 448).to(torch.float8_e4m3fn).double() / 448
-    else:
-        vh, rounded = v.double().reshape(m, heads, HEAD).transpose(0, 1), p.to(torch.bfloat16).double()
-    o = (rounded @ vh) / p.sum(-1, keepdim=True)
+    vh = v.double().reshape(m, heads, HEAD).transpose(0, 1)
+    o = (p.to(torch.bfloat16).double() @ vh) / p.sum(-1, keepdim=True)
     return o.transpose(0, 1).reshape(m, heads * HEAD).to(torch.bfloat16)
 
 
@@ -135,7 +122,7 @@ def unusable(q: torch.Tensor, heads: int) -> str | None:
 
 if gluon is not None:
     @gluon.jit
-    def _loads(q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M, V8: gl.constexpr):
+    def _loads(q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M):
         """The producer warp: the block's q codes once, then each key block's k codes and v rows into slot j % STAGES
         once both consumers freed it from block j - STAGES."""
         BN: gl.constexpr = k_desc.block_type.shape[0]
@@ -149,17 +136,7 @@ if gluon is not None:
             mbarrier.wait(empty.index(slot), ((j // S) & 1) ^ 1)  # a fresh barrier passes parity 1
             mbarrier.expect(ready.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
             tma_load(k_desc, [j * BN, h * D], ready.index(slot), k_ring.index(slot))  # zeros past M
-            tma_load(v_desc, [h * D, j * BN] if V8 else [j * BN, h * D], ready.index(slot), v_ring.index(slot))
-
-    @gluon.jit
-    def _values(v_tile, V8: gl.constexpr):
-        """The p v product's B operand: v's rows [BN, D] as stored, or e4m3 v^T's [D, BN] seen K-major (wgmma takes
-        8-bit operands only so)."""
-        if V8:
-            tile = v_tile.permute((1, 0))
-        else:
-            tile = v_tile
-        return tile
+            tma_load(v_desc, [j * BN, h * D], ready.index(slot), v_ring.index(slot))
 
     @gluon.jit
     def _softmax_block(s, r, m_i, j, M, EVEN: gl.constexpr, BN: gl.constexpr):
@@ -177,8 +154,8 @@ if gluon is not None:
         return gl.exp2(x), m_new, gl.exp2(m_i - m_new)
 
     @gluon.jit
-    def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, sv_ptr, o_ptr, M, H, factor,
-              EVEN: gl.constexpr, V8: gl.constexpr, W: gl.constexpr):
+    def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor,
+              EVEN: gl.constexpr, W: gl.constexpr):
         """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored. Key
         block j's q k^T is issued with block j - 1's p v behind it, so j's softmax runs under j - 1's p v."""
         BN: gl.constexpr = k_ring.shape[1]
@@ -187,10 +164,8 @@ if gluon is not None:
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                            instr_shape=[16, BN, 32])
         o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, D, 32 if V8 else 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4 if V8 else 2)
-        p_type: gl.constexpr = gl.float8e4nv if V8 else gl.bfloat16
-        p_scale: gl.constexpr = 448.0 if V8 else 1.0  # e4m3's largest value: p's 1 at the top of its range
+                                                           instr_shape=[16, D, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
         h = gl.program_id(1)
         first = gl.program_id(0) * (2 * 64) + W * 64
         rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, s_layout))
@@ -205,35 +180,33 @@ if gluon is not None:
         m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks), m_i, 0, M, EVEN, BN)
         l_i = gl.sum(p, axis=1)
-        p16 = gl.convert_layout((p * p_scale).to(p_type), p_layout)
+        p16 = gl.convert_layout(p.to(gl.bfloat16), p_layout)
         acc = gl.zeros([64, D], gl.float32, layout=o_layout)
         for j in range(1, blocks):
             slot, last = j % S, (j - 1) % S
             mbarrier.wait(ready.index(slot), (j // S) & 1)
             s = warpgroup_mma(q_rows, k_ring.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p16, _values(v_ring.index(last), V8), acc, is_async=True)
+            acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_rows, k_ring.index(slot)))[0]
             p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks + j), m_i, j, M, EVEN, BN)
             l_i = l_i * alpha + gl.sum(p, axis=1)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_ring.index(last)))[0]
             mbarrier.arrive(empty.index(last))
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
-            p16 = gl.convert_layout((p * p_scale).to(p_type), p_layout)
+            p16 = gl.convert_layout(p.to(gl.bfloat16), p_layout)
         last = (blocks - 1) % S
-        acc = warpgroup_mma(p16, _values(v_ring.index(last), V8), acc, is_async=True)
+        acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_ring.index(last)))[0]
         mbarrier.arrive(empty.index(last))
-        o = acc / gl.expand_dims(gl.convert_layout(l_i * p_scale, gl.SliceLayout(1, o_layout)), 1)
+        o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
         out_rows = first + gl.arange(0, 64, layout=gl.SliceLayout(1, o_layout))
         cols = gl.arange(0, D, layout=gl.SliceLayout(0, o_layout))
-        if V8:  # v's channel scales
-            o = o * gl.expand_dims(gl.load(sv_ptr + h * D + cols), 0)
         at = gl.expand_dims(out_rows, 1) * (H * D) + h * D + gl.expand_dims(cols, 0)
         gl.store(o_ptr + at, o.to(gl.bfloat16), mask=gl.expand_dims(out_rows < M, 1))
 
     @gluon.jit
-    def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, sv_ptr, o_ptr, M, H, factor, EVEN: gl.constexpr,
-                          V8: gl.constexpr, STAGES: gl.constexpr):
+    def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN: gl.constexpr,
+                          STAGES: gl.constexpr):
         q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -246,11 +219,9 @@ if gluon is not None:
             mbarrier.init(empty.index(s), count=2)  # both consumers
         fence_async_shared()
         gl.warp_specialize([
-            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, sv_ptr, o_ptr, M, H, factor,
-                     EVEN, V8, 0)),
-            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, sv_ptr, o_ptr, M, H, factor,
-                     EVEN, V8, 1)),
-            (_loads, (q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M, V8)),
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 0)),
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 1)),
+            (_loads, (q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M)),
         ], [4, 1], [232, 24])
 
 
@@ -258,27 +229,22 @@ def _descriptor(t: torch.Tensor, block: list, dtype):
     return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
-def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> tuple:
-    """The kernel's operands from rows q, k, v [M, H D] bf16: q codes and scales, k codes and scales, v's rows (v8:
-    values_e4m3's v^T and channel scales)."""
-    (cq, sq), (ck, sk) = codes(q, heads, True), codes(k, heads, False)
-    return (cq, sq, ck, sk, *(values_e4m3(v) if v8 else (v, sq)))
+def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple:
+    """The kernel's operands from rows q, k, v [M, H D] bf16: q codes and scales, k codes and scales, v's rows."""
+    return (*codes(q, heads, True), *codes(k, heads, False), v)
 
 
-def launch(cq, sq, ck, sk, values, sv, heads: int, v8: bool = False) -> torch.Tensor:
+def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor:
     """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first)."""
     m = cq.shape[0]
-    out = torch.empty(m, heads * HEAD, dtype=torch.bfloat16, device=cq.device)
+    out = torch.empty_like(v)
     _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
         _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
-        _descriptor(values, [HEAD, BLOCK_N], gl.float8e4nv) if v8 else _descriptor(values, [BLOCK_N, HEAD],
-                                                                                     gl.bfloat16),
-        sq, sk, sv, out, m, heads, LOG2E / math.sqrt(HEAD), EVEN=m % BLOCK_N == 0, V8=v8, STAGES=STAGES,
-        num_warps=4)
+        _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
+        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
     return out
 
 
-def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int, v8: bool = False) -> torch.Tensor:
-    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first). v8:
-    p and v in e4m3 (p scaled by 448, v by channel: values_e4m3), the p v product on the FP8 matrix cores."""
-    return launch(*operands(q, k, v, heads, v8), heads, v8)
+def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first)."""
+    return launch(*operands(q, k, v, heads), heads)
