@@ -84,15 +84,12 @@ def main() -> None:
         cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)]
         cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
         for stages in args.stages:
-            for pingpong in (False, True):
-                def ours(stages=stages, pingpong=pingpong):
-                    ka.STAGES, ka.PINGPONG = stages, pingpong
-                    return ka.attention_int8(q, k, v, heads)
-                turns = ", products in turns" if pingpong else ""
-                cases.append((f"INT8 scores, {stages} slots{turns}, codes included", ours))
+            def ours(stages=stages):
+                ka.STAGES = stages
+                return ka.attention_int8(q, k, v, heads)
+            cases.append((f"INT8 scores, {stages} slots, codes included", ours))
         made = ka.operands(q, k, v, heads)
-        cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots, turns {ka.PINGPONG})",
-                      lambda: ka.launch(*made, heads)))
+        cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))
         cases.append(("q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
                                                       ka.codes(k, heads, False, out=ck)) and None))
         flop = 4 * m * m * ka.HEAD * heads

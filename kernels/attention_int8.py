@@ -44,7 +44,6 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
 
 HEAD, BLOCK_M, BLOCK_N = 128, 128, 128
 STAGES = 3
-PINGPONG = False  # the consumers' products in turns (bench_attention measures both)
 LOG2E = 1.4426950408889634
 
 
@@ -155,24 +154,8 @@ if gluon is not None:
         return gl.exp2(x), m_new, gl.exp2(m_i - m_new)
 
     @gluon.jit
-    def _wait_turn(turn, t, W: gl.constexpr, PINGPONG: gl.constexpr):
-        """Before consumer W issues its products of phase t: with PINGPONG, the other's phase t - 1 (W 0) or t (W 1)
-        issued, so one's products run under the other's softmax."""
-        if PINGPONG:
-            if W == 0:
-                if t > 0:
-                    mbarrier.wait(turn.index(0), (t - 1) & 1)
-            else:
-                mbarrier.wait(turn.index(1), t & 1)
-
-    @gluon.jit
-    def _pass_turn(turn, W: gl.constexpr, PINGPONG: gl.constexpr):
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - W))
-
-    @gluon.jit
-    def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, turn, sq_ptr, sk_ptr, o_ptr, M, H, factor,
-              EVEN: gl.constexpr, PINGPONG: gl.constexpr, W: gl.constexpr):
+    def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor,
+              EVEN: gl.constexpr, W: gl.constexpr):
         """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored. Key
         block j's q k^T is issued with block j - 1's p v behind it, so j's softmax runs under j - 1's p v."""
         BN: gl.constexpr = k_ring.shape[1]
@@ -192,9 +175,7 @@ if gluon is not None:
         q_rows = q_tile.slice(W * 64, 64)
         mbarrier.wait(q_ready, 0)
         mbarrier.wait(ready.index(0), 0)
-        _wait_turn(turn, 0, W, PINGPONG)
         s = warpgroup_mma(q_rows, k_ring.index(0).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        _pass_turn(turn, W, PINGPONG)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s, q_rows, k_ring.index(0)))[0]
         m_i = gl.full([64], float("-inf"), gl.float32, layout=gl.SliceLayout(1, s_layout))
         p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks), m_i, 0, M, EVEN, BN)
@@ -204,10 +185,8 @@ if gluon is not None:
         for j in range(1, blocks):
             slot, last = j % S, (j - 1) % S
             mbarrier.wait(ready.index(slot), (j // S) & 1)
-            _wait_turn(turn, j, W, PINGPONG)
             s = warpgroup_mma(q_rows, k_ring.index(slot).permute((1, 0)), zeros, use_acc=False, is_async=True)
             acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
-            _pass_turn(turn, W, PINGPONG)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s, q_rows, k_ring.index(slot)))[0]
             p, m_i, alpha = _softmax_block(s, row_factor * gl.load(sk_ptr + h * blocks + j), m_i, j, M, EVEN, BN)
             l_i = l_i * alpha + gl.sum(p, axis=1)
@@ -216,9 +195,7 @@ if gluon is not None:
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, o_layout)), 1)
             p16 = gl.convert_layout(p.to(gl.bfloat16), p_layout)
         last = (blocks - 1) % S
-        _wait_turn(turn, blocks, W, PINGPONG)
         acc = warpgroup_mma(p16, v_ring.index(last), acc, is_async=True)
-        _pass_turn(turn, W, PINGPONG)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, v_ring.index(last)))[0]
         mbarrier.arrive(empty.index(last))
         o = acc / gl.expand_dims(gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)), 1)
@@ -229,26 +206,21 @@ if gluon is not None:
 
     @gluon.jit
     def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN: gl.constexpr,
-                          PINGPONG: gl.constexpr, STAGES: gl.constexpr):
+                          STAGES: gl.constexpr):
         q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)
         k_ring = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_ring = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # a consumer's products may go
         mbarrier.init(q_ready, count=1)
-        for w in gl.static_range(2):
-            mbarrier.init(turn.index(w), count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
             mbarrier.init(empty.index(s), count=2)  # both consumers
         fence_async_shared()
         gl.warp_specialize([
-            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, turn, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN,
-                     PINGPONG, 0)),
-            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, turn, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN,
-                     PINGPONG, 1)),
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 0)),
+            (_rows, (q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN, 1)),
             (_loads, (q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M)),
         ], [4, 1], [232, 24])
 
@@ -269,7 +241,7 @@ def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor:
     _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
         _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
         _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
-        EVEN=m % BLOCK_N == 0, PINGPONG=PINGPONG, STAGES=STAGES, num_warps=4)
+        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
     return out
 
 
