@@ -37,10 +37,16 @@ CHUNK = 8192
 # (_turns_hidden); benchmarks time both ways.
 TURN_V = True
 TURN_HIDDEN = True
-# Families whose attention takes INT8 scores (kernels/attention_int8.py); the others keep cuDNN's bf16. FLUX.3 Klein
-# at 1024^2: 0.791-0.805 against 0.806-0.821 s a 16-step run, 3-8% fewer joules, its image 59.7 dB from the bf16
-# attention's and as far from diffusers' as before (53.8 dB) (docs/benchmarks.md, 2026-12-04).
+# Families whose attention takes INT8 scores (kernels/attention_int8.py) where their linears are INT8 (BF16 linears
+# keep the precise path); the others keep cuDNN's bf16. FLUX.3 Klein at 1024^2: 0.791-0.805 against 0.806-0.821 s a
+# 16-step run, its image 59.7 dB from the bf16 attention's and as far from diffusers' as before (53.8 dB). Z-Image:
+# 64.1 against 64.8 ms a step, its fidelity unchanged: not taken (docs/benchmarks.md, 2026-12-04).
 INT8_ATTENTION = {"flux3_klein"}
+
+
+def _int8_scores(a: Arch, qkv: GpuLinear) -> bool:
+    """Whether a block of family a.family with this QKV takes INT8 attention scores (INT8_ATTENTION)."""
+    return a.family in INT8_ATTENTION and qkv.int8
 
 
 def kernels():
@@ -124,7 +130,7 @@ def _attend(q, k, v, keys_values: Callable | None, int8_scores: bool) -> torch.T
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
     sees k and v as the host block shows them (rows [G g, heads, D]; v turned where the block turns it, _turns_v)
     and may add rows (G = 1: the keys beyond the queries' rows, as dit_core/block.py attention takes them); the
-    kernel needs k like q, so longer keys go to SDPA directly. int8_scores: the family's in INT8_ATTENTION."""
+    kernel needs k like q, so longer keys go to SDPA directly. int8_scores: _int8_scores' answer."""
     if keys_values is not None:
         G, heads, _, d = q.shape
         k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
@@ -237,7 +243,7 @@ class GpuBlock:
                        stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s)
         o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                int8_scores=a.family in INT8_ATTENTION)
+                int8_scores=_int8_scores(a, w[QKV]))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
@@ -274,7 +280,7 @@ class GpuBlock:
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
         h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s)  # (keys_values then keeps and returns v turned: one block's own)
-        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values, a.family in INT8_ATTENTION)
+        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values, _int8_scores(a, w[QKV]))
         o_rows, summed = self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)

@@ -139,3 +139,18 @@ def test_blocks_attention_hands_the_qkv_rows_over_where_usable(monkeypatch):
     assert attention.attention(q, k, v, group=128, int8_scores=True).shape == (256, 2 * ka.HEAD)  # two groups
     assert attention.attention(*(t.float() for t in (q, k, v)), int8_scores=True).dtype == torch.float32  # f32
     assert len(calls) == 1
+
+
+def test_int8_scores_for_the_listed_families_with_int8_linears_only():
+    """FLUX.3 Klein's INT8 blocks take INT8 scores; its BF16 blocks (the precise path) and other families do not."""
+    from dataclasses import replace
+
+    from dit_core import block_gpu
+    from dit_core.arch import Arch
+    a = Arch(family="flux3_klein", hidden=256, layers=1, refiner=0, heads=2, head=128, ffn=512, latents=128,
+             patch=(1, 1), text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6,
+             final_eps=1e-6, rope_axes=(32,) * 4, rope_theta=10000.0, norm="layer")
+    int8 = block_gpu.GpuLinear(torch.zeros(768, 256, dtype=torch.int8), torch.ones(768), None, 256)
+    bf16 = replace(int8, weight=torch.zeros(768, 256, dtype=torch.bfloat16), scale=None)
+    assert block_gpu._int8_scores(a, int8) and not block_gpu._int8_scores(a, bf16)
+    assert not block_gpu._int8_scores(replace(a, family="z_image"), int8)
