@@ -46,8 +46,7 @@ class _Uncarried:
 def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
     from dit_core import block_gpu
-    from dit_core.families import flux3_klein
-    from dit_core.families import FAMILIES
+    from dit_core.families import FAMILIES, flux3_klein
     from kernels import int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(
         args.variant_chunk) + [("whole tiles", split_tail, "ENABLED", False)] * args.variant_whole_tiles + [

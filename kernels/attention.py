@@ -40,6 +40,12 @@ def _groups(t: torch.Tensor, group: int) -> torch.Tensor:
     return t.reshape(h, m // group, group, d).transpose(0, 1)
 
 
+def _qkv_rows(t: torch.Tensor) -> torch.Tensor | None:
+    """[1, heads, M, D] as the rows [M, heads D] it views (the QKV's, as head_norm_rope leaves them), else None."""
+    rows = t[0].transpose(0, 1)
+    return rows.reshape(t.shape[2], -1) if t.shape[0] == 1 and rows.is_contiguous() else None
+
+
 def reference(q, k, v, group=0, int8_scores=False):
     """The math above in f32 (bf16 out); int8_scores: the kernel's approximation, whose exact math this is."""
     q, k, v = (_groups(t, group) for t in (q, k, v))
@@ -57,9 +63,8 @@ def attention(q, k, v, group=0, int8_scores=False):
         raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
                          f"of {group}, got {tuple(q.shape)}")
     if int8_scores and (not group or q.shape[2] == group):
-        rows = [t[0].transpose(0, 1).reshape(t.shape[2], -1) if t.shape[0] == 1 and t[0].transpose(0, 1)
-                .is_contiguous() else t for t in (q, k, v)]  # the QKV's rows [M, heads D] where q, k, v view them
-        if all(r.dim() == 2 and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
+        rows = [_qkv_rows(t) for t in (q, k, v)]
+        if all(r is not None and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
             return attention_int8.attention_int8(*rows, q.shape[1])
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
