@@ -4,7 +4,7 @@ the blocks call, in time (CUDA graph), joules a call under sustained load, and e
 q and k are head-RMS-normed rows with random gains (as kernels/head_norm_rope.py makes them), v plain rows; all are
 rows [M, heads x 128] (the QKV's layout), which SDPA reads as strided [1, heads, M, 128] views.
 
-    python bench/bench_attention.py [--heads 24 30] [--stages 2 3 4] [--seconds 1.0]
+    python bench/bench_attention.py [--heads 24 30] [--stages 3 4] [--seconds 1.0]
 """
 from __future__ import annotations
 
@@ -17,34 +17,12 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "kernels")]
 
+from bench_int8_linear import median_ms  # noqa: E402
 from energy_by_kernel import sustained  # noqa: E402
 from gpu_energy import energy_reader  # noqa: E402
 from kernels import attention_int8 as ka  # noqa: E402
-
-
-def graph_ms(call, reps: int = 20, runs: int = 10) -> float:
-    """Median ms a call of `call` captured `reps` times in a CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            call()
-    times = []
-    for _ in range(runs):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return sorted(times)[len(times) // 2]
 
 
 def rows(m: int, heads: int, seed: int, normed: bool) -> torch.Tensor:
@@ -96,7 +74,7 @@ def main() -> None:
         for name, call in cases:
             o = call()
             err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
-            ms = graph_ms(call)
+            ms = median_ms(call, 20, graph=True)
             joules = sustained(call, args.seconds, energy)[1] if energy is not None else float("nan")
             print(f"| {heads} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
                   f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)

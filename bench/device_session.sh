@@ -55,7 +55,7 @@ for part in $parts; do
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
-               timeout 200 python3 bench/bench_attention.py --stages 2 3 4 ;;
+               timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
