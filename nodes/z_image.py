@@ -7,7 +7,8 @@ from comfy_api.latest import io
 
 from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.qwen3_text import Qwen3TextEncoder
-from ..dit_core.sampling import SAMPLERS, SCHEDULERS, ksample
+from ..dit_core.sampling import SAMPLERS, ksample
+from ..dit_core.schedules import SCHEDULERS
 from ..dit_core.vae import ImageDecoder
 from .base import (
     TOKENIZER_DIR,

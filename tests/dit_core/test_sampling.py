@@ -1,13 +1,14 @@
-"""dit_core/sampling.py against ComfyUI v0.3.75 in-process: noise, sigmas, samplers, CFG, KSampler."""
+"""dit_core/sampling.py and dit_core/schedules.py against ComfyUI v0.3.75 in-process: noise, sigmas, samplers, CFG,
+KSampler."""
 import math
 
 import pytest
 import torch
 from conftest import rel_err
 
-from dit_core import sampling
+from dit_core import sampling, schedules
 
-SCHEDULERS = list(sampling.SCHEDULERS)
+SCHEDULERS = list(schedules.SCHEDULERS)
 
 
 def comfy_flow_sampling(comfy, shift=3.0, multiplier=1.0):
@@ -92,11 +93,11 @@ def test_noise_bad_batch_index():
 @pytest.mark.parametrize("shift,multiplier", [(3.0, 1.0), (1.0, 1.0), (6.0, 1.0), (3.0, 1000), (1.73, 1000)])
 def test_flow_table_equals_comfy(comfy, shift, multiplier):
     theirs = comfy_flow_sampling(comfy, shift, multiplier).sigmas
-    assert torch.equal(sampling.flow_sigma_table(shift, multiplier), theirs)
+    assert torch.equal(schedules.flow_sigma_table(shift, multiplier), theirs)
 
 
 def test_simple_8_steps_shift3(comfy):
-    ours = sampling.calculate_sigmas("simple", 8, shift=3.0)
+    ours = schedules.calculate_sigmas("simple", 8, shift=3.0)
     assert torch.equal(ours, comfy.samplers.calculate_sigmas(comfy_flow_sampling(comfy), "simple", 8))
     # reference/families/z_image.md section 7: the diffusers grid [1, .9545, .9, .8333, .75, .6429, .5, .3, 0]
     expected = torch.tensor([1, 21 / 22, 0.9, 5 / 6, 0.75, 9 / 14, 0.5, 0.3, 0])
@@ -110,15 +111,15 @@ def test_schedulers_equal_comfy(comfy, scheduler, steps, shift, multiplier):
     ms = comfy_flow_sampling(comfy, shift, multiplier)
     if scheduler == "kl_optimal" and steps == 1:
         with pytest.raises(ValueError, match="kl_optimal"):
-            sampling.calculate_sigmas(scheduler, steps, shift, multiplier)
+            schedules.calculate_sigmas(scheduler, steps, shift, multiplier)
         return
-    ours = sampling.calculate_sigmas(scheduler, steps, shift, multiplier)
+    ours = schedules.calculate_sigmas(scheduler, steps, shift, multiplier)
     theirs = comfy.samplers.calculate_sigmas(ms, scheduler, steps)
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs), (ours, theirs)
 
 
 def test_scheduler_names_cover_comfy(comfy):
-    assert set(sampling.SCHEDULERS) == set(comfy.samplers.SCHEDULER_NAMES)
+    assert set(schedules.SCHEDULERS) == set(comfy.samplers.SCHEDULER_NAMES)
 
 
 @pytest.mark.parametrize("scheduler", SCHEDULERS)
@@ -128,17 +129,17 @@ def test_denoise_sigmas_equal_comfy_ksampler(comfy, scheduler, steps, denoise):
     ms = comfy_flow_sampling(comfy)
     ks = comfy.samplers.KSampler(StubPatcher(ms), steps=steps, device="cpu", sampler="euler",
                                  scheduler=scheduler, denoise=denoise)
-    ours = sampling.ksampler_sigmas(scheduler, steps, denoise, shift=3.0)
+    ours = schedules.ksampler_sigmas(scheduler, steps, denoise, shift=3.0)
     assert torch.equal(ours, ks.sigmas)
 
 
 def test_calculate_sigmas_errors():
     with pytest.raises(ValueError, match="unknown scheduler 'nope'.*simple"):
-        sampling.calculate_sigmas("nope", 8)
+        schedules.calculate_sigmas("nope", 8)
     with pytest.raises(ValueError, match="steps"):
-        sampling.calculate_sigmas("simple", 0)
+        schedules.calculate_sigmas("simple", 0)
     with pytest.raises(ValueError, match="shift"):
-        sampling.calculate_sigmas("simple", 8, shift=0.0)
+        schedules.calculate_sigmas("simple", 8, shift=0.0)
 
 
 # --- samplers -----------------------------------------------------------------------------------------------
@@ -155,7 +156,7 @@ def test_sampler_equals_comfy(comfy, name, comfy_fn, scheduler, steps):
     net = TinyFlowNet()
     cond = torch.randn(1, 3, 8, generator=torch.Generator().manual_seed(5))
     denoiser = sampling.cfg_denoiser(flow_x0(net), 1.0, cond)
-    sigmas = sampling.calculate_sigmas(scheduler, steps)
+    sigmas = schedules.calculate_sigmas(scheduler, steps)
     x = torch.randn(2, 4, 6, 5, generator=torch.Generator().manual_seed(9))
     with torch.no_grad():
         ours = sampling.SAMPLERS[name](denoiser, x, sigmas)
@@ -191,7 +192,7 @@ def test_cfg_one_is_a_single_pass():
 def test_cancel_stops_after_the_right_step(name):
     calls, seen = [], []
     denoiser = lambda x, sigma: calls.append(float(sigma)) or x * 0.5
-    sigmas = sampling.calculate_sigmas("simple", 8)
+    sigmas = schedules.calculate_sigmas("simple", 8)
     with pytest.raises(sampling.SamplingCancelled) as info:
         sampling.SAMPLERS[name](denoiser, torch.ones(1, 2, 2, 2), sigmas,
                                 callback=lambda step, total, x, x0: seen.append((step, total)),
@@ -207,7 +208,7 @@ def test_callback_raising_stops_sampling():
     calls = []
     with pytest.raises(sampling.SamplingCancelled):
         sampling.sample_euler(lambda x, s: calls.append(s) or x, torch.ones(1, 1, 1, 1),
-                              sampling.calculate_sigmas("simple", 8), callback=callback)
+                              schedules.calculate_sigmas("simple", 8), callback=callback)
     assert len(calls) == 2
 
 
