@@ -65,7 +65,9 @@ def attention(q, k, v, group=0, int8_scores=False):
     if int8_scores and (not group or q.shape[2] == group):
         rows = [_qkv_rows(t) for t in (q, k, v)]
         if all(r is not None and attention_int8.unusable(r, q.shape[1]) is None for r in rows):
-            return attention_int8.attention_int8(*rows, q.shape[1])
+            o = attention_int8.attention_int8(*rows, q.shape[1])
+            if o is not None:  # (None: this Triton could not build it; SDPA below)
+                return o
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
     with sdpa_kernel(BACKENDS, set_priority=True):

@@ -21,6 +21,7 @@ never uses the int32 -> f32 instruction (a quarter of the FMA's rate, as heavy a
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -48,6 +49,7 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
 HEAD, BLOCK_M, BLOCK_N = 128, 128, 128
 STAGES = 3  # two stall (a slot frees after its p v); four were 1-3% faster alone, their joules no better
 LOG2E = 1.4426950408889634
+UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
 def codes_reference(x: torch.Tensor, heads: int, per_row: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,6 +118,8 @@ def unusable(q: torch.Tensor, heads: int) -> str | None:
     """None when the kernel can take rows q [M, H D] (and k, v alike), else why not."""
     if q.dim() != 2 or q.shape[1] != heads * HEAD or q.stride() != (heads * HEAD, 1) or q.dtype != torch.bfloat16:
         return f"rows must be contiguous bf16 [M, heads x {HEAD}]"
+    if UNBUILT:
+        return f"not built: {UNBUILT[0]}"
     if gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
         return "no Gluon, or interpreted"
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
@@ -237,17 +241,27 @@ def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> t
     return (*codes(q, heads, True), *codes(k, heads, False), v)
 
 
-def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor:
-    """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first)."""
+def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor | None:
+    """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first); None where this Triton could not
+    build the kernel (UNBUILT says why, logged once; the caller runs SDPA)."""
     m = cq.shape[0]
     out = torch.empty_like(v)
-    _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
-        _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
-        _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
-        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
+    try:
+        _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
+            _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
+            _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
+            EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
+    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
+            AttributeError, RuntimeError) as e:
+        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
+            raise  # a launch's own error, not a build's
+        UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")
+        logging.getLogger(__name__).warning("attention_int8: not built (%s); attention stays on SDPA", UNBUILT[0])
+        return None
     return out
 
 
-def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor:
-    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first)."""
+def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor | None:
+    """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first); None
+    where the kernel could not be built (launch)."""
     return launch(*operands(q, k, v, heads), heads)

@@ -154,3 +154,35 @@ def test_int8_scores_for_the_listed_families_with_int8_linears_only():
     bf16 = replace(int8, weight=torch.zeros(768, 256, dtype=torch.bfloat16), scale=None)
     assert block_gpu._int8_scores(a, int8) and not block_gpu._int8_scores(a, bf16)
     assert not block_gpu._int8_scores(replace(a, family="z_image"), int8)
+
+
+class _Raising:
+    """Stands in for the Gluon kernel: its launch raises `error` (a build this Triton cannot make)."""
+    def __init__(self, error):
+        self.error = error
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            raise self.error
+        return launch
+
+
+def test_a_kernel_this_triton_cannot_build_leaves_attention_on_sdpa(monkeypatch):
+    """A build error (here: out of shared memory) is kept in UNBUILT and said by unusable; the blocks' attention
+    then runs SDPA, with the same result as without INT8 scores."""
+    pytest.importorskip("triton.experimental.gluon")
+    import triton
+    from kernels import attention
+    monkeypatch.setattr(ka, "UNBUILT", [])
+    monkeypatch.setattr(ka, "_attention_kernel", _Raising(triton.runtime.errors.OutOfResources(300000, 232448,
+                                                                                                "shared memory")))
+    shape_only = ka.unusable  # the machine taken as a Hopper GPU until the build fails
+    monkeypatch.setattr(ka, "unusable", lambda r, h: (shape_only(r, h) or "").startswith(("rows", "not built"))
+                        or None)
+    qkv = head_rows(256, 2, seed=4, device="cpu").reshape(1, 256, 2 * ka.HEAD).repeat(3, 1, 1)
+    q, k, v = (t.reshape(256, 2, ka.HEAD).transpose(0, 1).unsqueeze(0) for t in qkv)
+    out = attention.attention(q, k, v, int8_scores=True)
+    assert len(ka.UNBUILT) == 1 and "OutOfResources" in ka.UNBUILT[0]
+    assert shape_only(qkv[0], 2).startswith("not built: Triton")
+    assert torch.equal(out, attention.attention(q, k, v))  # SDPA's, as without INT8 scores
+    assert torch.equal(attention.attention(q, k, v, int8_scores=True), out) and len(ka.UNBUILT) == 1  # not retried
