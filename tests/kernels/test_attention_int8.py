@@ -67,7 +67,7 @@ def test_reference_error_against_f32_attention():
     assert 1e-3 < err < 2.5e-2
 
 
-def test_off_or_without_a_hopper_gpu_it_says_why():
+def test_rows_of_another_shape_or_no_hopper_gpu_say_why():
     x = torch.zeros(4, 2 * ka.HEAD, dtype=torch.bfloat16)
     assert "contiguous bf16" in ka.unusable(x.float(), 2)
     assert "contiguous bf16" in ka.unusable(x, 3)
