@@ -27,6 +27,7 @@ import os
 
 import torch
 
+from .gluon_builds import build_failure
 from .rounding import round_half_even
 
 try:
@@ -246,17 +247,13 @@ def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor | None:
     build the kernel (UNBUILT says why, logged once; the caller runs SDPA)."""
     m = cq.shape[0]
     out = torch.empty_like(v)
-    try:
-        _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
-            _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
-            _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
-            EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4)
-    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
-            AttributeError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
-            raise  # a launch's own error, not a build's
-        UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")
-        logging.getLogger(__name__).warning("attention_int8: not built (%s); attention stays on SDPA", UNBUILT[0])
+    why = build_failure(lambda: _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
+        _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
+        _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
+        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4))
+    if why is not None:
+        UNBUILT.append(why)
+        logging.getLogger(__name__).warning("attention_int8: not built (%s); attention stays on SDPA", why)
         return None
     return out
 

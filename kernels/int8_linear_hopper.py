@@ -18,6 +18,7 @@ import os
 
 import torch
 
+from .gluon_builds import build_failure
 from .int8_hopper_epilogues import axis_ends
 from .int8_tiles import BF16, GATED, SWIGLU, sm_count
 
@@ -218,7 +219,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
     box, dtype = {BF16: ([bm, bn], gl.bfloat16), GATED: ([bm, bn // 2], gl.float32),
                   SWIGLU: ([bm, bn // 2], gl.bfloat16), QKV_ROPE: ([1, bm, bn], gl.bfloat16)}[form]
     absent = s_x  # pointer arguments the kernel never reads (their constexpr flag or form is off)
-    try:  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
+
+    def run():  # (a Triton whose Gluon differs fails here, in the descriptors or the build: nothing has run)
         rope = [table.float().contiguous() for table in (angles[:2] if angles is not None else (cos, sin))] \
             if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
@@ -233,12 +235,10 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             HAS_ADDEND=addend is not None, HAS_NORM=norms is not None or parts is not None, D=head,
             ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GROUP_M=TILE["GROUP_M"],
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
-    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
-            AttributeError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
-            raise  # a launch's own error, not a build's
-        UNBUILT[form] = f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}"
+    why = build_failure(run)
+    if why is not None:
+        UNBUILT[form] = why
         logging.getLogger(__name__).warning("int8_linear_hopper: form %d not built (%s); Triton's kernels run it",
-                                            form, UNBUILT[form])
+                                            form, why)
         return False
     return True

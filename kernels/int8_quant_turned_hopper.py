@@ -25,6 +25,8 @@ import os
 
 import torch
 
+from .gluon_builds import build_failure
+
 try:
     import triton
     from triton.experimental import gluon
@@ -170,15 +172,10 @@ def launch_hidden(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, nu
 def _built(run) -> bool:
     """run() (a launch); False where this Triton cannot build the kernel (UNBUILT says why; the caller runs the
     Triton kernels)."""
-    try:  # (a Triton whose Gluon differs fails in the build: nothing has run)
-        run()
-    except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
-            AttributeError, RuntimeError) as e:
-        if isinstance(e, RuntimeError) and "PassManager" not in str(e):
-            raise  # a launch's own error, not a build's
-        UNBUILT.append(f"Triton {triton.__version__}: {type(e).__name__}: {(str(e).strip() or '-').splitlines()[-1]}")
-        return False
-    return True
+    why = build_failure(run)
+    if why is not None:
+        UNBUILT.append(why)
+    return why is None
 
 
 def launch(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2) -> bool:
