@@ -3,7 +3,8 @@ real size: ours INT8 ConvRot (eager, replayed from a CUDA graph, and optionally 
 vs diffusers 0.42.1 ZImageTransformer2DModel in BF16 with SDPA, and the same model with its blocks' linears run by
 ComfyUI's own INT8 ConvRot linear (comfy-kitchen 0.2.40's CUDA int8_linear: stock ComfyUI's arithmetic), in one run.
 Prints a markdown table (median ms over timed steps with CUDA events, peak memory of the step) and the fidelity of
-each INT8 step against the BF16 and f32 steps.
+each INT8 step against the BF16 steps (of the BF16 weights, and of the INT8 weights turned back to BF16: the INT8
+arithmetic's own error) and the f32 step.
 
     python bench/bench_z_image_step.py [--steps 10] [--layers 30]
 """
@@ -13,6 +14,7 @@ import argparse
 import statistics
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,6 +29,9 @@ from gpu_profile import print_profile  # noqa: E402
 from kitchen_peer import KITCHEN, kitchen_int8  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
+
+
+SAME_WEIGHTS = "ours BF16 of the INT8 weights"
 
 
 def timed(fn, steps: int) -> tuple:
@@ -86,13 +91,21 @@ def random_reference(layers: int, vector_std: float):
     return ref
 
 
+def dequantized(model: ZImage) -> ZImage:
+    """The model with every block's INT8 linears as BF16 weights (ZImage.load's 'bf16' of an INT8 file)."""
+    blocks = lambda bs: tuple(b.dequantized(torch.bfloat16) for b in bs)  # noqa: E731
+    return replace(model, context=blocks(model.context), noise=blocks(model.noise), blocks=blocks(model.blocks))
+
+
 def fidelity_line(ref, outputs: dict, step) -> str:
     """Each output against the f32 step (diffusers' model cast to f32: the reference all are rounded from)."""
     with torch.no_grad():
         truth = step(ref.float(), torch.float32)
     int8, bf16, diffusers = outputs["ours INT8 ConvRot"], outputs["ours BF16"], outputs["diffusers BF16 (SDPA)"]
-    line = (f"INT8 vs our BF16 {rel(int8, bf16):.4f}; against the f32 step: ours INT8 {rel(int8, truth):.4f}, ours "
-            f"BF16 {rel(bf16, truth):.4f}, diffusers BF16 {rel(diffusers, truth):.4f}")
+    same = outputs[SAME_WEIGHTS]
+    line = (f"INT8 vs our BF16 {rel(int8, bf16):.4f}; INT8 vs our BF16 of the same INT8 weights {rel(int8, same):.4f}; "
+            f"against the f32 step: ours INT8 {rel(int8, truth):.4f}, ours BF16 {rel(bf16, truth):.4f}, ours BF16 of "
+            f"the INT8 weights {rel(same, truth):.4f}, diffusers BF16 {rel(diffusers, truth):.4f}")
     if KITCHEN in outputs:  # ComfyUI's INT8 arithmetic in the same model: the format's own error
         kitchen = outputs[KITCHEN]
         line += (f"; kitchen INT8 vs diffusers BF16 {rel(kitchen, diffusers):.4f}, against the f32 step "
@@ -127,8 +140,12 @@ def main(argv=None) -> None:
                          cap_feats=[caption.to(dtype)], return_dict=False)[0][0][:, 0].float()
 
     def ours_models(state):
-        for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
-            ours = ZImage.load(TensorSource(state), linears=mode).to("cuda")
+        """Ours INT8 (the BF16 weights quantized at load, as an INT8 ConvRot file holds them), ours BF16 of the BF16
+        weights, and (untimed) ours BF16 of the INT8 weights: what the INT8 arithmetic alone changes."""
+        int8 = ZImage.load(TensorSource(state), linears="int8")
+        for label, host in (("ours INT8 ConvRot", int8), ("ours BF16", ZImage.load(TensorSource(state), "bf16")),
+                            (SAME_WEIGHTS, dequantized(int8))):
+            ours = host.to("cuda")
             yield label, ours, lambda: ours.output(latent, sigma, caption)
             del ours
             torch.cuda.empty_cache()
@@ -144,6 +161,10 @@ def main(argv=None) -> None:
     kitchen = None
     torch.cuda.empty_cache()
     for label, ours, step in ours_models(z_image_comfy_layout(ref.state_dict())):
+        if label == SAME_WEIGHTS:
+            with torch.no_grad():
+                same_weights = step()
+            continue
         with torch.no_grad():
             results[label] = (*timed(step, args.steps), weights_gb(ours))
             if args.profile and label == "ours INT8 ConvRot":
@@ -180,14 +201,18 @@ def main(argv=None) -> None:
     for label, (ms, peak, _, joules, wgb) in results.items():
         energy = "-" if joules is None else f"{joules:.1f}"
         print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
-    outputs = {label: r[2] for label, r in results.items()}
+    outputs = {label: r[2] for label, r in results.items()} | {SAME_WEIGHTS: same_weights}
     print(f"\nfidelity (relative Frobenius), vectors N(0, {args.vector_std}): "
           f"{fidelity_line(ref, outputs, diffusers_step)}")
     for std in args.also_vector_std:
         del ref
         torch.cuda.empty_cache()
         ref = random_reference(args.layers, std)
-        outputs = {"diffusers BF16 (SDPA)": diffusers_step(ref), KITCHEN: diffusers_step(kitchen_int8(ref))}
+        outputs = {"diffusers BF16 (SDPA)": diffusers_step(ref)}
+        try:  # as above: without the peer, the other figures stand
+            outputs[KITCHEN] = diffusers_step(kitchen_int8(ref))
+        except Exception:  # noqa: BLE001
+            print(f"{KITCHEN} FAILED:\n{traceback.format_exc(limit=1)}", flush=True)
         torch.cuda.empty_cache()
         for label, _, step in ours_models(z_image_comfy_layout(ref.state_dict())):
             with torch.no_grad():
