@@ -29,6 +29,7 @@ import dit_core.block as host_block  # noqa: E402
 from bench_z_image_step import random_reference, rel  # noqa: E402
 from dit_core.block import DOWN, OUT, QKV, UP  # noqa: E402
 from dit_core.families.z_image import ZImage  # noqa: E402
+from dit_core.linear import linear as host_linear  # noqa: E402
 from dit_core.weights import (TensorSource, convrot_group_for, quantize_convrot, quantize_rows, rotate,  # noqa: E402
                               rotate_weight)
 
@@ -83,6 +84,19 @@ class Operands:
         return y.reshape(*x.shape[:-1], -1)
 
 
+def checked(operands: Operands, model: ZImage) -> None:
+    """The emulation against the engine's own host products on one linear of each kind: exact against the float
+    product, W8A8 against dit_core.linear's INT8 ConvRot emulation (f32 products of codes: off by f32 rounding)."""
+    for index, name in KINDS.items():
+        lin = model.blocks[0].w[index]
+        x = torch.randn(64, lin.in_features, device=lin.weight.device)
+        for mode, reference in (("exact", lin), ("W8A8", lin.as_int8())):
+            operands.modes = {name: mode}
+            err = rel(operands.linear(x, lin), host_linear(x, reference))
+            if err > 1e-5:
+                raise AssertionError(f"{name} {mode}: the emulation is {err:.2e} from the engine's host product")
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=30)
@@ -99,6 +113,7 @@ def main(argv=None) -> None:
     model = on_device(ZImage.load(TensorSource(state), linears="stored"), "cuda")
     del state
     operands = Operands(model)
+    checked(operands, model)
     torch.manual_seed(1)
     latent = torch.randn(16, args.size // 8, args.size // 8, device="cuda")
     caption = torch.randn(512, 2560, device="cuda")
