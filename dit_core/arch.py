@@ -26,6 +26,8 @@ class Arch:
     rope_axes: tuple[int, ...]  # head values each position axis rotates (two per frequency)
     rope_theta: float
     norm: str = "rms"      # the block's modulated norm: "rms" (with a gain) or "layer" (no affine)
+    kv_heads: int = 0      # heads of keys and values (grouped-query attention; 0: as many as the queries')
+    attn_gate: bool = False  # QKV also yields `hidden` gate values a row: attention times their sigmoid before OUT
 
     def __post_init__(self):
         if self.hidden != self.heads * self.head:
@@ -36,6 +38,8 @@ class Arch:
             raise ValueError(f"{self.family}: rotary axes {self.rope_axes} rotate more than a head of {self.head}")
         if self.norm not in ("rms", "layer"):
             raise ValueError(f"{self.family}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
+            raise ValueError(f"{self.family}: {self.kv_heads} key/value heads do not divide {self.heads} heads")
         if min(self.layers, self.heads, self.ffn, self.latents, self.text_dim) <= 0:
             raise ValueError(f"{self.family}: sizes must be positive: {self}")
 
@@ -43,6 +47,16 @@ class Arch:
     def width(self) -> int:
         """Values of the attention's queries (and keys, and values) per row."""
         return self.heads * self.head
+
+    @property
+    def key_width(self) -> int:
+        """Values of the keys (and of the values) per row: fewer than the queries' under grouped-query attention."""
+        return (self.kv_heads or self.heads) * self.head
+
+    @property
+    def qkv_width(self) -> int:
+        """Values QKV's product gives a row: queries, keys, values, and the attention gate's where there is one."""
+        return self.width + 2 * self.key_width + (self.width if self.attn_gate else 0)
 
     @property
     def rotary(self) -> int:

@@ -47,11 +47,23 @@ def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: S
     return rotate_halves(t, s.cos, s.sin)
 
 
+def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:
+    """QKV's product [rows, a.qkv_width] as q [rows, heads, head], k and v [rows, key heads, head], and the attention
+    gate's values [rows, hidden] (None without a gate): views, in the order QKV's rows hold them."""
+    rows, widths = qkv.shape[0], (a.width, a.key_width, a.key_width, a.width if a.attn_gate else 0)
+    q, k, v, gate = torch.split(qkv, widths, dim=-1)
+    q, k, v = (t.reshape(rows, -1, a.head) for t in (q, k, v))
+    return q, k, v, gate if a.attn_gate else None
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
     """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head), no mask), within groups of `group`
     consecutive rows when group > 0 (block-diagonal). Without groups, k and v may hold more rows than q (keys
-    and values kept from another step: FLUX.3's reference rows)."""
+    and values kept from another step: FLUX.3's reference rows). k and v may have fewer heads than q (grouped-query
+    attention): key head j serves query heads j r .. j r + r - 1, r the ratio."""
     rows, heads, head = q.shape
+    if k.shape[1] != heads:
+        k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
     g = group or rows
     q = q.reshape(rows // g, g, heads, head).transpose(1, 2)
     k, v = (t.reshape(rows // g if group else 1, -1, heads, head).transpose(1, 2) for t in (k, v))
@@ -80,11 +92,12 @@ class Block:
         """x + gate (attention of the modulated norm), then the same with the MLP; x [rows, hidden] (f32/f64).
         With POST_ATTN/POST_MLP (Z-Image's sandwich norms) each branch output is normed before its gate. carry:
         the GPU block's norm statistics between blocks (block_gpu.NormStats); here nothing is carried."""
-        w, rows = self.w, x.shape[0]
+        w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)
+        q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
         q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
-        o = linear(attention(q, k, v, s.group), w[OUT]).to(x.dtype)
+        o = attention(q, k, v, s.group)
+        o = linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(x.dtype)
         if w[POST_ATTN] is not None:
             o = rms_norm(o, w[POST_ATTN], a.eps)
         x = x + m.attn_gate.to(x.dtype)[s.map] * o
@@ -102,13 +115,14 @@ class Block:
         given, sees the rows' normed and rotated keys and values before attention and may record or extend them
         (dit_core/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
         rows); here the result is always a new tensor. carry: as forward's (nothing carried here)."""
-        w, rows = self.w, x.shape[0]
+        w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        q, k, v = linear(h, w[QKV]).to(x.dtype).reshape(rows, 3, a.heads, a.head).unbind(1)
+        q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
         q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
         if keys_values is not None:
             k, v = keys_values(k, v)
-        o = linear(attention(q, k, v, s.group), w[OUT]).to(x.dtype)
+        o = attention(q, k, v, s.group)
+        o = linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(x.dtype)
         d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
         return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
 

@@ -83,6 +83,13 @@ class GpuLinear:
         return GpuLinear(lin.dequantized().to(device, torch.bfloat16), None, bias, 0)
 
 
+def _runs_on_gpu(a: Arch) -> None:
+    """The kernels take as many key heads as query heads and no attention gate: Krea 2's blocks run on the host."""
+    if a.kv_heads not in (0, a.heads) or a.attn_gate:
+        raise NotImplementedError(f"{a.family}: the GPU block has no grouped-query attention or attention gate yet; "
+                                  f"run this model's blocks on the host path")
+
+
 def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
     """The linear's output rows (bf16): INT8 codes against INT8 weights, or BF16 rows against BF16 weights."""
     if lin.int8:
@@ -237,6 +244,7 @@ class GpuBlock:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
         kernel (a sandwich norm, as Z-Image's)."""
+        _runs_on_gpu(a)
         w, row_map = self.w, s.map
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
@@ -272,6 +280,7 @@ class GpuBlock:
         (its short K loop did not hide that epilogue); that product also writes the output's norm statistics into
         carry (NormStats: the next block's norm reads them, x's when ready here). Else x += gate o, then x += gate d
         (each in its product's epilogue when INT8): equal to gate (o + d) in exact math."""
+        _runs_on_gpu(a)
         w, row_map, x = self.w, s.map, x.clone() if keep_input else x
         given = carry.values if carry is not None and carry.ready else None
         mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map,

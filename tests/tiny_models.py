@@ -203,6 +203,56 @@ def flux3_bfl_layout(state: dict, prefix: str = "") -> dict:
     return out
 
 
+# reference/families/krea2.md section 8 (in_channels is the packed token's width: 4 latent channels).
+KREA2_TINY = dict(in_channels=16, num_layers=2, attention_head_dim=32, num_attention_heads=4, num_key_value_heads=2,
+                  intermediate_size=96, timestep_embed_dim=256, text_hidden_dim=32, num_text_layers=3,
+                  text_num_attention_heads=2, text_num_key_value_heads=1, text_intermediate_size=64,
+                  num_layerwise_text_blocks=1, num_refiner_text_blocks=1, axes_dims_rope=(8, 12, 12),
+                  rope_theta=1000.0, norm_eps=1e-5)
+
+
+def random_krea2(seed: int = 0, **overrides):
+    """diffusers' Krea2Transformer2DModel with every parameter random (its init zeroes the norm weights and the
+    modulation tables: hides bugs)."""
+    from diffusers.models.transformers.transformer_krea2 import Krea2Transformer2DModel
+    torch.manual_seed(seed)
+    model = Krea2Transformer2DModel(**{**KREA2_TINY, **overrides}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 1 or p.shape[0] <= 6 else p.shape[-1] ** -0.5))
+    return model
+
+
+# diffusers -> the original single file's names: the inverse of convert_krea2_transformer_checkpoint_to_diffusers.
+KREA2_PREFIXES = {"img_in.": "first.", "time_embed.linear_1.": "tmlp.0.", "time_embed.linear_2.": "tmlp.2.",
+                  "time_mod_proj.": "tproj.1.", "txt_in.norm.weight": "txtmlp.0.scale", "txt_in.linear_1.": "txtmlp.1.",
+                  "txt_in.linear_2.": "txtmlp.3.", "text_fusion.": "txtfusion.", "transformer_blocks.": "blocks.",
+                  "final_layer.linear.": "last.linear.", "final_layer.norm.weight": "last.norm.scale",
+                  "final_layer.scale_shift_table": "last.modulation.lin"}
+KREA2_BLOCK = {".attn.to_q.": ".attn.wq.", ".attn.to_k.": ".attn.wk.", ".attn.to_v.": ".attn.wv.",
+               ".attn.to_out.0.": ".attn.wo.", ".attn.to_gate.": ".attn.gate.",
+               ".attn.norm_q.weight": ".attn.qknorm.qnorm.scale", ".attn.norm_k.weight": ".attn.qknorm.knorm.scale",
+               ".ff.": ".mlp.", ".norm1.weight": ".prenorm.scale", ".norm2.weight": ".postnorm.scale",
+               ".scale_shift_table": ".mod.lin"}
+
+
+def krea2_original_layout(state: dict, prefix: str = "") -> dict:
+    """diffusers' Krea2Transformer2DModel state -> the original single file's names (each block's modulation table
+    flattened to one vector, as the file stores it)."""
+    out = {}
+    for key, value in state.items():
+        for old, new in KREA2_PREFIXES.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        for old, new in KREA2_BLOCK.items():
+            key = key.replace(old, new)
+        if key.startswith("blocks.") and key.endswith(".mod.lin"):
+            value = value.reshape(-1)
+        out[prefix + key] = value.contiguous()
+    return out
+
+
 def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
     """state with each 2-D weight that is_linear(key) picks as ComfyUI's INT8 ConvRot (codes, [N, 1] scales, a
     .comfy_quant marker); the rest as it is."""

@@ -1,0 +1,229 @@
+"""Krea 2 (Turbo and base) on the shared block: the original single file -> text fusion, blocks, final layer.
+
+Facts: reference/families/krea2.md (diffusers 0.42.1 transformer_krea2.py; single_file_utils.py
+convert_krea2_transformer_checkpoint_to_diffusers for the names). The layout is converted once, here, at load:
+q, k, v and the attention gate stack into QKV (grouped-query: 48 query heads share 12 key heads), gate and up
+interleave into UP, the zero-centred norm weights become gains 1 + w in f32, and each head's q and k rows turn
+from adjacent-pair rotary to split halves. The blocks run on the host path: the GPU block has no grouped-query
+attention or attention gate yet (block_gpu._runs_on_gpu says so).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Block, rms_norm
+from ..linear import linear
+from ..modulation import Modulation, sinusoids
+from ..sequence import Sequence, halves_permutation, sequence_of
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
+
+PREFIXES = ("model.diffusion_model.", "")
+MARKER = "txtfusion.projector.weight"
+PATCH = 2
+ROPE_THETA = 1000.0
+TIME_SCALE = 1000.0
+EPS = 1e-5
+LINEAR_MODES = ("stored", "int8", "bf16")
+# Rows of a block's modulation (shared time rows + the block's table), in the file's order (section 2).
+SCALE1, SHIFT1, GATE1, SCALE2, SHIFT2, GATE2 = range(6)
+
+
+def pack_tokens(z: torch.Tensor) -> torch.Tensor:
+    """VAE latent [C, H, W] -> tokens [H/2 W/2, 4C], row-major, values channel-major: c*4 + ph*2 + pw."""
+    if z.dim() != 3 or z.shape[1] % PATCH or z.shape[2] % PATCH:
+        raise ValueError(f"Krea2: latent {tuple(z.shape)} is not [C, H, W] on the 2x2 patch grid (H and W even: "
+                         f"image sizes multiples of 16 pixels)")
+    c, h, w = z.shape
+    return z.reshape(c, h // 2, 2, w // 2, 2).permute(1, 3, 0, 2, 4).reshape((h // 2) * (w // 2), c * 4)
+
+
+def unpack_tokens(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """pack_tokens' inverse for a latent of h x w."""
+    c = tokens.shape[1] // 4
+    return tokens.reshape(h // 2, w // 2, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h, w)
+
+
+def _prefix(ckpt: Checkpoint) -> str:
+    p = ckpt.prefix_of((MARKER,), PREFIXES)
+    if p is not None:
+        return p
+    raise WeightsError(f"{ckpt.path.name}: not a Krea 2 diffusion model (no '{MARKER}'); pick a Krea 2 file such "
+                       f"as krea2_turbo_int8_convrot.safetensors")
+
+
+def _attention_arch(ckpt: Checkpoint, stem: str, family: str, **sizes) -> Arch:
+    """An Arch of the blocks under stem from their own shapes: width, heads, key heads, MLP width."""
+    hidden = ckpt.shape(f"{stem}attn.wq.weight")[1]
+    head = ckpt.shape(f"{stem}attn.qknorm.qnorm.scale")[0]
+    return Arch(family=family, hidden=hidden, heads=hidden // head, head=head,
+                kv_heads=ckpt.shape(f"{stem}attn.wk.weight")[0] // head, attn_gate=True,
+                ffn=ckpt.shape(f"{stem}mlp.gate.weight")[0], eps=EPS, qk_eps=EPS, final_eps=EPS,
+                rope_theta=ROPE_THETA, **sizes)
+
+
+def read_arch(ckpt: Checkpoint, p: str) -> tuple[Arch, Arch]:
+    """(the main blocks' Arch, the text fusion blocks' Arch) from the file's shapes (section 1). The rotary covers
+    the whole head in three axes (t, h, w) of a quarter and three eighths each (32, 48, 48 of 128)."""
+    hidden, channels = ckpt.shape(f"{p}first.weight")
+    head = ckpt.shape(f"{p}blocks.0.attn.qknorm.qnorm.scale")[0]
+    text_dim = ckpt.shape(f"{p}txtmlp.1.weight")[1]
+    time_hidden, freq_dim = ckpt.shape(f"{p}tmlp.0.weight")
+    common = dict(latents=channels // PATCH ** 2, patch=(PATCH, PATCH), text_dim=text_dim, freq_dim=freq_dim,
+                  time_hidden=time_hidden, time_dim=ckpt.shape(f"{p}tmlp.2.weight")[0])
+    main = _attention_arch(ckpt, f"{p}blocks.0.", "krea2", layers=ckpt.numbered(f"{p}blocks.", ".attn.wq.weight"),
+                           refiner=0, rope_axes=(head // 4, 3 * head // 8, 3 * head // 8), **common)
+    if main.hidden != hidden or sum(main.rope_axes) != head:
+        raise WeightsError(f"{ckpt.path.name}: blocks of width {main.hidden} and head {head} do not fit a model of "
+                           f"width {hidden}")
+    fusion = f"{p}txtfusion."
+    layerwise = ckpt.numbered(f"{fusion}layerwise_blocks.", ".attn.wq.weight")
+    refiners = ckpt.numbered(f"{fusion}refiner_blocks.", ".attn.wq.weight")
+    text = _attention_arch(ckpt, f"{fusion}layerwise_blocks.0.", "krea2_text", layers=layerwise + refiners,
+                           refiner=refiners, rope_axes=(), **common)
+    if text.hidden != text_dim:
+        raise WeightsError(f"{ckpt.path.name}: text fusion blocks of width {text.hidden} for text rows of {text_dim}")
+    return main, text
+
+
+def _read_block(ckpt: Checkpoint, stem: str, a: Arch, lin) -> Block:
+    """Block `stem` (full key prefix, e.g. 'blocks.3.'): QKV = [q; k; v; gate], q's and k's rows per head in split
+    halves where the block rotates; UP = gluRows(gate, up); norm gains 1 + w."""
+    perm = halves_permutation(a.rotary, a.head) if a.rotary else torch.arange(a.head)
+    q_rows = (torch.arange(a.heads)[:, None] * a.head + perm).reshape(-1)
+    k_rows = (torch.arange(a.key_width // a.head)[:, None] * a.head + perm).reshape(-1)
+    qkv = stack_rows([lin(f"{stem}attn.{n}") for n in ("wq", "wk", "wv", "gate")])
+    if qkv.weight.shape != (a.qkv_width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{stem}attn.wq/wk/wv/gate' give {tuple(qkv.weight.shape)}, expected "
+                           f"{(a.qkv_width, a.hidden)}")
+    k0, v0 = a.width, a.width + a.key_width
+    qkv = qkv.rows(torch.cat([q_rows, k0 + k_rows, torch.arange(v0, a.qkv_width)]))
+    gain = lambda key, n: 1.0 + read_tensor(ckpt, f"{stem}{key}", (n,))  # noqa: E731 - zero-centred, in f32
+    return Block((qkv, lin(f"{stem}attn.wo"), glu_rows(lin(f"{stem}mlp.gate"), lin(f"{stem}mlp.up")),
+                  lin(f"{stem}mlp.down"), gain("prenorm.scale", a.hidden), gain("postnorm.scale", a.hidden),
+                  gain("attn.qknorm.qnorm.scale", a.head)[perm], gain("attn.qknorm.knorm.scale", a.head)[perm],
+                  None, None))
+
+
+def unrotated(rows: int, group: int = 0) -> Sequence:
+    """rows that attend with no rotary (the text fusion blocks), within groups of `group` rows when given."""
+    empty = torch.zeros(rows, 0)
+    return Sequence(torch.zeros(rows, dtype=torch.long), empty, empty, group)
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence(a: Arch, n_txt: int, hp: int, wp: int, device: torch.device) -> Sequence:
+    """The [text | image] rows' Sequence: text at (0, 0, 0), image token (i, j) of the hp x wp grid at (0, i, j);
+    cos/sin of float64 angles, then f32 (diffusers' Krea2RotaryPosEmbed). Built once per shape."""
+    grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
+    positions = torch.cat([torch.zeros(n_txt, 3, dtype=torch.long),
+                           torch.cat([torch.zeros(hp * wp, 1, dtype=torch.long), grid], 1)])
+    seq = sequence_of(positions, torch.zeros(positions.shape[0], dtype=torch.long), a.rope_axes, a.rope_theta,
+                      torch.float64)
+    return replace(seq, cos=seq.cos.float(), sin=seq.sin.float(), angles=None).to(device)
+
+
+@dataclass(frozen=True)
+class Krea2:
+    """Krea 2 where it runs: time MLP and modulation, the text fusion (layerwise blocks across each token's tapped
+    layers, projector, refiner blocks across tokens), the text and image embedders, the blocks with their tables,
+    and the final layer."""
+    arch: Arch
+    text_arch: Arch
+    time: tuple[Linear, Linear]
+    time_mod: Linear
+    layerwise: tuple[Block, ...]
+    projector: torch.Tensor     # [taps] f32
+    refiners: tuple[Block, ...]
+    text_norm: torch.Tensor     # gain 1 + w
+    text_in: tuple[Linear, Linear]
+    image_in: Linear
+    blocks: tuple[Block, ...]
+    tables: torch.Tensor        # [layers, 6, hidden] f32: each block's addition to the shared modulation rows
+    final_table: torch.Tensor   # [2, hidden] f32: scale, shift
+    final_norm: torch.Tensor
+    final_out: Linear
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint, linears: str = "stored") -> Krea2:
+        """Krea 2 from its original single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model. prefix).
+        linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16'
+        dequantizes INT8 ones."""
+        if linears not in LINEAR_MODES:
+            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        p = _prefix(ckpt)
+        a, t = read_arch(ckpt, p)
+        markers = ckpt.quantization_markers()
+        lin = lambda key: read_linear(ckpt, key, markers)  # noqa: E731 - key: the full prefix, less .weight
+        convert = {"stored": lambda b: b, "int8": Block.quantized,
+                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
+        blocks = lambda stem, n, arch: tuple(convert(_read_block(ckpt, f"{p}{stem}{i}.", arch, lin))  # noqa: E731
+                                             for i in range(n))
+        taps = ckpt.shape(f"{p}{MARKER}")[1]
+        return Krea2(
+            arch=a, text_arch=t, time=(lin(f"{p}tmlp.0"), lin(f"{p}tmlp.2")), time_mod=lin(f"{p}tproj.1"),
+            layerwise=blocks("txtfusion.layerwise_blocks.", t.layers - t.refiner, t),
+            projector=read_tensor(ckpt, f"{p}{MARKER}", (1, taps))[0],
+            refiners=blocks("txtfusion.refiner_blocks.", t.refiner, t),
+            text_norm=1.0 + read_tensor(ckpt, f"{p}txtmlp.0.scale", (a.text_dim,)),
+            text_in=(lin(f"{p}txtmlp.1"), lin(f"{p}txtmlp.3")), image_in=lin(f"{p}first"),
+            blocks=blocks("blocks.", a.layers, a),
+            tables=torch.stack([read_tensor(ckpt, f"{p}blocks.{i}.mod.lin", (6 * a.hidden,)).reshape(6, a.hidden)
+                                for i in range(a.layers)]),
+            final_table=read_tensor(ckpt, f"{p}last.modulation.lin", (2, a.hidden)),
+            final_norm=1.0 + read_tensor(ckpt, f"{p}last.norm.scale", (a.hidden,)), final_out=lin(f"{p}last.linear"))
+
+    def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
+        """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2)."""
+        t = torch.full((1,), float(sigma), dtype=torch.float32, device=device) * TIME_SCALE  # f32, as diffusers
+        return linear(F.gelu(linear(sinusoids(t, self.arch.freq_dim), self.time[0]), approximate="tanh"), self.time[1])
+
+    def text_rows(self, text: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Tapped text rows [L, taps, text_dim] (the text encoder's layers per token) -> [valid L, hidden] f32: the
+        layerwise blocks attend across each token's taps, the projector sums them, the refiners attend across the
+        valid tokens (rows mask False are dropped: they are never keys, so this is exact), then the projection."""
+        t = self.text_arch
+        taps = self.projector.shape[0]
+        if text.dim() != 3 or text.shape[1:] != (taps, t.hidden):
+            raise ValueError(f"Krea2: text rows {tuple(text.shape)} are not [tokens, {taps}, {t.hidden}] (the text "
+                             f"encoder's {taps} tapped layers per token)")
+        if mask is not None:
+            text = text[mask.to(text.device, torch.bool)]
+        n = text.shape[0]
+        x = text.float().reshape(n * taps, t.hidden)
+        identity = Modulation.identity(t.hidden, device=x.device)
+        for block in self.layerwise:
+            x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device))
+        x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.device)
+        for block in self.refiners:
+            x = block.forward(t, x, identity, unrotated(n).to(x.device))
+        x = linear(rms_norm(x, self.text_norm.to(x.device), EPS), self.text_in[0])
+        return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
+
+    def output(self, latent: torch.Tensor, sigma: float, text: torch.Tensor,
+               mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The velocity [C, H, W] f32 for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
+        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all)."""
+        a = self.arch
+        if latent.dim() != 3 or latent.shape[0] != a.latents:
+            raise ValueError(f"Krea2: latent {tuple(latent.shape)} is not [{a.latents}, H, W]")
+        c, h, w = latent.shape
+        txt = self.text_rows(text, mask)
+        x = torch.cat([txt, linear(pack_tokens(latent.float()), self.image_in)])
+        temb = self.time_embedding(sigma, latent.device)
+        shared = linear(F.gelu(temb, approximate="tanh"), self.time_mod).reshape(6, a.hidden)
+        seq = _sequence(a, txt.shape[0], h // PATCH, w // PATCH, latent.device)
+        for block, table in zip(self.blocks, self.tables):
+            m = (shared + table.to(shared.device)).unsqueeze(1)  # [6, 1, hidden]: one modulation row
+            x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
+                                               mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq)
+        scale, shift = (temb + self.final_table.to(temb.device)).unsqueeze(1)
+        y = linear(rms_norm(x[txt.shape[0]:], self.final_norm.to(x.device), EPS) * (1 + scale) + shift,
+                   self.final_out)
+        return unpack_tokens(y, h, w)

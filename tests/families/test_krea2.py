@@ -1,0 +1,120 @@
+"""Krea 2 on the shared block (grouped-query attention, attention gate) vs diffusers 0.42.1
+Krea2Transformer2DModel, tiny and random."""
+
+import pytest
+import torch
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, random_krea2, random_z_image
+
+from dit_core import load_family
+from dit_core.families.krea2 import Krea2, pack_tokens, unpack_tokens
+from dit_core.weights import WeightsError
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.loaders.single_file_utils import convert_krea2_transformer_checkpoint_to_diffusers
+
+C = KREA2_TINY["in_channels"] // 4
+TAPS, TEXT = KREA2_TINY["num_text_layers"], KREA2_TINY["text_hidden_dim"]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_krea2()
+
+
+@pytest.fixture(scope="module")
+def files(model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("krea2")
+    state = krea2_original_layout(model.state_dict())
+    save_file(state, d / "krea2_f32.safetensors")
+    save_file(krea2_original_layout(model.state_dict(), "model.diffusion_model."), d / "krea2_prefixed.safetensors")
+    linear = lambda key: ".attn." in key or ".mlp." in key  # noqa: E731 - the blocks' and text blocks' linears
+    save_file(int8_convrot_state(state, linear, group=16), d / "krea2_int8_convrot.safetensors")
+    return d
+
+
+def diffusers_out(model, latent, sigma, text, mask=None):
+    """diffusers' velocity for latent [C, H, W] as its pipeline feeds the model: packed tokens, text rows at the
+    origin, image tokens at (0, h, w) of the packed grid."""
+    c, h, w = latent.shape
+    tokens = latent.reshape(1, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, -1, c * 4)
+    ids = torch.zeros(text.shape[0] + tokens.shape[1], 3)
+    grid = torch.cartesian_prod(torch.arange(h // 2), torch.arange(w // 2)).float()
+    ids[text.shape[0]:, 1:] = grid
+    with torch.no_grad():
+        out = model(hidden_states=tokens, encoder_hidden_states=text[None], timestep=torch.tensor([sigma]),
+                    position_ids=ids, encoder_attention_mask=None if mask is None else mask[None],
+                    return_dict=False)[0]
+    return out[0].reshape(h // 2, w // 2, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h, w)
+
+
+def test_original_layout_converts_back_to_diffusers(model):
+    """The test's own name map is diffusers' converter inverted: converting it back gives the model's state."""
+    back = convert_krea2_transformer_checkpoint_to_diffusers(krea2_original_layout(model.state_dict(),
+                                                                                   "model.diffusion_model."))
+    state = model.state_dict()
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+def test_tokens_pack_channel_major_and_back():
+    z = torch.randn(C, 6, 8)
+    tokens = pack_tokens(z)
+    assert tokens.shape == (12, 4 * C)
+    assert tokens[1, 2 * 4 + 1 * 2 + 0] == z[2, 1, 2]  # token (0, 1), channel 2, patch row 1, column 0
+    assert torch.equal(unpack_tokens(tokens, 6, 8), z)
+
+
+@pytest.mark.parametrize("name", ["krea2_f32", "krea2_prefixed"])
+def test_transformer_matches_diffusers(model, files, name):
+    torch.manual_seed(3)
+    latent, text = torch.randn(C, 6, 8), torch.randn(5, TAPS, TEXT)
+    ours = load_family("krea2", files / f"{name}.safetensors")
+    assert isinstance(ours, Krea2)
+    assert (ours.arch.kv_heads, ours.text_arch.kv_heads, ours.arch.rope_axes) == (2, 1, (8, 12, 12))
+    for sigma in (1.0, 0.6546, 0.3109):
+        ref = diffusers_out(model, latent, sigma, text)
+        assert rel_err(ours.output(latent, sigma, text), ref) <= 1e-5
+
+
+def test_padded_text_rows_are_dropped_exactly(model, files):
+    """diffusers masks the padded text rows as keys; ours drops them (section 2): the same velocity."""
+    torch.manual_seed(4)
+    latent, text = torch.randn(C, 4, 4), torch.randn(7, TAPS, TEXT)
+    mask = torch.tensor([True] * 5 + [False] * 2)
+    ref = diffusers_out(model, latent, 0.75, text, mask)
+    ours = Krea2.load(files / "krea2_f32.safetensors")
+    assert rel_err(ours.output(latent, 0.75, text, mask), ref) <= 1e-5
+    assert rel_err(ours.output(latent, 0.75, text[:5]), ref) <= 1e-5
+    assert rel_err(diffusers_out(model, latent, 0.75, text), ref) > 1e-3  # the padded rows do matter unmasked
+
+
+def test_int8_convrot_file_close_to_float(model, files):
+    torch.manual_seed(5)
+    latent, text = torch.randn(C, 4, 6), torch.randn(5, TAPS, TEXT)
+    ref = diffusers_out(model, latent, 0.5, text)
+    int8 = Krea2.load(files / "krea2_int8_convrot.safetensors")
+    assert int8.blocks[0].w[0].quantized and int8.layerwise[0].w[0].quantized
+    err = rel_err(int8.output(latent, 0.5, text), ref)
+    assert 1e-4 < err <= 3e-2  # INT8 noise is there, and small
+    quantized = Krea2.load(files / "krea2_f32.safetensors", linears="int8")
+    assert rel_err(quantized.output(latent, 0.5, text), ref) <= 3e-2
+    back = Krea2.load(files / "krea2_int8_convrot.safetensors", linears="bf16")
+    assert not back.blocks[0].w[0].quantized
+
+
+def test_bad_inputs_name_the_fix(model, files, tmp_path):
+    ours = Krea2.load(files / "krea2_f32.safetensors")
+    with pytest.raises(ValueError, match="multiples of 16 pixels"):
+        ours.output(torch.randn(C, 5, 8), 0.5, torch.randn(3, TAPS, TEXT))
+    with pytest.raises(ValueError, match="tapped layers"):
+        ours.output(torch.randn(C, 4, 4), 0.5, torch.randn(3, TEXT))
+    with pytest.raises(ValueError, match=r"is not \[4, H, W\]"):
+        ours.output(torch.randn(C + 1, 4, 4), 0.5, torch.randn(3, TAPS, TEXT))
+    from tiny_models import z_image_comfy_layout
+    save_file(z_image_comfy_layout(random_z_image().state_dict()), tmp_path / "z_image.safetensors")
+    with pytest.raises(WeightsError, match="not a Krea 2 diffusion model.*krea2_turbo_int8_convrot"):
+        Krea2.load(tmp_path / "z_image.safetensors")
+    with pytest.raises(ValueError, match="linears must be one of"):
+        Krea2.load(files / "krea2_f32.safetensors", linears="fp4")
