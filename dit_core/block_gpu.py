@@ -23,7 +23,10 @@ from .block import (
     QKV,
     UP,
     Block,
+    attention,
+    head_norm_rotary,
     modulated_norm,
+    split_qkv,
     swiglu,
 )
 from .modulation import Modulation
@@ -83,11 +86,20 @@ class GpuLinear:
         return GpuLinear(lin.dequantized().to(device, torch.bfloat16), None, bias, 0)
 
 
-def _runs_on_gpu(a: Arch) -> None:
-    """The kernels take as many key heads as query heads and no attention gate: Krea 2's blocks run on the host."""
-    if a.kv_heads not in (0, a.heads) or a.attn_gate:
-        raise NotImplementedError(f"{a.family}: the GPU block has no grouped-query attention or attention gate yet; "
-                                  f"run this model's blocks on the host path")
+def _plain_heads(a: Arch) -> bool:
+    """Whether the block's attention takes the plain path (_gated_attention): grouped-query heads or a gate, which
+    the fused QKV and attention kernels do not take (Krea 2)."""
+    return a.key_width != a.width or a.attn_gate
+
+
+def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence) -> torch.Tensor:
+    """Attention output rows [rows, heads D] bf16, the attention gate's sigmoid applied, from QKV's bf16 product:
+    the host block's head norm and rotary (f32), then SDPA with the key heads shared (block.attention)."""
+    q, k, v, gate = split_qkv(a, qkv)
+    q, k = (head_norm_rotary(t.float(), weight, a, s).to(torch.bfloat16) for t, weight in ((q, q_weight),
+                                                                                          (k, k_weight)))
+    o = attention(q, k, v, s.group)
+    return o if gate is None else o * torch.sigmoid(gate)
 
 
 def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
@@ -244,14 +256,16 @@ class GpuBlock:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
         kernel (a sandwich norm, as Z-Image's)."""
-        _runs_on_gpu(a)
         w, row_map = self.w, s.map
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
                        stats=given)
-        turn = _turns_v(a, w[QKV], w[OUT], s)
-        o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                int8_scores=_int8_scores(a, w[QKV]))
+        if _plain_heads(a):
+            turn, o = False, _gated_attention(a, _product(*h, w[QKV]), w[Q_NORM], w[K_NORM], s)
+        else:
+            turn = _turns_v(a, w[QKV], w[OUT], s)
+            o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
+                    int8_scores=_int8_scores(a, w[QKV]))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
@@ -280,7 +294,9 @@ class GpuBlock:
         (its short K loop did not hide that epilogue); that product also writes the output's norm statistics into
         carry (NormStats: the next block's norm reads them, x's when ready here). Else x += gate o, then x += gate d
         (each in its product's epilogue when INT8): equal to gate (o + d) in exact math."""
-        _runs_on_gpu(a)
+        if _plain_heads(a):
+            raise NotImplementedError(f"{a.family}: the GPU parallel block has no grouped-query attention or "
+                                      f"attention gate; no family needs them there yet")
         w, row_map, x = self.w, s.map, x.clone() if keep_input else x
         given = carry.values if carry is not None and carry.ready else None
         mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map,

@@ -4,8 +4,9 @@ Facts: reference/families/krea2.md (diffusers 0.42.1 transformer_krea2.py; singl
 convert_krea2_transformer_checkpoint_to_diffusers for the names). The layout is converted once, here, at load:
 q, k, v and the attention gate stack into QKV (grouped-query: 48 query heads share 12 key heads), gate and up
 interleave into UP, the zero-centred norm weights become gains 1 + w in f32, and each head's q and k rows turn
-from adjacent-pair rotary to split halves. The blocks run on the host path: the GPU block has no grouped-query
-attention or attention gate yet (block_gpu._runs_on_gpu says so).
+from adjacent-pair rotary to split halves. On a GPU the blocks' linears run on the INT8 kernels and their attention
+by the plain path (block_gpu._plain_heads: the fused QKV and attention kernels take neither shared key heads nor a
+gate yet).
 """
 from __future__ import annotations
 
@@ -179,6 +180,24 @@ class Krea2:
             final_table=read_tensor(ckpt, f"{p}last.modulation.lin", (2, a.hidden)),
             final_norm=1.0 + read_tensor(ckpt, f"{p}last.norm.scale", (a.hidden,)), final_out=lin(f"{p}last.linear"))
 
+    def to(self, device: str | torch.device) -> Krea2:
+        """Krea 2 where it runs: on a CUDA device the blocks and text fusion blocks become GpuBlocks (INT8 ConvRot
+        linears on the matrix cores, or BF16; attention by the plain path, block_gpu._plain_heads), the small
+        linears and tensors f32 there."""
+        dev = torch.device(device)
+        if dev.type == "cpu":
+            return self
+        from ..block_gpu import GpuBlock
+        small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
+                                   None if lin.bias is None else lin.bias.float().to(dev))
+        gpu = lambda blocks: tuple(GpuBlock.of(b, dev) for b in blocks)  # noqa: E731
+        return replace(self, time=tuple(map(small, self.time)), time_mod=small(self.time_mod),
+                       layerwise=gpu(self.layerwise), projector=self.projector.to(dev), refiners=gpu(self.refiners),
+                       text_norm=self.text_norm.to(dev), text_in=tuple(map(small, self.text_in)),
+                       image_in=small(self.image_in), blocks=gpu(self.blocks), tables=self.tables.to(dev),
+                       final_table=self.final_table.to(dev), final_norm=self.final_norm.to(dev),
+                       final_out=small(self.final_out))
+
     def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
         """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2)."""
         t = torch.full((1,), float(sigma), dtype=torch.float32, device=device) * TIME_SCALE  # f32, as diffusers
@@ -196,34 +215,35 @@ class Krea2:
         if mask is not None:
             text = text[mask.to(text.device, torch.bool)]
         n = text.shape[0]
-        x = text.float().reshape(n * taps, t.hidden)
+        dtype = torch.promote_types(text.dtype, torch.float32)  # f32, or f64 for an exact host reference
+        x = text.to(dtype, copy=True).reshape(n * taps, t.hidden)  # a GPU block updates its rows in place
         identity = Modulation.identity(t.hidden, device=x.device)
         for block in self.layerwise:
             x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device))
-        x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.device)
+        x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.dtype)
         for block in self.refiners:
             x = block.forward(t, x, identity, unrotated(n).to(x.device))
-        x = linear(rms_norm(x, self.text_norm.to(x.device), EPS), self.text_in[0])
+        x = linear(rms_norm(x, self.text_norm, EPS), self.text_in[0])
         return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
 
     def output(self, latent: torch.Tensor, sigma: float, text: torch.Tensor,
                mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The velocity [C, H, W] f32 for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
-        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all)."""
+        """The velocity [C, H, W] for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
+        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all); f32, or f64 where the text rows are."""
         a = self.arch
         if latent.dim() != 3 or latent.shape[0] != a.latents:
             raise ValueError(f"Krea2: latent {tuple(latent.shape)} is not [{a.latents}, H, W]")
         c, h, w = latent.shape
         txt = self.text_rows(text, mask)
-        x = torch.cat([txt, linear(pack_tokens(latent.float()), self.image_in)])
+        x = torch.cat([txt, linear(pack_tokens(latent), self.image_in).to(txt.dtype)])
         temb = self.time_embedding(sigma, latent.device)
         shared = linear(F.gelu(temb, approximate="tanh"), self.time_mod).reshape(6, a.hidden)
         seq = _sequence(a, txt.shape[0], h // PATCH, w // PATCH, latent.device)
         for block, table in zip(self.blocks, self.tables):
-            m = (shared + table.to(shared.device)).unsqueeze(1)  # [6, 1, hidden]: one modulation row
+            m = (shared + table).unsqueeze(1)  # [6, 1, hidden]: one modulation row
             x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
                                                mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq)
-        scale, shift = (temb + self.final_table.to(temb.device)).unsqueeze(1)
-        y = linear(rms_norm(x[txt.shape[0]:], self.final_norm.to(x.device), EPS) * (1 + scale) + shift,
+        scale, shift = (temb + self.final_table).unsqueeze(1)
+        y = linear(rms_norm(x[txt.shape[0]:], self.final_norm, EPS) * (1 + scale) + shift,
                    self.final_out)
         return unpack_tokens(y, h, w)
