@@ -1,0 +1,89 @@
+"""One Krea 2 transformer step at 1024x1024 (4096 image rows + 512 text rows of 12 tapped layers) on random weights
+of the real size: ours INT8 ConvRot and ours BF16 (eager; attention by the GPU block's plain path: grouped-query
+heads and the sigmoid gate) vs diffusers 0.42.1 Krea2Transformer2DModel in BF16 with SDPA, in one run. Prints a
+markdown table (median ms over timed steps with CUDA events, peak memory of the step, weights, joules) and the
+fidelity of each step against diffusers' model cast to f32.
+
+    python bench/bench_krea2_step.py [--steps 5] [--layers 28]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from bench_z_image_step import rel, timed, weights_gb  # noqa: E402
+from dit_core.families.krea2 import Krea2  # noqa: E402
+from dit_core.weights import TensorSource  # noqa: E402
+
+
+def random_reference(layers: int, vector_std: float):
+    """diffusers' Krea 2 in BF16 on the GPU with random weights at sane scales: matrices N(0, 1/fan_in), the
+    modulation tables, zero-centred norm weights and biases N(0, vector_std)."""
+    from diffusers.models.transformers.transformer_krea2 import Krea2Transformer2DModel
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        ref = Krea2Transformer2DModel(num_layers=layers).to(torch.bfloat16).eval()
+        for name, t in ref.named_parameters():
+            vector = t.dim() == 1 or "scale_shift_table" in name or "projector" in name
+            t.data.normal_(0, vector_std if vector else t.shape[-1] ** -0.5)
+    return ref
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--layers", type=int, default=28)
+    p.add_argument("--size", type=int, default=1024)
+    p.add_argument("--vector-std", type=float, default=0.1)
+    args = p.parse_args(argv)
+    from tiny_models import krea2_original_layout
+
+    ref = random_reference(args.layers, args.vector_std)
+    g = args.size // 16
+    latent = torch.randn(16, 2 * g, 2 * g, device="cuda")
+    text = torch.randn(512, 12, 2560, device="cuda")
+    sigma = 0.6546
+    print(f"# Krea 2 step, {args.size}x{args.size} ({g * g} image + 512 text rows), {args.layers} layers, "
+          f"{torch.cuda.get_device_name()}, torch {torch.__version__}; random vectors N(0, {args.vector_std})")
+    tokens = latent.reshape(1, 16, g, 2, g, 2).permute(0, 2, 4, 1, 3, 5).reshape(1, g * g, 64)
+    ids = torch.zeros(512 + g * g, 3, device="cuda")
+    ids[512:, 1:] = torch.cartesian_prod(torch.arange(g), torch.arange(g)).float().cuda()
+
+    def diffusers_step(model, dtype=torch.bfloat16):
+        with torch.no_grad():
+            out = model(hidden_states=tokens.to(dtype), encoder_hidden_states=text[None].to(dtype),
+                        timestep=torch.tensor([sigma], device="cuda"), position_ids=ids, return_dict=False)[0]
+        return out[0].float().reshape(g, g, 16, 2, 2).permute(2, 0, 3, 1, 4).reshape(16, 2 * g, 2 * g)
+
+    results = {"diffusers BF16 (SDPA)": (*timed(lambda: diffusers_step(ref), args.steps),
+                                         weights_gb(list(ref.parameters())))}
+    state = krea2_original_layout(ref.state_dict())  # on the GPU: the INT8 quantization at load runs there
+    for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
+        ours = Krea2.load(TensorSource(state), linears=mode).to("cuda")
+        with torch.no_grad():
+            results[label] = (*timed(lambda: ours.output(latent, sigma, text), args.steps), weights_gb(ours))
+        del ours
+        torch.cuda.empty_cache()
+    base = results["diffusers BF16 (SDPA)"][0]
+    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
+    print("|---|---|---|---|---|---|")
+    for label, (ms, peak, _, joules, wgb) in results.items():
+        energy = "-" if joules is None else f"{joules:.1f}"
+        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
+    del state
+    torch.cuda.empty_cache()
+    truth = diffusers_step(ref.float(), torch.float32)
+    out = {label: r[2] for label, r in results.items()}
+    print(f"\nfidelity (relative Frobenius): INT8 vs our BF16 {rel(out['ours INT8 ConvRot'], out['ours BF16']):.4f}; "
+          f"against the f32 step: ours INT8 {rel(out['ours INT8 ConvRot'], truth):.4f}, ours BF16 "
+          f"{rel(out['ours BF16'], truth):.4f}, diffusers BF16 {rel(out['diffusers BF16 (SDPA)'], truth):.4f}")
+
+
+if __name__ == "__main__":
+    main()
