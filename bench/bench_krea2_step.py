@@ -21,6 +21,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from bench_z_image_step import rel, timed, weights_gb  # noqa: E402
 from dit_core.families.krea2 import Krea2  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
+from gpu_profile import print_profile  # noqa: E402
 
 
 def random_reference(layers: int, vector_std: float):
@@ -42,6 +43,7 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--vector-std", type=float, default=0.1)
+    p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
     args = p.parse_args(argv)
     from tiny_models import krea2_original_layout
 
@@ -70,6 +72,8 @@ def main(argv=None) -> None:
         step = functools.partial(ours.output, latent, sigma, text)
         with torch.no_grad():
             results[label] = (*timed(step, args.steps), weights_gb(ours))
+            if args.profile and mode == "int8":
+                print_profile(step)
         del ours, step
         torch.cuda.empty_cache()
     base = results["diffusers BF16 (SDPA)"][0]

@@ -23,10 +23,7 @@ from .block import (
     QKV,
     UP,
     Block,
-    attention,
-    head_norm_rotary,
     modulated_norm,
-    split_qkv,
     swiglu,
 )
 from .modulation import Modulation
@@ -93,13 +90,14 @@ def _plain_heads(a: Arch) -> bool:
 
 
 def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence) -> torch.Tensor:
-    """Attention output rows [rows, heads D] bf16, the attention gate's sigmoid applied, from QKV's bf16 product:
-    the host block's head norm and rotary (f32), then SDPA with the key heads shared (block.attention)."""
-    q, k, v, gate = split_qkv(a, qkv)
-    q, k = (head_norm_rotary(t.float(), weight, a, s).to(torch.bfloat16) for t, weight in ((q, q_weight),
-                                                                                          (k, k_weight)))
-    o = attention(q, k, v, s.group)
-    return o if gate is None else o * torch.sigmoid(gate)
+    """Attention output rows [rows, heads D] bf16, the attention gate's sigmoid applied, from QKV's bf16 product
+    [q | k | v | gate]: head_norm_rope (each shared key head written for the query heads it serves), then the
+    kernels' attention (cuDNN first)."""
+    qkv_width = a.width + 2 * a.key_width
+    q, k, v = run("head_norm_rope", qkv[:, :qkv_width], a.heads, a.head, q_weight, k_weight, s.cos, s.sin, a.qk_eps,
+                  group=s.group, kv_heads=a.key_width // a.head)
+    o = run("attention", q, k, v)
+    return o * torch.sigmoid(qkv[:, qkv_width:]) if a.attn_gate else o
 
 
 def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:

@@ -1,13 +1,15 @@
 """q/k head RMS norm and split-half rotary from the fused qkv product, written as SDPA's q, k, v.
 
 Issue 4; dit_core/block.py head_norm_rotary and dit_core/sequence.py rotate_halves are the host math. From
-qkv [M, 3 heads D] (bf16, row m = [q | k | v], each heads x D) and cos/sin [M, r] (f32), for q and k, each
-head t [D]:
+qkv [M, (heads + 2 kv) D] (bf16, row m = [q | k | v]: q heads x D, k and v kv x D; kv = heads but where key heads
+are shared, grouped-query attention, each serving heads / kv query heads in a row: Krea 2) and cos/sin [M, r] (f32),
+for q and k, each head t [D]:
   n = (t * 1/sqrt(mean(t^2) + eps)) * weight           (f32; skipped when the weight is None, as in the host)
   out[j]     = n[j] c[j] - n[j + r] s[j]               j < r
   out[j + r] = n[j + r] c[j] + n[j] s[j]               j < r      (each product rounded, then the sum: no FMA)
   out[j]     = n[j]                                    j >= 2r
-  one rounding to bf16 at the end; v is copied unchanged.
+  one rounding to bf16 at the end; v is copied unchanged. Shared k and v heads are written once for each query head
+  they serve, so attention takes them as it takes any (a copy SDPA's grouped mode would spare, cuDNN's bf16 first).
 Written as q, k, v of one buffer [3, G, g, heads, D] bf16 and returned as its views [G, heads, g, D]: G = M / g
 groups of g consecutive rows (g = group; G = 1, g = M when group is 0), the batch that kernels/attention.py hands
 to SDPA. Rows-major, heads within a row (SDPA's "BSHD"): cuDNN reads it as it is and writes its output in the same
@@ -28,12 +30,13 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
-def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None):
+def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None, kv_heads=0):
     """The math above in plain torch: (q, k, v), each [G, heads, g, D] bf16."""
-    m, d = qkv.shape[0], head
+    m, d, kv = qkv.shape[0], head, kv_heads or heads
     r = cos.shape[-1]
     g = group or m
-    parts = qkv.float().reshape(m, 3, heads, d).unbind(1)
+    q, k, v = torch.split(qkv.float(), (heads * d, kv * d, kv * d), dim=1)
+    parts = [q.reshape(m, heads, d)] + [t.reshape(m, kv, d).repeat_interleave(heads // kv, 1) for t in (k, v)]
     c, s = cos.float()[:, None, :], sin.float()[:, None, :]
     result = []
     for t, weight in zip(parts[:2], (q_weight, k_weight)):
@@ -47,18 +50,23 @@ def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group
 
 
 @triton_jit
-def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, R, eps,
+def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr, M, HEADS, KV, R, eps,
                            HAS_NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                            BLOCK_M: tl.constexpr):
-    # Grid (row blocks, heads, q/k/v): a program normalizes and turns one head of BLOCK_M rows. Each value's
-    # rotary partner (j +- r) is a second load of the same row, which the first one brought into L1.
+    # Grid (row blocks, heads, q/k/v): a program normalizes and turns one head of BLOCK_M rows (of k and v: the key
+    # head that serves query head `head`). Each value's rotary partner (j +- r) is a second load of the same row,
+    # which the first one brought into L1.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     head = tl.program_id(1)
     which = tl.program_id(2)
     cols = tl.arange(0, BLOCK_D)
     rmask = rows < M
     mask = rmask[:, None] & (cols < D)[None, :]
-    src = qkv_ptr + rows[:, None].to(tl.int64) * stride_qkv + (which * HEADS + head) * D
+    if which == 0:
+        col = head * D
+    else:
+        col = (HEADS + (which - 1) * KV + head // (HEADS // KV)) * D
+    src = qkv_ptr + rows[:, None].to(tl.int64) * stride_qkv + col
     x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if which < 2:
         partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
@@ -93,13 +101,15 @@ def qk_norm_rows(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor
 
 
 def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None,
-                   block_m=32):
-    """(q, k, v), each [G, heads, g, head] bf16 (views of [G, g, heads, head]), from qkv [M, 3 heads head] by the
-    math in this file's docstring (q_weight/k_weight None: no head norm). out: an optional contiguous
-    [3, G, g, heads, head] bf16 buffer."""
-    m, d = qkv.shape[0], head
-    if qkv.dim() != 2 or qkv.shape[1] != 3 * heads * head or qkv.stride(-1) != 1:
-        raise ValueError(f"head_norm_rope: qkv must be rows [M, 3 x {heads} heads x {head}], "
+                   block_m=32, kv_heads=0):
+    """(q, k, v), each [G, heads, g, head] bf16 (views of [G, g, heads, head]), from qkv [M, (heads + 2 kv) head]
+    by the math in this file's docstring (q_weight/k_weight None: no head norm; kv_heads 0: as many as heads). out:
+    an optional contiguous [3, G, g, heads, head] bf16 buffer."""
+    m, d, kv = qkv.shape[0], head, kv_heads or heads
+    if heads % kv:
+        raise ValueError(f"head_norm_rope: {kv} key heads do not divide {heads} query heads")
+    if qkv.dim() != 2 or qkv.shape[1] != (heads + 2 * kv) * head or qkv.stride(-1) != 1:
+        raise ValueError(f"head_norm_rope: qkv must be rows [M, ({heads} + 2 x {kv}) heads x {head}], "
                          f"got {tuple(qkv.shape)}")
     r = cos.shape[-1]
     g = group or m
@@ -118,7 +128,7 @@ def head_norm_rope(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, 
         return tuple(t.transpose(1, 2) for t in out)
     weights = qk_norm_rows(q_weight, k_weight) if q_weight is not None else cos  # never read without a norm
     _head_norm_rope_kernel[(triton.cdiv(m, block_m), heads, 3)](
-        qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, r, eps,
+        qkv, qkv.stride(0), weights, cos.float().contiguous(), sin.float().contiguous(), out, m, heads, kv, r, eps,
         HAS_NORM=q_weight is not None, D=d, BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, num_warps=4,
         enable_fp_fusion=False)
     return tuple(t.transpose(1, 2) for t in out)

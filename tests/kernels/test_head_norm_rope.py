@@ -14,9 +14,9 @@ from kernels.head_norm_rope import head_norm_rope, qk_norm_rows, reference
 CASES = [(7, 2, 32, 8, 0), (37, 3, 64, 32, 0), (1, 1, 16, 0, 0), (12, 3, 24, 12, 4), (20, 2, 32, 16, 5)]
 
 
-def inputs(m, heads, head, r, seed, device):
+def inputs(m, heads, head, r, seed, device, kv=0):
     g = torch.Generator().manual_seed(seed)
-    qkv = (3 * torch.randn(m, 3 * heads * head, generator=g)).to(torch.bfloat16)
+    qkv = (3 * torch.randn(m, (heads + 2 * (kv or heads)) * head, generator=g)).to(torch.bfloat16)
     angles = 100 * torch.rand(m, r, generator=g)
     gains = (1 + 0.2 * torch.randn(2, head, generator=g))
     return tuple(t.to(device) for t in (qkv, angles.cos(), angles.sin(), gains[0], gains[1]))
@@ -39,6 +39,28 @@ def test_kernel_matches_reference(m, heads, head, r, group, normed, device):
     assert torch.equal(v.transpose(1, 2).reshape(m, heads * head), qkv[:, 2 * heads * head:])
 
 
+# (M, heads, kv heads, head, r, group): key heads shared by 2, 3 and all query heads; odd M, groups, no rotary.
+GROUPED = [(7, 4, 2, 32, 8, 0), (12, 6, 2, 24, 12, 4), (9, 4, 1, 16, 0, 0)]
+
+
+@pytest.mark.parametrize("m,heads,kv,head,r,group", GROUPED)
+def test_shared_key_heads(m, heads, kv, head, r, group, device):
+    """Grouped-query rows [q | k | v] with kv key heads (a view: the rows' gate columns follow, Krea 2's QKV): the
+    kernel against its reference, and k and v as each query head's key head, normed and turned like one of
+    its own."""
+    wide, cos, sin, wq, wk = inputs(m, heads, head, r, seed=m + kv, device=device, kv=kv)
+    wide = torch.cat([wide, torch.ones(m, heads * head, dtype=wide.dtype, device=device)], 1)  # the gate's columns
+    qkv = wide[:, :(heads + 2 * kv) * head]
+    q, k, v = head_norm_rope(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group, block_m=16, kv_heads=kv)
+    want = reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group, kv_heads=kv)
+    for got, expected in zip((q, k, v), want):
+        assert_within_one_bf16_step(got, expected)
+    repeated = torch.cat([qkv[:, :heads * head]] + [t.reshape(m, kv, head).repeat_interleave(heads // kv, 1)
+                                                     .reshape(m, -1) for t in qkv[:, heads * head:].chunk(2, 1)], 1)
+    for got, expected in zip(want, reference(repeated, heads, head, wq, wk, cos, sin, 1e-5, group=group)):
+        assert torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("m,heads,head,r,group", CASES)
 def test_reference_matches_host_block(m, heads, head, r, group):
     qkv, cos, sin, wq, wk = inputs(m, heads, head, r, seed=m * head, device="cpu")
@@ -59,6 +81,10 @@ def test_bad_arguments_raise():
         head_norm_rope(qkv, 2, 32, wq, None, cos, sin)
     with pytest.raises(ValueError):
         head_norm_rope(qkv, 2, 32, wq, wk, cos, sin, group=3)
+    with pytest.raises(ValueError, match="key heads do not divide"):
+        head_norm_rope(qkv, 2, 32, wq, wk, cos, sin, kv_heads=3)
+    with pytest.raises(ValueError, match=r"\(2 \+ 2 x 1\) heads"):
+        head_norm_rope(qkv, 2, 32, wq, wk, cos, sin, kv_heads=1)
 
 
 @pytest.mark.gpu
