@@ -152,9 +152,11 @@ def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: st
             latent_image: torch.Tensor, positive=None, negative=None, denoise: float = 1.0,
             shift: float = 3.0, multiplier: float = 1.0, batch_index: Sequence[int] | None = None,
             callback=None, should_stop=None, latent_shift: float = FLUX_LATENT_SHIFT,
-            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: int | None = None) -> torch.Tensor:
-    """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000): raw
-    latent in, raw latent out. `model` is model(x, sigma, cond) -> x0 when `positive` is given, else a
+            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: int | None = None,
+            sigma_table: torch.Tensor | None = None) -> torch.Tensor:
+    """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000; sigma_table:
+    another model sampling's table, ModelSamplingFlux's for Krea 2, schedules.flux_sigma_table): raw latent in, raw
+    latent out (latent_shift and latent_scale: numbers, or per-channel tensors that broadcast over it). `model` is model(x, sigma, cond) -> x0 when `positive` is given, else a
     denoiser(x, sigma) -> x0 (then cfg must be 1). An all-zero latent with other than `latent_channels`
     channels is widened to them (comfy/sample.py fix_empty_latent_channels: a stock 4-channel Empty Latent
     Image on a 16-channel model). Raises SamplingCancelled when should_stop() turns true between steps."""
@@ -183,7 +185,7 @@ def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: st
             and torch.count_nonzero(latent_image) == 0:
         b, _, *rest = latent_image.shape
         latent_image = latent_image.new_zeros([b, latent_channels, *rest])
-    sigmas = ksampler_sigmas(scheduler, steps, denoise, shift, multiplier)
+    sigmas = ksampler_sigmas(scheduler, steps, denoise, shift, multiplier, sigma_table)
     if len(sigmas) == 0:  # CFGGuider.sample returns the latent untouched when there is nothing to do
         return latent_image
     noise = prepare_noise(latent_image, seed, batch_index).to(latent_image.device)

@@ -26,6 +26,14 @@ def flow_sigma_table(shift: float = 3.0, multiplier: float = 1.0, timesteps: int
     return time_shift(shift, ts / multiplier)
 
 
+def flux_sigma_table(mu: float = 1.15, timesteps: int = 10000) -> torch.Tensor:
+    """ModelSamplingFlux's fp32 table (Krea 2: mu 1.15), e^mu / (e^mu + 1/t - 1) at t = i/timesteps, i = 1..timesteps,
+    in ComfyUI's order of operations (comfy/model_sampling.py flux_time_shift): the table time_shift(e^mu, t) is in
+    exact math, off in the last bit here and there."""
+    t = torch.arange(1, timesteps + 1, 1) / timesteps
+    return math.exp(mu) / (math.exp(mu) + (1 / t - 1) ** 1.0)
+
+
 def klein_sigmas(steps: int = 16, shift: float = 16.0, denoise: float = 1.0) -> torch.Tensor:
     """FLUX.3 Klein's schedule: shift_S(linspace(1, 1/steps, steps)) then 0, f32. S = 16 as BFL's code and
     ComfyUI's klein workflows sample; diffusers' default is 6.93 (reference/families/flux3_klein.md
@@ -151,21 +159,28 @@ SCHEDULERS = {
 }
 
 
-def calculate_sigmas(scheduler: str, steps: int, shift: float = 3.0, multiplier: float = 1.0) -> torch.Tensor:
-    """Sigmas of `scheduler` for `steps` steps on a flow model (ComfyUI samplers.calculate_sigmas)."""
+def calculate_sigmas(scheduler: str, steps: int, shift: float = 3.0, multiplier: float = 1.0,
+                     table: torch.Tensor | None = None) -> torch.Tensor:
+    """Sigmas of `scheduler` for `steps` steps on a flow model (ComfyUI samplers.calculate_sigmas): on the discrete
+    flow table of shift and multiplier, or on `table` (flux_sigma_table)."""
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; supported: {', '.join(SCHEDULERS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    return SCHEDULERS[scheduler](flow_sigma_table(shift, multiplier), steps, shift, multiplier)
+    if table is None:
+        table = flow_sigma_table(shift, multiplier)
+    elif scheduler in ("normal", "sgm_uniform"):  # these read the discrete flow's sigma(t), not only its table
+        raise ValueError(f"scheduler {scheduler!r} is not supported on this model's sigma table; use simple, beta, "
+                         f"karras, exponential, ddim_uniform, linear_quadratic or kl_optimal")
+    return SCHEDULERS[scheduler](table, steps, shift, multiplier)
 
 
 def ksampler_sigmas(scheduler: str, steps: int, denoise: float = 1.0, shift: float = 3.0,
-                    multiplier: float = 1.0) -> torch.Tensor:
+                    multiplier: float = 1.0, table: torch.Tensor | None = None) -> torch.Tensor:
     """KSampler.set_steps: for denoise < 1 the schedule of int(steps/denoise) steps, last steps + 1 kept;
-    denoise <= 0 gives no sigmas (nothing to do)."""
+    denoise <= 0 gives no sigmas (nothing to do). table: as calculate_sigmas'."""
     if denoise is None or denoise > 0.9999:
-        return calculate_sigmas(scheduler, steps, shift, multiplier)
+        return calculate_sigmas(scheduler, steps, shift, multiplier, table)
     if denoise <= 0.0:
         return torch.FloatTensor([])
-    return calculate_sigmas(scheduler, int(steps / denoise), shift, multiplier)[-(steps + 1):]
+    return calculate_sigmas(scheduler, int(steps / denoise), shift, multiplier, table)[-(steps + 1):]

@@ -25,6 +25,12 @@ from ..sequence import Sequence, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
+# ComfyUI's Wan21 latent format (Krea 2's; section 5): the model sees (z - mean) / std of the raw VAE latent.
+LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632,
+               -0.1922, -0.9497, 0.2503, -0.2921)
+LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382,
+              1.1253, 2.8251, 1.9160)
+SAMPLING_MU = 1.15  # ModelSamplingFlux's shift for Krea 2 (Turbo and, in ComfyUI, base): schedules.flux_sigma_table
 MARKER = "txtfusion.projector.weight"
 PATCH = 2
 ROPE_THETA = 1000.0
@@ -247,3 +253,9 @@ class Krea2:
         y = linear(rms_norm(x[txt.shape[0]:], self.final_norm, EPS) * (1 + scale) + shift,
                    self.final_out)
         return unpack_tokens(y, h, w)
+
+    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor) -> torch.Tensor:
+        """x0 for a batch of normalized latents x [B, C, H, W] and tapped text rows cond [B or 1, L, taps, text_dim]
+        (valid rows only): x0 = x - sigma v, v the model's output (ComfyUI's CONST sampling; timestep = sigma)."""
+        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)]) for i in range(x.shape[0])]
+        return x - float(sigma) * torch.stack(outs).to(x.dtype)

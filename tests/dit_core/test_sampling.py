@@ -96,6 +96,28 @@ def test_flow_table_equals_comfy(comfy, shift, multiplier):
     assert torch.equal(schedules.flow_sigma_table(shift, multiplier), theirs)
 
 
+@pytest.mark.parametrize("mu", [1.15, 0.5])
+def test_flux_table_equals_comfy(comfy, mu):
+    """ModelSamplingFlux's table (Krea 2: mu 1.15) bit for bit, and its schedulers on it."""
+    ms = comfy.model_sampling.ModelSamplingFlux()
+    ms.set_parameters(shift=mu)
+    table = schedules.flux_sigma_table(mu)
+    assert torch.equal(table, ms.sigmas)
+    for scheduler in ("simple", "beta", "karras", "exponential", "ddim_uniform", "linear_quadratic", "kl_optimal"):
+        ours = schedules.ksampler_sigmas(scheduler, 8, table=table)
+        assert torch.equal(ours, comfy.samplers.calculate_sigmas(ms, scheduler, 8)), scheduler
+
+
+def test_flux_table_gives_the_krea2_grid():
+    """reference/families/krea2.md section 4: simple at 8 steps on mu 1.15 is diffusers' Turbo grid; normal and
+    sgm_uniform read the discrete flow's sigma(t), so they refuse another table."""
+    ours = schedules.calculate_sigmas("simple", 8, table=schedules.flux_sigma_table(1.15))
+    expected = torch.tensor([1, .9567, .9045, .8403, .7595, .6546, .5128, .3109, 0])
+    assert torch.allclose(ours, expected, atol=6e-5)
+    with pytest.raises(ValueError, match="not supported on this model's sigma table"):
+        schedules.calculate_sigmas("normal", 8, table=schedules.flux_sigma_table(1.15))
+
+
 def test_simple_8_steps_shift3(comfy):
     ours = schedules.calculate_sigmas("simple", 8, shift=3.0)
     assert torch.equal(ours, comfy.samplers.calculate_sigmas(comfy_flow_sampling(comfy), "simple", 8))

@@ -11,7 +11,9 @@ from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, r
 
 from dit_core import load_family
 from dit_core.block_gpu import GpuBlock
-from dit_core.families.krea2 import Krea2, pack_tokens, unpack_tokens
+from dit_core.families.krea2 import SAMPLING_MU, Krea2, pack_tokens, unpack_tokens
+from dit_core.sampling import ksample, prepare_noise
+from dit_core.schedules import calculate_sigmas, flux_sigma_table
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
@@ -121,6 +123,21 @@ def test_bad_inputs_name_the_fix(model, files, tmp_path):
         Krea2.load(tmp_path / "z_image.safetensors")
     with pytest.raises(ValueError, match="linears must be one of"):
         Krea2.load(files / "krea2_f32.safetensors", linears="fp4")
+
+
+def test_ksampler_turbo_matches_diffusers_euler(model, files):
+    """ComfyUI's KSampler (euler, simple, 4 steps) on Krea 2's ModelSamplingFlux table with Krea2.denoised, against
+    diffusers' transformer under the flow-match Euler step x += (sigma_next - sigma) v from the same noise."""
+    ours = Krea2.load(files / "krea2_f32.safetensors")
+    text = torch.randn(5, TAPS, TEXT, generator=torch.Generator().manual_seed(9))
+    empty = torch.zeros(1, C, 6, 8)
+    got = ksample(ours.denoised, 42, 4, 1.0, "euler", "simple", empty, positive=text[None], latent_shift=0.0,
+                  latent_scale=1.0, sigma_table=flux_sigma_table(SAMPLING_MU))
+    sigmas = calculate_sigmas("simple", 4, table=flux_sigma_table(SAMPLING_MU))
+    x = prepare_noise(empty, 42)[0]
+    for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
+        x = x + (sigma_next - sigma) * diffusers_out(model, x, sigma, text)
+    assert rel_err(got[0], x) <= 1e-5
 
 
 # A model whose linears the GPU kernels take as INT8 ConvRot at load (K of 64 or more: groups of 64 and 256).
