@@ -56,6 +56,12 @@ def unpack_tokens(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
     return tokens.reshape(h // 2, w // 2, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h, w)
 
 
+def latent_format() -> tuple[torch.Tensor, torch.Tensor]:
+    """ksample's latent_shift and latent_scale for Krea 2's VAE latents [B, 16, H, W]: ComfyUI's Wan21 format,
+    (z - mean) / std, as a product with 1 / std (within an f32 rounding of ComfyUI's quotient)."""
+    return torch.tensor(LATENT_MEAN).view(1, -1, 1, 1), 1 / torch.tensor(LATENT_STD).view(1, -1, 1, 1)
+
+
 def _prefix(ckpt: Checkpoint) -> str:
     p = ckpt.prefix_of((MARKER,), PREFIXES)
     if p is not None:

@@ -11,8 +11,8 @@ from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, r
 
 from dit_core import load_family
 from dit_core.block_gpu import GpuBlock
-from dit_core.families.krea2 import SAMPLING_MU, Krea2, pack_tokens, unpack_tokens
-from dit_core.sampling import ksample, prepare_noise
+from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format, pack_tokens, unpack_tokens
+from dit_core.sampling import ksample, prepare_noise, process_in, process_out
 from dit_core.schedules import calculate_sigmas, flux_sigma_table
 from dit_core.weights import WeightsError
 
@@ -138,6 +138,15 @@ def test_ksampler_turbo_matches_diffusers_euler(model, files):
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
         x = x + (sigma_next - sigma) * diffusers_out(model, x, sigma, text)
     assert rel_err(got[0], x) <= 1e-5
+
+
+def test_latent_format_is_comfy_wan21(comfy):
+    """Krea 2's latents as ComfyUI's Wan21 format takes them in and out ([B, 16, 1, H, W] there, one frame)."""
+    z = 3 * torch.randn(2, 16, 5, 7)
+    shift, scale = latent_format()
+    wan21 = comfy.latent_formats.Wan21()
+    torch.testing.assert_close(process_in(z, shift, scale), wan21.process_in(z[:, :, None])[:, :, 0])
+    torch.testing.assert_close(process_out(z, shift, scale), wan21.process_out(z[:, :, None])[:, :, 0])
 
 
 # A model whose linears the GPU kernels take as INT8 ConvRot at load (K of 64 or more: groups of 64 and 256).
