@@ -1,6 +1,9 @@
-"""FLUX.3 Klein's text encoder: Qwen3-VL's language model (text path only), hidden states of layers 4, 8, ..., 32
-stacked per token, over the chat template right-padded to a multiple of 80 (reference/families/flux3_klein.md
-section 9; diffusers' Flux3TextEncoderStep._get_qwen3_vl_prompt_embeds)."""
+"""Qwen3-VL's language model (text path only) as FLUX.3 Klein's and Krea 2's text encoder.
+
+Klein: hidden states of layers 4, 8, ..., 32 side by side per token, over the chat template right-padded to a
+multiple of 80 (reference/families/flux3_klein.md section 9; diffusers' Flux3TextEncoderStep). Krea 2: hidden states
+2, 5, ..., 35 stacked per token, over [system prefix | prompt | assistant suffix] less the prefix's 34 rows
+(reference/families/krea2.md section 6; diffusers' Krea2Pipeline.get_text_hidden_states)."""
 from __future__ import annotations
 
 import logging
@@ -29,6 +32,12 @@ PAD_MULTIPLE = 80  # Flux3TextEncoderStep(pad_multiple=80): the window is part o
 MAX_LENGTH = 8192  # diffusers' max_sequence_length (it truncates longer prompts; we refuse them)
 PAD_ID = 151643  # <|endoftext|>, Qwen3-VL's pad token
 PAD_POSITION = 1  # transformers 4.57 (BFL's training environment) gave pad tokens position id 1
+KREA2_LAYERS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)
+KREA2_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
+                "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n")
+KREA2_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
+KREA2_PREFIX_ROWS = 34  # the system prefix's tokens, dropped from the rows (diffusers' prompt_template_encode_start_idx)
+KREA2_MAX_LENGTH = 512 + KREA2_PREFIX_ROWS - 5  # prefix and prompt tokens diffusers keeps before the 5 suffix ones
 # Qwen3-VL-4B's text_config: RoPE base and mRoPE sections; neither can be read from the tensors. Text tokens have
 # the same position on all three mRoPE axes, so the sections do not change text rows (kept for the model's config).
 ROPE_THETA = 5_000_000.0
@@ -106,11 +115,12 @@ class Qwen3VLTextEncoder:
         ckpt = Checkpoint(path)
         root = find_root(ckpt, ROOTS, "a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn."
                                       "q_norm.weight' or 'model.layers...'), e.g. "
-                                      "qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3)")
+                                      "qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) or "
+                                      "qwen3vl_4b_fp8_scaled.safetensors for Krea 2 (type krea2)")
         if root == "model." and not any(k.startswith(VISION_MARKERS) for k in ckpt.keys()):
             # Qwen3-4B and Qwen3-VL-4B's text model have the same shapes; only the rows tell them apart.
             log.warning("%s: no vision tower: cannot tell a Qwen3-VL text model from a plain Qwen3 of the same "
-                        "size; Klein needs Qwen3-VL-4B's", ckpt.path.name)
+                        "size; FLUX.3 Klein and Krea 2 need Qwen3-VL-4B's", ckpt.path.name)
         config = _config(ckpt, root, max(max(layers), 1), expected_hidden)
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
         with torch.device("meta"):  # no random init of billions of weights (gpt-fast habit)
@@ -146,9 +156,18 @@ class Qwen3VLTextEncoder:
                              f"got {len(ids)} ids {ids[:8]}...")
         padded, mask = self.tokenizer.pad(ids)
         device = self.model.embed_tokens.weight.device
-        input_ids = torch.tensor([padded], device=device)
         mask = torch.tensor([mask], device=device)
         positions = torch.arange(len(padded), device=device)[None].masked_fill(mask == 0, PAD_POSITION)
+        return torch.cat(self.hidden_states(padded, mask, positions), dim=-1).float()
+
+    def hidden_states(self, ids: list[int], mask: torch.Tensor | None = None,
+                      positions: torch.Tensor | None = None) -> list[torch.Tensor]:
+        """hidden_states[k] [1, L, hidden] for k in layers, of ids (mask [1, L]: keys of 0 unseen; positions [1, L]:
+        the same on every mRoPE axis, as text rows have them; default 0..L-1)."""
+        device = self.model.embed_tokens.weight.device
+        input_ids = torch.tensor([ids], device=device)
+        if positions is None:
+            positions = torch.arange(len(ids), device=device)[None]
         # Keep only the tapped states (hooks) rather than all of output_hidden_states: 33 x [8192, 2560] is 2.7 GB.
         taps: dict[int, torch.Tensor] = {}
 
@@ -164,8 +183,40 @@ class Qwen3VLTextEncoder:
         finally:
             for h in handles:
                 h.remove()
-        return torch.cat([taps[k] for k in self.layers], dim=-1).float()
+        return [taps[k] for k in self.layers]
 
     def encode(self, prompt: str) -> torch.Tensor:
         """Text rows [1, L_padded, len(layers) * hidden] f32 of a prompt."""
         return self.encode_ids(self.tokenize(prompt))
+
+
+class Krea2TextEncoder:
+    """Prompt -> Krea 2's text rows [L, 12, hidden] f32: hidden_states[k], k in KREA2_LAYERS, stacked per token, of
+    the prompt's and the suffix's tokens. diffusers pads the prompt to KREA2_MAX_LENGTH before the suffix, masks the
+    pads as keys and gives them no position (positions count valid tokens); so the valid rows are those of the ids
+    without pads, and the transformer drops pad rows anyway (exact): no pads are made here."""
+
+    def __init__(self, encoder: Qwen3VLTextEncoder):
+        if encoder.layers != KREA2_LAYERS:
+            raise ValueError(f"Krea2TextEncoder: the encoder taps {encoder.layers}, Krea 2 reads {KREA2_LAYERS}")
+        self.encoder = encoder
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
+             device: str | torch.device = "cpu") -> Krea2TextEncoder:
+        """From a Qwen3-VL-4B file (CLIPLoader type krea2: qwen3vl_4b_fp8_scaled.safetensors) and ComfyUI's
+        qwen25_tokenizer folder; only the first 35 layers are read."""
+        return cls(Qwen3VLTextEncoder.load(path, tokenizer_dir, dtype, KREA2_LAYERS, device=device))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """Ids of [prefix | prompt | suffix] (the prefix and prompt tokenized as one text, as diffusers does)."""
+        tokenizer = self.encoder.tokenizer.tokenizer
+        ids = tokenizer(KREA2_PREFIX + prompt)["input_ids"]
+        if len(ids) > KREA2_MAX_LENGTH:
+            raise prompt_too_long(len(ids), KREA2_MAX_LENGTH)  # diffusers would cut it without a word
+        return ids + tokenizer(KREA2_SUFFIX)["input_ids"]
+
+    @torch.no_grad()
+    def encode(self, prompt: str) -> torch.Tensor:
+        states = self.encoder.hidden_states(self.tokenize(prompt))
+        return torch.stack(states, dim=2)[0, KREA2_PREFIX_ROWS:].float()

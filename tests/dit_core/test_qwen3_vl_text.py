@@ -1,4 +1,5 @@
-"""FLUX.3 Klein's text rows vs diffusers' Flux3TextEncoderStep over transformers' Qwen3VLForConditionalGeneration."""
+"""FLUX.3 Klein's text rows vs diffusers' Flux3TextEncoderStep, Krea 2's vs Krea2Pipeline.get_text_hidden_states, over
+transformers' Qwen3VLForConditionalGeneration."""
 from types import SimpleNamespace
 
 import pytest
@@ -14,7 +15,14 @@ from tiny_models import (
     random_qwen3_vl,
 )
 
-from dit_core.qwen3_vl_text import LAYERS, PAD_ID, KleinPromptTokenizer, Qwen3VLTextEncoder
+from dit_core.qwen3_vl_text import (
+    KREA2_LAYERS,
+    LAYERS,
+    PAD_ID,
+    KleinPromptTokenizer,
+    Krea2TextEncoder,
+    Qwen3VLTextEncoder,
+)
 from dit_core.weights import WeightsError
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
@@ -193,3 +201,49 @@ def test_bad_tokenizer_folder(tmp_path, files):
 def test_token_ids_out_of_range(encoder):
     with pytest.raises(ValueError, match="token ids"):
         encoder.encode_ids([0, 151936])
+
+
+# --- Krea 2: hidden states 2, 5, ..., 35 stacked per token, the system prefix's rows dropped ---------------------
+
+@pytest.fixture(scope="module")
+def krea2_reference():
+    return random_qwen3_vl(seed=5, num_hidden_layers=36)  # Qwen3-VL-4B's depth: tap 35 is not the last layer
+
+
+@pytest.fixture(scope="module")
+def krea2_encoder(krea2_reference, tmp_path_factory):
+    path = tmp_path_factory.mktemp("krea2_text") / "qwen3vl_4b.safetensors"
+    save_file(qwen3_vl_layout(krea2_reference, "comfy"), path)
+    return Krea2TextEncoder.load(path, TOKENIZER_DIR)
+
+
+def krea2_diffusers_rows(reference, prompt):
+    """diffusers' rows [512, 12, hidden] and mask [512] (prompt padded to 541 tokens before the 5 suffix ones)."""
+    from diffusers.pipelines.krea2.pipeline_krea2 import Krea2Pipeline
+    from transformers import Qwen2Tokenizer
+    pipe = Krea2Pipeline(scheduler=None, vae=None, text_encoder=reference.model,
+                         tokenizer=Qwen2Tokenizer.from_pretrained(str(TOKENIZER_DIR)), transformer=None)
+    with torch.no_grad():
+        rows, mask = pipe.get_text_hidden_states(prompt, device=torch.device("cpu"))
+    return rows[0], mask[0]
+
+
+@pytest.mark.parametrize("name", ["english", "unicode", "empty", "special_tokens"])
+def test_krea2_rows_match_diffusers_valid_rows(name, krea2_encoder, krea2_reference):
+    """Our rows are diffusers' valid ones (the prompt's and the suffix's; its pads are masked keys at no position,
+    and Krea 2's transformer drops them): encoded without pads, the same states."""
+    rows, mask = krea2_diffusers_rows(krea2_reference, PROMPTS[name])
+    got = krea2_encoder.encode(PROMPTS[name])
+    assert rows.shape == (512, len(KREA2_LAYERS), HIDDEN) and not mask.all()
+    assert got.shape == (int(mask.sum()), len(KREA2_LAYERS), HIDDEN)
+    assert rel_err(got, rows[mask]) <= 1e-5
+
+
+def test_krea2_prompt_over_max_length_is_refused(krea2_encoder):
+    with pytest.raises(ValueError, match="more than the text encoder's 541; shorten it"):
+        krea2_encoder.encode(PROMPTS["long"] * 6)
+
+
+def test_krea2_needs_its_taps(krea2_encoder):
+    with pytest.raises(ValueError, match="Krea 2 reads"):
+        Krea2TextEncoder(Qwen3VLTextEncoder(krea2_encoder.encoder.model, krea2_encoder.encoder.tokenizer, LAYERS))
