@@ -36,7 +36,7 @@ KREA2_LAYERS = (2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35)
 KREA2_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, "
                 "spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n")
 KREA2_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
-KREA2_PREFIX_ROWS = 34  # the system prefix's tokens, dropped from the rows (diffusers' prompt_template_encode_start_idx)
+KREA2_PREFIX_ROWS = 34  # the system prefix's tokens, dropped (diffusers' prompt_template_encode_start_idx)
 KREA2_MAX_LENGTH = 512 + KREA2_PREFIX_ROWS - 5  # prefix and prompt tokens diffusers keeps before the 5 suffix ones
 # Qwen3-VL-4B's text_config: RoPE base and mRoPE sections; neither can be read from the tensors. Text tokens have
 # the same position on all three mRoPE axes, so the sections do not change text rows (kept for the model's config).

@@ -11,6 +11,7 @@ gate yet).
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from ..block import Block, rms_norm
 from ..linear import linear
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, sequence_of
+from ..streaming import streamed_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
@@ -192,13 +194,16 @@ class Krea2:
             final_table=read_tensor(ckpt, f"{p}last.modulation.lin", (2, a.hidden)),
             final_norm=1.0 + read_tensor(ckpt, f"{p}last.norm.scale", (a.hidden,)), final_out=lin(f"{p}last.linear"))
 
-    def to(self, device: str | torch.device) -> Krea2:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> Krea2:
         """Krea 2 where it runs: on a CUDA device the blocks and text fusion blocks become GpuBlocks (INT8 ConvRot
         linears on the matrix cores, or BF16; attention by the plain path, block_gpu._plain_heads), the small
-        linears and tensors f32 there."""
+        linears and tensors f32 there. With budget_bytes the main blocks take at most that much device memory: those
+        that do not fit stream from host memory (dit_core/streaming.py; on the CPU through CPU slots, the same
+        numerics); a function of the main blocks' total bytes is asked once the rest is on the device."""
         dev = torch.device(device)
+        streamed = lambda: streamed_blocks(self.blocks, dev, budget_bytes)  # noqa: E731
         if dev.type == "cpu":
-            return self
+            return self if budget_bytes is None else replace(self, blocks=streamed())
         from ..block_gpu import GpuBlock
         small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
                                    None if lin.bias is None else lin.bias.float().to(dev))
@@ -206,9 +211,9 @@ class Krea2:
         return replace(self, time=tuple(map(small, self.time)), time_mod=small(self.time_mod),
                        layerwise=gpu(self.layerwise), projector=self.projector.to(dev), refiners=gpu(self.refiners),
                        text_norm=self.text_norm.to(dev), text_in=tuple(map(small, self.text_in)),
-                       image_in=small(self.image_in), blocks=gpu(self.blocks), tables=self.tables.to(dev),
+                       image_in=small(self.image_in), tables=self.tables.to(dev),
                        final_table=self.final_table.to(dev), final_norm=self.final_norm.to(dev),
-                       final_out=small(self.final_out))
+                       final_out=small(self.final_out), blocks=gpu(self.blocks) if budget_bytes is None else streamed())
 
     def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
         """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2)."""

@@ -14,6 +14,8 @@ from dit_core.block_gpu import GpuBlock
 from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format, pack_tokens, unpack_tokens
 from dit_core.sampling import ksample, prepare_noise, process_in, process_out
 from dit_core.schedules import calculate_sigmas, flux_sigma_table
+from dit_core.staging import staged_bytes
+from dit_core.streaming import StreamedBlocks
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")
@@ -138,6 +140,19 @@ def test_ksampler_turbo_matches_diffusers_euler(model, files):
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):
         x = x + (sigma_next - sigma) * diffusers_out(model, x, sigma, text)
     assert rel_err(got[0], x) <= 1e-5
+
+
+def test_blocks_stream_within_a_budget(tmp_path):
+    """Krea2.to(device, budget_bytes): one of four blocks resident, the others through the two streaming slots (on
+    the CPU: host blocks, the same numerics): the same velocity bit for bit."""
+    save_file(krea2_original_layout(random_krea2(seed=11, num_layers=4).state_dict()), tmp_path / "k.safetensors")
+    model = Krea2.load(tmp_path / "k.safetensors", linears="int8")
+    size = staged_bytes(model.blocks[0])
+    streamed = model.to("cpu", budget_bytes=3 * size)  # two streaming slots and one resident block
+    assert isinstance(streamed.blocks, StreamedBlocks) and sum(streamed.blocks.resident) == 1
+    g = torch.Generator().manual_seed(10)
+    latent, text = torch.randn(C, 4, 6, generator=g), torch.randn(5, TAPS, TEXT, generator=g)
+    assert torch.equal(streamed.output(latent, 0.5, text), model.output(latent, 0.5, text))
 
 
 def test_latent_format_is_comfy_wan21(comfy):
