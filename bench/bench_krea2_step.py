@@ -18,7 +18,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from bench_z_image_step import rel, timed, weights_gb  # noqa: E402
+from bench_z_image_step import print_table, rel, timed, weights_gb  # noqa: E402
 from dit_core.families.krea2 import Krea2  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
@@ -76,12 +76,7 @@ def main(argv=None) -> None:
                 print_profile(step)
         del ours, step
         torch.cuda.empty_cache()
-    base = results["diffusers BF16 (SDPA)"][0]
-    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
-    print("|---|---|---|---|---|---|")
-    for label, (ms, peak, _, joules, wgb) in results.items():
-        energy = "-" if joules is None else f"{joules:.1f}"
-        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
+    print_table(results)
     del state
     torch.cuda.empty_cache()
     truth = diffusers_step(ref.float(), torch.float32)

@@ -72,6 +72,17 @@ def weights_gb(model) -> float:
     return total / 1e9
 
 
+def print_table(results: dict) -> None:
+    """The markdown table of timed's results {label: (ms, peak GB, output, joules, weights GB)}, against the
+    diffusers BF16 row."""
+    base = results["diffusers BF16 (SDPA)"][0]
+    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
+    print("|---|---|---|---|---|---|")
+    for label, (ms, peak, _, joules, wgb) in results.items():
+        energy = "-" if joules is None else f"{joules:.1f}"
+        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
+
+
 def rel(a, b) -> float:
     a, b = a.double(), b.double()
     return ((a - b).norm() / b.norm()).item()
@@ -195,12 +206,7 @@ def main(argv=None) -> None:
                     finally:
                         setattr(module, attribute, kept)
                         graphed = None
-    base = results["diffusers BF16 (SDPA)"][0]
-    print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
-    print("|---|---|---|---|---|---|")
-    for label, (ms, peak, _, joules, wgb) in results.items():
-        energy = "-" if joules is None else f"{joules:.1f}"
-        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
+    print_table(results)
     outputs = {label: r[2] for label, r in results.items()} | {SAME_WEIGHTS: same_weights}
     print(f"\nfidelity (relative Frobenius), vectors N(0, {args.vector_std}): "
           f"{fidelity_line(ref, outputs, diffusers_step)}")
