@@ -156,10 +156,11 @@ def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: st
             sigma_table: torch.Tensor | None = None) -> torch.Tensor:
     """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000; sigma_table:
     another model sampling's table, ModelSamplingFlux's for Krea 2, schedules.flux_sigma_table): raw latent in, raw
-    latent out (latent_shift and latent_scale: numbers, or per-channel tensors that broadcast over it). `model` is model(x, sigma, cond) -> x0 when `positive` is given, else a
-    denoiser(x, sigma) -> x0 (then cfg must be 1). An all-zero latent with other than `latent_channels`
-    channels is widened to them (comfy/sample.py fix_empty_latent_channels: a stock 4-channel Empty Latent
-    Image on a 16-channel model). Raises SamplingCancelled when should_stop() turns true between steps."""
+    latent out (latent_shift and latent_scale: numbers, or per-channel tensors that broadcast over it). `model` is
+    model(x, sigma, cond) -> x0 when `positive` is given, else a denoiser(x, sigma) -> x0 (then cfg must be 1). An
+    all-zero latent with other than `latent_channels` channels is widened to them (comfy/sample.py
+    fix_empty_latent_channels: a stock 4-channel Empty Latent Image on a 16-channel model). Raises SamplingCancelled
+    when should_stop() turns true between steps."""
     if sampler_name not in SAMPLERS:
         raise ValueError(f"unknown sampler_name {sampler_name!r}; supported: {', '.join(SAMPLERS)}")
     if scheduler not in SCHEDULERS:
