@@ -1,10 +1,10 @@
 """The extension: the one registry of SwiftDiT's node classes, grouped by family."""
 from comfy_api.latest import ComfyExtension, io
 
-from . import flux3_klein, z_image
+from . import flux3_klein, krea2, z_image
 from .memory import install_memory_hook
 
-NODES_BY_FAMILY = {"z_image": z_image.NODES, "flux3_klein": flux3_klein.NODES}
+NODES_BY_FAMILY = {"z_image": z_image.NODES, "flux3_klein": flux3_klein.NODES, "krea2": krea2.NODES}
 
 
 class SwiftDiTExtension(ComfyExtension):

@@ -243,10 +243,11 @@ class Krea2:
         x = linear(rms_norm(x, self.text_norm, EPS), self.text_in[0])
         return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
 
-    def output(self, latent: torch.Tensor, sigma: float, text: torch.Tensor,
-               mask: torch.Tensor | None = None) -> torch.Tensor:
+    def output(self, latent: torch.Tensor, sigma: float, text: torch.Tensor, mask: torch.Tensor | None = None,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
         """The velocity [C, H, W] for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
-        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all); f32, or f64 where the text rows are."""
+        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all); f32, or f64 where the text rows are.
+        check() runs after each block (ComfyUI's cancel within a step)."""
         a = self.arch
         if latent.dim() != 3 or latent.shape[0] != a.latents:
             raise ValueError(f"Krea2: latent {tuple(latent.shape)} is not [{a.latents}, H, W]")
@@ -260,13 +261,16 @@ class Krea2:
             m = (shared + table).unsqueeze(1)  # [6, 1, hidden]: one modulation row
             x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
                                                mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq)
+            if check is not None:
+                check()
         scale, shift = (temb + self.final_table).unsqueeze(1)
         y = linear(rms_norm(x[txt.shape[0]:], self.final_norm, EPS) * (1 + scale) + shift,
                    self.final_out)
         return unpack_tokens(y, h, w)
 
-    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor) -> torch.Tensor:
+    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor,
+                 check: Callable[[], None] | None = None) -> torch.Tensor:
         """x0 for a batch of normalized latents x [B, C, H, W] and tapped text rows cond [B or 1, L, taps, text_dim]
         (valid rows only): x0 = x - sigma v, v the model's output (ComfyUI's CONST sampling; timestep = sigma)."""
-        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)]) for i in range(x.shape[0])]
+        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)], check=check) for i in range(x.shape[0])]
         return x - float(sigma) * torch.stack(outs).to(x.dtype)

@@ -1,0 +1,156 @@
+"""Krea 2 nodes: the loader, text encoder loader, text encode and the sampler, with the stock nodes' widgets; the
+stock VAELoader and VAEDecode decode the sampler's latents (qwen_image_vae)."""
+from __future__ import annotations
+
+import torch
+from comfy_api.latest import io
+
+from ..dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
+from ..dit_core.qwen3_vl_text import Krea2TextEncoder
+from ..dit_core.sampling import SAMPLERS, ksample
+from ..dit_core.schedules import SCHEDULERS, flux_sigma_table
+from .base import (
+    TOKENIZER_DIR,
+    FileHandle,
+    ModelHandle,
+    SwiftDiTError,
+    TextEncoderLoaderNode,
+    check_family,
+    checked,
+    conditioning_rows,
+    interrupt_check,
+    ksampler_inputs,
+    linear_mode,
+    load_model,
+    loader_inputs,
+    model_file,
+    run_sampler,
+    text_conditioning,
+)
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
+from .types import DiTModel, TextEncoder
+
+CATEGORY = "SwiftDiT/Krea 2"
+FAMILY = "krea2"
+LATENT_CHANNELS = 16
+# The schedulers that read only ModelSamplingFlux's table (normal and sgm_uniform need the discrete flow's sigma(t)).
+TABLE_SCHEDULERS = [name for name in SCHEDULERS if name not in ("normal", "sgm_uniform")]
+
+
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Krea2:
+    """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ within the loader's GPU
+    budget, fitted for a pass over `rows` rows; elsewhere the float32 host path."""
+    if handle.loras:
+        raise ValueError("LoRAs on Krea 2 are not supported yet; remove the LoRA loader")
+    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears), rows)
+
+
+class Krea2Loader(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTKrea2Loader", display_name="Krea 2 Loader (SwiftDiT)", category=CATEGORY,
+            description="Loads a Krea 2 diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine.",
+            inputs=loader_inputs("Krea 2"), outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
+        node = "SwiftDiTKrea2Loader"
+        path = model_file(node, "diffusion_models", unet_name, "unet_name")
+        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=SAMPLING_MU,
+                             gpu_budget_gb=float(gpu_budget_gb))
+        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
+
+
+def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
+    return LOADED.get("text", (*handle.key(), FAMILY), lambda: Krea2TextEncoder.load(handle.path, TOKENIZER_DIR))
+
+
+class Krea2TextEncoderLoader(TextEncoderLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2TextEncoderLoader", "Krea 2 Text Encoder Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads Krea 2's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot)."
+    TYPE = "krea2"
+    load = staticmethod(load_text_encoder)
+
+
+class Krea2TextEncode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTKrea2TextEncode", display_name="Krea 2 Text Encode (SwiftDiT)", category=CATEGORY,
+            description="The prompt's text rows (Qwen3-VL layers 2, 5, ..., 35 of each token) as CONDITIONING.",
+            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
+            outputs=[io.Conditioning.Output()])
+
+    @classmethod
+    def execute(cls, text, clip) -> io.NodeOutput:
+        with checked("SwiftDiTKrea2TextEncode", "text"):
+            rows = load_text_encoder(clip).encode(text)
+        return io.NodeOutput(text_conditioning(rows[None]))  # valid rows only: [1, L, 12, 2560]
+
+
+def image_latent(node: str, samples: torch.Tensor) -> torch.Tensor:
+    """The sampler's latent as [B, C, H, W]: EmptyLatentImage's [B, 4, H/8, W/8] zeros (widened to 16 channels by
+    ksample, as ComfyUI's fix_empty_latent_channels) or Krea 2's own [B, 16, 1, H/8, W/8] (one frame)."""
+    if samples.dim() == 5 and samples.shape[2] == 1:
+        samples = samples[:, :, 0]
+    if samples.dim() != 4 or samples.shape[-2] % 2 or samples.shape[-1] % 2:
+        raise SwiftDiTError(f"{node} · latent_image: expected an image latent [B, 16, 1, H/8, W/8] (or Empty Latent "
+                            f"Image's) with width and height multiples of 16 pixels, got {tuple(samples.shape)}")
+    return samples
+
+
+class Krea2Sampler(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTKrea2Sampler", display_name="Krea 2 KSampler (SwiftDiT)", category=CATEGORY,
+            description="KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents "
+                        "decode with the stock VAE Decode and qwen_image_vae.",
+            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "euler", TABLE_SCHEDULERS, "simple"),
+            outputs=[io.Latent.Output()])
+
+    @classmethod
+    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
+                denoise) -> io.NodeOutput:
+        node = "SwiftDiTKrea2Sampler"
+        check_family(node, model, FAMILY, "Krea 2 loader")
+        if "noise_mask" in latent_image:
+            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
+        if scheduler not in TABLE_SCHEDULERS:
+            raise SwiftDiTError(f"{node} · scheduler: {scheduler!r} is not supported on Krea 2's sigma table; use "
+                                f"one of {', '.join(TABLE_SCHEDULERS)}")
+        latent = image_latent(node, latent_image["samples"])
+        pos = conditioning_rows(node, "positive", positive)
+        neg = conditioning_rows(node, "negative", negative)
+        for name, rows in (("positive", pos), ("negative", neg)):
+            if rows.dim() != 4:
+                raise SwiftDiTError(f"{node} · {name}: not Krea 2 text rows [1, L, 12, 2560] (got "
+                                    f"{tuple(rows.shape)}); encode the prompt with the Krea 2 Text Encode node")
+        with checked(node, "model"):
+            dit = load_dit(model, (latent.shape[-2] // 2) * (latent.shape[-1] // 2) + max(pos.shape[1],
+                                                                                           neg.shape[1]))
+        device = engine_device()
+        on_device = {}  # id -> (conditioning, its copy on the device): one copy a sampler run, not one a step
+
+        def denoise_with(x, sigma, cond):
+            # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's pass
+            # moves to its device.
+            if id(cond) not in on_device:
+                on_device[id(cond)] = (cond, cond.to(device))
+            return dit.denoised(x.to(device), float(sigma), on_device[id(cond)][1], interrupt_check).to(x.device)
+
+        shift, scale = latent_format()
+
+        def sample(callback, should_stop):
+            return ksample(denoise_with, seed, steps, cfg, sampler_name, scheduler, latent, positive=pos,
+                           negative=neg, denoise=denoise, batch_index=latent_image.get("batch_index"),
+                           callback=callback, should_stop=should_stop, latent_shift=shift, latent_scale=scale,
+                           latent_channels=LATENT_CHANNELS, sigma_table=flux_sigma_table(model.shift))
+
+        with checked(node, "latent_image"):
+            samples = run_sampler(sample, steps)
+        return io.NodeOutput({**latent_image, "samples": samples[:, :, None]})  # Krea 2's [B, 16, 1, H/8, W/8]
+
+
+NODES = [Krea2Loader, Krea2TextEncoderLoader, Krea2TextEncode, Krea2Sampler]

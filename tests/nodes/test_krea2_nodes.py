@@ -1,0 +1,128 @@
+"""The Krea 2 nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, the text-to-image graph
+against the engine called directly, errors naming node and input."""
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = (ROOT / "docs" / "nodes.md").read_text()
+PROMPT = "a red fox in the snow"
+# Krea 2 in small with the real 16 latent channels and the text fusion the tiny Qwen3-VL feeds (12 taps of 64).
+TEXT = dict(text_hidden_dim=64, num_text_layers=12, text_num_attention_heads=2, text_num_key_value_heads=1)
+
+
+@pytest.fixture(scope="module")
+def pack(swiftdit_pack):
+    import swiftdit_pack.nodes.krea2 as k
+    return k
+
+
+@pytest.fixture(scope="module")
+def models(pack, tmp_path_factory):
+    """A tiny Krea 2 and a 36-layer tiny Qwen3-VL in ComfyUI's models folders."""
+    import folder_paths
+    from tiny_models import krea2_original_layout, qwen3_vl_layout, random_krea2, random_qwen3_vl
+    root = tmp_path_factory.mktemp("models")
+    for folder in ("diffusion_models", "text_encoders"):
+        (root / folder).mkdir()
+        folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
+    save_file(krea2_original_layout(random_krea2(in_channels=64, **TEXT).state_dict(), "model.diffusion_model."),
+              root / "diffusion_models" / "krea2_tiny.safetensors")
+    save_file(qwen3_vl_layout(random_qwen3_vl(num_hidden_layers=36), "comfy"),
+              root / "text_encoders" / "qwen3vl_krea2_tiny.safetensors")
+    return root
+
+
+CONTRACT = {
+    "SwiftDiTKrea2Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTKrea2TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
+    "SwiftDiTKrea2TextEncode": (["text", "clip"], "CONDITIONING"),
+    "SwiftDiTKrea2Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
+                              "latent_image", "denoise"], "LATENT"),
+}
+
+
+def test_schemas_follow_the_contract(pack):
+    assert sorted(n.GET_SCHEMA().node_id for n in pack.NODES) == sorted(CONTRACT)
+    for node in pack.NODES:
+        schema = node.GET_SCHEMA()
+        inputs, output = CONTRACT[schema.node_id]
+        assert f"`{schema.node_id}`" in DOC
+        assert schema.category == "SwiftDiT/Krea 2" and schema.description
+        assert [i.id for i in schema.inputs] == inputs
+        assert [o.io_type for o in schema.outputs] == [output]
+    sampler = {i.id: i for i in pack.Krea2Sampler.GET_SCHEMA().inputs}
+    assert (sampler["steps"].default, sampler["sampler_name"].default, sampler["scheduler"].default) == \
+        (8, "euler", "simple")  # the Turbo template's KSampler
+    assert "normal" not in sampler["scheduler"].options
+    clip_type = next(i for i in pack.Krea2TextEncoderLoader.GET_SCHEMA().inputs if i.id == "type")
+    assert clip_type.default == "krea2"
+    from swiftdit_pack.nodes import NODES_BY_FAMILY
+    assert NODES_BY_FAMILY["krea2"] == pack.NODES
+
+
+def run(node, **kwargs):
+    return node.execute(**kwargs).result
+
+
+def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0):
+    """The Turbo template's graph less the prompt refiner: loaders, text encode, ConditioningZeroOut as the
+    negative, EmptyLatentImage's [1, 4, H/8, W/8] zeros, the sampler."""
+    (model,) = run(k.Krea2Loader, unet_name="krea2_tiny.safetensors", weight_dtype="default", linears="as stored")
+    (clip,) = run(k.Krea2TextEncoderLoader, clip_name="qwen3vl_krea2_tiny.safetensors", type="krea2")
+    (positive,) = run(k.Krea2TextEncode, text=PROMPT, clip=clip)
+    negative = [[torch.zeros_like(positive[0][0]), {"pooled_output": None}]]  # ConditioningZeroOut
+    latent = {"samples": torch.zeros(1, 4, height // 8, width // 8)}
+    (samples,) = run(k.Krea2Sampler, model=model, seed=seed, steps=steps, cfg=cfg, sampler_name="euler",
+                     scheduler="simple", positive=positive, negative=negative, latent_image=latent, denoise=1.0)
+    return model, positive, negative, samples
+
+
+@pytest.mark.parametrize("cfg", [1.0, 2.5])
+def test_t2i_graph_equals_the_engine(pack, models, cfg):
+    from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
+    from dit_core.qwen3_vl_text import Krea2TextEncoder
+    from dit_core.sampling import ksample
+    from dit_core.schedules import flux_sigma_table
+    _, positive, negative, samples = graph(pack, cfg=cfg)
+    rows = Krea2TextEncoder.load(models / "text_encoders" / "qwen3vl_krea2_tiny.safetensors",
+                                 pack.TOKENIZER_DIR).encode(PROMPT)
+    assert torch.equal(positive[0][0], rows[None]) and rows.shape[1:] == (12, 64)
+    dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors")
+    shift, scale = latent_format()
+    expected = ksample(dit.denoised, 7, 3, cfg, "euler", "simple", torch.zeros(1, 4, 6, 4), positive=rows[None],
+                       negative=torch.zeros_like(rows[None]), latent_shift=shift, latent_scale=scale,
+                       latent_channels=16, sigma_table=flux_sigma_table(SAMPLING_MU))
+    assert samples["samples"].shape == (1, 16, 1, 6, 4)  # Krea 2's latent, as stock VAEDecode takes it
+    assert torch.equal(samples["samples"][:, :, 0], expected)
+
+
+def test_sampler_errors_name_node_and_input(pack, models):
+    from swiftdit_pack.nodes.base import ModelHandle, SwiftDiTError
+    model, positive, negative, _ = graph(pack, steps=1)
+    kw = dict(model=model, seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="simple", positive=positive,
+              negative=negative, latent_image={"samples": torch.zeros(1, 16, 1, 6, 4)}, denoise=1.0)
+    assert run(pack.Krea2Sampler, **kw)[0]["samples"].shape == (1, 16, 1, 6, 4)  # Krea 2's own latent is taken
+    cases = [({"model": ModelHandle("z_image", model.path, "stored")}, "model: a z_image model"),
+             ({"scheduler": "normal"}, "scheduler: 'normal' is not supported"),
+             ({"latent_image": {"samples": torch.zeros(1, 16, 2, 6, 4)}}, "latent_image: expected an image latent"),
+             ({"latent_image": {"samples": torch.zeros(1, 16, 5, 4)}}, "latent_image: .*multiples of 16 pixels"),
+             ({"positive": [[torch.zeros(1, 7, 64), {}]]}, "positive: not Krea 2 text rows")]
+    for change, message in cases:
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTKrea2Sampler · {message}"):
+            run(pack.Krea2Sampler, **{**kw, **change})
+
+
+def test_loader_errors_name_the_input(pack, models, tmp_path):
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    from tiny_models import random_z_image, z_image_comfy_layout
+    save_file(z_image_comfy_layout(random_z_image().state_dict()),
+              models / "diffusion_models" / "z_image_not_krea2.safetensors")
+    with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2Loader · unet_name: .*not a Krea 2 diffusion model"):
+        run(pack.Krea2Loader, unet_name="z_image_not_krea2.safetensors", weight_dtype="default",
+            linears="as stored")
+    with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2TextEncode · text: .*shorten it"):
+        (clip,) = run(pack.Krea2TextEncoderLoader, clip_name="qwen3vl_krea2_tiny.safetensors", type="krea2")
+        run(pack.Krea2TextEncode, text="a red fox " * 400, clip=clip)
