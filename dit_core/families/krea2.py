@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, rms_norm
 from ..linear import linear
+from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, sequence_of
 from ..streaming import streamed_blocks
@@ -39,6 +40,14 @@ ROPE_THETA = 1000.0
 TIME_SCALE = 1000.0
 EPS = 1e-5
 LINEAR_MODES = ("stored", "int8", "bf16")
+# diffusers' names of the file's linears (LoRAs trained on diffusers): single_file_utils.py's converter, reversed
+# only in direction (section 3's table).
+DIFFUSERS_PREFIXES = (("first", "img_in"), ("tmlp.0", "time_embed.linear_1"), ("tmlp.2", "time_embed.linear_2"),
+                      ("tproj.1", "time_mod_proj"), ("txtmlp.1", "txt_in.linear_1"), ("txtmlp.3", "txt_in.linear_2"),
+                      ("txtfusion.", "text_fusion."), ("blocks.", "transformer_blocks."),
+                      ("last.linear", "final_layer.linear"))
+DIFFUSERS_LINEARS = {"attn.wq": "attn.to_q", "attn.wk": "attn.to_k", "attn.wv": "attn.to_v", "attn.wo": "attn.to_out.0",
+                     "attn.gate": "attn.to_gate", "mlp.gate": "ff.gate", "mlp.up": "ff.up", "mlp.down": "ff.down"}
 # Rows of a block's modulation (shared time rows + the block's table), in the file's order (section 2).
 SCALE1, SHIFT1, GATE1, SCALE2, SHIFT2, GATE2 = range(6)
 
@@ -70,6 +79,25 @@ def _prefix(ckpt: Checkpoint) -> str:
         return p
     raise WeightsError(f"{ckpt.path.name}: not a Krea 2 diffusion model (no '{MARKER}'); pick a Krea 2 file such "
                        f"as krea2_turbo_int8_convrot.safetensors")
+
+
+def lora_aliases(names: set[str]) -> dict[str, tuple[str, int]]:
+    """diffusers' names of Krea 2's linears -> (the file's name, first row): LoRAs merge into each linear as it is
+    read, before QKV and UP are stacked, so every name maps whole."""
+    aliases = {}
+    for name in names:
+        alias = name
+        for old, new in DIFFUSERS_PREFIXES:
+            if alias.startswith(old):
+                alias = new + alias[len(old):]
+                break
+        for old, new in DIFFUSERS_LINEARS.items():
+            if alias.endswith("." + old):
+                alias = alias[: -len(old)] + new
+                break
+        if alias != name:
+            aliases[alias] = (name, 0)
+    return aliases
 
 
 def _attention_arch(ckpt: Checkpoint, stem: str, family: str, **sizes) -> Arch:
@@ -165,17 +193,28 @@ class Krea2:
     final_out: Linear
 
     @staticmethod
-    def load(path: str | Path | Checkpoint, linears: str = "stored") -> Krea2:
+    def load(path: str | Path | Checkpoint, linears: str = "stored",
+             loras: tuple[tuple[str | Path, float], ...] = ()) -> Krea2:
         """Krea 2 from its original single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model. prefix).
         linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16'
-        dequantizes INT8 ones."""
+        dequantizes INT8 ones. loras: (file, strength) pairs merged into the linears as they load (the file's names
+        or diffusers')."""
         if linears not in LINEAR_MODES:
             raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         p = _prefix(ckpt)
         a, t = read_arch(ckpt, p)
         markers = ckpt.quantization_markers()
-        lin = lambda key: read_linear(ckpt, key, markers)  # noqa: E731 - key: the full prefix, less .weight
+        names = {k[len(p):-len(".weight")] for k in ckpt.keys()
+                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
+        adapters = [load_lora(f, s, names, lora_aliases(names)) for f, s in loras]
+
+        def lin(key: str) -> Linear:  # key: the full prefix, less .weight
+            merged = read_linear(ckpt, key, markers)
+            for adapter in adapters:
+                merged = adapter.merged(key[len(p):], merged)
+            return merged
+
         convert = {"stored": lambda b: b, "int8": Block.quantized,
                    "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
         blocks = lambda stem, n, arch: tuple(convert(_read_block(ckpt, f"{p}{stem}{i}.", arch, lin))  # noqa: E731

@@ -111,6 +111,37 @@ def test_int8_convrot_file_close_to_float(model, files):
     assert not back.blocks[0].w[0].quantized
 
 
+def test_lora_merges_in_diffusers_and_file_names(model, files, tmp_path):
+    """A LoRA on q (diffusers' PEFT names), the attention gate (kohya names with alpha) and a text fusion block's
+    MLP up (the file's names): the same velocity as diffusers' model with W + strength (alpha / rank) B A."""
+    import copy
+    g = torch.Generator().manual_seed(12)
+    (a_q, b_q), (a_g, b_g), (a_u, b_u) = (
+        (0.1 * torch.randn(4, cols, generator=g), 0.1 * torch.randn(rows, 4, generator=g))
+        for rows, cols in ((128, 128), (128, 128), (64, TEXT)))
+    save_file({"transformer.transformer_blocks.1.attn.to_q.lora_A.weight": a_q,
+               "transformer.transformer_blocks.1.attn.to_q.lora_B.weight": b_q,
+               "lora_unet_blocks_0_attn_gate.lora_down.weight": a_g, "lora_unet_blocks_0_attn_gate.lora_up.weight": b_g,
+               "lora_unet_blocks_0_attn_gate.alpha": torch.tensor(2.0),
+               "diffusion_model.txtfusion.refiner_blocks.0.mlp.up.lora_A.weight": a_u,
+               "diffusion_model.txtfusion.refiner_blocks.0.mlp.up.lora_B.weight": b_u}, tmp_path / "lora.safetensors")
+    strength = 0.7
+    oracle = copy.deepcopy(model)
+    with torch.no_grad():
+        oracle.transformer_blocks[1].attn.to_q.weight += strength * b_q @ a_q
+        oracle.transformer_blocks[0].attn.to_gate.weight += strength * 2.0 / 4 * b_g @ a_g
+        oracle.text_fusion.refiner_blocks[0].ff.up.weight += strength * b_u @ a_u
+    latent, text = torch.randn(C, 4, 4, generator=g), torch.randn(5, TAPS, TEXT, generator=g)
+    ours = Krea2.load(files / "krea2_f32.safetensors", loras=((tmp_path / "lora.safetensors", strength),))
+    want = diffusers_out(oracle, latent, 0.5, text)
+    assert rel_err(ours.output(latent, 0.5, text), want) <= 1e-5
+    assert rel_err(diffusers_out(model, latent, 0.5, text), want) > 1e-3  # the LoRA moves the output
+    save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 3072),
+               "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(9216, 4)}, tmp_path / "flux_lora.safetensors")
+    with pytest.raises(WeightsError, match="flux_lora.safetensors: a LoRA for another model"):
+        Krea2.load(files / "krea2_f32.safetensors", loras=((tmp_path / "flux_lora.safetensors", 1.0),))
+
+
 def test_bad_inputs_name_the_fix(model, files, tmp_path):
     ours = Krea2.load(files / "krea2_f32.safetensors")
     with pytest.raises(ValueError, match="multiples of 16 pixels"):
