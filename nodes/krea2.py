@@ -27,6 +27,7 @@ from .base import (
     run_sampler,
     text_conditioning,
 )
+from .lora_loader import LoraLoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
 from .types import DiTModel, TextEncoder
 
@@ -40,9 +41,7 @@ TABLE_SCHEDULERS = [name for name in SCHEDULERS if name not in ("normal", "sgm_u
 def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Krea2:
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ within the loader's GPU
     budget, fitted for a pass over `rows` rows; elsewhere the float32 host path."""
-    if handle.loras:
-        raise ValueError("LoRAs on Krea 2 are not supported yet; remove the LoRA loader")
-    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears), rows)
+    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears, handle.loras), rows)
 
 
 class Krea2Loader(io.ComfyNode):
@@ -60,6 +59,12 @@ class Krea2Loader(io.ComfyNode):
         handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=SAMPLING_MU,
                              gpu_budget_gb=float(gpu_budget_gb))
         return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
+
+
+class Krea2LoraLoaderModelOnly(LoraLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2LoraLoaderModelOnly", "Krea 2 LoraLoaderModelOnly (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Merges a LoRA into the Krea 2 model's linears at load (the file's names, diffusers' or kohya's)."
+    load = staticmethod(load_dit)
 
 
 def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
@@ -153,4 +158,4 @@ class Krea2Sampler(io.ComfyNode):
         return io.NodeOutput({**latent_image, "samples": samples[:, :, None]})  # Krea 2's [B, 16, 1, H/8, W/8]
 
 
-NODES = [Krea2Loader, Krea2TextEncoderLoader, Krea2TextEncode, Krea2Sampler]
+NODES = [Krea2Loader, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode, Krea2Sampler]

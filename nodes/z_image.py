@@ -1,7 +1,6 @@
 """Z-Image Turbo nodes: loaders, text encode, the sampler and VAE decode, with the stock nodes' widgets."""
 from __future__ import annotations
 
-import folder_paths
 import torch
 from comfy_api.latest import io
 
@@ -30,6 +29,7 @@ from .base import (
     run_sampler,
     text_conditioning,
 )
+from .lora_loader import LoraLoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
 from .types import DiTModel, TextEncoder, Vae
 
@@ -85,27 +85,10 @@ class ZImageModelSamplingAuraFlow(io.ComfyNode):
         return io.NodeOutput(model.with_(shift=float(shift)))
 
 
-class ZImageLoraLoaderModelOnly(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageLoraLoaderModelOnly", display_name="LoraLoaderModelOnly (SwiftDiT)",
-            category=CATEGORY, description="Merges a LoRA into the Z-Image model's linears at load.",
-            inputs=[DiTModel.Input("model"),
-                    io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras")),
-                    io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01)],
-            outputs=[DiTModel.Output()])
-
-    @classmethod
-    def execute(cls, model, lora_name, strength_model) -> io.NodeOutput:
-        node = "SwiftDiTZImageLoraLoaderModelOnly"
-        if strength_model == 0:
-            return io.NodeOutput(model)
-        path = model_file(node, "loras", lora_name, "lora_name")
-        handle = model.with_(loras=(*model.loras, (path, float(strength_model))))
-        with checked(node, "lora_name"):
-            load_dit(handle)
-        return io.NodeOutput(handle)
+class ZImageLoraLoaderModelOnly(LoraLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageLoraLoaderModelOnly", "LoraLoaderModelOnly (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Merges a LoRA into the Z-Image model's linears at load."
+    load = staticmethod(load_dit)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:

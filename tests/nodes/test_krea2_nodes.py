@@ -25,18 +25,26 @@ def models(pack, tmp_path_factory):
     import folder_paths
     from tiny_models import krea2_original_layout, qwen3_vl_layout, random_krea2, random_qwen3_vl
     root = tmp_path_factory.mktemp("models")
-    for folder in ("diffusion_models", "text_encoders"):
+    for folder in ("diffusion_models", "text_encoders", "loras"):
         (root / folder).mkdir()
         folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
     save_file(krea2_original_layout(random_krea2(in_channels=64, **TEXT).state_dict(), "model.diffusion_model."),
               root / "diffusion_models" / "krea2_tiny.safetensors")
     save_file(qwen3_vl_layout(random_qwen3_vl(num_hidden_layers=36), "comfy"),
               root / "text_encoders" / "qwen3vl_krea2_tiny.safetensors")
+    g = torch.Generator().manual_seed(1)
+    save_file({"diffusion_model.blocks.0.attn.wq.lora_A.weight": 0.1 * torch.randn(4, 128, generator=g),
+               "diffusion_model.blocks.0.attn.wq.lora_B.weight": 0.1 * torch.randn(128, 4, generator=g)},
+              root / "loras" / "krea2_style_tiny.safetensors")
+    save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 3072),
+               "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(9216, 4)},
+              root / "loras" / "flux1_lora.safetensors")
     return root
 
 
 CONTRACT = {
     "SwiftDiTKrea2Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTKrea2LoraLoaderModelOnly": (["model", "lora_name", "strength_model"], "SWIFTDIT_MODEL"),
     "SwiftDiTKrea2TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTKrea2TextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTKrea2Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
@@ -67,10 +75,12 @@ def run(node, **kwargs):
     return node.execute(**kwargs).result
 
 
-def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0):
-    """The Turbo template's graph less the prompt refiner: loaders, text encode, ConditioningZeroOut as the
-    negative, EmptyLatentImage's [1, 4, H/8, W/8] zeros, the sampler."""
+def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0, lora=None):
+    """The Turbo template's graph less the prompt refiner: loaders (the LoRA switch on with `lora`), text encode,
+    ConditioningZeroOut as the negative, EmptyLatentImage's [1, 4, H/8, W/8] zeros, the sampler."""
     (model,) = run(k.Krea2Loader, unet_name="krea2_tiny.safetensors", weight_dtype="default", linears="as stored")
+    if lora is not None:
+        (model,) = run(k.Krea2LoraLoaderModelOnly, model=model, lora_name=lora, strength_model=0.8)
     (clip,) = run(k.Krea2TextEncoderLoader, clip_name="qwen3vl_krea2_tiny.safetensors", type="krea2")
     (positive,) = run(k.Krea2TextEncode, text=PROMPT, clip=clip)
     negative = [[torch.zeros_like(positive[0][0]), {"pooled_output": None}]]  # ConditioningZeroOut
@@ -80,17 +90,18 @@ def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0):
     return model, positive, negative, samples
 
 
-@pytest.mark.parametrize("cfg", [1.0, 2.5])
-def test_t2i_graph_equals_the_engine(pack, models, cfg):
+@pytest.mark.parametrize("cfg,lora", [(1.0, None), (2.5, None), (1.0, "krea2_style_tiny.safetensors")])
+def test_t2i_graph_equals_the_engine(pack, models, cfg, lora):
     from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
     from dit_core.qwen3_vl_text import Krea2TextEncoder
     from dit_core.sampling import ksample
     from dit_core.schedules import flux_sigma_table
-    _, positive, negative, samples = graph(pack, cfg=cfg)
+    _, positive, negative, samples = graph(pack, cfg=cfg, lora=lora)
     rows = Krea2TextEncoder.load(models / "text_encoders" / "qwen3vl_krea2_tiny.safetensors",
                                  pack.TOKENIZER_DIR).encode(PROMPT)
     assert torch.equal(positive[0][0], rows[None]) and rows.shape[1:] == (12, 64)
-    dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors")
+    dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors",
+                     loras=((models / "loras" / lora, 0.8),) if lora else ())
     shift, scale = latent_format()
     expected = ksample(dit.denoised, 7, 3, cfg, "euler", "simple", torch.zeros(1, 4, 6, 4), positive=rows[None],
                        negative=torch.zeros_like(rows[None]), latent_shift=shift, latent_scale=scale,
@@ -123,6 +134,13 @@ def test_loader_errors_name_the_input(pack, models, tmp_path):
     with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2Loader · unet_name: .*not a Krea 2 diffusion model"):
         run(pack.Krea2Loader, unet_name="z_image_not_krea2.safetensors", weight_dtype="default",
             linears="as stored")
+    (model,) = run(pack.Krea2Loader, unet_name="krea2_tiny.safetensors", weight_dtype="default", linears="as stored")
+    with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2LoraLoaderModelOnly · lora_name: .*another model"):
+        run(pack.Krea2LoraLoaderModelOnly, model=model, lora_name="flux1_lora.safetensors", strength_model=1.0)
     with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2TextEncode · text: .*shorten it"):
         (clip,) = run(pack.Krea2TextEncoderLoader, clip_name="qwen3vl_krea2_tiny.safetensors", type="krea2")
         run(pack.Krea2TextEncode, text="a red fox " * 400, clip=clip)
+
+
+def test_lora_changes_the_image(pack, models):
+    assert not torch.equal(graph(pack, lora="krea2_style_tiny.safetensors")[3]["samples"], graph(pack)[3]["samples"])
