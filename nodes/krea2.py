@@ -136,14 +136,14 @@ class Krea2Sampler(io.ComfyNode):
             dit = load_dit(model, (latent.shape[-2] // 2) * (latent.shape[-1] // 2) + max(pos.shape[1],
                                                                                            neg.shape[1]))
         device = engine_device()
-        on_device = {}  # id -> (conditioning, its copy on the device): one copy a sampler run, not one a step
+        fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
 
         def denoise_with(x, sigma, cond):
             # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's pass
             # moves to its device.
-            if id(cond) not in on_device:
-                on_device[id(cond)] = (cond, cond.to(device))
-            return dit.denoised(x.to(device), float(sigma), on_device[id(cond)][1], interrupt_check).to(x.device)
+            if id(cond) not in fused:
+                fused[id(cond)] = (cond, torch.stack([dit.text_rows(c) for c in cond.to(device)]))
+            return dit.denoised(x.to(device), float(sigma), fused[id(cond)][1], interrupt_check).to(x.device)
 
         shift, scale = latent_format()
 

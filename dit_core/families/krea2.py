@@ -287,11 +287,16 @@ class Krea2:
         """The velocity [C, H, W] for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
         [L, taps, text_dim] (mask [L] bool: the valid ones; None: all); f32, or f64 where the text rows are.
         check() runs after each block (ComfyUI's cancel within a step)."""
+        return self.velocity(latent, sigma, self.text_rows(text, mask), check)
+
+    def velocity(self, latent: torch.Tensor, sigma: float, txt: torch.Tensor,
+                 check: Callable[[], None] | None = None) -> torch.Tensor:
+        """output() from text_rows' fused rows txt [L, hidden]: they do not change between steps, so a sampler
+        fuses them once."""
         a = self.arch
         if latent.dim() != 3 or latent.shape[0] != a.latents:
             raise ValueError(f"Krea2: latent {tuple(latent.shape)} is not [{a.latents}, H, W]")
         c, h, w = latent.shape
-        txt = self.text_rows(text, mask)
         x = torch.cat([txt, linear(pack_tokens(latent), self.image_in).to(txt.dtype)])
         temb = self.time_embedding(sigma, latent.device)
         shared = linear(F.gelu(temb, approximate="tanh"), self.time_mod).reshape(6, a.hidden)
@@ -307,9 +312,10 @@ class Krea2:
                    self.final_out)
         return unpack_tokens(y, h, w)
 
-    def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor,
+    def denoised(self, x: torch.Tensor, sigma: float, txt: torch.Tensor,
                  check: Callable[[], None] | None = None) -> torch.Tensor:
-        """x0 for a batch of normalized latents x [B, C, H, W] and tapped text rows cond [B or 1, L, taps, text_dim]
-        (valid rows only): x0 = x - sigma v, v the model's output (ComfyUI's CONST sampling; timestep = sigma)."""
-        outs = [self.output(x[i], sigma, cond[min(i, cond.shape[0] - 1)], check=check) for i in range(x.shape[0])]
+        """x0 for a batch of normalized latents x [B, C, H, W] and fused text rows txt [B or 1, L, hidden]
+        (text_rows of each conditioning): x0 = x - sigma v, v the velocity (ComfyUI's CONST sampling; timestep =
+        sigma)."""
+        outs = [self.velocity(x[i], sigma, txt[min(i, txt.shape[0] - 1)], check) for i in range(x.shape[0])]
         return x - float(sigma) * torch.stack(outs).to(x.dtype)

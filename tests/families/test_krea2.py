@@ -164,8 +164,8 @@ def test_ksampler_turbo_matches_diffusers_euler(model, files):
     ours = Krea2.load(files / "krea2_f32.safetensors")
     text = torch.randn(5, TAPS, TEXT, generator=torch.Generator().manual_seed(9))
     empty = torch.zeros(1, C, 6, 8)
-    got = ksample(ours.denoised, 42, 4, 1.0, "euler", "simple", empty, positive=text[None], latent_shift=0.0,
-                  latent_scale=1.0, sigma_table=flux_sigma_table(SAMPLING_MU))
+    got = ksample(ours.denoised, 42, 4, 1.0, "euler", "simple", empty, positive=ours.text_rows(text)[None],
+                  latent_shift=0.0, latent_scale=1.0, sigma_table=flux_sigma_table(SAMPLING_MU))
     sigmas = calculate_sigmas("simple", 4, table=flux_sigma_table(SAMPLING_MU))
     x = prepare_noise(empty, 42)[0]
     for sigma, sigma_next in zip(sigmas[:-1].tolist(), sigmas[1:].tolist()):

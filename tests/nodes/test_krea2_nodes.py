@@ -103,8 +103,9 @@ def test_t2i_graph_equals_the_engine(pack, models, cfg, lora):
     dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors",
                      loras=((models / "loras" / lora, 0.8),) if lora else ())
     shift, scale = latent_format()
-    expected = ksample(dit.denoised, 7, 3, cfg, "euler", "simple", torch.zeros(1, 4, 6, 4), positive=rows[None],
-                       negative=torch.zeros_like(rows[None]), latent_shift=shift, latent_scale=scale,
+    expected = ksample(dit.denoised, 7, 3, cfg, "euler", "simple", torch.zeros(1, 4, 6, 4),
+                       positive=dit.text_rows(rows)[None], negative=dit.text_rows(torch.zeros_like(rows))[None],
+                       latent_shift=shift, latent_scale=scale,
                        latent_channels=16, sigma_table=flux_sigma_table(SAMPLING_MU))
     assert samples["samples"].shape == (1, 16, 1, 6, 4)  # Krea 2's latent, as stock VAEDecode takes it
     assert torch.equal(samples["samples"][:, :, 0], expected)
