@@ -145,3 +145,18 @@ def test_loader_errors_name_the_input(pack, models, tmp_path):
 
 def test_lora_changes_the_image(pack, models):
     assert not torch.equal(graph(pack, lora="krea2_style_tiny.safetensors")[3]["samples"], graph(pack)[3]["samples"])
+
+
+def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
+    """Stock VAELoader and VAEDecode decode the sampler's [B, 16, 1, H/8, W/8] with a Wan 2.1 VAE (qwen_image_vae's
+    architecture; tiny and random here, as ComfyUI v0.3.75 builds it from the file's tensors)."""
+    import comfy.sd
+    from comfy.ldm.wan.vae import WanVAE
+    torch.manual_seed(0)
+    wan = WanVAE(dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                 temperal_downsample=[False, True, True], dropout=0.0)
+    state = {k: (1 + 0.1 * torch.randn_like(v)) if k.endswith("gamma") else 0.05 * torch.randn_like(v)
+             for k, v in wan.state_dict().items()}  # ComfyUI's ops leave the weights uninitialized
+    vae = comfy.sd.VAE(sd=state)
+    images = vae.decode(graph(pack, steps=1)[3]["samples"])  # what VAEDecode runs
+    assert images.shape == (1, 1, 48, 32, 3) and images.isfinite().all()
