@@ -15,22 +15,17 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
-    TextEncoderLoaderNode,
-    VAELoaderNode,
     check_family,
     checked,
     conditioning_rows,
     decode_image,
     ksampler_inputs,
-    linear_mode,
-    load_model,
-    loader_inputs,
-    model_file,
     run_sampler,
     text_conditioning,
 )
+from .family_nodes import DiTLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
-from .types import DiTModel, TextEncoder, Vae
+from .types import DiTModel, Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
 FAMILY = "flux3_klein"
@@ -56,22 +51,12 @@ def load_vae(handle: FileHandle) -> Flux2VAE:
     return on_device("vae", handle, lambda: Flux2VAE.load(handle.path), FAMILY)
 
 
-class Flux3KleinLoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTFlux3KleinLoader", display_name="FLUX.3 Klein Loader (SwiftDiT)", category=CATEGORY,
-            description="Loads a FLUX.3 Klein diffusion model file (distilled or base; BF16, FP8 or INT8 ConvRot) "
-                        "for the SwiftDiT engine.",
-            inputs=loader_inputs("FLUX.3 Klein"), outputs=[DiTModel.Output()])
-
-    @classmethod
-    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
-        node = "SwiftDiTFlux3KleinLoader"
-        path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=KLEIN_SHIFT,
-                             gpu_budget_gb=float(gpu_budget_gb))
-        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
+class Flux3KleinLoader(DiTLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinLoader", "FLUX.3 Klein Loader (SwiftDiT)", CATEGORY
+    FAMILY, TITLE, SHIFT = FAMILY, "FLUX.3 Klein", KLEIN_SHIFT
+    DESCRIPTION = ("Loads a FLUX.3 Klein diffusion model file (distilled or base; BF16, FP8 or INT8 ConvRot) for the "
+                   "SwiftDiT engine.")
+    load = staticmethod(load_dit)
 
 
 class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
@@ -81,22 +66,12 @@ class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
     load = staticmethod(load_text_encoder)
 
 
-class Flux3KleinTextEncode(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTFlux3KleinTextEncode", display_name="FLUX.3 Klein Text Encode (SwiftDiT)",
-            category=CATEGORY,
-            description="The prompt's Qwen3-VL rows (layers 4, 8, ..., 32 stacked, padded to a multiple of 80 "
-                        "tokens) as CONDITIONING.",
-            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
-            outputs=[io.Conditioning.Output()])
-
-    @classmethod
-    def execute(cls, text, clip) -> io.NodeOutput:
-        with checked("SwiftDiTFlux3KleinTextEncode", "text"):
-            rows = load_text_encoder(clip).encode(text)
-        return io.NodeOutput(text_conditioning(rows))  # pad rows included: the DiT attends them
+class Flux3KleinTextEncode(TextEncodeNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinTextEncode", "FLUX.3 Klein Text Encode (SwiftDiT)", CATEGORY
+    DESCRIPTION = ("The prompt's Qwen3-VL rows (layers 4, 8, ..., 32 stacked, padded to a multiple of 80 tokens) as "
+                   "CONDITIONING.")
+    # pad rows included: the DiT attends them
+    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)))
 
 
 class Flux3KleinSampler(io.ComfyNode):

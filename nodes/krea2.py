@@ -14,22 +14,17 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
-    TextEncoderLoaderNode,
     check_family,
     checked,
     conditioning_rows,
     interrupt_check,
     ksampler_inputs,
-    linear_mode,
-    load_model,
-    loader_inputs,
-    model_file,
     run_sampler,
     text_conditioning,
 )
-from .lora_loader import LoraLoaderNode
+from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
-from .types import DiTModel, TextEncoder
+from .types import DiTModel
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -44,21 +39,12 @@ def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Krea2:
     return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears, handle.loras), rows)
 
 
-class Krea2Loader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTKrea2Loader", display_name="Krea 2 Loader (SwiftDiT)", category=CATEGORY,
-            description="Loads a Krea 2 diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine.",
-            inputs=loader_inputs("Krea 2"), outputs=[DiTModel.Output()])
-
-    @classmethod
-    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
-        node = "SwiftDiTKrea2Loader"
-        path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=SAMPLING_MU,
-                             gpu_budget_gb=float(gpu_budget_gb))
-        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
+class Krea2Loader(DiTLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTKrea2Loader", "Krea 2 Loader (SwiftDiT)", CATEGORY, FAMILY,
+                                                 "Krea 2")
+    DESCRIPTION = "Loads a Krea 2 diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine."
+    SHIFT = SAMPLING_MU
+    load = staticmethod(load_dit)
 
 
 class Krea2LoraLoaderModelOnly(LoraLoaderNode):
@@ -78,20 +64,11 @@ class Krea2TextEncoderLoader(TextEncoderLoaderNode):
     load = staticmethod(load_text_encoder)
 
 
-class Krea2TextEncode(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTKrea2TextEncode", display_name="Krea 2 Text Encode (SwiftDiT)", category=CATEGORY,
-            description="The prompt's text rows (Qwen3-VL layers 2, 5, ..., 35 of each token) as CONDITIONING.",
-            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
-            outputs=[io.Conditioning.Output()])
-
-    @classmethod
-    def execute(cls, text, clip) -> io.NodeOutput:
-        with checked("SwiftDiTKrea2TextEncode", "text"):
-            rows = load_text_encoder(clip).encode(text)
-        return io.NodeOutput(text_conditioning(rows[None]))  # valid rows only: [1, L, 12, 2560]
+class Krea2TextEncode(TextEncodeNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2TextEncode", "Krea 2 Text Encode (SwiftDiT)", CATEGORY
+    DESCRIPTION = "The prompt's text rows (Qwen3-VL layers 2, 5, ..., 35 of each token) as CONDITIONING."
+    # valid rows only: [1, L, 12, 2560]
+    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)[None]))
 
 
 def image_latent(node: str, samples: torch.Tensor) -> torch.Tensor:

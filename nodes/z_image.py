@@ -14,24 +14,18 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
-    TextEncoderLoaderNode,
-    VAELoaderNode,
     check_family,
     checked,
     conditioning_rows,
     decode_image,
     interrupt_check,
     ksampler_inputs,
-    linear_mode,
-    load_model,
-    loader_inputs,
-    model_file,
     run_sampler,
     text_conditioning,
 )
-from .lora_loader import LoraLoaderNode
+from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
-from .types import DiTModel, TextEncoder, Vae
+from .types import DiTModel, Vae
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -53,21 +47,12 @@ def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
     return pad((latent.shape[-2] // 2) * (latent.shape[-1] // 2)) + pad(max(c.shape[-2] for c in conditionings))
 
 
-class ZImageLoader(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageLoader", display_name="Z-Image Loader (SwiftDiT)", category=CATEGORY,
-            description="Loads a Z-Image diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine.",
-            inputs=loader_inputs("Z-Image"), outputs=[DiTModel.Output()])
-
-    @classmethod
-    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
-        node = "SwiftDiTZImageLoader"
-        path = model_file(node, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(FAMILY, path, linear_mode(node, weight_dtype, linears), shift=DEFAULT_SHIFT,
-                             gpu_budget_gb=float(gpu_budget_gb))
-        return io.NodeOutput(handle, ui={"text": [load_model(node, handle, load_dit)]})
+class ZImageLoader(DiTLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTZImageLoader", "Z-Image Loader (SwiftDiT)", CATEGORY, FAMILY,
+                                                 "Z-Image")
+    DESCRIPTION = "Loads a Z-Image diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine."
+    SHIFT = DEFAULT_SHIFT
+    load = staticmethod(load_dit)
 
 
 class ZImageModelSamplingAuraFlow(io.ComfyNode):
@@ -102,20 +87,10 @@ class ZImageTextEncoderLoader(TextEncoderLoaderNode):
     load = staticmethod(load_text_encoder)
 
 
-class ZImageTextEncode(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageTextEncode", display_name="Z-Image Text Encode (SwiftDiT)", category=CATEGORY,
-            description="The prompt's Qwen3 rows as CONDITIONING, exactly as CLIPTextEncode makes them for Z-Image.",
-            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
-            outputs=[io.Conditioning.Output()])
-
-    @classmethod
-    def execute(cls, text, clip) -> io.NodeOutput:
-        with checked("SwiftDiTZImageTextEncode", "text"):
-            rows = load_text_encoder(clip).encode(text)
-        return io.NodeOutput(text_conditioning(rows))
+class ZImageTextEncode(TextEncodeNode):
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageTextEncode", "Z-Image Text Encode (SwiftDiT)", CATEGORY
+    DESCRIPTION = "The prompt's Qwen3 rows as CONDITIONING, exactly as CLIPTextEncode makes them for Z-Image."
+    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)))
 
 
 class ZImageSampler(io.ComfyNode):

@@ -1,0 +1,139 @@
+"""The node classes every family specializes by class constants and a `load` (the GGUF habit: a variant overrides
+only what differs): the DiT loader, LoraLoaderModelOnly, the text encoder loader, text encode, the VAE loader."""
+from __future__ import annotations
+
+import folder_paths
+from comfy_api.latest import io
+
+from .base import FileHandle, ModelHandle, checked, linear_mode, load_model, loader_inputs, model_file
+from .types import DiTModel, TextEncoder, Vae
+
+
+class DiTLoaderNode(io.ComfyNode):
+    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears, gpu_budget_gb): the model handle, the
+    model loaded at once (its errors name unet_name) and where its bytes went as the node's text."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = FAMILY = TITLE = ""
+    SHIFT = 3.0  # the sampling shift the handle carries
+
+    @staticmethod
+    def load(handle: ModelHandle):
+        raise NotImplementedError
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
+                         description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE), outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
+        path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")
+        handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears), shift=cls.SHIFT,
+                             gpu_budget_gb=float(gpu_budget_gb))
+        return io.NodeOutput(handle, ui={"text": [load_model(cls.NODE_ID, handle, cls.load)]})
+
+
+class LoraLoaderNode(io.ComfyNode):
+    """LoraLoaderModelOnly's inputs (model, lora_name, strength_model); a family's node sets the constants and
+    `load` (its load_dit: the merge is checked at once, so a LoRA of another model fails on this node)."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+
+    @staticmethod
+    def load(handle: ModelHandle):
+        raise NotImplementedError
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY, description=cls.DESCRIPTION,
+            inputs=[DiTModel.Input("model"),
+                    io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras")),
+                    io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01)],
+            outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, model, lora_name, strength_model) -> io.NodeOutput:
+        if strength_model == 0:
+            return io.NodeOutput(model)
+        path = model_file(cls.NODE_ID, "loras", lora_name, "lora_name")
+        handle = model.with_(loras=(*model.loras, (path, float(strength_model))))
+        with checked(cls.NODE_ID, "lora_name"):
+            cls.load(handle)
+        return io.NodeOutput(handle)
+
+
+class TextEncodeNode(io.ComfyNode):
+    """CLIPTextEncode's inputs (text, clip): the family's `conditioning(clip handle, text)`, its errors naming text."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+
+    @staticmethod
+    def conditioning(clip: FileHandle, text: str) -> list:
+        raise NotImplementedError
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY, description=cls.DESCRIPTION,
+            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
+            outputs=[io.Conditioning.Output()])
+
+    @classmethod
+    def execute(cls, text, clip) -> io.NodeOutput:
+        with checked(cls.NODE_ID, "text"):
+            return io.NodeOutput(cls.conditioning(clip, text))
+
+
+class FileLoaderNode(io.ComfyNode):
+    """Base of the loaders of one file from a ComfyUI models folder (text encoders, VAEs)."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+    FOLDER = INPUT = KIND = ""
+
+    @staticmethod
+    def load(handle: FileHandle):
+        raise NotImplementedError
+
+    @classmethod
+    def extra_inputs(cls) -> list:
+        return []
+
+    @classmethod
+    def output(cls):
+        raise NotImplementedError
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
+                         description=cls.DESCRIPTION,
+                         inputs=[io.Combo.Input(cls.INPUT, options=folder_paths.get_filename_list(cls.FOLDER)),
+                                 *cls.extra_inputs()],
+                         outputs=[cls.output()])
+
+    @classmethod
+    def execute(cls, **inputs) -> io.NodeOutput:
+        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT))
+        with checked(cls.NODE_ID, cls.INPUT):
+            cls.load(handle)
+        return io.NodeOutput(handle)
+
+
+class TextEncoderLoaderNode(FileLoaderNode):
+    """CLIPLoader's widgets (clip_name, type with the family's value, optional device)."""
+    FOLDER, INPUT, KIND = "text_encoders", "clip_name", "text"
+    TYPE = ""
+
+    @classmethod
+    def extra_inputs(cls) -> list:
+        return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE),
+                io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)]
+
+    @classmethod
+    def output(cls):
+        return TextEncoder.Output()
+
+
+class VAELoaderNode(FileLoaderNode):
+    """VAELoader's widget (vae_name)."""
+    FOLDER, INPUT, KIND = "vae", "vae_name", "vae"
+
+    @classmethod
+    def output(cls):
+        return Vae.Output()
