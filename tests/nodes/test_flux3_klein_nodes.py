@@ -1,14 +1,11 @@
 """The FLUX.3 Klein nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, whole graphs (text to
 image, and an edit with references as ReferenceLatent puts them) against the engine called directly, errors
 naming node and input."""
-from pathlib import Path
-
 import pytest
 import torch
+from node_contract import assert_schemas_follow
 from safetensors.torch import save_file
 
-ROOT = Path(__file__).resolve().parents[2]
-DOC = (ROOT / "docs" / "nodes.md").read_text()
 PROMPT = "a red fox in the snow"
 
 
@@ -58,14 +55,7 @@ CONTRACT = {
 
 
 def test_schemas_follow_the_contract(pack):
-    assert sorted(n.GET_SCHEMA().node_id for n in pack.NODES) == sorted(CONTRACT)
-    for node in pack.NODES:
-        schema = node.GET_SCHEMA()
-        inputs, output = CONTRACT[schema.node_id]
-        assert f"`{schema.node_id}`" in DOC
-        assert schema.category == "SwiftDiT/FLUX.3 Klein" and schema.description
-        assert [i.id for i in schema.inputs] == inputs
-        assert [o.io_type for o in schema.outputs] == [output]
+    assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/FLUX.3 Klein")
     sampler = {i.id: i for i in pack.Flux3KleinSampler.GET_SCHEMA().inputs}
     assert sampler["seed"].control_after_generate
     assert (sampler["cache"].default, sampler["refresh"].default, sampler["steps"].default) == (0.3, 0, 16)

@@ -1,13 +1,10 @@
 """The Krea 2 nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, the text-to-image graph
 against the engine called directly, errors naming node and input."""
-from pathlib import Path
-
 import pytest
 import torch
+from node_contract import assert_schemas_follow
 from safetensors.torch import save_file
 
-ROOT = Path(__file__).resolve().parents[2]
-DOC = (ROOT / "docs" / "nodes.md").read_text()
 PROMPT = "a red fox in the snow"
 # Krea 2 in small with the real 16 latent channels and the text fusion the tiny Qwen3-VL feeds (12 taps of 64).
 TEXT = dict(text_hidden_dim=64, num_text_layers=12, text_num_attention_heads=2, text_num_key_value_heads=1)
@@ -53,14 +50,7 @@ CONTRACT = {
 
 
 def test_schemas_follow_the_contract(pack):
-    assert sorted(n.GET_SCHEMA().node_id for n in pack.NODES) == sorted(CONTRACT)
-    for node in pack.NODES:
-        schema = node.GET_SCHEMA()
-        inputs, output = CONTRACT[schema.node_id]
-        assert f"`{schema.node_id}`" in DOC
-        assert schema.category == "SwiftDiT/Krea 2" and schema.description
-        assert [i.id for i in schema.inputs] == inputs
-        assert [o.io_type for o in schema.outputs] == [output]
+    assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/Krea 2")
     sampler = {i.id: i for i in pack.Krea2Sampler.GET_SCHEMA().inputs}
     assert (sampler["steps"].default, sampler["sampler_name"].default, sampler["scheduler"].default) == \
         (8, "euler", "simple")  # the Turbo template's KSampler

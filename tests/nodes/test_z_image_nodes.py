@@ -5,15 +5,12 @@ kept with a loaded model (its graphed step), cleared before its memory moves."""
 import math
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
+from node_contract import assert_schemas_follow
 from safetensors import safe_open
 from safetensors.torch import save_file
-
-ROOT = Path(__file__).resolve().parents[2]
-DOC = (ROOT / "docs" / "nodes.md").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +66,7 @@ CONTRACT = {
 
 def test_schemas_follow_the_contract(pack):
     from comfy_api.latest import io
-    assert sorted(n.GET_SCHEMA().node_id for n in pack.NODES) == sorted(CONTRACT)
-    for node in pack.NODES:
-        schema = node.GET_SCHEMA()
-        inputs, output = CONTRACT[schema.node_id]
-        assert f"`{schema.node_id}`" in DOC
-        assert schema.category == "SwiftDiT/Z-Image" and schema.description
-        assert [i.id for i in schema.inputs] == inputs
-        assert [o.io_type for o in schema.outputs] == [output]
+    assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/Z-Image")
     seed = next(i for i in pack.ZImageSampler.GET_SCHEMA().inputs if i.id == "seed")
     assert seed.control_after_generate
     budget = next(i for i in pack.ZImageLoader.GET_SCHEMA().inputs if i.id == "gpu_budget_gb")

@@ -1,0 +1,17 @@
+"""The contract a family's nodes keep with docs/nodes.md: their ids, inputs in order and output types."""
+from pathlib import Path
+
+DOC = (Path(__file__).resolve().parents[1] / "docs" / "nodes.md").read_text()
+
+
+def assert_schemas_follow(nodes, contract: dict, category: str) -> None:
+    """nodes (a family's NODES) are exactly contract's {node id: (input names in order, output type)}, each in
+    docs/nodes.md, in `category`, with a description."""
+    assert sorted(n.GET_SCHEMA().node_id for n in nodes) == sorted(contract)
+    for node in nodes:
+        schema = node.GET_SCHEMA()
+        inputs, output = contract[schema.node_id]
+        assert f"`{schema.node_id}`" in DOC
+        assert schema.category == category and schema.description
+        assert [i.id for i in schema.inputs] == inputs
+        assert [o.io_type for o in schema.outputs] == [output]
