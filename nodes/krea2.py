@@ -47,6 +47,33 @@ class Krea2Loader(DiTLoaderNode):
     load = staticmethod(load_dit)
 
 
+def flux_shift(max_shift: float, base_shift: float, width: int, height: int) -> float:
+    """ModelSamplingFlux's shift (mu) for an image of width x height: the line through (256 tokens, base_shift) and
+    (4096 tokens, max_shift) at its 2x2-patch tokens, in the stock node's order of operations."""
+    slope = (max_shift - base_shift) / (4096 - 256)
+    return (width * height / (8 * 8 * 2 * 2)) * slope + (base_shift - slope * 256)
+
+
+class Krea2ModelSamplingFlux(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTKrea2ModelSamplingFlux", display_name="ModelSamplingFlux (SwiftDiT)", category=CATEGORY,
+            description="The flux schedule's shift from the image size, as ModelSamplingFlux (Krea 2's default is "
+                        "1.15 at any size; the style-reference template and the base model set it here).",
+            inputs=[DiTModel.Input("model"),
+                    io.Float.Input("max_shift", default=1.15, min=0.0, max=100.0, step=0.01),
+                    io.Float.Input("base_shift", default=0.5, min=0.0, max=100.0, step=0.01),
+                    io.Int.Input("width", default=1024, min=16, max=16384, step=8),
+                    io.Int.Input("height", default=1024, min=16, max=16384, step=8)],
+            outputs=[DiTModel.Output()])
+
+    @classmethod
+    def execute(cls, model, max_shift, base_shift, width, height) -> io.NodeOutput:
+        check_family("SwiftDiTKrea2ModelSamplingFlux", model, FAMILY, "Krea 2 loader")
+        return io.NodeOutput(model.with_(shift=flux_shift(max_shift, base_shift, width, height)))
+
+
 class Krea2LoraLoaderModelOnly(LoraLoaderNode):
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2LoraLoaderModelOnly", "Krea 2 LoraLoaderModelOnly (SwiftDiT)", CATEGORY
     DESCRIPTION = "Merges a LoRA into the Krea 2 model's linears at load (the file's names, diffusers' or kohya's)."
@@ -135,4 +162,5 @@ class Krea2Sampler(io.ComfyNode):
         return io.NodeOutput({**latent_image, "samples": samples[:, :, None]})  # Krea 2's [B, 16, 1, H/8, W/8]
 
 
-NODES = [Krea2Loader, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode, Krea2Sampler]
+NODES = [Krea2Loader, Krea2ModelSamplingFlux, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode,
+         Krea2Sampler]

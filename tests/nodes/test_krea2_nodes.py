@@ -42,6 +42,7 @@ def models(pack, tmp_path_factory):
 CONTRACT = {
     "SwiftDiTKrea2Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
     "SwiftDiTKrea2LoraLoaderModelOnly": (["model", "lora_name", "strength_model"], "SWIFTDIT_MODEL"),
+    "SwiftDiTKrea2ModelSamplingFlux": (["model", "max_shift", "base_shift", "width", "height"], "SWIFTDIT_MODEL"),
     "SwiftDiTKrea2TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTKrea2TextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTKrea2Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
@@ -150,3 +151,39 @@ def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
     vae = comfy.sd.VAE(sd=state)
     images = vae.decode(graph(pack, steps=1)[3]["samples"])  # what VAEDecode runs
     assert images.shape == (1, 1, 48, 32, 3) and images.isfinite().all()
+
+
+@pytest.mark.parametrize("size", [(1024, 1024), (832, 1216), (512, 512)])
+def test_model_sampling_flux_takes_the_stock_shift(pack, models, size, monkeypatch):
+    """The shift ModelSamplingFlux sets on a stock model for this size (its node run on a stand-in model), carried
+    by our handle to the sampler's sigma table."""
+    import importlib
+    import sys
+    from types import SimpleNamespace
+    # The stock module imports ComfyUI's top-level `nodes` (for MAX_RESOLUTION), which this repo's nodes/ shadows:
+    # imported here against a stand-in, and not left behind for other tests.
+    name = "comfy_extras.nodes_model_advanced"
+    monkeypatch.setitem(sys.modules, "nodes", SimpleNamespace(MAX_RESOLUTION=16384))
+    kept = sys.modules.pop(name, None)
+    try:
+        ModelSamplingFlux = importlib.import_module(name).ModelSamplingFlux
+    finally:
+        sys.modules.pop(name, None)
+        if kept is not None:
+            sys.modules[name] = kept
+
+    class Model:  # what the stock node asks of a ModelPatcher
+        model = SimpleNamespace(model_config=None)
+
+        def clone(self):
+            return self
+
+        def add_object_patch(self, name, obj):
+            self.patched = obj
+    stock = ModelSamplingFlux().patch(Model(), 1.15, 0.5, *size)[0].patched
+    (model,) = run(pack.Krea2Loader, unet_name="krea2_tiny.safetensors", weight_dtype="default", linears="as stored")
+    (shifted,) = run(pack.Krea2ModelSamplingFlux, model=model, max_shift=1.15, base_shift=0.5, width=size[0],
+                     height=size[1])
+    assert shifted.shift == stock.shift and model.shift == 1.15
+    if size == (1024, 1024):
+        assert abs(shifted.shift - 1.15) < 1e-12  # the Turbo default at 1 MP
