@@ -95,7 +95,7 @@ def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence
     kernels' attention (cuDNN first)."""
     qkv_width = a.width + 2 * a.key_width
     q, k, v = run("head_norm_rope", qkv[:, :qkv_width], a.heads, a.head, q_weight, k_weight, s.cos, s.sin, a.qk_eps,
-                  group=s.group, kv_heads=a.key_width // a.head)
+                  group=s.group, kv_heads=a.kv_heads)
     o = run("attention", q, k, v)
     return o * torch.sigmoid(qkv[:, qkv_width:]) if a.attn_gate else o
 

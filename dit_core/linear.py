@@ -42,3 +42,9 @@ def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
     if lin.bias is not None:
         y = y + lin.bias.to(y.dtype)
     return y
+
+
+def float_on(lin: Linear, device: torch.device) -> Linear:
+    """lin as f32 float weights (INT8 ones dequantized) and an f32 bias on device: how a model on a GPU keeps its
+    small linears (embedders, time and modulation, final layer), which linear() above runs."""
+    return Linear(lin.dequantized().to(device), None if lin.bias is None else lin.bias.float().to(device))

@@ -159,6 +159,11 @@ SCHEDULERS = {
 }
 
 
+# The schedulers that read only the table, so they run on another model sampling's (flux_sigma_table); normal and
+# sgm_uniform read the discrete flow's sigma(t) too.
+TABLE_SCHEDULERS = tuple(name for name in SCHEDULERS if name not in ("normal", "sgm_uniform"))
+
+
 def calculate_sigmas(scheduler: str, steps: int, shift: float = 3.0, multiplier: float = 1.0,
                      table: torch.Tensor | None = None) -> torch.Tensor:
     """Sigmas of `scheduler` for `steps` steps on a flow model (ComfyUI samplers.calculate_sigmas): on the discrete
@@ -169,9 +174,9 @@ def calculate_sigmas(scheduler: str, steps: int, shift: float = 3.0, multiplier:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     if table is None:
         table = flow_sigma_table(shift, multiplier)
-    elif scheduler in ("normal", "sgm_uniform"):  # these read the discrete flow's sigma(t), not only its table
-        raise ValueError(f"scheduler {scheduler!r} is not supported on this model's sigma table; use simple, beta, "
-                         f"karras, exponential, ddim_uniform, linear_quadratic or kl_optimal")
+    elif scheduler not in TABLE_SCHEDULERS:
+        raise ValueError(f"scheduler {scheduler!r} is not supported on this model's sigma table; use "
+                         f"{', '.join(TABLE_SCHEDULERS)}")
     return SCHEDULERS[scheduler](table, steps, shift, multiplier)
 
 

@@ -8,7 +8,7 @@ from comfy_api.latest import io
 from ..dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
 from ..dit_core.qwen3_vl_text import Krea2TextEncoder
 from ..dit_core.sampling import SAMPLERS, ksample
-from ..dit_core.schedules import SCHEDULERS, flux_sigma_table
+from ..dit_core.schedules import TABLE_SCHEDULERS, flux_sigma_table
 from .base import (
     TOKENIZER_DIR,
     FileHandle,
@@ -29,8 +29,6 @@ from .types import DiTModel
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
 LATENT_CHANNELS = 16
-# The schedulers that read only ModelSamplingFlux's table (normal and sgm_uniform need the discrete flow's sigma(t)).
-TABLE_SCHEDULERS = [name for name in SCHEDULERS if name not in ("normal", "sgm_uniform")]
 
 
 def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Krea2:
@@ -116,7 +114,8 @@ class Krea2Sampler(io.ComfyNode):
             node_id="SwiftDiTKrea2Sampler", display_name="Krea 2 KSampler (SwiftDiT)", category=CATEGORY,
             description="KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents "
                         "decode with the stock VAE Decode and qwen_image_vae.",
-            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "euler", TABLE_SCHEDULERS, "simple"),
+            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "euler", list(TABLE_SCHEDULERS),
+                                   "simple"),
             outputs=[io.Latent.Output()])
 
     @classmethod

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, rms_norm
-from ..linear import linear
+from ..linear import float_on, linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, sequence_of
@@ -244,8 +244,7 @@ class Krea2:
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=streamed())
         from ..block_gpu import GpuBlock
-        small = lambda lin: Linear(lin.dequantized().to(dev),  # noqa: E731
-                                   None if lin.bias is None else lin.bias.float().to(dev))
+        small = lambda lin: float_on(lin, dev)  # noqa: E731
         gpu = lambda blocks: tuple(GpuBlock.of(b, dev) for b in blocks)  # noqa: E731
         return replace(self, time=tuple(map(small, self.time)), time_mod=small(self.time_mod),
                        layerwise=gpu(self.layerwise), projector=self.projector.to(dev), refiners=gpu(self.refiners),

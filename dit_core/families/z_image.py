@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, layer_norm, rms_norm
 from ..block_gpu import NormStats
-from ..linear import linear
+from ..linear import float_on, linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, concat, halves_permutation, sequence_of
@@ -224,8 +224,7 @@ class ZImage:
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
         from ..block_gpu import GpuBlock
-        small = lambda lin: Linear(lin.dequantized().to(dev),
-                                   None if lin.bias is None else lin.bias.float().to(dev))
+        small = lambda lin: float_on(lin, dev)  # noqa: E731
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
         stack, views = stacked(self.noise_mods + self.mods, dev)
         moved = replace(
