@@ -41,14 +41,27 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     return _STREAMS[(device, purpose)]
 
 
+def capture_refusal() -> str | None:
+    """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
+    turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: their
+    addresses are mapped only while the graph runs, and Triton's launcher refuses every kernel argument it cannot
+    look up, so the capture fails and its half-captured allocations abort the process when they are freed. The
+    allocator is chosen before CUDA starts and is the user's: the step then runs eagerly."""
+    if torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); start ComfyUI with "
+                "--disable-cuda-malloc to replay each step from a CUDA graph")
+    return None
+
+
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
-    each input shape."""
+    each input shape (run eagerly where capture_refusal() says why not)."""
 
     def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None):
         """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
         default this step's own, made at its first capture)."""
         self.step, self.pool = step, pool
+        self.refused = False  # capture_refusal() said so once (logged once a GraphedStep)
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
 
@@ -57,6 +70,12 @@ class GraphedStep:
         if key not in self.graphs:
             if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph goes first
                 del self.graphs[next(iter(self.graphs))]
+            refusal = capture_refusal()
+            if refusal:
+                if not self.refused:
+                    log.info("SwiftDiT: steps run without CUDA graphs: %s", refusal)
+                self.refused, self.graphs[key] = True, None
+                return self.step(*inputs)
             try:
                 self.graphs[key] = self._capture(inputs)
             except RuntimeError as e:
@@ -128,17 +147,20 @@ class KeptRows:
     """make(rows, dtype) kept for the tensors that come back unchanged: the rows a step computes from its
     conditioning alone (the same tensor every step of a sampler run, or the same view of it; positive and negative
     alternate with CFG; a batch's images each take theirs), made once, outside the graph, and fed to it. The last
-    `keep` are kept (a few MB each). A tensor changed in place (its version) or gone (the weak reference to it, or to
-    the tensor it views) makes them again."""
+    `keep` are kept (a few MB each). A tensor changed in place or gone (the weak reference to it, or to the tensor
+    it views) makes them again. In place: its version counter has moved; an inference tensor (made under
+    torch.inference_mode, as every tensor of a ComfyUI node is) has none, and its views no base, so a copy of its
+    values is kept and compared instead (one pass over a few MB, where the sampler waits for the step anyway)."""
 
     def __init__(self, make: Callable[[torch.Tensor, torch.dtype], torch.Tensor], keep: int = 4):
         self.make, self.keep, self.kept = make, keep, []
 
     @staticmethod
     def _where(rows: torch.Tensor) -> tuple:
-        # A live base holds its memory: the same base, place, shape and strides are the same values, unless the
-        # version counter (shared by views) has moved.
-        return rows.data_ptr(), tuple(rows.shape), rows.stride(), rows.dtype, rows.device, rows._version
+        # A live base holds its memory: the same base, place, shape and strides are the same values, unless they
+        # were changed in place (the version counter, shared by views, where the tensor has one).
+        return (rows.data_ptr(), tuple(rows.shape), rows.stride(), rows.dtype, rows.device,
+                None if rows.is_inference() else rows._version)
 
     def clear(self) -> None:
         """Drops the kept rows (with the graphs, when the model gives its memory back)."""
@@ -146,9 +168,12 @@ class KeptRows:
 
     def __call__(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         base, where = (rows if rows._base is None else rows._base), self._where(rows)
-        for ref, kept_where, kept_dtype, made in self.kept:
-            if ref() is base and kept_where == where and kept_dtype == dtype:
+        for ref, kept_where, kept_dtype, values, made in self.kept:
+            # The same values give the same rows: an inference tensor needs no identity (its views have no base).
+            if kept_where == where and kept_dtype == dtype and (
+                    ref() is base if values is None else torch.equal(values, rows)):
                 return made
         made = self.make(rows, dtype)
-        self.kept = [(weakref.ref(base), where, dtype, made)] + self.kept[:self.keep - 1]
+        values = rows.clone() if rows.is_inference() else None
+        self.kept = [(weakref.ref(base), where, dtype, values, made)] + self.kept[:self.keep - 1]
         return made

@@ -1,5 +1,8 @@
-"""The contract a family's nodes keep with docs/nodes.md: their ids, inputs in order and output types."""
+"""The contract a family's nodes keep with docs/nodes.md (their ids, inputs in order and output types), and how
+ComfyUI runs a node."""
 from pathlib import Path
+
+import torch
 
 DOC = (Path(__file__).resolve().parents[1] / "docs" / "nodes.md").read_text()
 
@@ -15,3 +18,11 @@ def assert_schemas_follow(nodes, contract: dict, category: str) -> None:
         assert schema.category == category and schema.description
         assert [i.id for i in schema.inputs] == inputs
         assert [o.io_type for o in schema.outputs] == [output]
+
+
+def run(node, **inputs):
+    """node's outputs for inputs, executed as ComfyUI's executor runs every node: under torch.inference_mode(), so
+    what a node keeps and what it is given are inference tensors (no version counter, no in-place update outside
+    inference mode)."""
+    with torch.inference_mode():
+        return node.execute(**inputs).result

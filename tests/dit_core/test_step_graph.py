@@ -133,3 +133,35 @@ def test_kept_rows_follow_the_tensors():
     four = [torch.full((2, 4), float(i)) for i in range(4)]  # two images, positive and negative each: all kept
     made = [kept(t, torch.float32) for t in four]
     assert all(kept(t, torch.float32) is m for t, m in zip(four, made)) and len(calls) == 12
+
+
+def test_kept_rows_of_inference_tensors():
+    """Under torch.inference_mode (every ComfyUI node runs in it) tensors have no version counter: the rows are kept
+    for the same values, and made again once they change in place."""
+    calls = []
+    kept = KeptRows(lambda rows, dtype: calls.append(rows) or rows.to(dtype) * 2)
+    with torch.inference_mode():
+        pos, batch = torch.ones(3, 4), torch.ones(2, 3, 4)
+        first = kept(pos, torch.float32)
+        assert kept(pos, torch.float32) is first and len(calls) == 1
+        assert kept(batch[1], torch.float32) is kept(batch[1], torch.float32) and len(calls) == 2
+        pos.add_(1)
+        assert torch.equal(kept(pos, torch.float32), torch.full((3, 4), 4.0)) and len(calls) == 3
+        batch[1].mul_(3)
+        assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
+
+
+def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
+    """ComfyUI's default allocator (cudaMallocAsync): no capture is tried (a failed one aborts the process when its
+    allocations are freed); every shape runs eagerly, and the log says why once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs: pytest.fail("a capture was tried"))
+    step = GraphedStep(lambda x: x * 2)
+    with caplog.at_level(logging.INFO, logger=step_graph.log.name):
+        for rows in (3, 3, 5):
+            assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
+    assert list(step.graphs.values()) == [None, None]
+    assert [r.message for r in caplog.records] == [
+        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
+        "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]

@@ -3,7 +3,7 @@ image, and an edit with references as ReferenceLatent puts them) against the eng
 naming node and input."""
 import pytest
 import torch
-from node_contract import assert_schemas_follow
+from node_contract import assert_schemas_follow, run
 from safetensors.torch import save_file
 
 PROMPT = "a red fox in the snow"
@@ -70,10 +70,6 @@ def test_loader_takes_a_gpu_budget_and_reports_the_model(pack, models):
                                         linears="as stored", gpu_budget_gb=2.5)
     assert out.result[0].gpu_budget_gb == 2.5  # on the CPU the host path keeps its blocks in RAM
     assert out.ui["text"][0].startswith("flux3_klein_tiny.safetensors: ") and "host memory" in out.ui["text"][0]
-
-
-def run(node, **kwargs):
-    return node.execute(**kwargs).result
 
 
 def graph(k, seed=7, width=32, height=48, steps=4, cache=0.3, refresh=0, reference=None, cfg=1.0):

@@ -2,7 +2,7 @@
 against the engine called directly, errors naming node and input."""
 import pytest
 import torch
-from node_contract import assert_schemas_follow
+from node_contract import assert_schemas_follow, run
 from safetensors.torch import save_file
 
 PROMPT = "a red fox in the snow"
@@ -60,10 +60,6 @@ def test_schemas_follow_the_contract(pack):
     assert clip_type.default == "krea2"
     from swiftdit_pack.nodes import NODES_BY_FAMILY
     assert NODES_BY_FAMILY["krea2"] == pack.NODES
-
-
-def run(node, **kwargs):
-    return node.execute(**kwargs).result
 
 
 def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0, lora=None):

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from node_contract import assert_schemas_follow
+from node_contract import assert_schemas_follow, run
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -71,10 +71,6 @@ def test_schemas_follow_the_contract(pack):
     assert seed.control_after_generate
     budget = next(i for i in pack.ZImageLoader.GET_SCHEMA().inputs if i.id == "gpu_budget_gb")
     assert isinstance(budget, io.Float.Input) and (budget.default, budget.min) == (0.0, 0.0)
-
-
-def run(node, **kwargs):
-    return node.execute(**kwargs).result
 
 
 def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=None, budget=0.0):
