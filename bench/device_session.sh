@@ -4,7 +4,11 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
-#          attention_fp8 attention
+#          attention_fp8 attention server node_path
+#   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
+#     device has no ComfyUI: carry its tree as .devcarry/comfyui-0.3.75.tgz (tar czf of .cache/comfyui-0.3.75) and
+#     what it lacks of ComfyUI's requirements as .whl/ (torchsde trampoline alembic Mako SQLAlchemy greenlet av kornia
+#     kornia_rs spandrel pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv).
 #   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
@@ -68,6 +72,14 @@ for part in $parts; do
              -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
            ncu -i $r.ncu-rep --page details > $OUT/ncu_$1_$5.txt && ncu -i $r.ncu-rep --page source --csv \
              --print-source sass > $r.csv && python3 bench/ncu_stalls.py $r.csv > $OUT/ncu_$1_$5.stalls.txt; done' ;;
+    server) timeout 590 sh -c 'mkdir -p .cache && { [ -d .cache/comfyui-0.3.75 ] ||
+              tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache; } &&
+              SWIFTDIT_REPORT=$OUT/server_report.md python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider \
+                --durations=10 tests/host/test_gpu_server.py' ;;
+    # The engine's step against the sampler node's (tests/host/test_gpu_server.py's checkpoints), under PyTorch's
+    # allocator and under ComfyUI's default one.
+    node_path) timeout 300 sh -c 'python3 bench/bench_node_path.py &&
+                 PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/bench_node_path.py' ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
   kill $sampler 2>/dev/null

@@ -148,6 +148,23 @@ def cfg_denoiser(model: Callable, cfg: float, positive, negative=None) -> Denois
     return denoise
 
 
+def model_on_device(denoised: Callable, device: torch.device, check: Callable[[], None] | None = None,
+                    step: Callable | None = None) -> Callable:
+    """ksample's model(x, sigma, cond) as a sampler node runs it (the node path, which the benchmarks time too):
+    the sampler's arithmetic stays on the host, as ComfyUI's noise and sigmas are; each step's latent (a few MB)
+    goes to `device` for denoised(x, sigma, cond, check, step) and x0 comes back. Each conditioning tensor is copied
+    there once a sampler run: the same device tensor every step lets a graphed step keep the rows it makes from it
+    (step_graph.KeptRows)."""
+    copies = {}  # id -> (conditioning, its copy on the device); the conditioning is held so its id stays its own
+
+    def model(x: torch.Tensor, sigma, cond: torch.Tensor) -> torch.Tensor:
+        if id(cond) not in copies:
+            copies[id(cond)] = (cond, cond.to(device))
+        return denoised(x.to(device), float(sigma), copies[id(cond)][1], check, step).to(x.device)
+
+    return model
+
+
 def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
             latent_image: torch.Tensor, positive=None, negative=None, denoise: float = 1.0,
             shift: float = 3.0, multiplier: float = 1.0, batch_index: Sequence[int] | None = None,

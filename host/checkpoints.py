@@ -82,13 +82,14 @@ class ModelSet:
 class _Random:
     """Tensors drawn from a generator seeded by (SEED, name), in f32, then stored in `dtype`."""
 
-    def __init__(self, dtype: torch.dtype):
-        self.dtype = dtype
+    def __init__(self, dtype: torch.dtype, device: str = "cpu"):
+        self.dtype, self.device = dtype, torch.device(device)
         self.sd: dict[str, torch.Tensor] = {}
 
     def _normal(self, name: str, shape) -> torch.Tensor:
-        g = torch.Generator().manual_seed(SEED ^ zlib.crc32(name.encode()))
-        return torch.randn(shape, generator=g, dtype=torch.float32)
+        # On a GPU (real sizes: billions of values) the draws differ from the CPU's: cache_key tells the sets apart.
+        g = torch.Generator(self.device).manual_seed(SEED ^ zlib.crc32(name.encode()))
+        return torch.randn(shape, generator=g, dtype=torch.float32, device=self.device).cpu()
 
     def linear(
         self, name: str, out: int, inp: int, bias: bool = False, gain: float = 1.0, bias_std: float = 0.02
@@ -119,9 +120,9 @@ class _Random:
         self.sd[name] = (self._normal(name, shape) * std).to(self.dtype)
 
 
-def dit_state_dict(layers: int, cap_dim: int = TE_HIDDEN) -> dict[str, torch.Tensor]:
+def dit_state_dict(layers: int, cap_dim: int = TE_HIDDEN, device: str = "cpu") -> dict[str, torch.Tensor]:
     """Z-Image's ComfyUI single-file tensors (reference/families/z_image.md section 6), bf16, with prefix."""
-    r = _Random(torch.bfloat16)
+    r = _Random(torch.bfloat16, device)
     p = DIT_PREFIX
 
     def block(name: str, modulated: bool):
@@ -231,19 +232,21 @@ def vae_state_dict() -> dict[str, torch.Tensor]:
     return r.sd
 
 
-def cache_key(layers: int) -> str:
-    return f"z_image-v{VERSION}-dim{DIM}-l{layers}-cap{TE_HIDDEN}"
+def cache_key(layers: int, device: str = "cpu") -> str:
+    drawn_on = "" if torch.device(device).type == "cpu" else f"-{torch.device(device).type}"
+    return f"z_image-v{VERSION}-dim{DIM}-l{layers}-cap{TE_HIDDEN}{drawn_on}"
 
 
-def ensure(cache: str | os.PathLike = DEFAULT_CACHE, layers: int = 1, log=print) -> ModelSet:
-    """The set for `layers` main DiT layers, generated on first use (about 30 s on 2 cores), else reused."""
+def ensure(cache: str | os.PathLike = DEFAULT_CACHE, layers: int = 1, log=print, device: str = "cpu") -> ModelSet:
+    """The set for `layers` main DiT layers, generated on first use (about 30 s on 2 cores), else reused. device:
+    where the DiT's values are drawn and quantized (a GPU for the real size, 30 layers: seconds, not minutes)."""
     from dit_core.quantize_file import quantize_file  # our own offline tool makes the INT8 file
 
     if layers < 1:
         raise ValueError(
             f"layers must be >= 1 (the stock loader counts layers.N to build the model), got {layers}"
         )
-    final = Path(cache) / cache_key(layers)
+    final = Path(cache) / cache_key(layers, device)
     if (final / DONE).is_file():
         return ModelSet(final, layers)
     _prune(Path(cache))
@@ -255,11 +258,11 @@ def ensure(cache: str | os.PathLike = DEFAULT_CACHE, layers: int = 1, log=print)
     log(f"host.checkpoints: generating {final.name} (random weights, deterministic)")
     save_file(text_encoder_state_dict(), str(tmp / "text_encoders" / TEXT_ENCODER))
     save_file(vae_state_dict(), str(tmp / "vae" / VAE))
-    sd = dit_state_dict(layers)
+    sd = dit_state_dict(layers, device=device)
     save_file(sd, str(tmp / "diffusion_models" / DIT_BF16))
     del sd
-    quantize_file(tmp / "diffusion_models" / DIT_BF16, tmp / "diffusion_models" / DIT_INT8)
-    (tmp / DONE).write_text(f"{cache_key(layers)}\n")
+    quantize_file(tmp / "diffusion_models" / DIT_BF16, tmp / "diffusion_models" / DIT_INT8, device=device)
+    (tmp / DONE).write_text(f"{cache_key(layers, device)}\n")
     try:
         tmp.rename(final)
     except OSError:  # another process finished the same set first: theirs is identical
@@ -295,9 +298,10 @@ def _alive(pid: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m host.checkpoints", description=__doc__.split("\n")[0])
     parser.add_argument("--cache", default=str(DEFAULT_CACHE), help="cache folder (default .cache/models)")
-    parser.add_argument("--layers", type=int, default=1, help="main DiT layers (default 1)")
+    parser.add_argument("--layers", type=int, default=1, help="main DiT layers (default 1; the real model has 30)")
+    parser.add_argument("--device", default="cpu", help="where the DiT's values are drawn (default cpu)")
     args = parser.parse_args(argv)
-    print(ensure(args.cache, args.layers, log=lambda m: print(m, file=sys.stderr)).root)
+    print(ensure(args.cache, args.layers, log=lambda m: print(m, file=sys.stderr), device=args.device).root)
     return 0
 
 

@@ -49,12 +49,16 @@ class ComfyHost:
         venv_python: str | os.PathLike = sys.executable,
         pack: str | os.PathLike = PACK_ROOT,
         extra_args: tuple[str, ...] = (),
+        cpu: bool = True,
+        cache_none: bool = True,
     ):
         self.tree = Path(tree).resolve()
         self.base = Path(base).resolve()
         self.python = str(venv_python)
         self.pack = Path(pack).resolve()
         self.extra_args = tuple(extra_args)
+        self.cpu = cpu  # False: ComfyUI's defaults on a GPU (its allocator, model management, inference mode)
+        self.cache_none = cache_none  # False: ComfyUI's cache (unchanged nodes of the next prompt do not run)
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.log_path = self.base / "server.log"
@@ -108,7 +112,7 @@ class ComfyHost:
             self.python,
             str(LAUNCHER),
             str(self.tree),
-            "--cpu",
+            *(["--cpu"] if self.cpu else []),
             "--listen",
             "127.0.0.1",
             "--port",
@@ -119,7 +123,7 @@ class ComfyHost:
             "--base-directory",
             str(self.base),
             "--disable-api-nodes",
-            "--cache-none",
+            *(["--cache-none"] if self.cache_none else []),
             "--database-url",
             "sqlite:///:memory:",
             *self.extra_args,
@@ -294,7 +298,8 @@ class ComfyHost:
 
 class EventStream:
     """WebSocket events of one client id, received on a background thread into a queue of dicts
-    {"type": ..., "data": ...}; binary frames (latent previews) are skipped."""
+    {"type": ..., "data": ..., "received": time.monotonic() on arrival}; binary frames (latent previews) are
+    skipped."""
 
     def __init__(self, url: str, client_id: str):
         self.ws_url = url.replace("http://", "ws://") + f"/ws?clientId={client_id}"
@@ -339,8 +344,8 @@ class EventStream:
                         receiver.cancel()
                         break
                     msg = receiver.result()
-                    if msg.type == aiohttp.WSMsgType.TEXT:
-                        self.queue.put(json.loads(msg.data))
+                    if msg.type == aiohttp.WSMsgType.TEXT:  # stamped on arrival (node_seconds)
+                        self.queue.put({**json.loads(msg.data), "received": time.monotonic()})
                     elif msg.type in (
                         aiohttp.WSMsgType.CLOSED,
                         aiohttp.WSMsgType.CLOSING,
@@ -387,3 +392,12 @@ def of_type(events: list[dict], kind: str, node: str | None = None) -> list[dict
     return [
         e["data"] for e in events if e.get("type") == kind and (node is None or e["data"].get("node") == node)
     ]
+
+
+def node_seconds(events: list[dict]) -> dict[str, float]:
+    """Seconds each node of a prompt ran, as the client saw them: from its `executing` event to the next node's (or
+    the prompt's end); cached nodes are absent."""
+    marks = [(e["data"].get("node"), e["received"]) for e in events if e.get("type") == "executing"]
+    end = events[-1]["received"] if events else 0.0
+    return {node: (marks[i + 1][1] if i + 1 < len(marks) else end) - at
+            for i, (node, at) in enumerate(marks) if node is not None}

@@ -119,7 +119,8 @@ def install_memory_hook() -> None:
     def free_memory(memory_required, device, keep_loaded=()):
         result = original(memory_required, device, list(keep_loaded))
         if memory_required >= UNLOAD_ALL:
-            LOADED.free()
+            if LOADED.free():  # ComfyUI emptied its cache before ours went: what ours held goes back too
+                comfy.model_management.soft_empty_cache()
         elif not LOADED.asking:
             short = memory_required - comfy.model_management.get_free_memory(device)
             if short > 0 and LOADED.give_back(int(short), device):

@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.qwen3_text import Qwen3TextEncoder
-from ..dit_core.sampling import SAMPLERS, ksample
+from ..dit_core.sampling import SAMPLERS, ksample, model_on_device
 from ..dit_core.schedules import SCHEDULERS
 from ..dit_core.vae import ImageDecoder
 from .base import (
@@ -120,22 +120,11 @@ class ZImageSampler(io.ComfyNode):
         # model across prompts and are cleared when ComfyUI takes its memory back (LoadedModels.give_back).
         step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
 
-        on_device = {}  # id -> (conditioning, its copy on the device): one copy a sampler run, not one a step
-
-        def denoise_with(x, sigma, cond):
-            # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's
-            # pass moves to its device (a latent is a few MB). The same device tensor every step lets the graphed
-            # step keep the caption's refined rows (step_graph.KeptRows).
-            if id(cond) not in on_device:
-                on_device[id(cond)] = (cond, cond.to(device))
-            x0 = dit.denoised(x.to(device), float(sigma), on_device[id(cond)][1], interrupt_check, step)
-            return x0.to(x.device)
-
         def sample(callback, should_stop):
-            return ksample(denoise_with, seed, steps, cfg, sampler_name, scheduler, latent_image["samples"],
-                           positive=pos, negative=neg, denoise=denoise, shift=model.shift,
-                           batch_index=latent_image.get("batch_index"), callback=callback,
-                           should_stop=should_stop, latent_channels=LATENT_CHANNELS)
+            return ksample(model_on_device(dit.denoised, device, interrupt_check, step), seed, steps, cfg,
+                           sampler_name, scheduler, latent_image["samples"], positive=pos, negative=neg,
+                           denoise=denoise, shift=model.shift, batch_index=latent_image.get("batch_index"),
+                           callback=callback, should_stop=should_stop, latent_channels=LATENT_CHANNELS)
 
         with checked(node, "latent_image"):
             samples = run_sampler(sample, steps)

@@ -375,6 +375,7 @@ class Flux3Klein:
         rows = {"txt": txt, "image": linear(tokens(latent), self.image_in).to(dtype)}
         if with_refs:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
+        made_here = dict(rows)  # blocks update their rows in place: these stay the caller stream's
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
         sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if MODES_CONCURRENT else {}
         main = torch.cuda.current_stream(latent.device) if sides else None
@@ -390,7 +391,8 @@ class Flux3Klein:
         finally:  # joined also when check() cancels: nothing of the step left running on a side stream
             for m, side in sides.items():
                 main.wait_stream(side)
-                rows[m].record_stream(main)  # made on the side stream, read and freed on the caller's
+                if rows[m] is not made_here[m]:  # made on the side stream, read and freed on the caller's
+                    rows[m].record_stream(main)
         return torch.cat([rows[m] for m in modes]), joint, s
 
     def _velocity(self, x, latent, t, t_next, text_rows) -> torch.Tensor:

@@ -1,0 +1,72 @@
+"""A Z-Image Turbo step at 1024x1024 as the engine runs it and as the sampler node runs it (the node path:
+dit_core.sampling.model_on_device under torch.inference_mode, the latent on the host, the graphed step where the
+allocator allows it), on host/checkpoints.py's real-size random files (30 layers, BF16 and INT8 ConvRot), in one
+process under its allocator. Run it once as is and once with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+(ComfyUI's default): the rows say what each costs.
+
+    python bench/bench_node_path.py [--runs 10] [--steps 8]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dit_core.families.z_image import ZImage  # noqa: E402
+from dit_core.sampling import ksample, model_on_device  # noqa: E402
+from dit_core.step_graph import capture_refusal  # noqa: E402
+from host import checkpoints  # noqa: E402
+
+
+def median_ms(fn, runs: int) -> float:
+    """Median wall ms of fn() to its last kernel's end, after two warm-ups (builds, tuning, captures)."""
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--steps", type=int, default=8, help="the node path's sampler steps (the template's 8)")
+    args = p.parse_args(argv)
+    files = checkpoints.ensure(layers=30, device="cuda").root / "diffusion_models"
+    caption = torch.randn(64, checkpoints.TE_HIDDEN, device="cuda")  # the set's text width; a short prompt's rows
+    latent = torch.randn(16, 128, 128, device="cuda")
+    print(f"# Z-Image step at 1024x1024, {torch.cuda.get_device_name()}, torch {torch.__version__}, allocator "
+          f"{torch.cuda.get_allocator_backend()}; CUDA graphs: {capture_refusal() or 'on'}")
+    print("| file | engine, eager (ms) | engine, graphed step (ms) | node path, a step of "
+          f"{args.steps} (ms) |\n|---|---|---|---|")
+    for name in (checkpoints.DIT_BF16, checkpoints.DIT_INT8):
+        dit = ZImage.load(files / name).to("cuda")
+        with torch.inference_mode():
+            eager = median_ms(lambda: dit.output(latent, 0.6429, caption), args.runs)
+            step = dit.graphed()
+            graphed = median_ms(lambda: step(latent, 0.6429, caption), args.runs)
+            host_latent, host_caption = torch.zeros(1, 16, 128, 128), caption[None].cpu()
+            node = median_ms(lambda: ksample(model_on_device(dit.denoised, latent.device, step=step), 0, args.steps,
+                                             1.0, "res_multistep", "simple", host_latent, positive=host_caption,
+                                             negative=host_caption * 0, shift=3.0),
+                             max(2, args.runs // 4)) / args.steps
+        print(f"| {name} | {eager:.1f} | {graphed:.1f} | {node:.1f} |", flush=True)
+        step.clear()
+        del dit, step
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
