@@ -6,6 +6,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")" && pwd)
 VENV=${SWIFTDIT_VENV:-$ROOT/.venv}
 bash "$ROOT/host/install.sh" "$VENV"
-# No cd: a relative --output-dir means the caller's folder; the repo root goes on the module path instead.
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$VENV/bin/python" -m host.demo "$@"
+# No cd: a relative --output-dir means the caller's folder. -I: neither that folder nor PYTHONPATH goes ahead of the
+# venv's packages; the repo root goes after them (its kernels/ must never stand for Hugging Face's `kernels`).
+exec "$VENV/bin/python" -I -c 'import sys; sys.path.append(sys.argv.pop(1)); from host.demo import main; sys.exit(main())' \
+    "$ROOT" "$@"

@@ -269,7 +269,10 @@ def demo(args: argparse.Namespace, base: Path) -> None:
     log(f"models: {models.root}")
     host = start_host(models, base, args.port)
     try:
-        prompt, changes = workflow_prompt(host.object_info(), args)
+        object_info = host.object_info()
+        if LOADER not in object_info:  # ComfyUI starts without a pack it cannot import: say why, from its log
+            raise DemoError(f"{host.pack_import_error() or 'the pack loaded no nodes'}; log: {host.log_path}")
+        prompt, changes = workflow_prompt(object_info, args)
         settings = stock_settings(prompt)
         log(f"workflow: {WORKFLOW.relative_to(ROOT)}, queued as stored except:")
         for line in changes or ["(nothing)"]:

@@ -19,11 +19,10 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PY" -m venv "$VENV"
 fi
 PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
-# Constraints for every later install into this venv: unpinned spandrel/kornia would otherwise pull a newer
-# CUDA torchvision that replaces our CPU torch (reference/comfyui_host.md section 7, pitfall 1). The file's
-# text is part of the stamp below: kept byte for byte as tests/run.sh wrote it, existing venvs stay valid.
-CONSTRAINTS="$VENV/.swiftdit-constraints.txt"
-printf 'torch==2.13.0\ntorchvision==0.28.0\n' > "$CONSTRAINTS"
+# Every install into this venv (here and in tests/run.sh) takes the tested versions: a new release upstream
+# (transformers 5.25 brought Hugging Face's `kernels`) cannot change what a fresh machine gets, and unpinned
+# spandrel/kornia cannot pull a CUDA torchvision that replaces our CPU torch (reference/comfyui_host.md 7.1).
+CONSTRAINTS="$ROOT/host/constraints.txt"
 
 # importlib.metadata reads the installed version without importing torch (a no-op pip run costs about 10 s).
 if ! "$VENV/bin/python" - <<'EOF' 2>/dev/null
@@ -32,7 +31,7 @@ sys.exit(m.version("torch").split("+")[0] != "2.13.0")
 EOF
 then
     say "installing torch 2.13.0 (CPU)"
-    "${PIP[@]}" torch==2.13.0
+    "${PIP[@]}" -c "$CONSTRAINTS" torch==2.13.0
 fi
 
 # The ComfyUI host's runtime (reference/comfyui_host.md section 2). A stamp of the requirement files skips pip

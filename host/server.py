@@ -51,6 +51,7 @@ class ComfyHost:
         extra_args: tuple[str, ...] = (),
         cpu: bool = True,
         cache_none: bool = True,
+        packages_first: str | os.PathLike | None = None,
     ):
         self.tree = Path(tree).resolve()
         self.base = Path(base).resolve()
@@ -59,6 +60,8 @@ class ComfyHost:
         self.extra_args = tuple(extra_args)
         self.cpu = cpu  # False: ComfyUI's defaults on a GPU (its allocator, model management, inference mode)
         self.cache_none = cache_none  # False: ComfyUI's cache (unchanged nodes of the next prompt do not run)
+        # a folder of packages ahead of the venv's own (the newest transformers: tests/host/test_newest_transformers.py)
+        self.packages_first = None if packages_first is None else Path(packages_first).resolve()
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.log_path = self.base / "server.log"
@@ -128,14 +131,13 @@ class ComfyHost:
             "sqlite:///:memory:",
             *self.extra_args,
         ]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")  # log lines must reach the file as they happen
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             cmd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=self.environment(),
             start_new_session=True,
         )
         deadline = time.monotonic() + timeout
@@ -156,6 +158,16 @@ class ComfyHost:
                     f"ComfyUI did not answer /system_stats within {timeout:.0f} s:\n{self.log_tail()}"
                 )
             time.sleep(0.25)
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: ours, with log lines unbuffered (they reach the file as they happen) and
+        packages_first on the module path after our PYTHONPATH, where a venv's packages are. The pack is a package
+        inside ComfyUI: its root is taken off the module path, where its `kernels/` would stand for Hugging Face's
+        `kernels`, which transformers imports."""
+        kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                if p and Path(p).resolve() not in (self.pack, PACK_ROOT)]
+        venv_first = [str(self.packages_first)] if self.packages_first else []
+        return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(kept + venv_first))
 
     def stop(self, timeout: float = 15.0) -> None:
         """SIGTERM, wait up to timeout, then SIGKILL; the port is free once this returns."""
@@ -189,6 +201,17 @@ class ComfyHost:
 
     def log_since(self, mark: int) -> str:
         return self.log_text()[mark:]
+
+    def pack_import_error(self) -> str | None:
+        """Why ComfyUI could not import this pack, from its log ("Cannot import ... module for custom nodes"), with
+        the innermost frame of the traceback before it; None when it did not say so."""
+        log = self.log_text()
+        said = re.search(rf"Cannot import (\S*{re.escape(PACK_NAME)}) module for custom nodes: (.*)", log)
+        if said is None:
+            return None
+        frames = re.findall(r'^  File "([^"]+)", line (\d+)', log[:said.start()], re.MULTILINE)
+        where = f" (last at {frames[-1][0]}:{frames[-1][1]})" if frames else ""
+        return f"ComfyUI could not import the pack: {said.group(2)}{where}"
 
     # --- HTTP ------------------------------------------------------------------------------------------
 
