@@ -52,20 +52,24 @@ def main(argv=None) -> None:
     print("| file | engine, eager (ms) | engine, graphed step (ms) | node path, a step of "
           f"{args.steps} (ms) |\n|---|---|---|---|")
     for name in (checkpoints.DIT_BF16, checkpoints.DIT_INT8):
-        dit = ZImage.load(files / name).to("cuda")
-        with torch.inference_mode():
-            eager = median_ms(lambda: dit.output(latent, 0.6429, caption), args.runs)
-            step = dit.graphed()
-            graphed = median_ms(lambda: step(latent, 0.6429, caption), args.runs)
-            host_latent, host_caption = torch.zeros(1, 16, 128, 128), caption[None].cpu()
-            node = median_ms(lambda: ksample(model_on_device(dit.denoised, latent.device, step=step), 0, args.steps,
-                                             1.0, "res_multistep", "simple", host_latent, positive=host_caption,
-                                             negative=host_caption * 0, shift=3.0),
-                             max(2, args.runs // 4)) / args.steps
+        eager, graphed, node = timings(ZImage.load(files / name).to("cuda"), latent, caption, args)
         print(f"| {name} | {eager:.1f} | {graphed:.1f} | {node:.1f} |", flush=True)
-        step.clear()
-        del dit, step
         torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def timings(dit: ZImage, latent: torch.Tensor, caption: torch.Tensor, args) -> tuple[float, float, float]:
+    """ms of the engine's eager step, of its graphed step, and of a step of the node path (a whole sampler run
+    over args.steps, the latent and text rows on the host, divided by the steps), under inference mode."""
+    eager = median_ms(lambda: dit.output(latent, 0.6429, caption), args.runs)
+    step = dit.graphed()
+    graphed = median_ms(lambda: step(latent, 0.6429, caption), args.runs)
+    host_latent, host_caption = torch.zeros(1, 16, *latent.shape[1:]), caption[None].cpu()
+    node = median_ms(lambda: ksample(model_on_device(dit.denoised, latent.device, step=step), 0, args.steps, 1.0,
+                                     "res_multistep", "simple", host_latent, positive=host_caption,
+                                     negative=host_caption * 0, shift=3.0), max(2, args.runs // 4)) / args.steps
+    step.clear()
+    return eager, graphed, node
 
 
 if __name__ == "__main__":

@@ -124,6 +124,9 @@ def streamed_safetensors(dst: Path, entries: dict, metadata: dict):
             yield put
             if len(written) != len(entries):
                 raise WeightsError(f"{dst.name}: {len(entries) - len(written)} tensors were never written")
+        mask = os.umask(0)  # mkstemp's 0600 -> what a file the user saves gets (reading the umask sets it)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)
         os.replace(tmp, dst)
     except BaseException:
         os.unlink(tmp)

@@ -2,6 +2,7 @@
 loaded-model cache, its memory and the engine's device: nodes/memory.py)."""
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -19,6 +20,7 @@ from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import WeightsError
 from .memory import engine_device
 from .model_bytes import describe
+from .types import DiTModel, Vae
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
 # and Qwen3-VL share that vocabulary.
@@ -45,6 +47,36 @@ def checked(node_id: str, input_name: str):
             f"{node_id} · {input_name}: out of GPU memory ({str(e).splitlines()[0] if str(e) else 'no detail'}); "
             f"use a smaller image or batch, or a lower gpu_budget_gb on the loader (more blocks stream from host "
             f"memory, leaving room for the pass)") from e
+
+
+def finite(node_id: str, input_name: str, value, low: float | None = None, high: float | None = None) -> float:
+    """A float widget's value where it enters the node: a finite number within [low, high], else an error naming the
+    node and the widget (NaN passes ComfyUI's own min/max checks)."""
+    value = float(value)
+    if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+        bounds = "" if low is None and high is None else \
+            f" in [{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+        raise SwiftDiTError(f"{node_id} · {input_name}: must be a finite number{bounds}, got {value}")
+    return value
+
+
+def positive_shift(node_id: str, shift) -> float:
+    """A ModelSampling node's shift: finite and above 0 (a flow schedule at shift 0 is all zeros)."""
+    value = finite(node_id, "shift", shift)
+    if value <= 0:
+        raise SwiftDiTError(f"{node_id} · shift: must be greater than 0, got {value}")
+    return value
+
+
+def sampler_widgets(node_id: str, cfg, denoise, sampler_name: str, samplers, scheduler: str, schedulers) -> None:
+    """KSampler's widgets checked before any work, each error naming its widget: cfg and denoise finite (denoise in
+    [0, 1]), a sampler and a scheduler this sampler has."""
+    finite(node_id, "cfg", cfg, 0.0)
+    finite(node_id, "denoise", denoise, 0.0, 1.0)
+    for name, value, allowed in (("sampler_name", sampler_name, samplers), ("scheduler", scheduler, schedulers)):
+        if value not in allowed:
+            raise SwiftDiTError(f"{node_id} · {name}: {value!r} is not supported here; use one of "
+                                f"{', '.join(allowed)}")
 
 
 def model_file(node_id: str, folder: str, name: str, input_name: str) -> str:
@@ -172,14 +204,39 @@ def ksampler_inputs(model_input, steps: int, samplers: list[str], sampler: str, 
                     scheduler: str) -> list:
     """KSampler's inputs in KSampler's order, with a family's defaults and the choices its sampler has."""
     return [model_input,
-            io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True),
-            io.Int.Input("steps", default=steps, min=1, max=10000),
-            io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01),
-            io.Combo.Input("sampler_name", options=samplers, default=sampler),
-            io.Combo.Input("scheduler", options=schedulers, default=scheduler),
-            io.Conditioning.Input("positive"), io.Conditioning.Input("negative"),
-            io.Latent.Input("latent_image"),
-            io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01)]
+            io.Int.Input("seed", default=0, min=0, max=0xFFFFFFFFFFFFFFFF, control_after_generate=True,
+                         tooltip="The noise's seed: the same seed gives stock KSampler's image"),
+            io.Int.Input("steps", default=steps, min=1, max=10000, tooltip="Denoising steps"),
+            io.Float.Input("cfg", default=1.0, min=0.0, max=100.0, step=0.1, round=0.01,
+                           tooltip="Classifier-free guidance scale; 1 runs the positive prompt alone (one pass a "
+                                   "step)"),
+            io.Combo.Input("sampler_name", options=samplers, default=sampler, tooltip="The sampling method"),
+            io.Combo.Input("scheduler", options=schedulers, default=scheduler,
+                           tooltip="How the noise levels are spaced over the steps"),
+            io.Conditioning.Input("positive", tooltip="The prompt's conditioning, from the Text Encode node"),
+            io.Conditioning.Input("negative", tooltip="What to steer away from (ConditioningZeroOut at cfg 1)"),
+            io.Latent.Input("latent_image", tooltip="The latent to denoise: an empty latent for text to image"),
+            io.Float.Input("denoise", default=1.0, min=0.0, max=1.0, step=0.01,
+                           tooltip="How much of the latent is renoised: 1 for text to image")]
+
+
+def model_input(family: str):
+    return DiTModel.Input("model", tooltip=f"The {family} model from its loader (or a LoRA or ModelSampling node)")
+
+
+def model_output(family: str):
+    return DiTModel.Output(tooltip=f"The {family} model, for a LoRA or ModelSampling node or the KSampler (SwiftDiT)")
+
+
+def latent_output():
+    return io.Latent.Output(tooltip="The denoised latent, for the VAE Decode node")
+
+
+def decode_schema(family: str) -> dict:
+    """A VAE decode node's inputs and output."""
+    return {"inputs": [io.Latent.Input("samples", tooltip="The latent from the KSampler"),
+                       Vae.Input("vae", tooltip=f"The {family} VAE, from its VAE Loader")],
+            "outputs": [io.Image.Output(tooltip="The decoded image")]}
 
 
 def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:

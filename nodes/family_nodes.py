@@ -5,8 +5,9 @@ from __future__ import annotations
 import folder_paths
 from comfy_api.latest import io
 
-from .base import FileHandle, ModelHandle, checked, linear_mode, load_model, loader_inputs, model_file
-from .types import DiTModel, TextEncoder, Vae
+from .base import (FileHandle, ModelHandle, checked, finite, linear_mode, load_model, loader_inputs, model_file,
+                   model_input, model_output)
+from .types import TextEncoder, Vae
 
 
 class DiTLoaderNode(io.ComfyNode):
@@ -22,20 +23,22 @@ class DiTLoaderNode(io.ComfyNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
-                         description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE), outputs=[DiTModel.Output()])
+                         description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE),
+                         outputs=[model_output(cls.TITLE)])
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
+        budget = finite(cls.NODE_ID, "gpu_budget_gb", gpu_budget_gb, 0.0)
         path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")
         handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears), shift=cls.SHIFT,
-                             gpu_budget_gb=float(gpu_budget_gb))
+                             gpu_budget_gb=budget)
         return io.NodeOutput(handle, ui={"text": [load_model(cls.NODE_ID, handle, cls.load)]})
 
 
 class LoraLoaderNode(io.ComfyNode):
     """LoraLoaderModelOnly's inputs (model, lora_name, strength_model); a family's node sets the constants and
     `load` (its load_dit: the merge is checked at once, so a LoRA of another model fails on this node)."""
-    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = TITLE = ""
 
     @staticmethod
     def load(handle: ModelHandle):
@@ -45,17 +48,20 @@ class LoraLoaderNode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY, description=cls.DESCRIPTION,
-            inputs=[DiTModel.Input("model"),
-                    io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras")),
-                    io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01)],
-            outputs=[DiTModel.Output()])
+            inputs=[model_input(cls.TITLE),
+                    io.Combo.Input("lora_name", options=folder_paths.get_filename_list("loras"),
+                                   tooltip=f"A {cls.TITLE} LoRA from models/loras (merged into the weights at load)"),
+                    io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01,
+                                   tooltip="How strongly the LoRA changes the model; 0 leaves it off")],
+            outputs=[model_output(cls.TITLE)])
 
     @classmethod
     def execute(cls, model, lora_name, strength_model) -> io.NodeOutput:
-        if strength_model == 0:
+        strength = finite(cls.NODE_ID, "strength_model", strength_model)
+        if strength == 0:
             return io.NodeOutput(model)
         path = model_file(cls.NODE_ID, "loras", lora_name, "lora_name")
-        handle = model.with_(loras=(*model.loras, (path, float(strength_model))))
+        handle = model.with_(loras=(*model.loras, (path, strength)))
         with checked(cls.NODE_ID, "lora_name"):
             cls.load(handle)
         return io.NodeOutput(handle)
@@ -63,7 +69,7 @@ class LoraLoaderNode(io.ComfyNode):
 
 class TextEncodeNode(io.ComfyNode):
     """CLIPTextEncode's inputs (text, clip): the family's `conditioning(clip handle, text)`, its errors naming text."""
-    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = TITLE = ""
 
     @staticmethod
     def conditioning(clip: FileHandle, text: str) -> list:
@@ -73,8 +79,10 @@ class TextEncodeNode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(
             node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY, description=cls.DESCRIPTION,
-            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True), TextEncoder.Input("clip")],
-            outputs=[io.Conditioning.Output()])
+            inputs=[io.String.Input("text", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
+                    TextEncoder.Input("clip", tooltip=f"The {cls.TITLE} text encoder, from its Text Encoder Loader")],
+            outputs=[io.Conditioning.Output(tooltip="The prompt's text rows, as CLIPTextEncode gives them, for the "
+                                                    "KSampler's positive (or ConditioningZeroOut's input)")])
 
     @classmethod
     def execute(cls, text, clip) -> io.NodeOutput:
@@ -84,7 +92,7 @@ class TextEncodeNode(io.ComfyNode):
 
 class FileLoaderNode(io.ComfyNode):
     """Base of the loaders of one file from a ComfyUI models folder (text encoders, VAEs)."""
-    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = ""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = TITLE = ""
     FOLDER = INPUT = KIND = ""
 
     @staticmethod
@@ -103,7 +111,8 @@ class FileLoaderNode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
                          description=cls.DESCRIPTION,
-                         inputs=[io.Combo.Input(cls.INPUT, options=folder_paths.get_filename_list(cls.FOLDER)),
+                         inputs=[io.Combo.Input(cls.INPUT, options=folder_paths.get_filename_list(cls.FOLDER),
+                                                tooltip=f"A {cls.TITLE} file from models/{cls.FOLDER}"),
                                  *cls.extra_inputs()],
                          outputs=[cls.output()])
 
@@ -122,12 +131,14 @@ class TextEncoderLoaderNode(FileLoaderNode):
 
     @classmethod
     def extra_inputs(cls) -> list:
-        return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE),
-                io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True)]
+        return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE,
+                               tooltip="CLIPLoader's type for this model (kept for workflow compatibility)"),
+                io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True,
+                               tooltip="Kept for workflow compatibility: the encoder runs on the host for now")]
 
     @classmethod
     def output(cls):
-        return TextEncoder.Output()
+        return TextEncoder.Output(tooltip=f"The {cls.TITLE} text encoder, for its Text Encode node")
 
 
 class VAELoaderNode(FileLoaderNode):
@@ -136,4 +147,4 @@ class VAELoaderNode(FileLoaderNode):
 
     @classmethod
     def output(cls):
-        return Vae.Output()
+        return Vae.Output(tooltip=f"The {cls.TITLE} VAE, for its VAE Decode node")

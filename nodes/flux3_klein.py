@@ -19,13 +19,18 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
+    decode_schema,
+    finite,
     ksampler_inputs,
+    latent_output,
+    model_input,
     run_sampler,
+    sampler_widgets,
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
-from .types import DiTModel, Vae
+from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
 FAMILY = "flux3_klein"
@@ -60,6 +65,7 @@ class Flux3KleinLoader(DiTLoaderNode):
 
 
 class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
+    TITLE = "FLUX.3 Klein"
     NODE_ID, DISPLAY = "SwiftDiTFlux3KleinTextEncoderLoader", "FLUX.3 Klein Text Encoder Loader (SwiftDiT)"
     CATEGORY, TYPE = CATEGORY, "flux3"
     DESCRIPTION = "Loads FLUX.3 Klein's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot)."
@@ -67,6 +73,7 @@ class Flux3KleinTextEncoderLoader(TextEncoderLoaderNode):
 
 
 class Flux3KleinTextEncode(TextEncodeNode):
+    TITLE = "FLUX.3 Klein"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinTextEncode", "FLUX.3 Klein Text Encode (SwiftDiT)", CATEGORY
     DESCRIPTION = ("The prompt's Qwen3-VL rows (layers 4, 8, ..., 32 stacked, padded to a multiple of 80 tokens) as "
                    "CONDITIONING.")
@@ -81,24 +88,23 @@ class Flux3KleinSampler(io.ComfyNode):
             node_id="SwiftDiTFlux3KleinSampler", display_name="FLUX.3 Klein KSampler (SwiftDiT)", category=CATEGORY,
             description="KSampler for FLUX.3 Klein on the SwiftDiT engine, with the step cache; reference images "
                         "come on the positive conditioning (ReferenceLatent, ReferenceMultiLatent).",
-            inputs=[*ksampler_inputs(DiTModel.Input("model"), 16, ["euler"], "euler", ["simple"], "simple"),
+            inputs=[*ksampler_inputs(model_input("FLUX.3 Klein"), 16, ["euler"], "euler", ["simple"], "simple"),
                     io.Float.Input("cache", default=0.3, min=0.0, max=1.0, step=0.01,
                                    tooltip="Step cache limit on the first block's change: a step under it skips "
                                            "the other blocks. 0 runs every block; 0.3 suits distilled Klein"),
                     io.Int.Input("refresh", default=0, min=0, max=10000,
                                  tooltip="Edits: recompute the reference images' keys and values every this many "
                                          "steps and reuse them between; 0 recomputes them every step")],
-            outputs=[io.Latent.Output()])
+            outputs=[latent_output()])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise,
                 cache=0.3, refresh=0) -> io.NodeOutput:
         node = "SwiftDiTFlux3KleinSampler"
         check_family(node, model, FAMILY, "FLUX.3 Klein loader")
-        for name, value, allowed in (("sampler_name", sampler_name, "euler"), ("scheduler", scheduler, "simple")):
-            if value != allowed:
-                raise SwiftDiTError(f"{node} · {name}: {value!r} is not supported; FLUX.3 Klein samples with "
-                                    f"'{allowed}' (Euler on the flow at shift {KLEIN_SHIFT:g})")
+        # FLUX.3 Klein samples with Euler on the flow at shift KLEIN_SHIFT (its 'simple' table).
+        sampler_widgets(node, cfg, denoise, sampler_name, ["euler"], scheduler, ["simple"])
+        cache = finite(node, "cache", cache, 0.0, 1.0)
         latent = latent_image["samples"]
         if "noise_mask" in latent_image:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
@@ -151,6 +157,7 @@ class Flux3KleinSampler(io.ComfyNode):
 
 
 class Flux3KleinVAELoader(VAELoaderNode):
+    TITLE = "FLUX.3 Klein"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinVAELoader", "FLUX.3 Klein VAE Loader (SwiftDiT)", CATEGORY
     DESCRIPTION = "Loads the FLUX.2 VAE (flux2-vae.safetensors): decode, and encode for reference images."
     load = staticmethod(load_vae)
@@ -163,7 +170,7 @@ class Flux3KleinVAEDecode(io.ComfyNode):
             node_id="SwiftDiTFlux3KleinVAEDecode", display_name="FLUX.3 Klein VAE Decode (SwiftDiT)",
             category=CATEGORY, description="Decodes FLUX.2 latents [B, 128, H/16, W/16] to an IMAGE, in tiles for "
                                            "large images.",
-            inputs=[io.Latent.Input("samples"), Vae.Input("vae")], outputs=[io.Image.Output()])
+            **decode_schema("FLUX.3 Klein"))
 
     @classmethod
     def execute(cls, samples, vae) -> io.NodeOutput:
@@ -177,7 +184,9 @@ class Flux3KleinVAEEncode(io.ComfyNode):
             node_id="SwiftDiTFlux3KleinVAEEncode", display_name="FLUX.3 Klein VAE Encode (SwiftDiT)",
             category=CATEGORY, description="Encodes an IMAGE to a FLUX.2 latent (sizes cropped to multiples of 16), "
                                            "e.g. a reference image for ReferenceLatent.",
-            inputs=[io.Image.Input("pixels"), Vae.Input("vae")], outputs=[io.Latent.Output()])
+            inputs=[io.Image.Input("pixels", tooltip="The reference image to encode"),
+                    Vae.Input("vae", tooltip="The FLUX.2 VAE, from its VAE Loader")],
+            outputs=[io.Latent.Output(tooltip="The image's FLUX.2 latent, for ReferenceLatent")])
 
     @classmethod
     def execute(cls, pixels, vae) -> io.NodeOutput:

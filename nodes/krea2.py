@@ -17,14 +17,17 @@ from .base import (
     check_family,
     checked,
     conditioning_rows,
+    finite,
     interrupt_check,
     ksampler_inputs,
+    model_input,
+    model_output,
     run_sampler,
+    sampler_widgets,
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
-from .types import DiTModel
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -56,23 +59,35 @@ class Krea2ModelSamplingFlux(io.ComfyNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
-            node_id="SwiftDiTKrea2ModelSamplingFlux", display_name="ModelSamplingFlux (SwiftDiT)", category=CATEGORY,
+            node_id="SwiftDiTKrea2ModelSamplingFlux", display_name="Krea 2 ModelSamplingFlux (SwiftDiT)",
+            category=CATEGORY,
             description="The flux schedule's shift from the image size, as ModelSamplingFlux (Krea 2's default is "
                         "1.15 at any size; the style-reference template and the base model set it here).",
-            inputs=[DiTModel.Input("model"),
-                    io.Float.Input("max_shift", default=1.15, min=0.0, max=100.0, step=0.01),
-                    io.Float.Input("base_shift", default=0.5, min=0.0, max=100.0, step=0.01),
-                    io.Int.Input("width", default=1024, min=16, max=16384, step=8),
-                    io.Int.Input("height", default=1024, min=16, max=16384, step=8)],
-            outputs=[DiTModel.Output()])
+            inputs=[model_input("Krea 2"),
+                    io.Float.Input("max_shift", default=1.15, min=0.0, max=100.0, step=0.01,
+                                   tooltip="The shift at 4096 image tokens (1024x1024)"),
+                    io.Float.Input("base_shift", default=0.5, min=0.0, max=100.0, step=0.01,
+                                   tooltip="The shift at 256 image tokens (256x256)"),
+                    io.Int.Input("width", default=1024, min=16, max=16384, step=8,
+                                 tooltip="The image's width: the shift follows its size"),
+                    io.Int.Input("height", default=1024, min=16, max=16384, step=8,
+                                 tooltip="The image's height: the shift follows its size")],
+            outputs=[model_output("Krea 2")])
 
     @classmethod
     def execute(cls, model, max_shift, base_shift, width, height) -> io.NodeOutput:
-        check_family("SwiftDiTKrea2ModelSamplingFlux", model, FAMILY, "Krea 2 loader")
-        return io.NodeOutput(model.with_(shift=flux_shift(max_shift, base_shift, width, height)))
+        node = "SwiftDiTKrea2ModelSamplingFlux"
+        check_family(node, model, FAMILY, "Krea 2 loader")
+        max_shift, base_shift = finite(node, "max_shift", max_shift), finite(node, "base_shift", base_shift)
+        shift = flux_shift(max_shift, base_shift, width, height)
+        if not shift > 0:
+            raise SwiftDiTError(f"{node} · max_shift: the shift at {width}x{height} is {shift:g}; max_shift and "
+                                f"base_shift must give a shift greater than 0")
+        return io.NodeOutput(model.with_(shift=shift))
 
 
 class Krea2LoraLoaderModelOnly(LoraLoaderNode):
+    TITLE = "Krea 2"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2LoraLoaderModelOnly", "Krea 2 LoraLoaderModelOnly (SwiftDiT)", CATEGORY
     DESCRIPTION = "Merges a LoRA into the Krea 2 model's linears at load (the file's names, diffusers' or kohya's)."
     load = staticmethod(load_dit)
@@ -83,6 +98,7 @@ def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
 
 
 class Krea2TextEncoderLoader(TextEncoderLoaderNode):
+    TITLE = "Krea 2"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2TextEncoderLoader", "Krea 2 Text Encoder Loader (SwiftDiT)", CATEGORY
     DESCRIPTION = "Loads Krea 2's Qwen3-VL-4B text encoder (BF16, FP8 or INT8 ConvRot)."
     TYPE = "krea2"
@@ -90,6 +106,7 @@ class Krea2TextEncoderLoader(TextEncoderLoaderNode):
 
 
 class Krea2TextEncode(TextEncodeNode):
+    TITLE = "Krea 2"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2TextEncode", "Krea 2 Text Encode (SwiftDiT)", CATEGORY
     DESCRIPTION = "The prompt's text rows (Qwen3-VL layers 2, 5, ..., 35 of each token) as CONDITIONING."
     # valid rows only: [1, L, 12, 2560]
@@ -114,20 +131,18 @@ class Krea2Sampler(io.ComfyNode):
             node_id="SwiftDiTKrea2Sampler", display_name="Krea 2 KSampler (SwiftDiT)", category=CATEGORY,
             description="KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents "
                         "decode with the stock VAE Decode and qwen_image_vae.",
-            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "euler", list(TABLE_SCHEDULERS),
+            inputs=ksampler_inputs(model_input("Krea 2"), 8, list(SAMPLERS), "euler", list(TABLE_SCHEDULERS),
                                    "simple"),
-            outputs=[io.Latent.Output()])
+            outputs=[io.Latent.Output(tooltip="The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode")])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise) -> io.NodeOutput:
         node = "SwiftDiTKrea2Sampler"
         check_family(node, model, FAMILY, "Krea 2 loader")
+        sampler_widgets(node, cfg, denoise, sampler_name, SAMPLERS, scheduler, TABLE_SCHEDULERS)
         if "noise_mask" in latent_image:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
-        if scheduler not in TABLE_SCHEDULERS:
-            raise SwiftDiTError(f"{node} · scheduler: {scheduler!r} is not supported on Krea 2's sigma table; use "
-                                f"one of {', '.join(TABLE_SCHEDULERS)}")
         latent = image_latent(node, latent_image["samples"])
         pos = conditioning_rows(node, "positive", positive)
         neg = conditioning_rows(node, "negative", negative)

@@ -18,14 +18,19 @@ from .base import (
     checked,
     conditioning_rows,
     decode_image,
+    decode_schema,
     interrupt_check,
     ksampler_inputs,
+    latent_output,
+    model_input,
+    model_output,
+    positive_shift,
     run_sampler,
+    sampler_widgets,
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
-from .types import DiTModel, Vae
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -59,19 +64,23 @@ class ZImageModelSamplingAuraFlow(io.ComfyNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(
-            node_id="SwiftDiTZImageModelSamplingAuraFlow", display_name="ModelSamplingAuraFlow (SwiftDiT)",
+            node_id="SwiftDiTZImageModelSamplingAuraFlow", display_name="Z-Image ModelSamplingAuraFlow (SwiftDiT)",
             category=CATEGORY, description="The flow schedule's shift (multiplier 1), as ModelSamplingAuraFlow.",
-            inputs=[DiTModel.Input("model"),
-                    io.Float.Input("shift", default=DEFAULT_SHIFT, min=0.0, max=100.0, step=0.01)],
-            outputs=[DiTModel.Output()])
+            inputs=[model_input("Z-Image"),
+                    io.Float.Input("shift", default=DEFAULT_SHIFT, min=0.0, max=100.0, step=0.01,
+                                   tooltip="The flow schedule's shift (greater than 0); higher spends more steps "
+                                           "at high noise")],
+            outputs=[model_output("Z-Image")])
 
     @classmethod
     def execute(cls, model, shift) -> io.NodeOutput:
-        return io.NodeOutput(model.with_(shift=float(shift)))
+        return io.NodeOutput(model.with_(shift=positive_shift("SwiftDiTZImageModelSamplingAuraFlow", shift)))
 
 
 class ZImageLoraLoaderModelOnly(LoraLoaderNode):
-    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageLoraLoaderModelOnly", "LoraLoaderModelOnly (SwiftDiT)", CATEGORY
+    TITLE = "Z-Image"
+    NODE_ID, DISPLAY, CATEGORY = ("SwiftDiTZImageLoraLoaderModelOnly", "Z-Image LoraLoaderModelOnly (SwiftDiT)",
+                                  CATEGORY)
     DESCRIPTION = "Merges a LoRA into the Z-Image model's linears at load."
     load = staticmethod(load_dit)
 
@@ -81,6 +90,7 @@ def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
 
 
 class ZImageTextEncoderLoader(TextEncoderLoaderNode):
+    TITLE = "Z-Image"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageTextEncoderLoader", "Z-Image Text Encoder Loader (SwiftDiT)", CATEGORY
     DESCRIPTION = "Loads Z-Image's Qwen3-4B text encoder (BF16, FP8 or INT8 ConvRot)."
     TYPE = "lumina2"
@@ -88,6 +98,7 @@ class ZImageTextEncoderLoader(TextEncoderLoaderNode):
 
 
 class ZImageTextEncode(TextEncodeNode):
+    TITLE = "Z-Image"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageTextEncode", "Z-Image Text Encode (SwiftDiT)", CATEGORY
     DESCRIPTION = "The prompt's Qwen3 rows as CONDITIONING, exactly as CLIPTextEncode makes them for Z-Image."
     conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)))
@@ -99,15 +110,16 @@ class ZImageSampler(io.ComfyNode):
         return io.Schema(
             node_id="SwiftDiTZImageSampler", display_name="Z-Image KSampler (SwiftDiT)", category=CATEGORY,
             description="KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock.",
-            inputs=ksampler_inputs(DiTModel.Input("model"), 8, list(SAMPLERS), "res_multistep", list(SCHEDULERS),
+            inputs=ksampler_inputs(model_input("Z-Image"), 8, list(SAMPLERS), "res_multistep", list(SCHEDULERS),
                                    "simple"),
-            outputs=[io.Latent.Output()])
+            outputs=[latent_output()])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
                 denoise) -> io.NodeOutput:
         node = "SwiftDiTZImageSampler"
         check_family(node, model, FAMILY, "Z-Image loader")
+        sampler_widgets(node, cfg, denoise, sampler_name, SAMPLERS, scheduler, SCHEDULERS)
         if "noise_mask" in latent_image:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
         pos = conditioning_rows(node, "positive", positive)
@@ -137,6 +149,7 @@ def load_vae(handle: FileHandle) -> ImageDecoder:
 
 
 class ZImageVAELoader(VAELoaderNode):
+    TITLE = "Z-Image"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageVAELoader", "Z-Image VAE Loader (SwiftDiT)", CATEGORY
     DESCRIPTION = "Loads FLUX.1's VAE (ae.safetensors), Z-Image's decoder."
     load = staticmethod(load_vae)
@@ -148,7 +161,7 @@ class ZImageVAEDecode(io.ComfyNode):
         return io.Schema(
             node_id="SwiftDiTZImageVAEDecode", display_name="Z-Image VAE Decode (SwiftDiT)", category=CATEGORY,
             description="Decodes Z-Image latents to an IMAGE, in tiles for large images.",
-            inputs=[io.Latent.Input("samples"), Vae.Input("vae")], outputs=[io.Image.Output()])
+            **decode_schema("Z-Image"))
 
     @classmethod
     def execute(cls, samples, vae) -> io.NodeOutput:

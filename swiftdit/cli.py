@@ -37,6 +37,13 @@ def _check_out(src: Path, out: Path, overwrite: bool) -> None:
         raise UserError(f"folder {out.parent} does not exist")
 
 
+def umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _write(out: Path, data) -> None:
     """Write through a temporary file in OUT's folder: OUT is either the old file or the whole new one."""
     try:
@@ -47,6 +54,7 @@ def _write(out: Path, data) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(data, f, indent=2, ensure_ascii=False)
             f.write("\n")
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp's 0600 -> what a file the user saves gets
         os.replace(tmp, out)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)

@@ -9,15 +9,20 @@ DOC = (Path(__file__).resolve().parents[1] / "docs" / "nodes.md").read_text()
 
 def assert_schemas_follow(nodes, contract: dict, category: str) -> None:
     """nodes (a family's NODES) are exactly contract's {node id: (input names in order, output type)}, each in
-    docs/nodes.md, in `category`, with a description."""
+    docs/nodes.md, in `category` ("SwiftDiT/<family>"), with a description, a display name that starts with the
+    family's name, and a tooltip on every input and output."""
     assert sorted(n.GET_SCHEMA().node_id for n in nodes) == sorted(contract)
+    family = category.removeprefix("SwiftDiT/")
     for node in nodes:
         schema = node.GET_SCHEMA()
         inputs, output = contract[schema.node_id]
         assert f"`{schema.node_id}`" in DOC
         assert schema.category == category and schema.description
+        assert schema.display_name.startswith(f"{family} ") and schema.display_name.endswith(" (SwiftDiT)")
         assert [i.id for i in schema.inputs] == inputs
         assert [o.io_type for o in schema.outputs] == [output]
+        untold = [i.id for i in schema.inputs if not i.tooltip] + [o.io_type for o in schema.outputs if not o.tooltip]
+        assert not untold, f"{schema.node_id}: no tooltip on {untold}"
 
 
 def run(node, **inputs):

@@ -251,6 +251,8 @@ def test_cli_swaps_and_refuses_to_overwrite(tmp_path, object_info):
     done = run_cli("swap", src, out)
     assert done.returncode == 0, done.stderr
     assert "57:28  UNETLoader -> SwiftDiTZImageLoader" in done.stdout and "ConditioningZeroOut" in done.stdout
+    (tmp_path / "plain").touch()  # a file made as any program makes one: the user's umask, not mkstemp's 0600
+    assert out.stat().st_mode & 0o777 == (tmp_path / "plain").stat().st_mode & 0o777
     assert json.loads(out.read_text()) == swap_ui(json.loads(original))[0]
     written = out.read_bytes()
     again = run_cli("swap", src, out)

@@ -264,6 +264,10 @@ def test_quantize_file_writes_comfyui_layout(tmp_path):
     sd, meta = tiny_dit(), {"format": "pt", "modelspec.title": "tiny"}
     save_file(sd, str(src), metadata=meta)
     layers = quantize_file(src, dst)
+    plain = tmp_path / "plain"
+    plain.touch()  # a file made as any program makes one: the user's umask, not mkstemp's 0600
+    assert dst.stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    plain.unlink()
     expected = {"layers.0.attention.qkv", "layers.0.attention.out", "layers.0.feed_forward.w1",
                 "layers.0.adaLN_modulation.0", "final_layer.linear"}
     assert set(layers) == expected

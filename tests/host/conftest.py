@@ -5,6 +5,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 # Every conftest.py outside a package imports as the module "conftest" and the last one imported stays in
 # sys.modules: test files collected after this folder that do `from conftest import rel_err` would find this
@@ -20,6 +22,7 @@ from host import checkpoints  # noqa: E402  (tests/conftest.py put the repo root
 from host.server import ComfyHost, HostError  # noqa: E402
 
 WRONG_FAMILY = "not_z_image_qwen3.safetensors"  # test_z_image_host.py ERROR_CASES names it too
+LORA = "z_image_widget_test_lora.safetensors"  # and this one
 
 
 def _serving(server: ComfyHost):
@@ -48,7 +51,7 @@ def model_set() -> checkpoints.ModelSet:
 def host(tmp_path_factory, model_set):
     """A ComfyUI server (reference/comfyui_host.md section 9) with this pack in custom_nodes and the
     checkpoint set as its models folders; models/unet (also listed as diffusion_models) holds a text encoder
-    under a DiT-like name, for the wrong-family error test."""
+    under a DiT-like name, for the wrong-family error test, and models/lora a LoRA file for the widget tests."""
     try:
         import aiohttp  # noqa: F401  the WebSocket client; tests/run.sh installs host/requirements.txt
     except ImportError:
@@ -59,4 +62,7 @@ def host(tmp_path_factory, model_set):
     unet = base / "models" / "unet"
     unet.mkdir(parents=True)
     (unet / WRONG_FAMILY).symlink_to(model_set.text_encoder)
+    (base / "models" / "lora").mkdir()  # ComfyUI lists it with models/loras
+    save_file({"layers.0.attention.qkv.lora_down.weight": torch.zeros(4, 3840)},
+              base / "models" / "lora" / LORA)
     yield from _serving(server)

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from host import checkpoints
-from host.graphs import SAMPLER, Settings, stock_graph, swiftdit_graph
+from host.graphs import Settings, stock_graph, swiftdit_graph
 from host.images import load, psnr
 from host.server import ComfyHost, HostError, node_seconds, of_type
 
@@ -219,7 +219,8 @@ def test_server_log_has_no_error_of_ours(gpu_host):
 def write_report(log: str) -> None:
     lines = [f"GPU server run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, allocator {allocator(log)}", "",
-             "| prompt | whole graph (s) | sampler (s) | card in use (GB) | server RSS (GB) |", "|---|---|---|---|---|"]
+             "| prompt | whole graph (s) | sampler (s) | card in use (GB) | server RSS (GB) |",
+             "|---|---|---|---|---|"]
     lines += [f"| {r['prompt']} | {r['seconds']:.2f} | {r['sampler']:.2f} | {r['card_gb']:.1f} | {r['host_gb']:.1f} |"
               for r in RESULTS]
     lines += ["", *(f"- PSNR {k}: {v:.2f} dB" for k, v in PSNR.items())]

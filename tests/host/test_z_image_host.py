@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from swiftdit.swap import swap_api
-from host.graphs import DECODE, MODEL_LOADER, SAMPLER, SAVE, Settings, stock_graph, swiftdit_graph
+from host.graphs import DECODE, MODEL_LOADER, SAMPLER, SAMPLING, SAVE, Settings, stock_graph, swiftdit_graph
 from host.images import PNG_SIGNATURE, load, psnr
 from host.server import TERMINAL_EVENTS, of_type
 
@@ -20,6 +20,8 @@ CATEGORY = "SwiftDiT/Z-Image"
 SETTINGS = Settings()  # 128x96 (48 tokens: image padding is exercised), 3 steps, res_multistep/simple, cfg 1
 INT8 = "z_image_turbo_int8_convrot.safetensors"
 TIMEOUT = 300.0
+LORA_NODE = "16"
+LORA = "z_image_widget_test_lora.safetensors"  # tests/host/conftest.py puts it in models/lora
 
 # docs/nodes.md: node id -> (required inputs in order, optional inputs in order, output types).
 NODES = {
@@ -90,7 +92,7 @@ FOLDER_COMBOS = {
     ("SwiftDiTZImageLoader", "unet_name"): ["z_image_turbo_bf16.safetensors", INT8],
     ("SwiftDiTZImageTextEncoderLoader", "clip_name"): ["qwen_3_4b.safetensors"],
     ("SwiftDiTZImageVAELoader", "vae_name"): ["ae.safetensors"],
-    ("SwiftDiTZImageLoraLoaderModelOnly", "lora_name"): [],
+    ("SwiftDiTZImageLoraLoaderModelOnly", "lora_name"): [LORA],
 }
 
 
@@ -299,6 +301,7 @@ def test_models_kept_across_prompts_and_freed_on_unload(host):
 # 136 px -> 17 latent columns: not a whole number of 2x2 patches (EmptySD3LatentImage's step 16 is a frontend
 # hint only; the server accepts 136). The wrong-family file is a Qwen3 text encoder put in models/unet under a
 # DiT-like name by tests/host/conftest.py.
+NAN = float("nan")  # passes ComfyUI's own min/max checks: the node must refuse it
 ERROR_CASES = {
     "latent off the patch grid": (Settings(width=136), SAMPLER, "SwiftDiTZImageSampler", "latent_image"),
     "wrong-family file": (
@@ -307,13 +310,29 @@ ERROR_CASES = {
         "SwiftDiTZImageLoader",
         "unet_name",
     ),
+    "cfg NaN": (Settings(cfg=NAN), SAMPLER, "SwiftDiTZImageSampler", "cfg"),
+    "denoise NaN": (Settings(denoise=NAN), SAMPLER, "SwiftDiTZImageSampler", "denoise"),
+    "shift NaN": (Settings(shift=NAN), SAMPLING, "SwiftDiTZImageModelSamplingAuraFlow", "shift"),
+    "shift 0": (Settings(shift=0.0), SAMPLING, "SwiftDiTZImageModelSamplingAuraFlow", "shift"),
+    "gpu_budget_gb NaN": (Settings(gpu_budget_gb=NAN), MODEL_LOADER, "SwiftDiTZImageLoader", "gpu_budget_gb"),
+    "LoRA strength NaN": (Settings(), LORA_NODE, "SwiftDiTZImageLoraLoaderModelOnly", "strength_model"),
 }
+
+
+def with_lora(graph: dict, strength: float) -> dict:
+    """graph with our LoRA node between the loader and ModelSamplingAuraFlow (conftest's LoRA file)."""
+    graph[LORA_NODE] = {"class_type": "SwiftDiTZImageLoraLoaderModelOnly",
+                        "inputs": {"model": [MODEL_LOADER, 0], "lora_name": LORA, "strength_model": strength}}
+    graph[SAMPLING]["inputs"]["model"] = [LORA_NODE, 0]
+    return graph
 
 
 @pytest.mark.parametrize("case", list(ERROR_CASES))
 def test_errors_name_the_node_and_the_input(host, case):
     settings, node, node_type, name = ERROR_CASES[case]
     graph = swiftdit_graph(settings)
+    if node == LORA_NODE:
+        graph = with_lora(graph, NAN)
     entry, events, _ = host.run(graph, TIMEOUT)
     assert entry["status"]["status_str"] == "error"
     assert not [e for e in events if e["type"] == "execution_success"]
