@@ -51,18 +51,17 @@ def model_set() -> checkpoints.ModelSet:
 def host(tmp_path_factory, model_set):
     """A ComfyUI server (reference/comfyui_host.md section 9) with this pack in custom_nodes and the
     checkpoint set as its models folders; models/unet (also listed as diffusion_models) holds a text encoder
-    under a DiT-like name, for the wrong-family error test, and models/lora a LoRA file for the widget tests."""
+    under a DiT-like name, for the wrong-family error test, and models/loras a LoRA file for the widget tests."""
     try:
         import aiohttp  # noqa: F401  the WebSocket client; tests/run.sh installs host/requirements.txt
     except ImportError:
         pytest.fail("aiohttp missing: run tests/run.sh (it installs host/requirements.txt into the venv)")
     base = tmp_path_factory.mktemp("comfy_base")
     server = ComfyHost(COMFYUI_TREE, base, sys.executable)
-    server.link_models(model_set.folders)
+    server.link_models({kind: folder for kind, folder in model_set.folders.items() if kind != "loras"})
     unet = base / "models" / "unet"
     unet.mkdir(parents=True)
     (unet / WRONG_FAMILY).symlink_to(model_set.text_encoder)
-    (base / "models" / "lora").mkdir()  # ComfyUI lists it with models/loras
-    save_file({"layers.0.attention.qkv.lora_down.weight": torch.zeros(4, 3840)},
-              base / "models" / "lora" / LORA)
+    (base / "models" / "loras").mkdir()
+    save_file({"layers.0.attention.qkv.lora_down.weight": torch.zeros(4, 3840)}, base / "models" / "loras" / LORA)
     yield from _serving(server)
