@@ -151,7 +151,8 @@ def _port_type_ok(link_type, port_type) -> bool:
 
 def problems(workflow: dict) -> list[str]:
     """What the frontend's loader would trip on: links and node slots that do not point at each other, link
-    types that differ from the ports they join, subgraph instances that disagree with their definition."""
+    types that differ from the ports they join, subgraph instances that disagree with their definition, widget
+    values that are neither a list nor an object."""
     found = []
     graph = UIGraph(workflow)
     for scope in graph.scopes():
@@ -198,6 +199,9 @@ def problems(workflow: dict) -> list[str]:
                     link = scope.link(lid)
                     if link is None or (link["origin_id"], link["origin_slot"]) != (node["id"], i):
                         found.append(f"{where}: node {node['id']} output {i} lists link {lid} not from it")
+            if "widgets_values" in node and not isinstance(node["widgets_values"], (list, dict)):
+                # the editor's schema takes a list or an object ("Invalid workflow against zod schema")
+                found.append(f"{where}: node {node['id']} has widgets_values {node['widgets_values']!r}, not a list")
             if graph.is_instance(node):
                 found += _instance_problems(where, node, graph.subgraphs[node["type"]].body)
         for side, ports, end in (("input", sg_in, "origin"), ("output", sg_out, "target")):

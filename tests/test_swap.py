@@ -445,7 +445,7 @@ def test_klein_stock_form_of_our_workflows_swaps_back(name):
     assert problems(swapped) == [] and report.left and all(k not in KLEIN.roles for _, k, _ in report.left)
     assert body(to_api(swapped, info)) == body(to_api(ours, info))
     api, api_report = swap_api(to_api(stock, info), "flux3_klein")
-    assert body(api) == body(json.loads((ROOT / "workflows" / f"{name}_api.json").read_text()))
+    assert body(api) == body(json.loads((ROOT / "workflows" / "api" / f"{name}.json").read_text()))
     assert sorted(api_report.changed) == sorted(report.changed)
     assert swap_api(api, "flux3_klein")[0] == api
     if name == "flux3_klein_edit":  # the reference image's VAEEncode feeds ReferenceLatent: ours

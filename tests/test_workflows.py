@@ -20,8 +20,9 @@ OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.jso
 FIXTURES = {"z_image": OBJECT_INFO,
             "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
-UI_FILES = sorted(p for p in WORKFLOWS.glob("*.json") if not p.stem.endswith("_api"))
-API_FILES = sorted(WORKFLOWS.glob("*_api.json"))
+UI_FILES = sorted(WORKFLOWS.glob("*.json"))
+# In a folder of their own: ComfyUI's Templates browser lists workflows/*.json, and an API graph opens there empty.
+API_FILES = sorted((WORKFLOWS / "api").glob("*.json"))
 
 
 
@@ -58,8 +59,7 @@ def fixture_for(path: Path) -> dict:
 
 def test_workflows_are_there_and_described():
     assert [p.name for p in UI_FILES] == ["flux3_klein_edit.json", "flux3_klein_t2i.json", "z_image_turbo_t2i.json"]
-    assert [p.name for p in API_FILES] == ["flux3_klein_edit_api.json", "flux3_klein_t2i_api.json",
-                                           "z_image_turbo_t2i_api.json"]
+    assert [p.name for p in API_FILES] == ["flux3_klein_edit.json", "flux3_klein_t2i.json", "z_image_turbo_t2i.json"]
     readme = (WORKFLOWS / "README.md").read_text()
     for path in UI_FILES + API_FILES:
         assert f"`{path.name}`" in readme, path.name
@@ -111,7 +111,7 @@ def test_object_info_fixture_matches_our_nodes(registry, family):
 
 @pytest.mark.parametrize("path", API_FILES, ids=lambda p: p.name)
 def test_api_twin_is_what_to_api_makes(path):
-    ui = json.loads((WORKFLOWS / path.name.replace("_api.json", ".json")).read_text())
+    ui = json.loads((WORKFLOWS / path.name).read_text())
     assert json.loads(path.read_text()) == to_api(ui, fixture_for(path))
 
 
@@ -132,7 +132,7 @@ def test_turbo_workflow_mirrors_the_official_template():
                                         "inputs": {n: local(x) for n, x in v["inputs"].items()}}
                 for k, v in prompt.items()}
     official = to_api(swap_ui(template("image_z_image_turbo"))[0], OBJECT_INFO)
-    ours = json.loads((WORKFLOWS / "z_image_turbo_t2i_api.json").read_text())
+    ours = json.loads((WORKFLOWS / "api" / "z_image_turbo_t2i.json").read_text())
     assert body(ours) == body(official, "57:")
     assert ours["3"]["inputs"] | {"model": 0, "positive": 0, "negative": 0, "latent_image": 0} == {
         "model": 0, "seed": 0, "steps": 8, "cfg": 1, "sampler_name": "res_multistep", "scheduler": "simple",
@@ -201,7 +201,7 @@ def klein_template_values(name: str) -> dict:
                                             ("flux3_klein_edit", "image_flux3_klein_distilled_image_edit")])
 def test_klein_workflows_mirror_the_official_templates(name, official):
     want = klein_template_values(official)
-    ours = json.loads((WORKFLOWS / f"{name}_api.json").read_text())
+    ours = json.loads((WORKFLOWS / "api" / f"{name}.json").read_text())
     by_type = {}
     for body in ours.values():
         by_type.setdefault(body["class_type"], []).append(body["inputs"])

@@ -147,9 +147,9 @@ PSNR: dict[str, float] = {}
 
 
 def test_z_image_workflow_prompt_after_prompt(gpu_host):
-    """workflows/z_image_turbo_t2i_api.json as it is (1024x1024, 8 steps, BF16 file), then new seeds: the first
+    """workflows/api/z_image_turbo_t2i.json as it is (1024x1024, 8 steps, BF16 file), then new seeds: the first
     prompt loads and builds, the next ones run only the sampler, decode and save (ComfyUI's cache)."""
-    graph = workflow("z_image_turbo_t2i_api.json")
+    graph = workflow("api/z_image_turbo_t2i.json")
     for i, seed in enumerate((0, 1, 2)):
         image(gpu_host, run(gpu_host, f"Z-Image ours BF16, seed {seed}" + (" (first)" if i == 0 else ""),
                             with_seed(graph, seed, f"z_ours_{seed}"), 8)[0])
@@ -169,8 +169,8 @@ def test_z_image_images_against_stock(gpu_host):
 
 
 def test_flux3_klein_workflow(gpu_host):
-    """workflows/flux3_klein_t2i_api.json as it is (1024x1024, 16 steps, step cache 0.3), then a new seed."""
-    graph = workflow("flux3_klein_t2i_api.json")
+    """workflows/api/flux3_klein_t2i.json as it is (1024x1024, 16 steps, step cache 0.3), then a new seed."""
+    graph = workflow("api/flux3_klein_t2i.json")
     for seed in (0, 1):
         image(gpu_host, run(gpu_host, f"FLUX.3 Klein ours INT8, seed {seed}", with_seed(graph, seed, f"klein_{seed}"),
                             16)[0])
@@ -184,7 +184,7 @@ def test_krea2_graph(gpu_host):
 def test_interrupt_within_a_run_then_free_then_one_more_prompt(gpu_host):
     """After the other families (ComfyUI freed ours for theirs): a long Z-Image run interrupted at its third step
     ends interrupted; /free empties our cache; the next prompt loads again and succeeds."""
-    graph = with_seed(workflow("z_image_turbo_t2i_api.json"), 5, "z_interrupted")
+    graph = with_seed(workflow("api/z_image_turbo_t2i.json"), 5, "z_interrupted")
     graph[sampler_of(graph)]["inputs"]["steps"] = 60
     with gpu_host.events() as stream:
         prompt_id = gpu_host.post(graph, stream.client_id)
@@ -204,7 +204,7 @@ def test_interrupt_within_a_run_then_free_then_one_more_prompt(gpu_host):
     card, rss = memory(gpu_host)
     RESULTS.append({"prompt": "after /interrupt and /free", "seconds": 0.0, "sampler": 0.0, "card_gb": card,
                     "host_gb": rss})
-    image(gpu_host, run(gpu_host, "Z-Image ours BF16 after /free", with_seed(workflow("z_image_turbo_t2i_api.json"),
+    image(gpu_host, run(gpu_host, "Z-Image ours BF16 after /free", with_seed(workflow("api/z_image_turbo_t2i.json"),
                                                                               6, "z_after_free"), 8)[0])
 
 
