@@ -80,6 +80,22 @@ def pass_bytes(a: Arch, rows: int) -> int:
     return rows * per_row + chunk * (2 * 2 * a.ffn + 6 * a.ffn) + (256 << 20)
 
 
+def host_pass_bytes(a: Arch, rows: int) -> int:
+    """The host bytes a pass of the float32 host path (dit_core/block.py) takes over `rows` rows besides the
+    weights, generously: the residual stream and its norm's output three times, QKV's product and the rotated q
+    and k, attention's output, the MLP's whole [rows, 2 ffn] product and SwiGLU (the host path does not chunk),
+    and 256 MiB for the rest (attention runs in PyTorch's flash kernel: no [rows, rows] scores)."""
+    per_row = 4 * (4 * a.hidden + a.qkv_width + 3 * a.width + 3 * a.ffn)
+    return rows * per_row + (256 << 20)
+
+
+def step_flops(a: Arch, rows: int, blocks: int) -> float:
+    """Floating-point operations of one pass over `rows` rows through `blocks` blocks: the four linears and
+    attention's two products."""
+    linears = a.hidden * a.qkv_width + a.width * a.hidden + a.hidden * 2 * a.ffn + a.ffn * a.hidden
+    return blocks * (2.0 * rows * linears + 4.0 * rows * rows * a.width)
+
+
 def streamed_blocks(blocks: Sequence[Any], device: torch.device | str, budget: int | Callable[[int], int],
                     files: Sequence[dict] | None = None) -> StreamedBlocks:
     """A family's host blocks as StreamedBlocks on device: GpuBlocks on a CUDA device (each made on the host

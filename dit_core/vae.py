@@ -84,30 +84,34 @@ class ImageDecoder:
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
-               progress: Callable[[int, int], None] | None = None) -> torch.Tensor:
+               progress: Callable[[int, int], None] | None = None,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
         """Raw latents -> IMAGE. Latents larger than `tile` (latent cells) are decoded in tiles overlapping by
-        `overlap` cells and blended with linear feathering; tile=None decodes whole. progress(done, total)."""
+        `overlap` cells and blended with linear feathering; tile=None decodes whole. progress(done, total) after
+        each tile; check() after each of the decoder's blocks (it raises to cancel within a tile)."""
         z = self._check(latents)
         _, _, h, w = z.shape
         if tile is not None and (tile < 1 or not 0 <= overlap < tile):
             raise ValueError(f"decode: tile must be >= 1 and 0 <= overlap < tile, got tile={tile}, "
                              f"overlap={overlap}")
         if tile is None or (h <= tile and w <= tile):
-            x = self.forward(z)
+            x = self.forward(z, check)
             if progress is not None:
                 progress(1, 1)
         else:
-            x = self._tiled(z, tile, overlap, progress)
+            x = self._tiled(z, tile, overlap, progress, check)
         return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
 
-    def forward(self, z: torch.Tensor) -> torch.Tensor:
-        """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder)."""
-        w, g = self.w, self.shape.groups
+    def forward(self, z: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
+        each block."""
+        w, g, check = self.w, self.shape.groups, check or (lambda: None)
         if self.shape.post_quant:
             z = _conv(z, w, "post_quant_conv")
         x = mid(_conv(z, w, "conv_in"), w, g)
         for level in reversed(range(len(self.shape.channels))):
             for j in range(self.shape.blocks):
+                check()
                 x = _resnet(x, w, f"up.{level}.block.{j}", g)
             if level > 0:
                 x = _conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
@@ -122,7 +126,7 @@ class ImageDecoder:
                              f"got {got}; is this latent from another model family?")
         return latents.to(self.w["conv_in.weight"].device, torch.float32)
 
-    def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress) -> torch.Tensor:
+    def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress, check) -> torch.Tensor:
         """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a
         partition of unity, no hard edge (ComfyUI's utils.tiled_scale feathers; ramps sized to the overlap)."""
         b, _, h, w = z.shape
@@ -135,7 +139,7 @@ class ImageDecoder:
             wy = _ramp(rows, i, f)
             for j, (x0, x1) in enumerate(cols):
                 weight = (wy[:, None] * _ramp(cols, j, f)[None, :]).to(z.device)
-                out[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += self.forward(z[:, :, y0:y1, x0:x1]) * weight
+                out[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += self.forward(z[:, :, y0:y1, x0:x1], check) * weight
                 total[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += weight
                 done += 1
                 if progress is not None:

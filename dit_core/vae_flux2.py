@@ -99,7 +99,7 @@ class Flux2VAE(ImageDecoder):
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
-               progress=None) -> torch.Tensor:
+               progress=None, check=None) -> torch.Tensor:
         """Latents -> IMAGE in 0..1. 128 channels: sampler-space (normalized, packed) latents, denormalized with
         the batch-norm statistics and unpacked (diffusers Flux2KleinPipeline, end of __call__); 32 channels: raw
         latents as the decoder takes them. `tile` and `overlap` count cells of the latents given (ComfyUI's tile
@@ -112,7 +112,7 @@ class Flux2VAE(ImageDecoder):
             got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
             raise ValueError(f"samples: expected FLUX.2 latents [B, {PACKED}, h, w] (normalized, packed 2x2) or "
                              f"raw [B, {LATENT_CHANNELS}, H, W], got {got}; is this latent from another model?")
-        return super().decode(latents, tile, overlap, progress)
+        return super().decode(latents, tile, overlap, progress, check)
 
     @torch.no_grad()
     def encode(self, image: torch.Tensor) -> torch.Tensor:

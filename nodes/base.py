@@ -18,7 +18,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import WeightsError
-from .memory import engine_device
+from .memory import RequestTooLarge, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -40,6 +40,8 @@ def checked(node_id: str, input_name: str):
     message says which node and what to change."""
     try:
         yield
+    except RequestTooLarge as e:  # the image's size is what to change, whichever step found it too large
+        raise SwiftDiTError(f"{node_id} · latent_image: {e}") from e
     except (WeightsError, ValueError, FileNotFoundError) as e:
         raise SwiftDiTError(f"{node_id} · {input_name}: {e}") from e
     except torch.cuda.OutOfMemoryError as e:
@@ -240,8 +242,9 @@ def decode_schema(family: str) -> dict:
 
 
 def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:
-    """A VAE decode with a ComfyUI progress bar over its tiles; the decoder's errors name the samples input."""
+    """A VAE decode with a ComfyUI progress bar over its tiles and Cancel honoured within them (after each of the
+    decoder's blocks); the decoder's errors name the samples input."""
     bar = comfy.utils.ProgressBar(1)
     with checked(node_id, "samples"):
-        return decoder.decode(samples["samples"].float(),
+        return decoder.decode(samples["samples"].float(), check=interrupt_check,
                               progress=lambda done, total: bar.update_absolute(done, total))

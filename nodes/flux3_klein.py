@@ -29,7 +29,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device, log, on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
@@ -42,9 +42,10 @@ KLEIN_SHIFT = 16.0
 REFERENCES = "reference_latents"
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Flux3Klein:
-    """The model where ComfyUI computes (on a GPU within the loader's budget), fitted for a pass over rows."""
-    return dit_on_device(handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras), rows)
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> Flux3Klein:
+    """The model where ComfyUI computes (on a GPU within the loader's budget), fitted for a pass over rows;
+    check(model) first (memory.check_request)."""
+    return dit_on_device(handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras), rows, check)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
@@ -120,10 +121,11 @@ class Flux3KleinSampler(io.ComfyNode):
                 raise SwiftDiTError(f"{node} · positive: reference latent {j} is {got}, expected a FLUX.2 latent "
                                     f"[B, {PACKED}, h, w]; encode references with the FLUX.2 VAE")
         # A pass's rows: the image's tokens, the longest text rows and every reference's tokens.
-        rows = latent.shape[-2] * latent.shape[-1] + max(pos.shape[-2], neg.shape[-2]) + \
-            sum(r.shape[-2] * r.shape[-1] for r in refs)
+        image_rows = latent.shape[-2] * latent.shape[-1] + sum(r.shape[-2] * r.shape[-1] for r in refs)
+        text_rows = max(pos.shape[-2], neg.shape[-2])
         with checked(node, "model"):
-            dit = load_dit(model, rows)
+            dit = load_dit(model, image_rows + text_rows,
+                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
         if refs and not dit.mode_blocks["image_cond"]:
             raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
                                 f"blocks); remove ReferenceLatent or load an edit-capable Klein")

@@ -27,17 +27,18 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
 LATENT_CHANNELS = 16
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> Krea2:
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> Krea2:
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ within the loader's GPU
-    budget, fitted for a pass over `rows` rows; elsewhere the float32 host path."""
-    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears, handle.loras), rows)
+    budget, fitted for a pass over `rows` rows; elsewhere the float32 host path. check(model) first
+    (memory.check_request)."""
+    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears, handle.loras), rows, check)
 
 
 class Krea2Loader(DiTLoaderNode):
@@ -150,9 +151,10 @@ class Krea2Sampler(io.ComfyNode):
             if rows.dim() != 4:
                 raise SwiftDiTError(f"{node} · {name}: not Krea 2 text rows [1, L, 12, 2560] (got "
                                     f"{tuple(rows.shape)}); encode the prompt with the Krea 2 Text Encode node")
+        image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[1], neg.shape[1])
         with checked(node, "model"):
-            dit = load_dit(model, (latent.shape[-2] // 2) * (latent.shape[-1] // 2) + max(pos.shape[1],
-                                                                                           neg.shape[1]))
+            dit = load_dit(model, image_rows + text_rows,
+                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
         device = engine_device()
         fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
 

@@ -3,16 +3,19 @@ DiT's block budget from the loader's gpu_budget_gb, and GPU memory given back wh
 again on the next use); the report of where a model's bytes are is nodes/model_bytes.py."""
 from __future__ import annotations
 
+import functools
 import gc
 import logging
+import math
 import os
+import time
 from collections.abc import Callable
 from contextlib import contextmanager
 
 import comfy.model_management
 import torch
 
-from ..dit_core.streaming import StreamedBlocks, pass_bytes
+from ..dit_core.streaming import SLOTS, StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
 from .model_bytes import GIB, describe, placement
 
 log = logging.getLogger("SwiftDiT")
@@ -212,10 +215,68 @@ def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
     return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device)
 
 
-def dit_on_device(handle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS):
+def dit_on_device(handle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS,
+                  check: Callable[[object], None] | None = None):
     """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb, and
-    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room)."""
+    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room). check(model) runs
+    first (check_request: a pass that cannot fit is refused before any block moves)."""
     device = engine_device()
     dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb))
+    if check is not None:
+        check(dit)
     fit_blocks(dit, device, handle.gpu_budget_gb, rows)
     return dit
+
+
+class RequestTooLarge(Exception):
+    """A sampler's request that cannot run in the memory there is (nodes/base.checked names latent_image)."""
+
+
+IMAGE_ROW_PIXELS = 16 * 16  # an image row of every family so far: 2x2 latent cells of 8x8 pixels (FLUX.2: 16x16)
+SLOW_STEP_S = 20.0  # a step estimated longer than this on the CPU is said in the log
+
+
+def check_request(model, image_rows: int, text_rows: int, steps: int, passes: int = 1) -> None:
+    """Before any work: a pass over image_rows + text_rows rows that cannot fit in the memory it would run in (the
+    card less ComfyUI's reserve and what of the model never streams; on the CPU the host's available memory) raises
+    RequestTooLarge with what it needs and the largest image that fits. On the CPU, a request that fits but will
+    take long is said in the log, with the time this machine's matrix products give it."""
+    a, device, rows = model.arch, engine_device(), image_rows + text_rows
+    if device.type == "cuda":
+        blocks, on_card = getattr(model, "blocks", None), placement(model).device
+        streamed = isinstance(blocks, StreamedBlocks)
+        never_streamed = on_card - blocks.device_bytes() if streamed else on_card
+        slots = SLOTS * blocks.slot_bytes if streamed else 0  # where streamed blocks run
+        available = comfy.model_management.get_total_memory(device) - never_streamed - slots - \
+            int(comfy.model_management.extra_reserved_memory())
+        need, where = (lambda r: pass_bytes(a, r)), "GPU"
+    else:
+        available = comfy.model_management.get_free_memory(device)
+        need, where = (lambda r: host_pass_bytes(a, r)), "host"
+    if need(rows) > available:
+        fit = 0  # the most image rows whose pass fits (need grows with rows)
+        hi = image_rows
+        while fit < hi:
+            mid = (fit + hi + 1) // 2
+            fit, hi = (mid, hi) if need(mid + text_rows) <= available else (fit, mid - 1)
+        side = int((fit * IMAGE_ROW_PIXELS) ** 0.5) // 64 * 64
+        raise RequestTooLarge(
+            f"{image_rows * IMAGE_ROW_PIXELS / 1e6:.1f} megapixels need about {need(rows) / GIB:.1f} GiB of {where} "
+            f"memory for a pass and {max(available, 0) / GIB:.1f} GiB is there for it; the largest image that fits "
+            f"is about {fit * IMAGE_ROW_PIXELS / 1e6:.2f} megapixels ({side}x{side} at 1:1): use a smaller size")
+    if device.type == "cpu":
+        seconds = passes * step_flops(a, rows, a.layers + a.refiner) / host_flops_per_s()
+        if seconds > SLOW_STEP_S:
+            log.warning("SwiftDiT: on the CPU this request takes about %.0f s a step, %.1f min for %d steps (a GPU "
+                        "runs it in a fraction of that)", seconds, seconds * steps / 60, steps)
+
+
+@functools.cache
+def host_flops_per_s() -> float:
+    """This machine's f32 matrix-product rate, measured once a process (a 1024^3 product, the best of three)."""
+    x, best = torch.randn(1024, 1024), math.inf
+    for _ in range(3):
+        start = time.perf_counter()
+        x @ x
+        best = min(best, time.perf_counter() - start)
+    return 2 * 1024 ** 3 / best

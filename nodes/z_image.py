@@ -30,7 +30,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device, on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -38,11 +38,11 @@ LATENT_CHANNELS = 16
 DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS) -> ZImage:
+def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> ZImage:
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
     matrix cores) within the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32
-    host path."""
-    return dit_on_device(handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras), rows)
+    host path. check(model): memory.check_request's refusal, before any block moves."""
+    return dit_on_device(handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras), rows, check)
 
 
 def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
@@ -124,8 +124,11 @@ class ZImageSampler(io.ComfyNode):
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
         pos = conditioning_rows(node, "positive", positive)
         neg = conditioning_rows(node, "negative", negative)
+        latent = latent_image["samples"]
+        image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[-2], neg.shape[-2])
         with checked(node, "model"):
-            dit = load_dit(model, pass_rows(latent_image["samples"], pos, neg))
+            dit = load_dit(model, pass_rows(latent, pos, neg),
+                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
 
         device = engine_device()
         # On a GPU each step replays a CUDA graph while every block is resident; the graphs stay with the loaded

@@ -264,6 +264,28 @@ def test_cancel_stops_the_sampler_and_server_stays_usable(host):
     assert saved_image(host, Run(*after)).shape == (SETTINGS.height, SETTINGS.width, 3)
 
 
+def test_cancel_inside_a_long_decode(host):
+    """Cancel while the VAE decodes a tiled image (576x512: two tiles of the full-size VAE): the decode stops within
+    the tile that is running (between the decoder's blocks), named as the interrupted node, with no image saved."""
+    graph = swiftdit_graph(Settings(width=576, height=512, steps=1, seed=9, filename_prefix="decode_cancelled"))
+    asked = []
+    with host.events() as stream:
+        prompt_id = host.post(graph, stream.client_id)
+
+        def on_event(event):
+            if not asked and event["type"] == "executing" and event["data"].get("node") == DECODE:
+                asked.append(time.monotonic())
+                host.interrupt(prompt_id)
+
+        events = stream.collect(prompt_id, TIMEOUT, on_event)
+    assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
+    assert events[-1]["data"]["node_id"] == DECODE
+    tiles = of_type(events, "progress", node=DECODE)
+    assert not tiles, f"{len(tiles)} decode tiles finished after Cancel"
+    print(f"\ncancel in the decode: interrupted {events[-1]['received'] - asked[0]:.2f} s after Cancel")
+    assert not host.wait(prompt_id, 30)["outputs"].get(SAVE)
+
+
 def test_models_kept_across_prompts_and_freed_on_unload(host):
     def graph(seed):
         return swiftdit_graph(Settings(seed=seed, steps=1, filename_prefix=f"keep{seed}"))
@@ -316,6 +338,9 @@ ERROR_CASES = {
     "shift 0": (Settings(shift=0.0), SAMPLING, "SwiftDiTZImageModelSamplingAuraFlow", "shift"),
     "gpu_budget_gb NaN": (Settings(gpu_budget_gb=NAN), MODEL_LOADER, "SwiftDiTZImageLoader", "gpu_budget_gb"),
     "LoRA strength NaN": (Settings(), LORA_NODE, "SwiftDiTZImageLoraLoaderModelOnly", "strength_model"),
+    # A pass over 8192x8192 (262144 rows of the full-width model) needs about 70 GiB on the host path: refused before
+    # any work, and the server goes on (the tests after this one).
+    "8192x8192 too large": (Settings(width=8192, height=8192), SAMPLER, "SwiftDiTZImageSampler", "largest image"),
 }
 
 

@@ -332,3 +332,34 @@ def test_loader_budget_streams_the_blocks(pack, models, streamed_on_cpu, caplog)
     assert torch.equal(samples, engine_samples(models, positive[0][0])) and sum(blocks.resident) == 1
     graph(pack)  # back to automatic: every block returns
     assert all(blocks.resident)
+
+
+def test_cancel_interrupts_a_decode_within_a_tile(pack, models, monkeypatch):
+    """A large decode runs in tiles; Cancel is honoured within the tile that is running (between the decoder's
+    blocks), not after the last tile."""
+    import comfy.model_management
+    from swiftdit_pack.dit_core.vae import ImageDecoder
+    tiles, forward = [], ImageDecoder.forward
+    monkeypatch.setattr(ImageDecoder, "forward", lambda self, z, check=None: tiles.append(1) or forward(self, z, check))
+    (vae,) = run(pack.ZImageVAELoader, vae_name="ae_tiny.safetensors")
+    latent = {"samples": torch.randn(1, 16, 72, 136)}  # past the 64-cell tile: several tiles
+    comfy.model_management.interrupt_current_processing(True)
+    try:
+        with pytest.raises(comfy.model_management.InterruptProcessingException):
+            run(pack.ZImageVAEDecode, samples=latent, vae=vae)
+    finally:
+        comfy.model_management.interrupt_current_processing(False)
+    assert tiles == [1]
+
+
+def test_a_request_too_large_is_refused_before_any_work(pack, models, monkeypatch):
+    """An image whose pass cannot fit in the memory there is: refused at the sampler, naming latent_image, with what
+    it needs and the largest size that fits; nothing is sampled."""
+    import comfy.model_management
+    from swiftdit_pack.dit_core.families.z_image import ZImage
+    monkeypatch.setattr(comfy.model_management, "get_free_memory", lambda *a, **k: 300 * 2**20)
+    monkeypatch.setattr(ZImage, "denoised", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(Exception, match=r"SwiftDiTZImageSampler · latent_image: .* megapixels need about .* GiB of "
+                                        r"host memory .* the largest image that fits is about .* megapixels"):
+        graph(pack, width=1024, height=1024)
+
