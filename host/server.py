@@ -52,6 +52,7 @@ class ComfyHost:
         cpu: bool = True,
         cache_none: bool = True,
         packages_first: str | os.PathLike | None = None,
+        frontend: bool = False,
     ):
         self.tree = Path(tree).resolve()
         self.base = Path(base).resolve()
@@ -62,6 +63,7 @@ class ComfyHost:
         self.cache_none = cache_none  # False: ComfyUI's cache (unchanged nodes of the next prompt do not run)
         # a folder of packages ahead of the venv's own (the newest transformers: tests/host/test_newest_transformers.py)
         self.packages_first = None if packages_first is None else Path(packages_first).resolve()
+        self.frontend = frontend  # True: ComfyUI's own editor at GET / (the comfyui-frontend-package installed)
         self.port: int | None = None
         self.proc: subprocess.Popen | None = None
         self.log_path = self.base / "server.log"
@@ -121,8 +123,7 @@ class ComfyHost:
             "--port",
             str(self.port),
             "--disable-auto-launch",
-            "--front-end-root",
-            str(web_root),
+            *([] if self.frontend else ["--front-end-root", str(web_root)]),
             "--base-directory",
             str(self.base),
             "--disable-api-nodes",
