@@ -9,6 +9,7 @@ import queue
 import re
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ LAUNCHER = Path(__file__).resolve().with_name("run_comfy.py")
 MODEL_FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
 # Events after which ComfyUI runs nothing more for a prompt (reference/comfyui_host.md section 5).
 TERMINAL_EVENTS = ("execution_success", "execution_error", "execution_interrupted")
+PROGRESS_TEXT = (3).to_bytes(4, "big")  # ComfyUI's BinaryEventTypes.TEXT (protocol.py)
 
 
 class HostError(RuntimeError):
@@ -322,8 +324,9 @@ class ComfyHost:
 
 class EventStream:
     """WebSocket events of one client id, received on a background thread into a queue of dicts
-    {"type": ..., "data": ..., "received": time.monotonic() on arrival}; binary frames (latent previews) are
-    skipped."""
+    {"type": ..., "data": ..., "received": time.monotonic() on arrival}: ComfyUI's JSON events, and its binary text
+    frames (PromptServer.send_progress_text) as {"type": "progress_text", "data": {"node", "text"}}; the other
+    binary frames (latent previews) are skipped."""
 
     def __init__(self, url: str, client_id: str):
         self.ws_url = url.replace("http://", "ws://") + f"/ws?clientId={client_id}"
@@ -370,6 +373,11 @@ class EventStream:
                     msg = receiver.result()
                     if msg.type == aiohttp.WSMsgType.TEXT:  # stamped on arrival (node_seconds)
                         self.queue.put({**json.loads(msg.data), "received": time.monotonic()})
+                    elif msg.type == aiohttp.WSMsgType.BINARY and msg.data[:4] == PROGRESS_TEXT:
+                        # [event type][node id's length][node id][text], big-endian lengths (server.py)
+                        length = struct.unpack(">I", msg.data[4:8])[0]
+                        self.queue.put({"type": "progress_text", "received": time.monotonic(), "data": {
+                            "node": msg.data[8:8 + length].decode(), "text": msg.data[8 + length:].decode()}})
                     elif msg.type in (
                         aiohttp.WSMsgType.CLOSED,
                         aiohttp.WSMsgType.CLOSING,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -18,7 +19,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import WeightsError
-from .memory import RequestTooLarge, engine_device
+from .memory import RequestTooLarge, check_request, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -123,6 +124,23 @@ class FileHandle:
 
     def key(self) -> tuple:
         return (self.kind, file_key(self.path))
+
+
+def request_check(node_cls, image_rows: int, text_rows: int, steps: int, cfg: float) -> Callable:
+    """load_dit's check(model) for a sampler's request: memory.check_request (two passes a step when cfg is not 1),
+    its note on a long CPU run shown on the sampler's node."""
+    return lambda model: check_request(model, image_rows, text_rows, steps, 1 if cfg == 1 else 2,
+                                       say=lambda text: show_on_node(node_cls, text))
+
+
+def show_on_node(node_cls, text: str) -> None:
+    """text on the node that runs (a V3 node class with the hidden unique_id, as ComfyUI's executor prepares it) in
+    ComfyUI's editor: its progress text, as the stock GetImageSize shows a size. Nothing outside a running server
+    (the module `server` is ComfyUI's, imported by its main.py) or for a node called directly."""
+    prompt_server = getattr(getattr(sys.modules.get("server"), "PromptServer", None), "instance", None)
+    node_id = getattr(node_cls.hidden, "unique_id", None)
+    if prompt_server is not None and node_id is not None:
+        prompt_server.send_progress_text(text, node_id)
 
 
 def interrupt_check() -> None:

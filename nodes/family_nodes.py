@@ -6,7 +6,7 @@ import folder_paths
 from comfy_api.latest import io
 
 from .base import (FileHandle, ModelHandle, checked, finite, linear_mode, load_model, loader_inputs, model_file,
-                   model_input, model_output)
+                   model_input, model_output, show_on_node)
 from .types import TextEncoder, Vae
 
 
@@ -24,7 +24,7 @@ class DiTLoaderNode(io.ComfyNode):
     def define_schema(cls):
         return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
                          description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE),
-                         outputs=[model_output(cls.TITLE)])
+                         outputs=[model_output(cls.TITLE)], hidden=[io.Hidden.unique_id])
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
@@ -32,7 +32,9 @@ class DiTLoaderNode(io.ComfyNode):
         path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")
         handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears), shift=cls.SHIFT,
                              gpu_budget_gb=budget)
-        return io.NodeOutput(handle, ui={"text": [load_model(cls.NODE_ID, handle, cls.load)]})
+        where = load_model(cls.NODE_ID, handle, cls.load)
+        show_on_node(cls, where)
+        return io.NodeOutput(handle, ui={"text": [where]})
 
 
 class LoraLoaderNode(io.ComfyNode):

@@ -22,6 +22,7 @@ from .base import (
     decode_schema,
     finite,
     ksampler_inputs,
+    request_check,
     latent_output,
     model_input,
     run_sampler,
@@ -29,7 +30,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device, log, on_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
@@ -96,7 +97,7 @@ class Flux3KleinSampler(io.ComfyNode):
                     io.Int.Input("refresh", default=0, min=0, max=10000,
                                  tooltip="Edits: recompute the reference images' keys and values every this many "
                                          "steps and reuse them between; 0 recomputes them every step")],
-            outputs=[latent_output()])
+            outputs=[latent_output()], hidden=[io.Hidden.unique_id])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise,
@@ -125,7 +126,7 @@ class Flux3KleinSampler(io.ComfyNode):
         text_rows = max(pos.shape[-2], neg.shape[-2])
         with checked(node, "model"):
             dit = load_dit(model, image_rows + text_rows,
-                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
+                           request_check(cls, image_rows, text_rows, steps, cfg))
         if refs and not dit.mode_blocks["image_cond"]:
             raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
                                 f"blocks); remove ReferenceLatent or load an edit-capable Klein")

@@ -20,6 +20,7 @@ from .base import (
     finite,
     interrupt_check,
     ksampler_inputs,
+    request_check,
     model_input,
     model_output,
     run_sampler,
@@ -27,7 +28,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -134,7 +135,8 @@ class Krea2Sampler(io.ComfyNode):
                         "decode with the stock VAE Decode and qwen_image_vae.",
             inputs=ksampler_inputs(model_input("Krea 2"), 8, list(SAMPLERS), "euler", list(TABLE_SCHEDULERS),
                                    "simple"),
-            outputs=[io.Latent.Output(tooltip="The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode")])
+            outputs=[io.Latent.Output(tooltip="The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode")],
+            hidden=[io.Hidden.unique_id])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
@@ -154,7 +156,7 @@ class Krea2Sampler(io.ComfyNode):
         image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[1], neg.shape[1])
         with checked(node, "model"):
             dit = load_dit(model, image_rows + text_rows,
-                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
+                           request_check(cls, image_rows, text_rows, steps, cfg))
         device = engine_device()
         fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
 

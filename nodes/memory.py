@@ -236,11 +236,13 @@ IMAGE_ROW_PIXELS = 16 * 16  # an image row of every family so far: 2x2 latent ce
 SLOW_STEP_S = 20.0  # a step estimated longer than this on the CPU is said in the log
 
 
-def check_request(model, image_rows: int, text_rows: int, steps: int, passes: int = 1) -> None:
+def check_request(model, image_rows: int, text_rows: int, steps: int, passes: int = 1,
+                  say: Callable[[str], None] | None = None) -> None:
     """Before any work: a pass over image_rows + text_rows rows that cannot fit in the memory it would run in (the
     card less ComfyUI's reserve and what of the model never streams; on the CPU the host's available memory) raises
     RequestTooLarge with what it needs and the largest image that fits. On the CPU, a request that fits but will
-    take long is said in the log, with the time this machine's matrix products give it."""
+    take long is said in the log and to say(text) (the sampler shows it on its node), with the time this machine's
+    matrix products give it."""
     a, device, rows = model.arch, engine_device(), image_rows + text_rows
     if device.type == "cuda":
         blocks, on_card = getattr(model, "blocks", None), placement(model).device
@@ -267,8 +269,11 @@ def check_request(model, image_rows: int, text_rows: int, steps: int, passes: in
     if device.type == "cpu":
         seconds = passes * step_flops(a, rows, a.layers + a.refiner) / host_flops_per_s()
         if seconds > SLOW_STEP_S:
-            log.warning("SwiftDiT: on the CPU this request takes about %.0f s a step, %.1f min for %d steps (a GPU "
-                        "runs it in a fraction of that)", seconds, seconds * steps / 60, steps)
+            text = (f"on the CPU: about {seconds:.0f} s a step, {seconds * steps / 60:.1f} min for {steps} steps (a "
+                    f"GPU takes a fraction of that)")
+            log.warning("SwiftDiT: %s", text)
+            if say is not None:
+                say(text)
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from .base import (
     decode_schema,
     interrupt_check,
     ksampler_inputs,
+    request_check,
     latent_output,
     model_input,
     model_output,
@@ -30,7 +31,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, check_request, dit_on_device, engine_device, on_device
+from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -112,7 +113,7 @@ class ZImageSampler(io.ComfyNode):
             description="KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock.",
             inputs=ksampler_inputs(model_input("Z-Image"), 8, list(SAMPLERS), "res_multistep", list(SCHEDULERS),
                                    "simple"),
-            outputs=[latent_output()])
+            outputs=[latent_output()], hidden=[io.Hidden.unique_id])
 
     @classmethod
     def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
@@ -128,7 +129,7 @@ class ZImageSampler(io.ComfyNode):
         image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[-2], neg.shape[-2])
         with checked(node, "model"):
             dit = load_dit(model, pass_rows(latent, pos, neg),
-                           lambda dit: check_request(dit, image_rows, text_rows, steps, 1 if cfg == 1 else 2))
+                           request_check(cls, image_rows, text_rows, steps, cfg))
 
         device = engine_device()
         # On a GPU each step replays a CUDA graph while every block is resident; the graphs stay with the loaded

@@ -223,6 +223,14 @@ def test_int8_graph_close_to_bf16_graph(host, runs):
     assert value >= 30.0
 
 
+def test_loader_shows_where_the_model_is_on_its_node(host):
+    """The loader's report (the file, GiB on the GPU or MiB of host memory) reaches the editor as the node's text."""
+    entry, events, _ = host.run(swiftdit_graph(Settings(steps=1, seed=11, filename_prefix="loader_text")), TIMEOUT)
+    assert entry["status"]["status_str"] == "success"
+    [shown] = [e["text"] for e in of_type(events, "progress_text", node=MODEL_LOADER)]
+    assert shown.startswith("z_image_turbo_bf16.safetensors: ") and "host memory" in shown, shown
+
+
 def test_sampler_reports_progress_per_step(host, runs):
     run = runs.get("ours_bf16", swiftdit_graph(SETTINGS))
     progress = of_type(run.events, "progress", node=SAMPLER)
