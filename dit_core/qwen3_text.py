@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -203,8 +205,9 @@ class Qwen3TextEncoder:
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
     @torch.no_grad()
-    def encode_ids(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
-        """Features [1, L, hidden] f32 of token ids (one unpadded causal sequence, as ComfyUI runs it)."""
+    def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Features [1, L, hidden] f32 of token ids (one unpadded causal sequence, as ComfyUI runs it); check()
+        before each layer (it raises to cancel)."""
         device = self.model.embed_tokens.weight.device
         ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
         vocab = self.model.config.vocab_size
@@ -214,8 +217,20 @@ class Qwen3TextEncoder:
         limit = self.model.config.max_position_embeddings
         if ids.numel() > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
             raise prompt_too_long(ids.numel(), limit)
-        return self.model(input_ids=ids).last_hidden_state.float()
+        with checked_layers(self.model.layers, check):
+            return self.model(input_ids=ids).last_hidden_state.float()
 
-    def encode(self, prompt: str) -> torch.Tensor:
-        """Features [1, L, hidden] f32 of a prompt in the Z-Image chat template."""
-        return self.encode_ids(self.tokenize(prompt))
+    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Features [1, L, hidden] f32 of a prompt in the Z-Image chat template; check() before each layer."""
+        return self.encode_ids(self.tokenize(prompt), check)
+
+
+@contextmanager
+def checked_layers(layers, check: Callable[[], None] | None):
+    """check() before each of the transformers layers runs, within the block (a cancel inside an encode)."""
+    handles = [] if check is None else [layer.register_forward_pre_hook(lambda *_: check()) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()

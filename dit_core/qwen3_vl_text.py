@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 
 import torch
 from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
@@ -16,6 +17,7 @@ from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbe
 from .qwen3_text import (
     CHAT_TEMPLATE,
     RMS_EPS,
+    checked_layers,
     find_root,
     load_tokenizer,
     prompt_too_long,
@@ -146,9 +148,9 @@ class Qwen3VLTextEncoder:
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
     @torch.no_grad()
-    def encode_ids(self, ids: list[int] | torch.Tensor) -> torch.Tensor:
+    def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Rows [1, L_padded, len(layers) * hidden] f32 of unpadded ids; pad rows included (the DiT attends
-        them), pads masked as keys inside the encoder and at position id PAD_POSITION."""
+        them), pads masked as keys inside the encoder and at position id PAD_POSITION; check() before each layer."""
         ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).tolist()
         vocab = self.model.config.vocab_size
         if not ids or min(ids) < 0 or max(ids) >= vocab:
@@ -158,12 +160,12 @@ class Qwen3VLTextEncoder:
         device = self.model.embed_tokens.weight.device
         mask = torch.tensor([mask], device=device)
         positions = torch.arange(len(padded), device=device)[None].masked_fill(mask == 0, PAD_POSITION)
-        return torch.cat(self.hidden_states(padded, mask, positions), dim=-1).float()
+        return torch.cat(self.hidden_states(padded, mask, positions, check), dim=-1).float()
 
-    def hidden_states(self, ids: list[int], mask: torch.Tensor | None = None,
-                      positions: torch.Tensor | None = None) -> list[torch.Tensor]:
+    def hidden_states(self, ids: list[int], mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                      check: Callable[[], None] | None = None) -> list[torch.Tensor]:
         """hidden_states[k] [1, L, hidden] for k in layers, of ids (mask [1, L]: keys of 0 unseen; positions [1, L]:
-        the same on every mRoPE axis, as text rows have them; default 0..L-1)."""
+        the same on every mRoPE axis, as text rows have them; default 0..L-1); check() before each layer."""
         device = self.model.embed_tokens.weight.device
         input_ids = torch.tensor([ids], device=device)
         if positions is None:
@@ -179,15 +181,16 @@ class Qwen3VLTextEncoder:
         modules = {k: self.model.embed_tokens if k == 0 else self.model.layers[k - 1] for k in set(self.layers)}
         handles = [m.register_forward_hook(keep(k)) for k, m in modules.items()]
         try:
-            self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+            with checked_layers(self.model.layers, check):
+                self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
         finally:
             for h in handles:
                 h.remove()
         return [taps[k] for k in self.layers]
 
-    def encode(self, prompt: str) -> torch.Tensor:
-        """Text rows [1, L_padded, len(layers) * hidden] f32 of a prompt."""
-        return self.encode_ids(self.tokenize(prompt))
+    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Text rows [1, L_padded, len(layers) * hidden] f32 of a prompt; check() before each layer."""
+        return self.encode_ids(self.tokenize(prompt), check)
 
 
 class Krea2TextEncoder:
@@ -217,6 +220,6 @@ class Krea2TextEncoder:
         return ids + tokenizer(KREA2_SUFFIX)["input_ids"]
 
     @torch.no_grad()
-    def encode(self, prompt: str) -> torch.Tensor:
-        states = self.encoder.hidden_states(self.tokenize(prompt))
+    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
+        states = self.encoder.hidden_states(self.tokenize(prompt), check=check)
         return torch.stack(states, dim=2)[0, KREA2_PREFIX_ROWS:].float()

@@ -21,6 +21,7 @@ from .base import (
     decode_image,
     decode_schema,
     finite,
+    interrupt_check,
     ksampler_inputs,
     request_check,
     latent_output,
@@ -80,7 +81,8 @@ class Flux3KleinTextEncode(TextEncodeNode):
     DESCRIPTION = ("The prompt's Qwen3-VL rows (layers 4, 8, ..., 32 stacked, padded to a multiple of 80 tokens) as "
                    "CONDITIONING.")
     # pad rows included: the DiT attends them
-    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)))
+    conditioning = staticmethod(
+        lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text, interrupt_check)))
 
 
 class Flux3KleinSampler(io.ComfyNode):

@@ -112,7 +112,8 @@ class Krea2TextEncode(TextEncodeNode):
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTKrea2TextEncode", "Krea 2 Text Encode (SwiftDiT)", CATEGORY
     DESCRIPTION = "The prompt's text rows (Qwen3-VL layers 2, 5, ..., 35 of each token) as CONDITIONING."
     # valid rows only: [1, L, 12, 2560]
-    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)[None]))
+    conditioning = staticmethod(
+        lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text, interrupt_check)[None]))
 
 
 def image_latent(node: str, samples: torch.Tensor) -> torch.Tensor:

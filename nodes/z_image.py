@@ -102,7 +102,8 @@ class ZImageTextEncode(TextEncodeNode):
     TITLE = "Z-Image"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTZImageTextEncode", "Z-Image Text Encode (SwiftDiT)", CATEGORY
     DESCRIPTION = "The prompt's Qwen3 rows as CONDITIONING, exactly as CLIPTextEncode makes them for Z-Image."
-    conditioning = staticmethod(lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text)))
+    conditioning = staticmethod(
+        lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text, interrupt_check)))
 
 
 class ZImageSampler(io.ComfyNode):

@@ -179,13 +179,14 @@ def test_cancel_interrupts_within_a_step(pack, models, monkeypatch):
 
     def counted(self, *args, **kwargs):
         calls.append(1)
+        if len(calls) == 1:  # Cancel, as the first step starts
+            comfy.model_management.interrupt_current_processing(True)
         out = denoised(self, *args, **kwargs)
         finished.append(1)
         return out
     monkeypatch.setattr(ZImage, "denoised", counted)
     with monkeypatch.context() as blind:
         blind.setattr(comfy.model_management, "processing_interrupted", lambda: False)
-        comfy.model_management.interrupt_current_processing(True)
         try:
             with pytest.raises(comfy.model_management.InterruptProcessingException):
                 graph(pack)
@@ -363,3 +364,23 @@ def test_a_request_too_large_is_refused_before_any_work(pack, models, monkeypatc
                                         r"host memory .* the largest image that fits is about .* megapixels"):
         graph(pack, width=1024, height=1024)
 
+
+
+def test_cancel_interrupts_the_text_encoder_between_layers(pack, models, monkeypatch):
+    """Cancel inside an encode: the text encoder stops before its next layer."""
+    import comfy.model_management
+    from swiftdit_pack.nodes.memory import LOADED
+    (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2")
+    layers = LOADED.get("text", clip.key(), lambda: pytest.fail("not loaded")).model.layers
+    ran = []
+    handles = [layer.register_forward_hook(lambda *_: ran.append(1)) for layer in layers]
+    comfy.model_management.interrupt_current_processing(True)
+    try:
+        with pytest.raises(comfy.model_management.InterruptProcessingException):
+            run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)
+    finally:
+        comfy.model_management.interrupt_current_processing(False)
+        for handle in handles:
+            handle.remove()
+    assert ran == [] and len(layers) > 1
+    run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)  # hooks gone: encodes again
