@@ -82,11 +82,26 @@ def sampler_widgets(node_id: str, cfg, denoise, sampler_name: str, samplers, sch
                                 f"{', '.join(allowed)}")
 
 
+def not_listed(folder: str, name: str) -> str | None:
+    """Why `name` cannot be read from ComfyUI's folder list `folder` (None when it is listed): names outside those
+    folders are refused."""
+    if name in folder_paths.get_filename_list(folder):
+        return None
+    return f"'{name}' is not in ComfyUI's models/{folder} folders; put the file there and refresh"
+
+
+def file_checked(node_cls, folder: str, name: str, input_name: str) -> bool | str:
+    """A loader's validate_inputs: ComfyUI v0.3.75 checks no V3 combo against its list before a run, so each loader
+    does, and a graph with several missing files is refused at once, each named with its node's display name."""
+    why = not_listed(folder, name)
+    return True if why is None else f"{node_cls.DISPLAY} · {input_name}: {why}"
+
+
 def model_file(node_id: str, folder: str, name: str, input_name: str) -> str:
     """The full path of `name` from ComfyUI's folder list `folder`; names outside those folders are refused."""
-    if name not in folder_paths.get_filename_list(folder):
-        raise SwiftDiTError(f"{node_id} · {input_name}: '{name}' is not in ComfyUI's models/{folder} folders; "
-                            f"put the file there and refresh")
+    why = not_listed(folder, name)
+    if why is not None:
+        raise SwiftDiTError(f"{node_id} · {input_name}: {why}")
     return folder_paths.get_full_path_or_raise(folder, name)
 
 

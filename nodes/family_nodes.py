@@ -5,8 +5,8 @@ from __future__ import annotations
 import folder_paths
 from comfy_api.latest import io
 
-from .base import (FileHandle, ModelHandle, checked, finite, linear_mode, load_model, loader_inputs, model_file,
-                   model_input, model_output, show_on_node)
+from .base import (FileHandle, ModelHandle, checked, file_checked, finite, linear_mode, load_model, loader_inputs,
+                   model_file, model_input, model_output, show_on_node)
 from .types import TextEncoder, Vae
 
 
@@ -25,6 +25,10 @@ class DiTLoaderNode(io.ComfyNode):
         return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
                          description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE),
                          outputs=[model_output(cls.TITLE)], hidden=[io.Hidden.unique_id])
+
+    @classmethod
+    def validate_inputs(cls, unet_name) -> bool | str:
+        return file_checked(cls, "diffusion_models", unet_name, "unet_name")
 
     @classmethod
     def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
@@ -56,6 +60,10 @@ class LoraLoaderNode(io.ComfyNode):
                     io.Float.Input("strength_model", default=1.0, min=-100.0, max=100.0, step=0.01,
                                    tooltip="How strongly the LoRA changes the model; 0 leaves it off")],
             outputs=[model_output(cls.TITLE)])
+
+    @classmethod
+    def validate_inputs(cls, lora_name) -> bool | str:
+        return file_checked(cls, "loras", lora_name, "lora_name")
 
     @classmethod
     def execute(cls, model, lora_name, strength_model) -> io.NodeOutput:
@@ -132,6 +140,10 @@ class TextEncoderLoaderNode(FileLoaderNode):
     TYPE = ""
 
     @classmethod
+    def validate_inputs(cls, clip_name) -> bool | str:  # its one input by name: ComfyUI passes those it names
+        return file_checked(cls, cls.FOLDER, clip_name, cls.INPUT)
+
+    @classmethod
     def extra_inputs(cls) -> list:
         return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE,
                                tooltip="CLIPLoader's type for this model (kept for workflow compatibility)"),
@@ -146,6 +158,10 @@ class TextEncoderLoaderNode(FileLoaderNode):
 class VAELoaderNode(FileLoaderNode):
     """VAELoader's widget (vae_name)."""
     FOLDER, INPUT, KIND = "vae", "vae_name", "vae"
+
+    @classmethod
+    def validate_inputs(cls, vae_name) -> bool | str:
+        return file_checked(cls, cls.FOLDER, vae_name, cls.INPUT)
 
     @classmethod
     def output(cls):

@@ -1,6 +1,7 @@
 """Z-Image on a real ComfyUI v0.3.75 server: our nodes as documented, our graph against the stock one, and the
 ComfyUI behaviour users expect (progress per step, cancel, models kept and freed, errors on the node)."""
 
+import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -9,9 +10,10 @@ from pathlib import Path
 import pytest
 
 from swiftdit.swap import swap_api
-from host.graphs import DECODE, MODEL_LOADER, SAMPLER, SAMPLING, SAVE, Settings, stock_graph, swiftdit_graph
+from host.graphs import (DECODE, MODEL_LOADER, SAMPLER, SAMPLING, SAVE, TEXT_LOADER, VAE_LOADER, Settings, stock_graph,
+                         swiftdit_graph)
 from host.images import PNG_SIGNATURE, load, psnr
-from host.server import TERMINAL_EVENTS, of_type
+from host.server import TERMINAL_EVENTS, HostError, of_type
 
 pytestmark = pytest.mark.slow
 
@@ -378,3 +380,19 @@ def test_errors_name_the_node_and_the_input(host, case):
     assert node_type in message or display in message, message
     assert name in message, message
     assert DECODE not in error["executed"]
+
+
+def test_missing_files_are_refused_together_before_the_run(host):
+    """Three files that are not in ComfyUI's folders: the queue refuses the graph at once (HTTP 400), each loader
+    named by its display name and input, rather than the first loader failing when it runs."""
+    graph = swiftdit_graph(Settings(unet_name="gone_dit.safetensors", clip_name="gone_te.safetensors",
+                                    vae_name="gone_vae.safetensors"))
+    with pytest.raises(HostError) as refused:
+        host.post(graph)
+    errors = json.loads(str(refused.value).split(": ", 2)[2])["node_errors"]
+    assert sorted(errors) == sorted([MODEL_LOADER, TEXT_LOADER, VAE_LOADER])
+    for node, (display, name) in {MODEL_LOADER: ("Z-Image Loader (SwiftDiT)", "unet_name"),
+                                  TEXT_LOADER: ("Z-Image Text Encoder Loader (SwiftDiT)", "clip_name"),
+                                  VAE_LOADER: ("Z-Image VAE Loader (SwiftDiT)", "vae_name")}.items():
+        [error] = errors[node]["errors"]
+        assert f"{display} · {name}: 'gone_" in error["details"] and "put the file there" in error["details"]
