@@ -174,7 +174,7 @@ class Qwen3TextEncoder:
         """A text encoder from a Qwen3 file (layout as ComfyUI's, any linear format weights.read_linear reads)
         and a Qwen2 tokenizer folder; expected_hidden (2560 for Z-Image) rejects other model sizes."""
         tokenizer = PromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        ckpt = Checkpoint(path)
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = find_root(ckpt, ROOTS, f"a Qwen3 text encoder (with 'model.{DETECT_KEY}'), e.g. "
                                       f"qwen_3_4b.safetensors for Z-Image (ComfyUI CLIPLoader type lumina2)")
         config = _config(ckpt, root, expected_hidden)

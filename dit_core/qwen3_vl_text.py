@@ -114,7 +114,7 @@ class Qwen3VLTextEncoder:
         if not layers or min(layers) < 0:
             raise ValueError(f"Qwen3VLTextEncoder: layers must be hidden_states indices >= 0, got {layers}")
         tokenizer = KleinPromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        ckpt = Checkpoint(path)
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = find_root(ckpt, ROOTS, "a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn."
                                       "q_norm.weight' or 'model.layers...'), e.g. "
                                       "qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) or "

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -33,10 +34,12 @@ class WeightsError(ValueError):
 
 
 class Checkpoint:
-    """One safetensors file, read lazily (memory-mapped); its header is checked before any tensor is read."""
+    """One safetensors file, read lazily (memory-mapped); its header is checked before any tensor is read. check(),
+    when set, runs before each tensor is read (it raises to cancel a long load)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
+        self.check: Callable[[], None] | None = None
         if self.path.suffix.lower() not in (".safetensors", ".sft"):
             raise WeightsError(f"{self.path.name}: only .safetensors files are read (no pickle); convert it first")
         self.header, self.metadata = _read_header(self.path)
@@ -70,6 +73,8 @@ class Checkpoint:
 
     def get(self, name: str) -> torch.Tensor:
         self._entry(name)
+        if self.check is not None:
+            self.check()
         return self._file.get_tensor(name)
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
@@ -79,6 +84,8 @@ class Checkpoint:
         if out.dtype != torch.uint8 or out.device.type != "cpu" or out.numel() != end - begin:
             raise ValueError(f"{self.path.name}: '{name}' holds {end - begin} bytes; read_into needs a host "
                              f"uint8 tensor of that size, got {out.dtype} [{out.numel()}] on {out.device}")
+        if self.check is not None:
+            self.check()
         view = memoryview(out.numpy()).cast("B")
         with open(self.path, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))

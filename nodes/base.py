@@ -18,7 +18,7 @@ from comfy_api.latest import io
 
 from ..dit_core.sampling import SamplingCancelled
 from ..dit_core.streaming import BudgetError
-from ..dit_core.weights import WeightsError
+from ..dit_core.weights import Checkpoint, WeightsError
 from .memory import RequestTooLarge, check_request, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
@@ -103,6 +103,17 @@ def model_file(node_id: str, folder: str, name: str, input_name: str) -> str:
     if why is not None:
         raise SwiftDiTError(f"{node_id} · {input_name}: {why}")
     return folder_paths.get_full_path_or_raise(folder, name)
+
+
+def cancellable(load: Callable[[Checkpoint], object], path: str):
+    """load(the file at path as a Checkpoint), Cancel honoured as each tensor is read (ComfyUI's interrupt check);
+    the check goes with the load, not with the model that keeps the file."""
+    checkpoint = Checkpoint(path)
+    checkpoint.check = interrupt_check
+    try:
+        return load(checkpoint)
+    finally:
+        checkpoint.check = None
 
 
 def file_key(path: str) -> tuple:

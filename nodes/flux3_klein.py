@@ -15,6 +15,7 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    cancellable,
     check_family,
     checked,
     conditioning_rows,
@@ -47,16 +48,18 @@ REFERENCES = "reference_latents"
 def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> Flux3Klein:
     """The model where ComfyUI computes (on a GPU within the loader's budget), fitted for a pass over rows;
     check(model) first (memory.check_request)."""
-    return dit_on_device(handle, lambda: Flux3Klein.load(handle.path, handle.linears, handle.loras), rows, check)
+    load = lambda f: Flux3Klein.load(f, handle.linears, handle.loras)  # noqa: E731
+    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
     # On the CPU, as the Z-Image text encoder: one forward per prompt.
-    return LOADED.get("text", (*handle.key(), FAMILY), lambda: Qwen3VLTextEncoder.load(handle.path, TOKENIZER_DIR))
+    return LOADED.get("text", (*handle.key(), FAMILY),
+                      lambda: cancellable(lambda f: Qwen3VLTextEncoder.load(f, TOKENIZER_DIR), handle.path))
 
 
 def load_vae(handle: FileHandle) -> Flux2VAE:
-    return on_device("vae", handle, lambda: Flux2VAE.load(handle.path), FAMILY)
+    return on_device("vae", handle, lambda: cancellable(Flux2VAE.load, handle.path), FAMILY)
 
 
 class Flux3KleinLoader(DiTLoaderNode):

@@ -14,6 +14,7 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    cancellable,
     check_family,
     checked,
     conditioning_rows,
@@ -39,7 +40,8 @@ def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> 
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ within the loader's GPU
     budget, fitted for a pass over `rows` rows; elsewhere the float32 host path. check(model) first
     (memory.check_request)."""
-    return dit_on_device(handle, lambda: Krea2.load(handle.path, handle.linears, handle.loras), rows, check)
+    load = lambda f: Krea2.load(f, handle.linears, handle.loras)  # noqa: E731
+    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
 
 
 class Krea2Loader(DiTLoaderNode):
@@ -96,7 +98,8 @@ class Krea2LoraLoaderModelOnly(LoraLoaderNode):
 
 
 def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
-    return LOADED.get("text", (*handle.key(), FAMILY), lambda: Krea2TextEncoder.load(handle.path, TOKENIZER_DIR))
+    return LOADED.get("text", (*handle.key(), FAMILY),
+                      lambda: cancellable(lambda f: Krea2TextEncoder.load(f, TOKENIZER_DIR), handle.path))
 
 
 class Krea2TextEncoderLoader(TextEncoderLoaderNode):

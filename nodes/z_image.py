@@ -14,6 +14,7 @@ from .base import (
     FileHandle,
     ModelHandle,
     SwiftDiTError,
+    cancellable,
     check_family,
     checked,
     conditioning_rows,
@@ -43,7 +44,8 @@ def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> 
     """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
     matrix cores) within the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32
     host path. check(model): memory.check_request's refusal, before any block moves."""
-    return dit_on_device(handle, lambda: ZImage.load(handle.path, handle.linears, handle.loras), rows, check)
+    load = lambda f: ZImage.load(f, handle.linears, handle.loras)  # noqa: E731
+    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
 
 
 def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
@@ -87,7 +89,8 @@ class ZImageLoraLoaderModelOnly(LoraLoaderNode):
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
-    return LOADED.get("text", handle.key(), lambda: Qwen3TextEncoder.load(handle.path, TOKENIZER_DIR))
+    return LOADED.get("text", handle.key(),
+                      lambda: cancellable(lambda f: Qwen3TextEncoder.load(f, TOKENIZER_DIR), handle.path))
 
 
 class ZImageTextEncoderLoader(TextEncoderLoaderNode):
@@ -150,7 +153,7 @@ class ZImageSampler(io.ComfyNode):
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
     # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
-    return on_device("vae", handle, lambda: ImageDecoder.load(handle.path))
+    return on_device("vae", handle, lambda: cancellable(ImageDecoder.load, handle.path))
 
 
 class ZImageVAELoader(VAELoaderNode):

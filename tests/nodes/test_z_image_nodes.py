@@ -384,3 +384,20 @@ def test_cancel_interrupts_the_text_encoder_between_layers(pack, models, monkeyp
             handle.remove()
     assert ran == [] and len(layers) > 1
     run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)  # hooks gone: encodes again
+
+
+def test_cancel_interrupts_a_load_between_tensors(pack, models):
+    """Cancel while a loader reads its file: it stops before the next tensor, keeps nothing, and loads whole next time."""
+    import comfy.model_management
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()
+    comfy.model_management.interrupt_current_processing(True)
+    try:
+        with pytest.raises(comfy.model_management.InterruptProcessingException):
+            run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears="as stored",
+                gpu_budget_gb=0.0)
+    finally:
+        comfy.model_management.interrupt_current_processing(False)
+    assert LOADED.free() == 0
+    run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears="as stored",
+        gpu_budget_gb=0.0)
