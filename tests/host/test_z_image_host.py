@@ -343,6 +343,9 @@ ERROR_CASES = {
         "unet_name",
     ),
     "cfg NaN": (Settings(cfg=NAN), SAMPLER, "SwiftDiTZImageSampler", "cfg"),
+    # ComfyUI v0.3.75 checks no V3 combo against its options: the sampler does
+    "sampler_name unknown": (Settings(sampler_name="dpmpp_2m"), SAMPLER, "SwiftDiTZImageSampler", "sampler_name"),
+    "scheduler unknown": (Settings(scheduler="bogus"), SAMPLER, "SwiftDiTZImageSampler", "scheduler"),
     "denoise NaN": (Settings(denoise=NAN), SAMPLER, "SwiftDiTZImageSampler", "denoise"),
     "shift NaN": (Settings(shift=NAN), SAMPLING, "SwiftDiTZImageModelSamplingAuraFlow", "shift"),
     "shift 0": (Settings(shift=0.0), SAMPLING, "SwiftDiTZImageModelSamplingAuraFlow", "shift"),
