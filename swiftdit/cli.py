@@ -78,6 +78,11 @@ def _swap(args) -> None:
         raise UserError(f"IN {args.input}: {e}") from None
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # a field missing or of the wrong kind
         raise UserError(f"IN {args.input} is not a well-formed workflow ({type(e).__name__}: {e})") from None
+    if not report.changed:  # a tool that did nothing says so (and the user's OUT is not made)
+        wanted = (f"a family SwiftDiT runs ({', '.join(f.title for f in FAMILIES.values())})"
+                  if args.family == "auto" else FAMILIES[args.family].title)
+        raise UserError(f"IN {args.input}: nothing to swap: it holds no {wanted} graph of stock nodes; OUT not "
+                        f"written")
     if fmt == "ui":
         after = problems(result)
         if after and not before:  # a bug of ours, never the user's: keep their file as it was
@@ -115,8 +120,8 @@ def parser() -> argparse.ArgumentParser:
     p = sub.add_parser("swap", help="replace the stock nodes of a family's graph with SwiftDiT's")
     p.add_argument("input", type=Path, metavar="IN")
     p.add_argument("output", type=Path, metavar="OUT")
-    p.add_argument("--family", choices=[*sorted(FAMILIES), "auto"], default="z_image",
-                   help="the family's swap table (default z_image); auto: the one family whose graph IN holds")
+    p.add_argument("--family", choices=[*sorted(FAMILIES), "auto"], default="auto",
+                   help="the family's swap table (default auto: the one family whose graph IN holds)")
     p.add_argument("--format", choices=("ui", "api"), help="IN's format (default: detected)")
     p.add_argument("--for-host", action="store_true",
                    help=f"first reduce IN (UI format) to node types {HOST} has: literal sizes for "

@@ -483,3 +483,19 @@ def test_cli_swaps_a_klein_template(tmp_path):
     z_src.write_text(json.dumps(template("image_z_image_turbo")))
     done = run_cli("swap", z_src, z_out, "--family", "auto")
     assert done.returncode == 0 and "Z-Image: swapped 7 node(s)" in done.stdout
+    default = tmp_path / "default.json"  # the family is found without --family
+    done = run_cli("swap", src, default)
+    assert done.returncode == 0 and default.read_bytes() == out.read_bytes()
+
+
+def test_cli_says_when_there_is_nothing_to_swap(tmp_path):
+    """A graph of no family we run (or of another family than --family names): nothing written, a non-zero exit."""
+    src = tmp_path / "stock.json"
+    src.write_text(json.dumps(template("image_flux3_klein_distilled_t2i")))
+    done = run_cli("swap", src, tmp_path / "out.json", "--family", "z_image")
+    assert done.returncode == 2 and "nothing to swap: it holds no Z-Image graph" in done.stderr
+    ours = tmp_path / "ours.json"
+    ours.write_text((ROOT / "workflows" / "z_image_turbo_t2i.json").read_text())  # already ours
+    done = run_cli("swap", ours, tmp_path / "out.json")
+    assert done.returncode == 2 and "nothing to swap" in done.stderr and "FLUX.3 Klein" in done.stderr
+    assert not (tmp_path / "out.json").exists()
