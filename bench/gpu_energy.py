@@ -1,6 +1,6 @@
 """NVML's cumulative energy counter of the GPU a benchmark runs on, in joules, or None where NVML or the counter is
 missing (a CPU run, another vendor). The H200 runs our graphed steps and diffusers' at its 700 W limit
-(docs/notes/benchmark_runs.md, 2026-12-03), so a step's joules compare runs on different machines better than its time."""
+(docs/notes/runs.md, 2026-12-03), so a step's joules compare runs on different machines better than its time."""
 from __future__ import annotations
 
 from typing import Callable

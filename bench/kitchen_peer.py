@@ -5,7 +5,7 @@ The weights are quantized by comfy-kitchen 0.2.40 from the same BF16 values ours
 comfy_kitchen.int8_linear in `backend` (cuda on the GPU, eager on the CPU), as ComfyUI's loaders run an INT8 ConvRot
 file. So the model code is diffusers' and the INT8 arithmetic is ComfyUI's. The peer measures that arithmetic's speed
 and its step error against BF16, which is the format's own error: our INT8 path matches it linear for linear
-(docs/notes/benchmark_runs.md).
+(docs/notes/runs.md).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ writes them: `ncu -i REPORT --page source --csv --print-source sass > FILE`).
 Prints the stall reasons over the whole kernel, then the samples of each run of SPAN instructions in address order
 with its commonest opcodes, then the hottest instructions. A warp-specialized kernel's partitions and phases (the
 producer, each consumer's K loop and epilogue) are runs of addresses, so the runs' sums say where each spends its
-time (docs/notes/benchmark_runs.md, the ninth session: the fused QKV's epilogue against its K loop).
+time (docs/notes/runs.md, the ninth session: the fused QKV's epilogue against its K loop).
 
     python bench/ncu_stalls.py FILE.sass.csv [--span 200] [--top 30]
 """

@@ -40,7 +40,7 @@ TURN_HIDDEN = True
 # Families whose attention takes INT8 scores (kernels/attention_int8.py) where their linears are INT8 (BF16 linears
 # keep the precise path); the others keep cuDNN's bf16. FLUX.3 Klein at 1024^2: 0.791-0.805 against 0.806-0.821 s a
 # 16-step run, its image 59.7 dB from the bf16 attention's and as far from diffusers' as before (53.8 dB). Z-Image:
-# 64.1 against 64.8 ms a step, its fidelity unchanged: not taken (docs/benchmarks.md, 2026-12-04).
+# 64.1 against 64.8 ms a step, its fidelity unchanged: not taken (docs/notes/runs.md, 2026-12-04).
 INT8_ATTENTION = {"flux3_klein"}
 
 

@@ -1,7 +1,7 @@
 """Attention with INT8 scores on Hopper: q k^T on the INT8 matrix cores, the softmax in f32, p v in bf16 (Gluon).
 
 Issue 6. Why: a graphed FLUX.3 Klein step runs at the H200's 700 W limit and follows its joules; attention (cuDNN
-bf16) is about 29% of them, and NVIDIA's own FP8 attention takes 0.69x bf16's joules (docs/benchmarks.md,
+bf16) is about 29% of them, and NVIDIA's own FP8 attention takes 0.69x bf16's joules (docs/notes/runs.md,
 2026-12-04). Only the scores are 8-bit here: e4m3 p v measured slower (its operand's layout conversion) and tripled
 the error (1.3% -> 3.9% against f32; cuDNN's bf16 0.2%).
 For rows q, k, v [M, H D] bf16 (head h at columns h D .. h D + D - 1, D = 128; kernels/head_norm_rope.py's rows):

@@ -11,7 +11,7 @@ least 2^-17 of its size from every midpoint, while both f32 results are within 2
 test_int8_quant.py checks every case exhaustively; below 2^-126 both round to the code 0).
 A launch of its own after the rotate pass, a program a 16 x 256 tile. (Written by the rotate pass's program that
 finishes a row block's last group instead, bit-equal, a Z-Image step took 2x as long on the H200: those programs
-run last in the launch and each writes its row block's 64 x K codes alone. docs/benchmarks.md.)
+run last in the launch and each writes its row block's 64 x K codes alone. docs/notes/runs.md.)
 """
 from __future__ import annotations
 

@@ -77,7 +77,7 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
-    # specialized loop measured no faster on the H200 (docs/benchmarks.md). SUBTILE (0, 2, 4): the epilogue takes the
+    # specialized loop measured no faster on the H200 (docs/notes/runs.md). SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
     # SPLIT: the tail launch, program i the part i % parts of tile whole + i // parts (kernels/split_tail.py), else
     # the tiles [0, whole) whole.

@@ -23,7 +23,7 @@ rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8_codes.py)
 their own kernels: plain hidden rows on Hopper to int8_quant_hopper.py; many plain bf16 rows of up to 8192 features,
 and rows holding factors of the rotation (`turned`), to int8_quant_turned.py or int8_quant_turned_hopper.py. The
 pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms measured slower on the
-H200 (docs/benchmarks.md).
+H200 (docs/notes/runs.md).
 """
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ def unusable(x: torch.Tensor, group: int) -> str | None:
 
 def chosen(m: int, k: int) -> bool:
     """Whether quantize_rows takes this kernel for plain rows [m, k]: only where it measured faster on the H200
-    (docs/benchmarks.md, 2026-12-03, twelfth session; graph ms, Triton passes -> one pass): the MLP's hidden rows,
+    (docs/notes/runs.md, 2026-12-03, twelfth session; graph ms, Triton passes -> one pass): the MLP's hidden rows,
     4608 x 9216 0.0888 -> 0.0725 and 4608 x 10240 0.0974 -> 0.0872. Where the Triton passes' rotated rows stay in
     L2 (the attention outputs: 4608 x 3072 0.0326 -> 0.0316, 4608 x 3840 0.0389 -> 0.0446) or the rows are few
     (512 x 9216: 0.0199 -> 0.0227), the row blocks' waits for their chunks cost what the bytes saved."""

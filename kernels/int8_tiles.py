@@ -28,7 +28,7 @@ def candidate_tiles(gated: bool) -> list:
     """The tiles worth trying on this GPU: pointer loads sized for 100 KB (Ada), 164 KB (Ampere) and 228 KB (Hopper)
     of shared memory (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands, 3-4 stages), plus TMA tiles, one
     program a tile or persistent, where there is TMA (Hopper and later). The H200 sweep kept those that won or came
-    close on a Z-Image shape (docs/benchmarks.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
+    close on a Z-Image shape (docs/notes/runs.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
     epilogue, and not persistent."""
     configs = [config(128, 256, 128, 8, 3), config(128, 128, 128, 8, 4), config(64, 128, 128, 4, 4),
                config(128, 256, 64, 8, 3), config(128, 128, 64, 4, 3)]

@@ -9,7 +9,7 @@ then head_norm_rope's math on qkv for the split-half rotary of r = D / 2 (FLUX.3
 turned), the same one rounding to bf16 at the end, written as head_norm_rope writes it: q, k, v of one buffer [3, M,
 heads, D] (BSHD), returned as [G, heads, g, D] views. A tile holds whole heads of one of q, k or v (BLOCK_N a multiple
 of D that divides heads D), so a row's RMS over its head is a sum within the tile. The RMS sums run in another order
-than head_norm_rope's: within one bf16 step of it. (Measured slower on the H200, docs/benchmarks.md 2026-12-03: the
+than head_norm_rope's: within one bf16 step of it. (Measured slower on the H200, docs/notes/runs.md 2026-12-03: the
 epilogue a head at a time, 0.443 against 0.417 ms; the rotary tables and the rows through TMA descriptors, 0.454, or
 persistent at 3 stages, 0.426: the epilogue costs about 60 us a call over the product, 0.354. Two programs an SM on
 128 x 128 tiles of 4 warps, so that one's epilogue runs under the other's products: 0.398 against 0.402 alone, but

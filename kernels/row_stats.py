@@ -97,7 +97,7 @@ WHOLE_ROW_VALUES = 16384
 def launch_shape(k: int) -> dict:
     """The default launch for rows of k values: whole rows in registers where they fit, else 64 rows walking the
     columns 256 at a time. On the H200 at 4608 rows of 3072 and 3840: 20-22 us whole, 32-74 walking 64 rows a
-    program, 44-70 walking 16 (docs/benchmarks.md)."""
+    program, 44-70 walking 16 (docs/notes/runs.md)."""
     width = triton.next_power_of_2(k)
     if width <= WHOLE_ROW_VALUES // 2:
         return {"block_m": min(64, WHOLE_ROW_VALUES // width), "block_k": width, "num_warps": 8}

@@ -34,7 +34,7 @@ FLOW_MAP = "ref_time_in.in_layer.weight"
 MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows: [txt | img | ref]
 # The text's (and references') mode blocks on side streams while the image's run on the caller's, on a GPU: their
 # products (512 text rows: a third of the SMs or less) fill what the image blocks leave idle. Measured on the H200,
-# 16 steps at 1024^2: 0.973 s against 0.980 at cache 0, 0.489 against 0.500 at 0.3 (docs/benchmarks.md); the rows
+# 16 steps at 1024^2: 0.973 s against 0.980 at cache 0, 0.489 against 0.500 at 0.3 (docs/notes/runs.md); the rows
 # are the same either way (kernels keep their counters per stream: kernels/arrival_counters.py).
 MODES_CONCURRENT = True
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
