@@ -5,7 +5,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.families.flux3_klein import Flux3Klein
-from ..dit_core.qwen3_vl_text import Qwen3VLTextEncoder
+from ..dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from ..dit_core.sampling import prepare_noise, sample_klein
 from ..dit_core.schedules import klein_sigmas
 from ..dit_core.step_cache import StepCache

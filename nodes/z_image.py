@@ -5,7 +5,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
-from ..dit_core.qwen3_text import Qwen3TextEncoder
+from ..dit_core.text.qwen3 import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, ksample, model_on_device
 from ..dit_core.schedules import SCHEDULERS
 from ..dit_core.vae import ImageDecoder

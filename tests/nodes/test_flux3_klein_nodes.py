@@ -108,7 +108,7 @@ def engine(models, rows, seed, width, height, steps, cache, refresh=0, reference
 
 @pytest.mark.parametrize("cache", [0.0, 1.0])  # 1.0: this tiny model skips steps (0.3 skips none of its 4)
 def test_t2i_graph_equals_the_engine(pack, models, cache, caplog):
-    from dit_core.qwen3_vl_text import Qwen3VLTextEncoder
+    from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
     from dit_core.vae_flux2 import Flux2VAE
     with caplog.at_level("INFO", logger="SwiftDiT"):
         positive, samples, image = graph(pack, cache=cache)

@@ -92,7 +92,7 @@ def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=Non
 
 def test_graph_equals_the_engine(pack, models):
     from dit_core.families.z_image import ZImage
-    from dit_core.qwen3_text import Qwen3TextEncoder
+    from dit_core.text.qwen3 import Qwen3TextEncoder
     from dit_core.sampling import ksample
     from dit_core.vae import ImageDecoder
     positive, samples, image = graph(pack)

@@ -14,7 +14,8 @@ import torch
 from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
 from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
-from .qwen3_text import (
+from ..weights import Checkpoint, WeightsError
+from .loading import (
     CHAT_TEMPLATE,
     RMS_EPS,
     checked_layers,
@@ -24,7 +25,6 @@ from .qwen3_text import (
     read_shapes,
     read_state_dict,
 )
-from .weights import Checkpoint, WeightsError
 
 log = logging.getLogger(__name__)
 

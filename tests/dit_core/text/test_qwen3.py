@@ -7,7 +7,7 @@ from conftest import COMFYUI_TREE, rel_err
 from safetensors.torch import save_file
 from tiny_models import QWEN3_TINY, qwen3_comfy_layout, random_qwen3
 
-from dit_core.qwen3_text import PromptTokenizer, Qwen3TextEncoder
+from dit_core.text.qwen3 import PromptTokenizer, Qwen3TextEncoder
 from dit_core.weights import WeightsError, convrot_group_for, quantize_convrot
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"

@@ -15,7 +15,7 @@ from tiny_models import (
     random_qwen3_vl,
 )
 
-from dit_core.qwen3_vl_text import (
+from dit_core.text.qwen3_vl import (
     KREA2_LAYERS,
     LAYERS,
     PAD_ID,
