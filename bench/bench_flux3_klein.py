@@ -31,7 +31,7 @@ from dit_core.families.flux3_klein import Flux3Klein  # noqa: E402
 from dit_core.sampling import flux_noise, sample_klein  # noqa: E402
 from dit_core.schedules import klein_sigmas  # noqa: E402
 from dit_core.step_cache import StepCache  # noqa: E402
-from dit_core.vae_flux2 import Flux2VAE  # noqa: E402
+from dit_core.codecs.flux2_vae import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402
 from gpu_energy import energy_reader  # noqa: E402

@@ -9,7 +9,7 @@ from ..dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from ..dit_core.sampling import prepare_noise, sample_klein
 from ..dit_core.schedules import klein_sigmas
 from ..dit_core.step_cache import StepCache
-from ..dit_core.vae_flux2 import PACKED, Flux2VAE
+from ..dit_core.codecs.flux2_vae import PACKED, Flux2VAE
 from .base import (
     TOKENIZER_DIR,
     FileHandle,

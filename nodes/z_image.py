@@ -8,7 +8,7 @@ from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.text.qwen3 import Qwen3TextEncoder
 from ..dit_core.sampling import SAMPLERS, ksample, model_on_device
 from ..dit_core.schedules import SCHEDULERS
-from ..dit_core.vae import ImageDecoder
+from ..dit_core.codecs.flux1_vae import ImageDecoder
 from .base import (
     TOKENIZER_DIR,
     FileHandle,

@@ -9,7 +9,7 @@ from transformers import Qwen3Config, Qwen3Model
 
 from dit_core.arch import Arch
 from dit_core.block import Block
-from dit_core.vae import SCALING, SHIFT
+from dit_core.codecs.flux1_vae import SCALING, SHIFT
 from dit_core.weights import Linear
 
 # reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear

@@ -109,7 +109,7 @@ def engine(models, rows, seed, width, height, steps, cache, refresh=0, reference
 @pytest.mark.parametrize("cache", [0.0, 1.0])  # 1.0: this tiny model skips steps (0.3 skips none of its 4)
 def test_t2i_graph_equals_the_engine(pack, models, cache, caplog):
     from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
-    from dit_core.vae_flux2 import Flux2VAE
+    from dit_core.codecs.flux2_vae import Flux2VAE
     with caplog.at_level("INFO", logger="SwiftDiT"):
         positive, samples, image = graph(pack, cache=cache)
     rows = Qwen3VLTextEncoder.load(models / "text_encoders" / "qwen3vl_tiny.safetensors",
@@ -129,7 +129,7 @@ def test_t2i_graph_equals_the_engine(pack, models, cache, caplog):
 
 
 def test_edit_graph_equals_the_engine(pack, models):
-    from dit_core.vae_flux2 import Flux2VAE
+    from dit_core.codecs.flux2_vae import Flux2VAE
     reference = torch.rand(1, 32, 48, 3, generator=torch.Generator().manual_seed(3))
     positive, samples, _ = graph(pack, reference=reference, refresh=2)
     refs = positive[0][1]["reference_latents"]

@@ -94,7 +94,7 @@ def test_graph_equals_the_engine(pack, models):
     from dit_core.families.z_image import ZImage
     from dit_core.text.qwen3 import Qwen3TextEncoder
     from dit_core.sampling import ksample
-    from dit_core.vae import ImageDecoder
+    from dit_core.codecs.flux1_vae import ImageDecoder
     positive, samples, image = graph(pack)
     rows = Qwen3TextEncoder.load(models / "text_encoders" / "qwen3_tiny.safetensors", pack.TOKENIZER_DIR).encode(
         "a red fox in the snow")
@@ -339,7 +339,7 @@ def test_cancel_interrupts_a_decode_within_a_tile(pack, models, monkeypatch):
     """A large decode runs in tiles; Cancel is honoured within the tile that is running (between the decoder's
     blocks), not after the last tile."""
     import comfy.model_management
-    from swiftdit_pack.dit_core.vae import ImageDecoder
+    from swiftdit_pack.dit_core.codecs.flux1_vae import ImageDecoder
     tiles, forward = [], ImageDecoder.forward
     monkeypatch.setattr(ImageDecoder, "forward", lambda self, z, check=None: tiles.append(1) or forward(self, z, check))
     (vae,) = run(pack.ZImageVAELoader, vae_name="ae_tiny.safetensors")

@@ -1,4 +1,4 @@
-"""dit_core.vae against diffusers 0.42.1 AutoencoderKL (FLUX.1 structure) saved in BFL/ComfyUI names."""
+"""dit_core/codecs/flux1_vae.py against diffusers 0.42.1 AutoencoderKL (FLUX.1 structure) saved in BFL/ComfyUI names."""
 
 import pytest
 import torch
@@ -8,7 +8,8 @@ from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
 from safetensors.torch import save_file
 from tiny_models import CONFIGS, save_bfl, tiny_vae, to_bfl
 
-from dit_core.vae import ImageDecoder, _spans, raw_latents
+from dit_core.codecs.conv import spans
+from dit_core.codecs.flux1_vae import ImageDecoder, raw_latents
 from dit_core.weights import WeightsError
 
 
@@ -80,8 +81,8 @@ H, W, TILE, OVERLAP = 48, 40, 24, 8
 
 def seam_pixels(n: int, tile: int, overlap: int, f: int) -> list[int]:
     """Pixel rows/columns where a tile begins or ends inside the image."""
-    spans = _spans(n, tile, overlap)
-    return sorted({s * f for s, _ in spans if s > 0} | {e * f for _, e in spans if e < n})
+    tiles = spans(n, tile, overlap)
+    return sorted({s * f for s, _ in tiles if s > 0} | {e * f for _, e in tiles if e < n})
 
 
 def far_from_seams(n: int, tile: int, overlap: int, f: int, margin: int) -> torch.Tensor:

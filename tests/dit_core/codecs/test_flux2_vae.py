@@ -1,4 +1,4 @@
-"""dit_core.vae_flux2 against diffusers 0.42.1 AutoencoderKLFlux2 saved in BFL's flux2-vae.safetensors names."""
+"""dit_core/codecs/flux2_vae.py against diffusers 0.42.1 AutoencoderKLFlux2 saved in BFL's flux2-vae.safetensors names."""
 
 import pytest
 import torch
@@ -16,8 +16,8 @@ from tiny_models import (
     tiny_vae,
 )
 
-from dit_core.vae import ImageDecoder
-from dit_core.vae_flux2 import Flux2VAE, pack, unpack
+from dit_core.codecs.flux1_vae import ImageDecoder
+from dit_core.codecs.flux2_vae import Flux2VAE, pack, unpack
 from dit_core.weights import WeightsError
 
 GROUPS = FLUX2_VAE_TINY["norm_num_groups"]

@@ -1,26 +1,19 @@
-"""The FLUX.1 VAE decoder (ae.safetensors, BFL names) in f32, whole or in soft tiles; its parts serve vae_flux2."""
+"""What the VAEs' decoders and encoders share: the layers as functions of a weight table (convolution, group norm,
+resnet, single-head attention, the middle), the soft tiles' spans and ramps, and reading a decoder or encoder from
+a file whose layout (Layout) each VAE names."""
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from .weights import Checkpoint, WeightsError, read_tensor
+from ..weights import Checkpoint, WeightsError, read_tensor
 
-# FLUX.1 latent format (reference/families/z_image.md section 8; ComfyUI latent_formats.Flux).
-LATENT_CHANNELS = 16
-SCALING = 0.3611
-SHIFT = 0.1159
 # BFL's Normalize is GroupNorm(32, eps=1e-6) throughout the decoder; the group count is not in the file.
 GROUPS = 32
 EPS = 1e-6
-# Latent tile and overlap as ComfyUI v0.3.75 comfy/sd.py VAE.decode_tiled_ (tile_x=tile_y=64, overlap=16).
-TILE = 64
-OVERLAP = 16
 ANCHOR = "decoder.conv_in.weight"
 
 
@@ -34,16 +27,6 @@ class Layout:
 
     def error(self, ckpt: Checkpoint, why: str) -> WeightsError:
         return WeightsError(f"{ckpt.path.name}: {why}; expected {self.expected}")
-
-
-FLUX1 = Layout(LATENT_CHANNELS, False, "FLUX.1 VAE", f"a FLUX.1 VAE (ae.safetensors: AutoencoderKL with "
-               f"{LATENT_CHANNELS} latent channels, no quant convs, tensors named decoder.conv_in, decoder.mid.*, "
-               f"decoder.up.N.*, optionally under a prefix such as 'vae.')")
-
-
-def raw_latents(normalized: torch.Tensor) -> torch.Tensor:
-    """Sampler-space latents -> raw VAE latents (ComfyUI's Flux process_out: z / 0.3611 + 0.1159)."""
-    return normalized / SCALING + SHIFT
 
 
 @dataclass(frozen=True)
@@ -62,121 +45,36 @@ class DecoderShape:
         return 2 ** (len(self.channels) - 1)
 
 
-class ImageDecoder:
-    """FLUX.1 VAE decoder: raw latents [B, 16, h, w] -> ComfyUI IMAGE [B, 8h, 8w, 3] in 0..1."""
-
-    LAYOUT = FLUX1  # frozen: a subclass for another family overrides it
-
-    def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
-        self.shape = shape
-        self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
-
-    @classmethod
-    def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
-        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
-        prefix = _find_prefix(ckpt, cls.LAYOUT)
-        shape = _read_shape(ckpt, prefix, groups, cls.LAYOUT)
-        return cls(shape, read_part(ckpt, prefix + "decoder.", _decoder_tensors(shape), cls.LAYOUT))
-
-    def to(self, device: str | torch.device) -> ImageDecoder:
-        """The decoder with its weights on device (its decode then runs there; IMAGE comes back on the CPU)."""
-        return ImageDecoder(self.shape, {k: v.to(device) for k, v in self.w.items()})
-
-    @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
-    def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
-               progress: Callable[[int, int], None] | None = None,
-               check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Raw latents -> IMAGE. Latents larger than `tile` (latent cells) are decoded in tiles overlapping by
-        `overlap` cells and blended with linear feathering; tile=None decodes whole. progress(done, total) after
-        each tile; check() after each of the decoder's blocks (it raises to cancel within a tile)."""
-        z = self._check(latents)
-        _, _, h, w = z.shape
-        if tile is not None and (tile < 1 or not 0 <= overlap < tile):
-            raise ValueError(f"decode: tile must be >= 1 and 0 <= overlap < tile, got tile={tile}, "
-                             f"overlap={overlap}")
-        if tile is None or (h <= tile and w <= tile):
-            x = self.forward(z, check)
-            if progress is not None:
-                progress(1, 1)
-        else:
-            x = self._tiled(z, tile, overlap, progress, check)
-        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
-
-    def forward(self, z: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
-        each block."""
-        w, g, check = self.w, self.shape.groups, check or (lambda: None)
-        if self.shape.post_quant:
-            z = _conv(z, w, "post_quant_conv")
-        x = mid(_conv(z, w, "conv_in"), w, g)
-        for level in reversed(range(len(self.shape.channels))):
-            for j in range(self.shape.blocks):
-                check()
-                x = _resnet(x, w, f"up.{level}.block.{j}", g)
-            if level > 0:
-                x = _conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
-        x = F.silu(_norm(x, w, "norm_out", g))
-        return _conv(x, w, "conv_out")
-
-    def _check(self, latents: torch.Tensor) -> torch.Tensor:
-        c = self.shape.latent_channels
-        if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != c:
-            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] ({c} channels), "
-                             f"got {got}; is this latent from another model family?")
-        return latents.to(self.w["conv_in.weight"].device, torch.float32)
-
-    def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress, check) -> torch.Tensor:
-        """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a
-        partition of unity, no hard edge (ComfyUI's utils.tiled_scale feathers; ramps sized to the overlap)."""
-        b, _, h, w = z.shape
-        f = self.shape.factor
-        rows, cols = _spans(h, tile, overlap), _spans(w, tile, overlap)
-        out = torch.zeros(b, self.shape.out_channels, h * f, w * f, dtype=torch.float32, device=z.device)
-        total = torch.zeros(1, 1, h * f, w * f, dtype=torch.float32, device=z.device)
-        done = 0
-        for i, (y0, y1) in enumerate(rows):
-            wy = _ramp(rows, i, f)
-            for j, (x0, x1) in enumerate(cols):
-                weight = (wy[:, None] * _ramp(cols, j, f)[None, :]).to(z.device)
-                out[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += self.forward(z[:, :, y0:y1, x0:x1], check) * weight
-                total[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += weight
-                done += 1
-                if progress is not None:
-                    progress(done, len(rows) * len(cols))
-        return out / total
-
-
 # --- the layers, as functions of the weight table --------------------------------------------------------
 
-def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
+def conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     weight = w[f"{name}.weight"]
     return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
 
 
-def _norm(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+def group_norm(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     return F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:
     """The middle of encoder and decoder alike: resnet, attention, resnet (BFL autoencoder.py `mid`)."""
-    x = _resnet(x, w, "mid.block_1", groups)
-    return _resnet(_attention(x, w, "mid.attn_1", groups), w, "mid.block_2", groups)
+    x = resnet(x, w, "mid.block_1", groups)
+    return resnet(attention(x, w, "mid.attn_1", groups), w, "mid.block_2", groups)
 
 
-def _resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+def resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     """Pre-norm residual block, no time embedding (diffusers 0.42.1 resnet.py ResnetBlock2D, temb None)."""
-    h = _conv(F.silu(_norm(x, w, f"{name}.norm1", groups)), w, f"{name}.conv1")
-    h = _conv(F.silu(_norm(h, w, f"{name}.norm2", groups)), w, f"{name}.conv2")
+    h = conv(F.silu(group_norm(x, w, f"{name}.norm1", groups)), w, f"{name}.conv1")
+    h = conv(F.silu(group_norm(h, w, f"{name}.norm2", groups)), w, f"{name}.conv2")
     if f"{name}.nin_shortcut.weight" in w:  # 1x1 conv where the channel count changes
-        x = _conv(x, w, f"{name}.nin_shortcut")
+        x = conv(x, w, f"{name}.nin_shortcut")
     return x + h
 
 
-def _attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+def attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     """Single-head self-attention over all positions, residual (BFL AttnBlock; diffusers heads = C // C)."""
     b, c, hh, ww = x.shape
-    t = _norm(x, w, f"{name}.norm", groups).flatten(2).transpose(1, 2)  # [B, HW, C]
+    t = group_norm(x, w, f"{name}.norm", groups).flatten(2).transpose(1, 2)  # [B, HW, C]
     q, k, v = (F.linear(t, w[f"{name}.{p}.weight"], w[f"{name}.{p}.bias"]) for p in "qkv")
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
     a = F.linear(a, w[f"{name}.proj_out.weight"], w[f"{name}.proj_out.bias"])
@@ -185,7 +83,7 @@ def _attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor
 
 # --- tiles -----------------------------------------------------------------------------------------------
 
-def _spans(n: int, tile: int, overlap: int) -> list[tuple[int, int]]:
+def spans(n: int, tile: int, overlap: int) -> list[tuple[int, int]]:
     """[start, end) of tiles covering 0..n: as few as overlap allows, evenly spaced so that neighbours overlap
     by at least `overlap` cells (the stride (n - tile) / (m - 1) is at most tile - overlap)."""
     if n <= tile:
@@ -194,7 +92,7 @@ def _spans(n: int, tile: int, overlap: int) -> list[tuple[int, int]]:
     return [(s, s + tile) for s in (round(i * (n - tile) / (m - 1)) for i in range(m))]
 
 
-def _ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
+def ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
     """Tile i's blend weights along one axis, in pixels: 1 inside, rising (k + 0.5) / R across the R pixels
     it shares with the previous tile and falling likewise toward the next: neighbours' weights sum to 1."""
     start, end = spans[i]
@@ -212,7 +110,7 @@ def _ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
 
 # --- loading ---------------------------------------------------------------------------------------------
 
-def _find_prefix(ckpt: Checkpoint, layout: Layout) -> str:
+def find_prefix(ckpt: Checkpoint, layout: Layout) -> str:
     """The prefix before `decoder.` (e.g. '', 'vae.', 'first_stage_model.'); the shortest if several."""
     found = [k[: -len(ANCHOR)] for k in ckpt.keys() if k.endswith(ANCHOR)  # noqa: SIM118 (a list, no __iter__)
              and (k == ANCHOR or k[-len(ANCHOR) - 1] == ".")]
@@ -240,7 +138,7 @@ def read_levels(ckpt: Checkpoint, part: str, kind: str, groups: int, layout: Lay
     return channels, n
 
 
-def _read_shape(ckpt: Checkpoint, prefix: str, groups: int, layout: Layout) -> DecoderShape:
+def read_shape(ckpt: Checkpoint, prefix: str, groups: int, layout: Layout) -> DecoderShape:
     """Levels, channels and blocks per level from the tensor names and shapes (BFL autoencoder.py layout)."""
     d = prefix + "decoder."
     conv_in = ckpt.shape(d + "conv_in.weight")
@@ -276,7 +174,7 @@ class Shapes(dict):
             self.conv(f"mid.attn_1.{p}", c, c, 1)
 
 
-def _decoder_tensors(shape: DecoderShape) -> Shapes:
+def decoder_tensors(shape: DecoderShape) -> Shapes:
     """Every decoder tensor the forward uses, with its expected shape (without the `decoder.` prefix)."""
     ch, top, t = shape.channels, shape.channels[-1], Shapes()
     if shape.post_quant:

@@ -7,24 +7,22 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .vae import (
+from ..weights import Checkpoint, read_tensor
+from .conv import (
     GROUPS,
-    OVERLAP,
-    TILE,
-    ImageDecoder,
     Layout,
     Shapes,
-    _conv,
-    _decoder_tensors,
-    _find_prefix,
-    _norm,
-    _read_shape,
-    _resnet,
+    conv,
+    decoder_tensors,
+    find_prefix,
+    group_norm,
     mid,
     read_levels,
     read_part,
+    read_shape,
+    resnet,
 )
-from .weights import Checkpoint, read_tensor
+from .flux1_vae import OVERLAP, TILE, ImageDecoder
 
 LATENT_CHANNELS = 32
 PATCH = 2  # 2x2 cells -> one 128-channel cell at /16 (reference/families/flux3_klein.md sections 4 and 8)
@@ -79,9 +77,9 @@ class Flux2VAE(ImageDecoder):
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> Flux2VAE:
         ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
-        prefix = _find_prefix(ckpt, FLUX2)
-        shape = _read_shape(ckpt, prefix, groups, FLUX2)
-        weights = read_part(ckpt, prefix + "decoder.", _decoder_tensors(shape), FLUX2)
+        prefix = find_prefix(ckpt, FLUX2)
+        shape = read_shape(ckpt, prefix, groups, FLUX2)
+        weights = read_part(ckpt, prefix + "decoder.", decoder_tensors(shape), FLUX2)
         encoder = _read_encoder_shape(ckpt, prefix, groups)
         encoder_weights = read_part(ckpt, prefix + "encoder.", _encoder_tensors(encoder), FLUX2)
         stats = []
@@ -134,15 +132,15 @@ class Flux2VAE(ImageDecoder):
         """Image [B, 3, H, W] in -1..1 -> [mean | logvar] [B, 64, H/8, W/8] (BFL autoencoder.py Encoder, then
         quant_conv)."""
         w, g = self.e, self.encoder.groups
-        h = _conv(x, w, "conv_in")
+        h = conv(x, w, "conv_in")
         for level in range(len(self.encoder.channels)):
             for j in range(self.encoder.blocks):
-                h = _resnet(h, w, f"down.{level}.block.{j}", g)
+                h = resnet(h, w, f"down.{level}.block.{j}", g)
             if level < len(self.encoder.channels) - 1:  # stride 2 after padding right and bottom only
                 name = f"down.{level}.downsample.conv"
                 h = F.conv2d(F.pad(h, (0, 1, 0, 1)), w[f"{name}.weight"], w[f"{name}.bias"], stride=2)
-        h = _conv(F.silu(_norm(mid(h, w, g), w, "norm_out", g)), w, "conv_out")
-        return _conv(h, w, "quant_conv")
+        h = conv(F.silu(group_norm(mid(h, w, g), w, "norm_out", g)), w, "conv_out")
+        return conv(h, w, "quant_conv")
 
 
 def _read_encoder_shape(ckpt: Checkpoint, prefix: str, groups: int) -> EncoderShape:

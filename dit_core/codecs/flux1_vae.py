@@ -1,0 +1,127 @@
+"""The FLUX.1 VAE decoder (ae.safetensors, BFL names) in f32, whole or in soft tiles."""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..weights import Checkpoint
+from .conv import (
+    GROUPS,
+    DecoderShape,
+    Layout,
+    conv,
+    decoder_tensors,
+    find_prefix,
+    group_norm,
+    mid,
+    ramp,
+    read_part,
+    read_shape,
+    resnet,
+    spans,
+)
+
+# FLUX.1 latent format (reference/families/z_image.md section 8; ComfyUI latent_formats.Flux).
+LATENT_CHANNELS = 16
+SCALING = 0.3611
+SHIFT = 0.1159
+# Latent tile and overlap as ComfyUI v0.3.75 comfy/sd.py VAE.decode_tiled_ (tile_x=tile_y=64, overlap=16).
+TILE = 64
+OVERLAP = 16
+
+FLUX1 = Layout(LATENT_CHANNELS, False, "FLUX.1 VAE", f"a FLUX.1 VAE (ae.safetensors: AutoencoderKL with "
+               f"{LATENT_CHANNELS} latent channels, no quant convs, tensors named decoder.conv_in, decoder.mid.*, "
+               f"decoder.up.N.*, optionally under a prefix such as 'vae.')")
+
+
+def raw_latents(normalized: torch.Tensor) -> torch.Tensor:
+    """Sampler-space latents -> raw VAE latents (ComfyUI's Flux process_out: z / 0.3611 + 0.1159)."""
+    return normalized / SCALING + SHIFT
+
+
+class ImageDecoder:
+    """FLUX.1 VAE decoder: raw latents [B, 16, h, w] -> ComfyUI IMAGE [B, 8h, 8w, 3] in 0..1."""
+
+    LAYOUT = FLUX1  # frozen: a subclass for another family overrides it
+
+    def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
+        self.shape = shape
+        self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
+
+    @classmethod
+    def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+        prefix = find_prefix(ckpt, cls.LAYOUT)
+        shape = read_shape(ckpt, prefix, groups, cls.LAYOUT)
+        return cls(shape, read_part(ckpt, prefix + "decoder.", decoder_tensors(shape), cls.LAYOUT))
+
+    def to(self, device: str | torch.device) -> ImageDecoder:
+        """The decoder with its weights on device (its decode then runs there; IMAGE comes back on the CPU)."""
+        return ImageDecoder(self.shape, {k: v.to(device) for k, v in self.w.items()})
+
+    @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
+    def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
+               progress: Callable[[int, int], None] | None = None,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Raw latents -> IMAGE. Latents larger than `tile` (latent cells) are decoded in tiles overlapping by
+        `overlap` cells and blended with linear feathering; tile=None decodes whole. progress(done, total) after
+        each tile; check() after each of the decoder's blocks (it raises to cancel within a tile)."""
+        z = self._check(latents)
+        _, _, h, w = z.shape
+        if tile is not None and (tile < 1 or not 0 <= overlap < tile):
+            raise ValueError(f"decode: tile must be >= 1 and 0 <= overlap < tile, got tile={tile}, "
+                             f"overlap={overlap}")
+        if tile is None or (h <= tile and w <= tile):
+            x = self.forward(z, check)
+            if progress is not None:
+                progress(1, 1)
+        else:
+            x = self._tiled(z, tile, overlap, progress, check)
+        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
+
+    def forward(self, z: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
+        each block."""
+        w, g, check = self.w, self.shape.groups, check or (lambda: None)
+        if self.shape.post_quant:
+            z = conv(z, w, "post_quant_conv")
+        x = mid(conv(z, w, "conv_in"), w, g)
+        for level in reversed(range(len(self.shape.channels))):
+            for j in range(self.shape.blocks):
+                check()
+                x = resnet(x, w, f"up.{level}.block.{j}", g)
+            if level > 0:
+                x = conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
+        x = F.silu(group_norm(x, w, "norm_out", g))
+        return conv(x, w, "conv_out")
+
+    def _check(self, latents: torch.Tensor) -> torch.Tensor:
+        c = self.shape.latent_channels
+        if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != c:
+            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
+            raise ValueError(f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] ({c} channels), "
+                             f"got {got}; is this latent from another model family?")
+        return latents.to(self.w["conv_in.weight"].device, torch.float32)
+
+    def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress, check) -> torch.Tensor:
+        """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a
+        partition of unity, no hard edge (ComfyUI's utils.tiled_scale feathers; ramps sized to the overlap)."""
+        b, _, h, w = z.shape
+        f = self.shape.factor
+        rows, cols = spans(h, tile, overlap), spans(w, tile, overlap)
+        out = torch.zeros(b, self.shape.out_channels, h * f, w * f, dtype=torch.float32, device=z.device)
+        total = torch.zeros(1, 1, h * f, w * f, dtype=torch.float32, device=z.device)
+        done = 0
+        for i, (y0, y1) in enumerate(rows):
+            wy = ramp(rows, i, f)
+            for j, (x0, x1) in enumerate(cols):
+                weight = (wy[:, None] * ramp(cols, j, f)[None, :]).to(z.device)
+                out[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += self.forward(z[:, :, y0:y1, x0:x1], check) * weight
+                total[:, :, y0 * f:y1 * f, x0 * f:x1 * f] += weight
+                done += 1
+                if progress is not None:
+                    progress(done, len(rows) * len(cols))
+        return out / total
