@@ -28,9 +28,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from dit_core.block_gpu import GpuBlock  # noqa: E402
 from dit_core.families.flux3_klein import Flux3Klein  # noqa: E402
-from dit_core.sampling import flux_noise, sample_klein  # noqa: E402
-from dit_core.schedules import klein_sigmas  # noqa: E402
-from dit_core.step_cache import StepCache  # noqa: E402
+from dit_core.sampling.klein import flux_noise, sample_klein  # noqa: E402
+from dit_core.sampling.schedules import klein_sigmas  # noqa: E402
+from dit_core.sampling.step_cache import StepCache  # noqa: E402
 from dit_core.codecs.flux2_vae import Flux2VAE  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 from gpu_profile import print_profile  # noqa: E402

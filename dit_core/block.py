@@ -113,7 +113,7 @@ class Block:
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
         attn_scale and attn_gate (reference/families/flux3_klein.md section 3). keys_values(k, v) -> (k, v), when
         given, sees the rows' normed and rotated keys and values before attention and may record or extend them
-        (dit_core/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
+        (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
         rows); here the result is always a new tensor. carry: as forward's (nothing carried here)."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)

@@ -16,7 +16,7 @@ import folder_paths
 import torch
 from comfy_api.latest import io
 
-from ..dit_core.sampling import SamplingCancelled
+from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .memory import RequestTooLarge, check_request, engine_device

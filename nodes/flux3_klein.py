@@ -6,9 +6,10 @@ from comfy_api.latest import io
 
 from ..dit_core.families.flux3_klein import Flux3Klein
 from ..dit_core.text.qwen3_vl import Qwen3VLTextEncoder
-from ..dit_core.sampling import prepare_noise, sample_klein
-from ..dit_core.schedules import klein_sigmas
-from ..dit_core.step_cache import StepCache
+from ..dit_core.sampling.ksampler import prepare_noise
+from ..dit_core.sampling.klein import sample_klein
+from ..dit_core.sampling.schedules import klein_sigmas
+from ..dit_core.sampling.step_cache import StepCache
 from ..dit_core.codecs.flux2_vae import PACKED, Flux2VAE
 from .base import (
     TOKENIZER_DIR,

@@ -7,8 +7,8 @@ from comfy_api.latest import io
 
 from ..dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
 from ..dit_core.text.qwen3_vl import Krea2TextEncoder
-from ..dit_core.sampling import SAMPLERS, ksample
-from ..dit_core.schedules import TABLE_SCHEDULERS, flux_sigma_table
+from ..dit_core.sampling.ksampler import SAMPLERS, ksample
+from ..dit_core.sampling.schedules import TABLE_SCHEDULERS, flux_sigma_table
 from .base import (
     TOKENIZER_DIR,
     FileHandle,

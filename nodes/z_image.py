@@ -6,8 +6,8 @@ from comfy_api.latest import io
 
 from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.text.qwen3 import Qwen3TextEncoder
-from ..dit_core.sampling import SAMPLERS, ksample, model_on_device
-from ..dit_core.schedules import SCHEDULERS
+from ..dit_core.sampling.ksampler import SAMPLERS, ksample, model_on_device
+from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.codecs.flux1_vae import ImageDecoder
 from .base import (
     TOKENIZER_DIR,

@@ -25,7 +25,7 @@ from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
-from ..step_cache import RefSlots, StepCache, joint_blocks
+from ..sampling.step_cache import RefSlots, StepCache, joint_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
@@ -281,7 +281,7 @@ class Flux3Klein:
         included: they are attended), references: packed latents [128, h_i, w_i]; sigma_next is read by the
         flow map only. Returns [128, h, w] in the latent's dtype (x0 = x - sigma v). check() runs after each
         block (it raises to cancel within a step). cache, slots: a sampler's step cache and reference slots
-        (dit_core/step_cache.py; issue 6); a step whose slots do not record leaves the references out."""
+        (dit_core/sampling/step_cache.py; issue 6); a step whose slots do not record leaves the references out."""
         check = check or (lambda: None)
         self._check(latent, text_rows, references)
         t, t_next = self.timestep(sigma), None if sigma_next is None else self.timestep(sigma_next)

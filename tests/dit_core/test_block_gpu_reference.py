@@ -12,7 +12,7 @@ from dit_core.block import DOWN, OUT, QKV, UP, Block
 from dit_core.block_gpu import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
-from dit_core.step_cache import StepCache, joint_blocks
+from dit_core.sampling.step_cache import StepCache, joint_blocks
 from kernels.int8_quant_turned import turned_rows
 
 CPU = torch.device("cpu")

@@ -11,10 +11,10 @@ from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3, random_z_ima
 from dit_core.block_gpu import GpuBlock
 from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.families.z_image import ZImage
-from dit_core.sampling import sample_klein
-from dit_core.schedules import klein_sigmas
+from dit_core.sampling.klein import sample_klein
+from dit_core.sampling.schedules import klein_sigmas
 from dit_core.staging import host_buffer, staged_bytes
-from dit_core.step_cache import StepCache
+from dit_core.sampling.step_cache import StepCache
 from dit_core.streaming import StreamedBlocks, pass_bytes, resident_generation, spread
 from dit_core.weights import TensorSource
 

@@ -8,7 +8,7 @@ from tiny_models import FLUX3_TINY, flux3_bfl_layout, int8_convrot_state, random
 
 from dit_core import load_family
 from dit_core.families.flux3_klein import Flux3Klein, pack_latent, unpack_latent
-from dit_core.schedules import klein_sigmas
+from dit_core.sampling.schedules import klein_sigmas
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")

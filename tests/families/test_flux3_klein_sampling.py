@@ -8,9 +8,10 @@ from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
 
 from dit_core.families import flux3_klein
 from dit_core.families.flux3_klein import Flux3Klein
-from dit_core.sampling import SamplingCancelled, flux_noise, sample_euler, sample_klein
-from dit_core.schedules import klein_sigmas
-from dit_core.step_cache import StepCache, relative_change
+from dit_core.sampling.ksampler import SamplingCancelled, sample_euler
+from dit_core.sampling.klein import flux_noise, sample_klein
+from dit_core.sampling.schedules import klein_sigmas
+from dit_core.sampling.step_cache import StepCache, relative_change
 
 C = FLUX3_TINY["in_channels"]
 TEXT = FLUX3_TINY["joint_attention_dim"]

@@ -245,7 +245,7 @@ def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
     import comfy.sample
     import comfy.samplers
 
-    from dit_core.sampling import ksample
+    from dit_core.sampling.ksampler import ksample
 
     model = ZImage.load(files / "z_image_f32.safetensors")
     cond, latent = torch.randn(1, 9, 32), torch.zeros(1, 4, 6, 8)

@@ -96,9 +96,9 @@ def graph(k, seed=7, width=32, height=48, steps=4, cache=0.3, refresh=0, referen
 
 def engine(models, rows, seed, width, height, steps, cache, refresh=0, references=()):
     from dit_core.families.flux3_klein import Flux3Klein
-    from dit_core.sampling import flux_noise, sample_klein
-    from dit_core.schedules import klein_sigmas
-    from dit_core.step_cache import StepCache
+    from dit_core.sampling.klein import flux_noise, sample_klein
+    from dit_core.sampling.schedules import klein_sigmas
+    from dit_core.sampling.step_cache import StepCache
     dit = Flux3Klein.load(models / "diffusion_models" / "flux3_klein_tiny.safetensors")
     step_cache = StepCache(cache)
     x = sample_klein(dit, flux_noise(seed, height, width)[0], klein_sigmas(steps, 16.0), rows[0], references,
@@ -144,8 +144,9 @@ def test_image_to_image_graph_equals_the_engine(pack, models):
     """denoise 0.6 on our VAE encode of an image: KSampler's image to image (the tail of the schedule of
     int(steps / denoise) steps from the noised latent); denoise 0 returns the latent."""
     from dit_core.families.flux3_klein import Flux3Klein
-    from dit_core.sampling import prepare_noise, sample_klein
-    from dit_core.schedules import klein_sigmas
+    from dit_core.sampling.ksampler import prepare_noise
+    from dit_core.sampling.klein import sample_klein
+    from dit_core.sampling.schedules import klein_sigmas
     image = torch.rand(1, 32, 48, 3, generator=torch.Generator().manual_seed(4))
     (vae,) = run(pack.Flux3KleinVAELoader, vae_name="flux2_vae_tiny.safetensors")
     (latent,) = run(pack.Flux3KleinVAEEncode, pixels=image, vae=vae)

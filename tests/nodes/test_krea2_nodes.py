@@ -81,8 +81,8 @@ def graph(k, seed=7, width=32, height=48, steps=3, cfg=1.0, lora=None):
 def test_t2i_graph_equals_the_engine(pack, models, cfg, lora):
     from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
     from dit_core.text.qwen3_vl import Krea2TextEncoder
-    from dit_core.sampling import ksample
-    from dit_core.schedules import flux_sigma_table
+    from dit_core.sampling.ksampler import ksample
+    from dit_core.sampling.schedules import flux_sigma_table
     _, positive, negative, samples = graph(pack, cfg=cfg, lora=lora)
     rows = Krea2TextEncoder.load(models / "text_encoders" / "qwen3vl_krea2_tiny.safetensors",
                                  pack.TOKENIZER_DIR).encode(PROMPT)

@@ -93,7 +93,7 @@ def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=Non
 def test_graph_equals_the_engine(pack, models):
     from dit_core.families.z_image import ZImage
     from dit_core.text.qwen3 import Qwen3TextEncoder
-    from dit_core.sampling import ksample
+    from dit_core.sampling.ksampler import ksample
     from dit_core.codecs.flux1_vae import ImageDecoder
     positive, samples, image = graph(pack)
     rows = Qwen3TextEncoder.load(models / "text_encoders" / "qwen3_tiny.safetensors", pack.TOKENIZER_DIR).encode(
@@ -109,7 +109,7 @@ def test_graph_equals_the_engine(pack, models):
 
 def test_lora_node_merges_the_lora(pack, models):
     from dit_core.families.z_image import ZImage
-    from dit_core.sampling import ksample
+    from dit_core.sampling.ksampler import ksample
     positive, samples, _ = graph(pack, lora=("tiny_lora.safetensors", 0.7))
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors",
                       loras=((models / "loras" / "tiny_lora.safetensors", 0.7),))
@@ -199,7 +199,7 @@ def test_cancel_interrupts_within_a_step(pack, models, monkeypatch):
 
 def engine_samples(models, rows, seed=7):
     from dit_core.families.z_image import ZImage
-    from dit_core.sampling import ksample
+    from dit_core.sampling.ksampler import ksample
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors")
     return ksample(dit.denoised, seed, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
                    positive=rows, negative=rows * 0, shift=3.0)

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .arch import Arch
-from .block import Block
-from .block_gpu import NormStats
-from .modulation import Modulation
-from .sequence import Sequence
+from ..arch import Arch
+from ..block import Block
+from ..block_gpu import NormStats
+from ..modulation import Modulation
+from ..sequence import Sequence
 
 StepFn = Callable[[int, Block, torch.Tensor], torch.Tensor]
 

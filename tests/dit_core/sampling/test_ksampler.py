@@ -1,4 +1,4 @@
-"""dit_core/sampling.py and dit_core/schedules.py against ComfyUI v0.3.75 in-process: noise, sigmas, samplers, CFG,
+"""dit_core/sampling/ksampler.py and schedules.py against ComfyUI v0.3.75 in-process: noise, sigmas, samplers, CFG,
 KSampler."""
 import math
 
@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import rel_err
 
-from dit_core import sampling, schedules
+from dit_core.sampling import ksampler as sampling
+from dit_core.sampling import schedules
 
 SCHEDULERS = list(schedules.SCHEDULERS)
 

@@ -1,8 +1,7 @@
-"""Flow sampling as ComfyUI v0.3.75 runs it: seeded noise, Euler, res_multistep, CFG, FLUX.3 Klein's loop (the sigma
-schedules: dit_core/schedules.py)."""
+"""Flow sampling as ComfyUI v0.3.75's KSampler runs it: seeded noise, Euler, res_multistep, CFG, and the model as a
+sampler node runs it (the sigma schedules: schedules.py; FLUX.3 Klein's own loop: klein.py)."""
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Sequence
 
@@ -77,7 +76,7 @@ def inverse_noise_scaling(sigma: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 # --- samplers: denoiser(x, sigma) -> x0, sigma a 0-d tensor -------------------------------------------------
 
-def _before_step(i: int, total: int, should_stop: Callable[[], bool] | None) -> None:
+def before_step(i: int, total: int, should_stop: Callable[[], bool] | None) -> None:
     if should_stop is not None and should_stop():
         raise SamplingCancelled(i, total)
 
@@ -88,7 +87,7 @@ def sample_euler(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, call
     sigmas = sigmas.to(x.device)
     total = len(sigmas) - 1
     for i in range(total):
-        _before_step(i, total, should_stop)
+        before_step(i, total, should_stop)
         x0 = denoiser(x, sigmas[i])
         d = (x - x0) / sigmas[i]
         x = x + d * (sigmas[i + 1] - sigmas[i])
@@ -108,7 +107,7 @@ def sample_res_multistep(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tens
     total = len(sigmas) - 1
     x0_prev = None
     for i in range(total):
-        _before_step(i, total, should_stop)
+        before_step(i, total, should_stop)
         x0 = denoiser(x, sigmas[i])
         if sigmas[i + 1] == 0 or x0_prev is None:
             d = (x - x0) / sigmas[i]
@@ -216,65 +215,3 @@ def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: st
     x = SAMPLERS[sampler_name](denoiser, x, sigmas, callback=callback, should_stop=should_stop)
     x = inverse_noise_scaling(sigmas[-1], x)
     return process_out(x.to(torch.float32), latent_shift, latent_scale)
-
-
-# --- FLUX.3 Klein: Euler on the raw velocity, the flow map's sigma_next, the step cache --------------------
-
-def flux_noise(seed: int, height: int, width: int, batch: int = 1, channels: int = 128) -> torch.Tensor:
-    """seed 001's fluxNoise: ComfyUI's draw for EmptyFlux2LatentImage's zeros [batch, 128, H/16, W/16] f32
-    (prepare_noise; the Flux2 latent format's process_in is the identity). height, width in pixels."""
-    if height % 16 or width % 16 or height < 16 or width < 16:
-        raise ValueError(f"flux_noise: width and height must be positive multiples of 16, got "
-                         f"{width}x{height}")
-    return prepare_noise(torch.zeros(batch, channels, height // 16, width // 16), seed)
-
-
-def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: torch.Tensor,
-                 references: Sequence[torch.Tensor] = (), cache=None, refresh: int = 0,
-                 negative: torch.Tensor | None = None, cfg: float = 1.0, callback=None,
-                 should_stop=None, latent: torch.Tensor | None = None, step=None) -> torch.Tensor:
-    """One image's latent [128, h, w] at sigma 0 from noise [128, h, w] (seed 001 Flux.sample;
-    reference/families/flux3_klein.md section 7): step i runs model.output(x, sigma_i, sigma_{i+1}) (the flow
-    map embeds sigma_{i+1}, 0 after the last step), then Euler on the raw velocity,
-    x' = x + (sigma_{i+1} - sigma_i) v. cfg != 1 (the base model, 3.5) also runs `negative` text rows:
-    v = v_neg + cfg (v_pos - v_neg).
-    cache: a StepCache (dit_core/step_cache.py) for the positive pass, its counts the report (`skipped`); the
-    negative pass keeps a fresh one of the same limit. refresh > 0 (edits) records the references' keys and
-    values on steps 0, refresh, 2 refresh, ... and reuses them between. callback(i + 1, total, x, x0) after
-    each step; should_stop() is asked before each step and after each block, raising
-    SamplingCancelled. latent: the image latent to start from (image to image, with klein_sigmas' denoise):
-    x = sigma_0 noise + (1 - sigma_0) latent, ComfyUI's CONST noise_scaling (the Flux2 latent format's process_in
-    is the identity); None: an empty latent. step: model.output or its twin (model.graphed()). No sigmas to walk:
-    the latent (or the noise) as it is."""
-    from .step_cache import RefSlots, StepCache  # the speed features, imported where used
-
-    if not math.isclose(cfg, 1.0) and negative is None:
-        raise ValueError(f"sample_klein: cfg {cfg} needs negative text rows (or set cfg to 1.0)")
-    total = len(sigmas) - 1
-    branches = [(text_rows, cache, RefSlots(refresh) if refresh else None)]
-    if not math.isclose(cfg, 1.0):
-        neg_cache = cache.fresh() if isinstance(cache, StepCache) else None
-        branches.append((negative, neg_cache, RefSlots(refresh) if refresh else None))
-    if len(sigmas) < 2:  # denoise 0: CFGGuider.sample returns the latent untouched
-        return noise if latent is None else latent
-    x = sigmas[0].to(noise.dtype) * noise  # noise_scaling on an empty latent (1 * noise at sigma 1)
-    if latent is not None:
-        x = noise_scaling(sigmas[0].to(noise.dtype), noise, latent.to(noise.dtype))
-    for i in range(total):
-        _before_step(i, total, should_stop)
-        check = lambda i=i: _before_step(i, total, should_stop)
-        sigma, sigma_next = float(sigmas[i]), float(sigmas[i + 1])
-        vs = []
-        for rows, step_cache, slots in branches:
-            if slots is not None:
-                slots.begin(i)
-            vs.append((step or model.output)(x, sigma, sigma_next, rows, references, check, step_cache, slots))
-        v = vs[0] if len(vs) == 1 else vs[1] + cfg * (vs[0] - vs[1])
-        x0 = x - sigmas[i].to(x.dtype) * v
-        x = x + (sigmas[i + 1] - sigmas[i]).to(x.dtype) * v
-        if callback is not None:
-            callback(i + 1, total, x, x0)
-    if isinstance(cache, StepCache) and cache.limit > 0:
-        logging.getLogger(__name__).info("FLUX.3 step cache %.3g: %d of %d steps skipped", cache.limit,
-                                         cache.skipped, cache.steps)
-    return x
