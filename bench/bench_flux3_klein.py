@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from dit_core.block_gpu import GpuBlock  # noqa: E402
+from dit_core.gpu.block import GpuBlock  # noqa: E402
 from dit_core.families.flux3_klein import Flux3Klein  # noqa: E402
 from dit_core.sampling.klein import flux_noise, sample_klein  # noqa: E402
 from dit_core.sampling.schedules import klein_sigmas  # noqa: E402

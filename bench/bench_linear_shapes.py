@@ -3,7 +3,7 @@ the same run: where a step's product time goes, shape by shape. The fused QKV tu
 blocks call it, and once more by cos and sin tables; FLUX.3's OUT and DOWN as its parallel blocks call them (OUT
 rows, DOWN adding them under the gate), and once more as before (each adding into the residual).
 
-Forms as the blocks call them (dit_core/block_gpu.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
+Forms as the blocks call them (dit_core/gpu/block.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
 and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
 codes; graph ms (median) of one call, TOPS = 2 M N K / t, and ms a step = calls a step x ms (Z-Image's caption
 refiners run once per prompt, not a step). Needs a CUDA GPU; the Hopper column where int8_linear_hopper can run.

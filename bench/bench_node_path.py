@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.sampling.ksampler import ksample, model_on_device  # noqa: E402
-from dit_core.step_graph import capture_refusal  # noqa: E402
+from dit_core.gpu.step_graph import capture_refusal  # noqa: E402
 from host import checkpoints  # noqa: E402
 
 

@@ -23,13 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from dit_core.arch import Arch  # noqa: E402
-from dit_core.block_gpu import GpuBlock, GpuLinear  # noqa: E402
+from dit_core.gpu.block import GpuBlock, GpuLinear  # noqa: E402
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.modulation import Modulation  # noqa: E402
 from dit_core.sequence import sequence_of  # noqa: E402
-from dit_core.staging import stage, staged_bytes  # noqa: E402
-import dit_core.streaming as streaming  # noqa: E402
-from dit_core.streaming import SLOTS, StreamedBlocks  # noqa: E402
+from dit_core.gpu.staging import stage, staged_bytes  # noqa: E402
+import dit_core.gpu.streaming as streaming  # noqa: E402
+from dit_core.gpu.streaming import SLOTS, StreamedBlocks  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 
 PERCENTS = (100, 50, 25, 0)

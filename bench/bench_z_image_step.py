@@ -180,7 +180,7 @@ def main(argv=None) -> None:
             results[label] = (*timed(step, args.steps), weights_gb(ours))
             if args.profile and label == "ours INT8 ConvRot":
                 print_profile(step)
-            if label == "ours INT8 ConvRot":  # the same step replayed from a CUDA graph (dit_core/step_graph.py)
+            if label == "ours INT8 ConvRot":  # the same step replayed from a CUDA graph (dit_core/gpu/step_graph.py)
                 graphed = ours.graphed()
                 replay = lambda: graphed(latent, sigma, caption)  # noqa: E731
                 results[label + ", CUDA graph"] = (*timed(replay, args.steps), weights_gb(ours))

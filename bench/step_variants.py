@@ -6,7 +6,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--variant-chunk", type=int, default=0, help="also ours INT8 graphed with the MLP in chunks "
-                        "of this many rows (dit_core.block_gpu.CHUNK; 0: not)")
+                        "of this many rows (dit_core.gpu.block.CHUNK; 0: not)")
     parser.add_argument("--variant-serial-modes", action="store_true", help="also ours INT8 graphed with FLUX.3's "
                         "mode blocks one after another on one stream (flux3_klein.MODES_CONCURRENT off)")
     parser.add_argument("--variant-whole-tiles", action="store_true", help="also ours INT8 graphed with every GEMM "
@@ -22,14 +22,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "rows quantized by the Triton passes where the Hopper one-pass kernel runs "
                         "(kernels.int8_quant_hopper.ENABLED off)")
     parser.add_argument("--variant-unturned-v", action="store_true", help="also ours INT8 graphed with v not "
-                        "turned in the QKV, OUT's rows quantized as plain rows (dit_core.block_gpu.TURN_V off)")
+                        "turned in the QKV, OUT's rows quantized as plain rows (dit_core.gpu.block.TURN_V off)")
     parser.add_argument("--variant-unturned-hidden", action="store_true", help="also ours INT8 graphed with UP's "
-                        "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.block_gpu.TURN_HIDDEN "
+                        "SwiGLU rows not turned, DOWN's rows quantized as plain rows (dit_core.gpu.block.TURN_HIDDEN "
                         "off)")
     parser.add_argument("--variant-int8-attention", action="store_true", help="also ours INT8 graphed with every "
-                        "family's attention scores on the INT8 matrix cores (dit_core.block_gpu.INT8_ATTENTION)")
+                        "family's attention scores on the INT8 matrix cores (dit_core.gpu.block.INT8_ATTENTION)")
     parser.add_argument("--variant-cudnn-attention", action="store_true", help="also ours INT8 graphed with every "
-                        "family's attention by cuDNN's bf16 SDPA (dit_core.block_gpu.INT8_ATTENTION empty)")
+                        "family's attention by cuDNN's bf16 SDPA (dit_core.gpu.block.INT8_ATTENTION empty)")
     parser.add_argument("--variant-group-m", type=int, nargs="*", default=[], help="also ours INT8 graphed with the "
                         "Hopper GEMMs walking the columns with this many row tiles together (int8_linear_hopper's "
                         "GROUP_M: the weights read from memory once a group)")
@@ -45,7 +45,7 @@ class _Uncarried:
 
 def variants(args) -> list:
     """(name, module, attribute, value) of each asked variant."""
-    from dit_core import block_gpu
+    from dit_core.gpu import block as block_gpu
     from dit_core.families import FAMILIES, flux3_klein
     from kernels import int8_codes, int8_linear_hopper, int8_quant_hopper, split_tail
     return [(f"MLP chunks of {args.variant_chunk} rows", block_gpu, "CHUNK", args.variant_chunk)] * bool(

@@ -76,6 +76,20 @@ def swiglu(u: torch.Tensor) -> torch.Tensor:
     return F.silu(u[..., 0::2]) * u[..., 1::2]
 
 
+@dataclass
+class NormStats:
+    """The next block's first norm's row statistics of the rows x [2, rows] f32, carried from the block's last kernel
+    that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a parallel block's gated DOWN product: either
+    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 35 a FLUX.3
+    Klein step); the host block ignores it. ready: whether values hold x's statistics now; a block that cannot write them clears it."""
+    values: torch.Tensor
+    ready: bool = False
+
+    @staticmethod
+    def of(x: torch.Tensor) -> NormStats:
+        return NormStats(torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device))
+
+
 @dataclass(frozen=True)
 class Block:
     """One block's weights by the indexes above: Block.w[QKV..DOWN] are Linears ([out, in], UP's rows gluRows),

@@ -8,7 +8,7 @@ reads them with .cg loads, from L2). That program sets the counter back to 0 (`c
 its counters at 0. The buffers are made once per device and stream and kept, outside CUDA graph capture (made during
 one, they would belong to the graph's memory pool): `kept` returns None then, and the caller runs its path without
 counters. Launches on one stream run one after another, so they may share a stream's buffers; a graph is captured on
-the stream its warm-up ran on (dit_core/step_graph.py), so the capture finds them.
+the stream its warm-up ran on (dit_core/gpu/step_graph.py), so the capture finds them.
 """
 from __future__ import annotations
 

@@ -91,7 +91,7 @@ def _head_norm_rope_kernel(qkv_ptr, stride_qkv, w_ptr, cos_ptr, sin_ptr, out_ptr
 
 def qk_norm_rows(q_weight: torch.Tensor, k_weight: torch.Tensor) -> torch.Tensor:
     """The q and k norm gains as rows [2, D] f32: a view where they are already the two rows of one such tensor
-    (dit_core.block_gpu.GpuBlock keeps them so), else a stacked copy (a launch a call)."""
+    (dit_core.gpu.block.GpuBlock keeps them so), else a stacked copy (a launch a call)."""
     d = q_weight.numel()
     if (q_weight.dtype == k_weight.dtype == torch.float32 and q_weight.is_contiguous() and k_weight.is_contiguous()
             and k_weight.numel() == d and k_weight.data_ptr() == q_weight.data_ptr() + 4 * d

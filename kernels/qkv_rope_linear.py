@@ -1,5 +1,5 @@
 """The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8_linear.py then
-kernels/head_norm_rope.py in one launch (dit_core/block_gpu.py's QKV where it is INT8 and turns whole heads).
+kernels/head_norm_rope.py in one launch (dit_core/gpu/block.py's QKV where it is INT8 and turns whole heads).
 
 Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's 1024^2
 shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while in

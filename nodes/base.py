@@ -17,7 +17,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.sampling.ksampler import SamplingCancelled
-from ..dit_core.streaming import BudgetError
+from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .memory import RequestTooLarge, check_request, engine_device
 from .model_bytes import describe

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import comfy.model_management
 import torch
 
-from ..dit_core.streaming import SLOTS, StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
+from ..dit_core.gpu.streaming import SLOTS, StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
 from .model_bytes import GIB, describe, placement
 
 log = logging.getLogger("SwiftDiT")

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ..dit_core.streaming import StreamedBlocks
+from ..dit_core.gpu.streaming import StreamedBlocks
 
 GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
 

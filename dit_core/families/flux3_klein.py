@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Block, layer_norm
-from ..block_gpu import NormStats
+from ..block import Block, NormStats, layer_norm
 from ..linear import linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
@@ -158,7 +157,7 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
 
 def _side_streams(device: torch.device, modes: list[str]) -> dict[str, torch.cuda.Stream]:
     """mode -> its side stream on a CUDA device (kept: a graph's warm-up and capture use the same), none elsewhere."""
-    from ..step_graph import kept_stream
+    from ..gpu.step_graph import kept_stream
     return {m: kept_stream(device, f"FLUX.3 {m} mode blocks") for m in modes} if device.type == "cuda" else {}
 
 
@@ -232,7 +231,7 @@ class Flux3Klein:
             if isinstance(obj, torch.Tensor):
                 return obj.to(dev)
             if isinstance(obj, Block) and dev.type == "cuda":
-                from ..block_gpu import GpuBlock
+                from ..gpu.block import GpuBlock
                 return GpuBlock.of(obj, dev)
             if isinstance(obj, Linear) and dev.type == "cuda":
                 return Linear(obj.dequantized().to(dev), None if obj.bias is None else obj.bias.float().to(dev))
@@ -244,7 +243,7 @@ class Flux3Klein:
 
         moved = replace(self, **{f.name: move(getattr(self, f.name)) for f in fields(self)
                                  if f.name not in ("arch", "blocks")})
-        from ..streaming import streamed_blocks
+        from ..gpu.streaming import streamed_blocks
         return replace(moved, blocks=move(self.blocks) if budget_bytes is None else
                        streamed_blocks(self.blocks, dev, budget_bytes))
 
@@ -292,7 +291,7 @@ class Flux3Klein:
         return self._velocity(x, latent, t, t_next, text_rows)
 
     def graphed(self) -> Callable[..., torch.Tensor]:
-        """output() replayed from two CUDA graphs a step (dit_core/step_graph.py) on a CUDA device while every
+        """output() replayed from two CUDA graphs a step (dit_core/gpu/step_graph.py) on a CUDA device while every
         block is resident: one from the embedders through the first joint block, one for the other joint
         blocks, the step cache's decision between them on the host (StepCache.after_first); the final layer
         runs eagerly. Steps whose reference slots record or read (refresh), or while blocks stream, run
@@ -302,7 +301,7 @@ class Flux3Klein:
         (LoadedModels.attached); step.graphs: the two GraphedSteps."""
         if self.final_out.weight.device.type != "cuda":
             return self.output
-        from ..step_graph import KeptRows, ModelGraphs
+        from ..gpu.step_graph import KeptRows, ModelGraphs
         a = self.arch
 
         def head(latent, t, t_next, txt, *references):

@@ -24,7 +24,6 @@ from ..linear import float_on, linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, sequence_of
-from ..streaming import streamed_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
@@ -237,13 +236,14 @@ class Krea2:
         """Krea 2 where it runs: on a CUDA device the blocks and text fusion blocks become GpuBlocks (INT8 ConvRot
         linears on the matrix cores, or BF16; attention by the plain path, block_gpu._plain_heads), the small
         linears and tensors f32 there. With budget_bytes the main blocks take at most that much device memory: those
-        that do not fit stream from host memory (dit_core/streaming.py; on the CPU through CPU slots, the same
+        that do not fit stream from host memory (dit_core/gpu/streaming.py; on the CPU through CPU slots, the same
         numerics); a function of the main blocks' total bytes is asked once the rest is on the device."""
         dev = torch.device(device)
+        from ..gpu.streaming import streamed_blocks  # the GPU path: imported where used
         streamed = lambda: streamed_blocks(self.blocks, dev, budget_bytes)  # noqa: E731
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=streamed())
-        from ..block_gpu import GpuBlock
+        from ..gpu.block import GpuBlock
         small = lambda lin: float_on(lin, dev)  # noqa: E731
         gpu = lambda blocks: tuple(GpuBlock.of(b, dev) for b in blocks)  # noqa: E731
         return replace(self, time=tuple(map(small, self.time)), time_mod=small(self.time_mod),

@@ -15,8 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Block, layer_norm, rms_norm
-from ..block_gpu import NormStats
+from ..block import Block, NormStats, layer_norm, rms_norm
 from ..linear import float_on, linear
 from ..lora import load_lora
 from ..modulation import Modulation, sinusoids
@@ -223,7 +222,7 @@ class ZImage:
         dev = torch.device(device)
         if dev.type == "cpu":
             return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
-        from ..block_gpu import GpuBlock
+        from ..gpu.block import GpuBlock
         small = lambda lin: float_on(lin, dev)  # noqa: E731
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
         stack, views = stacked(self.noise_mods + self.mods, dev)
@@ -238,7 +237,7 @@ class ZImage:
 
     def _streamed(self, dev: torch.device, budget_bytes: int | Callable[[int], int]):
         """The main blocks as StreamedBlocks on dev (only imported when a budget asks for streaming)."""
-        from ..streaming import streamed_blocks
+        from ..gpu.streaming import streamed_blocks
         return streamed_blocks(self.blocks, dev, budget_bytes,
                                self.files if len(self.files) == len(self.blocks) else None)
 
@@ -272,7 +271,7 @@ class ZImage:
         return self.output_at(latent, self.timestep(sigma), caption, check)
 
     def graphed(self) -> Callable[..., torch.Tensor]:
-        """output() replayed from one CUDA graph a step (dit_core/step_graph.py) on a CUDA device, else
+        """output() replayed from one CUDA graph a step (dit_core/gpu/step_graph.py) on a CUDA device, else
         output() itself; while some blocks stream the step runs eagerly, and once the blocks have moved the
         graphs are captured again (ModelGraphs.usable). check() is asked before a replayed step, not within it.
         The caption's rows through the context refiners are made once per caption tensor (step_graph.KeptRows).
@@ -280,7 +279,7 @@ class ZImage:
         model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
         if self.cap_norm.device.type != "cuda":
             return self.output
-        from ..step_graph import KeptRows, ModelGraphs
+        from ..gpu.step_graph import KeptRows, ModelGraphs
         graphs = ModelGraphs(lambda latent, t, cap: self._output_with(latent, t, cap))
         # The caption's rows through its embedder and the context refiners: the same every step (no timestep in
         # them), made once per caption tensor outside the graph.
@@ -300,7 +299,7 @@ class ZImage:
     def output_at(self, latent: torch.Tensor, t: torch.Tensor, caption: torch.Tensor,
                   check: Callable[[], None] | None = None) -> torch.Tensor:
         """output() at the timestep tensor t (timestep(sigma)), inputs checked: on a GPU with every block there,
-        nothing in it waits for the host or copies from it, so a CUDA graph can capture it (dit_core/step_graph.py)."""
+        nothing in it waits for the host or copies from it, so a CUDA graph can capture it (dit_core/gpu/step_graph.py)."""
         return self._output_with(latent, t, self._caption_rows(caption, latent.dtype, check), check)
 
     def _caption_rows(self, caption: torch.Tensor, dtype: torch.dtype,

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..arch import Arch
-from ..block import Block
-from ..block_gpu import NormStats
+from ..block import Block, NormStats
 from ..modulation import Modulation
 from ..sequence import Sequence
 
@@ -73,7 +72,7 @@ class StepCache:
     def run(self, blocks: Seq[Block], x: torch.Tensor, step: StepFn, check: Callable[[], None],
             rows: int) -> torch.Tensor:
         """The blocks over x (step(i, block, x) runs block i), skipping all but the first where allowed. The
-        blocks are walked once, in order: streamed ones (dit_core/streaming.py) copy ahead of their use."""
+        blocks are walked once, in order: streamed ones (dit_core/gpu/streaming.py) copy ahead of their use."""
         with _walk(blocks) as walk:
             x1 = step(*next(walk), x)
             check()

@@ -10,13 +10,13 @@ from conftest import rel_err
 from tiny_models import random_block, random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
-from dit_core import block_gpu
+from dit_core.gpu import block as block_gpu
 from dit_core.block import OUT, QKV, Block
-from dit_core.block_gpu import GpuBlock, NormStats
+from dit_core.gpu.block import GpuBlock, NormStats
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
-from dit_core.streaming import StreamedBlocks
+from dit_core.gpu.streaming import StreamedBlocks
 from dit_core.weights import Linear, TensorSource
 from kernels.int8_quant_turned import turned_rows
 

@@ -6,10 +6,10 @@ import torch
 from conftest import rel_err
 from tiny_models import random_block
 
-from dit_core import block_gpu
+from dit_core.gpu import block as block_gpu
 from dit_core.arch import Arch
 from dit_core.block import DOWN, OUT, QKV, UP, Block
-from dit_core.block_gpu import GpuBlock, NormStats
+from dit_core.gpu.block import GpuBlock, NormStats
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.sampling.step_cache import StepCache, joint_blocks

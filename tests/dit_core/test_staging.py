@@ -11,12 +11,12 @@ from tiny_models import random_z_image, z_image_comfy_layout
 
 from dit_core.arch import Arch
 from dit_core.block import Block
-from dit_core.block_gpu import GpuBlock
+from dit_core.gpu.block import GpuBlock
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
-from dit_core.staging import ALIGN, stage, stage_all, staged_bytes, tensor_paths
-from dit_core.streaming import StreamedBlocks, keep_order, plan, spread
+from dit_core.gpu.staging import ALIGN, stage, stage_all, staged_bytes, tensor_paths
+from dit_core.gpu.streaming import StreamedBlocks, keep_order, plan, spread
 from dit_core.weights import Checkpoint, Linear, quantize_convrot
 
 DTYPES = [torch.int8, torch.uint8, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn]

@@ -1,4 +1,4 @@
-"""dit_core/step_graph.py's bookkeeping on the CPU: which shapes hold a graph, the eager fallback when a capture
+"""dit_core/gpu/step_graph.py's bookkeeping on the CPU: which shapes hold a graph, the eager fallback when a capture
 fails, the oldest shape dropped past MAX_SHAPES, clear(), the rows kept per conditioning tensor (KeptRows). The
 replays themselves are GPU tests (tests/dit_core/test_block_gpu.py, tests/families/test_flux3_klein_sampling.py)."""
 import logging
@@ -6,8 +6,8 @@ import logging
 import pytest
 import torch
 
-from dit_core import step_graph
-from dit_core.step_graph import MAX_SHAPES, GraphedStep, KeptRows
+from dit_core.gpu import step_graph
+from dit_core.gpu.step_graph import MAX_SHAPES, GraphedStep, KeptRows
 
 
 class FakeGraph:
@@ -83,8 +83,8 @@ def test_failed_capture_runs_that_shape_eagerly(monkeypatch, caplog):
 def test_model_graphs_follow_the_blocks_placement(monkeypatch):
     """ModelGraphs.usable: replay while the blocks' generation is the captured one; a change (or streaming, None)
     drops every step's graphs, into a fresh shared pool."""
-    import dit_core.streaming as streaming
-    from dit_core.step_graph import ModelGraphs
+    import dit_core.gpu.streaming as streaming
+    from dit_core.gpu.step_graph import ModelGraphs
 
     pools = iter(range(100))
     monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: (next(pools), 0))

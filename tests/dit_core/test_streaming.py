@@ -8,14 +8,14 @@ from safetensors.torch import save_file
 from test_staging import A, gpu_blocks, inputs, run
 from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3, random_z_image, z_image_comfy_layout
 
-from dit_core.block_gpu import GpuBlock
+from dit_core.gpu.block import GpuBlock
 from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.families.z_image import ZImage
 from dit_core.sampling.klein import sample_klein
 from dit_core.sampling.schedules import klein_sigmas
-from dit_core.staging import host_buffer, staged_bytes
+from dit_core.gpu.staging import host_buffer, staged_bytes
 from dit_core.sampling.step_cache import StepCache
-from dit_core.streaming import StreamedBlocks, pass_bytes, resident_generation, spread
+from dit_core.gpu.streaming import StreamedBlocks, pass_bytes, resident_generation, spread
 from dit_core.weights import TensorSource
 
 

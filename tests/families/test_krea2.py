@@ -10,12 +10,12 @@ from safetensors.torch import save_file
 from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, random_krea2, random_z_image
 
 from dit_core import load_family
-from dit_core.block_gpu import GpuBlock
+from dit_core.gpu.block import GpuBlock
 from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format, pack_tokens, unpack_tokens
 from dit_core.sampling.ksampler import ksample, prepare_noise, process_in, process_out
 from dit_core.sampling.schedules import calculate_sigmas, flux_sigma_table
-from dit_core.staging import staged_bytes
-from dit_core.streaming import StreamedBlocks
+from dit_core.gpu.staging import staged_bytes
+from dit_core.gpu.streaming import StreamedBlocks
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dit_core.step_graph import kept_stream
+from dit_core.gpu.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels import int8_linear_hopper
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
@@ -50,7 +50,7 @@ def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
     torch.cuda.synchronize()
     call = fn
     if graph:
-        # The step graphs' capture stream (dit_core/step_graph.py): what kernels keep per stream (the split tail's
+        # The step graphs' capture stream (dit_core/gpu/step_graph.py): what kernels keep per stream (the split tail's
         # buffers, kernels/arrival_counters.py) is made once for it, not for a new stream at each timing.
         side = kept_stream(torch.device("cuda", torch.cuda.current_device()), "capture")
         side.wait_stream(torch.cuda.current_stream())

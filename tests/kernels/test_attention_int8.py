@@ -145,7 +145,7 @@ def test_int8_scores_for_the_listed_families_with_int8_linears_only():
     """FLUX.3 Klein's INT8 blocks take INT8 scores; its BF16 blocks (the precise path) and other families do not."""
     from dataclasses import replace
 
-    from dit_core import block_gpu
+    from dit_core.gpu import block as block_gpu
     from dit_core.arch import Arch
     a = Arch(family="flux3_klein", hidden=256, layers=1, refiner=0, heads=2, head=128, ffn=512, latents=128,
              patch=(1, 1), text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6,

@@ -230,7 +230,7 @@ def test_budget_arithmetic_with_the_loader_setting(pack, monkeypatch):
     assert budget_bytes(20, free, held, reserve) == 9 * GIB  # capped by what is there
     assert budget_bytes(0, GIB, 0, reserve) == 0
     from swiftdit_pack.dit_core.arch import Arch
-    from swiftdit_pack.dit_core.streaming import pass_bytes
+    from swiftdit_pack.dit_core.gpu.streaming import pass_bytes
     a = Arch(family="t", hidden=3840, layers=30, refiner=2, heads=30, head=128, ffn=10240, latents=16,
              patch=(2, 2), text_dim=2560, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5,
              final_eps=1e-6, rope_axes=(32, 48, 48), rope_theta=256.0)
@@ -294,7 +294,7 @@ def test_companions_live_and_are_cleared_with_their_model(pack):
 
 def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu, caplog):
     import comfy.model_management
-    from swiftdit_pack.dit_core.streaming import StreamedBlocks
+    from swiftdit_pack.dit_core.gpu.streaming import StreamedBlocks
     from swiftdit_pack.nodes.memory import LOADED
     positive, samples, _ = graph(pack)
     expected = engine_samples(models, positive[0][0])

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .arch import Arch
-from .block_gpu import CHUNK, GpuBlock
+from ..arch import Arch
+from .block import CHUNK, GpuBlock
 from .staging import Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs

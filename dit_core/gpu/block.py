@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .arch import Arch
-from .block import (
+from ..arch import Arch
+from ..block import (
     DOWN,
     K_NORM,
     NORM1,
@@ -24,11 +24,12 @@ from .block import (
     UP,
     Block,
     modulated_norm,
+    NormStats,
     swiglu,
 )
-from .modulation import Modulation
-from .sequence import Sequence
-from .weights import Linear
+from ..modulation import Modulation
+from ..sequence import Sequence
+from ..weights import Linear
 
 # Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
 # MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
@@ -52,7 +53,7 @@ def _int8_scores(a: Arch, qkv: GpuLinear) -> bool:
 def kernels():
     """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
     in ComfyUI."""
-    parent = __package__.rpartition(".")[0]
+    parent = __package__.removesuffix(".gpu").rpartition(".")[0]  # dit_core.gpu -> dit_core's parent
     return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
 
 
@@ -168,20 +169,6 @@ def _chunks(rows: int) -> list[tuple[int, int]]:
 def _chunk(rows, r0: int, r1: int):
     """Rows r0..r1 of _rows' (codes, scales, bf16 rows) triple."""
     return tuple(None if t is None else t[r0:r1] for t in rows)
-
-
-@dataclass
-class NormStats:
-    """The next block's first norm's row statistics of the rows x [2, rows] f32, carried from the block's last kernel
-    that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a parallel block's gated DOWN product: either
-    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 35 a FLUX.3
-    Klein step). ready: whether values hold x's statistics now; a block that cannot write them clears it."""
-    values: torch.Tensor
-    ready: bool = False
-
-    @staticmethod
-    def of(x: torch.Tensor) -> NormStats:
-        return NormStats(torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device))
 
 
 @dataclass(frozen=True)
