@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, NormStats, layer_norm
 from ..linear import linear
-from ..lora import load_lora
+from ..weights.lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
 from ..sampling.step_cache import RefSlots, StepCache, joint_blocks

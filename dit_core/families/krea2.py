@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, rms_norm
 from ..linear import float_on, linear
-from ..lora import load_lora
+from ..weights.lora import load_lora
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows

@@ -197,7 +197,7 @@ def slow_w4a8_decode(packed, s_rel, codebook, k, bits, group=16) -> torch.Tensor
 @pytest.mark.parametrize("bits,codebook", [(4, True), (4, False), (6, False)], ids=["w4_codebook", "w4_uniform", "w6"])
 def test_w4a8_decodes_like_kitchen(tmp_path, monkeypatch, bits, codebook, s_rel_u8):
     n, k = 20, 512
-    monkeypatch.setattr("dit_core.w4a8.DECODE_ELEMENTS", 3 * k)  # decode in chunks of 3 rows, last one short
+    monkeypatch.setattr("dit_core.weights.w4a8.DECODE_ELEMENTS", 3 * k)  # decode in chunks of 3 rows, last one short
     w = torch.randn(n, k) * 0.02
     packed, s_rel, s_ch, _, book = quantize_w4a8_int8_weight(w, group_size=16, convrot_groupsize=256, bits=bits,
                                                              codebook=codebook)

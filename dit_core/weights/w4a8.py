@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from .weights import FLOAT_DTYPES, Linear, WeightsError, hadamard
+from .checkpoint import FLOAT_DTYPES, WeightsError
+from .convrot import hadamard
+from .linear import Linear
 
 W4A8_GROUP = 16  # ComfyUI ops._load_quantized_module: group_size defaults to 16
 CONVROT_GROUP = 256  # ... and convrot_groupsize to 256

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .weights import Checkpoint, Linear, WeightsError
+from .checkpoint import Checkpoint, WeightsError
+from .linear import Linear
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,179 @@
+"""Model files as stored: lazy safetensors files whose header is checked before any tensor is read, plain tensors
+from them, and tensors in memory behind the same interface. Nothing here unpickles: safetensors only."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+# safetensors dtype names -> torch dtypes we can hold (the header check rejects any other).
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class WeightsError(ValueError):
+    """A model file that is not what the loader expects; the message names the file and the fix."""
+
+
+class Checkpoint:
+    """One safetensors file, read lazily (memory-mapped); its header is checked before any tensor is read. check(),
+    when set, runs before each tensor is read (it raises to cancel a long load)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.check: Callable[[], None] | None = None
+        if self.path.suffix.lower() not in (".safetensors", ".sft"):
+            raise WeightsError(f"{self.path.name}: only .safetensors files are read (no pickle); convert it first")
+        self.header, self.metadata = _read_header(self.path)
+        try:
+            self._file = safe_open(str(self.path), framework="pt", device="cpu")
+        except Exception as e:  # safetensors' own checks (holes between tensors, ...) beyond ours
+            raise WeightsError(f"{self.path.name}: safetensors cannot open it ({e})") from e
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.header
+
+    def keys(self) -> list[str]:
+        return list(self.header)
+
+    def prefix_of(self, keys: tuple[str, ...], prefixes: tuple[str, ...]) -> str | None:
+        """The first of prefixes under which the file holds every one of keys (a family's detection), or None."""
+        return next((p for p in prefixes if all(p + k in self for k in keys)), None)
+
+    def numbered(self, stem: str, suffix: str) -> int:
+        """How many blocks stem0suffix, stem1suffix, ... the file holds in a row."""
+        n = 0
+        while f"{stem}{n}{suffix}" in self:
+            n += 1
+        return n
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entry(name)["shape"])
+
+    def dtype(self, name: str) -> torch.dtype:
+        return SAFETENSORS_DTYPES[self._entry(name)["dtype"]]
+
+    def get(self, name: str) -> torch.Tensor:
+        self._entry(name)
+        if self.check is not None:
+            self.check()
+        return self._file.get_tensor(name)
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Tensor name's stored bytes read from the file straight into out (uint8 host memory of exactly its
+        size, e.g. a pinned staging buffer): no tensor and no second host copy is made."""
+        begin, end = self._entry(name)["data_offsets"]
+        if out.dtype != torch.uint8 or out.device.type != "cpu" or out.numel() != end - begin:
+            raise ValueError(f"{self.path.name}: '{name}' holds {end - begin} bytes; read_into needs a host "
+                             f"uint8 tensor of that size, got {out.dtype} [{out.numel()}] on {out.device}")
+        if self.check is not None:
+            self.check()
+        view = memoryview(out.numpy()).cast("B")
+        with open(self.path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            f.seek(8 + n + begin)  # the data section follows the 8-byte length and the JSON header
+            done = 0
+            while done < len(view):
+                got = f.readinto(view[done:])
+                if not got:
+                    raise WeightsError(f"{self.path.name}: '{name}' ends past the end of the file (truncated?)")
+                done += got
+
+    def _entry(self, name: str) -> dict:
+        if name not in self.header:
+            raise WeightsError(f"{self.path.name}: tensor '{name}' is missing; is this the right model file?")
+        return self.header[name]
+
+    def quantization_markers(self) -> dict[str, dict]:
+        """Per-layer quantization markers from the header's `_quantization_metadata` (ComfyUI's file form)."""
+        raw = self.metadata.get("_quantization_metadata")
+        if not raw:
+            return {}
+        try:
+            return dict(json.loads(raw).get("layers", {}))
+        except (ValueError, AttributeError) as e:
+            raise WeightsError(f"{self.path.name}: unreadable _quantization_metadata in the header ({e})") from e
+
+
+def _read_header(path: Path) -> tuple[dict, dict]:
+    """The safetensors header, checked: JSON of known dtypes whose byte ranges lie inside the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(f"{path.name}: corrupt safetensors file (shorter than its 8-byte header length)")
+        (n,) = struct.unpack("<Q", head)
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            raise WeightsError(f"{path.name}: corrupt safetensors header (declares {n} header bytes in a "
+                               f"{size}-byte file); the download is probably truncated or not safetensors")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise WeightsError(f"{path.name}: corrupt safetensors header (not JSON: {e})") from e
+    if not isinstance(header, dict):
+        raise WeightsError(f"{path.name}: corrupt safetensors header (not a JSON object)")
+    metadata = header.pop("__metadata__", None) or {}
+    data = size - 8 - n
+    for name, entry in header.items():
+        try:
+            dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+            elements = math.prod(int(d) for d in shape)
+        except (TypeError, KeyError, ValueError) as e:
+            raise WeightsError(f"{path.name}: corrupt safetensors header entry for '{name}'") from e
+        if dtype not in SAFETENSORS_DTYPES:
+            raise WeightsError(f"{path.name}: tensor '{name}' has unsupported dtype {dtype}")
+        nbytes = elements * torch.empty((), dtype=SAFETENSORS_DTYPES[dtype]).element_size()
+        if not (0 <= begin <= end <= data) or end - begin != nbytes:
+            raise WeightsError(f"{path.name}: corrupt safetensors header: '{name}' bytes [{begin}, {end}) do not "
+                               f"fit its shape {shape} or the file's {data} data bytes (truncated download?)")
+    return header, metadata
+
+
+def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+    """A plain (non-linear) tensor as f32, its shape checked when given."""
+    t = ckpt.get(key)
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise WeightsError(f"{ckpt.path.name}: '{key}' has shape {tuple(t.shape)}, expected {tuple(shape)}; "
+                           f"the file is of another model size or family")
+    if t.dtype in FP8_DTYPES:
+        scale_key = key.rsplit(".", 1)[0] + ".weight_scale"
+        return t.float() * (ckpt.get(scale_key).float() if scale_key in ckpt else 1.0)
+    return t.float()
+
+
+class TensorSource(Checkpoint):
+    """Tensors already in memory behind Checkpoint's interface (benchmarks on random weights, converters)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], name: str = "in-memory"):
+        self.path = Path(name)
+        self.tensors = tensors
+        self.header = {k: {"shape": list(v.shape)} for k, v in tensors.items()}
+        self.metadata = {}
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.get(name).dtype
+
+    def get(self, name: str) -> torch.Tensor:
+        self._entry(name)
+        return self.tensors[name]
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        """Tensor name's bytes copied into out (uint8 of its size), as Checkpoint.read_into reads a file's."""
+        t = self.get(name).contiguous().reshape(-1).view(torch.uint8)
+        if out.dtype != torch.uint8 or out.numel() != t.numel():
+            raise ValueError(f"{self.path.name}: '{name}' holds {t.numel()} bytes; read_into needs a uint8 "
+                             f"tensor of that size, got {out.dtype} [{out.numel()}]")
+        out.copy_(t)

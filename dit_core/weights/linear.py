@@ -1,0 +1,87 @@
+"""One linear as stored: float weights, or INT8 codes with f32 row scales (rotated by ConvRot); stacked rows and
+SwiGLU's interleaved [gate; up] rows."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+
+from .convrot import CONVROT_GROUP, convrot_group_for, dequantize_convrot, quantize_convrot
+
+@dataclass(frozen=True)
+class Linear:
+    """A linear [out, in]: float weights, or INT8 codes with f32 row scales (rotated by ConvRot if group > 0)."""
+    weight: torch.Tensor
+    bias: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    group: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.weight.dtype == torch.int8
+
+    @property
+    def out_features(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.weight.shape[1]
+
+    def dequantized(self) -> torch.Tensor:
+        """The weight in the native basis, f32."""
+        if not self.quantized:
+            return self.weight.float()
+        return dequantize_convrot(self.weight, self.scale, self.group)
+
+    def as_int8(self, group: int = CONVROT_GROUP) -> Linear:
+        """INT8 ConvRot of this linear (Block.quantized): float weights rotated and quantized, f32 master
+        first; already-INT8 linears unchanged; a K that no power-of-4 group divides stays float."""
+        if self.quantized:
+            return self
+        g = convrot_group_for(self.in_features, group)
+        if not g:
+            return self
+        codes, scale = quantize_convrot(self.weight.float(), g)
+        return replace(self, weight=codes, scale=scale, group=g)
+
+    def as_float(self, dtype: torch.dtype = torch.bfloat16) -> Linear:
+        """This linear with float weights of dtype (Block.dequantized)."""
+        return Linear(self.dequantized().to(dtype), self.bias, None, 0)
+
+    def rows(self, index: torch.Tensor) -> Linear:
+        """The linear with output rows reordered/selected by index (rows move with their scales and biases;
+        ConvRot acts on inputs, so no requantization)."""
+        scale = self.scale
+        if scale is not None and scale.numel() > 1:
+            scale = scale.reshape(-1, 1)[index]
+        bias = None if self.bias is None else self.bias[index]
+        return replace(self, weight=self.weight[index], bias=bias, scale=scale)
+
+
+def stack_rows(parts: list[Linear]) -> Linear:
+    """Linears of one input stacked by output rows (QKV fusion, [gate; up]); formats must agree."""
+    first = parts[0]
+    if any(p.quantized != first.quantized or p.group != first.group for p in parts):
+        parts = [p.as_float(torch.float32) for p in parts]
+        first = parts[0]
+    weight = torch.cat([p.weight for p in parts])
+    scale = None
+    if first.quantized:
+        scale = torch.cat([p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in parts])
+    biases = [p.bias for p in parts]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b if b is not None else torch.zeros(p.out_features, dtype=torch.float32)
+                          for b, p in zip(biases, parts)])
+    return Linear(weight, bias, scale, first.group)
+
+
+def glu_rows(gate: torch.Tensor | Linear, up: torch.Tensor | Linear):
+    """[gate; up] interleaved as UP holds them: gate j at row 2j, up j at 2j + 1 (seed 000 gluRows)."""
+    if isinstance(gate, Linear):
+        both = stack_rows([gate, up])
+        n = gate.out_features
+        order = torch.stack([torch.arange(n), torch.arange(n) + n], dim=1).reshape(-1)
+        return both.rows(order)
+    return torch.stack([gate, up], dim=1).reshape(-1, *gate.shape[1:])

@@ -1,0 +1,110 @@
+"""Each linear read as stored, through one table of stored formats (detected from tensors, dtypes and markers, never
+from file names: reference/int8_convrot_format.md): BF16/F16/F32 as they are, INT8 ConvRot codes with row scales,
+W4A8 decoded to INT8 codes, scaled FP8 requantized to INT8 ConvRot."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import torch
+
+from .checkpoint import FLOAT_DTYPES, FP8_DTYPES, Checkpoint, WeightsError
+from .convrot import CONVROT_GROUP, hadamard
+from .linear import Linear
+from .w4a8 import decode_w4a8
+
+
+def _marker(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict]) -> dict | None:
+    key = f"{layer}.comfy_quant"
+    if key in ckpt:
+        raw = bytes(ckpt.get(key).to(torch.uint8).tolist()).rstrip(b"\x00")
+        try:
+            marker = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise WeightsError(f"{ckpt.path.name}: '{key}' is not a JSON quantization marker ({e})") from e
+    else:
+        marker = file_markers.get(layer)
+    if marker is None:
+        return None
+    if not isinstance(marker, dict) or "format" not in marker:
+        raise WeightsError(f"{ckpt.path.name}: quantization marker of '{layer}' has no 'format'")
+    params = marker.get("params")
+    # ComfyUI ops._load_quantized_module reads each key at the top level first, then under "params".
+    return {**params, **marker} if isinstance(params, dict) else marker
+
+
+def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
+    return any(k == "scaled_fp8" or k.endswith(".scaled_fp8") for k in ckpt.keys())
+
+
+def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None) -> Linear:
+    """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 turned into INT8 ConvRot and
+    W4A8 decoded to INT8 codes."""
+    if file_markers is None:
+        file_markers = ckpt.quantization_markers()
+    name = ckpt.path.name
+    w_key, b_key = f"{layer}.weight", f"{layer}.bias"
+    weight = ckpt.get(w_key)
+    bias = ckpt.get(b_key).float() if b_key in ckpt else None
+    marker = _marker(ckpt, layer, file_markers)
+    fmt = marker["format"] if marker else None
+    if fmt in STORED_FORMATS:
+        return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker)
+    if weight.dtype in FP8_DTYPES:
+        return _fp8_as_int8(ckpt, layer, weight, bias)
+    if fmt is not None and not fmt.startswith("float8"):
+        raise WeightsError(f"{name}: layer '{layer}' has quantization format '{fmt}', which this loader does "
+                           f"not read ({', '.join(STORED_FORMATS)} and scaled FP8 are supported)")
+    if weight.dtype not in FLOAT_DTYPES or weight.dim() != 2:
+        raise WeightsError(f"{name}: '{w_key}' is {weight.dtype} {tuple(weight.shape)} without a quantization "
+                           f"marker; expected a float [out, in] weight")
+    return Linear(weight, bias)
+
+
+def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                  marker: dict) -> Linear:
+    """ComfyUI's INT8 ConvRot layer: int8 codes [out, in], f32 scales (one or one a row), the ConvRot group."""
+    name, w_key = ckpt.path.name, f"{layer}.weight"
+    if weight.dtype != torch.int8 or weight.dim() != 2:
+        raise WeightsError(f"{name}: '{w_key}' is marked int8_tensorwise but is {weight.dtype} "
+                           f"{tuple(weight.shape)}, expected int8 [out, in]")
+    scale_key = f"{layer}.weight_scale"
+    if scale_key not in ckpt:
+        raise WeightsError(f"{name}: INT8 layer '{layer}' has no '{scale_key}'")
+    scale = ckpt.get(scale_key).float()
+    if scale.numel() not in (1, weight.shape[0]):
+        raise WeightsError(f"{name}: '{scale_key}' has {scale.numel()} values, expected 1 or "
+                           f"{weight.shape[0]} (one per output row)")
+    scale = scale.reshape(-1, 1) if scale.numel() > 1 else scale.reshape(())
+    try:
+        group = int(marker.get("convrot_groupsize", CONVROT_GROUP)) if marker.get("convrot") else 0
+        if group:
+            hadamard(group)  # rejects sizes that are not powers of 4
+    except (TypeError, ValueError) as e:
+        raise WeightsError(f"{name}: INT8 layer '{layer}' has a bad convrot_groupsize ({e})") from e
+    if group and weight.shape[1] % group:
+        raise WeightsError(f"{name}: ConvRot group {group} does not divide the {weight.shape[1]} "
+                           f"inputs of '{layer}'")
+    return Linear(weight, bias, scale, group)
+
+
+def _w4a8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict) -> Linear:
+    return decode_w4a8(ckpt, layer, marker, bias)
+
+
+# The stored formats a quantization marker names -> the reader of such a layer (scaled FP8 is told by its dtype).
+STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_convrot, "asym_w4a8_int8": _w4a8}
+
+
+def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+    """Scaled FP8 (new `weight_scale` or legacy `scale_weight` with a `scaled_fp8` marker), dequantized in f32
+    and requantized to INT8 ConvRot: as BF16 it would take twice the memory."""
+    scale = torch.ones(())
+    for key in (f"{layer}.weight_scale", f"{layer}.scale_weight"):
+        if key in ckpt:
+            scale = ckpt.get(key).float()
+            break
+    w = weight.float() * (scale.reshape(-1, 1) if scale.numel() > 1 else scale)
+    return Linear(w, bias).as_int8()
+
+
