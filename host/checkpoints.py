@@ -4,7 +4,7 @@
 
 Under `.cache/models/<key>/`: diffusion_models/z_image_turbo_bf16.safetensors (full width 3840, so the stock
 UNETLoader detects Z-Image: reference/comfyui_host.md section 6), diffusion_models/z_image_turbo_int8_convrot
-.safetensors (the same weights through dit_core.quantize_file), text_encoders/qwen_3_4b.safetensors (a tiny
+.safetensors (the same weights through swiftdit quantize), text_encoders/qwen_3_4b.safetensors (a tiny
 random Qwen3 whose hidden size is the DiT's cap_feat_dim), vae/ae.safetensors (a full-size random FLUX.1 VAE:
 the stock VAELoader fixes ch 128, ch_mult [1, 2, 4, 4] and reads only z_channels, comfy/sd.py VAE.__init__).
 Weights are scaled so activations stay near unit size (std 1/sqrt(fan_in), gains near 1, small adaLN), so the
@@ -240,7 +240,7 @@ def cache_key(layers: int, device: str = "cpu") -> str:
 def ensure(cache: str | os.PathLike = DEFAULT_CACHE, layers: int = 1, log=print, device: str = "cpu") -> ModelSet:
     """The set for `layers` main DiT layers, generated on first use (about 30 s on 2 cores), else reused. device:
     where the DiT's values are drawn and quantized (a GPU for the real size, 30 layers: seconds, not minutes)."""
-    from dit_core.quantize_file import quantize_file  # our own offline tool makes the INT8 file
+    from swiftdit.quantize import quantize_file  # our own offline tool makes the INT8 file
 
     if layers < 1:
         raise ValueError(

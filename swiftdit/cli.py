@@ -1,4 +1,5 @@
-"""The `swiftdit` command: `swap` stock nodes for ours in a workflow; `to-api` turns UI format into API."""
+"""The `swiftdit` command: `swap` stock nodes for ours in a workflow; `to-api` turns UI format into API; `quantize`
+writes a checkpoint's linears as INT8 ConvRot (the offline converter: it alone needs torch)."""
 from __future__ import annotations
 
 import argparse
@@ -135,10 +136,16 @@ def parser() -> argparse.ArgumentParser:
                    help="the server's /object_info JSON (names the positional widget values)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists (never IN)")
     p.set_defaults(run=_to_api)
+    sub.add_parser("quantize", help="a BF16/F16/F32 checkpoint's linears as INT8 ConvRot in ComfyUI's layout "
+                                    "(swiftdit quantize --help)")
     return top
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["quantize"]:  # its own options (swiftdit/quantize.py); torch is imported for it alone
+        from .quantize import main as quantize
+        return quantize(argv[1:])
     args = parser().parse_args(argv)
     try:
         args.run(args)

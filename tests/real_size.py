@@ -113,7 +113,7 @@ def random_tensor(key: str, shape: list[int], device: torch.device) -> torch.Ten
 def write(root: str | Path, device: str = "cuda", shapes: dict | None = None) -> Path:
     """Every file of shapes (by default the real sizes' list) and ALIASES' links under root/<model folder>/, written
     once (a finished file is kept; an unfinished one never passes for one: quantize_file's writer)."""
-    from dit_core.quantize_file import marker_bytes, streamed_safetensors
+    from swiftdit.quantize import marker_bytes, streamed_safetensors
     from dit_core.weights import quantize_convrot
     root, device = Path(root), torch.device(device)
     dtypes = {"bf16": ("BF16", torch.bfloat16), "f32": ("F32", torch.float32)}

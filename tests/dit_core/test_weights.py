@@ -20,8 +20,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dit_core.linear import int8_product, linear
-from dit_core.quantize_file import main as quantize_main
-from dit_core.quantize_file import quantize_file
+from swiftdit.quantize import main as quantize_main
+from swiftdit.quantize import quantize_file
 from dit_core.weights import (
     Checkpoint,
     Linear,

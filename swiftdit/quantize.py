@@ -1,6 +1,6 @@
 """Offline tool: a BF16/F16/F32 safetensors checkpoint -> INT8 ConvRot in ComfyUI's own layout.
 
-    python -m dit_core.quantize_file IN.safetensors OUT.safetensors [--group 256] [--skip PATTERN ...] [--overwrite]
+    swiftdit quantize IN.safetensors OUT.safetensors [--group 256] [--skip PATTERN ...] [--overwrite]
 
 Which tensors are quantized: every 2-D float `<L>.weight` whose in-features K the ConvRot group divides,
 except names containing a skip pattern (plain substrings; default: 'embed', 'pad_token', 'norm', which
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from .weights import SAFETENSORS_DTYPES, Checkpoint, WeightsError, hadamard, quantize_convrot
+from dit_core.weights import SAFETENSORS_DTYPES, Checkpoint, WeightsError, hadamard, quantize_convrot
 
 DEFAULT_SKIP = ("embed", "pad_token", "norm")
 QUANTIZABLE = (torch.bfloat16, torch.float16, torch.float32)
@@ -138,7 +138,7 @@ def _itemsize(st_dtype: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dit_core.quantize_file", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="swiftdit quantize", description=__doc__.split("\n")[0])
     parser.add_argument("src", help="BF16/F16/F32 .safetensors checkpoint")
     parser.add_argument("dst", help="output .safetensors (INT8 ConvRot, ComfyUI layout)")
     parser.add_argument("--group", type=int, default=256, help="ConvRot group size, a power of 4 (default 256)")
@@ -155,6 +155,3 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{args.dst}: {len(layers)} linears quantized to INT8 ConvRot (group {args.group})")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
