@@ -1,12 +1,18 @@
-"""The node classes every family specializes by class constants and a `load` (the GGUF habit: a variant overrides
-only what differs): the DiT loader, LoraLoaderModelOnly, the text encoder loader, text encode, the VAE loader."""
+"""The node classes every family specializes by class constants and a few methods (the GGUF habit: a variant overrides
+only what differs): the DiT loader, LoraLoaderModelOnly, the text encoder loader, text encode, the VAE loader and the
+KSampler."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import folder_paths
+import torch
 from comfy_api.latest import io
 
-from .base import (FileHandle, ModelHandle, checked, file_checked, finite, linear_mode, load_model, loader_inputs,
-                   model_file, model_input, model_output, show_on_node)
+from .base import (FileHandle, ModelHandle, SwiftDiTError, check_family, checked, conditioning_rows, file_checked,
+                   finite, ksampler_inputs, linear_mode, load_model, loader_inputs, model_file, model_input,
+                   model_output, request_check, run_sampler, sampler_widgets, show_on_node)
 from .types import TextEncoder, Vae
 
 
@@ -166,3 +172,103 @@ class VAELoaderNode(FileLoaderNode):
     @classmethod
     def output(cls):
         return Vae.Output(tooltip=f"The {cls.TITLE} VAE, for its VAE Decode node")
+
+
+@dataclass(frozen=True)
+class SamplerRequest:
+    """What a sampler node was asked, its widgets checked: the conditionings' rows, the family's view of the latent
+    (`latent`) and the LATENT as given (`latent_image`: batch_index, what the output keeps), and the family's own
+    widgets (`extra`, e.g. FLUX.3 Klein's cache and refresh)."""
+    model: ModelHandle
+    seed: int
+    steps: int
+    cfg: float
+    sampler_name: str
+    scheduler: str
+    denoise: float
+    positive: torch.Tensor
+    negative: torch.Tensor
+    conditioning: list  # the positive CONDITIONING as given (FLUX.3 Klein reads its reference latents)
+    latent: torch.Tensor
+    latent_image: dict
+    extra: dict
+
+
+class SamplerNode(io.ComfyNode):
+    """KSampler's inputs in KSampler's order (then the family's extra widgets) and the one body every family's
+    sampler runs: widgets checked before any work, the conditionings' rows, the request's memory checked as the
+    model loads (memory.check_request), then the family's sampling with ComfyUI's progress and cancel. A family
+    sets the constants and overrides what differs: latent (its latent's checks and view), rows (a pass's image and
+    text rows), loaded (checks that need the model) and sampling (its loop)."""
+    NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = FAMILY = TITLE = ""
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, ("euler",), "euler", ("simple",), "simple"
+    OUTPUT_TOOLTIP = "The denoised latent, for the VAE Decode node"
+
+    @staticmethod
+    def load(handle: ModelHandle, rows: int, check: Callable):
+        raise NotImplementedError
+
+    @classmethod
+    def extra_inputs(cls) -> list:
+        return []
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY, description=cls.DESCRIPTION,
+            inputs=[*ksampler_inputs(model_input(cls.TITLE), cls.STEPS, list(cls.SAMPLERS), cls.SAMPLER,
+                                     list(cls.SCHEDULERS), cls.SCHEDULER), *cls.extra_inputs()],
+            outputs=[io.Latent.Output(tooltip=cls.OUTPUT_TOOLTIP)], hidden=[io.Hidden.unique_id])
+
+    @classmethod
+    def checked_extra(cls, **extra) -> dict:
+        """The family's own widgets, checked where they enter (finite, in range), as the request carries them."""
+        return extra
+
+    @classmethod
+    def latent(cls, samples: torch.Tensor) -> torch.Tensor:
+        """The family's view of latent_image["samples"]; SwiftDiTError naming latent_image when it is not one."""
+        return samples
+
+    @classmethod
+    def rows(cls, r: SamplerRequest) -> tuple[int, int, int]:
+        """(image rows, text rows, the rows the model is fitted for) of one image's pass."""
+        raise NotImplementedError
+
+    @classmethod
+    def loaded(cls, dit, r: SamplerRequest) -> None:
+        """Checks that need the loaded model (SwiftDiTError naming the input)."""
+
+    @classmethod
+    def sampling(cls, dit, r: SamplerRequest) -> tuple[Callable, int] | None:
+        """(sample(callback, should_stop) -> the latents, its progress steps), or None: the latent as it is."""
+        raise NotImplementedError
+
+    @classmethod
+    def output(cls, samples: torch.Tensor) -> torch.Tensor:
+        return samples
+
+    @classmethod
+    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise,
+                **extra) -> io.NodeOutput:
+        node = cls.NODE_ID
+        check_family(node, model, cls.FAMILY, f"{cls.TITLE} loader")
+        sampler_widgets(node, cfg, denoise, sampler_name, cls.SAMPLERS, scheduler, cls.SCHEDULERS)
+        extra = cls.checked_extra(**extra)
+        if "noise_mask" in latent_image:
+            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
+        latent = cls.latent(latent_image["samples"])
+        pos, neg = conditioning_rows(node, "positive", positive), conditioning_rows(node, "negative", negative)
+        r = SamplerRequest(model, seed, steps, float(cfg), sampler_name, scheduler, float(denoise), pos, neg, positive,
+                           latent, latent_image, extra)
+        image_rows, text_rows, pass_rows = cls.rows(r)
+        with checked(node, "model"):
+            dit = cls.load(model, pass_rows, request_check(cls, image_rows, text_rows, steps, cfg))
+        cls.loaded(dit, r)
+        run = cls.sampling(dit, r)
+        if run is None:
+            return io.NodeOutput(latent_image)
+        sample, total = run
+        with checked(node, "latent_image"):
+            samples = run_sampler(sample, total)
+        return io.NodeOutput({**latent_image, "samples": cls.output(samples)})

@@ -17,22 +17,14 @@ from .base import (
     ModelHandle,
     SwiftDiTError,
     cancellable,
-    check_family,
     checked,
-    conditioning_rows,
     decode_image,
     decode_schema,
     finite,
     interrupt_check,
-    ksampler_inputs,
-    request_check,
-    latent_output,
-    model_input,
-    run_sampler,
-    sampler_widgets,
     text_conditioning,
 )
-from .family_nodes import DiTLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
+from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
 from .types import Vae
 
@@ -89,69 +81,78 @@ class Flux3KleinTextEncode(TextEncodeNode):
         lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text, interrupt_check)))
 
 
-class Flux3KleinSampler(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTFlux3KleinSampler", display_name="FLUX.3 Klein KSampler (SwiftDiT)", category=CATEGORY,
-            description="KSampler for FLUX.3 Klein on the SwiftDiT engine, with the step cache; reference images "
-                        "come on the positive conditioning (ReferenceLatent, ReferenceMultiLatent).",
-            inputs=[*ksampler_inputs(model_input("FLUX.3 Klein"), 16, ["euler"], "euler", ["simple"], "simple"),
-                    io.Float.Input("cache", default=0.3, min=0.0, max=1.0, step=0.01,
-                                   tooltip="Step cache limit on the first block's change: a step under it skips "
-                                           "the other blocks. 0 runs every block; 0.3 suits distilled Klein"),
-                    io.Int.Input("refresh", default=0, min=0, max=10000,
-                                 tooltip="Edits: recompute the reference images' keys and values every this many "
-                                         "steps and reuse them between; 0 recomputes them every step")],
-            outputs=[latent_output()], hidden=[io.Hidden.unique_id])
+class Flux3KleinSampler(SamplerNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTFlux3KleinSampler", "FLUX.3 Klein KSampler (SwiftDiT)",
+                                                 CATEGORY, FAMILY, "FLUX.3 Klein")
+    DESCRIPTION = ("KSampler for FLUX.3 Klein on the SwiftDiT engine, with the step cache; reference images come on "
+                   "the positive conditioning (ReferenceLatent, ReferenceMultiLatent).")
+    # FLUX.3 Klein samples with Euler on the flow at shift KLEIN_SHIFT (its 'simple' table).
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 16, ("euler",), "euler", ("simple",), "simple"
+    load = staticmethod(load_dit)
 
     @classmethod
-    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image, denoise,
-                cache=0.3, refresh=0) -> io.NodeOutput:
-        node = "SwiftDiTFlux3KleinSampler"
-        check_family(node, model, FAMILY, "FLUX.3 Klein loader")
-        # FLUX.3 Klein samples with Euler on the flow at shift KLEIN_SHIFT (its 'simple' table).
-        sampler_widgets(node, cfg, denoise, sampler_name, ["euler"], scheduler, ["simple"])
-        cache = finite(node, "cache", cache, 0.0, 1.0)
-        latent = latent_image["samples"]
-        if "noise_mask" in latent_image:
-            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
-        if latent.dim() != 4 or latent.shape[1] != PACKED:
-            raise SwiftDiTError(f"{node} · latent_image: expected a FLUX.2 latent [B, {PACKED}, H/16, W/16] "
-                                f"(EmptyFlux2LatentImage), got {tuple(latent.shape)}")
-        pos = conditioning_rows(node, "positive", positive)
-        neg = conditioning_rows(node, "negative", negative)
-        refs = positive[0][1].get(REFERENCES) or []
-        for j, r in enumerate(refs):
-            if not isinstance(r, torch.Tensor) or r.dim() != 4 or r.shape[1] != PACKED:
-                got = tuple(r.shape) if isinstance(r, torch.Tensor) else type(r).__name__
-                raise SwiftDiTError(f"{node} · positive: reference latent {j} is {got}, expected a FLUX.2 latent "
-                                    f"[B, {PACKED}, h, w]; encode references with the FLUX.2 VAE")
+    def extra_inputs(cls) -> list:
+        return [io.Float.Input("cache", default=0.3, min=0.0, max=1.0, step=0.01,
+                               tooltip="Step cache limit on the first block's change: a step under it skips the "
+                                       "other blocks. 0 runs every block; 0.3 suits distilled Klein"),
+                io.Int.Input("refresh", default=0, min=0, max=10000,
+                             tooltip="Edits: recompute the reference images' keys and values every this many steps "
+                                     "and reuse them between; 0 recomputes them every step")]
+
+    @classmethod
+    def checked_extra(cls, cache=0.3, refresh=0) -> dict:
+        return {"cache": finite(cls.NODE_ID, "cache", cache, 0.0, 1.0), "refresh": int(refresh)}
+
+    @classmethod
+    def latent(cls, samples):
+        if samples.dim() != 4 or samples.shape[1] != PACKED:
+            raise SwiftDiTError(f"{cls.NODE_ID} · latent_image: expected a FLUX.2 latent [B, {PACKED}, H/16, W/16] "
+                                f"(EmptyFlux2LatentImage), got {tuple(samples.shape)}")
+        return samples
+
+    @classmethod
+    def references(cls, r) -> list:
+        refs = r.conditioning[0][1].get(REFERENCES) or []
+        for j, ref in enumerate(refs):
+            if not isinstance(ref, torch.Tensor) or ref.dim() != 4 or ref.shape[1] != PACKED:
+                got = tuple(ref.shape) if isinstance(ref, torch.Tensor) else type(ref).__name__
+                raise SwiftDiTError(f"{cls.NODE_ID} · positive: reference latent {j} is {got}, expected a FLUX.2 "
+                                    f"latent [B, {PACKED}, h, w]; encode references with the FLUX.2 VAE")
+        return refs
+
+    @classmethod
+    def rows(cls, r):
         # A pass's rows: the image's tokens, the longest text rows and every reference's tokens.
-        image_rows = latent.shape[-2] * latent.shape[-1] + sum(r.shape[-2] * r.shape[-1] for r in refs)
-        text_rows = max(pos.shape[-2], neg.shape[-2])
-        with checked(node, "model"):
-            dit = load_dit(model, image_rows + text_rows,
-                           request_check(cls, image_rows, text_rows, steps, cfg))
-        if refs and not dit.mode_blocks["image_cond"]:
-            raise SwiftDiTError(f"{node} · positive: this model file takes no reference images (no image_cond "
-                                f"blocks); remove ReferenceLatent or load an edit-capable Klein")
+        image = r.latent.shape[-2] * r.latent.shape[-1] + sum(f.shape[-2] * f.shape[-1] for f in cls.references(r))
+        text = max(r.positive.shape[-2], r.negative.shape[-2])
+        return image, text, image + text
+
+    @classmethod
+    def loaded(cls, dit, r):
+        if cls.references(r) and not dit.mode_blocks["image_cond"]:
+            raise SwiftDiTError(f"{cls.NODE_ID} · positive: this model file takes no reference images (no "
+                                f"image_cond blocks); remove ReferenceLatent or load an edit-capable Klein")
+
+    @classmethod
+    def sampling(cls, dit, r):
+        node, refs, latent = cls.NODE_ID, cls.references(r), r.latent
+        cache, refresh = r.extra["cache"], r.extra["refresh"]
         with checked(node, "steps"):
-            sigmas = klein_sigmas(steps, model.shift, float(denoise))
+            sigmas = klein_sigmas(r.steps, r.model.shift, r.denoise)
         if len(sigmas) < 2:  # denoise 0: nothing to do, as KSampler
-            return io.NodeOutput(latent_image)
-        noise = prepare_noise(latent, seed, latent_image.get("batch_index"))
-        device, batch = engine_device(), latent.shape[0]
+            return None
+        noise = prepare_noise(latent, r.seed, r.latent_image.get("batch_index"))
+        device, batch, steps = engine_device(), latent.shape[0], r.steps
         # On a GPU the joint blocks replay CUDA graphs while every block is resident (as Z-Image's sampler).
         step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
-        pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # a batch of one serves every image
+        pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # noqa: E731  a batch of one serves every image
 
         def sample(callback, should_stop):
             out = []
             for i in range(batch):
-                step_cache = StepCache(float(cache))
-                x = sample_klein(dit, noise[i].to(device), sigmas, pick(pos, i), [pick(r, i) for r in refs],
-                                 step_cache, int(refresh), negative=pick(neg, i), cfg=float(cfg),
+                step_cache = StepCache(cache)
+                x = sample_klein(dit, noise[i].to(device), sigmas, pick(r.positive, i), [pick(f, i) for f in refs],
+                                 step_cache, refresh, negative=pick(r.negative, i), cfg=r.cfg,
                                  callback=lambda s, n, x, x0, i=i: callback(i * steps + s, batch * steps, x, x0),
                                  should_stop=should_stop, latent=pick(latent, i), step=step)
                 out.append(x.cpu())
@@ -160,9 +161,7 @@ class Flux3KleinSampler(io.ComfyNode):
                              step_cache.skipped, step_cache.steps, i + 1, batch)
             return torch.stack(out)
 
-        with checked(node, "latent_image"):
-            samples = run_sampler(sample, batch * steps)
-        return io.NodeOutput({**latent_image, "samples": samples})
+        return sample, batch * steps
 
 
 class Flux3KleinVAELoader(VAELoaderNode):

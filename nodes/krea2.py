@@ -16,19 +16,13 @@ from .base import (
     SwiftDiTError,
     cancellable,
     check_family,
-    checked,
-    conditioning_rows,
     finite,
     interrupt_check,
-    ksampler_inputs,
-    request_check,
     model_input,
     model_output,
-    run_sampler,
-    sampler_widgets,
     text_conditioning,
 )
-from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode
+from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
@@ -130,37 +124,31 @@ def image_latent(node: str, samples: torch.Tensor) -> torch.Tensor:
     return samples
 
 
-class Krea2Sampler(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTKrea2Sampler", display_name="Krea 2 KSampler (SwiftDiT)", category=CATEGORY,
-            description="KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents "
-                        "decode with the stock VAE Decode and qwen_image_vae.",
-            inputs=ksampler_inputs(model_input("Krea 2"), 8, list(SAMPLERS), "euler", list(TABLE_SCHEDULERS),
-                                   "simple"),
-            outputs=[io.Latent.Output(tooltip="The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode")],
-            hidden=[io.Hidden.unique_id])
+class Krea2Sampler(SamplerNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTKrea2Sampler", "Krea 2 KSampler (SwiftDiT)", CATEGORY,
+                                                 FAMILY, "Krea 2")
+    DESCRIPTION = ("KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents decode "
+                   "with the stock VAE Decode and qwen_image_vae.")
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, tuple(SAMPLERS), "euler", tuple(TABLE_SCHEDULERS), "simple"
+    OUTPUT_TOOLTIP = "The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode"
+    load = staticmethod(load_dit)
 
     @classmethod
-    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                denoise) -> io.NodeOutput:
-        node = "SwiftDiTKrea2Sampler"
-        check_family(node, model, FAMILY, "Krea 2 loader")
-        sampler_widgets(node, cfg, denoise, sampler_name, SAMPLERS, scheduler, TABLE_SCHEDULERS)
-        if "noise_mask" in latent_image:
-            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
-        latent = image_latent(node, latent_image["samples"])
-        pos = conditioning_rows(node, "positive", positive)
-        neg = conditioning_rows(node, "negative", negative)
-        for name, rows in (("positive", pos), ("negative", neg)):
+    def latent(cls, samples):
+        return image_latent(cls.NODE_ID, samples)
+
+    @classmethod
+    def rows(cls, r):
+        for name, rows in (("positive", r.positive), ("negative", r.negative)):
             if rows.dim() != 4:
-                raise SwiftDiTError(f"{node} · {name}: not Krea 2 text rows [1, L, 12, 2560] (got "
+                raise SwiftDiTError(f"{cls.NODE_ID} · {name}: not Krea 2 text rows [1, L, 12, 2560] (got "
                                     f"{tuple(rows.shape)}); encode the prompt with the Krea 2 Text Encode node")
-        image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[1], neg.shape[1])
-        with checked(node, "model"):
-            dit = load_dit(model, image_rows + text_rows,
-                           request_check(cls, image_rows, text_rows, steps, cfg))
+        image = (r.latent.shape[-2] // 2) * (r.latent.shape[-1] // 2)
+        text = max(r.positive.shape[1], r.negative.shape[1])
+        return image, text, image + text
+
+    @classmethod
+    def sampling(cls, dit, r):
         device = engine_device()
         fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
 
@@ -174,14 +162,17 @@ class Krea2Sampler(io.ComfyNode):
         shift, scale = latent_format()
 
         def sample(callback, should_stop):
-            return ksample(denoise_with, seed, steps, cfg, sampler_name, scheduler, latent, positive=pos,
-                           negative=neg, denoise=denoise, batch_index=latent_image.get("batch_index"),
-                           callback=callback, should_stop=should_stop, latent_shift=shift, latent_scale=scale,
-                           latent_channels=LATENT_CHANNELS, sigma_table=flux_sigma_table(model.shift))
+            return ksample(denoise_with, r.seed, r.steps, r.cfg, r.sampler_name, r.scheduler, r.latent,
+                           positive=r.positive, negative=r.negative, denoise=r.denoise,
+                           batch_index=r.latent_image.get("batch_index"), callback=callback, should_stop=should_stop,
+                           latent_shift=shift, latent_scale=scale, latent_channels=LATENT_CHANNELS,
+                           sigma_table=flux_sigma_table(r.model.shift))
 
-        with checked(node, "latent_image"):
-            samples = run_sampler(sample, steps)
-        return io.NodeOutput({**latent_image, "samples": samples[:, :, None]})  # Krea 2's [B, 16, 1, H/8, W/8]
+        return sample, r.steps
+
+    @classmethod
+    def output(cls, samples):
+        return samples[:, :, None]  # Krea 2's [B, 16, 1, H/8, W/8]
 
 
 NODES = [Krea2Loader, Krea2ModelSamplingFlux, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode,

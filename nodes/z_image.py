@@ -13,25 +13,17 @@ from .base import (
     TOKENIZER_DIR,
     FileHandle,
     ModelHandle,
-    SwiftDiTError,
     cancellable,
-    check_family,
-    checked,
-    conditioning_rows,
     decode_image,
     decode_schema,
     interrupt_check,
-    ksampler_inputs,
-    request_check,
-    latent_output,
     model_input,
     model_output,
     positive_shift,
-    run_sampler,
-    sampler_widgets,
     text_conditioning,
 )
-from .family_nodes import DiTLoaderNode, LoraLoaderNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
+from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
+                           VAELoaderNode)
 from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
@@ -109,46 +101,32 @@ class ZImageTextEncode(TextEncodeNode):
         lambda clip, text: text_conditioning(load_text_encoder(clip).encode(text, interrupt_check)))
 
 
-class ZImageSampler(io.ComfyNode):
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id="SwiftDiTZImageSampler", display_name="Z-Image KSampler (SwiftDiT)", category=CATEGORY,
-            description="KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock.",
-            inputs=ksampler_inputs(model_input("Z-Image"), 8, list(SAMPLERS), "res_multistep", list(SCHEDULERS),
-                                   "simple"),
-            outputs=[latent_output()], hidden=[io.Hidden.unique_id])
+class ZImageSampler(SamplerNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTZImageSampler", "Z-Image KSampler (SwiftDiT)", CATEGORY,
+                                                 FAMILY, "Z-Image")
+    DESCRIPTION = "KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock."
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, tuple(SAMPLERS), "res_multistep", tuple(SCHEDULERS), "simple"
+    load = staticmethod(load_dit)
 
     @classmethod
-    def execute(cls, model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent_image,
-                denoise) -> io.NodeOutput:
-        node = "SwiftDiTZImageSampler"
-        check_family(node, model, FAMILY, "Z-Image loader")
-        sampler_widgets(node, cfg, denoise, sampler_name, SAMPLERS, scheduler, SCHEDULERS)
-        if "noise_mask" in latent_image:
-            raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
-        pos = conditioning_rows(node, "positive", positive)
-        neg = conditioning_rows(node, "negative", negative)
-        latent = latent_image["samples"]
-        image_rows, text_rows = (latent.shape[-2] // 2) * (latent.shape[-1] // 2), max(pos.shape[-2], neg.shape[-2])
-        with checked(node, "model"):
-            dit = load_dit(model, pass_rows(latent, pos, neg),
-                           request_check(cls, image_rows, text_rows, steps, cfg))
+    def rows(cls, r):
+        latent, text = r.latent, max(r.positive.shape[-2], r.negative.shape[-2])
+        return (latent.shape[-2] // 2) * (latent.shape[-1] // 2), text, pass_rows(latent, r.positive, r.negative)
 
+    @classmethod
+    def sampling(cls, dit, r):
         device = engine_device()
         # On a GPU each step replays a CUDA graph while every block is resident; the graphs stay with the loaded
         # model across prompts and are cleared when ComfyUI takes its memory back (LoadedModels.give_back).
         step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
 
         def sample(callback, should_stop):
-            return ksample(model_on_device(dit.denoised, device, interrupt_check, step), seed, steps, cfg,
-                           sampler_name, scheduler, latent_image["samples"], positive=pos, negative=neg,
-                           denoise=denoise, shift=model.shift, batch_index=latent_image.get("batch_index"),
+            return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,
+                           r.sampler_name, r.scheduler, r.latent, positive=r.positive, negative=r.negative,
+                           denoise=r.denoise, shift=r.model.shift, batch_index=r.latent_image.get("batch_index"),
                            callback=callback, should_stop=should_stop, latent_channels=LATENT_CHANNELS)
 
-        with checked(node, "latent_image"):
-            samples = run_sampler(sample, steps)
-        return io.NodeOutput({**latent_image, "samples": samples})
+        return sample, r.steps
 
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
