@@ -259,8 +259,8 @@ class SamplerNode(io.ComfyNode):
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
         latent = cls.latent(latent_image["samples"])
         pos, neg = conditioning_rows(node, "positive", positive), conditioning_rows(node, "negative", negative)
-        r = SamplerRequest(model, seed, steps, float(cfg), sampler_name, scheduler, float(denoise), pos, neg, positive,
-                           latent, latent_image, extra)
+        r = SamplerRequest(model, seed, steps, float(cfg), sampler_name, scheduler, float(denoise), pos, neg,
+                           positive, latent, latent_image, extra)
         image_rows, text_rows, pass_rows = cls.rows(r)
         with checked(node, "model"):
             dit = cls.load(model, pass_rows, request_check(cls, image_rows, text_rows, steps, cfg))
