@@ -1,7 +1,7 @@
 """A Z-Image Turbo step at 1024x1024 as the engine runs it and as the sampler node runs it (the node path:
-dit_core.sampling.ksampler.model_on_device under torch.inference_mode, the latent on the host, the graphed step where the
-allocator allows it), on host/checkpoints.py's real-size random files (30 layers, BF16 and INT8 ConvRot), in one
-process under its allocator. Run it once as is and once with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
+dit_core.sampling.ksampler.model_on_device under torch.inference_mode, the latent on the host, the graphed step
+where the allocator allows it), on host/checkpoints.py's real-size random files (30 layers, BF16 and INT8
+ConvRot), in one process under its allocator. Run it once as is and once with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 (ComfyUI's default): the rows say what each costs.
 
     python bench/bench_node_path.py [--runs 10] [--steps 8]
