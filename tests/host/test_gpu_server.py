@@ -216,6 +216,26 @@ def test_server_log_has_no_error_of_ours(gpu_host):
     assert "!!! Exception during processing" not in log and "uncaptured free" not in log, log[-3000:]
 
 
+def test_z_image_with_cuda_graphs(gpu_host, tmp_path):
+    """The Z-Image graphs again, on a second server started with --disable-cuda-malloc (PyTorch's own allocator):
+    each of our steps replays a CUDA graph; the report sets these prompts beside the default allocator's."""
+    server = ComfyHost(COMFYUI_TREE, tmp_path, sys.executable, extra_args=("--disable-cuda-malloc",), cpu=False,
+                       cache_none=False)
+    server.link_models({folder: gpu_host.base / "models" / folder
+                        for folder in ("diffusion_models", "text_encoders", "vae", "loras")})
+    server.start(timeout=180)
+    try:
+        for label, make, unet in (("stock BF16", stock_graph, Z_BF16), ("ours BF16", swiftdit_graph, Z_BF16),
+                                  ("ours INT8 ConvRot", swiftdit_graph, Z_INT8)):
+            for seed in (0, 1):
+                settings = replace(Z_SETTINGS, seed=seed, unet_name=unet, filename_prefix=f"graphs_{seed}")
+                label_run = f"Z-Image {label}, seed {seed}, --disable-cuda-malloc"
+                image(server, run(server, label_run, make(settings), 8)[0])
+        assert "steps run without CUDA graphs" not in server.log_text()
+    finally:
+        server.stop()
+
+
 def write_report(log: str) -> None:
     lines = [f"GPU server run, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {torch.cuda.get_device_name()}, "
              f"torch {torch.__version__}, allocator {allocator(log)}", "",
