@@ -274,10 +274,6 @@ def model_output(family: str):
     return DiTModel.Output(tooltip=f"The {family} model, for a LoRA or ModelSampling node or the KSampler (SwiftDiT)")
 
 
-def latent_output():
-    return io.Latent.Output(tooltip="The denoised latent, for the VAE Decode node")
-
-
 def decode_schema(family: str) -> dict:
     """A VAE decode node's inputs and output."""
     return {"inputs": [io.Latent.Input("samples", tooltip="The latent from the KSampler"),
