@@ -6,9 +6,8 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
-#     device has no ComfyUI: carry its tree as .devcarry/comfyui-0.3.75.tgz (tar czf of .cache/comfyui-0.3.75) and
-#     what it lacks of ComfyUI's requirements as .whl/ (torchsde trampoline alembic Mako SQLAlchemy greenlet av kornia
-#     kornia_rs spandrel pydantic pydantic-core annotated-types typing-inspection pydantic-settings python-dotenv).
+#     device has no ComfyUI: `bash bench/device_carry.sh` makes its tree (.devcarry/) and the wheels of what it lacks
+#     of ComfyUI's requirements (.whl/); the call carries both.
 #   VARIANTS: extra step_variants switches for z_step and klein (e.g. VARIANTS="--variant-group-m 16")
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
