@@ -75,16 +75,16 @@ class GraphedStep:
                 if not self.refused:
                     log.info("SwiftDiT: steps run without CUDA graphs: %s", refusal)
                 self.refused, self.graphs[key] = True, None
-                return self.step(*inputs)
-            try:
-                self.graphs[key] = self._capture(inputs)
-            except RuntimeError as e:
-                # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its own
-                # pool did not fit beside the model (out of memory), or something in the step cannot be captured
-                # (a bug to report, not the user's problem). This shape runs eagerly from now on.
-                log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
-                            str(e).splitlines()[0] if str(e) else type(e).__name__)
-                self.graphs[key] = None
+            else:
+                try:
+                    self.graphs[key] = self._capture(inputs)
+                except RuntimeError as e:
+                    # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
+                    # own pool did not fit beside the model (out of memory), or something in the step cannot be
+                    # captured (a bug to report, not the user's problem). This shape runs eagerly from now on.
+                    log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
+                                str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    self.graphs[key] = None
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs)
