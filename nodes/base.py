@@ -19,7 +19,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
-from .memory import RequestTooLarge, check_request, engine_device
+from .memory import DEFAULT_PASS_ROWS, RequestTooLarge, check_request, dit_on_device, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -114,6 +114,17 @@ def cancellable(load: Callable[[Checkpoint], object], path: str):
         return load(checkpoint)
     finally:
         checkpoint.check = None
+
+
+def dit_loader(engine) -> Callable:
+    """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
+    honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
+    the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32 host path). check(model):
+    memory.check_request's refusal, before any block moves."""
+    def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None):
+        load = lambda f: engine.load(f, handle.linears, handle.loras)
+        return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
+    return load_dit
 
 
 def file_key(path: str) -> tuple:

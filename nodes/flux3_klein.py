@@ -14,10 +14,10 @@ from ..dit_core.codecs.flux2_vae import PACKED, Flux2VAE
 from .base import (
     TOKENIZER_DIR,
     FileHandle,
-    ModelHandle,
     SwiftDiTError,
     cancellable,
     checked,
+    dit_loader,
     decode_image,
     decode_schema,
     finite,
@@ -25,7 +25,7 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, log, on_device
+from .memory import LOADED, engine_device, log, on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
@@ -38,11 +38,7 @@ KLEIN_SHIFT = 16.0
 REFERENCES = "reference_latents"
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> Flux3Klein:
-    """The model where ComfyUI computes (on a GPU within the loader's budget), fitted for a pass over rows;
-    check(model) first (memory.check_request)."""
-    load = lambda f: Flux3Klein.load(f, handle.linears, handle.loras)  # noqa: E731
-    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
+load_dit = dit_loader(Flux3Klein)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:

@@ -12,10 +12,10 @@ from ..dit_core.sampling.schedules import TABLE_SCHEDULERS, flux_sigma_table
 from .base import (
     TOKENIZER_DIR,
     FileHandle,
-    ModelHandle,
     SwiftDiTError,
     cancellable,
     check_family,
+    dit_loader,
     finite,
     interrupt_check,
     model_input,
@@ -23,19 +23,14 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device
+from .memory import LOADED, engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
 LATENT_CHANNELS = 16
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> Krea2:
-    """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ within the loader's GPU
-    budget, fitted for a pass over `rows` rows; elsewhere the float32 host path. check(model) first
-    (memory.check_request)."""
-    load = lambda f: Krea2.load(f, handle.linears, handle.loras)  # noqa: E731
-    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
+load_dit = dit_loader(Krea2)
 
 
 class Krea2Loader(DiTLoaderNode):

@@ -12,9 +12,9 @@ from ..dit_core.codecs.flux1_vae import ImageDecoder
 from .base import (
     TOKENIZER_DIR,
     FileHandle,
-    ModelHandle,
     cancellable,
     decode_image,
+    dit_loader,
     decode_schema,
     interrupt_check,
     model_input,
@@ -24,7 +24,7 @@ from .base import (
 )
 from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
                            VAELoaderNode)
-from .memory import DEFAULT_PASS_ROWS, LOADED, dit_on_device, engine_device, on_device
+from .memory import LOADED, engine_device, on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -32,12 +32,7 @@ LATENT_CHANNELS = 16
 DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
 
 
-def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None) -> ZImage:
-    """The model where ComfyUI computes: on a CUDA device its blocks run through kernels/ (INT8 ConvRot on the
-    matrix cores) within the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32
-    host path. check(model): memory.check_request's refusal, before any block moves."""
-    load = lambda f: ZImage.load(f, handle.linears, handle.loras)  # noqa: E731
-    return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
+load_dit = dit_loader(ZImage)
 
 
 def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
