@@ -19,7 +19,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
-from .memory import DEFAULT_PASS_ROWS, RequestTooLarge, check_request, dit_on_device, engine_device
+from .memory import DEFAULT_PASS_ROWS, RequestTooLarge, dit_on_device, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -161,13 +161,6 @@ class FileHandle:
 
     def key(self) -> tuple:
         return (self.kind, file_key(self.path))
-
-
-def request_check(node_cls, image_rows: int, text_rows: int, steps: int, cfg: float) -> Callable:
-    """load_dit's check(model) for a sampler's request: memory.check_request (two passes a step when cfg is not 1),
-    its note on a long CPU run shown on the sampler's node."""
-    return lambda model: check_request(model, image_rows, text_rows, steps, 1 if cfg == 1 else 2,
-                                       say=lambda text: show_on_node(node_cls, text))
 
 
 def show_on_node(node_cls, text: str) -> None:

@@ -12,7 +12,8 @@ from comfy_api.latest import io
 
 from .base import (FileHandle, ModelHandle, SwiftDiTError, check_family, checked, conditioning_rows, file_checked,
                    finite, ksampler_inputs, linear_mode, load_model, loader_inputs, model_file, model_input,
-                   model_output, request_check, run_sampler, sampler_widgets, show_on_node)
+                   model_output, run_sampler, sampler_widgets, show_on_node)
+from .memory import check_request
 from .types import TextEncoder, Vae
 
 
@@ -262,8 +263,10 @@ class SamplerNode(io.ComfyNode):
         r = SamplerRequest(model, seed, steps, float(cfg), sampler_name, scheduler, float(denoise), pos, neg,
                            positive, latent, latent_image, extra)
         image_rows, text_rows, pass_rows = cls.rows(r)
+        passes = 1 if cfg == 1 else 2  # the negative's pass beside the positive's
         with checked(node, "model"):
-            dit = cls.load(model, pass_rows, request_check(cls, image_rows, text_rows, steps, cfg))
+            dit = cls.load(model, pass_rows, lambda dit: check_request(dit, image_rows, text_rows, steps, passes,
+                                                                       say=lambda text: show_on_node(cls, text)))
         cls.loaded(dit, r)
         run = cls.sampling(dit, r)
         if run is None:
