@@ -18,6 +18,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 PACK_ROOT = Path(__file__).resolve().parents[1]
@@ -320,6 +321,22 @@ class ComfyHost:
             events = stream.collect(prompt_id, timeout)
             seconds = time.monotonic() - t0
         return self.wait(prompt_id, timeout=30), events, seconds
+
+    def run_interrupted(self, prompt: dict, when: Callable[[dict], bool],
+                        timeout: float = 300.0) -> tuple[str, list[dict], float]:
+        """Post a graph and interrupt it (as Cancel does) at the first event for which when(event) holds: (its
+        prompt id, its events to the terminal one, time.monotonic() when the interrupt was asked)."""
+        asked = []
+
+        def interrupt_once(event):
+            if not asked and when(event):
+                asked.append(time.monotonic())
+                self.interrupt(prompt_id)
+
+        with self.events() as stream:
+            prompt_id = self.post(prompt, stream.client_id)
+            events = stream.collect(prompt_id, timeout, interrupt_once)
+        return prompt_id, events, asked[0]
 
 
 class EventStream:

@@ -186,19 +186,11 @@ def test_interrupt_within_a_run_then_free_then_one_more_prompt(gpu_host):
     ends interrupted; /free empties our cache; the next prompt loads again and succeeds."""
     graph = with_seed(workflow("api/z_image_turbo_t2i.json"), 5, "z_interrupted")
     graph[sampler_of(graph)]["inputs"]["steps"] = 60
-    with gpu_host.events() as stream:
-        prompt_id = gpu_host.post(graph, stream.client_id)
-        asked = []
-
-        def interrupt_at_third_step(event):
-            if event.get("type") == "progress" and event["data"].get("value", 0) >= 3 and not asked:
-                asked.append(time.monotonic())
-                gpu_host.interrupt()
-
-        events = stream.collect(prompt_id, TIMEOUT, interrupt_at_third_step)
+    _, events, asked = gpu_host.run_interrupted(
+        graph, lambda event: event.get("type") == "progress" and event["data"].get("value", 0) >= 3, TIMEOUT)
     assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events][-5:]
-    print(f"interrupted {events[-1]['received'] - asked[0]:.2f} s after asking")
-    assert events[-1]["received"] - asked[0] < 5
+    print(f"interrupted {events[-1]['received'] - asked:.2f} s after asking")
+    assert events[-1]["received"] - asked < 5
     freed = gpu_host.free_until(r"SwiftDiT: freed \d+ models")
     assert freed, gpu_host.log_tail()
     card, rss = memory(gpu_host)

@@ -247,17 +247,9 @@ def test_cancel_stops_the_sampler_and_server_stays_usable(host):
     step ran: tests/nodes/test_z_image_nodes.py test_cancel_interrupts_within_a_step proves that.)"""
     steps = 8
     graph = swiftdit_graph(Settings(steps=steps, seed=7, filename_prefix="cancelled"))
-    interrupted_at = []
-    with host.events() as stream:
-        prompt_id = host.post(graph, stream.client_id)
-
-        def on_event(event):
-            if not interrupted_at and event["type"] == "progress" and event["data"].get("node") == SAMPLER:
-                interrupted_at.append(time.monotonic())
-                host.interrupt(prompt_id)
-
-        events = stream.collect(prompt_id, TIMEOUT, on_event)
-    latency = time.monotonic() - interrupted_at[0]
+    prompt_id, events, asked = host.run_interrupted(
+        graph, lambda event: event["type"] == "progress" and event["data"].get("node") == SAMPLER, TIMEOUT)
+    latency = time.monotonic() - asked
     assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
     assert events[-1]["data"]["node_id"] == SAMPLER
     progress = of_type(events, "progress", node=SAMPLER)
@@ -278,21 +270,13 @@ def test_cancel_inside_a_long_decode(host):
     """Cancel while the VAE decodes a tiled image (576x512: two tiles of the full-size VAE): the decode stops within
     the tile that is running (between the decoder's blocks), named as the interrupted node, with no image saved."""
     graph = swiftdit_graph(Settings(width=576, height=512, steps=1, seed=9, filename_prefix="decode_cancelled"))
-    asked = []
-    with host.events() as stream:
-        prompt_id = host.post(graph, stream.client_id)
-
-        def on_event(event):
-            if not asked and event["type"] == "executing" and event["data"].get("node") == DECODE:
-                asked.append(time.monotonic())
-                host.interrupt(prompt_id)
-
-        events = stream.collect(prompt_id, TIMEOUT, on_event)
+    prompt_id, events, asked = host.run_interrupted(
+        graph, lambda event: event["type"] == "executing" and event["data"].get("node") == DECODE, TIMEOUT)
     assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
     assert events[-1]["data"]["node_id"] == DECODE
     tiles = of_type(events, "progress", node=DECODE)
     assert not tiles, f"{len(tiles)} decode tiles finished after Cancel"
-    print(f"\ncancel in the decode: interrupted {events[-1]['received'] - asked[0]:.2f} s after Cancel")
+    print(f"\ncancel in the decode: interrupted {events[-1]['received'] - asked:.2f} s after Cancel")
     assert not host.wait(prompt_id, 30)["outputs"].get(SAVE)
 
 
