@@ -25,10 +25,10 @@ WRONG_FAMILY = "not_z_image_qwen3.safetensors"  # test_z_image_host.py ERROR_CAS
 LORA = "z_image_widget_test_lora.safetensors"  # and this one
 
 
-def _serving(server: ComfyHost):
+def _serving(server: ComfyHost, timeout: float = 120):
     """A module fixture's body: server started (a start that fails fails the test), yielded, then stopped."""
     try:
-        server.start(timeout=120)
+        server.start(timeout=timeout)
     except HostError as e:
         pytest.fail(str(e))
     yield server

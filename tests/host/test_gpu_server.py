@@ -22,7 +22,7 @@ import torch
 from host import checkpoints
 from host.graphs import Settings, stock_graph, swiftdit_graph
 from host.images import load, psnr
-from host.server import ComfyHost, HostError, node_seconds, of_type
+from host.server import ComfyHost, node_seconds, of_type
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -81,7 +81,7 @@ def sampler_of(graph: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def gpu_host(tmp_path_factory):
+def gpu_host(tmp_path_factory, serving):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     sys.path.insert(0, str(ROOT / "tests"))
@@ -99,12 +99,7 @@ def gpu_host(tmp_path_factory):
     base = tmp_path_factory.mktemp("comfy_base")
     server = ComfyHost(COMFYUI_TREE, base, sys.executable, cpu=False, cache_none=False)
     server.link_models({folder: models / folder for folder in ("diffusion_models", "text_encoders", "vae", "loras")})
-    try:
-        server.start(timeout=180)
-    except HostError as e:
-        pytest.fail(str(e))
-    yield server
-    server.stop()
+    yield from serving(server, timeout=180)
     if REPORT:
         write_report(server.log_text())
         Path(REPORT).with_name("comfyui_server.log").write_text(server.log_text()[-400_000:])
