@@ -19,7 +19,8 @@ from comfy_api.latest import io
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
-from .memory import DEFAULT_PASS_ROWS, RequestTooLarge, dit_on_device, engine_device
+from .family_settings import PassSize, Schedule
+from .memory import MAIN, RequestTooLarge, dit_on_device, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -116,14 +117,14 @@ def cancellable(load: Callable[[Checkpoint], object], path: str):
         checkpoint.check = None
 
 
-def dit_loader(engine) -> Callable:
+def dit_loader(engine, pass_size: PassSize) -> Callable:
     """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
     honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
-    the loader's GPU budget, fitted for a pass over `rows` rows; elsewhere the float32 host path). check(model):
-    memory.check_request's refusal, before any block moves."""
-    def load_dit(handle: ModelHandle, rows: int = DEFAULT_PASS_ROWS, check=None):
+    the loader's GPU budget, fitted for a pass over `rows` rows, the family's default pass (pass_size) when None;
+    elsewhere the float32 host path). check(model): memory.check_request's refusal, before any block moves."""
+    def load_dit(handle: ModelHandle, rows: int | None = None, check=None):
         load = lambda f: engine.load(f, handle.linears, handle.loras)
-        return dit_on_device(handle, lambda: cancellable(load, handle.path), rows, check)
+        return dit_on_device(handle, lambda: cancellable(load, handle.path), pass_size, rows, check)
     return load_dit
 
 
@@ -141,9 +142,14 @@ class ModelHandle:
     path: str
     linears: str
     loras: tuple[tuple[str, float], ...] = ()
-    shift: float = 3.0
+    schedule: Schedule | None = None  # the sampling schedule's shift and its kind: the family's loader sets it
     gpu_budget_gb: float = 0.0  # the loader's budget for the blocks on a GPU (0: automatic); not in the key:
     # a new budget re-plans the loaded model (memory.fit_blocks) without reading the file again
+
+    @property
+    def shift(self) -> float | None:
+        """The schedule's shift, a number whose meaning schedule.kind gives."""
+        return None if self.schedule is None else self.schedule.shift
 
     def key(self) -> tuple:
         return (self.family, file_key(self.path), self.linears,
@@ -155,9 +161,11 @@ class ModelHandle:
 
 @dataclass(frozen=True)
 class FileHandle:
-    """What travels on a SWIFTDIT_TEXT_ENCODER or SWIFTDIT_VAE wire: a file and its kind."""
+    """What travels on a SWIFTDIT_TEXT_ENCODER or SWIFTDIT_VAE wire: a file, its kind and its role (which of the
+    family's models of that kind: its slot in LOADED with the kind, so e.g. an audio VAE stays beside a video VAE)."""
     kind: str
     path: str
+    role: str = MAIN
 
     def key(self) -> tuple:
         return (self.kind, file_key(self.path))

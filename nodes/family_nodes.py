@@ -13,15 +13,17 @@ from comfy_api.latest import io
 from .base import (FileHandle, ModelHandle, SwiftDiTError, check_family, checked, conditioning_rows, file_checked,
                    finite, ksampler_inputs, linear_mode, load_model, loader_inputs, model_file, model_input,
                    model_output, run_sampler, sampler_widgets, show_on_node)
-from .memory import check_request
+from .family_settings import FamilySettings
+from .memory import MAIN, check_request
 from .types import TextEncoder, Vae
 
 
 class DiTLoaderNode(io.ComfyNode):
     """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears, gpu_budget_gb): the model handle, the
-    model loaded at once (its errors name unet_name) and where its bytes went as the node's text."""
+    model loaded at once (its errors name unet_name) and where its bytes went as the node's text. SETTINGS: the
+    family's (its default schedule goes on the handle)."""
     NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = FAMILY = TITLE = ""
-    SHIFT = 3.0  # the sampling shift the handle carries
+    SETTINGS: FamilySettings
 
     @staticmethod
     def load(handle: ModelHandle):
@@ -41,8 +43,8 @@ class DiTLoaderNode(io.ComfyNode):
     def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
         budget = finite(cls.NODE_ID, "gpu_budget_gb", gpu_budget_gb, 0.0)
         path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")
-        handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears), shift=cls.SHIFT,
-                             gpu_budget_gb=budget)
+        handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears),
+                             schedule=cls.SETTINGS.schedule, gpu_budget_gb=budget)
         where = load_model(cls.NODE_ID, handle, cls.load)
         show_on_node(cls, where)
         return io.NodeOutput(handle, ui={"text": [where]})
@@ -108,9 +110,12 @@ class TextEncodeNode(io.ComfyNode):
 
 
 class FileLoaderNode(io.ComfyNode):
-    """Base of the loaders of one file from a ComfyUI models folder (text encoders, VAEs)."""
+    """Base of the loaders of one file from a ComfyUI models folder (text encoders, VAEs). ROLE: which of the
+    family's models of KIND the file is (its handle's role, its slot in LOADED with KIND): MAIN where a family has
+    one, e.g. "video" and "audio" for a family's two VAEs so that both stay loaded."""
     NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = TITLE = ""
     FOLDER = INPUT = KIND = ""
+    ROLE = MAIN
 
     @staticmethod
     def load(handle: FileHandle):
@@ -135,7 +140,7 @@ class FileLoaderNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, **inputs) -> io.NodeOutput:
-        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT))
+        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT), cls.ROLE)
         with checked(cls.NODE_ID, cls.INPUT):
             cls.load(handle)
         return io.NodeOutput(handle)
@@ -199,9 +204,11 @@ class SamplerNode(io.ComfyNode):
     """KSampler's inputs in KSampler's order (then the family's extra widgets) and the one body every family's
     sampler runs: widgets checked before any work, the conditionings' rows, the request's memory checked as the
     model loads (memory.check_request), then the family's sampling with ComfyUI's progress and cancel. A family
-    sets the constants and overrides what differs: latent (its latent's checks and view), rows (a pass's image and
-    text rows), loaded (checks that need the model) and sampling (its loop)."""
+    sets the constants (SETTINGS: its pass-size estimate for the memory check) and overrides what differs: latent
+    (its latent's checks and view), rows (a pass's image and text rows), loaded (checks that need the model) and
+    sampling (its loop, on the handle's schedule)."""
     NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = FAMILY = TITLE = ""
+    SETTINGS: FamilySettings
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, ("euler",), "euler", ("simple",), "simple"
     OUTPUT_TOOLTIP = "The denoised latent, for the VAE Decode node"
 
@@ -265,7 +272,8 @@ class SamplerNode(io.ComfyNode):
         image_rows, text_rows, pass_rows = cls.rows(r)
         passes = 1 if cfg == 1 else 2  # the negative's pass beside the positive's
         with checked(node, "model"):
-            dit = cls.load(model, pass_rows, lambda dit: check_request(dit, image_rows, text_rows, steps, passes,
+            dit = cls.load(model, pass_rows, lambda dit: check_request(dit, cls.SETTINGS.pass_size, image_rows,
+                                                                       text_rows, steps, passes,
                                                                        say=lambda text: show_on_node(cls, text)))
         cls.loaded(dit, r)
         run = cls.sampling(dit, r)

@@ -25,35 +25,41 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
+from .family_settings import KLEIN, FamilySettings, PassSize, Schedule
 from .memory import LOADED, engine_device, log, on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
 FAMILY = "flux3_klein"
-# Sigmas shift_16(linspace(1, 1/n, n)) then 0, as BFL's code and ComfyUI's klein workflows sample
-# (reference/families/flux3_klein.md section 7).
-KLEIN_SHIFT = 16.0
+SETTINGS = FamilySettings(
+    # Sigmas shift_16(linspace(1, 1/n, n)) then 0, as BFL's code and ComfyUI's klein workflows sample
+    # (reference/families/flux3_klein.md section 7).
+    schedule=Schedule(KLEIN, 16.0),
+    # an image row is one 16x16-pixel cell of the packed FLUX.2 latent; before a prompt says its size, a pass has
+    # room for a 2 MP image (8192 rows) and 1024 text rows
+    pass_size=PassSize(image_row_pixels=16 * 16, default_rows=8192 + 1024))
 # ComfyUI's reference-image key: ReferenceLatent (comfy_extras/nodes_edit_model.py) and ReferenceMultiLatent
 # append [B, 128, h, w] latents to this list on the conditioning.
 REFERENCES = "reference_latents"
 
 
-load_dit = dit_loader(Flux3Klein)
+load_dit = dit_loader(Flux3Klein, SETTINGS.pass_size)
 
 
 def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
     # On the CPU, as the Z-Image text encoder: one forward per prompt.
     return LOADED.get("text", (*handle.key(), FAMILY),
-                      lambda: cancellable(lambda f: Qwen3VLTextEncoder.load(f, TOKENIZER_DIR), handle.path))
+                      lambda: cancellable(lambda f: Qwen3VLTextEncoder.load(f, TOKENIZER_DIR), handle.path),
+                      role=handle.role)
 
 
 def load_vae(handle: FileHandle) -> Flux2VAE:
-    return on_device("vae", handle, lambda: cancellable(Flux2VAE.load, handle.path), FAMILY)
+    return on_device("vae", handle, lambda: cancellable(Flux2VAE.load, handle.path), FAMILY, role=handle.role)
 
 
 class Flux3KleinLoader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTFlux3KleinLoader", "FLUX.3 Klein Loader (SwiftDiT)", CATEGORY
-    FAMILY, TITLE, SHIFT = FAMILY, "FLUX.3 Klein", KLEIN_SHIFT
+    FAMILY, TITLE, SETTINGS = FAMILY, "FLUX.3 Klein", SETTINGS
     DESCRIPTION = ("Loads a FLUX.3 Klein diffusion model file (distilled or base; BF16, FP8 or INT8 ConvRot) for the "
                    "SwiftDiT engine.")
     load = staticmethod(load_dit)
@@ -82,8 +88,9 @@ class Flux3KleinSampler(SamplerNode):
                                                  CATEGORY, FAMILY, "FLUX.3 Klein")
     DESCRIPTION = ("KSampler for FLUX.3 Klein on the SwiftDiT engine, with the step cache; reference images come on "
                    "the positive conditioning (ReferenceLatent, ReferenceMultiLatent).")
-    # FLUX.3 Klein samples with Euler on the flow at shift KLEIN_SHIFT (its 'simple' table).
+    # FLUX.3 Klein samples with Euler on its own schedule (SETTINGS.schedule, a KLEIN shift: its 'simple' table).
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 16, ("euler",), "euler", ("simple",), "simple"
+    SETTINGS = SETTINGS
     load = staticmethod(load_dit)
 
     @classmethod
@@ -134,7 +141,7 @@ class Flux3KleinSampler(SamplerNode):
         node, refs, latent = cls.NODE_ID, cls.references(r), r.latent
         cache, refresh = r.extra["cache"], r.extra["refresh"]
         with checked(node, "steps"):
-            sigmas = klein_sigmas(r.steps, r.model.shift, r.denoise)
+            sigmas = klein_sigmas(r.steps, r.model.schedule.shift, r.denoise)
         if len(sigmas) < 2:  # denoise 0: nothing to do, as KSampler
             return None
         noise = prepare_noise(latent, r.seed, r.latent_image.get("batch_index"))

@@ -23,21 +23,27 @@ from .base import (
     text_conditioning,
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
+from .family_settings import FLUX_MU, FamilySettings, PassSize, Schedule
 from .memory import LOADED, engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
 LATENT_CHANNELS = 16
+SETTINGS = FamilySettings(
+    schedule=Schedule(FLUX_MU, SAMPLING_MU),  # ModelSamplingFlux's mu, Krea 2's default at any size
+    # an image row is a 2x2 patch of 8x8-pixel latent cells; before a prompt says its size, a pass has room for a
+    # 2 MP image (8192 rows) and 1024 text rows
+    pass_size=PassSize(image_row_pixels=16 * 16, default_rows=8192 + 1024))
 
 
-load_dit = dit_loader(Krea2)
+load_dit = dit_loader(Krea2, SETTINGS.pass_size)
 
 
 class Krea2Loader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTKrea2Loader", "Krea 2 Loader (SwiftDiT)", CATEGORY, FAMILY,
                                                  "Krea 2")
     DESCRIPTION = "Loads a Krea 2 diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine."
-    SHIFT = SAMPLING_MU
+    SETTINGS = SETTINGS
     load = staticmethod(load_dit)
 
 
@@ -76,7 +82,7 @@ class Krea2ModelSamplingFlux(io.ComfyNode):
         if not shift > 0:
             raise SwiftDiTError(f"{node} · max_shift: the shift at {width}x{height} is {shift:g}; max_shift and "
                                 f"base_shift must give a shift greater than 0")
-        return io.NodeOutput(model.with_(shift=shift))
+        return io.NodeOutput(model.with_(schedule=model.schedule.at(shift)))
 
 
 class Krea2LoraLoaderModelOnly(LoraLoaderNode):
@@ -88,7 +94,8 @@ class Krea2LoraLoaderModelOnly(LoraLoaderNode):
 
 def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
     return LOADED.get("text", (*handle.key(), FAMILY),
-                      lambda: cancellable(lambda f: Krea2TextEncoder.load(f, TOKENIZER_DIR), handle.path))
+                      lambda: cancellable(lambda f: Krea2TextEncoder.load(f, TOKENIZER_DIR), handle.path),
+                      role=handle.role)
 
 
 class Krea2TextEncoderLoader(TextEncoderLoaderNode):
@@ -126,6 +133,7 @@ class Krea2Sampler(SamplerNode):
                    "with the stock VAE Decode and qwen_image_vae.")
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, tuple(SAMPLERS), "euler", tuple(TABLE_SCHEDULERS), "simple"
     OUTPUT_TOOLTIP = "The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode"
+    SETTINGS = SETTINGS
     load = staticmethod(load_dit)
 
     @classmethod
@@ -161,7 +169,7 @@ class Krea2Sampler(SamplerNode):
                            positive=r.positive, negative=r.negative, denoise=r.denoise,
                            batch_index=r.latent_image.get("batch_index"), callback=callback, should_stop=should_stop,
                            latent_shift=shift, latent_scale=scale, latent_channels=LATENT_CHANNELS,
-                           sigma_table=flux_sigma_table(r.model.shift))
+                           sigma_table=flux_sigma_table(r.model.schedule.shift))  # a FLUX_MU shift
 
         return sample, r.steps
 

@@ -1,6 +1,7 @@
-"""Memory of the nodes' models (issue 5): the engine's device, the loaded-model cache and its models there, the
-DiT's block budget from the loader's gpu_budget_gb, and GPU memory given back when ComfyUI frees memory (and taken
-again on the next use); the report of where a model's bytes are is nodes/model_bytes.py."""
+"""Memory of the nodes' models (issue 5): the engine's device, the loaded-model cache (one model a (kind, role) slot)
+and its models there, the DiT's block budget from the loader's gpu_budget_gb, a pass's memory checked against the
+family's pass-size estimate, and GPU memory given back when ComfyUI frees memory (and taken again on the next use);
+the report of where a model's bytes are is nodes/model_bytes.py."""
 from __future__ import annotations
 
 import functools
@@ -16,14 +17,12 @@ import comfy.model_management
 import torch
 
 from ..dit_core.gpu.streaming import SLOTS, StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
+from .family_settings import PassSize
 from .model_bytes import GIB, describe, placement
 
 log = logging.getLogger("SwiftDiT")
 
 UNLOAD_ALL = 1e29  # ComfyUI's unload_all_models (POST /free, Unload Models) asks free_memory for 1e30 bytes
-# Rows a pass is given room for before a prompt says how many it takes: a 2 MP image (8192 tokens of 2x2
-# latent patches) and 1024 text rows.
-DEFAULT_PASS_ROWS = 8192 + 1024
 
 
 def same_device(a: torch.device | None, b: torch.device | str | None) -> bool:
@@ -34,33 +33,47 @@ def same_device(a: torch.device | None, b: torch.device | str | None) -> bool:
     return a.type == b.type and (a.index or 0) == (b.index or 0)
 
 
+MAIN = "main"  # the role of a family's one model of a kind
+
+
+def slot_name(slot: tuple[str, str]) -> str:
+    """A (kind, role) slot as the log says it: the kind alone for the main role."""
+    kind, role = slot
+    return kind if role == MAIN else f"{role} {kind}"
+
+
 class LoadedModels:
-    """Engine models the nodes loaded, at most one of each kind (DiT, text encoder, VAE), kept across prompts.
-    ComfyUI's unload (POST /free, Unload Models) empties it; when ComfyUI lacks memory for another model, the
-    models give back what it lacks (give_back). asking: our own request for room is being made (the hook then
-    takes nothing from ours). Each model holds its companions by name (attached)."""
+    """Engine models the nodes loaded, at most one of each (kind, role), kept across prompts: kind DiT ("dit"), text
+    encoder ("text") or VAE ("vae"); role which of a family's models of that kind ("main", or e.g. "video", "audio",
+    "vocoder" where a family runs several), so a family's models of one kind stay loaded together and a new file
+    replaces only the one in its slot. ComfyUI's unload (POST /free, Unload Models) empties it; when ComfyUI lacks
+    memory for another model, the models give back what it lacks (give_back). asking: our own request for room is
+    being made (the hook then takes nothing from ours). Each model holds its companions by name (attached)."""
 
     def __init__(self):
-        self._held: dict[str, tuple[tuple, object, torch.device | None, dict[str, object]]] = {}
+        self._held: dict[tuple[str, str], tuple[tuple, object, torch.device | None, dict[str, object]]] = {}
         self.asking = False
 
-    def get(self, kind: str, key: tuple, load: Callable[[], object], device: torch.device | None = None):
-        held = self._held.get(kind)
+    def get(self, kind: str, key: tuple, load: Callable[[], object], device: torch.device | None = None,
+            role: str = MAIN):
+        slot = (kind, role)
+        held = self._held.get(slot)
         if held is not None and held[0] == key:
             return held[1]
-        if held is not None:  # one model of a kind at a time: drop the old one before loading the new
-            del self._held[kind], held
+        if held is not None:  # one model a slot: drop the old one before loading the new
+            del self._held[slot], held
             gc.collect()
         model = load()
-        self._held[kind] = (key, model, device, {})
-        log.info("SwiftDiT: loaded %s (%s): %s", os.path.basename(key[1][0]), kind, describe(model, device))
+        self._held[slot] = (key, model, device, {})
+        log.info("SwiftDiT: loaded %s (%s): %s", os.path.basename(key[1][0]), slot_name(slot),
+                 describe(model, device))
         return model
 
-    def attached(self, kind: str, name: str, make: Callable[[], object]):
-        """The companion `name` of the model of `kind` held now (e.g. its graphed step), made by make() on
+    def attached(self, kind: str, name: str, make: Callable[[], object], role: str = MAIN):
+        """The companion `name` of the model in slot (kind, role) now (e.g. its graphed step), made by make() on
         first use and dropped with the model. A companion has clear(): give_back and free call it before the
         model's memory moves or goes (a CUDA graph reads the weights where they were, and holds a pool)."""
-        companions = self._held[kind][3]
+        companions = self._held[kind, role][3]
         if name not in companions:
             companions[name] = make()
         return companions[name]
@@ -94,11 +107,11 @@ class LoadedModels:
                 before = sum(blocks.resident)
                 freed += blocks.free(nbytes - freed)
                 moved += before - sum(blocks.resident)
-        for kind, (_, model, where, _) in list(self._held.items()):
+        for slot, (_, model, where, _) in list(self._held.items()):
             if freed < nbytes and same_device(where, device):
                 freed += placement(model).device
-                del self._held[kind]
-                dropped.append(kind)
+                del self._held[slot]
+                dropped.append(slot_name(slot))
         if dropped:
             gc.collect()
         if freed:
@@ -171,12 +184,12 @@ def make_room(device: torch.device, nbytes: int) -> None:
         comfy.model_management.free_memory(nbytes, device)
 
 
-def place_dit(model, device: torch.device, gpu_budget_gb: float):
-    """model (on the host) where it runs; on a CUDA GPU its blocks take the budget (the rest stream from
-    page-locked host memory), asked once its other parts are there."""
+def place_dit(model, device: torch.device, gpu_budget_gb: float, rows: int):
+    """model (on the host) where it runs; on a CUDA GPU its blocks take the budget less a pass over `rows` rows
+    (the rest stream from page-locked host memory), asked once its other parts are there."""
     if not streams_on(device):
         return model.to(device)
-    reserve = reserve_bytes(model, DEFAULT_PASS_ROWS)
+    reserve = reserve_bytes(model, rows)
 
     def budget(total: int) -> int:
         make_room(device, (total if gpu_budget_gb <= 0 else min(total, int(gpu_budget_gb * GIB))) + reserve)
@@ -185,7 +198,7 @@ def place_dit(model, device: torch.device, gpu_budget_gb: float):
     return model.to(device, budget_bytes=budget)
 
 
-def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int = DEFAULT_PASS_ROWS) -> None:
+def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int) -> None:
     """Before a pass over `rows` rows: the streamed blocks re-planned for the budget now (Model.fill and
     Model.room of seed 001): blocks given back to ComfyUI come back while there is room, and blocks leave
     where the pass needs their room."""
@@ -206,25 +219,27 @@ def engine_device() -> torch.device:
 
 
 def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
-              place: Callable[[object, torch.device], object] | None = None):
-    """LOADED's model of `kind` for handle (nodes/base.py's ModelHandle or FileHandle), moved to engine_device()
-    (by place(model, device) when given). The device is part of the cache key, and so is the family for files that
-    two families read differently (a VAE, a text encoder)."""
+              place: Callable[[object, torch.device], object] | None = None, role: str = MAIN):
+    """LOADED's model in slot (kind, role) for handle (nodes/base.py's ModelHandle or FileHandle), moved to
+    engine_device() (by place(model, device) when given). The device is part of the cache key, and so is the family
+    for files that two families read differently (a VAE, a text encoder)."""
     device = engine_device()
     place = place or (lambda model, where: model.to(where))
-    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device)
+    return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device, role)
 
 
-def dit_on_device(handle, load: Callable[[], object], rows: int = DEFAULT_PASS_ROWS,
+def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows: int | None = None,
                   check: Callable[[object], None] | None = None):
-    """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb, and
-    fitted for a pass over `rows` rows (blocks ComfyUI took back return while there is room). check(model) runs
-    first (check_request: a pass that cannot fit is refused before any block moves)."""
+    """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb (placed at
+    load for the family's default pass), and fitted for a pass over `rows` rows (the default pass's when None;
+    blocks ComfyUI took back return while there is room). check(model) runs first (check_request: a pass that cannot
+    fit is refused before any block moves)."""
     device = engine_device()
-    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb))
+    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb,
+                                                                              pass_size.default_rows))
     if check is not None:
         check(dit)
-    fit_blocks(dit, device, handle.gpu_budget_gb, rows)
+    fit_blocks(dit, device, handle.gpu_budget_gb, pass_size.default_rows if rows is None else rows)
     return dit
 
 
@@ -232,17 +247,16 @@ class RequestTooLarge(Exception):
     """A sampler's request that cannot run in the memory there is (nodes/base.checked names latent_image)."""
 
 
-IMAGE_ROW_PIXELS = 16 * 16  # an image row of every family so far: 2x2 latent cells of 8x8 pixels (FLUX.2: 16x16)
 SLOW_STEP_S = 20.0  # a step estimated longer than this on the CPU is said in the log
 
 
-def check_request(model, image_rows: int, text_rows: int, steps: int, passes: int = 1,
+def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, steps: int, passes: int = 1,
                   say: Callable[[str], None] | None = None) -> None:
     """Before any work: a pass over image_rows + text_rows rows that cannot fit in the memory it would run in (the
     card less ComfyUI's reserve and what of the model never streams; on the CPU the host's available memory) raises
-    RequestTooLarge with what it needs and the largest image that fits. On the CPU, a request that fits but will
-    take long is said in the log and to say(text) (the sampler shows it on its node), with the time this machine's
-    matrix products give it."""
+    RequestTooLarge with what it needs and the largest image that fits (megapixels: image rows times the family's
+    pass_size.image_row_pixels). On the CPU, a request that fits but will take long is said in the log and to
+    say(text) (the sampler shows it on its node), with the time this machine's matrix products give it."""
     a, device, rows = model.arch, engine_device(), image_rows + text_rows
     if device.type == "cuda":
         blocks, on_card = getattr(model, "blocks", None), placement(model).device
@@ -256,16 +270,17 @@ def check_request(model, image_rows: int, text_rows: int, steps: int, passes: in
         available = comfy.model_management.get_free_memory(device)
         need, where = (lambda r: host_pass_bytes(a, r)), "host"
     if need(rows) > available:
+        row_pixels = pass_size.image_row_pixels
         fit = 0  # the most image rows whose pass fits (need grows with rows)
         hi = image_rows
         while fit < hi:
             mid = (fit + hi + 1) // 2
             fit, hi = (mid, hi) if need(mid + text_rows) <= available else (fit, mid - 1)
-        side = int((fit * IMAGE_ROW_PIXELS) ** 0.5) // 64 * 64
+        side = int((fit * row_pixels) ** 0.5) // 64 * 64
         raise RequestTooLarge(
-            f"{image_rows * IMAGE_ROW_PIXELS / 1e6:.1f} megapixels need about {need(rows) / GIB:.1f} GiB of {where} "
+            f"{image_rows * row_pixels / 1e6:.1f} megapixels need about {need(rows) / GIB:.1f} GiB of {where} "
             f"memory for a pass and {max(available, 0) / GIB:.1f} GiB is there for it; the largest image that fits "
-            f"is about {fit * IMAGE_ROW_PIXELS / 1e6:.2f} megapixels ({side}x{side} at 1:1): use a smaller size")
+            f"is about {fit * row_pixels / 1e6:.2f} megapixels ({side}x{side} at 1:1): use a smaller size")
     if device.type == "cpu":
         seconds = passes * step_flops(a, rows, a.layers + a.refiner) / host_flops_per_s()
         if seconds > SLOW_STEP_S:

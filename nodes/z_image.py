@@ -24,15 +24,21 @@ from .base import (
 )
 from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
                            VAELoaderNode)
+from .family_settings import FLOW, FamilySettings, PassSize, Schedule
 from .memory import LOADED, engine_device, on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
 LATENT_CHANNELS = 16
-DEFAULT_SHIFT = 3.0  # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
+SETTINGS = FamilySettings(
+    # ComfyUI's ZImage model_sampling default (supported_models.py), as ModelSamplingAuraFlow(3)
+    schedule=Schedule(FLOW, 3.0),
+    # an image row is a 2x2 patch of 8x8-pixel latent cells; before a prompt says its size, a pass has room for a
+    # 2 MP image (8192 rows) and 1024 text rows
+    pass_size=PassSize(image_row_pixels=16 * 16, default_rows=8192 + 1024))
 
 
-load_dit = dit_loader(ZImage)
+load_dit = dit_loader(ZImage, SETTINGS.pass_size)
 
 
 def pass_rows(latent: torch.Tensor, *conditionings: torch.Tensor) -> int:
@@ -46,7 +52,7 @@ class ZImageLoader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTZImageLoader", "Z-Image Loader (SwiftDiT)", CATEGORY, FAMILY,
                                                  "Z-Image")
     DESCRIPTION = "Loads a Z-Image diffusion model file (BF16, FP8 or INT8 ConvRot) for the SwiftDiT engine."
-    SHIFT = DEFAULT_SHIFT
+    SETTINGS = SETTINGS
     load = staticmethod(load_dit)
 
 
@@ -57,14 +63,15 @@ class ZImageModelSamplingAuraFlow(io.ComfyNode):
             node_id="SwiftDiTZImageModelSamplingAuraFlow", display_name="Z-Image ModelSamplingAuraFlow (SwiftDiT)",
             category=CATEGORY, description="The flow schedule's shift (multiplier 1), as ModelSamplingAuraFlow.",
             inputs=[model_input("Z-Image"),
-                    io.Float.Input("shift", default=DEFAULT_SHIFT, min=0.0, max=100.0, step=0.01,
+                    io.Float.Input("shift", default=SETTINGS.schedule.shift, min=0.0, max=100.0, step=0.01,
                                    tooltip="The flow schedule's shift (greater than 0); higher spends more steps "
                                            "at high noise")],
             outputs=[model_output("Z-Image")])
 
     @classmethod
     def execute(cls, model, shift) -> io.NodeOutput:
-        return io.NodeOutput(model.with_(shift=positive_shift("SwiftDiTZImageModelSamplingAuraFlow", shift)))
+        shift = positive_shift("SwiftDiTZImageModelSamplingAuraFlow", shift)
+        return io.NodeOutput(model.with_(schedule=model.schedule.at(shift)))
 
 
 class ZImageLoraLoaderModelOnly(LoraLoaderNode):
@@ -77,7 +84,8 @@ class ZImageLoraLoaderModelOnly(LoraLoaderNode):
 
 def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
     return LOADED.get("text", handle.key(),
-                      lambda: cancellable(lambda f: Qwen3TextEncoder.load(f, TOKENIZER_DIR), handle.path))
+                      lambda: cancellable(lambda f: Qwen3TextEncoder.load(f, TOKENIZER_DIR), handle.path),
+                      role=handle.role)
 
 
 class ZImageTextEncoderLoader(TextEncoderLoaderNode):
@@ -101,6 +109,7 @@ class ZImageSampler(SamplerNode):
                                                  FAMILY, "Z-Image")
     DESCRIPTION = "KSampler for Z-Image on the SwiftDiT engine: same seed, same image as stock."
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, tuple(SAMPLERS), "res_multistep", tuple(SCHEDULERS), "simple"
+    SETTINGS = SETTINGS
     load = staticmethod(load_dit)
 
     @classmethod
@@ -118,15 +127,16 @@ class ZImageSampler(SamplerNode):
         def sample(callback, should_stop):
             return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,
                            r.sampler_name, r.scheduler, r.latent, positive=r.positive, negative=r.negative,
-                           denoise=r.denoise, shift=r.model.shift, batch_index=r.latent_image.get("batch_index"),
-                           callback=callback, should_stop=should_stop, latent_channels=LATENT_CHANNELS)
+                           denoise=r.denoise, shift=r.model.schedule.shift,  # a FLOW shift: ksample's flow table
+                           batch_index=r.latent_image.get("batch_index"), callback=callback,
+                           should_stop=should_stop, latent_channels=LATENT_CHANNELS)
 
         return sample, r.steps
 
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
     # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
-    return on_device("vae", handle, lambda: cancellable(ImageDecoder.load, handle.path))
+    return on_device("vae", handle, lambda: cancellable(ImageDecoder.load, handle.path), role=handle.role)
 
 
 class ZImageVAELoader(VAELoaderNode):

@@ -292,6 +292,32 @@ def test_companions_live_and_are_cleared_with_their_model(pack):
     assert second.cleared == 1 and vae.cleared == 1 and not loaded._held
 
 
+def test_models_of_one_kind_keep_their_roles(pack, caplog):
+    """The cache holds one model a (kind, role): a family's video VAE, audio VAE and vocoder stay loaded together,
+    and a new file replaces only the model of its own (kind, role)."""
+    from swiftdit_pack.nodes.memory import LoadedModels
+
+    class Model:
+        pass
+    loaded, cpu, loads = LoadedModels(), torch.device("cpu"), []
+
+    def get(role, name):
+        return loaded.get("vae", ("vae", (name,)), lambda: loads.append(name) or Model(), cpu, role)
+    with caplog.at_level("INFO", logger="SwiftDiT"):
+        video, audio, vocoder = get("video", "v.safetensors"), get("audio", "a.safetensors"), get("vocoder", "w.st")
+    assert "loaded a.safetensors (audio vae)" in caplog.text
+    assert get("video", "v.safetensors") is video and get("audio", "a.safetensors") is audio  # all three kept
+    assert get("vocoder", "w.st") is vocoder and loads == ["v.safetensors", "a.safetensors", "w.st"]
+    video_step = loaded.attached("vae", "graphed_step", Companion, "video")
+    assert loaded.attached("vae", "graphed_step", Companion, "audio") is not video_step
+    other = get("audio", "a2.safetensors")  # a new file for the audio slot
+    assert other is not audio and get("audio", "a2.safetensors") is other
+    assert get("video", "v.safetensors") is video and get("vocoder", "w.st") is vocoder  # the others stay
+    assert sorted(loaded._held) == [("vae", "audio"), ("vae", "video"), ("vae", "vocoder")]
+    loaded.give_back(1, cpu)  # these hold no device bytes: each slot's model goes in turn, its companions cleared
+    assert video_step.cleared == 1 and not loaded._held
+
+
 def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu, caplog):
     import comfy.model_management
     from swiftdit_pack.dit_core.gpu.streaming import StreamedBlocks
@@ -299,7 +325,7 @@ def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu
     positive, samples, _ = graph(pack)
     expected = engine_samples(models, positive[0][0])
     assert torch.equal(samples["samples"], expected)
-    dit = LOADED._held["dit"][1]
+    dit = LOADED._held["dit", "main"][1]
     blocks = dit.blocks
     assert isinstance(blocks, StreamedBlocks) and all(blocks.resident) and blocks.host_bytes() == 0
     cpu, total = torch.device("cpu"), blocks.total_bytes()
@@ -310,9 +336,9 @@ def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu
         comfy.model_management.free_memory(streamed_on_cpu + blocks.device_bytes(), cpu)
     assert "SwiftDiT: gave back" in caplog.text
     assert blocks.device_bytes() == 0 and not any(blocks.resident) and blocks.host_bytes() == total
-    assert LOADED._held["dit"][1] is dit  # kept, in host memory
+    assert LOADED._held["dit", "main"][1] is dit  # kept, in host memory
     assert torch.equal(graph(pack)[1]["samples"], expected)
-    assert all(blocks.resident) and LOADED._held["dit"][1] is dit  # refilled, not reloaded
+    assert all(blocks.resident) and LOADED._held["dit", "main"][1] is dit  # refilled, not reloaded
     comfy.model_management.unload_all_models()
     assert not LOADED._held
 
@@ -320,7 +346,7 @@ def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu
 def test_loader_budget_streams_the_blocks(pack, models, streamed_on_cpu, caplog):
     from swiftdit_pack.nodes.memory import GIB, LOADED
     positive, _, _ = graph(pack)
-    blocks = LOADED._held["dit"][1].blocks
+    blocks = LOADED._held["dit", "main"][1].blocks
     size = blocks.slot_bytes
     assert blocks._bytes == [size] * 4 and all(blocks.resident)
     budget = (3 * size + size // 2) / GIB  # the two slots and one block
