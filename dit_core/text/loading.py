@@ -1,6 +1,9 @@
-"""What every transformers-architecture text encoder shares: the tokenizer folder, the model's root and sizes from
-the file's tensors, its state dict in transformers' names from any stored linear format, the prompt-length error and
-a cancel between layers. A file per encoder (qwen3.py, qwen3_vl.py) builds on these."""
+"""What every transformers-architecture text encoder shares: the tokenizer folder, the model's root and sizes
+from the file's tensors, its state dict in transformers' names from any stored linear format, the prompt-length
+error, a cancel between layers, and TextEncoder: the one loading path (meta build, stored tensors assigned in
+their precision, on the card) and what every encoder answers. A file per encoder (qwen3.py, qwen3_vl.py)
+subclasses it with only what differs: its transformers config and class, which hidden states it reads, padding
+and positions, chat template."""
 from __future__ import annotations
 
 import os
@@ -8,6 +11,7 @@ import re
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import Qwen2Tokenizer
@@ -125,3 +129,84 @@ def checked_layers(layers, check: Callable[[], None] | None):
     finally:
         for handle in handles:
             handle.remove()
+
+
+class TextEncoder:
+    """A transformers text model rebuilt from a checkpoint, and its prompt tokenizer. A subclass names its model
+    (the class attributes), makes its config from the file's sizes (config), keeps its own load() (arguments,
+    tokenizer, then load_model) and encode_ids (which hidden states, padding, positions). The readers load_model
+    calls are Qwen3-style (q_norm, no biases): another Qwen3-VL size (MiniMax H3's 32B) is a subclass of
+    Qwen3VLTextEncoder, while Gemma-4 (LTX-2.5) needs its own readers beside these, chosen by its class."""
+
+    ARCH: str  # the model's name in errors, e.g. "Qwen3"
+    MODEL: type[torch.nn.Module]  # the transformers text model class, built on meta
+    ROOTS: tuple[str, ...]  # key prefixes the text model may sit under, tried in order
+    WANTED: str  # what a wrong file is told was expected (which file, which CLIPLoader type)
+    NEEDS: str  # which model expected_hidden stands for, in its error
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Callable[[str], list[int]]):
+        self.model = model
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def config(cls, ckpt: Checkpoint, sizes: dict[str, int], **options: Any) -> Any:
+        """The transformers config of the layers to build, from read_shapes' sizes (n_layers: layers in the
+        file); options are what the subclass's load() passes to load_model."""
+        raise NotImplementedError
+
+    @classmethod
+    def model_root(cls, ckpt: Checkpoint) -> str:
+        return find_root(ckpt, cls.ROOTS, cls.WANTED)
+
+    @classmethod
+    def load_model(cls, path: str | os.PathLike | Checkpoint, dtype: torch.dtype, device: str | torch.device,
+                   expected_hidden: int | None = None, **options: Any) -> torch.nn.Module:
+        """The text model of a file (a path or an open Checkpoint), in eval mode on device; expected_hidden
+        rejects other model sizes; options go to config()."""
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        root = cls.model_root(ckpt)
+        config = cls.config(ckpt, read_shapes(ckpt, root, expected_hidden, cls.NEEDS), **options)
+        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
+        # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
+        with torch.device("meta"):
+            model = cls.MODEL(config)
+        # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
+        model.norm = torch.nn.Identity()
+        try:
+            model.load_state_dict(sd, strict=True, assign=True)
+        except RuntimeError as e:
+            raise WeightsError(f"{ckpt.path.name}: tensors do not fit the {cls.ARCH} that its embedding and "
+                               f"layer 0 describe ({e})") from e
+        # inv_freq is a non-persistent buffer, so it is still on meta: computed for real, in f32. The
+        # parameters already have dtype; a module-wide cast would also round inv_freq (the RoPE angles) to it.
+        model.rotary_emb = type(model.rotary_emb)(config=config)
+        return model.to(device).eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.embed_tokens.weight.device
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    def tokenize(self, prompt: str) -> list[int]:
+        """Ids of the prompt in the encoder's chat template, unpadded."""
+        return self.tokenizer(prompt)
+
+    def checked_ids(self, ids: list[int] | torch.Tensor) -> list[int]:
+        """ids as a flat list; ValueError unless non-empty and all within the vocabulary."""
+        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).tolist()
+        vocab = self.model.config.vocab_size
+        if not ids or min(ids) < 0 or max(ids) >= vocab:
+            raise ValueError(f"{type(self).__name__}: token ids must be a non-empty list in [0, {vocab}), "
+                             f"got {len(ids)} ids {ids[:8]}...")
+        return ids
+
+    def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """The features of a prompt (encode_ids of its tokens), f32; check() before each layer (it raises to
+        cancel)."""
+        return self.encode_ids(self.tokenize(prompt), check)

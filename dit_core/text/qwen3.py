@@ -7,19 +7,16 @@ from collections.abc import Callable
 
 import torch
 from transformers import Qwen3Config, Qwen3Model
-from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
-from ..weights import Checkpoint, WeightsError
+from ..weights import Checkpoint
 from .loading import (
     CHAT_TEMPLATE,
     DETECT_KEY,
     RMS_EPS,
+    TextEncoder,
     checked_layers,
-    find_root,
     load_tokenizer,
     prompt_too_long,
-    read_shapes,
-    read_state_dict,
 )
 
 PAD_ID = 151643  # <|endoftext|>: Qwen3Tokenizer's pad token, used only to fill ComfyUI's min_length of 1
@@ -28,9 +25,6 @@ PAD_ID = 151643  # <|endoftext|>: Qwen3Tokenizer's pad token, used only to fill 
 # never looked up as embeddings, only tokenized one by one (which changes the ids at the seams).
 EMBEDDING_ID = "embedding:"
 EMBEDDING_SPLIT = re.compile(f" {EMBEDDING_ID}|\n{EMBEDDING_ID}")
-# Key roots (prefix + "model.") ComfyUI loads a Qwen3-4B from: none (CLIPLoader, comfy/sd.py detect_te_model)
-# and a full checkpoint's "text_encoders." + "qwen3_4b.transformer." (comfy/supported_models.py ZImage.clip_target).
-ROOTS = ("model.", "text_encoders.qwen3_4b.transformer.model.")
 # Qwen3-4B's config.json: the RoPE base and positions (not in the tensors).
 ROPE_THETA = 1_000_000.0
 MAX_POSITIONS = 40960
@@ -59,22 +53,27 @@ class PromptTokenizer:
         return ids or [PAD_ID]
 
 
-def _config(ckpt: Checkpoint, root: str, expected_hidden: int | None) -> Qwen3Config:
-    """A Qwen3Config from the checkpoint's own shapes, with all but the last layer (hidden_states[-2])."""
-    sizes = read_shapes(ckpt, root, expected_hidden, "Z-Image needs Qwen3-4B, hidden 2560")
-    n_layers = sizes.pop("n_layers")
-    return Qwen3Config(
-        **sizes, num_hidden_layers=n_layers - 1,
-        rms_norm_eps=RMS_EPS, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-        max_position_embeddings=MAX_POSITIONS, attention_bias=False, use_cache=False)
-
-
-class Qwen3TextEncoder:
+class Qwen3TextEncoder(TextEncoder):
     """Prompt -> Qwen3 residual stream after layer N-1 (no final norm): ComfyUI's Z-Image CONDITIONING."""
 
-    def __init__(self, model: Qwen3Model, tokenizer: PromptTokenizer):
-        self.model = model
-        self.tokenizer = tokenizer
+    ARCH = "Qwen3"
+    MODEL = Qwen3Model
+    # Key roots (prefix + "model.") ComfyUI loads a Qwen3-4B from: none (CLIPLoader, comfy/sd.py
+    # detect_te_model) and a full checkpoint's "text_encoders." + "qwen3_4b.transformer."
+    # (comfy/supported_models.py ZImage.clip_target).
+    ROOTS = ("model.", "text_encoders.qwen3_4b.transformer.model.")
+    WANTED = (f"a Qwen3 text encoder (with 'model.{DETECT_KEY}'), e.g. qwen_3_4b.safetensors for Z-Image "
+              "(ComfyUI CLIPLoader type lumina2)")
+    NEEDS = "Z-Image needs Qwen3-4B, hidden 2560"
+
+    @classmethod
+    def config(cls, ckpt: Checkpoint, sizes: dict[str, int]) -> Qwen3Config:
+        """All but the last layer: hidden_states[-2] never needs it."""
+        n_layers = sizes.pop("n_layers")
+        return Qwen3Config(
+            **sizes, num_hidden_layers=n_layers - 1,
+            rms_norm_eps=RMS_EPS, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+            max_position_embeddings=MAX_POSITIONS, attention_bias=False, use_cache=False)
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
@@ -83,52 +82,16 @@ class Qwen3TextEncoder:
         """A text encoder from a Qwen3 file (layout as ComfyUI's, any linear format weights.read_linear reads)
         and a Qwen2 tokenizer folder; expected_hidden (2560 for Z-Image) rejects other model sizes."""
         tokenizer = PromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        root = find_root(ckpt, ROOTS, f"a Qwen3 text encoder (with 'model.{DETECT_KEY}'), e.g. "
-                                      f"qwen_3_4b.safetensors for Z-Image (ComfyUI CLIPLoader type lumina2)")
-        config = _config(ckpt, root, expected_hidden)
-        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
-        # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
-        with torch.device("meta"):
-            model = Qwen3Model(config)
-        # The last layer is not built (hidden_states[-2] never needs it) and neither is the final norm:
-        # Identity keeps last_hidden_state the raw residual stream.
-        model.norm = torch.nn.Identity()
-        try:
-            model.load_state_dict(sd, strict=True, assign=True)
-        except RuntimeError as e:
-            raise WeightsError(f"{ckpt.path.name}: tensors do not fit the Qwen3 that its embedding and "
-                               f"layer 0 describe ({e})") from e
-        # inv_freq is a non-persistent buffer, so it is still on meta: compute it for real.
-        model.rotary_emb = Qwen3RotaryEmbedding(config=config)
-        # Parameters already have `dtype`; a module-wide cast would also round inv_freq (RoPE angles) to it.
-        model.to(device).eval()
-        return cls(model, tokenizer)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.model.config.hidden_size
-
-    def tokenize(self, prompt: str) -> list[int]:
-        return self.tokenizer(prompt)
+        return cls(cls.load_model(path, dtype, device, expected_hidden), tokenizer)
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
     @torch.no_grad()
     def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Features [1, L, hidden] f32 of token ids (one unpadded causal sequence, as ComfyUI runs it); check()
         before each layer (it raises to cancel)."""
-        device = self.model.embed_tokens.weight.device
-        ids = torch.as_tensor(ids, dtype=torch.long, device=device).reshape(1, -1)
-        vocab = self.model.config.vocab_size
-        if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab:
-            raise ValueError(f"Qwen3TextEncoder: token ids must be a non-empty list in [0, {vocab}), "
-                             f"got {ids.numel()} ids {ids.tolist()[0][:8]}...")
+        ids = self.checked_ids(ids)
         limit = self.model.config.max_position_embeddings
-        if ids.numel() > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
-            raise prompt_too_long(ids.numel(), limit)
+        if len(ids) > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
+            raise prompt_too_long(len(ids), limit)
         with checked_layers(self.model.layers, check):
-            return self.model(input_ids=ids).last_hidden_state.float()
-
-    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Features [1, L, hidden] f32 of a prompt in the Z-Image chat template; check() before each layer."""
-        return self.encode_ids(self.tokenize(prompt), check)
+            return self.model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state.float()

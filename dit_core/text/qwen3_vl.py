@@ -12,18 +12,15 @@ from collections.abc import Callable
 
 import torch
 from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
-from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLTextRotaryEmbedding
 
 from ..weights import Checkpoint, WeightsError
 from .loading import (
     CHAT_TEMPLATE,
     RMS_EPS,
+    TextEncoder,
     checked_layers,
-    find_root,
     load_tokenizer,
     prompt_too_long,
-    read_shapes,
-    read_state_dict,
 )
 
 log = logging.getLogger(__name__)
@@ -44,10 +41,6 @@ KREA2_MAX_LENGTH = 512 + KREA2_PREFIX_ROWS - 5  # prefix and prompt tokens diffu
 # the same position on all three mRoPE axes, so the sections do not change text rows (kept for the model's config).
 ROPE_THETA = 5_000_000.0
 MAX_POSITIONS = 262_144
-# Where the text model sits: transformers' Qwen3VLForConditionalGeneration files (BFL / Hugging Face), a bare
-# Qwen3VLModel, and ComfyUI's text_encoders layout (HF names under "model.", as its Qwen2.5-VL and Qwen3 files).
-# ComfyUI's own FLUX.3 code was not available: its key names are unverified (reference section 12, item 6).
-ROOTS = ("model.language_model.", "language_model.", "model.")
 VISION_MARKERS = ("visual.", "vision_tower.")
 
 
@@ -82,27 +75,46 @@ class KleinPromptTokenizer:
         return ids + [PAD_ID] * (length - n), [1] * n + [0] * (length - n)
 
 
-def _config(ckpt: Checkpoint, root: str, n_layers: int, expected_hidden: int | None) -> Qwen3VLTextConfig:
-    sizes = read_shapes(ckpt, root, expected_hidden, "FLUX.3 Klein needs Qwen3-VL-4B, hidden 2560")
-    in_file = sizes.pop("n_layers")
-    if in_file < n_layers:
-        raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
-                           f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
-    section = sizes["head_dim"] * 20 // 128  # [24, 20, 20] at head_dim 128
-    return Qwen3VLTextConfig(
-        **sizes, num_hidden_layers=n_layers, rms_norm_eps=RMS_EPS, max_position_embeddings=MAX_POSITIONS,
-        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_interleaved": True,
-                         "mrope_section": [sizes["head_dim"] // 2 - 2 * section, section, section]},
-        attention_bias=False, use_cache=False)
-
-
-class Qwen3VLTextEncoder:
+class Qwen3VLTextEncoder(TextEncoder):
     """Prompt -> FLUX.3 text rows [1, L, len(layers) * hidden]: hidden_states[k] for k in layers, layer-major."""
 
+    ARCH = "Qwen3-VL text model"
+    MODEL = Qwen3VLTextModel
+    # Where the text model sits: transformers' Qwen3VLForConditionalGeneration files (BFL / Hugging Face), a bare
+    # Qwen3VLModel, and ComfyUI's text_encoders layout (HF names under "model.", as its Qwen2.5-VL and Qwen3 files).
+    # ComfyUI's own FLUX.3 code was not available: its key names are unverified (reference section 12, item 6).
+    ROOTS = ("model.language_model.", "language_model.", "model.")
+    WANTED = ("a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn.q_norm.weight' or "
+              "'model.layers...'), e.g. qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) "
+              "or qwen3vl_4b_fp8_scaled.safetensors for Krea 2 (type krea2)")
+    NEEDS = "FLUX.3 Klein needs Qwen3-VL-4B, hidden 2560"
+
     def __init__(self, model: Qwen3VLTextModel, tokenizer: KleinPromptTokenizer, layers: tuple[int, ...] = LAYERS):
-        self.model = model
-        self.tokenizer = tokenizer
+        super().__init__(model, tokenizer)
         self.layers = tuple(layers)
+
+    @classmethod
+    def model_root(cls, ckpt: Checkpoint) -> str:
+        root = super().model_root(ckpt)
+        if root == "model." and not any(k.startswith(VISION_MARKERS) for k in ckpt.keys()):
+            # Qwen3-4B and Qwen3-VL-4B's text model have the same shapes; only the rows tell them apart.
+            log.warning("%s: no vision tower: cannot tell a Qwen3-VL text model from a plain Qwen3 of the same "
+                        "size; FLUX.3 Klein and Krea 2 need Qwen3-VL-4B's", ckpt.path.name)
+        return root
+
+    @classmethod
+    def config(cls, ckpt: Checkpoint, sizes: dict[str, int], n_layers: int) -> Qwen3VLTextConfig:
+        """The first n_layers layers (the deepest tap's); the file must have them."""
+        in_file = sizes.pop("n_layers")
+        if in_file < n_layers:
+            raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
+                               f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
+        section = sizes["head_dim"] * 20 // 128  # [24, 20, 20] at head_dim 128
+        return Qwen3VLTextConfig(
+            **sizes, num_hidden_layers=n_layers, rms_norm_eps=RMS_EPS, max_position_embeddings=MAX_POSITIONS,
+            rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_interleaved": True,
+                             "mrope_section": [sizes["head_dim"] // 2 - 2 * section, section, section]},
+            attention_bias=False, use_cache=False)
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
@@ -114,62 +126,26 @@ class Qwen3VLTextEncoder:
         if not layers or min(layers) < 0:
             raise ValueError(f"Qwen3VLTextEncoder: layers must be hidden_states indices >= 0, got {layers}")
         tokenizer = KleinPromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        root = find_root(ckpt, ROOTS, "a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn."
-                                      "q_norm.weight' or 'model.layers...'), e.g. "
-                                      "qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) or "
-                                      "qwen3vl_4b_fp8_scaled.safetensors for Krea 2 (type krea2)")
-        if root == "model." and not any(k.startswith(VISION_MARKERS) for k in ckpt.keys()):
-            # Qwen3-4B and Qwen3-VL-4B's text model have the same shapes; only the rows tell them apart.
-            log.warning("%s: no vision tower: cannot tell a Qwen3-VL text model from a plain Qwen3 of the same "
-                        "size; FLUX.3 Klein and Krea 2 need Qwen3-VL-4B's", ckpt.path.name)
-        config = _config(ckpt, root, max(max(layers), 1), expected_hidden)
-        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
-        with torch.device("meta"):  # no random init of billions of weights (gpt-fast habit)
-            model = Qwen3VLTextModel(config)
-        model.norm = torch.nn.Identity()  # never read: the rows are raw residual streams
-        try:
-            model.load_state_dict(sd, strict=True, assign=True)
-        except RuntimeError as e:
-            raise WeightsError(f"{ckpt.path.name}: tensors do not fit the Qwen3-VL text model that its "
-                               f"embedding and layer 0 describe ({e})") from e
-        # inv_freq is a non-persistent buffer still on meta; computed for real, in f32 (not rounded to dtype).
-        model.rotary_emb = Qwen3VLTextRotaryEmbedding(config=config)
-        model.to(device).eval()
+        model = cls.load_model(path, dtype, device, expected_hidden, n_layers=max(max(layers), 1))
         return cls(model, tokenizer, layers)
-
-    @property
-    def hidden_size(self) -> int:
-        return self.model.config.hidden_size
-
-    def tokenize(self, prompt: str) -> list[int]:
-        """Ids of the templated prompt, unpadded (encode_ids pads them)."""
-        return self.tokenizer(prompt)
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
     @torch.no_grad()
     def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Rows [1, L_padded, len(layers) * hidden] f32 of unpadded ids; pad rows included (the DiT attends
         them), pads masked as keys inside the encoder and at position id PAD_POSITION; check() before each layer."""
-        ids = torch.as_tensor(ids, dtype=torch.long).reshape(-1).tolist()
-        vocab = self.model.config.vocab_size
-        if not ids or min(ids) < 0 or max(ids) >= vocab:
-            raise ValueError(f"Qwen3VLTextEncoder: token ids must be a non-empty list in [0, {vocab}), "
-                             f"got {len(ids)} ids {ids[:8]}...")
-        padded, mask = self.tokenizer.pad(ids)
-        device = self.model.embed_tokens.weight.device
-        mask = torch.tensor([mask], device=device)
-        positions = torch.arange(len(padded), device=device)[None].masked_fill(mask == 0, PAD_POSITION)
+        padded, mask = self.tokenizer.pad(self.checked_ids(ids))
+        mask = torch.tensor([mask], device=self.device)
+        positions = torch.arange(len(padded), device=self.device)[None].masked_fill(mask == 0, PAD_POSITION)
         return torch.cat(self.hidden_states(padded, mask, positions, check), dim=-1).float()
 
     def hidden_states(self, ids: list[int], mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                       check: Callable[[], None] | None = None) -> list[torch.Tensor]:
         """hidden_states[k] [1, L, hidden] for k in layers, of ids (mask [1, L]: keys of 0 unseen; positions [1, L]:
         the same on every mRoPE axis, as text rows have them; default 0..L-1); check() before each layer."""
-        device = self.model.embed_tokens.weight.device
-        input_ids = torch.tensor([ids], device=device)
+        input_ids = torch.tensor([ids], device=self.device)
         if positions is None:
-            positions = torch.arange(len(ids), device=device)[None]
+            positions = torch.arange(len(ids), device=self.device)[None]
         # Keep only the tapped states (hooks) rather than all of output_hidden_states: 33 x [8192, 2560] is 2.7 GB.
         taps: dict[int, torch.Tensor] = {}
 
@@ -187,10 +163,6 @@ class Qwen3VLTextEncoder:
             for h in handles:
                 h.remove()
         return [taps[k] for k in self.layers]
-
-    def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
-        """Text rows [1, L_padded, len(layers) * hidden] f32 of a prompt; check() before each layer."""
-        return self.encode_ids(self.tokenize(prompt), check)
 
 
 class Krea2TextEncoder:
