@@ -25,9 +25,10 @@ for part in $parts; do
     --format=csv,noheader -lms 250 > "$OUT/power_$part.csv" 2>/dev/null & sampler=$!
   case $part in
     # Two parts, each with its own cap: the streaming and family tests build and compile several small models.
-    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 tests/kernels \
+    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 --continue-on-collection-errors tests/kernels \
              tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
+             --continue-on-collection-errors \
              tests/dit_core/test_streaming.py tests/families ;;
     z_step) timeout 260 python3 bench/bench_z_image_step.py --profile --variant-triton-gemm ${VARIANTS:-} ;;
     quant_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant.py tests/kernels/test_int8_linear.py tests/dit_core/test_block_gpu.py ;;

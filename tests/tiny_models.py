@@ -1,16 +1,22 @@
-"""Tiny random models of each reference implementation, and their weights in ComfyUI's file layouts."""
+"""Tiny random models of each reference implementation, and their weights in ComfyUI's file layouts. The oracles
+(diffusers, transformers) are imported where a model is built: the GPU machine, which runs the GPU tests that import
+this module for its layouts, has neither."""
+from __future__ import annotations
+
 import re
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import AutoencoderKL
-from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
 from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3Model
 
 from dit_core.arch import Arch
 from dit_core.block import Block
 from dit_core.codecs.flux1_vae import SCALING, SHIFT
 from dit_core.weights import Linear
+
+if TYPE_CHECKING:
+    from diffusers import AutoencoderKL, ZImageTransformer2DModel
+    from transformers import Qwen3Model
 
 # reference/families/z_image.md section 11; dim 192 (6 heads of 32) so the FFN is 512 wide and every linear
 # has a power-of-4 ConvRot group for the INT8 tests.
@@ -25,6 +31,7 @@ QWEN3_TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_
 
 def random_z_image(seed: int = 0, **overrides) -> ZImageTransformer2DModel:
     """diffusers' Z-Image with every parameter random (its init zeroes pad tokens and some gains: hides bugs)."""
+    from diffusers.models.transformers.transformer_z_image import ZImageTransformer2DModel
     torch.manual_seed(seed)
     model = ZImageTransformer2DModel(**{**Z_IMAGE_TINY, **overrides}).eval()
     with torch.no_grad():
@@ -68,6 +75,7 @@ def randomize_language_model(model):
 
 def random_qwen3(seed: int = 0, **overrides) -> Qwen3Model:
     """transformers' Qwen3 with every parameter random, RMSNorm gains around 1."""
+    from transformers import Qwen3Config, Qwen3Model
     torch.manual_seed(seed)
     model = Qwen3Model(Qwen3Config(**{**QWEN3_TINY, **overrides})).eval()
     return randomize_language_model(model)
@@ -87,6 +95,7 @@ CONFIGS = {
 
 
 def tiny_vae(name: str, seed: int = 1, latent_channels: int = 16, quant: bool = False) -> AutoencoderKL:
+    from diffusers import AutoencoderKL
     cfg = CONFIGS[name]
     levels = len(cfg["block_out_channels"])
     torch.manual_seed(0)
