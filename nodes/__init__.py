@@ -1,10 +1,13 @@
-"""The extension: the one registry of SwiftDiT's node classes, grouped by family."""
+"""The extension: the one registry of SwiftDiT's node classes, grouped by family. The families are the rows of the
+one family table (dit_core/families/__init__.py, FAMILIES); each row's `nodes/<name>.py` ends with its NODES."""
+from importlib import import_module
+
 from comfy_api.latest import ComfyExtension, io
 
-from . import flux3_klein, krea2, z_image
+from ..dit_core.families import FAMILIES
 from .memory import install_memory_hook
 
-NODES_BY_FAMILY = {"z_image": z_image.NODES, "flux3_klein": flux3_klein.NODES, "krea2": krea2.NODES}
+NODES_BY_FAMILY = {name: import_module(f".{name}", __package__).NODES for name in FAMILIES}
 
 
 class SwiftDiTExtension(ComfyExtension):

@@ -1,5 +1,6 @@
 """The `swiftdit` command: `swap` stock nodes for ours in a workflow; `to-api` turns UI format into API; `quantize`
-writes a checkpoint's linears as INT8 ConvRot (the offline converter: it alone needs torch)."""
+writes a checkpoint's linears as INT8 ConvRot (the offline converter). `swap` reads the one family table
+(dit_core/families/__init__.py), so importing it imports the engine, and with it torch."""
 from __future__ import annotations
 
 import argparse
@@ -79,6 +80,8 @@ def _swap(args) -> None:
         raise UserError(f"IN {args.input}: {e}") from None
     except (KeyError, IndexError, TypeError, AttributeError) as e:  # a field missing or of the wrong kind
         raise UserError(f"IN {args.input} is not a well-formed workflow ({type(e).__name__}: {e})") from None
+    if not report.changed and report.not_yet:  # the family's graph, of a kind the swap cannot take yet
+        raise UserError(f"IN {args.input}: nothing swapped: {'; '.join(report.not_yet)}; OUT not written")
     if not report.changed:  # a tool that did nothing says so (and the user's OUT is not made)
         wanted = (f"a family SwiftDiT runs ({', '.join(f.title for f in FAMILIES.values())})"
                   if args.family == "auto" else FAMILIES[args.family].title)

@@ -1,8 +1,12 @@
-"""Per-family swap tables: which stock nodes our nodes replace, their sockets and widgets (docs/nodes.md)."""
+"""The swap tool's rules, built from the one family table (dit_core/families/__init__.py, FAMILIES): the stock
+nodes' sockets and widgets are the same for every family and are written once here; a family's row says which of
+them ours replace, its CLIPLoader types and the sampler values ours runs (docs/nodes.md)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from dit_core.families import FAMILIES as TABLE
 
 
 @dataclass(frozen=True)
@@ -14,6 +18,48 @@ class Role:
     widgets: tuple[str, ...] = ()              # stock widget names in UI order (rules read them by name)
     extra_widgets: tuple[tuple[str, object], ...] = ()  # ours only, appended after the stock widgets
     accepts: tuple[tuple[str, tuple], ...] = ()  # widget values ours runs; other values leave the node stock
+
+
+@dataclass(frozen=True)
+class Stock:
+    """A stock node as every family's swap sees it; `role` names ours: the family's node prefix + role."""
+    role: str
+    sockets: tuple[tuple[str, str], ...] = ()
+    outputs: tuple[str, ...] = ()
+    widgets: tuple[str, ...] = ()
+    extra_widgets: tuple[tuple[str, object], ...] = ()
+    accepts: tuple[tuple[str, tuple], ...] = ()
+
+
+MODEL_IN = (("model", "MODEL"),)
+# The stock nodes ours replace (reference/templates.md section 5), with ComfyUI's input names and widget order.
+# Every DiT loader of ours appends `linears` and `gpu_budget_gb` (0: automatic); every text encoder loader runs on
+# the host or the default device only.
+STOCK = MappingProxyType({
+    "UNETLoader": Stock("Loader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
+                        extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
+    "ModelSamplingAuraFlow": Stock("ModelSamplingAuraFlow", MODEL_IN, ("MODEL",), ("shift",)),
+    "ModelSamplingFlux": Stock("ModelSamplingFlux", MODEL_IN, ("MODEL",),
+                               ("max_shift", "base_shift", "width", "height")),
+    "LoraLoaderModelOnly": Stock("LoraLoaderModelOnly", MODEL_IN, ("MODEL",), ("lora_name", "strength_model")),
+    "CLIPLoader": Stock("TextEncoderLoader", outputs=("CLIP",), widgets=("clip_name", "type", "device"),
+                        accepts=(("device", ("default", "cpu")),)),
+    "CLIPTextEncode": Stock("TextEncode", (("clip", "CLIP"),), ("CONDITIONING",), ("text",)),
+    "KSampler": Stock("Sampler", (("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                                  ("latent_image", "LATENT")), ("LATENT",),
+                      ("seed", "control_after_generate", "steps", "cfg", "sampler_name", "scheduler", "denoise")),
+    "VAELoader": Stock("VAELoader", outputs=("VAE",), widgets=("vae_name",)),
+    "VAEDecode": Stock("VAEDecode", (("samples", "LATENT"), ("vae", "VAE")), ("IMAGE",)),
+    "VAEEncode": Stock("VAEEncode", (("pixels", "IMAGE"), ("vae", "VAE")), ("LATENT",)),
+})
+MODEL_PATCHES = ("ModelSamplingAuraFlow", "ModelSamplingFlux", "LoraLoaderModelOnly")  # MODEL -> MODEL
+# Stock nodes that pass any wire type on unchanged (ComfyUI's MatchType), and their inputs that do: ours flow
+# through those a family's row names in `switches`.
+PASS_THROUGH = MappingProxyType({"ComfySwitchNode": ("on_false", "on_true")})
+# Stock nodes that need ComfyUI's own CLIP (its .generate): a text encoder loader that feeds one of them and our
+# text encodes too stays stock for them, and one of ours is added beside it for the encode path.
+STOCK_CLIP_USERS = ("TextGenerate",)
+WIRE_TYPES = MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER", "VAE": "SWIFTDIT_VAE"})
 
 
 @dataclass(frozen=True)
@@ -29,15 +75,18 @@ class Family:
     text_loader: str
     text_loader_types: tuple[str, ...]       # the loader's `type` widget values that mean this family
     text_encoders: tuple[str, ...]
-    vae_loader: str
+    vae_loader: str | None                   # None: the family's latents decode with stock nodes (Krea 2)
     decoders: tuple[str, ...]
     # VAE encodes whose LATENT reaches a sampler's conditioning (reference images, e.g. through ReferenceLatent)
     vae_encoders: tuple[str, ...] = ()
+    not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes the swap cannot take yet, and why
+    switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # pass-through -> inputs
     ours_roles: MappingProxyType = field(init=False)  # our node id -> the stock class it replaces
 
     def __post_init__(self):
-        for stock in (self.sampler, self.model_loader, self.text_loader, self.vae_loader,
-                      *self.model_patches, *self.text_encoders, *self.decoders, *self.vae_encoders):
+        named = (self.sampler, self.model_loader, self.text_loader, *self.model_patches, *self.text_encoders,
+                 *self.decoders, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []))
+        for stock in named:
             if stock not in self.roles:
                 raise ValueError(f"family {self.name}: {stock} is named in a rule but has no role")
         object.__setattr__(self, "ours_roles",
@@ -68,90 +117,36 @@ class Family:
         return wire_type in self.wire_types or wire_type in self.wire_types.values()
 
 
-# docs/nodes.md, "Z-Image": every input name and widget order as the stock node's; the loader adds `linears` and
-# `gpu_budget_gb` (0: automatic).
-Z_IMAGE = Family(
-    name="z_image",
-    title="Z-Image",
-    roles=MappingProxyType({
-        "UNETLoader": Role("SwiftDiTZImageLoader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
-                           extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
-        "ModelSamplingAuraFlow": Role("SwiftDiTZImageModelSamplingAuraFlow", sockets=(("model", "MODEL"),),
-                                      outputs=("MODEL",), widgets=("shift",)),
-        "LoraLoaderModelOnly": Role("SwiftDiTZImageLoraLoaderModelOnly", sockets=(("model", "MODEL"),),
-                                    outputs=("MODEL",), widgets=("lora_name", "strength_model")),
-        "CLIPLoader": Role("SwiftDiTZImageTextEncoderLoader", outputs=("CLIP",),
-                           widgets=("clip_name", "type", "device"),
-                           accepts=(("device", ("default", "cpu")),)),
-        "CLIPTextEncode": Role("SwiftDiTZImageTextEncode", sockets=(("clip", "CLIP"),),
-                               outputs=("CONDITIONING",), widgets=("text",)),
-        "KSampler": Role("SwiftDiTZImageSampler",
-                         sockets=(("model", "MODEL"), ("positive", "CONDITIONING"),
-                                  ("negative", "CONDITIONING"), ("latent_image", "LATENT")),
-                         outputs=("LATENT",),
-                         widgets=("seed", "control_after_generate", "steps", "cfg", "sampler_name",
-                                  "scheduler", "denoise"),
-                         accepts=(("sampler_name", ("euler", "res_multistep")),
-                                  ("scheduler", ("simple", "normal", "sgm_uniform", "karras", "exponential",
-                                                 "ddim_uniform", "beta", "linear_quadratic", "kl_optimal")))),
-        "VAELoader": Role("SwiftDiTZImageVAELoader", outputs=("VAE",), widgets=("vae_name",)),
-        "VAEDecode": Role("SwiftDiTZImageVAEDecode", sockets=(("samples", "LATENT"), ("vae", "VAE")),
-                          outputs=("IMAGE",)),
-    }),
-    wire_types=MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER",
-                                 "VAE": "SWIFTDIT_VAE"}),
-    sampler="KSampler",
-    model_loader="UNETLoader",
-    model_patches=("ModelSamplingAuraFlow", "LoraLoaderModelOnly"),
-    text_loader="CLIPLoader",
-    # ComfyUI loads Z-Image's Qwen3-4B with CLIPLoader type lumina2 (all four official Z-Image templates).
-    text_loader_types=("lumina2",),
-    text_encoders=("CLIPTextEncode",),
-    vae_loader="VAELoader",
-    decoders=("VAEDecode",),
-)
 
-# docs/nodes.md, "FLUX.3 Klein": the same roles as Z-Image without model patches (the sampler applies shift 16
-# itself), plus VAE encode for reference images. The sampler runs Euler / simple (any denoise) and appends
-# `cache` and `refresh`. Stock ReferenceLatent / ReferenceMultiLatent / EmptyFlux2LatentImage stay: they take and give
-# CONDITIONING and LATENT (ReferenceMultiLatent also takes a VAE, so a VAELoader feeding it stays stock).
-FLUX3_KLEIN = Family(
-    name="flux3_klein",
-    title="FLUX.3 Klein",
-    roles=MappingProxyType({
-        "UNETLoader": Role("SwiftDiTFlux3KleinLoader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
-                           extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
-        "CLIPLoader": Role("SwiftDiTFlux3KleinTextEncoderLoader", outputs=("CLIP",),
-                           widgets=("clip_name", "type", "device"),
-                           accepts=(("device", ("default", "cpu")),)),
-        "CLIPTextEncode": Role("SwiftDiTFlux3KleinTextEncode", sockets=(("clip", "CLIP"),),
-                               outputs=("CONDITIONING",), widgets=("text",)),
-        "KSampler": Role("SwiftDiTFlux3KleinSampler",
-                         sockets=(("model", "MODEL"), ("positive", "CONDITIONING"),
-                                  ("negative", "CONDITIONING"), ("latent_image", "LATENT")),
-                         outputs=("LATENT",),
-                         widgets=("seed", "control_after_generate", "steps", "cfg", "sampler_name",
-                                  "scheduler", "denoise"),
-                         extra_widgets=(("cache", 0.3), ("refresh", 0)),
-                         accepts=(("sampler_name", ("euler",)), ("scheduler", ("simple",)))),
-        "VAELoader": Role("SwiftDiTFlux3KleinVAELoader", outputs=("VAE",), widgets=("vae_name",)),
-        "VAEDecode": Role("SwiftDiTFlux3KleinVAEDecode", sockets=(("samples", "LATENT"), ("vae", "VAE")),
-                          outputs=("IMAGE",)),
-        "VAEEncode": Role("SwiftDiTFlux3KleinVAEEncode", sockets=(("pixels", "IMAGE"), ("vae", "VAE")),
-                          outputs=("LATENT",)),
-    }),
-    wire_types=MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER",
-                                 "VAE": "SWIFTDIT_VAE"}),
-    sampler="KSampler",
-    model_loader="UNETLoader",
-    model_patches=(),
-    text_loader="CLIPLoader",
-    # Both official distilled templates load Qwen3-VL-4B (and the 9B prompt upsampler) with CLIPLoader type flux3.
-    text_loader_types=("flux3",),
-    text_encoders=("CLIPTextEncode",),
-    vae_loader="VAELoader",
-    decoders=("VAEDecode",),
-    vae_encoders=("VAEEncode",),
-)
+def rules(row) -> Family:
+    """A family's swap rules from its row of the family table: our node for each stock node it replaces
+    (row.node_prefix + the stock node's role), the sampler values ours runs and its own widgets."""
+    roles = {}
+    for stock in row.replaces:
+        s = STOCK[stock]
+        extra, accepts = s.extra_widgets, s.accepts
+        if stock == "KSampler":
+            extra = extra + tuple(row.sampler_extra)
+            accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
+        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts)
+    has = set(row.replaces)
+    return Family(
+        name=row.name,
+        title=row.title,
+        roles=MappingProxyType(roles),
+        wire_types=WIRE_TYPES,
+        sampler="KSampler",
+        model_loader="UNETLoader",
+        model_patches=tuple(p for p in MODEL_PATCHES if p in has),
+        text_loader="CLIPLoader",
+        text_loader_types=tuple(row.text_types),
+        text_encoders=("CLIPTextEncode",),
+        vae_loader="VAELoader" if "VAELoader" in has else None,
+        decoders=tuple(d for d in ("VAEDecode",) if d in has),
+        vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),
+        not_yet=tuple(row.not_yet),
+        switches=MappingProxyType({kind: PASS_THROUGH[kind] for kind in row.switches}),
+    )
 
-FAMILIES = MappingProxyType({f.name: f for f in (Z_IMAGE, FLUX3_KLEIN)})
+
+FAMILIES = MappingProxyType({name: rules(row) for name, row in TABLE.items()})

@@ -6,8 +6,9 @@ import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .families import FAMILIES, Family
-from .ui_graph import UIGraph
+from .families import FAMILIES, STOCK_CLIP_USERS, Family
+from .ui_edit import UIEditor
+from .ui_graph import UIGraph, link_view
 from .workflow_api import is_link
 
 NOTES = ("MarkdownNote", "Note")
@@ -45,19 +46,35 @@ class Report:
     changed: list = field(default_factory=list)  # (where, old type, new type)
     left: list = field(default_factory=list)     # (where, type, why it stayed)
     retyped: int = 0                             # link and port types changed to ours
+    added: list = field(default_factory=list)    # (where, our type, why): ours beside a stock node kept for others
+    not_yet: list = field(default_factory=list)  # what of the family's graph the swap cannot take yet, and why
 
     def lines(self) -> list[str]:
         out = [f"{self.family}: swapped {len(self.changed)} node(s), changed {self.retyped} wire type(s)"]
         out += [f"  {where}  {old} -> {new}" for where, old, new in self.changed]
+        out += [f"added {len(self.added)} node(s)"] if self.added else []
+        out += [f"  {where}  {new}: {why}" for where, new, why in self.added]
+        out += [f"not yet supported: {why}" for why in self.not_yet]
         out += [f"left as they were: {len(self.left)} node(s)"] if self.left else []
         out += [f"  {where}  {kind}: {why}" for where, kind, why in self.left]
         return out
 
 
-def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
+@dataclass
+class Plan:
+    swap: set                                      # node ids whose type becomes ours
+    why: dict                                      # node id -> why it stays as it is
+    through: set = field(default_factory=set)      # stock pass-through nodes (switches) that now carry ours
+    split: dict = field(default_factory=dict)      # stock text loader kept for STOCK_CLIP_USERS -> the wires
+    not_yet: list = field(default_factory=list)    # of our encoders it fed, which move to ours added beside it
+
+
+def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     """The node ids to swap, and for every stock node of the family's roles left alone, why."""
-    into, by_dst = {}, defaultdict(list)
+    into, by_dst, by_src = {}, defaultdict(list), defaultdict(list)
     for w in wires:
+        if w.src is not None:
+            by_src[w.src].append(w)
         if w.dst is not None:
             by_dst[w.dst].append(w)
             into[(w.dst, w.name)] = w
@@ -90,6 +107,37 @@ def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
             loaders.add(n.id)
     encoders = {n.id for n in nodes.values() if any(plays(n, e) for e in fam.text_encoders)
                 and getattr(src(n.id, "clip"), "id", None) in loaders}
+    not_yet = []
+    for n in nodes.values():  # a graph of the family that the swap cannot take yet (Krea 2's style reference)
+        reason = dict(fam.not_yet).get(n.type)
+        if reason and any(w.src in loaders for w in by_dst[n.id]):
+            why[n.id] = reason
+            not_yet += [reason] if reason not in not_yet else []
+    through = set()
+
+    def model_path(sid):  # the nodes on a sampler's model path back to the loader(s), or why it is not ours
+        path, todo = [], [(sid, "model")]
+        while todo:
+            nid, name = todo.pop()
+            m = src(nid, name)
+            if m is None:
+                return None, "its model input is open"
+            if m.id in path or m.id in through:
+                continue
+            if any(plays(m, p) for p in fam.model_patches):
+                path.append(m.id)
+                todo.append((m.id, "model"))
+            elif m.type in fam.switches:  # a switch: every wired branch must be the family's model
+                branches = [(m.id, x) for x in fam.switches[m.type] if (m.id, x) in into]
+                if not branches:
+                    return None, f"its model comes through {m.type} ({m.id}), which has no model wired"
+                through.add(m.id)
+                todo += branches
+            elif plays(m, fam.model_loader):
+                path.append(m.id)
+            else:
+                return None, f"its model comes through stock {m.type} ({m.id})"
+        return path, None
     sampler_role = fam.roles[fam.sampler]
     conds = [name for name, t in sampler_role.sockets if t == "CONDITIONING"]
     samplers = set()
@@ -97,15 +145,14 @@ def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
         if not reaches(n.id, conds, encoders, "CONDITIONING"):
             why[n.id] = f"its conditioning comes from no {fam.title} text encoder"
             continue
-        chain, m = [n.id], src(n.id, "model")
-        while m is not None and m.id not in chain and any(plays(m, p) for p in fam.model_patches):
-            chain.append(m.id)
-            m = src(m.id, "model")
-        if not plays(m, fam.model_loader):
-            why[n.id] = f"its model comes through stock {m.type} ({m.id})" if m else "its model input is open"
+        known = set(through)
+        path, reason = model_path(n.id)
+        if path is None:
+            through.intersection_update(known)
+            why[n.id] = reason
             continue
         samplers.add(n.id)
-        cand.update(chain + [m.id])
+        cand.update([n.id, *path])
     for n in (n for n in nodes.values() if any(plays(n, d) for d in fam.decoders)):
         if reaches(n.id, ["samples"], samplers, "LATENT"):
             cand.add(n.id)
@@ -150,17 +197,39 @@ def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
         elif not placements[nodes[nid].key] <= cand:
             drop(nid, "its subgraph is placed more than once and not every placement is the same graph")
 
-    def swapped(nid):
+    def swapped(nid, seen=frozenset()):
+        if nid in through:  # a switch carries ours when everything it switches between is ours
+            ins = [w.src for w in by_dst[nid] if fam.is_engine_wire(w.type)]
+            return bool(ins) and nid not in seen and all(s is not None and swapped(s, seen | {nid}) for s in ins)
         return nid in cand or nodes[nid].type in fam.ours_roles
 
-    engine = [w for w in wires if fam.is_engine_wire(w.type)]
+    # A text loader that feeds our encodes and stock nodes needing ComfyUI's own CLIP (TextGenerate) stays stock for
+    # those; ours is added beside it for the encodes (direct links, a definition placed once).
+    split = {}
+    for lid in sorted(loaders & cand):
+        outs = [w for w in by_src[lid] if fam.is_engine_wire(w.type)]
+        users = [w for w in outs if w.dst is not None and nodes[w.dst].type in STOCK_CLIP_USERS]
+        encodes = [w for w in outs if w.dst in encoders and w.dst in cand]
+        if (users and encodes and len(users) + len(encodes) == len(outs) and all(len(w.refs) <= 1 for w in encodes)
+                and placements[nodes[lid].key] == {lid}):
+            split[lid] = encodes
+            cand.discard(lid)
+
+    engine = [w for w in wires if fam.is_engine_wire(w.type) and w.src not in split]
     changed = True
     while changed:  # an engine wire joins two of ours or two stock nodes, never one of each
         changed = False
         for w in engine:
             if w.src is None or w.dst is None or swapped(w.src) == swapped(w.dst):
                 continue
-            if w.src in cand:
+            if w.src in through and swapped(w.src):  # ours reach a stock node through a switch: what the switch passes stays stock
+                for x in by_dst[w.src]:
+                    if x.src in cand and fam.is_engine_wire(x.type):
+                        stock = nodes[w.dst]
+                        drop(x.src, f"its {x.type} reaches stock {stock.type} ({stock.id}) through "
+                                    f"{nodes[w.src].type} ({w.src}), which needs {x.type}")
+                        changed = True
+            elif w.src in cand:
                 stock = nodes[w.dst]
                 drop(w.src, f"its {w.type} also feeds stock {stock.type} ({stock.id}), which needs {w.type}")
                 changed = True
@@ -177,10 +246,21 @@ def plan(fam: Family, nodes: dict, wires: list) -> tuple[set, dict]:
                     if w.src in cand:
                         drop(w.src, "its subgraph is placed more than once with different models")
                         changed = True
+    for lid, encodes in list(split.items()):
+        split[lid] = [w for w in encodes if w.dst in cand]
+        users = [w.dst for w in by_src[lid] if w.dst is not None and nodes[w.dst].type in STOCK_CLIP_USERS]
+        named = ", ".join(f"{nodes[u].type} ({u})" for u in users)
+        if split[lid]:
+            why[lid] = (f"kept for stock {named}, which needs ComfyUI's CLIP; the encode path reads "
+                        f"{fam.roles[nodes[lid].type].ours} from the same file (added)")
+        else:
+            del split[lid]
+            why[lid] = f"its CLIP also feeds stock {named}, which needs CLIP"
+    through = {t for t in through if swapped(t)}
     for n in nodes.values():
         if n.type in fam.roles and n.id not in cand:
             why.setdefault(n.id, _outside(fam, n.type))
-    return cand, why
+    return Plan(cand, why, through, split, not_yet)
 
 
 def _outside(fam: Family, stock: str) -> str:
@@ -221,6 +301,8 @@ def _left(fam: Family, node_type: str, why: str | None, sockets: tuple) -> str:
         return "already a SwiftDiT node"
     if node_type in NOTES:
         return "note"
+    if fam.vae_loader is None and node_type in ("VAELoader", "VAEDecode"):
+        return f"{fam.title} has no VAE of SwiftDiT's: its latents decode with the stock VAE, stays stock"
     if node_type == "Reroute":
         return "reroute (frontend only): passes its wire on"
     takes, gives = sockets
@@ -260,11 +342,13 @@ def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
                 if not (j < len(outs) and outs[j].get("links")):
                     wires += [_ui_wire(graph.trace(p.path, inner, lid), None, port)
                               for lid in port.get("linkIds", [])]
-    swap, why = plan(fam, nodes, wires)
-    report = Report(fam.title)
+    p_ = plan(fam, nodes, wires)
+    swap, why = p_.swap, p_.why
+    report = Report(fam.title, not_yet=p_.not_yet)
     links = {id(raw) for scope in graph.scopes() for raw in scope.raw_links.values()}
     for w in wires:
-        if fam.is_engine_wire(w.type) and ((w.src in swap) or (w.src is None and w.dst in swap)):
+        ours = w.src in swap or w.src in p_.through or (w.src is None and w.dst in swap)
+        if fam.is_engine_wire(w.type) and ours:
             for container, key in w.refs:
                 if container[key] in fam.wire_types:
                     container[key] = fam.wire_types[container[key]]
@@ -287,11 +371,48 @@ def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
             for entry in node.get("inputs", []) + node.get("outputs", []):
                 _retype(fam, entry)
             report.changed.append((p.id, kind, role.ours))
+        elif p.id in p_.through and nodes[p.id].key not in done:
+            done.add(nodes[p.id].key)
+            for entry in node.get("inputs", []) + node.get("outputs", []):
+                _retype(fam, entry)
+            report.left.append((p.id, kind, _THROUGH))
         elif p.id not in swap:
             takes = tuple(dict.fromkeys(e.get("type") for e in node.get("inputs", []) if not e.get("widget")))
             gives = tuple(dict.fromkeys(e.get("type") for e in node.get("outputs", [])))
             report.left.append((p.id, kind, _left(fam, kind, why.get(p.id), (takes, gives))))
+    for lid, encodes in sorted(p_.split.items()):
+        report.added.append(_split_ui(fam, wf, nodes[lid], encodes))
     return wf, report
+
+
+_THROUGH = "switches between SwiftDiT models: stays stock, its model ports retyped"
+
+
+def _split_ui(fam: Family, wf: dict, loader: GNode, encodes: list) -> tuple:
+    """Our text encoder loader beside the stock one (same widgets, same widget links), and the encodes' clip links
+    moved onto it; (where, our type, why) for the report."""
+    ed = UIEditor(wf)
+    scope = ed.scope(loader.key[0])
+    stock = scope.nodes[loader.key[1]]
+    role = fam.roles[stock["type"]]
+    x, y = (stock.get("pos") or [0, 0])[:2]
+    height = (stock.get("size") or [0, 106])[1]
+    ours = ed.add_node(scope, role.ours, (x, y + height + 60), [], [fam.wire_types[t] for t in role.outputs],
+                       copy.deepcopy(stock.get("widgets_values") or []))
+    ours["inputs"] = [{k: copy.deepcopy(v) for k, v in e.items() if k != "link"} | {"link": None}
+                      for e in stock.get("inputs", [])]
+    ours["size"] = list(stock.get("size") or ours["size"])
+    ours["properties"].update({"cnr_id": PACK})
+    if isinstance(stock.get("widgets_values_named"), dict):
+        ours["widgets_values_named"] = copy.deepcopy(stock["widgets_values_named"])
+    for i, entry in enumerate(stock.get("inputs", [])):
+        origin = ed.origin(scope, stock, entry.get("name"))
+        if origin is not None:
+            ed.add_link(scope, *origin, ours["id"], i)
+    for w in encodes:
+        ed.reorigin(scope, link_view(w.refs[0][0])["id"], (ours["id"], 0))
+    where = ":".join([*loader.id.split(":")[:-1], str(ours["id"])])
+    return where, role.ours, f"beside stock {stock['type']} ({loader.id}), which stays for what needs ComfyUI's CLIP"
 
 
 def _ui_wire(trace, dst: str | None, entry: dict) -> Wire:
@@ -311,17 +432,25 @@ def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
         named = {k: v for k, v in inputs.items() if not is_link(v)}
         blocked = _refused(role, named, set()) if role else None
         nodes[nid] = GNode(nid, (None, nid), kind, named, blocked)
+
+    def given(nid, slot, depth=0):  # a known node's output type; a switch gives what it switches between
+        kind = fam.output_type(out[nid].get("class_type"), slot)
+        for name in fam.switches.get(out[nid].get("class_type"), ()) if kind is None and depth < 100 else ():
+            value = out[nid].get("inputs", {}).get(name)
+            kind = kind or (given(value[0], value[1], depth + 1) if is_link(value) and value[0] in out else None)
+        return kind
+
     for nid, body in out.items():
         for name, value in body.get("inputs", {}).items():
             if is_link(value):
                 src = value[0] if value[0] in out else None
-                kind = (fam.output_type(out[src]["class_type"], value[1]) if src else None) \
-                    or fam.socket_type(body.get("class_type"), name)
+                kind = (given(src, value[1]) if src else None) or fam.socket_type(body.get("class_type"), name)
                 wires.append(Wire(src, value[1], nid, name, kind))
-    swap, why = plan(fam, nodes, wires)
-    report = Report(fam.title)
-    report.retyped = sum(1 for w in wires if w.src in swap and fam.is_engine_wire(w.type))
-    for nid, body in out.items():
+    p_ = plan(fam, nodes, wires)
+    swap, why = p_.swap, p_.why
+    report = Report(fam.title, not_yet=p_.not_yet)
+    report.retyped = sum(1 for w in wires if (w.src in swap or w.src in p_.through) and fam.is_engine_wire(w.type))
+    for nid, body in list(out.items()):
         kind = body.get("class_type")
         if nid in swap:
             role = fam.roles[kind]
@@ -330,7 +459,17 @@ def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
                 body.setdefault("inputs", {}).setdefault(name, value)
             report.changed.append((nid, kind, role.ours))
         else:
-            report.left.append((nid, kind, _left(fam, kind, why.get(nid), ((), ()))))
+            report.left.append((nid, kind, _THROUGH if nid in p_.through else _left(fam, kind, why.get(nid), ((), ()))))
+    for lid, encodes in sorted(p_.split.items()):
+        prefix = lid.rsplit(":", 1)[0] + ":" if ":" in lid else ""
+        last = [int(k.rsplit(":", 1)[-1]) for k in out if k.rsplit(":", 1)[-1].isdigit()]
+        new = f"{prefix}{max(last, default=0) + 1}"
+        role = fam.roles[out[lid]["class_type"]]
+        out[new] = {"class_type": role.ours, "inputs": copy.deepcopy(out[lid].get("inputs", {}))}
+        for w in encodes:
+            out[w.dst]["inputs"][w.name] = [new, 0]
+        report.added.append((new, role.ours, f"beside stock {out[lid]['class_type']} ({lid}), which stays for "
+                                             f"what needs ComfyUI's CLIP"))
     return out, report
 
 
@@ -353,6 +492,8 @@ def swap(data: dict, family: str = "z_image", fmt: str | None = None) -> tuple[d
         hits = [name for name, (_, report) in results.items() if report.changed]
         if len(hits) > 1:
             raise ValueError(f"several families match ({', '.join(hits)}): pass --family")
+        # nothing swapped: the family whose graph it is but cannot take yet says why, else the first family
+        hits = hits or [name for name, (_, report) in results.items() if report.not_yet]
         return results[hits[0] if hits else next(iter(FAMILIES))]
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; known: {', '.join(sorted(FAMILIES))}")

@@ -499,3 +499,174 @@ def test_cli_says_when_there_is_nothing_to_swap(tmp_path):
     done = run_cli("swap", ours, tmp_path / "out.json")
     assert done.returncode == 2 and "nothing to swap" in done.stderr and "FLUX.3 Klein" in done.stderr
     assert not (tmp_path / "out.json").exists()
+
+
+# Krea 2: the official t2i templates (subgraph #30: a LoRA behind ComfySwitchNode #22 on the model path, one
+# CLIPLoader #11 feeding both the prompt refiner TextGenerate #16 and CLIPTextEncode #6; qwen_image_vae decodes with
+# stock nodes). docs/nodes.md, "Krea 2".
+KREA2 = FAMILIES["krea2"]
+KREA2_TEMPLATES = ("image_krea2_turbo_t2i_int8", "image_krea2_turbo_t2i")
+KREA2_STYLE = "image_krea2_turbo_int8_image_style_reference"
+KREA2_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
+                 "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler"}
+KREA2_LEFT = {
+    "30:11": ("CLIPLoader", "kept for stock TextGenerate (30:16), which needs ComfyUI's CLIP; the encode path reads "
+                            "SwiftDiTKrea2TextEncoderLoader from the same file (added)"),
+    "30:22": ("ComfySwitchNode", "switches between SwiftDiT models: stays stock, its model ports retyped"),
+    "30:8": ("VAEDecode", "Krea 2 has no VAE of SwiftDiT's: its latents decode with the stock VAE, stays stock"),
+    "30:16": ("TextGenerate", "takes CLIP, IMAGE, AUDIO, gives STRING, stays stock")}
+
+
+def sg_node(wf: dict, node_id: int) -> dict:
+    return next(n for n in wf["definitions"]["subgraphs"][0]["nodes"] if n["id"] == node_id)
+
+
+def test_krea2_family_table_is_the_contract():
+    docs = contract("SwiftDiTKrea2")
+    assert {stock: role.ours for stock, role in KREA2.roles.items()} == {s: o for s, (o, _) in docs.items()}
+    for ours, out in docs.values():
+        assert KREA2.output_type(ours, 0) == out, ours
+    assert KREA2.vae_loader is None and KREA2.decoders == ()
+
+
+@pytest.mark.parametrize("name", KREA2_TEMPLATES)
+def test_krea2_t2i_templates_swap(name):
+    before = template(name)
+    assert problems(before) == []
+    after, report = swap_ui(before, "krea2")
+    assert {where: new for where, _, new in report.changed} == KREA2_CHANGED
+    left = {where: (kind, why) for where, kind, why in report.left}
+    for where, expected in KREA2_LEFT.items():
+        assert left[where] == expected, where
+    [(where, added, _)] = report.added
+    assert added == "SwiftDiTKrea2TextEncoderLoader"
+    assert problems(after) == []  # links <-> slots both ways, types equal on both ends, subgraph ports
+    # the switch carries our model; no other stock node takes or gives one of our types
+    assert stock_consumers_of_ours(after, KREA2) == ["22 ComfySwitchNode"]
+    old = {n["id"]: n for n in all_nodes(before)}
+    for node in all_nodes(after):
+        if node["id"] not in old:
+            continue
+        values, kept = node.get("widgets_values"), old[node["id"]].get("widgets_values")
+        extra = ["as stored", 0] if node["type"] == "SwiftDiTKrea2Loader" else []
+        assert values == (kept + extra if kept is not None else None), node["id"]
+    # every link kept, except the encode's clip, which now comes from the added loader
+    new_id = int(where.split(":")[1])
+    ends, was = link_ends(after), link_ends(before)
+    moved = {k for k in was if ends.get(k) != was[k]}
+    assert [was[k][2] for k in moved] == [6] and all(ends[k][0] == new_id for k in moved)
+    twice, again = swap_ui(after, "krea2")
+    assert twice == after and again.changed == [] and again.added == [] and again.retyped == 0
+
+
+def test_krea2_added_text_encoder_loader_reads_what_the_stock_one_reads():
+    before = template("image_krea2_turbo_t2i_int8")
+    after, report = swap_ui(before, "krea2")
+    sg = after["definitions"]["subgraphs"][0]
+    stock, ours = sg_node(after, 11), sg_node(after, int(report.added[0][0].split(":")[1]))
+    assert stock["type"] == "CLIPLoader" and stock == sg_node(before, 11) | {"outputs": stock["outputs"]}
+    assert ours["widgets_values"] == stock["widgets_values"] == ["qwen3vl_4b_fp8_scaled.safetensors", "krea2",
+                                                                 "default"]
+    assert ours["properties"]["cnr_id"] == "comfyui-swiftdit"
+    links = {link["id"]: link for link in sg["links"]}
+    # its clip_name is wired to the same promoted subgraph input (clip_name_1) as the stock loader's
+    origin = {e["name"]: links[e["link"]]["origin_slot"] for e in ours["inputs"] if e.get("link") is not None}
+    assert origin == {"clip_name": links[stock["inputs"][0]["link"]]["origin_slot"]}
+    assert [links[lid]["target_id"] for lid in stock["outputs"][0]["links"]] == [16]  # TextGenerate only
+    assert [links[lid]["target_id"] for lid in ours["outputs"][0]["links"]] == [6]
+    assert ours["outputs"][0]["type"] == "SWIFTDIT_TEXT_ENCODER"
+    assert sg_node(after, 22)["outputs"][0]["type"] == "SWIFTDIT_MODEL"
+    assert [e["type"] for e in sg_node(after, 22)["inputs"]] == ["SWIFTDIT_MODEL", "SWIFTDIT_MODEL", "BOOLEAN"]
+
+
+def krea2_api() -> dict:
+    """The t2i template's subgraph as an API prompt (its widget values, the refiner and the LoRA switch kept)."""
+    return {
+        "10": {"class_type": "UNETLoader", "inputs": {"unet_name": "krea2_turbo_int8_convrot.safetensors",
+                                                       "weight_dtype": "default"}},
+        "15": {"class_type": "LoraLoaderModelOnly", "inputs": {"model": ["10", 0], "strength_model": 0.8,
+                                                                "lora_name": "krea2_darkbrush.safetensors"}},
+        "22": {"class_type": "ComfySwitchNode", "inputs": {"switch": True, "on_false": ["10", 0],
+                                                            "on_true": ["15", 0]}},
+        "11": {"class_type": "CLIPLoader", "inputs": {"clip_name": "qwen3vl_4b_fp8_scaled.safetensors",
+                                                       "type": "krea2", "device": "default"}},
+        "16": {"class_type": "TextGenerate", "inputs": {"clip": ["11", 0], "prompt": "a yeti", "max_length": 512}},
+        "6": {"class_type": "CLIPTextEncode", "inputs": {"clip": ["11", 0], "text": ["16", 0]}},
+        "13": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["6", 0]}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
+        "3": {"class_type": "KSampler", "inputs": {
+            "model": ["22", 0], "positive": ["6", 0], "negative": ["13", 0], "latent_image": ["5", 0], "seed": 7,
+            "steps": 8, "cfg": 1, "sampler_name": "euler", "scheduler": "simple", "denoise": 1}},
+        "12": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["12", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "Krea2_turbo"}},
+    }
+
+
+def test_krea2_api_swap():
+    prompt = krea2_api()
+    swapped, report = swap_api(prompt, "krea2")
+    kinds = {k: v["class_type"] for k, v in swapped.items()}
+    assert {k: kinds[k] for k in ("10", "15", "6", "3")} == {k.split(":")[1]: v for k, v in KREA2_CHANGED.items()}
+    assert [kinds[k] for k in ("22", "11", "16", "13", "12", "8")] == [
+        "ComfySwitchNode", "CLIPLoader", "TextGenerate", "ConditioningZeroOut", "VAELoader", "VAEDecode"]
+    assert report.added == [("23", "SwiftDiTKrea2TextEncoderLoader",
+                             "beside stock CLIPLoader (11), which stays for what needs ComfyUI's CLIP")]
+    assert swapped["23"] == {"class_type": "SwiftDiTKrea2TextEncoderLoader", "inputs": prompt["11"]["inputs"]}
+    assert swapped["6"]["inputs"] == {"clip": ["23", 0], "text": ["16", 0]} and swapped["16"]["inputs"]["clip"] == ["11", 0]
+    assert swapped["10"]["inputs"] == {**prompt["10"]["inputs"], "linears": "as stored", "gpu_budget_gb": 0}
+    ui = swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[1]
+    assert {(old, new) for _, old, new in report.changed} == {(old, new) for _, old, new in ui.changed}
+    assert swap_api(swapped, "krea2")[0] == swapped
+
+
+def test_krea2_switch_with_a_stock_branch_keeps_the_model_path_stock():
+    prompt = krea2_api()
+    prompt["20"] = {"class_type": "CheckpointLoaderSimple", "inputs": {"ckpt_name": "sdxl.safetensors"}}
+    prompt["22"]["inputs"]["on_false"] = ["20", 0]
+    swapped, report = swap_api(prompt, "krea2")
+    why = {where: reason for where, _, reason in report.left}
+    assert why["3"] == "its model comes through stock CheckpointLoaderSimple (20)"
+    assert [swapped[k]["class_type"] for k in ("10", "15", "3")] == ["UNETLoader", "LoraLoaderModelOnly", "KSampler"]
+    prompt = krea2_api()  # the switch also feeds a stock node: what it passes stays stock
+    prompt["21"] = {"class_type": "ModelMergeSimple", "inputs": {"model1": ["22", 0], "model2": ["22", 0],
+                                                                 "ratio": 1.0}}
+    swapped, report = swap_api(prompt, "krea2")
+    why = {where: reason for where, _, reason in report.left}
+    assert why["10"] == ("its MODEL reaches stock ModelMergeSimple (21) through ComfySwitchNode (22), which needs "
+                         "MODEL")
+    assert [swapped[k]["class_type"] for k in ("10", "15", "3")] == ["UNETLoader", "LoraLoaderModelOnly", "KSampler"]
+
+
+def test_krea2_style_reference_is_not_yet_swapped(tmp_path):
+    wf = template(KREA2_STYLE)
+    after, report = swap_ui(wf, "krea2")
+    assert after == wf and report.changed == [] and report.added == []
+    assert report.not_yet == ["Krea 2's style reference (TextEncodeQwenImageEditPlus, SamplerCustomAdvanced) is "
+                              "not yet supported (issue 38)"]
+    src = tmp_path / "style.json"
+    src.write_text(json.dumps(wf))
+    for family in ("krea2", "auto"):
+        done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
+        assert done.returncode == 2 and "nothing swapped: Krea 2's style reference" in done.stderr
+        assert "issue 38" in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_other_families_leave_krea2_alone():
+    for name in (*KREA2_TEMPLATES, KREA2_STYLE):
+        for family in ("z_image", "flux3_klein"):
+            after, report = swap_ui(template(name), family)
+            assert report.changed == [] and report.added == [] and after == template(name)
+    after, report = swap_ui(template("image_z_image_turbo"), "krea2")
+    assert report.changed == [] and {why for _, kind, why in report.left if kind == "CLIPLoader"} == \
+        {"type 'lumina2' is not a Krea 2 text encoder"}
+
+
+def test_cli_swaps_a_krea2_template(tmp_path):
+    src, out = tmp_path / "stock.json", tmp_path / "ours.json"
+    src.write_text(json.dumps(template("image_krea2_turbo_t2i_int8")))
+    done = run_cli("swap", src, out)  # the family is found without --family
+    assert done.returncode == 0, done.stderr
+    assert "Krea 2: swapped 4 node(s)" in done.stdout and "added 1 node(s)" in done.stdout
+    assert "30:3  KSampler -> SwiftDiTKrea2Sampler" in done.stdout
+    assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]

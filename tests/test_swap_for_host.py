@@ -246,3 +246,28 @@ def test_size_reaches_inner_widgets_of_a_proxy_widget_subgraph(host_info):
     assert (prompt["76:68"]["inputs"]["width"], prompt["76:68"]["inputs"]["height"]) == (1024, 1024)
     assert [what for _, _, what, _ in host_report.changes] == ["width_1 = 1024", "height_1 = 1024", "removed"]
     assert api_problems(prompt, host_info) == []
+
+
+# Krea 2 (the family table's third row): the official t2i templates reduce and swap to a graph the host runs; the
+# prompt refiner (TextGenerate) is skipped, so its stock CLIPLoader feeds only the encode and becomes ours.
+KREA2_TEMPLATES = ("image_krea2_turbo_t2i_int8", "image_krea2_turbo_t2i")
+
+
+@pytest.mark.parametrize("name", KREA2_TEMPLATES)
+def test_krea2_t2i_reduced_for_the_host(name, host_info):
+    wf, report, host_report = swap_for_host(template(name), "krea2")
+    assert problems(wf) == []
+    types = node_types(wf)
+    assert types - FRONTEND_ONLY <= set(host_info), sorted(types - FRONTEND_ONLY - set(host_info))
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    kinds = {k: v["class_type"] for k, v in prompt.items()}
+    assert {k: kinds[k] for k in ("30:10", "30:11", "30:6", "30:3")} == {
+        "30:10": "SwiftDiTKrea2Loader", "30:11": "SwiftDiTKrea2TextEncoderLoader",
+        "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler"}
+    assert kinds["30:8"] == "VAEDecode" and kinds["30:12"] == "VAELoader"  # qwen_image_vae decodes stock
+    # enable_lora? is off in both templates: the switch passes the loader's model on, the LoRA feeds nothing
+    assert prompt["30:3"]["inputs"]["model"] == ["30:10", 0] and "30:15" not in prompt
+    assert (prompt["30:5"]["inputs"]["width"], prompt["30:5"]["inputs"]["height"]) == (1024, 1024)
+    assert report.added == [] and swap_for_host(wf, "krea2")[0] == wf
+    assert any(kind == "TextGenerate" and what.startswith("skipped") for _, kind, what, _ in host_report.changes)

@@ -1,6 +1,54 @@
-"""FAMILIES: family name -> its recipe's model class (the named-config table)."""
+"""FAMILIES: the one family table, family name -> its row (the named-config table). The engine loads a family's
+model through its row's recipe; the nodes' registry (nodes/__init__.py) imports `nodes.<name>` for every row; the
+`swiftdit swap` tool builds each family's swap rules from the row's plain facts (swiftdit/families.py), so adding a
+family here makes it known to all three. Plain data only: no node or ComfyUI imports here."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ..sampling.ksampler import SAMPLERS
+from ..sampling.schedules import SCHEDULERS, TABLE_SCHEDULERS
 from .flux3_klein import Flux3Klein
 from .krea2 import Krea2
 from .z_image import ZImage
 
-FAMILIES = {"z_image": ZImage, "flux3_klein": Flux3Klein, "krea2": Krea2}
+
+@dataclass(frozen=True)
+class Family:
+    """One family: its recipe, and the facts about its official templates that the swap tool needs."""
+    name: str                     # dit_core/families/<name>.py, nodes/<name>.py, `swiftdit swap --family <name>`
+    title: str                    # what users read
+    recipe: type                  # the model class: recipe.load(path, **options)
+    node_prefix: str              # our node ids: node_prefix + role ("SwiftDiTKrea2" + "Loader")
+    text_types: tuple[str, ...]   # CLIPLoader `type` values its official templates load its text encoder with
+    replaces: tuple[str, ...]     # the stock nodes ours replace (docs/nodes.md: one node of ours for each)
+    samplers: tuple[str, ...]     # KSampler sampler_name values our sampler runs
+    schedulers: tuple[str, ...]   # KSampler scheduler values our sampler runs
+    sampler_extra: tuple[tuple[str, object], ...] = ()  # our sampler's own widgets after KSampler's, with defaults
+    # stock nodes of its templates' model path that pass our model on unchanged (ComfySwitchNode: the LoRA switch)
+    switches: tuple[str, ...] = ()
+    not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes of its templates the swap cannot take yet, and why
+
+    def __post_init__(self):
+        if not self.node_prefix.startswith("SwiftDiT") or not self.text_types or not self.replaces:
+            raise ValueError(f"family {self.name}: a SwiftDiT node prefix, text types and replaced nodes are needed")
+
+    def load(self, path, **options):
+        """The family's model from its checkpoint file (dit_core.load_family)."""
+        return self.recipe.load(path, **options)
+
+
+FAMILIES = MappingProxyType({f.name: f for f in (
+    Family("z_image", "Z-Image", ZImage, "SwiftDiTZImage", ("lumina2",),
+           ("UNETLoader", "ModelSamplingAuraFlow", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
+            "KSampler", "VAELoader", "VAEDecode"), tuple(SAMPLERS), tuple(SCHEDULERS)),
+    Family("flux3_klein", "FLUX.3 Klein", Flux3Klein, "SwiftDiTFlux3Klein", ("flux3",),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode", "VAEEncode"),
+           ("euler",), ("simple",), sampler_extra=(("cache", 0.3), ("refresh", 0))),
+    Family("krea2", "Krea 2", Krea2, "SwiftDiTKrea2", ("krea2",),
+           ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "KSampler"),
+           tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
+           not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
+                                                    "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
+)})
