@@ -1,9 +1,14 @@
 """What the Comfy Registry and pip read of the pack: pyproject.toml's project and [tool.comfy] tables, the licence
-and the icon they name, and build leftovers ignored."""
+and the icon they name, build leftovers ignored, and what `pip install .` gives the `swiftdit` command."""
+import json
+import os
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
+from official_templates import template
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +38,22 @@ def test_dependencies_reuse_comfyuis_torch():
 def test_build_leftovers_are_ignored():
     ignored = (ROOT / ".gitignore").read_text().split()
     assert {"build/", "*.egg-info/", "__pycache__/"} <= set(ignored)
+
+
+def test_the_installed_command_has_the_whole_engine(tmp_path):
+    """`pip install --no-deps .` (the README's command) installs every module of swiftdit and dit_core, and the
+    installed `swiftdit swap` runs from another folder."""
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                    "--no-compile", "--target", str(target), str(ROOT)], check=True, cwd=tmp_path)
+    for package in ("swiftdit", "dit_core"):
+        here = {p.relative_to(ROOT) for p in (ROOT / package).rglob("*.py")}
+        installed = {p.relative_to(target) for p in (target / package).rglob("*.py")}
+        assert here == installed, f"not installed: {sorted(map(str, here - installed))}"
+    workflow = tmp_path / "z_image.json"
+    workflow.write_text(json.dumps(template("image_z_image_turbo")))
+    swapped = subprocess.run([sys.executable, "-m", "swiftdit.cli", "swap", str(workflow), str(tmp_path / "out.json")],
+                             cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(target)}, capture_output=True,
+                             text=True)
+    assert swapped.returncode == 0, swapped.stdout + swapped.stderr
+    assert "SwiftDiTZImageSampler" in (tmp_path / "out.json").read_text()
