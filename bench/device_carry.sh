@@ -3,21 +3,31 @@
 # registry): ComfyUI v0.3.75's tree as .devcarry/comfyui-0.3.75.tgz and the packages of ComfyUI's requirements that
 # the device's image lacks as .whl/ (CPython 3.12 wheels, about 49 MB). Both folders are kept out of git; the call
 # names them in `carry` (64 MiB in all with the working tree).
-#   bash bench/device_carry.sh      (after tests/run.sh has unpacked the tree into .cache/)
+#   bash bench/device_carry.sh [server|peers]
+#     server (the default, after tests/run.sh has unpacked the tree into .cache/): the tree and ComfyUI's wheels;
+#     peers: diffusers 0.42.1 alone in .whl/, for the step benchmarks' peers (both sets pass the call's 64 MiB).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
-TREE=.cache/comfyui-0.3.75
-[ -f "$TREE/main.py" ] || { echo "device_carry.sh: no $TREE: run tests/run.sh first" >&2; exit 1; }
+MODE=${1:-server}
 mkdir -p .devcarry .whl .git/info
 for ignored in /.whl/ /.devcarry/; do
     grep -qxF "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
 done
-tar czf .devcarry/comfyui-0.3.75.tgz -C .cache comfyui-0.3.75
-# The versions host/constraints.txt pins where it names them; the rest as the device's Python 3.12 needs them.
-WHEELS="torchsde==0.2.6 trampoline==0.1.2 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6 av==19.0.2
-        kornia==0.9.0 kornia_rs==0.2.0 spandrel==0.4.2 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0
-        typing-inspection==0.4.5 pydantic-settings==2.16.3 python-dotenv==1.2.4"
+rm -f .whl/*.whl
+case $MODE in
+    server)
+        TREE=.cache/comfyui-0.3.75
+        [ -f "$TREE/main.py" ] || { echo "device_carry.sh: no $TREE: run tests/run.sh first" >&2; exit 1; }
+        tar czf .devcarry/comfyui-0.3.75.tgz -C .cache comfyui-0.3.75
+        # The versions host/constraints.txt pins where it names them; the rest as the device's Python 3.12 needs.
+        WHEELS="torchsde==0.2.6 trampoline==0.1.2 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
+                av==19.0.2 kornia==0.9.0 kornia_rs==0.2.0 spandrel==0.4.2 pydantic==2.14.4 pydantic-core==2.50.5
+                annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3 python-dotenv==1.2.4" ;;
+    peers) rm -f .devcarry/comfyui-0.3.75.tgz
+           WHEELS="diffusers==0.42.1 importlib_metadata==10.2.0" ;;
+    *) echo "device_carry.sh: unknown set $MODE (server or peers)" >&2; exit 2 ;;
+esac
 for wheel in $WHEELS; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \

@@ -4,7 +4,9 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
-#          attention_fp8 attention server node_path
+#          attention_fp8 attention server node_path krea2
+#   The step benchmarks' peers (z_step, klein, krea2) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
+#     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
 #     device has no ComfyUI: `bash bench/device_carry.sh` makes its tree (.devcarry/) and the wheels of what it lacks
 #     of ComfyUI's requirements (.whl/); the call carries both.
@@ -60,6 +62,7 @@ for part in $parts; do
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
+    krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
