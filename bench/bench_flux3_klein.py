@@ -186,8 +186,8 @@ def place(model: Flux3Klein, dev: torch.device) -> Flux3Klein:
     if dev.type == "cuda":
         return model.to(dev)
     gpu = lambda blocks: tuple(GpuBlock.of(b, dev) for b in blocks)  # noqa: E731
-    return replace(model, blocks=gpu(model.blocks),
-                   mode_blocks={m: gpu(b) for m, b in model.mode_blocks.items()})
+    return replace(model, blocks=gpu(model.blocks), mode_blocks={m: gpu(b) for m, b in model.mode_blocks.items()},
+                   options=model.default_options())
 
 
 # --- the samplers -------------------------------------------------------------------------------------------
@@ -367,17 +367,16 @@ def main(argv=None) -> None:
                 print(f"{graphed}: latent equal to the eager run's bit for bit: {same}", flush=True)
             except Exception:  # noqa: BLE001
                 print(f"{graphed} FAILED:\n{traceback.format_exc()}", flush=True)
-            for name, module, attribute, value in variants(args):  # switches, each graphed anew
-                variant, before = f"{label}, {name}, CUDA graphs", getattr(module, attribute)
-                setattr(module, attribute, value)
+            for name, options in variants(args, ours.options):  # the model given other options, graphed anew
+                variant, other = f"{label}, {name}, CUDA graphs", replace(ours, options=options)
                 try:
                     kept = []
-                    measure(variant, ours_loop(ours, noise, sigmas, text, limit, kept, ours.graphed()),
-                            weights_gb(ours, dev), kept)
+                    measure(variant, ours_loop(other, noise, sigmas, text, limit, kept, other.graphed()),
+                            weights_gb(other, dev), kept)
                 except Exception:  # noqa: BLE001
                     print(f"{variant} FAILED:\n{traceback.format_exc()}", flush=True)
                 finally:
-                    setattr(module, attribute, before)
+                    other = None
         ours = None
         if dev.type == "cuda":
             torch.cuda.empty_cache()

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels")]
 
 from bench_int8_linear import median_ms  # noqa: E402
-from kernels import int8_linear_hopper  # noqa: E402
+from kernels import Choices  # noqa: E402
 from kernels.int8_linear import int8_linear, int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
 from dit_core.sequence import sequence_of  # noqa: E402
@@ -48,11 +48,12 @@ EARLIER = [("Z-Image", "qkv, tables", "qkv", 4608, 3840, 11520, 30),
            ("Klein joint", "down, no addend", "gated", 4608, 9216, 3072, 28)]
 
 
-def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earlier: bool = False):
+def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earlier: bool = False,
+            choices: Choices = Choices()):
     """A no-argument call of the linear in its form on random codes (the same for a shape every time), as the family's
     blocks make it: the QKV's rotary from its angles' factors, the joint blocks' gate rows by mode (text rows first),
     FLUX.3's DOWN adding the attention branch's rows and writing the next norm's statistics (earlier: the QKV from
-    tables, DOWN without either)."""
+    tables, DOWN without either). choices: which kernels run (kernels/choices.py)."""
     g = torch.Generator().manual_seed(m + k + n)
     q = torch.randint(-128, 128, (m, k), generator=g, dtype=torch.int8).cuda()
     w = torch.randint(-128, 128, (n, k), generator=g, dtype=torch.int8).cuda()
@@ -65,10 +66,10 @@ def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earl
                           axes, theta).to("cuda")
         angles, gains = None if earlier else seq.angles.as_args(), torch.ones(2, head, device="cuda")
         return lambda: qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, gains[0], gains[1], seq.cos, seq.sin,
-                                       angles=angles)
+                                       angles=angles, choices=choices)
     if form == "quantize":
         x = torch.randn(m, k, generator=g).to("cuda", torch.bfloat16)
-        return lambda: quantize_rows(x, 256)
+        return lambda: quantize_rows(x, 256, choices=choices)
     if form == "gated":
         residual, gate = torch.zeros(m, n, device="cuda"), torch.ones(3, n, device="cuda")
         row_map = (torch.arange(m, device="cuda") >= 512).int() if family == "Klein joint" else \
@@ -78,8 +79,8 @@ def call_of(form: str, m: int, k: int, n: int, family: str = "Klein joint", earl
         addend = torch.randn(m, n, generator=g).to("cuda", torch.bfloat16) if summed else None
         next_norm = (torch.empty(2, m, device="cuda"), "layer", 1e-6) if summed else None
         return lambda: int8_linear_gated(q, s_x, w, s_w, bias, residual=residual, gate=gate, row_map=row_map,
-                                         addend=addend, next_norm=next_norm)
-    return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu")
+                                         addend=addend, next_norm=next_norm, choices=choices)
+    return lambda: int8_linear(q, s_x, w, s_w, bias, swiglu=form == "swiglu", choices=choices)
 
 
 def main() -> None:
@@ -100,11 +101,8 @@ def main() -> None:
           "| Hopper ms a step | Triton ms a step |\n" + "|---" * 9 + "|")
     totals = {}
     for earlier, (family, linear, form, m, k, n, calls) in [(False, s) for s in SHAPES] + [(True, s) for s in EARLIER]:
-        call, times = call_of(form, m, k, n, family, earlier), []
-        for enabled in (True, False):
-            int8_linear_hopper.ENABLED = enabled
-            times.append(median_ms(call, args.runs, True))
-        int8_linear_hopper.ENABLED = True
+        times = [median_ms(call_of(form, m, k, n, family, earlier, Choices(hopper_gemm=hopper)), args.runs, True)
+                 for hopper in (True, False)]
         tops = [2 * m * n * k / t / 1e9 for t in times]
         family_total = [0, 0] if earlier else totals.setdefault(family.split()[0], [0.0, 0.0])
         family_total[0] += calls * times[0]

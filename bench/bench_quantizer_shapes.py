@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import int8_codes, int8_quant, int8_quant_hopper, int8_quant_turned_hopper  # noqa: E402
+from kernels import Choices, int8_quant_hopper, int8_quant_turned_hopper  # noqa: E402
 from kernels.int8_codes import _codes_kernel  # noqa: E402
 from kernels.int8_linear import int8_linear_gated  # noqa: E402
 from kernels.int8_quant import quantize_rows  # noqa: E402
@@ -81,10 +81,9 @@ def quantizer_table() -> list[str]:
         fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw)  # noqa: E731
         floor = x.numel() * (x.element_size() + 2 + 2 + 1) / 4e12 * 1e3
         out.append(f"| {name} | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
-        if x.shape[1] > 8192:  # rotated rows past L2: the codes pass's column order matters (int8_codes.LAST_FIRST)
-            int8_codes.LAST_FIRST = False
+        if x.shape[1] > 8192:  # rotated rows past L2: the codes pass's column order matters (codes_last_first)
+            fn = lambda x=x, kw=kw: quantize_rows(x, 256, **kw, choices=Choices(codes_last_first=False))  # noqa: E731
             out.append(f"| the same, codes first columns first | {graph_ms(fn):.4f} | {floor:.4f} | {kernel_us(fn)} |")
-            int8_codes.LAST_FIRST = True
     return out
 
 
@@ -94,9 +93,7 @@ def one_pass_table() -> list[str]:
     for m, k in ((M, 3072), (M, 9216), (M, 3840), (M, 10240), (TEXT_ROWS, 9216)):
         x = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
-        int8_quant_hopper.ENABLED = False
-        two = graph_ms(lambda x=x: quantize_rows(x, 256))
-        int8_quant_hopper.ENABLED = True
+        two = graph_ms(lambda x=x: quantize_rows(x, 256, choices=Choices(hopper_quant=False)))
         timed = [f"default {graph_ms(lambda x=x: quantize_rows(x, 256)):.4f}"]
         for g in (g for g in (1, 2, 3) if (k // 256) % g == 0):
             for per_sm in (2, 3, 4):
@@ -109,22 +106,19 @@ def one_pass_table() -> list[str]:
 def turned_table() -> list[str]:
     out = ["| attention output rows | rotate + codes passes ms | turned rows: Gluon (2 / 4 warps), Triton (rows / "
            "warps) ms | plain rows' one pass ms (rows / warps) | floor ms |", "|---|---|---|---|---|"]
-    whole_rows_min_m = int8_quant.WHOLE_ROWS_MIN_M
     for m, k in ((M, 3072), (M, 3840), (TEXT_ROWS, 3072)):
         t = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
         timed = {"v": [f"Gluon {graph_ms(lambda t=t, w=w: int8_quant_turned_hopper.launch(t, codes, scales, w)):.4f}"
                        for w in (2, 4)], None: []}
-        int8_quant_turned_hopper.ENABLED = False
-        for turned in ("v", None):
-            timed[turned].append(f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu)):.4f}")
+        for turned in ("v", None):  # Triton's kernel (the Gluon one off)
+            timed[turned].append(f"default {graph_ms(lambda t=t, tu=turned: quantize_turned(t, tu, hopper=False)):.4f}")
             for r, nw in ((1, 2), (2, 4), (2, 8)):
-                fn = lambda t=t, tu=turned, r=r, nw=nw: quantize_turned(t, tu, (codes, scales), r, nw)  # noqa: E731
+                fn = lambda t=t, tu=turned, r=r, nw=nw: quantize_turned(t, tu, (codes, scales), r, nw,  # noqa: E731
+                                                                        hopper=False)
                 timed[turned].append(f"{r}/{nw} {graph_ms(fn):.4f}")
-        int8_quant_turned_hopper.ENABLED = True
-        int8_quant.WHOLE_ROWS_MIN_M = 1 << 30  # the rotate and codes passes, not the plain rows' one pass
-        passes = graph_ms(lambda t=t: quantize_rows(t, 256))
-        int8_quant.WHOLE_ROWS_MIN_M = whole_rows_min_m
+        # the rotate and codes passes, not the plain rows' one pass
+        passes = graph_ms(lambda t=t: quantize_rows(t, 256, choices=Choices(whole_rows=False)))
         out.append(f"| {m}x{k} | {passes:.4f} | {', '.join(timed['v'])} | "
                    f"{', '.join(timed[None])} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
@@ -143,9 +137,8 @@ def hidden_table() -> list[str]:
         hidden = int8_quant_turned_hopper.launch_hidden
         gluon = [f"{w}/{g} {graph_ms(lambda t=t, w=w, g=g: hidden(t, codes, scales, w, g)):.4f}"
                  for w, g in ((1, 4), (2, 4), (1, 8), (4, 4))]
-        int8_quant_turned_hopper.ENABLED = False
-        passes = graph_ms(lambda t=t: quantize_rows(t, 256, turned="hidden", out=(codes, scales)))
-        int8_quant_turned_hopper.ENABLED = True
+        passes = graph_ms(lambda t=t: quantize_rows(t, 256, turned="hidden", out=(codes, scales),
+                                                    choices=Choices(hopper_turned_quant=False)))
         out.append(f"| {m}x{k} | {plain:.4f} | {', '.join(gluon)} | {passes:.4f} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
 

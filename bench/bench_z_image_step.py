@@ -190,12 +190,12 @@ def main(argv=None) -> None:
                     print("one replay of the CUDA graph:")
                     print_profile(replay)
                 del graphed, replay
-                # The same graphed step under each asked variant of a module switch (captured anew).
-                for name, module, attribute, value in variants(args):
-                    kept, graphed = getattr(module, attribute), None
-                    setattr(module, attribute, value)
+                # The same graphed step under each asked variant of the options (the model given them, captured
+                # anew; the blocks shared).
+                for name, options in variants(args, ours.options):
+                    graphed = None
                     try:
-                        graphed = ours.graphed()
+                        graphed = replace(ours, options=options).graphed()
                         variant = f"{label}, {name}, CUDA graph"
                         results[variant] = (*timed(lambda: graphed(latent, sigma, caption), args.steps),
                                             weights_gb(ours))
@@ -204,7 +204,6 @@ def main(argv=None) -> None:
                     except Exception:  # noqa: BLE001 - a failing variant is a finding; the other rows stand
                         print(f"{name} FAILED:\n{traceback.format_exc()}", flush=True)
                     finally:
-                        setattr(module, attribute, kept)
                         graphed = None
     print_table(results)
     outputs = {label: r[2] for label, r in results.items()} | {SAME_WEIGHTS: same_weights}

@@ -102,10 +102,11 @@ class Block:
         if not all(isinstance(self.w[i], Linear) for i in LINEARS):
             raise ValueError("Block.w[QKV..DOWN] must be Linears")
 
-    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry=None) -> torch.Tensor:
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry=None, options=None) -> torch.Tensor:
         """x + gate (attention of the modulated norm), then the same with the MLP; x [rows, hidden] (f32/f64).
         With POST_ATTN/POST_MLP (Z-Image's sandwich norms) each branch output is normed before its gate. carry:
-        the GPU block's norm statistics between blocks (block_gpu.NormStats); here nothing is carried."""
+        the GPU block's norm statistics between blocks (block_gpu.NormStats); here nothing is carried. options: the
+        GPU block's (dit_core/gpu/options.py); none here."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
@@ -122,13 +123,14 @@ class Block:
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 keys_values: Callable | None = None, keep_input: bool = True, carry=None) -> torch.Tensor:
+                 keys_values: Callable | None = None, keep_input: bool = True, carry=None,
+                 options=None) -> torch.Tensor:
         """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
         attn_scale and attn_gate (reference/families/flux3_klein.md section 3). keys_values(k, v) -> (k, v), when
         given, sees the rows' normed and rotated keys and values before attention and may record or extend them
         (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
-        rows); here the result is always a new tensor. carry: as forward's (nothing carried here)."""
+        rows); here the result is always a new tensor. carry, options: as forward's (nothing carried here)."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))

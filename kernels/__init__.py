@@ -1,20 +1,26 @@
-"""The GPU kernels' table: op -> (Triton launcher, plain-torch reference, capability check), logged fallback.
+"""The GPU kernels' table: op -> (Triton launcher, plain-torch reference, capability check, Hopper kernels), logged
+fallback.
 
-Nothing is swapped at import: `run(op, ...)` asks the op's capability check about the inputs' device on each
-call and calls the launcher, or else the reference (logging why, once per op and reason). Launchers and
-references of one op take the same arguments (launchers add only launch-shape keywords).
+Nothing is swapped at import: `run(op, ..., choices=...)` asks the op's capability check about the inputs' device on
+each call and calls the launcher, or else the reference (logging why, once per op and reason). Launchers and
+references of one op take the same arguments (launchers add only launch-shape keywords and `choices`). An op's
+Hopper kernels (sm_90, Gluon) are named in its row by the Choices that pick them: run() leaves those on only where
+needs_hopper passes and the caller's choices (kernels/choices.py) want them, and the launcher takes them where
+the operands fit, Triton's kernels otherwise.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import logging
+import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, int8_linear, int8_quant, qkv_rope_linear
+from . import attention, gated_residual, head_norm_rope, int8_linear, int8_linear_hopper, int8_quant, qkv_rope_linear
+from .choices import DEFAULT, Choices
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +47,35 @@ def needs_cuda(device: torch.device) -> str | None:
     return None if device.type == "cuda" else f"inputs on {device.type}, SDPA's fused back ends need CUDA"
 
 
+def needs_hopper(device: torch.device) -> str | None:
+    """As needs_int8_mma, and the Hopper kernels' Gluon (sm_90's wgmma and TMA; not in the interpreter)."""
+    reason = needs_int8_mma(device)
+    if reason is None and (int8_linear_hopper.gluon is None or os.environ.get("TRITON_INTERPRET") == "1"):
+        reason = "no Gluon in this Triton, or interpreted"
+    if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
+        reason = f"compute capability {torch.cuda.get_device_capability(device)}, not Hopper's (9, 0)"
+    return reason
+
+
 @dataclass(frozen=True)
 class Op:
+    """hopper: the Choices fields naming the op's Hopper kernels (needs_hopper); an op with any takes choices."""
     launcher: Callable
     reference: Callable
     capable: Callable[[torch.device], str | None]
+    hopper: tuple[str, ...] = ()
 
 
 OPS = {
-    "quantize_rows": Op(int8_quant.quantize_rows, int8_quant.reference, needs_triton_gpu),
-    "int8_linear": Op(int8_linear.int8_linear, int8_linear.reference, needs_int8_mma),
-    "int8_linear_gated": Op(int8_linear.int8_linear_gated, int8_linear.reference, needs_int8_mma),
-    "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma),
+    # plain hidden rows: kernels/int8_quant_hopper.py; turned rows: kernels/int8_quant_turned_hopper.py
+    "quantize_rows": Op(int8_quant.quantize_rows, int8_quant.reference, needs_triton_gpu,
+                        hopper=("hopper_quant", "hopper_turned_quant")),
+    # kernels/int8_linear_hopper.py, each
+    "int8_linear": Op(int8_linear.int8_linear, int8_linear.reference, needs_int8_mma, hopper=("hopper_gemm",)),
+    "int8_linear_gated": Op(int8_linear.int8_linear_gated, int8_linear.reference, needs_int8_mma,
+                            hopper=("hopper_gemm",)),
+    "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma,
+                          hopper=("hopper_gemm",)),
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
     "attention": Op(attention.attention, attention.reference, needs_cuda),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
@@ -64,13 +87,24 @@ def _log_fallback(op: str, reason: str) -> None:
     log.warning("swiftdit kernels: %s runs its plain-torch reference (%s)", op, reason)
 
 
-def run(op: str, *args, **kwargs):
+@functools.cache
+def _without(choices: Choices, hopper: tuple[str, ...]) -> Choices:
+    """choices with the named Hopper kernels off (made once a pair: run() asks on every call)."""
+    return replace(choices, **dict.fromkeys(hopper, False))
+
+
+def run(op: str, *args, choices: Choices = DEFAULT, **kwargs):
     """op's launcher when its capability check passes for the first tensor argument's device, else its
-    reference."""
+    reference. choices: which kernels of equal math run (kernels/choices.py), given to the launchers of ops with
+    Hopper kernels, those kernels off where needs_hopper fails."""
     entry = OPS[op]
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     reason = entry.capable(device)
     if reason is None:
-        return entry.launcher(*args, **kwargs)
+        if not entry.hopper:
+            return entry.launcher(*args, **kwargs)
+        if needs_hopper(device) is not None:
+            choices = _without(choices, entry.hopper)
+        return entry.launcher(*args, choices=choices, **kwargs)
     _log_fallback(op, reason)
     return entry.reference(*args, **kwargs)

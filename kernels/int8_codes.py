@@ -27,7 +27,6 @@ except ImportError:  # torch without Triton: the references still import
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 CODES_ROWS, CODES_COLUMNS = 16, 256  # a tile of the codes: 0.047 against 0.055 ms with 32 rows (H200, K 9216)
-LAST_FIRST = True  # the column blocks' order (the kernel's LAST_FIRST; benchmarks time both)
 
 
 def reference(rotated: torch.Tensor, group_max: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,9 +64,11 @@ def _codes_kernel(y_ptr, gmax_ptr, q_ptr, s_ptr, M, K, GROUPS: tl.constexpr, GRO
     tl.store(q_ptr + offsets, tl.minimum(tl.maximum(code, -128.0), 127.0).to(tl.int8), mask=mask)
 
 
-def launch_codes(rotated: torch.Tensor, group_max: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """Codes and scales of the rotated rows [M, K] and their group maxima [M, K / g]."""
+def launch_codes(rotated: torch.Tensor, group_max: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                 last_first: bool = True) -> None:
+    """Codes and scales of the rotated rows [M, K] and their group maxima [M, K / g]; last_first: the kernel's
+    LAST_FIRST (kernels.Choices.codes_last_first)."""
     (m, k), groups = rotated.shape, group_max.shape[1]
     _codes_kernel[(triton.cdiv(m, CODES_ROWS), triton.cdiv(k, CODES_COLUMNS))](
         rotated, group_max, codes, scales, m, k, GROUPS=groups, GROUPS_P2=triton.next_power_of_2(groups),
-        BLOCK_M=CODES_ROWS, BLOCK_K=CODES_COLUMNS, LAST_FIRST=LAST_FIRST, num_warps=4)
+        BLOCK_M=CODES_ROWS, BLOCK_K=CODES_COLUMNS, LAST_FIRST=last_first, num_warps=4)

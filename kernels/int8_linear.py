@@ -28,6 +28,7 @@ import logging
 import torch
 
 from . import int8_linear_hopper
+from .choices import DEFAULT, Choices
 from .int8_products import exact_products, halves, linear_epilogue, products, tile_of
 from .int8_quant_turned import turned_f32
 from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
@@ -161,10 +162,11 @@ def _autotuned(form: int):
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None, parts=None,
-            turn=False):
+            turn=False, choices: Choices = DEFAULT):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
     TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning). True where the Hopper kernel ran (it fills
-    parts, the updated rows' norm parts, when given). turn: SWIGLU's rows turned (int8_linear's turn_hidden)."""
+    parts, the updated rows' norm parts, when given). turn: SWIGLU's rows turned (int8_linear's turn_hidden).
+    choices: hopper_gemm, group_m and split_tail (kernels/choices.py)."""
     (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
         raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
@@ -177,9 +179,10 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         raise ValueError("int8_linear: a LoRA needs lora_down [M, r] and lora_up [N, r] together")
     if m == 0:
         return
-    if tiles is None and lora_down is None and int8_linear_hopper.unusable(
+    if tiles is None and lora_down is None and choices.hopper_gemm and int8_linear_hopper.unusable(
             q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
-            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts, turn=turn):
+            q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts, turn=turn,
+            group_m=choices.group_m):
         return True
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
@@ -209,7 +212,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         raise ValueError(f"int8_linear: turned SwiGLU rows need an epilogue of whole 128 columns (64 rows' pairs), "
                          f"got BLOCK_N {tiles['BLOCK_N']} in {max(tiles['SUBTILE'], 1)} parts")
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
-    sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent)
+    sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent, choices.split_tail)
     try:
         _int8_linear_kernel[launch_grid(m, n, q.device, whole)](*args, absent, absent, whole, 1, **flags, **tiles,
                                                                  SPLIT=False, enable_fp_fusion=False)
@@ -230,10 +233,10 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
 
 
 def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False,
-                turn_hidden=False):
+                turn_hidden=False, choices: Choices = DEFAULT):
     """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring; with swiglu,
     SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]; turn_hidden: those rows turned before their
-    bf16 rounding (the math's turn_hidden)."""
+    bf16 rounding (the math's turn_hidden). choices: which kernels run (kernels/choices.py)."""
     m, n = q.shape[0], w.shape[0] // 2 if swiglu else w.shape[0]
     if swiglu and w.shape[0] % 2:
         raise ValueError(f"int8_linear: swiglu takes interleaved gate and up rows, an even count, got {w.shape[0]}")
@@ -243,15 +246,16 @@ def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=
     if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"int8_linear: out must be contiguous bf16 [{m}, {n}]")
     _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles, SWIGLU if swiglu else BF16,
-            turn=turn_hidden)
+            turn=turn_hidden, choices=choices)
     return out
 
 
 def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lora_down=None, lora_up=None,
-                      tiles=None, addend=None, next_norm=None):
+                      tiles=None, addend=None, next_norm=None, choices: Choices = DEFAULT):
     """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) (+
     addend[m, n], bf16 [M, N])). next_norm: (stats [2, M] f32, "rms" or "layer", eps) filled with that norm's
-    statistics of the updated rows (kernels/row_stats.py): from the Hopper epilogue's parts, else a pass after."""
+    statistics of the updated rows (kernels/row_stats.py): from the Hopper epilogue's parts, else a pass after.
+    choices: which kernels run (kernels/choices.py)."""
     m, n = q.shape[0], w.shape[0]
     if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
         raise ValueError(f"int8_linear_gated: residual must be contiguous f32 [{m}, {n}]")
@@ -261,7 +265,8 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
         raise ValueError(f"int8_linear_gated: addend must be contiguous bf16 [{m}, {n}]")
     width = int8_linear_hopper.PART_COLUMNS
     parts = torch.empty(2, n // width, m, device=q.device) if next_norm is not None and n % width == 0 else None
-    if _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend, parts) and \
+    if _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend, parts,
+               choices=choices) and \
             parts is not None:
         stats_of_parts(parts, *next_norm[1:], out=next_norm[0], width=width)
     elif next_norm is not None:

@@ -39,8 +39,6 @@ QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 PART_COLUMNS = TILE["BLOCK_N"] // 2  # the gated epilogue's column halves: the width of the norm parts it writes
-# False runs the Triton kernels everywhere (the step benches' --variant-triton-gemm, bench_int8_linear --triton-gemm).
-ENABLED = True
 UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
 
 
@@ -50,8 +48,8 @@ def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
     aligned = q.shape[1] % 16 == row_bytes % 16 == q.data_ptr() % 16 == out.data_ptr() % 16 == 0
     if not (aligned and q.stride() == (q.shape[1], 1) and out.is_contiguous()):
         return "TMA needs 16-byte rows and bases"
-    if not ENABLED or gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
-        return "off, no Gluon, or interpreted"
+    if gluon is None or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, or interpreted"  # (the words tests match)
     if not q.is_cuda or torch.cuda.get_device_capability(q.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
     return None
@@ -203,13 +201,14 @@ def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matri
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, parts=None, norms=None,
-           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False):
+           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False, group_m=TILE["GROUP_M"]):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
     [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
     (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
     axes 1-3), int8_hopper_epilogues' factors; turn: QKV_ROPE's v turned (turned_v), SWIGLU's rows turned
-    (turned_hidden)); True, or False where nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers
+    (turned_hidden)); group_m: row tiles walking the columns together (kernels.Choices.group_m); True, or False
+    where nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers
     run Triton's kernels). The callers ask `unusable` first."""
     if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
                                                    or w.shape[0] % 8)):
@@ -233,7 +232,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             next((t for t in (norms, parts) if t is not None), absent), *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_ADDEND=addend is not None, HAS_NORM=norms is not None or parts is not None, D=head,
-            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GROUP_M=TILE["GROUP_M"],
+            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GROUP_M=group_m,
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     why = build_failure(run)
     if why is not None:

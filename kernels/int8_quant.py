@@ -32,6 +32,7 @@ import math
 import torch
 
 from . import int8_quant_hopper, int8_quant_turned
+from .choices import DEFAULT, Choices
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .int8_codes import launch_codes
 from .int8_codes import reference as codes_reference
@@ -243,7 +244,7 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
                   act=None, out=None, stats=None, row_starts=None, turned=None, block_m=64, num_warps=4,
-                  num_stages=None, row_programs=None):
+                  num_stages=None, row_programs=None, choices: Choices = DEFAULT):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32 (mean,
     1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts: the first
@@ -253,7 +254,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and 0). turned: plain rows
     holding factors of the rotation (int8_quant_turned.TURNED: "v" from qkv_rope_linear's turn_v, "hidden" from
     int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's pass, else rows of up to
-    int8_quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation."""
+    int8_quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation.
+    choices: hopper_quant, hopper_turned_quant, whole_rows and codes_last_first (kernels/choices.py)."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
         if norm is not None or act is not None or group != int8_quant_turned.GROUP or \
@@ -261,17 +263,18 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
             raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {int8_quant_turned.GROUP}, "
                              f"turned as one of {list(int8_quant_turned.TURNED)}; got groups of {group}, {turned!r}")
         x = x.to(torch.bfloat16).contiguous()
-        if int8_quant_turned.launched(x, group, turned, codes, scales):
+        if int8_quant_turned.launched(x, group, turned, codes, scales, hopper=choices.hopper_turned_quant):
             return codes, scales
     if m == 0:
         return codes, scales
     plain = norm is None and act is None
-    one_pass = plain and not turned and int8_quant_hopper.chosen(m, k)
+    one_pass = plain and not turned and choices.hopper_quant and int8_quant_hopper.chosen(m, k)
     if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
         return codes, scales
-    if plain and not turned and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
+    if plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
             and int8_quant_turned.fits(k, group):
-        return int8_quant_turned.quantize_turned(x, turned=None, out=(codes, scales))
+        return int8_quant_turned.quantize_turned(x, turned=None, out=(codes, scales),
+                                                 hopper=choices.hopper_turned_quant)
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
@@ -296,5 +299,5 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     row_map = row_map if row_map is not None else stats  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
         x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)
-    launch_codes(rotated, group_max, codes, scales)
+    launch_codes(rotated, group_max, codes, scales, choices.codes_last_first)
     return codes, scales

@@ -40,8 +40,6 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 BLOCK_M, BLOCK_Q, GROUP = 64, 64, 256  # a wgmma's 64 rows; a group as 4 blocks of 64 columns (kernels/hadamard.py)
-# False runs kernels/int8_quant.py's passes everywhere (the step benches' --variant-two-pass-quant).
-ENABLED = True
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
@@ -52,8 +50,8 @@ def unusable(x: torch.Tensor, group: int) -> str | None:
         return "not bf16 rows of whole 256-groups"
     if x.stride(1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
         return "TMA needs 16-byte rows and bases"
-    if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
-        return "off, no Gluon, unbuilt or interpreted"
+    if gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
+        return "off, no Gluon, unbuilt or interpreted"  # (the words tests match)
     if not x.is_cuda or torch.cuda.get_device_capability(x.device) != (9, 0):
         return "not a Hopper GPU (wgmma)"
     return None

@@ -180,10 +180,12 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, M, K, GROUP: tl.constexpr, 
     _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
 
 
-def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4):
+def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
+                    hopper: bool = True):
     """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
     f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
-    Hopper, rows whose v was turned take kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
+    Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
+    kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -192,7 +194,7 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
         raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None, got {turned!r}")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
                                                   torch.empty(m, dtype=torch.float32, device=t.device))
-    if m and turned == "v" and int8_quant_turned_hopper.unusable(t) is None and \
+    if m and hopper and turned == "v" and int8_quant_turned_hopper.unusable(t) is None and \
             int8_quant_turned_hopper.launch(t, codes, scales):
         return codes, scales
     if m:
@@ -205,14 +207,16 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     return codes, scales
 
 
-def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scales: torch.Tensor) -> bool:
+def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scales: torch.Tensor,
+             hopper: bool = True) -> bool:
     """Whether this file's passes took turned rows t (contiguous bf16 [M, K]) into (codes, scales): hidden rows on
-    Hopper by kernels/int8_quant_turned_hopper.py's pass (any width), else rows that fit quantize_turned. False
-    leaves them to kernels/int8_quant.py's passes, with rest_operand as the rotation."""
-    if t.shape[0] and turned == "hidden" and int8_quant_turned_hopper.unusable(t, turned) is None and \
+    Hopper by kernels/int8_quant_turned_hopper.py's pass (any width; where `hopper`, as quantize_turned's), else rows
+    that fit quantize_turned. False leaves them to kernels/int8_quant.py's passes, with rest_operand as the
+    rotation."""
+    if t.shape[0] and hopper and turned == "hidden" and int8_quant_turned_hopper.unusable(t, turned) is None and \
             int8_quant_turned_hopper.launch_hidden(t, codes, scales):
         return True
     if not fits(t.shape[1], group):
         return False
-    quantize_turned(t, turned, out=(codes, scales))
+    quantize_turned(t, turned, out=(codes, scales), hopper=hopper)
     return True

@@ -38,8 +38,6 @@ except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or
     gluon = None
 
 GROUP, BLOCK = 256, 64  # (the kernel's own constexprs below: jit functions read no plain globals)
-# False runs the Triton kernels everywhere (benchmarks time both in one run).
-ENABLED = True
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
@@ -55,7 +53,7 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
         # 2026-12-04, fourteenth session), 4608 x 3840 (15 of 16) 0.0242 against Triton's 0.0274, but 4608 x 3072
         # (12 of 16) 0.0261 against 0.0234.
         return "a row's groups more than 1/16 short of a power of two (Triton's kernel is faster there)"
-    if not ENABLED or gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
+    if gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, unbuilt or interpreted"
     if not t.is_cuda or torch.cuda.get_device_capability(t.device) != (9, 0):
         return "not a Hopper GPU"

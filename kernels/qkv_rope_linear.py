@@ -25,6 +25,7 @@ import functools
 import torch
 
 from . import head_norm_rope, int8_linear, int8_linear_hopper
+from .choices import DEFAULT, Choices
 from .int8_products import dequantized, products, tile_of
 from .int8_quant_turned import BLOCK as TURN
 from .int8_quant_turned import turn_matrix, turned_rows
@@ -137,7 +138,7 @@ def _autotuned():
 
 
 def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0,
-                    tiles=None, angles=None, turn_v=False):
+                    tiles=None, angles=None, turn_v=False, choices: Choices = DEFAULT):
     """(q, k, v) [G, heads, g, head] bf16 views of one [3, M, heads, head] buffer, equal (within one bf16 step of
     the RMS) to head_norm_rope(int8_linear(q, s_x, w, s_w, bias), heads, head, q_weight, k_weight, cos, sin, eps,
     group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
@@ -146,7 +147,8 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them.
     turn_v: v's each 64 columns leave turned along their top base-4 digit, bf16(v ((H4 / 2) (x) I_16))
     (int8_quant_turned.turned_rows; head a multiple of 64): the rotation's share that the Hopper epilogue does in
-    registers, so that the attention's output rows go to codes in kernels/int8_quant_turned.py's one pass."""
+    registers, so that the attention's output rows go to codes in kernels/int8_quant_turned.py's one pass.
+    choices: the Hopper kernel's (hopper_gemm, group_m; kernels/choices.py)."""
     m, k = q.shape
     n, g = w.shape[0], group or m
     if m % max(g, 1):
@@ -165,11 +167,11 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    if tiles is None and head == int8_linear_hopper.TILE["BLOCK_N"] and int8_linear_hopper.unusable(
-            q, out, heads * head * 2) is None and int8_linear_hopper.launch(
+    if tiles is None and choices.hopper_gemm and head == int8_linear_hopper.TILE["BLOCK_N"] and \
+            int8_linear_hopper.unusable(q, out, heads * head * 2) is None and int8_linear_hopper.launch(
             q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
-            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn=turn_v):
+            sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn=turn_v, group_m=choices.group_m):
         return views
     fixed = fixed_tiles("qkv_rope", q.device, k)
     fixed = fixed if tiles is None and fixed and _fits(fixed["BLOCK_N"], heads, head) and not _UNFIT else None

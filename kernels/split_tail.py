@@ -30,26 +30,26 @@ MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than
 # (Z-Image's w2, Klein's MLP output), 2-4% slower at 24-30 (out, QKV): the last part's reads of the other parts'
 # slots and the second launch cost about a short tile's time.
 MIN_K_STEPS = 64
-ENABLED = True  # the benches time the GEMMs with and without (bench/step_variants.py)
 
 
-def split_of(tiles: int, wave: int, k_steps: int) -> tuple[int, int]:
+def split_of(tiles: int, wave: int, k_steps: int, split: bool = True) -> tuple[int, int]:
     """(whole, parts): the first `whole` tiles run whole, each later one in `parts` parts along K; (tiles, 1) where
-    there is no tail worth splitting (an exact number of waves, a tail over half a wave, under MIN_K_STEPS)."""
+    there is no tail worth splitting (an exact number of waves, a tail over half a wave, under MIN_K_STEPS) or
+    split is off (kernels.Choices.split_tail)."""
     waves, tail = divmod(tiles, wave) if wave > 0 else (0, 0)
     parts = min(wave // tail, MAX_PARTS, max(k_steps // 4, 2)) if tail else 1
-    if not ENABLED or waves == 0 or tail > wave // 2 or k_steps < max(MIN_K_STEPS, 2) or parts < 2:
+    if not split or waves == 0 or tail > wave // 2 or k_steps < max(MIN_K_STEPS, 2) or parts < 2:
         return tiles, 1
     return tiles - tail, parts
 
 
-def tail_split(m: int, n: int, k: int, tiles: dict, wave: int, absent: torch.Tensor) -> tuple:
+def tail_split(m: int, n: int, k: int, tiles: dict, wave: int, absent: torch.Tensor, split: bool = True) -> tuple:
     """(sums, counters, whole, parts, tail programs) for an [m, n] output over k in `tiles`, on `wave` programs at a
     time: the tiles [0, whole) run whole in the GEMM's launch, the rest in a tail launch of `tail programs` programs
     (split_of's split where it finds one and the workspace is there, else every tile whole: absent, a tensor
-    standing for the pointers never read, and no tail)."""
+    standing for the pointers never read, and no tail; split: split_of's)."""
     count = triton.cdiv(m, tiles["BLOCK_M"]) * triton.cdiv(n, tiles["BLOCK_N"])
-    whole, parts = split_of(count, wave, triton.cdiv(k, tiles["BLOCK_K"]))
+    whole, parts = split_of(count, wave, triton.cdiv(k, tiles["BLOCK_K"]), split)
     sums = kept(absent.device, wave * tiles["BLOCK_M"] * tiles["BLOCK_N"], zeroed=False) if parts > 1 else None
     counters = kept(absent.device, wave) if parts > 1 else None
     if sums is None or counters is None:

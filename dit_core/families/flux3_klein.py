@@ -12,7 +12,7 @@ import functools
 import re
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
@@ -31,11 +31,6 @@ PREFIXES = ("model.diffusion_model.", "")
 MARKER = "early_stream_modulations.image.lin.weight"
 FLOW_MAP = "ref_time_in.in_layer.weight"
 MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows: [txt | img | ref]
-# The text's (and references') mode blocks on side streams while the image's run on the caller's, on a GPU: their
-# products (512 text rows: a third of the SMs or less) fill what the image blocks leave idle. Measured on the H200,
-# 16 steps at 1024^2: 0.973 s against 0.980 at cache 0, 0.489 against 0.500 at 0.3 (docs/notes/runs.md); the rows
-# are the same either way (kernels keep their counters per stream: kernels/arrival_counters.py).
-MODES_CONCURRENT = True
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
                "image_cond": "content_mode_blocks.image_cond."}
 ROPE_THETA = 10000.0
@@ -177,6 +172,18 @@ class Flux3Klein:
     blocks: tuple[Block, ...]
     final_mod: Linear                       # BFL's [shift; scale] rows, kept as stored (section 6)
     final_out: Linear
+    # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
+    # unless given; None on a model never moved (the host blocks read none).
+    options: object = field(default=None, compare=False)
+
+    @staticmethod
+    def default_options():
+        """FLUX.3 Klein's GPU options: attention scores on the INT8 matrix cores where the blocks are INT8 (a run
+        about 2% faster, its image as close to diffusers' as cuDNN's bf16 scores leave it); the text's and
+        references' mode blocks on side streams beside the image's (concurrent_modes: their few rows leave SMs
+        idle that those fill; the rows are the same either way, the kernels keeping their counters per stream)."""
+        from ..gpu.options import Options
+        return Options(int8_attention=True, concurrent_modes=True)
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -219,12 +226,14 @@ class Flux3Klein:
         """The step-distilled model: it also embeds the sigma each step jumps to (sigma_next)."""
         return self.target is not None
 
-    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> Flux3Klein:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
+           options=None) -> Flux3Klein:
         """Every tensor on device; on a CUDA device the mode and joint blocks become GpuBlocks (INT8 ConvRot or
         BF16 linears through kernels/, GpuBlock.parallel) and the small linears (embedders, modulation, final
         layer) f32 as Z-Image's (stored bf16, each step would convert them again: 0.8 ms a step at 1024^2),
         elsewhere the host blocks compute there. budget_bytes (or budget_bytes(their total bytes), asked once the
-        rest is there): the joint blocks' device bytes, the others streaming from host memory (StreamedBlocks)."""
+        rest is there): the joint blocks' device bytes, the others streaming from host memory (StreamedBlocks).
+        options: the GPU path's (dit_core/gpu/options.py; by default the model's, else default_options())."""
         dev = torch.device(device)
 
         def move(obj):
@@ -245,7 +254,12 @@ class Flux3Klein:
                                  if f.name not in ("arch", "blocks")})
         from ..gpu.streaming import streamed_blocks
         return replace(moved, blocks=move(self.blocks) if budget_bytes is None else
-                       streamed_blocks(self.blocks, dev, budget_bytes))
+                       streamed_blocks(self.blocks, dev, budget_bytes),
+                       options=options or self.options or self.default_options())
+
+    def _carry(self, x: torch.Tensor) -> NormStats | None:
+        """Each block's norm statistics from the block before (GPU blocks), unless the options say not."""
+        return NormStats.of(x) if self.options is None or self.options.carry_norms else None
 
     def timestep(self, sigma: float) -> torch.Tensor:
         """[1] f32 where the model is: 1000 sigma (diffusers: time_proj(timestep * 1000), the product in f32).
@@ -287,7 +301,8 @@ class Flux3Klein:
         slots = slots if references else None
         txt = self._projected_text(text_rows, latent.dtype)
         x, joint, s = self._joint_input(latent, t, t_next, txt, references, check, slots)
-        x = joint_blocks(self.blocks, self.arch, x, joint, s, check, self._tracked(latent, text_rows), cache, slots)
+        x = joint_blocks(self.blocks, self.arch, x, joint, s, check, self._tracked(latent, text_rows), cache, slots,
+                         self.options)
         return self._velocity(x, latent, t, t_next, text_rows)
 
     def graphed(self) -> Callable[..., torch.Tensor]:
@@ -306,14 +321,14 @@ class Flux3Klein:
 
         def head(latent, t, t_next, txt, *references):
             x, joint, s = self._joint_input(latent, t, t_next, txt, references, lambda: None)
-            return x, next(iter(self.blocks)).parallel(a, x, joint, s)
+            return x, next(iter(self.blocks)).parallel(a, x, joint, s, options=self.options)
 
         def rest(x1, latent, t, t_next, txt, *references):
             joint, s = self._joint_context(latent, t, t_next, txt, references, bool(references))[:2]
-            carry = NormStats.of(x1)  # each block's norm statistics from the block before
+            carry = self._carry(x1)  # each block's norm statistics from the block before
             for i, block in enumerate(self.blocks):
                 if i:  # x1 (the graph's input) stays: StepCache.after_first reads it
-                    x1 = block.parallel(a, x1, joint, s, keep_input=i == 1, carry=carry)
+                    x1 = block.parallel(a, x1, joint, s, keep_input=i == 1, carry=carry, options=self.options)
             return x1
 
         graphs = ModelGraphs(head, rest)
@@ -376,16 +391,18 @@ class Flux3Klein:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
         made_here = dict(rows)  # blocks update their rows in place: these stay the caller stream's
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if MODES_CONCURRENT else {}
+        concurrent = self.options is None or self.options.concurrent_modes
+        sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if concurrent else {}
         main = torch.cuda.current_stream(latent.device) if sides else None
         for side in sides.values():
             side.wait_stream(main)
         try:
             for m in modes:
                 with torch.cuda.stream(sides[m]) if m in sides else contextlib.nullcontext():
-                    mod, carry = self._modulation(self.early_mods[m], act[m]), NormStats.of(rows[m])
+                    mod, carry = self._modulation(self.early_mods[m], act[m]), self._carry(rows[m])
                     for block in self.mode_blocks[m]:
-                        rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False, carry=carry)
+                        rows[m] = block.parallel(a, rows[m], mod, mode_seqs[m], keep_input=False, carry=carry,
+                                                 options=self.options)
                         check()
         finally:  # joined also when check() cancels: nothing of the step left running on a side stream
             for m, side in sides.items():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -190,6 +190,16 @@ class Krea2:
     final_table: torch.Tensor   # [2, hidden] f32: scale, shift
     final_norm: torch.Tensor
     final_out: Linear
+    # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
+    # unless given; None on a model never moved (the host blocks read none).
+    options: object = field(default=None, compare=False)
+
+    @staticmethod
+    def default_options():
+        """Krea 2's GPU options: the engine's defaults (its attention, grouped-query heads with a gate, takes the
+        plain path, cuDNN's bf16 scores)."""
+        from ..gpu.options import Options
+        return Options(int8_attention=False)
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -232,17 +242,21 @@ class Krea2:
             final_table=read_tensor(ckpt, f"{p}last.modulation.lin", (2, a.hidden)),
             final_norm=1.0 + read_tensor(ckpt, f"{p}last.norm.scale", (a.hidden,)), final_out=lin(f"{p}last.linear"))
 
-    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> Krea2:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
+           options=None) -> Krea2:
         """Krea 2 where it runs: on a CUDA device the blocks and text fusion blocks become GpuBlocks (INT8 ConvRot
         linears on the matrix cores, or BF16; attention by the plain path, block_gpu._plain_heads), the small
         linears and tensors f32 there. With budget_bytes the main blocks take at most that much device memory: those
         that do not fit stream from host memory (dit_core/gpu/streaming.py; on the CPU through CPU slots, the same
-        numerics); a function of the main blocks' total bytes is asked once the rest is on the device."""
+        numerics); a function of the main blocks' total bytes is asked once the rest is on the device. options: the
+        GPU path's (dit_core/gpu/options.py; by default the model's, else default_options())."""
         dev = torch.device(device)
+        options = options or self.options or self.default_options()
         from ..gpu.streaming import streamed_blocks  # the GPU path: imported where used
         streamed = lambda: streamed_blocks(self.blocks, dev, budget_bytes)  # noqa: E731
         if dev.type == "cpu":
-            return self if budget_bytes is None else replace(self, blocks=streamed())
+            return replace(self, options=options) if budget_bytes is None else \
+                replace(self, blocks=streamed(), options=options)
         from ..gpu.block import GpuBlock
         small = lambda lin: float_on(lin, dev)  # noqa: E731
         gpu = lambda blocks: tuple(GpuBlock.of(b, dev) for b in blocks)  # noqa: E731
@@ -251,7 +265,8 @@ class Krea2:
                        text_norm=self.text_norm.to(dev), text_in=tuple(map(small, self.text_in)),
                        image_in=small(self.image_in), tables=self.tables.to(dev),
                        final_table=self.final_table.to(dev), final_norm=self.final_norm.to(dev),
-                       final_out=small(self.final_out), blocks=gpu(self.blocks) if budget_bytes is None else streamed())
+                       final_out=small(self.final_out), blocks=gpu(self.blocks) if budget_bytes is None else streamed(),
+                       options=options)
 
     def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
         """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2)."""
@@ -274,10 +289,10 @@ class Krea2:
         x = text.to(dtype, copy=True).reshape(n * taps, t.hidden)  # a GPU block updates its rows in place
         identity = Modulation.identity(t.hidden, device=x.device)
         for block in self.layerwise:
-            x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device))
+            x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device), options=self.options)
         x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.dtype)
         for block in self.refiners:
-            x = block.forward(t, x, identity, unrotated(n).to(x.device))
+            x = block.forward(t, x, identity, unrotated(n).to(x.device), options=self.options)
         x = linear(rms_norm(x, self.text_norm, EPS), self.text_in[0])
         return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
 
@@ -303,7 +318,8 @@ class Krea2:
         for block, table in zip(self.blocks, self.tables):
             m = (shared + table).unsqueeze(1)  # [6, 1, hidden]: one modulation row
             x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
-                                               mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq)
+                                               mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq,
+                              options=self.options)
             if check is not None:
                 check()
         scale, shift = (temb + self.final_table).unsqueeze(1)

@@ -169,6 +169,16 @@ class ZImage:
     # On a GPU: noise_mods + mods stacked into one linear (each of them a view of its rows), so a step's modulation
     # rows of every block come from one product, one bias add and one tanh (128 launches before).
     mod_stack: Linear | None = field(default=None, repr=False, compare=False)
+    # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
+    # unless given; None on a model never moved (the host blocks read none).
+    options: object = field(default=None, compare=False)
+
+    @staticmethod
+    def default_options():
+        """Z-Image's GPU options: the engine's defaults. Its attention keeps cuDNN's bf16 scores (INT8 scores were
+        barely faster here: not taken)."""
+        from ..gpu.options import Options
+        return Options(int8_attention=False)
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -212,16 +222,20 @@ class ZImage:
             files=() if isinstance(ckpt, TensorSource) else
             tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
 
-    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None) -> ZImage:
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
+           options=None) -> ZImage:
         """Z-Image where it runs: on a CUDA device the blocks become GpuBlocks (INT8 ConvRot linears on the
         matrix cores, or BF16), the small linears (embedders, modulation, final layer) f32, the modulation linears
         as views of one stacked linear (mod_stack). With budget_bytes the main blocks take at most that much device
         memory: those that do not fit stream from host memory (StreamedBlocks; on the CPU the host blocks stream
         through CPU slots, the same numerics). A function budget_bytes(total bytes of the main blocks) is asked
-        once every other part is on the device."""
+        once every other part is on the device. options: the GPU path's (dit_core/gpu/options.py; by default the
+        model's, else default_options())."""
         dev = torch.device(device)
+        options = options or self.options or self.default_options()
         if dev.type == "cpu":
-            return self if budget_bytes is None else replace(self, blocks=self._streamed(dev, budget_bytes))
+            return replace(self, options=options) if budget_bytes is None else \
+                replace(self, blocks=self._streamed(dev, budget_bytes), options=options)
         from ..gpu.block import GpuBlock
         small = lambda lin: float_on(lin, dev)  # noqa: E731
         blocks = lambda bs: tuple(GpuBlock.of(b, dev) for b in bs)
@@ -231,7 +245,7 @@ class ZImage:
             image_in=small(self.image_in), image_pad=self.image_pad.to(dev), cap_pad=self.cap_pad.to(dev),
             context=blocks(self.context), noise=blocks(self.noise), noise_mods=views[:len(self.noise_mods)],
             mods=views[len(self.noise_mods):], mod_stack=stack, final_mod=small(self.final_mod),
-            final_out=small(self.final_out))
+            final_out=small(self.final_out), options=options)
         return replace(moved, blocks=blocks(self.blocks) if budget_bytes is None else
                        self._streamed(dev, budget_bytes))
 
@@ -313,9 +327,9 @@ class ZImage:
         cap = torch.cat([cap, self.cap_pad.to(dtype).expand(pad_cap, -1)])
         cap_seq = _caption_sequence(a, n_cap + pad_cap, caption.device, dtype)
         identity = Modulation.identity(a.hidden, dtype=dtype, device=caption.device)
-        carry = NormStats.of(cap)  # each block's first norm statistics from the block before (GPU blocks)
+        carry = self._carry(cap)
         for block in self.context:
-            cap = block.forward(a, cap, identity, cap_seq, carry)
+            cap = block.forward(a, cap, identity, cap_seq, carry, self.options)
             check()
         return cap
 
@@ -336,18 +350,22 @@ class ZImage:
         img_seq, joint = _sequences(a, hp, wp, pad_img, cap.shape[0], latent.device, dtype)
         temb = self.time_embedding(t, dtype)
         mods = self.modulations(temb)
-        carry = NormStats.of(x)  # each block's first norm statistics from the block before (GPU blocks)
+        carry = self._carry(x)
         for block, m in zip(self.noise, mods):
-            x = block.forward(a, x, m, img_seq, carry)
+            x = block.forward(a, x, m, img_seq, carry, self.options)
             check()
 
         # One unified sequence [image; caption] (diffusers' order; nothing is masked, so the order is free).
         x = torch.cat([x, cap])
-        carry = NormStats.of(x)
+        carry = self._carry(x)
         for block, m in zip(self.blocks, mods[len(self.noise):]):
-            x = block.forward(a, x, m, joint, carry)
+            x = block.forward(a, x, m, joint, carry, self.options)
             check()
         return self._final(x[:n_img], temb).reshape(hp, wp, PATCH, PATCH, c).permute(4, 0, 2, 1, 3).reshape(c, h, w)
+
+    def _carry(self, x: torch.Tensor) -> NormStats | None:
+        """Each block's first norm statistics from the block before (GPU blocks), unless the options say not."""
+        return NormStats.of(x) if self.options is None or self.options.carry_norms else None
 
     def _final(self, x: torch.Tensor, temb: torch.Tensor) -> torch.Tensor:
         scale = linear(F.silu(temb), self.final_mod).to(x.dtype)

@@ -3,7 +3,6 @@
 residual), attention through SDPA. dit_core/block.py is its reference."""
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,35 +29,17 @@ from ..block import (
 from ..modulation import Modulation
 from ..sequence import Sequence
 from ..weights import Linear
-
-# Rows a chunk of the MLP takes: its temporaries (UP's [rows, ffn] SwiGLU output and its codes) stay a few hundred
-# MB. 8192: a 1024^2 image's 4608 rows in one chunk (H200: Z-Image 81.5 against 83.0 ms a step as two of 2304).
-CHUNK = 8192
-# v turned in the fused QKV for an INT8 OUT where it can (_turns_v), UP's SwiGLU rows for an INT8 DOWN
-# (_turns_hidden); benchmarks time both ways.
-TURN_V = True
-TURN_HIDDEN = True
-# Families whose attention takes INT8 scores (kernels/attention_int8.py) where their linears are INT8 (BF16 linears
-# keep the precise path); the others keep cuDNN's bf16. FLUX.3 Klein at 1024^2: 0.791-0.805 against 0.806-0.821 s a
-# 16-step run, its image 59.7 dB from the bf16 attention's and as far from diffusers' as before (53.8 dB). Z-Image:
-# 64.1 against 64.8 ms a step, its fidelity unchanged: not taken (docs/notes/runs.md, 2026-12-04).
-INT8_ATTENTION = {"flux3_klein"}
+from .options import DEFAULT, Options, kernels
 
 
-def _int8_scores(a: Arch, qkv: GpuLinear) -> bool:
-    """Whether a block of family a.family with this QKV takes INT8 attention scores (INT8_ATTENTION)."""
-    return a.family in INT8_ATTENTION and qkv.int8
-
-
-def kernels():
-    """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
-    in ComfyUI."""
-    parent = __package__.removesuffix(".gpu").rpartition(".")[0]  # dit_core.gpu -> dit_core's parent
-    return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
+def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
+    """Whether a block with this QKV takes INT8 attention scores: the options ask for them and QKV is INT8."""
+    return o.int8_attention and qkv.int8
 
 
 def run(op: str, *args, **kwargs):
-    """kernels.run: op's Triton launcher, or its reference where the device can't run it."""
+    """kernels.run: op's Triton launcher, or its reference where the device can't run it (choices=: which kernels,
+    an Options' kernels)."""
     return kernels().run(op, *args, **kwargs)
 
 
@@ -101,10 +82,10 @@ def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence
     return o * torch.sigmoid(qkv[:, qkv_width:]) if a.attn_gate else o
 
 
-def _product(x_q, s_x, x_bf16, lin: GpuLinear) -> torch.Tensor:
+def _product(x_q, s_x, x_bf16, lin: GpuLinear, o: Options) -> torch.Tensor:
     """The linear's output rows (bf16): INT8 codes against INT8 weights, or BF16 rows against BF16 weights."""
     if lin.int8:
-        return run("int8_linear", x_q, s_x, lin.weight, lin.scale, lin.bias)
+        return run("int8_linear", x_q, s_x, lin.weight, lin.scale, lin.bias, choices=o.kernels)
     bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
     return F.linear(x_bf16, lin.weight, bias)
 
@@ -115,23 +96,23 @@ def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
     return qkv.int8 and 2 * s.cos.shape[-1] == a.head and a.head >= 16 and a.head & (a.head - 1) == 0
 
 
-def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence) -> bool:
+def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence, o: Options = DEFAULT) -> bool:
     """Whether v leaves the fused QKV turned along each 64 columns' top base-4 digit (a factor of OUT's rotation,
     free in the epilogue's registers), so that OUT's INT8 ConvRot rows go to codes in one pass
     (kernels/int8_quant_turned.py: 3 bytes a value moved, not the rotate pass's 7): attention is linear in v, so
-    its output arrives turned too."""
-    return (TURN_V and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
+    its output arrives turned too. Where o.turn_v asks for it."""
+    return (o.turn_v and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
             and kernels().int8_quant_turned.fits(a.heads * a.head, out.group))
 
 
-def _turns_hidden(up: GpuLinear, down: GpuLinear) -> bool:
+def _turns_hidden(up: GpuLinear, down: GpuLinear, o: Options = DEFAULT) -> bool:
     """Whether UP's SwiGLU epilogue turns the hidden rows along each 64 columns' digits d2 and d1 (two factors of
     DOWN's rotation, in the epilogue's registers), so that DOWN's codes pass does the rest with no matrix product
-    (kernels/int8_quant_turned.py's TURNED["hidden"])."""
-    return TURN_HIDDEN and up.int8 and down.int8 and down.group == 256
+    (kernels/int8_quant_turned.py's TURNED["hidden"]). Where o.turn_hidden asks for it."""
+    return o.turn_hidden and up.int8 and down.int8 and down.group == 256
 
 
-def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: bool = False):
+def _heads(a: Arch, o: Options, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: bool = False):
     """q, k, v [G, heads, g, D] (normed, turned; v turned where turn_v) from QKV's input rows h: one INT8
     product with the head norm and rotary in its epilogue (q, k, v never stored as one [rows, 3 heads D] output)
     where it can, else the product and then head_norm_rope."""
@@ -139,8 +120,8 @@ def _heads(a: Arch, h, lin: GpuLinear, q_weight, k_weight, s: Sequence, turn_v: 
     if _fused_heads(a, lin, s):
         return run("qkv_rope_linear", q, sc, lin.weight, lin.scale, lin.bias, a.heads, a.head, q_weight, k_weight,
                    s.cos, s.sin, a.qk_eps, group=s.group, angles=s.angles.as_args() if s.angles else None,
-                   turn_v=turn_v)
-    return run("head_norm_rope", _product(q, sc, xb, lin), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
+                   turn_v=turn_v, choices=o.kernels)
+    return run("head_norm_rope", _product(q, sc, xb, lin, o), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
                a.qk_eps, group=s.group)
 
 
@@ -159,10 +140,10 @@ def _attend(q, k, v, keys_values: Callable | None, int8_scores: bool) -> torch.T
     return o.transpose(1, 2).reshape(q.shape[0] * q.shape[2], -1)
 
 
-def _chunks(rows: int) -> list[tuple[int, int]]:
-    """Row ranges of at most CHUNK rows, near equal: 4608 rows go as two of 2304, not 4096 + 512 (a small last
-    chunk runs the MLP's products on a fraction of the card)."""
-    size = -(-rows // -(-rows // CHUNK)) if rows else 1
+def _chunks(rows: int, most: int) -> list[tuple[int, int]]:
+    """Row ranges of at most `most` rows (Options.mlp_chunk), near equal: 4608 rows in chunks of at most 4096 go
+    as two of 2304, not 4096 + 512 (a small last chunk runs the MLP's products on a fraction of the card)."""
+    size = -(-rows // -(-rows // most)) if rows else 1
     return [(r0, min(r0 + size, rows)) for r0 in range(0, rows, size)]
 
 
@@ -185,8 +166,8 @@ class GpuBlock:
             w[Q_NORM], w[K_NORM] = torch.stack([w[Q_NORM], w[K_NORM]])
         return GpuBlock(tuple(w))
 
-    def _rows(self, a: Arch, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None, row_map=None,
-              act=None, stats=None, row_starts=None, turned=None):
+    def _rows(self, a: Arch, o: Options, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None,
+              row_map=None, act=None, stats=None, row_starts=None, turned=None):
         """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
         norm's row statistics when already known; row_starts: Sequence.starts; turned: "v", an attention's output
         whose v was turned, _turns_v; "hidden", UP's turned SwiGLU rows, _turns_hidden), else the same math in BF16
@@ -194,7 +175,8 @@ class GpuBlock:
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
-                       shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts, turned=turned)
+                       shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts, turned=turned,
+                       choices=o.kernels)
             return q, s, None
         if act == "swiglu":
             h = swiglu(x.float())
@@ -204,24 +186,25 @@ class GpuBlock:
             h = x
         return None, None, h.to(torch.bfloat16)
 
-    def _hidden(self, a: Arch, h, up: GpuLinear, down: GpuLinear):
+    def _hidden(self, a: Arch, o: Options, h, up: GpuLinear, down: GpuLinear):
         """The MLP's hidden rows from UP's input rows h, as the down projection takes them (_rows' triple). INT8 UP:
         SwiGLU in the product's epilogue (the [rows, 2 ffn] product never stored; the rows turned there for an INT8
         DOWN, _turns_hidden), then the quantizer; else the product, then SwiGLU (in the quantizer's prologue when
         DOWN is INT8)."""
         q, sc, xb = h
         if up.int8:
-            turn = _turns_hidden(up, down)
-            hidden = run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True, turn_hidden=turn)
-            return self._rows(a, hidden, down, turned="hidden" if turn else None)
-        return self._rows(a, _product(q, sc, xb, up), down, act="swiglu")
+            turn = _turns_hidden(up, down, o)
+            hidden = run("int8_linear", q, sc, up.weight, up.scale, up.bias, swiglu=True, turn_hidden=turn,
+                         choices=o.kernels)
+            return self._rows(a, o, hidden, down, turned="hidden" if turn else None)
+        return self._rows(a, o, _product(q, sc, xb, up, o), down, act="swiglu")
 
     @staticmethod
     def _epilogue_gated(lin: GpuLinear, post) -> bool:
         """Whether _branch_into gates in the product's epilogue (else in the gated-residual kernel)."""
         return post is None and lin.int8
 
-    def _branch_into(self, a: Arch, x, y_rows, lin: GpuLinear, post, gate, row_map, next_rms=None,
+    def _branch_into(self, a: Arch, o: Options, x, y_rows, lin: GpuLinear, post, gate, row_map, next_rms=None,
                      addend=None) -> None:
         """x += gate[map] * (post norm of) linear(y): in the product's epilogue when there is no sandwich norm
         (its output is never stored), else through the gated-residual kernel after the product. next_rms ([2,
@@ -231,46 +214,46 @@ class GpuBlock:
         q, s, xb = y_rows
         if self._epilogue_gated(lin, post):
             run("int8_linear_gated", q, s, lin.weight, lin.scale, lin.bias, residual=x, gate=gate, row_map=row_map,
-                addend=addend, next_norm=None if next_rms is None else (next_rms, a.norm, a.eps))
+                addend=addend, next_norm=None if next_rms is None else (next_rms, a.norm, a.eps), choices=o.kernels)
             return
-        run("gated_residual", x, _product(q, s, xb, lin), gate, row_map, post_weight=post, eps=a.eps,
+        run("gated_residual", x, _product(q, s, xb, lin, o), gate, row_map, post_weight=post, eps=a.eps,
             next_rms=None if next_rms is None else (next_rms, a.eps))
 
-    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                carry: NormStats | None = None) -> torch.Tensor:
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry: NormStats | None = None,
+                options: Options | None = None) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
-        kernel (a sandwich norm, as Z-Image's)."""
-        w, row_map = self.w, s.map
+        kernel (a sandwich norm, as Z-Image's). options: the model's (dit_core/gpu/options.py; None: DEFAULT)."""
+        w, row_map, opt = self.w, s.map, options or DEFAULT
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
-        h = self._rows(a, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift, row_map=row_map,
-                       stats=given)
+        h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
+                       row_map=row_map, stats=given)
         if _plain_heads(a):
-            turn, o = False, _gated_attention(a, _product(*h, w[QKV]), w[Q_NORM], w[K_NORM], s)
+            turn, o = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s)
         else:
-            turn = _turns_v(a, w[QKV], w[OUT], s)
-            o = run("attention", *_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                    int8_scores=_int8_scores(a, w[QKV]))
+            turn = _turns_v(a, w[QKV], w[OUT], s, opt)
+            o = run("attention", *_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
+                    int8_scores=_int8_scores(w[QKV], opt))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
-        self._branch_into(a, x, self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT], w[POST_ATTN],
-                          m.attn_gate, row_map, stats)
+        self._branch_into(a, opt, x, self._rows(a, opt, o, w[OUT], turned="v" if turn else None), w[OUT],
+                          w[POST_ATTN], m.attn_gate, row_map, stats)
         carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
-        for r0, r1 in _chunks(x.shape[0]):
+        for r0, r1 in _chunks(x.shape[0], opt.mlp_chunk):
             xs, maps = x[r0:r1], row_map[r0:r1]
-            h = self._rows(a, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift, row_map=maps,
-                           stats=None if stats is None else stats[:, r0:r1])
-            self._branch_into(a, xs, self._hidden(a, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate, maps,
-                              carry.values[:, r0:r1] if carried else None)
+            h = self._rows(a, opt, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,
+                           row_map=maps, stats=None if stats is None else stats[:, r0:r1])
+            self._branch_into(a, opt, xs, self._hidden(a, opt, h, w[UP], w[DOWN]), w[DOWN], w[POST_MLP], m.mlp_gate,
+                              maps, carry.values[:, r0:r1] if carried else None)
         if carry is not None:
             carry.ready = carried
         return x
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
                  keys_values: Callable | None = None, keep_input: bool = True,
-                 carry: NormStats | None = None) -> torch.Tensor:
+                 carry: NormStats | None = None, options: Options | None = None) -> torch.Tensor:
         """Block.parallel on the GPU: x + gate (Attn(h) + MLP(h)), as a new tensor when keep_input (the step cache
         reads the first two joint blocks' inputs after them), else x updated in place (a copy of the rows fewer).
         One modulated-norm prologue gives h's rows for QKV and UP (quantized once when both take the same INT8
@@ -278,28 +261,30 @@ class GpuBlock:
         linear's), d never stored: one pass over the residual, where OUT gating in its own epilogue took a second
         (its short K loop did not hide that epilogue); that product also writes the output's norm statistics into
         carry (NormStats: the next block's norm reads them, x's when ready here). Else x += gate o, then x += gate d
-        (each in its product's epilogue when INT8): equal to gate (o + d) in exact math."""
+        (each in its product's epilogue when INT8): equal to gate (o + d) in exact math. options: the model's."""
         if _plain_heads(a):
             raise NotImplementedError(f"{a.family}: the GPU parallel block has no grouped-query attention or "
                                       f"attention gate; no family needs them there yet")
-        w, row_map, x = self.w, s.map, x.clone() if keep_input else x
+        w, row_map, x, opt = self.w, s.map, x.clone() if keep_input else x, options or DEFAULT
         given = carry.values if carry is not None and carry.ready else None
         mod = {"norm_weight": w[NORM1], "scale": m.attn_scale, "shift": m.attn_shift, "row_map": row_map,
                "row_starts": s.starts}
-        h = self._rows(a, x, w[QKV], **mod, stats=given)
+        h = self._rows(a, opt, x, w[QKV], **mod, stats=given)
         same = (w[UP].int8, w[UP].group) == (w[QKV].int8, w[QKV].group)
-        h_up = h if same else self._rows(a, x, w[UP], **mod, stats=given)
-        turn = _turns_v(a, w[QKV], w[OUT], s)  # (keys_values then keeps and returns v turned: one block's own)
-        o = _attend(*_heads(a, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values, _int8_scores(a, w[QKV]))
-        o_rows, summed = self._rows(a, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
+        h_up = h if same else self._rows(a, opt, x, w[UP], **mod, stats=given)
+        turn = _turns_v(a, w[QKV], w[OUT], s, opt)  # (keys_values then keeps and returns v turned: one block's own)
+        o = _attend(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values,
+                    _int8_scores(w[QKV], opt))
+        o_rows, summed = self._rows(a, opt, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
         if summed:
-            o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias)
+            o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias,
+                    choices=opt.kernels)
         else:
-            self._branch_into(a, x, o_rows, w[OUT], None, m.attn_gate, row_map)
+            self._branch_into(a, opt, x, o_rows, w[OUT], None, m.attn_gate, row_map)
         carried = carry is not None and summed
-        for r0, r1 in _chunks(x.shape[0]):
-            self._branch_into(a, x[r0:r1], self._hidden(a, _chunk(h_up, r0, r1), w[UP], w[DOWN]), w[DOWN], None,
-                              m.attn_gate, row_map[r0:r1], carry.values[:, r0:r1] if carried else None,
+        for r0, r1 in _chunks(x.shape[0], opt.mlp_chunk):
+            self._branch_into(a, opt, x[r0:r1], self._hidden(a, opt, _chunk(h_up, r0, r1), w[UP], w[DOWN]), w[DOWN],
+                              None, m.attn_gate, row_map[r0:r1], carry.values[:, r0:r1] if carried else None,
                               addend=o[r0:r1] if summed else None)
         if carry is not None:
             carry.ready = carried

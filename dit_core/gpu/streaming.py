@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from ..arch import Arch
-from .block import CHUNK, GpuBlock
+from .block import GpuBlock
+from .options import DEFAULT
 from .staging import Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs
@@ -70,12 +71,13 @@ def gpu_budget(device: torch.device | str, reserve_bytes: int) -> int:
     return max(0, gpu_free_bytes(device) - reserve_bytes)
 
 
-def pass_bytes(a: Arch, rows: int) -> int:
+def pass_bytes(a: Arch, rows: int, mlp_chunk: int = DEFAULT.mlp_chunk) -> int:
     """The device bytes a pass over `rows` rows takes besides the weights, generously: the f32 residual stream
     four times (x, the parallel block's copy, the step cache's two), QKV's product and its rotated heads in
     BF16, attention's output, each linear's input rows (BF16 or INT8 with scales), the MLP's chunk of rows
-    (its [rows, 2 ffn] product in BF16 and SwiGLU in f32), and 256 MiB for cuBLAS and the kernels' workspaces."""
-    chunk = min(rows, CHUNK)
+    (its [rows, 2 ffn] product in BF16 and SwiGLU in f32; mlp_chunk: Options.mlp_chunk), and 256 MiB for cuBLAS
+    and the kernels' workspaces."""
+    chunk = min(rows, mlp_chunk)
     per_row = 4 * 4 * a.hidden + 2 * 2 * 3 * a.width + 3 * a.width + 3 * a.hidden + 16
     return rows * per_row + chunk * (2 * 2 * a.ffn + 6 * a.ffn) + (256 << 20)
 

@@ -120,7 +120,7 @@ class RefSlots:
         self.record = step % self.refresh == 0 or not self.kv
 
     def parallel(self, i: int, block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
-                 rows: int, keep_input: bool = True, carry=None) -> torch.Tensor:
+                 rows: int, keep_input: bool = True, carry=None, options=None) -> torch.Tensor:
         """Block.parallel with block i's reference keys and values recorded (x holds every row) or read (x
         holds the first `rows` rows only): a recording step equals Block.parallel."""
         def keys_values(k: torch.Tensor, v: torch.Tensor):
@@ -131,7 +131,7 @@ class RefSlots:
             ref_k, ref_v = self.kv[i]
             return torch.cat([k, ref_k]), torch.cat([v, ref_v])
 
-        return block.parallel(a, x, m, s, keys_values, keep_input, carry)
+        return block.parallel(a, x, m, s, keys_values, keep_input, carry, options)
 
 
 @contextmanager
@@ -156,21 +156,23 @@ def _loop(walk, x: torch.Tensor, step: StepFn, check: Callable[[], None]) -> tor
 
 def joint_blocks(blocks: Seq[Block], a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
                  check: Callable[[], None], rows: int, cache: StepCache | None = None,
-                 slots: RefSlots | None = None) -> torch.Tensor:
+                 slots: RefSlots | None = None, options=None) -> torch.Tensor:
     """FLUX.3's joint blocks over x ([text | image | references] rows; the first `rows` are text and image),
     with the step cache and the reference slots when given; neither given: Block.parallel block by
-    block."""
+    block. options: the model's GPU options (dit_core/gpu/options.py), given to each block; their carry_norms
+    off, no statistics carried."""
     # StepCache.after_first reads the inputs of blocks 0 and 1 after them: the later blocks update their rows in
     # place. carry: each block's norm statistics from the block before (GPU blocks; every block's input is the
     # output of the block before, whether the cache skips the others or not), from block 1 on, as the graphed
     # step (Flux3Klein.graphed) carries them within its second graph: block 1 makes its own, so both give the same
     # bits (statistics from the parts differ from a pass's by f32 ulps).
-    carry = NormStats.of(x)
+    carry = NormStats.of(x) if options is None or options.carry_norms else None
     if slots is None:
-        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2, carry=carry if i else None)
+        step = lambda i, block, y: block.parallel(a, y, m, s, keep_input=i < 2, carry=carry if i else None,
+                                                  options=options)
     else:
         step = lambda i, block, y: slots.parallel(i, block, a, y, m, s, rows, keep_input=i < 2,
-                                                  carry=carry if i else None)
+                                                  carry=carry if i else None, options=options)
     if cache is not None:
         return cache.run(blocks, x, step, check, rows)
     with _walk(blocks) as walk:

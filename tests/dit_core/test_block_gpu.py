@@ -13,6 +13,7 @@ from dit_core.arch import Arch
 from dit_core.gpu import block as block_gpu
 from dit_core.block import OUT, QKV, Block
 from dit_core.gpu.block import GpuBlock, NormStats
+from dit_core.gpu.options import Options
 from dit_core.families.z_image import ZImage
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
@@ -115,12 +116,12 @@ def on_gpu(block: Block) -> Block:
 @pytest.mark.parametrize("hook", [None, "record", "extend"])
 @pytest.mark.parametrize("rows,group", [(4608, 0), (1000, 0), (1024, 256)])
 @pytest.mark.parametrize("int8_attention", [False, True])
-def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention, monkeypatch):
+def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention):
     """int8_attention: the attention's scores on the INT8 matrix cores (kernels/attention_int8.py), as FLUX.3
     Klein's blocks take them; the bounds are the same."""
     if hook == "extend" and group:
         pytest.skip("keys from another step extend the ungrouped sequence only (FLUX.3's joint blocks)")
-    monkeypatch.setattr(block_gpu, "INT8_ATTENTION", {KLEIN.family} if int8_attention else set())
+    options = Options(int8_attention=int8_attention)
     a, host = KLEIN, random_block(KLEIN, sandwich=False, seed=rows)
     g = torch.Generator().manual_seed(2)
     x = torch.randn(rows, a.hidden, generator=g).to(DEV)
@@ -132,7 +133,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention, monk
     extra = [torch.randn(512, a.heads, a.head, generator=g).to(DEV) for _ in range(2)]
     seen = []
     int8 = GpuBlock.of(host.quantized(), DEV)
-    turned = block_gpu._turns_v(a, int8.w[QKV], int8.w[OUT], seq)  # the INT8 block's v turned (Klein: yes)
+    turned = block_gpu._turns_v(a, int8.w[QKV], int8.w[OUT], seq, options)  # the INT8 block's v turned (Klein: yes)
 
     def keys_values(turn):
         """The hook as a block sees it: v turned where the block turns it, so rows kept from it come turned."""
@@ -146,19 +147,20 @@ def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention, monk
 
     emulated = on_gpu(host.quantized()).parallel(a, x.double(), mods, seq, keys_values(False)).float()
     bf16 = on_gpu(host.dequantized(torch.bfloat16)).parallel(a, x, mods, seq, keys_values(False))
-    out = int8.parallel(a, x, mods, seq, keys_values(turned))
+    out = int8.parallel(a, x, mods, seq, keys_values(turned), options=options)
     assert rel_err(out, emulated) <= 1e-2
     assert rel_err(out, bf16) <= 3e-2
-    assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, keys_values(False)),
-                   bf16) <= 1e-2
+    assert rel_err(GpuBlock.of(host.dequantized(torch.bfloat16), DEV).parallel(a, x, mods, seq, keys_values(False),
+                                                                               options=options), bf16) <= 1e-2
     for i, (ours, theirs) in enumerate(zip(seen[2], seen[0]) if hook else ()):  # k, then v
         theirs = turned_rows(theirs).float() if turned and i == 1 else theirs
         assert ours.shape == theirs.shape == (rows, a.heads, a.head) and rel_err(ours, theirs) <= 1e-2
     if hook is None:  # the next block's norm statistics from this block's gated DOWN product (the Hopper parts)
         carry = NormStats.of(x)
         gpu = GpuBlock.of(host.quantized(), DEV)
-        first = gpu.parallel(a, x, mods, seq, carry=carry)
+        first = gpu.parallel(a, x, mods, seq, carry=carry, options=options)
         assert carry.ready and rel_err(first, out) <= 1e-6
         # Statistics a few f32 ulps from the second block's own (kernels/row_stats.py) move a few of its codes by
         # one, which its linears spread over the rows: measured 2e-4, 50x inside the INT8 block's 1e-2.
-        assert rel_err(gpu.parallel(a, first, mods, seq, carry=carry), gpu.parallel(a, out, mods, seq)) <= 1e-3
+        assert rel_err(gpu.parallel(a, first, mods, seq, carry=carry, options=options),
+                       gpu.parallel(a, out, mods, seq, options=options)) <= 1e-3

@@ -1,6 +1,8 @@
 """GpuBlock on the CPU (every kernel falls back to its plain-torch reference) against the host block: forward and
 the parallel block (with and without the keys_values hook), INT8 against the INT8 emulation and BF16 against the
 BF16 host block, each within 1e-2. tests/dit_core/test_block_gpu.py runs the same on the GPU (pytest -m gpu)."""
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import rel_err
@@ -10,12 +12,14 @@ from dit_core.gpu import block as block_gpu
 from dit_core.arch import Arch
 from dit_core.block import DOWN, OUT, QKV, UP, Block
 from dit_core.gpu.block import GpuBlock, NormStats
+from dit_core.gpu.options import Options
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.sampling.step_cache import StepCache, joint_blocks
 from kernels.int8_quant_turned import turned_rows
 
 CPU = torch.device("cpu")
+SMALL_CHUNKS = Options(mlp_chunk=64)  # several MLP chunks at these row counts
 
 
 def arch(norm: str, rope_axes=(8, 12, 12)) -> Arch:
@@ -44,7 +48,11 @@ def hosts(block: Block):
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(block_gpu, "CHUNK", 64)  # several MLP chunks at these row counts
+    """Every GpuBlock call here runs with SMALL_CHUNKS unless it passes options of its own."""
+    for name in ("forward", "parallel"):
+        method = getattr(GpuBlock, name)
+        monkeypatch.setattr(GpuBlock, name, lambda self, *args, options=None, _method=method, **kw: _method(
+            self, *args, options=options or SMALL_CHUNKS, **kw))
 
 
 @pytest.mark.parametrize("norm,sandwich", [("rms", True), ("rms", False), ("layer", False)])
@@ -109,8 +117,8 @@ class _KeepingInputs:
     def __init__(self, block: GpuBlock):
         self.block = block
 
-    def parallel(self, a, x, m, s, keys_values=None, keep_input=True, carry=None):
-        return self.block.parallel(a, x, m, s, keys_values, keep_input=True, carry=carry)
+    def parallel(self, a, x, m, s, keys_values=None, keep_input=True, carry=None, options=None):
+        return self.block.parallel(a, x, m, s, keys_values, keep_input=True, carry=carry, options=options)
 
 
 def test_joint_blocks_in_place_equal_copies_under_the_step_cache():
@@ -221,11 +229,11 @@ def test_hidden_rows_turned_for_down(norm, sandwich, monkeypatch):
         turned.append(kw.get("turned")) if op == "quantize_rows" else None) or run(op, *args, **kw))
     outputs = {}
     for turn in (True, False):
-        monkeypatch.setattr(block_gpu, "TURN_HIDDEN", turn)
+        options = replace(SMALL_CHUNKS, turn_hidden=turn)
         turned.clear()
         for step in ("forward", "parallel"):
             ref = getattr(host, step)(a, x.double(), mods, seq).float()
-            outputs[turn, step] = getattr(gpu, step)(a, x.clone(), mods, seq)
+            outputs[turn, step] = getattr(gpu, step)(a, x.clone(), mods, seq, options=options)
             assert rel_err(outputs[turn, step], ref) <= 1e-2, (turn, step)
         assert ("hidden" in turned) == turn
     for step in ("forward", "parallel"):

@@ -1,12 +1,13 @@
 """FLUX.3 Klein's sampler: ComfyUI's noise, Euler with the flow map's sigma_next, step cache, refresh."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import FLUX3_TINY, flux3_bfl_layout, random_flux3
 
-from dit_core.families import flux3_klein
 from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.sampling.ksampler import SamplingCancelled, sample_euler
 from dit_core.sampling.klein import flux_noise, sample_klein
@@ -192,9 +193,9 @@ def test_graphed_sampler_equals_eager_on_gpu(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_concurrent_mode_blocks_on_gpu(tmp_path, monkeypatch):
-    """MODES_CONCURRENT (the default): the text's and the reference's mode blocks on side streams, eager and graphed,
-    give the latents of the one-stream sampler bit for bit."""
+def test_concurrent_mode_blocks_on_gpu(tmp_path):
+    """Options.concurrent_modes (Klein's default): the text's and the reference's mode blocks on side streams, eager
+    and graphed, give the latents of the one-stream sampler bit for bit."""
     tiny = smooth_time_embedders(random_flux3(seed=12, attention_head_dim=64, num_attention_heads=4,
                                               axes_dims_rope=(16, 16, 16, 16)))
     save_file(flux3_bfl_layout(tiny.state_dict()), tmp_path / "klein.safetensors")
@@ -202,10 +203,10 @@ def test_concurrent_mode_blocks_on_gpu(tmp_path, monkeypatch):
     g = torch.Generator().manual_seed(4)
     noise, text = flux_noise(8, 64, 96, channels=C)[0].cuda(), torch.randn(9, TEXT, generator=g).cuda()
     reference = torch.randn(C, 4, 4, generator=g).cuda()
+    serial = replace(gpu, options=replace(gpu.options, concurrent_modes=False))
+    assert gpu.options.concurrent_modes
     for references in ([], [reference]):
-        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", False)
-        one_stream = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
-        monkeypatch.setattr(flux3_klein, "MODES_CONCURRENT", True)
+        one_stream = sample_klein(serial, noise, klein_sigmas(8), text, references, StepCache(0.0))
         eager = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
         graphed = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0), step=gpu.graphed())
         assert torch.equal(eager, one_stream) and torch.equal(graphed, one_stream), len(references)

@@ -12,6 +12,7 @@ Not collected by pytest (bench_*); run on the device: python tests/kernels/bench
 (kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
 import argparse
+import functools
 import statistics
 import sys
 from pathlib import Path
@@ -23,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dit_core.gpu.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
-from kernels import int8_linear_hopper
+from kernels import Choices
 from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
 from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
 from kernels.hadamard import hadamard
 from kernels.int8_quant import quantize_rows
 from kernels.int8_quant_turned import TURNED, quantize_turned, turned_rows
+from kernels.qkv_rope_linear import qkv_rope_linear
 from kernels.row_stats import launch_shape, row_stats
 from kernels.row_stats import reference as row_stats_reference
 
@@ -244,7 +246,6 @@ def gemm_sweep(runs):
 def bench_qkv_rope(runs):
     """Z-Image's QKV product then the q/k head norm and rotary: two launches against qkv_rope_linear's one."""
     from kernels.head_norm_rope import head_norm_rope
-    from kernels.qkv_rope_linear import qkv_rope_linear
     g = torch.Generator().manual_seed(5)
     heads, head, k = 30, 128, 3840
     q = torch.randint(-128, 128, (M, k), generator=g, dtype=torch.int8).cuda()
@@ -272,21 +273,19 @@ def bench_qkv_rope(runs):
 def bench_tail_split(runs):
     """The GEMM alone with its last wave's tiles split along K (kernels/split_tail.py, the default) and whole, at the
     shapes where it splits at 1024^2 (split_tail.MIN_K_STEPS): Z-Image's w2 and FLUX.3 Klein's MLP output."""
-    from kernels import split_tail
     rows = []
     for name, k, n in (("Z-Image w2", 10240, 3840), ("Klein MLP out", 9216, 3072)):
         q, s_x, w, s_w = random_codes(k, n)
         residual = torch.zeros(M, n, device="cuda")
         gate, row_map = torch.ones(1, n, device="cuda"), torch.zeros(M, dtype=torch.int32, device="cuda")
         cells, outs = [], []
-        for enabled in (True, False):
-            split_tail.ENABLED = enabled
-            cells += [time_or_note(lambda: int8_linear(q, s_x, w, s_w), runs, True),
+        for split in (True, False):
+            c = Choices(split_tail=split)
+            cells += [time_or_note(lambda: int8_linear(q, s_x, w, s_w, choices=c), runs, True),
                       time_or_note(lambda: int8_linear_gated(q, s_x, w, s_w, residual=residual, gate=gate,
-                                                             row_map=row_map), runs, True)]
-            outs += [int8_linear(q, s_x, w, s_w), int8_linear_gated(q, s_x, w, s_w, residual=torch.ones_like(
-                residual), gate=gate, row_map=row_map)]
-        split_tail.ENABLED = True
+                                                             row_map=row_map, choices=c), runs, True)]
+            outs += [int8_linear(q, s_x, w, s_w, choices=c), int8_linear_gated(
+                q, s_x, w, s_w, residual=torch.ones_like(residual), gate=gate, row_map=row_map, choices=c)]
         same = torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
         rows.append(f"| {name} {k}x{n} | " + " | ".join(cells) + f" | {same} |")
     return rows
@@ -396,9 +395,13 @@ def main():
     parser.add_argument("--qkv", action="store_true", help="the fused QKV's tiles and the tiles two programs an SM "
                         "run (TWO_A_SM), nothing else")
     parser.add_argument("--triton-gemm", action="store_true", help="ours by the Triton products where the Hopper "
-                        "ones run (int8_linear_hopper.ENABLED off)")
+                        "ones run (kernels.Choices' hopper_gemm off)")
     args = parser.parse_args()
-    int8_linear_hopper.ENABLED = not args.triton_gemm
+    if args.triton_gemm:  # this bench's own names: every GEMM and fused QKV below with the Hopper kernels off
+        global int8_linear, int8_linear_gated, qkv_rope_linear
+        triton_gemms = Choices(hopper_gemm=False)
+        int8_linear, int8_linear_gated, qkv_rope_linear = (functools.partial(f, choices=triton_gemms) for f in (
+            int8_linear, int8_linear_gated, qkv_rope_linear))
     if not torch.cuda.is_available():
         sys.exit("bench_int8_linear needs a CUDA GPU")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, M = {M}, runs = {args.runs}\n")

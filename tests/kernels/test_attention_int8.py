@@ -141,19 +141,19 @@ def test_blocks_attention_hands_the_qkv_rows_over_where_usable(monkeypatch):
     assert len(calls) == 1
 
 
-def test_int8_scores_for_the_listed_families_with_int8_linears_only():
-    """FLUX.3 Klein's INT8 blocks take INT8 scores; its BF16 blocks (the precise path) and other families do not."""
+def test_int8_scores_for_the_families_whose_options_ask_with_int8_linears_only():
+    """FLUX.3 Klein's INT8 blocks take INT8 scores (its recipe's options); its BF16 blocks (the precise path) and
+    other families do not."""
     from dataclasses import replace
 
     from dit_core.gpu import block as block_gpu
-    from dit_core.arch import Arch
-    a = Arch(family="flux3_klein", hidden=256, layers=1, refiner=0, heads=2, head=128, ffn=512, latents=128,
-             patch=(1, 1), text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6,
-             final_eps=1e-6, rope_axes=(32,) * 4, rope_theta=10000.0, norm="layer")
+    from dit_core.families.flux3_klein import Flux3Klein
+    from dit_core.families.z_image import ZImage
+    klein, z_image = Flux3Klein.default_options(), ZImage.default_options()
     int8 = block_gpu.GpuLinear(torch.zeros(768, 256, dtype=torch.int8), torch.ones(768), None, 256)
     bf16 = replace(int8, weight=torch.zeros(768, 256, dtype=torch.bfloat16), scale=None)
-    assert block_gpu._int8_scores(a, int8) and not block_gpu._int8_scores(a, bf16)
-    assert not block_gpu._int8_scores(replace(a, family="z_image"), int8)
+    assert block_gpu._int8_scores(int8, klein) and not block_gpu._int8_scores(bf16, klein)
+    assert not block_gpu._int8_scores(int8, z_image)
 
 
 class _Raising:

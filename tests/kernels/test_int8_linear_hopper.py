@@ -6,6 +6,8 @@ import pytest
 import torch
 from conftest import GLUON_BUILD, assert_within_one_bf16_step, gluon_builds
 
+from kernels import Choices
+
 BUILD = GLUON_BUILD + """
 from kernels import int8_linear_hopper as kh
 t = kh.TILE
@@ -171,16 +173,14 @@ SHAPES = [(4608, 3840, 3840), (4608, 3840, 10240), (4096, 3072, 12288), (130, 27
 
 
 def _both(monkeypatch, call):
-    """call() through the Hopper kernel (it must have launched), then through the Triton kernels (it off)."""
+    """call(choices) through the Hopper kernel (it must have launched), then through the Triton kernels (it off)."""
     from kernels import int8_linear_hopper
     launches, launch = [], int8_linear_hopper.launch
     monkeypatch.setattr(int8_linear_hopper, "launch",
                         lambda *a, **kw: launches.append(launch(*a, **kw)) or launches[-1])
-    monkeypatch.setattr(int8_linear_hopper, "ENABLED", True)
-    hopper = call()
+    hopper = call(Choices(hopper_gemm=True))
     assert launches and all(launches), f"the Hopper kernel did not take the call: {int8_linear_hopper.UNBUILT}"
-    monkeypatch.setattr(int8_linear_hopper, "ENABLED", False)
-    return hopper, call()
+    return hopper, call(Choices(hopper_gemm=False))
 
 
 @pytest.mark.gpu
@@ -194,13 +194,13 @@ def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
     ops, _, _ = operands(m, n, k, seed=m + n + k, device="cuda")
     ops["bias"] = ops["bias"] if with_bias else None
     poisoned = lambda cols: torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
-    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n)))
+    hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n)))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, reference(**ops))
-    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n // 2), swiglu=True))
+    hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n // 2), swiglu=True))
     assert torch.equal(hopper, triton_rows)
     assert_within_one_bf16_step(hopper, reference(**ops, swiglu=True))  # torch's exp against the GPU's
     if n // 2 % 64 == 0:  # SwiGLU's rows turned in the epilogue's registers (turn_hidden), as Triton's kernel does
-        hopper, triton_rows = _both(monkeypatch, lambda: int8_linear(**ops, out=poisoned(n // 2), swiglu=True,
+        hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n // 2), swiglu=True,
                                                                      turn_hidden=True))
         assert torch.equal(hopper, triton_rows)
         # torch's exp and division against the GPU's, a few f32 ulps of each of a 64-block's values: where the turn's
@@ -227,7 +227,7 @@ def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     start = gated.pop("residual")
     gated["addend"] = torch.randn(m, n, device="cuda").to(torch.bfloat16) if with_addend else None
     expected = reference(**ops, **gated, residual=start.clone())
-    hopper, triton_rows = _both(monkeypatch, lambda: int8_linear_gated(**ops, **gated, residual=start.clone()))
+    hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear_gated(choices=c, **ops, **gated, residual=start.clone()))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
     # The next norm's statistics from the epilogue's parts: the updated rows bit for bit, their statistics within
     # a few f32 ulps of the two-pass ones (kernels/row_stats.py): 1/sqrt(.) relatively, the means (near 0 here)
@@ -260,7 +260,7 @@ def test_fused_qkv(m, heads, group, normed, rotary, monkeypatch):
         seq = sequence_of(torch.randint(0, 1024, (m, len(axes)), generator=g) * scale, torch.zeros(m, dtype=torch.long),
                           axes, theta).to("cuda")
         ops["cos"], ops["sin"], angles = seq.cos, seq.sin, seq.angles.as_args()
-    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, group=group, angles=angles))
+    hopper, triton_views = _both(monkeypatch, lambda c: qkv_rope_linear(choices=c, **ops, group=group, angles=angles))
     # q and k within one bf16 step of the Triton kernel's (a head's RMS sums in another order: 128-column tiles
     # of one warpgroup against 256 of two), v bit for bit. With angles, cos and sin come from the MUFU (about 1e-6 off
     # the tables'), which moves a value by at most 1.5e-6 times its rotary pair's length: 4e-6 of it allowed.
@@ -289,8 +289,8 @@ def test_fused_qkv_turned_v(m, heads, monkeypatch):
 
     from kernels.qkv_rope_linear import qkv_rope_linear, reference
     ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
-    hopper, triton_views = _both(monkeypatch, lambda: qkv_rope_linear(**ops, turn_v=True))
-    plain = qkv_rope_linear(**ops)  # (the Triton kernels: _both left the Hopper kernel off)
-    assert torch.equal(hopper[0], _both(monkeypatch, lambda: qkv_rope_linear(**ops))[0][0])
+    hopper, triton_views = _both(monkeypatch, lambda c: qkv_rope_linear(choices=c, **ops, turn_v=True))
+    plain = qkv_rope_linear(**ops, choices=Choices(hopper_gemm=False))  # (the Triton kernels)
+    assert torch.equal(hopper[0], _both(monkeypatch, lambda c: qkv_rope_linear(choices=c, **ops))[0][0])
     assert torch.equal(triton_views[0], plain[0]) and torch.equal(triton_views[1], plain[1])
     assert torch.equal(hopper[2], triton_views[2]) and torch.equal(hopper[2], reference(**ops, turn_v=True)[2])

@@ -7,7 +7,7 @@ import torch
 from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import poisoned_outputs, rows_like_activations
 
-from kernels import int8_quant_hopper
+from kernels import Choices, int8_quant_hopper
 from kernels.arrival_counters import counters_left
 from kernels.hadamard import hadamard
 from kernels.int8_quant import quantize_rows
@@ -110,8 +110,7 @@ def test_one_pass_equals_two_passes(m, k, groups, monkeypatch):
     q, s = poisoned_outputs(m, k, "cuda")
     assert int8_quant_hopper.launch(x, q, s, groups), int8_quant_hopper.UNBUILT
     assert counters_left() == 0
-    monkeypatch.setattr(int8_quant_hopper, "ENABLED", False)
-    q_ref, s_ref = quantize_rows(x, 256)
+    q_ref, s_ref = quantize_rows(x, 256, choices=Choices(hopper_quant=False))
     assert torch.equal(s, s_ref), f"{int((s != s_ref).sum())} scales differ"
     assert torch.equal(q, q_ref), f"{int((q != q_ref).sum())} codes differ"
     assert q[0, 0] == -128 and (m == 1 or q[1, 0] == 127)

@@ -11,7 +11,7 @@ import torch
 from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_like_activations
 
-from kernels import int8_quant, int8_quant_turned_hopper
+from kernels import Choices, int8_quant, int8_quant_turned_hopper
 from kernels.hadamard import hadamard
 from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digits,
                                       turned_f32, turned_rows)
@@ -166,7 +166,7 @@ def test_hopper_kernel_off_the_gpu_says_why():
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("m,k", [(4608, 3072), (4608, 3840), (512, 3072), (3, 8192), (1, 256)])
-def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
+def test_hopper_kernel_against_the_triton_kernel(m, k):
     """The Gluon kernel gives the float64 rotation's codes as the Triton kernel does (each within its f32 sums'
     midpoints; the two agree on all but those); quantize_turned takes it where a row's groups come within 1/16 of a
     power of two (K 3072, 12 groups of 16, goes to Triton's kernel: faster there)."""
@@ -175,8 +175,7 @@ def test_hopper_kernel_against_the_triton_kernel(m, k, monkeypatch):
     hopper = poisoned_outputs(m, k, "cuda")
     assert int8_quant_turned_hopper.launch(t, *hopper), int8_quant_turned_hopper.UNBUILT
     assert (int8_quant_turned_hopper.unusable(t) is None) == (k != 3072)
-    monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
-    triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"))
+    triton_codes = quantize_turned(t, out=poisoned_outputs(m, k, "cuda"), hopper=False)
     for q, s in (hopper, triton_codes):
         assert_codes_match_float64(q, s, turned_digits(t), 256, max_fraction=1e-5)
     assert (hopper[0] != triton_codes[0]).float().mean() <= 1e-5
@@ -216,15 +215,15 @@ def test_hidden_rows_kernel_builds_with_d0_in_each_threads_registers():
                     reason="needs a Hopper GPU")
 @pytest.mark.parametrize("m,k", [(4608, 9216), (4608, 10240), (512, 9216), (3, 8448), (1, 256)])
 @pytest.mark.parametrize("warps,groups", [(1, 4), (2, 4), (1, 8)])
-def test_hidden_rows_kernel_against_the_passes(m, k, warps, groups, monkeypatch):
+def test_hidden_rows_kernel_against_the_passes(m, k, warps, groups):
     """The Gluon kernel for hidden rows (quantize_rows takes it on Hopper) against the float64 rotation, and against
     the Triton passes with the rest of the rotation as their operand (all but f32 sums' midpoints equal)."""
     t = turned_rows(rows_like_activations(m, k, seed=m + k, device="cuda"), TURNED["hidden"])
     hopper = poisoned_outputs(m, k, "cuda")
     assert int8_quant_turned_hopper.launch_hidden(t, *hopper, warps, groups), int8_quant_turned_hopper.UNBUILT
     assert int8_quant_turned_hopper.unusable(t, "hidden") is None
-    monkeypatch.setattr(int8_quant_turned_hopper, "ENABLED", False)
-    passes = int8_quant.quantize_rows(t, 256, turned="hidden", out=poisoned_outputs(m, k, "cuda"))
+    passes = int8_quant.quantize_rows(t, 256, turned="hidden", out=poisoned_outputs(m, k, "cuda"),
+                                      choices=Choices(hopper_turned_quant=False))
     for q, s in (hopper, passes):
         assert_codes_match_float64(q, s, turned_digits(t, TURNED["hidden"]), 256, max_fraction=1e-5)
     assert (hopper[0] != passes[0]).float().mean() <= 1e-5

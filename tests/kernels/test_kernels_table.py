@@ -9,7 +9,7 @@ import kernels
 from kernels import OPS, run
 from kernels.int8_quant import reference as quantize_reference
 
-TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs"}  # launchers only
+TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs", "choices"}  # launchers only
 
 
 def test_references_take_the_launchers_arguments():
@@ -35,3 +35,19 @@ def test_cpu_inputs_fall_back_to_the_reference_once(caplog, monkeypatch):
     assert torch.equal(q, q_ref) and torch.equal(s, s_ref)
     assert OPS["int8_linear"].capable(torch.device("cpu")) is not None
 
+
+
+def test_the_hopper_kernels_are_chosen_by_the_device_and_the_callers_choices(monkeypatch):
+    """run() gives the launcher of an op with Hopper kernels the caller's choices, those kernels off where
+    needs_hopper fails."""
+    seen = []
+    monkeypatch.setitem(OPS, "quantize_rows", kernels.Op(lambda *args, choices, **kw: seen.append(choices),
+                                                         quantize_reference, lambda device: None,
+                                                         OPS["quantize_rows"].hopper))
+    asked = kernels.Choices(split_tail=False)
+    for why in (None, "not a Hopper GPU"):
+        monkeypatch.setattr(kernels, "needs_hopper", lambda device, why=why: why)
+        run("quantize_rows", torch.zeros(2, 16), 16, choices=asked)
+    assert seen == [asked, kernels.Choices(split_tail=False, hopper_quant=False, hopper_turned_quant=False)]
+    assert OPS["quantize_rows"].hopper and not OPS["attention"].hopper
+    assert kernels.needs_hopper(torch.device("cpu")) is not None

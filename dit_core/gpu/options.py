@@ -1,0 +1,41 @@
+"""The GPU path's options: a frozen value a model is given once (its recipe's defaults, Model.to(..., options=)),
+passed down from its step to each block and on to kernels.run. Nothing here is a module switch: a benchmark times a
+variant by giving the model another value (dataclasses.replace of the recipe's)."""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def kernels():
+    """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
+    in ComfyUI."""
+    parent = __package__.removesuffix(".gpu").rpartition(".")[0]  # dit_core.gpu -> dit_core's parent
+    return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
+
+
+@dataclass(frozen=True)
+class Options:
+    """int8_attention: attention scores on the INT8 matrix cores (kernels/attention_int8.py) in blocks whose QKV is
+    INT8 (BF16 linears keep cuDNN's bf16: the precise path); off, cuDNN's bf16 SDPA. turn_v: v leaves the fused QKV
+    turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an INT8 DOWN
+    (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
+    output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
+    side streams beside the image's (else one after another). carry_norms: each block's first norm statistics
+    written by the block before (NormStats), else made by a pass of its own. kernels: which kernels of equal math
+    run (kernels/choices.py)."""
+    int8_attention: bool = False
+    turn_v: bool = True
+    turn_hidden: bool = True
+    mlp_chunk: int = 8192
+    concurrent_modes: bool = True
+    carry_norms: bool = True
+    kernels: Any = field(default_factory=lambda: _choices())  # kernels.Choices
+
+
+def _choices():
+    return kernels().Choices()
+
+
+DEFAULT = Options()  # blocks called without options (tests, tools); a model passes its own
