@@ -40,8 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def variants(args, defaults) -> list:
     """(name, options) of each asked variant: the recipe's default options (a model's `default_options()`) with
     one field changed."""
-    def chosen(**changes):  # the kernels' choices within the options
-        return replace(defaults, kernels=replace(defaults.kernels, **changes))
+    from kernels import Choices
+
+    def chosen(**changes):  # the kernels' choices within the options (None: Choices' defaults)
+        return replace(defaults, kernels=replace(defaults.kernels or Choices(), **changes))
     return [(f"MLP chunks of {args.variant_chunk} rows", replace(defaults, mlp_chunk=args.variant_chunk))] * bool(
         args.variant_chunk) + [("whole tiles", chosen(split_tail=False))] * args.variant_whole_tiles + [
         ("mode blocks on one stream", replace(defaults, concurrent_modes=False))] * args.variant_serial_modes + [

@@ -93,11 +93,11 @@ def _without(choices: Choices, hopper: tuple[str, ...]) -> Choices:
     return replace(choices, **dict.fromkeys(hopper, False))
 
 
-def run(op: str, *args, choices: Choices = DEFAULT, **kwargs):
+def run(op: str, *args, choices: Choices | None = None, **kwargs):
     """op's launcher when its capability check passes for the first tensor argument's device, else its
-    reference. choices: which kernels of equal math run (kernels/choices.py), given to the launchers of ops with
-    Hopper kernels, those kernels off where needs_hopper fails."""
-    entry = OPS[op]
+    reference. choices: which kernels of equal math run (kernels/choices.py; None: DEFAULT), given to the
+    launchers of ops with Hopper kernels, those kernels off where needs_hopper fails."""
+    entry, choices = OPS[op], DEFAULT if choices is None else choices
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     reason = entry.capable(device)
     if reason is None:

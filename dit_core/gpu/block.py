@@ -3,6 +3,7 @@
 residual), attention through SDPA. dit_core/block.py is its reference."""
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,12 +30,19 @@ from ..block import (
 from ..modulation import Modulation
 from ..sequence import Sequence
 from ..weights import Linear
-from .options import DEFAULT, Options, kernels
+from .options import DEFAULT, Options
 
 
 def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
     """Whether a block with this QKV takes INT8 attention scores: the options ask for them and QKV is INT8."""
     return o.int8_attention and qkv.int8
+
+
+def kernels():
+    """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
+    in ComfyUI."""
+    parent = __package__.removesuffix(".gpu").rpartition(".")[0]  # dit_core.gpu -> dit_core's parent
+    return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
 
 
 def run(op: str, *args, **kwargs):

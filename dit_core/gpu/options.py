@@ -3,16 +3,8 @@ passed down from its step to each block and on to kernels.run. Nothing here is a
 variant by giving the model another value (dataclasses.replace of the recipe's)."""
 from __future__ import annotations
 
-import importlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
-
-
-def kernels():
-    """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
-    in ComfyUI."""
-    parent = __package__.removesuffix(".gpu").rpartition(".")[0]  # dit_core.gpu -> dit_core's parent
-    return importlib.import_module(f"{parent}.kernels" if parent else "kernels")
 
 
 @dataclass(frozen=True)
@@ -24,18 +16,15 @@ class Options:
     output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
     side streams beside the image's (else one after another). carry_norms: each block's first norm statistics
     written by the block before (NormStats), else made by a pass of its own. kernels: which kernels of equal math
-    run (kernels/choices.py)."""
+    run, a kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core
+    opens kernels/ in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
     turn_v: bool = True
     turn_hidden: bool = True
     mlp_chunk: int = 8192
     concurrent_modes: bool = True
     carry_norms: bool = True
-    kernels: Any = field(default_factory=lambda: _choices())  # kernels.Choices
-
-
-def _choices():
-    return kernels().Choices()
+    kernels: Any = None
 
 
 DEFAULT = Options()  # blocks called without options (tests, tools); a model passes its own
