@@ -63,8 +63,7 @@ def main() -> None:
         cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
         for stages in args.stages:
             def ours(stages=stages):
-                ka.STAGES = stages
-                return ka.attention_int8(q, k, v, heads)
+                return ka.attention_int8(q, k, v, heads, stages)
             cases.append((f"INT8 scores, {stages} slots, codes included", ours))
         made = ka.operands(q, k, v, heads)
         cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))

@@ -28,7 +28,6 @@ from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.modulation import Modulation  # noqa: E402
 from dit_core.sequence import sequence_of  # noqa: E402
 from dit_core.gpu.staging import stage, staged_bytes  # noqa: E402
-import dit_core.gpu.streaming as streaming  # noqa: E402
 from dit_core.gpu.streaming import SLOTS, StreamedBlocks  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 
@@ -103,17 +102,17 @@ def h2d_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float:
     return nbytes / statistics.median(times[1:])
 
 
-def budget_for(sizes: list[int], percent: int) -> int:
-    """Weights budget keeping percent of the blocks: everything at 100, else that share plus the two slots."""
+def budget_for(sizes: list[int], percent: int, slots: int = SLOTS) -> int:
+    """Weights budget keeping percent of the blocks: everything at 100, else that share plus the slots."""
     if percent == 100:
         return sum(sizes)
-    return sum(sizes) * percent // 100 + streaming.SLOTS * max(sizes)
+    return sum(sizes) * percent // 100 + slots * max(sizes)
 
 
 def copied_bytes(streamed: StreamedBlocks) -> int:
-    """Bytes a pass copies: the streamed blocks, none when the two slots hold them all across passes."""
+    """Bytes a pass copies: the streamed blocks, none when the slots hold them all across passes."""
     streamed_sizes = [s for s, r in zip(streamed._bytes, streamed.resident) if not r]
-    return 0 if len(streamed_sizes) <= SLOTS else sum(streamed_sizes)
+    return 0 if len(streamed_sizes) <= streamed.slot_count else sum(streamed_sizes)
 
 
 def sweep(name: str, host_blocks: list[GpuBlock], step_with, steps: int, device, bandwidth: float) -> list[str]:
@@ -150,8 +149,7 @@ def trace(host_blocks, step_with, percent: int, steps: int, device) -> None:
     stream busy time."""
     sizes, staged = [staged_bytes(b) for b in host_blocks], [stage(b) for b in host_blocks]
     for slots in (2, 3):
-        streaming.SLOTS = slots
-        streamed = StreamedBlocks(staged, device, budget_for(sizes, percent))
+        streamed = StreamedBlocks(staged, device, budget_for(sizes, percent, slots), slots=slots)
         with torch.no_grad():
             ms, _ = timed(lambda b=streamed: step_with(b), steps, device)
             copies_ms, _ = timed(lambda b=streamed: [None for _ in b], steps, device)
@@ -174,7 +172,6 @@ def trace(host_blocks, step_with, percent: int, steps: int, device) -> None:
                   f"({max(sizes) / (mean * 1e-6) / 1e9 if mean else 0:.1f} GB/s), kernels busy {busy / 1e3:.1f} "
                   f"of {span / 1e3:.1f} ms", flush=True)
         del streamed
-    streaming.SLOTS = SLOTS
 
 
 def z_image(args, device, bandwidth) -> list[str]:

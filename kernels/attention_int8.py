@@ -242,15 +242,16 @@ def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> t
     return (*codes(q, heads, True), *codes(k, heads, False), v)
 
 
-def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor | None:
-    """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first); None where this Triton could not
-    build the kernel (UNBUILT says why, logged once; the caller runs SDPA)."""
+def launch(cq, sq, ck, sk, v, heads: int, stages: int = STAGES) -> torch.Tensor | None:
+    """o [M, H D] bf16 from operands()' tensors (the caller asks `unusable` first), k and v through a ring of
+    `stages` slots; None where this Triton could not build the kernel (UNBUILT says why, logged once; the caller
+    runs SDPA)."""
     m = cq.shape[0]
     out = torch.empty_like(v)
     why = build_failure(lambda: _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
         _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
         _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
-        EVEN=m % BLOCK_N == 0, STAGES=STAGES, num_warps=4))
+        EVEN=m % BLOCK_N == 0, STAGES=stages, num_warps=4))
     if why is not None:
         UNBUILT.append(why)
         logging.getLogger(__name__).warning("attention_int8: not built (%s); attention stays on SDPA", why)
@@ -258,7 +259,8 @@ def launch(cq, sq, ck, sk, v, heads: int) -> torch.Tensor | None:
     return out
 
 
-def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> torch.Tensor | None:
+def attention_int8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+                   stages: int = STAGES) -> torch.Tensor | None:
     """Rows q, k, v [M, H D] bf16 to o [M, H D] bf16 by this file's math (the caller asks `unusable` first); None
     where the kernel could not be built (launch)."""
-    return launch(*operands(q, k, v, heads), heads)
+    return launch(*operands(q, k, v, heads), heads, stages)

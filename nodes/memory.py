@@ -16,7 +16,7 @@ from contextlib import contextmanager
 import comfy.model_management
 import torch
 
-from ..dit_core.gpu.streaming import SLOTS, StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
+from ..dit_core.gpu.streaming import StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
 from .family_settings import PassSize
 from .model_bytes import GIB, describe, placement
 
@@ -262,7 +262,7 @@ def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, s
         blocks, on_card = getattr(model, "blocks", None), placement(model).device
         streamed = isinstance(blocks, StreamedBlocks)
         never_streamed = on_card - blocks.device_bytes() if streamed else on_card
-        slots = SLOTS * blocks.slot_bytes if streamed else 0  # where streamed blocks run
+        slots = blocks.slot_count * blocks.slot_bytes if streamed else 0  # where streamed blocks run
         available = comfy.model_management.get_total_memory(device) - never_streamed - slots - \
             int(comfy.model_management.extra_reserved_memory())
         need, where = (lambda r: pass_bytes(a, r)), "GPU"

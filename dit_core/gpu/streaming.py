@@ -31,17 +31,17 @@ def spread(n: int, k: int) -> list[bool]:
     return [(n - i) * k // n > (n - 1 - i) * k // n for i in range(n)]
 
 
-def plan(block_bytes: Sequence[int], budget: int, slot_bytes: int | None = None) -> list[bool]:
-    """Which blocks stay on the device (True) within budget bytes: all when they fit; else the two slots of
+def plan(block_bytes: Sequence[int], budget: int, slot_bytes: int | None = None, slots: int = SLOTS) -> list[bool]:
+    """Which blocks stay on the device (True) within budget bytes: all when they fit; else the slots of
     slot_bytes each (by default the largest block) first, then as many blocks as fit, spread over the depth."""
     n = len(block_bytes)
     if sum(block_bytes) <= budget:
         return [True] * n
     slot = max(block_bytes) if slot_bytes is None else slot_bytes
-    need = SLOTS * slot
+    need = slots * slot
     if budget < need:
         raise BudgetError(f"a GPU budget of {budget} bytes ({budget / 2**30:.2f} GiB) cannot stream these blocks: "
-                         f"the {SLOTS} slots they copy into need {need} bytes ({need / 2**30:.2f} GiB); raise "
+                         f"the {slots} slots they copy into need {need} bytes ({need / 2**30:.2f} GiB); raise "
                          f"the budget or free GPU memory")
     room = budget - need
     for k in range(n - 1, -1, -1):
@@ -148,7 +148,8 @@ class StreamedBlocks:
     invalidates it (resident_generation)."""
 
     def __init__(self, blocks: Sequence[Any], device: torch.device | str, budget: int | Callable[[int], int],
-                 files: Sequence[dict] | None = None, form: Callable[[Any, torch.device], Any] | None = None):
+                 files: Sequence[dict] | None = None, form: Callable[[Any, torch.device], Any] | None = None,
+                 slots: int = SLOTS):
         if not blocks:
             raise ValueError("StreamedBlocks needs at least one block")
         self.device, form, cpu = torch.device(device), form or _as_is, torch.device("cpu")
@@ -158,14 +159,15 @@ class StreamedBlocks:
         self._staged: list[Staged | None] = [b if isinstance(b, Staged) else None for b in blocks]
         self._resident: list[tuple[torch.Tensor, Any] | None] = [None] * len(blocks)
         self._slots: list[torch.Tensor] = []
-        self._held: list[int | None] = [None] * SLOTS
+        self.slot_count = slots
+        self._held: list[int | None] = [None] * slots
         cuda = self.device.type == "cuda"
         self._copy_stream = torch.cuda.Stream(self.device) if cuda else None
-        self._free_events = [torch.cuda.Event() for _ in range(SLOTS)] if cuda else []
-        self._ready_events = [torch.cuda.Event() for _ in range(SLOTS)] if cuda else []
+        self._free_events = [torch.cuda.Event() for _ in range(slots)] if cuda else []
+        self._ready_events = [torch.cuda.Event() for _ in range(slots)] if cuda else []
         self.generation = 0
         self.budget = budget(self.total_bytes()) if callable(budget) else budget
-        self.wanted = plan(self._bytes, self.budget, self.slot_bytes)
+        self.wanted = plan(self._bytes, self.budget, self.slot_bytes, slots)
         streamed = [i for i, want in enumerate(self.wanted) if not want and self._staged[i] is None]
         made = stage_all((form(blocks[i], cpu) for i in streamed), [self._layouts[i] for i in streamed],
                          [files[i] for i in streamed] if files else None)
@@ -206,10 +208,10 @@ class StreamedBlocks:
         wanted leaves first (staged if it holds no host copy), then each wanted one comes back from its staged
         copy, which stays (a later free() needs no copy back). Returns the bytes it copied to the device."""
         if budget is not None:
-            self.budget, self.wanted = budget, plan(self._bytes, budget, self.slot_bytes)
+            self.budget, self.wanted = budget, plan(self._bytes, budget, self.slot_bytes, self.slot_count)
         self._release([i for i, want in enumerate(self.wanted) if self._resident[i] is not None and not want])
         if all(self.wanted) and self._slots:
-            self._slots, self._held = [], [None] * SLOTS  # nothing streams: the slots go
+            self._slots, self._held = [], [None] * self.slot_count  # nothing streams: the slots go
             self.generation += 1
         copied = 0
         for i, want in enumerate(self.wanted):
@@ -226,8 +228,8 @@ class StreamedBlocks:
     def _make_slots(self) -> None:
         if not all(self.resident) and not self._slots:
             self._slots = [torch.empty(self.slot_bytes, dtype=torch.uint8, device=self.device)
-                           for _ in range(SLOTS)]
-            self._held = [None] * SLOTS
+                           for _ in range(self.slot_count)]
+            self._held = [None] * self.slot_count
 
     def _release(self, leaving: list[int]) -> None:
         """Blocks `leaving` off the device; those without a host copy are staged first, together in one
@@ -260,7 +262,7 @@ class StreamedBlocks:
         self._release(leaving)
         if freed < nbytes and self._slots:
             freed += sum(s.numel() for s in self._slots)
-            self._slots, self._held = [], [None] * SLOTS
+            self._slots, self._held = [], [None] * self.slot_count
             self.generation += 1
         return freed
 
@@ -277,7 +279,7 @@ class StreamedBlocks:
 
         def issue(k: int) -> None:
             """Streamed block order[k] to slot k % 2, after the block that last used the slot (free event)."""
-            s, i = k % SLOTS, order[k]
+            s, i = k % self.slot_count, order[k]
             if self._held[s] == i:
                 return  # the slot still holds it (from the last pass): no copy
             if compute is not None:
@@ -292,26 +294,26 @@ class StreamedBlocks:
 
         k = 0
         try:
-            for j in range(min(SLOTS, len(order))):
+            for j in range(min(self.slot_count, len(order))):
                 issue(j)
             for i, r in enumerate(self._resident):
                 if r is not None:
                     yield r[1]
                     continue
-                s = k % SLOTS
+                s = k % self.slot_count
                 if compute is not None:
                     compute.wait_event(self._ready_events[s])
                 yield self._layouts[i].on(self._slots[s])
                 if compute is not None:
                     self._free_events[s].record(compute)
-                if k + SLOTS < len(order):
-                    issue(k + SLOTS)
+                if k + self.slot_count < len(order):
+                    issue(k + self.slot_count)
                 k += 1
             if compute is not None:
                 # The next pass's first blocks copy as soon as their slots are free, now: their copies overlap
                 # this pass's last blocks and whatever runs between passes (seen at 0% resident: ~8% of a
                 # Z-Image step when they waited for the next pass to begin). That pass finds them held.
-                for j in range(min(SLOTS, len(order))):
+                for j in range(min(self.slot_count, len(order))):
                     issue(j)
         finally:
             # A pass stopped early (cancel) may leave work using either slot enqueued: the next copies wait.
