@@ -1,4 +1,4 @@
-"""Attention at the joint blocks' shape: kernels/attention_int8.py (INT8 scores, Gluon) against the cuDNN bf16 SDPA
+"""Attention at the joint blocks' shape: kernels/int8/attention.py (INT8 scores, Gluon) against the cuDNN bf16 SDPA
 the blocks call, in time (CUDA graph), joules a call under sustained load, and error against f32 attention.
 
 q and k are head-RMS-normed rows with random gains (as kernels/head_norm_rope.py makes them), v plain rows; all are
@@ -22,7 +22,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "kernels")]
 from bench_int8_linear import median_ms  # noqa: E402
 from energy_by_kernel import sustained  # noqa: E402
 from gpu_energy import energy_reader  # noqa: E402
-from kernels import attention_int8 as ka  # noqa: E402
+from kernels.int8 import attention as ka  # noqa: E402
 
 
 def rows(m: int, heads: int, seed: int, normed: bool) -> torch.Tensor:

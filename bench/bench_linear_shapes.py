@@ -25,10 +25,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels")]
 
 from bench_int8_linear import median_ms  # noqa: E402
 from kernels import Choices  # noqa: E402
-from kernels.int8_linear import int8_linear, int8_linear_gated  # noqa: E402
-from kernels.int8_quant import quantize_rows  # noqa: E402
+from kernels.int8.linear import int8_linear, int8_linear_gated  # noqa: E402
+from kernels.int8.quant import quantize_rows  # noqa: E402
 from dit_core.sequence import sequence_of  # noqa: E402
-from kernels.qkv_rope_linear import qkv_rope_linear  # noqa: E402
+from kernels.int8.qkv_rope_linear import qkv_rope_linear  # noqa: E402
 
 # (family, linear, form, M, K, N, calls a step); N is the product's width (UP: gate and up interleaved).
 SHAPES = [("Z-Image", "qkv", "qkv", 4608, 3840, 11520, 30), ("Z-Image", "qkv", "qkv", 4096, 3840, 11520, 2),

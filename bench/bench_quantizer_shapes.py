@@ -6,9 +6,9 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
    (input read, bf16 rotated rows written and read back, int8 codes written).
 2. The codes pass alone by launch shape (rows, columns, warps a program).
 3. int8_linear_gated at Klein's OUT and DOWN shapes with one gate row, two in runs, two at random.
---one-pass: only plain rows, kernels/int8_quant_hopper.py's one pass (by groups an item and programs an SM) beside
+--one-pass: only plain rows, kernels/int8/quant_hopper.py's one pass (by groups an item and programs an SM) beside
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
---turned: only attention outputs, kernels/int8_quant_turned.py's pass (rows whose v was turned, and plain rows) by
+--turned: only attention outputs, kernels/int8/quant_turned.py's pass (rows whose v was turned, and plain rows) by
 rows and warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
 --hidden: only the MLP's hidden rows, plain against turned by UP's SwiGLU epilogue (block_gpu._turns_hidden).
 On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned | --hidden] (device_session.sh
@@ -25,11 +25,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"
 
 from bench_int8_linear import median_ms  # noqa: E402
 
-from kernels import Choices, int8_quant_hopper, int8_quant_turned_hopper  # noqa: E402
-from kernels.int8_codes import _codes_kernel  # noqa: E402
-from kernels.int8_linear import int8_linear_gated  # noqa: E402
-from kernels.int8_quant import quantize_rows  # noqa: E402
-from kernels.int8_quant_turned import quantize_turned  # noqa: E402
+from kernels import Choices  # noqa: E402
+from kernels.int8 import quant_hopper as int8_quant_hopper  # noqa: E402
+from kernels.int8 import quant_turned_hopper as int8_quant_turned_hopper  # noqa: E402
+from kernels.int8.codes import _codes_kernel  # noqa: E402
+from kernels.int8.linear import int8_linear_gated  # noqa: E402
+from kernels.int8.quant import quantize_rows  # noqa: E402
+from kernels.int8.quant_turned import quantize_turned  # noqa: E402
 
 M, TEXT_ROWS, RUNS = 4608, 512, 30
 GEN = torch.Generator().manual_seed(0)
@@ -126,7 +128,7 @@ def turned_table() -> list[str]:
 
 def hidden_table() -> list[str]:
     """The MLP's hidden rows: plain (the Gluon one pass where chosen, else the Triton passes) against turned by UP's
-    SwiGLU epilogue (kernels/int8_quant_turned_hopper.py's hidden rows by warps and groups a warp; the Triton
+    SwiGLU epilogue (kernels/int8/quant_turned_hopper.py's hidden rows by warps and groups a warp; the Triton
     passes with the rest of the rotation as their operand)."""
     out = ["| hidden rows | plain: one pass (Gluon) or the passes | turned: Gluon (warps / groups a warp) | turned: "
            "the Triton passes | floor ms |", "|---|---|---|---|---|"]

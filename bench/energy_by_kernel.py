@@ -24,8 +24,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from bench_linear_shapes import call_of  # noqa: E402
 from gpu_energy import energy_reader  # noqa: E402
-from kernels.int8_quant import quantize_rows  # noqa: E402
-from kernels.row_stats import reference as stats_reference  # noqa: E402
+from kernels.int8.quant import quantize_rows  # noqa: E402
+from kernels.int8.row_stats import reference as stats_reference  # noqa: E402
 
 M, WIDTH, FFN, HEADS = 4608, 3072, 9216, 24
 

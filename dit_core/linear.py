@@ -1,6 +1,6 @@
 """The one entry point of a linear's product on the host: float math, or the exact INT8 ConvRot emulation.
 
-A GPU path replaces `linear` with kernels/int8_linear.py; this file stays the reference of its numerics.
+A GPU path replaces `linear` with kernels/int8/linear.py; this file stays the reference of its numerics.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import torch
 class AngleFactors:
     """The rotary angles as positions times frequencies: angle[row, j] = positions[row, axis(j)] * freq[j], axis(j)
     the axis whose columns hold j (ends: the first columns of axes 1, 2, 3), freq the float64 frequency as two f32
-    (freqs [hi; lo]). The fused QKV's epilogue on Hopper makes cos and sin from these (kernels/int8_hopper_epilogues.py)
+    (freqs [hi; lo]). The fused QKV's epilogue on Hopper makes cos and sin from these (kernels/int8/hopper_epilogues.py)
     rather than reading the [rows, R] tables."""
     positions: torch.Tensor  # [rows, 4] float32 (axes past the rotary's: 0)
     freqs: torch.Tensor  # [2, R] float32: hi, lo

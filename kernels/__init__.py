@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, int8_linear, int8_linear_hopper, int8_quant, qkv_rope_linear
+from . import attention, gated_residual, head_norm_rope
+from .int8 import linear, linear_hopper, qkv_rope_linear, quant
 from .choices import DEFAULT, Choices
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ def needs_cuda(device: torch.device) -> str | None:
 def needs_hopper(device: torch.device) -> str | None:
     """As needs_int8_mma, and the Hopper kernels' Gluon (sm_90's wgmma and TMA; not in the interpreter)."""
     reason = needs_int8_mma(device)
-    if reason is None and (int8_linear_hopper.gluon is None or os.environ.get("TRITON_INTERPRET") == "1"):
+    if reason is None and (linear_hopper.gluon is None or os.environ.get("TRITON_INTERPRET") == "1"):
         reason = "no Gluon in this Triton, or interpreted"
     if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
         reason = f"compute capability {torch.cuda.get_device_capability(device)}, not Hopper's (9, 0)"
@@ -67,12 +68,12 @@ class Op:
 
 
 OPS = {
-    # plain hidden rows: kernels/int8_quant_hopper.py; turned rows: kernels/int8_quant_turned_hopper.py
-    "quantize_rows": Op(int8_quant.quantize_rows, int8_quant.reference, needs_triton_gpu,
+    # plain hidden rows: kernels/int8/quant_hopper.py; turned rows: kernels/int8/quant_turned_hopper.py
+    "quantize_rows": Op(quant.quantize_rows, quant.reference, needs_triton_gpu,
                         hopper=("hopper_quant", "hopper_turned_quant")),
-    # kernels/int8_linear_hopper.py, each
-    "int8_linear": Op(int8_linear.int8_linear, int8_linear.reference, needs_int8_mma, hopper=("hopper_gemm",)),
-    "int8_linear_gated": Op(int8_linear.int8_linear_gated, int8_linear.reference, needs_int8_mma,
+    # kernels/int8/linear_hopper.py, each
+    "int8_linear": Op(linear.int8_linear, linear.reference, needs_int8_mma, hopper=("hopper_gemm",)),
+    "int8_linear_gated": Op(linear.int8_linear_gated, linear.reference, needs_int8_mma,
                             hopper=("hopper_gemm",)),
     "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma,
                           hopper=("hopper_gemm",)),

@@ -1,7 +1,7 @@
 """Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
 
 Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324: the work here is
-choosing SDPA's back end. Where the caller asks for INT8 scores and kernels/attention_int8.py takes the rows (Hopper,
+choosing SDPA's back end. Where the caller asks for INT8 scores and kernels/int8/attention.py takes the rows (Hopper,
 heads of 128, one group), that kernel runs instead (issue 6: fewer joules a call than cuDNN's bf16 at its time; an
 error of about 1.3% against bf16's 0.2%, docs/notes/runs.md).
 For q, k, v [G, heads, g, D] bf16 (the layout of kernels/head_norm_rope.py: G groups of g consecutive rows, rows
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import attention_int8
+from .int8 import attention as attention_int8
 
 # Tried in this order; SDPA takes the first whose constraints the inputs meet (MATH last, always possible).
 BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
@@ -55,7 +55,7 @@ def reference(q, k, v, group=0, int8_scores=False):
 
 def attention(q, k, v, group=0, int8_scores=False):
     """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. int8_scores:
-    kernels/attention_int8.py where it takes the rows."""
+    kernels/int8/attention.py where it takes the rows."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")

@@ -8,19 +8,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .int8_linear_hopper import TILE
+from .int8.linear_hopper import TILE
 
 
 @dataclass(frozen=True)
 class Choices:
-    """hopper_gemm: int8_linear's forms and the fused QKV by kernels/int8_linear_hopper.py where it takes the call
-    (else Triton's kernels). hopper_quant: plain hidden rows by kernels/int8_quant_hopper.py's one pass where
-    `chosen` (else kernels/int8_quant.py's two passes). hopper_turned_quant: turned rows by
-    kernels/int8_quant_turned_hopper.py (else kernels/int8_quant_turned.py's Triton kernel or the passes).
-    split_tail: a GEMM's last partial wave of tiles split along K (kernels/split_tail.py; else every tile whole).
-    codes_last_first: the codes pass takes its column blocks last first (kernels/int8_codes.py). whole_rows: many
-    plain bf16 rows of up to int8_quant_turned.MAX_K features by its one pass, whole rows a program (from
-    int8_quant.WHOLE_ROWS_MIN_M rows; else the rotate and codes passes). group_m: the
+    """hopper_gemm: int8_linear's forms and the fused QKV by kernels/int8/linear_hopper.py where it takes the call
+    (else Triton's kernels). hopper_quant: plain hidden rows by kernels/int8/quant_hopper.py's one pass where
+    `chosen` (else kernels/int8/quant.py's two passes). hopper_turned_quant: turned rows by
+    kernels/int8/quant_turned_hopper.py (else kernels/int8/quant_turned.py's Triton kernel or the passes).
+    split_tail: a GEMM's last partial wave of tiles split along K (kernels/int8/split_tail.py; else every tile whole).
+    codes_last_first: the codes pass takes its column blocks last first (kernels/int8/codes.py). whole_rows: many
+    plain bf16 rows of up to quant_turned.MAX_K features by its one pass, whole rows a program (from
+    quant.WHOLE_ROWS_MIN_M rows; else the rotate and codes passes). group_m: the
     Hopper GEMMs' row tiles walking the columns together (the weights read from memory once a group).
     The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True

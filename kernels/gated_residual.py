@@ -1,14 +1,14 @@
 """The gated residual update with an optional sandwich norm: x += gate[row_map] * rms_norm(y) * post_weight.
 
 Issue 4; dit_core/block.py Block.forward (POST_ATTN / POST_MLP). Z-Image's sandwich norm needs the whole
-output row, so it cannot ride in a GEMM's epilogue (the gated form of kernels/int8_linear.py covers the branch
+output row, so it cannot ride in a GEMM's epilogue (the gated form of kernels/int8/linear.py covers the branch
 without it). For the residual x [M, N] f32 (in place), a branch output y [M, N] (bf16 or f32), gate rows
 [R, N] f32 and row_map [M]:
   n = (y * 1/sqrt(mean(y^2) + eps)) * post_weight          with post_weight; else n = y      (f32)
   x[m] = x[m] + gate[row_map[m]] * n                         (the product rounded, then the sum: no FMA)
 With next_rms = (stats [2, M] f32, eps'), also the statistics of the next RMS norm of the updated rows, which
 this kernel holds anyway: stats[0] = 0 (the mean an RMS norm leaves), stats[1] = 1/sqrt(mean(x^2) + eps'), the
-sum in f32 (order unspecified). kernels/int8_quant.py quantize_rows(stats=) then skips its statistics launch.
+sum in f32 (order unspecified). kernels/int8/quant.py quantize_rows(stats=) then skips its statistics launch.
 (Measured on the H200 and removed, docs/notes/runs.md 2026-12-03: this program also rotating its updated row for the
 next linear, the row's groups as the rotation's rows, bit-equal: 0.107 against 0.115 ms with the quantizer apart at
 Z-Image's 4608 x 3840, and the step unchanged, 76.3 ms both ways.)

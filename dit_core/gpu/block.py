@@ -107,16 +107,16 @@ def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
 def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence, o: Options = DEFAULT) -> bool:
     """Whether v leaves the fused QKV turned along each 64 columns' top base-4 digit (a factor of OUT's rotation,
     free in the epilogue's registers), so that OUT's INT8 ConvRot rows go to codes in one pass
-    (kernels/int8_quant_turned.py: 3 bytes a value moved, not the rotate pass's 7): attention is linear in v, so
+    (kernels/int8/quant_turned.py: 3 bytes a value moved, not the rotate pass's 7): attention is linear in v, so
     its output arrives turned too. Where o.turn_v asks for it."""
     return (o.turn_v and _fused_heads(a, qkv, s) and out.int8 and a.head % 64 == 0
-            and kernels().int8_quant_turned.fits(a.heads * a.head, out.group))
+            and kernels().int8.quant_turned.fits(a.heads * a.head, out.group))
 
 
 def _turns_hidden(up: GpuLinear, down: GpuLinear, o: Options = DEFAULT) -> bool:
     """Whether UP's SwiGLU epilogue turns the hidden rows along each 64 columns' digits d2 and d1 (two factors of
     DOWN's rotation, in the epilogue's registers), so that DOWN's codes pass does the rest with no matrix product
-    (kernels/int8_quant_turned.py's TURNED["hidden"]). Where o.turn_hidden asks for it."""
+    (kernels/int8/quant_turned.py's TURNED["hidden"]). Where o.turn_hidden asks for it."""
     return o.turn_hidden and up.int8 and down.int8 and down.group == 256
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Options:
-    """int8_attention: attention scores on the INT8 matrix cores (kernels/attention_int8.py) in blocks whose QKV is
+    """int8_attention: attention scores on the INT8 matrix cores (kernels/int8/attention.py) in blocks whose QKV is
     INT8 (BF16 linears keep cuDNN's bf16: the precise path); off, cuDNN's bf16 SDPA. turn_v: v leaves the fused QKV
     turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an INT8 DOWN
     (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]

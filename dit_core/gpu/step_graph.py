@@ -34,7 +34,7 @@ _STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
 
 def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     """One CUDA stream a device and purpose, made once and kept ("capture": every graph's warm-up and capture; a
-    model's side streams): what kernels keep per stream (kernels/arrival_counters.py) made in a warm-up is there
+    model's side streams): what kernels keep per stream (kernels/int8/arrival_counters.py) made in a warm-up is there
     again in the capture."""
     if (device, purpose) not in _STREAMS:
         _STREAMS[(device, purpose)] = torch.cuda.Stream(device=device)
@@ -104,7 +104,7 @@ class GraphedStep:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
-        # On the warm-up's stream: what kernels keep per stream (kernels/arrival_counters.py) is there.
+        # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         with torch.cuda.graph(graph, pool=self.pool, stream=side):
             out = self.step(*statics)
         return graph, statics, out

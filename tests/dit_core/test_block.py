@@ -74,7 +74,7 @@ def test_angle_factors_remake_the_tables_angles(axes, theta, scale):
     """The factors the Hopper QKV epilogue makes its angles from (positions x frequencies as two f32, kernels/
     int8_hopper_epilogues.angles_reference) give the tables' float32 angles exactly; concat keeps them where the parts
     agree; positions float32 cannot hold, or more than 4 axes, give none."""
-    from kernels.int8_hopper_epilogues import angles_reference
+    from kernels.int8.hopper_epilogues import angles_reference
     positions = torch.randint(0, 1024, (50, len(axes))) * scale
     seq = sequence_of(positions, torch.zeros(50, dtype=torch.long), axes, theta)
     tables = rotary_angles(positions, axes, theta).float()
@@ -95,7 +95,7 @@ def test_angle_factors_remake_the_tables_angles(axes, theta, scale):
 def test_runs_of_rows_sharing_a_modulation_row():
     assert runs_of(torch.tensor([0, 0, 1, 1, 1, 0])) == [(0, 2, 0), (2, 5, 1), (5, 6, 0)]
     # Sequence.starts: each run's first row, from a map made on the host; kept on the way to a device, shifted by
-    # concat (the quantizer's hint: kernels/int8_quant.py row_starts).
+    # concat (the quantizer's hint: kernels/int8/quant.py row_starts).
     seq = sequence_of(torch.zeros(6, 2), torch.tensor([0, 0, 1, 1, 1, 0]), (4, 4), 100.0)
     assert seq.starts == (0, 2, 5) and seq.to("cpu").starts == (0, 2, 5)
     assert concat([seq, seq]).starts == (0, 2, 5, 6, 8, 11)

@@ -19,7 +19,7 @@ from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.gpu.streaming import StreamedBlocks
 from dit_core.weights import Linear, TensorSource
-from kernels.int8_quant_turned import turned_rows
+from kernels.int8.quant_turned import turned_rows
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -117,7 +117,7 @@ def on_gpu(block: Block) -> Block:
 @pytest.mark.parametrize("rows,group", [(4608, 0), (1000, 0), (1024, 256)])
 @pytest.mark.parametrize("int8_attention", [False, True])
 def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention):
-    """int8_attention: the attention's scores on the INT8 matrix cores (kernels/attention_int8.py), as FLUX.3
+    """int8_attention: the attention's scores on the INT8 matrix cores (kernels/int8/attention.py), as FLUX.3
     Klein's blocks take them; the bounds are the same."""
     if hook == "extend" and group:
         pytest.skip("keys from another step extend the ungrouped sequence only (FLUX.3's joint blocks)")
@@ -160,7 +160,7 @@ def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention):
         gpu = GpuBlock.of(host.quantized(), DEV)
         first = gpu.parallel(a, x, mods, seq, carry=carry, options=options)
         assert carry.ready and rel_err(first, out) <= 1e-6
-        # Statistics a few f32 ulps from the second block's own (kernels/row_stats.py) move a few of its codes by
+        # Statistics a few f32 ulps from the second block's own (kernels/int8/row_stats.py) move a few of its codes by
         # one, which its linears spread over the rows: measured 2e-4, 50x inside the INT8 block's 1e-2.
         assert rel_err(gpu.parallel(a, first, mods, seq, carry=carry, options=options),
                        gpu.parallel(a, out, mods, seq, options=options)) <= 1e-3

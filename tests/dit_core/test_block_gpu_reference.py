@@ -16,7 +16,7 @@ from dit_core.gpu.options import Options
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.sampling.step_cache import StepCache, joint_blocks
-from kernels.int8_quant_turned import turned_rows
+from kernels.int8.quant_turned import turned_rows
 
 CPU = torch.device("cpu")
 SMALL_CHUNKS = Options(mlp_chunk=64)  # several MLP chunks at these row counts

@@ -9,7 +9,7 @@ column removes Python and launch overhead, kitchen's registry included). TOPS = 
 Not collected by pytest (bench_*); run on the device: python tests/kernels/bench_int8_linear.py [--runs 100]
 --quantizers: instead, the quantizer tables (two-pass launches, row statistics).
 --gemm-sweep: instead, the GEMM alone (bf16 out, gated and SwiGLU, graph ms) at every candidate tile
-(kernels/int8_tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
+(kernels/int8/tiles.py) and a few more (SWEEP_EXTRA), to see the landscape rather than the winner.
 """
 import argparse
 import functools
@@ -25,14 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dit_core.gpu.step_graph import kept_stream
 from dit_core.weights import dequantize_convrot, quantize_convrot
 from kernels import Choices
-from kernels.int8_linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
-from kernels.int8_tiles import candidate_tiles, config, fixed_tiles, launch_of
-from kernels.hadamard import hadamard
-from kernels.int8_quant import quantize_rows
-from kernels.int8_quant_turned import TURNED, quantize_turned, turned_rows
-from kernels.qkv_rope_linear import qkv_rope_linear
-from kernels.row_stats import launch_shape, row_stats
-from kernels.row_stats import reference as row_stats_reference
+from kernels.int8.linear import BF16, GATED, SWIGLU, _autotuned, int8_linear, int8_linear_gated
+from kernels.int8.tiles import candidate_tiles, config, fixed_tiles, launch_of
+from kernels.int8.hadamard import hadamard
+from kernels.int8.quant import quantize_rows
+from kernels.int8.quant_turned import TURNED, quantize_turned, turned_rows
+from kernels.int8.qkv_rope_linear import qkv_rope_linear
+from kernels.int8.row_stats import launch_shape, row_stats
+from kernels.int8.row_stats import reference as row_stats_reference
 
 M = 4608
 SHAPES = [("qkv", 3840, 11520), ("out", 3840, 3840), ("w1+w3", 3840, 20480), ("w2", 10240, 3840)]  # K, N
@@ -53,7 +53,7 @@ def median_ms(fn, runs: int, graph: bool, warmups: int = 10) -> float:
     call = fn
     if graph:
         # The step graphs' capture stream (dit_core/gpu/step_graph.py): what kernels keep per stream (the split tail's
-        # buffers, kernels/arrival_counters.py) is made once for it, not for a new stream at each timing.
+        # buffers, kernels/int8/arrival_counters.py) is made once for it, not for a new stream at each timing.
         side = kept_stream(torch.device("cuda", torch.cuda.current_device()), "capture")
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -271,7 +271,7 @@ def bench_qkv_rope(runs):
 
 
 def bench_tail_split(runs):
-    """The GEMM alone with its last wave's tiles split along K (kernels/split_tail.py, the default) and whole, at the
+    """The GEMM alone with its last wave's tiles split along K (kernels/int8/split_tail.py, the default) and whole, at the
     shapes where it splits at 1024^2 (split_tail.MIN_K_STEPS): Z-Image's w2 and FLUX.3 Klein's MLP output."""
     rows = []
     for name, k, n in (("Z-Image w2", 10240, 3840), ("Klein MLP out", 9216, 3072)):

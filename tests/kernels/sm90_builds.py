@@ -2,7 +2,7 @@
 whole build through the wheel's ptxas, for registers, spills and shared memory before any device time is spent.
 
 Run as a script (not under TRITON_INTERPRET, which replaces triton.jit): python tests/kernels/sm90_builds.py
-prints a markdown table of each case's resources at its H200 launch (kernels/int8_tiles.py HOPPER_TILES, the
+prints a markdown table of each case's resources at its H200 launch (kernels/int8/tiles.py HOPPER_TILES, the
 quantizer's defaults). A spill is a store to and load from local memory, which the 200+ KB of shared memory these
 tiles take leaves little L1 for.
 """
@@ -31,7 +31,7 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     """int8_linear's kernel at a tile ({BLOCK_M.., TMA, PERSISTENT, SUBTILE, num_warps, num_stages})."""
     import triton.language as tl
 
-    from kernels.int8_linear import _int8_linear_kernel
+    from kernels.int8.linear import _int8_linear_kernel
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
     constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row,
                  "HAS_ADDEND": False, "WIDE": False, "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16,
@@ -44,7 +44,7 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
 def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2):
     import triton.language as tl
 
-    from kernels.int8_quant import _rotate_kernel
+    from kernels.int8.quant import _rotate_kernel
     constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
                  "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
                  "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
@@ -56,8 +56,8 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
     """The fused QKV, head norm and rotary at its fixed tile (two heads of 128): a program a tile or persistent;
     turn_v: v's 64-column blocks turned along their top digit on the matrix cores."""
     import triton.language as tl
-    from kernels.int8_tiles import HOPPER_TILES, launch_of
-    from kernels.qkv_rope_linear import _qkv_rope_kernel
+    from kernels.int8.tiles import HOPPER_TILES, launch_of
+    from kernels.int8.qkv_rope_linear import _qkv_rope_kernel
     tile = launch_of(HOPPER_TILES["qkv_rope"])
     launch = {k: tile.pop(k) for k in ("num_warps", "num_stages")}
     signature = {"q_ptr": "*i8", "sx_ptr": "*fp32", "w_ptr": "*i8", "sw_ptr": "*fp32", "bias_ptr": "*fp32",
@@ -69,10 +69,10 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
 
 
 def turned_case(k: int = 3840, turned: bool = True):
-    """kernels/int8_quant_turned.py's pass at an attention output's width (whole rows in registers)."""
+    """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers)."""
     import triton.language as tl
 
-    from kernels.int8_quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
+    from kernels.int8.quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
     signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
     constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK,
                  "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16}
@@ -105,15 +105,15 @@ def frontend_cases() -> dict:
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
                 norm, has_scale, act, group)
-    from kernels.int8_codes import _codes_kernel
+    from kernels.int8.codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                              "LAST_FIRST": True}, {"num_warps": 4})
     return cases
 
 
 def split_cases() -> dict:
-    """Each form's tail launch at its H200 tile: the last wave's tiles in parts along K (kernels/split_tail.py)."""
-    from kernels.int8_tiles import HOPPER_TILES, launch_of
+    """Each form's tail launch at its H200 tile: the last wave's tiles in parts along K (kernels/int8/split_tail.py)."""
+    from kernels.int8.tiles import HOPPER_TILES, launch_of
     return {f"int8_linear {FORMS[form]}{' one gate row' if one else ''}, tail split (H200 tile, subtile 4)":
             linear_case(form, one, {**launch_of(HOPPER_TILES[form]), "PERSISTENT": False, "SUBTILE": 4, "SPLIT": True})
             for form, one in ((0, False), (1, True), (1, False), (2, False))}
@@ -121,7 +121,7 @@ def split_cases() -> dict:
 
 def resource_cases() -> dict:
     """name -> case: what the H200 runs (HOPPER_TILES by form; the quantizer's launches) and the subtile variants."""
-    from kernels.int8_tiles import HOPPER_TILES, launch_of
+    from kernels.int8.tiles import HOPPER_TILES, launch_of
     cases = {}
     for form in (0, 1, 2):
         tile = launch_of(HOPPER_TILES[form])

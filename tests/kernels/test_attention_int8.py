@@ -1,4 +1,4 @@
-"""kernels/attention_int8.py: the codes pass against its reference bit for bit (interpreted on the CPU), the
+"""kernels/int8/attention.py: the codes pass against its reference bit for bit (interpreted on the CPU), the
 reference's error against f32 attention, the sm_90a build, and the Gluon kernel against the reference on the GPU."""
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import GLUON_BUILD, gluon_builds
-from kernels import attention_int8 as ka
+from kernels.int8 import attention as ka
 
 
 def head_rows(m: int, heads: int, seed: int, device, spread: float = 1.0) -> torch.Tensor:
@@ -75,7 +75,7 @@ def test_rows_of_another_shape_or_no_hopper_gpu_say_why():
 
 
 BUILD = GLUON_BUILD + """
-from kernels import attention_int8 as ka
+from kernels.int8 import attention as ka
 def desc(base, shape, block, dtype):
     return mangle_type(ka.TensorDescriptor(base, shape, [shape[1], 1], block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))

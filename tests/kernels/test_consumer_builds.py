@@ -1,6 +1,6 @@
 """The Triton kernels a 16-32 GB consumer card runs, built for those cards on this GPU-less host: Ampere (sm_86), Ada
 (sm_89) and Blackwell (sm_120). Those cards have no Gluon path and no TMA, so the INT8 linears there are
-kernels/int8_linear.py's and kernels/qkv_rope_linear.py's, autotuned over int8_tiles.candidate_tiles' pointer-load
+kernels/int8/linear.py's and kernels/int8/qkv_rope_linear.py's, autotuned over int8_tiles.candidate_tiles' pointer-load
 tiles, beside the quantizer's two passes.
 
 Each case goes through the whole build: Triton's frontend, LLVM and the wheel's ptxas for that card. A build error
@@ -22,7 +22,7 @@ TOO_LARGE = "a Hopper ring (must not fit)"
 
 def pointer_tiles(gated: bool) -> list:
     """The autotuner's tiles without TMA (what these cards are offered), as launches."""
-    from kernels.int8_tiles import candidate_tiles, launch_of
+    from kernels.int8.tiles import candidate_tiles, launch_of
     return [launch_of(tile) for tile in candidate_tiles(gated) if not tile.kwargs["TMA"]]
 
 
@@ -49,7 +49,7 @@ def consumer_cases() -> dict:
     for norm, has_scale, act in ((2, 1, 0), (1, 2, 0), (0, 0, 0), (0, 0, 1)):
         name = f"rotate norm {norm} modulation {has_scale} act {act}"
         cases[name] = (name, *rotate_case(norm, has_scale, act, num_stages=3 if norm == act == 0 else 2))
-    from kernels.int8_codes import _codes_kernel
+    from kernels.int8.codes import _codes_kernel
     cases["codes"] = ("codes", _codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                                       "LAST_FIRST": True}, {"num_warps": 4})
     cases["turned codes"] = ("turned codes", *turned_case())

@@ -1,4 +1,4 @@
-"""kernels/int8_linear.py against exact integer math: bf16 outputs and the gated f32 residual bit for bit (the
+"""kernels/int8/linear.py against exact integer math: bf16 outputs and the gated f32 residual bit for bit (the
 epilogue rounds as the reference does); with a LoRA within one bf16 step (its f32 sums run in another
 order); the whole quantize + product path equal to dit_core.linear's INT8 ConvRot emulation."""
 import pytest
@@ -7,13 +7,13 @@ from conftest import assert_within_one_bf16_step
 
 from dit_core.linear import linear as host_linear
 from dit_core.weights import Linear, quantize_convrot
-from kernels.int8_linear import exact_products, int8_linear, int8_linear_gated, reference
-from kernels.int8_quant import quantize_rows, rotation_input
-from kernels.int8_quant_turned import TURNED, turned_digits
-from kernels.row_stats import reference as stats_reference
-from kernels import split_tail
-from kernels.arrival_counters import counters_left
-from kernels.split_tail import split_of
+from kernels.int8.linear import exact_products, int8_linear, int8_linear_gated, reference
+from kernels.int8.quant import quantize_rows, rotation_input
+from kernels.int8.quant_turned import TURNED, turned_digits
+from kernels.int8.row_stats import reference as stats_reference
+from kernels.int8 import split_tail
+from kernels.int8.arrival_counters import counters_left
+from kernels.int8.split_tail import split_of
 
 SMALL_TILES = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 CASES = [(1, 32, 64), (7, 48, 96), (37, 80, 64), (40, 33, 160)]  # (M, N, K): one row, edges of every tile
@@ -105,7 +105,7 @@ def test_gated_residual_with_the_next_norms_statistics(norm, device):
     assert torch.equal(rows, expected)
     torch.testing.assert_close(out[:, 1:1 + m], stats_reference(expected, norm, 1e-6), rtol=2e-6, atol=0)
     assert out[:, 0].isnan().all() and out[:, -1].isnan().all()
-    # The statistics from their definition (float64), not from kernels/row_stats.py's reference.
+    # The statistics from their definition (float64), not from kernels/int8/row_stats.py's reference.
     rows64 = expected.double()
     mean = rows64.mean(-1) if norm == "layer" else torch.zeros_like(rows64[:, 0])
     inv = 1 / torch.sqrt((rows64 - mean[:, None]).pow(2).mean(-1) + 1e-6)
@@ -178,7 +178,7 @@ SPLIT_LOADS = [{}, {"TMA": True, "PERSISTENT": True}, {"TMA": True, "SUBTILE": 2
 @pytest.mark.parametrize("m,n,k,wave", SPLIT_CASES)
 @pytest.mark.parametrize("loads", SPLIT_LOADS, ids=["pointers", "tma-persistent", "tma-halves"])
 def test_split_tail_equals_the_whole_tiles(m, n, k, wave, loads, device, short_k_split):
-    """Every form with its last tiles split along K in a tail launch (kernels/split_tail.py) equals the reference bit
+    """Every form with its last tiles split along K in a tail launch (kernels/int8/split_tail.py) equals the reference bit
     for bit, twice over (the counters are back at 0 after a launch)."""
     tiles = {**SMALL_TILES, **loads, "WAVE": wave}
     assert split_of(-(-m // 16) * -(-n // 32), wave, -(-k // 32))[1] > 1

@@ -1,4 +1,4 @@
-"""kernels/int8_linear_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must split the warps
+"""kernels/int8/linear_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must split the warps
 into a producer and two consumer warpgroups and keep an integer wgmma group in flight), its launcher's boxes and its
 fallback to Triton where it cannot be built checked on the CPU, and on the GPU equal bit for bit to the Triton
 kernels it stands in for (int8_linear's three forms, qkv_rope_linear) and to their references (pytest -m gpu)."""
@@ -9,7 +9,7 @@ from conftest import GLUON_BUILD, assert_within_one_bf16_step, gluon_builds
 from kernels import Choices
 
 BUILD = GLUON_BUILD + """
-from kernels import int8_linear_hopper as kh
+from kernels.int8 import linear_hopper as kh
 t = kh.TILE
 def desc(base, shape, block, dtype):
     strides = [shape[1] * shape[2], shape[2], 1] if len(shape) == 3 else [shape[1], 1]
@@ -83,7 +83,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
     """The launcher's side of each form, on the CPU (tensor descriptors read only shapes, strides and addresses): the
     output's TMA box, the ring's stages, a program an SM at most, the rotary tables only for the fused QKV."""
     pytest.importorskip("triton.experimental.gluon")
-    from kernels import int8_linear_hopper as kh
+    from kernels.int8 import linear_hopper as kh
     m, k, n = 300, 256, 384  # 3 x 3 tiles of 128; the CPU counts 4 SMs (int8_tiles.sm_count)
     q, w = torch.zeros(m, k, dtype=torch.int8), torch.zeros(n, k, dtype=torch.int8)
     s_x, s_w, rows = torch.ones(m), torch.ones(n), torch.zeros(m, 64)
@@ -128,7 +128,7 @@ def test_the_launcher_gives_each_form_its_boxes_and_ring():
 
 def test_unusable_names_the_operands_then_the_machine():
     """TMA's 16-byte rows and bases asked of the operands on any machine, then the machine's answer."""
-    from kernels import int8_linear_hopper
+    from kernels.int8 import linear_hopper as int8_linear_hopper
     q, out = torch.zeros(8, 64, dtype=torch.int8), torch.zeros(8, 32, dtype=torch.bfloat16)
     tma = "TMA needs 16-byte rows and bases"
     assert int8_linear_hopper.unusable(torch.zeros(8, 72, dtype=torch.int8)[:, 4:68], out, 64) == tma  # q strided
@@ -146,9 +146,9 @@ def test_a_kernel_this_triton_cannot_build_falls_back_to_triton_once(monkeypatch
 
     from test_int8_linear import SMALL_TILES, operands
 
-    from kernels import int8_linear as int8_linear_module
-    from kernels import int8_linear_hopper
-    from kernels.int8_linear import int8_linear, reference
+    from kernels.int8 import linear as int8_linear_module
+    from kernels.int8 import linear_hopper as int8_linear_hopper
+    from kernels.int8.linear import int8_linear, reference
     ops, _, _ = operands(37, 48, 96, seed=5, device=device)
     monkeypatch.setattr(int8_linear_module, "fixed_tiles", lambda *args: dict(SMALL_TILES))  # (no autotuning here)
     fake = _FakeKernel(triton.runtime.errors.OutOfResources(300000, 232448, "shared memory"))
@@ -174,7 +174,7 @@ SHAPES = [(4608, 3840, 3840), (4608, 3840, 10240), (4096, 3072, 12288), (130, 27
 
 def _both(monkeypatch, call):
     """call(choices) through the Hopper kernel (it must have launched), then through the Triton kernels (it off)."""
-    from kernels import int8_linear_hopper
+    from kernels.int8 import linear_hopper as int8_linear_hopper
     launches, launch = [], int8_linear_hopper.launch
     monkeypatch.setattr(int8_linear_hopper, "launch",
                         lambda *a, **kw: launches.append(launch(*a, **kw)) or launches[-1])
@@ -190,7 +190,7 @@ def _both(monkeypatch, call):
 def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
     from test_int8_linear import operands
 
-    from kernels.int8_linear import int8_linear, reference
+    from kernels.int8.linear import int8_linear, reference
     ops, _, _ = operands(m, n, k, seed=m + n + k, device="cuda")
     ops["bias"] = ops["bias"] if with_bias else None
     poisoned = lambda cols: torch.full((m, cols), float("nan"), dtype=torch.bfloat16, device="cuda")
@@ -218,7 +218,7 @@ def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
 def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     from test_int8_linear import operands
 
-    from kernels.int8_linear import int8_linear_gated, reference
+    from kernels.int8.linear import int8_linear_gated, reference
     ops, _, gated = operands(m, n, k, seed=m * n + k, device="cuda")
     if gate_rows == "runs":  # a packed sequence: rows 0-199 on gate row 0, the rest on row 1
         gated["gate"], gated["row_map"] = gated["gate"][:2], (torch.arange(m, device="cuda") >= 200).long()
@@ -230,9 +230,9 @@ def test_gated_residual(m, n, k, gate_rows, with_addend, monkeypatch):
     hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear_gated(choices=c, **ops, **gated, residual=start.clone()))
     assert torch.equal(hopper, triton_rows) and torch.equal(hopper, expected)
     # The next norm's statistics from the epilogue's parts: the updated rows bit for bit, their statistics within
-    # a few f32 ulps of the two-pass ones (kernels/row_stats.py): 1/sqrt(.) relatively, the means (near 0 here)
+    # a few f32 ulps of the two-pass ones (kernels/int8/row_stats.py): 1/sqrt(.) relatively, the means (near 0 here)
     # absolutely.
-    from kernels.row_stats import reference as stats_reference
+    from kernels.int8.row_stats import reference as stats_reference
     for norm in ("layer", "rms"):
         stats = torch.full((2, m), float("nan"), device="cuda")
         rows = int8_linear_gated(**ops, **gated, residual=start.clone(), next_norm=(stats, norm, 1e-6))
@@ -249,7 +249,7 @@ def test_fused_qkv(m, heads, group, normed, rotary, monkeypatch):
     from test_qkv_rope_linear import operands
 
     from dit_core.sequence import sequence_of
-    from kernels.qkv_rope_linear import qkv_rope_linear, reference
+    from kernels.int8.qkv_rope_linear import qkv_rope_linear, reference
     ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
     if not normed:
         ops["q_weight"] = ops["k_weight"] = None
@@ -287,7 +287,7 @@ def test_fused_qkv_turned_v(m, heads, monkeypatch):
     with (H4 / 2) (x) I_16 and the float64 reference: sums of four bf16 halves, exact, so bit for bit."""
     from test_qkv_rope_linear import operands
 
-    from kernels.qkv_rope_linear import qkv_rope_linear, reference
+    from kernels.int8.qkv_rope_linear import qkv_rope_linear, reference
     ops = operands(m, heads=heads, head=128, k=3840 if m > 1000 else 272, seed=m + heads, device="cuda")
     hopper, triton_views = _both(monkeypatch, lambda c: qkv_rope_linear(choices=c, **ops, turn_v=True))
     plain = qkv_rope_linear(**ops, choices=Choices(hopper_gemm=False))  # (the Triton kernels)

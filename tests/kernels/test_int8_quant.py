@@ -1,4 +1,4 @@
-"""kernels/int8_quant.py against its reference, dit_core's host quantizer and, on the GPU at Z-Image's
+"""kernels/int8/quant.py against its reference, dit_core's host quantizer and, on the GPU at Z-Image's
 shapes, the float64 rotation of the same bf16 rows.
 
 What may differ from the float64 reference (test_plain_codes_equal_float64_rotation): the kernel sums each
@@ -18,11 +18,11 @@ import torch
 from dit_core.weights import hadamard as host_hadamard
 from dit_core.weights import quantize_rows as host_quantize_rows
 from dit_core.weights import rotate
-from kernels.int8_codes import launch_codes
-from kernels.int8_codes import reference as codes_reference
-from kernels.hadamard import hadamard
-from kernels import int8_quant
-from kernels.int8_quant import quantize_rows, reference
+from kernels.int8.codes import launch_codes
+from kernels.int8.codes import reference as codes_reference
+from kernels.int8.hadamard import hadamard
+from kernels.int8 import quant as int8_quant
+from kernels.int8.quant import quantize_rows, reference
 
 CASES = [(1, 16, 16), (7, 64, 16), (37, 64, 64), (5, 256, 256), (19, 192, 64)]  # (M, K, g): odd M, one group
 FUSED = [{"norm": "rms", "weight": True, "shift": True}, {"norm": "rms", "weight": False, "shift": False},
@@ -176,7 +176,7 @@ def test_row_starts_read_each_blocks_modulation_row(case, first_run, device, mon
 
 @pytest.mark.parametrize("m,k,group", [(1, 256, 256), (37, 768, 256), (19, 64, 16)])
 def test_codes_launch_equals_its_reference(m, k, group, device):
-    """kernels/int8_codes.py alone: rows not a multiple of its 16-row tile, one row, one group, K past one tile."""
+    """kernels/int8/codes.py alone: rows not a multiple of its 16-row tile, one row, one group, K past one tile."""
     yb = rows_like_activations(m, k, seed=m + k, device=device)
     group_max = yb.float().abs().reshape(m, k // group, group).amax(-1).contiguous()
     codes, scales = poisoned_outputs(m, k, device)
@@ -187,7 +187,7 @@ def test_codes_launch_equals_its_reference(m, k, group, device):
 
 @pytest.mark.parametrize("exponent", [0, -99, 120])  # scales near 1, near the 1e-30 floor, near bf16's largest / 127
 def test_quotient_as_product_with_the_reciprocal(exponent):
-    """kernels/int8_codes.py takes bf16(yb / bf16(s)) as bf16(yb * f32(1 / bf16(s))): the same value for every
+    """kernels/int8/codes.py takes bf16(yb / bf16(s)) as bf16(yb * f32(1 / bf16(s))): the same value for every
     finite bf16 yb and every bf16 significand of s (both sides scale by powers of two alike), so the same codes."""
     every = torch.arange(-2**15, 2**15, dtype=torch.int32).to(torch.int16).view(torch.bfloat16).float()
     y = every[every.isfinite()]

@@ -1,19 +1,21 @@
-"""kernels/int8_quant_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must rotate on bf16
+"""kernels/int8/quant_hopper.py: built for the H200 in CI (no interpreter runs Gluon: the build must rotate on bf16
 wgmma, count row blocks in with release and acquire atomics, and fit three programs an SM), its launcher's choices
-and fallbacks checked on the CPU, and on the GPU equal bit for bit to kernels/int8_quant.py's Triton passes
+and fallbacks checked on the CPU, and on the GPU equal bit for bit to kernels/int8/quant.py's Triton passes
 (pytest -m gpu)."""
 import pytest
 import torch
 from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import poisoned_outputs, rows_like_activations
 
-from kernels import Choices, int8_quant_hopper
-from kernels.arrival_counters import counters_left
-from kernels.hadamard import hadamard
-from kernels.int8_quant import quantize_rows
+from kernels import Choices
+
+from kernels.int8 import quant_hopper as int8_quant_hopper
+from kernels.int8.arrival_counters import counters_left
+from kernels.int8.hadamard import hadamard
+from kernels.int8.quant import quantize_rows
 
 BUILD = GLUON_BUILD + """
-from kernels import int8_quant_hopper as kq
+from kernels.int8 import quant_hopper as kq
 def desc(shape):
     block = [kq.BLOCK_M, kq.BLOCK_Q]
     return mangle_type(kq.TensorDescriptor(Rows, shape, [shape[1], 1], block,
@@ -97,7 +99,7 @@ def test_the_launcher_splits_rows_into_items_and_counts_programs(monkeypatch):
 @pytest.mark.parametrize("m,k,groups", [(4608, 3072, None), (4608, 9216, 1), (4607, 3840, 3), (4608, 10240, 2),
                                         (100, 768, None), (1, 256, None)])
 def test_one_pass_equals_two_passes(m, k, groups, monkeypatch):
-    """kernels/int8_quant_hopper.py against the Triton passes, bit for bit (the same matrix-core sums): FLUX.3's and
+    """kernels/int8/quant_hopper.py against the Triton passes, bit for bit (the same matrix-core sums): FLUX.3's and
     Z-Image's plain rows, rows not a multiple of 64, one row, each item size; -128 where a row's absmax is
     negative; every counter back at 0; again, and replayed in a CUDA graph."""
     x = rows_like_activations(m, k, seed=k + m, device="cuda")

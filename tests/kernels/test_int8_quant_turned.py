@@ -1,4 +1,4 @@
-"""kernels/int8_quant_turned.py: plain rows, or an attention's output whose v was turned along each 64 columns' top
+"""kernels/int8/quant_turned.py: plain rows, or an attention's output whose v was turned along each 64 columns' top
 digit, to INT8 ConvRot codes in one pass.
 
 Against the float64 rotation of the same rows (test_int8_quant's assert_codes_match_float64: the matrix cores' f32 sums
@@ -11,9 +11,11 @@ import torch
 from conftest import GLUON_BUILD, gluon_builds
 from test_int8_quant import assert_codes_match_float64, poisoned_outputs, rows_like_activations
 
-from kernels import Choices, int8_quant, int8_quant_turned_hopper
-from kernels.hadamard import hadamard
-from kernels.int8_quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digits,
+from kernels import Choices
+
+from kernels.int8 import quant as int8_quant, quant_turned_hopper as int8_quant_turned_hopper
+from kernels.int8.hadamard import hadamard
+from kernels.int8.quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digits,
                                       turned_f32, turned_rows)
 
 
@@ -113,7 +115,7 @@ def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatc
     do not."""
     calls = []
     monkeypatch.setattr(int8_quant, "WHOLE_ROWS_MIN_M", 16)
-    monkeypatch.setattr(int8_quant.int8_quant_turned, "quantize_turned",
+    monkeypatch.setattr(int8_quant.quant_turned, "quantize_turned",
                         lambda *a, **kw: calls.append(kw["turned"]) or quantize_turned(*a, **kw))
     x = rows_like_activations(16, 512, seed=2, device=device)
     q, s = int8_quant.quantize_rows(x, 256)
@@ -125,7 +127,7 @@ def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatc
 
 
 BUILD = GLUON_BUILD + """
-from kernels import int8_quant_turned_hopper as kt
+from kernels.int8 import quant_turned_hopper as kt
 sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "GROUPS_P2": "constexpr"}
 found = {}
 for groups_p2 in (16, 32):  # K 3072 and 3840; 8192
@@ -182,7 +184,7 @@ def test_hopper_kernel_against_the_triton_kernel(m, k):
 
 
 HIDDEN_BUILD = GLUON_BUILD + """
-from kernels import int8_quant_turned_hopper as kt
+from kernels.int8 import quant_turned_hopper as kt
 sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "CHUNKS": "constexpr", "CH": "constexpr"}
 found = {}
 for chunks, ch, warps in ((10, 4, 1), (5, 8, 2)):  # K 10240 by chunks of 4 groups a warp

@@ -7,7 +7,7 @@ import torch
 
 import kernels
 from kernels import OPS, run
-from kernels.int8_quant import reference as quantize_reference
+from kernels.int8.quant import reference as quantize_reference
 
 TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs", "choices"}  # launchers only
 

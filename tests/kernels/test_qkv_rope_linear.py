@@ -1,13 +1,13 @@
-"""kernels/qkv_rope_linear.py (the QKV product with head norm and rotary in its epilogue) against the two launches
+"""kernels/int8/qkv_rope_linear.py (the QKV product with head norm and rotary in its epilogue) against the two launches
 it replaces: q and k within one bf16 step (the RMS sums run in another order), v bit for bit."""
 import pytest
 import torch
 from conftest import assert_within_one_bf16_step
 
 from kernels.head_norm_rope import head_norm_rope
-from kernels.int8_linear import int8_linear
-from kernels.int8_quant_turned import turned_rows
-from kernels.qkv_rope_linear import qkv_rope_linear, reference
+from kernels.int8.linear import int8_linear
+from kernels.int8.quant_turned import turned_rows
+from kernels.int8.qkv_rope_linear import qkv_rope_linear, reference
 
 SMALL = {"BLOCK_M": 16, "BLOCK_K": 32, "GROUP_M": 2, "num_warps": 4, "num_stages": 2}
 

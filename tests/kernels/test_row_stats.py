@@ -1,10 +1,10 @@
-"""kernels/row_stats.py against its reference: odd sizes (one row, K not a multiple of the 256-column tile, K of
+"""kernels/int8/row_stats.py against its reference: odd sizes (one row, K not a multiple of the 256-column tile, K of
 one tile), both norms, bf16 and f32 rows, rows with a stride, and a column slice of a wider output; the statistics
 combined from runs' parts (the Hopper gated product's) against the two-pass ones."""
 import pytest
 import torch
 
-from kernels.row_stats import parts_reference, reference, row_stats, stats_of_parts, stats_of_parts_reference
+from kernels.int8.row_stats import parts_reference, reference, row_stats, stats_of_parts, stats_of_parts_reference
 
 CASES = [(1, 256), (7, 100), (37, 640), (70, 3840)]  # (M, K)
 

@@ -1,6 +1,6 @@
 """The INT8 linears on Hopper with the work split between warps: a producer warp loads, two warpgroups multiply.
 
-Issue 4. kernels/int8_linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/qkv_rope_linear.py's
+Issue 4. kernels/int8/linear.py's three forms (bf16 rows, SwiGLU, the gated residual) and kernels/int8/qkv_rope_linear.py's
 fused QKV in Gluon, their math and references unchanged (bit for bit; the QKV's q and k within one bf16 step). Triton's
 pipeliner waits for each integer wgmma before the next K step's loads; here `warp_specialize` gives one warp (24
 registers) the TMA loads into a ring of STAGES buffers. A program an SM takes its 128 x 128 tiles in turn, two consumer
@@ -8,7 +8,7 @@ warpgroups every other one (ping-pong): each waits for a slot, issues its MMAs a
 and frees the slot behind it (`empty`); once one's K loop is issued the other's may start (`turn`: so one's epilogue
 runs under the other's products, and the ring's barriers stay within a phase of the step awaited, which their parity
 alone names). Outputs leave by TMA from each consumer's box; the gated and QKV epilogues are
-kernels/int8_hopper_epilogues.py's. On the H200 (docs/notes/runs.md): products 1.2-1.5x
+kernels/int8/hopper_epilogues.py's. On the H200 (docs/notes/runs.md): products 1.2-1.5x
 Triton's (1100-1570 TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only (else `unusable`).
 """
 from __future__ import annotations
@@ -18,9 +18,9 @@ import os
 
 import torch
 
-from .gluon_builds import build_failure
-from .int8_hopper_epilogues import axis_ends
-from .int8_tiles import BF16, GATED, SWIGLU, sm_count
+from ..gluon_builds import build_failure
+from .hopper_epilogues import axis_ends
+from .tiles import BF16, GATED, SWIGLU, sm_count
 
 try:
     import triton
@@ -30,7 +30,7 @@ try:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .int8_hopper_epilogues import (addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load,
+    from .hopper_epilogues import (addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load,
                                         turned_hidden)
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
@@ -147,7 +147,7 @@ if gluon is not None:
             if FORM == 1:
                 gated_epilogue(y, off_m, off_n, out_desc, out_tile, fetched.index(W), gate_ptr, map_ptr, add_desc,
                                norm_ptr, M, N, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM)
-            elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): int8_products.swiglu_pairs' math
+            elif FORM == 2:  # interleaved column pairs (gate 2j, up 2j + 1): products.swiglu_pairs' math
                 gate, up = gl.split(gl.reshape(y.to(gl.bfloat16).to(gl.float32), [BLOCK_M, BLOCK_N // 2, 2]))
                 act = gate / (1.0 + gl.exp(-gate)) * up
                 if TURN:
@@ -204,7 +204,7 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
            cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False, group_m=TILE["GROUP_M"]):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
     [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
-    (kernels/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
+    (kernels/int8/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
     axes 1-3), int8_hopper_epilogues' factors; turn: QKV_ROPE's v turned (turned_v), SWIGLU's rows turned
     (turned_hidden)); group_m: row tiles walking the columns together (kernels.Choices.group_m); True, or False

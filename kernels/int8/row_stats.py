@@ -1,11 +1,11 @@
-"""Row statistics of a norm: what kernels/int8_quant.py's fused modulated norm needs before it rotates a row.
+"""Row statistics of a norm: what kernels/int8/quant.py's fused modulated norm needs before it rotates a row.
 
 Issue 4. For rows x [M, K] (any float dtype, contiguous columns), in f32 (sums in f32, order unspecified; the
 divisions and the square root correctly rounded):
   "rms"    mean = 0,          inv = 1/sqrt(sum(x^2) / K + eps)
   "layer"  mean = sum(x) / K, inv = 1/sqrt(sum((x - mean)^2) / K + eps)   (two passes: no cancellation)
 written as stats [2, M] = (mean, inv). kernels/gated_residual.py's next_rms computes the RMS ones while it writes
-the rows, which saves this launch. So does the Hopper gated product (kernels/int8_hopper_epilogues.py) for either
+the rows, which saves this launch. So does the Hopper gated product (kernels/int8/hopper_epilogues.py) for either
 norm, by parts: for each run p of W columns (W = K / P) it writes
   parts[0, p, m] = s_p = sum(x[m, p W .. p W + W - 1]),   parts[1, p, m] = c_p = sum((x - s_p / W)^2) over that run
 and stats_of_parts combines the P parts of each row in a fixed order (no cancellation: every term is a square):

@@ -18,10 +18,10 @@ g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a round
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Here:
-row statistics (norms only, kernels/row_stats.py; none when the caller has them), steps 1-3 storing the bf16 rotated
-rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8_codes.py). quantize_rows sends other rows to
-their own kernels: plain hidden rows on Hopper to int8_quant_hopper.py; many plain bf16 rows of up to 8192 features,
-and rows holding factors of the rotation (`turned`), to int8_quant_turned.py or int8_quant_turned_hopper.py. The
+row statistics (norms only, kernels/int8/row_stats.py; none when the caller has them), steps 1-3 storing the bf16 rotated
+rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8/codes.py). quantize_rows sends other rows to
+their own kernels: plain hidden rows on Hopper to quant_hopper.py; many plain bf16 rows of up to 8192 features,
+and rows holding factors of the rotation (`turned`), to quant_turned.py or quant_turned_hopper.py. The
 pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms measured slower on the
 H200 (docs/notes/runs.md).
 """
@@ -31,13 +31,13 @@ import math
 
 import torch
 
-from . import int8_quant_hopper, int8_quant_turned
-from .choices import DEFAULT, Choices
+from . import quant_hopper, quant_turned
+from ..choices import DEFAULT, Choices
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
-from .int8_codes import launch_codes
-from .int8_codes import reference as codes_reference
+from .codes import launch_codes
+from .codes import reference as codes_reference
 from .modulation_rows import shared_row
-from .rounding import round_to_bf16
+from ..rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
 
 try:
@@ -48,7 +48,7 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
-# Plain bf16 rows of up to int8_quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
+# Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
 # (H200, graph ms: 4608 x 3072 0.0307 against these passes' 0.0334, x 3840 0.0320 against 0.0387; 512 x 3072 even).
 WHOLE_ROWS_MIN_M = 2048
 
@@ -82,9 +82,9 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
               act=None, out=None, stats=None, row_starts=None, turned=None):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
     changes nothing here. turned: plain rows x that hold the factors of the rotation a producer took
-    (kernels/int8_quant_turned.py's TURNED: "v", an attention's output; "hidden", UP's SwiGLU output)."""
+    (kernels/int8/quant_turned.py's TURNED: "v", an attention's output; "hidden", UP's SwiGLU output)."""
     if turned:
-        q, s = int8_quant_turned.reference(x, turned)
+        q, s = quant_turned.reference(x, turned)
         return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
                        row_map=row_map, act=act, stats=stats)
@@ -140,7 +140,7 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scal
                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
     """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
     (held in f32). g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: each
-    64-column block through H_64, then the radix-4 butterfly (kernels/hadamard.py)."""
+    64-column block through H_64, then the radix-4 butterfly (kernels/int8/hadamard.py)."""
     z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
                         K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
     if SPLIT == 4:
@@ -182,7 +182,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         rmask = rows < M
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-        if NORM == 2:  # an RMS norm's mean is 0 (kernels/row_stats.py): neither read nor subtracted
+        if NORM == 2:  # an RMS norm's mean is 0 (kernels/int8/row_stats.py): neither read nor subtracted
             mean = tl.load(stats_ptr + rows, mask=rmask, other=0.0)
         if NORM != 0:
             inv = tl.load(stats_ptr + stride_stats + rows, mask=rmask, other=1.0)
@@ -193,7 +193,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
                                            HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
         elif HAS_SCALE == 1:
             # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
-            # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/modulation_rows.py).
+            # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/int8/modulation_rows.py).
             rmap = tl.load(map_ptr + rows, mask=rmask, other=0)  # int32: half the registers of the gather's offsets
             shared = shared_row(rmap, rmask)
             if shared >= 0:
@@ -252,28 +252,28 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     block, each block reads its row as vectors, no gather (Klein's joint norm 30.0 against 42.6 us on the H200).
     Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row blocks; 0: one a
     row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and 0). turned: plain rows
-    holding factors of the rotation (int8_quant_turned.TURNED: "v" from qkv_rope_linear's turn_v, "hidden" from
+    holding factors of the rotation (quant_turned.TURNED: "v" from qkv_rope_linear's turn_v, "hidden" from
     int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's pass, else rows of up to
-    int8_quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation.
+    quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation.
     choices: hopper_quant, hopper_turned_quant, whole_rows and codes_last_first (kernels/choices.py)."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
-        if norm is not None or act is not None or group != int8_quant_turned.GROUP or \
-                turned not in int8_quant_turned.TURNED:
-            raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {int8_quant_turned.GROUP}, "
-                             f"turned as one of {list(int8_quant_turned.TURNED)}; got groups of {group}, {turned!r}")
+        if norm is not None or act is not None or group != quant_turned.GROUP or \
+                turned not in quant_turned.TURNED:
+            raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {quant_turned.GROUP}, "
+                             f"turned as one of {list(quant_turned.TURNED)}; got groups of {group}, {turned!r}")
         x = x.to(torch.bfloat16).contiguous()
-        if int8_quant_turned.launched(x, group, turned, codes, scales, hopper=choices.hopper_turned_quant):
+        if quant_turned.launched(x, group, turned, codes, scales, hopper=choices.hopper_turned_quant):
             return codes, scales
     if m == 0:
         return codes, scales
     plain = norm is None and act is None
-    one_pass = plain and not turned and choices.hopper_quant and int8_quant_hopper.chosen(m, k)
-    if one_pass and int8_quant_hopper.unusable(x, group) is None and int8_quant_hopper.launch(x, codes, scales):
+    one_pass = plain and not turned and choices.hopper_quant and quant_hopper.chosen(m, k)
+    if one_pass and quant_hopper.unusable(x, group) is None and quant_hopper.launch(x, codes, scales):
         return codes, scales
     if plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
-            and int8_quant_turned.fits(k, group):
-        return int8_quant_turned.quantize_turned(x, turned=None, out=(codes, scales),
+            and quant_turned.fits(k, group):
+        return quant_turned.quantize_turned(x, turned=None, out=(codes, scales),
                                                  hopper=choices.hopper_turned_quant)
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
@@ -294,7 +294,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
-    h = int8_quant_turned.rest_operand(turned, 64, x.device) if turned else \
+    h = quant_turned.rest_operand(turned, 64, x.device) if turned else \
         hadamard_bf16(group // split, x.device, halved=split == 4)
     row_map = row_map if row_map is not None else stats  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](

@@ -1,5 +1,5 @@
 """Arrival counters: the programs that share a piece of work count themselves in, and the one counted last does the
-step that needs all of them (kernels/split_tail.py: a tile's parts along K). No program waits for another, so
+step that needs all of them (kernels/int8/split_tail.py: a tile's parts along K). No program waits for another, so
 nothing depends on which programs run at the same time.
 
 Issue 4. A program stores its share, then `counted_last`: a barrier (every thread's stores issued) and one atomic add

@@ -1,4 +1,4 @@
-"""The INT8 GEMM's tiles (kernels/int8_linear.py, kernels/qkv_rope_linear.py): the candidates an autotuner tries, the
+"""The INT8 GEMM's tiles (kernels/int8/linear.py, kernels/int8/qkv_rope_linear.py): the candidates an autotuner tries, the
 ones fixed on Hopper from the H200 sweep, M's autotune bucket, and the launch grid.
 
 Issue 4. A tile is a triton.Config of BLOCK_M x BLOCK_N x BLOCK_K with GROUP_M (row tiles that walk the column tiles
@@ -40,7 +40,7 @@ def candidate_tiles(gated: bool) -> list:
     return configs
 
 
-# The INT8 GEMMs' output forms (their kernels' FORM; kernels/int8_linear.py, kernels/int8_linear_hopper.py): bf16 rows,
+# The INT8 GEMMs' output forms (their kernels' FORM; kernels/int8/linear.py, kernels/int8/linear_hopper.py): bf16 rows,
 # the gated residual update, SwiGLU of column pairs as bf16 rows.
 BF16, GATED, SWIGLU = 0, 1, 2
 
@@ -48,7 +48,7 @@ BF16, GATED, SWIGLU = 0, 1, 2
 # a shape's first run and one compiled kernel serves every shape. bf16 and gated: within 2% of the best candidate on
 # each of Z-Image's four shapes (w2 bf16-out: 0.332 against 0.326 ms), the best on the other seven. SwiGLU (its
 # epilogue writes half the columns, so the persistent bf16 tile fits): 0.633 ms at w1+w3 against 0.696 subtiled.
-# "qkv_rope" (kernels/qkv_rope_linear.py, two whole heads a tile): one program a tile, 0.425 ms against 0.454
+# "qkv_rope" (kernels/int8/qkv_rope_linear.py, two whole heads a tile): one program a tile, 0.425 ms against 0.454
 # persistent at Z-Image's QKV. Tiles two programs an SM run (128 x 128, 4 warps, 3 stages): out 0.130 against 0.134
 # ms, the other shapes 2-6% slower, a Z-Image step 76.2 against 74.6 ms with them for bf16 rows, SwiGLU and QKV.
 HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
@@ -98,8 +98,8 @@ def _descriptor_scratch() -> None:
 
 def launch_grid(m: int, n: int, device: torch.device, tiles_run: int | None = None):
     """The grid of an [m, n] output for a config (one program a tile, or one an SM for PERSISTENT) running its first
-    tiles_run tiles (all when None; kernels/split_tail.py runs the rest), with the TMA descriptors' scratch allocator
-    in place (kernels/qkv_rope_linear.py launches the same way)."""
+    tiles_run tiles (all when None; kernels/int8/split_tail.py runs the rest), with the TMA descriptors' scratch allocator
+    in place (kernels/int8/qkv_rope_linear.py launches the same way)."""
     _descriptor_scratch()
     sms = sm_count(device)
 

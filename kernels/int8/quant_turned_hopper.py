@@ -1,4 +1,4 @@
-"""kernels/int8_quant_turned.py's turned rows on Hopper (Gluon), the rest of the rotation in each thread's registers:
+"""kernels/int8/quant_turned.py's turned rows on Hopper (Gluon), the rest of the rotation in each thread's registers:
 rows whose v was turned (H_16 by two radix-4 butterflies, a thread holding 16 contiguous columns), and hidden rows
 (d0 by one, a thread holding 8).
 
@@ -25,15 +25,15 @@ import os
 
 import torch
 
-from .gluon_builds import build_failure
+from ..gluon_builds import build_failure
 
 try:
     import triton
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
 
-    from .int8_hopper_epilogues import h4_halved_pair
-    from .int8_quant_hopper import bf16_rounded, radix4_bf16
+    from .hopper_epilogues import h4_halved_pair
+    from .quant_hopper import bf16_rounded, radix4_bf16
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -43,7 +43,7 @@ UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's A
 
 def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
     """None when a kernel here can take the turned rows t [M, K] (contiguous bf16, K a multiple of 256, checked by
-    the caller; turned: int8_quant_turned.TURNED's key), else why not (the rows asked first, so that the CPU's tests
+    the caller; turned: quant_turned.TURNED's key), else why not (the rows asked first, so that the CPU's tests
     reach those answers too)."""
     if turned == "hidden":  # a row's rotated values wait in shared memory
         if t.shape[1] * 2 > 192 * 1024:
@@ -100,7 +100,7 @@ if gluon is not None:
         top = gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3)))
         s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
         gl.store(s_ptr + row, s)
-        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8/codes.py's argument
         _store_codes(q_ptr, at, inside, y0, reciprocal)
         _store_codes(q_ptr, at + BLOCK, inside, y1, reciprocal)
         _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, reciprocal)
@@ -145,7 +145,7 @@ if gluon is not None:
             x0, x1, x2, x3 = n0, n1, n2, n3
         s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
         gl.store(s_ptr + gl.program_id(0), s)
-        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8_codes.py's argument
+        reciprocal = gl.div_rn(1.0, bf16_rounded(s))  # the quotient as a product: kernels/int8/codes.py's argument
         for i in range(CHUNKS):  # (each thread reads back the values it stored: no barrier)
             inside = gl.expand_dims(i * CH + g < G, 1) & gl.expand_dims(c < 64, 0)
             for a in gl.static_range(4):

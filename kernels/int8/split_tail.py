@@ -10,7 +10,7 @@ of K steps), a program a part, so the tail lasts about 1/S of a tile (where K is
 Integer sums are exact and their order free, so the output equals the unsplit kernel's bit for bit whichever part
 arrives last. The parts never wait for each other (no spinning: a part that is not last just ends).
 
-The slots of int32 sums and the counters (one a tail tile) are kept buffers of kernels/arrival_counters.py.
+The slots of int32 sums and the counters (one a tail tile) are kept buffers of kernels/int8/arrival_counters.py.
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def item_of(item, whole, parts, k_steps, BLOCK_K: tl.constexpr):
 @triton_jit
 def parts_stored(subtiles, sums_ptr, count_ptr, tail, part, parts, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """This part's int32 sums (the tile's column subtiles, a tuple) stored to its slot and counted in: True for the
-    part counted last (kernels/arrival_counters.py; it adds the others' slots, others_added, then sets the counter
+    part counted last (kernels/int8/arrival_counters.py; it adds the others' slots, others_added, then sets the counter
     back, counter_reset)."""
     for i in tl.static_range(len(subtiles)):
         tl.store(_slot(sums_ptr, tail, part, parts, i, len(subtiles), BLOCK_M, BLOCK_N), subtiles[i])

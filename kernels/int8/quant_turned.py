@@ -1,7 +1,7 @@
 """Plain rows to INT8 ConvRot codes in one pass, whole rows a program: rotation on the matrix cores, radix-4 step,
 row scales, codes; for rows of up to MAX_K features, plain or with a factor of the rotation taken upstream (turned).
 
-Issue 4; reference/int8_convrot_format.md sections 3-5. H_256 = H4 (x) H_64 (kernels/hadamard.py) and H_64 =
+Issue 4; reference/int8_convrot_format.md sections 3-5. H_256 = H4 (x) H_64 (kernels/int8/hadamard.py) and H_64 =
 (H4 / 2) (x) (H4 / 2) (x) (H4 / 2) along the base-4 digits of a column j = 16 d2 + 4 d1 + d0 of a 64-column block, so
 a 256-group u = [u0 u1 u2 u3] rotates as
   y_s = sum_a H4[a, s] z_a,   z_a = u_a (H_64 / 2)      (radix4_rounded; each z_a on the matrix cores)
@@ -14,8 +14,8 @@ then the rest (rest_operand):
             (int8_linear's turn_hidden, turned_f32); z_a = t_a (I_16 (x) H4 / 2).
 For rows t [M, K] bf16 (K a multiple of 256):
   z_a as above, bf16 operands (exact products), f32 sums;  y = bf16(sum_a H4[a, s] z_a)
-  s = max(max_k |y| / 127, 1e-30),  q = clamp(rint(bf16(y / bf16(s))), -128, 127)   (kernels/int8_codes.py)
-Why: kernels/int8_quant.py's rotate pass writes and reads back the bf16 rotated rows: 7 bytes a value; this pass
+  s = max(max_k |y| / 127, 1e-30),  q = clamp(rint(bf16(y / bf16(s))), -128, 127)   (kernels/int8/codes.py)
+Why: kernels/int8/quant.py's rotate pass writes and reads back the bf16 rotated rows: 7 bytes a value; this pass
 reads t and writes codes, 3. A program takes ROWS whole rows; a row's groups' 64-column blocks stand as the rows of
 the matrix-core product (so one row fills it), the four blocks of a group as four tensors, so the radix-4 step is
 elementwise and the row's absmax is known before its codes leave registers.
@@ -26,10 +26,10 @@ import functools
 
 import torch
 
-from . import int8_quant_turned_hopper
+from . import quant_turned_hopper
 from .hadamard import hadamard, radix4_rounded
-from .int8_codes import reference as codes_reference
-from .rounding import round_half_even, round_to_bf16
+from .codes import reference as codes_reference
+from ..rounding import round_half_even, round_to_bf16
 
 try:
     import triton
@@ -100,8 +100,8 @@ def _h4_halved_pair(x):
 
 @triton_jit
 def turned_hidden(act, BM: tl.constexpr, BH: tl.constexpr):
-    """turned_f32 of f32 rows act [BM, BH] (BH a multiple of 64): digit d2, then d1 (kernels/int8_linear.py's
-    SwiGLU epilogue; kernels/int8_hopper_epilogues.py's turned_hidden is the same on Hopper, in registers)."""
+    """turned_f32 of f32 rows act [BM, BH] (BH a multiple of 64): digit d2, then d1 (kernels/int8/linear.py's
+    SwiGLU epilogue; kernels/int8/hopper_epilogues.py's turned_hidden is the same on Hopper, in registers)."""
     x = tl.reshape(act, (BM, BH // 64, 2, 2, 2, 2, 4))  # [.., d2 high, d2 low, d1 high, d1 low, d0]
     x = _h4_halved_pair(tl.permute(x, (0, 1, 4, 5, 6, 2, 3)))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
     x = _h4_halved_pair(tl.permute(x, (0, 1, 5, 6, 4, 2, 3)))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
@@ -122,7 +122,7 @@ def rest_operand(turned: str | None, span: int, device: torch.device) -> torch.T
 @functools.cache
 def turn_matrix(device: torch.device) -> torch.Tensor:
     """(H4 / 2) (x) I_16 in bf16 (entries 0, +-1/2: exact), contiguous on device: turn_v's operand on the matrix
-    cores (kernels/qkv_rope_linear.py's Triton kernel)."""
+    cores (kernels/int8/qkv_rope_linear.py's Triton kernel)."""
     return torch.kron(hadamard(4, torch.float64), torch.eye(TURN, dtype=torch.float64)).to(device, torch.bfloat16)
 
 
@@ -185,7 +185,7 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
     f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
     Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
-    kernels/int8_quant_turned_hopper.py's kernel (H_16 in registers)."""
+    kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -194,8 +194,8 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
         raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None, got {turned!r}")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
                                                   torch.empty(m, dtype=torch.float32, device=t.device))
-    if m and hopper and turned == "v" and int8_quant_turned_hopper.unusable(t) is None and \
-            int8_quant_turned_hopper.launch(t, codes, scales):
+    if m and hopper and turned == "v" and quant_turned_hopper.unusable(t) is None and \
+            quant_turned_hopper.launch(t, codes, scales):
         return codes, scales
     if m:
         span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
@@ -210,11 +210,11 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
 def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scales: torch.Tensor,
              hopper: bool = True) -> bool:
     """Whether this file's passes took turned rows t (contiguous bf16 [M, K]) into (codes, scales): hidden rows on
-    Hopper by kernels/int8_quant_turned_hopper.py's pass (any width; where `hopper`, as quantize_turned's), else rows
-    that fit quantize_turned. False leaves them to kernels/int8_quant.py's passes, with rest_operand as the
+    Hopper by kernels/int8/quant_turned_hopper.py's pass (any width; where `hopper`, as quantize_turned's), else rows
+    that fit quantize_turned. False leaves them to kernels/int8/quant.py's passes, with rest_operand as the
     rotation."""
-    if t.shape[0] and hopper and turned == "hidden" and int8_quant_turned_hopper.unusable(t, turned) is None and \
-            int8_quant_turned_hopper.launch_hidden(t, codes, scales):
+    if t.shape[0] and hopper and turned == "hidden" and quant_turned_hopper.unusable(t, turned) is None and \
+            quant_turned_hopper.launch_hidden(t, codes, scales):
         return True
     if not fits(t.shape[1], group):
         return False

@@ -1,9 +1,9 @@
-"""The epilogues of kernels/int8_linear_hopper.py (Gluon): the gated residual and the fused QKV's head math, each on
+"""The epilogues of kernels/int8/linear_hopper.py (Gluon): the gated residual and the fused QKV's head math, each on
 a consumer's 128 x 128 tile y = bf16-or-f32 values of q w^T s_x s_w + bias, while the other consumer's products run.
 
 Issue 4. Gated: residual[rows, cols] += gate[row_map[row], cols] * (y (+ addend[rows, cols], bf16)), by column halves
 through the consumer's box (an addend's half passes through it before each residual half); where asked, each updated
-half's row sums and centred squares (the next norm's parts: kernels/row_stats.py, runs of 64 columns), so the next
+half's row sums and centred squares (the next norm's parts: kernels/int8/row_stats.py, runs of 64 columns), so the next
 block's norm needs no pass over the residual.
 QKV: for q and k, RMS over each head (x gain), then the split-half rotary: (a, b) -> (a cos - b sin, b cos + a sin)
 for pair (j, j + R) of a head of D = 2 R. Its cos and sin come from the tables [M, R] or, where the caller has the
@@ -160,7 +160,7 @@ if gluon is not None:
     def h4_halved_pair(x):
         """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)]: out_s = sum / 2 -
         x_(3 - s) (H4 = ones - 2 antidiagonal), splits and joins of the registers holding x (turned_v,
-        turned_hidden; kernels/int8_quant_turned_hopper.py's butterflies; int8_quant_turned.turned_f32's sums)."""
+        turned_hidden; kernels/int8/quant_turned_hopper.py's butterflies; quant_turned.turned_f32's sums)."""
         lo0, lo1 = gl.split(x)
         x0, x2 = gl.split(lo0)
         x1, x3 = gl.split(lo1)
@@ -170,7 +170,7 @@ if gluon is not None:
     @gluon.jit
     def turned_hidden(act):
         """Each 64 columns of SwiGLU's f32 tile act [BM, BH] (int8_linear's turn_hidden) turned along digits d2, then
-        d1 of j = 16 d2 + 4 d1 + d0 (int8_quant_turned.turned_f32's order). act's column j comes from the accumulator's
+        d1 of j = 16 d2 + 4 d1 + d0 (quant_turned.turned_f32's order). act's column j comes from the accumulator's
         columns 2j and 2j + 1, which a thread holds at 8 i + 2 t (+1): j = 4 i + t, so j's bits 2-5, both digits,
         lie in its own registers, as d2 does for turned_v."""
         BM: gl.constexpr = act.shape[0]

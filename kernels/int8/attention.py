@@ -27,8 +27,8 @@ import os
 
 import torch
 
-from .gluon_builds import build_failure
-from .rounding import round_half_even
+from ..gluon_builds import build_failure
+from ..rounding import round_half_even
 
 try:
     import triton
@@ -43,7 +43,7 @@ try:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .int8_hopper_epilogues import tma_load
+    from .hopper_epilogues import tma_load
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 

@@ -1,4 +1,4 @@
-"""Steps 4-5 of kernels/int8_quant.py: row scales and INT8 codes from the rotated bf16 rows and each (row, group)'s
+"""Steps 4-5 of kernels/int8/quant.py: row scales and INT8 codes from the rotated bf16 rows and each (row, group)'s
 absmax, which the rotate pass stores.
 
 Issue 4; reference/int8_convrot_format.md section 5. For rotated rows yb [M, K] (bf16) and gmax [M, K / g] (f32):
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from .rounding import round_half_even, round_to_bf16
+from ..rounding import round_half_even, round_to_bf16
 
 try:
     import triton

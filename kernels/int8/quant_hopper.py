@@ -1,20 +1,20 @@
 """Plain bf16 rows to INT8 ConvRot codes in one pass over memory on Hopper (Gluon): the rotated rows stay in shared
 memory until their row scales are known.
 
-Issue 4. kernels/int8_quant.py's math for rows with no prologue (here the MLP's hidden rows after UP's SwiGLU
+Issue 4. kernels/int8/quant.py's math for rows with no prologue (here the MLP's hidden rows after UP's SwiGLU
 epilogue: `chosen`), group 256, bit for bit its kernels' (the same matrix-core sums: u_a (H_64 / 2) by wgmma, then
 the radix-4 butterfly; tests/kernels/test_int8_quant_hopper.py). Its two launches move 7 bytes a value (x read,
 the rotated rows written and read back, the codes written); this one 3: x read once by TMA, the codes written.
 A work item is 64 rows x G groups (a chunk of a row block's columns). Its rotated rows are rounded to bf16 into the
 shared memory x came in, and its rows' partial absmax go to global memory. Once every chunk of the row block has
-counted itself in (an int32 counter a row block, in kernels/arrival_counters.py's kept buffers), each item reads all
+counted itself in (an int32 counter a row block, in kernels/int8/arrival_counters.py's kept buffers), each item reads all
 the partial maxima and writes its codes from shared memory. Items are taken in order from a ticket counter, and a
 program takes its next ticket only once its row block's chunks are all in (holding two tickets of one row block, it
 would wait for itself). So the items a program waits for are held by running programs, whatever else the card runs
 (a row block's chunks need only that many programs resident). The last of a row block's items to leave sets its
 counter back to 0; the last program to finish, the tickets'. (Two item buffers, the next item's loads under this
 one's wait and codes, measured slower on the H200: 72 KB a program, one group an item, 36 waits a row block.)
-GPU only (Hopper, Gluon, TMA), else `unusable` says why and kernels/int8_quant.py's passes run.
+GPU only (Hopper, Gluon, TMA), else `unusable` says why and kernels/int8/quant.py's passes run.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 
 from .arrival_counters import kept
 from .hadamard import hadamard_bf16
-from .int8_tiles import sm_count
+from .tiles import sm_count
 
 try:
     import triton
@@ -34,12 +34,12 @@ try:
                                                                   warpgroup_mma_wait)
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from .int8_hopper_epilogues import tma_load
+    from .hopper_epilogues import tma_load
     cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # (Triton 3.7 on; the H200's 3.6)
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
-BLOCK_M, BLOCK_Q, GROUP = 64, 64, 256  # a wgmma's 64 rows; a group as 4 blocks of 64 columns (kernels/hadamard.py)
+BLOCK_M, BLOCK_Q, GROUP = 64, 64, 256  # a wgmma's 64 rows; a group as 4 blocks of 64 columns (kernels/int8/hadamard.py)
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
@@ -80,7 +80,7 @@ if gluon is not None:
     @gluon.jit
     def radix4_bf16(z0, z1, z2, z3):
         """kernels/hadamard.radix4_rounded's butterfly on a group's four blocks z_a (the 1/2 of 1/sqrt(256) is in
-        their operand), each output rounded to bf16 (held in f32); kernels/int8_quant_turned_hopper.py's too."""
+        their operand), each output rounded to bf16 (held in f32); kernels/int8/quant_turned_hopper.py's too."""
         p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
         return bf16_rounded(p + m), bf16_rounded(p - m), bf16_rounded(r + t), bf16_rounded(t - r)
 
@@ -161,7 +161,7 @@ if gluon is not None:
             s = gl.maximum(gl.div_rn(amax, 127.0), 1e-30)
             if chunk == 0:
                 gl.store(s_ptr + rm, s, mask=rm < M)
-            inverse = gl.expand_dims(gl.div_rn(1.0, bf16_rounded(s)), 1)  # kernels/int8_codes.py's product
+            inverse = gl.expand_dims(gl.div_rn(1.0, bf16_rounded(s)), 1)  # kernels/int8/codes.py's product
             at = gl.expand_dims(rm.to(gl.int64) * K + c0, 1) + gl.expand_dims(cols_io, 0)
             inside = gl.expand_dims(rm < M, 1)
             for j in range(4 * G):

@@ -1,4 +1,4 @@
-"""The INT8 GEMM's main loop, shared by kernels/int8_linear.py and kernels/qkv_rope_linear.py: the order programs
+"""The INT8 GEMM's main loop, shared by kernels/int8/linear.py and kernels/int8/qkv_rope_linear.py: the order programs
 take the output tiles in, a tile's int32 products over a run of K, a tile's column halves, the epilogues' first
 steps (the scales and bias; SwiGLU of column pairs) and int8_linear's whole epilogue; and the references' exact
 products.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .int8_quant_turned import turned_hidden
-from .rounding import round_to_bf16, rounded_bf16
+from .quant_turned import turned_hidden
+from ..rounding import round_to_bf16, rounded_bf16
 
 try:
     import triton
@@ -95,7 +95,7 @@ def dequantized(acc, rm, rn, mmask, nmask, sx_ptr, sw_ptr, bias_ptr, HAS_BIAS: t
 def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
     """SiLU(gate) up of y's interleaved column pairs, [BLOCK_M, BLOCK_N / 2] bf16 values held in f32: each of gate
     and up rounded to bf16 first, as the product int8_linear writes; the division approximate (div.full: see
-    int8_quant's swiglu). TURN: each 64 columns turned before the rounding (int8_quant_turned.turned_hidden)."""
+    int8_quant's swiglu). TURN: each 64 columns turned before the rounding (quant_turned.turned_hidden)."""
     gate, up = tl.split(tl.reshape(round_to_bf16(y), (BLOCK_M, BLOCK_N // 2, 2)))
     act = gate / (1.0 + tl.exp(-gate)) * up
     if TURN:
@@ -109,7 +109,7 @@ def linear_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_pt
                     ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr,
                     LORA_DTYPE: tl.constexpr, TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_R: tl.constexpr):
-    """kernels/int8_linear.py's epilogue on a tile (or a column part of one) of int32 products: its math's forms
+    """kernels/int8/linear.py's epilogue on a tile (or a column part of one) of int32 products: its math's forms
     (FORM 0 bf16 rows, 1 the gated residual, 2 SwiGLU), with the LoRA's product and the addend where given."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -133,7 +133,7 @@ def linear_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_pt
         r = tl.load(out_ptr + offs, mask=mask, other=0.0)
         if ONE_GATE_ROW:  # every row takes gate row 0 (one modulation row): a vector, not a gather
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + rn, mask=nmask, other=0.0)[None, :] * y, mask=mask)
-        elif shared >= 0:  # the tile's rows share one gate row (_tile): a vector (kernels/modulation_rows.py)
+        elif shared >= 0:  # the tile's rows share one gate row (_tile): a vector (kernels/int8/modulation_rows.py)
             tl.store(out_ptr + offs, r + tl.load(gate_ptr + shared * N + rn, mask=nmask, other=0.0)[None, :] * y,
                      mask=mask)
         else:

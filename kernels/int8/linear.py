@@ -1,7 +1,7 @@
 """INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing, SwiGLU or gated-residual epilogue.
 
 Issue 4; reference/int8_convrot_format.md section 6. Codes q [M, K] int8 with row scales s_x [M] f32 (from
-kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N] (any float dtype):
+kernels/int8/quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N] (any float dtype):
   acc[m, n] = sum_k q[m, k] w[n, k]                        exact, int32
   y[m, n]   = float(acc) * (s_x[m] * s_w[n]) + bias[n]    f32, each operation rounded (no fused multiply-add)
             (+ lora[m, n] = (lora_down [M, r] @ lora_up [N, r]^T)[m, n]: bf16 operands, f32 sums)
@@ -9,7 +9,7 @@ kernels/int8_quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, 
     swiglu=True:     out[m, j] = bf16(silu(g) u), g = bf16(y[m, 2j]), u = bf16(y[m, 2j + 1]), silu(a) = a / (1 +
                      exp(-a)) (N / 2 columns: the MLP's interleaved gate and up rows, as int8_quant's swiglu)
     turn_hidden:     out = bf16(turned_f32(silu(g) u)): each 64 columns turned along digits d2 and d1 in f32
-                     (kernels/int8_quant_turned.py: two factors of DOWN's rotation, in the epilogue's registers on
+                     (kernels/int8/quant_turned.py: two factors of DOWN's rotation, in the epilogue's registers on
                      Hopper; the codes pass then does the rest, no matrix product)
   int8_linear_gated: residual[m, n] = residual[m, n] + gate[row_map[m], n] * y[m, n]  (f32, in place)
     addend:          y[m, n] + addend[m, n] in place of y (bf16 [M, N]: a parallel block's other branch)
@@ -17,7 +17,7 @@ The scale product first, then the bias in f32, is dit_core.linear (int8_product,
 reference; kitchen's CUTLASS epilogue (acc * s_x * s_w + bias) differs from it by an f32 ulp before the bf16
 rounding. The gated form is the block's `x + gate * linear(h)`: the linear's output is never stored. The SwiGLU form
 writes half the bytes (measured slower on the H200: it rotating its rows for DOWN too, and bf16 rows stored by TMA).
-On Hopper the calls without a LoRA go to kernels/int8_linear_hopper.py (the same math bit for bit, 1.2-1.5x faster:
+On Hopper the calls without a LoRA go to kernels/int8/linear_hopper.py (the same math bit for bit, 1.2-1.5x faster:
 warp-specialized); this kernel runs everything else.
 """
 from __future__ import annotations
@@ -27,11 +27,11 @@ import logging
 
 import torch
 
-from . import int8_linear_hopper
-from .choices import DEFAULT, Choices
-from .int8_products import exact_products, halves, linear_epilogue, products, tile_of
-from .int8_quant_turned import turned_f32
-from .int8_tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
+from . import linear_hopper
+from ..choices import DEFAULT, Choices
+from .products import exact_products, halves, linear_epilogue, products, tile_of
+from .quant_turned import turned_f32
+from .tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
                          tune_bucket)
 from .modulation_rows import shared_row
 from .row_stats import reference as stats_reference
@@ -80,7 +80,7 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop measured no faster on the H200 (docs/notes/runs.md). SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
-    # SPLIT: the tail launch, program i the part i % parts of tile whole + i // parts (kernels/split_tail.py), else
+    # SPLIT: the tail launch, program i the part i % parts of tile whole + i // parts (kernels/int8/split_tail.py), else
     # the tiles [0, whole) whole.
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -179,8 +179,8 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         raise ValueError("int8_linear: a LoRA needs lora_down [M, r] and lora_up [N, r] together")
     if m == 0:
         return
-    if tiles is None and lora_down is None and choices.hopper_gemm and int8_linear_hopper.unusable(
-            q, out, out.shape[1] * out.element_size()) is None and int8_linear_hopper.launch(
+    if tiles is None and lora_down is None and choices.hopper_gemm and linear_hopper.unusable(
+            q, out, out.shape[1] * out.element_size()) is None and linear_hopper.launch(
             q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts, turn=turn,
             group_m=choices.group_m):
         return True
@@ -254,7 +254,7 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
                       tiles=None, addend=None, next_norm=None, choices: Choices = DEFAULT):
     """residual (f32 [M, N], in place) += gate[row_map[m]] * ((q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) (+
     addend[m, n], bf16 [M, N])). next_norm: (stats [2, M] f32, "rms" or "layer", eps) filled with that norm's
-    statistics of the updated rows (kernels/row_stats.py): from the Hopper epilogue's parts, else a pass after.
+    statistics of the updated rows (kernels/int8/row_stats.py): from the Hopper epilogue's parts, else a pass after.
     choices: which kernels run (kernels/choices.py)."""
     m, n = q.shape[0], w.shape[0]
     if residual.shape != (m, n) or residual.dtype != torch.float32 or not residual.is_contiguous():
@@ -263,7 +263,7 @@ def int8_linear_gated(q, s_x, w, s_w, bias=None, *, residual, gate, row_map, lor
         raise ValueError(f"int8_linear_gated: gate must be [R, {n}] (under 2^31 values) and row_map [{m}]")
     if addend is not None and (addend.shape != (m, n) or addend.dtype != torch.bfloat16 or not addend.is_contiguous()):
         raise ValueError(f"int8_linear_gated: addend must be contiguous bf16 [{m}, {n}]")
-    width = int8_linear_hopper.PART_COLUMNS
+    width = linear_hopper.PART_COLUMNS
     parts = torch.empty(2, n // width, m, device=q.device) if next_norm is not None and n % width == 0 else None
     if _launch(q, s_x, w, s_w, bias, lora_down, lora_up, residual, gate, row_map, tiles, GATED, addend, parts,
                choices=choices) and \

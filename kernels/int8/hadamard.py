@@ -1,4 +1,4 @@
-"""The regular Hadamard of ConvRot's groups and its 256-point form on the matrix cores (kernels/int8_quant.py's
+"""The regular Hadamard of ConvRot's groups and its 256-point form on the matrix cores (kernels/int8/quant.py's
 rotate pass).
 
 Issue 4; reference/int8_convrot_format.md section 3: H_g = H4^(x log4 g) / sqrt(g), H4 = [[1,1,1,-1],[1,1,-1,1],
@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from .rounding import round_to_bf16
+from ..rounding import round_to_bf16
 
 try:
     import triton

@@ -1,4 +1,4 @@
-"""The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8_linear.py then
+"""The QKV product with the q/k head norm and rotary in its epilogue: kernels/int8/linear.py then
 kernels/head_norm_rope.py in one launch (dit_core/gpu/block.py's QKV where it is INT8 and turns whole heads).
 
 Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's 1024^2
@@ -14,9 +14,9 @@ epilogue a head at a time, 0.443 against 0.417 ms; the rotary tables and the row
 persistent at 3 stages, 0.426: the epilogue costs about 60 us a call over the product, 0.354. Two programs an SM on
 128 x 128 tiles of 4 warps, so that one's epilogue runs under the other's products: 0.398 against 0.402 alone, but
 a Z-Image step 75.2 against 74.6 ms.) On Hopper with heads of 128 this epilogue runs in
-kernels/int8_linear_hopper.py instead (a tile a head; v bit for bit, q and k within one bf16 step of this kernel's).
+kernels/int8/linear_hopper.py instead (a tile a head; v bit for bit, q and k within one bf16 step of this kernel's).
 Where asked (turn_v), v leaves turned along each 64 columns' top base-4 digit, a factor of OUT's ConvRot rotation
-(kernels/int8_quant_turned.py): here a product with (H4 / 2) (x) I_16, in the Hopper epilogue sums in registers.
+(kernels/int8/quant_turned.py): here a product with (H4 / 2) (x) I_16, in the Hopper epilogue sums in registers.
 """
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ import functools
 
 import torch
 
-from . import head_norm_rope, int8_linear, int8_linear_hopper
-from .choices import DEFAULT, Choices
-from .int8_products import dequantized, products, tile_of
-from .int8_quant_turned import BLOCK as TURN
-from .int8_quant_turned import turn_matrix, turned_rows
-from .int8_tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
-from .rounding import round_to_bf16, rounded_bf16
+from .. import head_norm_rope
+from . import linear, linear_hopper
+from ..choices import DEFAULT, Choices
+from .products import dequantized, products, tile_of
+from .quant_turned import BLOCK as TURN
+from .quant_turned import turn_matrix, turned_rows
+from .tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
+from ..rounding import round_to_bf16, rounded_bf16
 
 try:
     import triton
@@ -45,7 +46,7 @@ def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, e
     """The two launches it replaces, as their plain-torch references: (q, k, v) [G, heads, g, head] bf16, v turned
     where asked. (angles: the tables' factors, read only by the Hopper epilogue: the tables are the rotary's
     truth.)"""
-    qkv = int8_linear.reference(q, s_x, w, s_w, bias)
+    qkv = linear.reference(q, s_x, w, s_w, bias)
     q, k, v = head_norm_rope.reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps, group=group)
     return (q, k, turned_rows(v)) if turn_v else (q, k, v)
 
@@ -144,10 +145,10 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     group=group) for cos/sin [M, head / 2]. tiles: None (Hopper's fixed tile, HOPPER_TILES["qkv_rope"], where it
     holds whole heads, else autotuned over tiles that do) or int8_linear's form. angles: None, or the factors of
     cos's and sin's angles (positions [M, 4], freqs [2, head / 2], the first columns of axes 1-3:
-    kernels/int8_hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them.
+    kernels/int8/hopper_epilogues.py), from which the Hopper kernel makes cos and sin rather than reading them.
     turn_v: v's each 64 columns leave turned along their top base-4 digit, bf16(v ((H4 / 2) (x) I_16))
-    (int8_quant_turned.turned_rows; head a multiple of 64): the rotation's share that the Hopper epilogue does in
-    registers, so that the attention's output rows go to codes in kernels/int8_quant_turned.py's one pass.
+    (quant_turned.turned_rows; head a multiple of 64): the rotation's share that the Hopper epilogue does in
+    registers, so that the attention's output rows go to codes in kernels/int8/quant_turned.py's one pass.
     choices: the Hopper kernel's (hopper_gemm, group_m; kernels/choices.py)."""
     m, k = q.shape
     n, g = w.shape[0], group or m
@@ -167,9 +168,9 @@ def qkv_rope_linear(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, 
     views = tuple(t.reshape(m // max(g, 1), g, heads, head).transpose(1, 2) for t in out)
     if m == 0:
         return views
-    if tiles is None and choices.hopper_gemm and head == int8_linear_hopper.TILE["BLOCK_N"] and \
-            int8_linear_hopper.unusable(q, out, heads * head * 2) is None and int8_linear_hopper.launch(
-            q, s_x, w, s_w, bias, out.view(3, m, heads * head), int8_linear_hopper.QKV_ROPE,
+    if tiles is None and choices.hopper_gemm and head == linear_hopper.TILE["BLOCK_N"] and \
+            linear_hopper.unusable(q, out, heads * head * 2) is None and linear_hopper.launch(
+            q, s_x, w, s_w, bias, out.view(3, m, heads * head), linear_hopper.QKV_ROPE,
             norms=head_norm_rope.qk_norm_rows(q_weight, k_weight) if q_weight is not None else None, cos=cos,
             sin=sin, angles=angles, heads_d=heads * head, head=head, eps=eps, turn=turn_v, group_m=choices.group_m):
         return views
