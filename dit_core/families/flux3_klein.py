@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, NormStats, layer_norm
 from ..linear import linear
-from ..weights.lora import load_lora
 from ..modulation import Modulation, sinusoids
+from .loading import Detection, OpenedFile
 from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
 from ..sampling.step_cache import RefSlots, StepCache, joint_blocks
-from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
 MARKER = "early_stream_modulations.image.lin.weight"
@@ -36,7 +36,6 @@ MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
 ROPE_THETA = 10000.0
 IMAGE_ROPE_SCALE = 0.5  # diffusers Flux3PrepareLatentsStep image_rope_scale (section 4; section 12 item 2)
 TIME_SCALE = 1000.0
-LINEAR_MODES = ("stored", "int8", "bf16")
 # diffusers' names of the linears (LoRAs trained on diffusers): single_file_utils.py's key map reversed.
 DIFFUSERS_BLOCK = {"q_proj": "attn.to_q", "k_proj": "attn.to_k", "v_proj": "attn.to_v",
                    "attn_out": "attn.to_out.0", "mlp_in": "ff.linear_in", "mlp_out": "ff.linear_out"}
@@ -62,12 +61,8 @@ def unpack_latent(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(c4 // 4, 2, 2, h, w).permute(0, 3, 1, 4, 2).reshape(c4 // 4, 2 * h, 2 * w)
 
 
-def _prefix(ckpt: Checkpoint) -> str:
-    p = ckpt.prefix_of((MARKER,), PREFIXES)
-    if p is not None:
-        return p
-    raise WeightsError(f"{ckpt.path.name}: not a FLUX.3 diffusion model (no '{MARKER}'); pick a FLUX.3 "
-                       f"Klein file such as flux3-image-klein-int8-convrot.safetensors")
+DETECTION = Detection((MARKER,), PREFIXES, "a FLUX.3 diffusion model",
+                      "a FLUX.3 Klein file such as flux3-image-klein-int8-convrot.safetensors")
 
 
 def _count(ckpt: Checkpoint, stem: str) -> int:
@@ -192,24 +187,11 @@ class Flux3Klein:
         FP8). linears: 'stored', 'int8' (float block linears quantized to INT8 ConvRot) or 'bf16' (INT8
         dequantized). loras: (file, strength) pairs merged into the linears as they load (BFL or diffusers
         names)."""
-        if linears not in LINEAR_MODES:
-            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        p = _prefix(ckpt)
+        opened = OpenedFile.open(path, DETECTION, linears)
+        ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
-        markers = ckpt.quantization_markers()
-        names = {k[len(p):-len(".weight")] for k in ckpt.keys()  # noqa: SIM118 (a Checkpoint, not a dict)
-                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
-        adapters = [load_lora(f, s, names, lora_aliases(names)) for f, s in loras]
-
-        def lin(name: str) -> Linear:
-            merged = read_linear(ckpt, p + name, markers)
-            for adapter in adapters:
-                merged = adapter.merged(name, merged)
-            return merged
-
-        convert = {"stored": lambda b: b, "int8": Block.quantized,
-                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
+        opened = opened.with_loras(loras, lora_aliases)
+        lin, convert = opened.linear, opened.convert
         blocks = lambda stem, n: tuple(convert(_read_block(ckpt, p, f"{stem}{i}.", a, lin)) for i in range(n))
         time = lambda stem: (lin(f"{stem}.in_layer"), lin(f"{stem}.out_layer"))
         return Flux3Klein(

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, rms_norm
 from ..linear import float_on, linear
-from ..weights.lora import load_lora
 from ..modulation import Modulation, sinusoids
+from .loading import Detection, OpenedFile
 from ..sequence import Sequence, halves_permutation, sequence_of
-from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_linear, read_tensor, stack_rows
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
 # ComfyUI's Wan21 latent format (Krea 2's; section 5): the model sees (z - mean) / std of the raw VAE latent.
@@ -38,7 +38,6 @@ PATCH = 2
 ROPE_THETA = 1000.0
 TIME_SCALE = 1000.0
 EPS = 1e-5
-LINEAR_MODES = ("stored", "int8", "bf16")
 # diffusers' names of the file's linears (LoRAs trained on diffusers): single_file_utils.py's converter, reversed
 # only in direction (section 3's table).
 DIFFUSERS_PREFIXES = (("first", "img_in"), ("tmlp.0", "time_embed.linear_1"), ("tmlp.2", "time_embed.linear_2"),
@@ -72,12 +71,8 @@ def latent_format() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.tensor(LATENT_MEAN).view(1, -1, 1, 1), 1 / torch.tensor(LATENT_STD).view(1, -1, 1, 1)
 
 
-def _prefix(ckpt: Checkpoint) -> str:
-    p = ckpt.prefix_of((MARKER,), PREFIXES)
-    if p is not None:
-        return p
-    raise WeightsError(f"{ckpt.path.name}: not a Krea 2 diffusion model (no '{MARKER}'); pick a Krea 2 file such "
-                       f"as krea2_turbo_int8_convrot.safetensors")
+DETECTION = Detection((MARKER,), PREFIXES, "a Krea 2 diffusion model",
+                      "a Krea 2 file such as krea2_turbo_int8_convrot.safetensors")
 
 
 def lora_aliases(names: set[str]) -> dict[str, tuple[str, int]]:
@@ -208,24 +203,12 @@ class Krea2:
         linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16'
         dequantizes INT8 ones. loras: (file, strength) pairs merged into the linears as they load (the file's names
         or diffusers')."""
-        if linears not in LINEAR_MODES:
-            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        p = _prefix(ckpt)
+        opened = OpenedFile.open(path, DETECTION, linears)
+        ckpt, p = opened.ckpt, opened.prefix
         a, t = read_arch(ckpt, p)
-        markers = ckpt.quantization_markers()
-        names = {k[len(p):-len(".weight")] for k in ckpt.keys()
-                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
-        adapters = [load_lora(f, s, names, lora_aliases(names)) for f, s in loras]
-
-        def lin(key: str) -> Linear:  # key: the full prefix, less .weight
-            merged = read_linear(ckpt, key, markers)
-            for adapter in adapters:
-                merged = adapter.merged(key[len(p):], merged)
-            return merged
-
-        convert = {"stored": lambda b: b, "int8": Block.quantized,
-                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
+        opened = opened.with_loras(loras, lora_aliases)
+        lin = lambda key: opened.linear(key[len(p):])  # noqa: E731 (key: the full prefix, less .weight)
+        convert = opened.convert
         blocks = lambda stem, n, arch: tuple(convert(_read_block(ckpt, f"{p}{stem}{i}.", arch, lin))  # noqa: E731
                                              for i in range(n))
         taps = ckpt.shape(f"{p}{MARKER}")[1]

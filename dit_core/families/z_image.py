@@ -17,26 +17,20 @@ import torch.nn.functional as F
 from ..arch import Arch
 from ..block import Block, NormStats, layer_norm, rms_norm
 from ..linear import float_on, linear
-from ..weights.lora import load_lora
 from ..modulation import Modulation, sinusoids
+from .loading import Detection, OpenedFile
 from ..sequence import Sequence, concat, halves_permutation, sequence_of
-from ..weights import Checkpoint, Linear, TensorSource, WeightsError, glu_rows, read_linear, read_tensor
+from ..weights import Checkpoint, Linear, TensorSource, WeightsError, glu_rows, read_tensor
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "")
 PATCH = 2
 SEQ_MULTIPLE = 32      # image and caption rows are each padded to a multiple of this (SEQ_MULTI_OF)
 ROPE_THETA = 256.0
 TIME_SCALE = 1000.0
-LINEAR_MODES = ("stored", "int8", "bf16")
 
 
-def _prefix(ckpt: Checkpoint) -> str:
-    p = ckpt.prefix_of(("cap_embedder.1.weight", "layers.0.adaLN_modulation.0.weight"), PREFIXES)
-    if p is not None:
-        return p
-    raise WeightsError(f"{ckpt.path.name}: not a Z-Image diffusion model (no 'cap_embedder.1.weight' and "
-                       f"'layers.0.adaLN_modulation.0.weight'); pick a Z-Image file such as "
-                       f"z_image_turbo_bf16.safetensors")
+DETECTION = Detection(("cap_embedder.1.weight", "layers.0.adaLN_modulation.0.weight"), PREFIXES,
+                      "a Z-Image diffusion model", "a Z-Image file such as z_image_turbo_bf16.safetensors")
 
 
 def _count(ckpt: Checkpoint, prefix: str) -> int:
@@ -187,25 +181,12 @@ class ZImage:
         prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
         ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized). loras: (file, strength)
         pairs merged into the linears as they load."""
-        if linears not in LINEAR_MODES:
-            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        p = _prefix(ckpt)
+        opened = OpenedFile.open(path, DETECTION, linears)
+        ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
-        markers = ckpt.quantization_markers()
-        names = {k[len(p):-len(".weight")] for k in ckpt.keys()
-                 if k.startswith(p) and k.endswith(".weight") and len(ckpt.shape(k)) == 2}
-        adapters = [load_lora(f, s, names, lora_aliases(a, names)) for f, s in loras]
-
-        def lin(name: str) -> Linear:
-            merged = read_linear(ckpt, p + name, markers)
-            for adapter in adapters:
-                merged = adapter.merged(name, merged)
-            return merged
-
+        opened = opened.with_loras(loras, lambda names: lora_aliases(a, names))
+        lin, convert = opened.linear, opened.convert
         blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))
-        convert = {"stored": lambda b: b, "int8": Block.quantized,
-                   "bf16": lambda b: b.dequantized(torch.bfloat16)}[linears]
         context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))
         noise, main = blocks("noise_refiner", a.refiner), blocks("layers", a.layers)
         return ZImage(

@@ -1,0 +1,71 @@
+"""The load preamble every family's recipe shares: the file opened and recognised (its key prefix, from the family's
+own keys, never the file name), its quantization markers, the LoRAs merged into each linear as it is read, and the
+conversion of the blocks' linears that the loader's `linears` asks for."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..block import Block
+from ..weights import Checkpoint, Linear, WeightsError, read_linear
+from ..weights.lora import load_lora
+
+# 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8
+# ones.
+LINEAR_MODES = ("stored", "int8", "bf16")
+_CONVERT = {"stored": lambda block: block, "int8": Block.quantized,
+            "bf16": lambda block: block.dequantized(torch.bfloat16)}
+
+
+@dataclass(frozen=True)
+class Detection:
+    """How a family knows its file: every one of `keys` under one of `prefixes`; else the error says the file is not
+    `model` and names an `example` file of the family to pick."""
+    keys: tuple[str, ...]
+    prefixes: tuple[str, ...]
+    model: str    # "a Z-Image diffusion model"
+    example: str  # "a Z-Image file such as z_image_turbo_bf16.safetensors"
+
+
+@dataclass(frozen=True)
+class OpenedFile:
+    """A family's checkpoint, opened: `linear(name)` reads the linear `prefix + name` (in any stored format) with the
+    LoRAs merged, and `convert` turns a block's linears into the loader's `linears` mode."""
+    ckpt: Checkpoint
+    prefix: str
+    markers: dict
+    convert: Callable[[Block], Block]
+    adapters: tuple = ()
+
+    @staticmethod
+    def open(path: str | Path | Checkpoint, detection: Detection, linears: str = "stored") -> OpenedFile:
+        if linears not in LINEAR_MODES:
+            raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        prefix = ckpt.prefix_of(detection.keys, detection.prefixes)
+        if prefix is None:
+            missing = " and ".join(f"'{k}'" for k in detection.keys)
+            raise WeightsError(f"{ckpt.path.name}: not {detection.model} (no {missing}); pick {detection.example}")
+        return OpenedFile(ckpt, prefix, ckpt.quantization_markers(), _CONVERT[linears])
+
+    def with_loras(self, loras: tuple[tuple[str | Path, float], ...],
+                   aliases: Callable[[set[str]], dict]) -> OpenedFile:
+        """This file with (file, strength) LoRAs merged as its linears are read; aliases(names of the file's
+        matrices, less the prefix and .weight) maps other trainers' names to the file's (load_lora)."""
+        if not loras:
+            return self
+        p = self.prefix
+        names = {k[len(p):-len(".weight")] for k in self.ckpt.keys()  # noqa: SIM118 (a Checkpoint, not a dict)
+                 if k.startswith(p) and k.endswith(".weight") and len(self.ckpt.shape(k)) == 2}
+        found = aliases(names)
+        return OpenedFile(self.ckpt, p, self.markers, self.convert,
+                          tuple(load_lora(f, s, names, found) for f, s in loras))
+
+    def linear(self, name: str) -> Linear:
+        merged = read_linear(self.ckpt, self.prefix + name, self.markers)
+        for adapter in self.adapters:
+            merged = adapter.merged(name, merged)
+        return merged
