@@ -20,7 +20,7 @@ from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import MAIN, RequestTooLarge, dit_on_device, engine_device
+from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -126,6 +126,17 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
         load = lambda f: engine.load(f, handle.linears, handle.loras)
         return dit_on_device(handle, lambda: cancellable(load, handle.path), pass_size, rows, check)
     return load_dit
+
+
+def text_encoder_loader(encoder, family: str) -> Callable:
+    """A family's load_text_encoder(handle): encoder.load of the loader's file with ComfyUI's Qwen tokenizer, Cancel
+    honoured, kept in LOADED per file and family (a file two families read differently) in the loader's role. On
+    the CPU: one forward a prompt."""
+    def load_text_encoder(handle: FileHandle):
+        return LOADED.get("text", (*handle.key(), family),
+                          lambda: cancellable(lambda f: encoder.load(f, TOKENIZER_DIR), handle.path),
+                          role=handle.role)
+    return load_text_encoder
 
 
 def file_key(path: str) -> tuple:

@@ -12,12 +12,12 @@ from ..dit_core.sampling.schedules import klein_sigmas
 from ..dit_core.sampling.step_cache import StepCache
 from ..dit_core.codecs.flux2_vae import PACKED, Flux2VAE
 from .base import (
-    TOKENIZER_DIR,
     FileHandle,
     SwiftDiTError,
     cancellable,
     checked,
     dit_loader,
+    text_encoder_loader,
     decode_image,
     decode_schema,
     finite,
@@ -46,11 +46,7 @@ REFERENCES = "reference_latents"
 load_dit = dit_loader(Flux3Klein, SETTINGS.pass_size)
 
 
-def load_text_encoder(handle: FileHandle) -> Qwen3VLTextEncoder:
-    # On the CPU, as the Z-Image text encoder: one forward per prompt.
-    return LOADED.get("text", (*handle.key(), FAMILY),
-                      lambda: cancellable(lambda f: Qwen3VLTextEncoder.load(f, TOKENIZER_DIR), handle.path),
-                      role=handle.role)
+load_text_encoder = text_encoder_loader(Qwen3VLTextEncoder, FAMILY)
 
 
 def load_vae(handle: FileHandle) -> Flux2VAE:

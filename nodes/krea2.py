@@ -10,12 +10,10 @@ from ..dit_core.text.qwen3_vl import Krea2TextEncoder
 from ..dit_core.sampling.ksampler import SAMPLERS, ksample
 from ..dit_core.sampling.schedules import TABLE_SCHEDULERS, flux_sigma_table
 from .base import (
-    TOKENIZER_DIR,
-    FileHandle,
     SwiftDiTError,
-    cancellable,
     check_family,
     dit_loader,
+    text_encoder_loader,
     finite,
     interrupt_check,
     model_input,
@@ -24,7 +22,7 @@ from .base import (
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FLUX_MU, FamilySettings, PassSize, Schedule
-from .memory import LOADED, engine_device
+from .memory import engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -92,10 +90,7 @@ class Krea2LoraLoaderModelOnly(LoraLoaderNode):
     load = staticmethod(load_dit)
 
 
-def load_text_encoder(handle: FileHandle) -> Krea2TextEncoder:
-    return LOADED.get("text", (*handle.key(), FAMILY),
-                      lambda: cancellable(lambda f: Krea2TextEncoder.load(f, TOKENIZER_DIR), handle.path),
-                      role=handle.role)
+load_text_encoder = text_encoder_loader(Krea2TextEncoder, FAMILY)
 
 
 class Krea2TextEncoderLoader(TextEncoderLoaderNode):

@@ -10,11 +10,11 @@ from ..dit_core.sampling.ksampler import SAMPLERS, ksample, model_on_device
 from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.codecs.flux1_vae import ImageDecoder
 from .base import (
-    TOKENIZER_DIR,
     FileHandle,
     cancellable,
     decode_image,
     dit_loader,
+    text_encoder_loader,
     decode_schema,
     interrupt_check,
     model_input,
@@ -82,10 +82,7 @@ class ZImageLoraLoaderModelOnly(LoraLoaderNode):
     load = staticmethod(load_dit)
 
 
-def load_text_encoder(handle: FileHandle) -> Qwen3TextEncoder:
-    return LOADED.get("text", handle.key(),
-                      lambda: cancellable(lambda f: Qwen3TextEncoder.load(f, TOKENIZER_DIR), handle.path),
-                      role=handle.role)
+load_text_encoder = text_encoder_loader(Qwen3TextEncoder, FAMILY)
 
 
 class ZImageTextEncoderLoader(TextEncoderLoaderNode):

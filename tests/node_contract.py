@@ -31,3 +31,9 @@ def run(node, **inputs):
     inference mode)."""
     with torch.inference_mode():
         return node.execute(**inputs).result
+
+
+def pack_tokenizer_dir() -> Path:
+    """ComfyUI's Qwen tokenizer folder, which the pack's text encoder loaders read (nodes/base.py)."""
+    from swiftdit_pack.nodes.base import TOKENIZER_DIR
+    return TOKENIZER_DIR

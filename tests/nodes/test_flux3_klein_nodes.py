@@ -3,7 +3,7 @@ image, and an edit with references as ReferenceLatent puts them) against the eng
 naming node and input."""
 import pytest
 import torch
-from node_contract import assert_schemas_follow, run
+from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors.torch import save_file
 
 PROMPT = "a red fox in the snow"
@@ -113,7 +113,7 @@ def test_t2i_graph_equals_the_engine(pack, models, cache, caplog):
     with caplog.at_level("INFO", logger="SwiftDiT"):
         positive, samples, image = graph(pack, cache=cache)
     rows = Qwen3VLTextEncoder.load(models / "text_encoders" / "qwen3vl_tiny.safetensors",
-                                   pack.TOKENIZER_DIR).encode(PROMPT)
+                                   pack_tokenizer_dir()).encode(PROMPT)
     assert torch.equal(positive[0][0], rows) and rows.shape[2] == 8 * 64 and rows.shape[1] % 80 == 0
     assert positive[0][1]["pooled_output"] is None
     expected, step_cache = engine(models, rows, 7, 32, 48, 4, cache)

@@ -2,7 +2,7 @@
 against the engine called directly, errors naming node and input."""
 import pytest
 import torch
-from node_contract import assert_schemas_follow, run
+from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors.torch import save_file
 
 PROMPT = "a red fox in the snow"
@@ -85,7 +85,7 @@ def test_t2i_graph_equals_the_engine(pack, models, cfg, lora):
     from dit_core.sampling.schedules import flux_sigma_table
     _, positive, negative, samples = graph(pack, cfg=cfg, lora=lora)
     rows = Krea2TextEncoder.load(models / "text_encoders" / "qwen3vl_krea2_tiny.safetensors",
-                                 pack.TOKENIZER_DIR).encode(PROMPT)
+                                 pack_tokenizer_dir()).encode(PROMPT)
     assert torch.equal(positive[0][0], rows[None]) and rows.shape[1:] == (12, 64)
     dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors",
                      loras=((models / "loras" / lora, 0.8),) if lora else ())

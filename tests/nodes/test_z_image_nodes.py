@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from node_contract import assert_schemas_follow, run
+from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -96,7 +96,7 @@ def test_graph_equals_the_engine(pack, models):
     from dit_core.sampling.ksampler import ksample
     from dit_core.codecs.flux1_vae import ImageDecoder
     positive, samples, image = graph(pack)
-    rows = Qwen3TextEncoder.load(models / "text_encoders" / "qwen3_tiny.safetensors", pack.TOKENIZER_DIR).encode(
+    rows = Qwen3TextEncoder.load(models / "text_encoders" / "qwen3_tiny.safetensors", pack_tokenizer_dir()).encode(
         "a red fox in the snow")
     assert torch.equal(positive[0][0], rows) and positive[0][1]["attention_mask"].shape == rows.shape[:2]
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors")
@@ -397,7 +397,7 @@ def test_cancel_interrupts_the_text_encoder_between_layers(pack, models, monkeyp
     import comfy.model_management
     from swiftdit_pack.nodes.memory import LOADED
     (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2")
-    layers = LOADED.get("text", clip.key(), lambda: pytest.fail("not loaded")).model.layers
+    layers = LOADED.get("text", (*clip.key(), "z_image"), lambda: pytest.fail("not loaded")).model.layers
     ran = []
     handles = [layer.register_forward_hook(lambda *_: ran.append(1)) for layer in layers]
     comfy.model_management.interrupt_current_processing(True)
