@@ -127,10 +127,11 @@ class Block:
                  options=None) -> torch.Tensor:
         """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
-        attn_scale and attn_gate (reference/families/flux3_klein.md section 3). keys_values(k, v) -> (k, v), when
-        given, sees the rows' normed and rotated keys and values before attention and may record or extend them
-        (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update x in place (no copy of the
-        rows); here the result is always a new tensor. carry, options: as forward's (nothing carried here)."""
+        attn_scale and attn_gate (reference/families/flux3_klein.md section 3, blocks). keys_values(k, v) ->
+        (k, v), when given, sees the rows' normed and rotated keys and values before attention and may record
+        or extend them (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update
+        x in place (no copy of the rows); here the result is always a new tensor. carry, options: as forward's
+        (nothing carried here)."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
         q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))

@@ -20,7 +20,8 @@ def int8_product(x: torch.Tensor, lin: Linear) -> torch.Tensor:
         work = rotate(work, lin.group)
     if rows.dtype in (torch.bfloat16, torch.float16):
         # Kitchen's quantizers round the rotated rows to x's dtype and divide in it (eager: a bf16 matmul;
-        # CUDA: f32 rotation then a bf16 cast), format doc section 5; f32 throughout drifts ~4e-3 from them.
+        # CUDA: f32 rotation then a bf16 cast), format doc section 5
+        # (quantization numerics); f32 throughout drifts ~4e-3 from them.
         work = work.to(rows.dtype)
     codes, x_scale = quantize_rows(work)
     acc = codes.double() @ lin.weight.double().t()

@@ -128,7 +128,8 @@ def concat(parts: list[Sequence]) -> Sequence:
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotary by split halves over the first 2 r values of each head (x [rows, heads, head], cos/sin [rows, r]):
     pair (j, j + r) turns by angle j. Checkpoints that rotate adjacent pairs are permuted at load
-    (reference/families/z_image.md section 6), so this is the only rotary the block knows."""
+    (reference/families/z_image.md section 6, checkpoint tensor names: RoPE), so this is the only rotary the
+    block knows."""
     r = cos.shape[-1]
     c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
     a, b, rest = x[..., :r], x[..., r:2 * r], x[..., 2 * r:]

@@ -1,9 +1,9 @@
 """Softmax attention of the packed sequence through PyTorch's SDPA, cuDNN first; groups as a batch.
 
-Issue 4: at Z-Image's 1024^2 shape cuDNN's attention measured 590 TFLOP/s against flash's 324: the work here is
+Issue 4: at Z-Image's 1024^2 shape cuDNN's attention runs at nearly twice flash's rate: the work here is
 choosing SDPA's back end. Where the caller asks for INT8 scores and kernels/int8/attention.py takes the rows (Hopper,
 heads of 128, one group), that kernel runs instead (issue 6: fewer joules a call than cuDNN's bf16 at its time; an
-error of about 1.3% against bf16's 0.2%, docs/notes/runs.md).
+error of about 1.3% against bf16's 0.2%).
 For q, k, v [G, heads, g, D] bf16 (the layout of kernels/head_norm_rope.py: G groups of g consecutive rows, rows
 attend within their group), or [1, heads, M, D] with `group` (M / group groups of `group` consecutive rows; 0: all
 rows attend to all):

@@ -9,9 +9,9 @@ without it). For the residual x [M, N] f32 (in place), a branch output y [M, N] 
 With next_rms = (stats [2, M] f32, eps'), also the statistics of the next RMS norm of the updated rows, which
 this kernel holds anyway: stats[0] = 0 (the mean an RMS norm leaves), stats[1] = 1/sqrt(mean(x^2) + eps'), the
 sum in f32 (order unspecified). kernels/int8/quant.py quantize_rows(stats=) then skips its statistics launch.
-(Measured on the H200 and removed, docs/notes/runs.md 2026-12-03: this program also rotating its updated row for the
-next linear, the row's groups as the rotation's rows, bit-equal: 0.107 against 0.115 ms with the quantizer apart at
-Z-Image's 4608 x 3840, and the step unchanged, 76.3 ms both ways.)
+(Not done here: this program also rotating its updated row for the next linear, the row's groups as the
+rotation's rows, bit-equal, saved a little over the quantizer apart on the H200 but left a Z-Image step's time
+unchanged.)
 """
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Exact roundings inside Triton kernels: f32 to bf16 (nearest, ties to even) and f32 to the nearest integer.
 
-The quantizer must reproduce ComfyUI's roundings bit for bit (reference/int8_convrot_format.md section 5). On the GPU
-f32 -> bf16 is the hardware's cvt.rn.bf16.f32 (one instruction, the rounding asked for); Triton's CPU interpreter
-truncates in that cast (triton 3.9 runtime/interpreter.py cast_impl), so there it is written in integer arithmetic
-(five instructions: the rotate and codes passes are issue-bound, so on the GPU that form cost time).
+The quantizer must reproduce ComfyUI's roundings bit for bit (reference/int8_convrot_format.md section 5,
+quantization numerics). On the GPU f32 -> bf16 is the hardware's cvt.rn.bf16.f32 (one instruction, the
+rounding asked for); Triton's CPU interpreter truncates in that cast (triton 3.9 runtime/interpreter.py
+cast_impl), so there it is written in integer arithmetic (five instructions: the rotate and codes passes are
+issue-bound, so on the GPU that form cost time).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ CATEGORY = "SwiftDiT/FLUX.3 Klein"
 FAMILY = "flux3_klein"
 SETTINGS = FamilySettings(
     # Sigmas shift_16(linspace(1, 1/n, n)) then 0, as BFL's code and ComfyUI's klein workflows sample
-    # (reference/families/flux3_klein.md section 7).
+    # (reference/families/flux3_klein.md section 7, sampling).
     schedule=Schedule(KLEIN, 16.0),
     # an image row is one 16x16-pixel cell of the packed FLUX.2 latent; before a prompt says its size, a pass has
     # room for a 2 MP image (8192 rows) and 1024 text rows

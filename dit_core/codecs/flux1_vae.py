@@ -24,7 +24,7 @@ from .conv import (
     spans,
 )
 
-# FLUX.1 latent format (reference/families/z_image.md section 8; ComfyUI latent_formats.Flux).
+# FLUX.1 latent format (reference/families/z_image.md section 8, the VAE; ComfyUI latent_formats.Flux).
 LATENT_CHANNELS = 16
 SCALING = 0.3611
 SHIFT = 0.1159

@@ -25,7 +25,8 @@ from .conv import (
 from .flux1_vae import OVERLAP, TILE, ImageDecoder
 
 LATENT_CHANNELS = 32
-PATCH = 2  # 2x2 cells -> one 128-channel cell at /16 (reference/families/flux3_klein.md sections 4 and 8)
+# 2x2 cells -> one 128-channel cell at /16 (reference/families/flux3_klein.md sections 4 and 8: packing, VAE)
+PATCH = 2
 PACKED = LATENT_CHANNELS * PATCH * PATCH
 # BatchNorm2d(128, affine False, eps 1e-4): only its running statistics are stored, not its eps (diffusers 0.42.1
 # AutoencoderKLFlux2 batch_norm_eps; ComfyUI v0.3.75 autoencoder.py bn_eps).

@@ -2,8 +2,8 @@
 
 Facts: reference/families/flux3_klein.md (diffusers 0.42.1 transformer_flux3.py and single_file_utils.py). The
 checkpoint layout is converted once, here, at load. The model sees latents as the sampler holds them: packed
-[128, H/16, W/16] (ComfyUI's EmptyFlux2LatentImage; section 7); pack_latent/unpack_latent convert from and to
-the VAE's [32, H/8, W/8].
+[128, H/16, W/16] (ComfyUI's EmptyFlux2LatentImage; section 7, sampling); pack_latent/unpack_latent convert
+from and to the VAE's [32, H/8, W/8].
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ MODES = ("txt", "image", "image_cond")  # also the joint blocks' modulation rows
 MODE_BLOCKS = {"txt": "txt_mode_blocks.", "image": "content_mode_blocks.image.",
                "image_cond": "content_mode_blocks.image_cond."}
 ROPE_THETA = 10000.0
-IMAGE_ROPE_SCALE = 0.5  # diffusers Flux3PrepareLatentsStep image_rope_scale (section 4; section 12 item 2)
+IMAGE_ROPE_SCALE = 0.5  # diffusers Flux3PrepareLatentsStep image_rope_scale (section 4, positions; 12 item 2)
 TIME_SCALE = 1000.0
 # diffusers' names of the linears (LoRAs trained on diffusers): single_file_utils.py's key map reversed.
 DIFFUSERS_BLOCK = {"q_proj": "attn.to_q", "k_proj": "attn.to_k", "v_proj": "attn.to_v",
@@ -47,7 +47,8 @@ DIFFUSERS_STEMS = (("content_mode_blocks.", "mode_blocks."), ("single_blocks.", 
 
 
 def pack_latent(z: torch.Tensor) -> torch.Tensor:
-    """VAE latent [C, H, W] -> token grid [4C, H/2, W/2], channel-major: value c*4 + ph*2 + pw (section 4)."""
+    """VAE latent [C, H, W] -> token grid [4C, H/2, W/2], channel-major: value c*4 + ph*2 + pw (section 4,
+    packing)."""
     if z.dim() != 3 or z.shape[1] % 2 or z.shape[2] % 2:
         raise ValueError(f"Flux3Klein: latent {tuple(z.shape)} is not [C, H, W] on the 2x2 patch grid "
                          f"(H and W even: image sizes multiples of 16 pixels)")
@@ -70,7 +71,8 @@ def _count(ckpt: Checkpoint, stem: str) -> int:
 
 
 def read_arch(ckpt: Checkpoint, p: str) -> Arch:
-    """FLUX.3's sizes from the file's own shapes (section 1); the rotary: 4 equal axes over the whole head."""
+    """FLUX.3's sizes from the file's own shapes (section 1, sizes); the rotary: 4 equal axes over the whole
+    head."""
     hidden, latents = ckpt.shape(f"{p}emb_in.image.weight")
     head = ckpt.shape(f"{p}single_blocks.0.norm.query_norm.scale")[0]
     time_hidden, freq_dim = ckpt.shape(f"{p}time_in.in_layer.weight")
@@ -125,7 +127,7 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
     """({mode: its rows' Sequence}, the joint Sequence of [txt | img | ref]) for n_txt text rows, the image's
     packed grid (h, w) and the references' (grids[1:]): the same every step, so built and copied to the device
     once per shape. Positions (t, h, w, l): image (0, h/2, w/2, 0), reference i (0, h/2, w/2, -(1 + i)), text
-    (0, 0, 0, j) (section 4); cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed)."""
+    (0, 0, 0, j) (section 4, positions); cos/sin of float64 angles, then rounded (diffusers Flux3PosEmbed)."""
     def grid(hw, layer: int) -> torch.Tensor:
         hh, ww = torch.meshgrid(torch.arange(hw[0]), torch.arange(hw[1]), indexing="ij")
         pos = torch.stack([torch.zeros_like(hh), hh, ww, torch.full_like(hh, layer)], -1).reshape(-1, 4)
@@ -165,7 +167,7 @@ class Flux3Klein:
     text_in: Linear
     mode_blocks: dict                       # mode -> tuple of Blocks
     blocks: tuple[Block, ...]
-    final_mod: Linear                       # BFL's [shift; scale] rows, kept as stored (section 6)
+    final_mod: Linear                       # BFL's [shift; scale] rows, as stored (section 6, tensor names)
     final_out: Linear
     # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
     # unless given; None on a model never moved (the host blocks read none).
@@ -252,8 +254,9 @@ class Flux3Klein:
         return linear(F.silu(linear(sinusoids(t, self.arch.freq_dim), mlp[0])), mlp[1]).to(dtype)
 
     def time_embeddings(self, t: torch.Tensor, t_next: torch.Tensor | None, dtype: torch.dtype):
-        """(temb_img, temb_0) [1, time_dim] for timestep(sigma) t (section 2): image rows at sigma, text and
-        reference rows at 0; the flow map adds the target embedding of t_next = timestep(sigma_next) to both."""
+        """(temb_img, temb_0) [1, time_dim] for timestep(sigma) t (section 2, embeddings): image rows at
+        sigma, text and reference rows at 0; the flow map adds the target embedding of t_next =
+        timestep(sigma_next) to both."""
         img, zero = self._embed(self.time, t, dtype), self._embed(self.time, self.timestep(0.0), dtype)
         if self.target is not None:
             if t_next is None:
@@ -265,7 +268,7 @@ class Flux3Klein:
 
     @staticmethod
     def _modulation(mod: Linear, act: torch.Tensor) -> Modulation:
-        # [shift | scale | gate]; the gate without tanh (section 3).
+        # [shift | scale | gate]; the gate without tanh (section 3, blocks).
         shift, scale, gate = linear(act, mod).to(act.dtype).chunk(3, dim=-1)
         return Modulation(scale, gate, scale, gate, shift, shift)
 
@@ -423,7 +426,7 @@ class Flux3Klein:
     def denoised(self, x: torch.Tensor, sigma: float, sigma_next: float | None, cond: torch.Tensor,
                  references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None) -> torch.Tensor:
         """x0 for a batch of packed latents x [B, 128, h, w] and text rows cond [B or 1, L, text_dim]:
-        x0 = x - sigma v (section 5); the references are shared by the batch."""
+        x0 = x - sigma v (section 5, output); the references are shared by the batch."""
         outs = [self.output(x[i], sigma, sigma_next, cond[min(i, cond.shape[0] - 1)], references, check)
                 for i in range(x.shape[0])]
         return x - float(sigma) * torch.stack(outs)

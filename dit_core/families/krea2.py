@@ -27,7 +27,8 @@ from ..sequence import Sequence, halves_permutation, sequence_of
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 
 PREFIXES = ("model.diffusion_model.", "")
-# ComfyUI's Wan21 latent format (Krea 2's; section 5): the model sees (z - mean) / std of the raw VAE latent.
+# ComfyUI's Wan21 latent format (Krea 2's; section 5, VAE): the model sees (z - mean) / std of the raw VAE
+# latent.
 LATENT_MEAN = (-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517, -0.3632,
                -0.1922, -0.9497, 0.2503, -0.2921)
 LATENT_STD = (2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579, 1.6382,
@@ -39,14 +40,15 @@ ROPE_THETA = 1000.0
 TIME_SCALE = 1000.0
 EPS = 1e-5
 # diffusers' names of the file's linears (LoRAs trained on diffusers): single_file_utils.py's converter, reversed
-# only in direction (section 3's table).
+# only in direction (section 3's table of checkpoint tensor names).
 DIFFUSERS_PREFIXES = (("first", "img_in"), ("tmlp.0", "time_embed.linear_1"), ("tmlp.2", "time_embed.linear_2"),
                       ("tproj.1", "time_mod_proj"), ("txtmlp.1", "txt_in.linear_1"), ("txtmlp.3", "txt_in.linear_2"),
                       ("txtfusion.", "text_fusion."), ("blocks.", "transformer_blocks."),
                       ("last.linear", "final_layer.linear"))
 DIFFUSERS_LINEARS = {"attn.wq": "attn.to_q", "attn.wk": "attn.to_k", "attn.wv": "attn.to_v", "attn.wo": "attn.to_out.0",
                      "attn.gate": "attn.to_gate", "mlp.gate": "ff.gate", "mlp.up": "ff.up", "mlp.down": "ff.down"}
-# Rows of a block's modulation (shared time rows + the block's table), in the file's order (section 2).
+# Rows of a block's modulation (shared time rows + the block's table), in the file's order (section 2, forward
+# math).
 SCALE1, SHIFT1, GATE1, SCALE2, SHIFT2, GATE2 = range(6)
 
 
@@ -105,8 +107,9 @@ def _attention_arch(ckpt: Checkpoint, stem: str, family: str, **sizes) -> Arch:
 
 
 def read_arch(ckpt: Checkpoint, p: str) -> tuple[Arch, Arch]:
-    """(the main blocks' Arch, the text fusion blocks' Arch) from the file's shapes (section 1). The rotary covers
-    the whole head in three axes (t, h, w) of a quarter and three eighths each (32, 48, 48 of 128)."""
+    """(the main blocks' Arch, the text fusion blocks' Arch) from the file's shapes (section 1, sizes). The
+    rotary covers the whole head in three axes (t, h, w) of a quarter and three eighths each (32, 48, 48 of
+    128)."""
     hidden, channels = ckpt.shape(f"{p}first.weight")
     head = ckpt.shape(f"{p}blocks.0.attn.qknorm.qnorm.scale")[0]
     text_dim = ckpt.shape(f"{p}txtmlp.1.weight")[1]
@@ -252,7 +255,8 @@ class Krea2:
                        options=options)
 
     def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
-        """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2)."""
+        """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2,
+        forward math)."""
         t = torch.full((1,), float(sigma), dtype=torch.float32, device=device) * TIME_SCALE  # f32, as diffusers
         return linear(F.gelu(linear(sinusoids(t, self.arch.freq_dim), self.time[0]), approximate="tanh"), self.time[1])
 

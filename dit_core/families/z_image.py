@@ -43,7 +43,8 @@ def read_arch(ckpt: Checkpoint, prefix: str) -> Arch:
     head = ckpt.shape(f"{prefix}layers.0.attention.q_norm.weight")[0]
     time_hidden, freq_dim = ckpt.shape(f"{prefix}t_embedder.mlp.0.weight")
     # The rotary axes (t, h, w) rotate a quarter, 3/8 and 3/8 of a head: (32, 48, 48) at head 128, and
-    # (8, 12, 12) for the diffusers test instance (reference/families/z_image.md sections 1 and 11).
+    # (8, 12, 12) for the diffusers test instance (reference/families/z_image.md sections 1 and 11:
+    # real sizes, reference implementations).
     rope_axes = (head // 4, head * 3 // 8, head * 3 // 8)
     return Arch(
         family="z_image", hidden=hidden, layers=_count(ckpt, f"{prefix}layers."),
@@ -161,7 +162,7 @@ class ZImage:
     # host memory when the blocks stream (to(device, budget_bytes)).
     files: tuple[dict, ...] = field(default=(), repr=False, compare=False)
     # On a GPU: noise_mods + mods stacked into one linear (each of them a view of its rows), so a step's modulation
-    # rows of every block come from one product, one bias add and one tanh (128 launches before).
+    # rows of every block come from one product, one bias add and one tanh (instead of 128 launches).
     mod_stack: Linear | None = field(default=None, repr=False, compare=False)
     # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
     # unless given; None on a model never moved (the host blocks read none).
@@ -237,8 +238,9 @@ class ZImage:
                                self.files if len(self.files) == len(self.blocks) else None)
 
     def timestep(self, sigma: float) -> torch.Tensor:
-        """[1] f32 where the model is: the model is fed t = 1 - sigma and embeds 1000 t (section 2). Made there
-        (torch.full), not copied from the host: such a copy waits for the GPU, a stall in every step."""
+        """[1] f32 where the model is: the model is fed t = 1 - sigma and embeds 1000 t (section 2, time
+        embedding). Made there (torch.full), not copied from the host: such a copy waits for the GPU, a stall
+        in every step."""
         return torch.full((1,), (1.0 - float(sigma)) * TIME_SCALE, dtype=torch.float32, device=self.cap_norm.device)
 
     def time_embedding(self, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -321,7 +323,7 @@ class ZImage:
         a, dtype = self.arch, latent.dtype
         c, h, w = latent.shape
         hp, wp = h // PATCH, w // PATCH
-        # Token vector order (ph, pw, c), c fastest (section 3).
+        # Token vector order (ph, pw, c), c fastest (section 3, packing).
         tokens = latent.reshape(c, hp, PATCH, wp, PATCH).permute(1, 3, 2, 4, 0).reshape(hp * wp, -1)
         n_img = tokens.shape[0]
         pad_img = -n_img % SEQ_MULTIPLE

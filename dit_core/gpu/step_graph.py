@@ -2,8 +2,8 @@
 captured ones and replays.
 
 Why: a Z-Image step at 1024x1024 launches about 1350 kernels (886 of them Triton) for 96.5 ms of GPU work; on a
-host that launches slowly the GPU waits between them (docs/notes/runs.md: the same kernels took 101.7 ms on one
-machine and 134.2 ms on another). A replay launches the whole step at once.
+host that launches slowly the GPU waits between them (the same kernels took a third longer on one machine than
+on another). A replay launches the whole step at once.
 
 What a step must be for this: a function of tensors only (a timestep too: ZImage.output_at takes t, not sigma),
 with nothing in it that waits for the host or copies from it, every tensor it reads besides its inputs staying

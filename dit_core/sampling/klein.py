@@ -1,5 +1,6 @@
 """FLUX.3 Klein's own loop: Euler on the raw velocity, the flow map's sigma_next, the step cache and reference
-slots (seed 001 Flux.sample; reference/families/flux3_klein.md section 7)."""
+slots (seed 001's Flux.sample, the design engine's Klein loop; reference/families/flux3_klein.md section 7,
+sampling)."""
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,8 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
                  negative: torch.Tensor | None = None, cfg: float = 1.0, callback=None,
                  should_stop=None, latent: torch.Tensor | None = None, step=None) -> torch.Tensor:
     """One image's latent [128, h, w] at sigma 0 from noise [128, h, w] (seed 001 Flux.sample;
-    reference/families/flux3_klein.md section 7): step i runs model.output(x, sigma_i, sigma_{i+1}) (the flow
-    map embeds sigma_{i+1}, 0 after the last step), then Euler on the raw velocity,
+    reference/families/flux3_klein.md section 7, sampling): step i runs model.output(x, sigma_i, sigma_{i+1})
+    (the flow map embeds sigma_{i+1}, 0 after the last step), then Euler on the raw velocity,
     x' = x + (sigma_{i+1} - sigma_i) v. cfg != 1 (the base model, 3.5) also runs `negative` text rows:
     v = v_neg + cfg (v_pos - v_neg).
     cache: a StepCache (step_cache.py) for the positive pass, its counts the report (`skipped`); the

@@ -37,8 +37,9 @@ def flux_sigma_table(mu: float = 1.15, timesteps: int = 10000) -> torch.Tensor:
 def klein_sigmas(steps: int = 16, shift: float = 16.0, denoise: float = 1.0) -> torch.Tensor:
     """FLUX.3 Klein's schedule: shift_S(linspace(1, 1/steps, steps)) then 0, f32. S = 16 as BFL's code and
     ComfyUI's klein workflows sample; diffusers' default is 6.93 (reference/families/flux3_klein.md
-    section 7). denoise < 1 (image to image): the last steps + 1 sigmas of the schedule of int(steps / denoise)
-    steps, as KSampler.set_steps takes them (ksampler_sigmas); denoise 0: no sigmas, nothing to do."""
+    section 7, sampling). denoise < 1 (image to image): the last steps + 1 sigmas of the schedule of int(steps
+    / denoise) steps, as KSampler.set_steps takes them (ksampler_sigmas); denoise 0: no sigmas, nothing to
+    do."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
     if not shift > 0:

@@ -1,9 +1,10 @@
 """Qwen3-VL's language model (text path only) as FLUX.3 Klein's and Krea 2's text encoder.
 
 Klein: hidden states of layers 4, 8, ..., 32 side by side per token, over the chat template right-padded to a
-multiple of 80 (reference/families/flux3_klein.md section 9; diffusers' Flux3TextEncoderStep). Krea 2: hidden states
-2, 5, ..., 35 stacked per token, over [system prefix | prompt | assistant suffix] less the prefix's 34 rows
-(reference/families/krea2.md section 6; diffusers' Krea2Pipeline.get_text_hidden_states)."""
+multiple of 80 (reference/families/flux3_klein.md section 9, the text encoder; diffusers'
+Flux3TextEncoderStep). Krea 2: hidden states 2, 5, ..., 35 stacked per token, over [system prefix | prompt |
+assistant suffix] less the prefix's 34 rows (reference/families/krea2.md section 6, the text encoder;
+diffusers' Krea2Pipeline.get_text_hidden_states)."""
 from __future__ import annotations
 
 import logging
@@ -82,7 +83,8 @@ class Qwen3VLTextEncoder(TextEncoder):
     MODEL = Qwen3VLTextModel
     # Where the text model sits: transformers' Qwen3VLForConditionalGeneration files (BFL / Hugging Face), a bare
     # Qwen3VLModel, and ComfyUI's text_encoders layout (HF names under "model.", as its Qwen2.5-VL and Qwen3 files).
-    # ComfyUI's own FLUX.3 code was not available: its key names are unverified (reference section 12, item 6).
+    # ComfyUI's own FLUX.3 code was not available: its key names are unverified
+    # (reference/families/flux3_klein.md section 12, disagreements between sources, item 6).
     ROOTS = ("model.language_model.", "language_model.", "model.")
     WANTED = ("a Qwen3-VL text encoder (with 'model.language_model.layers.0.self_attn.q_norm.weight' or "
               "'model.layers...'), e.g. qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) "

@@ -1,5 +1,5 @@
 """ConvRot: the regular Hadamard rotation of groups of inputs, and INT8 rows with f32 scales
-(reference/int8_convrot_format.md)."""
+(reference/int8_convrot_format.md: the format of ComfyUI's quantized checkpoints)."""
 from __future__ import annotations
 
 import math
@@ -30,9 +30,9 @@ def rotate(x: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
-    """A weight [N, K] rotated offline, W.reshape(N, K/g, g) @ Hᵀ in w's dtype (doc section 4). Equal to
-    rotate() in exact math; written with Hᵀ as kitchen's _rotate_weight is, because BLAS takes another
-    path for a transposed operand and small-N f32 results then differ in the last bit."""
+    """A weight [N, K] rotated offline, W.reshape(N, K/g, g) @ Hᵀ in w's dtype (doc section 4, rotation).
+    Equal to rotate() in exact math; written with Hᵀ as kitchen's _rotate_weight is, because BLAS takes
+    another path for a transposed operand and small-N f32 results then differ in the last bit."""
     n, k = w.shape
     if k % group:
         raise ValueError(f"ConvRot group {group} does not divide {k} input features")

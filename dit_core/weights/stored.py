@@ -1,6 +1,6 @@
 """Each linear read as stored, through one table of stored formats (detected from tensors, dtypes and markers, never
-from file names: reference/int8_convrot_format.md): BF16/F16/F32 as they are, INT8 ConvRot codes with row scales,
-W4A8 decoded to INT8 codes, scaled FP8 requantized to INT8 ConvRot."""
+from file names: reference/int8_convrot_format.md, ComfyUI's quantized formats): BF16/F16/F32 as they are,
+INT8 ConvRot codes with row scales, W4A8 decoded to INT8 codes, scaled FP8 requantized to INT8 ConvRot."""
 from __future__ import annotations
 
 import json

@@ -1,9 +1,9 @@
 """Attention with INT8 scores on Hopper: q k^T on the INT8 matrix cores, the softmax in f32, p v in bf16 (Gluon).
 
 Issue 6. Why: a graphed FLUX.3 Klein step runs at the H200's 700 W limit and follows its joules; attention (cuDNN
-bf16) is about 29% of them, and NVIDIA's own FP8 attention takes 0.69x bf16's joules (docs/notes/runs.md,
-2026-12-04). Only the scores are 8-bit here: e4m3 p v measured slower (its operand's layout conversion) and tripled
-the error (1.3% -> 3.9% against f32; cuDNN's bf16 0.2%).
+bf16) is about 29% of them, and NVIDIA's own FP8 attention takes 0.69x bf16's joules. Only the scores are
+8-bit here: e4m3 p v was slower (its operand's layout conversion) and tripled the error against f32 (this
+kernel's about 1.3%, cuDNN's bf16 0.2%).
 For rows q, k, v [M, H D] bf16 (head h at columns h D .. h D + D - 1, D = 128; kernels/head_norm_rope.py's rows):
 1. q codes a row and head: a = max_d |q[m, h, d]|, sq[h, m] = a / 127, cq = rint(q (127 / a)) (ties to even).
    k codes a block of BLOCK_N = 128 rows and head: a = max over the block's rows and d, sk[h, b] = a / 127, ck alike.
@@ -16,8 +16,9 @@ The kernel: a program a 128-row block of one head; a producer warp brings the bl
 v by TMA into a ring of STAGES slots; two consumer warpgroups (64 rows each) take every slot. Each issues key block
 j's q k^T with block j - 1's p v behind it and awaits only the first, so j's softmax runs under j - 1's p v. Step 3
 never uses the int32 -> f32 instruction (a quarter of the FMA's rate, as heavy as the MUFU's exp2 beside it): s +
-1.5 * 2^23 as bits is that f32 exactly (|s| < 2^22), its row maximum is s's, and x - m is one fma of it. Measured
-(bench/bench_attention.py): cuDNN's time at 0.96x its joules at Klein's shape; the products in turns were slower.
+1.5 * 2^23 as bits is that f32 exactly (|s| < 2^22), its row maximum is s's, and x - m is one fma of it. At
+Klein's shape it takes cuDNN's time at 0.96x its joules (bench/bench_attention.py); the products in turns were
+slower.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The regular Hadamard of ConvRot's groups and its 256-point form on the matrix cores (kernels/int8/quant.py's
 rotate pass).
 
-Issue 4; reference/int8_convrot_format.md section 3: H_g = H4^(x log4 g) / sqrt(g), H4 = [[1,1,1,-1],[1,1,-1,1],
-[1,-1,1,1],[-1,1,1,1]], entries +-1/sqrt(g), exact in bf16. H_256 = H4 (x) H_64: a 256-column group u = [u0 u1 u2 u3]
-(64 columns each) rotates as z_a = u_a (H_64 / 2) on the matrix cores (bf16 operands: exact products, f32 sums),
-then y_s = sum_a H4[a, s] z_a (a radix-4 butterfly): a quarter of the products of a dense H_256, and H_64 (8 KB)
-instead of 128 KB of shared memory.
+Issue 4; reference/int8_convrot_format.md section 3 (the Hadamard matrix): H_g = H4^(x log4 g) / sqrt(g),
+H4 = [[1,1,1,-1],[1,1,-1,1],[1,-1,1,1],[-1,1,1,1]], entries +-1/sqrt(g), exact in bf16. H_256 = H4 (x) H_64: a
+256-column group u = [u0 u1 u2 u3] (64 columns each) rotates as z_a = u_a (H_64 / 2) on the matrix cores (bf16
+operands: exact products, f32 sums), then y_s = sum_a H4[a, s] z_a (a radix-4 butterfly): a quarter of the
+products of a dense H_256, and H_64 (8 KB) instead of 128 KB of shared memory.
 """
 from __future__ import annotations
 
@@ -25,8 +25,9 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3): dit_core.weights.hadamard,
-    rebuilt because kernels/ imports nothing of dit_core, its sibling package inside ComfyUI."""
+    """The regular Hadamard H4^(x log4 g) / sqrt(g) (format doc section 3, the Hadamard matrix):
+    dit_core.weights.hadamard, rebuilt because kernels/ imports nothing of dit_core, its sibling package
+    inside ComfyUI."""
     h = h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
     while h.shape[0] < group:
         h = torch.kron(h, h4)

@@ -1,7 +1,8 @@
 """INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing, SwiGLU or gated-residual epilogue.
 
-Issue 4; reference/int8_convrot_format.md section 6. Codes q [M, K] int8 with row scales s_x [M] f32 (from
-kernels/int8/quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N] (any float dtype):
+Issue 4; reference/int8_convrot_format.md section 6 (the forward formula). Codes q [M, K] int8 with row scales
+s_x [M] f32 (from kernels/int8/quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N]
+(any float dtype):
   acc[m, n] = sum_k q[m, k] w[n, k]                        exact, int32
   y[m, n]   = float(acc) * (s_x[m] * s_w[n]) + bias[n]    f32, each operation rounded (no fused multiply-add)
             (+ lora[m, n] = (lora_down [M, r] @ lora_up [N, r]^T)[m, n]: bf16 operands, f32 sums)
@@ -78,7 +79,7 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
-    # specialized loop measured no faster on the H200 (docs/notes/runs.md). SUBTILE (0, 2, 4): the epilogue takes the
+    # specialized loop was no faster on the H200. SUBTILE (0, 2, 4): the epilogue takes the
     # columns in that many parts, needing less shared memory (a gated 128 x 256 tile) and fewer registers (spills).
     # SPLIT: the tail launch, program i the part i % parts of tile whole + i // parts (kernels/int8/split_tail.py), else
     # the tiles [0, whole) whole.

@@ -8,8 +8,8 @@ warpgroups every other one (ping-pong): each waits for a slot, issues its MMAs a
 and frees the slot behind it (`empty`); once one's K loop is issued the other's may start (`turn`: so one's epilogue
 runs under the other's products, and the ring's barriers stay within a phase of the step awaited, which their parity
 alone names). Outputs leave by TMA from each consumer's box; the gated and QKV epilogues are
-kernels/int8/hopper_epilogues.py's. On the H200 (docs/notes/runs.md): products 1.2-1.5x
-Triton's (1100-1570 TOPS), 1.0-1.25x one consumer's; two programs an SM were slower. GPU only (else `unusable`).
+kernels/int8/hopper_epilogues.py's. On the H200 its products run at 1.2-1.5x
+Triton's rate and up to 1.25x one consumer's; two programs an SM were slower. GPU only (else `unusable`).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Kernels that modulate rows by a table [R, N] through row_map [M] (int8_quant's m
 gated epilogue) gather table[row_map[m], n] per value. Packed sequences keep each modulation row's rows together
 (FLUX.3 Klein's joint blocks: 512 text rows, then the image's), so nearly every tile's rows share one row: then one
 vector load serves the tile. The per-value gather cost 3.3x the bandwidth of one modulation row in the quantizer
-(116 against 35 us at [4608, 3072] on the H200, docs/notes/runs.md); it stays for tiles that straddle two rows.
+on the H200; it stays for tiles that straddle two rows.
 """
 from __future__ import annotations
 

@@ -3,8 +3,9 @@ take the output tiles in, a tile's int32 products over a run of K, a tile's colu
 steps (the scales and bias; SwiGLU of column pairs) and int8_linear's whole epilogue; and the references' exact
 products.
 
-Issue 4; reference/int8_convrot_format.md section 6: acc[m, n] = sum over k of q[m, k] w[n, k], exact in int32
-(|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers to wgmma on int8 operands.
+Issue 4; reference/int8_convrot_format.md section 6 (the forward formula): acc[m, n] = sum over k of q[m, k]
+w[n, k], exact in int32 (|sums| <= K 2^14 < 2^31). On Hopper the loads are TMA descriptors' and tl.dot lowers
+to wgmma on int8 operands.
 """
 from __future__ import annotations
 

@@ -3,20 +3,20 @@ kernels/head_norm_rope.py in one launch (dit_core/gpu/block.py's QKV where it is
 
 Issue 4. Why: the two-launch path writes the product's bf16 rows [M, 3 heads D] and reads them back (at Z-Image's 1024^2
 shape 106 MB each way, head_norm_rope 78 us a block); here each output tile goes through the head math while in
-registers. Measured on the H200 (bench_int8_linear.py): 0.421 ms against 0.438 for the two launches. Math: with the INT8
+registers (about 4% faster than the two launches on the H200, bench_int8_linear.py). Math: with the INT8
 ConvRot product of int8_linear's docstring, rounded to bf16 as int8_linear returns it, qkv = bf16(q w^T s_x s_w + bias),
 then head_norm_rope's math on qkv for the split-half rotary of r = D / 2 (FLUX.3's and Z-Image's heads: every column
 turned), the same one rounding to bf16 at the end, written as head_norm_rope writes it: q, k, v of one buffer [3, M,
 heads, D] (BSHD), returned as [G, heads, g, D] views. A tile holds whole heads of one of q, k or v (BLOCK_N a multiple
 of D that divides heads D), so a row's RMS over its head is a sum within the tile. The RMS sums run in another order
-than head_norm_rope's: within one bf16 step of it. (Measured slower on the H200, docs/notes/runs.md 2026-12-03: the
-epilogue a head at a time, 0.443 against 0.417 ms; the rotary tables and the rows through TMA descriptors, 0.454, or
-persistent at 3 stages, 0.426: the epilogue costs about 60 us a call over the product, 0.354. Two programs an SM on
-128 x 128 tiles of 4 warps, so that one's epilogue runs under the other's products: 0.398 against 0.402 alone, but
-a Z-Image step 75.2 against 74.6 ms.) On Hopper with heads of 128 this epilogue runs in
-kernels/int8/linear_hopper.py instead (a tile a head; v bit for bit, q and k within one bf16 step of this kernel's).
-Where asked (turn_v), v leaves turned along each 64 columns' top base-4 digit, a factor of OUT's ConvRot rotation
-(kernels/int8/quant_turned.py): here a product with (H4 / 2) (x) I_16, in the Hopper epilogue sums in registers.
+than head_norm_rope's: within one bf16 step of it. (Slower on the H200: the epilogue a head at a time; the
+rotary tables and the rows through TMA descriptors; a persistent loop at 3 stages. The epilogue costs about 60
+us a call over the product. Two programs an SM on 128 x 128 tiles of 4 warps, so that one's epilogue runs
+under the other's products, were no faster alone and made a Z-Image step slower.) On Hopper with heads of 128
+this epilogue runs in kernels/int8/linear_hopper.py instead (a tile a head; v bit for bit, q and k within one
+bf16 step of this kernel's). Where asked (turn_v), v leaves turned along each 64 columns' top base-4 digit, a
+factor of OUT's ConvRot rotation (kernels/int8/quant_turned.py): here a product with (H4 / 2) (x) I_16, in the
+Hopper epilogue sums in registers.
 """
 from __future__ import annotations
 

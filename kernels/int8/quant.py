@@ -1,7 +1,8 @@
 """Rows to INT8 ConvRot codes: modulated norm or gated activation, regular Hadamard rotation, row scales.
 
-Issue 4; reference/int8_convrot_format.md sections 3-5. For rows x [M, K] (M any, K a multiple of the group
-g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic in f32 unless a rounding is named:
+Issue 4; reference/int8_convrot_format.md sections 3-5 (Hadamard matrix, rotation, quantization numerics).
+For rows x [M, K] (M any, K a multiple of the group g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic
+in f32 unless a rounding is named:
 1. The rotation input u [M, K], rounded once to bf16, because the BF16 block feeds its linears bf16 rows:
    plain        u = bf16(x)
    norm "rms"   n = (x * 1/sqrt(mean(x^2) + eps)) * norm_weight   (the gain optional)
@@ -22,8 +23,8 @@ row statistics (norms only, kernels/int8/row_stats.py; none when the caller has 
 rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8/codes.py). quantize_rows sends other rows to
 their own kernels: plain hidden rows on Hopper to quant_hopper.py; many plain bf16 rows of up to 8192 features,
 and rows holding factors of the rotation (`turned`), to quant_turned.py or quant_turned_hopper.py. The
-pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms measured slower on the
-H200 (docs/notes/runs.md).
+pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms were slower on the
+H200.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 # Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
-# (H200, graph ms: 4608 x 3072 0.0307 against these passes' 0.0334, x 3840 0.0320 against 0.0387; 512 x 3072 even).
+# (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred).
 WHOLE_ROWS_MIN_M = 2048
 
 
@@ -249,13 +250,14 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     math. out: (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32 (mean,
     1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts: the first
     row of each run of rows sharing a modulation row (dit_core.sequence.Sequence.starts); where each starts a row
-    block, each block reads its row as vectors, no gather (Klein's joint norm 30.0 against 42.6 us on the H200).
-    Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row blocks; 0: one a
-    row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and 0). turned: plain rows
-    holding factors of the rotation (quant_turned.TURNED: "v" from qkv_rope_linear's turn_v, "hidden" from
-    int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's pass, else rows of up to
-    quant_turned.MAX_K features by its one pass, else the passes below with the rest of the rotation.
-    choices: hopper_quant, hopper_turned_quant, whole_rows and codes_last_first (kernels/choices.py)."""
+    block, each block reads its row as vectors, no gather (Klein's joint norm takes 30% less time on the
+    H200). Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row
+    blocks; 0: one a row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and
+    0). turned: plain rows holding factors of the rotation (quant_turned.TURNED: "v" from qkv_rope_linear's
+    turn_v, "hidden" from int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's
+    pass, else rows of up to quant_turned.MAX_K features by its one pass, else the passes below with the rest
+    of the rotation. choices: hopper_quant, hopper_turned_quant, whole_rows and codes_last_first
+    (kernels/choices.py)."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
         if norm is not None or act is not None or group != quant_turned.GROUP or \

@@ -58,17 +58,17 @@ def unusable(x: torch.Tensor, group: int) -> str | None:
 
 
 def chosen(m: int, k: int) -> bool:
-    """Whether quantize_rows takes this kernel for plain rows [m, k]: only where it measured faster on the H200
-    (docs/notes/runs.md, 2026-12-03, twelfth session; graph ms, Triton passes -> one pass): the MLP's hidden rows,
-    4608 x 9216 0.0888 -> 0.0725 and 4608 x 10240 0.0974 -> 0.0872. Where the Triton passes' rotated rows stay in
-    L2 (the attention outputs: 4608 x 3072 0.0326 -> 0.0316, 4608 x 3840 0.0389 -> 0.0446) or the rows are few
-    (512 x 9216: 0.0199 -> 0.0227), the row blocks' waits for their chunks cost what the bytes saved."""
+    """Whether quantize_rows takes this kernel for plain rows [m, k]: only where it is faster than the Triton
+    passes on the H200, the MLP's hidden rows of a 1024^2 image. Where the Triton passes' rotated rows stay in
+    L2 (the attention outputs) or the rows are few, the row blocks' waits for their chunks cost what the bytes
+    saved."""
     return m >= 2048 and k >= 8192
 
 
 def groups_per_item(groups: int) -> int:
     """The groups a work item takes: 2 where they divide the row's (72 KB of shared memory: three programs an SM),
-    else 3, else 1. (1 group, 36 chunks a Klein hidden row block: 0.100 ms; 3 groups, two programs an SM: 0.087.)"""
+    else 3, else 1. (1 group makes 36 chunks a Klein hidden row block, 3 allow only two programs an SM: both
+    slower.)"""
     return next(g for g in (2, 3, 1) if groups % g == 0)
 
 
@@ -184,8 +184,8 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: i
     """Codes and scales of plain bf16 rows x [M, K] (`unusable` asked first); False where nothing ran (no counters
     during a CUDA graph's capture before any warm-up made them, or a build error: UNBUILT says why). groups: the
     groups an item takes (groups_per_item's by default); programs_per_sm: programs launched an SM (162 registers a
-    thread allow 3 at once; the others start as those end, and find tickets or none: 4 measured 0.0725 against
-    0.0784 ms with 3 at Klein's hidden rows)."""
+    thread allow 3 at once; the others start as those end, and find tickets or none: 4 were about 8% faster
+    than 3 at Klein's hidden rows)."""
     m, k = x.shape
     g = groups or groups_per_item(k // GROUP)
     chunks = k // (GROUP * g)

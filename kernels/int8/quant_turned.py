@@ -1,9 +1,9 @@
 """Plain rows to INT8 ConvRot codes in one pass, whole rows a program: rotation on the matrix cores, radix-4 step,
 row scales, codes; for rows of up to MAX_K features, plain or with a factor of the rotation taken upstream (turned).
 
-Issue 4; reference/int8_convrot_format.md sections 3-5. H_256 = H4 (x) H_64 (kernels/int8/hadamard.py) and H_64 =
-(H4 / 2) (x) (H4 / 2) (x) (H4 / 2) along the base-4 digits of a column j = 16 d2 + 4 d1 + d0 of a 64-column block, so
-a 256-group u = [u0 u1 u2 u3] rotates as
+Issue 4; reference/int8_convrot_format.md sections 3-5 (Hadamard matrix, rotation, quantization). H_256 = H4
+(x) H_64 (kernels/int8/hadamard.py) and H_64 = (H4 / 2) (x) (H4 / 2) (x) (H4 / 2) along the base-4 digits of a
+column j = 16 d2 + 4 d1 + d0 of a 64-column block, so a 256-group u = [u0 u1 u2 u3] rotates as
   y_s = sum_a H4[a, s] z_a,   z_a = u_a (H_64 / 2)      (radix4_rounded; each z_a on the matrix cores)
 The factors commute, so a producer may take some of them in its registers (TURNED: the digits it turns), and z_a is
 then the rest (rest_operand):

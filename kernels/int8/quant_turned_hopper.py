@@ -15,9 +15,8 @@ and int8_quant_turned's Triton kernel runs.
 Hidden rows (TURNED "hidden": UP's SwiGLU epilogue took d2 and d1) of any length: z_a = t_a (I_16 (x) H4 / 2), the
 digit d0 in each thread's 8 contiguous columns, then the radix-4 step. A program takes a row by chunks of 4 groups a
 warp (the next chunk's loads issued before this one's butterflies); the rotated bf16 values wait in shared memory
-(K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote. (Measured slower on the H200,
-docs/notes/runs.md 2026-12-04, fourteenth session: no shared memory, the codes loop loading the row again from L2
-and rotating it again, 0.0653 against 0.0498 ms at 4608 x 9216 and 0.0678 against 0.0512 at 4608 x 10240.)
+(K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote. (No shared memory, the
+codes loop loading the row again from L2 and rotating it again, was about 30% slower on the H200.)
 """
 from __future__ import annotations
 
@@ -49,9 +48,8 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
         if t.shape[1] * 2 > 192 * 1024:
             return "a row's rotated values larger than shared memory"
     elif (groups := t.shape[1] // GROUP) * 16 < 15 * (1 << (groups - 1).bit_length()):
-        # The layout's rows are a power of two of groups, the rest masked: H200, graph ms (docs/notes/runs.md,
-        # 2026-12-04, fourteenth session), 4608 x 3840 (15 of 16) 0.0242 against Triton's 0.0274, but 4608 x 3072
-        # (12 of 16) 0.0261 against 0.0234.
+        # The layout's rows are a power of two of groups, the rest masked: on the H200 15 of 16 (Z-Image's
+        # 3840) beat Triton's kernel, 12 of 16 (3072) lost to it.
         return "a row's groups more than 1/16 short of a power of two (Triton's kernel is faster there)"
     if gluon is None or UNBUILT or os.environ.get("TRITON_INTERPRET") == "1":
         return "off, no Gluon, unbuilt or interpreted"
@@ -157,9 +155,8 @@ def launch_hidden(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, nu
                   groups_per_warp: int = 4) -> bool:
     """Codes and scales of hidden rows t [M, K] (contiguous bf16, K a multiple of 256, turned "hidden"), as
     `launch`. num_warps, groups_per_warp: a chunk's shape (4 groups a warp: a thread's 8 columns of each block). Two
-    warps measured best on the H200 (docs/notes/runs.md, 2026-12-04, fourteenth session; graph ms, 1 / 2 / 4 warps):
-    4608 x 10240 0.0664 / 0.0515 / 0.0548, 4608 x 9216 0.0531 / 0.0497 / 0.0541, 512 x 9216 0.0171 / 0.0131 /
-    0.0131."""
+    warps were the best of 1, 2 and 4 on the H200 at every hidden-row shape tried (tied with 4 at few
+    rows)."""
     m, k = t.shape
     chunk = num_warps * groups_per_warp
     return _built(lambda: _hidden_codes_hopper_kernel[(m,)](

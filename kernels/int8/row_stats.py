@@ -96,8 +96,8 @@ WHOLE_ROW_VALUES = 16384
 
 def launch_shape(k: int) -> dict:
     """The default launch for rows of k values: whole rows in registers where they fit, else 64 rows walking the
-    columns 256 at a time. On the H200 at 4608 rows of 3072 and 3840: 20-22 us whole, 32-74 walking 64 rows a
-    program, 44-70 walking 16 (docs/notes/runs.md)."""
+    columns 256 at a time. Whole rows were the fastest on the H200 at Z-Image's and FLUX.3's widths, ahead of
+    programs walking 16 or 64 rows."""
     width = triton.next_power_of_2(k)
     if width <= WHOLE_ROW_VALUES // 2:
         return {"block_m": min(64, WHOLE_ROW_VALUES // width), "block_k": width, "num_warps": 8}

@@ -26,9 +26,9 @@ except ImportError:  # torch without Triton: the references still import
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
-# Measured on the H200 (docs/notes/runs.md, 2026-12-03), the GEMM alone at 1024^2: 8-9% faster at 72-80 K steps
-# (Z-Image's w2, Klein's MLP output), 2-4% slower at 24-30 (out, QKV): the last part's reads of the other parts'
-# slots and the second launch cost about a short tile's time.
+# Splitting pays only for long K: the last part's reads of the other parts' slots and the second launch cost
+# about a short tile's time (on the H200 the GEMM gained at 72-80 K steps: Z-Image's w2, Klein's MLP output,
+# and lost at 24-30: out, QKV).
 MIN_K_STEPS = 64
 
 

@@ -28,7 +28,7 @@ def candidate_tiles(gated: bool) -> list:
     """The tiles worth trying on this GPU: pointer loads sized for 100 KB (Ada), 164 KB (Ampere) and 228 KB (Hopper)
     of shared memory (HOPPER.md: M 64/128 per warpgroup, K-major int8 operands, 3-4 stages), plus TMA tiles, one
     program a tile or persistent, where there is TMA (Hopper and later). The H200 sweep kept those that won or came
-    close on a Z-Image shape (docs/notes/runs.md). Gated 128 x 256 tiles fit in shared memory only with the subtiled
+    close on a Z-Image shape. Gated 128 x 256 tiles fit in shared memory only with the subtiled
     epilogue, and not persistent."""
     configs = [config(128, 256, 128, 8, 3), config(128, 128, 128, 8, 4), config(64, 128, 128, 4, 4),
                config(128, 256, 64, 8, 3), config(128, 128, 64, 4, 3)]
@@ -46,11 +46,12 @@ BF16, GATED, SWIGLU = 0, 1, 2
 
 # Hopper (sm_90), by output form (BF16, GATED, SWIGLU): the sweep's winners, so nothing is timed on
 # a shape's first run and one compiled kernel serves every shape. bf16 and gated: within 2% of the best candidate on
-# each of Z-Image's four shapes (w2 bf16-out: 0.332 against 0.326 ms), the best on the other seven. SwiGLU (its
-# epilogue writes half the columns, so the persistent bf16 tile fits): 0.633 ms at w1+w3 against 0.696 subtiled.
-# "qkv_rope" (kernels/int8/qkv_rope_linear.py, two whole heads a tile): one program a tile, 0.425 ms against 0.454
-# persistent at Z-Image's QKV. Tiles two programs an SM run (128 x 128, 4 warps, 3 stages): out 0.130 against 0.134
-# ms, the other shapes 2-6% slower, a Z-Image step 76.2 against 74.6 ms with them for bf16 rows, SwiGLU and QKV.
+# each of Z-Image's four shapes, the best on the other seven. SwiGLU (its epilogue writes half the columns, so
+# the persistent bf16 tile fits): about 9% faster than the subtiled tile at w1+w3. "qkv_rope"
+# (kernels/int8/qkv_rope_linear.py, two whole heads a tile): one program a tile, about 6% faster than
+# persistent at Z-Image's QKV. Tiles two programs an SM run (128 x 128, 4 warps, 3 stages) are not used:
+# barely faster at out, 2-6% slower at the other shapes, and a Z-Image step slower with them for bf16 rows,
+# SwiGLU and QKV.
 HOPPER_TILES = {0: config(128, 256, 128, 8, 4, tma=True, persistent=True),
                 1: config(128, 256, 128, 8, 4, tma=True, subtile=2),
                 2: config(128, 256, 128, 8, 4, tma=True, persistent=True),
