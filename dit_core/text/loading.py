@@ -16,10 +16,12 @@ from typing import Any
 import torch
 from transformers import Qwen2Tokenizer
 
-from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
+from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
+from ..weights.convrot import dequantize_convrot
 
 # The Qwen chat template (ComfyUI v0.3.75 comfy/text_encoders/z_image.py ZImageTokenizer.llama_template; diffusers'
-# apply_chat_template with enable_thinking=True gives the same text, reference/families/z_image.md section 9).
+# apply_chat_template with enable_thinking=True gives the same text: reference/families/z_image.md section 9, the text
+# encoder).
 CHAT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n"
 TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
 DETECT_KEY = "layers.0.self_attn.q_norm.weight"  # Qwen3's per-head q norm (comfy/sd.py detect_te_model)
@@ -93,15 +95,19 @@ def read_shapes(ckpt: Checkpoint, root: str, expected_hidden: int | None, needs:
 
 
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
-                    dtype: torch.dtype) -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
     """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
-    for its first n_layers layers; any linear format weights.read_linear reads, dequantized to dtype."""
+    for its first n_layers layers, each tensor of dtype on device: any linear format weights.read_linear reads,
+    moved as stored (INT8 codes, BF16) and converted there, one tensor at a time, so the host never holds the model
+    in f32 (an FP8 linear still passes through the host once as INT8 ConvRot: read_linear's conversion)."""
     markers = ckpt.quantization_markers()
 
-    def floats(t: torch.Tensor) -> torch.Tensor:
-        return t if t.dtype == dtype else t.to(dtype)
+    def weight_of(lin: Linear) -> torch.Tensor:
+        if lin.quantized:
+            return dequantize_convrot(lin.weight.to(device), lin.scale.to(device), lin.group).to(dtype)
+        return lin.weight.to(device, dtype)
 
-    sd = {"embed_tokens.weight": floats(read_tensor(ckpt, f"{root}embed_tokens.weight"))}
+    sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device)}
     for i in range(n_layers):
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
@@ -110,13 +116,10 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")
-                # INT8 ConvRot / FP8 are dequantized into the float host model here (f32, native basis);
-                # an INT8 GPU path that keeps the codes comes later.
-                weight = lin.weight if not lin.quantized and lin.weight.dtype == dtype else lin.dequantized()
-                sd[f"{dst}{group}.{n}.weight"] = floats(weight)
+                sd[f"{dst}{group}.{n}.weight"] = weight_of(lin)
         for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
             size = head_dim if n.startswith("self_attn") else hidden
-            sd[f"{dst}{n}.weight"] = floats(read_tensor(ckpt, f"{src}{n}.weight", (size,)))
+            sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (size,), dtype, device)
     return sd
 
 
@@ -166,7 +169,8 @@ class TextEncoder:
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = cls.model_root(ckpt)
         config = cls.config(ckpt, read_shapes(ckpt, root, expected_hidden, cls.NEEDS), **options)
-        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype)
+        sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
+                             device)
         # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
         with torch.device("meta"):
             model = cls.MODEL(config)

@@ -142,16 +142,21 @@ def _read_header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
-def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-    """A plain (non-linear) tensor as f32, its shape checked when given."""
+def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype = torch.float32,
+                device: str | torch.device | None = None) -> torch.Tensor:
+    """A plain (non-linear) tensor as dtype (f32 by default) on device (by default where it was read), its shape
+    checked when given. It moves as stored and is converted there: a BF16 tensor bound for a GPU in BF16 never
+    exists in f32 on the host."""
     t = ckpt.get(key)
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise WeightsError(f"{ckpt.path.name}: '{key}' has shape {tuple(t.shape)}, expected {tuple(shape)}; "
                            f"the file is of another model size or family")
+    t = t if device is None else t.to(device)
     if t.dtype in FP8_DTYPES:
         scale_key = key.rsplit(".", 1)[0] + ".weight_scale"
-        return t.float() * (ckpt.get(scale_key).float() if scale_key in ckpt else 1.0)
-    return t.float()
+        scale = ckpt.get(scale_key).float().to(t.device) if scale_key in ckpt else 1.0
+        return (t.float() * scale).to(dtype)
+    return t.to(dtype)
 
 
 class TensorSource(Checkpoint):
