@@ -78,10 +78,10 @@ class LoadedModels:
             companions[name] = make()
         return companions[name]
 
-    def _clear_companions(self, device: torch.device | None = None) -> None:
-        """clear() on the companions of the models on device (of all models when None)."""
-        for _, _, where, companions in self._held.values():
-            if device is None or same_device(where, device):
+    def _clear_companions(self, device: torch.device | None = None, kinds: tuple[str, ...] | None = None) -> None:
+        """clear() on the companions of the models (of `kinds`) on device (of all models when None)."""
+        for (kind, _), (_, _, where, companions) in self._held.items():
+            if (device is None or same_device(where, device)) and (kinds is None or kind in kinds):
                 for companion in companions.values():
                     companion.clear()
 
@@ -94,21 +94,22 @@ class LoadedModels:
             log.info("SwiftDiT: freed %d models", n)
         return n
 
-    def give_back(self, nbytes: int, device: torch.device) -> int:
-        """At least nbytes of device's memory back where our models hold that much: the companions there are
-        cleared (CUDA graphs: their pools go, and none outlives the blocks it reads), streamed blocks leave
-        first (their staged copies stay; the next use brings them back), then whole models go (loaded again
-        from their files when next used). Returns the bytes given back."""
-        self._clear_companions(device)
+    def give_back(self, nbytes: int, device: torch.device, kinds: tuple[str, ...] | None = None) -> int:
+        """At least nbytes of device's memory back where our models (of `kinds`, all when None) hold that much: the
+        companions there are cleared (CUDA graphs: their pools go, and none outlives the blocks it reads), streamed
+        blocks leave first (their staged copies stay; the next use brings them back), then whole models go (loaded
+        again from their files when next used). Returns the bytes given back."""
+        self._clear_companions(device, kinds)
+        mine = lambda slot, where: same_device(where, device) and (kinds is None or slot[0] in kinds)  # noqa: E731
         freed, moved, dropped = 0, 0, []
-        for _, model, where, _ in self._held.values():
+        for slot, (_, model, where, _) in self._held.items():
             blocks = getattr(model, "blocks", None)
-            if freed < nbytes and same_device(where, device) and isinstance(blocks, StreamedBlocks):
+            if freed < nbytes and mine(slot, where) and isinstance(blocks, StreamedBlocks):
                 before = sum(blocks.resident)
                 freed += blocks.free(nbytes - freed)
                 moved += before - sum(blocks.resident)
         for slot, (_, model, where, _) in list(self._held.items()):
-            if freed < nbytes and same_device(where, device):
+            if freed < nbytes and mine(slot, where):
                 freed += placement(model).device
                 del self._held[slot]
                 dropped.append(slot_name(slot))
@@ -179,9 +180,13 @@ def _asking():
 
 def make_room(device: torch.device, nbytes: int) -> None:
     """ComfyUI unloads its own models until nbytes are free on device, as it does before loading one of its
-    own (load_models_gpu); ours stay."""
+    own (load_models_gpu); then, where that is not enough, our text encoders there go (their prompts are
+    encoded; an encode loads one again). The DiT's own blocks stay: its budget is what is left."""
     with _asking():
         comfy.model_management.free_memory(nbytes, device)
+    short = nbytes - comfy.model_management.get_free_memory(device)
+    if short > 0 and LOADED.give_back(short, device, kinds=("text",)):
+        comfy.model_management.soft_empty_cache()
 
 
 def place_dit(model, device: torch.device, gpu_budget_gb: float, rows: int):

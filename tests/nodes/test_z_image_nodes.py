@@ -318,6 +318,29 @@ def test_models_of_one_kind_keep_their_roles(pack, caplog):
     assert video_step.cleared == 1 and not loaded._held
 
 
+def test_the_dits_room_takes_the_text_encoder_back(pack, monkeypatch):
+    """make_room (the DiT asking for room): after ComfyUI's own models, our text encoders on that device go when
+    the room is still short; the DiT, a VAE and models elsewhere stay."""
+    import comfy.model_management
+    from swiftdit_pack.nodes import memory
+
+    class Model:
+        pass
+    loaded, gpu, other = memory.LoadedModels(), torch.device("cuda"), torch.device("cuda:1")
+    monkeypatch.setattr(memory, "LOADED", loaded)
+    monkeypatch.setattr(comfy.model_management, "free_memory", lambda nbytes, device, keep_loaded=(): None)
+    free = [10 * memory.GIB]
+    monkeypatch.setattr(comfy.model_management, "get_free_memory", lambda dev=None, torch_free_too=False: free[0])
+    monkeypatch.setattr(comfy.model_management, "soft_empty_cache", lambda force=False: None)
+    for kind, device in (("dit", gpu), ("text", gpu), ("vae", gpu)):
+        loaded.get(kind, (kind, (f"{kind}.safetensors",)), Model, device)
+    loaded.get("text", ("text", ("far.safetensors",)), Model, other, "far")
+    memory.make_room(gpu, 8 * memory.GIB)  # enough free: nothing of ours goes
+    assert len(loaded._held) == 4
+    memory.make_room(gpu, 12 * memory.GIB)
+    assert sorted(loaded._held) == [("dit", "main"), ("text", "far"), ("vae", "main")]
+
+
 def test_freed_blocks_come_back_on_the_next_sample(pack, models, streamed_on_cpu, caplog):
     import comfy.model_management
     from swiftdit_pack.dit_core.gpu.streaming import StreamedBlocks
@@ -397,7 +420,7 @@ def test_cancel_interrupts_the_text_encoder_between_layers(pack, models, monkeyp
     import comfy.model_management
     from swiftdit_pack.nodes.memory import LOADED
     (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2")
-    layers = LOADED.get("text", (*clip.key(), "z_image"), lambda: pytest.fail("not loaded")).model.layers
+    layers = LOADED._held["text", "main"][1].model.layers
     ran = []
     handles = [layer.register_forward_hook(lambda *_: ran.append(1)) for layer in layers]
     comfy.model_management.interrupt_current_processing(True)
