@@ -267,8 +267,10 @@ def check_family(node_id: str, model: ModelHandle, family: str, loader: str) -> 
 
 
 def text_conditioning(rows: torch.Tensor) -> list:
-    """Stock CLIPTextEncode's entry for a Qwen text model: rows [1, L, width], no pooled output, an all-ones
-    attention mask (every row is attended)."""
+    """Stock CLIPTextEncode's entry for a Qwen text model: rows [1, L, width] on ComfyUI's intermediate device (the
+    CPU by default, where stock text encoders leave theirs), no pooled output, an all-ones attention mask (every row
+    is attended)."""
+    rows = rows.to(comfy.model_management.intermediate_device())
     return [[rows, {"pooled_output": None, "attention_mask": torch.ones(rows.shape[:2], dtype=torch.long)}]]
 
 
