@@ -1,5 +1,6 @@
 """A Z-Image Turbo step at 1024x1024 as the engine runs it and as the sampler node runs it (the node path:
-dit_core.sampling.ksampler.model_on_device under torch.inference_mode, the latent on the host, the graphed step
+dit_core.sampling.ksampler.model_on_device under torch.inference_mode, the latent on the card and the text rows
+on the host as the node has them, the graphed step
 where the allocator allows it), on host/checkpoints.py's real-size random files (30 layers, BF16 and INT8
 ConvRot), in one process under its allocator. Run it once as is and once with PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync
 (ComfyUI's default): the rows say what each costs.
@@ -60,13 +61,14 @@ def main(argv=None) -> None:
 @torch.inference_mode()
 def timings(dit: ZImage, latent: torch.Tensor, caption: torch.Tensor, args) -> tuple[float, float, float]:
     """ms of the engine's eager step, of its graphed step, and of a step of the node path (a whole sampler run
-    over args.steps, the latent and text rows on the host, divided by the steps), under inference mode."""
+    over args.steps, the sampler on the card as the node runs it, the text rows from the host, divided by the
+    steps), under inference mode."""
     eager = median_ms(lambda: dit.output(latent, 0.6429, caption), args.runs)
     step = dit.graphed()
     graphed = median_ms(lambda: step(latent, 0.6429, caption), args.runs)
-    host_latent, host_caption = torch.zeros(1, 16, *latent.shape[1:]), caption[None].cpu()
+    empty, host_caption = torch.zeros(1, 16, *latent.shape[1:], device=latent.device), caption[None].cpu()
     node = median_ms(lambda: ksample(model_on_device(dit.denoised, latent.device, step=step), 0, args.steps, 1.0,
-                                     "res_multistep", "simple", host_latent, positive=host_caption,
+                                     "res_multistep", "simple", empty, positive=host_caption,
                                      negative=host_caption * 0, shift=3.0), max(2, args.runs // 4)) / args.steps
     step.clear()
     return eager, graphed, node

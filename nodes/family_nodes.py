@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import comfy.model_management
 import folder_paths
 import torch
 from comfy_api.latest import io
@@ -282,4 +283,6 @@ class SamplerNode(io.ComfyNode):
         sample, total = run
         with checked(node, "latent_image"):
             samples = run_sampler(sample, total)
+        # the sampler ran where the model does; the LATENT goes where ComfyUI keeps its own (the CPU by default)
+        samples = samples.to(comfy.model_management.intermediate_device())
         return io.NodeOutput({**latent_image, "samples": cls.output(samples)})

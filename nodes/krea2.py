@@ -150,18 +150,16 @@ class Krea2Sampler(SamplerNode):
         device = engine_device()
         fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
 
-        def denoise_with(x, sigma, cond):
-            # The sampler's arithmetic stays on the CPU, as ComfyUI's noise and sigmas are; only the model's pass
-            # moves to its device.
+        def denoise_with(x, sigma, cond):  # x on the device: the sampler runs there
             if id(cond) not in fused:
                 fused[id(cond)] = (cond, torch.stack([dit.text_rows(c) for c in cond.to(device)]))
-            return dit.denoised(x.to(device), float(sigma), fused[id(cond)][1], interrupt_check).to(x.device)
+            return dit.denoised(x, float(sigma), fused[id(cond)][1], interrupt_check)
 
         shift, scale = latent_format()
 
         def sample(callback, should_stop):
-            return ksample(denoise_with, r.seed, r.steps, r.cfg, r.sampler_name, r.scheduler, r.latent,
-                           positive=r.positive, negative=r.negative, denoise=r.denoise,
+            return ksample(denoise_with, r.seed, r.steps, r.cfg, r.sampler_name, r.scheduler,
+                           r.latent.to(device), positive=r.positive, negative=r.negative, denoise=r.denoise,
                            batch_index=r.latent_image.get("batch_index"), callback=callback, should_stop=should_stop,
                            latent_shift=shift, latent_scale=scale, latent_channels=LATENT_CHANNELS,
                            sigma_table=flux_sigma_table(r.model.schedule.shift))  # a FLUX_MU shift

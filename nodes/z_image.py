@@ -123,8 +123,8 @@ class ZImageSampler(SamplerNode):
 
         def sample(callback, should_stop):
             return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,
-                           r.sampler_name, r.scheduler, r.latent, positive=r.positive, negative=r.negative,
-                           denoise=r.denoise, shift=r.model.schedule.shift,  # a FLOW shift: ksample's flow table
+                           r.sampler_name, r.scheduler, r.latent.to(device), positive=r.positive,
+                           negative=r.negative, denoise=r.denoise, shift=r.model.schedule.shift,  # a FLOW shift: ksample's flow table
                            batch_index=r.latent_image.get("batch_index"), callback=callback,
                            should_stop=should_stop, latent_channels=LATENT_CHANNELS)
 

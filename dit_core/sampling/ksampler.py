@@ -150,10 +150,9 @@ def cfg_denoiser(model: Callable, cfg: float, positive, negative=None) -> Denois
 def model_on_device(denoised: Callable, device: torch.device, check: Callable[[], None] | None = None,
                     step: Callable | None = None) -> Callable:
     """ksample's model(x, sigma, cond) as a sampler node runs it (the node path, which the benchmarks time too):
-    the sampler's arithmetic stays on the host, as ComfyUI's noise and sigmas are; each step's latent (a few MB)
-    goes to `device` for denoised(x, sigma, cond, check, step) and x0 comes back. Each conditioning tensor is copied
-    there once a sampler run: the same device tensor every step lets a graphed step keep the rows it makes from it
-    (step_graph.KeptRows)."""
+    denoised(x, sigma, cond, check, step) on `device`, x0 back where x is (the nodes sample on the model's device,
+    so nothing moves a step). Each conditioning tensor is copied there once a sampler run: the same device tensor
+    every step lets a graphed step keep the rows it makes from it (step_graph.KeptRows)."""
     copies = {}  # id -> (conditioning, its copy on the device); the conditioning is held so its id stays its own
 
     def model(x: torch.Tensor, sigma, cond: torch.Tensor) -> torch.Tensor:
