@@ -63,10 +63,11 @@ class LoadedModels:
         if held is not None:  # one model a slot: drop the old one before loading the new
             del self._held[slot], held
             gc.collect()
+        started = time.perf_counter()
         model = load()
         self._held[slot] = (key, model, device, {})
-        log.info("SwiftDiT: loaded %s (%s): %s", os.path.basename(key[1][0]), slot_name(slot),
-                 describe(model, device))
+        log.info("SwiftDiT: loaded %s (%s): %s; %.2f s", os.path.basename(key[1][0]), slot_name(slot),
+                 describe(model, device), time.perf_counter() - started)
         return model
 
     def attached(self, kind: str, name: str, make: Callable[[], object], role: str = MAIN):
