@@ -96,12 +96,17 @@ def test_host_modules_import_nothing_from_gpu_at_load():
         for dep in _imports(name, path, module_level_only=True) if dep.startswith("dit_core.gpu"))
     assert not offenders, "host modules importing dit_core.gpu at load:\n" + "\n".join(offenders)
     rooms = [n for n in _modules() if n.startswith("dit_core") and not n.startswith("dit_core.gpu")]
-    code = ("import importlib, sys\n"
+    code = ("import importlib, importlib.machinery, sys, types\n"
             # conftest's shim: the CUDA torchvision wheel beside CPU torch, which transformers imports
             "from host.run_comfy import TorchvisionOpsShim\n"
             "sys.meta_path.insert(0, TorchvisionOpsShim())\n"
+            # transformers imports a top-level `kernels` (the Hub's kernels library) to probe for it, which from this
+            # folder finds ours: a stand-in answers that probe, and no kernels.* module may load behind it
+            "stand_in = types.ModuleType('kernels')\n"
+            "stand_in.__spec__ = importlib.machinery.ModuleSpec('kernels', None)\n"
+            "sys.modules['kernels'] = stand_in\n"
             f"for name in {rooms!r}: importlib.import_module(name)\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('dit_core.gpu', 'kernels', 'comfy'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('dit_core.gpu', 'kernels.', 'comfy'))))")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
 
