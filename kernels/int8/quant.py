@@ -35,8 +35,7 @@ import torch
 from . import quant_hopper, quant_turned
 from ..choices import DEFAULT, Choices
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
-from .codes import launch_codes
-from .codes import reference as codes_reference
+from .codes import launch_codes, reference as codes_reference
 from .modulation_rows import shared_row
 from ..rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
@@ -248,20 +247,16 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
                   num_stages=None, row_programs=None, choices: Choices = DEFAULT):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32 (mean,
-    1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts: the first
-    row of each run of rows sharing a modulation row (dit_core.sequence.Sequence.starts); where each starts a row
-    block, each block reads its row as vectors, no gather (Klein's joint norm takes 30% less time on the
-    H200). Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row
-    blocks; 0: one a row block); None: the H200 sweep's best (plain rows 3 stages and 16 programs, else 2 and
-    0). turned: plain rows holding factors of the rotation (quant_turned.TURNED: "v" from qkv_rope_linear's
-    turn_v, "hidden" from int8_linear's turn_hidden): hidden rows on Hopper by int8_quant_turned_hopper's
-    pass, else rows of up to quant_turned.MAX_K features by its one pass, else the passes below with the rest
-    of the rotation. choices: hopper_quant, hopper_turned_quant, whole_rows and codes_last_first
-    (kernels/choices.py)."""
+    1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts:
+    Sequence.starts; where each starts a row block, each block reads its modulation row as vectors (no gather).
+    Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row blocks; 0: one a
+    row block); None: the H200 sweep's best. turned: plain rows holding factors of the rotation (quant_turned.TURNED:
+    "v" from qkv_rope_linear's turn_v, "hidden" from linear's turn_hidden), by quant_turned's passes where they
+    take them, else the passes below with the rest of the rotation. choices: hopper_quant, hopper_turned_quant,
+    whole_rows and codes_last_first (kernels/choices.py)."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
     if turned:
-        if norm is not None or act is not None or group != quant_turned.GROUP or \
-                turned not in quant_turned.TURNED:
+        if norm is not None or act is not None or group != quant_turned.GROUP or turned not in quant_turned.TURNED:
             raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {quant_turned.GROUP}, "
                              f"turned as one of {list(quant_turned.TURNED)}; got groups of {group}, {turned!r}")
         x = x.to(torch.bfloat16).contiguous()
@@ -273,10 +268,9 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     one_pass = plain and not turned and choices.hopper_quant and quant_hopper.chosen(m, k)
     if one_pass and quant_hopper.unusable(x, group) is None and quant_hopper.launch(x, codes, scales):
         return codes, scales
-    if plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M and x.dtype == torch.bfloat16 and x.is_contiguous() \
-            and quant_turned.fits(k, group):
-        return quant_turned.quantize_turned(x, turned=None, out=(codes, scales),
-                                                 hopper=choices.hopper_turned_quant)
+    whole_rows = plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M
+    if whole_rows and x.dtype == torch.bfloat16 and x.is_contiguous() and quant_turned.fits(k, group):
+        return quant_turned.quantize_turned(x, turned=None, out=(codes, scales), hopper=choices.hopper_turned_quant)
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
