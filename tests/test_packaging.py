@@ -3,6 +3,7 @@ and the icon they name, build leftovers ignored, and what `pip install .` gives 
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -43,9 +44,12 @@ def test_build_leftovers_are_ignored():
 def test_the_installed_command_has_the_whole_engine(tmp_path):
     """`pip install --no-deps .` (the README's command) installs every module of swiftdit and dit_core, and the
     installed `swiftdit swap` runs from another folder."""
-    target = tmp_path / "site"
+    # From a copy: setuptools builds in the source folder (build/, *.egg-info), and this checkout is not the test's.
+    source, target = tmp_path / "source", tmp_path / "site"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(".*", "build", "*.egg-info", "__pycache__", "tests",
+                                                                "host", "bench", "docs", "workflows"))
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                    "--no-compile", "--target", str(target), str(ROOT)], check=True, cwd=tmp_path)
+                    "--no-compile", "--target", str(target), str(source)], check=True, cwd=tmp_path)
     for package in ("swiftdit", "dit_core"):
         here = {p.relative_to(ROOT) for p in (ROOT / package).rglob("*.py")}
         installed = {p.relative_to(target) for p in (target / package).rglob("*.py")}
