@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from dit_core.families.z_image import ZImage  # noqa: E402
+from dit_core.codecs.flux1_vae import SCALING, SHIFT  # noqa: E402
 from dit_core.sampling.ksampler import ksample, model_on_device  # noqa: E402
 from dit_core.gpu.step_graph import capture_refusal  # noqa: E402
 from host import checkpoints  # noqa: E402
@@ -69,7 +70,8 @@ def timings(dit: ZImage, latent: torch.Tensor, caption: torch.Tensor, args) -> t
     empty, host_caption = torch.zeros(1, 16, *latent.shape[1:], device=latent.device), caption[None].cpu()
     node = median_ms(lambda: ksample(model_on_device(dit.denoised, latent.device, step=step), 0, args.steps, 1.0,
                                      "res_multistep", "simple", empty, positive=host_caption,
-                                     negative=host_caption * 0, shift=3.0), max(2, args.runs // 4)) / args.steps
+                                     negative=host_caption * 0, shift=3.0, latent_shift=SHIFT,
+                                     latent_scale=SCALING), max(2, args.runs // 4)) / args.steps
     step.clear()
     return eager, graphed, node
 

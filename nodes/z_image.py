@@ -8,7 +8,7 @@ from ..dit_core.families.z_image import SEQ_MULTIPLE, ZImage
 from ..dit_core.text.qwen3 import Qwen3TextEncoder
 from ..dit_core.sampling.ksampler import SAMPLERS, ksample, model_on_device
 from ..dit_core.sampling.schedules import SCHEDULERS
-from ..dit_core.codecs.flux1_vae import ImageDecoder
+from ..dit_core.codecs.flux1_vae import SCALING, SHIFT, ImageDecoder
 from .base import (
     FileHandle,
     cancellable,
@@ -124,9 +124,11 @@ class ZImageSampler(SamplerNode):
         def sample(callback, should_stop):
             return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,
                            r.sampler_name, r.scheduler, r.latent.to(device), positive=r.positive,
-                           negative=r.negative, denoise=r.denoise, shift=r.model.schedule.shift,  # a FLOW shift: ksample's flow table
+                           negative=r.negative, denoise=r.denoise,
+                           shift=r.model.schedule.shift,  # a FLOW shift: ksample's flow table
                            batch_index=r.latent_image.get("batch_index"), callback=callback,
-                           should_stop=should_stop, latent_channels=LATENT_CHANNELS)
+                           should_stop=should_stop, latent_shift=SHIFT, latent_scale=SCALING,  # FLUX.1's VAE
+                           latent_channels=LATENT_CHANNELS)
 
         return sample, r.steps
 

@@ -9,10 +9,6 @@ import torch
 
 from .schedules import SCHEDULERS, ksampler_sigmas
 
-# ComfyUI v0.3.75 comfy/latent_formats.py Flux: the FLUX.1 VAE latent's shift and scale.
-FLUX_LATENT_SHIFT = 0.1159
-FLUX_LATENT_SCALE = 0.3611
-
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -51,15 +47,14 @@ def prepare_noise(latent: torch.Tensor, seed: int,
 
 # --- latent format and the CONST (rectified flow) model sampling --------------------------------------------
 
-def process_in(z: torch.Tensor, shift: float = FLUX_LATENT_SHIFT,
-               scale: float = FLUX_LATENT_SCALE) -> torch.Tensor:
-    """Raw VAE latent -> the normalized latent the model sees (ComfyUI latent_formats.Flux.process_in)."""
+def process_in(z: torch.Tensor, shift, scale) -> torch.Tensor:
+    """Raw VAE latent -> the normalized latent the model sees (ComfyUI latent_formats' process_in), with the
+    family's latent shift and scale (its VAE's: e.g. codecs/flux1_vae.py SHIFT, SCALING)."""
     return (z - shift) * scale
 
 
-def process_out(x: torch.Tensor, shift: float = FLUX_LATENT_SHIFT,
-                scale: float = FLUX_LATENT_SCALE) -> torch.Tensor:
-    """Normalized latent -> raw VAE latent (ComfyUI latent_formats.Flux.process_out)."""
+def process_out(x: torch.Tensor, shift, scale) -> torch.Tensor:
+    """Normalized latent -> raw VAE latent (ComfyUI latent_formats' process_out)."""
     return (x / scale) + shift
 
 
@@ -165,19 +160,21 @@ def model_on_device(denoised: Callable, device: torch.device, check: Callable[[]
 
 def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: str, scheduler: str,
             latent_image: torch.Tensor, positive=None, negative=None, denoise: float = 1.0,
-            shift: float = 3.0, multiplier: float = 1.0, batch_index: Sequence[int] | None = None,
-            callback=None, should_stop=None, latent_shift: float = FLUX_LATENT_SHIFT,
-            latent_scale: float = FLUX_LATENT_SCALE, latent_channels: int | None = None,
+            shift: float | None = None, multiplier: float = 1.0, batch_index: Sequence[int] | None = None,
+            callback=None, should_stop=None, *, latent_shift, latent_scale, latent_channels: int | None = None,
             sigma_table: torch.Tensor | None = None) -> torch.Tensor:
     """ComfyUI's KSampler node on a flow model (ModelSamplingAuraFlow at multiplier 1.0, SD3 at 1000; sigma_table:
     another model sampling's table, ModelSamplingFlux's for Krea 2, schedules.flux_sigma_table): raw latent in, raw
-    latent out (latent_shift and latent_scale: numbers, or per-channel tensors that broadcast over it). `model` is
+    latent out (latent_shift and latent_scale, the family's latent format: numbers, or per-channel tensors that
+    broadcast over it; shift: the flow shift of ModelSamplingAuraFlow's table, when no sigma_table is given). `model` is
     model(x, sigma, cond) -> x0 when `positive` is given, else a denoiser(x, sigma) -> x0 (then cfg must be 1). An
     all-zero latent with other than `latent_channels` channels is widened to them (comfy/sample.py
     fix_empty_latent_channels: a stock 4-channel Empty Latent Image on a 16-channel model). Raises SamplingCancelled
     when should_stop() turns true between steps."""
     if sampler_name not in SAMPLERS:
         raise ValueError(f"unknown sampler_name {sampler_name!r}; supported: {', '.join(SAMPLERS)}")
+    if shift is None and sigma_table is None:
+        raise ValueError("ksample: a flow shift or a sigma_table is needed (the family's model sampling)")
     if scheduler not in SCHEDULERS:
         raise ValueError(f"unknown scheduler {scheduler!r}; supported: {', '.join(SCHEDULERS)}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

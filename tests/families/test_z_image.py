@@ -9,6 +9,7 @@ from safetensors.torch import save_file
 from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_image_comfy_layout
 
 from dit_core.block import LINEARS
+from dit_core.codecs.flux1_vae import SCALING, SHIFT
 from dit_core.families.z_image import ZImage, stacked
 from dit_core.weights import WeightsError
 
@@ -249,7 +250,8 @@ def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
 
     model = ZImage.load(files / "z_image_f32.safetensors")
     cond, latent = torch.randn(1, 9, 32), torch.zeros(1, 4, 6, 8)
-    ours = ksample(model.denoised, 77, 4, 1.0, sampler, "simple", latent, positive=cond)
+    ours = ksample(model.denoised, 77, 4, 1.0, sampler, "simple", latent, positive=cond, shift=3.0,
+                   latent_shift=SHIFT, latent_scale=SCALING)
 
     class Flow(comfy.model_sampling.ModelSamplingDiscreteFlow, comfy.model_sampling.CONST):
         pass

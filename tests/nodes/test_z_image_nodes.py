@@ -93,6 +93,7 @@ def graph(z, seed=7, width=16, height=12, steps=3, linears="as stored", lora=Non
 def test_graph_equals_the_engine(pack, models):
     from dit_core.families.z_image import ZImage
     from dit_core.text.qwen3 import Qwen3TextEncoder
+    from dit_core.codecs.flux1_vae import SCALING, SHIFT
     from dit_core.sampling.ksampler import ksample
     from dit_core.codecs.flux1_vae import ImageDecoder
     positive, samples, image = graph(pack)
@@ -101,7 +102,8 @@ def test_graph_equals_the_engine(pack, models):
     assert torch.equal(positive[0][0], rows) and positive[0][1]["attention_mask"].shape == rows.shape[:2]
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors")
     expected = ksample(dit.denoised, 7, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
-                       positive=rows, negative=rows * 0, shift=3.0)
+                       positive=rows, negative=rows * 0, shift=3.0,
+                       latent_shift=SHIFT, latent_scale=SCALING)
     assert torch.equal(samples["samples"], expected)
     assert torch.equal(image, ImageDecoder.load(models / "vae" / "ae_tiny.safetensors").decode(expected))
     assert image.shape == (1, 24, 32, 3) and 0 <= image.min() and image.max() <= 1
@@ -109,13 +111,15 @@ def test_graph_equals_the_engine(pack, models):
 
 def test_lora_node_merges_the_lora(pack, models):
     from dit_core.families.z_image import ZImage
+    from dit_core.codecs.flux1_vae import SCALING, SHIFT
     from dit_core.sampling.ksampler import ksample
     positive, samples, _ = graph(pack, lora=("tiny_lora.safetensors", 0.7))
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors",
                       loras=((models / "loras" / "tiny_lora.safetensors", 0.7),))
     rows = positive[0][0]
     expected = ksample(dit.denoised, 7, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
-                       positive=rows, negative=rows * 0, shift=3.0)
+                       positive=rows, negative=rows * 0, shift=3.0,
+                       latent_shift=SHIFT, latent_scale=SCALING)
     assert torch.equal(samples["samples"], expected)
     assert not torch.equal(samples["samples"], graph(pack)[1]["samples"])
     from swiftdit_pack.nodes.base import SwiftDiTError
@@ -199,10 +203,12 @@ def test_cancel_interrupts_within_a_step(pack, models, monkeypatch):
 
 def engine_samples(models, rows, seed=7):
     from dit_core.families.z_image import ZImage
+    from dit_core.codecs.flux1_vae import SCALING, SHIFT
     from dit_core.sampling.ksampler import ksample
     dit = ZImage.load(models / "diffusion_models" / "z_image_tiny.safetensors")
     return ksample(dit.denoised, seed, 3, 1.0, "res_multistep", "simple", torch.zeros(1, 16, 12, 16),
-                   positive=rows, negative=rows * 0, shift=3.0)
+                   positive=rows, negative=rows * 0, shift=3.0,
+                       latent_shift=SHIFT, latent_scale=SCALING)
 
 
 def test_loader_reports_where_the_model_is(pack, models, caplog):

@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import rel_err
 
+from dit_core.codecs.flux1_vae import SCALING, SHIFT
 from dit_core.sampling import ksampler as sampling
 from dit_core.sampling import schedules
 
@@ -249,8 +250,8 @@ def test_noise_start_and_latent_format(comfy):
         ours = sampling.inverse_noise_scaling(sigma, latent)
         assert torch.equal(ours, ms.inverse_noise_scaling(sigma, latent))
     flux = comfy.latent_formats.Flux()
-    assert torch.equal(sampling.process_in(latent), flux.process_in(latent))
-    assert torch.equal(sampling.process_out(latent), flux.process_out(latent))
+    assert torch.equal(sampling.process_in(latent, SHIFT, SCALING), flux.process_in(latent))
+    assert torch.equal(sampling.process_out(latent, SHIFT, SCALING), flux.process_out(latent))
 
 
 def comfy_tiny_model(comfy, net, shift=3.0):
@@ -289,7 +290,7 @@ def test_ksample_equals_comfy_ksampler(comfy, sampler_name, scheduler, steps, cf
     seed = 77
     with torch.no_grad():
         ours = sampling.ksample(flow_x0(net), seed, steps, cfg, sampler_name, scheduler, latent, positive=pos,
-                                negative=neg, denoise=denoise, shift=3.0)
+                                negative=neg, denoise=denoise, shift=3.0, latent_shift=SHIFT, latent_scale=SCALING)
         patcher = comfy_tiny_model(comfy, net)
         noise = comfy.sample.prepare_noise(latent, seed)
         theirs = comfy.sample.sample(patcher, noise, steps, cfg, sampler_name, scheduler, [[pos, {}]],
@@ -305,17 +306,19 @@ def test_ksample_widens_an_empty_latent(comfy):
     empty4 = torch.zeros(2, 4, 3, 3)
     widened = comfy.sample.fix_empty_latent_channels(Stub(), empty4)
     denoiser = lambda x, s: x * 0.25
-    ours = sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", empty4, latent_channels=16)
+    flux = {"shift": 3.0, "latent_shift": SHIFT, "latent_scale": SCALING}
+    ours = sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", empty4, latent_channels=16, **flux)
     assert ours.shape == widened.shape == (2, 16, 3, 3)
-    assert torch.equal(ours, sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", widened))
+    assert torch.equal(ours, sampling.ksample(denoiser, 5, 3, 1.0, "euler", "simple", widened, **flux))
 
 
 def test_ksample_denoiser_and_zero_denoise():
     latent = torch.randn(1, 4, 3, 3)
-    assert sampling.ksample(lambda x, s: x, 0, 4, 1.0, "euler", "simple", latent, denoise=0.0) is latent
-    out = sampling.ksample(lambda x, s: torch.zeros_like(x), 0, 4, 1.0, "euler", "simple", latent)
+    flux = {"shift": 3.0, "latent_shift": SHIFT, "latent_scale": SCALING}
+    assert sampling.ksample(lambda x, s: x, 0, 4, 1.0, "euler", "simple", latent, denoise=0.0, **flux) is latent
+    out = sampling.ksample(lambda x, s: torch.zeros_like(x), 0, 4, 1.0, "euler", "simple", latent, **flux)
     # x0 = 0 in the normalized space every step: Euler lands on 0, i.e. the raw latent shift
-    assert torch.allclose(out, torch.full_like(out, sampling.FLUX_LATENT_SHIFT), atol=1e-6)
+    assert torch.allclose(out, torch.full_like(out, SHIFT), atol=1e-6)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -330,7 +333,8 @@ def test_ksample_denoiser_and_zero_denoise():
 ])
 def test_ksample_errors(kwargs, match):
     args = {"model": lambda x, s: x, "seed": 0, "steps": 4, "cfg": 1.0, "sampler_name": "euler",
-            "scheduler": "simple", "latent_image": torch.zeros(1, 4, 2, 2)}
+            "scheduler": "simple", "latent_image": torch.zeros(1, 4, 2, 2), "shift": 3.0, "latent_shift": SHIFT,
+            "latent_scale": SCALING}
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         sampling.ksample(**args)
