@@ -29,8 +29,24 @@ def prepare_noise(latent: torch.Tensor, seed: int,
     dtype on the CPU from a generator seeded with `seed`. With `batch_index`, one [1, ...] draw per index
     0..max(index) in order, row j taking draw batch_index[j]. A local generator: the same stream as
     torch.manual_seed, and the global RNG is left untouched."""
+    return _draws(latent, _generator(seed), batch_index)
+
+
+def prepare_noise_parts(parts: Sequence[torch.Tensor], seed: int,
+                        batch_index: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """The noise ComfyUI draws for a latent of several parts (a NestedTensor, e.g. video then audio): each part's
+    draws, as prepare_noise's, one part after another from one generator seeded with `seed`, in the parts' order."""
+    gen = _generator(seed)
+    return [_draws(part, gen, batch_index) for part in parts]
+
+
+def _generator(seed: int) -> torch.Generator:
     gen = torch.Generator(device="cpu")
     gen.manual_seed(seed)
+    return gen
+
+
+def _draws(latent: torch.Tensor, gen: torch.Generator, batch_index: Sequence[int] | None) -> torch.Tensor:
     if batch_index is None:
         return torch.randn(latent.shape, dtype=latent.dtype, generator=gen, device="cpu")
     inds = [int(i) for i in batch_index]

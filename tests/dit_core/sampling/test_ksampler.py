@@ -83,6 +83,17 @@ def test_noise_batch_index_equals_comfy(comfy, batch_index):
     assert torch.equal(ours, comfy.sample.prepare_noise(latent, 123, batch_index))
 
 
+@pytest.mark.parametrize("batch_index", [None, [1, 0]])
+def test_noise_of_a_latent_in_parts_equals_comfy(comfy, batch_index):
+    """A latent in parts (ComfyUI's NestedTensor: video, then audio): each part drawn in order from one generator."""
+    from comfy.nested_tensor import NestedTensor
+    video, audio = torch.zeros(2, 16, 3, 4, 6), torch.zeros(2, 8, 5, 16)
+    ours = sampling.prepare_noise_parts([video, audio], 99, batch_index)
+    theirs = comfy.sample.prepare_noise(NestedTensor([video, audio]), 99, batch_index).tensors
+    assert len(ours) == 2 and all(torch.equal(a, b) for a, b in zip(ours, theirs))
+    assert torch.equal(ours[0], sampling.prepare_noise(video, 99, batch_index))  # the video part comes first
+
+
 def test_noise_bad_batch_index():
     with pytest.raises(ValueError, match="batch_index"):
         sampling.prepare_noise(torch.zeros(2, 4, 4, 4), 0, [0, -1])
