@@ -4,7 +4,7 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
-#          attention_fp8 attention server node_path krea2
+#          attention_fp8 attention server node_path krea2 graph
 #   The step benchmarks' peers (z_step, klein, krea2) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -63,6 +63,11 @@ for part in $parts; do
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
+    # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
+    # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s).
+    graph) timeout 590 sh -c 'mkdir -p .cache && { [ -d .cache/comfyui-0.3.75 ] ||
+             tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache; } &&
+             python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --report $OUT/graph.md' ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \

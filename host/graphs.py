@@ -115,3 +115,26 @@ def swiftdit_graph(s: Settings = Settings()) -> dict:
         }
     )
     return g
+
+
+def krea2_graph(seed: int, prompt: str = "a lighthouse on a cliff at dusk, oil painting") -> dict:
+    """The Turbo t2i template's graph with our nodes, the prompt refiner off: loader -> KSampler (8 steps, cfg 1,
+    euler/simple) on our text encoder's rows; stock EmptyLatentImage, VAELoader (qwen_image_vae) and VAEDecode."""
+    return {
+        "1": {"class_type": "SwiftDiTKrea2Loader",
+              "inputs": {"unet_name": "krea2_turbo_int8_convrot.safetensors", "weight_dtype": "default",
+                         "linears": "as stored", "gpu_budget_gb": 0}},
+        "2": {"class_type": "SwiftDiTKrea2TextEncoderLoader",
+              "inputs": {"clip_name": "qwen3vl_4b_fp8_scaled.safetensors", "type": "krea2", "device": "default"}},
+        "3": {"class_type": "SwiftDiTKrea2TextEncode",
+              "inputs": {"text": prompt, "clip": ["2", 0]}},
+        "4": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["3", 0]}},
+        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
+        "6": {"class_type": "SwiftDiTKrea2Sampler",
+              "inputs": {"model": ["1", 0], "seed": seed, "steps": 8, "cfg": 1.0, "sampler_name": "euler",
+                         "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
+                         "latent_image": ["5", 0], "denoise": 1.0}},
+        "7": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "krea2"}},
+    }

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from host import checkpoints
-from host.graphs import Settings, stock_graph, swiftdit_graph
+from host.graphs import Settings, krea2_graph, stock_graph, swiftdit_graph
 from host.images import load, psnr
-from host.server import ComfyHost, node_seconds, of_type
+from host.server import ComfyHost, card_gb, node_seconds, of_type
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -39,29 +39,6 @@ RESULTS: list[dict] = []  # one row a prompt, for the report
 
 def workflow(name: str) -> dict:
     return json.loads((ROOT / "workflows" / name).read_text())
-
-
-def krea2_graph(seed: int) -> dict:
-    """The Turbo t2i template's graph with our nodes, the prompt refiner off: loader -> KSampler (8 steps, cfg 1,
-    euler/simple) on our text encoder's rows; stock EmptyLatentImage, VAELoader (qwen_image_vae) and VAEDecode."""
-    return {
-        "1": {"class_type": "SwiftDiTKrea2Loader",
-              "inputs": {"unet_name": "krea2_turbo_int8_convrot.safetensors", "weight_dtype": "default",
-                         "linears": "as stored", "gpu_budget_gb": 0}},
-        "2": {"class_type": "SwiftDiTKrea2TextEncoderLoader",
-              "inputs": {"clip_name": "qwen3vl_4b_fp8_scaled.safetensors", "type": "krea2", "device": "default"}},
-        "3": {"class_type": "SwiftDiTKrea2TextEncode",
-              "inputs": {"text": "a lighthouse on a cliff at dusk, oil painting", "clip": ["2", 0]}},
-        "4": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["3", 0]}},
-        "5": {"class_type": "EmptyLatentImage", "inputs": {"width": 1024, "height": 1024, "batch_size": 1}},
-        "6": {"class_type": "SwiftDiTKrea2Sampler",
-              "inputs": {"model": ["1", 0], "seed": seed, "steps": 8, "cfg": 1.0, "sampler_name": "euler",
-                         "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
-                         "latent_image": ["5", 0], "denoise": 1.0}},
-        "7": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
-        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "krea2"}},
-    }
 
 
 def with_seed(graph: dict, seed: int, prefix: str) -> dict:
@@ -107,13 +84,8 @@ def gpu_host(tmp_path_factory, serving):
 
 def memory(host: ComfyHost) -> tuple[float, float]:
     """(GB the server process holds on the card, GB resident in its host memory) now."""
-    import subprocess
-
     import psutil
-    apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                          capture_output=True, text=True).stdout.splitlines()
-    card = sum(float(used) for pid, used in (line.split(", ") for line in apps) if int(pid) == host.proc.pid)
-    return card * 2**20 / 1e9, psutil.Process(host.proc.pid).memory_info().rss / 1e9
+    return card_gb(host.proc.pid), psutil.Process(host.proc.pid).memory_info().rss / 1e9
 
 
 def run(host: ComfyHost, label: str, graph: dict, steps: int) -> tuple[dict, list[dict]]:

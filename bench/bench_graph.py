@@ -1,0 +1,232 @@
+"""Whole graphs in a real ComfyUI v0.3.75 server, as a user runs them: for each graph, on a server of its own,
+  1. cold: from the server's start to the first image, every load and build included;
+  2. a new prompt and seed (the text encoder runs again);
+  3. the same prompt, a new seed (ComfyUI's cache keeps the encoding);
+with the peak memory of the server process on the card and in host RAM over each case (sampled every 0.1 s).
+Z-Image Turbo: the stock template graph (CLIPLoader + CLIPTextEncode, UNETLoader BF16, ModelSamplingAuraFlow,
+KSampler, VAELoader + VAEDecode) against our workflow (workflows/api/z_image_turbo_t2i.json on the INT8 ConvRot file),
+1024x1024, 8 steps. FLUX.3 Klein and Krea 2: our workflows (their diffusers pipelines end to end are still to come).
+
+Random weights of the real sizes under the templates' file names, written once under .cache/bench_graph/ (Z-Image:
+host/checkpoints.py's DiT with Qwen3-4B's 2560-wide caption rows, a random Qwen3-4B in ComfyUI's layout from
+tests/fixtures/real_size_shapes.json, the FLUX.1 VAE; Klein and Krea 2: tests/real_size.py).
+
+    python bench/bench_graph.py [--only z_image flux3_klein krea2] [--report FILE]    # on a GPU
+    python bench/bench_graph.py --smoke    # on the CPU: host/checkpoints.py's tiny set, our Z-Image graph only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from host import checkpoints  # noqa: E402
+from host.graphs import Settings, krea2_graph, swiftdit_graph  # noqa: E402
+from host.server import ComfyHost, card_gb, of_type  # noqa: E402
+
+COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
+FILES = ROOT / ".cache" / "bench_graph"
+FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
+PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cliff at dusk, oil painting")
+TIMEOUT = 900.0
+# Qwen3-4B (Z-Image's text encoder) has Qwen3-VL-4B's text model's sizes and names under `model.`.
+QWEN3_4B_FROM = "qwen3vl_4b_int8_convrot.safetensors"
+
+
+@dataclass
+class Peaks:
+    """The most memory the server process held on the card and in host RAM while it ran (a sampling thread)."""
+    pid: int
+    card_gb: float = 0.0
+    host_gb: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def __enter__(self) -> Peaks:
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        import psutil
+        while not self._stop.is_set():
+            try:
+                self.host_gb = max(self.host_gb, psutil.Process(self.pid).memory_info().rss / 1e9)
+            except psutil.Error:
+                pass
+            self.card_gb = max(self.card_gb, card_gb(self.pid))
+            self._stop.wait(0.1)
+
+
+def with_prompt(graph: dict, prompt: str, seed: int, prefix: str) -> dict:
+    """graph with its text encode's prompt, every sampler's seed and the SaveImage prefix set."""
+    graph = json.loads(json.dumps(graph))
+    for body in graph.values():
+        inputs = body["inputs"]
+        if "text" in inputs and "clip" in inputs:
+            inputs["text"] = prompt
+        if "seed" in inputs:
+            inputs["seed"] = seed
+        if body["class_type"] == "SaveImage":
+            inputs["filename_prefix"] = prefix
+    return graph
+
+
+def stock_z_image(size: int, steps: int) -> dict:
+    """The official image_z_image_turbo template's graph (reference/templates.md section 3), as the frontend queues
+    it: stock nodes only, the BF16 files."""
+    return {
+        "30": {"class_type": "CLIPLoader", "inputs": {"clip_name": checkpoints.TEXT_ENCODER, "type": "lumina2",
+                                                      "device": "default"}},
+        "27": {"class_type": "CLIPTextEncode", "inputs": {"text": PROMPTS[0], "clip": ["30", 0]}},
+        "33": {"class_type": "ConditioningZeroOut", "inputs": {"conditioning": ["27", 0]}},
+        "13": {"class_type": "EmptySD3LatentImage", "inputs": {"width": size, "height": size, "batch_size": 1}},
+        "28": {"class_type": "UNETLoader", "inputs": {"unet_name": checkpoints.DIT_BF16, "weight_dtype": "default"}},
+        "11": {"class_type": "ModelSamplingAuraFlow", "inputs": {"model": ["28", 0], "shift": 3.0}},
+        "3": {"class_type": "KSampler", "inputs": {"model": ["11", 0], "seed": 0, "steps": steps, "cfg": 1.0,
+                                                  "sampler_name": "res_multistep", "scheduler": "simple",
+                                                  "positive": ["27", 0], "negative": ["33", 0],
+                                                  "latent_image": ["13", 0], "denoise": 1.0}},
+        "29": {"class_type": "VAELoader", "inputs": {"vae_name": checkpoints.VAE}},
+        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["3", 0], "vae": ["29", 0]}},
+        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "stock"}},
+    }
+
+
+def ours_z_image(size: int, steps: int) -> dict:
+    """workflows/api/z_image_turbo_t2i.json on the INT8 ConvRot file at the asked size and steps."""
+    graph = json.loads((ROOT / "workflows" / "api" / "z_image_turbo_t2i.json").read_text())
+    for body in graph.values():
+        inputs = body["inputs"]
+        if body["class_type"] == "SwiftDiTZImageLoader":
+            inputs["unet_name"] = checkpoints.DIT_INT8
+        if "width" in inputs and "height" in inputs:
+            inputs["width"] = inputs["height"] = size
+        if "steps" in inputs:
+            inputs["steps"] = steps
+    return graph
+
+
+def workflow(name: str) -> dict:
+    return json.loads((ROOT / "workflows" / "api" / name).read_text())
+
+
+def graphs(args) -> dict[str, tuple[str, dict]]:
+    """label -> (family, API graph) of the run."""
+    if args.smoke:  # the tiny set's Qwen3 is too small for the stock CLIPLoader, which builds a full Qwen3-4B
+        return {"Z-Image ours (tiny, CPU)": ("z_image", swiftdit_graph(Settings(unet_name=checkpoints.DIT_INT8)))}
+    out = {}
+    if "z_image" in args.only:
+        out["Z-Image stock BF16"] = ("z_image", stock_z_image(1024, 8))
+        out["Z-Image ours INT8 ConvRot"] = ("z_image", ours_z_image(1024, 8))
+    if "flux3_klein" in args.only:
+        out["FLUX.3 Klein ours INT8"] = ("flux3_klein", workflow("flux3_klein_t2i.json"))
+    if "krea2" in args.only:
+        out["Krea 2 ours INT8"] = ("krea2", krea2_graph(0))
+    return out
+
+
+def write_files(smoke: bool) -> Path:
+    """The model folders of the run (written once): the tiny Z-Image set on the CPU, else the real sizes."""
+    if smoke:
+        return checkpoints.ensure(layers=1).root
+    import torch
+    from safetensors.torch import save_file
+
+    import real_size
+    from swiftdit.quantize import quantize_file, streamed_safetensors
+    real_size.write(FILES, "cuda")
+    dit, te, vae = (FILES / "diffusion_models" / checkpoints.DIT_BF16, FILES / "text_encoders" / checkpoints.TEXT_ENCODER,
+                    FILES / "vae" / checkpoints.VAE)
+    if not dit.exists():
+        save_file(checkpoints.dit_state_dict(30, cap_dim=2560, device="cuda"), str(dit))
+    if not (FILES / "diffusion_models" / checkpoints.DIT_INT8).exists():
+        quantize_file(dit, FILES / "diffusion_models" / checkpoints.DIT_INT8, device="cuda")
+    if not te.exists():
+        shapes = json.loads(real_size.SHAPES.read_text())[QWEN3_4B_FROM]
+        text = {k: shape for k, (shape, _) in shapes.items() if k.startswith("model.")}
+        with streamed_safetensors(te, {k: ("BF16", s) for k, s in text.items()}, {}) as put:
+            for key, shape in text.items():
+                put(key, real_size.random_tensor(key, shape, torch.device("cuda")).to(torch.bfloat16).cpu())
+    if not vae.exists():
+        save_file(checkpoints.vae_state_dict(), str(vae))
+    return FILES
+
+
+def run_cases(label: str, graph: dict, models: Path, smoke: bool) -> list[dict]:
+    """The three cases of one graph on a server of its own; a row a case."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_graph_") as base:
+        server = ComfyHost(COMFYUI_TREE, base, sys.executable, cpu=smoke, cache_none=False)
+        server.link_models({f: models / f for f in FOLDERS if (models / f).is_dir()})
+        started = time.monotonic()
+        try:
+            server.start(timeout=300)
+            cases = (("1 cold", PROMPTS[0], 1), ("2 new prompt and seed", PROMPTS[1], 2),
+                     ("3 same prompt, new seed", PROMPTS[1], 3))
+            for case, prompt, seed in cases:
+                with Peaks(server.proc.pid) as peaks:
+                    entry, events, seconds = server.run(with_prompt(graph, prompt, seed, f"bench_{seed}"), TIMEOUT)
+                status = entry["status"]["status_str"]
+                if status != "success":
+                    raise RuntimeError(f"{label}, {case}: {status} {of_type(events, 'execution_error')[:1]}\n"
+                                       f"{server.log_tail()}")
+                if case == "1 cold":
+                    seconds = time.monotonic() - started
+                rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
+                             "host_gb": peaks.host_gb})
+                print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} |", flush=True)
+        finally:
+            server.stop()
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[str]:
+    """Stock's seconds over ours, case by case, for Z-Image (the goal: at least 2 for cases 2 and 3)."""
+    by = {(r["graph"], r["case"]): r for r in rows}
+    out = []
+    for case in sorted({r["case"] for r in rows}):
+        stock, ours = by.get(("Z-Image stock BF16", case)), by.get(("Z-Image ours INT8 ConvRot", case))
+        if stock and ours:
+            out.append(f"- Z-Image, case {case}: stock {stock['seconds']:.2f} s / ours {ours['seconds']:.2f} s = "
+                       f"{stock['seconds'] / ours['seconds']:.2f}x; peak host RSS {ours['host_gb']:.1f} against "
+                       f"{stock['host_gb']:.1f} GB")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--only", nargs="*", default=["z_image", "flux3_klein", "krea2"])
+    p.add_argument("--smoke", action="store_true", help="the CPU, the tiny Z-Image set, our graph only")
+    p.add_argument("--report", help="also write the table to this markdown file")
+    args = p.parse_args(argv)
+    if not (COMFYUI_TREE / "main.py").is_file():
+        p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
+    models = write_files(args.smoke)
+    header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
+    print("\n".join(header), flush=True)
+    rows = [row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke)]
+    summary = ratios(rows)
+    print("\n".join(["", *summary]))
+    if args.report:
+        lines = header + [f"| {r['graph']} | {r['case']} | {r['seconds']:.2f} | {r['card_gb']:.1f} | "
+                          f"{r['host_gb']:.1f} |" for r in rows]
+        Path(args.report).write_text("\n".join([*lines, "", *summary]) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())
