@@ -95,12 +95,18 @@ def read_shapes(ckpt: Checkpoint, root: str, expected_hidden: int | None, needs:
 
 
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
-                    dtype: torch.dtype, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+                    dtype: torch.dtype, device: str | torch.device = "cpu",
+                    int8: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
     """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
     for its first n_layers layers, each tensor of dtype on device: any linear format weights.read_linear reads,
     moved as stored (INT8 codes, BF16) and converted there, one tensor at a time, so the host never holds the model
-    in f32 (an FP8 linear still passes through the host once as INT8 ConvRot: read_linear's conversion)."""
+    in f32 (an FP8 linear still passes through the host once as INT8 ConvRot: read_linear's conversion).
+    int8 (a dict, filled here): the INT8 path (dit_core/gpu/text_linear.py); each INT8 ConvRot linear the INT8
+    kernels take (FP8 ones too, after that conversion) stays as stored, `<name>.weight` int8 codes and
+    `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above."""
     markers = ckpt.quantization_markers()
+    if int8 is not None:
+        from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
 
     def weight_of(lin: Linear) -> torch.Tensor:
         if lin.quantized:
@@ -116,7 +122,12 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")
-                sd[f"{dst}{group}.{n}.weight"] = weight_of(lin)
+                name = f"{dst}{group}.{n}"
+                if int8 is not None and text_linear.takes(lin):
+                    sd.update({f"{name}.{k}": t for k, t in text_linear.stored(lin, device).items()})
+                    int8[name] = lin.group
+                else:
+                    sd[f"{name}.weight"] = weight_of(lin)
         for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
             size = head_dim if n.startswith("self_attn") else hidden
             sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (size,), dtype, device)
@@ -163,17 +174,28 @@ class TextEncoder:
 
     @classmethod
     def load_model(cls, path: str | os.PathLike | Checkpoint, dtype: torch.dtype, device: str | torch.device,
-                   expected_hidden: int | None = None, **options: Any) -> torch.nn.Module:
+                   expected_hidden: int | None = None, int8_linears: bool | None = None,
+                   **options: Any) -> torch.nn.Module:
         """The text model of a file (a path or an open Checkpoint), in eval mode on device; expected_hidden
-        rejects other model sizes; options go to config()."""
+        rejects other model sizes; options go to config(). int8_linears: the INT8 path, each INT8 ConvRot
+        linear (FP8 ones are INT8 ConvRot after read_linear) kept as stored and run on the INT8 kernels
+        (dit_core/gpu/text_linear.py Int8Linear); BF16 linears and groups the kernels do not take stay dtype.
+        None: on for a CUDA device (half the card memory of BF16 weights, the DiT's own linear path), off
+        elsewhere (the f32 host reference stays exact); True on the CPU runs the kernels' references (tests)."""
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = cls.model_root(ckpt)
         config = cls.config(ckpt, read_shapes(ckpt, root, expected_hidden, cls.NEEDS), **options)
+        if int8_linears is None:
+            int8_linears = torch.device(device).type == "cuda"
+        int8 = {} if int8_linears else None
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
-                             device)
+                             device, int8)
         # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
         with torch.device("meta"):
             model = cls.MODEL(config)
+            if int8:
+                from ..gpu import text_linear  # lazily, as in read_state_dict
+                text_linear.swap_in(model, int8)
         # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
         model.norm = torch.nn.Identity()
         try:

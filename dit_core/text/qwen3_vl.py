@@ -121,14 +121,17 @@ class Qwen3VLTextEncoder(TextEncoder):
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, layers: tuple[int, ...] = LAYERS,
-             expected_hidden: int | None = None, device: str | torch.device = "cpu") -> Qwen3VLTextEncoder:
+             expected_hidden: int | None = None, device: str | torch.device = "cpu",
+             int8_linears: bool | None = None) -> Qwen3VLTextEncoder:
         """A text encoder from a Qwen3-VL file (any layout of ROOTS, any linear format weights.read_linear
         reads; only the first max(layers) layers are read) and a Qwen2 tokenizer folder (ComfyUI's
-        qwen25_tokenizer); expected_hidden (2560 for Klein) rejects other model sizes."""
+        qwen25_tokenizer); expected_hidden (2560 for Klein) rejects other model sizes; int8_linears:
+        TextEncoder.load_model's (None: the INT8 path on a CUDA device)."""
         if not layers or min(layers) < 0:
             raise ValueError(f"Qwen3VLTextEncoder: layers must be hidden_states indices >= 0, got {layers}")
         tokenizer = KleinPromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        model = cls.load_model(path, dtype, device, expected_hidden, n_layers=max(max(layers), 1))
+        model = cls.load_model(path, dtype, device, expected_hidden, int8_linears,
+                               n_layers=max(max(layers), 1))
         return cls(model, tokenizer, layers)
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
@@ -180,10 +183,11 @@ class Krea2TextEncoder:
 
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu") -> Krea2TextEncoder:
+             device: str | torch.device = "cpu", int8_linears: bool | None = None) -> Krea2TextEncoder:
         """From a Qwen3-VL-4B file (CLIPLoader type krea2: qwen3vl_4b_fp8_scaled.safetensors) and ComfyUI's
-        qwen25_tokenizer folder; only the first 35 layers are read."""
-        return cls(Qwen3VLTextEncoder.load(path, tokenizer_dir, dtype, KREA2_LAYERS, device=device))
+        qwen25_tokenizer folder; only the first 35 layers are read; int8_linears: Qwen3VLTextEncoder.load's."""
+        return cls(Qwen3VLTextEncoder.load(path, tokenizer_dir, dtype, KREA2_LAYERS, device=device,
+                                           int8_linears=int8_linears))
 
     def tokenize(self, prompt: str) -> list[int]:
         """Ids of [prefix | prompt | suffix] (the prefix and prompt tokenized as one text, as diffusers does)."""

@@ -6,11 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import COMFYUI_TREE
+from conftest import COMFYUI_TREE, rel_err
 from torch.profiler import ProfilerActivity, profile
 from safetensors.torch import save_file
 from tiny_models import qwen3_comfy_layout, qwen3_vl_layout, random_qwen3, random_qwen3_vl
 
+from dit_core.gpu.text_linear import Int8Linear
 from dit_core.text.qwen3 import Qwen3TextEncoder
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from dit_core.weights import WeightsError, convrot_group_for, quantize_convrot
@@ -32,7 +33,7 @@ def case(request, tmp_path_factory):
     state = tensors()
     path = tmp_path_factory.mktemp(request.param) / name
     save_file(state, str(path))
-    return SimpleNamespace(cls=cls, path=path, state=state, down_proj=down_proj)
+    return SimpleNamespace(key=request.param, cls=cls, path=path, state=state, down_proj=down_proj)
 
 
 def test_wrong_hidden_size(case):
@@ -96,3 +97,52 @@ def test_a_bf16_load_makes_no_float32_copy(tmp_path, case, fmt):
     assert all(p.dtype == torch.bfloat16 for p in params)
     model_bytes = sum(p.numel() * 2 for p in params)
     assert peak <= 1.1 * model_bytes, f"peak {peak / 1e6:.2f} MB for a {model_bytes / 1e6:.2f} MB model"
+
+
+# --- the INT8 path (issue 34): INT8 ConvRot linears kept as stored, run on the kernels' INT8 linear --------------
+
+# The INT8 path's features against the BF16-dequantized load of the same file (both BF16 models): the INT8 path
+# adds the rows' quantization (8-bit codes a ConvRot group) at every linear, compounding over the layers. Measured
+# on three prompts (English, Unicode, 300 x's): qwen3 (3 layers) 0.014-0.019, qwen3_vl (32 layers) 0.040-0.053,
+# about twice each BF16 load's own error against the f32 model (0.007-0.009, 0.020-0.025). The bounds keep
+# about 1.5x headroom; an INT8 path that misread the codes, scales or rotation lands near 1.
+INT8_PATH_TOL = {"qwen3": 3e-2, "qwen3_vl": 8e-2}
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def check_int8_path(case, path, device):
+    """Load path (INT8 ConvRot linears) on device with the INT8 path (the default on CUDA, asked for elsewhere) and
+    without it: every linear an Int8Linear holding int8 codes and f32 row scales (no BF16 copy of a linear's
+    weight anywhere in the model), and the features within INT8_PATH_TOL of the BF16-dequantized load."""
+    on_cuda = torch.device(device).type == "cuda"
+    int8 = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device,
+                         int8_linears=None if on_cuda else True)
+    bf16 = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device, int8_linears=False)
+    linears = [m for m in int8.model.modules() if isinstance(m, Int8Linear)]
+    assert len(linears) == len(LINEAR_NAMES) * len(int8.model.layers)
+    for m in linears:
+        assert m.weight.dtype == torch.int8 and m.scale.dtype == torch.float32
+        assert m.weight.device.type == m.scale.device.type == torch.device(device).type
+    floats = [n for n, t in int8.model.state_dict().items() if t.dtype == torch.bfloat16]
+    assert floats and not [n for n in floats if n.rsplit(".", 2)[-2] in LINEAR_NAMES]
+    assert not any(isinstance(m, Int8Linear) for m in bf16.model.modules())
+    assert int8.model.rotary_emb.inv_freq.dtype == torch.float32
+    for prompt in ("a photo of a cat", "Ünïcödé — 日本語, (weights:1.2)"):
+        err = rel_err(int8.encode(prompt), bf16.encode(prompt))
+        assert 1e-4 < err <= INT8_PATH_TOL[case.key], f"{prompt!r}: {err:.4f}"
+
+
+def test_int8_path_on_the_cpu(tmp_path, case):
+    """The INT8 path asked for on the CPU (the kernels' plain-torch references); the default there stays off."""
+    path = tmp_path / "int8.safetensors"
+    save_file(as_stored(case.state, "int8"), str(path))
+    check_int8_path(case, path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_int8_path_on_cuda(tmp_path, case):
+    """On a CUDA device the INT8 path is the default, on the Triton (Hopper: Gluon) kernels."""
+    path = tmp_path / "int8.safetensors"
+    save_file(as_stored(case.state, "int8"), str(path))
+    check_int8_path(case, path, "cuda")
