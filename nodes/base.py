@@ -132,11 +132,12 @@ def text_encoder_loader(encoder, family: str) -> Callable:
     """A family's load_text_encoder(handle): encoder.load of the loader's file with ComfyUI's Qwen tokenizer, Cancel
     honoured, kept in LOADED per file, device and family (a file two families read differently) in the loader's
     role. On a CUDA GPU in BF16, each tensor read straight to the card (the DiT's room takes it back when short:
-    memory.make_room); elsewhere the float32 host reference."""
+    memory.make_room), its INT8 ConvRot linears dequantized there: the encoder's INT8 path (int8_linears) has not
+    yet run on a GPU at the real shapes; elsewhere the float32 host reference."""
     def load_text_encoder(handle: FileHandle):
         device = engine_device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        load = lambda f: encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device)  # noqa: E731
+        load = lambda f: encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=False)  # noqa: E731
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
     return load_text_encoder
