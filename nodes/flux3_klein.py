@@ -26,7 +26,7 @@ from .base import (
 )
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .family_settings import KLEIN, FamilySettings, PassSize, Schedule
-from .memory import LOADED, engine_device, log, on_device
+from .memory import LOADED, engine_device, log, vae_on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
@@ -50,7 +50,7 @@ load_text_encoder = text_encoder_loader(Qwen3VLTextEncoder, FAMILY)
 
 
 def load_vae(handle: FileHandle) -> Flux2VAE:
-    return on_device("vae", handle, lambda: cancellable(Flux2VAE.load, handle.path), FAMILY, role=handle.role)
+    return vae_on_device(handle, lambda: cancellable(Flux2VAE.load, handle.path), FAMILY, role=handle.role)
 
 
 class Flux3KleinLoader(DiTLoaderNode):

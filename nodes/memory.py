@@ -234,6 +234,12 @@ def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
     return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device, role)
 
 
+def vae_on_device(handle, load: Callable[[], object], family: str = "", role: str = MAIN):
+    """on_device for a VAE: in BF16 on a CUDA GPU, as stock ComfyUI decodes there; f32 on the CPU."""
+    return on_device("vae", handle, load, family, role=role,
+                     place=lambda vae, where: vae.to(where, torch.bfloat16 if where.type == "cuda" else torch.float32))
+
+
 def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows: int | None = None,
                   check: Callable[[object], None] | None = None):
     """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb (placed at

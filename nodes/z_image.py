@@ -25,7 +25,7 @@ from .base import (
 from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
                            VAELoaderNode)
 from .family_settings import FLOW, FamilySettings, PassSize, Schedule
-from .memory import LOADED, engine_device, on_device
+from .memory import LOADED, engine_device, vae_on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -134,8 +134,7 @@ class ZImageSampler(SamplerNode):
 
 
 def load_vae(handle: FileHandle) -> ImageDecoder:
-    # the decoder is small (about 0.2 GB in f32); on a GPU its convolutions fly
-    return on_device("vae", handle, lambda: cancellable(ImageDecoder.load, handle.path), role=handle.role)
+    return vae_on_device(handle, lambda: cancellable(ImageDecoder.load, handle.path), role=handle.role)
 
 
 class ZImageVAELoader(VAELoaderNode):

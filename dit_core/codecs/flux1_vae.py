@@ -58,9 +58,10 @@ class ImageDecoder:
         shape = read_shape(ckpt, prefix, groups, cls.LAYOUT)
         return cls(shape, read_part(ckpt, prefix + "decoder.", decoder_tensors(shape), cls.LAYOUT))
 
-    def to(self, device: str | torch.device) -> ImageDecoder:
-        """The decoder with its weights on device (its decode then runs there; IMAGE comes back on the CPU)."""
-        return ImageDecoder(self.shape, {k: v.to(device) for k, v in self.w.items()})
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> ImageDecoder:
+        """The decoder with its weights on device in dtype (its decode then runs there in that precision, as stock
+        ComfyUI's VAE runs in BF16 on a recent GPU; IMAGE comes back on the CPU, f32)."""
+        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()})
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
@@ -80,7 +81,7 @@ class ImageDecoder:
                 progress(1, 1)
         else:
             x = self._tiled(z, tile, overlap, progress, check)
-        return ((x.clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
+        return ((x.float().clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
 
     def forward(self, z: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
@@ -104,7 +105,8 @@ class ImageDecoder:
             got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
             raise ValueError(f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] ({c} channels), "
                              f"got {got}; is this latent from another model family?")
-        return latents.to(self.w["conv_in.weight"].device, torch.float32)
+        weight = self.w["conv_in.weight"]
+        return latents.to(weight.device, weight.dtype)
 
     def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress, check) -> torch.Tensor:
         """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a

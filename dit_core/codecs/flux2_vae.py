@@ -90,10 +90,11 @@ class Flux2VAE(ImageDecoder):
             stats.append(read_tensor(ckpt, f"{prefix}bn.{name}", (PACKED,)))
         return cls(shape, weights, encoder, encoder_weights, *stats)
 
-    def to(self, device: str | torch.device) -> Flux2VAE:
-        """The VAE with its weights on device (decode and encode then run there; results come back on the CPU)."""
-        move = lambda d: {k: v.to(device) for k, v in d.items()}
-        return Flux2VAE(self.shape, move(self.w), self.encoder, move(self.e), self.bn_mean.to(device),
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> Flux2VAE:
+        """The VAE with its weights on device (decode and encode then run there; results come back on the CPU), the
+        decoder's in dtype (ImageDecoder.to); the encoder (reference images) and the latent statistics stay f32."""
+        move = lambda d, dt=torch.float32: {k: v.to(device, dt) for k, v in d.items()}  # noqa: E731
+        return Flux2VAE(self.shape, move(self.w, dtype), self.encoder, move(self.e), self.bn_mean.to(device),
                         self.bn_var.to(device))
 
     @torch.no_grad()

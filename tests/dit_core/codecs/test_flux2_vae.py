@@ -168,3 +168,15 @@ def test_rejects_bad_images(pair, shape):
     _, ours = pair
     with pytest.raises(ValueError, match=r"image: expected an IMAGE"):
         ours.encode(torch.zeros(shape))
+
+
+def test_bf16_decoder_keeps_an_f32_encoder(pair):
+    """to(device, bfloat16): the decoder in BF16 within 40 dB of f32 (here 53); the encoder (reference images)
+    unchanged."""
+    _, f32 = pair
+    bf16 = f32.to("cpu", torch.bfloat16)
+    packed = torch.randn(1, 128, 3, 4, generator=torch.Generator().manual_seed(5))
+    got, want = bf16.decode(packed), f32.decode(packed)
+    assert 10 * torch.log10(1 / ((got.double() - want.double()) ** 2).mean()) > 40
+    image = torch.rand(1, 32, 48, 3, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(bf16.encode(image), f32.encode(image))
