@@ -135,7 +135,7 @@ def text_encoder_loader(encoder, family: str) -> Callable:
     memory.make_room), its INT8 ConvRot linears dequantized there: the encoder's INT8 path (int8_linears) has not
     yet run on a GPU at the real shapes; elsewhere the float32 host reference."""
     def load_text_encoder(handle: FileHandle):
-        device = engine_device()
+        device = torch.device("cpu") if handle.device == "cpu" else engine_device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         load = lambda f: encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=False)  # noqa: E731
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
@@ -181,6 +181,7 @@ class FileHandle:
     kind: str
     path: str
     role: str = MAIN
+    device: str = "default"  # a text encoder loader's `device` widget: "cpu" keeps it on the host, as stock's
 
     def key(self) -> tuple:
         return (self.kind, file_key(self.path))

@@ -141,7 +141,8 @@ class FileLoaderNode(io.ComfyNode):
 
     @classmethod
     def execute(cls, **inputs) -> io.NodeOutput:
-        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT), cls.ROLE)
+        handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT), cls.ROLE,
+                            inputs.get("device", "default"))
         with checked(cls.NODE_ID, cls.INPUT):
             cls.load(handle)
         return io.NodeOutput(handle)
@@ -161,7 +162,8 @@ class TextEncoderLoaderNode(FileLoaderNode):
         return [io.Combo.Input("type", options=[cls.TYPE], default=cls.TYPE,
                                tooltip="CLIPLoader's type for this model (kept for workflow compatibility)"),
                 io.Combo.Input("device", options=["default", "cpu"], default="default", optional=True,
-                               tooltip="Kept for workflow compatibility: the encoder runs on the host for now")]
+                               tooltip="default: where ComfyUI runs models (on a GPU, in BF16); cpu: on the "
+                                       "host in float32, as CLIPLoader's cpu")]
 
     @classmethod
     def output(cls):

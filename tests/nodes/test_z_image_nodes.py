@@ -421,6 +421,25 @@ def test_a_request_too_large_is_refused_before_any_work(pack, models, monkeypatc
 
 
 
+def test_text_encoder_device_cpu_keeps_it_on_the_host(pack, models, monkeypatch):
+    """The loader's `device` widget: cpu loads the encoder on the host in float32 wherever ComfyUI runs models (as
+    CLIPLoader's cpu); default asks where ComfyUI runs them."""
+    from swiftdit_pack.nodes import base
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()
+
+    def elsewhere():
+        raise RuntimeError("asked for the engine's device")
+    monkeypatch.setattr(base, "engine_device", elsewhere)
+    (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="cpu")
+    encoder = LOADED._held["text", "main"][1]
+    assert clip.device == "cpu" and encoder.device.type == "cpu"
+    assert encoder.model.embed_tokens.weight.dtype == torch.float32
+    LOADED.free()
+    with pytest.raises(Exception, match="engine's device"):
+        run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
+
+
 def test_cancel_interrupts_the_text_encoder_between_layers(pack, models, monkeypatch):
     """Cancel inside an encode: the text encoder stops before its next layer."""
     import comfy.model_management
