@@ -5,7 +5,7 @@
 # names them in `carry` (64 MiB in all with the working tree).
 #   bash bench/device_carry.sh [server|peers]
 #     server (the default, after tests/run.sh has unpacked the tree into .cache/): the tree and ComfyUI's wheels;
-#     peers: diffusers 0.42.1 alone in .whl/, for the step benchmarks' peers (both sets pass the call's 64 MiB).
+#     peers: the tree and diffusers 0.42.1 in .whl/, for the step benchmarks' peers (both sets pass 64 MiB).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -15,17 +15,15 @@ for ignored in /.whl/ /.devcarry/; do
     grep -qxF "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
 done
 rm -f .whl/*.whl
+TREE=.cache/comfyui-0.3.75
+[ -f "$TREE/main.py" ] || { echo "device_carry.sh: no $TREE: run tests/run.sh first" >&2; exit 1; }
+tar czf .devcarry/comfyui-0.3.75.tgz -C .cache comfyui-0.3.75  # both sets: the text encoders' tokenizer is in it
 case $MODE in
-    server)
-        TREE=.cache/comfyui-0.3.75
-        [ -f "$TREE/main.py" ] || { echo "device_carry.sh: no $TREE: run tests/run.sh first" >&2; exit 1; }
-        tar czf .devcarry/comfyui-0.3.75.tgz -C .cache comfyui-0.3.75
-        # The versions host/constraints.txt pins where it names them; the rest as the device's Python 3.12 needs.
-        WHEELS="torchsde==0.2.6 trampoline==0.1.2 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
+    # The versions host/constraints.txt pins where it names them; the rest as the device's Python 3.12 needs.
+    server) WHEELS="torchsde==0.2.6 trampoline==0.1.2 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
                 av==19.0.2 kornia==0.9.0 kornia_rs==0.2.0 spandrel==0.4.2 pydantic==2.14.4 pydantic-core==2.50.5
                 annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3 python-dotenv==1.2.4" ;;
-    peers) rm -f .devcarry/comfyui-0.3.75.tgz
-           WHEELS="diffusers==0.42.1 importlib_metadata==10.2.0" ;;
+    peers) WHEELS="diffusers==0.42.1 importlib_metadata==10.2.0" ;;
     *) echo "device_carry.sh: unknown set $MODE (server or peers)" >&2; exit 2 ;;
 esac
 for wheel in $WHEELS; do

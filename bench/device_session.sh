@@ -20,6 +20,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 parts=${*:-tests z_step streaming}
 stamped() { python3 -u -c "import sys, time; [print(f'{time.time():.2f}', l, end='', flush=True) for l in sys.stdin]"; }
+# ComfyUI's tree (the server parts; the text encoders' GPU tests read its tokenizer), where the call carried it.
+if [ -f .devcarry/comfyui-0.3.75.tgz ] && [ ! -d .cache/comfyui-0.3.75 ]; then
+  mkdir -p .cache && tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache
+fi
 for part in $parts; do
   start=$(date +%s)
   # The card's power, clocks and throttle reasons every 250 ms (a graphed step runs at its power limit: clocks drop).
@@ -65,9 +69,7 @@ for part in $parts; do
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
     # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s).
-    graph) timeout 590 sh -c 'mkdir -p .cache && { [ -d .cache/comfyui-0.3.75 ] ||
-             tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache; } &&
-             python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --report $OUT/graph.md' ;;
+    graph) timeout 590 python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --report $OUT/graph.md ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
@@ -80,10 +82,8 @@ for part in $parts; do
              -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
            ncu -i $r.ncu-rep --page details > $OUT/ncu_$1_$5.txt && ncu -i $r.ncu-rep --page source --csv \
              --print-source sass > $r.csv && python3 bench/ncu_stalls.py $r.csv > $OUT/ncu_$1_$5.stalls.txt; done' ;;
-    server) timeout 590 sh -c 'mkdir -p .cache && { [ -d .cache/comfyui-0.3.75 ] ||
-              tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache; } &&
-              SWIFTDIT_REPORT=$OUT/server_report.md python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider \
-                --durations=10 tests/host/test_gpu_server.py' ;;
+    server) SWIFTDIT_REPORT=$OUT/server_report.md timeout 590 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider \
+              --durations=10 tests/host/test_gpu_server.py ;;
     # The engine's step against the sampler node's (tests/host/test_gpu_server.py's checkpoints), under PyTorch's
     # allocator and under ComfyUI's default one.
     node_path) timeout 300 sh -c 'python3 bench/bench_node_path.py &&
