@@ -48,6 +48,7 @@ def needs_cuda(device: torch.device) -> str | None:
     return None if device.type == "cuda" else f"inputs on {device.type}, SDPA's fused back ends need CUDA"
 
 
+@functools.cache  # asked on every run() of an op with Hopper kernels: a step's eager launches stay cheap
 def needs_hopper(device: torch.device) -> str | None:
     """As needs_int8_mma, and the Hopper kernels' Gluon (sm_90's wgmma and TMA; not in the interpreter)."""
     reason = needs_int8_mma(device)
