@@ -28,10 +28,14 @@ class Arch:
     norm: str = "rms"      # the block's modulated norm: "rms" (with a gain) or "layer" (no affine)
     kv_heads: int = 0      # heads of keys and values (grouped-query attention; 0: as many as the queries')
     attn_gate: bool = False  # QKV also yields `hidden` gate values a row: attention times their sigmoid before OUT
+    # The attention's (inner) width, heads x head, where it differs from the residual width (MiniMax H3: 56 x 128 =
+    # 7168 over 5376); 0: the residual width. Stated rather than derived, so a misread head count still fails here.
+    inner: int = 0
 
     def __post_init__(self):
-        if self.hidden != self.heads * self.head:
-            raise ValueError(f"{self.family}: hidden {self.hidden} != heads {self.heads} x head {self.head}")
+        if self.heads * self.head != (self.inner or self.hidden):
+            raise ValueError(f"{self.family}: heads {self.heads} x head {self.head} != attention width "
+                             f"{self.inner or self.hidden} (hidden {self.hidden}, inner {self.inner})")
         if any(d <= 0 or d % 2 for d in self.rope_axes):
             raise ValueError(f"{self.family}: rotary axis widths {self.rope_axes} must be positive and even")
         if sum(self.rope_axes) > self.head:

@@ -262,6 +262,64 @@ def krea2_original_layout(state: dict, prefix: str = "") -> dict:
     return out
 
 
+# reference/families/minimax_h3.md section 10, with an attention wider than the residual (4 heads x 32 = 128 over
+# 64) as H3's 7168 over 5376; rope_freq_dim 4 turns 24 of a head's 32 values (H3: 96 of 128).
+MINIMAX_H3_TINY = dict(num_attention_heads=4, attention_head_dim=32, hidden_size=64, num_layers=2, num_refiner_layers=1,
+                       ffn_dim=96, in_channels=4, audio_in_channels=8, patch_size=(1, 2, 2), text_dim=40, freq_dim=32,
+                       time_embed_hidden_dim=48, time_embed_dim=24, rope_freq_dim=4, rope_theta=10000.0,
+                       norm_eps=1e-5, qk_norm_eps=1e-5, final_norm_eps=1e-5)
+
+
+def random_minimax_h3(seed: int = 0, **overrides):
+    """diffusers' MiniMaxH3Transformer3DModel with every parameter random (its init has unit norms and zero biases:
+    hides swapped tensors)."""
+    from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
+    torch.manual_seed(seed)
+    model = MiniMaxH3Transformer3DModel(**{**MINIMAX_H3_TINY, **overrides}).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.3 if p.dim() == 1 else p.shape[-1] ** -0.5))
+    return model
+
+
+# diffusers -> the Comfy-Org single file's names: the inverse of convert_minimax_h3_transformer_checkpoint_to_diffusers
+# (whole-name prefixes first, then the names inside a block).
+MINIMAX_H3_PREFIXES = {"transformer_blocks.": "blocks.", "token_refiner.refiner_blocks.": "token_refiner.blocks.",
+                       "time_embedder.linear_1.": "time_embedder.proj_in.",
+                       "time_embedder.linear_2.": "time_embedder.proj_out.", "proj_in.": "video_patch_proj.",
+                       "audio_proj_in.": "audio_patch_proj.", "context_embedder.": "condition_proj.",
+                       "norm_out.norm.": "final_layer.norm.", "norm_out.linear.": "final_layer.adaln_proj.linear.",
+                       "proj_out.": "final_layer.video_out.", "audio_proj_out.": "final_layer.audio_out."}
+MINIMAX_H3_BLOCK = {".attn.norm_q.": ".attn.q_norm.", ".attn.norm_k.": ".attn.k_norm.",
+                    ".attn.to_out.0.": ".attn.out_proj.", ".ff.net.0.proj.": ".mlp.fc1.", ".ff.net.2.": ".mlp.fc2."}
+
+
+def minimax_h3_comfy_layout(model, prefix: str = "") -> dict:
+    """diffusers' MiniMaxH3Transformer3DModel -> the Comfy-Org single file: q, k, v stacked into qkv_proj, fc1 as
+    [gate; value] (diffusers holds [value; gate]), and the rope.inv_freq buffer the file carries."""
+    state, out = model.state_dict(), {}
+    for key, value in state.items():
+        if ".attn.to_k." in key or ".attn.to_v." in key:
+            continue
+        if ".attn.to_q." in key:
+            value = torch.cat([state[key.replace(".to_q.", f".to_{n}.")] for n in "qkv"])
+            key = key.replace(".attn.to_q.", ".attn.qkv_proj.")
+        if ".ff.net.0.proj." in key:
+            value = torch.cat(value.chunk(2)[::-1])
+        for old, new in MINIMAX_H3_PREFIXES.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        for old, new in MINIMAX_H3_BLOCK.items():
+            key = key.replace(old, new)
+        out[prefix + key] = value.contiguous()
+    out[prefix + "rope.inv_freq"] = model.rope.inv_freq.clone()
+    return out
+
+
 def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
     """state with each 2-D weight that is_linear(key) picks as ComfyUI's INT8 ConvRot (codes, [N, 1] scales, a
     .comfy_quant marker); the rest as it is."""

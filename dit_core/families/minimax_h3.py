@@ -1,0 +1,322 @@
+"""MiniMax H3 (text + image to video + audio) on the shared block, on the host: the Comfy-Org single file -> text
+refiner, blocks, final layer, over one packed sequence of text, keyframe, audio and video rows.
+
+Facts: reference/families/minimax_h3.md (diffusers 0.42.1 transformer_minimax_h3.py; single_file_utils.py
+convert_minimax_h3_transformer_checkpoint_to_diffusers for the names, whose inverse the file's names are). The layout
+is converted once, here, at load: QKV as stored (the Comfy-Org files stack [q; k; v]), fc1's [gate; value] halves
+interleaved into UP. The attention is wider than the residual (56 heads x 128 = 7168 over 5376: Arch.inner) and
+turns the first 96 of a head's 128 values (three axes of 16 frequencies, split halves). Time is t = 1 - sigma
+(1 = clean, unscaled) and the velocity points data-ward: x0 = x + sigma v (section 11, item 4).
+
+Not yet a row of FAMILIES (dit_core/families/__init__.py): a row needs the family's nodes (tests/test_family_tables.py),
+which come in a later piece of issue 35; load it as MiniMaxH3.load(path). Host only for now: the GPU block refuses an
+attention wider than the residual until H3's GPU piece.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Block, rms_norm
+from ..linear import linear
+from ..modulation import Modulation, sinusoids
+from ..sequence import Sequence
+from ..weights import Checkpoint, Linear, WeightsError, read_tensor
+from .loading import Detection, OpenedFile
+
+PREFIXES = ("model.diffusion_model.", "")
+MARKER = "token_refiner.blocks.0.attn.qkv_proj.weight"
+TIME_TABLE = "adaln_t_table"  # the "pruned" files' curve form of the time embedding (section 5, variants)
+PATCH = (1, 2, 2)
+EPS = 1e-5  # block, head and final norms alike (section 1)
+ROPE_THETA = 10000.0
+# Modality tags of the packed rows; a block's modulation row of packed row r is time_index[r] * 3 + tag[r].
+VIDEO, TEXT, AUDIO = 0, 1, 2
+MODALITIES = 3
+# The rotary clock (section 4): a latent frame spans 5/3 x (1, 4, 4, 4, 4) (one VAE clip = 17 pixel frames at
+# 24 fps, one audio latent = 1/40 s = 5/3 frames); the spatial grid spans 32 units across the short-normalised side.
+FRAME_SPAN = 5.0 / 3.0
+FRAMES_PER_LATENT = (1, 4, 4, 4, 4)
+SPATIAL_SCALE = 32
+KEYFRAME_TIME = 0.999  # keyframe rows' time: max(t_video, 0.999), their noise augmentation level
+# Indexes of a block's six modulation rows in adaln_proj's output (diffusers' shift, scale, gate order).
+SHIFT1, SCALE1, GATE1, SHIFT2, SCALE2, GATE2 = range(6)
+
+DETECTION = Detection((MARKER,), PREFIXES, "a MiniMax H3 diffusion model",
+                      "a MiniMax H3 file such as minimax_h3_fl2va_pruned_int8_convrot.safetensors")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One packed sequence, [text | keyframe rows | audio L | audio R | target video] (section 4), and where each
+    kind of row sits. Video rows, as the model takes and returns them, are the keyframe rows then the target rows."""
+    positions: torch.Tensor  # [rows, 3] float64: rotary (t, h, w)
+    tags: torch.Tensor       # [rows] long: VIDEO, TEXT or AUDIO
+    text: int                # text rows
+    keyframes: int           # keyframe condition rows (video)
+    audio: int               # audio rows, both channels
+    video: int               # target video rows
+
+    @property
+    def rows(self) -> int:
+        return self.positions.shape[0]
+
+    @property
+    def video_rows(self) -> torch.Tensor:
+        first_target = self.text + self.keyframes + self.audio
+        return torch.cat([torch.arange(self.text, self.text + self.keyframes), torch.arange(first_target, self.rows)])
+
+    @property
+    def audio_rows(self) -> torch.Tensor:
+        return torch.arange(self.text + self.keyframes, self.text + self.keyframes + self.audio)
+
+
+def _spatial_axis(size: int, patch: int, sqrt_area: float) -> torch.Tensor:
+    """One spatial rotary axis: size/patch values centred on 0.5 of a side normalised by sqrt(area), times 32.
+    numpy's linspace, as diffusers builds it: torch.linspace rounds differently and the grid is float64 exact."""
+    ratio = size / sqrt_area
+    left = (1.0 - ratio) / 2.0
+    return torch.from_numpy(np.linspace(left, left + ratio, size // patch, endpoint=False) * SPATIAL_SCALE)
+
+
+def frame_times(frames: int, origin: float) -> torch.Tensor:
+    """The rotary time of each latent frame from origin: spans 5/3 x (1, 4, 4, 4, 4), summed in order."""
+    spans = torch.tensor([FRAME_SPAN * FRAMES_PER_LATENT[i % len(FRAMES_PER_LATENT)] for i in range(frames)],
+                         dtype=torch.float64)
+    return origin + torch.cat([torch.zeros(1, dtype=torch.float64), spans[:-1].cumsum(0)])
+
+
+def packed_layout(text_tags: torch.Tensor | int, frames: int, height: int, width: int, audio_latents: int,
+                  keyframes: tuple[str, ...] = (), audio_channels: int = 2) -> Layout:
+    """The t2va / fl2va layout of text rows (their tags, or a count of plain text rows), `keyframes` condition
+    frames ("first" or "last", in packed order), audio_latents per channel and frames target latent frames of
+    height x width latents (section 4; diffusers' build_packed_sequence)."""
+    tags_text = torch.full((text_tags,), TEXT) if isinstance(text_tags, int) else text_tags.long()
+    nt, ph, pw = tags_text.shape[0], PATCH[1], PATCH[2]
+    if height % ph or width % pw:
+        raise ValueError(f"MiniMaxH3: latent frames of {height}x{width} are not on the {ph}x{pw} patch grid")
+    per_frame = (height // ph) * (width // pw)
+    hs, ws = _spatial_axis(height, ph, math.sqrt(height * width)), _spatial_axis(width, pw, math.sqrt(height * width))
+    grid = torch.stack([g.reshape(-1) for g in torch.meshgrid(hs, ws, indexing="ij")], -1)
+    parts = [torch.stack([torch.arange(nt, dtype=torch.float64), torch.zeros(nt, dtype=torch.float64),
+                          torch.zeros(nt, dtype=torch.float64)], -1)]
+    for anchor in keyframes:
+        if anchor == "first":
+            t = float(nt)
+        elif anchor == "last":
+            # numpy's pairwise sum, as diffusers (and the release) place the last frame: a sequential sum differs
+            # in the last ulp from 16 latent frames on.
+            spans = np.ones(frames) * FRAME_SPAN
+            for i, n in enumerate(FRAMES_PER_LATENT):
+                spans[i::len(FRAMES_PER_LATENT)] *= n
+            t = float(nt) + float(spans.sum()) - FRAME_SPAN
+        else:
+            raise ValueError(f"MiniMaxH3: a keyframe is 'first' or 'last', got {anchor!r}")
+        parts.append(torch.cat([torch.full((per_frame, 1), t, dtype=torch.float64), grid], -1))
+    # Audio rows: channel-major, on the video's clock (one latent a unit), no height, at the width grid's two ends.
+    audio_t = (nt + torch.arange(audio_latents, dtype=torch.float64)).repeat(audio_channels)
+    audio_w = torch.cat([torch.full((audio_latents,), float(ws[0]), dtype=torch.float64),
+                         torch.full((audio_latents * (audio_channels - 1),), float(ws[-1]), dtype=torch.float64)])
+    parts.append(torch.stack([audio_t, torch.zeros_like(audio_t), audio_w], -1))
+    video = torch.empty(frames, per_frame, 3, dtype=torch.float64)
+    video[:, :, 0] = frame_times(frames, float(nt))[:, None]
+    video[:, :, 1:] = grid[None]
+    parts.append(video.reshape(-1, 3))
+    n_key, n_audio = len(keyframes) * per_frame, audio_latents * audio_channels
+    tags = torch.cat([tags_text, torch.full((n_key,), VIDEO), torch.full((n_audio,), AUDIO),
+                      torch.full((frames * per_frame,), VIDEO)])
+    return Layout(torch.cat(parts), tags, nt, n_key, n_audio, frames * per_frame)
+
+
+def row_times(layout: Layout, t_video: float, t_audio: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct times, sorted, [nT] f32; each row's index into them [rows]): text and target video rows at
+    t_video, keyframe rows at max(t_video, 0.999), audio rows at t_audio (diffusers' build_row_timesteps)."""
+    t = torch.full((layout.rows,), t_video, dtype=torch.float32)
+    t[layout.text:layout.text + layout.keyframes] = max(t_video, KEYFRAME_TIME)
+    t[layout.audio_rows] = t_audio
+    return torch.unique(t, sorted=True, return_inverse=True)
+
+
+def patchify(latent: torch.Tensor) -> torch.Tensor:
+    """Video latent [C, F, H, W] -> rows [F H/2 W/2, 4C]: frame-major, then (y, x); values c*4 + 2p + q."""
+    c, f, h, w = latent.shape
+    if h % PATCH[1] or w % PATCH[2]:
+        raise ValueError(f"MiniMaxH3: video latent {tuple(latent.shape)} is not on the 2x2 patch grid")
+    return latent.reshape(c, f, h // 2, 2, w // 2, 2).permute(1, 2, 4, 0, 3, 5).reshape(f * (h // 2) * (w // 2), 4 * c)
+
+
+def read_arch(ckpt: Checkpoint, p: str) -> Arch:
+    """The blocks' Arch from the file's shapes (section 1). The rotary turns three axes of rope_freq_dim
+    frequencies each (rope.inv_freq where the file keeps it, else an eighth of a head: 16 of 128, as released)."""
+    hidden, video_in = ckpt.shape(f"{p}video_patch_proj.weight")
+    head = ckpt.shape(f"{p}blocks.0.attn.q_norm.weight")[0]
+    inner = ckpt.shape(f"{p}blocks.0.attn.out_proj.weight")[1]
+    freqs = ckpt.shape(f"{p}rope.inv_freq")[0] if f"{p}rope.inv_freq" in ckpt else head // 8
+    if f"{p}{TIME_TABLE}" in ckpt:
+        freq_dim, time_hidden, time_dim = 0, 0, ckpt.shape(f"{p}{TIME_TABLE}")[1]
+    else:
+        time_hidden, freq_dim = ckpt.shape(f"{p}time_embedder.proj_in.weight")
+        time_dim = ckpt.shape(f"{p}time_embedder.proj_out.weight")[0]
+    if video_in % math.prod(PATCH) or inner % head:
+        raise WeightsError(f"{ckpt.path.name}: video rows of {video_in} values or attention {inner} wide in heads "
+                           f"of {head} do not fit MiniMax H3")
+    return Arch(family="minimax_h3", hidden=hidden, layers=ckpt.numbered(f"{p}blocks.", ".attn.qkv_proj.weight"),
+                refiner=ckpt.numbered(f"{p}token_refiner.blocks.", ".attn.qkv_proj.weight"), heads=inner // head,
+                head=head, inner=inner, ffn=ckpt.shape(f"{p}blocks.0.mlp.fc2.weight")[1],
+                latents=video_in // math.prod(PATCH), patch=PATCH,
+                text_dim=ckpt.shape(f"{p}condition_proj.weight")[1], freq_dim=freq_dim, time_hidden=time_hidden,
+                time_dim=time_dim, eps=EPS, qk_eps=EPS, final_eps=EPS, rope_axes=(2 * freqs,) * 3,
+                rope_theta=ROPE_THETA)
+
+
+def _read_block(ckpt: Checkpoint, stem: str, a: Arch, lin) -> Block:
+    """Block `stem` (full key prefix): QKV as stored ([q; k; v]), UP = gluRows of fc1's [gate; value] halves."""
+    qkv = lin(f"{stem}attn.qkv_proj")
+    if qkv.weight.shape != (a.qkv_width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{stem}attn.qkv_proj' is {tuple(qkv.weight.shape)}, expected "
+                           f"{(a.qkv_width, a.hidden)}")
+    up = lin(f"{stem}mlp.fc1").rows(torch.stack([torch.arange(a.ffn), a.ffn + torch.arange(a.ffn)], 1).reshape(-1))
+    norm = lambda key, n: read_tensor(ckpt, f"{stem}{key}.weight", (n,))  # noqa: E731
+    return Block((qkv, lin(f"{stem}attn.out_proj"), up, lin(f"{stem}mlp.fc2"), norm("norm1", a.hidden),
+                  norm("norm2", a.hidden), norm("attn.q_norm", a.head), norm("attn.k_norm", a.head), None, None))
+
+
+def unrotated(rows: int) -> Sequence:
+    """rows that attend with no rotary and one modulation row (the token refiner)."""
+    empty = torch.zeros(rows, 0)
+    return Sequence(torch.zeros(rows, dtype=torch.long), empty, empty)
+
+
+@dataclass(frozen=True)
+class MiniMaxH3:
+    """MiniMax H3 where it runs: the text embedder and token refiner, the video and audio embedders, the time
+    embedding (an MLP, or the pruned files' table), the blocks with their modulation linears, the final layer."""
+    arch: Arch
+    text_in: Linear
+    refiners: tuple[Block, ...]
+    refiner_norm: torch.Tensor
+    video_in: Linear
+    audio_in: Linear
+    time: tuple[Linear, Linear] | None   # time_embedder: freq_dim -> time_hidden -> time_dim (SiLU between)
+    time_table: torch.Tensor | None      # [grid, time_dim] f32: the curve form, already past the SiLU
+    blocks: tuple[Block, ...]
+    modulation: tuple[Linear, ...]       # each block's adaln_proj.linear: time_dim -> 3 modalities x 6 x hidden
+    final_modulation: Linear             # time_dim -> [shift | scale]
+    final_norm: torch.Tensor
+    video_out: Linear
+    audio_out: Linear
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint, linears: str = "stored",
+             loras: tuple[tuple[str | Path, float], ...] = ()) -> MiniMaxH3:
+        """MiniMax H3 from the Comfy-Org single file (optional model.diffusion_model. prefix; the time embedding as
+        time_embedder or as the pruned files' adaln_t_table). linears: 'stored' keeps each block linear as stored,
+        'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8 ones. loras: (file, strength) pairs in
+        the file's own names, merged into the linears as they load."""
+        opened = OpenedFile.open(path, DETECTION, linears)
+        ckpt, p = opened.ckpt, opened.prefix
+        a = read_arch(ckpt, p)
+        opened = opened.with_loras(loras, lambda names: {})
+        lin = lambda key: opened.linear(key[len(p):])  # noqa: E731 (key: the full prefix, less .weight)
+        blocks = lambda stem, n: tuple(opened.convert(_read_block(ckpt, f"{p}{stem}{i}.", a, lin))  # noqa: E731
+                                       for i in range(n))
+        curve = f"{p}{TIME_TABLE}" in ckpt
+        return MiniMaxH3(
+            arch=a, text_in=lin(f"{p}condition_proj"), refiners=blocks("token_refiner.blocks.", a.refiner),
+            refiner_norm=read_tensor(ckpt, f"{p}token_refiner.final_norm.weight", (a.hidden,)),
+            video_in=lin(f"{p}video_patch_proj"), audio_in=lin(f"{p}audio_patch_proj"),
+            time=None if curve else (lin(f"{p}time_embedder.proj_in"), lin(f"{p}time_embedder.proj_out")),
+            time_table=read_tensor(ckpt, f"{p}{TIME_TABLE}") if curve else None,
+            blocks=blocks("blocks.", a.layers),
+            modulation=tuple(lin(f"{p}blocks.{i}.adaln_proj.linear") for i in range(a.layers)),
+            final_modulation=lin(f"{p}final_layer.adaln_proj.linear"),
+            final_norm=read_tensor(ckpt, f"{p}final_layer.norm.weight", (a.hidden,)),
+            video_out=lin(f"{p}final_layer.video_out"), audio_out=lin(f"{p}final_layer.audio_out"))
+
+    def time_rows(self, times: torch.Tensor) -> torch.Tensor:
+        """The modulation linears' input [nT, time_dim] f32 for times t = 1 - sigma [nT]: silu(time_embedder(
+        [cos | sin] of t)), t unscaled; or, in the curve form, the table at clamp(t, 0, 1) by linear interpolation
+        between its grid points (ComfyUI's rule, section 5: the table already holds the activation)."""
+        if self.time_table is None:
+            first, second = self.time
+            return F.silu(linear(F.silu(linear(sinusoids(times, self.arch.freq_dim), first)), second))
+        grid = self.time_table.shape[0]
+        pos = times.float().clamp(0, 1) * (grid - 1)
+        i0 = pos.floor().long().clamp(max=grid - 2)
+        table = self.time_table.to(times.device)
+        return torch.lerp(table[i0], table[i0 + 1], (pos - i0)[:, None])
+
+    def text_rows(self, text: torch.Tensor) -> torch.Tensor:
+        """Text features [Nt, text_dim] -> refined rows [Nt, hidden]: context embedder, the unmodulated refiner
+        blocks (no rotary), their final norm. They do not change between steps, so a sampler refines them once."""
+        a = self.arch
+        x = linear(text, self.text_in).to(torch.promote_types(text.dtype, torch.float32))
+        seq, m = unrotated(x.shape[0]).to(x.device), Modulation.identity(a.hidden, dtype=x.dtype, device=x.device)
+        for block in self.refiners:
+            x = block.forward(a, x, m, seq)
+        return rms_norm(x, self.refiner_norm, a.final_eps)
+
+    def sequence(self, layout: Layout, time_index: torch.Tensor) -> Sequence:
+        """The packed rows' Sequence: modulation row time_index * 3 + tag; angles of fp32 positions times the fp32
+        frequencies, per axis, as diffusers and ComfyUI compute them (positions cast from float64 first)."""
+        a = self.arch
+        freqs = a.rope_axes[0] // 2
+        inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, 2 * freqs, 2, dtype=torch.float32) / (2 * freqs)))
+        angles = (layout.positions.float()[:, :, None] * inv_freq).reshape(layout.rows, -1)
+        return Sequence(time_index.long() * MODALITIES + layout.tags, angles.cos(), angles.sin())
+
+    def velocity(self, video: torch.Tensor, audio: torch.Tensor, txt: torch.Tensor, layout: Layout,
+                 times: torch.Tensor, time_index: torch.Tensor,
+                 check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(video velocity [keyframe + target rows, 4C], audio velocity [audio rows, C_audio]) of one packed
+        sequence: video rows [keyframe + target rows, 4C] (patchify's), audio rows [2 Na, C_audio] (channel-major),
+        refined text rows txt [Nt, hidden] (text_rows'), the distinct times [nT] (t = 1 - sigma) and each row's
+        index into them (row_times'). Keyframe rows' output is returned too; they are not stepped. check() runs
+        after each block (ComfyUI's cancel within a step)."""
+        a = self.arch
+        if (video.shape[0], audio.shape[0], txt.shape[0]) != (layout.keyframes + layout.video, layout.audio,
+                                                                layout.text):
+            raise ValueError(f"MiniMaxH3: {video.shape[0]} video, {audio.shape[0]} audio and {txt.shape[0]} text rows "
+                             f"for a layout of {layout.keyframes + layout.video}, {layout.audio} and {layout.text}")
+        video_rows, audio_rows = layout.video_rows.to(txt.device), layout.audio_rows.to(txt.device)
+        x = txt.new_zeros(layout.rows, a.hidden)
+        x[:layout.text] = txt
+        x[video_rows] = linear(video, self.video_in).to(x.dtype)
+        x[audio_rows] = linear(audio, self.audio_in).to(x.dtype)
+        temb = self.time_rows(times.to(txt.device))
+        seq = self.sequence(layout, time_index).to(txt.device)
+        for block, mod in zip(self.blocks, self.modulation):
+            # [nT, 18 hidden] -> rows t0m0, t0m1, t0m2, t1m0, ... of six [3 nT, hidden] parts
+            rows = linear(temb, mod).reshape(-1, 6, a.hidden).unbind(1)
+            x = block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
+                                               mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
+                                               attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq)
+            if check is not None:
+                check()
+        shift, scale = linear(temb, self.final_modulation).chunk(2, dim=-1)
+        index = time_index.long().to(txt.device)
+        y = rms_norm(x, self.final_norm, a.final_eps) * (1 + scale[index]) + shift[index]
+        return linear(y[video_rows], self.video_out), linear(y[audio_rows], self.audio_out)
+
+    def output(self, video: torch.Tensor, audio: torch.Tensor, text: torch.Tensor, layout: Layout,
+               times: torch.Tensor, time_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """velocity() from the text encoder's features text [Nt, text_dim]."""
+        return self.velocity(video, audio, self.text_rows(text), layout, times, time_index)
+
+    def denoised(self, video: torch.Tensor, audio: torch.Tensor, txt: torch.Tensor, layout: Layout,
+                 sigma_video: float, sigma_audio: float,
+                 check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """x0 of the target rows, x + sigma v (H3's velocity points data-ward), each stream at its own sigma; the
+        keyframe rows come back as given. Rows and txt as velocity's."""
+        times, index = row_times(layout, 1.0 - sigma_video, 1.0 - sigma_audio)
+        v_video, v_audio = self.velocity(video, audio, txt, layout, times, index, check)
+        x0 = video + sigma_video * v_video.to(video.dtype)
+        x0[:layout.keyframes] = video[:layout.keyframes]
+        return x0, audio + sigma_audio * v_audio.to(audio.dtype)

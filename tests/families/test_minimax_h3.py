@@ -1,0 +1,161 @@
+"""MiniMax H3 on the shared block (attention wider than the residual, rotary on part of a head, modulation rows per
+(time, modality)) vs diffusers 0.42.1 MiniMaxH3Transformer3DModel, tiny and random, over a packed layout built as
+diffusers' modular pipeline builds it."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
+
+from dit_core.arch import Arch
+from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, patchify, row_times
+from dit_core.gpu.block import GpuBlock
+from dit_core.modulation import Modulation
+
+diffusers = pytest.importorskip("diffusers")
+from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
+from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+    MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3SetTimestepsStep,
+    patchify_video_latents,
+)
+
+C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
+GRID = 1001  # the curve test's table: 0.5, 0.75 and 0.999 (f32) land on its points
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_minimax_h3()
+
+
+@pytest.fixture(scope="module")
+def files(model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("minimax_h3")
+    state = minimax_h3_comfy_layout(model)
+    save_file(state, d / "h3_f32.safetensors")
+    save_file(minimax_h3_comfy_layout(model, "model.diffusion_model."), d / "h3_prefixed.safetensors")
+    # The pruned files' curve form: the time MLP's activation sampled on a grid of t in [0, 1], in its place.
+    with torch.no_grad():
+        t = torch.linspace(0, 1, GRID)
+        table = F.silu(model.time_embedder(model.time_proj(t)))
+    curve = {k: v for k, v in state.items() if not k.startswith("time_embedder.")}
+    save_file({**curve, "adaln_t_table": table.contiguous()}, d / "h3_pruned.safetensors")
+    return d
+
+
+def diffusers_layout(tags, frames, h, w, audio_latents, keyframes):
+    return MiniMaxH3PrepareLayoutStep.build_packed_sequence(tags, frames, h, w, audio_latents, (1, 2, 2), 2, 2, 0,
+                                                            keyframes)
+
+
+def test_comfy_layout_converts_back_to_diffusers(model):
+    """The test's own name map is diffusers' converter inverted: converting it back gives the model's state."""
+    back = convert_minimax_h3_transformer_checkpoint_to_diffusers(minimax_h3_comfy_layout(model),
+                                                                  dict(model.config))
+    state = model.state_dict()
+    assert back.keys() == state.keys()
+    assert all(torch.equal(back[k], state[k]) for k in state)
+
+
+@pytest.mark.parametrize("frames, h, w, keyframes, image_rows", [(3, 4, 6, ("first",), 0), (7, 6, 4, ("last",), 2),
+                                                                 (22, 4, 4, ("first", "last"), 0), (2, 2, 8, (), 3)])
+def test_packed_layout_matches_diffusers(frames, h, w, keyframes, image_rows):
+    """Positions bit for bit (float64), tags and row indices as diffusers' build_packed_sequence gives them; text
+    rows of a picture's vision block tagged video."""
+    tags = torch.ones(6, dtype=torch.long)
+    tags[1:1 + image_rows] = 0
+    positions, token_tags, video, audio, text, n_key, _ = diffusers_layout(tags, frames, h, w, 5, keyframes)
+    ours = packed_layout(tags, frames, h, w, 5, keyframes)
+    assert torch.equal(ours.positions, positions)
+    assert torch.equal(ours.tags, token_tags)
+    assert torch.equal(ours.video_rows, video) and torch.equal(ours.audio_rows, audio)
+    assert (ours.text, ours.keyframes) == (text.numel(), n_key)
+
+
+def test_row_times_match_diffusers():
+    layout = packed_layout(5, 3, 4, 6, 4, ("first",))
+    want = MiniMaxH3SetTimestepsStep.build_row_timesteps(layout.video_rows, layout.audio_rows, layout.keyframes, 0,
+                                                         layout.text, 0.4, 0.55, max(0.4, 0.999), 1.0)
+    times, index = row_times(layout, 0.4, 0.55)
+    assert torch.equal(times, want[0]) and torch.equal(index, want[1])
+    assert times.numel() == 3
+
+
+def test_patchify_matches_diffusers():
+    z = torch.randn(C, 3, 4, 6)
+    assert torch.equal(patchify(z), patchify_video_latents(z[None], (1, 2, 2)))
+
+
+def inputs(seed=3, frames=3, h=4, w=6, audio_latents=4, keyframes=("first",), t_video=0.4, t_audio=0.55):
+    """A packed t2va / fl2va pass: text, keyframe rows, stereo audio, target video; random rows."""
+    torch.manual_seed(seed)
+    layout = packed_layout(5, frames, h, w, audio_latents, keyframes)
+    video = torch.randn(layout.keyframes + layout.video, 4 * C)
+    audio, text = torch.randn(layout.audio, CA), torch.randn(layout.text, TEXT)
+    return layout, video, audio, text, *row_times(layout, t_video, t_audio)
+
+
+def diffusers_out(model, layout, video, audio, text, times, index):
+    with torch.no_grad():
+        v, a = model(hidden_states=video[None], audio_hidden_states=audio[None], encoder_hidden_states=text[None],
+                     timestep=times, timestep_indices=index, token_tags=layout.tags, position_ids=layout.positions,
+                     video_indices=layout.video_rows, audio_indices=layout.audio_rows,
+                     text_indices=torch.arange(layout.text), return_dict=False)
+    return v[0], a[0]
+
+
+@pytest.mark.parametrize("name", ["h3_f32", "h3_prefixed"])
+def test_transformer_matches_diffusers(model, files, name):
+    layout, video, audio, text, times, index = inputs()
+    ours = MiniMaxH3.load(files / f"{name}.safetensors")
+    assert (ours.arch.width, ours.arch.hidden, ours.arch.rotary) == (128, 64, 24)
+    want_v, want_a = diffusers_out(model, layout, video, audio, text, times, index)
+    v, a = ours.output(video, audio, text, layout, times, index)
+    assert rel_err(v, want_v) <= 1e-4 and rel_err(a, want_a) <= 1e-4
+
+
+def test_curve_form_matches_diffusers_on_its_grid(model, files):
+    """The pruned file's table (the time MLP's activation on a grid) gives diffusers' output where every time lands
+    on a grid point, and interpolates linearly between them."""
+    ours = MiniMaxH3.load(files / "h3_pruned.safetensors")
+    assert ours.time is None and ours.time_table.shape == (GRID, MINIMAX_H3_TINY["time_embed_dim"])
+    layout, video, audio, text, times, index = inputs(t_video=0.5, t_audio=0.75)
+    want_v, want_a = diffusers_out(model, layout, video, audio, text, times, index)
+    v, a = ours.output(video, audio, text, layout, times, index)
+    assert rel_err(v, want_v) <= 1e-4 and rel_err(a, want_a) <= 1e-4
+    between = ours.time_rows(torch.tensor([0.5005, 1.5, -1.0]))
+    table = ours.time_table
+    assert torch.allclose(between[0], (table[500] + table[501]) / 2, atol=1e-6)
+    assert torch.equal(between[1], table[-1]) and torch.equal(between[2], table[0])
+
+
+def test_denoised_steps_target_rows_data_ward(model, files):
+    ours = MiniMaxH3.load(files / "h3_f32.safetensors")
+    layout, video, audio, text, _, _ = inputs()
+    txt = ours.text_rows(text)
+    x0_v, x0_a = ours.denoised(video, audio, txt, layout, 0.6, 0.45)
+    v, a = ours.velocity(video, audio, txt, layout, *row_times(layout, 0.4, 0.55))
+    assert torch.equal(x0_v[:layout.keyframes], video[:layout.keyframes])
+    assert torch.allclose(x0_v[layout.keyframes:], video[layout.keyframes:] + 0.6 * v[layout.keyframes:])
+    assert torch.allclose(x0_a, audio + 0.45 * a)
+
+
+def test_arch_checks_the_inner_width(model, files):
+    a = MiniMaxH3.load(files / "h3_f32.safetensors").arch
+    with pytest.raises(ValueError, match="attention width"):
+        replace(a, inner=96)
+    with pytest.raises(ValueError, match="attention width"):
+        Arch(**{**a.__dict__, "inner": 0})
+
+
+def test_gpu_block_refuses_an_inner_width(files):
+    """The GPU block has not run an attention wider than the residual: it says so rather than run it unchecked."""
+    ours = MiniMaxH3.load(files / "h3_f32.safetensors")
+    a, block = ours.arch, GpuBlock.of(ours.blocks[0], torch.device("cpu"))
+    with pytest.raises(NotImplementedError, match="128 wide over a residual of 64"):
+        block.forward(a, torch.zeros(2, a.hidden), Modulation.identity(a.hidden), None)
