@@ -159,3 +159,13 @@ def test_gpu_block_refuses_an_inner_width(files):
     a, block = ours.arch, GpuBlock.of(ours.blocks[0], torch.device("cpu"))
     with pytest.raises(NotImplementedError, match="128 wide over a residual of 64"):
         block.forward(a, torch.zeros(2, a.hidden), Modulation.identity(a.hidden), None)
+
+
+def test_int8_blocks_stay_near_f32(files):
+    """The blocks' linears quantized at load (INT8 ConvRot, the host's exact emulation of the GPU's products): the
+    attention's inner width goes through OUT's rotation groups like any other width."""
+    f32, int8 = (MiniMaxH3.load(files / "h3_f32.safetensors", linears=mode) for mode in ("stored", "int8"))
+    assert all(b.w[i].quantized for b in int8.blocks for i in range(4))
+    layout, video, audio, text, times, index = inputs()
+    (v, a), (qv, qa) = (m.output(video, audio, text, layout, times, index) for m in (f32, int8))
+    assert rel_err(qv, v) <= 3e-2 and rel_err(qa, a) <= 3e-2
