@@ -49,6 +49,17 @@ KEYFRAME_TIME = 0.999  # keyframe rows' time: max(t_video, 0.999), their noise a
 # Indexes of a block's six modulation rows in adaln_proj's output (diffusers' shift, scale, gate order).
 SHIFT1, SCALE1, GATE1, SHIFT2, SCALE2, GATE2 = range(6)
 
+# The file's names of its linears -> diffusers' (LoRAs trained on diffusers): single_file_utils.py's converter, in
+# the other direction. QKV's three parts map to its row blocks; fc1 has no alias, as diffusers holds its halves in
+# the other order ([value; gate]), which no first row expresses.
+DIFFUSERS_PREFIXES = (("blocks.", "transformer_blocks."), ("token_refiner.blocks.", "token_refiner.refiner_blocks."),
+                      ("time_embedder.proj_in", "time_embedder.linear_1"),
+                      ("time_embedder.proj_out", "time_embedder.linear_2"), ("video_patch_proj", "proj_in"),
+                      ("audio_patch_proj", "audio_proj_in"), ("condition_proj", "context_embedder"),
+                      ("final_layer.adaln_proj.linear", "norm_out.linear"), ("final_layer.video_out", "proj_out"),
+                      ("final_layer.audio_out", "audio_proj_out"))
+DIFFUSERS_LINEARS = {"attn.out_proj": "attn.to_out.0", "mlp.fc2": "ff.net.2", "adaln_proj.linear": "adaln_proj.linear"}
+
 DETECTION = Detection((MARKER,), PREFIXES, "a MiniMax H3 diffusion model",
                       "a MiniMax H3 file such as minimax_h3_fl2va_pruned_int8_convrot.safetensors")
 
@@ -76,6 +87,32 @@ class Layout:
     @property
     def audio_rows(self) -> torch.Tensor:
         return torch.arange(self.text + self.keyframes, self.text + self.keyframes + self.audio)
+
+
+def lora_aliases(names: set[str], inner: int) -> dict[str, tuple[str, int]]:
+    """diffusers' names of H3's linears -> (the file's name, first row); q, k and v land on QKV's rows 0, inner and
+    2 inner (LoRAs merge into each linear as it is read, QKV as stored)."""
+    aliases = {}
+    for name in names:
+        for old, new in DIFFUSERS_PREFIXES:
+            if name.startswith(old):
+                alias = new + name[len(old):]
+                break
+        else:
+            continue
+        if name.endswith(".attn.qkv_proj"):
+            base = alias[: -len("qkv_proj")]
+            aliases.update({f"{base}to_{n}": (name, i * inner) for i, n in enumerate("qkv")})
+            continue
+        for old, new in DIFFUSERS_LINEARS.items():
+            if alias.endswith("." + old):
+                alias = alias[: -len(old)] + new
+                break
+        else:
+            if name.startswith(("blocks.", "token_refiner.")):
+                continue  # fc1, and norms: no diffusers alias
+        aliases[alias] = (name, 0)
+    return aliases
 
 
 def _spatial_axis(size: int, patch: int, sqrt_area: float) -> torch.Tensor:
@@ -223,7 +260,7 @@ class MiniMaxH3:
         opened = OpenedFile.open(path, DETECTION, linears)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
-        opened = opened.with_loras(loras, lambda names: {})
+        opened = opened.with_loras(loras, lambda names: lora_aliases(names, a.inner))
         lin = lambda key: opened.linear(key[len(p):])  # noqa: E731 (key: the full prefix, less .weight)
         blocks = lambda stem, n: tuple(opened.convert(_read_block(ckpt, f"{p}{stem}{i}.", a, lin))  # noqa: E731
                                        for i in range(n))

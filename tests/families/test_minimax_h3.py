@@ -169,3 +169,31 @@ def test_int8_blocks_stay_near_f32(files):
     layout, video, audio, text, times, index = inputs()
     (v, a), (qv, qa) = (m.output(video, audio, text, layout, times, index) for m in (f32, int8))
     assert rel_err(qv, v) <= 3e-2 and rel_err(qa, a) <= 3e-2
+
+
+def test_lora_merges_in_diffusers_and_file_names(model, files, tmp_path):
+    """A LoRA on k (diffusers' PEFT names: QKV's middle rows), the refiner's out projection (diffusers) and a block's
+    fc2 (the file's names) gives diffusers' model with the same updates merged."""
+    torch.manual_seed(5)
+    inner, hidden, ffn = 128, MINIMAX_H3_TINY["hidden_size"], MINIMAX_H3_TINY["ffn_dim"]
+    a_k, b_k = torch.randn(4, hidden) * 0.1, torch.randn(inner, 4) * 0.1
+    a_o, b_o = torch.randn(2, inner) * 0.1, torch.randn(hidden, 2) * 0.1
+    a_f, b_f = torch.randn(2, ffn) * 0.1, torch.randn(hidden, 2) * 0.1
+    save_file({"transformer.transformer_blocks.1.attn.to_k.lora_A.weight": a_k,
+               "transformer.transformer_blocks.1.attn.to_k.lora_B.weight": b_k,
+               "transformer.token_refiner.refiner_blocks.0.attn.to_out.0.lora_A.weight": a_o,
+               "transformer.token_refiner.refiner_blocks.0.attn.to_out.0.lora_B.weight": b_o,
+               "diffusion_model.blocks.0.mlp.fc2.lora_A.weight": a_f,
+               "diffusion_model.blocks.0.mlp.fc2.lora_B.weight": b_f}, tmp_path / "lora.safetensors")
+    strength = 0.7
+    merged = random_minimax_h3()
+    with torch.no_grad():
+        merged.transformer_blocks[1].attn.to_k.weight += strength * b_k @ a_k
+        merged.token_refiner.refiner_blocks[0].attn.to_out[0].weight += strength * b_o @ a_o
+        merged.transformer_blocks[0].ff.net[2].weight += strength * b_f @ a_f
+    layout, video, audio, text, times, index = inputs()
+    want_v, want_a = diffusers_out(merged, layout, video, audio, text, times, index)
+    ours = MiniMaxH3.load(files / "h3_f32.safetensors", loras=((tmp_path / "lora.safetensors", strength),))
+    v, a = ours.output(video, audio, text, layout, times, index)
+    assert rel_err(v, want_v) <= 1e-4 and rel_err(a, want_a) <= 1e-4
+    assert rel_err(diffusers_out(model, layout, video, audio, text, times, index)[0], want_v) > 1e-3
