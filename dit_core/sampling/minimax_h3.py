@@ -1,0 +1,93 @@
+"""MiniMax H3's own sampling (reference/families/minimax_h3.md sections 6 and 11): two shifted linspace schedules,
+video and audio, as diffusers' MiniMaxH3Scheduler builds them; ComfyUI's closed-form audio clock on the video grid;
+the data-ward Euler step (eta 0, f32) and a loop that steps each stream on its own grid over explicit row tensors.
+
+H3's convention is kept here (section 11 item 4): t = 1 - sigma, 1 = clean, the velocity points data-ward,
+x0 = x + sigma v. Step counts are forwards, as ComfyUI and our nodes count them (section 11 item 1): `steps` forwards
+walk a grid of steps + 1 points ending in 0 (diffusers' num_inference_steps is that point count)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .ksampler import before_step
+
+VIDEO_SHIFT = 12.0  # H3's released shifts (diffusers flow_shift / audio_flow_shift, ComfyUI shift / audio_shift)
+AUDIO_SHIFT = 3.0
+
+# denoised(x_video, x_audio, sigma_video, sigma_audio) -> (x0_video, x0_audio), all rows in and out
+Denoised = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def h3_sigmas(steps: int, shift: float) -> torch.Tensor:
+    """The grid of MiniMaxH3Scheduler.set_timesteps(steps + 1): shift*b/(1 + (shift - 1)*b) on b = linspace(1, 0,
+    steps + 1) f32, consecutive repeats dropped (in diffusers' order of operations, so bit for bit). steps + 1
+    points ending in exactly 0; fewer only if f32 merges points next to 1 (not before ~10^5 steps at shift 12)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if not shift > 0:
+        raise ValueError(f"h3_sigmas: shift must be > 0, got {shift}")
+    b = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float32)
+    return torch.unique_consecutive(shift * b / (1 + (shift - 1) * b))
+
+
+def audio_sigma_of_video(sigma_video, video_shift: float, audio_shift: float):
+    """ComfyUI's closed-form audio clock (its MiniMaxH3 model derives t_a = 1 - this from sigma_v): undo the video
+    shift, b = s/(video_shift + s*(1 - video_shift)), then apply the audio shift, audio_shift*b/(1 + (audio_shift -
+    1)*b). On h3_sigmas(steps, video_shift) it gives h3_sigmas(steps, audio_shift) point for point up to f32
+    rounding (both are shifts of the same linspace point). sigma_video: a float or a tensor (computed in its
+    dtype)."""
+    b = sigma_video / (video_shift + sigma_video * (1 - video_shift))
+    return audio_shift * b / (1 + (audio_shift - 1) * b)
+
+
+def data_ward_x0(x: torch.Tensor, v: torch.Tensor, sigma) -> torch.Tensor:
+    """x0 = x + sigma v with sigma read back from the model time, 1 - (1 - sigma) in f32, as diffusers' step does
+    (it keeps the time's sigma for x0 and the grid's for the ratio; below 0.5 the two differ in the last bit).
+    The family's denoised uses the grid's sigma: equal up to that bit."""
+    t = 1 - torch.as_tensor(sigma, dtype=torch.float32)
+    return x + (1 - t.to(device=x.device, dtype=x.dtype)) * v
+
+
+def euler_step(x: torch.Tensor, x0: torch.Tensor, sigma, sigma_next) -> torch.Tensor:
+    """One Euler step (eta 0) written as diffusers' blend, x' = r x + (1 - r) x0, r = sigma_next/sigma, in f32 (f64
+    stays f64) and back to x's dtype. sigma, sigma_next: grid values (floats or 0-d tensors)."""
+    dtype = torch.promote_types(x.dtype, torch.float32)
+    s = torch.as_tensor(sigma, dtype=torch.float32).to(device=x.device, dtype=dtype)
+    s_next = torch.as_tensor(sigma_next, dtype=torch.float32).to(device=x.device, dtype=dtype)
+    r = s_next / s
+    return (r * x.to(dtype) + (1.0 - r) * x0.to(dtype)).to(x.dtype)
+
+
+def sample_h3(denoised: Denoised, video: torch.Tensor, audio: torch.Tensor, sigmas_video: torch.Tensor,
+              sigmas_audio: torch.Tensor, video_conditions: int = 0, audio_conditions: int = 0, callback=None,
+              should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both streams from their start rows to sigma 0, as diffusers' modular denoise loop steps them: step i calls
+    denoised(video, audio, sigma_video_i, sigma_audio_i) once (one forward; H3 is guidance-distilled) and takes
+    euler_step on each stream on its own grid. The first video_conditions video rows and audio_conditions audio rows
+    are conditions: passed to denoised, never stepped. video [rows, ...], audio [rows, ...]: the start (noise at
+    sigma 1 on the target rows), not changed; the callback sees the loop's own tensors (copy to keep them).
+    sigmas_audio: h3_sigmas(steps, AUDIO_SHIFT) for diffusers' two grids, or audio_sigma_of_video(sigmas_video,
+    ...) for ComfyUI's clock (the same values up to f32 rounding).
+    callback(i + 1, total, (video, audio), (x0_video, x0_audio)) after each step; should_stop() is asked before
+    each step, raising SamplingCancelled (a cancel within a step belongs to denoised)."""
+    if len(sigmas_video) != len(sigmas_audio):
+        # diffusers zips the two grids (the shorter one wins, leaving the other stream short of 0): refuse instead
+        raise ValueError(f"sample_h3: {len(sigmas_video)} video sigmas and {len(sigmas_audio)} audio sigmas; the "
+                         "streams take the same number of steps")
+    if not 0 <= video_conditions <= video.shape[0] or not 0 <= audio_conditions <= audio.shape[0]:
+        raise ValueError(f"sample_h3: {video_conditions} video and {audio_conditions} audio condition rows for "
+                         f"{video.shape[0]} and {audio.shape[0]} rows")
+    sigmas_video, sigmas_audio = sigmas_video.float().cpu(), sigmas_audio.float().cpu()
+    total = len(sigmas_video) - 1
+    video, audio = video.clone(), audio.clone()  # one copy, stepped in place (H3's video rows are large)
+    kv, ka = video_conditions, audio_conditions
+    for i in range(total):
+        before_step(i, total, should_stop)
+        x0_video, x0_audio = denoised(video, audio, float(sigmas_video[i]), float(sigmas_audio[i]))
+        video[kv:] = euler_step(video[kv:], x0_video[kv:], sigmas_video[i], sigmas_video[i + 1])
+        audio[ka:] = euler_step(audio[ka:], x0_audio[ka:], sigmas_audio[i], sigmas_audio[i + 1])
+        if callback is not None:
+            callback(i + 1, total, (video, audio), (x0_video, x0_audio))
+    return video, audio
