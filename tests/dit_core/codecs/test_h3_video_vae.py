@@ -6,9 +6,10 @@ import torch
 from conftest import rel_err
 from diffusers import AutoencoderKLMiniMaxH3
 from safetensors.torch import save_file
+from tiny_models import int8_convrot_state
 
 from dit_core.codecs.h3_video_vae import PIXEL_MEAN, PIXEL_STD, VideoDecoder
-from dit_core.weights import WeightsError
+from dit_core.weights import WeightsError, dequantize_convrot
 
 # The released geometry (/16, /4, 24 latent channels, 4 registers) with a tiny encoder and a 2 x 16 decoder.
 CONFIG = {"block_out_channels": (8,) * 6, "layers_per_block": 1, "norm_num_groups": 4, "decoder_num_layers": 2,
@@ -89,6 +90,26 @@ def test_tiles_match_diffusers(h3, tiling, hw):
     out = dec.decode(z, tile=tiling[0], overlap=tiling[2])
     assert rel_err(ref, whole) > 1e-3  # the tiles are visible: the comparison says something
     assert rel_err(out, ref) <= 1e-4
+
+
+def test_int8_convrot_file_dequantized(h3, tmp_path):
+    """A file whose blocks' linears are INT8 ConvRot (ComfyUI's markers) decodes as diffusers does with those
+    linears set to the dequantized codes."""
+    vae, _ = h3
+    state = int8_convrot_state(vae.state_dict(), lambda k: "transformer_blocks" in k, group=16)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "int8.safetensors"))
+    dec = VideoDecoder.load(tmp_path / "int8.safetensors", vae.config.latents_mean, vae.config.latents_std, 16)
+    back = tiny_vae()
+    with torch.no_grad():
+        for key, p in back.named_parameters():
+            if key + "_scale" in state:
+                p.copy_(dequantize_convrot(state[key], state[key + "_scale"], 16))
+    z = latents(3, 2, 3)
+    with torch.no_grad():
+        ref = back.decoder(back.post_quant_conv(z))
+        f32 = vae.decoder(vae.post_quant_conv(z))
+    assert rel_err(dec.forward(z), ref) <= 1e-4
+    assert 0 < rel_err(ref, f32) <= 3e-2  # the codes differ from f32, by an INT8 step
 
 
 def test_short_latents_decode_one_clip(h3):
