@@ -4,9 +4,12 @@ Klein: hidden states of layers 4, 8, ..., 32 side by side per token, over the ch
 multiple of 80 (reference/families/flux3_klein.md section 9, the text encoder; diffusers'
 Flux3TextEncoderStep). Krea 2: hidden states 2, 5, ..., 35 stacked per token, over [system prefix | prompt |
 assistant suffix] less the prefix's 34 rows (reference/families/krea2.md section 6, the text encoder;
-diffusers' Krea2Pipeline.get_text_hidden_states)."""
+diffusers' Krea2Pipeline.get_text_hidden_states). MiniMax H3: hidden_states[50] of Qwen3-VL-32B over the prompt
+tokenized verbatim (reference/families/minimax_h3.md section 8; diffusers' MiniMaxH3TextEncoderStep): the same model
+class at another size, so a subclass here rather than a file of its own."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -90,6 +93,7 @@ class Qwen3VLTextEncoder(TextEncoder):
               "'model.layers...'), e.g. qwen3vl_4b_int8_convrot.safetensors for FLUX.3 Klein (CLIPLoader type flux3) "
               "or qwen3vl_4b_fp8_scaled.safetensors for Krea 2 (type krea2)")
     NEEDS = "FLUX.3 Klein needs Qwen3-VL-4B, hidden 2560"
+    NEEDS_VL = "FLUX.3 Klein and Krea 2 need Qwen3-VL-4B's"  # the end of the no-vision-tower warning
 
     def __init__(self, model: Qwen3VLTextModel, tokenizer: KleinPromptTokenizer, layers: tuple[int, ...] = LAYERS):
         super().__init__(model, tokenizer)
@@ -101,7 +105,7 @@ class Qwen3VLTextEncoder(TextEncoder):
         if root == "model." and not any(k.startswith(VISION_MARKERS) for k in ckpt.keys()):
             # Qwen3-4B and Qwen3-VL-4B's text model have the same shapes; only the rows tell them apart.
             log.warning("%s: no vision tower: cannot tell a Qwen3-VL text model from a plain Qwen3 of the same "
-                        "size; FLUX.3 Klein and Krea 2 need Qwen3-VL-4B's", ckpt.path.name)
+                        "size; %s", ckpt.path.name, cls.NEEDS_VL)
         return root
 
     @classmethod
@@ -201,3 +205,85 @@ class Krea2TextEncoder:
     def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
         states = self.encoder.hidden_states(self.tokenize(prompt), check=check)
         return torch.stack(states, dim=2)[0, KREA2_PREFIX_ROWS:].float()
+
+
+# --- MiniMax H3: hidden_states[50] of Qwen3-VL-32B over the prompt as typed --------------------------------------
+
+H3_INT8_FILE = "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"  # the template's drop-in alternative, readable here
+H3_NVFP4_FILE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # the template's default, not readable here
+# Quantization formats of the NVFP4-AWQ file's family: ComfyUI's "nvfp4" and "awq_w4a16"
+# (reference/int8_convrot_format.md section 8). The NVFP4 file's own marker is not documented, so any format naming
+# FP4 or AWQ is taken as it: read_linear would refuse it anyway, without saying which file to use instead.
+H3_REFUSED_FORMATS = ("fp4", "awq")
+
+
+def _marker_format(ckpt: Checkpoint, key: str) -> str | None:
+    """The "format" of a `<layer>.comfy_quant` marker tensor; None when it has none or is not JSON (read_linear
+    reports a broken marker of a layer it reads)."""
+    try:
+        marker = json.loads(bytes(ckpt.get(key).to(torch.uint8).tolist()).rstrip(b"\x00").decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return marker.get("format") if isinstance(marker, dict) else None
+
+
+class VerbatimTokenizer:
+    """Qwen2 BPE of the prompt as typed: no template, no special tokens added (diffusers' MiniMaxH3TextEncoderStep:
+    tokenizer(prompt, add_special_tokens=False)); special tokens typed in the prompt count as such, as there."""
+
+    def __init__(self, tokenizer_dir: str | os.PathLike):
+        self.tokenizer = load_tokenizer(tokenizer_dir)
+
+    def __call__(self, prompt: str) -> list[int]:
+        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        if not ids:
+            # No template around it: an empty prompt has no token, and H3's text rows would be none at all.
+            raise ValueError("the prompt is empty; MiniMax H3 encodes the prompt alone, so it needs at least one "
+                             "token")
+        return ids
+
+
+class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
+    """Prompt -> MiniMax H3's text rows [1, Nt, 5120] f32: hidden_states[LAYER] (the output of decoder layer 50,
+    before the final norm) of Qwen3-VL-32B's text model over the prompt tokenized verbatim, no padding, positions
+    0..Nt-1 (text rows: the same on every mRoPE axis), every key seen. Only the first LAYER layers are built."""
+
+    LAYER = 50  # diffusers' text_encoder_layer
+    HIDDEN = 5120  # Qwen3-VL-32B's width, H3's text_dim
+    WANTED = (f"a Qwen3-VL-32B text encoder ('model.layers.0.self_attn.q_norm.weight' or "
+              f"'model.language_model.layers...'): {H3_INT8_FILE} for MiniMax H3 (CLIPLoader type minimax)")
+    NEEDS = f"MiniMax H3 needs Qwen3-VL-32B, hidden 5120: {H3_INT8_FILE}"
+    NEEDS_VL = f"MiniMax H3 needs Qwen3-VL-32B's ({H3_INT8_FILE})"
+
+    @classmethod
+    def model_root(cls, ckpt: Checkpoint) -> str:
+        root = super().model_root(ckpt)
+        # Refused before any weight is read: the file is 14.6 GB and its linears would fail one by one.
+        formats = {str(m.get("format")) for m in ckpt.quantization_markers().values() if isinstance(m, dict)}
+        formats |= {_marker_format(ckpt, k) for k in ckpt.keys() if k.endswith(".comfy_quant")}
+        refused = sorted(f for f in formats if f and any(r in f.lower() for r in H3_REFUSED_FORMATS))
+        if refused:
+            raise WeightsError(f"{ckpt.path.name}: its linears are quantized as {', '.join(refused)} (the NVFP4-AWQ "
+                               f"text encoder, {H3_NVFP4_FILE}), which this loader does not read; use the drop-in "
+                               f"{H3_INT8_FILE} (the same model, INT8 ConvRot) in the CLIPLoader instead")
+        return root
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
+             device: str | torch.device = "cpu", int8_linears: bool | None = None, *, layer: int = LAYER,
+             expected_hidden: int | None = HIDDEN) -> MiniMaxH3TextEncoder:
+        """From a Qwen3-VL-32B file (CLIPLoader type minimax: qwen3vl_32b_minimax_h3_int8_convrot.safetensors; any
+        layout and linear format Qwen3VLTextEncoder.load reads, NVFP4/AWQ refused) and ComfyUI's qwen25_tokenizer
+        folder; only the first `layer` layers are read. layer and expected_hidden are H3's (50, 5120); tests on tiny
+        models pass their own (a middle layer, their width; None skips the width check)."""
+        if layer < 1:
+            raise ValueError(f"MiniMaxH3TextEncoder: layer must be a decoder layer's output (>= 1), got {layer}")
+        tokenizer = VerbatimTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
+        model = cls.load_model(path, dtype, device, expected_hidden, int8_linears, n_layers=layer)
+        return cls(model, tokenizer, (layer,))
+
+    @torch.no_grad()
+    def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Rows [1, len(ids), hidden] f32; no mask (diffusers passes all ones: every row valid); check() before
+        each layer."""
+        return self.hidden_states(self.checked_ids(ids), check=check)[0].float()
