@@ -9,8 +9,10 @@ turns the first 96 of a head's 128 values (three axes of 16 frequencies, split h
 (1 = clean, unscaled) and the velocity points data-ward: x0 = x + sigma v (section 11, item 4).
 
 Not yet a row of FAMILIES (dit_core/families/__init__.py): a row needs the family's nodes (tests/test_family_tables.py),
-which come in a later piece of issue 35; load it as MiniMaxH3.load(path). Host only for now: the GPU block refuses an
-attention wider than the residual until H3's GPU piece.
+which come in a later piece of issue 35; load it as MiniMaxH3.load(path). sample_t2va runs text to video + audio
+on it (ComfyUI's seeded noise, diffusers' two grids, sampling/minimax_h3.py's loop); it lives here, as it needs the
+family's layout and packing, while the sampling module stays a loop over rows. Host only for now: the GPU block
+refuses an attention wider than the residual until H3's GPU piece.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from ..arch import Arch
 from ..block import Block, rms_norm
 from ..linear import linear
 from ..modulation import Modulation, sinusoids
+from ..sampling.ksampler import prepare_noise_parts
+from ..sampling.minimax_h3 import AUDIO_SHIFT, VIDEO_SHIFT, h3_sigmas, sample_h3
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, read_tensor
 from .loading import Detection, OpenedFile
@@ -187,6 +191,23 @@ def patchify(latent: torch.Tensor) -> torch.Tensor:
     if h % PATCH[1] or w % PATCH[2]:
         raise ValueError(f"MiniMaxH3: video latent {tuple(latent.shape)} is not on the 2x2 patch grid")
     return latent.reshape(c, f, h // 2, 2, w // 2, 2).permute(1, 2, 4, 0, 3, 5).reshape(f * (h // 2) * (w // 2), 4 * c)
+
+
+def unpatchify(rows: torch.Tensor, frames: int, height: int, width: int) -> torch.Tensor:
+    """patchify's inverse: rows [F H/2 W/2, 4C] -> video latent [C, F, H, W]."""
+    c = rows.shape[1] // 4
+    return rows.reshape(frames, height // 2, width // 2, c, 2, 2).permute(3, 0, 1, 4, 2, 5).reshape(
+        c, frames, height, width)
+
+
+def audio_to_rows(latent: torch.Tensor) -> torch.Tensor:
+    """ComfyUI's AV audio latent [1, C, 2, Na] -> the packed audio rows [2 Na, C]: all of channel L, then R."""
+    return latent[0].permute(1, 2, 0).reshape(-1, latent.shape[1])
+
+
+def rows_to_audio(rows: torch.Tensor, channels: int = 2) -> torch.Tensor:
+    """audio_to_rows' inverse: rows [channels Na, C] -> [1, C, channels, Na]."""
+    return rows.reshape(channels, -1, rows.shape[1]).permute(2, 0, 1)[None]
 
 
 def read_arch(ckpt: Checkpoint, p: str) -> Arch:
@@ -357,3 +378,50 @@ class MiniMaxH3:
         x0 = video + sigma_video * v_video.to(video.dtype)
         x0[:layout.keyframes] = video[:layout.keyframes]
         return x0, audio + sigma_audio * v_audio.to(audio.dtype)
+
+
+def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_latents: int,
+               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The start noise ComfyUI draws for H3's AV latent (section 6, Noise): prepare_noise over its parts in order,
+    video [1, C, F, LH, LW] then audio [1, C_audio, 2, Na], f32 on the CPU from one generator seeded with seed.
+    (diffusers draws the audio straight in row layout: equal seeds do not give equal noise across the two.)"""
+    parts = (torch.empty(1, model.arch.latents, frames, height, width),
+             torch.empty(1, model.audio_in.in_features, 2, audio_latents))
+    video, audio = prepare_noise_parts(parts, seed)
+    return video, audio
+
+
+def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, width: int, audio_latents: int,
+                steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
+                video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, callback=None,
+                should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
+    2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
+    height, width: the video latent's F, LH, LW (LH, LW even); audio_latents: Na per stereo channel; steps: forwards.
+    The start is t2va_noise(seed) (ComfyUI's draw) or noise = (video, audio) in those two shapes; exactly one.
+    Both streams walk diffusers' two grids (h3_sigmas at video_shift and audio_shift; ComfyUI's closed-form clock
+    gives the same audio grid up to f32 rounding), one forward a step (guidance-distilled: no CFG). callback and
+    should_stop go to sample_h3 unchanged (its callback sees packed rows)."""
+    if (seed is None) == (noise is None):
+        raise ValueError("sample_t2va: give a seed or the initial noise, not both or neither")
+    if text.dim() == 3:
+        if text.shape[0] != 1:
+            raise ValueError(f"sample_t2va: one prompt at a time, got text features {tuple(text.shape)}")
+        text = text[0]
+    shapes = ((1, model.arch.latents, frames, height, width), (1, model.audio_in.in_features, 2, audio_latents))
+    if noise is None:
+        noise = t2va_noise(model, frames, height, width, audio_latents, seed)
+    elif tuple(noise[0].shape) != shapes[0] or tuple(noise[1].shape) != shapes[1]:
+        raise ValueError(f"sample_t2va: initial noise {tuple(noise[0].shape)}, {tuple(noise[1].shape)}; expected "
+                         f"{shapes[0]}, {shapes[1]}")
+    layout = packed_layout(text.shape[0], frames, height, width, audio_latents)
+    txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
+    video = patchify(noise[0][0].float())  # sigma 1: the start is the noise itself
+    audio = audio_to_rows(noise[1].float())
+
+    def denoised(v, a, sigma_video, sigma_audio):
+        return model.denoised(v, a, txt, layout, sigma_video, sigma_audio)
+
+    video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift), h3_sigmas(steps, audio_shift),
+                             callback=callback, should_stop=should_stop)
+    return unpatchify(video, frames, height, width)[None], rows_to_audio(audio)

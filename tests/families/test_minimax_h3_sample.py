@@ -1,0 +1,131 @@
+"""MiniMax H3 text to video + audio on the host (sample_t2va) vs a reference loop written with diffusers 0.42.1's
+MiniMaxH3Transformer3DModel and two MiniMaxH3Schedulers, as its modular t2va pipeline runs them (prepare latents,
+set timesteps, denoise, unpack), from the same initial noise; tiny random model."""
+
+import pytest
+import torch
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
+
+from dit_core.families.minimax_h3 import (
+    MiniMaxH3,
+    audio_to_rows,
+    patchify,
+    rows_to_audio,
+    sample_t2va,
+    t2va_noise,
+    unpatchify,
+)
+from dit_core.sampling.ksampler import SamplingCancelled, prepare_noise_parts
+
+pytest.importorskip("diffusers")
+from diffusers.modular_pipelines.minimax_h3.before_denoise import (
+    MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3SetTimestepsStep,
+    patchify_video_latents,
+)
+from diffusers.schedulers.scheduling_minimax_h3 import MiniMaxH3Scheduler
+
+C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
+FRAMES, LH, LW, NA, NT = 3, 4, 6, 5, 6
+PATCH = (1, 2, 2)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_minimax_h3()
+
+
+@pytest.fixture(scope="module")
+def ours(model, tmp_path_factory):
+    path = tmp_path_factory.mktemp("minimax_h3_sample") / "h3_f32.safetensors"
+    save_file(minimax_h3_comfy_layout(model), path)
+    return MiniMaxH3.load(path)
+
+
+def text_features(seed=7):
+    return torch.randn(1, NT, TEXT, generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def diffusers_t2va(model, text, video_noise, audio_noise, steps):
+    """diffusers' modular t2va, step by step (no conditions): the layout, the noise as its prepare-latents step takes
+    given latents (audio [2, C, Na] -> rows), the two schedulers set to steps + 1 points, the row timesteps of each
+    step, one forward and both schedulers' steps, then its decoders' unpacking."""
+    nt = text.shape[1]
+    positions, tags, video_idx, audio_idx, text_idx, _, _ = MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        torch.ones(nt, dtype=torch.long), FRAMES, LH, LW, NA, PATCH, 2, 2, 0, ())
+    latents = patchify_video_latents(video_noise, PATCH)
+    # ComfyUI's [1, C, 2, Na] as the stereo batch [2, C, Na] the pipeline accepts
+    audio_latents = audio_noise[0].permute(1, 0, 2).permute(0, 2, 1).reshape(-1, CA)
+    sv, sa = MiniMaxH3Scheduler(shift=12.0), MiniMaxH3Scheduler(shift=3.0)
+    sv.set_timesteps(steps + 1)
+    sa.set_timesteps(steps + 1)
+    for i, t in enumerate(sv.timesteps):
+        ta = sa.timesteps[i]
+        times, index = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+            video_idx, audio_idx, 0, 0, nt, float(t), float(ta), max(float(t), 0.999), 1.0)
+        v, a = model(hidden_states=latents[None], audio_hidden_states=audio_latents[None],
+                     encoder_hidden_states=text, timestep=times, timestep_indices=index, token_tags=tags,
+                     position_ids=positions, video_indices=video_idx, audio_indices=audio_idx,
+                     text_indices=text_idx, return_dict=False)
+        latents = sv.step(v[0].float(), t, latents, return_dict=False)[0]
+        audio_latents = sa.step(a[0].float(), ta, audio_latents, return_dict=False)[0]
+    # decoders' unpack: rows -> [1, C, F, LH, LW]; channel-major rows -> [2, C, Na] -> ComfyUI's [1, C, 2, Na]
+    rows = latents.reshape(-1, FRAMES, LH // 2, LW // 2, C, 1, 2, 2).permute(0, 4, 1, 5, 2, 6, 3, 7)
+    video = rows.reshape(-1, C, FRAMES, LH, LW)
+    audio = audio_latents.reshape(2, NA, CA).permute(0, 2, 1)
+    return video, audio.permute(1, 0, 2)[None]
+
+
+def test_packing_round_trips():
+    z, a = torch.randn(C, FRAMES, LH, LW), torch.randn(1, CA, 2, NA)
+    assert torch.equal(unpatchify(patchify(z), FRAMES, LH, LW), z)
+    rows = audio_to_rows(a)
+    assert torch.equal(rows[:NA], a[0, :, 0].T) and torch.equal(rows[NA:], a[0, :, 1].T)  # L rows, then R
+    assert torch.equal(rows_to_audio(rows), a)
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_t2va_matches_diffusers(model, ours, steps):
+    video_noise, audio_noise = t2va_noise(ours, FRAMES, LH, LW, NA, seed=11)
+    text = text_features()
+    want_v, want_a = diffusers_t2va(model, text, video_noise, audio_noise, steps)
+    got_v, got_a = sample_t2va(ours, text, FRAMES, LH, LW, NA, steps, noise=(video_noise, audio_noise))
+    assert got_v.shape == (1, C, FRAMES, LH, LW) and got_a.shape == (1, CA, 2, NA)
+    # measured 1.5e-7 to 2.5e-7 on both (1, 4, 8 steps): x0 from the grid's sigma vs diffusers' time-read one
+    assert rel_err(got_v, want_v) <= 1e-4 and rel_err(got_a, want_a) <= 1e-4
+    assert rel_err(got_v, video_noise) > 0.1 and rel_err(got_a, audio_noise) > 0.1  # it moved
+
+
+def test_seeded_noise_is_comfy_prepare_noise(ours):
+    """The seed draws ComfyUI's noise (prepare_noise over the AV latent's parts, video then audio), and a seeded run
+    is the run from that noise."""
+    video, audio = t2va_noise(ours, FRAMES, LH, LW, NA, seed=11)
+    want = prepare_noise_parts([torch.zeros(1, C, FRAMES, LH, LW), torch.zeros(1, CA, 2, NA)], 11)
+    assert torch.equal(video, want[0]) and torch.equal(audio, want[1])
+    assert video.dtype == audio.dtype == torch.float32
+    text = text_features()
+    seeded = sample_t2va(ours, text, FRAMES, LH, LW, NA, 2, seed=11)
+    given = sample_t2va(ours, text[0], FRAMES, LH, LW, NA, 2, noise=(video, audio))
+    assert torch.equal(seeded[0], given[0]) and torch.equal(seeded[1], given[1])
+
+
+def test_callback_stop_and_refusals(ours):
+    text, seen, asks = text_features(), [], []
+    sample_t2va(ours, text, FRAMES, LH, LW, NA, 3, seed=1, callback=lambda i, n, x, x0: seen.append((i, n)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]
+
+    def should_stop():
+        asks.append(1)
+        return len(asks) > 1
+
+    with pytest.raises(SamplingCancelled) as err:
+        sample_t2va(ours, text, FRAMES, LH, LW, NA, 3, seed=1, should_stop=should_stop)
+    assert (err.value.steps_done, err.value.total) == (1, 3)
+    with pytest.raises(ValueError, match="not both or neither"):
+        sample_t2va(ours, text, FRAMES, LH, LW, NA, 3)
+    with pytest.raises(ValueError, match="initial noise"):
+        sample_t2va(ours, text, FRAMES, LH, LW, NA, 3, noise=(torch.zeros(1, C, FRAMES, LH, LW),
+                                                               torch.zeros(1, CA, NA, 2)))
