@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 FLOW = "flow"  # ModelSamplingAuraFlow's shift: the discrete flow table time_shift(shift, t) (Z-Image)
 KLEIN = "klein"  # FLUX.3 Klein's schedule: time_shift(shift, linspace(1, 1/steps, steps)) then 0 (klein_sigmas)
 FLUX_MU = "flux_mu"  # ModelSamplingFlux's mu: the flux table e^mu / (e^mu + 1/t - 1) (Krea 2)
-SHIFT_KINDS = (FLOW, KLEIN, FLUX_MU)
+H3 = "h3"  # MiniMax H3's video shift on its shifted linspace grid (12; the audio grid keeps its own shift, 3)
+SHIFT_KINDS = (FLOW, KLEIN, FLUX_MU, H3)
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,7 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
         reason = dict(fam.not_yet).get(n.type)
         if reason and any(w.src in loaders for w in by_dst[n.id]):
             why[n.id] = reason
+            encoders.discard(n.id)  # a stock encode a row names as not yet (H3's t2i CLIPTextEncode) stays stock
             not_yet += [reason] if reason not in not_yet else []
     through = set()
 

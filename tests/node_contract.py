@@ -8,7 +8,8 @@ DOC = (Path(__file__).resolve().parents[1] / "docs" / "nodes.md").read_text()
 
 
 def assert_schemas_follow(nodes, contract: dict, category: str) -> None:
-    """nodes (a family's NODES) are exactly contract's {node id: (input names in order, output type)}, each in
+    """nodes (a family's NODES) are exactly contract's {node id: (input names in order, output type or a list of
+    output types in order)}, each in
     docs/nodes.md, in `category` ("SwiftDiT/<family>"), with a description, a display name that starts with the
     family's name, and a tooltip on every input and output."""
     assert sorted(n.GET_SCHEMA().node_id for n in nodes) == sorted(contract)
@@ -20,7 +21,7 @@ def assert_schemas_follow(nodes, contract: dict, category: str) -> None:
         assert schema.category == category and schema.description
         assert schema.display_name.startswith(f"{family} ") and schema.display_name.endswith(" (SwiftDiT)")
         assert [i.id for i in schema.inputs] == inputs
-        assert [o.io_type for o in schema.outputs] == [output]
+        assert [o.io_type for o in schema.outputs] == (list(output) if isinstance(output, list) else [output])
         untold = [i.id for i in schema.inputs if not i.tooltip] + [o.io_type for o in schema.outputs if not o.tooltip]
         assert not untold, f"{schema.node_id}: no tooltip on {untold}"
 

@@ -11,6 +11,7 @@ from ..sampling.ksampler import SAMPLERS
 from ..sampling.schedules import SCHEDULERS, TABLE_SCHEDULERS
 from .flux3_klein import Flux3Klein
 from .krea2 import Krea2
+from .minimax_h3 import MiniMaxH3
 from .z_image import ZImage
 
 
@@ -51,4 +52,12 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
            not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
                                                     "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
+    # H3's templates run SamplerCustomAdvanced on BasicGuider and build the AV latent in MiniMaxH3ImageToVideo /
+    # ReferenceToVideo: the swap leaves them as they are. Our nodes take a KSampler's place (cfg 1, euler, simple).
+    Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode"), ("euler",),
+           ("simple",),
+           not_yet=tuple((stock, "MiniMax H3's templates (SamplerCustomAdvanced after MiniMaxH3ImageToVideo, "
+                                 "ReferenceToVideo or CLIPTextEncode) are not yet supported (issue 35)")
+                         for stock in ("MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo", "CLIPTextEncode"))),
 )})

@@ -298,6 +298,14 @@ class MiniMaxH3:
             final_norm=read_tensor(ckpt, f"{p}final_layer.norm.weight", (a.hidden,)),
             video_out=lin(f"{p}final_layer.video_out"), audio_out=lin(f"{p}final_layer.audio_out"))
 
+    def to(self, device: str | torch.device, budget_bytes=None, options=None) -> MiniMaxH3:
+        """H3 where it runs: the float32 host path only for now (the nodes' loader places models through this). A
+        CUDA device is refused: H3's GPU path (blocks through kernels/, streaming) is a later piece of issue 35."""
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"MiniMax H3 runs on the host (CPU, float32) only for now, not on {device}: its GPU "
+                             f"path is a later piece of issue 35")
+        return self
+
     def time_rows(self, times: torch.Tensor) -> torch.Tensor:
         """The modulation linears' input [nT, time_dim] f32 for times t = 1 - sigma [nT]: silu(time_embedder(
         [cos | sin] of t)), t unscaled; or, in the curve form, the table at clamp(t, 0, 1) by linear interpolation

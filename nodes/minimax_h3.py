@@ -1,0 +1,250 @@
+"""MiniMax H3 nodes, text to video + audio: the loaders (DiT, text encoder, video and audio VAE), text encode, Text
+To Video (MiniMaxH3ImageToVideo's role without frames), the sampler and the two decoders; on the host for now."""
+from __future__ import annotations
+
+import comfy.model_management
+import torch
+from comfy.nested_tensor import NestedTensor
+from comfy_api.latest import io
+
+from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS, AudioDecoder  # 32
+from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS, VideoDecoder  # 24
+from ..dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT
+from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
+from ..dit_core.weights import Checkpoint, WeightsError
+from .base import (FileHandle, SwiftDiTError, cancellable, checked, decode_image, dit_loader, interrupt_check,
+                   text_conditioning, text_encoder_loader)
+from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
+from .family_settings import H3, FamilySettings, PassSize, Schedule
+from .memory import on_device
+from .types import TextEncoder, Vae
+
+CATEGORY = "SwiftDiT/MiniMax H3"
+FAMILY = "minimax_h3"
+FPS, AUDIO_LATENTS_PER_S = 24, 40  # the template's CreateVideo fps; the audio VAE's 32 kHz / hop 800
+SETTINGS = FamilySettings(
+    schedule=Schedule(H3, VIDEO_SHIFT),  # the video grid's shift 12 (the audio grid keeps shift 3)
+    # a video row: 2x2 latent cells of 16x16 pixels; the default pass: 864x480x124's 37 x 405 video, 2 x 207 audio
+    pass_size=PassSize(image_row_pixels=32 * 32, default_rows=37 * 405 + 2 * 207 + 512))
+
+load_dit = dit_loader(MiniMaxH3, SETTINGS.pass_size)
+load_text_encoder = text_encoder_loader(MiniMaxH3TextEncoder, FAMILY)
+
+
+class MiniMaxH3Loader(DiTLoaderNode):
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Loader", "MiniMax H3 Loader (SwiftDiT)", CATEGORY,
+                                                 FAMILY, "MiniMax H3")
+    DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine (on the host, float32, for now)."
+    SETTINGS, load = SETTINGS, staticmethod(load_dit)
+
+
+class MiniMaxH3TextEncoderLoader(TextEncoderLoaderNode):
+    TITLE = "MiniMax H3"
+    NODE_ID, DISPLAY, CATEGORY = ("SwiftDiTMiniMaxH3TextEncoderLoader", "MiniMax H3 Text Encoder Loader (SwiftDiT)",
+                                  CATEGORY)
+    DESCRIPTION = "Loads H3's Qwen3-VL-32B text encoder (the INT8 ConvRot file; not the NVFP4-AWQ one)."
+    TYPE = "minimax"
+    load = staticmethod(load_text_encoder)
+
+
+def prompt_conditioning(clip: FileHandle, text: str) -> list:  # rows [1, Nt, 5120]: Qwen3-VL-32B's layer 50
+    return text_conditioning(load_text_encoder(clip).encode(text, interrupt_check))
+
+
+class MiniMaxH3TextEncode(TextEncodeNode):
+    TITLE = "MiniMax H3"
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3TextEncode", "MiniMax H3 Text Encode (SwiftDiT)", CATEGORY
+    DESCRIPTION = "The prompt's text rows (Qwen3-VL-32B layer 50, the prompt verbatim) as CONDITIONING."
+    conditioning = staticmethod(prompt_conditioning)
+
+
+def video_length(node: str, length: int) -> int:
+    """Pixel frames 17n + 5 (the video VAE's clips) -> latent frames 5n + 2; others refused, naming the nearest."""
+    if length < 5 or length % 17 != 5:
+        below, above = max(5, length - (length - 5) % 17), length + (5 - length % 17) % 17
+        valid = f"{below} or {above}" if below < above and length > 5 else f"{max(5, above)}"
+        raise SwiftDiTError(f"{node} · length: {length} frames is not 17n + 5 (the video VAE's clips of 17 frames, "
+                            f"as the template's length expression snaps it); use {valid}")
+    return (length - 5) // 17 * 5 + 2
+
+
+class MiniMaxH3TextToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs less the frames, its two outputs
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTMiniMaxH3TextToVideo", display_name="MiniMax H3 Text To Video (SwiftDiT)",
+            category=CATEGORY,
+            description="The prompt's conditioning and the empty AV latent (video and audio parts) of width x "
+                        "height and length frames at 24 fps, as MiniMaxH3ImageToVideo without first or last frame.",
+            inputs=[TextEncoder.Input("clip", tooltip="The MiniMax H3 text encoder, from its Text Encoder Loader"),
+                    Vae.Input("vae", optional=True,
+                              tooltip="The video VAE, as the template wires it (text to video encodes no frame)"),
+                    io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
+                    io.Int.Input("width", default=864, min=32, max=4096, step=32,
+                                 tooltip="The video's width in pixels, a multiple of 32"),
+                    io.Int.Input("height", default=480, min=32, max=4096, step=32,
+                                 tooltip="The video's height in pixels, a multiple of 32"),
+                    io.Int.Input("length", default=124, min=5, max=1024,
+                                 tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")],
+            outputs=[io.Conditioning.Output(tooltip="The prompt's text rows, for the sampler's positive"),
+                     io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
+                                              "[1, 32, 2, 40 per second] parts, for the sampler")])
+
+    @classmethod
+    def execute(cls, clip, prompt, width, height, length, vae=None) -> io.NodeOutput:
+        node = "SwiftDiTMiniMaxH3TextToVideo"
+        for name, value in (("width", width), ("height", height)):
+            if value < 32 or value % 32:
+                raise SwiftDiTError(f"{node} · {name}: {value} is not a multiple of 32 (16-pixel cells, 2x2 patches)")
+        frames = video_length(node, length)
+        audio = round(length / FPS * AUDIO_LATENTS_PER_S)  # diffusers' audio_latent_num_frames
+        with checked(node, "prompt"):
+            conditioning = prompt_conditioning(clip, prompt)
+        where = comfy.model_management.intermediate_device()
+        latent = NestedTensor([torch.zeros(1, VIDEO_CHANNELS, frames, height // 16, width // 16, device=where),
+                               torch.zeros(1, AUDIO_CHANNELS, 2, audio, device=where)])
+        return io.NodeOutput(conditioning, {"samples": latent})
+
+
+def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]:
+    """(video [1, C, F, LH, LW], audio [1, C_a, 2, Na]) of an H3 AV latent (comfy.nested_tensor.NestedTensor)."""
+    parts = getattr(samples, "tensors", None)
+    if not isinstance(samples, NestedTensor) or [t.dim() for t in parts] != [5, 4] or parts[1].shape[2] != 2 or \
+            parts[0].shape[0] != 1 or parts[1].shape[0] != 1 or parts[0].shape[3] % 2 or parts[0].shape[4] % 2:
+        got = [tuple(t.shape) for t in parts] if parts else tuple(getattr(samples, "shape", ()))
+        raise SwiftDiTError(f"{node} · {name}: not MiniMax H3's AV latent (video [1, C, F, H/16, W/16], H/16 and "
+                            f"W/16 even, and audio [1, C, 2, Na], got {got}); make it with the H3 Text To Video node")
+    return parts[0], parts[1]
+
+
+class MiniMaxH3Sampler(SamplerNode):
+    """SamplerNode's body fits: KSampler's inputs (a drop-in for a KSampler after Text To Video), the widget checks,
+    the memory check, progress and cancel; only the latent view, the rows and the loop are H3's."""
+    NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Sampler", "MiniMax H3 KSampler (SwiftDiT)",
+                                                 CATEGORY, FAMILY, "MiniMax H3")
+    DESCRIPTION = ("Text to video + audio for MiniMax H3 on the SwiftDiT engine: Euler on diffusers' two shifted "
+                   "grids (video 12, audio 3), one forward a step (guidance-distilled: cfg 1, the negative unused).")
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 20, ("euler",), "euler", ("simple",), "simple"
+    OUTPUT_TOOLTIP = "The clean AV latent, for the MiniMax H3 VAE Decode and VAE Decode Audio nodes"
+    SETTINGS, load = SETTINGS, staticmethod(load_dit)
+
+    @classmethod
+    def latent(cls, samples):
+        av_parts(cls.NODE_ID, "latent_image", samples)
+        return samples
+
+    @classmethod
+    def rows(cls, r):
+        node = cls.NODE_ID
+        for name, value, why in (("cfg", r.cfg, "H3 is guidance-distilled (one pass a step)"),
+                                 ("denoise", r.denoise, "text to video starts from noise")):
+            if value != 1:
+                raise SwiftDiTError(f"{node} · {name}: {why}; set {name} to 1")
+        if r.positive.dim() != 3:
+            raise SwiftDiTError(f"{node} · positive: not H3 text rows [1, Nt, 5120] (got {tuple(r.positive.shape)})"
+                                f"; encode the prompt with the MiniMax H3 Text To Video or Text Encode node")
+        video, audio = r.latent.tensors
+        image = video.shape[2] * (video.shape[3] // 2) * (video.shape[4] // 2) + 2 * audio.shape[3]
+        return image, r.positive.shape[1], image + r.positive.shape[1]
+
+    @classmethod
+    def loaded(cls, dit, r):
+        video, audio = r.latent.tensors
+        for name, got, want in (("latent_image", video.shape[1], dit.arch.latents), ("positive", r.positive.shape[-1],
+                                dit.arch.text_dim), ("latent_image", audio.shape[1], dit.audio_in.in_features)):
+            if got != want:
+                raise SwiftDiTError(f"{cls.NODE_ID} · {name}: {got} channels where this model takes {want}; make "
+                                    f"it with the MiniMax H3 nodes")
+
+    @classmethod
+    def sampling(cls, dit, r):
+        video, audio = r.latent.tensors
+        return (lambda callback, should_stop: NestedTensor(sample_t2va(
+            dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=r.model.schedule.shift,
+            callback=callback, should_stop=should_stop))), r.steps
+
+
+def read_vae(reader, ckpt: Checkpoint, what: str, config: str):
+    """reader(ckpt); a file without latents_mean/std is refused before any weight is read (docs/nodes.md, H3)."""
+    if not all(any(k.endswith(s) for k in ckpt.keys()) for s in ("latents_mean", "latents_std")):  # noqa: SIM118
+        raise WeightsError(f"{ckpt.path.name}: no latents_mean/latents_std tensors; the {what} de-normalizes H3's "
+                           f"latents with them (MiniMaxAI/MiniMax-H3's {config}/config.json), and SwiftDiT does not "
+                           f"guess them; use a file that holds them")
+    return reader(ckpt)
+
+
+def vae_loader(decoder, what: str, config: str, gpu_dtype: torch.dtype):
+    """A VAE loader's load(handle): the decoder in LOADED's ("vae", handle.role) slot, f32 on the CPU."""
+    def load(handle: FileHandle):
+        read = lambda ckpt: read_vae(decoder.load, ckpt, what, config)  # noqa: E731
+        return on_device("vae", handle, lambda: cancellable(read, handle.path), FAMILY, role=handle.role,
+                         place=lambda vae, where: vae.to(where, gpu_dtype if where.type == "cuda" else torch.float32))
+    return load
+
+
+load_video_vae = vae_loader(VideoDecoder, "video VAE", "vae", torch.bfloat16)
+load_audio_vae = vae_loader(AudioDecoder, "audio VAE", "audio_vae", torch.float32)  # BigVGAN degrades in bf16
+
+
+class MiniMaxH3VAELoader(VAELoaderNode):
+    TITLE, ROLE = "MiniMax H3 video", "video"
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3VAELoader", "MiniMax H3 VAE Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads H3's video VAE decoder (INT8 ConvRot or fp16), kept loaded beside the audio VAE."
+    load = staticmethod(load_video_vae)
+
+
+class MiniMaxH3AudioVAELoader(VAELoaderNode):
+    TITLE, ROLE = "MiniMax H3 audio", "audio"
+    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3AudioVAELoader", "MiniMax H3 Audio VAE Loader (SwiftDiT)", CATEGORY
+    DESCRIPTION = "Loads H3's audio VAE decoder (minimax_h3_audio_vae_fp32), kept beside the video VAE."
+    load = staticmethod(load_audio_vae)
+
+
+class DecodeNode(io.ComfyNode):  # VAEDecode's / VAEDecodeAudio's inputs: one part of the AV latent, the ROLE VAE
+    NODE_ID = DISPLAY = DESCRIPTION = ROLE = LOADER = ""
+    OUTPUT: io.Output
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=CATEGORY, description=cls.DESCRIPTION,
+            inputs=[io.Latent.Input("samples", tooltip="The AV latent from the MiniMax H3 KSampler"),
+                    Vae.Input("vae", tooltip=f"The MiniMax H3 {cls.ROLE} VAE, from the {cls.LOADER}")],
+            outputs=[cls.OUTPUT])
+
+    @classmethod
+    def execute(cls, samples, vae) -> io.NodeOutput:
+        if vae.role != cls.ROLE:
+            raise SwiftDiTError(f"{cls.NODE_ID} · vae: a MiniMax H3 {vae.role} VAE; connect the {cls.LOADER}")
+        return io.NodeOutput(cls.decode(samples["samples"], vae))
+
+
+class MiniMaxH3VAEDecode(DecodeNode):
+    NODE_ID, DISPLAY, ROLE, LOADER = ("SwiftDiTMiniMaxH3VAEDecode", "MiniMax H3 VAE Decode (SwiftDiT)", "video",
+                                      "MiniMax H3 VAE Loader")
+    DESCRIPTION = "Decodes the video part of H3's AV latent to IMAGE frames (clips and tiles as diffusers)."
+    OUTPUT = io.Image.Output(tooltip="The video's frames, for CreateVideo")
+
+    @classmethod
+    def decode(cls, samples, vae):
+        video = av_parts(cls.NODE_ID, "samples", samples)[0]
+        return decode_image(cls.NODE_ID, load_video_vae(vae), {"samples": video})
+
+
+class MiniMaxH3VAEDecodeAudio(DecodeNode):
+    NODE_ID, DISPLAY, ROLE, LOADER = ("SwiftDiTMiniMaxH3VAEDecodeAudio", "MiniMax H3 VAE Decode Audio (SwiftDiT)",
+                                      "audio", "MiniMax H3 Audio VAE Loader")
+    DESCRIPTION = "Decodes the audio part of H3's AV latent to stereo AUDIO at 32 kHz."
+    OUTPUT = io.Audio.Output(tooltip="The clip's sound, for CreateVideo")
+
+    @classmethod
+    def decode(cls, samples, vae):
+        audio = av_parts(cls.NODE_ID, "samples", samples)[1]  # [B, C, 2, Na] -> the decoder's [B, 2, C, Na]
+        decoder = load_audio_vae(vae)
+        with checked(cls.NODE_ID, "samples"):
+            return decoder.audio(decoder.raw_latents(audio.permute(0, 2, 1, 3).float()), interrupt_check)
+
+
+NODES = [MiniMaxH3Loader, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode, MiniMaxH3TextToVideo, MiniMaxH3Sampler,
+         MiniMaxH3VAELoader, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio]

@@ -1,0 +1,213 @@
+"""The MiniMax H3 nodes run in-process on ComfyUI v0.3.75's modules (no server): schemas, the text to video + audio
+graph against the engine called directly (text encoder, sample_t2va, both decoders), both VAEs loaded together, and
+errors naming node and input. Tiny random files: the transformer as tests/families/test_minimax_h3.py builds it (24
+video and 8 audio latent channels, to meet the VAEs), the text encoder as tests/dit_core/text/test_minimax_h3_text.py
+(its layer 6 of 8 through a test-side adapter, as test_loading's), the VAEs as tests/dit_core/codecs' H3 tests."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
+from safetensors.torch import save_file
+
+pytest.importorskip("diffusers")
+PROMPT = "a red fox runs through the snow; it barks twice"
+WIDTH, HEIGHT, LENGTH = 64, 96, 22  # 4 x 6 latent cells, 17 + 5 frames -> 7 latent frames, 37 audio latents
+TINY_AUDIO_CHANNELS = 8  # the tiny audio VAE's (H3's is 32)
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def builders(rel: str):
+    """A test module of the engine's pieces (its tiny builders), imported by path: tests/dit_core is no package."""
+    spec = importlib.util.spec_from_file_location(f"h3_builders_{Path(rel).stem}", TESTS / rel)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TEXT = builders("dit_core/text/test_minimax_h3_text.py")
+VIDEO_VAE = builders("dit_core/codecs/test_h3_video_vae.py")
+AUDIO_VAE = builders("dit_core/codecs/test_h3_audio_vae.py")
+
+
+@pytest.fixture(scope="module")
+def pack(swiftdit_pack):
+    import swiftdit_pack.nodes.minimax_h3 as h
+    from swiftdit_pack.nodes.base import text_encoder_loader
+    from swiftdit_pack.dit_core.codecs.h3_audio_vae import AudioDecoder  # the pack's: it reads the pack's Checkpoint
+    from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder
+    from swiftdit_pack.dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
+
+    class TinyH3TextEncoder(MiniMaxH3TextEncoder):  # the tiny Qwen3-VL: layer 6 of 8, its own width
+        @classmethod
+        def load(cls, path, tokenizer_dir, **kw):
+            return super().load(path, tokenizer_dir, layer=TEXT.TINY_LAYER, expected_hidden=None, **kw)
+
+    class TinyAudioDecoder(AudioDecoder):  # the tiny audio VAE's two upsampling stages (H3's seven by default)
+        @classmethod
+        def load(cls, source, rates=AUDIO_VAE.RATES_TINY, dilations=AUDIO_VAE.DIL_TINY):
+            return super().load(source, rates, dilations)
+
+    class TinyVideoDecoder(VideoDecoder):  # the tiny video VAE's heads of 16 (H3's 64 by default)
+        @classmethod
+        def load(cls, source):
+            return super().load(source, head_dim=16)
+
+    patch = pytest.MonkeyPatch()
+    tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY)
+    patch.setattr(h, "load_text_encoder", tiny)
+    patch.setattr(h.MiniMaxH3TextEncoderLoader, "load", staticmethod(tiny))
+    audio = h.vae_loader(TinyAudioDecoder, "audio VAE", "audio_vae", torch.float32)
+    patch.setattr(h, "load_audio_vae", audio)
+    patch.setattr(h.MiniMaxH3AudioVAELoader, "load", staticmethod(audio))
+    video = h.vae_loader(TinyVideoDecoder, "video VAE", "vae", torch.bfloat16)
+    patch.setattr(h, "load_video_vae", video)
+    patch.setattr(h.MiniMaxH3VAELoader, "load", staticmethod(video))
+    patch.setattr(h, "AUDIO_CHANNELS", TINY_AUDIO_CHANNELS)
+    h.TinyH3TextEncoder, h.TinyAudioDecoder = TinyH3TextEncoder, TinyAudioDecoder
+    yield h
+    patch.undo()
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()  # the two VAE slots are H3's alone: later tests count the models they load
+
+
+@pytest.fixture(scope="module")
+def models(pack, tmp_path_factory):
+    """The four tiny files in ComfyUI's models folders; the VAE files hold their latents_mean/std."""
+    import folder_paths
+    from tiny_models import (minimax_h3_comfy_layout, qwen3_vl_layout, random_minimax_h3, random_qwen3_vl,
+                             random_z_image, z_image_comfy_layout)
+    root = tmp_path_factory.mktemp("models")
+    for folder in ("diffusion_models", "text_encoders", "vae"):
+        (root / folder).mkdir()
+        folder_paths.add_model_folder_path(folder, str(root / folder), is_default=True)
+    text = random_qwen3_vl(seed=7, num_hidden_layers=TEXT.TINY_LAYERS)
+    dit = random_minimax_h3(in_channels=24, audio_in_channels=TINY_AUDIO_CHANNELS,
+                            text_dim=text.config.text_config.hidden_size)
+    save_file(minimax_h3_comfy_layout(dit), root / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    save_file(z_image_comfy_layout(random_z_image().state_dict()),
+              root / "diffusion_models" / "z_image_tiny.safetensors")
+    save_file(qwen3_vl_layout(text, "comfy"), root / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors")
+    video = VIDEO_VAE.tiny_vae()
+    state = {k: v.contiguous() for k, v in video.state_dict().items()}
+    save_file(state, root / "vae" / "h3_video_vae_no_stats.safetensors")
+    save_file({**state, "latents_mean": torch.tensor(video.config.latents_mean),
+               "latents_std": torch.tensor(video.config.latents_std)}, root / "vae" / "h3_video_vae.safetensors")
+    g = torch.Generator().manual_seed(5)
+    audio = {k: v.contiguous() for k, v in AUDIO_VAE.tiny_vae().state_dict().items()}
+    save_file({**audio, "latents_mean": 0.3 * torch.randn(TINY_AUDIO_CHANNELS, generator=g),
+               "latents_std": 0.5 + torch.rand(TINY_AUDIO_CHANNELS, generator=g)},
+              root / "vae" / "h3_audio_vae.safetensors")
+    return root
+
+
+CONTRACT = {
+    "SwiftDiTMiniMaxH3Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTMiniMaxH3TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
+    "SwiftDiTMiniMaxH3TextEncode": (["text", "clip"], "CONDITIONING"),
+    "SwiftDiTMiniMaxH3TextToVideo": (["clip", "vae", "prompt", "width", "height", "length"],
+                                     ["CONDITIONING", "LATENT"]),
+    "SwiftDiTMiniMaxH3Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
+                                  "negative", "latent_image", "denoise"], "LATENT"),
+    "SwiftDiTMiniMaxH3VAELoader": (["vae_name"], "SWIFTDIT_VAE"),
+    "SwiftDiTMiniMaxH3AudioVAELoader": (["vae_name"], "SWIFTDIT_VAE"),
+    "SwiftDiTMiniMaxH3VAEDecode": (["samples", "vae"], "IMAGE"),
+    "SwiftDiTMiniMaxH3VAEDecodeAudio": (["samples", "vae"], "AUDIO"),
+}
+
+
+def test_schemas_follow_the_contract(pack):
+    assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/MiniMax H3")
+    sampler = {i.id: i for i in pack.MiniMaxH3Sampler.GET_SCHEMA().inputs}
+    assert (sampler["steps"].default, sampler["sampler_name"].options, sampler["scheduler"].options) == \
+        (20, ["euler"], ["simple"])  # the t2v template's 20 steps
+    t2v = {i.id: i for i in pack.MiniMaxH3TextToVideo.GET_SCHEMA().inputs}
+    assert (t2v["width"].default, t2v["height"].default, t2v["length"].default) == (864, 480, 124)
+    assert next(i for i in pack.MiniMaxH3TextEncoderLoader.GET_SCHEMA().inputs if i.id == "type").default == \
+        "minimax"
+    from swiftdit_pack.nodes import NODES_BY_FAMILY
+    assert NODES_BY_FAMILY["minimax_h3"] == pack.NODES
+
+
+def graph(h, seed=11, steps=2, length=LENGTH):
+    """The t2v template's graph with a KSampler in SamplerCustomAdvanced's place (cfg 1: BasicGuider)."""
+    (model,) = run(h.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
+                   linears="as stored")
+    (clip,) = run(h.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
+    (video_vae,) = run(h.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
+    (audio_vae,) = run(h.MiniMaxH3AudioVAELoader, vae_name="h3_audio_vae.safetensors")
+    positive, latent = run(h.MiniMaxH3TextToVideo, clip=clip, vae=video_vae, prompt=PROMPT, width=WIDTH,
+                           height=HEIGHT, length=length)
+    negative = [[torch.zeros_like(positive[0][0]), {"pooled_output": None}]]  # ConditioningZeroOut
+    (samples,) = run(h.MiniMaxH3Sampler, model=model, seed=seed, steps=steps, cfg=1.0, sampler_name="euler",
+                     scheduler="simple", positive=positive, negative=negative, latent_image=latent, denoise=1.0)
+    (frames,) = run(h.MiniMaxH3VAEDecode, samples=samples, vae=video_vae)
+    (audio,) = run(h.MiniMaxH3VAEDecodeAudio, samples=samples, vae=audio_vae)
+    return dict(model=model, positive=positive, negative=negative, latent=latent, samples=samples, frames=frames,
+                audio=audio, video_vae=video_vae, audio_vae=audio_vae)
+
+
+def test_t2va_graph_equals_the_engine(pack, models):
+    from comfy.nested_tensor import NestedTensor
+    from dit_core.codecs.h3_video_vae import VideoDecoder
+    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    g = graph(pack)
+    rows = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
+                                       pack_tokenizer_dir()).encode(PROMPT)
+    assert torch.equal(g["positive"][0][0], rows)
+    latent = g["latent"]["samples"]
+    assert isinstance(latent, NestedTensor)
+    assert [tuple(t.shape) for t in latent.tensors] == [(1, 24, 7, 6, 4), (1, TINY_AUDIO_CHANNELS, 2, 37)]
+    dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    video, audio = sample_t2va(dit, rows, 7, 6, 4, 37, 2, seed=11)
+    out = g["samples"]["samples"]
+    assert isinstance(out, NestedTensor) and torch.equal(out.tensors[0], video) and torch.equal(out.tensors[1], audio)
+    frames = VideoDecoder.load(models / "vae" / "h3_video_vae.safetensors", head_dim=16).decode(video)
+    assert g["frames"].shape == (LENGTH, HEIGHT, WIDTH, 3) and torch.equal(g["frames"], frames)
+    dec = pack.TinyAudioDecoder.load(models / "vae" / "h3_audio_vae.safetensors")
+    want = dec.audio(dec.raw_latents(audio.permute(0, 2, 1, 3)))
+    assert g["audio"]["sample_rate"] == 32000 and g["audio"]["waveform"].shape == (1, 2, 37 * 10)
+    assert torch.equal(g["audio"]["waveform"], want["waveform"])
+    assert not torch.equal(graph(pack, seed=12)["samples"]["samples"].tensors[1], audio)  # the seed is used
+
+
+def test_both_vaes_stay_loaded(pack, models):
+    from swiftdit_pack.nodes.memory import LOADED
+    g = graph(pack, steps=1)
+    video, audio = pack.load_video_vae(g["video_vae"]), pack.load_audio_vae(g["audio_vae"])
+    assert LOADED._held[("vae", "video")][1] is video and LOADED._held[("vae", "audio")][1] is audio
+    run(pack.MiniMaxH3VAEDecode, samples=g["samples"], vae=g["video_vae"])  # decoding one keeps the other
+    assert pack.load_audio_vae(g["audio_vae"]) is audio and pack.load_video_vae(g["video_vae"]) is video
+
+
+def test_errors_name_node_and_input(pack, models):
+    from swiftdit_pack.nodes.base import ModelHandle, SwiftDiTError
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3Loader · unet_name: .*MiniMax H3"):
+        run(pack.MiniMaxH3Loader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears="as stored")
+    from swiftdit_pack.dit_core.families.minimax_h3 import MiniMaxH3
+    with pytest.raises(ValueError, match="host .* only for now.*issue 35"):  # the loader's error on a CUDA machine
+        MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors").to("cuda")
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3VAELoader · vae_name: .*no latents_mean/latents_std"):
+        run(pack.MiniMaxH3VAELoader, vae_name="h3_video_vae_no_stats.safetensors")
+    g = graph(pack, steps=1)
+    clip = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")[0]
+    t2v = dict(clip=clip, prompt=PROMPT, width=WIDTH, height=HEIGHT, length=LENGTH)
+    for change, message in [({"length": 124 - 1}, "length: 123 frames is not 17n \\+ 5.*use 107 or 124"),
+                            ({"length": 4}, "length: 4 frames is not 17n \\+ 5.*use 5"),
+                            ({"width": 48}, "width: 48 is not a multiple of 32")]:
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3TextToVideo · {message}"):
+            run(pack.MiniMaxH3TextToVideo, **{**t2v, **change})
+    kw = dict(model=g["model"], seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="simple",
+              positive=g["positive"], negative=g["negative"], latent_image=g["latent"], denoise=1.0)
+    for change, message in [({"model": ModelHandle("z_image", g["model"].path, "stored")}, "model: a z_image model"),
+                            ({"cfg": 3.0}, "cfg: H3 is guidance-distilled"), ({"denoise": 0.5}, "denoise: "),
+                            ({"sampler_name": "res_multistep"}, "sampler_name: 'res_multistep' is not supported"),
+                            ({"latent_image": {"samples": torch.zeros(1, 24, 7, 6, 4)}}, "latent_image: not MiniMax"),
+                            ({"positive": [[torch.zeros(1, 5, 7), {}]]}, "positive: 7 channels")]:
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3Sampler · {message}"):
+            run(pack.MiniMaxH3Sampler, **{**kw, **change})
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3VAEDecodeAudio · vae: a MiniMax H3 video VAE"):
+        run(pack.MiniMaxH3VAEDecodeAudio, samples=g["samples"], vae=g["video_vae"])
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3VAEDecode · vae: a MiniMax H3 audio VAE"):
+        run(pack.MiniMaxH3VAEDecode, samples=g["samples"], vae=g["audio_vae"])
