@@ -51,7 +51,14 @@ STOCK = MappingProxyType({
     "VAELoader": Stock("VAELoader", outputs=("VAE",), widgets=("vae_name",)),
     "VAEDecode": Stock("VAEDecode", (("samples", "LATENT"), ("vae", "VAE")), ("IMAGE",)),
     "VAEEncode": Stock("VAEEncode", (("pixels", "IMAGE"), ("vae", "VAE")), ("LATENT",)),
+    # MiniMax H3: text to video is MiniMaxH3ImageToVideo without frames (its first_frame / last_frame wired: not
+    # ours, the row's not_yet says why); the audio decode reads the audio VAE, so the VAELoader that feeds it
+    # becomes the family's AudioVAELoader (Family.audio_vae_loader)
+    "MiniMaxH3ImageToVideo": Stock("TextToVideo", (("clip", "CLIP"), ("vae", "VAE")), ("CONDITIONING", "LATENT"),
+                                   ("prompt", "width", "height", "length")),
+    "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),
 })
+AUDIO_DECODERS = ("VAEDecodeAudio",)  # their VAELoader becomes the family's audio VAE loader
 MODEL_PATCHES = ("ModelSamplingAuraFlow", "ModelSamplingFlux", "LoraLoaderModelOnly")  # MODEL -> MODEL
 # Stock nodes that pass any wire type on unchanged (ComfyUI's MatchType), and their inputs that do: ours flow
 # through those a family's row names in `switches`.
@@ -81,6 +88,10 @@ class Family:
     vae_encoders: tuple[str, ...] = ()
     not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes the swap cannot take yet, and why
     switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # pass-through -> inputs
+    audio_vae_loader: str | None = None        # ours for a VAELoader that feeds an audio decode
+    # SamplerCustomAdvanced groups (RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler) spelled as a KSampler
+    # before the swap (swiftdit/custom_sampler.py): the row's first sampler and scheduler
+    custom_sampler: bool = False
     ours_roles: MappingProxyType = field(init=False)  # our node id -> the stock class it replaces
 
     def __post_init__(self):
@@ -89,8 +100,10 @@ class Family:
         for stock in named:
             if stock not in self.roles:
                 raise ValueError(f"family {self.name}: {stock} is named in a rule but has no role")
-        object.__setattr__(self, "ours_roles",
-                           MappingProxyType({r.ours: stock for stock, r in self.roles.items()}))
+        ours = {r.ours: stock for stock, r in self.roles.items()}
+        if self.audio_vae_loader:
+            ours[self.audio_vae_loader] = "VAELoader"
+        object.__setattr__(self, "ours_roles", MappingProxyType(ours))
 
     def _role(self, class_type: str) -> tuple[Role | None, bool]:
         """The role of a stock node or of ours, and whether `class_type` is ours."""
@@ -140,12 +153,14 @@ def rules(row) -> Family:
         model_patches=tuple(p for p in MODEL_PATCHES if p in has),
         text_loader="CLIPLoader",
         text_loader_types=tuple(row.text_types),
-        text_encoders=("CLIPTextEncode",),
+        text_encoders=tuple(e for e in ("CLIPTextEncode", "MiniMaxH3ImageToVideo") if e in has),
         vae_loader="VAELoader" if "VAELoader" in has else None,
-        decoders=tuple(d for d in ("VAEDecode",) if d in has),
+        decoders=tuple(d for d in ("VAEDecode", *AUDIO_DECODERS) if d in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),
         not_yet=tuple(row.not_yet),
         switches=MappingProxyType({kind: PASS_THROUGH[kind] for kind in row.switches}),
+        audio_vae_loader=row.node_prefix + "AudioVAELoader" if has & set(AUDIO_DECODERS) else None,
+        custom_sampler=row.custom_sampler,
     )
 
 

@@ -6,7 +6,7 @@ import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .families import FAMILIES, STOCK_CLIP_USERS, Family
+from .families import AUDIO_DECODERS, FAMILIES, STOCK_CLIP_USERS, Family
 from .ui_edit import UIEditor
 from .ui_graph import UIGraph, link_view
 from .workflow_api import is_link
@@ -48,10 +48,13 @@ class Report:
     retyped: int = 0                             # link and port types changed to ours
     added: list = field(default_factory=list)    # (where, our type, why): ours beside a stock node kept for others
     not_yet: list = field(default_factory=list)  # what of the family's graph the swap cannot take yet, and why
+    folded: list = field(default_factory=list)   # (where, what): SamplerCustomAdvanced groups spelled as a KSampler
 
     def lines(self) -> list[str]:
         out = [f"{self.family}: swapped {len(self.changed)} node(s), changed {self.retyped} wire type(s)"]
         out += [f"  {where}  {old} -> {new}" for where, old, new in self.changed]
+        out += [f"spelled out for SwiftDiT first: {len(self.folded)} change(s)"] if self.folded else []
+        out += [f"  {where}  {what}" for where, what in self.folded]
         out += [f"added {len(self.added)} node(s)"] if self.added else []
         out += [f"  {where}  {new}: {why}" for where, new, why in self.added]
         out += [f"not yet supported: {why}" for why in self.not_yet]
@@ -67,6 +70,7 @@ class Plan:
     through: set = field(default_factory=set)      # stock pass-through nodes (switches) that now carry ours
     split: dict = field(default_factory=dict)      # stock text loader kept for STOCK_CLIP_USERS -> the wires
     not_yet: list = field(default_factory=list)    # of our encoders it fed, which move to ours added beside it
+    ours: dict = field(default_factory=dict)       # node id -> our type where the role's is not it (audio VAE)
 
 
 def plan(fam: Family, nodes: dict, wires: list) -> Plan:
@@ -108,9 +112,13 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     encoders = {n.id for n in nodes.values() if any(plays(n, e) for e in fam.text_encoders)
                 and getattr(src(n.id, "clip"), "id", None) in loaders}
     not_yet = []
+    not_yet_of = dict(fam.not_yet)
     for n in nodes.values():  # a graph of the family that the swap cannot take yet (Krea 2's style reference)
-        reason = dict(fam.not_yet).get(n.type)
-        if reason and any(w.src in loaders for w in by_dst[n.id]):
+        # the node's type, or its type with an input wired ("MiniMaxH3ImageToVideo.first_frame"); it counts when a
+        # loader of the family feeds it
+        reason = not_yet_of.get(n.type) or next((not_yet_of[f"{n.type}.{w.name}"] for w in by_dst[n.id]
+                                                 if w.src is not None and f"{n.type}.{w.name}" in not_yet_of), None)
+        if reason and any(w.src in loaders or plays(nodes.get(w.src), fam.model_loader) for w in by_dst[n.id]):
             why[n.id] = reason
             encoders.discard(n.id)  # a stock encode a row names as not yet (H3's t2i CLIPTextEncode) stays stock
             not_yet += [reason] if reason not in not_yet else []
@@ -154,12 +162,15 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
             continue
         samplers.add(n.id)
         cand.update([n.id, *path])
+    audio_vaes = {}  # VAELoader -> ours for an audio decode
     for n in (n for n in nodes.values() if any(plays(n, d) for d in fam.decoders)):
         if reaches(n.id, ["samples"], samplers, "LATENT"):
             cand.add(n.id)
             vae = src(n.id, "vae")
-            if plays(vae, fam.vae_loader):
+            if plays(vae, fam.vae_loader) or (vae is not None and vae.type == fam.audio_vae_loader):
                 cand.add(vae.id)
+                if _audio(fam, n.type):
+                    audio_vaes[vae.id] = fam.audio_vae_loader
         else:
             why.setdefault(n.id, f"its samples come from no {fam.title} sampler")
     for sid in samplers:  # VAE encodes of reference images: upstream of the conditioning, never past a sampler
@@ -261,7 +272,17 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     for n in nodes.values():
         if n.type in fam.roles and n.id not in cand:
             why.setdefault(n.id, _outside(fam, n.type))
-    return Plan(cand, why, through, split, not_yet)
+    for vid in list(audio_vaes):  # one loader for both an audio and a video decode (or encode) cannot be both
+        video = [w.dst for w in by_src[vid] if w.dst is not None and not _audio(fam, nodes[w.dst].type)]
+        if video and vid in cand:
+            drop(vid, f"feeds an audio decode and {nodes[video[0]].type} ({video[0]}): one VAE cannot be both")
+            del audio_vaes[vid]
+    return Plan(cand, why, through, split, not_yet, audio_vaes)
+
+
+def _audio(fam: Family, kind: str) -> bool:
+    """Whether a node (stock or ours) decodes audio: its VAE is the family's audio VAE."""
+    return kind in AUDIO_DECODERS or fam.ours_roles.get(kind) in AUDIO_DECODERS
 
 
 def _outside(fam: Family, stock: str) -> str:
@@ -321,8 +342,43 @@ def _retype(fam: Family, entry: dict) -> None:
                 entry[key] = fam.wire_types[stock]
 
 
+def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
+    """The swap of `data` with its SamplerCustomAdvanced groups spelled as KSamplers, when the swap takes every one
+    of those (else None: the groups stay as they were)."""
+    from .custom_sampler import cut_loras_ui, fold_api, fold_ui
+    work = copy.deepcopy(data)
+    done = (fold_ui if fold == "ui" else fold_api)(work, fam.roles["KSampler"].accepts[-2][1][0],
+                                                   fam.roles["KSampler"].accepts[-1][1][0])
+    if not done:
+        return None
+    cut = cut_loras_ui(work) if fold == "ui" and "LoraLoaderModelOnly" not in fam.roles else []
+    out, report = core(work, fam.name)
+    swapped = {where for where, old, _ in report.changed if old == "KSampler"}
+    ids = [str(kid) for _, kid, _ in done]
+    if not all(any(w == k or w.endswith(f":{k}") for w in swapped) for k in ids):
+        return None
+    sampler, scheduler = (fam.roles["KSampler"].accepts[i][1][0] for i in (-2, -1))
+    for (_, kid, name), where in zip(done, ids):
+        at = next(w for w in swapped if w == where or w.endswith(f":{where}"))
+        report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({name}), BasicScheduler and "
+                                  f"SamplerCustomAdvanced -> one KSampler (seed, steps, the guider's model and "
+                                  f"conditioning), sampler {sampler} / {scheduler}, cfg 1: the ones SwiftDiT runs"))
+    for key, lid in cut:
+        report.folded.append((f"{key}:{lid}" if key else str(lid), "LoraLoaderModelOnly muted and cut from its "
+                              f"switch's on_true: {fam.title} has no SwiftDiT LoRA node (the switch stays off)"))
+    return out, report
+
+
 def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
     """A swapped copy of a UI-format workflow (subgraphs included) and its report."""
+    if FAMILIES[family].custom_sampler:
+        folded = _folded(FAMILIES[family], workflow, "ui", _swap_ui)
+        if folded is not None:
+            return folded
+    return _swap_ui(workflow, family)
+
+
+def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
     fam, wf = FAMILIES[family], copy.deepcopy(workflow)
     graph = UIGraph(wf)
     everything = list(graph.placed())
@@ -362,16 +418,18 @@ def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
         if p.id in swap and nodes[p.id].key not in done:
             done.add(nodes[p.id].key)
             role = fam.roles[kind]
-            node["type"] = role.ours
+            ours = p_.ours.get(p.id, role.ours)
+            node["type"] = ours
             props = node.setdefault("properties", {})
-            props.update({"Node name for S&R": role.ours, "cnr_id": PACK})
+            props.update({"Node name for S&R": ours, "cnr_id": PACK})
             props.pop("ver", None)  # the stock node's ComfyUI version says nothing about ours
             if role.extra_widgets:
                 extra = [value for _, value in role.extra_widgets]
                 node["widgets_values"] = list(node.get("widgets_values") or []) + extra
             for entry in node.get("inputs", []) + node.get("outputs", []):
                 _retype(fam, entry)
-            report.changed.append((p.id, kind, role.ours))
+            _drop_open_inputs(graph, p, role)
+            report.changed.append((p.id, kind, ours))
         elif p.id in p_.through and nodes[p.id].key not in done:
             done.add(nodes[p.id].key)
             for entry in node.get("inputs", []) + node.get("outputs", []):
@@ -387,6 +445,41 @@ def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
 
 
 _THROUGH = "switches between SwiftDiT models: stays stock, its model ports retyped"
+
+
+def _drop_open_inputs(graph: UIGraph, p, role) -> None:
+    """Inputs of the stock node that ours lacks (MiniMaxH3ImageToVideo's first_frame / last_frame) go, with their
+    links to subgraph inputs that nothing outside feeds (a wired one keeps the node stock: the row's not_yet)."""
+    if not role.sockets:
+        return
+    keep = {name for name, _ in role.sockets}
+    node, scope = p.node, p.scope
+    for entry in list(node.get("inputs", [])):
+        if entry.get("widget") or entry.get("name") in keep:
+            continue
+        lid = entry.get("link")
+        if lid is not None:
+            link = scope.link(lid)
+            port = scope.body.get("inputs", [])[link["origin_slot"]] if link and link["origin_id"] == -10 else None
+            if port is None:
+                continue
+            if lid in port.get("linkIds", []):
+                port["linkIds"].remove(lid)
+            scope.body["links"].remove(scope.raw_links.pop(lid))
+        _reindex_after(scope, node, entry)
+
+
+def _reindex_after(scope, node: dict, entry: dict) -> None:
+    """Remove input `entry` of `node`; the links into its later inputs follow their slots."""
+    i = node["inputs"].index(entry)
+    node["inputs"].pop(i)
+    for later in node["inputs"][i:]:
+        if later.get("link") is not None and later["link"] in scope.raw_links:
+            raw = scope.raw_links[later["link"]]
+            if isinstance(raw, dict):
+                raw["target_slot"] -= 1
+            else:
+                raw[4] -= 1
 
 
 def _split_ui(fam: Family, wf: dict, loader: GNode, encodes: list) -> tuple:
@@ -425,6 +518,14 @@ def _ui_wire(trace, dst: str | None, entry: dict) -> Wire:
 
 def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
     """A swapped copy of an API-format prompt ({id: {class_type, inputs}}) and its report."""
+    if FAMILIES[family].custom_sampler:
+        folded = _folded(FAMILIES[family], prompt, "api", _swap_api)
+        if folded is not None:
+            return folded
+    return _swap_api(prompt, family)
+
+
+def _swap_api(prompt: dict, family: str) -> tuple[dict, Report]:
     fam, out = FAMILIES[family], copy.deepcopy(prompt)
     nodes, wires = {}, []
     for nid, body in out.items():
@@ -455,10 +556,10 @@ def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
         kind = body.get("class_type")
         if nid in swap:
             role = fam.roles[kind]
-            body["class_type"] = role.ours
+            body["class_type"] = p_.ours.get(nid, role.ours)
             for name, value in role.extra_widgets:
                 body.setdefault("inputs", {}).setdefault(name, value)
-            report.changed.append((nid, kind, role.ours))
+            report.changed.append((nid, kind, body["class_type"]))
         else:
             report.left.append((nid, kind, _THROUGH if nid in p_.through else _left(fam, kind, why.get(nid), ((), ()))))
     for lid, encodes in sorted(p_.split.items()):

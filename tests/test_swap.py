@@ -672,7 +672,7 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 
 
-H3_TEMPLATES = ("video_minimax_h3_t2v", "video_minimax_h3_i2v", "video_minimax_h3_r2v", "image_minimax_h3_t2i",
+H3_TEMPLATES = ("video_minimax_h3_i2v", "video_minimax_h3_r2v", "image_minimax_h3_t2i",
                 "video_fastvideo_fasth3_t2v")
 
 
@@ -690,3 +690,29 @@ def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
         done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
         assert done.returncode == 2 and "nothing swapped: MiniMax H3's templates" in done.stderr
         assert "issue 35" in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_minimax_h3_t2v_template_is_swapped(tmp_path):
+    """Issue 35: the t2v template's loaders, MiniMaxH3ImageToVideo (no frames), both decoders and the
+    SamplerCustomAdvanced group (spelled as our sampler on euler / simple) become ours; the LoRA branch is cut."""
+    wf = template("video_minimax_h3_t2v")
+    after, report = swap_ui(wf, "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
+                                          "TextEncoderLoader", "TextToVideo", "Sampler"))
+    inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
+    kinds = {n["type"] for n in inner.values()}
+    assert not kinds & {"SamplerCustomAdvanced", "RandomNoise", "BasicGuider", "KSamplerSelect", "BasicScheduler"}
+    sampler = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3Sampler")
+    assert sampler["widgets_values"][3:7] == [1.0, "euler", "simple", 1.0]
+    assert {e["name"]: e.get("link") is not None for e in sampler["inputs"]} == {
+        "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True}
+    assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae"]
+    assert inner[120]["type"] == "SwiftDiTMiniMaxH3AudioVAELoader" and inner[134]["mode"] == 2
+    assert inner[135]["type"] == "ComfySwitchNode"
+    src, out = tmp_path / "h3.json", tmp_path / "out.json"
+    src.write_text(json.dumps(wf))
+    done = run_cli("swap", src, out)
+    assert done.returncode == 0, done.stderr
+    assert "MiniMax H3: swapped 8 node(s)" in done.stdout and json.loads(out.read_text()) == after

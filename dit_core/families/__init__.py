@@ -29,7 +29,11 @@ class Family:
     sampler_extra: tuple[tuple[str, object], ...] = ()  # our sampler's own widgets after KSampler's, with defaults
     # stock nodes of its templates' model path that pass our model on unchanged (ComfySwitchNode: the LoRA switch)
     switches: tuple[str, ...] = ()
-    not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes of its templates the swap cannot take yet, and why
+    # stock nodes of its templates the swap cannot take yet, and why ("Type.input": that node with `input` wired)
+    not_yet: tuple[tuple[str, str], ...] = ()
+    # its templates sample with SamplerCustomAdvanced: the swap spells that group as a KSampler on samplers[0] /
+    # schedulers[0] (swiftdit/custom_sampler.py)
+    custom_sampler: bool = False
 
     def __post_init__(self):
         if not self.node_prefix.startswith("SwiftDiT") or not self.text_types or not self.replaces:
@@ -52,12 +56,20 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
            not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
                                                     "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
-    # H3's templates run SamplerCustomAdvanced on BasicGuider and build the AV latent in MiniMaxH3ImageToVideo /
-    # ReferenceToVideo: the swap leaves them as they are. Our nodes take a KSampler's place (cfg 1, euler, simple).
+    # H3's text to video template: MiniMaxH3ImageToVideo without frames -> our TextToVideo, its SamplerCustomAdvanced
+    # group -> our sampler (euler / simple, cfg 1; docs/nodes.md says why), the audio VAE's loader -> ours for audio.
+    # The other H3 templates (frames, references, t2i) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
-           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode"), ("euler",),
-           ("simple",),
-           not_yet=tuple((stock, "MiniMax H3's templates (SamplerCustomAdvanced after MiniMaxH3ImageToVideo, "
-                                 "ReferenceToVideo or CLIPTextEncode) are not yet supported (issue 35)")
-                         for stock in ("MiniMaxH3ImageToVideo", "MiniMaxH3ReferenceToVideo", "CLIPTextEncode"))),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler", "VAELoader",
+            "VAEDecode", "VAEDecodeAudio"), ("euler",), ("simple",), switches=("ComfySwitchNode",),
+           custom_sampler=True,
+           not_yet=(*((f"MiniMaxH3ImageToVideo.{frame}", "MiniMax H3's templates with a first or last frame (image "
+                                                         "to video) are not yet supported (issue 35)")
+                      for frame in ("first_frame", "last_frame")),
+                    ("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
+                                                  "yet supported (issue 35)"),
+                    ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
+                                            "supported (issue 35)"),
+                    ("CLIPTextEncode", "MiniMax H3's templates with CLIPTextEncode (text to image) are not yet "
+                                       "supported (issue 35)"))),
 )})
