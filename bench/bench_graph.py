@@ -5,20 +5,27 @@
 with the peak memory of the server process on the card and in host RAM over each case (sampled every 0.1 s).
 Z-Image Turbo: the stock template graph (CLIPLoader + CLIPTextEncode, UNETLoader BF16, ModelSamplingAuraFlow,
 KSampler, VAELoader + VAEDecode) against our workflow (workflows/api/z_image_turbo_t2i.json on the INT8 ConvRot file),
-1024x1024, 8 steps. FLUX.3 Klein and Krea 2: our workflows (their diffusers pipelines end to end are still to come).
+1024x1024, 8 steps. FLUX.3 Klein and Krea 2 (which ComfyUI v0.3.75 lacks): our workflows against diffusers' pipelines
+end to end (bench/graph_peers.py: Flux3DistilledAutoBlocks, 16 steps; Krea2Pipeline, 8 steps; BF16), each in a
+process of its own started by this one (cold: from the spawn to the first image; the prompt is re-encoded on every
+call, as a plain user of the pipeline gets it), from the same random files converted once, untimed, to diffusers'
+layout. The peers' memory is sampled as the server's (the process on the card, host RSS); torch's
+max_memory_allocated of each case is given under the table.
 
 Random weights of the real sizes under the templates' file names, written once under .cache/bench_graph/ (Z-Image:
 host/checkpoints.py's DiT with Qwen3-4B's 2560-wide caption rows, a random Qwen3-4B in ComfyUI's layout from
 tests/fixtures/real_size_shapes.json, the FLUX.1 VAE; Klein and Krea 2: tests/real_size.py).
 
     python bench/bench_graph.py [--only z_image flux3_klein krea2] [--report FILE]    # on a GPU
-    python bench/bench_graph.py --smoke    # on the CPU: host/checkpoints.py's tiny set, our Z-Image graph only
+    python bench/bench_graph.py --smoke    # on the CPU: host/checkpoints.py's tiny set, our Z-Image graph, and
+                                           # the two diffusers peers on tiny random files (64x64, 2 steps)
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from host import checkpoints  # noqa: E402
 from host.graphs import Settings, krea2_graph, swiftdit_graph  # noqa: E402
@@ -138,6 +145,40 @@ def graphs(args) -> dict[str, tuple[str, dict]]:
     return out
 
 
+# family -> (the diffusers peer's label, our row's label)
+PEERS = {"flux3_klein": ("FLUX.3 Klein diffusers BF16", "FLUX.3 Klein ours INT8"),
+         "krea2": ("Krea 2 diffusers BF16", "Krea 2 ours INT8")}
+PEER_SCRIPT = ROOT / "bench" / "graph_peers.py"
+
+
+def run_peer(family: str, models: Path, smoke: bool) -> list[dict]:
+    """The three cases of the family's diffusers pipeline in a process of its own (bench/graph_peers.py), after an
+    untimed one that writes the diffusers-layout copy of the files (once)."""
+    label = PEERS[family][0] + (" (tiny, CPU)" if smoke else "")
+    flag = ["--smoke"] if smoke else []
+    repo = models / f"diffusers_{family}"
+    subprocess.run([sys.executable, str(PEER_SCRIPT), "prepare", family, str(models), str(repo), *flag], check=True)
+    rows = []
+    t0 = time.time()
+    proc = subprocess.Popen([sys.executable, str(PEER_SCRIPT), "run", family, str(repo), "--t0", repr(t0),
+                             "--prompts", *PROMPTS, *flag], stdout=subprocess.PIPE, text=True)
+    peaks = Peaks(proc.pid).__enter__()
+    for line in proc.stdout:
+        if not line.startswith("{"):
+            continue
+        peaks.__exit__()
+        case = json.loads(line)
+        rows.append({"graph": label, "case": case["case"], "seconds": case["seconds"], "card_gb": peaks.card_gb,
+                     "host_gb": max(peaks.host_gb, case["host_gb"]), "alloc_gb": case["card_gb"]})
+        print(f"| {label} | {case['case']} | {case['seconds']:.2f} | {peaks.card_gb:.1f} | "
+              f"{rows[-1]['host_gb']:.1f} |", flush=True)
+        peaks = Peaks(proc.pid).__enter__()
+    peaks.__exit__()
+    if proc.wait() != 0 or len(rows) != 3:
+        raise RuntimeError(f"{label}: exit {proc.returncode}, {len(rows)} cases")
+    return rows
+
+
 def write_files(smoke: bool) -> Path:
     """The model folders of the run (written once): the tiny Z-Image set on the CPU, else the real sizes."""
     if smoke:
@@ -194,9 +235,18 @@ def run_cases(label: str, graph: dict, models: Path, smoke: bool) -> list[dict]:
 
 
 def ratios(rows: list[dict]) -> list[str]:
-    """Stock's seconds over ours, case by case, for Z-Image (the goal: at least 2 for cases 2 and 3)."""
+    """Stock's seconds over ours, case by case, for Z-Image (the goal: at least 2 for cases 2 and 3); diffusers'
+    over ours for FLUX.3 Klein and Krea 2 (the goal: at least 2), with torch's peak allocation of each peer case."""
     by = {(r["graph"], r["case"]): r for r in rows}
     out = []
+    for family, (peer, ours_label) in PEERS.items():
+        for case in sorted({r["case"] for r in rows}):
+            theirs, ours = by.get((peer, case)), by.get((ours_label, case))
+            if theirs and ours:
+                out.append(f"- {peer.split(' diffusers')[0]}, case {case}: diffusers {theirs['seconds']:.2f} s / ours "
+                           f"{ours['seconds']:.2f} s = {theirs['seconds'] / ours['seconds']:.2f}x")
+    out += [f"- {r['graph']}, case {r['case']}: torch max_memory_allocated {r['alloc_gb']:.2f} GB"
+            for r in rows if "alloc_gb" in r]
     for case in sorted({r["case"] for r in rows}):
         stock, ours = by.get(("Z-Image stock BF16", case)), by.get(("Z-Image ours INT8 ConvRot", case))
         if stock and ours:
@@ -218,6 +268,15 @@ def main(argv=None) -> int:
     header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
     rows = [row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke)]
+    if args.smoke:
+        import graph_peers
+        graph_peers.torchvision_shim()
+        peer_models = graph_peers.write_smoke_files(ROOT / ".cache" / "bench_graph_smoke")
+    else:
+        peer_models = models
+    for family in PEERS:
+        if family in args.only:
+            rows += run_peer(family, peer_models, args.smoke)
     summary = ratios(rows)
     print("\n".join(["", *summary]))
     if args.report:
