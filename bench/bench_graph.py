@@ -261,22 +261,24 @@ def main(argv=None) -> int:
     p.add_argument("--only", nargs="*", default=["z_image", "flux3_klein", "krea2"])
     p.add_argument("--smoke", action="store_true", help="the CPU, the tiny Z-Image set, our graph only")
     p.add_argument("--report", help="also write the table to this markdown file")
+    p.add_argument("--side", choices=("ours", "peers", "both"), default="both",
+                   help="the server graphs, the diffusers peers, or both (a device call carries ComfyUI's packages "
+                        "or the peers' diffusers and transformers: not both within its 64 MiB)")
     args = p.parse_args(argv)
-    if not (COMFYUI_TREE / "main.py").is_file():
+    if args.side != "peers" and not (COMFYUI_TREE / "main.py").is_file():
         p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
     models = write_files(args.smoke)
     header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
-    rows = [row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke)]
-    if args.smoke:
-        import graph_peers
-        graph_peers.torchvision_shim()
-        peer_models = graph_peers.write_smoke_files(ROOT / ".cache" / "bench_graph_smoke")
-    else:
+    rows = [] if args.side == "peers" else [
+        row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke)]
+    if args.side != "ours":
         peer_models = models
-    for family in PEERS:
-        if family in args.only:
-            rows += run_peer(family, peer_models, args.smoke)
+        if args.smoke:
+            import graph_peers
+            graph_peers.torchvision_shim()
+            peer_models = graph_peers.write_smoke_files(ROOT / ".cache" / "bench_graph_smoke")
+        rows += [row for family in PEERS if family in args.only for row in run_peer(family, peer_models, args.smoke)]
     summary = ratios(rows)
     print("\n".join(["", *summary]))
     if args.report:

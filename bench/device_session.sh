@@ -68,8 +68,10 @@ for part in $parts; do
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
-    # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s).
-    graph) timeout 590 python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --report $OUT/graph.md ;;
+    # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s);
+    # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
+    graph) timeout 590 python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --side ${SIDE:-ours} \
+             --report $OUT/graph.md ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
