@@ -347,8 +347,9 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     of those (else None: the groups stay as they were)."""
     from .custom_sampler import cut_loras_ui, fold_api, fold_ui
     work = copy.deepcopy(data)
-    done = (fold_ui if fold == "ui" else fold_api)(work, fam.roles["KSampler"].accepts[-2][1][0],
-                                                   fam.roles["KSampler"].accepts[-1][1][0])
+    accepts = dict(fam.roles["KSampler"].accepts)  # the family's first sampler and scheduler: those it runs
+    sampler, scheduler = accepts["sampler_name"][0], accepts["scheduler"][0]
+    done = (fold_ui if fold == "ui" else fold_api)(work, sampler, scheduler)
     if not done:
         return None
     cut = cut_loras_ui(work) if fold == "ui" and "LoraLoaderModelOnly" not in fam.roles else []
@@ -357,7 +358,6 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     ids = [str(kid) for _, kid, _ in done]
     if not all(any(w == k or w.endswith(f":{k}") for w in swapped) for k in ids):
         return None
-    sampler, scheduler = (fam.roles["KSampler"].accepts[i][1][0] for i in (-2, -1))
     for (_, kid, name), where in zip(done, ids):
         at = next(w for w in swapped if w == where or w.endswith(f":{where}"))
         report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({name}), BasicScheduler and "
