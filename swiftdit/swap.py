@@ -371,11 +371,15 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
 
 def swap_ui(workflow: dict, family: str = "z_image") -> tuple[dict, Report]:
     """A swapped copy of a UI-format workflow (subgraphs included) and its report."""
-    if FAMILIES[family].custom_sampler:
-        folded = _folded(FAMILIES[family], workflow, "ui", _swap_ui)
-        if folded is not None:
-            return folded
-    return _swap_ui(workflow, family)
+    return _swapped(workflow, family, "ui", _swap_ui)
+
+
+def _swapped(data: dict, family: str, fold: str, core) -> tuple[dict, Report]:
+    """core's swap of data, its SamplerCustomAdvanced groups first spelled as KSamplers where the family's row
+    asks for it and the swap then takes them all (_folded)."""
+    fam = FAMILIES[family]
+    folded = _folded(fam, data, fold, core) if fam.custom_sampler else None
+    return folded if folded is not None else core(data, family)
 
 
 def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
@@ -518,11 +522,7 @@ def _ui_wire(trace, dst: str | None, entry: dict) -> Wire:
 
 def swap_api(prompt: dict, family: str = "z_image") -> tuple[dict, Report]:
     """A swapped copy of an API-format prompt ({id: {class_type, inputs}}) and its report."""
-    if FAMILIES[family].custom_sampler:
-        folded = _folded(FAMILIES[family], prompt, "api", _swap_api)
-        if folded is not None:
-            return folded
-    return _swap_api(prompt, family)
+    return _swapped(prompt, family, "api", _swap_api)
 
 
 def _swap_api(prompt: dict, family: str) -> tuple[dict, Report]:
