@@ -1,0 +1,441 @@
+"""LTX-2.5's text path on the host, f32: Gemma-4 12B (`gemma4_unified`) over the prompt, all its hidden states, the
+per-modality feature projections (the text encoder file's `text_embedding_projection`) and the video and audio
+connectors (the DiT file's `*_embeddings_connector`), giving the LTX-2.5 transformer its text rows and mask.
+
+reference/families/ltx25.md section 5 (text path); diffusers 0.42.1 `LTX2Pipeline._get_gemma_prompt_embeds` and
+`pipelines/ltx2/connectors.py` (`LTX2TextConnectors` with per_modality_projections) are the oracle."""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
+
+from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
+from .loading import TextEncoder, checked_layers, prompt_too_long
+
+log = logging.getLogger(__name__)
+
+TEMPLATE_FILE = "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors"  # CLIPLoader type ltxv
+ENHANCER_FILE = "gemma4_e2b_it_int8_convrot"  # the template's prompt enhancer: another Gemma-4, not this encoder
+PROJECTIONS = "text_embedding_projection."  # + video_aggregate_embed / audio_aggregate_embed (LTX-2.3+ names)
+CONNECTORS = ("model.diffusion_model.", "")  # where a DiT file (or a bare connector file) holds the connectors
+TOKENIZER_TENSOR = "tokenizer_json"  # ComfyUI's Gemma-4 files carry their tokenizer.json as a uint8 tensor
+MAX_LENGTH = 1024  # diffusers' max_sequence_length: prompts are left-padded to it, the connectors give that many rows
+RMS_EPS = 1e-6  # Gemma-4's rms_norm_eps, the feature RMS and the connectors' norms (not in the tensors)
+# Gemma-4's config.json values that the tensors do not hold (transformers' Gemma4UnifiedTextConfig defaults, which
+# the LTX-2.5 text encoder keeps: sliding 10k default RoPE; full layers 1M proportional RoPE on a quarter of the head).
+SLIDING_WINDOW = 1024
+ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
+MAX_POSITIONS = 262_144
+ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+               "post_feedforward_layernorm")
+# Connector RoPE (diffusers LTX2RotaryPosEmbed1d as LTX2TextConnectors builds it): positions i / 4096, base 10000.
+CONNECTOR_ROPE_LENGTH = 4096
+CONNECTOR_ROPE_THETA = 10_000.0
+
+
+def wrong_file(ckpt: Checkpoint, kind: str) -> WeightsError:
+    return WeightsError(f"{ckpt.path.name}: is {kind}; LTX-2.5 needs its Gemma-4 12B text encoder with the "
+                        f"feature projections: put {TEMPLATE_FILE} (or its BF16 version) in the CLIPLoader "
+                        f"(type ltxv)")
+
+
+def find_gemma4_root(ckpt: Checkpoint) -> str:
+    """The key prefix of the Gemma-4 12B text model: "model." (ComfyUI's flat layout) or "model.language_model."
+    (transformers'); WeightsError naming what the file is otherwise and the file LTX-2.5 needs."""
+    keys = ckpt.keys()
+    for root in ("model.", "model.language_model."):
+        if f"{root}layers.0.pre_feedforward_layernorm.weight" in ckpt and f"{root}embed_tokens.weight" in ckpt:
+            if f"{root}embed_tokens_per_layer.weight" in ckpt:
+                # E2B/E4B carry per-layer embeddings and share K/V across layers: the enhancer, not the encoder.
+                raise wrong_file(ckpt, f"a Gemma-4 E2B/E4B (per-layer embeddings; e.g. the prompt enhancer "
+                                       f"{ENHANCER_FILE})")
+            if f"{root}layers.0.self_attn.q_norm.weight" not in ckpt:
+                raise wrong_file(ckpt, "a Gemma 2 text encoder (no q_norm)")
+            return root
+    if any(k.endswith("self_attn.q_norm.weight") for k in keys):
+        kind = "a Qwen3-style text encoder (another family's)"
+    elif any(k.startswith(("model.diffusion_model.", "vae.", "decoder.", "encoder.")) for k in keys):
+        kind = "not a text encoder (a diffusion model or a VAE?)"
+    else:
+        kind = "not a Gemma-4 text encoder"
+    raise wrong_file(ckpt, kind)
+
+
+@dataclass(frozen=True)
+class Gemma4Sizes:
+    """What Gemma-4's tensors say of the model: widths, heads and the kind of each layer (full or sliding)."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    global_head_dim: int
+    num_global_key_value_heads: int
+    attention_k_eq_v: bool
+    layer_types: tuple[str, ...]
+
+    def config(self) -> Gemma4UnifiedTextConfig:
+        return Gemma4UnifiedTextConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+            num_hidden_layers=len(self.layer_types), num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
+            global_head_dim=self.global_head_dim, num_global_key_value_heads=self.num_global_key_value_heads,
+            attention_k_eq_v=self.attention_k_eq_v, layer_types=list(self.layer_types),
+            sliding_window=SLIDING_WINDOW, rope_parameters=ROPE, rms_norm_eps=RMS_EPS,
+            max_position_embeddings=MAX_POSITIONS, use_cache=False)
+
+
+def read_gemma4_sizes(ckpt: Checkpoint, root: str) -> Gemma4Sizes:
+    """Sizes from the tensors' shapes: a layer whose q_norm is wider than layer 0's is a full-attention layer."""
+    name = ckpt.path.name
+    vocab, hidden = ckpt.shape(f"{root}embed_tokens.weight")
+    layer_key = re.compile(re.escape(root) + r"layers\.(\d+)\.")
+    keys = ckpt.keys()
+    layer_ids = {int(m.group(1)) for k in keys if (m := layer_key.match(k))}
+    n_layers = max(layer_ids) + 1
+    if layer_ids != set(range(n_layers)):
+        raise WeightsError(f"{name}: layers {sorted(set(range(n_layers)) - layer_ids)} are missing; truncated or "
+                           f"partial file?")
+    attn = [f"{root}layers.{i}.self_attn." for i in range(n_layers)]
+    shared = [i for i, a in enumerate(attn) if f"{a}k_proj.weight" not in ckpt]
+    if shared:  # E2B-style K/V sharing: not the 12B encoder
+        raise wrong_file(ckpt, f"a Gemma-4 whose layers {shared[:4]}... share K/V (E2B/E4B, e.g. {ENHANCER_FILE})")
+    head_dims = [ckpt.shape(f"{a}q_norm.weight")[0] for a in attn]
+    local, wide = min(head_dims), max(head_dims)
+    if local == wide:  # Gemma 3's layers all have the same heads; Gemma-4's full layers have wider ones
+        raise wrong_file(ckpt, "a Gemma 3 text encoder (every layer's heads equally wide; LTX-2.0's "
+                               "gemma_3_12B_it)")
+    types = tuple("full_attention" if d == wide else "sliding_attention" for d in head_dims)
+    if types[-1] != "full_attention":
+        raise WeightsError(f"{name}: the last layer's heads are {head_dims[-1]} wide, not a full-attention layer's; "
+                           f"is it a Gemma-4 text encoder?")
+    full = types.index("full_attention")
+    q_rows, kv_rows = ckpt.shape(f"{attn[0]}q_proj.weight")[0], ckpt.shape(f"{attn[0]}k_proj.weight")[0]
+    global_kv_rows = ckpt.shape(f"{attn[full]}k_proj.weight")[0]
+    if q_rows % local or kv_rows % local or global_kv_rows % wide:
+        raise WeightsError(f"{name}: q_proj/k_proj rows ({q_rows}, {kv_rows}, {global_kv_rows}) do not split into "
+                           f"heads of {local} / {wide} (from q_norm)")
+    return Gemma4Sizes(
+        vocab_size=vocab, hidden_size=hidden,
+        intermediate_size=ckpt.shape(f"{root}layers.0.mlp.gate_proj.weight")[0],
+        num_attention_heads=q_rows // local, num_key_value_heads=kv_rows // local, head_dim=local,
+        global_head_dim=wide, num_global_key_value_heads=global_kv_rows // wide,
+        attention_k_eq_v=f"{attn[full]}v_proj.weight" not in ckpt, layer_types=types)
+
+
+def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: torch.dtype,
+                      device: str | torch.device) -> dict[str, torch.Tensor]:
+    """Gemma4UnifiedTextModel's state dict (transformers' names, no prefix) of dtype on device; every linear
+    through weights.read_linear (BF16 as stored, INT8 ConvRot dequantized: the host path)."""
+    markers = ckpt.quantization_markers()
+    sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device),
+          "norm.weight": read_tensor(ckpt, f"{root}norm.weight", (sizes.hidden_size,), dtype, device)}
+    for i, kind in enumerate(sizes.layer_types):
+        src, dst = f"{root}layers.{i}.", f"layers.{i}."
+        head = sizes.global_head_dim if kind == "full_attention" else sizes.head_dim
+        for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
+            for n in names:
+                if n == "v_proj" and kind == "full_attention" and sizes.attention_k_eq_v:
+                    continue  # full layers take V from K's projection
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers)
+                if lin.bias is not None:
+                    raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Gemma-4 has none")
+                sd[f"{dst}{group}.{n}.weight"] = lin.dequantized().to(device, dtype)
+        for n in LAYER_NORMS:
+            sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (sizes.hidden_size,), dtype, device)
+        for n in ("q_norm", "k_norm"):
+            sd[f"{dst}self_attn.{n}.weight"] = read_tensor(ckpt, f"{src}self_attn.{n}.weight", (head,), dtype, device)
+        if f"{src}layer_scalar" in ckpt:
+            sd[f"{dst}layer_scalar"] = read_tensor(ckpt, f"{src}layer_scalar", (1,), dtype, device)
+        else:
+            # transformers' own initial value; a file converted without the buffer loses nothing if it was 1.
+            log.warning("%s: no '%slayer_scalar'; taken as 1", ckpt.path.name, src)
+            sd[f"{dst}layer_scalar"] = torch.ones(1, dtype=dtype, device=device)
+    return sd
+
+
+class GemmaPromptTokenizer:
+    """Gemma-4's tokenizer.json: `<bos>` then the stripped prompt (diffusers' _get_gemma_prompt_embeds: no chat
+    template, add_special_tokens=True, which for Gemma adds the BOS only); prompts over max_length - 1 tokens are
+    refused (diffusers would cut them without a word)."""
+
+    def __init__(self, tokenizer_json: str, max_length: int = MAX_LENGTH):
+        from tokenizers import Tokenizer
+        self.tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.bos = self.tokenizer.token_to_id("<bos>")
+        if self.bos is None:
+            raise WeightsError("the Gemma-4 tokenizer has no '<bos>' token; is it Gemma's tokenizer.json?")
+        self.max_length = max_length
+
+    @classmethod
+    def find(cls, ckpt: Checkpoint, tokenizer: str | os.PathLike | None) -> GemmaPromptTokenizer:
+        """From `tokenizer` (a tokenizer.json or a folder holding one) or, when None, the text encoder file's own
+        `tokenizer_json` tensor (ComfyUI's Gemma-4 files)."""
+        if tokenizer is not None:
+            path = Path(tokenizer)
+            path = path / "tokenizer.json" if path.is_dir() else path
+            if not path.is_file():
+                raise WeightsError(f"{path}: no Gemma-4 tokenizer.json there")
+            return cls(path.read_text(encoding="utf-8"))
+        if TOKENIZER_TENSOR not in ckpt:
+            raise WeightsError(f"{ckpt.path.name}: holds no '{TOKENIZER_TENSOR}' tensor; pass Gemma-4's "
+                               f"tokenizer.json (google/gemma-4-12B-it) as the tokenizer")
+        return cls(bytes(ckpt.get(TOKENIZER_TENSOR).to(torch.uint8).tolist()).rstrip(b"\x00").decode("utf-8"))
+
+    def __call__(self, prompt: str) -> list[int]:
+        ids = [self.bos, *self.tokenizer.encode(prompt.strip(), add_special_tokens=False).ids]
+        if len(ids) > self.max_length:
+            raise prompt_too_long(len(ids), self.max_length)
+        return ids
+
+
+class Gemma4TextEncoder(TextEncoder):
+    """Prompt -> LTX-2.5's text features: every hidden state of Gemma-4 12B (the embeddings, each layer's output,
+    the last one after the final norm), RMS-normalized per token and layer, flattened hidden-major and projected
+    per modality (video 4096, audio 2048 in the release). Run over the valid tokens alone at the positions they
+    have left-padded to max_length (diffusers' pads only ever reach the connectors as rows they replace)."""
+
+    ARCH = "Gemma-4 text model"
+    MODEL = Gemma4UnifiedTextModel
+
+    def __init__(self, model: Gemma4UnifiedTextModel, tokenizer: GemmaPromptTokenizer,
+                 video_proj: Linear, audio_proj: Linear):
+        super().__init__(model, tokenizer)
+        self.video_proj = video_proj
+        self.audio_proj = audio_proj
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
+             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Gemma4TextEncoder:
+        """From the template's Gemma-4 file (INT8 ConvRot or BF16; ComfyUI's flat `model.*` layout or transformers'
+        `model.language_model.*`) with its `text_embedding_projection`; the tokenizer first (see
+        GemmaPromptTokenizer.find), so a missing one fails before gigabytes are read."""
+        ckpt = Checkpoint(path)
+        root = find_gemma4_root(ckpt)
+        missing = [f"{PROJECTIONS}{m}_aggregate_embed.weight" for m in ("video", "audio")
+                   if f"{PROJECTIONS}{m}_aggregate_embed.weight" not in ckpt]
+        if missing:
+            raise WeightsError(f"{ckpt.path.name}: a Gemma-4 text encoder without LTX-2.5's feature projections "
+                               f"({', '.join(missing)} missing); use {TEMPLATE_FILE}, the one 'with-proj'")
+        prompt_tokenizer = GemmaPromptTokenizer.find(ckpt, tokenizer)
+        sizes = read_gemma4_sizes(ckpt, root)
+        sd = read_gemma4_state(ckpt, root, sizes, dtype, device)
+        config = sizes.config()
+        with torch.device("meta"):  # gpt-fast habit: no random init, the file's tensors assigned
+            model = cls.MODEL(config)
+        try:
+            model.load_state_dict(sd, strict=True, assign=True)
+        except RuntimeError as e:
+            raise WeightsError(f"{ckpt.path.name}: tensors do not fit the {cls.ARCH} its shapes describe ({e})") from e
+        # Non-persistent buffers are still on meta: the RoPE tables (f32, computed for real) and the embed scale.
+        model.rotary_emb = type(model.rotary_emb)(config=config)
+        model.embed_tokens.embed_scale = torch.tensor(model.embed_tokens.scalar_embed_scale)
+        projections = [read_linear(ckpt, f"{PROJECTIONS}{m}_aggregate_embed") for m in ("video", "audio")]
+        width = sizes.hidden_size * (len(sizes.layer_types) + 1)
+        for lin, m in zip(projections, ("video", "audio")):
+            if lin.in_features != width:
+                raise WeightsError(f"{ckpt.path.name}: {m}_aggregate_embed takes {lin.in_features} features, not "
+                                   f"{width} (hidden {sizes.hidden_size} x {len(sizes.layer_types) + 1} states); "
+                                   f"the projections of another text encoder?")
+        video, audio = (Linear(lin.dequantized().to(device, dtype),
+                               None if lin.bias is None else lin.bias.to(device, dtype)) for lin in projections)
+        return cls(model.to(device).eval(), prompt_tokenizer, video, audio)
+
+    @torch.no_grad()
+    def hidden_states(self, ids: list[int], check: Callable[[], None] | None = None) -> torch.Tensor:
+        """All hidden states [1, n, hidden, layers + 1] f32 of the valid ids, at positions max_length - n ..
+        max_length - 1 (where diffusers' left padding puts them; RoPE sees the same angles)."""
+        n = len(ids)
+        if n > self.tokenizer.max_length:
+            raise prompt_too_long(n, self.tokenizer.max_length)
+        positions = torch.arange(self.tokenizer.max_length - n, self.tokenizer.max_length, device=self.device)
+        with checked_layers(self.model.layers, check):
+            out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=positions[None],
+                             output_hidden_states=True, use_cache=False)
+        return torch.stack(out.hidden_states, dim=-1).float()
+
+    @torch.no_grad()
+    def encode_ids(self, ids: list[int] | torch.Tensor,
+                   check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(video [1, n, video width], audio [1, n, audio width]) f32 features of n unpadded ids."""
+        states = self.hidden_states(self.checked_ids(ids), check)
+        normed = states * torch.rsqrt(states.pow(2).mean(dim=2, keepdim=True) + RMS_EPS)
+        flat = normed.flatten(2)  # hidden-major, layer-minor: feature d * (layers + 1) + l
+        hidden = states.shape[2]
+        return tuple(F.linear(flat * math.sqrt(p.out_features / hidden), p.weight.float(),
+                              None if p.bias is None else p.bias.float()) for p in (self.video_proj, self.audio_proj))
+
+
+# --- the connectors ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ConnectorBlock:
+    """One connector block: x += attn(rms(x)); x += ff(rms(x))."""
+    q: Linear
+    k: Linear
+    v: Linear
+    out: Linear
+    gate: Linear | None  # per-head 2*sigmoid gate (LTX-2.3+)
+    q_norm: torch.Tensor
+    k_norm: torch.Tensor
+    up: Linear
+    down: Linear
+
+
+@dataclass(frozen=True)
+class Connector:
+    """One modality's connector: registers replace padding, blocks, a final weightless RMS norm."""
+    registers: torch.Tensor  # [R, width]
+    blocks: tuple[ConnectorBlock, ...]
+    heads: int
+
+    @property
+    def width(self) -> int:
+        return self.registers.shape[1]
+
+
+def _float(lin: Linear, device) -> Linear:
+    return Linear(lin.dequantized().to(device), None if lin.bias is None else lin.bias.float().to(device))
+
+
+def read_connector(ckpt: Checkpoint, prefix: str, heads: int | None, device) -> Connector:
+    """`<prefix>learnable_registers` and `<prefix>transformer_1d_blocks.N.*` (the original names, as ComfyUI's DiT
+    files hold them); heads from the gate's rows unless given."""
+    markers = ckpt.quantization_markers()
+    stem = f"{prefix}transformer_1d_blocks."
+    n_blocks = ckpt.numbered(stem, ".attn1.to_q.weight")
+    if n_blocks == 0:
+        raise WeightsError(f"{ckpt.path.name}: no '{stem}0.attn1.to_q.weight'; the connectors are in the LTX-2.5 "
+                           f"DiT file (ltx-2.5-22b-distilled-transformer-comfy-int8-convrot)")
+    registers = read_tensor(ckpt, f"{prefix}learnable_registers", device=device)
+    width = registers.shape[1]
+    blocks = []
+
+    def lin(name: str) -> Linear:
+        return _float(read_linear(ckpt, name, markers), device)
+
+    for i in range(n_blocks):
+        b = f"{stem}{i}."
+        gate = lin(f"{b}attn1.to_gate_logits") if f"{b}attn1.to_gate_logits.weight" in ckpt else None
+        blocks.append(ConnectorBlock(
+            q=lin(f"{b}attn1.to_q"), k=lin(f"{b}attn1.to_k"), v=lin(f"{b}attn1.to_v"), out=lin(f"{b}attn1.to_out.0"),
+            gate=gate, q_norm=read_tensor(ckpt, f"{b}attn1.q_norm.weight", (width,), device=device),
+            k_norm=read_tensor(ckpt, f"{b}attn1.k_norm.weight", (width,), device=device),
+            up=lin(f"{b}ff.net.0.proj"), down=lin(f"{b}ff.net.2")))
+    if heads is None:
+        if blocks[0].gate is None:
+            raise WeightsError(f"{ckpt.path.name}: '{prefix}' has no gate to count its heads by; pass heads")
+        heads = blocks[0].gate.out_features
+    if width % (2 * heads):
+        raise WeightsError(f"{ckpt.path.name}: '{prefix}' width {width} does not split into {heads} heads of "
+                           f"rotary pairs")
+    return Connector(registers, tuple(blocks), heads)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
+    return x if weight is None else x * weight
+
+
+def _apply(lin: Linear, x: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, lin.weight, lin.bias)
+
+
+def connector_rotary(rows: int, width: int, heads: int, f64: bool,
+                     device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [heads, rows, width / (2 heads)] of the connectors' 1-D split RoPE: angle_j(i) = f_j (2 i / 4096 - 1),
+    f_j = 10000^(j / (width/2 - 1)) pi / 2, the width/2 angles dealt to heads in order. f64: whole angles in f64
+    (ltx-core, ComfyUI); otherwise as diffusers (f64 ladder cast to f32, the product in f32): up to ~1e-3 apart in
+    cos (reference/families/ltx25.md section 9, item 3)."""
+    ladder = torch.pow(CONNECTOR_ROPE_THETA, torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64)) * (math.pi / 2)
+    grid = torch.arange(rows, dtype=torch.float32) / CONNECTOR_ROPE_LENGTH
+    if f64:
+        angles = (grid.double()[:, None] * 2 - 1) * ladder
+    else:
+        angles = (grid[:, None] * 2 - 1) * ladder.float()
+    angles = angles.reshape(rows, heads, -1).transpose(0, 1)
+    return angles.cos().float().to(device), angles.sin().float().to(device)
+
+
+def _rotate_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [heads, rows, head]: pairs (i, i + head/2) of each head rotated."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def run_connector(c: Connector, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Blocks and the final norm over rows x [rows, width] (every row attends every row)."""
+    rows, heads = x.shape[0], c.heads
+    cos, sin = rotary
+    for b in c.blocks:
+        h = _rms(x)
+        q, k, v = (t.reshape(rows, heads, -1).transpose(0, 1) for t in (
+            _rms(_apply(b.q, h), b.q_norm), _rms(_apply(b.k, h), b.k_norm), _apply(b.v, h)))
+        o = F.scaled_dot_product_attention(_rotate_split(q, cos, sin), _rotate_split(k, cos, sin), v)
+        if b.gate is not None:
+            o = o * (2 * torch.sigmoid(_apply(b.gate, h))).transpose(0, 1)[..., None]
+        x = x + _apply(b.out, o.transpose(0, 1).reshape(rows, -1))
+        x = x + _apply(b.down, F.gelu(_apply(b.up, _rms(x)), approximate="tanh"))
+    return _rms(x)
+
+
+class LTX25TextConnectors:
+    """The video and audio connectors: features of n valid tokens -> the DiT's text rows, `rows` of each (valid
+    tokens first, then the learnable registers of their absolute rows), all attended (mask of ones)."""
+
+    def __init__(self, video: Connector, audio: Connector, rows: int = MAX_LENGTH, rope_f64: bool = True):
+        for name, c in (("video", video), ("audio", audio)):
+            if rows % c.registers.shape[0]:
+                raise ValueError(f"LTX25TextConnectors: {rows} rows do not tile the {name} connector's "
+                                 f"{c.registers.shape[0]} registers")
+        self.video, self.audio = video, audio
+        self.rows = rows
+        self.rope_f64 = rope_f64
+
+    @classmethod
+    def load(cls, path: str | os.PathLike | Checkpoint, rows: int = MAX_LENGTH, rope_f64: bool = True,
+             heads: int | None = None, device: str | torch.device = "cpu") -> LTX25TextConnectors:
+        """From the LTX-2.5 DiT file (`model.diffusion_model.{video,audio}_embeddings_connector.*`) or a file of the
+        connectors alone; f32 on device. rope_f64: production angles (True) or diffusers' (False, its tests)."""
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        base = ckpt.prefix_of(("video_embeddings_connector.learnable_registers",), CONNECTORS)
+        if base is None:
+            raise WeightsError(f"{ckpt.path.name}: no 'model.diffusion_model.video_embeddings_connector.*'; the "
+                               f"LTX-2.5 connectors are in ltx-2.5-22b-distilled-transformer-comfy-int8-convrot")
+        video, audio = (read_connector(ckpt, f"{base}{m}_embeddings_connector.", heads, device)
+                        for m in ("video", "audio"))
+        return cls(video, audio, rows, rope_f64)
+
+    def connect(self, c: Connector, features: torch.Tensor) -> torch.Tensor:
+        n = features.shape[0]
+        if n > self.rows:
+            raise ValueError(f"LTX25TextConnectors: {n} tokens, more than the {self.rows} text rows")
+        registers = c.registers.repeat(self.rows // c.registers.shape[0], 1)
+        x = torch.cat((features.to(registers), registers[n:]))
+        return run_connector(c, x, connector_rotary(self.rows, c.width, c.heads, self.rope_f64, x.device))
+
+    @torch.no_grad()
+    def __call__(self, video: torch.Tensor, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(video rows [1, rows, video width], audio rows [1, rows, audio width], mask [1, rows] of ones) from the
+        encoder's features [1, n, width] of one prompt."""
+        v, a = self.connect(self.video, video[0].float()), self.connect(self.audio, audio[0].float())
+        return v[None], a[None], torch.ones(1, self.rows, dtype=torch.long, device=v.device)
+
+
+def encode_prompt(encoder: Gemma4TextEncoder, connectors: LTX25TextConnectors, prompt: str,
+                  check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A prompt -> the LTX-2.5 transformer's (video rows, audio rows, mask)."""
+    return connectors(*encoder.encode(prompt, check))
