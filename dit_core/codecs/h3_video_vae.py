@@ -1,4 +1,5 @@
-"""MiniMax H3's video VAE decoder (the ViT of diffusers' AutoencoderKLMiniMaxH3, its names) in f32: clips, tiles."""
+"""MiniMax H3's video VAE in f32, in diffusers' AutoencoderKLMiniMaxH3 names: the ViT decoder and the causal 3-D
+CNN encoder, each in diffusers' clips and pixel tiles."""
 from __future__ import annotations
 
 import math
@@ -23,10 +24,18 @@ TILE, TILE_OVERLAP = 256, 64  # pixels; on by default in diffusers: the released
 # Pixels are ImageNet-normalized (AutoencoderKLMiniMaxH3's docstring; the pipeline's decode step).
 PIXEL_MEAN = (0.485, 0.456, 0.406)
 PIXEL_STD = (0.229, 0.224, 0.225)
+# The encoder (diffusers' defaults): where each level downsamples, and its norms (neither is in the file).
+SPATIAL_FACTORS = (2, 2, 2, 2, 1, 1)
+TEMPORAL_FACTORS = (1, 2, 2, 1, 1, 1)
+ENCODER_GROUPS, ENCODER_EPS = 32, 1e-6
 ANCHOR = "decoder.proj_in.weight"
 EXPECTED = ("an H3 video VAE in diffusers' AutoencoderKLMiniMaxH3 names (post_quant_conv.*, decoder.proj_in.*, "
             "decoder.register_tokens, decoder.transformer_blocks.N.*, decoder.norm_out.*, decoder.proj_out.*), "
             "optionally under a prefix such as 'vae.'")
+ENCODER_ANCHOR = "encoder.conv_in.weight"
+ENCODER_EXPECTED = ("an H3 video VAE with its encoder in diffusers' AutoencoderKLMiniMaxH3 names (encoder.conv_in.*, "
+                    "encoder.down_blocks.N.resnets.J.*, encoder.down_blocks.N.downsamplers.0.conv.*, "
+                    "encoder.norm_out.*, encoder.conv_out.*, quant_conv.*), optionally under a prefix such as 'vae.'")
 
 
 @dataclass(frozen=True)
@@ -64,10 +73,7 @@ class VideoDecoder:
         `latents_mean`/`latents_std` tensors, else from the arguments (diffusers' vae/config.json)."""
         ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
         name = ckpt.path.name
-        found = [k[: -len(ANCHOR)] for k in ckpt.keys() if k.endswith(ANCHOR)]  # noqa: SIM118
-        if not found:
-            raise WeightsError(f"{name}: no '{ANCHOR}' tensor; expected {EXPECTED}")
-        p = min(found, key=len)
+        p = _find_prefix(ckpt, ANCHOR, EXPECTED)
         width, latent = ckpt.shape(p + ANCHOR)
         if latent != LATENT_CHANNELS or width % head_dim:
             raise WeightsError(f"{name}: '{p + ANCHOR}' is {[width, latent]}, expected [k * {head_dim}, "
@@ -102,18 +108,7 @@ class VideoDecoder:
         for key in ("norm_out.weight", "norm_out.bias"):
             w[key] = read_tensor(ckpt, p + "decoder." + key, (width,))
         linear("proj_out")
-        stats = []
-        for key, given in (("latents_mean", latents_mean), ("latents_std", latents_std)):
-            if p + key in ckpt:
-                stats.append(read_tensor(ckpt, p + key).reshape(-1))
-            elif given is not None:
-                stats.append(torch.as_tensor(given, dtype=torch.float32).reshape(-1))
-            else:
-                raise WeightsError(f"{name}: no '{p + key}' tensor; pass {key} (24 values, the VAE's "
-                                   f"config.json) to VideoDecoder.load")
-            if stats[-1].numel() != LATENT_CHANNELS:
-                raise WeightsError(f"{name}: {key} has {stats[-1].numel()} values, expected {LATENT_CHANNELS}")
-        return cls(shape, w, *stats)
+        return cls(shape, w, *_latent_stats(ckpt, p, latents_mean, latents_std, "VideoDecoder.load"))
 
     def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoDecoder:
         """The decoder with its weights on device in dtype (norms and residual gates stay f32, as diffusers keeps
@@ -252,6 +247,233 @@ class VideoDecoder:
             raise ValueError(f"samples: expected H3 video latents [B, {LATENT_CHANNELS}, T, h, w], got {got}; is "
                              f"this latent from another model family (or the audio part of an AV latent)?")
         return latents.to(self.w["proj_in.weight"].device, torch.float32)
+
+
+@dataclass(frozen=True)
+class VideoEncoderShape:
+    """The causal CNN's sizes: channels and resnets per level from the file; where each level downsamples is not in
+    it (only whether it does), so the family supplies the factors."""
+    channels: tuple[int, ...]  # per level
+    blocks: int  # resnets per level
+    spatial: tuple[int, ...]  # downsample factor per level
+    temporal: tuple[int, ...]
+    latent_channels: int = LATENT_CHANNELS
+    groups: int = ENCODER_GROUPS
+    eps: float = ENCODER_EPS
+
+    @property
+    def patch(self) -> int:
+        return math.prod(self.spatial)
+
+
+class VideoEncoder:
+    """H3 video VAE encoder: IMAGE frames [F, H, W, 3] in 0..1 (one video) -> normalized latents
+    [1, 24, T, H/16, W/16] (sizes halved with the floor), T = 1 for one frame, else 5 per 17 frames begun, less 3."""
+
+    def __init__(self, shape: VideoEncoderShape, weights: dict[str, torch.Tensor], latents_mean: torch.Tensor,
+                 latents_std: torch.Tensor):
+        self.shape = shape
+        self.w = weights  # diffusers' names without the `encoder.` prefix, plus quant_conv.*
+        self.latents_mean, self.latents_std = latents_mean, latents_std
+
+    @classmethod
+    def load(cls, source: str | os.PathLike | Checkpoint, latents_mean=None, latents_std=None,
+             spatial: tuple[int, ...] = SPATIAL_FACTORS, temporal: tuple[int, ...] = TEMPORAL_FACTORS,
+             groups: int = ENCODER_GROUPS) -> VideoEncoder:
+        """The encoder of `source` (the same file as the decoder's); latents_mean/std as VideoDecoder.load."""
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+
+        def error(why: str) -> WeightsError:
+            return WeightsError(f"{ckpt.path.name}: {why}; expected {ENCODER_EXPECTED}")
+
+        p = _find_prefix(ckpt, ENCODER_ANCHOR, ENCODER_EXPECTED)
+        e = p + "encoder."
+        conv_in = ckpt.shape(e + "conv_in.weight")
+        if len(conv_in) != 5 or conv_in[1] != 3:
+            raise error(f"'{e}conv_in.weight' has shape {list(conv_in)}, not a 3-D conv over RGB")
+        levels = ckpt.numbered(e + "down_blocks.", ".resnets.0.conv1.weight")
+        if levels != len(spatial) or levels != len(temporal):
+            raise error(f"{levels} levels ({e}down_blocks.N) but downsample factors {spatial} / {temporal}")
+        for i in range(levels):
+            if (f"{e}down_blocks.{i}.downsamplers.0.conv.weight" in ckpt) != (spatial[i] * temporal[i] > 1):
+                raise error(f"level {i}'s downsampler does not fit the factors {spatial[i]} x {temporal[i]}")
+        channels = tuple(ckpt.shape(f"{e}down_blocks.{i}.resnets.0.conv1.weight")[0] for i in range(levels))
+        if any(c % groups for c in channels):
+            raise error(f"channels {channels} are not divisible by {groups} norm groups")
+        moments = ckpt.shape(e + "conv_out.weight")[0]
+        shape = VideoEncoderShape(channels, ckpt.numbered(e + "down_blocks.0.resnets.", ".conv1.weight"),
+                                  tuple(spatial), tuple(temporal), moments // 2, groups)
+        if shape.latent_channels != LATENT_CHANNELS:
+            raise error(f"'{e}conv_out.weight' gives {moments} moments, expected {2 * LATENT_CHANNELS}")
+        w = {}
+        for name, expected in _encoder_tensors(shape).items():
+            key = p + name if name.startswith("quant_conv.") else e + name
+            if key not in ckpt:
+                raise error(f"tensor '{key}' is missing")
+            w[name] = read_tensor(ckpt, key, expected)
+        return cls(shape, w, *_latent_stats(ckpt, p, latents_mean, latents_std, "VideoEncoder.load"))
+
+    def to(self, device: str | torch.device) -> VideoEncoder:
+        """The encoder on device, in f32 (diffusers pins it to f32); latents come back on the CPU."""
+        w = {k: v.to(device, torch.float32) for k, v in self.w.items()}
+        return type(self)(self.shape, w, self.latents_mean.to(device), self.latents_std.to(device))
+
+    @torch.no_grad()
+    def encode(self, image: torch.Tensor, tile: int | None = TILE, overlap: int = TILE_OVERLAP,
+               sample_seed: int | None = None, progress: Callable[[int, int], None] | None = None,
+               check: Callable[[], None] | None = None) -> torch.Tensor:
+        """IMAGE frames [F, H, W, C >= 3] in 0..1 -> normalized latents [1, 24, T, h, w] on the CPU: ImageNet-
+        normalized, encoded as diffusers' AutoencoderKLMiniMaxH3.encode (clips of 17, pixel tiles of `tile`
+        overlapping by at least `overlap`; tile=None: whole frames), then (z - latents_mean) / latents_std.
+        z is the posterior mean; with sample_seed, diffusers' condition recipe (encode_vae_condition): a sample
+        under torch.Generator().manual_seed(sample_seed), rounded to f16. progress(done, total) after each clip;
+        check() after each resnet (it raises to cancel)."""
+        if not isinstance(image, torch.Tensor) or image.dim() != 4 or image.shape[-1] < 3:
+            got = tuple(image.shape) if isinstance(image, torch.Tensor) else type(image).__name__
+            raise ValueError(f"pixels: expected IMAGE frames [F, H, W, 3] in 0..1, got {got}")
+        device = self.latents_mean.device
+        pm = torch.tensor(PIXEL_MEAN, dtype=torch.float32, device=device)
+        ps = torch.tensor(PIXEL_STD, dtype=torch.float32, device=device)
+        x = (image[..., :3].to(device, torch.float32) - pm) / ps  # VAEEncode's [..., :3]: alpha dropped
+        mean, logvar = self.moments(x.permute(3, 0, 1, 2)[None], tile, overlap, progress, check).chunk(2, dim=1)
+        z = mean
+        if sample_seed is not None:  # DiagonalGaussianDistribution.sample on a CPU generator
+            noise = torch.randn(mean.shape, generator=torch.Generator().manual_seed(sample_seed)).to(mean)
+            z = (mean + torch.exp(0.5 * logvar.clamp(-30.0, 20.0)) * noise).half().float()
+        shape = (1, -1, 1, 1, 1)
+        return ((z - self.latents_mean.view(shape)) / self.latents_std.view(shape)).cpu()
+
+    def moments(self, pixels: torch.Tensor, tile: int | None = TILE, overlap: int = TILE_OVERLAP,
+                progress=None, check=None) -> torch.Tensor:
+        """ImageNet-normalized pixels [B, 3, F, H, W] -> posterior moments [B, 48, T, h, w] (mean, then log
+        variance) as diffusers' AutoencoderKLMiniMaxH3._encode: one frame through the encoder alone; more in clips
+        of 17 frames (the last padded with copies of the last frame), each clip causal from its own start, and
+        the 3 trailing latents of the whole dropped."""
+        n = pixels.shape[2]
+        if n == 1:
+            clips = [pixels]
+        else:
+            pad = (-n) % CLIP_LENGTH
+            if pad:
+                pixels = torch.cat([pixels, pixels[:, :, -1:].expand(-1, -1, pad, -1, -1)], dim=2)
+            clips = pixels.split(CLIP_LENGTH, dim=2)
+        out = []
+        for i, clip in enumerate(clips):
+            out.append(self._clip(clip, tile, overlap, check))
+            if progress is not None:
+                progress(i + 1, len(clips))
+        x = torch.cat(out, dim=2)
+        return x if n == 1 else x[:, :, :-TOKEN_DROP]
+
+    def _clip(self, x: torch.Tensor, tile: int | None, overlap: int, check) -> torch.Tensor:
+        """One clip, in diffusers' pixel tiles (AutoencoderKLMiniMaxH3._encode_clip), blended in latent space."""
+        if tile is None:
+            return self.forward(x, check)
+        f = self.shape.patch
+        ys, yo = _split_tiles(x.shape[-2], tile, overlap, f)
+        xs, xo = _split_tiles(x.shape[-1], tile, overlap, f)
+        rows = [[self.forward(x[..., y:y + ty, c:c + tx], check) for c, tx in xs] for y, ty in ys]
+        return _stitch(rows, [o // f for o in yo], [o // f for o in xo])
+
+    def forward(self, x: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Pixels [B, 3, F, H, W] of one clip -> moments [B, 48, T, h, w] (MiniMaxH3VideoEncoder3d + quant_conv)."""
+        s, w, check = self.shape, self.w, check or (lambda: None)
+        x = _causal_conv(x, w, "conv_in")
+        cin = s.channels[0]
+        for i, c in enumerate(s.channels):
+            for j in range(s.blocks):
+                name = f"down_blocks.{i}.resnets.{j}"
+                h = _causal_conv(F.silu(self._norm(x, name + ".norm1")), w, name + ".conv1")
+                h = _causal_conv(F.silu(self._norm(h, name + ".norm2")), w, name + ".conv2")
+                x = (_causal_conv(x, w, name + ".conv_shortcut") if cin != c else x) + h
+                cin = c
+                check()
+            if s.spatial[i] * s.temporal[i] > 1:
+                # The conv has no spatial padding: a stride of 2 gets one reflected row and column at the bottom
+                # and right first (size // 2 out); time stays causal (2 zero frames in front).
+                if s.spatial[i] == 2:
+                    x = F.pad(x, (0, 1, 0, 1, 0, 0), mode="reflect")
+                x = _causal_conv(x, w, f"down_blocks.{i}.downsamplers.0.conv", (s.temporal[i], s.spatial[i],
+                                                                                s.spatial[i]), spatial_pad=0)
+        x = _causal_conv(F.silu(self._norm(x, "norm_out")), w, "conv_out")
+        return F.conv3d(x, w["quant_conv.weight"], w["quant_conv.bias"])
+
+    def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
+        """GroupNorm of each frame alone (the original's use_t_isolated_gn): time folded into the batch."""
+        b, c, t, h, wd = x.shape
+        y = F.group_norm(x.transpose(1, 2).reshape(b * t, c, h, wd), self.shape.groups, self.w[name + ".weight"],
+                         self.w[name + ".bias"], self.shape.eps)
+        return y.view(b, t, c, h, wd).transpose(1, 2)
+
+
+def _encoder_tensors(shape: VideoEncoderShape) -> dict[str, tuple[int, ...]]:
+    """Every tensor the encoder's forward reads (names without `encoder.`, but quant_conv.*), with its shape."""
+    t: dict[str, tuple[int, ...]] = {}
+
+    def conv(name: str, cin: int, cout: int, k: int = 3) -> None:
+        t[name + ".weight"], t[name + ".bias"] = (cout, cin, k, k, k), (cout,)
+
+    def norm(name: str, c: int) -> None:
+        t[name + ".weight"], t[name + ".bias"] = (c,), (c,)
+
+    ch, moments = shape.channels, 2 * shape.latent_channels
+    conv("conv_in", 3, ch[0])
+    cin = ch[0]
+    for i, c in enumerate(ch):
+        for j in range(shape.blocks):
+            name = f"down_blocks.{i}.resnets.{j}"
+            norm(name + ".norm1", cin)
+            conv(name + ".conv1", cin, c)
+            norm(name + ".norm2", c)
+            conv(name + ".conv2", c, c)
+            if cin != c:
+                conv(name + ".conv_shortcut", cin, c, 1)
+            cin = c
+        if shape.spatial[i] * shape.temporal[i] > 1:
+            conv(f"down_blocks.{i}.downsamplers.0.conv", c, c)
+    norm("norm_out", ch[-1])
+    conv("conv_out", ch[-1], moments)
+    conv("quant_conv", moments, moments, 1)
+    return t
+
+
+def _causal_conv(x: torch.Tensor, w: dict, name: str, stride: tuple[int, int, int] = (1, 1, 1),
+                 spatial_pad: int | None = None) -> torch.Tensor:
+    """MiniMaxH3VideoCausalConv3d: reflect-padded in space (k // 2 unless given), k_t - 1 zero frames in front
+    (a frame sees only itself and earlier ones), unpadded conv."""
+    weight = w[name + ".weight"]
+    pad = weight.shape[-1] // 2 if spatial_pad is None else spatial_pad
+    if pad:
+        x = F.pad(x, (pad, pad, pad, pad, 0, 0), mode="reflect")
+    if weight.shape[2] > 1:
+        x = F.pad(x, (0, 0, 0, 0, weight.shape[2] - 1, 0))
+    return F.conv3d(x, weight, w[name + ".bias"], stride=stride)
+
+
+def _find_prefix(ckpt: Checkpoint, anchor: str, expected: str) -> str:
+    """The prefix before `anchor` (e.g. '', 'vae.'); the shortest if several."""
+    found = [k[: -len(anchor)] for k in ckpt.keys()  # noqa: SIM118 (a list, no __iter__)
+             if k.endswith(anchor) and (k == anchor or k[-len(anchor) - 1] == ".")]
+    if not found:
+        raise WeightsError(f"{ckpt.path.name}: no '{anchor}' tensor; expected {expected}")
+    return min(found, key=len)
+
+
+def _latent_stats(ckpt: Checkpoint, p: str, latents_mean, latents_std, reader: str) -> list[torch.Tensor]:
+    """[latents_mean, latents_std] (24 values each): the file's tensors where it holds them, else the arguments
+    (diffusers' vae/config.json)."""
+    stats = []
+    for key, given in (("latents_mean", latents_mean), ("latents_std", latents_std)):
+        if p + key in ckpt:
+            stats.append(read_tensor(ckpt, p + key).reshape(-1))
+        elif given is not None:
+            stats.append(torch.as_tensor(given, dtype=torch.float32).reshape(-1))
+        else:
+            raise WeightsError(f"{ckpt.path.name}: no '{p + key}' tensor; pass {key} ({LATENT_CHANNELS} values, "
+                               f"the VAE's config.json) to {reader}")
+        if stats[-1].numel() != LATENT_CHANNELS:
+            raise WeightsError(f"{ckpt.path.name}: {key} has {stats[-1].numel()} values, expected {LATENT_CHANNELS}")
+    return stats
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

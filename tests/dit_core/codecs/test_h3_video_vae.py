@@ -8,7 +8,7 @@ from diffusers import AutoencoderKLMiniMaxH3
 from safetensors.torch import save_file
 from tiny_models import int8_convrot_state
 
-from dit_core.codecs.h3_video_vae import PIXEL_MEAN, PIXEL_STD, VideoDecoder
+from dit_core.codecs.h3_video_vae import PIXEL_MEAN, PIXEL_STD, VideoDecoder, VideoEncoder
 from dit_core.weights import WeightsError, dequantize_convrot
 
 # The released geometry (/16, /4, 24 latent channels, 4 registers) with a tiny encoder and a 2 x 16 decoder.
@@ -35,12 +35,23 @@ def tiny_vae() -> AutoencoderKLMiniMaxH3:
 
 
 @pytest.fixture(scope="module")
-def h3(tmp_path_factory):
+def h3_file(tmp_path_factory):
     vae = tiny_vae()
     path = tmp_path_factory.mktemp("vae") / "minimax_h3_video_vae.safetensors"
     save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(path))
-    dec = VideoDecoder.load(path, vae.config.latents_mean, vae.config.latents_std, head_dim=16)
-    return vae, dec
+    return vae, path
+
+
+@pytest.fixture(scope="module")
+def h3(h3_file):
+    vae, path = h3_file
+    return vae, VideoDecoder.load(path, vae.config.latents_mean, vae.config.latents_std, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def h3_encoder(h3_file):
+    vae, path = h3_file
+    return vae, VideoEncoder.load(path, vae.config.latents_mean, vae.config.latents_std, groups=CONFIG["norm_num_groups"])
 
 
 def latents(t, h, w, b=1, seed=1):
@@ -126,3 +137,86 @@ def test_wrong_file_names_the_fix(tmp_path):
     save_file({"x.weight": torch.zeros(2, 2)}, str(tmp_path / "other.safetensors"))
     with pytest.raises(WeightsError, match="other.safetensors.*decoder.proj_in.weight"):
         VideoDecoder.load(tmp_path / "other.safetensors")
+
+
+# --- the encoder -----------------------------------------------------------------------------------------
+
+def frames(f, h, w, seed=3):
+    """Random 8-bit frames [1, 3, F, H, W] as uint8 (what diffusers' condition encoder takes)."""
+    return torch.randint(0, 256, (1, 3, f, h, w), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+
+
+def as_image(pixels):
+    return (pixels.float() / 255.0)[0].permute(1, 2, 3, 0)  # ComfyUI IMAGE [F, H, W, 3]
+
+
+def encode_reference(vae, pixels):
+    """diffusers' encode of the ImageNet-normalized frames: the posterior mean, normalized with latents_mean/std."""
+    pm, ps = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (PIXEL_MEAN, PIXEL_STD))
+    with torch.no_grad():
+        mean = vae.encode((pixels.float() / 255.0 - pm) / ps).latent_dist.mean
+    lm, ls = (torch.tensor(v).view(1, -1, 1, 1, 1) for v in (vae.config.latents_mean, vae.config.latents_std))
+    return (mean - lm) / ls
+
+
+def test_encoder_clip_matches_diffusers(h3_encoder):
+    vae, enc = h3_encoder
+    x = torch.randn(1, 3, 17, 40, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        ref = vae.quant_conv(vae.encoder(x))
+    out = enc.forward(x)
+    assert out.shape == ref.shape == (1, 48, 5, 2, 2)
+    assert rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("f,latent_frames", [(1, 1), (5, 2), (22, 7)])  # an image, a padded clip, two clips
+def test_encode_matches_diffusers(h3_encoder, f, latent_frames):
+    vae, enc = h3_encoder
+    vae.disable_tiling()
+    pixels = frames(f, 32, 48)
+    ref = encode_reference(vae, pixels)
+    out = enc.encode(as_image(pixels), tile=None)
+    assert out.shape == ref.shape == (1, 24, latent_frames, 2, 3) and out.dtype == torch.float32
+    assert rel_err(out, ref) <= 1e-4
+
+
+def test_encode_tiles_match_diffusers(h3_encoder):
+    vae, enc = h3_encoder
+    pixels = frames(5, 48, 48, seed=4)  # one clip in 2 x 2 tiles of 32 pixels
+    vae.enable_tiling(32, 32, 16, 16)
+    ref = encode_reference(vae, pixels)
+    vae.disable_tiling()
+    whole = encode_reference(vae, pixels)
+    out = enc.encode(as_image(pixels), tile=32, overlap=16)
+    assert out.shape == ref.shape == (1, 24, 2, 3, 3)
+    assert rel_err(ref, whole) > 1e-3  # the tiles are visible: the comparison says something
+    assert rel_err(out, ref) <= 1e-4
+
+
+def test_encode_sampled_as_the_condition_recipe(h3_encoder):
+    """sample_seed gives diffusers' keyframe latent (encode_vae_condition: a sample under the seed, rounded to
+    f16), tiled as released; 2 x 2 tiles of 48 pixels, the overlaps widened from 16 to 32."""
+    encoders = pytest.importorskip("diffusers.modular_pipelines.minimax_h3.encoders")
+    vae, enc = h3_encoder
+    vae.enable_tiling(48, 48, 16, 16)
+    pixels = frames(1, 64, 64, seed=6)
+    ref = encoders.encode_vae_condition(vae, pixels, PIXEL_MEAN, PIXEL_STD, encode_seed=42)
+    out = enc.encode(as_image(pixels), tile=48, overlap=16, sample_seed=42)
+    assert rel_err(out, ref) <= 1e-4
+    assert rel_err(enc.encode(as_image(pixels), tile=48, overlap=16), ref) > 1e-2  # the sample is not the mean
+
+
+def test_encoder_file_errors(h3_file, tmp_path):
+    vae, path = h3_file
+    with pytest.raises(WeightsError, match="6 levels .* downsample factors"):
+        VideoEncoder.load(path, vae.config.latents_mean, vae.config.latents_std, spatial=(2, 2, 4),
+                          temporal=(1, 2, 2), groups=4)
+    with pytest.raises(WeightsError, match="level 3's downsampler"):
+        VideoEncoder.load(path, vae.config.latents_mean, vae.config.latents_std, spatial=(2, 2, 2, 1, 2, 1),
+                          groups=4)
+    with pytest.raises(WeightsError, match="latents_mean"):
+        VideoEncoder.load(path, groups=4)
+    decoder_only = {k: v for k, v in vae.state_dict().items() if not k.startswith("encoder.")}
+    save_file({k: v.contiguous() for k, v in decoder_only.items()}, str(tmp_path / "dec.safetensors"))
+    with pytest.raises(WeightsError, match=r"dec\.safetensors: no 'encoder\.conv_in\.weight'"):
+        VideoEncoder.load(tmp_path / "dec.safetensors")
