@@ -1,6 +1,6 @@
 """What the VAEs' decoders and encoders share: the layers as functions of a weight table (convolution, group norm,
-resnet, single-head attention, the middle), the soft tiles' spans and ramps, and reading a decoder or encoder from
-a file whose layout (Layout) each VAE names."""
+pixel norm, resnet, single-head attention, the middle), the soft tiles' spans and ramps (ours, and ComfyUI's
+feathered tiles), and reading a decoder or encoder from a file whose layout (Layout) each VAE names."""
 from __future__ import annotations
 
 import math
@@ -71,6 +71,12 @@ def resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     return x + h
 
 
+def pixel_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x over the root mean square of its channels (dim 1) at each position, no weight: the LTX VAEs' norm
+    (diffusers PerChannelRMSNorm / LTX2AudioPixelNorm)."""
+    return x / torch.sqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
+
+
 def attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     """Single-head self-attention over all positions, residual (BFL AttnBlock; diffusers heads = C // C)."""
     b, c, hh, ww = x.shape
@@ -105,6 +111,26 @@ def ramp(spans: list[tuple[int, int]], i: int, f: int) -> torch.Tensor:
         r = (end - spans[i + 1][0]) * f
         if r > 0:
             wt[-r:] = torch.minimum(wt[-r:], (torch.arange(r - 1, -1, -1) + 0.5) / r)
+    return wt
+
+
+def sliding_tiles(n: int, tile: int, overlap: int) -> list[tuple[int, int]]:
+    """(start, length) of ComfyUI's tiles along one latent axis (comfy.utils.tiled_scale_multidim): starts every
+    tile - overlap cells while they leave more than overlap cells, the last one cut at the end."""
+    if n <= tile:
+        return [(0, n)]
+    return [(s, min(tile, n - s)) for s in range(0, n - overlap, tile - overlap)]
+
+
+def feather(length: int, width: int) -> torch.Tensor:
+    """A tile's blend weights along one axis as ComfyUI makes them: the t-th cell from either end (t < width)
+    times (t + 1) / width, both factors where the ends meet; all ones when width >= length. Tiles are summed
+    with these weights and divided by the weights' sum, so the result is seam-free wherever tiles overlap."""
+    wt = torch.ones(length, dtype=torch.float32)
+    if 0 < width < length:
+        ramp = (torch.arange(width, dtype=torch.float32) + 1) / width
+        wt[:width] *= ramp
+        wt[length - width:] *= ramp.flip(0)
     return wt
 
 
