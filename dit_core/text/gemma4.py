@@ -232,6 +232,13 @@ class Gemma4TextEncoder(TextEncoder):
                                f"({', '.join(missing)} missing); use {TEMPLATE_FILE}, the one 'with-proj'")
         prompt_tokenizer = GemmaPromptTokenizer.find(ckpt, tokenizer)
         sizes = read_gemma4_sizes(ckpt, root)
+        states = len(sizes.layer_types) + 1  # the embeddings and every layer's output
+        for m in ("video", "audio"):  # checked before the weights are read: the projections fix the model's depth
+            width = ckpt.shape(f"{PROJECTIONS}{m}_aggregate_embed.weight")[1]
+            if width != sizes.hidden_size * states:
+                raise WeightsError(f"{ckpt.path.name}: {m}_aggregate_embed takes {width} features, not "
+                                   f"{sizes.hidden_size * states} (hidden {sizes.hidden_size} x {states} states); "
+                                   f"the projections of another text encoder, or a truncated file?")
         sd = read_gemma4_state(ckpt, root, sizes, dtype, device)
         config = sizes.config()
         with torch.device("meta"):  # gpt-fast habit: no random init, the file's tensors assigned
@@ -244,12 +251,6 @@ class Gemma4TextEncoder(TextEncoder):
         model.rotary_emb = type(model.rotary_emb)(config=config)
         model.embed_tokens.embed_scale = torch.tensor(model.embed_tokens.scalar_embed_scale)
         projections = [read_linear(ckpt, f"{PROJECTIONS}{m}_aggregate_embed") for m in ("video", "audio")]
-        width = sizes.hidden_size * (len(sizes.layer_types) + 1)
-        for lin, m in zip(projections, ("video", "audio")):
-            if lin.in_features != width:
-                raise WeightsError(f"{ckpt.path.name}: {m}_aggregate_embed takes {lin.in_features} features, not "
-                                   f"{width} (hidden {sizes.hidden_size} x {len(sizes.layer_types) + 1} states); "
-                                   f"the projections of another text encoder?")
         video, audio = (Linear(lin.dequantized().to(device, dtype),
                                None if lin.bias is None else lin.bias.to(device, dtype)) for lin in projections)
         return cls(model.to(device).eval(), prompt_tokenizer, video, audio)

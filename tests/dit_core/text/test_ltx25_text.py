@@ -199,19 +199,21 @@ def test_model_is_read_whole(encoder):
 
 
 def test_production_rope_close_to_diffusers(files, encoder, connectors):
-    """f64 angles (the default) against diffusers' f32 product: close, not equal."""
+    """f64 angles (the default) against diffusers' f32 product: close, not equal (7.5e-7 measured at these tiny
+    widths; the release's 4096-wide ladder reaches angles of 1.6e4 rad, where the f32 product is ~1e-3 off)."""
     features = encoder.encode(PROMPTS["english"])
     f64 = LTX25TextConnectors.load(files["dit"])(*features)[0]
     err = rel_err(f64, connectors(*features)[0])
     assert 0 < err <= 1e-2, err
 
 
-def test_int8_convrot_file_is_read(files, encoder, connectors):
-    """The template's INT8 ConvRot form: its linears dequantized, close to the float file's rows."""
+def test_int8_convrot_file_is_read(files, encoder):
+    """The template's INT8 ConvRot form (Gemma's linears and both projections): dequantized, its features close to
+    the float file's (0.004-0.006 measured over the prompts, 2x headroom; a misread code, scale or rotation is
+    near 1). The rows would hide it: most of them are registers."""
     quant = Gemma4TextEncoder.load(files["int8"])
-    got, want = (encode_prompt(e, connectors, PROMPTS["unicode"])[0] for e in (quant, encoder))
-    err = rel_err(got, want)
-    assert 1e-5 < err <= 5e-2, err
+    for got, want in zip(quant.encode(PROMPTS["unicode"]), encoder.encode(PROMPTS["unicode"])):
+        assert 1e-4 < rel_err(got, want) <= 1.2e-2
 
 
 def test_cancel_between_layers(encoder):
@@ -293,3 +295,13 @@ def test_connectors_missing_in_file(files):
                                            r"'model\.diffusion_model\.video_embeddings_connector"):
         LTX25TextConnectors.load(files["te"])
 
+
+
+def test_projection_width_must_fit_the_depth(tmp_path, oracle):
+    """A file whose projections take another number of hidden states (here one layer short) is refused before its
+    weights are read."""
+    state = {k: v for k, v in text_encoder_layout(oracle).items() if not k.startswith("model.layers.4.")}
+    state = {k.replace("model.layers.5.", "model.layers.4."): v for k, v in state.items()}
+    path = tmp_path / "gemma4-12b-cut.safetensors"
+    save_file(state, str(path))
+    refused(path, "takes 448 features, not 384 (hidden 64 x 6 states)")
