@@ -10,7 +10,9 @@ from comfy_api.latest import io
 from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS, AudioDecoder  # 32
 from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS, VideoDecoder  # 24
 from ..dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
-from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT
+from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
+from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas
+from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 from ..dit_core.weights import Checkpoint, WeightsError
 from .base import (FileHandle, SwiftDiTError, cancellable, checked, decode_image, dit_loader, interrupt_check,
@@ -123,9 +125,11 @@ class MiniMaxH3Sampler(SamplerNode):
     the memory check, progress and cancel; only the latent view, the rows and the loop are H3's."""
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Sampler", "MiniMax H3 KSampler (SwiftDiT)",
                                                  CATEGORY, FAMILY, "MiniMax H3")
-    DESCRIPTION = ("Text to video + audio for MiniMax H3 on the SwiftDiT engine: Euler on diffusers' two shifted "
-                   "grids (video 12, audio 3), one forward a step (guidance-distilled: cfg 1, the negative unused).")
-    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 20, ("euler",), "euler", ("simple",), "simple"
+    DESCRIPTION = ("Text to video + audio for MiniMax H3 on the SwiftDiT engine, sampled as ComfyUI samples H3: "
+                   "the sampler on the video grid (shift 12) with the audio carried on it (its own shift 3), one "
+                   "forward a step (guidance-distilled: cfg 1, the negative unused).")
+    STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 20, tuple(KSAMPLERS), "res_multistep", tuple(SCHEDULERS), \
+        "simple"
     OUTPUT_TOOLTIP = "The clean AV latent, for the MiniMax H3 VAE Decode and VAE Decode Audio nodes"
     SETTINGS, load = SETTINGS, staticmethod(load_dit)
 
@@ -160,9 +164,11 @@ class MiniMaxH3Sampler(SamplerNode):
     @classmethod
     def sampling(cls, dit, r):
         video, audio = r.latent.tensors
+        shift = r.model.schedule.shift
+        total = len(comfy_h3_sigmas(r.scheduler, r.steps, shift)) - 1  # ddim_uniform can add a step, as ComfyUI's
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
-            dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=r.model.schedule.shift,
-            callback=callback, should_stop=should_stop))), r.steps
+            dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
+            sampler=r.sampler_name, scheduler=r.scheduler, callback=callback, should_stop=should_stop))), total
 
 
 def read_vae(reader, ckpt: Checkpoint, what: str, config: str):

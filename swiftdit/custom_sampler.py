@@ -1,8 +1,8 @@
 """SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's
 text to video): RandomNoise's seed, BasicScheduler's steps, BasicGuider's model and conditioning (the positive, and
-the negative too: our sampler runs cfg 1, which never reads it), the latent, on the row's sampler and scheduler
-(euler / simple: KSamplerSelect's choice is replaced, docs/nodes.md says why). The swap then swaps the KSampler like
-any other; when it does not, the group is left as it was."""
+the negative too: our sampler runs cfg 1, which never reads it), the latent, KSamplerSelect's sampler and
+BasicScheduler's scheduler. The swap then swaps the KSampler like any other (its row says which samplers and
+schedulers ours runs); when it does not, the group is left as it was."""
 from __future__ import annotations
 
 from .ui_edit import UIEditor
@@ -39,9 +39,9 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     return group
 
 
-def fold_ui(workflow: dict, sampler: str, scheduler: str) -> list[tuple]:
+def fold_ui(workflow: dict) -> list[tuple]:
     """Fold every plain group of `workflow` (edited in place) into a KSampler; returns (scope key, KSampler id,
-    the group's sampler_name) for each."""
+    sampler_name, scheduler) for each."""
     ed = UIEditor(workflow)
     done = []
     for scope in ed.graph.scopes():
@@ -51,7 +51,8 @@ def fold_ui(workflow: dict, sampler: str, scheduler: str) -> list[tuple]:
                 continue
             noise, guider, select, sched = (group[k] for k in GROUP)
             seed = (noise.get("widgets_values") or [0, "randomize"])
-            steps = sched["widgets_values"][1]
+            scheduler, steps = sched["widgets_values"][:2]
+            sampler = select["widgets_values"][0]
             widgets = [seed[0], seed[1] if len(seed) > 1 else "randomize", steps, 1.0, sampler, scheduler, 1.0]
             ks = ed.add_node(scope, "KSampler", sca.get("pos") or (0, 0), list(KSAMPLER_INPUTS), ["LATENT"], widgets)
             ks["inputs"] += [{"name": "seed", "type": "INT", "widget": {"name": "seed"}, "link": None},
@@ -65,14 +66,13 @@ def fold_ui(workflow: dict, sampler: str, scheduler: str) -> list[tuple]:
                     ed.add_link(scope, origin[0], origin[1], ks["id"], slot)
             for lid in ed.consumers(scope, sca["id"], 0):
                 ed.reorigin(scope, lid, (ks["id"], 0))
-            name = select["widgets_values"][0]
             for node in (sca, noise, guider, select, sched):
                 ed.remove_node(scope, node)
-            done.append((scope.key, ks["id"], name))
+            done.append((scope.key, ks["id"], sampler, scheduler))
     return done
 
 
-def fold_api(prompt: dict, sampler: str, scheduler: str) -> list[tuple]:
+def fold_api(prompt: dict) -> list[tuple]:
     """fold_ui for an API prompt (edited in place): the KSampler takes the SamplerCustomAdvanced's id."""
     done = []
     for sid, body in list(prompt.items()):
@@ -95,7 +95,7 @@ def fold_api(prompt: dict, sampler: str, scheduler: str) -> list[tuple]:
             if sched.get("denoise") != 1 or sched.get("model") != guider.get("model") or \
                     is_link(select.get("sampler_name")) or is_link(sched.get("scheduler")):
                 continue
-            name = select.get("sampler_name")
+            sampler, scheduler = select.get("sampler_name"), sched.get("scheduler")
             for g in group.values():
                 del prompt[g]
             prompt[sid] = {"class_type": "KSampler", "inputs": {
@@ -103,7 +103,7 @@ def fold_api(prompt: dict, sampler: str, scheduler: str) -> list[tuple]:
                 "scheduler": scheduler, "denoise": 1.0, "model": guider.get("model"),
                 "positive": guider.get("conditioning"), "negative": guider.get("conditioning"),
                 "latent_image": ins.get("latent_image")}}
-            done.append((None, sid, name))
+            done.append((None, sid, sampler, scheduler))
     return done
 
 

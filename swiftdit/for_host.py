@@ -3,8 +3,10 @@ swap: literal sizes for ResolutionSelector, switches resolved, the prompt upsamp
 spelled out with ReferenceLatent (reference/templates.md section 7 lists what the host lacks)."""
 from __future__ import annotations
 
+import ast
 import copy
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -53,6 +55,62 @@ def resolution_size(aspect_ratio: str, megapixels: float, multiple: int) -> tupl
     w, h = int(m[1]), int(m[2])
     scale = math.sqrt(megapixels * 1024 * 1024 / (w * h))
     return round(w * scale / multiple) * multiple, round(h * scale / multiple) * multiple
+
+
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+              ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+              ast.USub: operator.neg, ast.UAdd: operator.pos, ast.Not: operator.not_,
+              ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+              ast.Gt: operator.gt, ast.GtE: operator.ge}
+_FUNCTIONS = {"min": min, "max": max, "abs": abs, "round": round, "sqrt": math.sqrt, "ceil": math.ceil,
+              "floor": math.floor, "log": math.log, "log2": math.log2, "log10": math.log10, "sin": math.sin,
+              "cos": math.cos, "tan": math.tan, "int": int, "float": float,
+              "sum": lambda *a: sum(a[0]) if len(a) == 1 and hasattr(a[0], "__iter__") else sum(a),
+              "pow": lambda b, e: pow(b, e) if abs(e) <= 4000 else math.inf}
+
+
+def math_expression(expression: str, names: dict):
+    """The number ComfyMathExpression computes: arithmetic, comparisons, `x if c else y` and its function table
+    over the named values (and `values`, all of them in order); nothing else is evaluated."""
+    names = {**names, "values": list(names.values())}
+
+    def value(n):
+        if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)):
+            return n.value
+        if isinstance(n, ast.Name) and n.id in names:
+            return names[n.id]
+        if isinstance(n, ast.BinOp) and type(n.op) in _OPERATORS:
+            if isinstance(n.op, ast.Pow) and abs(value(n.right)) > 4000:
+                raise ValueError("an exponent over 4000")
+            return _OPERATORS[type(n.op)](value(n.left), value(n.right))
+        if isinstance(n, ast.UnaryOp) and type(n.op) in _OPERATORS:
+            return _OPERATORS[type(n.op)](value(n.operand))
+        if isinstance(n, ast.Compare) and all(type(o) in _OPERATORS for o in n.ops):
+            left, ok = value(n.left), True
+            for op, right in zip(n.ops, map(value, n.comparators)):
+                ok, left = ok and _OPERATORS[type(op)](left, right), right
+            return ok
+        if isinstance(n, ast.BoolOp):
+            parts = [value(v) for v in n.values]
+            return all(parts) if isinstance(n.op, ast.And) else any(parts)
+        if isinstance(n, ast.IfExp):
+            return value(n.body) if value(n.test) else value(n.orelse)
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in _FUNCTIONS
+                and not n.keywords):
+            return _FUNCTIONS[n.func.id](*map(value, n.args))
+        raise ValueError(f"{ast.unparse(n)!r} in {expression!r} is not a number, a known name "
+                         f"({', '.join(names)}) or an operation ComfyMathExpression allows")
+
+    if not str(expression).strip():
+        raise ValueError("the expression is empty")
+    try:
+        tree = ast.parse(str(expression).strip(), mode="eval")
+    except SyntaxError as e:
+        raise ValueError(f"{expression!r} does not parse: {e.msg}") from None
+    result = value(tree.body)
+    if not isinstance(result, (int, float)) or not math.isfinite(float(result)):
+        raise ValueError(f"{expression!r} gives {result!r}, not a finite number")
+    return result
 
 
 class Reducer:
@@ -118,6 +176,21 @@ class Reducer:
         return values[0]
 
     # --- the rules, in the order they run -----------------------------------------------------------------
+    def write_outputs(self, scope, node, values: tuple, names: tuple) -> None:
+        """What read output slot i of `node` (named names[i]) now holds the constant values[i] instead."""
+        for slot, value in enumerate(values):
+            for link_id in self.ed.consumers(scope, node["id"], slot):
+                link = scope.link(link_id)
+                target = scope.nodes.get(link["target_id"])
+                name = target["inputs"][link["target_slot"]]["name"] if target else "output"
+                try:
+                    self.ed.set_input_value(scope, link["target_id"], name, value)
+                except (ValueError, StopIteration, KeyError) as e:
+                    raise ValueError(f"node {self.where(scope, node)} ({node['type']}): cannot write its "
+                                     f"{names[slot]} into what reads it: {e}") from None
+                self.note(scope, target, f"{name} = {value}", f"was wired from {node['type']} "
+                          f"{self.where(scope, node)}")
+
     def resolutions(self) -> None:
         for scope, node in self.nodes_of({"ResolutionSelector"}):
             args = [self.constant(scope, node, n) for n in ("aspect_ratio", "megapixels", "multiple")]
@@ -125,20 +198,26 @@ class Reducer:
                 size = resolution_size(*args)
             except (ValueError, TypeError, ZeroDivisionError) as e:
                 raise ValueError(f"node {self.where(scope, node)} (ResolutionSelector): {e}") from None
-            for slot, value in enumerate(size):
-                for link_id in self.ed.consumers(scope, node["id"], slot):
-                    link = scope.link(link_id)
-                    target = scope.nodes.get(link["target_id"])
-                    name = target["inputs"][link["target_slot"]]["name"] if target else "output"
-                    try:
-                        self.ed.set_input_value(scope, link["target_id"], name, value)
-                    except (ValueError, StopIteration, KeyError) as e:
-                        raise ValueError(f"node {self.where(scope, node)} (ResolutionSelector): cannot write "
-                                         f"its {('width', 'height')[slot]} into what reads it: {e}") from None
-                    self.note(scope, target, f"{name} = {value}", "was wired from ResolutionSelector "
-                              f"{self.where(scope, node)}")
+            self.write_outputs(scope, node, size, ("width", "height"))
             self.note(scope, node, "removed", f"{args[0]}, {args[1]} MP, multiple of {args[2]} gives "
                       f"{size[0]}x{size[1]}, now written where it was read; {HOST} has no ResolutionSelector")
+            self.drop(scope, node)
+
+    def math_expressions(self) -> None:
+        for scope, node in self.nodes_of({"ComfyMathExpression"}):
+            expression = self.constant(scope, node, "expression")
+            # Unwired value inputs are absent, as the node's autogrow group leaves them.
+            names = {e["name"].split(".", 1)[1]: self.constant(scope, node, e["name"])
+                     for e in node.get("inputs", []) if e.get("name", "").startswith("values.")
+                     and e.get("link") is not None}
+            try:
+                result = math_expression(expression, names)
+            except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
+                raise ValueError(f"node {self.where(scope, node)} (ComfyMathExpression): {e}") from None
+            self.write_outputs(scope, node, (float(result), int(result), bool(result)), ("FLOAT", "INT", "BOOL"))
+            shown = ", ".join(f"{k} = {v}" for k, v in names.items())
+            self.note(scope, node, "removed", f"{expression!r} with {shown or 'no values'} gives {result}, now "
+                      f"written where it was read; {HOST} has no ComfyMathExpression")
             self.drop(scope, node)
 
     def switches(self) -> None:
@@ -228,21 +307,27 @@ class Reducer:
                                      f"--for-host has no rule to reduce it")
 
 
-def reduce_for_host(workflow: dict) -> tuple[dict, HostReport]:
+def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostReport]:
     """A copy of a UI-format workflow reduced to node types ComfyUI v0.3.75 has, and what changed. ValueError
-    naming the node when something cannot be reduced."""
+    naming the node when something cannot be reduced; `check=False` leaves that test to the caller (the swap
+    replaces node types the host lacks, such as MiniMax H3's)."""
     if detect_format(workflow) != "ui":
         raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
     reducer = Reducer(copy.deepcopy(workflow))
-    for rule in (reducer.resolutions, reducer.switches, reducer.upsamplers, reducer.layout_prompts,
-                 reducer.reference_latents, reducer.viewers, reducer.outputless, reducer.prune, reducer.check):
+    for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
+                 reducer.layout_prompts, reducer.reference_latents, reducer.viewers, reducer.outputless,
+                 reducer.prune):
         rule()
+    if check:
+        reducer.check()
     return reducer.ed.wf, reducer.report
 
 
 def swap_for_host(data: dict, family: str = "z_image",
                   fmt: str | None = None) -> tuple[dict, Report, HostReport]:
-    """Reduce for the host, then swap: the reduction's stock VAEEncode nodes become ours like any other."""
-    reduced, host_report = reduce_for_host(data)
+    """Reduce for the host, then swap (the reduction's stock VAEEncode nodes become ours like any other), then
+    check that what is left is all the host has."""
+    reduced, host_report = reduce_for_host(data, check=False)
     swapped, report = swap(reduced, family, fmt)
+    Reducer(swapped).check()
     return swapped, report, host_report

@@ -347,22 +347,20 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     of those (else None: the groups stay as they were)."""
     from .custom_sampler import cut_loras_ui, fold_api, fold_ui
     work = copy.deepcopy(data)
-    accepts = dict(fam.roles["KSampler"].accepts)  # the family's first sampler and scheduler: those it runs
-    sampler, scheduler = accepts["sampler_name"][0], accepts["scheduler"][0]
-    done = (fold_ui if fold == "ui" else fold_api)(work, sampler, scheduler)
+    done = (fold_ui if fold == "ui" else fold_api)(work)
     if not done:
         return None
     cut = cut_loras_ui(work) if fold == "ui" and "LoraLoaderModelOnly" not in fam.roles else []
     out, report = core(work, fam.name)
     swapped = {where for where, old, _ in report.changed if old == "KSampler"}
-    ids = [str(kid) for _, kid, _ in done]
+    ids = [str(kid) for _, kid, _, _ in done]
     if not all(any(w == k or w.endswith(f":{k}") for w in swapped) for k in ids):
         return None
-    for (_, kid, name), where in zip(done, ids):
+    for (_, kid, sampler, scheduler), where in zip(done, ids):
         at = next(w for w in swapped if w == where or w.endswith(f":{where}"))
-        report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({name}), BasicScheduler and "
-                                  f"SamplerCustomAdvanced -> one KSampler (seed, steps, the guider's model and "
-                                  f"conditioning), sampler {sampler} / {scheduler}, cfg 1: the ones SwiftDiT runs"))
+        report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({sampler}), BasicScheduler "
+                                  f"({scheduler}) and SamplerCustomAdvanced -> one KSampler (seed, steps, sampler, "
+                                  f"scheduler, the guider's model and conditioning, cfg 1)"))
     for key, lid in cut:
         report.folded.append((f"{key}:{lid}" if key else str(lid), "LoraLoaderModelOnly muted and cut from its "
                               f"switch's on_true: {fam.title} has no SwiftDiT LoRA node (the switch stays off)"))

@@ -15,6 +15,7 @@ KNOWN_WIDGETS = {
     "ResolutionSelector": ("aspect_ratio", "megapixels", "multiple"),
     "ReferenceMultiLatent": ("resolution", "resolution.megapixels"),  # a DynamicCombo and its child
     "Flux3LayoutPrompt": ("prompt",),
+    "ComfyMathExpression": ("expression",),
     **{kind: ("value",) for kind in ("PrimitiveBoolean", "PrimitiveInt", "PrimitiveFloat", "PrimitiveString",
                                      "PrimitiveStringMultiline", "PrimitiveNode")},
 }

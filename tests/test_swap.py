@@ -694,7 +694,8 @@ def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
 
 def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     """Issue 35: the t2v template's loaders, MiniMaxH3ImageToVideo (no frames), both decoders and the
-    SamplerCustomAdvanced group (spelled as our sampler on euler / simple) become ours; the LoRA branch is cut."""
+    SamplerCustomAdvanced group (spelled as our sampler on its res_multistep / simple) become ours; the LoRA branch
+    is cut."""
     wf = template("video_minimax_h3_t2v")
     after, report = swap_ui(wf, "minimax_h3")
     assert problems(after) == [] and report.not_yet == []
@@ -705,7 +706,7 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     kinds = {n["type"] for n in inner.values()}
     assert not kinds & {"SamplerCustomAdvanced", "RandomNoise", "BasicGuider", "KSamplerSelect", "BasicScheduler"}
     sampler = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3Sampler")
-    assert sampler["widgets_values"][3:7] == [1.0, "euler", "simple", 1.0]
+    assert sampler["widgets_values"][3:7] == [1.0, "res_multistep", "simple", 1.0]
     assert {e["name"]: e.get("link") is not None for e in sampler["inputs"]} == {
         "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True}
     assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae"]
@@ -716,3 +717,29 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     done = run_cli("swap", src, out)
     assert done.returncode == 0, done.stderr
     assert "MiniMax H3: swapped 8 node(s)" in done.stdout and json.loads(out.read_text()) == after
+
+
+def test_minimax_h3_api_group_is_folded():
+    """The API form of the group: one KSampler under the SamplerCustomAdvanced's id, with the group's sampler,
+    scheduler, seed and steps; a group whose scheduler is wired is left as it was."""
+    from swiftdit.custom_sampler import fold_api
+
+    def prompt():
+        return {"1": {"class_type": "UNETLoader", "inputs": {"unet_name": "h3.safetensors", "weight_dtype": "default"}},
+                "2": {"class_type": "RandomNoise", "inputs": {"noise_seed": 7}},
+                "3": {"class_type": "BasicGuider", "inputs": {"model": ["1", 0], "conditioning": ["6", 0]}},
+                "4": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "res_multistep"}},
+                "5": {"class_type": "BasicScheduler", "inputs": {"model": ["1", 0], "scheduler": "beta", "steps": 9,
+                                                                 "denoise": 1}},
+                "6": {"class_type": "CLIPTextEncode", "inputs": {"text": "a", "clip": ["8", 0]}},
+                "7": {"class_type": "SamplerCustomAdvanced", "inputs": {
+                    "noise": ["2", 0], "guider": ["3", 0], "sampler": ["4", 0], "sigmas": ["5", 0],
+                    "latent_image": ["9", 1]}}}
+    p = prompt()
+    assert fold_api(p) == [(None, "7", "res_multistep", "beta")]
+    assert set(p) == {"1", "6", "7"} and p["7"] == {"class_type": "KSampler", "inputs": {
+        "seed": 7, "steps": 9, "cfg": 1.0, "sampler_name": "res_multistep", "scheduler": "beta", "denoise": 1.0,
+        "model": ["1", 0], "positive": ["6", 0], "negative": ["6", 0], "latent_image": ["9", 1]}}
+    p = prompt()
+    p["5"]["inputs"]["scheduler"] = ["10", 0]
+    assert fold_api(p) == [] and p == {**prompt(), "5": p["5"]}

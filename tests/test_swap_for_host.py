@@ -11,7 +11,7 @@ from official_templates import template
 
 from host.object_info import object_info
 from swiftdit import problems, to_api
-from swiftdit.for_host import HOST_LACKS, reduce_for_host, resolution_size, swap_for_host
+from swiftdit.for_host import HOST_LACKS, math_expression, reduce_for_host, resolution_size, swap_for_host
 from swiftdit.ui_graph import UIGraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,3 +271,35 @@ def test_krea2_t2i_reduced_for_the_host(name, host_info):
     assert (prompt["30:5"]["inputs"]["width"], prompt["30:5"]["inputs"]["height"]) == (1024, 1024)
     assert report.added == [] and swap_for_host(wf, "krea2")[0] == wf
     assert any(kind == "TextGenerate" and what.startswith("skipped") for _, kind, what, _ in host_report.changes)
+
+
+def test_math_expression_as_comfyui_computes_it():
+    # the H3 t2v template's length for 5 s and 2 s, LTX-2.5's length and half size (reference/templates.md)
+    snap = "max(5, round(a * 24)) + (5 - (max(5, round(a * 24)) % 17)) % 17"
+    assert (math_expression(snap, {"a": 5.0}), math_expression(snap, {"a": 2})) == (124, 56)
+    assert math_expression("a * b + 1", {"a": 5, "b": 24}) == 121 and math_expression("a/2", {"a": 1280}) == 640.0
+    assert math_expression("sum(values) if a > 1 else -1", {"a": 2, "b": 3}) == 5
+    for bad, why in (("__import__('os')", "not a number, a known name"), ("a +", "does not parse"),
+                     ("c * 2", "'c'"), ("2 ** 5000", "exponent"), ("", "empty")):
+        with pytest.raises(ValueError, match=why):
+            math_expression(bad, {"a": 1})
+
+
+def test_minimax_h3_t2v_reduced_for_the_host(host_info):
+    """Issue 35: the t2v template reduces (size, length expression, switches) and swaps to a graph whose every node
+    the host or our pack has; the length the template computes (124 for 5 s) reaches our Text To Video."""
+    wf, report, host_report = swap_for_host(template("video_minimax_h3_t2v"), "minimax_h3")
+    assert problems(wf) == []
+    types = node_types(wf)
+    assert types - FRONTEND_ONLY <= set(host_info), sorted(types - FRONTEND_ONLY - set(host_info))
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    t2v, sampler = prompt["140:131"], prompt["140:141"]
+    assert t2v["class_type"] == "SwiftDiTMiniMaxH3TextToVideo"
+    assert (t2v["inputs"]["width"], t2v["inputs"]["height"], t2v["inputs"]["length"]) == (864, 480, 124)
+    assert sampler["class_type"] == "SwiftDiTMiniMaxH3Sampler"
+    assert (sampler["inputs"]["sampler_name"], sampler["inputs"]["scheduler"]) == ("res_multistep", "simple")
+    assert sampler["inputs"]["model"] == ["140:127", 0]  # the turbo switch is off: the loader's model
+    assert {prompt[k]["class_type"] for k in ("140:130", "92")} == {"CreateVideo", "SaveVideo"}
+    assert ("140:132", "ComfyMathExpression") in {(w, k) for w, k, _, _ in host_report.changes}
+    assert swap_for_host(wf, "minimax_h3")[0] == wf

@@ -31,8 +31,8 @@ class Family:
     switches: tuple[str, ...] = ()
     # stock nodes of its templates the swap cannot take yet, and why ("Type.input": that node with `input` wired)
     not_yet: tuple[tuple[str, str], ...] = ()
-    # its templates sample with SamplerCustomAdvanced: the swap spells that group as a KSampler on samplers[0] /
-    # schedulers[0] (swiftdit/custom_sampler.py)
+    # its templates sample with SamplerCustomAdvanced: the swap spells that group as a KSampler with the group's
+    # sampler and scheduler (swiftdit/custom_sampler.py)
     custom_sampler: bool = False
 
     def __post_init__(self):
@@ -57,11 +57,11 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
                                                     "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
     # H3's text to video template: MiniMaxH3ImageToVideo without frames -> our TextToVideo, its SamplerCustomAdvanced
-    # group -> our sampler (euler / simple, cfg 1; docs/nodes.md says why), the audio VAE's loader -> ours for audio.
-    # The other H3 templates (frames, references, t2i) stay as they are.
+    # group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. The other H3
+    # templates (frames, references, t2i) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
            ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler", "VAELoader",
-            "VAEDecode", "VAEDecodeAudio"), ("euler",), ("simple",), switches=("ComfySwitchNode",),
+            "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
            custom_sampler=True,
            not_yet=(*((f"MiniMaxH3ImageToVideo.{frame}", "MiniMax H3's templates with a first or last frame (image "
                                                          "to video) are not yet supported (issue 35)")

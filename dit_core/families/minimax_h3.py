@@ -30,7 +30,8 @@ from ..block import Block, rms_norm
 from ..linear import linear
 from ..modulation import Modulation, sinusoids
 from ..sampling.ksampler import prepare_noise_parts
-from ..sampling.minimax_h3 import AUDIO_SHIFT, VIDEO_SHIFT, h3_sigmas, sample_h3
+from ..sampling.minimax_h3 import (AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, h3_sigmas, sample_h3,
+                                   sample_h3_comfy)
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, read_tensor
 from .loading import Detection, OpenedFile
@@ -401,15 +402,16 @@ def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_lat
 
 def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, width: int, audio_latents: int,
                 steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
-                video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, callback=None,
-                should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+                video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, sampler: str | None = None,
+                scheduler: str = "simple", callback=None, should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
     2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
     height, width: the video latent's F, LH, LW (LH, LW even); audio_latents: Na per stereo channel; steps: forwards.
     The start is t2va_noise(seed) (ComfyUI's draw) or noise = (video, audio) in those two shapes; exactly one.
-    Both streams walk diffusers' two grids (h3_sigmas at video_shift and audio_shift; ComfyUI's closed-form clock
-    gives the same audio grid up to f32 rounding), one forward a step (guidance-distilled: no CFG). callback and
-    should_stop go to sample_h3 unchanged (its callback sees packed rows)."""
+    sampler None: both streams walk diffusers' two grids with its Euler (h3_sigmas at video_shift and audio_shift);
+    a ksampler sampler name ("euler", "res_multistep"): ComfyUI's way, that sampler on the `scheduler` grid of the
+    video shift with the audio carried on it (sample_h3_comfy). One forward a step (guidance-distilled: no CFG).
+    callback and should_stop go to the loop unchanged (its callback sees row tensors)."""
     if (seed is None) == (noise is None):
         raise ValueError("sample_t2va: give a seed or the initial noise, not both or neither")
     if text.dim() == 3:
@@ -430,6 +432,10 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     def denoised(v, a, sigma_video, sigma_audio):
         return model.denoised(v, a, txt, layout, sigma_video, sigma_audio)
 
-    video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift), h3_sigmas(steps, audio_shift),
-                             callback=callback, should_stop=should_stop)
+    if sampler is None:
+        video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),
+                                 h3_sigmas(steps, audio_shift), callback=callback, should_stop=should_stop)
+    else:
+        video, audio = sample_h3_comfy(denoised, video, audio, comfy_h3_sigmas(scheduler, steps, video_shift),
+                                       sampler, video_shift, audio_shift, callback=callback, should_stop=should_stop)
     return unpatchify(video, frames, height, width)[None], rows_to_audio(audio)

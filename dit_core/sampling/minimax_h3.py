@@ -1,6 +1,7 @@
 """MiniMax H3's own sampling (reference/families/minimax_h3.md sections 6 and 11): two shifted linspace schedules,
 video and audio, as diffusers' MiniMaxH3Scheduler builds them; ComfyUI's closed-form audio clock on the video grid;
-the data-ward Euler step (eta 0, f32) and a loop that steps each stream on its own grid over explicit row tensors.
+the data-ward Euler step (eta 0, f32) and a loop that steps each stream on its own grid over explicit row tensors;
+and ComfyUI's way, one sampler of ksampler.py on the video sigmas over video rows and the audio carried on that grid.
 
 H3's convention is kept here (section 11 item 4): t = 1 - sigma, 1 = clean, the velocity points data-ward,
 x0 = x + sigma v. Step counts are forwards, as ComfyUI and our nodes count them (section 11 item 1): `steps` forwards
@@ -11,7 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from .ksampler import before_step
+from .ksampler import SAMPLERS, before_step
+from .schedules import calculate_sigmas
 
 VIDEO_SHIFT = 12.0  # H3's released shifts (diffusers flow_shift / audio_flow_shift, ComfyUI shift / audio_shift)
 AUDIO_SHIFT = 3.0
@@ -91,3 +93,49 @@ def sample_h3(denoised: Denoised, video: torch.Tensor, audio: torch.Tensor, sigm
         if callback is not None:
             callback(i + 1, total, (video, audio), (x0_video, x0_audio))
     return video, audio
+
+
+def comfy_h3_sigmas(scheduler: str, steps: int, video_shift: float = VIDEO_SHIFT) -> torch.Tensor:
+    """The video grid ComfyUI samples H3 on: `scheduler` over ModelSamplingAV's discrete flow table (shift
+    video_shift, multiplier 1000). `simple` gives h3_sigmas(steps, video_shift) up to f32 rounding."""
+    return calculate_sigmas(scheduler, steps, video_shift, 1000.0)
+
+
+def sample_h3_comfy(denoised: Denoised, video: torch.Tensor, audio: torch.Tensor, sigmas: torch.Tensor,
+                    sampler_name: str, video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT,
+                    callback=None, should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both streams as ComfyUI samples H3 (ModelSamplingAV): one sampler of ksampler.SAMPLERS on the video sigmas
+    over [video rows | carried audio rows]. The audio is carried as y = x_a sigma_v/sigma_a, sigma_a the closed-form
+    audio clock of sigma_v; with k = video_shift/audio_shift, y = sigma_v (n - k x0) + k x0 is linear in sigma_v, so
+    the carried stream's x0 is k x0_a and every flow sampler steps it as it steps the video. At sigma 1 the
+    carry is 1, at 0 it is k: the result's audio is y/k.
+    video [rows, ...], audio [rows, ...]: the noise (not changed), scaled by sigmas[0] as ComfyUI's noise scaling
+    does on an empty latent; returns the clean rows. Euler here equals sample_h3's per-stream Euler up to f32
+    rounding. callback(i + 1, total, (video, audio) carried,
+    (x0_video, x0_audio)); should_stop as sample_h3's."""
+    if sampler_name not in SAMPLERS:
+        raise ValueError(f"unknown sampler_name {sampler_name!r}; supported: {', '.join(SAMPLERS)}")
+    if len(sigmas) < 2 or float(sigmas[-1]) != 0.0 or not 0 < float(sigmas[0]) <= 1:
+        raise ValueError(f"sample_h3_comfy: sigmas must run from (0, 1] down to 0, got {sigmas.tolist()}")
+    k = video_shift / audio_shift
+    split = video.numel()
+    shapes = video.shape, audio.shape
+
+    def parts(state):
+        return state[:split].view(shapes[0]), state[split:].view(shapes[1])
+
+    def carried_x0(state, sigma_video):
+        v, y = parts(state)
+        sv = float(sigma_video)
+        sa = float(audio_sigma_of_video(sigma_video.float(), video_shift, audio_shift))
+        x0_video, x0_audio = denoised(v, y * (sa / sv), sv, sa)
+        return torch.cat((x0_video.reshape(-1).to(state.dtype), (k * x0_audio).reshape(-1).to(state.dtype)))
+
+    def step_seen(i, total, state, x0):
+        if callback is not None:
+            callback(i, total, parts(state), parts(x0))
+
+    state = torch.cat((video.reshape(-1), audio.reshape(-1))).float() * sigmas[0].float()
+    state = SAMPLERS[sampler_name](carried_x0, state, sigmas.float(), callback=step_seen, should_stop=should_stop)
+    video_out, carried = parts(state)
+    return video_out.to(video.dtype), (carried / k).to(audio.dtype)

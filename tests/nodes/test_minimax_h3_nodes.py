@@ -120,8 +120,9 @@ CONTRACT = {
 def test_schemas_follow_the_contract(pack):
     assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/MiniMax H3")
     sampler = {i.id: i for i in pack.MiniMaxH3Sampler.GET_SCHEMA().inputs}
-    assert (sampler["steps"].default, sampler["sampler_name"].options, sampler["scheduler"].options) == \
-        (20, ["euler"], ["simple"])  # the t2v template's 20 steps
+    assert (sampler["steps"].default, sampler["sampler_name"].default, sampler["scheduler"].default) == \
+        (20, "res_multistep", "simple")  # the t2v template's 20 steps, sampler and scheduler
+    assert sampler["sampler_name"].options == ["euler", "res_multistep"] and "beta" in sampler["scheduler"].options
     t2v = {i.id: i for i in pack.MiniMaxH3TextToVideo.GET_SCHEMA().inputs}
     assert (t2v["width"].default, t2v["height"].default, t2v["length"].default) == (864, 480, 124)
     assert next(i for i in pack.MiniMaxH3TextEncoderLoader.GET_SCHEMA().inputs if i.id == "type").default == \
@@ -140,7 +141,7 @@ def graph(h, seed=11, steps=2, length=LENGTH):
     positive, latent = run(h.MiniMaxH3TextToVideo, clip=clip, vae=video_vae, prompt=PROMPT, width=WIDTH,
                            height=HEIGHT, length=length)
     negative = [[torch.zeros_like(positive[0][0]), {"pooled_output": None}]]  # ConditioningZeroOut
-    (samples,) = run(h.MiniMaxH3Sampler, model=model, seed=seed, steps=steps, cfg=1.0, sampler_name="euler",
+    (samples,) = run(h.MiniMaxH3Sampler, model=model, seed=seed, steps=steps, cfg=1.0, sampler_name="res_multistep",
                      scheduler="simple", positive=positive, negative=negative, latent_image=latent, denoise=1.0)
     (frames,) = run(h.MiniMaxH3VAEDecode, samples=samples, vae=video_vae)
     (audio,) = run(h.MiniMaxH3VAEDecodeAudio, samples=samples, vae=audio_vae)
@@ -160,7 +161,7 @@ def test_t2va_graph_equals_the_engine(pack, models):
     assert isinstance(latent, NestedTensor)
     assert [tuple(t.shape) for t in latent.tensors] == [(1, 24, 7, 6, 4), (1, TINY_AUDIO_CHANNELS, 2, 37)]
     dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
-    video, audio = sample_t2va(dit, rows, 7, 6, 4, 37, 2, seed=11)
+    video, audio = sample_t2va(dit, rows, 7, 6, 4, 37, 2, seed=11, sampler="res_multistep", scheduler="simple")
     out = g["samples"]["samples"]
     assert isinstance(out, NestedTensor) and torch.equal(out.tensors[0], video) and torch.equal(out.tensors[1], audio)
     frames = VideoDecoder.load(models / "vae" / "h3_video_vae.safetensors", head_dim=16).decode(video)
@@ -202,7 +203,7 @@ def test_errors_name_node_and_input(pack, models):
               positive=g["positive"], negative=g["negative"], latent_image=g["latent"], denoise=1.0)
     for change, message in [({"model": ModelHandle("z_image", g["model"].path, "stored")}, "model: a z_image model"),
                             ({"cfg": 3.0}, "cfg: H3 is guidance-distilled"), ({"denoise": 0.5}, "denoise: "),
-                            ({"sampler_name": "res_multistep"}, "sampler_name: 'res_multistep' is not supported"),
+                            ({"sampler_name": "dpmpp_2m"}, "sampler_name: 'dpmpp_2m' is not supported"),
                             ({"latent_image": {"samples": torch.zeros(1, 24, 7, 6, 4)}}, "latent_image: not MiniMax"),
                             ({"positive": [[torch.zeros(1, 5, 7), {}]]}, "positive: 7 channels")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3Sampler · {message}"):

@@ -1,5 +1,7 @@
 """dit_core/sampling/minimax_h3.py vs diffusers 0.42.1 MiniMaxH3Scheduler: the two grids, ComfyUI's closed-form audio
 clock, the Euler step and the two-stream loop (reference/families/minimax_h3.md sections 6 and 11)."""
+import math
+
 import pytest
 import torch
 
@@ -8,10 +10,12 @@ from dit_core.sampling.minimax_h3 import (
     AUDIO_SHIFT,
     VIDEO_SHIFT,
     audio_sigma_of_video,
+    comfy_h3_sigmas,
     data_ward_x0,
     euler_step,
     h3_sigmas,
     sample_h3,
+    sample_h3_comfy,
 )
 
 pytest.importorskip("diffusers")
@@ -193,3 +197,69 @@ def test_loop_stops_and_refuses():
         sample_h3(our_denoised(StandIn(16, 8)), video, audio, h3_sigmas(6, VIDEO_SHIFT), h3_sigmas(5, AUDIO_SHIFT))
     with pytest.raises(ValueError, match="steps must be"):
         h3_sigmas(0, VIDEO_SHIFT)
+
+
+# --- ComfyUI's way: one sampler on the video grid, the audio carried on it (ModelSamplingAV) ----------------------
+
+def comfy_av_model(model, video_shape, audio_shape, k):
+    """The model as ComfyUI's sampler calls it on H3's packed state (reference section 6, comfy/ldm/minimax/model.py
+    forward and ModelSamplingAV's CONST denoised): the carried audio y turned back into x_a = y sigma_a/sigma_v,
+    noise-ward outputs (-v), the audio output turned into the carried variable's derivative (1 - k) x_a +
+    (1 + (k - 1) sigma_a) out_a, then denoised = x - sigma_v out."""
+    split = math.prod(video_shape)
+
+    def call(x, sigma, **extra):
+        sv = sigma.flatten()[0].float().clamp(min=1e-6)
+        sa = audio_sigma_of_video(sv, VIDEO_SHIFT, AUDIO_SHIFT)
+        video, y = x[:split].view(video_shape), x[split:].view(audio_shape)
+        x_a = y * (sa / sv)
+        v, a = model.velocity(video, x_a, 1 - sv, 1 - sa)
+        out_a = (1 - k) * x_a + (1 + (k - 1) * sa) * -a
+        return x - sv * torch.cat((-v.reshape(-1), out_a.reshape(-1)))
+    return call
+
+
+@pytest.mark.parametrize("name", ["euler", "res_multistep"])
+@pytest.mark.parametrize("scheduler,steps", [("simple", 1), ("simple", 4), ("simple", 20), ("ddim_uniform", 6),
+                                             ("beta", 6)])
+def test_comfy_way_equals_comfy_samplers(comfy, name, scheduler, steps):
+    """sample_h3_comfy against ComfyUI v0.3.75's own k-diffusion sampler run on the carried state with the model
+    conversion written as ComfyUI's H3 model does it (measured <= 3.8e-7 relative apart at 20 steps: the carried x0
+    is formed as k x0_a here, through the derivative there)."""
+    video, audio = start(0, 0)
+    k = VIDEO_SHIFT / AUDIO_SHIFT
+    sigmas = comfy_h3_sigmas(scheduler, steps)
+    x = torch.cat((video.reshape(-1), audio.reshape(-1))) * sigmas[0]  # CONST noise scaling, empty latent
+    sampler = getattr(comfy.k_diffusion.sampling, f"sample_{name}")
+    want = sampler(comfy_av_model(StandIn(16, 8), video.shape, audio.shape, k), x, sigmas, extra_args={},
+                   disable=True)
+    want_video, want_audio = want[:video.numel()].view(video.shape), want[video.numel():].view(audio.shape) / k
+    seen = []
+    got = sample_h3_comfy(our_denoised(StandIn(16, 8), lambda x, v, s: x + s * v), video, audio, sigmas, name,
+                          callback=lambda i, n, x, x0: seen.append((i, n)))
+    total = len(sigmas) - 1  # ddim_uniform's grid can hold a step more than asked, as ComfyUI's does
+    assert seen == [(i + 1, total) for i in range(total)]
+    for g, w in zip(got, (want_video, want_audio)):
+        assert (g - w).abs().max() <= 2e-6 * w.abs().max()
+
+
+def test_comfy_grid_and_euler_are_diffusers_walk():
+    """ComfyUI's simple grid is h3_sigmas up to f32 rounding, and Euler on the carried audio is diffusers' Euler on
+    the audio's own grid (the carried stream is linear in sigma_v for a fixed x0): measured 1 eps apart on the grid,
+    9.5e-7 on the result."""
+    for steps in (1, 8, 20, 50):
+        assert (comfy_h3_sigmas("simple", steps) - h3_sigmas(steps, VIDEO_SHIFT)).abs().max() <= EPS
+    steps = 8
+    video, audio = start(0, 0)
+    want = diffusers_loop(StandIn(16, 8), video, audio, steps, 0, 0)
+    got = sample_h3_comfy(our_denoised(StandIn(16, 8)), video, audio, comfy_h3_sigmas("simple", steps), "euler")
+    for g, w in zip(got, want):
+        assert (g - w).abs().max() <= 5e-6
+
+
+def test_comfy_way_refuses():
+    video, audio = start(0, 0)
+    with pytest.raises(ValueError, match="unknown sampler_name 'dpmpp_2m'"):
+        sample_h3_comfy(our_denoised(StandIn(16, 8)), video, audio, comfy_h3_sigmas("simple", 4), "dpmpp_2m")
+    with pytest.raises(ValueError, match="down to 0"):
+        sample_h3_comfy(our_denoised(StandIn(16, 8)), video, audio, comfy_h3_sigmas("simple", 4)[:-1], "euler")
