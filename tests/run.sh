@@ -12,6 +12,9 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -c "$ROOT/host/constraints.txt" -r "$ROOT/tests/requirements.txt"
 # comfy-kitchen's wheel declares a CUDA torch; its eager backend (our oracle) needs none of it.
 "${PIP[@]}" --no-deps comfy-kitchen==0.2.40
+# OmniVoice's package (the oracle of tests/families/test_omnivoice.py): its torchaudio has no build for our torch,
+# and the test stands a module in for it (used only to resample reference audio).
+"${PIP[@]}" -c "$ROOT/host/constraints.txt" --no-deps omnivoice==0.2.1
 # The newest transformers and its `kernels`, in a folder of their own (not the venv's): one test server puts it
 # ahead of the venv's packages, as a ComfyUI with the newest transformers has them.
 NEWEST="$VENV/newest-transformers"

@@ -1,0 +1,272 @@
+"""OmniVoice (masked-token text to speech) on the shared block, on the host: the model folder's safetensors ->
+token and codebook-sum embeddings, Qwen3 layers as bidirectional blocks, final norm and the codebook heads;
+the prompt rows, and each step's conditional and unconditional rows packed without padding into one forward.
+
+Facts: reference/families/omnivoice.md (the omnivoice 0.2.1 package, omnivoice/models/omnivoice.py, on
+transformers' Qwen3Model). The layout is converted once, here, at load: q, k, v stack into QKV (grouped-query:
+16 query heads on 8 key heads), gate and up interleave into UP; the rotary already turns split halves of the
+whole head (Qwen3), so no row moves. No time embedding: every row takes one constant modulation row (scale 0,
+gate 1). Attention is bidirectional within segments of unequal length (a prompt's conditional rows, its
+unconditional rows), which the shared Block cannot express yet (Sequence.group is one group size), so the
+layer below is Block.forward's math with attention per segment.
+
+Not yet a row of FAMILIES (no nodes yet); load it as OmniVoice.load(folder). generate_codes runs the unmasking
+loop of sampling/omnivoice.py on it; the codec (Higgs audio v2) is a later piece."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+import torch
+
+from ..arch import Arch
+from ..block import (DOWN, K_NORM, NORM1, NORM2, OUT, Q_NORM, QKV, UP, Block, attention, head_norm_rotary,
+                     modulated_norm, rms_norm, split_qkv, swiglu)
+from ..linear import linear
+from ..modulation import Modulation
+from ..sampling.omnivoice import Unmasking, sample_unmasking
+from ..sequence import Sequence
+from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
+from .loading import Detection, OpenedFile
+
+WEIGHTS_FILE = "model.safetensors"  # in the model folder, beside config.json and the tokenizer's files
+EPS = 1e-6         # Qwen3's rms_norm_eps: block, head and final norms
+ROPE_THETA = 1e6   # Qwen3-0.6B's rope_theta, one axis over the whole head
+CODEBOOKS = 8      # where the file lacks codebook_layer_offsets (a buffer the package saves)
+# The package's non-verbal tags, tokenized on their own (_tokenize_with_nonverbal_tags)
+NONVERBAL = re.compile(r"\[(laughter|sigh|confirmation-en|question-en|question-ah|question-oh|question-ei|"
+                       r"question-yi|surprise-ah|surprise-oh|surprise-wa|surprise-yo|dissatisfaction-hnn)\]")
+HAN = r"[\u4e00-\u9fff]"
+
+DETECTION = Detection(("audio_embeddings.weight", "audio_heads.weight", "llm.norm.weight"), ("",),
+                      "an OmniVoice model",
+                      f"the {WEIGHTS_FILE} of an OmniVoice model folder (k2-fsa/OmniVoice)")
+
+
+def weights_file(path: str | Path) -> Path:
+    """The safetensors file of a model folder (or the file itself)."""
+    path = Path(path)
+    return path / WEIGHTS_FILE if path.is_dir() else path
+
+
+def read_arch(ckpt: Checkpoint) -> Arch:
+    """The layers' Arch from the file's shapes (section 2); latents: the codebooks."""
+    stem = "llm.layers.0."
+    hidden = ckpt.shape("llm.norm.weight")[0]
+    head = ckpt.shape(f"{stem}self_attn.q_norm.weight")[0]
+    q_rows = ckpt.shape(f"{stem}self_attn.q_proj.weight")[0]
+    k_rows = ckpt.shape(f"{stem}self_attn.k_proj.weight")[0]
+    audio_rows = ckpt.shape("audio_embeddings.weight")[0]
+    codebooks = ckpt.shape("codebook_layer_offsets")[0] if "codebook_layer_offsets" in ckpt else CODEBOOKS
+    if q_rows % head or k_rows % head or audio_rows % codebooks:
+        raise WeightsError(f"{ckpt.path.name}: queries of {q_rows}, keys of {k_rows} in heads of {head}, or "
+                           f"{audio_rows} audio rows in {codebooks} codebooks do not fit OmniVoice")
+    return Arch(family="omnivoice", hidden=hidden,
+                layers=ckpt.numbered("llm.layers.", ".self_attn.q_proj.weight"), refiner=0,
+                heads=q_rows // head, head=head, kv_heads=k_rows // head, inner=q_rows,
+                ffn=ckpt.shape(f"{stem}mlp.gate_proj.weight")[0], latents=codebooks, patch=(1,),
+                text_dim=hidden, freq_dim=0, time_hidden=0, time_dim=0, eps=EPS, qk_eps=EPS, final_eps=EPS,
+                rope_axes=(head,), rope_theta=ROPE_THETA)
+
+
+def _read_block(ckpt: Checkpoint, stem: str, a: Arch, lin) -> Block:
+    """Layer `stem` ('llm.layers.3.'): QKV = [q; k; v], UP = gluRows(gate, up)."""
+    qkv = stack_rows([lin(f"{stem}self_attn.{n}_proj") for n in "qkv"])
+    if qkv.weight.shape != (a.qkv_width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{stem}self_attn.q/k/v_proj' give {tuple(qkv.weight.shape)}, "
+                           f"expected {(a.qkv_width, a.hidden)}")
+    norm = lambda key, n: read_tensor(ckpt, f"{stem}{key}.weight", (n,))  # noqa: E731
+    up = glu_rows(lin(f"{stem}mlp.gate_proj"), lin(f"{stem}mlp.up_proj"))
+    return Block((qkv, lin(f"{stem}self_attn.o_proj"), up, lin(f"{stem}mlp.down_proj"),
+                  norm("input_layernorm", a.hidden),
+                  norm("post_attention_layernorm", a.hidden), norm("self_attn.q_norm", a.head),
+                  norm("self_attn.k_norm", a.head), None, None))
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      lengths: tuple[int, ...]) -> torch.Tensor:
+    """The block's attention within each segment of consecutive rows (lengths sum to the rows)."""
+    return torch.cat([attention(*parts, 0) for parts in zip(*(t.split(lengths) for t in (q, k, v)))])
+
+
+def bidirectional_layer(block: Block, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
+                        lengths: tuple[int, ...]) -> torch.Tensor:
+    """Block.forward (no sandwich norms, no attention gate) with rows attending only within their segment."""
+    w = block.w
+    h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
+    q, k, v, _ = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
+    q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
+    o = linear(segment_attention(q, k, v, lengths), w[OUT]).to(x.dtype)
+    x = x + m.attn_gate.to(x.dtype)[s.map] * o
+    h = modulated_norm(a, x, w[NORM2], m.mlp_shift, m.mlp_scale, s.map)
+    d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
+    return x + m.mlp_gate.to(x.dtype)[s.map] * d
+
+
+def combined_text(text: str, ref_text: str | None = None) -> str:
+    """The reference's text then the target's, one space between, cleaned as the package's _combine_text: no
+    line breaks, full-width parentheses as ASCII, runs of spaces and tabs as one space, none beside Han
+    characters."""
+    full = f"{ref_text.strip()} {text.strip()}" if ref_text else text.strip()
+    full = re.sub(r"[\r\n]+", "", full).replace("\uff08", "(").replace("\uff09", ")")
+    full = re.sub(r"[ \t]+", " ", full)
+    return re.sub(rf"(?<={HAN})\s+|\s+(?={HAN})", "", full)
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of text with each non-verbal tag tokenized on its own (no special tokens added)."""
+    pieces, last = [], 0
+    for m in NONVERBAL.finditer(text):
+        pieces += [text[last:m.start()], m.group()]
+        last = m.end()
+    pieces.append(text[last:])
+    return [i for piece in pieces if piece for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One item's conditional prefix, [style | text | reference codes] (section 4): ids [C, N] long (text ids
+    in every codebook row, only row 0 read), audio [N] bool (the reference's code positions); target: frames
+    to make."""
+    ids: torch.Tensor
+    audio: torch.Tensor
+    target: int
+
+
+def prompt_rows(tokenizer, text: str, target: int, codebooks: int = CODEBOOKS, lang: str | None = None,
+                instruct: str | None = None, ref_text: str | None = None,
+                ref_codes: torch.Tensor | None = None, denoise: bool = True) -> Prompt:
+    """The package's _prepare_inference_inputs less the target rows: <|denoise|> (with a reference, when
+    denoise), the language and instruction ("None" when absent), then <|text_start|>ref_text text<|text_end|>,
+    then the reference's codes [C, T_ref]. lang and instruct are taken as given (the package resolves names
+    first)."""
+    style = ("<|denoise|>" if denoise and ref_codes is not None else "") + \
+        f"<|lang_start|>{lang or 'None'}<|lang_end|><|instruct_start|>{instruct or 'None'}<|instruct_end|>"
+    wrapped = f"<|text_start|>{combined_text(text, ref_text)}<|text_end|>"
+    words = tokenizer(style)["input_ids"] + text_ids(tokenizer, wrapped)
+    ids = torch.tensor(words, dtype=torch.long).repeat(codebooks, 1)
+    audio = torch.zeros(len(words), dtype=torch.bool)
+    if ref_codes is not None:
+        if ref_codes.dim() != 2 or ref_codes.shape[0] != codebooks:
+            raise ValueError(f"OmniVoice: reference codes must be [{codebooks}, frames], got "
+                             f"{tuple(ref_codes.shape)}")
+        ids = torch.cat([ids, ref_codes.long().cpu()], dim=1)
+        audio = torch.cat([audio, torch.ones(ref_codes.shape[1], dtype=torch.bool)])
+    if target < 1:
+        raise ValueError(f"OmniVoice: the target must be at least one frame, got {target}")
+    return Prompt(ids, audio, target)
+
+
+@dataclass(frozen=True)
+class OmniVoice:
+    """OmniVoice where it runs: the text and audio embedding tables, the layers, the final norm, the heads."""
+    arch: Arch
+    text_embedding: torch.Tensor   # llm.embed_tokens [vocab, hidden] f32
+    audio_embedding: torch.Tensor  # [codebooks x audio_vocab, hidden] f32: code i of codebook c at c V + i
+    blocks: tuple[Block, ...]
+    final_norm: torch.Tensor
+    heads: Linear                  # audio_heads: hidden -> codebooks x audio_vocab
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint, linears: str = "stored") -> OmniVoice:
+        """OmniVoice from its model folder (its model.safetensors) or that file. linears: 'stored' keeps each
+        layer linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8 ones."""
+        file = path if isinstance(path, Checkpoint) else weights_file(path)
+        opened = OpenedFile.open(file, DETECTION, linears)
+        ckpt = opened.ckpt
+        a = read_arch(ckpt)
+        vocab = ckpt.shape("audio_embeddings.weight")[0]
+        blocks = tuple(opened.convert(_read_block(ckpt, f"llm.layers.{i}.", a, opened.linear))
+                       for i in range(a.layers))
+        heads = opened.linear("audio_heads")
+        if heads.weight.shape != (vocab, a.hidden):
+            raise WeightsError(f"{ckpt.path.name}: 'audio_heads.weight' is {tuple(heads.weight.shape)}, "
+                               f"expected {(vocab, a.hidden)}")
+        return OmniVoice(a, read_tensor(ckpt, "llm.embed_tokens.weight"),
+                         read_tensor(ckpt, "audio_embeddings.weight", (vocab, a.hidden)), blocks,
+                         read_tensor(ckpt, "llm.norm.weight", (a.hidden,)), heads)
+
+    @property
+    def codebooks(self) -> int:
+        return self.arch.latents
+
+    @property
+    def audio_vocab(self) -> int:
+        """Classes per codebook: 1024 codes and MASK."""
+        return self.audio_embedding.shape[0] // self.codebooks
+
+    @property
+    def mask_id(self) -> int:
+        """MASK, the last class of each codebook (the package's audio_mask_id, 1024)."""
+        return self.audio_vocab - 1
+
+    def to(self, device: str | torch.device, budget_bytes=None, options=None) -> OmniVoice:
+        """The float32 host path only for now; a CUDA device is refused until OmniVoice's GPU piece."""
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"OmniVoice runs on the host (CPU, float32) only for now, not on {device}: "
+                             "its GPU path is a later piece of issue 37")
+        return self
+
+    def embed(self, ids: torch.Tensor, audio: torch.Tensor,
+              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Rows [rows, hidden]: a text row embeds its id in codebook row 0, an audio row sums its codebooks'
+        codes (section 3). The package also looks audio ids up in the text table and drops them; we skip that
+        lookup."""
+        offsets = torch.arange(self.codebooks)[:, None] * self.audio_vocab
+        x = torch.empty(ids.shape[1], self.arch.hidden, dtype=dtype)
+        x[~audio] = self.text_embedding[ids[0, ~audio]].to(dtype)
+        x[audio] = self.audio_embedding[ids[:, audio] + offsets].to(dtype).sum(0)
+        return x
+
+    def sequence(self, lengths: tuple[int, ...]) -> Sequence:
+        """Rows of segments of those lengths, positions restarting at 0 in each; one modulation row. Angles
+        are the f32 positions times Qwen3's f32 frequencies, as transformers computes them."""
+        a = self.arch
+        positions = torch.cat([torch.arange(n) for n in lengths]).float()
+        inv_freq = 1.0 / (a.rope_theta ** (torch.arange(0, a.head, 2, dtype=torch.float32) / a.head))
+        angles = positions[:, None] * inv_freq
+        return Sequence(torch.zeros(positions.shape[0], dtype=torch.long), angles.cos(), angles.sin())
+
+    def logits(self, ids: torch.Tensor, audio: torch.Tensor, lengths: tuple[int, ...],
+               rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Logits [C, rows, audio_vocab] f32 of packed rows ids [C, rows], audio [rows] bool, in segments that
+        attend only within themselves (lengths); only of `rows` (an index) when given: the heads are the
+        widest linear. Computed in dtype (f32, or f64 for tests)."""
+        if ids.shape[1] != sum(lengths) or audio.shape[0] != ids.shape[1] or ids.shape[0] != self.codebooks:
+            raise ValueError(f"OmniVoice: ids {tuple(ids.shape)} and audio {tuple(audio.shape)} for segments "
+                             f"{lengths} of {self.codebooks} codebooks")
+        a = self.arch
+        x = self.embed(ids, audio, dtype)
+        s, m = self.sequence(lengths), Modulation.identity(a.hidden, dtype=dtype)
+        for block in self.blocks:
+            x = bidirectional_layer(block, a, x, m, s, lengths)
+        x = x if rows is None else x[rows]
+        y = linear(rms_norm(x, self.final_norm, a.final_eps), self.heads).float()
+        return y.reshape(-1, self.codebooks, self.audio_vocab).transpose(0, 1)
+
+    def target_logits(self, prompts: list[Prompt], codes: list[torch.Tensor], guided: bool,
+                      dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """Per item, the logits [C, T, V] of its target rows with its codes [C, T] in place: conditional
+        ([prefix | codes]) and, when guided, unconditional (the codes alone); one forward of every item's
+        segments packed."""
+        segments = []  # (ids, audio, T) in packed order: every segment ends in its item's T target rows
+        for p, c in zip(prompts, codes):
+            t, target = c.shape[1], torch.ones(c.shape[1], dtype=torch.bool)
+            segments.append((torch.cat([p.ids, c], 1), torch.cat([p.audio, target]), t))
+            segments += [(c, target, t)] if guided else []
+        ids, audio, targets = zip(*segments)
+        lengths = tuple(i.shape[1] for i in ids)
+        rows = torch.cat([torch.arange(end - t, end) for end, t in zip(accumulate(lengths), targets)])
+        out = self.logits(torch.cat(ids, 1), torch.cat(audio), lengths, rows, dtype).split(targets, dim=1)
+        return [(out[i], out[i + 1] if guided else None) for i in range(0, len(out), 1 + guided)]
+
+def generate_codes(model: OmniVoice, prompts: list[Prompt], u: Unmasking, seed: int,
+                   dtype: torch.dtype = torch.float32, callback=None, should_stop=None) -> list[torch.Tensor]:
+    """Codes [C, T] for each prompt: the unmasking loop (sampling/omnivoice.py) over model's packed forwards,
+    its draws from a CPU generator seeded with seed (the package's after torch.manual_seed(seed))."""
+    generator = torch.Generator().manual_seed(seed)
+    return sample_unmasking(lambda codes: model.target_logits(prompts, codes, u.guidance != 0, dtype),
+                            [p.target for p in prompts], model.codebooks, model.mask_id, u, generator,
+                            callback=callback, should_stop=should_stop)

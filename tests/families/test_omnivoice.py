@@ -1,0 +1,181 @@
+"""OmniVoice on the shared block and its unmasking sampler vs the omnivoice 0.2.1 package, on a tiny random
+model saved in the real folder layout (save_pretrained: config.json + model.safetensors) and a tiny byte-level
+tokenizer with the package's special tokens."""
+import importlib.machinery
+import importlib.util
+import sys
+import types
+
+import pytest
+import torch
+from conftest import rel_err
+from tiny_models import randomize_language_model
+from transformers.utils import is_torchaudio_available
+
+from dit_core.families.omnivoice import OmniVoice, generate_codes, prompt_rows
+from dit_core.sampling.omnivoice import Unmasking, reveal_counts, shifted_times
+
+# omnivoice imports torchaudio only to resample reference audio, and torchaudio has no build for our torch
+# (reference/families/omnivoice.md section 9): a stand-in module while it imports, taken out again after.
+# transformers caches its first answer to whether torchaudio is there: asked first, it stays no.
+if importlib.util.find_spec("torchaudio") is None:
+    is_torchaudio_available()
+    _stub = types.ModuleType("torchaudio")
+    _stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    sys.modules["torchaudio"] = _stub
+    try:
+        package = pytest.importorskip("omnivoice.models.omnivoice")
+    finally:
+        sys.modules.pop("torchaudio", None)
+else:
+    package = pytest.importorskip("omnivoice.models.omnivoice")
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from transformers import PreTrainedTokenizerFast, Qwen3Config  # noqa: E402
+
+SPECIAL = ["<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>", "<|instruct_end|>",
+           "<|text_start|>", "<|text_end|>"]
+# vocab_size above 1024: the package also looks audio ids up in the text table (section 11, item 4)
+TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6,
+            max_position_embeddings=512)
+C, MASK = 8, 1024
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """Byte-level BPE without merges (one token a byte) and the package's seven special tokens."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_tokens(SPECIAL, special_tokens=True)
+    return fast
+
+
+@pytest.fixture(scope="module")
+def reference(tokenizer):
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**TINY)
+    cfg._attn_implementation = "sdpa"
+    model = package.OmniVoice(package.OmniVoiceConfig(llm_config=cfg)).eval()
+    randomize_language_model(model)
+    model.text_tokenizer = tokenizer
+    return model
+
+
+@pytest.fixture(scope="module")
+def folder(reference, tmp_path_factory):
+    d = tmp_path_factory.mktemp("omnivoice")
+    reference.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def ours(folder):
+    return OmniVoice.load(folder)
+
+
+def ref_codes(frames: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, MASK, (C, frames), generator=torch.Generator().manual_seed(seed))
+
+
+# (text, target frames, lang, instruct, ref_text, ref_codes frames)
+ITEMS = [("Hi [sigh] you.", 9, None, None, None, 0),
+         ("Two,\n  ok 你好 x", 6, "en", "male", "Ref  said.", 5)]
+
+
+def prompts_of(tokenizer, items):
+    return [prompt_rows(tokenizer, text, target, lang=lang, instruct=instruct, ref_text=ref_text,
+                        ref_codes=ref_codes(n_ref, i) if n_ref else None)
+            for i, (text, target, lang, instruct, ref_text, n_ref) in enumerate(items)]
+
+
+def test_loads_the_folder_layout(ours, reference):
+    a = ours.arch
+    assert (a.layers, a.heads, a.kv_heads, a.head, a.ffn, a.hidden) == (2, 4, 2, 16, 96, 64)
+    assert (ours.codebooks, ours.audio_vocab, ours.mask_id) == (C, 1025, MASK)
+
+
+def test_prompt_rows_match_the_package(tokenizer, reference):
+    """Our prefix plus an all-MASK target is the package's conditional input (_prepare_inference_inputs)."""
+    for i, (text, target, lang, instruct, ref_text, n_ref) in enumerate(ITEMS):
+        codes = ref_codes(n_ref, i) if n_ref else None
+        theirs = reference._prepare_inference_inputs(text, target, ref_text, codes, lang, instruct, True)
+        p = prompt_rows(tokenizer, text, target, lang=lang, instruct=instruct, ref_text=ref_text,
+                        ref_codes=codes)
+        target_audio = torch.ones(target, dtype=torch.bool)
+        assert torch.equal(torch.cat([p.ids, torch.full((C, target), MASK)], 1), theirs["input_ids"][0])
+        assert torch.equal(torch.cat([p.audio, target_audio]), theirs["audio_mask"][0])
+
+
+def package_batch(prompts, codes):
+    """The package's padded batch of a step (_generate_iterative): cond rows 0..B-1, uncond rows B..2B-1;
+    an uncond row's padding attends to itself only."""
+    B, n = len(prompts), max(p.ids.shape[1] + c.shape[1] for p, c in zip(prompts, codes))
+    ids = torch.full((2 * B, C, n), MASK)
+    audio = torch.zeros(2 * B, n, dtype=torch.bool)
+    mask = torch.zeros(2 * B, 1, n, n, dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompts, codes)):
+        t, L = c.shape[1], p.ids.shape[1] + c.shape[1]
+        ids[i, :, :L], audio[i, :L], mask[i, :, :L, :L] = torch.cat([p.ids, c], 1), True, True
+        audio[i, :p.ids.shape[1]] = p.audio
+        ids[B + i, :, :t], audio[B + i, :t], mask[B + i, :, :t, :t] = c, True, True
+        mask[B + i, :, torch.arange(t, n), torch.arange(t, n)] = True
+    return ids, audio, mask
+
+
+def test_packed_logits_match_the_package(ours, reference, tokenizer):
+    """Both items' conditional and unconditional rows packed in one forward, some target codes already
+    revealed: float32 within 1e-5 of the package's padded batch (2e-7 measured); every row of a conditional
+    segment too, its prefix included."""
+    prompts = prompts_of(tokenizer, ITEMS)
+    g = torch.Generator().manual_seed(3)
+    codes = [torch.where(torch.rand(C, p.target, generator=g) < 0.4,
+                         torch.randint(0, MASK, (C, p.target), generator=g), MASK) for p in prompts]
+    ids, audio, mask = package_batch(prompts, codes)
+    with torch.no_grad():
+        theirs = reference(input_ids=ids, audio_mask=audio, attention_mask=mask).logits
+    for i, (p, (cond, uncond)) in enumerate(zip(prompts, ours.target_logits(prompts, codes, guided=True))):
+        L, t = p.ids.shape[1] + p.target, p.target
+        assert rel_err(cond, theirs[i, :, L - t:L]) <= 1e-5
+        assert rel_err(uncond, theirs[len(prompts) + i, :, :t]) <= 1e-5
+    p, L = prompts[1], prompts[1].ids.shape[1] + prompts[1].target
+    whole = ours.logits(ids[1, :, :L], audio[1, :L], (L,))
+    assert rel_err(whole, theirs[1, :, :L]) <= 1e-5
+
+
+def test_schedule_matches_the_package():
+    """The shifted times bit for bit; the reveal counts of the reference's worked example (800 codes, 32
+    steps: 3, 3, 3, 4, ..., 87, 125, 182)."""
+    for steps, shift in [(4, 0.1), (32, 0.1), (12, 0.5), (7, 1.0)]:
+        assert torch.equal(shifted_times(steps, shift), package._get_time_steps(0.0, 1.0, steps, shift))
+        assert sum(reveal_counts(8 * 13, steps, shift)) == 8 * 13
+    counts = reveal_counts(800, 32, 0.1)
+    assert counts[:4] == [3, 3, 3, 4] and counts[-3:] == [87, 125, 182] and sum(counts[:16]) == 81
+
+
+@pytest.mark.parametrize("references, u", [
+    (False, Unmasking(steps=4)), (False, Unmasking(steps=32)), (True, Unmasking(steps=4)),
+    (True, Unmasking(steps=32)), (True, Unmasking(steps=4, class_temperature=1.0, t_shift=0.5)),
+    (False, Unmasking(steps=4, guidance=0.0, position_temperature=0.0, layer_penalty=2.0))])
+def test_generate_matches_the_package(ours, reference, tokenizer, references, u):
+    """The whole loop, two items of different lengths together: the same codes as the package's
+    _generate_iterative after torch.manual_seed(seed), ours drawing from a generator seeded with seed."""
+    items = [item if references else item[:4] + (None, 0) for item in ITEMS]
+    seed = 1234 + u.steps
+    task = package.GenerationTask(
+        batch_size=len(items), texts=[it[0] for it in items], target_lens=[it[1] for it in items],
+        langs=[it[2] for it in items], instructs=[it[3] for it in items], ref_texts=[it[4] for it in items],
+        ref_audio_tokens=[ref_codes(it[5], i) if it[5] else None for i, it in enumerate(items)],
+        ref_rms=[None] * len(items))
+    config = package.OmniVoiceGenerationConfig(
+        num_step=u.steps, guidance_scale=u.guidance, t_shift=u.t_shift, layer_penalty_factor=u.layer_penalty,
+        position_temperature=u.position_temperature, class_temperature=u.class_temperature)
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        theirs = reference._generate_iterative(task, config)
+    codes = generate_codes(ours, prompts_of(tokenizer, items), u, seed)
+    for mine, their in zip(codes, theirs):
+        assert (mine != MASK).all()
+        assert torch.equal(mine, their)
