@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MLP_KINDS = ("swiglu", "gelu_tanh")
+
 
 @dataclass(frozen=True)
 class Arch:
@@ -31,6 +33,8 @@ class Arch:
     # The attention's (inner) width, heads x head, where it differs from the residual width (MiniMax H3: 56 x 128 =
     # 7168 over 5376); 0: the residual width. Stated rather than derived, so a misread head count still fails here.
     inner: int = 0
+    mlp: str = "swiglu"    # the MLP's kind: "swiglu" (UP's rows gluRows) or "gelu_tanh" (UP, GELU tanh, DOWN: LTX-2.5)
+    qk_norm: str = "head"  # q/k RMS "head" by head (gain [head]) or "across" all heads at once (gain [width]: LTX-2.5)
 
     def __post_init__(self):
         if self.heads * self.head != (self.inner or self.hidden):
@@ -42,6 +46,10 @@ class Arch:
             raise ValueError(f"{self.family}: rotary axes {self.rope_axes} rotate more than a head of {self.head}")
         if self.norm not in ("rms", "layer"):
             raise ValueError(f"{self.family}: norm must be 'rms' or 'layer', got {self.norm!r}")
+        if self.mlp not in MLP_KINDS:
+            raise ValueError(f"{self.family}: mlp must be one of {MLP_KINDS}, got {self.mlp!r}")
+        if self.qk_norm not in ("head", "across"):
+            raise ValueError(f"{self.family}: qk_norm must be 'head' or 'across', got {self.qk_norm!r}")
         if self.kv_heads < 0 or (self.kv_heads and self.heads % self.kv_heads):
             raise ValueError(f"{self.family}: {self.kv_heads} key/value heads do not divide {self.heads} heads")
         if min(self.layers, self.heads, self.ffn, self.latents, self.text_dim) <= 0:

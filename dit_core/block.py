@@ -1,7 +1,9 @@
 """The shared AdaLN block: modulated norms, attention over a packed sequence with rotary positions, gated MLP.
 
 This is the host reference (f32 or f64 on the CPU) of every later GPU kernel. The block's linears, norms and
-attention go through the small functions below, the seams a GPU path replaces (kernels/).
+attention go through the small functions below, the seams a GPU path replaces (kernels/). They are pieces a family
+may call one at a time in its own order (issue 36): modulated_norm, Block.attend (fused QKV), attend (an Attention's
+own q, k, v linears: self or cross, rotary per side, a key mask, a per-head gate) and mlp (SwiGLU or GELU).
 """
 from __future__ import annotations
 
@@ -40,11 +42,13 @@ def modulated_norm(a: Arch, x: torch.Tensor, weight: torch.Tensor | None, shift:
     return y if shift is None else y + shift.to(x.dtype)[map_]
 
 
-def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: Sequence) -> torch.Tensor:
-    """Each head over its RMS times its norm weight, then its first values turned by the rows' cos/sin."""
+def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: Sequence | None) -> torch.Tensor:
+    """t [rows, heads, head]: each head over its RMS (a.qk_norm "head") or all of a row's heads over theirs
+    ("across"), times the norm's gain; then each head's first values turned by s's cos/sin (s None: not turned)."""
     if weight is not None:
-        t = rms_norm(t, weight, a.qk_eps)
-    return rotate_halves(t, s.cos, s.sin)
+        t = rms_norm(t, weight, a.qk_eps) if a.qk_norm == "head" else rms_norm(t.flatten(1), weight,
+                                                                                 a.qk_eps).view_as(t)
+    return t if s is None else rotate_halves(t, s.cos, s.sin)
 
 
 def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:
@@ -56,24 +60,71 @@ def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:
     return q, k, v, gate if a.attn_gate else None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
-    """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head), no mask), within groups of `group`
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,
+              key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head)), within groups of `group`
     consecutive rows when group > 0 (block-diagonal). Without groups, k and v may hold more rows than q (keys
-    and values kept from another step: FLUX.3's reference rows). k and v may have fewer heads than q (grouped-query
+    and values kept from another step: FLUX.3's reference rows), and key_bias [keys] may be added to every
+    query's scores (a padded prompt's mask; None: none). k and v may have fewer heads than q (grouped-query
     attention): key head j serves query heads j r .. j r + r - 1, r the ratio."""
     rows, heads, head = q.shape
+    if group and key_bias is not None:
+        raise ValueError("attention: a key bias applies to ungrouped rows only")
     if k.shape[1] != heads:
         k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
     g = group or rows
     q = q.reshape(rows // g, g, heads, head).transpose(1, 2)
     k, v = (t.reshape(rows // g if group else 1, -1, heads, head).transpose(1, 2) for t in (k, v))
-    o = F.scaled_dot_product_attention(q, k, v)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias)
     return o.transpose(1, 2).reshape(rows, heads * head)
 
 
 def swiglu(u: torch.Tensor) -> torch.Tensor:
     """silu(gate) * up of UP's interleaved rows (gluRows: gate j at 2j, up j at 2j + 1)."""
     return F.silu(u[..., 0::2]) * u[..., 1::2]
+
+
+def gelu_tanh(u: torch.Tensor) -> torch.Tensor:
+    return F.gelu(u, approximate="tanh")
+
+
+# Arch.mlp -> the activation between UP and DOWN.
+ACTIVATIONS = {"swiglu": swiglu, "gelu_tanh": gelu_tanh}
+
+
+def mlp(h: torch.Tensor, up: Linear, down: Linear, kind: str) -> torch.Tensor:
+    """DOWN(activation(UP h)) in h's dtype; kind an Arch.mlp ("swiglu": UP's rows gluRows)."""
+    return linear(ACTIVATIONS[kind](linear(h, up).to(h.dtype)), down).to(h.dtype)
+
+
+@dataclass(frozen=True)
+class Attention:
+    """An attention with its own q, k, v linears (LTX-2.5's six a block): queries from one set of rows, keys and
+    values from a context (the same rows in a self-attention, another stream's or the prompt's in a cross one).
+    q_norm/k_norm: the head norms' gains as Arch.qk_norm reads them (None: no norm). head_gate: a linear from the
+    queries' input to one logit per head, whose output is times 2 sigmoid(logit) (None: no gate)."""
+    q: Linear
+    k: Linear
+    v: Linear
+    out: Linear
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
+    head_gate: Linear | None = None
+
+
+def attend(a: Arch, w: Attention, x: torch.Tensor, context: torch.Tensor, q_rotary: Sequence | None = None,
+           k_rotary: Sequence | None = None, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """w's output [rows, OUT's width] for query rows x and key/value rows context (x itself to self-attend), in a's
+    heads x head: q/k normed (head_norm_rotary), queries turned by q_rotary's cos/sin and keys by k_rotary's (None:
+    not turned), keys masked by key_bias (attention), heads gated, then OUT."""
+    q, k, v = (linear(t, lin).to(x.dtype).reshape(t.shape[0], a.heads, a.head)
+               for t, lin in ((x, w.q), (context, w.k), (context, w.v)))
+    q, k = head_norm_rotary(q, w.q_norm, a, q_rotary), head_norm_rotary(k, w.k_norm, a, k_rotary)
+    o = attention(q, k, v, 0, key_bias)
+    if w.head_gate is not None:
+        gate = 2 * torch.sigmoid(linear(x, w.head_gate).to(x.dtype))
+        o = (o.view(-1, a.heads, a.head) * gate[..., None]).flatten(1)
+    return linear(o, w.out).to(x.dtype)
 
 
 @dataclass
@@ -109,15 +160,12 @@ class Block:
         GPU block's (dit_core/gpu/options.py); none here."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
-        q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
-        o = attention(q, k, v, s.group)
-        o = linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(x.dtype)
+        o = self.attend(a, h, s)
         if w[POST_ATTN] is not None:
             o = rms_norm(o, w[POST_ATTN], a.eps)
         x = x + m.attn_gate.to(x.dtype)[s.map] * o
         h = modulated_norm(a, x, w[NORM2], m.mlp_shift, m.mlp_scale, s.map)
-        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
+        d = mlp(h, w[UP], w[DOWN], a.mlp)
         if w[POST_MLP] is not None:
             d = rms_norm(d, w[POST_MLP], a.eps)
         return x + m.mlp_gate.to(x.dtype)[s.map] * d
@@ -132,16 +180,21 @@ class Block:
         or extend them (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update
         x in place (no copy of the rows); here the result is always a new tensor. carry, options: as forward's
         (nothing carried here)."""
+        h = modulated_norm(a, x, self.w[NORM1], m.attn_shift, m.attn_scale, s.map)
+        o = self.attend(a, h, s, keys_values)
+        d = mlp(h, self.w[UP], self.w[DOWN], a.mlp)
+        return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
+
+    def attend(self, a: Arch, h: torch.Tensor, s: Sequence, keys_values: Callable | None = None) -> torch.Tensor:
+        """The self-attention piece of the normed rows h: fused QKV, head norms and rotary, attention in s's
+        groups, the sigmoid gate where QKV yields one, OUT. keys_values as parallel's."""
         w = self.w
-        h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(x.dtype))
+        q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(h.dtype))
         q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
         if keys_values is not None:
             k, v = keys_values(k, v)
         o = attention(q, k, v, s.group)
-        o = linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(x.dtype)
-        d = linear(swiglu(linear(h, w[UP]).to(x.dtype)), w[DOWN]).to(x.dtype)
-        return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
+        return linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(h.dtype)
 
     def quantized(self) -> Block:
         """The block with each float linear quantized once to INT8 ConvRot (rows rotated by the regular Hadamard

@@ -25,10 +25,11 @@ class Sequence:
     """The rows of one packed sequence, where the block runs.
 
     map: [rows] long, each row's modulation row. cos, sin: [rows, rotary/2] of each row's rotary angles (per axis
-    its frequencies, concatenated axis by axis). group: rows attend within consecutive groups of that many rows
-    (0: all rows), as the tiles of a VAE. angles: the tables' angles as factors, where they have them. starts: the
-    first row of each run of rows sharing a modulation row (host ints; from a map made on the host, else None):
-    where every run starts on one of its row blocks, the quantizer reads each block's modulation row as vectors.
+    its frequencies, concatenated axis by axis), or [rows, heads, rotary/2] where each head turns by its own
+    (LTX-2.5). group: rows attend within consecutive groups of that many rows (0: all rows), as the tiles of a
+    VAE. angles: the tables' angles as factors, where they have them. starts: the first row of each run of rows
+    sharing a modulation row (host ints; from a map made on the host, else None): where every run starts on one of
+    its row blocks, the quantizer reads each block's modulation row as vectors.
     """
     map: torch.Tensor
     cos: torch.Tensor
@@ -126,12 +127,15 @@ def concat(parts: list[Sequence]) -> Sequence:
 
 
 def rotate_halves(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary by split halves over the first 2 r values of each head (x [rows, heads, head], cos/sin [rows, r]):
-    pair (j, j + r) turns by angle j. Checkpoints that rotate adjacent pairs are permuted at load
+    """Rotary by split halves over the first 2 r values of each head (x [rows, heads, head]): pair (j, j + r) turns
+    by angle j. cos/sin [rows, r] turn every head alike; [rows, heads, r] give each head its own angles (LTX-2.5,
+    reference/families/ltx25.md section 4). Checkpoints that rotate adjacent pairs are permuted at load
     (reference/families/z_image.md section 6, checkpoint tensor names: RoPE), so this is the only rotary the
     block knows."""
     r = cos.shape[-1]
-    c, s = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
+    if cos.dim() == 2:
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    c, s = cos.to(x.dtype), sin.to(x.dtype)
     a, b, rest = x[..., :r], x[..., r:2 * r], x[..., 2 * r:]
     return torch.cat([a * c - b * s, b * c + a * s, rest], dim=-1)
 
