@@ -18,7 +18,8 @@ COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.json").read_text())
 # Each family's workflows are converted with its own /object_info fixture (file name prefix -> fixture).
 FIXTURES = {"z_image": OBJECT_INFO,
-            "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text())}
+            "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text()),
+            "minimax_h3": json.loads((ROOT / "tests" / "fixtures" / "object_info_minimax_h3.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
 UI_FILES = sorted(WORKFLOWS.glob("*.json"))
 # In a folder of their own: ComfyUI's Templates browser lists workflows/*.json, and an API graph opens there empty.
@@ -58,8 +59,8 @@ def fixture_for(path: Path) -> dict:
 
 
 def test_workflows_are_there_and_described():
-    assert [p.name for p in UI_FILES] == ["flux3_klein_edit.json", "flux3_klein_t2i.json", "z_image_turbo_t2i.json"]
-    assert [p.name for p in API_FILES] == ["flux3_klein_edit.json", "flux3_klein_t2i.json", "z_image_turbo_t2i.json"]
+    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "minimax_h3_t2v.json", "z_image_turbo_t2i.json"]
+    assert [p.name for p in UI_FILES] == names and [p.name for p in API_FILES] == names
     readme = (WORKFLOWS / "README.md").read_text()
     for path in UI_FILES + API_FILES:
         assert f"`{path.name}`" in readme, path.name
@@ -95,7 +96,7 @@ def test_our_node_types_are_registered(path, registry):
 @pytest.mark.parametrize("family", sorted(FIXTURES))
 def test_object_info_fixture_matches_our_nodes(registry, family):
     fixtures = FIXTURES[family]
-    prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein"}[family]
+    prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein", "minimax_h3": "SwiftDiTMiniMaxH3"}[family]
     assert {n for n in registry if n.startswith(prefix)} <= set(fixtures)  # every node of the family is there
     for node_id, cls in registry.items():
         if node_id not in fixtures:
@@ -225,3 +226,18 @@ def test_klein_workflows_mirror_the_official_templates(name, official):
         encode = next(k for k, v in ours.items() if v["class_type"] == "SwiftDiTFlux3KleinVAEEncode")
         assert sorted(r["latent"][0] for r in by_type["ReferenceLatent"]) == [encode, encode]
         assert sampler["latent_image"] == [encode, 0]  # the output takes the reference's size, as the template
+
+
+def test_minimax_h3_workflow_is_the_reduced_template():
+    """Issue 35: `swiftdit swap --for-host` of the official t2v template, with the text encoder file the template
+    names as the NVFP4-AWQ file's drop-in alternative (INT8 ConvRot: the NVFP4 format is not readable here)."""
+    from swiftdit.for_host import swap_for_host
+    text = json.dumps(swap_for_host(template("video_minimax_h3_t2v"), "minimax_h3")[0], ensure_ascii=False)
+    text = text.replace("qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors) (14.61 GB)",
+                        "qwen3vl_32b_minimax_h3_int8_convrot.safetensors) (19.4 GB)")
+    want = json.loads(text.replace("qwen3vl_32b_minimax_h3_nvfp4_awq", "qwen3vl_32b_minimax_h3_int8_convrot"))
+    assert json.loads((WORKFLOWS / "minimax_h3_t2v.json").read_text()) == want
+    api = json.loads((WORKFLOWS / "api" / "minimax_h3_t2v.json").read_text())
+    assert api["140:128"]["inputs"] == {"clip_name": "qwen3vl_32b_minimax_h3_int8_convrot.safetensors",
+                                        "type": "minimax", "device": "default"}
+    assert (api["140:141"]["inputs"]["seed"], api["140:137"]["inputs"]["value"]) == (757358688076805, 20)
