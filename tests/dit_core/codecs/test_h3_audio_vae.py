@@ -1,19 +1,20 @@
 """dit_core/codecs/h3_audio_vae.py (and bigvgan.py) against diffusers 0.42.1 AutoencoderKLMiniMaxH3Audio: a tiny
-random model saved in diffusers' (= the original checkpoint's) names, weight-normed and folded."""
+random model saved in diffusers' (= the original checkpoint's) names, weight-normed and folded; decoder and encoder."""
 import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
 
 from dit_core.codecs import bigvgan
-from dit_core.codecs.h3_audio_vae import RATES, AudioDecoder
+from dit_core.codecs.h3_audio_vae import RATES, AudioDecoder, AudioEncoder
+from dit_core.families.minimax_h3 import audio_to_rows
 from dit_core.weights import TensorSource, WeightsError
 
 pytest.importorskip("diffusers")
 from diffusers.models.autoencoders import autoencoder_kl_minimax_h3_audio as ref
 
 # Two stages (an odd rate with kernel 9, then 2 with 4: both of H3's kinds), two AMP kernels with unequal dilation
-# counts, hop 10; the encoder is built only because the class needs it.
+# counts, hop 10; the encoder's strides 2 and 5 (H3's two kinds: even and odd padding) also make hop 10.
 TINY = {"encoder_dim": 4, "encoder_rates": (2, 5), "latent_dim": 16, "latent_channels": 8, "num_attention_heads": 2,
         "decoder_dim": 16, "decoder_rates": (5, 2), "decoder_kernel_sizes": (9, 4), "resblock_kernel_sizes": (3, 5),
         "resblock_dilation_sizes": ((1, 3), (1, 2))}
@@ -154,3 +155,70 @@ def test_real_size_layout_reads_with_h3_defaults():
     names = {k[len("decoder."):] for k in src.keys() if k.startswith("decoder.")}  # noqa: SIM118
     folded_names = {k.replace(".weight_v", ".weight") for k in names if not k.endswith((".weight_g", ".filter"))}
     assert folded_names == set(bigvgan.expected(shape))
+
+
+# --- encode ----------------------------------------------------------------------------------------------
+
+def waveform(b, channels, samples, seed=5):
+    return 0.5 * torch.randn(b, channels, samples, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("layout", ["weight_norm", "folded"])
+def test_encoder_matches_diffusers(vae, layout, tmp_path):
+    path = tmp_path / "minimax_h3_audio_vae_fp32.safetensors"
+    save(vae.state_dict() if layout == "weight_norm" else folded(), path, prefix="" if layout == "weight_norm"
+         else "vae.")
+    enc = AudioEncoder.load(path, heads=TINY["num_attention_heads"])
+    assert enc.strides == TINY["encoder_rates"] and enc.hop == 10 and enc.latent_channels == 8
+    wave = waveform(2, 1, 10 * T + 3)  # not whole hops: right-padded to 13 latents
+    with torch.no_grad():
+        want = vae.encode(wave).latent_dist.mode()
+    got = enc.forward(wave)
+    assert got.shape == want.shape == (2, 8, T + 1)
+    assert rel_err(got, want) <= 1e-4
+
+
+def test_encode_gives_the_pipelines_audio_rows(vae, tmp_path):
+    """encode(stereo AUDIO waveform) is the normalized AV audio latent; its packed rows are diffusers' reference
+    encoder's audio_condition_latents (MiniMaxH3Ref2VAReferenceEncoderStep: the posterior mean, channel-major)."""
+    c = TINY["latent_channels"]
+    mean, std = torch.linspace(-1, 1, c), torch.linspace(0.5, 2, c)
+    save({**vae.state_dict(), "latents_mean": mean, "latents_std": std}, tmp_path / "a.safetensors")
+    enc = AudioEncoder.load(tmp_path / "a.safetensors", heads=TINY["num_attention_heads"])
+    stereo = waveform(1, 2, 10 * T)
+    with torch.no_grad():
+        raw = vae.encode(stereo[0][:, None]).latent_dist.mode().transpose(1, 2)  # [2, T, C]
+    want = ((raw - mean) / std).reshape(-1, c)
+    got = enc.encode(stereo, 32000)
+    assert got.shape == (1, c, 2, T)
+    assert rel_err(audio_to_rows(got), want) <= 1e-4
+    mono = enc.encode(stereo[:, :1], 32000)  # a mono waveform is repeated to both channels, as diffusers does
+    assert torch.equal(mono[:, :, 0], mono[:, :, 1]) and torch.equal(mono[:, :, 0], got[:, :, 0])
+    with pytest.raises(ValueError, match="44100 Hz"):
+        enc.encode(stereo, 44100)
+    save(vae.state_dict(), tmp_path / "b.safetensors")
+    with pytest.raises(ValueError, match="latents_mean"):
+        AudioEncoder.load(tmp_path / "b.safetensors", heads=TINY["num_attention_heads"]).encode(stereo, 32000)
+
+
+def test_encoder_file_errors(vae, tmp_path):
+    decoder_only = {k: v for k, v in vae.state_dict().items() if k.startswith(("decoder.", "dec_in_proj."))}
+    save(decoder_only, tmp_path / "dec.safetensors")
+    with pytest.raises(WeightsError, match=r"dec\.safetensors: no 'mean_proj\.weight'.*DAC"):
+        AudioEncoder.load(tmp_path / "dec.safetensors")
+    save(vae.state_dict(), tmp_path / "a.safetensors")
+    with pytest.raises(WeightsError, match="width 16 does not split into 3 heads"):
+        AudioEncoder.load(tmp_path / "a.safetensors", heads=3)
+    state = {k: v for k, v in vae.state_dict().items() if k != "pre_block.mlp.w1.bias"}
+    save(state, tmp_path / "c.safetensors")
+    with pytest.raises(WeightsError, match=r"tensor 'pre_block\.mlp\.w1\.bias' is missing"):
+        AudioEncoder.load(tmp_path / "c.safetensors", heads=2)
+
+
+def test_real_size_encoder_reads_with_h3_defaults():
+    """The released sizes (diffusers' defaults), shapes only: strides 2, 4, 4, 5, 5 from the kernels, hop 800."""
+    with torch.device("meta"):
+        real = ref.AutoencoderKLMiniMaxH3Audio()
+    enc = AudioEncoder.load(TensorSource(dict(real.state_dict())))
+    assert enc.strides == (2, 4, 4, 5, 5) and enc.hop == 800 and enc.latent_channels == 32
+    assert enc.w["encoder.block.7.weight"].shape == (2048, 2048, 3)

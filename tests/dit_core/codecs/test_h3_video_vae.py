@@ -51,7 +51,8 @@ def h3(h3_file):
 @pytest.fixture(scope="module")
 def h3_encoder(h3_file):
     vae, path = h3_file
-    return vae, VideoEncoder.load(path, vae.config.latents_mean, vae.config.latents_std, groups=CONFIG["norm_num_groups"])
+    groups = CONFIG["norm_num_groups"]
+    return vae, VideoEncoder.load(path, vae.config.latents_mean, vae.config.latents_std, groups=groups)
 
 
 def latents(t, h, w, b=1, seed=1):
