@@ -101,14 +101,17 @@ class BigVGANShape:
     kernels: tuple[int, ...]  # of the transposed convs
     resblock_kernels: tuple[int, ...]
     dilations: tuple[tuple[int, ...], ...]  # per resblock kernel
+    out_channels: int = 1  # conv_post's: 1 (H3), 2 (LTX's stereo vocoder)
 
     @property
     def hop(self) -> int:
         return math.prod(self.rates)
 
 
-def forward(x: torch.Tensor, w: dict, shape: BigVGANShape, check: Callable[[], None] | None = None) -> torch.Tensor:
-    """[N, in_channels, T] -> waveform [N, 1, T * hop] in [-1, 1]; check() after each upsampling stage."""
+def forward(x: torch.Tensor, w: dict, shape: BigVGANShape, check: Callable[[], None] | None = None,
+            clamp: bool = True) -> torch.Tensor:
+    """[N, in_channels, T] -> waveform [N, out channels, T * hop], clamped to [-1, 1] unless clamp is False (LTX's
+    bandwidth extender, whose output is a residual); check() after each upsampling stage."""
     x = conv(x, w, "conv_pre")
     n = len(shape.resblock_kernels)
     for i, rate in enumerate(shape.rates):
@@ -123,7 +126,7 @@ def forward(x: torch.Tensor, w: dict, shape: BigVGANShape, check: Callable[[], N
         if check is not None:
             check()
     x = conv(activation(x, w, "activation_post"), w, "conv_post")
-    return torch.clamp(x, -1.0, 1.0)
+    return torch.clamp(x, -1.0, 1.0) if clamp else x
 
 
 # --- reading ---------------------------------------------------------------------------------------------
@@ -169,7 +172,7 @@ def expected(shape: BigVGANShape) -> dict[str, tuple[int, ...]]:
                 act(f"{name}.activations.{2 * d}", ch[i + 1])
                 act(f"{name}.activations.{2 * d + 1}", ch[i + 1])
     act("activation_post", ch[-1])
-    conv_("conv_post", ch[-1], 1, 7, bias=False)
+    conv_("conv_post", ch[-1], shape.out_channels, 7, bias=False)
     return t
 
 
@@ -199,8 +202,9 @@ def read_shape(ckpt: Checkpoint, part: str, rates: tuple[int, ...], dilations: t
         if conv_shape(ckpt, f"{part}resblocks.{j}.convs1.{len(dil) - 1}") is None or \
                 conv_shape(ckpt, f"{part}resblocks.{j}.convs1.{len(dil)}") is not None:
             raise error(f"resblock {j} does not hold {len(dil)} dilated convs (dilations {dil})")
+    post = conv_shape(ckpt, part + "conv_post")
     return BigVGANShape(pre[1], channels, tuple(rates), tuple(u[-1] for u in ups), kernels,
-                        tuple(tuple(d) for d in dilations))
+                        tuple(tuple(d) for d in dilations), post[0] if post is not None else 1)
 
 
 def read_weights(ckpt: Checkpoint, part: str, shape: BigVGANShape,
