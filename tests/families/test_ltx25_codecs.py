@@ -10,12 +10,19 @@ import torch
 from conftest import rel_err
 from safetensors.torch import save_file
 
+from dit_core.codecs.ltx2_audio_vae import AudioDecoder
 from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES, VideoDecoder, tile_sizes
+from dit_core.codecs.ltx2_vocoder import Vocoder
 from dit_core.weights import WeightsError
 
 pytest.importorskip("diffusers")
-from diffusers import AutoencoderKLLTX2Video
-from diffusers.loaders.single_file_utils import convert_ltx2_vae_to_diffusers
+from diffusers import AutoencoderKLLTX2Audio, AutoencoderKLLTX2Video
+from diffusers.loaders.single_file_utils import (
+    convert_ltx2_audio_vae_to_diffusers,
+    convert_ltx2_vae_to_diffusers,
+)
+from diffusers.pipelines.ltx2.pipeline_ltx2 import LTX2Pipeline
+from diffusers.pipelines.ltx2.vocoder import LTX2VocoderWithBWE
 
 # The released decoder's geometry (128 latent channels, three x2 depth-to-space upsamplers, patch 4) at widths
 # 32 -> 16 -> 8 -> 4 with one or two resnets a level; the encoder is built only because the class needs it.
@@ -148,3 +155,101 @@ def test_video_loader_names_the_problem(tmp_path, video):
         VideoDecoder.load(path)
     with pytest.raises(ValueError, match="LTX-2 video latents"):
         video[1].decode(torch.zeros(1, 16, 2, 2, 2))
+
+
+# --- audio: the VAE decoder and the vocoder, both from one file as ComfyUI's LTXVAudioVAELoader reads it ---
+
+# The released layout (8 latent channels x 16 mel bins, ch_mult 1-2-4, causal in time, pixel norm) at base 8.
+AUDIO = {"base_channels": 8, "output_channels": 2, "ch_mult": (1, 2, 4), "num_res_blocks": 1, "latent_channels": 8,
+         "norm_type": "pixel", "causality_axis": "height", "mel_bins": 64}
+# BigVGAN stages as released but narrow and short: stage hop 4 (x2 x2), extender x12 = 3 (48/16 kHz) x mel hop 4;
+# unequal dilation counts across the stage's two kernels.
+STAGE = {"upsample_factors": [2, 2], "upsample_kernel_sizes": [4, 4], "resnet_kernel_sizes": [3, 5],
+         "resnet_dilations": [[1, 3], [1, 2, 3]]}
+BWE = {"upsample_factors": [6, 2], "upsample_kernel_sizes": [12, 4], "resnet_kernel_sizes": [3],
+       "resnet_dilations": [[1, 3, 5]]}
+VOCODER = {"hidden_channels": 16, **STAGE, "final_act_fn": "clamp", "bwe_hidden_channels": 8,
+           **{f"bwe_{k}": v for k, v in BWE.items()}, "filter_length": 16, "hop_length": 4, "window_length": 16}
+
+
+# Output layers scaled so that some first-stage samples pass 1 (the stage clamp matters) while the result mostly
+# stays inside the final clamp (the comparison means something).
+OUT_SCALE = {"vocoder": 0.2, "bwe_generator": 0.05}
+
+
+def original_vocoder_names(state: dict) -> dict:
+    """diffusers' LTX2VocoderWithBWE names -> ComfyUI's VocoderWithBWE (the file's, under `vocoder.`)."""
+    out = {}
+    for k, v in state.items():
+        for a, b in (("conv_in", "conv_pre"), ("upsamplers", "ups"), ("resnets", "resblocks"),
+                     ("act_out", "act_post"), ("conv_out", "conv_post"), ("downsample.filter", "downsample.lowpass.filter")):
+            k = k.replace(f".{a}.", f".{b}.").replace(f".{a}", f".{b}") if f".{a}" in k else k
+        out["vocoder." + k] = v.contiguous()
+    return out
+
+
+@pytest.fixture(scope="module")
+def audio(tmp_path_factory):
+    vae = randomized(AutoencoderKLLTX2Audio(**AUDIO), 6)
+    vocoder = LTX2VocoderWithBWE(**VOCODER).eval()
+    g = torch.Generator().manual_seed(7)
+    with torch.no_grad():  # random weights, SnakeBeta's log alpha/beta small; the sinc filters as computed
+        for name, p in list(vocoder.named_parameters()) + list(vocoder.named_buffers()):
+            if not name.endswith(".filter"):
+                r = torch.randn(p.shape, generator=g)
+                p.copy_(r.abs() if "mel_basis" in name else 0.3 * r if ".act." in name
+                        else OUT_SCALE[name.split(".")[0]] * r / p[0].numel() ** 0.5 if "conv_out" in name
+                        else r / p[0].numel() ** 0.5 if p.dim() >= 2 else 0.5 * r)
+    stats = {f"audio_vae.per_channel_statistics.{k}": v for k, v in
+             (("mean-of-means", 0.5 * torch.randn(128, generator=g)), ("std-of-means", 0.5 + torch.rand(128, generator=g)))}
+    state = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items() if not k.startswith("latents_")}
+    state.update(stats)
+    state.update(original_vocoder_names(vocoder.state_dict()))
+    config = {"vocoder": {"vocoder": {"upsample_rates": STAGE["upsample_factors"], "use_tanh_at_final": False,
+                                      "resblock_dilation_sizes": STAGE["resnet_dilations"]},
+                          "bwe": {"upsample_rates": BWE["upsample_factors"], "resblock_dilation_sizes":
+                                  BWE["resnet_dilations"], "input_sampling_rate": 16000,
+                                  "output_sampling_rate": 48000, "hop_length": 4}}}
+    path = tmp_path_factory.mktemp("audio") / "ltx-2.5-audio-vae.safetensors"
+    save_file(state, str(path), metadata={"config": json.dumps(config)})
+    return {"vae": vae, "vocoder": vocoder, "stats": stats, "state": state, "path": path,
+            "decoder": AudioDecoder.load(path)}
+
+
+def test_audio_file_names_are_what_diffusers_converter_reads(audio):
+    vae, state = audio["vae"], audio["state"]
+    converted = convert_ltx2_audio_vae_to_diffusers({k: v for k, v in state.items() if k.startswith("audio_vae.")})
+    assert set(converted) - {"latents_mean", "latents_std"} == {k for k in vae.state_dict()
+                                                                  if not k.startswith("latents_")}
+
+
+def test_audio_decode_matches_diffusers(audio):
+    vae, stats, dec = audio["vae"], audio["stats"], audio["decoder"]
+    z = torch.randn(2, 8, 6, 16, generator=torch.Generator().manual_seed(8))
+    packed = LTX2Pipeline._pack_audio_latents(z)  # the pipeline's de-normalization, on a latent row of 128
+    packed = LTX2Pipeline._denormalize_audio_latents(packed, *stats.values())
+    with torch.no_grad():
+        ref = vae.decode(LTX2Pipeline._unpack_audio_latents(packed, 6, num_mel_bins=16)).sample
+    out = dec.decode(z)
+    assert out.shape == ref.shape == (2, 2, 21, 64)
+    assert rel_err(out, ref) <= 1e-4
+
+
+@pytest.mark.parametrize("stage_clamp", [None, False])
+def test_vocoder_matches_diffusers(audio, stage_clamp):
+    """The file's config leaves the first stage's final activation on (ComfyUI clamps it); diffusers' class
+    default (final_act_fn None) leaves it off: both, each against diffusers configured alike."""
+    voc = Vocoder.load(audio["path"], stage_clamp=stage_clamp)
+    ref_model = audio["vocoder"]
+    if stage_clamp is False:
+        ref_model = LTX2VocoderWithBWE(**{**VOCODER, "final_act_fn": None}).eval()
+        ref_model.load_state_dict(audio["vocoder"].state_dict())
+    mel = torch.randn(2, 2, 7, 64, generator=torch.Generator().manual_seed(9))
+    with torch.no_grad():
+        ref = ref_model(mel)
+    out = voc.forward(mel)
+    assert out.shape == ref.shape == (2, 2, 7 * 4 * 3)
+    assert (out.abs() < 1).float().mean() > 0.5  # mostly inside the final clamp: the comparison means something
+    assert rel_err(out, ref) <= 1e-4
+    result = voc.audio(mel)
+    assert result["sample_rate"] == 48000 and torch.equal(result["waveform"], out)
