@@ -310,6 +310,8 @@ class VideoEncoder:
             key = p + name if name.startswith("quant_conv.") else e + name
             if key not in ckpt:
                 raise error(f"tensor '{key}' is missing")
+            if not ckpt.dtype(key).is_floating_point:  # INT8 codes need their scales: never read them as values
+                raise error(f"'{key}' is stored as {ckpt.dtype(key)}; the encoder reads float convs only")
             w[name] = read_tensor(ckpt, key, expected)
         return cls(shape, w, *_latent_stats(ckpt, p, latents_mean, latents_std, "VideoEncoder.load"))
 

@@ -1,6 +1,8 @@
 """dit_core/codecs/h3_video_vae.py against diffusers 0.42.1 AutoencoderKLMiniMaxH3 (a tiny random model saved in
 diffusers' own names: diffusers has no single-file converter for this VAE)."""
 
+import math
+
 import pytest
 import torch
 from conftest import rel_err
@@ -9,7 +11,7 @@ from safetensors.torch import save_file
 from tiny_models import int8_convrot_state
 
 from dit_core.codecs.h3_video_vae import PIXEL_MEAN, PIXEL_STD, VideoDecoder, VideoEncoder
-from dit_core.weights import WeightsError, dequantize_convrot
+from dit_core.weights import TensorSource, WeightsError, dequantize_convrot
 
 # The released geometry (/16, /4, 24 latent channels, 4 registers) with a tiny encoder and a 2 x 16 decoder.
 CONFIG = {"block_out_channels": (8,) * 6, "layers_per_block": 1, "norm_num_groups": 4, "decoder_num_layers": 2,
@@ -217,7 +219,21 @@ def test_encoder_file_errors(h3_file, tmp_path):
                           groups=4)
     with pytest.raises(WeightsError, match="latents_mean"):
         VideoEncoder.load(path, groups=4)
+    state = dict(vae.state_dict())
+    state["encoder.conv_in.weight"] = state["encoder.conv_in.weight"].to(torch.int8)
+    with pytest.raises(WeightsError, match=r"'encoder\.conv_in\.weight' is stored as torch\.int8"):
+        VideoEncoder.load(TensorSource(state), vae.config.latents_mean, vae.config.latents_std, groups=4)
     decoder_only = {k: v for k, v in vae.state_dict().items() if not k.startswith("encoder.")}
     save_file({k: v.contiguous() for k, v in decoder_only.items()}, str(tmp_path / "dec.safetensors"))
     with pytest.raises(WeightsError, match=r"dec\.safetensors: no 'encoder\.conv_in\.weight'"):
         VideoEncoder.load(tmp_path / "dec.safetensors")
+
+
+def test_real_size_encoder_reads_with_h3_defaults():
+    """The released sizes (diffusers' defaults), shapes only: H3's factors and 32 groups fit the file's levels."""
+    with torch.device("meta"):
+        real = AutoencoderKLMiniMaxH3()
+    enc = VideoEncoder.load(TensorSource(dict(real.state_dict())), real.config.latents_mean, real.config.latents_std)
+    assert enc.shape.channels == (128, 256, 256, 512, 512, 1024) and enc.shape.blocks == 2
+    assert enc.shape.patch == 16 and math.prod(enc.shape.temporal) == 4
+    assert enc.w["down_blocks.5.resnets.0.conv_shortcut.weight"].shape == (1024, 512, 1, 1, 1)
