@@ -10,11 +10,17 @@ gate 1). Attention is bidirectional within segments of unequal length (a prompt'
 unconditional rows), which the shared Block cannot express yet (Sequence.group is one group size), so the
 layer below is Block.forward's math with attention per segment.
 
-Not yet a row of FAMILIES (no nodes yet); load it as OmniVoice.load(folder). generate_codes runs the unmasking
-loop of sampling/omnivoice.py on it; the codec (Higgs audio v2) is a later piece."""
+Also here, as the family's surroundings (section 4): the prompt (prompt_rows), the length rule
+(target_frames) and the split of long texts (text_chunks). generate_codes runs the unmasking loop of
+sampling/omnivoice.py over prompts; speech_codes makes utterances as the package's generate does up to the
+codec (short ones together, long ones in chunks). Not yet a row of FAMILIES (no nodes yet): load it as
+OmniVoice.load(folder). The codec (Higgs audio v2) is a later piece.
+"""
 from __future__ import annotations
 
+import bisect
 import re
+import unicodedata
 from dataclasses import dataclass
 from itertools import accumulate
 from pathlib import Path
@@ -39,6 +45,30 @@ CODEBOOKS = 8      # where the file lacks codebook_layer_offsets (a buffer the p
 NONVERBAL = re.compile(r"\[(laughter|sigh|confirmation-en|question-en|question-ah|question-oh|question-ei|"
                        r"question-yi|surprise-ah|surprise-oh|surprise-wa|surprise-yo|dissatisfaction-hnn)\]")
 HAN = r"[\u4e00-\u9fff]"
+FRAME_RATE = 25  # codec frames a second (Higgs audio v2: 24 kHz, hop 960)
+# The length rule (section 4; the package's RuleDurationEstimator): frames = a text's weight (speaking time
+# per character relative to a Latin letter) at the reference's frames per unit of weight; without a
+# reference, this one's.
+DEFAULT_REFERENCE = ("Nice to meet you.", 25)
+SHORT_FRAMES, SHORT_BOOST = 50.0, 3.0  # estimates under 50 frames rise to 50 (x/50)^(1/3)
+SPACE, MARK, PUNCTUATION, DIGIT, CJK, OTHER = 0.2, 0.0, 0.5, 3.5, 3.0, 1.0
+# Weights of the remaining characters by Unicode block: (last code point, weight), consecutive blocks of one
+# weight merged; past the table, 3.0 above U+20000 (CJK extensions), else 1.0.
+BLOCK_WEIGHTS = ((0x058F, 1.0), (0x08FF, 1.5), (0x0DFF, 1.8), (0x0EFF, 1.5), (0x109F, 1.8), (0x10FF, 1.0),
+                 (0x11FF, 2.5), (0x139F, 3.0), (0x177F, 1.0), (0x17FF, 1.8), (0x18FF, 1.0), (0x1C7F, 1.8),
+                 (0x1CBF, 1.0), (0x1CFF, 1.8), (0x1EFF, 1.0), (0x30FF, 2.2), (0x312F, 3.0), (0x318F, 2.5),
+                 (0xA4CF, 3.0), (0xA7FF, 1.0), (0xA82F, 1.8), (0xA87F, 1.0), (0xA95F, 1.8), (0xA97F, 2.5),
+                 (0xAAFF, 1.8), (0xAB2F, 3.0), (0xABBF, 1.0), (0xABFF, 1.8), (0xD7AF, 2.5), (0xFAFF, 3.0),
+                 (0xFDFF, 1.5), (0xFE6F, 1.0), (0xFEFF, 1.5), (0xFFEF, 1.0))
+# Long texts split at these marks into chunks (the package's chunk_text_punctuation), never after these
+# abbreviations; a chunk under 3 characters joins its neighbour.
+SPLIT_MARKS = frozenset(".,;:!?。，；：！？")
+CLOSING_MARKS = frozenset("\"'“”‘’）]》>」】")
+ABBREVIATIONS = frozenset(
+    "Mr. Mrs. Ms. Dr. Prof. Sr. Jr. Rev. Fr. Hon. Pres. Gov. Capt. Gen. Sen. Rep. Col. Maj. Lt. Cmdr. Sgt. "
+    "Cpl. Co. Corp. Inc. Ltd. Est. Dept. St. Ave. Blvd. Rd. Mt. Ft. No. Jan. Feb. Mar. Apr. Aug. Sep. Sept. "
+    "Oct. Nov. Dec. i.e. e.g. vs. Vs. Etc. approx. fig. def.".split())
+MIN_CHUNK = 3
 
 DETECTION = Detection(("audio_embeddings.weight", "audio_heads.weight", "llm.norm.weight"), ("",),
                       "an OmniVoice model",
@@ -123,6 +153,74 @@ def text_ids(tokenizer, text: str) -> list[int]:
         last = m.end()
     pieces.append(text[last:])
     return [i for piece in pieces if piece for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
+
+
+def char_weight(ch: str) -> float:
+    """A character's speaking time relative to a Latin letter (the package's _get_char_weight)."""
+    code = ord(ch)
+    if ch.isascii() and ch.isalpha():
+        return 1.0
+    if code == 0x20:
+        return SPACE
+    if code == 0x0640:  # Arabic tatweel: silent
+        return MARK
+    kind = unicodedata.category(ch)[0]
+    if kind in "MPSZN":
+        return {"M": MARK, "P": PUNCTUATION, "S": PUNCTUATION, "Z": SPACE, "N": DIGIT}[kind]
+    block = bisect.bisect_left(BLOCK_WEIGHTS, (code,))
+    if block < len(BLOCK_WEIGHTS):
+        return BLOCK_WEIGHTS[block][1]
+    return CJK if code > 0x20000 else OTHER
+
+
+def target_frames(text: str, ref_text: str | None = None, ref_frames: int | None = None,
+                  speed: float = 1.0) -> int:
+    """The length rule: frames for text at the reference's frames per unit of weight (the default reference's
+    without one), raised towards 50 frames when under, divided by speed, at least 1 (the package's
+    _estimate_target_tokens)."""
+    if ref_frames is None or not ref_text:
+        ref_text, ref_frames = DEFAULT_REFERENCE
+    ref_weight = sum(char_weight(ch) for ch in ref_text)
+    frames = 0.0
+    if ref_frames > 0 and ref_weight != 0:
+        frames = sum(char_weight(ch) for ch in text) / (ref_weight / ref_frames)
+        if frames < SHORT_FRAMES:
+            frames = SHORT_FRAMES * (frames / SHORT_FRAMES) ** (1.0 / SHORT_BOOST)
+    if speed > 0 and speed != 1.0:
+        frames /= speed
+    return max(1, int(frames))
+
+
+def text_chunks(text: str, chunk_len: int) -> list[str]:
+    """text split after split marks (a mark or closing mark that would open a sentence stays with the one
+    before; a period after an abbreviation does not split), sentences merged up to chunk_len characters, a
+    chunk under 3 characters joined to the one before (the first to the second): chunk_text_punctuation."""
+    sentences, current = [], []
+    for ch in text:
+        if not current and sentences and (ch in SPLIT_MARKS or ch in CLOSING_MARKS):
+            sentences[-1].append(ch)
+            continue
+        current.append(ch)
+        if ch in SPLIT_MARKS and not (ch == "." and "".join(current).split()[-1] in ABBREVIATIONS):
+            sentences.append(current)
+            current = []
+    sentences += [current] if current else []
+    merged, current = [], []
+    for sentence in sentences:
+        if len(current) + len(sentence) <= chunk_len:
+            current = current + sentence
+        else:
+            merged += [current] if current else []
+            current = sentence
+    merged += [current] if current else []
+    first_short = bool(merged) and len(merged[0]) < MIN_CHUNK
+    chunks = []
+    for i, chunk in enumerate(merged):
+        if chunks and ((i == 1 and first_short) or len(chunk) < MIN_CHUNK):
+            chunks[-1] = chunks[-1] + chunk
+        else:
+            chunks.append(chunk)
+    return [joined for joined in ("".join(c).strip() for c in chunks) if joined]
 
 
 @dataclass(frozen=True)
@@ -262,11 +360,88 @@ class OmniVoice:
         out = self.logits(torch.cat(ids, 1), torch.cat(audio), lengths, rows, dtype).split(targets, dim=1)
         return [(out[i], out[i + 1] if guided else None) for i in range(0, len(out), 1 + guided)]
 
-def generate_codes(model: OmniVoice, prompts: list[Prompt], u: Unmasking, seed: int,
+def generate_codes(model: OmniVoice, prompts: list[Prompt], u: Unmasking, generator: torch.Generator,
                    dtype: torch.dtype = torch.float32, callback=None, should_stop=None) -> list[torch.Tensor]:
     """Codes [C, T] for each prompt: the unmasking loop (sampling/omnivoice.py) over model's packed forwards,
-    its draws from a CPU generator seeded with seed (the package's after torch.manual_seed(seed))."""
-    generator = torch.Generator().manual_seed(seed)
+    its draws from generator (a CPU generator seeded with s draws the package's draws after
+    torch.manual_seed(s))."""
     return sample_unmasking(lambda codes: model.target_logits(prompts, codes, u.guidance != 0, dtype),
                             [p.target for p in prompts], model.codebooks, model.mask_id, u, generator,
                             callback=callback, should_stop=should_stop)
+
+
+@dataclass(frozen=True)
+class Speech:
+    """One utterance to make: its text, language and instruction (as the model takes them), the voice
+    reference (its text and codes [C, T_ref], or neither), a speed (the estimate's divisor) or a fixed length
+    in frames (which then sets the speed the chunks' estimates take)."""
+    text: str
+    lang: str | None = None
+    instruct: str | None = None
+    ref_text: str | None = None
+    ref_codes: torch.Tensor | None = None
+    speed: float = 1.0
+    frames: int | None = None
+
+    def __post_init__(self):
+        if (self.ref_text is None) != (self.ref_codes is None):
+            raise ValueError("OmniVoice: a voice reference needs both its text and its codes")
+        if self.frames is not None and self.frames < 1:
+            raise ValueError(f"OmniVoice: a fixed length must be at least one frame, got {self.frames}")
+
+    def target(self) -> int:
+        return self.frames or target_frames(self.text, self.ref_text, self.ref_frames, self.speed)
+
+    @property
+    def ref_frames(self) -> int | None:
+        return None if self.ref_codes is None else self.ref_codes.shape[1]
+
+    @property
+    def chunk_speed(self) -> float:
+        """The speed each chunk's length is estimated at: with a fixed length, estimate / frames."""
+        return self.speed if self.frames is None else \
+            target_frames(self.text, self.ref_text, self.ref_frames) / self.frames
+
+
+def speech_codes(model: OmniVoice, tokenizer, items: list[Speech], u: Unmasking, seed: int,
+                 chunk_seconds: float = 15.0, threshold_seconds: float = 30.0, denoise: bool = True,
+                 dtype: torch.dtype = torch.float32, callback=None,
+                 should_stop=None) -> list[list[torch.Tensor]]:
+    """Per item, its codes as a list of [C, T] chunks (one for a short item), made as the package's generate
+    makes them, draws from one CPU generator seeded with seed: items of at most threshold_seconds together
+    first, then the longer ones split into chunks of about chunk_seconds at punctuation. Chunk i of every long
+    item is made together, each with its item's reference, or without one, the item's first chunk (its text
+    and codes) as the reference of the others. The items with references and those without are not mixed in
+    the long ones (the package refuses that too)."""
+    generator = torch.Generator().manual_seed(seed)
+    run = lambda prompts: generate_codes(model, prompts, u, generator, dtype, callback, should_stop)  # noqa: E731
+    prompt = lambda it, text, target, ref_text, ref_codes: prompt_rows(  # noqa: E731
+        tokenizer, text, target, model.codebooks, it.lang, it.instruct, ref_text, ref_codes, denoise)
+    targets = [it.target() for it in items]
+    long = [i for i, t in enumerate(targets) if t > int(threshold_seconds * FRAME_RATE)]
+    short = [i for i in range(len(items)) if i not in long]
+    out: list[list[torch.Tensor]] = [[] for _ in items]
+    if short:
+        made = run([prompt(items[i], items[i].text, targets[i], items[i].ref_text, items[i].ref_codes)
+                    for i in short])
+        for i, codes in zip(short, made):
+            out[i].append(codes)
+    if not long:
+        return out
+    references = [items[i].ref_codes is not None for i in long]
+    if any(references) and not all(references):
+        raise ValueError("OmniVoice: long texts with and without a voice reference cannot be made together")
+    per_char = {i: targets[i] / len(items[i].text) for i in long}  # frames a character
+    chunks = {i: text_chunks(items[i].text, int(chunk_seconds * FRAME_RATE / per_char[i])) for i in long}
+    for c in range(max(len(v) for v in chunks.values())):
+        batch, prompts = [i for i in long if c < len(chunks[i])], []
+        for i in batch:
+            it = items[i]
+            ref_text, ref_codes = (it.ref_text, it.ref_codes) if all(references) or c == 0 else \
+                (chunks[i][0], out[i][0])
+            frames = target_frames(chunks[i][c], ref_text, None if ref_codes is None else ref_codes.shape[1],
+                                   it.chunk_speed)
+            prompts.append(prompt(it, chunks[i][c], frames, ref_text, ref_codes))
+        for i, codes in zip(batch, run(prompts)):
+            out[i].append(codes)
+    return out

@@ -12,7 +12,16 @@ from conftest import rel_err
 from tiny_models import randomize_language_model
 from transformers.utils import is_torchaudio_available
 
-from dit_core.families.omnivoice import OmniVoice, generate_codes, prompt_rows
+from dit_core.families.omnivoice import (
+    OmniVoice,
+    Speech,
+    char_weight,
+    generate_codes,
+    prompt_rows,
+    speech_codes,
+    target_frames,
+    text_chunks,
+)
 from dit_core.sampling.omnivoice import Unmasking, reveal_counts, shifted_times
 
 # omnivoice imports torchaudio only to resample reference audio, and torchaudio has no build for our torch
@@ -30,6 +39,8 @@ if importlib.util.find_spec("torchaudio") is None:
 else:
     package = pytest.importorskip("omnivoice.models.omnivoice")
 
+from omnivoice.utils import duration as package_duration  # noqa: E402
+from omnivoice.utils import text as package_text  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
 from transformers import PreTrainedTokenizerFast, Qwen3Config  # noqa: E402
 
@@ -60,7 +71,9 @@ def reference(tokenizer):
     cfg._attn_implementation = "sdpa"
     model = package.OmniVoice(package.OmniVoiceConfig(llm_config=cfg)).eval()
     randomize_language_model(model)
-    model.text_tokenizer = tokenizer
+    # what generate's length rule and chunking read besides the model: the estimator, the codec's frame rate
+    model.text_tokenizer, model.duration_estimator = tokenizer, package_duration.RuleDurationEstimator()
+    model.audio_tokenizer = types.SimpleNamespace(config=types.SimpleNamespace(frame_rate=25))
     return model
 
 
@@ -175,7 +188,79 @@ def test_generate_matches_the_package(ours, reference, tokenizer, references, u)
     torch.manual_seed(seed)
     with torch.no_grad():
         theirs = reference._generate_iterative(task, config)
-    codes = generate_codes(ours, prompts_of(tokenizer, items), u, seed)
+    codes = generate_codes(ours, prompts_of(tokenizer, items), u, torch.Generator().manual_seed(seed))
     for mine, their in zip(codes, theirs):
         assert (mine != MASK).all()
         assert torch.equal(mine, their)
+
+
+def test_length_rule_matches_the_package(reference):
+    """Frames of texts in several scripts (digits, marks, punctuation, Han, kana, Hangul, Arabic, Devanagari,
+    Thai, an emoji, a CJK extension character), with and without a reference, at several speeds."""
+    texts = ["Hello, world.", "你好，世界！ 123", "こんにちは 안녕하세요", "مَرْحَبًا بِالْعَالَم", "नमस्ते दुनिया",
+             "สวัสดี 🌍 \U00020000\u0640", "Chào thế giới\tok\n", "x"]
+    references = [(None, None), ("Ref said.", 20), ("", 7), ("A much longer reference.", 3)]
+    for t in texts:
+        for ref_text, ref_frames in references:
+            for speed in (1.0, 1.3, 0.7):
+                assert target_frames(t, ref_text, ref_frames, speed) == \
+                    reference._estimate_target_tokens(t, ref_text, ref_frames, speed)
+
+
+def test_char_weights_match_the_package():
+    """Every code point below U+30000: the merged block table gives the package's weights."""
+    estimator = package_duration.RuleDurationEstimator()
+    ours = [char_weight(chr(c)) for c in range(0x30000)]
+    assert ours == [estimator._get_char_weight(chr(c)) for c in range(0x30000)]
+
+
+def test_text_chunks_match_the_package():
+    texts = ["Dr. Smith went home. It rained, and rained; then stopped! Was it over? Yes.",
+             "A. Bb, cc. \"Quoted.\" (Paren.) Mr. X and e.g. this, vs. that... end",
+             "你好。我们走吧！「好」。然后呢？", "no marks at all in this one", "Hi. " * 30, ", .", ""]
+    for t in texts:
+        for chunk_len in (1, 2, 5, 15, 40, 1000):
+            assert text_chunks(t, chunk_len) == package_text.chunk_text_punctuation(t, chunk_len, 3)
+
+
+LONG = "Dr. Smith went home. It rained, and rained; then stopped! Was it over? Yes, it was."
+
+
+def package_generate_codes(reference, config, seed, **inputs):
+    """generate's path to the codes (short items together, then the long ones chunked), without the codec."""
+    task = reference._preprocess_all(**inputs)
+    short, long = task.get_indices(config, 25)
+    torch.manual_seed(seed)
+    out = [None] * task.batch_size
+    with torch.no_grad():
+        if short:
+            for i, codes in zip(short, reference._generate_iterative(task.slice_task(short), config)):
+                out[i] = [codes]
+        if long:
+            for i, codes in zip(long, reference._generate_chunked(task.slice_task(long), config)):
+                out[i] = codes
+    return task, out
+
+
+@pytest.mark.parametrize("references", [False, True])
+def test_speech_codes_match_the_package(ours, reference, tokenizer, references):
+    """Short and long items as generate makes them (chunks of 1 s over a threshold of 2 s, so that the tiny
+    texts are long): a speed, a fixed duration, the first chunk as the later chunks' reference without a voice
+    reference; the same codes chunk for chunk, the same lengths."""
+    texts = ["Short one.", LONG, LONG[:60]]
+    prompts = [package.VoiceClonePrompt(ref_codes(20, i), f"Ref {i} said.", 0.1) for i in range(3)]
+    config = package.OmniVoiceGenerationConfig(num_step=4, audio_chunk_duration=1.0,
+                                               audio_chunk_threshold=2.0)
+    task, theirs = package_generate_codes(
+        reference, config, 99, text=texts, language=["en", None, "fr"], instruct=[None, "male", None],
+        voice_clone_prompt=prompts if references else None, speed=[1.0, 1.3, 1.0], duration=[None, None, 3.0])
+    items = [Speech(t, lang, instruct, p.ref_text if references else None,
+                    p.ref_audio_tokens if references else None, speed, frames)
+             for t, lang, instruct, p, speed, frames in zip(texts, task.langs, task.instructs, prompts,
+                                                          (1.0, 1.3, 1.0), (None, None, 75))]
+    assert [it.target() for it in items] == task.target_lens
+    mine = speech_codes(ours, tokenizer, items, Unmasking(steps=4), 99, chunk_seconds=1.0,
+                        threshold_seconds=2.0)
+    assert [len(m) for m in mine] == [len(t) for t in theirs] and len(theirs[1]) > 2
+    for m, t in zip(mine, theirs):
+        assert all(torch.equal(a, b) for a, b in zip(m, t))
