@@ -307,15 +307,14 @@ class OmniVoice:
                              "its GPU path is a later piece of issue 37")
         return self
 
-    def embed(self, ids: torch.Tensor, audio: torch.Tensor,
-              dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def embed(self, ids: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
         """Rows [rows, hidden]: a text row embeds its id in codebook row 0, an audio row sums its codebooks'
         codes (section 3). The package also looks audio ids up in the text table and drops them; we skip that
         lookup."""
         offsets = torch.arange(self.codebooks)[:, None] * self.audio_vocab
-        x = torch.empty(ids.shape[1], self.arch.hidden, dtype=dtype)
-        x[~audio] = self.text_embedding[ids[0, ~audio]].to(dtype)
-        x[audio] = self.audio_embedding[ids[:, audio] + offsets].to(dtype).sum(0)
+        x = torch.empty(ids.shape[1], self.arch.hidden)
+        x[~audio] = self.text_embedding[ids[0, ~audio]]
+        x[audio] = self.audio_embedding[ids[:, audio] + offsets].sum(0)
         return x
 
     def sequence(self, lengths: tuple[int, ...]) -> Sequence:
@@ -328,24 +327,24 @@ class OmniVoice:
         return Sequence(torch.zeros(positions.shape[0], dtype=torch.long), angles.cos(), angles.sin())
 
     def logits(self, ids: torch.Tensor, audio: torch.Tensor, lengths: tuple[int, ...],
-               rows: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+               rows: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [C, rows, audio_vocab] f32 of packed rows ids [C, rows], audio [rows] bool, in segments that
         attend only within themselves (lengths); only of `rows` (an index) when given: the heads are the
-        widest linear. Computed in dtype (f32, or f64 for tests)."""
+        widest linear."""
         if ids.shape[1] != sum(lengths) or audio.shape[0] != ids.shape[1] or ids.shape[0] != self.codebooks:
             raise ValueError(f"OmniVoice: ids {tuple(ids.shape)} and audio {tuple(audio.shape)} for segments "
                              f"{lengths} of {self.codebooks} codebooks")
         a = self.arch
-        x = self.embed(ids, audio, dtype)
-        s, m = self.sequence(lengths), Modulation.identity(a.hidden, dtype=dtype)
+        x = self.embed(ids, audio)
+        s, m = self.sequence(lengths), Modulation.identity(a.hidden)
         for block in self.blocks:
             x = bidirectional_layer(block, a, x, m, s, lengths)
         x = x if rows is None else x[rows]
-        y = linear(rms_norm(x, self.final_norm, a.final_eps), self.heads).float()
+        y = linear(rms_norm(x, self.final_norm, a.final_eps), self.heads)
         return y.reshape(-1, self.codebooks, self.audio_vocab).transpose(0, 1)
 
-    def target_logits(self, prompts: list[Prompt], codes: list[torch.Tensor], guided: bool,
-                      dtype: torch.dtype = torch.float32) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    def target_logits(self, prompts: list[Prompt], codes: list[torch.Tensor],
+                      guided: bool) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per item, the logits [C, T, V] of its target rows with its codes [C, T] in place: conditional
         ([prefix | codes]) and, when guided, unconditional (the codes alone); one forward of every item's
         segments packed."""
@@ -357,15 +356,16 @@ class OmniVoice:
         ids, audio, targets = zip(*segments)
         lengths = tuple(i.shape[1] for i in ids)
         rows = torch.cat([torch.arange(end - t, end) for end, t in zip(accumulate(lengths), targets)])
-        out = self.logits(torch.cat(ids, 1), torch.cat(audio), lengths, rows, dtype).split(targets, dim=1)
+        out = self.logits(torch.cat(ids, 1), torch.cat(audio), lengths, rows).split(targets, dim=1)
         return [(out[i], out[i + 1] if guided else None) for i in range(0, len(out), 1 + guided)]
 
+
 def generate_codes(model: OmniVoice, prompts: list[Prompt], u: Unmasking, generator: torch.Generator,
-                   dtype: torch.dtype = torch.float32, callback=None, should_stop=None) -> list[torch.Tensor]:
+                   callback=None, should_stop=None) -> list[torch.Tensor]:
     """Codes [C, T] for each prompt: the unmasking loop (sampling/omnivoice.py) over model's packed forwards,
     its draws from generator (a CPU generator seeded with s draws the package's draws after
     torch.manual_seed(s))."""
-    return sample_unmasking(lambda codes: model.target_logits(prompts, codes, u.guidance != 0, dtype),
+    return sample_unmasking(lambda codes: model.target_logits(prompts, codes, u.guidance != 0),
                             [p.target for p in prompts], model.codebooks, model.mask_id, u, generator,
                             callback=callback, should_stop=should_stop)
 
@@ -405,8 +405,7 @@ class Speech:
 
 def speech_codes(model: OmniVoice, tokenizer, items: list[Speech], u: Unmasking, seed: int,
                  chunk_seconds: float = 15.0, threshold_seconds: float = 30.0, denoise: bool = True,
-                 dtype: torch.dtype = torch.float32, callback=None,
-                 should_stop=None) -> list[list[torch.Tensor]]:
+                 callback=None, should_stop=None) -> list[list[torch.Tensor]]:
     """Per item, its codes as a list of [C, T] chunks (one for a short item), made as the package's generate
     makes them, draws from one CPU generator seeded with seed: items of at most threshold_seconds together
     first, then the longer ones split into chunks of about chunk_seconds at punctuation. Chunk i of every long
@@ -414,7 +413,7 @@ def speech_codes(model: OmniVoice, tokenizer, items: list[Speech], u: Unmasking,
     and codes) as the reference of the others. The items with references and those without are not mixed in
     the long ones (the package refuses that too)."""
     generator = torch.Generator().manual_seed(seed)
-    run = lambda prompts: generate_codes(model, prompts, u, generator, dtype, callback, should_stop)  # noqa: E731
+    run = lambda prompts: generate_codes(model, prompts, u, generator, callback, should_stop)  # noqa: E731
     prompt = lambda it, text, target, ref_text, ref_codes: prompt_rows(  # noqa: E731
         tokenizer, text, target, model.codebooks, it.lang, it.instruct, ref_text, ref_codes, denoise)
     targets = [it.target() for it in items]

@@ -22,6 +22,7 @@ from dit_core.families.omnivoice import (
     target_frames,
     text_chunks,
 )
+from dit_core.sampling.ksampler import SamplingCancelled
 from dit_core.sampling.omnivoice import Unmasking, reveal_counts, shifted_times
 
 # omnivoice imports torchaudio only to resample reference audio, and torchaudio has no build for our torch
@@ -264,3 +265,16 @@ def test_speech_codes_match_the_package(ours, reference, tokenizer, references):
     assert [len(m) for m in mine] == [len(t) for t in theirs] and len(theirs[1]) > 2
     for m, t in zip(mine, theirs):
         assert all(torch.equal(a, b) for a, b in zip(m, t))
+
+
+def test_callback_and_cancel(ours, tokenizer):
+    """callback(step, steps, codes) after every step; should_stop cancels before the step it says so for."""
+    seen = []
+    prompts = prompts_of(tokenizer, ITEMS[:1])
+    generate_codes(ours, prompts, Unmasking(steps=3), torch.Generator().manual_seed(0),
+                   callback=lambda i, n, codes: seen.append((i, n, int((codes[0] == MASK).sum()))))
+    assert [(i, n) for i, n, _ in seen] == [(1, 3), (2, 3), (3, 3)] and seen[-1][2] == 0
+    with pytest.raises(SamplingCancelled):
+        generate_codes(ours, prompts, Unmasking(steps=3), torch.Generator().manual_seed(0),
+                       should_stop=lambda: len(seen) > 4, callback=lambda *args: seen.append(args))
+    assert len(seen) == 5
