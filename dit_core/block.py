@@ -75,7 +75,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,
     g = group or rows
     q = q.reshape(rows // g, g, heads, head).transpose(1, 2)
     k, v = (t.reshape(rows // g if group else 1, -1, heads, head).transpose(1, 2) for t in (k, v))
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=key_bias)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if key_bias is None else key_bias.to(q.dtype)[None])
     return o.transpose(1, 2).reshape(rows, heads * head)
 
 

@@ -36,3 +36,11 @@ class Modulation:
         zero = torch.zeros(rows, hidden, dtype=dtype, device=device)
         one = torch.ones(rows, hidden, dtype=dtype, device=device)
         return Modulation(zero, one, zero, one)
+
+
+def table_plus(table: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+    """A block's static table [k, D] plus a time embedding's modulation rows [n, k D] whose k-th D-wide part goes
+    with table row k (PixArt's AdaLN-single as LTX-2.5's blocks add them, reference/families/ltx25.md section 2):
+    [k, n, D], part k of distinct time i at [k, i]."""
+    k = table.shape[0]
+    return table[:, None, :].to(emb.dtype) + emb.reshape(emb.shape[0], k, -1).transpose(0, 1)
