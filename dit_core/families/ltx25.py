@@ -1,0 +1,389 @@
+"""LTX-2.5 (audio + video, 22B distilled) on the shared block's pieces, on the host: the Comfy-Org single file ->
+two streams (video, audio) through 48 blocks of six attentions and two GELU MLPs, one step over packed rows.
+
+Facts: reference/families/ltx25.md (diffusers 0.42.1 transformer_ltx2.py; single_file_utils.py
+convert_ltx2_transformer_to_diffusers for the names, whose inverse the file's names are). A block does not fit the
+one-order 4-linear Block, so each stream runs the block's pieces (modulated_norm, attend, mlp) in LTX's order
+(section 3): self-attention, prompt cross-attention, audio <-> video cross-attention on the time axis, MLP. Each
+stream has its Arch (video 32 x 128, audio 32 x 64); A2V and V2A run in the audio stream's heads. Every head turns by
+its own rotary angles (section 4: "split", the frequencies laid over all heads' values). Time is sigma * 1000 and
+the velocity has the usual sign (x0 = x - sigma v).
+
+Variants, read from the file's keys (section 9): the prompt's AdaLN (prompt_adaln_single; else the static tables),
+the video MLP's biases, the keyframe marker, the per-head gates. Not yet a row of FAMILIES: no nodes, sampling,
+text connectors or GPU path yet (issue 36); load it as LTX25.load(path).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Attention, attend, layer_norm, mlp, modulated_norm
+from ..linear import linear
+from ..modulation import sinusoids, table_plus
+from ..sequence import Sequence
+from ..weights import Checkpoint, Linear, WeightsError, read_tensor
+from .loading import Detection, OpenedFile
+
+PREFIXES = ("model.diffusion_model.", "")
+MARKER = "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight"
+DETECTION = Detection((MARKER,), PREFIXES, "an LTX-2.5 audio-video diffusion model",
+                      "an LTX-2.5 file such as ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors")
+EPS = 1e-6  # block norms, q/k norms, final LayerNorm (section 1)
+ROPE_THETA = 10000.0
+TIME_SCALE = 1000.0  # the model's time is sigma * 1000 (timestep_scale_multiplier)
+# av_ca_timestep_scale_multiplier where the file's config does not say: the published configs' 1000 (section 9,
+# item 7; ComfyUI's class default would be 1)
+AV_TIME_SCALE = 1000.0
+HEAD = {"video": 128, "audio": 64}  # head widths where neither gates nor the config say (section 1)
+# RoPE coordinates (section 4): a video latent spans 8 pixel frames x 32 x 32 px, the causal VAE's first one frame;
+# an audio latent 4 mel hops of 160 samples at 16 kHz, its first 1. Positions over 20 s, 2048 px, 2048 px.
+VIDEO_SCALE = (8, 32, 32)
+AUDIO_SCALE, MEL_HOP, SAMPLE_RATE = 4, 160, 16000
+CAUSAL_OFFSET = 1
+MAX_POSITIONS = (20.0, 2048.0, 2048.0)
+# A stream's nine modulation rows (section 3: p0..p8), and its A<->V table's five.
+SHIFT_MSA, SCALE_MSA, GATE_MSA, SHIFT_MLP, SCALE_MLP, GATE_MLP, SHIFT_Q, SCALE_Q, GATE_Q = range(9)
+A2V_SCALE, A2V_SHIFT, V2A_SCALE, V2A_SHIFT, AV_GATE = range(5)
+PROMPT_SHIFT, PROMPT_SCALE = range(2)
+# Where the A<->V modulation reads its time, as (scale/shift, gate) (section 9, item 1): "own" the stream's own
+# (per-row) times, "other" the other stream's sigma. "comfyui" is ComfyUI's and ltx-core's rule; "cross" and "own"
+# are diffusers' use_cross_timestep True and False.
+AV_TIMES = {"comfyui": ("own", "other"), "cross": ("other", "other"), "own": ("own", "own")}
+
+
+@dataclass(frozen=True)
+class Side:
+    """A stream's names in the file: a prefix on the names both streams share, and its words in the A<->V names."""
+    name: str    # "video" | "audio"
+    prefix: str  # "" | "audio_"
+    gate: str    # its A<->V gate's direction: "a2v" (the video's) | "v2a"
+
+
+VIDEO, AUDIO = Side("video", "", "a2v"), Side("audio", "audio_", "v2a")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The video latent's frames x height x width (rows frame-major, then y, x) and its frame rate."""
+    frames: int
+    height: int
+    width: int
+    fps: float = 24.0
+
+    @property
+    def rows(self) -> int:
+        return self.frames * self.height * self.width
+
+
+@dataclass(frozen=True)
+class TimeEmbedder:
+    """AdaLayerNormSingle (section 2): emb = second(silu(first([cos | sin] of t))), rows = out(silu(emb))."""
+    first: Linear
+    second: Linear
+    out: Linear
+
+    def __call__(self, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(modulation rows [n, k D], embedding [n, D]) of times [n] (already x 1000), f32."""
+        emb = linear(F.silu(linear(sinusoids(times, self.first.in_features), self.first)), self.second)
+        return linear(F.silu(emb), self.out), emb
+
+
+@dataclass(frozen=True)
+class StreamLayer:
+    """One stream's part of a block: its self and prompt attentions, its MLP, and its three static tables."""
+    self_attn: Attention
+    text_attn: Attention
+    up: Linear
+    down: Linear
+    table: torch.Tensor         # [9, D]: p0..p8 less the time embedding's
+    prompt_table: torch.Tensor  # [2, D]: the prompt's shift, scale
+    av_table: torch.Tensor      # [5, D]: A2V scale, shift, V2A scale, shift, and its A<->V gate
+
+
+@dataclass(frozen=True)
+class LTXBlock:
+    video: StreamLayer
+    audio: StreamLayer
+    a2v: Attention  # queries video, keys/values audio, in the audio stream's heads
+    v2a: Attention  # queries audio, keys/values video
+
+
+@dataclass(frozen=True)
+class Stream:
+    """What a stream has once: its Arch, input projection, time embedders, final table and output projection."""
+    arch: Arch
+    proj_in: Linear
+    time: TimeEmbedder
+    prompt: TimeEmbedder | None  # the prompt's AdaLN (None: the blocks' static prompt tables alone)
+    av_scale_shift: TimeEmbedder
+    av_gate: TimeEmbedder
+    out_table: torch.Tensor      # [2, D]: shift, scale
+    proj_out: Linear
+
+
+@dataclass(frozen=True)
+class StreamStep:
+    """One stream's step inputs, prepared once for all blocks: the rows' distinct times' modulation and each row's
+    index into them (map), the prompt's, the A<->V scale/shift and gate rows with their maps, the rotary
+    Sequences (self: all axes; cross: the time axis), the prompt rows and their key bias."""
+    mod: torch.Tensor           # [nT, 9 D]
+    emb: torch.Tensor           # [nT, D]
+    prompt: torch.Tensor | None  # [1, 2 D]
+    av: torch.Tensor            # [nA, 4 D]
+    av_map: torch.Tensor
+    gate: torch.Tensor          # [nG, D]
+    gate_map: torch.Tensor
+    seq: Sequence               # map: each row's distinct time
+    cross: Sequence
+    context: torch.Tensor
+    key_bias: torch.Tensor | None
+
+
+def video_midpoints(grid: Grid, dtype: torch.dtype) -> torch.Tensor:
+    """Each video row's patch midpoint [rows, 3]: seconds, px, px (section 4), computed in dtype in diffusers'
+    order (its prepare_video_coords), so float32 gives its values."""
+    axes = [torch.arange(n, dtype=dtype) for n in (grid.frames, grid.height, grid.width)]
+    start = torch.stack(torch.meshgrid(*axes, indexing="ij")).flatten(1)
+    scale = torch.tensor(VIDEO_SCALE, dtype=dtype)[:, None]
+    start, end = start * scale, (start + 1) * scale
+    for bound in (start, end):
+        # the causal VAE's first latent frame is a single pixel frame: time bounds shift back, floored at 0
+        bound[0] = (bound[0] + CAUSAL_OFFSET - VIDEO_SCALE[0]).clamp(min=0) / grid.fps
+    return ((start + end) / 2.0).T
+
+
+def audio_midpoints(latents: int, dtype: torch.dtype) -> torch.Tensor:
+    """Each audio row's midpoint in seconds [rows, 1] (section 4), in dtype in diffusers' order."""
+    n = torch.arange(latents, dtype=dtype)
+    start, end = ((k * AUDIO_SCALE + CAUSAL_OFFSET - AUDIO_SCALE).clamp(min=0) * MEL_HOP / SAMPLE_RATE
+                  for k in (n, n + 1))
+    return ((start + end) / 2.0)[:, None]
+
+
+def split_angles(mid: torch.Tensor, width: int, heads: int) -> torch.Tensor:
+    """The "split" rotary's angles [rows, heads, width / (2 heads)] of midpoints [rows, nd] (section 4): per axis d
+    and frequency j (f_j = theta^(j / (n - 1)) pi / 2 in float64, n = width // 2 nd), f_j (2 mid_d / max_d - 1) at
+    j nd + d, zero angles in front up to width / 2, then head by head. In mid's dtype: float64 whole; float32 as
+    diffusers computes them (the frequencies rounded to float32 first)."""
+    rows, nd = mid.shape
+    count = width // (2 * nd)
+    ladder = torch.pow(ROPE_THETA, torch.linspace(0.0, 1.0, count, dtype=torch.float64)) * math.pi / 2.0
+    unit = torch.stack([mid[:, d] / MAX_POSITIONS[d] for d in range(nd)], dim=-1)
+    angles = ((unit[:, :, None] * 2 - 1) * ladder.to(mid.dtype)).transpose(1, 2).flatten(1)
+    angles = torch.cat([angles.new_zeros(rows, width // 2 - count * nd), angles], dim=1)
+    return angles.reshape(rows, heads, -1)
+
+
+def rotary(mid: torch.Tensor, width: int, heads: int, map_: torch.Tensor) -> Sequence:
+    angles = split_angles(mid, width, heads)
+    return Sequence(map_, angles.cos().float(), angles.sin().float())
+
+
+def distinct(times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the distinct values of per-row times, each row's index into them): a modulation row per distinct time."""
+    return torch.unique(times, sorted=True, return_inverse=True)
+
+
+def _config(ckpt: Checkpoint) -> dict:
+    """The transformer's config embedded in the file's header (ComfyUI's single files: metadata "config"), or {}."""
+    raw = ckpt.metadata.get("config")
+    if raw is None:
+        return {}
+    try:
+        cfg = json.loads(raw)
+    except ValueError as e:
+        raise WeightsError(f"{ckpt.path.name}: the header's config is not JSON ({e})") from e
+    return cfg.get("transformer", cfg) if isinstance(cfg, dict) else {}
+
+
+def read_arch(ckpt: Checkpoint, p: str, side: Side, cfg: dict) -> Arch:
+    """A stream's Arch from the file's shapes (section 1). Heads from the per-head gates where the file has them,
+    else from its config, else the released head width (128 video, 64 audio)."""
+    s, b = f"{p}{side.prefix}", f"{p}transformer_blocks.0.{side.prefix}"
+    hidden, latents = ckpt.shape(f"{s}patchify_proj.weight")
+    rows = ckpt.shape(f"{b}scale_shift_table")[0]
+    if rows != 9:
+        raise WeightsError(f"{ckpt.path.name}: the {side.name} blocks hold {rows} modulation rows, not LTX-2.5's 9 "
+                           f"(LTX-2.0 files are not supported)")
+    gate = f"{b}attn1.to_gate_logits.weight"
+    key = "num_attention_heads" if side is VIDEO else "audio_num_attention_heads"
+    heads = ckpt.shape(gate)[0] if gate in ckpt else int(cfg.get(key, hidden // HEAD[side.name]))
+    if hidden % heads:
+        raise WeightsError(f"{ckpt.path.name}: {heads} heads do not divide the {side.name} width {hidden}")
+    time_hidden, freq_dim = ckpt.shape(f"{s}adaln_single.emb.timestep_embedder.linear_1.weight")
+    return Arch(family="ltx25", hidden=hidden, layers=ckpt.numbered(f"{p}transformer_blocks.", ".attn1.to_q.weight"),
+                refiner=0, heads=heads, head=hidden // heads, ffn=ckpt.shape(f"{b}ff.net.0.proj.weight")[0],
+                latents=latents, patch=(1,) * (3 if side is VIDEO else 1),
+                text_dim=ckpt.shape(f"{b}attn2.to_k.weight")[1], freq_dim=freq_dim, time_hidden=time_hidden,
+                time_dim=hidden, eps=EPS, qk_eps=EPS, final_eps=EPS, rope_axes=(hidden // heads,),
+                rope_theta=ROPE_THETA, mlp="gelu_tanh", qk_norm="across")
+
+
+@dataclass(frozen=True)
+class LTX25:
+    """LTX-2.5's transformer where it runs: two Streams, the blocks, the keyframe marker, and the A<->V gates'
+    time multiplier (av_ca_timestep_scale_multiplier)."""
+    video: Stream
+    audio: Stream
+    blocks: tuple[LTXBlock, ...]
+    keyframe: torch.Tensor | None  # [D]: added to rows whose latent frame is one pixel frame (None: no marker)
+    av_time_scale: float
+
+    @staticmethod
+    def load(path: str | Path | Checkpoint) -> LTX25:
+        """LTX-2.5 from the Comfy-Org single file (optional model.diffusion_model. prefix), each linear as stored
+        (BF16, or INT8 ConvRot through the stored-format table); the connectors' tensors are not read."""
+        opened = OpenedFile.open(path, DETECTION)
+        ckpt, p = opened.ckpt, opened.prefix
+        cfg = _config(ckpt)
+        va, aa = read_arch(ckpt, p, VIDEO, cfg), read_arch(ckpt, p, AUDIO, cfg)
+        if va.heads != aa.heads:
+            raise WeightsError(f"{ckpt.path.name}: {va.heads} video heads and {aa.heads} audio heads: A<->V's rotary "
+                               f"lays one time axis over both streams' heads alike")
+        tensor = lambda key, shape=None: read_tensor(ckpt, p + key, shape)  # noqa: E731
+        has = lambda key: p + key in ckpt  # noqa: E731
+
+        def attention(stem: str) -> Attention:
+            gate = f"{stem}.to_gate_logits"
+            return Attention(*(opened.linear(f"{stem}.{n}") for n in ("to_q", "to_k", "to_v", "to_out.0")),
+                             tensor(f"{stem}.q_norm.weight"), tensor(f"{stem}.k_norm.weight"),
+                             opened.linear(gate) if has(f"{gate}.weight") else None)
+
+        def embedder(stem: str) -> TimeEmbedder:
+            time_mlp = f"{stem}.emb.timestep_embedder"
+            return TimeEmbedder(opened.linear(f"{time_mlp}.linear_1"), opened.linear(f"{time_mlp}.linear_2"),
+                                opened.linear(f"{stem}.linear"))
+
+        def layer(i: int, side: Side, a: Arch) -> StreamLayer:
+            b = f"transformer_blocks.{i}."
+            s = b + side.prefix
+            return StreamLayer(attention(f"{s}attn1"), attention(f"{s}attn2"), opened.linear(f"{s}ff.net.0.proj"),
+                               opened.linear(f"{s}ff.net.2"), tensor(f"{s}scale_shift_table", (9, a.hidden)),
+                               tensor(f"{s}prompt_scale_shift_table", (2, a.hidden)),
+                               tensor(f"{b}scale_shift_table_a2v_ca_{side.name}", (5, a.hidden)))
+
+        def stream(side: Side, a: Arch) -> Stream:
+            s = side.prefix
+            prompt = f"{s}prompt_adaln_single"
+            return Stream(a, opened.linear(f"{s}patchify_proj"), embedder(f"{s}adaln_single"),
+                          embedder(prompt) if has(f"{prompt}.linear.weight") else None,
+                          embedder(f"av_ca_{side.name}_scale_shift_adaln_single"),
+                          embedder(f"av_ca_{side.gate}_gate_adaln_single"),
+                          tensor(f"{s}scale_shift_table", (2, a.hidden)), opened.linear(f"{s}proj_out"))
+
+        blocks = tuple(LTXBlock(layer(i, VIDEO, va), layer(i, AUDIO, aa),
+                                attention(f"transformer_blocks.{i}.audio_to_video_attn"),
+                                attention(f"transformer_blocks.{i}.video_to_audio_attn")) for i in range(va.layers))
+        keyframe = tensor("keyframes_abs_pos_embedding").reshape(-1) if has("keyframes_abs_pos_embedding") else None
+        return LTX25(stream(VIDEO, va), stream(AUDIO, aa), blocks, keyframe,
+                     float(cfg.get("av_ca_timestep_scale_multiplier", AV_TIME_SCALE)))
+
+    def _step(self, s: Stream, times: torch.Tensor, map_: torch.Tensor, sigma: float, other_sigma: float,
+              av_times: tuple[str, str], mid: torch.Tensor, cross_mid: torch.Tensor, context: torch.Tensor,
+              key_bias: torch.Tensor | None) -> StreamStep:
+        """A stream's StreamStep from its rows' distinct times [nT] (x 1000) and map, its own and the other
+        stream's sigma, where the A<->V modulation reads its time, and its rows' RoPE midpoints (all axes; time)."""
+        a, rows = s.arch, map_.shape[0]
+        mod, emb = s.time(times)
+
+        def at(source: str, scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+            if source == "own":
+                return times * scale, map_
+            return torch.tensor([other_sigma * TIME_SCALE * scale]), torch.zeros(rows, dtype=torch.long)
+
+        (av_t, av_map), (gate_t, gate_map) = at(av_times[0]), at(av_times[1], self.av_time_scale / TIME_SCALE)
+        prompt = None if s.prompt is None else s.prompt(torch.tensor([sigma * TIME_SCALE]))[0]
+        # A2V and V2A run in the audio stream's heads: the time axis is laid over audio.arch.width values
+        cross_width = self.audio.arch.width
+        return StreamStep(mod, emb, prompt, s.av_scale_shift(av_t)[0], av_map, s.av_gate(gate_t)[0], gate_map,
+                          rotary(mid, a.width, a.heads, map_), rotary(cross_mid, cross_width, a.heads, map_),
+                          context, key_bias)
+
+    def forward(self, video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
+                grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
+                text_mask: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
+                av_times: str = "comfyui",
+                rope_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+        """(video velocity [grid.rows, C], audio velocity [M, C_audio]) of one step over the packed rows: video
+        latent rows [grid.rows, C] (frame-major, then y, x), audio rows [M, C_audio] (8 channels x 16 mel bins a
+        row), the connectors' prompt rows for each stream [L, D] and [L, D_audio], f32.
+        conditioned [grid.rows]: 1 on clean (conditioning) video rows, whose time is sigma (1 - conditioned) x 1000
+        (section 7); text_mask [L]: 1 on the prompt rows to attend (None: all); keyframes [grid.rows] bool: rows that
+        take the keyframe marker (ignored without one). av_times: a key of AV_TIMES. rope_dtype: float64 (the
+        release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3)."""
+        if av_times not in AV_TIMES:
+            raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
+        v_s, a_s = self.video, self.audio
+        if video.shape != (grid.rows, v_s.proj_in.in_features) or audio.shape[1] != a_s.proj_in.in_features:
+            raise ValueError(f"LTX25: video rows {tuple(video.shape)} for a grid of {grid.rows} rows of "
+                             f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
+                             f"{a_s.proj_in.in_features}")
+        key_bias = None if text_mask is None else (1 - text_mask.float()) * -10000.0
+        unmasked = torch.ones(grid.rows) if conditioned is None else 1 - conditioned.float()
+        v_times, v_map = distinct(sigma_video * TIME_SCALE * unmasked)
+        a_times, a_map = torch.tensor([sigma_audio * TIME_SCALE]), torch.zeros(audio.shape[0], dtype=torch.long)
+        v_mid, a_mid = video_midpoints(grid, rope_dtype), audio_midpoints(audio.shape[0], rope_dtype)
+        times = AV_TIMES[av_times]
+        sv = self._step(v_s, v_times, v_map, sigma_video, sigma_audio, times, v_mid, v_mid[:, :1], text_video.float(),
+                        key_bias)
+        sa = self._step(a_s, a_times, a_map, sigma_audio, sigma_video, times, a_mid, a_mid, text_audio.float(),
+                        key_bias)
+        v, a = linear(video.float(), v_s.proj_in), linear(audio.float(), a_s.proj_in)
+        if self.keyframe is not None and keyframes is not None:
+            v = v + keyframes.bool().float()[:, None] * self.keyframe
+        for block in self.blocks:
+            v, a = self.block(block, v, a, sv, sa)
+        return self.final(v_s, v, sv), self.final(a_s, a, sa)
+
+    def block(self, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
+              sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block over both streams (section 3): self, prompt, A<->V (both read the streams before either
+        adds), MLP."""
+        va, aa = self.video.arch, self.audio.arch
+        pv, pa = table_plus(block.video.table, sv.mod), table_plus(block.audio.table, sa.mod)
+        v = self_and_prompt(va, block.video, v, pv, sv)
+        a = self_and_prompt(aa, block.audio, a, pa, sa)
+        cv, ca = table_plus(block.video.av_table[:4], sv.av), table_plus(block.audio.av_table[:4], sa.av)
+        gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
+        q = modulated_norm(va, v, None, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
+        kv = modulated_norm(aa, a, None, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
+        a2v = gv[sv.gate_map] * attend(aa, block.a2v, q, kv, sv.cross, sa.cross)
+        q = modulated_norm(aa, a, None, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
+        kv = modulated_norm(va, v, None, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
+        a = a + ga[sa.gate_map] * attend(aa, block.v2a, q, kv, sa.cross, sv.cross)
+        v = v + a2v
+        return feed_forward(va, block.video, v, pv, sv), feed_forward(aa, block.audio, a, pa, sa)
+
+    @staticmethod
+    def final(s: Stream, x: torch.Tensor, step: StreamStep) -> torch.Tensor:
+        """LayerNorm (no affine) times 1 + scale, plus shift (the final table plus each row's time embedding), then
+        the output projection."""
+        shift = s.out_table[0] + step.emb
+        scale = s.out_table[1] + step.emb
+        y = layer_norm(x, s.arch.final_eps) * (1 + scale[step.seq.map]) + shift[step.seq.map]
+        return linear(y, s.proj_out)
+
+
+def self_and_prompt(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> torch.Tensor:
+    """A stream's self-attention and prompt cross-attention (section 3, steps 1-4); p: its nine rows [9, nT, D]. The
+    prompt rows are modulated by the static prompt table plus the prompt's AdaLN at the stream's sigma, if any."""
+    m = step.seq.map
+    h = modulated_norm(a, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
+    x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq)
+    kv_mod = layer.prompt_table if step.prompt is None else table_plus(layer.prompt_table, step.prompt[None])[:, 0]
+    context = step.context * (1 + kv_mod[PROMPT_SCALE]) + kv_mod[PROMPT_SHIFT]
+    h = modulated_norm(a, x, None, p[SHIFT_Q], p[SCALE_Q], m)
+    return x + p[GATE_Q][m] * attend(a, layer.text_attn, h, context, key_bias=step.key_bias)
+
+
+def feed_forward(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> torch.Tensor:
+    m = step.seq.map
+    return x + p[GATE_MLP][m] * mlp(modulated_norm(a, x, None, p[SHIFT_MLP], p[SCALE_MLP], m), layer.up,
+                                    layer.down, a.mlp)
