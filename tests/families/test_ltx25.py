@@ -23,10 +23,11 @@ TINY = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head
             audio_cross_attention_dim=16, num_layers=2, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
             audio_cross_attn_mod=True, rope_type="split", use_prompt_embeddings=False, ff_bias=False,
             use_prompt_adaln_single=True, use_keyframes_abs_pos_embedding=True)
-# The other variants the reference names (section 9, items 4 and 5): no prompt AdaLN (static prompt tables), video
-# FF biases; and no video gates (heads then come from the file's config), no keyframe marker.
+# The other variants the reference names (section 9, items 4, 5 and 7): no prompt AdaLN (static prompt tables), video
+# FF biases, the A<->V gates' time multiplier 1 (from the file's config); and no video gates (heads then come from the
+# config too), no keyframe marker.
 VARIANT = {**TINY, "use_prompt_adaln_single": False, "ff_bias": True, "gated_attn": False,
-           "use_keyframes_abs_pos_embedding": False}
+           "use_keyframes_abs_pos_embedding": False, "cross_attn_timestep_scale_multiplier": 1}
 GRID = Grid(frames=3, height=2, width=3)
 AUDIO_ROWS, TEXT_ROWS = 7, 5
 SIGMA_VIDEO, SIGMA_AUDIO = 0.7, 0.45
@@ -84,7 +85,8 @@ def files(models, tmp_path_factory):
     save_file(comfy_layout(models["tiny"], "model.diffusion_model."), d / "tiny.safetensors")
     save_file(comfy_layout(models["tiny"]), d / "tiny_bare.safetensors")
     # ComfyUI's single files carry the transformer's config in the header: the variant's heads come from it
-    config = {"transformer": {"num_attention_heads": 2, "audio_num_attention_heads": 2}}
+    config = {"transformer": {"num_attention_heads": 2, "audio_num_attention_heads": 2,
+                              "av_ca_timestep_scale_multiplier": 1}}
     save_file(comfy_layout(models["variant"], "model.diffusion_model."), d / "variant.safetensors",
               metadata={"config": json.dumps(config)})
     blocks = lambda key: ".transformer_blocks." in key  # noqa: E731
@@ -184,9 +186,11 @@ def test_comfyui_av_times(models, files):
 
 
 def test_variant_matches_diffusers(models, files):
-    """No prompt AdaLN (the static tables alone), video FF biases, ungated video attentions, no keyframe marker."""
+    """No prompt AdaLN (the static tables alone), video FF biases, ungated video attentions, no keyframe marker, the
+    A<->V gates at sigma x 1."""
     model = models["variant"]
     ours = LTX25.load(files / "variant.safetensors")
+    assert ours.av_time_scale == 1.0
     assert ours.video.prompt is None and ours.audio.prompt is None and ours.keyframe is None
     assert ours.blocks[0].video.self_attn.head_gate is None and ours.blocks[0].audio.self_attn.head_gate is not None
     assert ours.blocks[0].video.up.bias is not None
