@@ -1,15 +1,18 @@
-"""LTX-2.5's video VAE decoder (ltx-2.5-video-vae: the original / ComfyUI names, optionally under 'vae.') in f32:
-whole, or in the tiles of ComfyUI's VAEDecodeTiled (reference/families/ltx25.md section 8).
+"""LTX-2.5's video VAE (ltx-2.5-video-vae: the original / ComfyUI names, optionally under 'vae.') in f32: the
+decoder, whole or in the tiles of ComfyUI's VAEDecodeTiled, and the encoder for i2v keyframes
+(reference/families/ltx25.md section 8).
 
-Math as diffusers 0.42.1 autoencoder_kl_ltx2.py (LTX2VideoDecoder3d); names as its single-file converter
-(convert_ltx2_vae_to_diffusers) reads them: `decoder.up_blocks.{even}` are res blocks (`res_blocks.K.conv1.conv`,
-...), `decoder.up_blocks.{odd}` depth-to-space upsamplers (`conv.conv`), per_channel_statistics.{mean,std}-of-means
-the latent normalization. A timestep-conditioned decoder (`time_embedder`, `scale_shift_table`s,
+Math as diffusers 0.42.1 autoencoder_kl_ltx2.py (LTX2VideoDecoder3d, LTX2VideoEncoder3d); names as its single-file
+converter (convert_ltx2_vae_to_diffusers) reads them: `encoder.down_blocks.{even}` res blocks, `{odd}`
+space-to-depth downsamplers, the last the mid block; `decoder.up_blocks.{even}` are res blocks
+(`res_blocks.K.conv1.conv`, ...), `decoder.up_blocks.{odd}` depth-to-space upsamplers (`conv.conv`);
+per_channel_statistics.{mean,std}-of-means the latent normalization. A timestep-conditioned decoder (`time_embedder`, `scale_shift_table`s,
 `last_time_embedder`, `last_scale_shift_table`, `timestep_scale_multiplier`) is read when the file holds one."""
 from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +32,7 @@ NORM_EPS = 1e-8  # PerChannelRMSNorm's
 TIME_CHANNELS = 256  # the timestep embedders' sinusoid width (PixArtAlphaCombinedTimestepSizeEmbeddings)
 # VAEDecodeTiled's widgets in the LTX-2.5 template (reference/families/ltx25.md section 7): pixels and frames.
 TEMPLATE_TILES = (512, 64, 64, 16)
-ANCHOR = "decoder.conv_in.conv.weight"
+ANCHOR = "per_channel_statistics.mean-of-means"
 EXPECTED = ("an LTX-2 video VAE in its original names (decoder.conv_in.conv.*, decoder.up_blocks.N.res_blocks.K.*, "
             "decoder.up_blocks.N.conv.conv.*, decoder.conv_out.conv.*, per_channel_statistics.*), optionally under "
             "'vae.'")
@@ -82,12 +85,10 @@ class VideoDecoder:
         def error(why: str) -> WeightsError:
             return WeightsError(f"{ckpt.path.name}: {why}; expected {EXPECTED}")
 
-        found = [k[: -len(ANCHOR)] for k in ckpt.keys() if k.endswith(ANCHOR)  # noqa: SIM118 (a list)
-                 and (k == ANCHOR or k[-len(ANCHOR) - 1] == ".")]
-        if not found:
-            raise error(f"no '{ANCHOR}' tensor")
-        p = min(found, key=len)
+        p = _prefix(ckpt, error)
         d = p + "decoder."
+        if d + "conv_in.conv.weight" not in ckpt:
+            raise error(f"no '{d}conv_in.conv.weight' tensor")
         conv_in = ckpt.shape(d + "conv_in.conv.weight")
         if len(conv_in) != 5 or conv_in[1] != LATENT_CHANNELS:
             raise error(f"'{d}conv_in.conv.weight' has shape {conv_in}, not [C, {LATENT_CHANNELS}, 3, 3, 3]")
@@ -108,9 +109,7 @@ class VideoDecoder:
         extra = sorted(k for k in ckpt.keys() if k.startswith(d) and k[len(d):] not in w)  # noqa: SIM118
         if extra:
             raise error(f"unexpected decoder tensors {extra[:3]}{' ...' if len(extra) > 3 else ''}")
-        stats = [read_tensor(ckpt, f"{p}per_channel_statistics.{k}", (LATENT_CHANNELS,))
-                 for k in ("mean-of-means", "std-of-means")]
-        return cls(shape, w, *stats)
+        return cls(shape, w, *_latent_stats(ckpt, p))
 
     def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoDecoder:
         """Weights on device in dtype (the statistics stay f32); IMAGE comes back on the CPU in f32."""
@@ -196,33 +195,10 @@ class VideoDecoder:
         return x.permute(0, 1, 4, 5, 3, 6, 2).reshape(b, -1, f, h * PATCH, wd * PATCH)
 
     def _conv(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space
-        reflect-padded (the decoder's padding mode)."""
-        weight = self.w[f"{name}.conv.weight"]
-        k = weight.shape[2]
-        if self.shape.causal:
-            x = torch.cat([x[:, :, :1].expand(-1, -1, k - 1, -1, -1), x], dim=2)
-        else:
-            edge = (k - 1) // 2
-            x = torch.cat([x[:, :, :1].expand(-1, -1, edge, -1, -1), x, x[:, :, -1:].expand(-1, -1, edge, -1, -1)],
-                          dim=2)
-        x = F.pad(x, (weight.shape[4] // 2,) * 2 + (weight.shape[3] // 2,) * 2 + (0, 0), mode="reflect")
-        return F.conv3d(x, weight, self.w[f"{name}.conv.bias"])
+        return _conv(x, self.w, name, self.shape.causal, "reflect")
 
     def _resnet(self, x: torch.Tensor, name: str, emb: torch.Tensor | None) -> torch.Tensor:
-        """norm, (timestep scale/shift), silu, conv, twice, plus the input (channels never change here)."""
-        mods = None
-        if emb is not None:  # [B, 4C] + table [4, C] -> shift1, scale1, shift2, scale2
-            mods = (emb.unflatten(1, (4, -1)) + self.w[f"{name}.scale_shift_table"][None]).to(x)
-            mods = mods[..., None, None, None].unbind(1)
-        h = pixel_norm(x, NORM_EPS)
-        if mods is not None:
-            h = h * (1 + mods[1]) + mods[0]
-        h = self._conv(F.silu(h), f"{name}.conv1")
-        h = pixel_norm(h, NORM_EPS)
-        if mods is not None:
-            h = h * (1 + mods[3]) + mods[2]
-        return x + self._conv(F.silu(h), f"{name}.conv2")
+        return _resnet(x, self.w, name, self.shape.causal, "reflect", emb)
 
     def _upsample(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Depth to space x2 in (t, h, w), the first frame dropped (causal latents: 1 + 8k frames); residual: plus
@@ -248,6 +224,145 @@ class VideoDecoder:
         return latents.to(self.w["conv_in.conv.weight"].device, torch.float32)
 
 
+@dataclass(frozen=True)
+class VideoEncoderShape:
+    """Channels of each res-block stage (the mid block last), resnets in each, and each downsampler's stride
+    (t, h, w), told apart in the file by its conv's width: out / stride product (x4 spatial, x2 temporal, x8)."""
+    channels: tuple[int, ...]
+    layers: tuple[int, ...]
+    strides: tuple[tuple[int, int, int], ...]
+    in_channels: int = 3
+
+
+STRIDES = {4: (1, 2, 2), 2: (2, 1, 1), 8: (2, 2, 2)}  # product -> stride (diffusers' downsample_type)
+
+
+class VideoEncoder:
+    """LTX-2 video encoder: ComfyUI IMAGE frames [1 + 8k, H, W, 3] in 0..1 (H, W multiples of 32) -> normalized
+    latents [1, 128, 1 + k, H / 32, W / 32] (the posterior mean, as ComfyUI's and diffusers' i2v conditioning
+    take it)."""
+
+    def __init__(self, shape: VideoEncoderShape, weights: dict[str, torch.Tensor], latents_mean: torch.Tensor,
+                 latents_std: torch.Tensor):
+        self.shape = shape
+        self.w = weights  # the file's names without the `encoder.` prefix
+        self.latents_mean, self.latents_std = latents_mean, latents_std
+
+    @classmethod
+    def load(cls, source: str | os.PathLike | Checkpoint) -> VideoEncoder:
+        ckpt = source if isinstance(source, Checkpoint) else Checkpoint(source)
+
+        def error(why: str) -> WeightsError:
+            return WeightsError(f"{ckpt.path.name}: {why}; expected {EXPECTED} with its encoder.*")
+
+        p = _prefix(ckpt, error)
+        e = p + "encoder."
+        if e + "conv_in.conv.weight" not in ckpt:
+            raise error(f"no '{e}conv_in.conv.weight' tensor (a decoder-only file?)")
+        stages = 0
+        while f"{e}down_blocks.{2 * stages}.res_blocks.0.conv1.conv.weight" in ckpt:
+            stages += 1
+        res = [f"{e}down_blocks.{2 * i}.res_blocks." for i in range(stages)]
+        channels = tuple(ckpt.shape(r + "0.conv1.conv.weight")[0] for r in res)
+        layers = tuple(ckpt.numbered(r, ".conv1.conv.weight") for r in res)
+        strides = []
+        for i in range(stages - 1):
+            name = f"{e}down_blocks.{2 * i + 1}.conv.conv.weight"
+            width = ckpt.shape(name)[0] if name in ckpt else 0
+            if not width or channels[i + 1] % width or channels[i + 1] // width not in STRIDES:
+                raise error(f"no downsampler '{name}' from {channels[i]} to {channels[i + 1]} channels")
+            strides.append(STRIDES[channels[i + 1] // width])
+        in_channels = ckpt.shape(e + "conv_in.conv.weight")[1] // PATCH ** 2
+        shape = VideoEncoderShape(channels, layers, tuple(strides), in_channels)
+        w = {name: read_tensor(ckpt, e + name, s) for name, s in encoder_tensors(shape).items()}
+        return cls(shape, w, *_latent_stats(ckpt, p))
+
+    @torch.no_grad()
+    def encode(self, image: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """IMAGE [F, H, W, 3] in 0..1 -> normalized latents [1, 128, (F - 1) / 8 + 1, H / 32, W / 32]."""
+        f, h, w = image.shape[:3]
+        if image.dim() != 4 or (f - 1) % TIME_FACTOR or h % SPACE_FACTOR or w % SPACE_FACTOR:
+            raise ValueError(f"pixels: expected IMAGE frames [1 + 8k, H, W, 3] with H and W multiples of "
+                             f"{SPACE_FACTOR}, got {tuple(image.shape)}")
+        wt = self.w["conv_in.conv.weight"]
+        x = image[..., :self.shape.in_channels].to(wt.device, torch.float32).permute(3, 0, 1, 2)[None] * 2.0 - 1.0
+        means = self.forward(x, check)
+        view = (1, -1, 1, 1, 1)
+        return (means - self.latents_mean.view(view).to(means)) / self.latents_std.view(view).to(means)
+
+    def forward(self, x: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
+        """Pixels [B, 3, F, H, W] in -1..1 -> raw latent means [B, 128, (F - 1) / 8 + 1, H / 32, W / 32]
+        (diffusers' LTX2VideoEncoder3d, causal in time, zero-padded in space; the log-variance channel dropped)."""
+        s, w, check = self.shape, self.w, check or (lambda: None)
+        b, c, f, hh, ww = x.shape
+        # Patchify 4 x 4: channel c * 16 + (w offset) * 4 + (h offset), as the decoder's unpatchify reads it.
+        x = x.to(w["conv_in.conv.weight"]).view(b, c, f, hh // PATCH, PATCH, ww // PATCH, PATCH)
+        x = x.permute(0, 1, 6, 4, 2, 3, 5).reshape(b, c * PATCH ** 2, f, hh // PATCH, ww // PATCH)
+        x = _conv(x, w, "conv_in", True, "constant")
+        for i, layers in enumerate(s.layers):
+            for k in range(layers):
+                check()
+                x = _resnet(x, w, f"down_blocks.{2 * i}.res_blocks.{k}", True, "constant")
+            if i < len(s.strides):
+                x = self._downsample(x, f"down_blocks.{2 * i + 1}.conv", s.strides[i])
+        x = _conv(F.silu(pixel_norm(x, NORM_EPS)), w, "conv_out", True, "constant")
+        return x[:, :LATENT_CHANNELS].float()
+
+    def _downsample(self, x: torch.Tensor, name: str, stride: tuple[int, int, int]) -> torch.Tensor:
+        """LTX2VideoDownsampler3d: the first stride_t - 1 frames repeated in front, then space to depth of the conv
+        plus space to depth of the input averaged down to the output's channels."""
+        x = torch.cat([x[:, :, :stride[0] - 1], x], dim=2)
+        y = _space_to_depth(_conv(x, self.w, name, True, "constant"), stride)
+        r = _space_to_depth(x, stride)
+        return y + r.view(r.shape[0], y.shape[1], -1, *r.shape[2:]).mean(dim=2)
+
+
+def _prefix(ckpt: Checkpoint, error: Callable[[str], WeightsError]) -> str:
+    """The prefix before the VAE's names ('' in the VAE file, 'vae.' in a full checkpoint); the shortest if
+    several (the audio VAE's 'audio_vae.' stands beside 'vae.' in a full checkpoint)."""
+    found = [k[: -len(ANCHOR)] for k in ckpt.keys() if k.endswith(ANCHOR)  # noqa: SIM118 (a list)
+             and (k == ANCHOR or k[-len(ANCHOR) - 1] == ".") and not k.startswith("audio_vae.")]
+    if not found:
+        raise error(f"no '{ANCHOR}' tensor")
+    return min(found, key=len)
+
+
+def _latent_stats(ckpt: Checkpoint, prefix: str) -> list[torch.Tensor]:
+    """The latent normalization (ComfyUI's un_normalize: x * std + mean per channel): mean, std of the 128."""
+    return [read_tensor(ckpt, f"{prefix}per_channel_statistics.{k}", (LATENT_CHANNELS,))
+            for k in ("mean-of-means", "std-of-means")]
+
+
+def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str) -> torch.Tensor:
+    """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space padded
+    by `padding` ('reflect': the decoder's; 'constant': the encoder's zeros)."""
+    weight = w[f"{name}.conv.weight"]
+    k = weight.shape[2]
+    if causal:
+        x = torch.cat([x[:, :, :1].expand(-1, -1, k - 1, -1, -1), x], dim=2)
+    else:
+        edge = (k - 1) // 2
+        x = torch.cat([x[:, :, :1].expand(-1, -1, edge, -1, -1), x, x[:, :, -1:].expand(-1, -1, edge, -1, -1)], dim=2)
+    x = F.pad(x, (weight.shape[4] // 2,) * 2 + (weight.shape[3] // 2,) * 2 + (0, 0), mode=padding)
+    return F.conv3d(x, weight, w[f"{name}.conv.bias"])
+
+
+def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
+            emb: torch.Tensor | None = None) -> torch.Tensor:
+    """norm, (timestep scale/shift), silu, conv, twice, plus the input (channels never change in LTX-2's)."""
+    mods = None
+    if emb is not None:  # [B, 4C] + table [4, C] -> shift1, scale1, shift2, scale2
+        mods = (emb.unflatten(1, (4, -1)) + w[f"{name}.scale_shift_table"][None]).to(x)[..., None, None, None].unbind(1)
+    h = pixel_norm(x, NORM_EPS)
+    if mods is not None:
+        h = h * (1 + mods[1]) + mods[0]
+    h = _conv(F.silu(h), w, f"{name}.conv1", causal, padding)
+    h = pixel_norm(h, NORM_EPS)
+    if mods is not None:
+        h = h * (1 + mods[3]) + mods[2]
+    return x + _conv(F.silu(h), w, f"{name}.conv2", causal, padding)
+
+
 def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
     """[B, C * 8, T, H, W] -> [B, C, 2T - 1, 2H, 2W]: channel c * 8 + 4i + 2j + k goes to (2t + i, 2h + j, 2w + k);
     the first frame dropped."""
@@ -255,6 +370,34 @@ def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
     st, sh, sw = STRIDE
     x = x.view(b, c // (st * sh * sw), st, sh, sw, t, h, w).permute(0, 1, 5, 2, 6, 3, 7, 4)
     return x.reshape(b, -1, t * st, h * sh, w * sw)[:, :, st - 1:]
+
+
+def _space_to_depth(x: torch.Tensor, stride: tuple[int, int, int]) -> torch.Tensor:
+    """[B, C, T, H, W] -> [B, C * st * sh * sw, T / st, H / sh, W / sw]: (st t + i, sh h + j, sw w + k) goes to
+    channel c * st sh sw + (i sh + j) sw + k (the inverse of _depth_to_space's order, no frame dropped)."""
+    b, c, t, h, w = x.shape
+    st, sh, sw = stride
+    x = x.view(b, c, t // st, st, h // sh, sh, w // sw, sw).permute(0, 1, 3, 5, 7, 2, 4, 6)
+    return x.reshape(b, c * st * sh * sw, t // st, h // sh, w // sw)
+
+
+def encoder_tensors(shape: VideoEncoderShape) -> dict[str, tuple[int, ...]]:
+    """Every encoder tensor the forward reads (names without `encoder.`), with its shape."""
+    t: dict[str, tuple[int, ...]] = {}
+
+    def conv(name: str, cin: int, cout: int) -> None:
+        t[f"{name}.conv.weight"], t[f"{name}.conv.bias"] = (cout, cin, 3, 3, 3), (cout,)
+
+    ch = shape.channels
+    conv("conv_in", shape.in_channels * PATCH ** 2, ch[0])
+    for i, (c, layers) in enumerate(zip(ch, shape.layers)):
+        for k in range(layers):
+            conv(f"down_blocks.{2 * i}.res_blocks.{k}.conv1", c, c)
+            conv(f"down_blocks.{2 * i}.res_blocks.{k}.conv2", c, c)
+        if i < len(shape.strides):
+            conv(f"down_blocks.{2 * i + 1}.conv", c, ch[i + 1] // math.prod(shape.strides[i]))
+    conv("conv_out", ch[-1], LATENT_CHANNELS + 1)
+    return t
 
 
 def decoder_tensors(shape: VideoDecoderShape) -> dict[str, tuple[int, ...]]:

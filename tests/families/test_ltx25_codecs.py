@@ -11,7 +11,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 
 from dit_core.codecs.ltx2_audio_vae import AudioDecoder
-from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES, VideoDecoder, tile_sizes
+from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES, VideoDecoder, VideoEncoder, tile_sizes
 from dit_core.codecs.ltx2_vocoder import Vocoder
 from dit_core.weights import WeightsError
 
@@ -47,11 +47,15 @@ def original_video_names(state: dict) -> dict:
     plus the timestep-conditioned decoder's `last_*` names, which that converter does not know)."""
     out = {}
     for k, v in state.items():
-        if k.startswith("encoder."):
-            continue  # the decoder test needs no encoder tensors
+        k = re.sub(r"encoder\.down_blocks\.(\d+)\.downsamplers\.0\.",
+                   lambda m: f"encoder.down_blocks.{2 * int(m[1]) + 1}.", k)
+        k = re.sub(r"encoder\.down_blocks\.(\d+)\.resnets",
+                   lambda m: f"encoder.down_blocks.{2 * int(m[1])}.resnets", k)
+        k = k.replace("encoder.mid_block.", f"encoder.down_blocks.{2 * (len(VIDEO['layers_per_block']) - 1)}.")
         k = k.replace("latents_mean", "per_channel_statistics.mean-of-means")
         k = k.replace("latents_std", "per_channel_statistics.std-of-means")
-        k = re.sub(r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.", lambda m: f"decoder.up_blocks.{2 * int(m[1]) + 1}.", k)
+        k = re.sub(r"decoder\.up_blocks\.(\d+)\.upsamplers\.0\.",
+                   lambda m: f"decoder.up_blocks.{2 * int(m[1]) + 1}.", k)
         k = re.sub(r"decoder\.up_blocks\.(\d+)\.(resnets|time_embedder)",
                    lambda m: f"decoder.up_blocks.{2 * int(m[1]) + 2}.{m[2]}", k)
         k = k.replace("decoder.mid_block.", "decoder.up_blocks.0.")
@@ -89,9 +93,7 @@ def reference_frames(vae, z, temb=None):
 def test_file_names_are_what_diffusers_converter_reads(video):
     vae, _ = video
     ours = original_video_names(vae.state_dict())
-    converted = convert_ltx2_vae_to_diffusers(dict(ours))
-    expected = {k for k in vae.state_dict() if not k.startswith("encoder.")}
-    assert set(converted) == expected
+    assert set(convert_ltx2_vae_to_diffusers(dict(ours))) == set(vae.state_dict())
 
 
 def test_whole_decode_matches_diffusers(video):
@@ -146,12 +148,30 @@ def test_timestep_conditioned_decoder_matches_diffusers(tmp_path):
         dec.decode(z, tiles=None)
 
 
+@pytest.mark.parametrize("frames,height,width", [(1, 64, 64), (9, 32, 96)])
+def test_encoder_matches_diffusers(video, tmp_path, frames, height, width):
+    """i2v keyframes (one frame) and a short clip: normalized posterior means, as the i2v pipelines condition."""
+    vae, _ = video
+    enc = VideoEncoder.load(video_file(tmp_path, vae))
+    assert enc.shape.strides == ((1, 2, 2), (2, 1, 1), (2, 2, 2), (2, 2, 2))
+    image = torch.rand(frames, height, width, 3, generator=torch.Generator().manual_seed(10))
+    view = (1, -1, 1, 1, 1)
+    with torch.no_grad():
+        means = vae.encode(image.permute(3, 0, 1, 2)[None] * 2 - 1).latent_dist.mode()
+    ref = (means - vae.latents_mean.view(view)) / vae.latents_std.view(view)
+    out = enc.encode(image)
+    assert out.shape == ref.shape == (1, 128, (frames - 1) // 8 + 1, height // 32, width // 32)
+    assert rel_err(out, ref) <= 1e-4
+    with pytest.raises(ValueError, match="1 \\+ 8k"):
+        enc.encode(image[:, :, :40])
+
+
 def test_video_loader_names_the_problem(tmp_path, video):
     vae, _ = video
     state = original_video_names(vae.state_dict())
     path = tmp_path / "not_ltx.safetensors"
     save_file({k.replace("conv_in.conv", "conv_in"): v for k, v in state.items()}, str(path))
-    with pytest.raises(WeightsError, match="no 'decoder.conv_in.conv.weight'"):
+    with pytest.raises(WeightsError, match="no 'vae.decoder.conv_in.conv.weight'"):
         VideoDecoder.load(path)
     with pytest.raises(ValueError, match="LTX-2 video latents"):
         video[1].decode(torch.zeros(1, 16, 2, 2, 2))
@@ -182,7 +202,8 @@ def original_vocoder_names(state: dict) -> dict:
     out = {}
     for k, v in state.items():
         for a, b in (("conv_in", "conv_pre"), ("upsamplers", "ups"), ("resnets", "resblocks"),
-                     ("act_out", "act_post"), ("conv_out", "conv_post"), ("downsample.filter", "downsample.lowpass.filter")):
+                     ("act_out", "act_post"), ("conv_out", "conv_post"),
+                     ("downsample.filter", "downsample.lowpass.filter")):
             k = k.replace(f".{a}.", f".{b}.").replace(f".{a}", f".{b}") if f".{a}" in k else k
         out["vocoder." + k] = v.contiguous()
     return out
@@ -200,8 +221,8 @@ def audio(tmp_path_factory):
                 p.copy_(r.abs() if "mel_basis" in name else 0.3 * r if ".act." in name
                         else OUT_SCALE[name.split(".")[0]] * r / p[0].numel() ** 0.5 if "conv_out" in name
                         else r / p[0].numel() ** 0.5 if p.dim() >= 2 else 0.5 * r)
-    stats = {f"audio_vae.per_channel_statistics.{k}": v for k, v in
-             (("mean-of-means", 0.5 * torch.randn(128, generator=g)), ("std-of-means", 0.5 + torch.rand(128, generator=g)))}
+    stats = {"audio_vae.per_channel_statistics.mean-of-means": 0.5 * torch.randn(128, generator=g),
+             "audio_vae.per_channel_statistics.std-of-means": 0.5 + torch.rand(128, generator=g)}
     state = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items() if not k.startswith("latents_")}
     state.update(stats)
     state.update(original_vocoder_names(vocoder.state_dict()))
