@@ -168,7 +168,8 @@ class MiniMaxH3Sampler(SamplerNode):
         total = len(comfy_h3_sigmas(r.scheduler, r.steps, shift)) - 1  # ddim_uniform can add a step, as ComfyUI's
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
-            sampler=r.sampler_name, scheduler=r.scheduler, callback=callback, should_stop=should_stop))), total
+            sampler=r.sampler_name, scheduler=r.scheduler, callback=callback, should_stop=should_stop,
+            check=interrupt_check))), total
 
 
 def read_vae(reader, ckpt: Checkpoint, what: str, config: str):

@@ -403,7 +403,8 @@ def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_lat
 def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, width: int, audio_latents: int,
                 steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
                 video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, sampler: str | None = None,
-                scheduler: str = "simple", callback=None, should_stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+                scheduler: str = "simple", callback=None, should_stop=None,
+                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
     2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
     height, width: the video latent's F, LH, LW (LH, LW even); audio_latents: Na per stereo channel; steps: forwards.
@@ -411,7 +412,8 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     sampler None: both streams walk diffusers' two grids with its Euler (h3_sigmas at video_shift and audio_shift);
     a ksampler sampler name ("euler", "res_multistep"): ComfyUI's way, that sampler on the `scheduler` grid of the
     video shift with the audio carried on it (sample_h3_comfy). One forward a step (guidance-distilled: no CFG).
-    callback and should_stop go to the loop unchanged (its callback sees row tensors)."""
+    callback and should_stop go to the loop unchanged (its callback sees row tensors); check() runs after each block
+    of every forward (it raises: ComfyUI's Cancel within a step)."""
     if (seed is None) == (noise is None):
         raise ValueError("sample_t2va: give a seed or the initial noise, not both or neither")
     if text.dim() == 3:
@@ -430,7 +432,7 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     audio = audio_to_rows(noise[1].float())
 
     def denoised(v, a, sigma_video, sigma_audio):
-        return model.denoised(v, a, txt, layout, sigma_video, sigma_audio)
+        return model.denoised(v, a, txt, layout, sigma_video, sigma_audio, check)
 
     if sampler is None:
         video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),
