@@ -3,12 +3,13 @@ To Video (MiniMaxH3ImageToVideo's role without frames), the sampler and the two 
 from __future__ import annotations
 
 import comfy.model_management
+import comfy.utils
 import torch
 from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
 from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS, AudioDecoder  # 32
-from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS, VideoDecoder  # 24
+from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS, VideoDecoder, VideoEncoder  # 24
 from ..dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
 from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas
@@ -71,17 +72,22 @@ def video_length(node: str, length: int) -> int:
     return (length - 5) // 17 * 5 + 2
 
 
-class MiniMaxH3TextToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs less the frames, its two outputs
+class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and outputs
+    NODE_ID = "SwiftDiTMiniMaxH3ImageToVideo"
+
     @classmethod
     def define_schema(cls):
+        frame = "Optional: the video's {} frame (the first image of the batch), encoded by the video VAE"
         return io.Schema(
-            node_id="SwiftDiTMiniMaxH3TextToVideo", display_name="MiniMax H3 Text To Video (SwiftDiT)",
-            category=CATEGORY,
+            node_id=cls.NODE_ID, display_name="MiniMax H3 Image To Video (SwiftDiT)", category=CATEGORY,
             description="The prompt's conditioning and the empty AV latent (video and audio parts) of width x "
-                        "height and length frames at 24 fps, as MiniMaxH3ImageToVideo without first or last frame.",
+                        "height and length frames at 24 fps, with optional first and last frames as keyframes, as "
+                        "MiniMaxH3ImageToVideo.",
             inputs=[TextEncoder.Input("clip", tooltip="The MiniMax H3 text encoder, from its Text Encoder Loader"),
                     Vae.Input("vae", optional=True,
-                              tooltip="The video VAE, as the template wires it (text to video encodes no frame)"),
+                              tooltip="The video VAE, from the MiniMax H3 VAE Loader (needed with a frame)"),
+                    io.Image.Input("first_frame", optional=True, tooltip=frame.format("first")),
+                    io.Image.Input("last_frame", optional=True, tooltip=frame.format("last")),
                     io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
                     io.Int.Input("width", default=864, min=32, max=4096, step=32,
                                  tooltip="The video's width in pixels, a multiple of 32"),
@@ -89,24 +95,53 @@ class MiniMaxH3TextToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs less
                                  tooltip="The video's height in pixels, a multiple of 32"),
                     io.Int.Input("length", default=124, min=5, max=1024,
                                  tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")],
-            outputs=[io.Conditioning.Output(tooltip="The prompt's text rows, for the sampler's positive"),
+            outputs=[io.Conditioning.Output(tooltip="The prompt's text rows (and the keyframes), for the sampler's "
+                                                    "positive"),
                      io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
                                               "[1, 32, 2, 40 per second] parts, for the sampler")])
 
     @classmethod
-    def execute(cls, clip, prompt, width, height, length, vae=None) -> io.NodeOutput:
-        node = "SwiftDiTMiniMaxH3TextToVideo"
+    def execute(cls, clip, prompt, width, height, length, vae=None, first_frame=None,
+                last_frame=None) -> io.NodeOutput:
+        node = cls.NODE_ID
         for name, value in (("width", width), ("height", height)):
             if value < 32 or value % 32:
                 raise SwiftDiTError(f"{node} · {name}: {value} is not a multiple of 32 (16-pixel cells, 2x2 patches)")
         frames = video_length(node, length)
         audio = round(length / FPS * AUDIO_LATENTS_PER_S)  # diffusers' audio_latent_num_frames
+        # ComfyUI's: the first frame stretched to the canvas, the last one cropped to cover it (lanczos both)
+        wanted = [(name, image, index, crop) for name, image, index, crop in
+                  (("first_frame", first_frame, 0, "disabled"), ("last_frame", last_frame, length - 1, "center"))
+                  if image is not None]
+        if wanted and (vae is None or vae.role != "video"):
+            raise SwiftDiTError(f"{node} · vae: a first or last frame is encoded by the video VAE; connect the "
+                                f"MiniMax H3 VAE Loader")
+        keyframes = []
+        for name, image, index, crop in wanted:
+            pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), width, height, "lanczos", crop)
+            with checked(node, name):
+                latent = load_video_encoder(vae).encode(pixels.movedim(1, -1), tile=None, check=interrupt_check)
+            keyframes.append({"resolved_frame_index": index, "latent": latent})
         with checked(node, "prompt"):
             conditioning = prompt_conditioning(clip, prompt)
+        if keyframes:
+            conditioning[0][1]["minimax_keyframes"] = keyframes
         where = comfy.model_management.intermediate_device()
         latent = NestedTensor([torch.zeros(1, VIDEO_CHANNELS, frames, height // 16, width // 16, device=where),
                                torch.zeros(1, AUDIO_CHANNELS, 2, audio, device=where)])
         return io.NodeOutput(conditioning, {"samples": latent})
+
+
+def keyframes_of(node: str, conditioning: list, length: int) -> tuple[tuple[str, torch.Tensor], ...]:
+    """The positive's keyframes (Image To Video's `minimax_keyframes`) as the engine's ("first" | "last", latent)."""
+    found = []
+    for kf in conditioning[0][1].get("minimax_keyframes", ()) if conditioning else ():
+        index = kf["resolved_frame_index"]
+        if index not in (0, length - 1):
+            raise SwiftDiTError(f"{node} · positive: a keyframe at frame {index}; SwiftDiT runs first (0) and last "
+                                f"({length - 1}) frames only, as MiniMax H3 Image To Video makes them")
+        found.append(("first" if index == 0 else "last", kf["latent"]))
+    return tuple(found)
 
 
 def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,7 +156,7 @@ def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]
 
 
 class MiniMaxH3Sampler(SamplerNode):
-    """SamplerNode's body fits: KSampler's inputs (a drop-in for a KSampler after Text To Video), the widget checks,
+    """SamplerNode's body fits: KSampler's inputs (a drop-in for a KSampler after Image To Video), the widget checks,
     the memory check, progress and cancel; only the latent view, the rows and the loop are H3's."""
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Sampler", "MiniMax H3 KSampler (SwiftDiT)",
                                                  CATEGORY, FAMILY, "MiniMax H3")
@@ -166,10 +201,12 @@ class MiniMaxH3Sampler(SamplerNode):
         video, audio = r.latent.tensors
         shift = r.model.schedule.shift
         total = len(comfy_h3_sigmas(r.scheduler, r.steps, shift)) - 1  # ddim_uniform can add a step, as ComfyUI's
+        pixel_frames = (video.shape[2] - 2) // 5 * 17 + 5
+        keyframes = keyframes_of(cls.NODE_ID, r.conditioning, pixel_frames)
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
-            sampler=r.sampler_name, scheduler=r.scheduler, callback=callback, should_stop=should_stop,
-            check=interrupt_check))), total
+            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, callback=callback,
+            should_stop=should_stop, check=interrupt_check))), total
 
 
 def read_vae(reader, ckpt: Checkpoint, what: str, config: str):
@@ -181,16 +218,18 @@ def read_vae(reader, ckpt: Checkpoint, what: str, config: str):
     return reader(ckpt)
 
 
-def vae_loader(decoder, what: str, config: str, gpu_dtype: torch.dtype):
-    """A VAE loader's load(handle): the decoder in LOADED's ("vae", handle.role) slot, f32 on the CPU."""
+def vae_loader(coder, what: str, config: str, gpu_dtype: torch.dtype, part: str = ""):
+    """A VAE loader's load(handle): the decoder (or encoder) in LOADED's ("vae", handle.role + part) slot, f32 on
+    the CPU."""
     def load(handle: FileHandle):
-        read = lambda ckpt: read_vae(decoder.load, ckpt, what, config)  # noqa: E731
-        return on_device("vae", handle, lambda: cancellable(read, handle.path), FAMILY, role=handle.role,
+        read = lambda ckpt: read_vae(coder.load, ckpt, what, config)  # noqa: E731
+        return on_device("vae", handle, lambda: cancellable(read, handle.path), FAMILY, role=handle.role + part,
                          place=lambda vae, where: vae.to(where, gpu_dtype if where.type == "cuda" else torch.float32))
     return load
 
 
 load_video_vae = vae_loader(VideoDecoder, "video VAE", "vae", torch.bfloat16)
+load_video_encoder = vae_loader(VideoEncoder, "video VAE", "vae", torch.float32, " encoder")  # f32, as diffusers'
 load_audio_vae = vae_loader(AudioDecoder, "audio VAE", "audio_vae", torch.float32)  # BigVGAN degrades in bf16
 
 
@@ -253,5 +292,5 @@ class MiniMaxH3VAEDecodeAudio(DecodeNode):
             return decoder.audio(decoder.raw_latents(audio.permute(0, 2, 1, 3).float()), interrupt_check)
 
 
-NODES = [MiniMaxH3Loader, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode, MiniMaxH3TextToVideo, MiniMaxH3Sampler,
+NODES = [MiniMaxH3Loader, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode, MiniMaxH3ImageToVideo, MiniMaxH3Sampler,
          MiniMaxH3VAELoader, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio]

@@ -51,10 +51,10 @@ STOCK = MappingProxyType({
     "VAELoader": Stock("VAELoader", outputs=("VAE",), widgets=("vae_name",)),
     "VAEDecode": Stock("VAEDecode", (("samples", "LATENT"), ("vae", "VAE")), ("IMAGE",)),
     "VAEEncode": Stock("VAEEncode", (("pixels", "IMAGE"), ("vae", "VAE")), ("LATENT",)),
-    # MiniMax H3: text to video is MiniMaxH3ImageToVideo without frames (its first_frame / last_frame wired: not
-    # ours, the row's not_yet says why); the audio decode reads the audio VAE, so the VAELoader that feeds it
-    # becomes the family's AudioVAELoader (Family.audio_vae_loader)
-    "MiniMaxH3ImageToVideo": Stock("TextToVideo", (("clip", "CLIP"), ("vae", "VAE")), ("CONDITIONING", "LATENT"),
+    # MiniMax H3: the audio decode reads the audio VAE, so the VAELoader that feeds it becomes the family's
+    # AudioVAELoader (Family.audio_vae_loader)
+    "MiniMaxH3ImageToVideo": Stock("ImageToVideo", (("clip", "CLIP"), ("vae", "VAE"), ("first_frame", "IMAGE"),
+                                                    ("last_frame", "IMAGE")), ("CONDITIONING", "LATENT"),
                                    ("prompt", "width", "height", "length")),
     "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),
 })

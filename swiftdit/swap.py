@@ -430,7 +430,6 @@ def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
                 node["widgets_values"] = list(node.get("widgets_values") or []) + extra
             for entry in node.get("inputs", []) + node.get("outputs", []):
                 _retype(fam, entry)
-            _drop_open_inputs(graph, p, role)
             report.changed.append((p.id, kind, ours))
         elif p.id in p_.through and nodes[p.id].key not in done:
             done.add(nodes[p.id].key)
@@ -447,41 +446,6 @@ def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
 
 
 _THROUGH = "switches between SwiftDiT models: stays stock, its model ports retyped"
-
-
-def _drop_open_inputs(graph: UIGraph, p, role) -> None:
-    """Inputs of the stock node that ours lacks (MiniMaxH3ImageToVideo's first_frame / last_frame) go, with their
-    links to subgraph inputs that nothing outside feeds (a wired one keeps the node stock: the row's not_yet)."""
-    if not role.sockets:
-        return
-    keep = {name for name, _ in role.sockets}
-    node, scope = p.node, p.scope
-    for entry in list(node.get("inputs", [])):
-        if entry.get("widget") or entry.get("name") in keep:
-            continue
-        lid = entry.get("link")
-        if lid is not None:
-            link = scope.link(lid)
-            port = scope.body.get("inputs", [])[link["origin_slot"]] if link and link["origin_id"] == -10 else None
-            if port is None:
-                continue
-            if lid in port.get("linkIds", []):
-                port["linkIds"].remove(lid)
-            scope.body["links"].remove(scope.raw_links.pop(lid))
-        _reindex_after(scope, node, entry)
-
-
-def _reindex_after(scope, node: dict, entry: dict) -> None:
-    """Remove input `entry` of `node`; the links into its later inputs follow their slots."""
-    i = node["inputs"].index(entry)
-    node["inputs"].pop(i)
-    for later in node["inputs"][i:]:
-        if later.get("link") is not None and later["link"] in scope.raw_links:
-            raw = scope.raw_links[later["link"]]
-            if isinstance(raw, dict):
-                raw["target_slot"] -= 1
-            else:
-                raw[4] -= 1
 
 
 def _split_ui(fam: Family, wf: dict, loader: GNode, encodes: list) -> tuple:

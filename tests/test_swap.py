@@ -701,7 +701,7 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     assert problems(after) == [] and report.not_yet == []
     assert sorted(new for _, _, new in report.changed) == sorted(
         f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
-                                          "TextEncoderLoader", "TextToVideo", "Sampler"))
+                                          "TextEncoderLoader", "ImageToVideo", "Sampler"))
     inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
     kinds = {n["type"] for n in inner.values()}
     assert not kinds & {"SamplerCustomAdvanced", "RandomNoise", "BasicGuider", "KSamplerSelect", "BasicScheduler"}
@@ -709,7 +709,8 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     assert sampler["widgets_values"][3:7] == [1.0, "res_multistep", "simple", 1.0]
     assert {e["name"]: e.get("link") is not None for e in sampler["inputs"]} == {
         "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True}
-    assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae"]
+    assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae", "first_frame",
+                                                                               "last_frame"]
     assert inner[120]["type"] == "SwiftDiTMiniMaxH3AudioVAELoader" and inner[134]["mode"] == 2
     assert inner[135]["type"] == "ComfySwitchNode"
     src, out = tmp_path / "h3.json", tmp_path / "out.json"

@@ -295,7 +295,7 @@ def test_minimax_h3_t2v_reduced_for_the_host(host_info):
     prompt = to_api(wf, host_info)
     assert api_problems(prompt, host_info) == []
     t2v, sampler = prompt["140:131"], prompt["140:141"]
-    assert t2v["class_type"] == "SwiftDiTMiniMaxH3TextToVideo"
+    assert t2v["class_type"] == "SwiftDiTMiniMaxH3ImageToVideo"
     assert (t2v["inputs"]["width"], t2v["inputs"]["height"], t2v["inputs"]["length"]) == (864, 480, 124)
     assert sampler["class_type"] == "SwiftDiTMiniMaxH3Sampler"
     assert (sampler["inputs"]["sampler_name"], sampler["inputs"]["scheduler"]) == ("res_multistep", "simple")

@@ -315,9 +315,9 @@ class VideoEncoder:
             w[name] = read_tensor(ckpt, key, expected)
         return cls(shape, w, *_latent_stats(ckpt, p, latents_mean, latents_std, "VideoEncoder.load"))
 
-    def to(self, device: str | torch.device) -> VideoEncoder:
-        """The encoder on device, in f32 (diffusers pins it to f32); latents come back on the CPU."""
-        w = {k: v.to(device, torch.float32) for k, v in self.w.items()}
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoEncoder:
+        """The encoder on device in dtype (f32 by default: diffusers pins it to f32); latents come back on the CPU."""
+        w = {k: v.to(device, dtype) for k, v in self.w.items()}
         return type(self)(self.shape, w, self.latents_mean.to(device), self.latents_std.to(device))
 
     @torch.no_grad()

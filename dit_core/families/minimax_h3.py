@@ -389,6 +389,21 @@ class MiniMaxH3:
         return x0, audio + sigma_audio * v_audio.to(audio.dtype)
 
 
+def keyframe_rows(latents: list[torch.Tensor], height: int, width: int, seed: int | None,
+                  row_width: int) -> torch.Tensor:
+    """The condition frames' video rows [n x LH/2 x LW/2, 4C] as ComfyUI's H3 model forms them: each normalized
+    latent [1, C, 1, LH, LW] patchified and augmented 0.999 z + 0.001 n, n from a fresh CPU generator seeded with
+    `seed` for every frame (each restarts the same stream), f32. No latents: [0, row_width]."""
+    rows = []
+    for z in latents:
+        if z.dim() != 5 or z.shape[0] != 1 or z.shape[2] != 1 or tuple(z.shape[3:]) != (height, width):
+            raise ValueError(f"MiniMaxH3: a keyframe latent is [1, C, 1, {height}, {width}], got {tuple(z.shape)}")
+        r = patchify(z[0].float().cpu())
+        noise = torch.randn(r.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
+        rows.append(KEYFRAME_TIME * r + (1.0 - KEYFRAME_TIME) * noise)
+    return torch.cat(rows) if rows else torch.empty(0, row_width)
+
+
 def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_latents: int,
                seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The start noise ComfyUI draws for H3's AV latent (section 6, Noise): prepare_noise over its parts in order,
@@ -403,8 +418,9 @@ def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_lat
 def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, width: int, audio_latents: int,
                 steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
                 video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, sampler: str | None = None,
-                scheduler: str = "simple", callback=None, should_stop=None,
-                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                scheduler: str = "simple", keyframes: tuple[tuple[str, torch.Tensor], ...] = (),
+                text_tags: torch.Tensor | None = None, callback=None,
+                should_stop=None, check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
     2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
     height, width: the video latent's F, LH, LW (LH, LW even); audio_latents: Na per stereo channel; steps: forwards.
@@ -412,8 +428,11 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     sampler None: both streams walk diffusers' two grids with its Euler (h3_sigmas at video_shift and audio_shift);
     a ksampler sampler name ("euler", "res_multistep"): ComfyUI's way, that sampler on the `scheduler` grid of the
     video shift with the audio carried on it (sample_h3_comfy). One forward a step (guidance-distilled: no CFG).
-    callback and should_stop go to the loop unchanged (its callback sees row tensors); check() runs after each block
-    of every forward (it raises: ComfyUI's Cancel within a step)."""
+    keyframes: ("first" | "last", normalized latent [1, C, 1, LH, LW]) condition frames in packed order (i2v, first
+    and last frame), as ComfyUI's model adds them (keyframe_rows, with `seed`); passed to every forward, never
+    stepped (ComfyUI's way only). text_tags: the text rows' modality tags where the prompt holds pictures (vision
+    rows tag VIDEO); None: all TEXT. callback and should_stop go to the loop unchanged (its callback sees row
+    tensors); check() runs after each block of every forward (it raises: ComfyUI's Cancel within a step)."""
     if (seed is None) == (noise is None):
         raise ValueError("sample_t2va: give a seed or the initial noise, not both or neither")
     if text.dim() == 3:
@@ -426,13 +445,21 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     elif tuple(noise[0].shape) != shapes[0] or tuple(noise[1].shape) != shapes[1]:
         raise ValueError(f"sample_t2va: initial noise {tuple(noise[0].shape)}, {tuple(noise[1].shape)}; expected "
                          f"{shapes[0]}, {shapes[1]}")
-    layout = packed_layout(text.shape[0], frames, height, width, audio_latents)
+    if keyframes and (sampler is None or seed is None):
+        raise ValueError("sample_t2va: keyframes are added as ComfyUI adds them: give a sampler name and the seed")
+    if text_tags is not None and tuple(text_tags.shape) != (text.shape[0],):
+        raise ValueError(f"sample_t2va: {tuple(text_tags.shape)} text tags for {text.shape[0]} text rows")
+    layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height, width, audio_latents,
+                           keyframes=tuple(anchor for anchor, _ in keyframes))
+    conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed, 4 * model.arch.latents)
     txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
     video = patchify(noise[0][0].float())  # sigma 1: the start is the noise itself
     audio = audio_to_rows(noise[1].float())
 
     def denoised(v, a, sigma_video, sigma_audio):
-        return model.denoised(v, a, txt, layout, sigma_video, sigma_audio, check)
+        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(v), v)), a, txt, layout, sigma_video,
+                                            sigma_audio, check)
+        return x0_video[conditions.shape[0]:], x0_audio
 
     if sampler is None:
         video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),

@@ -129,3 +129,35 @@ def test_callback_stop_and_refusals(ours):
     with pytest.raises(ValueError, match="initial noise"):
         sample_t2va(ours, text, FRAMES, LH, LW, NA, 3, noise=(torch.zeros(1, C, FRAMES, LH, LW),
                                                                torch.zeros(1, CA, NA, 2)))
+
+
+def test_keyframes_as_comfyui_adds_them(ours, monkeypatch):
+    """i2v / first and last frame: each keyframe's rows reach every forward ahead of the target video rows as
+    0.999 z + 0.001 n (n from a fresh generator seeded with the seed, for each frame), are never stepped, and the
+    layout holds them (reference/families/minimax_h3.md section 6; ComfyUI's _cond_video_rows)."""
+    gen = torch.Generator().manual_seed(3)
+    first, last = (torch.randn(1, C, 1, LH, LW, generator=gen) for _ in range(2))
+    seen = []
+    denoised = MiniMaxH3.denoised
+
+    def spy(self, video, audio, txt, layout, sigma_video, sigma_audio, check=None):
+        seen.append((video.clone(), layout))
+        return denoised(self, video, audio, txt, layout, sigma_video, sigma_audio, check)
+
+    monkeypatch.setattr(MiniMaxH3, "denoised", spy)
+    out = sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="res_multistep",
+                      keyframes=(("first", first), ("last", last)))
+    n = LH // 2 * LW // 2
+    for latent, at in ((first, 0), (last, n)):
+        noise = torch.randn(n, 4 * C, generator=torch.Generator().manual_seed(5))
+        want = 0.999 * patchify(latent[0]) + 0.001 * noise
+        for video, layout in seen:
+            assert torch.equal(video[at:at + n], want) and layout.keyframes == 2 * n
+    assert len(seen) == 2 and all(v.shape[0] == 2 * n + FRAMES * n for v, _ in seen)
+    plain = sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="res_multistep")
+    assert out[0].shape == plain[0].shape and rel_err(out[0], plain[0]) > 1e-3  # the frames steer the video
+    with pytest.raises(ValueError, match="give a sampler name and the seed"):
+        sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, keyframes=(("first", first),))
+    with pytest.raises(ValueError, match=r"keyframe latent is \[1, C, 1, 4, 6\]"):
+        sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="euler",
+                    keyframes=(("first", first[:, :, :, :2]),))

@@ -36,7 +36,7 @@ def pack(swiftdit_pack):
     import swiftdit_pack.nodes.minimax_h3 as h
     from swiftdit_pack.nodes.base import text_encoder_loader
     from swiftdit_pack.dit_core.codecs.h3_audio_vae import AudioDecoder  # the pack's: it reads the pack's Checkpoint
-    from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder
+    from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder, VideoEncoder
     from swiftdit_pack.dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 
     class TinyH3TextEncoder(MiniMaxH3TextEncoder):  # the tiny Qwen3-VL: layer 6 of 8, its own width
@@ -54,6 +54,11 @@ def pack(swiftdit_pack):
         def load(cls, source):
             return super().load(source, head_dim=16)
 
+    class TinyVideoEncoder(VideoEncoder):  # the tiny video VAE's norm groups (H3's 32 by default)
+        @classmethod
+        def load(cls, source):
+            return super().load(source, groups=VIDEO_VAE.CONFIG["norm_num_groups"])
+
     patch = pytest.MonkeyPatch()
     tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY)
     patch.setattr(h, "load_text_encoder", tiny)
@@ -64,6 +69,8 @@ def pack(swiftdit_pack):
     video = h.vae_loader(TinyVideoDecoder, "video VAE", "vae", torch.bfloat16)
     patch.setattr(h, "load_video_vae", video)
     patch.setattr(h.MiniMaxH3VAELoader, "load", staticmethod(video))
+    patch.setattr(h, "load_video_encoder", h.vae_loader(TinyVideoEncoder, "video VAE", "vae", torch.float32,
+                                                        " encoder"))
     patch.setattr(h, "AUDIO_CHANNELS", TINY_AUDIO_CHANNELS)
     h.TinyH3TextEncoder, h.TinyAudioDecoder = TinyH3TextEncoder, TinyAudioDecoder
     yield h
@@ -106,7 +113,8 @@ CONTRACT = {
     "SwiftDiTMiniMaxH3Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTMiniMaxH3TextEncode": (["text", "clip"], "CONDITIONING"),
-    "SwiftDiTMiniMaxH3TextToVideo": (["clip", "vae", "prompt", "width", "height", "length"],
+    "SwiftDiTMiniMaxH3ImageToVideo": (["clip", "vae", "first_frame", "last_frame", "prompt", "width", "height",
+                                       "length"],
                                      ["CONDITIONING", "LATENT"]),
     "SwiftDiTMiniMaxH3Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                   "negative", "latent_image", "denoise"], "LATENT"),
@@ -123,7 +131,7 @@ def test_schemas_follow_the_contract(pack):
     assert (sampler["steps"].default, sampler["sampler_name"].default, sampler["scheduler"].default) == \
         (20, "res_multistep", "simple")  # the t2v template's 20 steps, sampler and scheduler
     assert sampler["sampler_name"].options == ["euler", "res_multistep"] and "beta" in sampler["scheduler"].options
-    t2v = {i.id: i for i in pack.MiniMaxH3TextToVideo.GET_SCHEMA().inputs}
+    t2v = {i.id: i for i in pack.MiniMaxH3ImageToVideo.GET_SCHEMA().inputs}
     assert (t2v["width"].default, t2v["height"].default, t2v["length"].default) == (864, 480, 124)
     assert next(i for i in pack.MiniMaxH3TextEncoderLoader.GET_SCHEMA().inputs if i.id == "type").default == \
         "minimax"
@@ -138,7 +146,7 @@ def graph(h, seed=11, steps=2, length=LENGTH):
     (clip,) = run(h.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
     (video_vae,) = run(h.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
     (audio_vae,) = run(h.MiniMaxH3AudioVAELoader, vae_name="h3_audio_vae.safetensors")
-    positive, latent = run(h.MiniMaxH3TextToVideo, clip=clip, vae=video_vae, prompt=PROMPT, width=WIDTH,
+    positive, latent = run(h.MiniMaxH3ImageToVideo, clip=clip, vae=video_vae, prompt=PROMPT, width=WIDTH,
                            height=HEIGHT, length=length)
     negative = [[torch.zeros_like(positive[0][0]), {"pooled_output": None}]]  # ConditioningZeroOut
     (samples,) = run(h.MiniMaxH3Sampler, model=model, seed=seed, steps=steps, cfg=1.0, sampler_name="res_multistep",
@@ -197,8 +205,8 @@ def test_errors_name_node_and_input(pack, models):
     for change, message in [({"length": 124 - 1}, "length: 123 frames is not 17n \\+ 5.*use 107 or 124"),
                             ({"length": 4}, "length: 4 frames is not 17n \\+ 5.*use 5"),
                             ({"width": 48}, "width: 48 is not a multiple of 32")]:
-        with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3TextToVideo · {message}"):
-            run(pack.MiniMaxH3TextToVideo, **{**t2v, **change})
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3ImageToVideo · {message}"):
+            run(pack.MiniMaxH3ImageToVideo, **{**t2v, **change})
     kw = dict(model=g["model"], seed=0, steps=1, cfg=1.0, sampler_name="euler", scheduler="simple",
               positive=g["positive"], negative=g["negative"], latent_image=g["latent"], denoise=1.0)
     for change, message in [({"model": ModelHandle("z_image", g["model"].path, "stored")}, "model: a z_image model"),
@@ -212,3 +220,37 @@ def test_errors_name_node_and_input(pack, models):
         run(pack.MiniMaxH3VAEDecodeAudio, samples=g["samples"], vae=g["video_vae"])
     with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3VAEDecode · vae: a MiniMax H3 audio VAE"):
         run(pack.MiniMaxH3VAEDecode, samples=g["samples"], vae=g["audio_vae"])
+
+
+def test_first_and_last_frame(pack, models):
+    """Image To Video with frames as ComfyUI's: the first frame stretched and the last one cropped to the canvas
+    (lanczos), each encoded by the video VAE (the posterior mean, one latent frame) into the positive's
+    minimax_keyframes at frames 0 and length - 1; the sampler adds them as keyframe rows (sample_t2va's keyframes)."""
+    import comfy.utils
+    from dit_core.codecs.h3_video_vae import VideoEncoder
+    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    gen = torch.Generator().manual_seed(2)
+    first, last = torch.rand(2, 50, 70, 3, generator=gen), torch.rand(1, 120, 60, 3, generator=gen)
+    (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
+    (vae,) = run(pack.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
+    positive, latent = run(pack.MiniMaxH3ImageToVideo, clip=clip, vae=vae, first_frame=first, last_frame=last,
+                           prompt=PROMPT, width=WIDTH, height=HEIGHT, length=LENGTH)
+    encoder = VideoEncoder.load(models / "vae" / "h3_video_vae.safetensors", groups=VIDEO_VAE.CONFIG["norm_num_groups"])
+    kf = positive[0][1]["minimax_keyframes"]
+    assert [k["resolved_frame_index"] for k in kf] == [0, LENGTH - 1]
+    for k, image, crop in ((kf[0], first, "disabled"), (kf[1], last, "center")):
+        pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), WIDTH, HEIGHT, "lanczos", crop).movedim(1, -1)
+        assert torch.equal(k["latent"], encoder.encode(pixels, tile=None))
+        assert k["latent"].shape == (1, 24, 1, HEIGHT // 16, WIDTH // 16)
+    (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
+                   linears="as stored")
+    (samples,) = run(pack.MiniMaxH3Sampler, model=model, seed=4, steps=2, cfg=1.0, sampler_name="res_multistep",
+                     scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
+    dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    video, audio = sample_t2va(dit, positive[0][0], 7, 6, 4, 37, 2, seed=4, sampler="res_multistep",
+                               keyframes=(("first", kf[0]["latent"]), ("last", kf[1]["latent"])))
+    assert torch.equal(samples["samples"].tensors[0], video) and torch.equal(samples["samples"].tensors[1], audio)
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3ImageToVideo · vae: a first or last frame"):
+        run(pack.MiniMaxH3ImageToVideo, clip=clip, first_frame=first, prompt=PROMPT, width=WIDTH, height=HEIGHT,
+            length=LENGTH)
