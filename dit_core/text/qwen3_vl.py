@@ -6,18 +6,26 @@ Flux3TextEncoderStep). Krea 2: hidden states 2, 5, ..., 35 stacked per token, ov
 assistant suffix] less the prefix's 34 rows (reference/families/krea2.md section 6, the text encoder;
 diffusers' Krea2Pipeline.get_text_hidden_states). MiniMax H3: hidden_states[50] of Qwen3-VL-32B over the prompt
 tokenized verbatim (reference/families/minimax_h3.md section 8; diffusers' MiniMaxH3TextEncoderStep): the same model
-class at another size, so a subclass here rather than a file of its own."""
+class at another size, so a subclass here rather than a file of its own; with keyframe or reference pictures, each
+prepended as a "<Picture i>: " label and a block of Qwen3-VL vision rows (the file's vision tower, ComfyUI's
+comfy/text_encoders/minimax.py MiniMaxH3Tokenizer; diffusers' MiniMaxH3FL2VATextEncoderStep)."""
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
-from transformers import Qwen3VLTextConfig, Qwen3VLTextModel
+import torch.nn.functional as F
+from transformers import Qwen3VLTextConfig, Qwen3VLTextModel, Qwen3VLVisionConfig, Qwen3VLVisionModel
 
-from ..weights import Checkpoint, WeightsError
+from ..families.minimax_h3 import TEXT as H3_TEXT_TAG
+from ..families.minimax_h3 import VIDEO as H3_VISION_TAG
+from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
 from .loading import (
     CHAT_TEMPLATE,
     RMS_EPS,
@@ -46,6 +54,14 @@ KREA2_MAX_LENGTH = 512 + KREA2_PREFIX_ROWS - 5  # prefix and prompt tokens diffu
 ROPE_THETA = 5_000_000.0
 MAX_POSITIONS = 262_144
 VISION_MARKERS = ("visual.", "vision_tower.")
+
+
+class VisionRows(NamedTuple):
+    """Pictures inside a prompt: rows [L] bool (the rows they take), embeds [n, hidden] (the vision tower's merged
+    rows, in row order) and deepstack (one [n, hidden] a DeepStack merger, added after decoder layers 0, 1, ...)."""
+    rows: torch.Tensor
+    embeds: torch.Tensor
+    deepstack: list[torch.Tensor]
 
 
 class KleinPromptTokenizer:
@@ -149,12 +165,23 @@ class Qwen3VLTextEncoder(TextEncoder):
         return torch.cat(self.hidden_states(padded, mask, positions, check), dim=-1).float()
 
     def hidden_states(self, ids: list[int], mask: torch.Tensor | None = None, positions: torch.Tensor | None = None,
-                      check: Callable[[], None] | None = None) -> list[torch.Tensor]:
+                      check: Callable[[], None] | None = None,
+                      vision: VisionRows | None = None) -> list[torch.Tensor]:
         """hidden_states[k] [1, L, hidden] for k in layers, of ids (mask [1, L]: keys of 0 unseen; positions [1, L]:
-        the same on every mRoPE axis, as text rows have them; default 0..L-1); check() before each layer."""
+        the same on every mRoPE axis, as text rows have them, or [3, 1, L] per axis; default 0..L-1); vision: rows
+        that replace the embeddings of its rows; check() before each layer."""
         input_ids = torch.tensor([ids], device=self.device)
         if positions is None:
             positions = torch.arange(len(ids), device=self.device)[None]
+        inputs = {"input_ids": input_ids}
+        if vision is not None:
+            # transformers' Qwen3VLModel.forward: the merged vision rows replace the pad embeddings, and DeepStack
+            # adds the deeper vision features to the same rows after the first decoder layers.
+            embeds = self.model.embed_tokens(input_ids)
+            rows = vision.rows.to(self.device)[None]
+            embeds[rows] = vision.embeds.to(embeds)
+            inputs = {"inputs_embeds": embeds, "visual_pos_masks": rows,
+                      "deepstack_visual_embeds": [d.to(embeds) for d in vision.deepstack]}
         # Keep only the tapped states (hooks) rather than all of output_hidden_states: 33 x [8192, 2560] is 2.7 GB.
         taps: dict[int, torch.Tensor] = {}
 
@@ -167,7 +194,7 @@ class Qwen3VLTextEncoder(TextEncoder):
         handles = [m.register_forward_hook(keep(k)) for k, m in modules.items()]
         try:
             with checked_layers(self.model.layers, check):
-                self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False)
+                self.model(**inputs, attention_mask=mask, position_ids=positions, use_cache=False)
         finally:
             for h in handles:
                 h.remove()
@@ -227,26 +254,183 @@ def _marker_format(ckpt: Checkpoint, key: str) -> str | None:
     return marker.get("format") if isinstance(marker, dict) else None
 
 
+# Qwen3-VL's vision tokens (transformers' Qwen3VLConfig; the same ids in ComfyUI's qwen25_tokenizer).
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
+# Tokens the release's tokenizer adds, ids 151669.. in this order (ComfyUI's minimax.py MINIMAX_EXTRA_TOKENS, added
+# to the same qwen25_tokenizer): typed in a prompt, each is one token, not its characters.
+H3_EXTRA_TOKENS = ("<d>", "</d>", "<|cutoff|>", "<|lyrics_start|>", "<|lyrics_end|>", "<|caption_start|>",
+                   "<|caption_end|>")
+# Picture preprocessing as ComfyUI's Qwen3VL.preprocess_embed calls comfy/text_encoders/qwen_vl.py
+# process_qwen2vl_images: resized (bilinear) so each side is a multiple of patch x merge, with at least MIN and at
+# most MAX pixels, then mapped from [0, 1] to [-1, 1]. diffusers' Qwen3-VL processor keeps the same grid rule with
+# other bounds (65536, 16777216 pixels) and resizes bicubic from 8-bit pixels; on H3's canvases (sides multiples of
+# 32, under 1 MP) neither resizes, and both agree.
+VISION_MIN_PIXELS, VISION_MAX_PIXELS = 3136, 12845056
+VISION_MEAN, VISION_STD = 0.5, 0.5
+# Qwen3-VL-32B's vision tower: facts its tensors do not carry (ComfyUI's QWEN3VL_VISION["qwen3vl_32b"] and
+# QWEN3VL_VISION_COMMON; the model's config.json).
+H3_VISION_HEADS = 16
+H3_DEEPSTACK_LAYERS = (8, 16, 24)  # vision blocks whose outputs DeepStack feeds to decoder layers 0, 1, 2
+VISION_ROOTS = ("visual.", "model.visual.")  # ComfyUI's layout; transformers' Qwen3VLForConditionalGeneration
+
+
+def picture_size(height: int, width: int, factor: int, min_pixels: int = VISION_MIN_PIXELS,
+                 max_pixels: int = VISION_MAX_PIXELS) -> tuple[int, int]:
+    """(height, width) a picture is resized to before patching: each side rounded to a multiple of factor, then,
+    if outside [min_pixels, max_pixels], both sides scaled by one factor (down with floor, up with ceil) to fit
+    (Qwen2-VL's smart_resize, as ComfyUI's process_qwen2vl_images applies it)."""
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h = max(factor, math.floor(height / beta / factor) * factor)
+        w = max(factor, math.floor(width / beta / factor) * factor)
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def picture_patches(image: torch.Tensor, patch: int, temporal_patch: int, merge: int) -> tuple[torch.Tensor,
+                                                                                               tuple[int, int]]:
+    """A ComfyUI IMAGE [1, H, W, C] in [0, 1] -> (patches [gh * gw, 3 * temporal_patch * patch^2], (gh, gw)): the
+    picture resized (picture_size), normalized, repeated over the temporal patch (a still picture) and cut into
+    patches, those of each merge x merge block consecutive (the vision tower's merger reads them so)."""
+    if image.dim() != 4 or image.shape[0] != 1 or image.shape[-1] < 3:
+        raise ValueError(f"MiniMax H3 pictures are IMAGE tensors [1, H, W, 3], got {tuple(image.shape)}")
+    height, width = image.shape[1:3]
+    h, w = picture_size(height, width, patch * merge)
+    pixels = image[0, :, :, :3].permute(2, 0, 1)[None].float()
+    pixels = F.interpolate(pixels, size=(h, w), mode="bilinear", align_corners=False)[0]
+    pixels = ((pixels - VISION_MEAN) / VISION_STD).expand(temporal_patch, -1, -1, -1)  # [T, C, h, w]
+    gh, gw = h // patch, w // patch
+    blocks = pixels.reshape(temporal_patch, 3, gh // merge, merge, patch, gw // merge, merge, patch)
+    blocks = blocks.permute(2, 5, 3, 6, 1, 0, 4, 7)  # (block row, block col, row in block, col in block, C, T, p, p)
+    return blocks.reshape(gh * gw, 3 * temporal_patch * patch * patch), (gh, gw)
+
+
+def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device, heads: int,
+                      deepstack_layers: tuple[int, ...], out_hidden: int) -> Qwen3VLVisionModel | None:
+    """transformers' Qwen3-VL vision tower of a file (under one of VISION_ROOTS), sizes from its tensors, built on
+    meta and given the stored tensors as dtype on device; None when the file has none; WeightsError unless its rows
+    are out_hidden wide (the text model's). heads and deepstack_layers are not in the tensors: the caller's
+    (Qwen3-VL-32B's: H3_VISION_HEADS, H3_DEEPSTACK_LAYERS)."""
+    root = next((r for r in VISION_ROOTS if f"{r}patch_embed.proj.weight" in ckpt), None)
+    if root is None:
+        return None
+    name = ckpt.path.name
+    hidden, channels, temporal_patch, patch, _ = ckpt.shape(f"{root}patch_embed.proj.weight")
+    numbered = re.compile(re.escape(root) + r"(blocks|deepstack_merger_list)\.(\d+)\.")
+    counts = {"blocks": 0, "deepstack_merger_list": 0}
+    for key in ckpt.keys():
+        if m := numbered.match(key):
+            counts[m.group(1)] = max(counts[m.group(1)], int(m.group(2)) + 1)
+    rows_width, merge_dim = ckpt.shape(f"{root}merger.linear_fc2.weight")
+    if rows_width != out_hidden:
+        raise WeightsError(f"{name}: the vision tower gives rows {rows_width} wide, the text model is {out_hidden} "
+                           f"wide")
+    merge = math.isqrt(merge_dim // hidden)
+    depth = counts["blocks"]
+    if (len(deepstack_layers) != counts["deepstack_merger_list"] or max(deepstack_layers, default=0) >= depth
+            or hidden % heads or merge * merge * hidden != merge_dim):
+        raise WeightsError(f"{name}: vision tower of {depth} blocks {hidden} wide, {counts['deepstack_merger_list']} "
+                           f"DeepStack mergers, merger input {merge_dim}: does not fit {heads} heads and DeepStack "
+                           f"layers {list(deepstack_layers)} (Qwen3-VL-32B's); another model's vision tower?")
+    config = Qwen3VLVisionConfig(
+        depth=depth, hidden_size=hidden, intermediate_size=ckpt.shape(f"{root}blocks.0.mlp.linear_fc1.weight")[0],
+        num_heads=heads, in_channels=channels, patch_size=patch, temporal_patch_size=temporal_patch,
+        spatial_merge_size=merge, out_hidden_size=out_hidden,
+        num_position_embeddings=ckpt.shape(f"{root}pos_embed.weight")[0],
+        deepstack_visual_indexes=list(deepstack_layers))
+    with torch.device("meta"):
+        model = Qwen3VLVisionModel(config)
+    markers = ckpt.quantization_markers()
+    state = {}
+    for key, meta in model.state_dict().items():
+        if isinstance(model.get_submodule(key.rsplit(".", 1)[0]), torch.nn.Linear):
+            if key.endswith(".weight"):  # its bias is read with it
+                lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers)
+                state[key] = (lin.dequantized() if lin.quantized else lin.weight).to(device, dtype)
+                state[key.removesuffix("weight") + "bias"] = lin.bias.to(device, dtype)
+        else:
+            state[key] = read_tensor(ckpt, root + key, tuple(meta.shape), dtype, device)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise WeightsError(f"{name}: vision tower tensors do not fit a Qwen3-VL vision tower ({e})") from e
+    # inv_freq is a non-persistent buffer, still on meta: computed for real, in f32 (as the text model's).
+    model.rotary_pos_emb = type(model.rotary_pos_emb)(config)
+    return model.to(device).eval()
+
+
+class Presentation(NamedTuple):
+    """H3's tokenized presentation: ids, tags (H3's modality tag of each row), positions [3, L] (the mRoPE
+    position of each row on the t, h, w axes) and vision [L] bool (the rows the pictures' vision rows take)."""
+    ids: list[int]
+    tags: list[int]
+    positions: torch.Tensor
+    vision: torch.Tensor
+
+
 class VerbatimTokenizer:
     """Qwen2 BPE of the prompt as typed: no template, no special tokens added (diffusers' MiniMaxH3TextEncoderStep:
-    tokenizer(prompt, add_special_tokens=False)); special tokens typed in the prompt count as such, as there."""
+    tokenizer(prompt, add_special_tokens=False)); special tokens typed in the prompt count as such, as there (the
+    release's extra ones too, H3_EXTRA_TOKENS)."""
 
     def __init__(self, tokenizer_dir: str | os.PathLike):
         self.tokenizer = load_tokenizer(tokenizer_dir)
+        self.tokenizer.add_special_tokens({"additional_special_tokens": list(H3_EXTRA_TOKENS)})
+
+    def segment(self, text: str) -> list[int]:
+        """The ids of a piece of the presentation (none for an empty one)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def __call__(self, prompt: str) -> list[int]:
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        ids = self.segment(prompt)
         if not ids:
             # No template around it: an empty prompt has no token, and H3's text rows would be none at all.
             raise ValueError("the prompt is empty; MiniMax H3 encodes the prompt alone, so it needs at least one "
                              "token")
         return ids
 
+    def presentation(self, prompt: str, grids: Sequence[tuple[int, int]] = ()) -> Presentation:
+        """Per picture (its merged vision grid gh x gw, in order) the text "<Picture i>: " and a vision block
+        (<|vision_start|>, gh * gw image pads, <|vision_end|>), then the prompt (ComfyUI's MiniMaxH3Tokenizer; each
+        piece tokenized alone, as there and in diffusers). Tags: text rows H3_TEXT_TAG, a vision block's rows, its
+        start and end included, H3_VISION_TAG. Positions (transformers' Qwen3VLModel.get_rope_index, ComfyUI's
+        qwen2vl_mrope_position_ids): a text row at cursor c is (c, c, c) and moves it by 1; a picture's rows are
+        (c, c + row, c + column) and move it by max(gh, gw). A pad token typed in the prompt stays a text row."""
+        ids, tags, positions, vision = [], [], [], []
+        cursor = 0
+
+        def add(piece: list[int], tag: int, grid: tuple[int, int] | None = None):
+            """Rows of text, or (grid given) a picture's pads."""
+            nonlocal cursor
+            ids.extend(piece)
+            tags.extend([tag] * len(piece))
+            vision.extend([grid is not None] * len(piece))
+            if grid is None:
+                positions.append(cursor + torch.arange(len(piece)).expand(3, -1))
+                cursor += len(piece)
+            else:
+                rows, cols = (a.reshape(-1) for a in torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]),
+                                                                    indexing="ij"))
+                positions.append(cursor + torch.stack([torch.zeros_like(rows), rows, cols]))
+                cursor += max(grid)
+
+        for i, (gh, gw) in enumerate(grids, 1):
+            add(self.segment(f"<Picture {i}>: "), H3_TEXT_TAG)
+            add([VISION_START_ID], H3_VISION_TAG)
+            add([IMAGE_PAD_ID] * (gh * gw), H3_VISION_TAG, (gh, gw))
+            add([VISION_END_ID], H3_VISION_TAG)
+        add(self.segment(prompt) if grids else self(prompt), H3_TEXT_TAG)
+        return Presentation(ids, tags, torch.cat(positions, dim=1), torch.tensor(vision))
+
 
 class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
     """Prompt -> MiniMax H3's text rows [1, Nt, 5120] f32: hidden_states[LAYER] (the output of decoder layer 50,
     before the final norm) of Qwen3-VL-32B's text model over the prompt tokenized verbatim, no padding, positions
-    0..Nt-1 (text rows: the same on every mRoPE axis), every key seen. Only the first LAYER layers are built."""
+    0..Nt-1 (text rows: the same on every mRoPE axis), every key seen. Only the first LAYER layers are built.
+    With pictures (encode_tagged), the file's vision tower reads them into vision rows inside the prompt."""
 
     LAYER = 50  # diffusers' text_encoder_layer
     HIDDEN = 5120  # Qwen3-VL-32B's width, H3's text_dim
@@ -254,6 +438,13 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
               f"'model.language_model.layers...'): {H3_INT8_FILE} for MiniMax H3 (CLIPLoader type minimax)")
     NEEDS = f"MiniMax H3 needs Qwen3-VL-32B, hidden 5120: {H3_INT8_FILE}"
     NEEDS_VL = f"MiniMax H3 needs Qwen3-VL-32B's ({H3_INT8_FILE})"
+
+    def __init__(self, model: Qwen3VLTextModel, tokenizer: VerbatimTokenizer, layers: tuple[int, ...],
+                 vision: Qwen3VLVisionModel | None = None,
+                 no_vision: str = "the text encoder was loaded without a vision tower"):
+        super().__init__(model, tokenizer, layers)
+        self.vision = vision
+        self.no_vision = no_vision  # why there is none (naming the file): the error of pictures given without one
 
     @classmethod
     def model_root(cls, ckpt: Checkpoint) -> str:
@@ -269,21 +460,70 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
         return root
 
     @classmethod
-    def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu", int8_linears: bool | None = None, *, layer: int = LAYER,
-             expected_hidden: int | None = HIDDEN) -> MiniMaxH3TextEncoder:
+    def load(cls, path: str | os.PathLike | Checkpoint, tokenizer_dir: str | os.PathLike,
+             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+             int8_linears: bool | None = None, *, layer: int = LAYER,
+             expected_hidden: int | None = HIDDEN, vision_heads: int = H3_VISION_HEADS,
+             deepstack_layers: tuple[int, ...] = H3_DEEPSTACK_LAYERS) -> MiniMaxH3TextEncoder:
         """From a Qwen3-VL-32B file (CLIPLoader type minimax: qwen3vl_32b_minimax_h3_int8_convrot.safetensors; any
         layout and linear format Qwen3VLTextEncoder.load reads, NVFP4/AWQ refused) and ComfyUI's qwen25_tokenizer
-        folder; only the first `layer` layers are read. layer and expected_hidden are H3's (50, 5120); tests on tiny
-        models pass their own (a middle layer, their width; None skips the width check)."""
+        folder (path: a file or an open Checkpoint); only the first `layer` layers are read, and the vision tower
+        (dtype, on device) when the file has one that fits (if not, prompts still encode and pictures are refused,
+        saying why). layer, expected_hidden, vision_heads and deepstack_layers are H3's (50, 5120, 16, (8, 16, 24));
+        tests on tiny models pass their own (a middle layer, their width, ...; None skips the width check)."""
         if layer < 1:
             raise ValueError(f"MiniMaxH3TextEncoder: layer must be a decoder layer's output (>= 1), got {layer}")
         tokenizer = VerbatimTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        model = cls.load_model(path, dtype, device, expected_hidden, int8_linears, n_layers=layer)
-        return cls(model, tokenizer, (layer,))
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        model = cls.load_model(ckpt, dtype, device, expected_hidden, int8_linears, n_layers=layer)
+        no_vision = (f"{ckpt.path.name}: has no vision tower (no 'visual.*' tensors); MiniMax H3's keyframe and "
+                     f"reference pictures need the Qwen3-VL-32B text encoder file with its vision tower")
+        try:
+            vision = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, model.config.hidden_size)
+        except WeightsError as e:
+            # Prompts alone do not need it: said now, refused when pictures come.
+            log.warning("%s; pictures cannot be read", e)
+            vision, no_vision = None, str(e)
+        return cls(model, tokenizer, (layer,), vision, no_vision)
 
     @torch.no_grad()
     def encode_ids(self, ids: list[int] | torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Rows [1, len(ids), hidden] f32; no mask (diffusers passes all ones: every row valid); check() before
         each layer."""
         return self.hidden_states(self.checked_ids(ids), check=check)[0].float()
+
+    @torch.no_grad()
+    def encode_tagged(self, prompt: str, images: Sequence[torch.Tensor] = (),
+                      check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [1, Nt, hidden] f32, tags [Nt] int64) of the prompt after its pictures (ComfyUI IMAGE tensors
+        [1, H, W, 3] in [0, 1], as MiniMaxH3ImageToVideo passes them to clip.tokenize: already on the canvas; in
+        order, "<Picture 1>" first): VerbatimTokenizer.presentation's rows, tags H3_TEXT_TAG for text and
+        H3_VISION_TAG for a vision block's rows. Without pictures the rows are encode(prompt)'s. check() before each
+        picture and each layer."""
+        if images and self.vision is None:
+            raise WeightsError(f"{self.no_vision}; cannot read the {len(images)} picture(s) given")
+        embeds, deepstack, grids = [], [], []
+        for image in images:
+            if check is not None:
+                check()
+            merged, deep, grid = self.picture_rows(image)
+            embeds.append(merged)
+            deepstack.append(deep)
+            grids.append(grid)
+        shown = self.tokenizer.presentation(prompt, grids)
+        vision = None
+        if images:
+            vision = VisionRows(shown.vision, torch.cat(embeds), [torch.cat(d) for d in zip(*deepstack)])
+        rows = self.hidden_states(shown.ids, positions=shown.positions[:, None].to(self.device), check=check,
+                                  vision=vision)[0]
+        return rows.float(), torch.tensor(shown.tags, dtype=torch.long)
+
+    def picture_rows(self, image: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], tuple[int, int]]:
+        """One picture through the vision tower: its merged rows [n, hidden], its DeepStack features (one [n, hidden]
+        a DeepStack layer) and its merged grid (gh, gw), n = gh * gw."""
+        config = self.vision.config
+        merge = config.spatial_merge_size
+        patches, (gh, gw) = picture_patches(image, config.patch_size, config.temporal_patch_size, merge)
+        weight = self.vision.patch_embed.proj.weight
+        out = self.vision(patches.to(weight.device, weight.dtype), torch.tensor([[1, gh, gw]], device=weight.device))
+        return out.pooler_output, out.deepstack_features, (gh // merge, gw // merge)

@@ -1,17 +1,22 @@
 """MiniMax H3's text rows (dit_core/text/qwen3_vl.py MiniMaxH3TextEncoder) vs transformers' hidden_states[k] and
 diffusers' get_qwen3vl_prompt_embeds on a tiny random Qwen3-VL, its verbatim tokenization vs the Qwen2 tokenizer,
-and its refusals (wrong width, the NVFP4-AWQ file)."""
+and its refusals (wrong width, the NVFP4-AWQ file); with pictures (encode_tagged: "<Picture i>: " labels and vision
+blocks through the file's vision tower), rows and tags vs diffusers' MiniMaxH3FL2VATextEncoderStep."""
 import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import COMFYUI_TREE, rel_err
+from PIL import Image
 from safetensors.torch import save_file
-from tiny_models import QWEN3_VL_TEXT_TINY, int8_convrot_state, qwen3_vl_layout, random_qwen3_vl
+from tiny_models import (QWEN3_VL_TEXT_TINY, QWEN3_VL_VISION_TINY, int8_convrot_state, qwen3_vl_layout,
+                         random_qwen3_vl)
 from transformers import Qwen2Tokenizer
 
-from dit_core.text.qwen3_vl import H3_INT8_FILE, MiniMaxH3TextEncoder
+from dit_core.families.minimax_h3 import TEXT, VIDEO
+from dit_core.text.qwen3_vl import (H3_EXTRA_TOKENS, H3_INT8_FILE, IMAGE_PAD_ID, VISION_MAX_PIXELS,
+                                    VISION_MIN_PIXELS, MiniMaxH3TextEncoder, picture_size)
 from dit_core.weights import WeightsError
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
@@ -45,6 +50,10 @@ def files(reference, tmp_path_factory):
 
 
 def load(path, **kw):
+    """The tiny model's encoder: its layer, width, and its vision tower's heads and DeepStack layer (H3's are not
+    in the tensors either)."""
+    kw = {"vision_heads": QWEN3_VL_VISION_TINY["num_heads"],
+          "deepstack_layers": tuple(QWEN3_VL_VISION_TINY["deepstack_visual_indexes"]), **kw}
     return MiniMaxH3TextEncoder.load(path, TOKENIZER_DIR, layer=TINY_LAYER, expected_hidden=HIDDEN, **kw)
 
 
@@ -180,3 +189,158 @@ def test_nvfp4_file_is_refused_naming_the_int8_file(tmp_path, reference, fmt, wh
     with pytest.raises(WeightsError, match=rf"qwen3vl_32b_minimax_h3_nvfp4_awq\.safetensors: .*{fmt}.*"
                                            rf"use the drop-in {H3_INT8_FILE}"):
         load(path)
+
+
+# --- pictures ---------------------------------------------------------------------------------------------------
+
+PATCH, MERGE = QWEN3_VL_VISION_TINY["patch_size"], QWEN3_VL_VISION_TINY["spatial_merge_size"]
+# 8-bit pixels (as a resized keyframe is), sides on the tiny tower's grid (patch 4 x merge 2): neither ComfyUI's
+# resize nor diffusers' changes them, so both read the same pixels. A landscape and a portrait one: unequal grids.
+PICTURE_SIZES = ((64, 96), (96, 64))
+
+
+@pytest.fixture(scope="module")
+def pictures():
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(0, 256, (h, w, 3), generator=g, dtype=torch.uint8) for h, w in PICTURE_SIZES]
+
+
+def as_image(pixels: torch.Tensor) -> torch.Tensor:
+    """A ComfyUI IMAGE [1, H, W, 3] in [0, 1]."""
+    return (pixels.float() / 255)[None]
+
+
+def diffusers_fl2va(reference, prompt: str, pixels: list[torch.Tensor]):
+    """diffusers' MiniMaxH3FL2VATextEncoderStep on the reference model: (prompt_embeds, text_token_tags). The
+    processor's image part is Qwen3-VL's (patch and merge of the tiny tower, mean and std 0.5) with ComfyUI's pixel
+    bounds, on its PIL backend (transformers' default one needs torchvision); its token types as Qwen3VLProcessor
+    derives them (image pads 1, the rest 0)."""
+    from diffusers.modular_pipelines import PipelineState
+    from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3FL2VATextEncoderStep
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    image_processor = Qwen2VLImageProcessorPil(
+        patch_size=PATCH, merge_size=MERGE, temporal_patch_size=QWEN3_VL_VISION_TINY["temporal_patch_size"],
+        image_mean=[0.5] * 3, image_std=[0.5] * 3, min_pixels=VISION_MIN_PIXELS, max_pixels=VISION_MAX_PIXELS)
+    processor = SimpleNamespace(image_processor=image_processor, create_mm_token_type_ids=lambda batch: [
+        [int(t == IMAGE_PAD_ID) for t in ids] for ids in batch])
+    components = SimpleNamespace(tokenizer=Qwen2Tokenizer.from_pretrained(str(TOKENIZER_DIR)), processor=processor,
+                                 text_encoder=reference, text_encoder_layer=TINY_LAYER,
+                                 _execution_device=torch.device("cpu"), text_tag=TEXT, video_tag=VIDEO)
+    state = PipelineState()
+    state.set("prompt", prompt)
+    state.set("keyframes", [Image.fromarray(p.numpy()) for p in pixels])
+    with torch.no_grad():
+        _, state = MiniMaxH3FL2VATextEncoderStep()(components, state)
+    return state.get("prompt_embeds"), state.get("text_token_tags")
+
+
+@pytest.mark.parametrize("count,prompt", [(1, PROMPTS["english"]), (2, PROMPTS["unicode"]), (1, "")],
+                         ids=["one", "two", "no_prompt"])
+def test_pictures_match_diffusers(count, prompt, encoder, reference, pictures):
+    """One picture (fl2va's first or last frame alone), two (both), and pictures without a prompt: rows within
+    1e-4 (0 measured: the same transformers modules on the same pixels), tags equal."""
+    rows, tags = encoder.encode_tagged(prompt, [as_image(p) for p in pictures[:count]])
+    want_rows, want_tags = diffusers_fl2va(reference, prompt, pictures[:count])
+    assert rows.shape == want_rows.shape and rows.dtype == torch.float32
+    assert rel_err(rows, want_rows) <= 1e-4
+    assert torch.equal(tags, want_tags)
+
+
+def test_picture_rows_and_tags_layout(encoder, pictures, tokenizer):
+    """Per picture "<Picture i>: " (text tags), then <|vision_start|>, (H/8)(W/8) image pads and <|vision_end|>
+    tagged as video (tag 0, minimax_h3.md section 8: "those rows tag 0"), then the prompt (text tags)."""
+    assert (VIDEO, TEXT) == (0, 1)
+    rows, tags = encoder.encode_tagged("go", [as_image(p) for p in pictures])
+    label = [len(tokenizer(f"<Picture {i}>: ", add_special_tokens=False)["input_ids"]) for i in (1, 2)]
+    pads = [(h // (PATCH * MERGE)) * (w // (PATCH * MERGE)) for h, w in PICTURE_SIZES]
+    want = []
+    for n_label, n_pads in zip(label, pads):
+        want += [TEXT] * n_label + [VIDEO] * (n_pads + 2)
+    want += [TEXT] * len(tokenizer("go", add_special_tokens=False)["input_ids"])
+    assert tags.tolist() == want and rows.shape == (1, len(want), HIDDEN)
+
+
+def test_without_pictures_rows_are_encode(encoder):
+    rows, tags = encoder.encode_tagged(PROMPTS["english"])
+    assert torch.equal(rows, encoder.encode(PROMPTS["english"]))
+    assert tags.dtype == torch.long and tags.tolist() == [TEXT] * rows.shape[1]
+
+
+def test_cancel_before_pictures_and_layers(encoder, pictures):
+    calls = []
+    encoder.encode_tagged("x", [as_image(p) for p in pictures], lambda: calls.append(1))
+    assert len(calls) == len(pictures) + TINY_LAYER
+
+
+def test_pictures_change_the_prompt_rows(encoder, pictures):
+    """The prompt's rows see the pictures (a vision tower that ran on nothing would leave them alone)."""
+    a = encoder.encode_tagged("a cat", [as_image(pictures[0])])[0][:, -2:]
+    b = encoder.encode_tagged("a cat", [as_image(pictures[0].flip(1))])[0][:, -2:]
+    assert rel_err(a, b) > 1e-3
+
+
+def test_hf_layout_reads_its_vision_tower(files, encoder, pictures):
+    """transformers' layout (model.visual.*) gives the rows ComfyUI's (visual.*) does."""
+    images = [as_image(p) for p in pictures]
+    got, want = load(files["hf"]).encode_tagged("x", images), encoder.encode_tagged("x", images)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("size", [(64, 96), (50, 70), (20, 20), (1000, 30), (4000, 3000), (768, 1344), (7, 900)])
+@pytest.mark.parametrize("factor", [PATCH * MERGE, 32])
+def test_picture_size_is_smart_resize(size, factor):
+    """ComfyUI's grid rule (process_qwen2vl_images: min 3136, max 12845056 pixels) is Qwen2-VL's smart_resize with
+    those bounds: on the grid as is, off it rounded, too small scaled up, too large scaled down."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+    assert picture_size(*size, factor) == smart_resize(*size, factor, VISION_MIN_PIXELS, VISION_MAX_PIXELS)
+
+
+def test_picture_off_the_grid_is_resized(encoder):
+    """A 50 x 70 picture is read at 48 x 72 (6 x 9 merged rows), a 20 x 20 one at 56 x 56 (7 x 7: at least 3136
+    pixels)."""
+    for (h, w), pads in (((50, 70), 6 * 9), ((20, 20), 7 * 7)):
+        rows, tags = encoder.encode_tagged("x", [torch.rand(1, h, w, 3)])
+        assert (tags == VIDEO).sum() == pads + 2 and torch.isfinite(rows).all()
+
+
+def test_int8_convrot_vision_tower_is_read(tmp_path, reference, encoder, pictures):
+    """Vision linears stored as INT8 ConvRot (groups of 16: the tiny tower's widths) are dequantized: rows with a
+    picture within 2e-2 of the float file's (0.0066 measured; codes read as values land near 1)."""
+    path = tmp_path / "qwen3vl_tiny_vision_int8.safetensors"
+    state = qwen3_vl_layout(reference, "comfy")
+    save_file(int8_convrot_state(state, lambda k: k.startswith("visual.") and k != "visual.pos_embed.weight", 16),
+              str(path))
+    images = [as_image(pictures[0])]
+    err = rel_err(load(path).encode_tagged("a cat", images)[0], encoder.encode_tagged("a cat", images)[0])
+    assert 1e-4 < err <= 2e-2, err
+
+
+def test_pictures_need_the_vision_tower(tmp_path, reference, pictures):
+    """A file without visual.* reads prompts, and refuses pictures naming itself."""
+    path = tmp_path / "qwen3vl_text_only.safetensors"
+    save_file({k: v for k, v in qwen3_vl_layout(reference, "comfy").items() if not k.startswith("visual.")},
+              str(path))
+    encoder = load(path)
+    assert encoder.vision is None and encoder.encode_tagged("x")[0].shape == (1, 1, HIDDEN)
+    with pytest.raises(WeightsError, match=r"qwen3vl_text_only\.safetensors: has no vision tower"):
+        encoder.encode_tagged("x", [as_image(pictures[0])])
+
+
+def test_vision_tower_of_another_shape_refuses_pictures(files, pictures):
+    """A vision tower that does not fit H3's heads and DeepStack layers: prompts still encode, pictures are refused
+    naming the file and the misfit."""
+    encoder = load(files["comfy"], deepstack_layers=(8, 16, 24))
+    assert encoder.vision is None and encoder.encode_tagged("x")[0].shape == (1, 1, HIDDEN)
+    with pytest.raises(WeightsError, match=r"qwen3vl_tiny\.safetensors: vision tower of 1 blocks.*DeepStack.*"
+                                           r"cannot read the 1 picture"):
+        encoder.encode_tagged("x", [as_image(pictures[0])])
+
+
+def test_extra_tokens_and_typed_pads(encoder, pictures):
+    """The release's extra tokens typed in a prompt are single tokens (ids 151669.., as ComfyUI adds them); an
+    <|image_pad|> typed in the prompt stays a text row."""
+    assert encoder.tokenize("".join(H3_EXTRA_TOKENS)) == list(range(151669, 151669 + len(H3_EXTRA_TOKENS)))
+    rows, tags = encoder.encode_tagged("a <|image_pad|> b", [as_image(pictures[0])])
+    typed = encoder.tokenize("a <|image_pad|> b")
+    assert IMAGE_PAD_ID in typed and tags[-len(typed):].tolist() == [TEXT] * len(typed)
+    assert torch.isfinite(rows).all()
