@@ -38,7 +38,7 @@ load_text_encoder = text_encoder_loader(MiniMaxH3TextEncoder, FAMILY)
 class MiniMaxH3Loader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Loader", "MiniMax H3 Loader (SwiftDiT)", CATEGORY,
                                                  FAMILY, "MiniMax H3")
-    DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine (on the host, float32, for now)."
+    DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine."
     SETTINGS, load = SETTINGS, staticmethod(load_dit)
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, rms_norm
-from ..linear import linear
+from ..linear import float_on, linear
 from ..modulation import Modulation, sinusoids
 from ..sampling.ksampler import prepare_noise_parts
 from ..sampling.minimax_h3 import (AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, h3_sigmas, sample_h3,
@@ -254,9 +254,29 @@ def unrotated(rows: int) -> Sequence:
 
 
 @dataclass(frozen=True)
+class Layer:
+    """One block and its modulation linear (adaln_proj: 40% of the block's bytes), the unit that streams."""
+    block: Block
+    modulation: Linear   # time_dim -> 3 modalities x 6 x hidden
+
+    def on(self, device: torch.device) -> Layer:
+        """The layer as it runs on a CUDA device: both through the GPU block's linears (dit_core/gpu/block.py)."""
+        from ..gpu.block import GpuBlock, GpuLinear  # the GPU path: imported where used
+        return Layer(GpuBlock.of(self.block, device), GpuLinear.of(self.modulation, device))
+
+    def modulation_rows(self, temb: torch.Tensor, options) -> torch.Tensor:
+        """adaln_proj(temb) [nT, 18 hidden] f32: the host linear, or the GPU linear's product (bf16 out)."""
+        if isinstance(self.modulation, Linear):
+            return linear(temb, self.modulation)
+        from ..gpu.block import product
+        return product(temb, self.modulation, options).float()
+
+
+@dataclass(frozen=True)
 class MiniMaxH3:
     """MiniMax H3 where it runs: the text embedder and token refiner, the video and audio embedders, the time
-    embedding (an MLP, or the pruned files' table), the blocks with their modulation linears, the final layer."""
+    embedding (an MLP, or the pruned files' table), the layers (blocks with their modulation linears), the final
+    layer."""
     arch: Arch
     text_in: Linear
     refiners: tuple[Block, ...]
@@ -265,12 +285,24 @@ class MiniMaxH3:
     audio_in: Linear
     time: tuple[Linear, Linear] | None   # time_embedder: freq_dim -> time_hidden -> time_dim (SiLU between)
     time_table: torch.Tensor | None      # [grid, time_dim] f32: the curve form, already past the SiLU
-    blocks: tuple[Block, ...]
-    modulation: tuple[Linear, ...]       # each block's adaln_proj.linear: time_dim -> 3 modalities x 6 x hidden
+    blocks: tuple[Layer, ...]            # or StreamedBlocks of them (dit_core/gpu/streaming.py)
     final_modulation: Linear             # time_dim -> [shift | scale]
     final_norm: torch.Tensor
     video_out: Linear
     audio_out: Linear
+    # The GPU path's options (dit_core/gpu/options.py), passed to each block: set by to(), default_options()'s
+    # unless given; None on a model never moved (the host blocks read none).
+    options: object = field(default=None, compare=False)
+
+    @staticmethod
+    def default_options():
+        """H3's GPU options: the engine's defaults (cuDNN's bf16 attention scores)."""
+        from ..gpu.options import Options
+        return Options(int8_attention=False)
+
+    @property
+    def device(self) -> torch.device:
+        return self.video_in.weight.device
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
@@ -293,19 +325,44 @@ class MiniMaxH3:
             video_in=lin(f"{p}video_patch_proj"), audio_in=lin(f"{p}audio_patch_proj"),
             time=None if curve else (lin(f"{p}time_embedder.proj_in"), lin(f"{p}time_embedder.proj_out")),
             time_table=read_tensor(ckpt, f"{p}{TIME_TABLE}") if curve else None,
-            blocks=blocks("blocks.", a.layers),
-            modulation=tuple(lin(f"{p}blocks.{i}.adaln_proj.linear") for i in range(a.layers)),
+            blocks=tuple(Layer(b, lin(f"{p}blocks.{i}.adaln_proj.linear"))
+                         for i, b in enumerate(blocks("blocks.", a.layers))),
             final_modulation=lin(f"{p}final_layer.adaln_proj.linear"),
             final_norm=read_tensor(ckpt, f"{p}final_layer.norm.weight", (a.hidden,)),
             video_out=lin(f"{p}final_layer.video_out"), audio_out=lin(f"{p}final_layer.audio_out"))
 
-    def to(self, device: str | torch.device, budget_bytes=None, options=None) -> MiniMaxH3:
-        """H3 where it runs: the float32 host path only for now (the nodes' loader places models through this). A
-        CUDA device is refused: H3's GPU path (blocks through kernels/, streaming) is a later piece of issue 35."""
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"MiniMax H3 runs on the host (CPU, float32) only for now, not on {device}: its GPU "
-                             f"path is a later piece of issue 35")
-        return self
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
+           options=None) -> MiniMaxH3:
+        """H3 where it runs: on a CUDA device the layers and the token refiner become GPU blocks (INT8 ConvRot
+        linears on the matrix cores, or BF16; the modulation linears too), the small linears and tensors f32 there.
+        With budget_bytes the layers take at most that much device memory: those that do not fit stream from host
+        memory (dit_core/gpu/streaming.py; on the CPU through CPU slots, the same numerics); a function of the
+        layers' total bytes is asked once the rest is on the device. options: the GPU path's (by default the
+        model's, else default_options())."""
+        dev = torch.device(device)
+        options = options or self.options or self.default_options()
+        from ..gpu.streaming import StreamedBlocks  # the GPU path: imported where used
+        cuda = dev.type == "cuda"
+        if budget_bytes is None:
+            return self.gpu_form(dev, options) if cuda else replace(self, options=options)
+        form = (lambda layer, where: layer.on(where)) if cuda else None
+        placed = self.gpu_form(dev, options, with_layers=False) if cuda else replace(self, options=options)
+        return replace(placed, blocks=StreamedBlocks(self.blocks, dev, budget_bytes, form=form))
+
+    def gpu_form(self, device: torch.device, options, with_layers: bool = True) -> MiniMaxH3:
+        """The model as the GPU path runs it on `device` (a CUDA device; on the CPU the kernels' references run,
+        as the tests use it): GPU blocks and linears for the layers (unless with_layers is False) and the token
+        refiner, the small linears and tensors f32."""
+        from ..gpu.block import GpuBlock
+        small = lambda lin: float_on(lin, device)  # noqa: E731
+        return replace(self, text_in=small(self.text_in),
+                       refiners=tuple(GpuBlock.of(b, device) for b in self.refiners),
+                       refiner_norm=self.refiner_norm.float().to(device), video_in=small(self.video_in),
+                       audio_in=small(self.audio_in), time=None if self.time is None else tuple(map(small, self.time)),
+                       time_table=None if self.time_table is None else self.time_table.float().to(device),
+                       blocks=tuple(layer.on(device) for layer in self.blocks) if with_layers else self.blocks,
+                       final_modulation=small(self.final_modulation), final_norm=self.final_norm.float().to(device),
+                       video_out=small(self.video_out), audio_out=small(self.audio_out), options=options)
 
     def time_rows(self, times: torch.Tensor) -> torch.Tensor:
         """The modulation linears' input [nT, time_dim] f32 for times t = 1 - sigma [nT]: silu(time_embedder(
@@ -324,10 +381,10 @@ class MiniMaxH3:
         """Text features [Nt, text_dim] -> refined rows [Nt, hidden]: context embedder, the unmodulated refiner
         blocks (no rotary), their final norm. They do not change between steps, so a sampler refines them once."""
         a = self.arch
-        x = linear(text, self.text_in).to(torch.promote_types(text.dtype, torch.float32))
+        x = linear(text.to(self.device), self.text_in).to(torch.promote_types(text.dtype, torch.float32))
         seq, m = unrotated(x.shape[0]).to(x.device), Modulation.identity(a.hidden, dtype=x.dtype, device=x.device)
         for block in self.refiners:
-            x = block.forward(a, x, m, seq)
+            x = block.forward(a, x, m, seq, options=self.options)
         return rms_norm(x, self.refiner_norm, a.final_eps)
 
     def sequence(self, layout: Layout, time_index: torch.Tensor) -> Sequence:
@@ -359,12 +416,13 @@ class MiniMaxH3:
         x[audio_rows] = linear(audio, self.audio_in).to(x.dtype)
         temb = self.time_rows(times.to(txt.device))
         seq = self.sequence(layout, time_index).to(txt.device)
-        for block, mod in zip(self.blocks, self.modulation):
+        for layer in self.blocks:
             # [nT, 18 hidden] -> rows t0m0, t0m1, t0m2, t1m0, ... of six [3 nT, hidden] parts
-            rows = linear(temb, mod).reshape(-1, 6, a.hidden).unbind(1)
-            x = block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
-                                               mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
-                                               attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq)
+            rows = layer.modulation_rows(temb, self.options).reshape(-1, 6, a.hidden).unbind(1)
+            x = layer.block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
+                                                     mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
+                                                     attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq,
+                                    options=self.options)
             if check is not None:
                 check()
         shift, scale = linear(temb, self.final_modulation).chunk(2, dim=-1)
@@ -451,10 +509,12 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
         raise ValueError(f"sample_t2va: {tuple(text_tags.shape)} text tags for {text.shape[0]} text rows")
     layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height, width, audio_latents,
                            keyframes=tuple(anchor for anchor, _ in keyframes))
-    conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed, 4 * model.arch.latents)
+    dev = model.device  # the rows and the sampler's arithmetic where the model runs
+    conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed,
+                               4 * model.arch.latents).to(dev)
     txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
-    video = patchify(noise[0][0].float())  # sigma 1: the start is the noise itself
-    audio = audio_to_rows(noise[1].float())
+    video = patchify(noise[0][0].float()).to(dev)  # sigma 1: the start is the noise itself
+    audio = audio_to_rows(noise[1].float()).to(dev)
 
     def denoised(v, a, sigma_video, sigma_audio):
         x0_video, x0_audio = model.denoised(torch.cat((conditions.to(v), v)), a, txt, layout, sigma_video,
@@ -467,4 +527,4 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     else:
         video, audio = sample_h3_comfy(denoised, video, audio, comfy_h3_sigmas(scheduler, steps, video_shift),
                                        sampler, video_shift, audio_shift, callback=callback, should_stop=should_stop)
-    return unpatchify(video, frames, height, width)[None], rows_to_audio(audio)
+    return unpatchify(video, frames, height, width)[None].cpu(), rows_to_audio(audio).cpu()

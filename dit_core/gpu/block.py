@@ -73,14 +73,6 @@ class GpuLinear:
         return GpuLinear(lin.dequantized().to(device, torch.bfloat16), None, bias, 0)
 
 
-def _refuse_inner_width(a: Arch) -> None:
-    """The GPU block's kernels and their launch shapes have run only with the attention as wide as the residual;
-    an inner width (MiniMax H3) waits for its own GPU piece rather than running unchecked."""
-    if a.width != a.hidden:
-        raise NotImplementedError(f"{a.family}: the GPU block does not yet run attention {a.width} wide over a "
-                                  f"residual of {a.hidden}; run this model on the host")
-
-
 def _plain_heads(a: Arch) -> bool:
     """Whether the block's attention takes the plain path (_gated_attention): grouped-query heads or a gate, which
     the fused QKV and attention kernels do not take (Krea 2)."""
@@ -104,6 +96,17 @@ def _product(x_q, s_x, x_bf16, lin: GpuLinear, o: Options) -> torch.Tensor:
         return run("int8_linear", x_q, s_x, lin.weight, lin.scale, lin.bias, choices=o.kernels)
     bias = None if lin.bias is None else lin.bias.to(torch.bfloat16)
     return F.linear(x_bf16, lin.weight, bias)
+
+
+def product(x: torch.Tensor, lin: GpuLinear, options: Options | None = None) -> torch.Tensor:
+    """A plain linear of rows x (bf16 out): INT8 rows quantized (quantize_rows) against the INT8 weights, else
+    BF16 against BF16 (a family's few-row linears: H3's modulation, a text encoder's INT8 linears)."""
+    o = options or DEFAULT
+    if lin.int8:
+        rows = x if x.stride(-1) == 1 else x.contiguous()  # quantize_rows reads contiguous columns
+        q, s = run("quantize_rows", rows, lin.group, choices=o.kernels)
+        return _product(q, s, None, lin, o)
+    return _product(None, None, x.to(torch.bfloat16), lin, o)
 
 
 def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
@@ -240,7 +243,6 @@ class GpuBlock:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
         kernel (a sandwich norm, as Z-Image's). options: the model's (dit_core/gpu/options.py; None: DEFAULT)."""
-        _refuse_inner_width(a)
         w, row_map, opt = self.w, s.map, options or DEFAULT
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
@@ -279,7 +281,6 @@ class GpuBlock:
         (its short K loop did not hide that epilogue); that product also writes the output's norm statistics into
         carry (NormStats: the next block's norm reads them, x's when ready here). Else x += gate o, then x += gate d
         (each in its product's epilogue when INT8): equal to gate (o + d) in exact math. options: the model's."""
-        _refuse_inner_width(a)
         if _plain_heads(a):
             raise NotImplementedError(f"{a.family}: the GPU parallel block has no grouped-query attention or "
                                       f"attention gate; no family needs them there yet")

@@ -1,13 +1,13 @@
 """A transformers text encoder's linear on the engine's INT8 path (issue 34): the INT8 ConvRot codes stay as stored
 (int8 [N, K], f32 row scales, the ConvRot group) and each call runs as the DiT's GPU block runs a plain linear
-(block.py: GpuLinear, _rows, _product): rows -> quantize_rows -> int8_linear -> bf16. dit_core/text/loading.py
+(block.py: GpuLinear, product): rows -> quantize_rows -> int8_linear -> bf16. dit_core/text/loading.py
 imports this lazily, only when a load asks for the INT8 path."""
 from __future__ import annotations
 
 import torch
 
 from ..weights import Linear
-from .block import GpuLinear, _product, run
+from .block import GpuLinear, product
 from .options import DEFAULT, Options
 
 # The ConvRot groups quantize_rows takes (kernels/int8/quant.py checked: its tl.dot tiles); an INT8 linear of
@@ -46,11 +46,7 @@ class Int8Linear(torch.nn.Module):
         return GpuLinear(self.weight, self.scale, None, self.group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
-        if rows.stride(-1) != 1:  # quantize_rows reads contiguous columns
-            rows = rows.contiguous()
-        q, s = run("quantize_rows", rows, self.group, choices=self.options.kernels)
-        y = _product(q, s, None, self.linear, self.options)
+        y = product(x.reshape(-1, self.in_features), self.linear, self.options)
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:

@@ -65,6 +65,18 @@ def test_forward_matches_host(norm, sandwich, rows, group):
         assert rel_err(gpu.forward(a, x.clone(), mods, seq), ref) <= 1e-2
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["forward", "parallel"])
+def test_attention_wider_than_the_residual(parallel):
+    """MiniMax H3's shape: attention heads x head wider than the residual (7168 over 5376 there; 384 over 256
+    here), rotary on three quarters of each head (96 of 128 there: QKV's product and head_norm_rope run apart)."""
+    a = replace(arch("rms", rope_axes=(16, 16, 16)), heads=6, inner=384)
+    x, mods, seq = inputs(a, 150, 0)
+    for gpu, host, dtype in hosts(random_block(a, sandwich=False, seed=7)):
+        run = (lambda b, *args: b.parallel(*args)) if parallel else (lambda b, *args: b.forward(*args))
+        ref = run(host, a, x.to(dtype), mods, seq).float()
+        assert rel_err(run(gpu, a, x.clone(), mods, seq), ref) <= 1e-2
+
+
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 @pytest.mark.parametrize("rows,group", [(150, 0), (128, 32)])
 def test_parallel_matches_host(norm, rows, group):

@@ -14,7 +14,8 @@ from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax
 from dit_core.arch import Arch
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, patchify, row_times
 from dit_core.gpu.block import GpuBlock
-from dit_core.modulation import Modulation
+from dit_core.gpu.staging import staged_bytes
+from dit_core.gpu.streaming import StreamedBlocks
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
@@ -153,19 +154,39 @@ def test_arch_checks_the_inner_width(model, files):
         Arch(**{**a.__dict__, "inner": 0})
 
 
-def test_gpu_block_refuses_an_inner_width(files):
-    """The GPU block has not run an attention wider than the residual: it says so rather than run it unchecked."""
-    ours = MiniMaxH3.load(files / "h3_f32.safetensors")
-    a, block = ours.arch, GpuBlock.of(ours.blocks[0], torch.device("cpu"))
-    with pytest.raises(NotImplementedError, match="128 wide over a residual of 64"):
-        block.forward(a, torch.zeros(2, a.hidden), Modulation.identity(a.hidden), None)
+@pytest.mark.parametrize("linears", ["stored", "int8"])
+def test_gpu_form_matches_the_host(files, linears):
+    """The model as the GPU path runs it (GPU blocks with attention wider than the residual, the modulation
+    linears through the GPU block's product, the token refiner's unrotated GPU blocks), run on the CPU where every
+    kernel takes its reference: within 2e-2 of the host path (INT8 rows, bf16 products)."""
+    host = MiniMaxH3.load(files / "h3_f32.safetensors", linears=linears)
+    gpu = host.gpu_form(torch.device("cpu"), host.default_options())
+    assert isinstance(gpu.blocks[0].block, GpuBlock) and isinstance(gpu.refiners[0], GpuBlock)
+    layout, video, audio, text, times, index = inputs()
+    for want, got in zip(host.output(video, audio, text, layout, times, index),
+                         gpu.output(video, audio, text, layout, times, index)):
+        assert rel_err(got, want) <= 2e-2
+
+
+def test_streamed_layers_equal_resident(files):
+    """Layers (a block with its modulation linear) streamed through CPU slots, none resident: the same numbers as
+    the resident model."""
+    host = MiniMaxH3.load(files / "h3_f32.safetensors")
+    one = staged_bytes(host.blocks[0])
+    assert all(host.to("cpu", budget_bytes=2 * one).blocks.resident)  # both fit: no slots
+    streamed = replace(host, blocks=StreamedBlocks(host.blocks, "cpu", one, slots=1))  # one slot, nothing kept
+    assert not any(streamed.blocks.resident) and streamed.blocks.slot_bytes == one
+    layout, video, audio, text, times, index = inputs()
+    for want, got in zip(host.output(video, audio, text, layout, times, index),
+                         streamed.output(video, audio, text, layout, times, index)):
+        assert torch.equal(got, want)
 
 
 def test_int8_blocks_stay_near_f32(files):
     """The blocks' linears quantized at load (INT8 ConvRot, the host's exact emulation of the GPU's products): the
     attention's inner width goes through OUT's rotation groups like any other width."""
     f32, int8 = (MiniMaxH3.load(files / "h3_f32.safetensors", linears=mode) for mode in ("stored", "int8"))
-    assert all(b.w[i].quantized for b in int8.blocks for i in range(4))
+    assert all(layer.block.w[i].quantized for layer in int8.blocks for i in range(4))
     layout, video, audio, text, times, index = inputs()
     (v, a), (qv, qa) = (m.output(video, audio, text, layout, times, index) for m in (f32, int8))
     assert rel_err(qv, v) <= 3e-2 and rel_err(qa, a) <= 3e-2
