@@ -90,9 +90,10 @@ def with_stats(state: dict, channels: int, seed: int) -> dict:
 
 @pytest.fixture(scope="module")
 def h3_models(tmp_path_factory):
-    """The four files (about 43 MB, 34 of them the text encoder): a DiT of H3's channels (24 video, 32 audio, text 5120) with a 64-wide residual
-    and DIT_LAYERS blocks; a 50-layer, 5120-wide Qwen3-VL text model of one head; the video VAE's ViT decoder with
-    one head of 64; the audio VAE with H3's seven upsampling stages from 128 channels. Plus the two wrong files."""
+    """The four files (about 43 MB, 34 of them the text encoder): a DiT of H3's channels (24 video, 32 audio, text
+    5120) with a 64-wide residual and DIT_LAYERS blocks; a 50-layer, 5120-wide Qwen3-VL text model of one head; the
+    video VAE's ViT decoder with one head of 64; the audio VAE with H3's seven upsampling stages from 128 channels.
+    Plus the two wrong files."""
     from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio
     from tiny_models import minimax_h3_comfy_layout, random_minimax_h3, random_z_image, z_image_comfy_layout
     root = tmp_path_factory.mktemp("h3_models")
