@@ -425,3 +425,82 @@ def random_block(a: Arch, sandwich: bool, seed: int = 0) -> Block:
     norms = (gain(a.hidden), gain(a.hidden)) if a.norm == "rms" else (None, None)
     return Block((lin(3 * a.width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden),
                   lin(a.hidden, a.ffn), *norms, gain(a.head), gain(a.head), *post))
+
+
+# reference/families/ltx25.md section 10's tiny LTX-2.5 (video 2 x 16, audio 2 x 8), as 2.5 ships it.
+LTX25_TINY = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                  audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
+                  audio_cross_attention_dim=16, num_layers=2, gated_attn=True, audio_gated_attn=True,
+                  cross_attn_mod=True, audio_cross_attn_mod=True, rope_type="split", use_prompt_embeddings=False,
+                  ff_bias=False, use_prompt_adaln_single=True, use_keyframes_abs_pos_embedding=True)
+# diffusers' names -> the Comfy-Org single file's (convert_ltx2_transformer_to_diffusers inverted, plus the prompt
+# AdaLN it lacks): whole-name prefixes, then the names inside a block.
+LTX25_PREFIXES = {"proj_in.": "patchify_proj.", "audio_proj_in.": "audio_patchify_proj.",
+                  "time_embed.": "adaln_single.", "audio_time_embed.": "audio_adaln_single.",
+                  "prompt_adaln.": "prompt_adaln_single.", "audio_prompt_adaln.": "audio_prompt_adaln_single.",
+                  "av_cross_attn_video_scale_shift.": "av_ca_video_scale_shift_adaln_single.",
+                  "av_cross_attn_audio_scale_shift.": "av_ca_audio_scale_shift_adaln_single.",
+                  "av_cross_attn_video_a2v_gate.": "av_ca_a2v_gate_adaln_single.",
+                  "av_cross_attn_audio_v2a_gate.": "av_ca_v2a_gate_adaln_single."}
+LTX25_BLOCK = {".video_a2v_cross_attn_scale_shift_table": ".scale_shift_table_a2v_ca_video",
+               ".audio_a2v_cross_attn_scale_shift_table": ".scale_shift_table_a2v_ca_audio",
+               ".norm_q.": ".q_norm.", ".norm_k.": ".k_norm."}
+
+
+def random_ltx25(seed: int = 0, **overrides):
+    """diffusers' LTX2VideoTransformer3DModel (LTX25_TINY) with every parameter random (gains near 1), f32."""
+    from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformer3DModel
+    torch.manual_seed(seed)
+    model = LTX2VideoTransformer3DModel(**{**LTX25_TINY, **overrides}).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm_q.weight", "norm_k.weight")):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            elif "scale_shift_table" in name:
+                p.copy_(0.3 * torch.randn_like(p))
+            else:
+                p.copy_(0.3 * torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() == 2 else 0.1 * torch.randn_like(p))
+    return model
+
+
+def ltx25_comfy_layout(model, prefix: str = "model.diffusion_model.") -> dict:
+    """diffusers' LTX2VideoTransformer3DModel -> the Comfy-Org single file's names."""
+    out = {}
+    for key, value in model.state_dict().items():
+        for old, new in LTX25_PREFIXES.items():
+            if key.startswith(old):
+                key = new + key[len(old):]
+                break
+        for old, new in LTX25_BLOCK.items():
+            key = key.replace(old, new)
+        out[prefix + key] = value.contiguous()
+    return out
+
+
+def random_ltx2_upsampler(seed: int = 0, **overrides):
+    """diffusers' LTX2LatentUpsamplerModel, spatial x2, tiny (16 latent channels, 32 inside, one res block a side),
+    every parameter random (norm gains near 1)."""
+    from diffusers.pipelines.ltx2.latent_upsampler import LTX2LatentUpsamplerModel
+    torch.manual_seed(seed)
+    config = {"in_channels": 16, "mid_channels": 32, "num_blocks_per_stage": 1, **overrides}
+    model = LTX2LatentUpsamplerModel(**config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                p.copy_(1 + 0.2 * torch.randn_like(p))
+            else:
+                p.copy_(torch.randn_like(p) * (0.1 if p.dim() == 1 else p[0].numel() ** -0.5))
+    return model
+
+
+def save_ltx2_upsampler(model, path) -> None:
+    """The upsampler as the released file holds it: diffusers' names are the original ones (buffers included), the
+    config in the header as ComfyUI's loader reads it."""
+    import json
+    cfg = model.config
+    config = {"_class_name": "LatentUpsampler", "in_channels": cfg.in_channels, "mid_channels": cfg.mid_channels,
+              "num_blocks_per_stage": cfg.num_blocks_per_stage, "dims": cfg.dims,
+              "spatial_upsample": cfg.spatial_upsample, "temporal_upsample": cfg.temporal_upsample,
+              "spatial_scale": cfg.rational_spatial_scale, "rational_resampler": cfg.use_rational_resampler}
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path), metadata={"config": json.dumps(config)})

@@ -1,0 +1,310 @@
+"""dit_core/sampling/ltx25.py against ComfyUI v0.3.75 in-process (its nested-latent noise and packing, KSAMPLER with
+the k-diffusion euler_ancestral on a CONST flow model, its cfg_function) and the newer LTX-2 nodes' rules
+(LTXVDualCFGGuider's sampler_cfg_function, ManualSigmas), the latent upsampler against diffusers 0.42.1, and a tiny
+two-stage run through LTX25.forward (reference/families/ltx25.md section 7)."""
+import math
+
+import pytest
+import torch
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import ltx25_comfy_layout, random_ltx2_upsampler, random_ltx25, save_ltx2_upsampler
+
+from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler
+from dit_core.families.ltx25 import LTX25, Grid
+from dit_core.sampling.ksampler import SamplingCancelled
+from dit_core.sampling.ltx25 import (
+    STAGE_1_SIGMAS,
+    STAGE_2_SEED,
+    STAGE_2_SIGMAS,
+    Prompt,
+    Stage,
+    audio_rows,
+    dual_cfg_denoiser,
+    manual_sigmas,
+    pack,
+    packed_model,
+    sample_stage,
+    sample_two_stage,
+    template_stages,
+    unpack,
+    video_rows,
+)
+from dit_core.weights import WeightsError
+
+VIDEO, AUDIO = (1, 8, 2, 2, 3), (1, 2, 5, 4)  # the tiny transformer's latents: 8 channels, audio 2 x 4 a row
+VIDEO_SIZE = math.prod(VIDEO[1:])
+
+
+def prompt(seed: int, rows: int = 4) -> Prompt:
+    g = torch.Generator().manual_seed(seed)
+    return Prompt(torch.randn(rows, 32, generator=g), torch.randn(rows, 16, generator=g))
+
+
+POSITIVE, NEGATIVE = prompt(1), prompt(2)
+
+
+class StandIn:
+    """A fixed nonlinear x0 on the packed state, each value reading the whole state and the prompt."""
+
+    def __init__(self, size: int, seed: int = 3):
+        g = torch.Generator().manual_seed(seed)
+        self.a, self.b = torch.randn(size, generator=g), torch.randn(size, generator=g)
+
+    def __call__(self, x, sigma, p: Prompt):
+        return torch.tanh(x * self.a + sigma * self.b + p.video.mean()) + 0.1 * x.mean() - 0.2 * p.audio.mean()
+
+
+# --- ManualSigmas ----------------------------------------------------------------------------------------------
+
+def test_manual_sigmas_of_the_template():
+    diffusers_utils = pytest.importorskip("diffusers.pipelines.ltx2.utils")
+    stage1 = manual_sigmas(STAGE_1_SIGMAS)
+    assert stage1.dtype == torch.float32
+    assert torch.equal(stage1, torch.FloatTensor(diffusers_utils.DISTILLED_SIGMA_VALUES + [0.0]))
+    # section 9, item 8: the template's stage 2 as typed (rounded), not diffusers' 0.909375, 0.725, 0.421875
+    assert torch.equal(manual_sigmas(STAGE_2_SIGMAS), torch.FloatTensor([0.85, 0.725, 0.4219, 0.0]))
+    # ComfyUI's pattern: signs, a leading dot, text ignored
+    assert torch.equal(manual_sigmas("1.0, 0.99375, -0.25, +.5, text"), torch.FloatTensor([1.0, 0.99375, -0.25, 0.5]))
+    s1, s2 = template_stages(seed=7)
+    assert (s1.seed, s2.seed) == (7, STAGE_2_SEED) and STAGE_2_SEED == 42
+    assert (s1.video_cfg, s1.audio_cfg) == (1.0, 1.0)
+
+
+# --- ComfyUI's stage: noise, packing, KSAMPLER(euler_ancestral), the guider --------------------------------------
+
+def comfy_guider(comfy, model, video_cfg, audio_cfg, positive, negative, video_size):
+    """Guider_LTXAVDualCFG's predict_noise as ComfyUI runs it: equal scales -> plain CFG (cfg1 optimisation: the
+    uncond pass skipped, its prediction 0); else both passes and its sampler_cfg_function (its rule as comfy_extras/nodes_lt.py
+    states it: noise space, the audio values from video_size on taking audio_cfg)."""
+    def dual(args):
+        cond, uncond = args["cond"], args["uncond"]
+        out = uncond + (cond - uncond) * video_cfg
+        v = video_size
+        out[..., v:] = uncond[..., v:] + (cond[..., v:] - uncond[..., v:]) * audio_cfg
+        return out
+
+    def predict(x, sigma):
+        c = model(x, sigma, positive)
+        if math.isclose(video_cfg, audio_cfg):
+            u = torch.zeros_like(x) if math.isclose(video_cfg, 1.0) else model(x, sigma, negative)
+            return comfy.samplers.cfg_function(None, c, u, video_cfg, x, sigma)
+        u = model(x, sigma, negative)
+        return comfy.samplers.cfg_function(None, c, u, max(video_cfg, audio_cfg), x, sigma,
+                                           model_options={"sampler_cfg_function": dual})
+    return predict
+
+
+def comfy_stage(comfy, predict, video, audio, sigmas, seed, eta=1.0, mask=None):
+    """SamplerCustomAdvanced on the nested AV latent in ComfyUI v0.3.75: RandomNoise's prepare_noise, the guider's
+    packing, process_latent_in (LTX's latent format: x 1.0) on a non-empty latent, KSAMPLER (noise scaling,
+    KSamplerX0Inpaint with LTX-AV's scale_latent_inpaint, euler_ancestral dispatching to its RF form on CONST,
+    inverse noise scaling), unpacked."""
+    import comfy.k_diffusion.sampling
+    import comfy.nested_tensor
+
+    class Sampling(comfy.model_sampling.ModelSamplingFlux, comfy.model_sampling.CONST):
+        pass
+
+    class Base:  # model_wrap.inner_model: what KSAMPLER and KSamplerX0Inpaint ask of the model
+        model_sampling = Sampling()
+
+        def scale_latent_inpaint(self, sigma, noise, latent_image, **kwargs):
+            return latent_image
+
+    class Wrap:
+        inner_model = Base()
+
+        def __call__(self, x, sigma, model_options=None, seed=None):
+            return predict(x, sigma[0])
+
+    latent = comfy.nested_tensor.NestedTensor((video, audio))
+    noise = comfy.sample.prepare_noise(latent, seed)
+    latent_p, shapes = comfy.utils.pack_latents(latent.unbind())
+    noise_p, _ = comfy.utils.pack_latents(noise.unbind())
+    if torch.count_nonzero(latent_p) > 0:
+        latent_p = latent_p * 1.0
+    mask_p = None
+    if mask is not None:
+        mask_p = comfy.utils.pack_latents([m.expand(s.shape) for m, s in zip(mask, (video, audio))])[0]
+    sampler = comfy.samplers.KSAMPLER(comfy.k_diffusion.sampling.sample_euler_ancestral, {"eta": eta})
+    out = sampler.sample(Wrap(), sigmas, {"seed": seed, "model_options": {}}, None, noise_p, latent_p, mask_p, True)
+    return comfy.utils.unpack_latents(out, shapes)
+
+
+def latents(empty: bool, seed: int = 4):
+    if empty:
+        return torch.zeros(VIDEO), torch.zeros(AUDIO)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(VIDEO, generator=g), torch.randn(AUDIO, generator=g)
+
+
+@pytest.mark.parametrize("cfgs", [(1.0, 1.0), (3.0, 3.0), (3.0, 7.0), (1.0, 4.0)])
+def test_guider_matches_comfy(comfy, cfgs):
+    model = StandIn(VIDEO_SIZE + math.prod(AUDIO[1:]))
+    x = torch.randn(1, 1, model.a.numel(), generator=torch.Generator().manual_seed(8))
+    sigma = torch.tensor(0.725)
+    want = comfy_guider(comfy, model, *cfgs, POSITIVE, NEGATIVE, VIDEO_SIZE)(x, sigma)
+    got = dual_cfg_denoiser(model, *cfgs, VIDEO_SIZE, POSITIVE, NEGATIVE)(x, sigma)
+    assert torch.equal(got, want)  # bit for bit
+    if cfgs[0] == 1.0:  # the video values at scale 1 are the positive's prediction (one pass at 1, 1)
+        assert (got[..., :VIDEO_SIZE] - model(x, sigma, POSITIVE)[..., :VIDEO_SIZE]).abs().max() <= 1e-6
+    with pytest.raises(ValueError, match="negative prompt"):
+        dual_cfg_denoiser(model, 3.0, 7.0, VIDEO_SIZE, POSITIVE)
+
+
+@pytest.mark.parametrize("stage,empty,eta,cfgs", [
+    (Stage(manual_sigmas(STAGE_1_SIGMAS), 558811532553686), True, 1.0, (1.0, 1.0)),
+    (Stage(manual_sigmas(STAGE_2_SIGMAS), STAGE_2_SEED, 3.0, 7.0), False, 1.0, None),
+    (Stage(manual_sigmas(STAGE_2_SIGMAS), 5, 2.0, 2.0), False, 0.5, None),
+])
+def test_stage_matches_comfy(comfy, stage, empty, eta, cfgs):
+    """A whole stage on the packed AV state (the template's stage 1 from empty latents; stage 2 from a latent
+    re-noised to 0.85 with its own seed; eta 0.5 as DFR) equals ComfyUI's bit for bit."""
+    video, audio = latents(empty)
+    model = StandIn(VIDEO_SIZE + math.prod(AUDIO[1:]))
+    predict = comfy_guider(comfy, model, stage.video_cfg, stage.audio_cfg, POSITIVE, NEGATIVE, VIDEO_SIZE)
+    want = comfy_stage(comfy, predict, video, audio, stage.sigmas, stage.seed, eta)
+    seen = []
+    got = sample_stage(model, video, audio, stage, POSITIVE, NEGATIVE, eta=eta,
+                       callback=lambda i, n, x, x0: seen.append((i, n)))
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    total = len(stage.sigmas) - 1
+    assert seen == [(i + 1, total) for i in range(total)]
+
+
+def test_stage_with_denoise_mask_matches_comfy(comfy):
+    """i2v's first latent frame kept clean (ComfyUI's noise_mask 0 there, as LTXVImgToVideoInplace at strength 1):
+    KSamplerX0Inpaint's blend each step; the kept frame comes back as the latent."""
+    video, audio = latents(False)
+    mask = torch.ones(1, 1, VIDEO[2], 1, 1)
+    mask[:, :, 0] = 0
+    masks = (mask, torch.ones(1, 1, 1, 1))
+    stage = Stage(manual_sigmas(STAGE_2_SIGMAS), 11)
+    model = StandIn(VIDEO_SIZE + math.prod(AUDIO[1:]))
+    predict = comfy_guider(comfy, model, 1.0, 1.0, POSITIVE, NEGATIVE, VIDEO_SIZE)
+    want = comfy_stage(comfy, predict, video, audio, stage.sigmas, stage.seed, mask=masks)
+    got = sample_stage(model, video, audio, stage, POSITIVE, denoise_mask=masks)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+    assert torch.equal(got[0][:, :, 0], video[:, :, 0])
+
+
+def test_stage_stops():
+    video, audio = latents(True)
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return len(calls) > 3
+
+    with pytest.raises(SamplingCancelled) as err:
+        sample_stage(StandIn(VIDEO_SIZE + math.prod(AUDIO[1:])), video, audio, template_stages()[0], POSITIVE,
+                     should_stop=should_stop)
+    assert (err.value.steps_done, err.value.total) == (3, 8)
+
+
+# --- the transformer on the packed state -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def transformer(tmp_path_factory):
+    pytest.importorskip("diffusers")
+    path = tmp_path_factory.mktemp("ltx25_sampling") / "tiny.safetensors"
+    save_file(ltx25_comfy_layout(random_ltx25()), str(path))
+    return LTX25.load(path)
+
+
+def test_packed_model_is_forward_on_rows(transformer):
+    """The packed state's parts as LTX25.forward's rows (video frame-major then y, x; audio channels then bins a
+    row), x0 = x - sigma v; a denoise mask per frame gives those rows the time sigma m."""
+    video, audio = latents(False)
+    x = pack([video, audio])
+    mask = torch.tensor([0.0, 1.0])
+    sigma = torch.tensor(0.725)
+    x0 = packed_model(transformer, [video.shape, audio.shape], 24.0, video_mask=mask)(x, sigma, POSITIVE)
+    conditioned = torch.tensor([1.0] * 6 + [0.0] * 6)  # frame 0's 2 x 3 rows clean
+    v, a = transformer.forward(video_rows(video[0]), audio_rows(audio[0]), POSITIVE.video, POSITIVE.audio,
+                               Grid(2, 2, 3, 24.0), 0.725, 0.725, conditioned)
+    want_video = video[0] - 0.725 * v.T.reshape(VIDEO[1:])
+    want_audio = audio[0] - 0.725 * a.reshape(AUDIO[2], AUDIO[1], AUDIO[3]).transpose(0, 1)
+    got_video, got_audio = unpack(x0, [video.shape, audio.shape])
+    assert (got_video[0] - want_video).abs().max() <= 1e-6
+    assert (got_audio[0] - want_audio).abs().max() <= 1e-6
+    # the audio row layout: row n holds channel c's bins at c * 4 .. c * 4 + 3
+    assert torch.equal(audio_rows(audio[0])[3, 4:8], audio[0, 1, 3])
+    with pytest.raises(ValueError, match="one sample"):
+        packed_model(transformer, [torch.Size((2, *VIDEO[1:])), audio.shape], 24.0)
+
+
+@pytest.fixture(scope="module")
+def upsampler(tmp_path_factory):
+    pytest.importorskip("diffusers")
+    path = tmp_path_factory.mktemp("ltx2_upsampler") / "up.safetensors"
+    save_ltx2_upsampler(random_ltx2_upsampler(in_channels=8), path)
+    return LatentUpsampler.load(path)
+
+
+def test_two_stages_through_the_transformer(transformer, upsampler):
+    """The template's flow at tiny size: stage 1 on the empty half-size latent (8 steps), the x2 upsampler with the
+    VAE statistics, stage 2 from 0.85 (3 steps, seed 42): shapes, finite, the same for a seed, another for another,
+    and a dual-CFG run with the negative prompt."""
+    g = torch.Generator().manual_seed(6)
+    mean, std = 0.1 * torch.randn(8, generator=g), 1 + 0.2 * torch.rand(8, generator=g)
+    seen = []
+    video, audio = latents(True)
+
+    def run(seed, cfgs=(1.0, 1.0), callback=None):
+        return sample_two_stage(transformer, lambda v: upsampler.upsample(v, mean, std), video, audio, 24.0,
+                                POSITIVE, NEGATIVE, template_stages(seed, *cfgs), callback=callback)
+
+    first = run(7, callback=lambda k, i, n, x, x0: seen.append((k, i, n)))
+    assert first[0].shape == (1, 8, 2, 4, 6) and first[1].shape == AUDIO
+    assert all(t.isfinite().all() for t in first)
+    assert seen == [(1, i + 1, 8) for i in range(8)] + [(2, i + 1, 3) for i in range(3)]
+    again = run(7)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    other = run(8)
+    assert not torch.equal(first[0], other[0])
+    dual = run(7, (3.0, 7.0))
+    assert dual[0].shape == first[0].shape and all(t.isfinite().all() for t in dual)
+    assert not torch.equal(dual[1], first[1])
+
+
+# --- the latent upsampler ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [{}, {"use_rational_resampler": False}, {"dims": 2}])
+def test_upsampler_matches_diffusers(tmp_path, overrides):
+    """The released layout (rational resampler: upsampler.conv + its blur buffer), the plain one (upsampler.0), and
+    a 2-D file, vs LTX2LatentUpsamplerModel on the same weights; upsample() is LTXVLatentUpsampler's
+    un-normalize, upsample, normalize."""
+    pytest.importorskip("diffusers")
+    reference = random_ltx2_upsampler(**overrides)
+    save_ltx2_upsampler(reference, tmp_path / "up.safetensors")
+    ours = LatentUpsampler.load(tmp_path / "up.safetensors")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 16, 3, 4, 5, generator=g)
+    with torch.no_grad():
+        want = reference(x)
+    assert want.shape == (1, 16, 3, 8, 10)
+    assert rel_err(ours(x), want) <= 1e-4
+    mean, std = torch.randn(16, generator=g), 1 + torch.rand(16, generator=g)
+    view = (1, -1, 1, 1, 1)
+    with torch.no_grad():
+        want = (reference(x * std.view(view) + mean.view(view)) - mean.view(view)) / std.view(view)
+    assert rel_err(ours.upsample(x, mean, std), want) <= 1e-4
+
+
+def test_upsampler_refuses_other_files(tmp_path):
+    pytest.importorskip("diffusers")
+    temporal = random_ltx2_upsampler(spatial_upsample=False, temporal_upsample=True)
+    save_ltx2_upsampler(temporal, tmp_path / "temporal.safetensors")
+    with pytest.raises(WeightsError, match="temporal upsampler"):
+        LatentUpsampler.load(tmp_path / "temporal.safetensors")
+    save_file({"initial_conv.weight": torch.zeros(32, 16, 3, 3, 3)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(WeightsError, match="post_upsample_res_blocks.0.conv2.bias"):
+        LatentUpsampler.load(tmp_path / "other.safetensors")
+    model = random_ltx2_upsampler()
+    save_ltx2_upsampler(model, tmp_path / "up.safetensors")
+    with pytest.raises(ValueError, match=r"\[B, 16, F, H, W\]"):
+        LatentUpsampler.load(tmp_path / "up.safetensors")(torch.zeros(1, 8, 1, 2, 2))
