@@ -75,8 +75,8 @@ def test_manual_sigmas_of_the_template():
 
 def comfy_guider(comfy, model, video_cfg, audio_cfg, positive, negative, video_size):
     """Guider_LTXAVDualCFG's predict_noise as ComfyUI runs it: equal scales -> plain CFG (cfg1 optimisation: the
-    uncond pass skipped, its prediction 0); else both passes and its sampler_cfg_function (its rule as comfy_extras/nodes_lt.py
-    states it: noise space, the audio values from video_size on taking audio_cfg)."""
+    uncond pass skipped, its prediction 0); else both passes and its sampler_cfg_function (its rule as
+    comfy_extras/nodes_lt.py states it: noise space, the audio values from video_size on taking audio_cfg)."""
     def dual(args):
         cond, uncond = args["cond"], args["uncond"]
         out = uncond + (cond - uncond) * video_cfg
