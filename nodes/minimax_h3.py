@@ -55,6 +55,15 @@ def prompt_conditioning(clip: FileHandle, text: str) -> list:  # rows [1, Nt, 51
     return text_conditioning(load_text_encoder(clip).encode(text, interrupt_check))
 
 
+def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tensor]) -> list:
+    """The prompt after its pictures ("<Picture i>: " and the vision rows, as ComfyUI's H3 tokenizer presents
+    keyframes): the rows, and their modality tags in the entry's `text_token_tags` (vision rows: video's)."""
+    rows, tags = load_text_encoder(clip).encode_tagged(text, pictures, interrupt_check)
+    conditioning = text_conditioning(rows)
+    conditioning[0][1]["text_token_tags"] = tags
+    return conditioning
+
+
 class MiniMaxH3TextEncode(TextEncodeNode):
     TITLE = "MiniMax H3"
     NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3TextEncode", "MiniMax H3 Text Encode (SwiftDiT)", CATEGORY
@@ -116,14 +125,17 @@ class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and
         if wanted and (vae is None or vae.role != "video"):
             raise SwiftDiTError(f"{node} · vae: a first or last frame is encoded by the video VAE; connect the "
                                 f"MiniMax H3 VAE Loader")
-        keyframes = []
+        keyframes, pictures = [], []
         for name, image, index, crop in wanted:
-            pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), width, height, "lanczos", crop)
+            pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), width, height, "lanczos",
+                                                crop).movedim(1, -1)
             with checked(node, name):
-                latent = load_video_encoder(vae).encode(pixels.movedim(1, -1), tile=None, check=interrupt_check)
+                latent = load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
             keyframes.append({"resolved_frame_index": index, "latent": latent})
-        with checked(node, "prompt"):
-            conditioning = prompt_conditioning(clip, prompt)
+            pictures.append(pixels)
+        with checked(node, "prompt"):  # the frames are the prompt's pictures too, as the stock node tokenizes
+            conditioning = pictures_conditioning(clip, prompt, pictures) if pictures else \
+                prompt_conditioning(clip, prompt)
         if keyframes:
             conditioning[0][1]["minimax_keyframes"] = keyframes
         where = comfy.model_management.intermediate_device()
@@ -203,9 +215,10 @@ class MiniMaxH3Sampler(SamplerNode):
         total = len(comfy_h3_sigmas(r.scheduler, r.steps, shift)) - 1  # ddim_uniform can add a step, as ComfyUI's
         pixel_frames = (video.shape[2] - 2) // 5 * 17 + 5
         keyframes = keyframes_of(cls.NODE_ID, r.conditioning, pixel_frames)
+        tags = r.conditioning[0][1].get("text_token_tags") if r.conditioning else None
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
-            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, callback=callback,
+            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, text_tags=tags, callback=callback,
             should_stop=should_stop, check=interrupt_check))), total
 
 

@@ -23,7 +23,8 @@ HOST_LACKS = frozenset({
     "ComfyMathExpression", "LTXVSeparateAVLatent", "ModelAttentionBackend", "LTXVAudioVAEDecode",
     "LTXVConcatAVLatent", "LTXVDualCFGGuider", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "ManualSigmas",
     "TextGenerateLTX2Prompt", "ReferenceMultiLatent", "BatchImagesNode", "ImageCompare", "SaveImageAdvanced",
-    "ResizeImageMaskNode", "LTXVImgToVideoInplace", "BlockSparseAttention"})
+    "ResizeImageMaskNode", "LTXVImgToVideoInplace", "BlockSparseAttention",
+    "GetImageSize"})  # (H3's i2v template, feeding nothing: v0.3.75's /object_info has no GetImageSize)
 LACKING_PREFIXES = ("MiniMaxH3",)
 # Nodes run for what they show or save: never removed for feeding nothing.
 OUTPUT_NODES = frozenset({"SaveImage", "PreviewImage", "PreviewAny", "SaveImageAdvanced", "ImageCompare",
@@ -264,12 +265,17 @@ class Reducer:
         for scope, node in self.nodes_of({"ReferenceMultiLatent"}):
             ReferenceSpelling(self, scope, node).run()
 
-    def viewers(self) -> None:
-        for scope, node in self.nodes_of(set(VIEWERS)):
-            if any(out.get("links") for out in node.get("outputs", [])):
+    def unused(self) -> None:
+        """Nodes the host lacks that give nothing to any node: viewers, and nodes whose outputs nothing reads."""
+        for scope, node in self.nodes_of(HOST_LACKS):
+            used = any(out.get("links") for out in node.get("outputs", []))
+            if node["type"] in VIEWERS and used:
                 raise ValueError(f"node {self.where(scope, node)} ({node['type']}): {HOST} lacks it and its "
                                  f"output is used")
-            self.note(scope, node, "removed", f"a viewer that gives nothing; {HOST} lacks it")
+            if used or (node["type"] in OUTPUT_NODES and node["type"] not in VIEWERS):
+                continue
+            why = "a viewer that gives nothing" if node["type"] in VIEWERS else "nothing reads its outputs"
+            self.note(scope, node, "removed", f"{why}; {HOST} lacks it")
             self.drop(scope, node)
 
     def outputless(self) -> None:
@@ -315,7 +321,7 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
         raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
-                 reducer.layout_prompts, reducer.reference_latents, reducer.viewers, reducer.outputless,
+                 reducer.layout_prompts, reducer.reference_latents, reducer.unused, reducer.outputless,
                  reducer.prune):
         rule()
     if check:

@@ -672,14 +672,13 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 
 
-H3_TEMPLATES = ("video_minimax_h3_i2v", "video_minimax_h3_r2v", "image_minimax_h3_t2i",
-                "video_fastvideo_fasth3_t2v")
+H3_TEMPLATES = ("video_minimax_h3_r2v", "image_minimax_h3_t2i", "video_fastvideo_fasth3_t2v")
 
 
 @pytest.mark.parametrize("name", H3_TEMPLATES)
 def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
-    """H3's row (issue 35): its templates (SamplerCustomAdvanced after MiniMaxH3ImageToVideo / ReferenceToVideo, or
-    CLIPTextEncode for t2i) are left as they are, and the CLI says so and writes nothing."""
+    """H3's row (issue 35): its templates with ReferenceToVideo, CLIPTextEncode (t2i) or MiniMaxH3SigmaShift
+    (FastH3) are left as they are, and the CLI says so and writes nothing."""
     wf = template(name)
     after, report = swap_ui(wf, "minimax_h3")
     assert after == wf and report.changed == [] and report.added == []
@@ -744,3 +743,17 @@ def test_minimax_h3_api_group_is_folded():
     p = prompt()
     p["5"]["inputs"]["scheduler"] = ["10", 0]
     assert fold_api(p) == [] and p == {**prompt(), "5": p["5"]}
+
+
+@pytest.mark.parametrize("name", ["video_minimax_h3_i2v", "video_minimax_h3_i2v_continuation"])
+def test_minimax_h3_image_to_video_templates_are_swapped(name):
+    """Issue 35: the first-frame templates (i2v, continuation) swap as the t2v one does, their LoadImage still wired
+    into our Image To Video's first_frame."""
+    after, report = swap_ui(template(name), "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
+                                          "TextEncoderLoader", "ImageToVideo", "Sampler"))
+    inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
+    i2v = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3ImageToVideo")
+    assert next(e for e in i2v["inputs"] if e["name"] == "first_frame")["link"] is not None

@@ -303,3 +303,18 @@ def test_minimax_h3_t2v_reduced_for_the_host(host_info):
     assert {prompt[k]["class_type"] for k in ("140:130", "92")} == {"CreateVideo", "SaveVideo"}
     assert ("140:132", "ComfyMathExpression") in {(w, k) for w, k, _, _ in host_report.changes}
     assert swap_for_host(wf, "minimax_h3")[0] == wf
+
+
+@pytest.mark.parametrize("name", ["video_minimax_h3_i2v", "video_minimax_h3_i2v_continuation"])
+def test_minimax_h3_image_to_video_reduced_for_the_host(name, host_info):
+    """The first-frame templates reduce and swap to graphs the host runs: LoadImage -> our Image To Video's
+    first_frame, 640 x 640, 124 frames, res_multistep / simple."""
+    wf, report, host_report = swap_for_host(template(name), "minimax_h3")
+    assert problems(wf) == []
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    i2v = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3ImageToVideo")["inputs"]
+    assert (i2v["width"], i2v["height"], i2v["length"]) == (640, 640, 124)
+    assert prompt[i2v["first_frame"][0]]["class_type"] == "LoadImage" and "last_frame" not in i2v
+    sampler = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3Sampler")["inputs"]
+    assert (sampler["sampler_name"], sampler["scheduler"]) == ("res_multistep", "simple")

@@ -56,17 +56,14 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
            not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
                                                     "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
-    # H3's text to video template: MiniMaxH3ImageToVideo without frames -> our TextToVideo, its SamplerCustomAdvanced
-    # group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. The other H3
-    # templates (frames, references, t2i) stay as they are.
+    # H3's text and image to video templates: MiniMaxH3ImageToVideo -> ours, its SamplerCustomAdvanced group -> our
+    # sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. The other H3 templates
+    # (references, t2i, FastH3) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
            ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler", "VAELoader",
             "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
            custom_sampler=True,
-           not_yet=(*((f"MiniMaxH3ImageToVideo.{frame}", "MiniMax H3's templates with a first or last frame (image "
-                                                         "to video) are not yet supported (issue 35)")
-                      for frame in ("first_frame", "last_frame")),
-                    ("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
+           not_yet=(("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
                                                   "yet supported (issue 35)"),
                     ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
                                             "supported (issue 35)"),

@@ -10,6 +10,7 @@ import pytest
 import torch
 from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors.torch import save_file
+from tiny_models import QWEN3_VL_VISION_TINY
 
 pytest.importorskip("diffusers")
 PROMPT = "a red fox runs through the snow; it barks twice"
@@ -39,10 +40,12 @@ def pack(swiftdit_pack):
     from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder, VideoEncoder
     from swiftdit_pack.dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 
-    class TinyH3TextEncoder(MiniMaxH3TextEncoder):  # the tiny Qwen3-VL: layer 6 of 8, its own width
+    class TinyH3TextEncoder(MiniMaxH3TextEncoder):  # the tiny Qwen3-VL: layer 6 of 8, its own width and tower
         @classmethod
         def load(cls, path, tokenizer_dir, **kw):
-            return super().load(path, tokenizer_dir, layer=TEXT.TINY_LAYER, expected_hidden=None, **kw)
+            return super().load(path, tokenizer_dir, layer=TEXT.TINY_LAYER, expected_hidden=None,
+                                vision_heads=QWEN3_VL_VISION_TINY["num_heads"],
+                                deepstack_layers=tuple(QWEN3_VL_VISION_TINY["deepstack_visual_indexes"]), **kw)
 
     class TinyAudioDecoder(AudioDecoder):  # the tiny audio VAE's two upsampling stages (H3's seven by default)
         @classmethod
@@ -235,17 +238,24 @@ def test_first_and_last_frame(pack, models):
     encoder = VideoEncoder.load(models / "vae" / "h3_video_vae.safetensors", groups=VIDEO_VAE.CONFIG["norm_num_groups"])
     kf = positive[0][1]["minimax_keyframes"]
     assert [k["resolved_frame_index"] for k in kf] == [0, LENGTH - 1]
+    pictures = []
     for k, image, crop in ((kf[0], first, "disabled"), (kf[1], last, "center")):
         pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), WIDTH, HEIGHT, "lanczos", crop).movedim(1, -1)
         assert torch.equal(k["latent"], encoder.encode(pixels, tile=None))
         assert k["latent"].shape == (1, 24, 1, HEIGHT // 16, WIDTH // 16)
+        pictures.append(pixels)
+    # the frames are the prompt's pictures too ("<Picture 1>: " and its vision rows first), tagged as video rows
+    rows, tags = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
+                                             pack_tokenizer_dir()).encode_tagged(PROMPT, pictures)
+    assert torch.equal(positive[0][0], rows) and torch.equal(positive[0][1]["text_token_tags"], tags)
+    assert (tags == 0).any() and (tags == 1).any()
     (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
                    linears="as stored")
     (samples,) = run(pack.MiniMaxH3Sampler, model=model, seed=4, steps=2, cfg=1.0, sampler_name="res_multistep",
                      scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
     dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
     video, audio = sample_t2va(dit, positive[0][0], 7, 6, 4, 37, 2, seed=4, sampler="res_multistep",
-                               keyframes=(("first", kf[0]["latent"]), ("last", kf[1]["latent"])))
+                               keyframes=(("first", kf[0]["latent"]), ("last", kf[1]["latent"])), text_tags=tags)
     assert torch.equal(samples["samples"].tensors[0], video) and torch.equal(samples["samples"].tensors[1], audio)
     from swiftdit_pack.nodes.base import SwiftDiTError
     with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3ImageToVideo · vae: a first or last frame"):
