@@ -100,20 +100,27 @@ class HiggsAudioCodec:
     @classmethod
     def load(cls, path: str | os.PathLike, encoder: bool = True) -> HiggsAudioCodec:
         """The codec from an OmniVoice model folder, its audio_tokenizer/ folder, or that folder's safetensors file
-        (config.json beside it). encoder=False reads only what decode needs (a fifth of the tensors)."""
+        (config.json beside it). encoder=False reads only what decode needs (23 M of the released 201 M values)."""
         path = Path(path)
         if path.is_dir() and (path / FOLDER).is_dir():
             path = path / FOLDER
         file = path / WEIGHTS_FILE if path.is_dir() else path
         if not file.is_file():
             raise WeightsError(f"{path}: no {WEIGHTS_FILE}; expected {EXPECTED}")
-        ckpt = Checkpoint(file)
+        cfg_file = file.parent / CONFIG_FILE
+        return cls.from_checkpoint(Checkpoint(file), json.loads(cfg_file.read_text()) if cfg_file.is_file() else {},
+                                   encoder)
+
+    @classmethod
+    def from_checkpoint(cls, ckpt: Checkpoint, config: dict, encoder: bool = True) -> HiggsAudioCodec:
+        """The codec from its tensors and its config.json's contents (transformers' defaults for what is missing);
+        every tensor the forwards read is checked here."""
+        name = f"{ckpt.path.parent.name}/{ckpt.path.name}"
 
         def error(why: str) -> WeightsError:
-            return WeightsError(f"{file.parent.name}/{file.name}: {why}; expected {EXPECTED}")
+            return WeightsError(f"{name}: {why}; expected {EXPECTED}")
 
-        cfg_file = file.parent / CONFIG_FILE
-        cfg = HiggsConfig.from_json(json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}, error)
+        cfg = HiggsConfig.from_json(config, error)
         parts = ("quantizer.", "fc2.", "acoustic_decoder.")
         if encoder:
             parts += ("fc.", "acoustic_encoder.", "encoder_semantic.", "semantic_model.")
@@ -122,7 +129,7 @@ class HiggsAudioCodec:
         w = _read_parts(ckpt, parts)
         if encoder and "semantic_model.encoder.pos_conv_embed.conv.weight" not in w:
             raise error("no HuBERT 'semantic_model.*' to encode with (load with encoder=False to decode only)")
-        codec = cls(cfg, w, f"{file.parent.name}/{file.name}")
+        codec = cls(cfg, w, name)
         codec._check_shapes(encoder, error)
         return codec
 
@@ -233,7 +240,7 @@ class HiggsAudioCodec:
         x = resample(wave, c.sample_rate, c.semantic_sample_rate)[:, 0]
         h = self._hubert(F.pad(x, (SEMANTIC_PAD, SEMANTIC_PAD)))
         step = int(self.hop / (c.sample_rate / c.semantic_sample_rate) / c.downsample_factor)
-        x = h[:, ::step].transpose(1, 2) if step > 1 else h.transpose(1, 2)
+        x = h[:, :: max(step, 1)].transpose(1, 2)
         x = conv(x, w, "encoder_semantic.conv")
         for i, stride in enumerate(c.semantic_strides):
             b = f"encoder_semantic.conv_blocks.{i}."
@@ -286,7 +293,7 @@ class HiggsAudioCodec:
     def _check_shapes(self, encoder: bool, error: Callable[[str], WeightsError]) -> None:
         """Every tensor the forwards read is there with a shape that chains: decode (and encode) two frames of
         meta tensors, so a wrong or partial file fails here, at load, rather than mid-graph."""
-        meta = type(self)(self.cfg, {k: torch.empty_like(v, device="meta") for k, v in self.w.items()}, self.name)
+        meta = type(self)(self.cfg, {k: v.to("meta") for k, v in self.w.items()}, self.name)
         try:
             meta.decode(torch.zeros(1, self.codebooks, 2, dtype=torch.long, device="meta"))
             if encoder:
@@ -330,7 +337,7 @@ def _read_parts(ckpt: Checkpoint, parts: tuple[str, ...]) -> dict[str, torch.Ten
     the magnitude has size 1: dim 0 for the DAC's convs, dim 2 for HuBERT's positional conv), as torch's weight
     norm computes it: v * (g / |v|)."""
     w = {}
-    for key in ckpt.keys():
+    for key in ckpt.keys():  # noqa: SIM118 (a Checkpoint, not a dict)
         if not key.startswith(parts) or key == "semantic_model.masked_spec_embed":
             continue  # masked_spec_embed: training only (transformers ignores it at load too)
         for g_suffix, v_suffix in WEIGHT_NORM:

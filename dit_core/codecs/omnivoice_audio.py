@@ -10,6 +10,7 @@ Each step below keeps those rules so the result equals the package's sample for 
 package takes the mean of the channels before any of this)."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -114,7 +115,8 @@ def _leading_silence_ms(pcm: torch.Tensor, rate: int, db: float = SILENCE_DB, ch
     length = _ms_length(pcm, rate)
     starts = list(range(0, length, chunk_ms))
     for s, r in zip(starts, _window_rms(pcm, rate, starts, chunk_ms, length)):
-        if r != 0 and 20 * math.log(r / FULL_SCALE, 10) >= db:  # pydub's dBFS (an RMS of 0 is -inf)
+        # pydub's dBFS, log(x, 10) as it computes it (log10 may round otherwise); an RMS of 0 is -inf
+        if r != 0 and 20 * math.log(r / FULL_SCALE, 10) >= db:  # noqa: FURB163
             return s
     return length
 
@@ -135,7 +137,7 @@ def remove_silence(wave: torch.Tensor, rate: int, mid_ms: int, lead_ms: int, tra
     if mid_ms > 0:
         length = _ms_length(pcm, rate)
         keep = [[s - mid_ms, e + mid_ms] for s, e in nonsilent_ranges(pcm, rate, mid_ms)]
-        for left, right in zip(keep, keep[1:]):
+        for left, right in itertools.pairwise(keep):
             if right[0] < left[1]:
                 left[1] = right[0] = (left[1] + right[0]) // 2
         parts = [_cut(pcm, rate, max(s, 0), min(e, length)) for s, e in keep]
