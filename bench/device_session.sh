@@ -4,8 +4,8 @@
 # Usage on the device: bash bench/device_session.sh [part ...]
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
-#          attention_fp8 attention server node_path krea2 graph
-#   The step benchmarks' peers (z_step, klein, krea2) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
+#          attention_fp8 attention server node_path krea2 graph h3
+#   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
 #     device has no ComfyUI: `bash bench/device_carry.sh` makes its tree (.devcarry/) and the wheels of what it lacks
@@ -67,6 +67,8 @@ for part in $parts; do
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
+    # MiniMax H3's 33 B step at the t2v template's size: diffusers BF16, ours INT8 resident and streamed in 16 GiB.
+    h3) timeout 590 python3 -u bench/bench_h3_step.py --steps 3 2>&1 | stamped ;;
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
     # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s);
     # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
