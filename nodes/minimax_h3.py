@@ -18,7 +18,8 @@ from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 from ..dit_core.weights import Checkpoint, WeightsError
 from .base import (FileHandle, SwiftDiTError, cancellable, checked, decode_image, dit_loader, interrupt_check,
                    text_conditioning, text_encoder_loader)
-from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
+from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
+                           VAELoaderNode)
 from .family_settings import H3, FamilySettings, PassSize, Schedule
 from .memory import on_device
 from .types import TextEncoder, Vae
@@ -40,6 +41,15 @@ class MiniMaxH3Loader(DiTLoaderNode):
                                                  FAMILY, "MiniMax H3")
     DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine."
     SETTINGS, load = SETTINGS, staticmethod(load_dit)
+
+
+class MiniMaxH3LoraLoaderModelOnly(LoraLoaderNode):
+    TITLE = "MiniMax H3"
+    NODE_ID, DISPLAY, CATEGORY = ("SwiftDiTMiniMaxH3LoraLoaderModelOnly", "MiniMax H3 LoraLoaderModelOnly (SwiftDiT)",
+                                  CATEGORY)
+    DESCRIPTION = ("Merges a LoRA into the MiniMax H3 model's linears at load (the templates' turbo LoRAs: the file's "
+                   "names, or diffusers').")
+    load = staticmethod(load_dit)
 
 
 class MiniMaxH3TextEncoderLoader(TextEncoderLoaderNode):
@@ -305,5 +315,6 @@ class MiniMaxH3VAEDecodeAudio(DecodeNode):
             return decoder.audio(decoder.raw_latents(audio.permute(0, 2, 1, 3).float()), interrupt_check)
 
 
-NODES = [MiniMaxH3Loader, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode, MiniMaxH3ImageToVideo, MiniMaxH3Sampler,
-         MiniMaxH3VAELoader, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio]
+NODES = [MiniMaxH3Loader, MiniMaxH3LoraLoaderModelOnly, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode,
+         MiniMaxH3ImageToVideo, MiniMaxH3Sampler, MiniMaxH3VAELoader, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode,
+         MiniMaxH3VAEDecodeAudio]

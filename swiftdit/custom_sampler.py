@@ -105,26 +105,3 @@ def fold_api(prompt: dict) -> list[tuple]:
                 "latent_image": ins.get("latent_image")}}
             done.append((None, sid, sampler, scheduler))
     return done
-
-
-
-def cut_loras_ui(workflow: dict) -> list[tuple]:
-    """A LoraLoaderModelOnly that only feeds a ComfySwitchNode's on_true (H3's turbo LoRA, off by default) is cut
-    out and muted: SwiftDiT has no H3 LoRA node, so the switch's LoRA side is left open (switching it on fails,
-    naming on_true); returns (scope key, LoRA id) for each."""
-    ed = UIEditor(workflow)
-    cut = []
-    for scope in ed.graph.scopes():
-        for lora in [n for n in scope.body.get("nodes", []) if n.get("type") == "LoraLoaderModelOnly"]:
-            outs = ed.consumers(scope, lora["id"], 0)
-            ends = [scope.link(lid) for lid in outs]
-            if not ends or any(scope.nodes.get(e["target_id"], {}).get("type") != "ComfySwitchNode" or
-                               scope.nodes[e["target_id"]]["inputs"][e["target_slot"]].get("name") != "on_true"
-                               for e in ends):
-                continue
-            entry = next(e for e in lora["inputs"] if e.get("name") == "model")
-            for lid in [*outs, *([entry["link"]] if entry.get("link") is not None else [])]:
-                ed.remove_link(scope, lid)
-            lora["mode"] = 2
-            cut.append((scope.key, lora["id"]))
-    return cut

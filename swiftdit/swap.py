@@ -345,12 +345,11 @@ def _retype(fam: Family, entry: dict) -> None:
 def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     """The swap of `data` with its SamplerCustomAdvanced groups spelled as KSamplers, when the swap takes every one
     of those (else None: the groups stay as they were)."""
-    from .custom_sampler import cut_loras_ui, fold_api, fold_ui
+    from .custom_sampler import fold_api, fold_ui
     work = copy.deepcopy(data)
     done = (fold_ui if fold == "ui" else fold_api)(work)
     if not done:
         return None
-    cut = cut_loras_ui(work) if fold == "ui" and "LoraLoaderModelOnly" not in fam.roles else []
     out, report = core(work, fam.name)
     swapped = {where for where, old, _ in report.changed if old == "KSampler"}
     ids = [str(kid) for _, kid, _, _ in done]
@@ -361,9 +360,6 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
         report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({sampler}), BasicScheduler "
                                   f"({scheduler}) and SamplerCustomAdvanced -> one KSampler (seed, steps, sampler, "
                                   f"scheduler, the guider's model and conditioning, cfg 1)"))
-    for key, lid in cut:
-        report.folded.append((f"{key}:{lid}" if key else str(lid), "LoraLoaderModelOnly muted and cut from its "
-                              f"switch's on_true: {fam.title} has no SwiftDiT LoRA node (the switch stays off)"))
     return out, report
 
 

@@ -693,14 +693,14 @@ def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
 
 def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     """Issue 35: the t2v template's loaders, MiniMaxH3ImageToVideo (no frames), both decoders and the
-    SamplerCustomAdvanced group (spelled as our sampler on its res_multistep / simple) become ours; the LoRA branch
-    is cut."""
+    SamplerCustomAdvanced group (spelled as our sampler on its res_multistep / simple) and the turbo LoRA (behind the
+    switch, off by default) become ours."""
     wf = template("video_minimax_h3_t2v")
     after, report = swap_ui(wf, "minimax_h3")
     assert problems(after) == [] and report.not_yet == []
     assert sorted(new for _, _, new in report.changed) == sorted(
         f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
-                                          "TextEncoderLoader", "ImageToVideo", "Sampler"))
+                                          "LoraLoaderModelOnly", "TextEncoderLoader", "ImageToVideo", "Sampler"))
     inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
     kinds = {n["type"] for n in inner.values()}
     assert not kinds & {"SamplerCustomAdvanced", "RandomNoise", "BasicGuider", "KSamplerSelect", "BasicScheduler"}
@@ -710,13 +710,14 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
         "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True}
     assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae", "first_frame",
                                                                                "last_frame"]
-    assert inner[120]["type"] == "SwiftDiTMiniMaxH3AudioVAELoader" and inner[134]["mode"] == 2
+    assert inner[120]["type"] == "SwiftDiTMiniMaxH3AudioVAELoader"
+    assert inner[134]["type"] == "SwiftDiTMiniMaxH3LoraLoaderModelOnly" and inner[134]["mode"] == 0  # the turbo LoRA
     assert inner[135]["type"] == "ComfySwitchNode"
     src, out = tmp_path / "h3.json", tmp_path / "out.json"
     src.write_text(json.dumps(wf))
     done = run_cli("swap", src, out)
     assert done.returncode == 0, done.stderr
-    assert "MiniMax H3: swapped 8 node(s)" in done.stdout and json.loads(out.read_text()) == after
+    assert "MiniMax H3: swapped 9 node(s)" in done.stdout and json.loads(out.read_text()) == after
 
 
 def test_minimax_h3_api_group_is_folded():
@@ -753,7 +754,7 @@ def test_minimax_h3_image_to_video_templates_are_swapped(name):
     assert problems(after) == [] and report.not_yet == []
     assert sorted(new for _, _, new in report.changed) == sorted(
         f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
-                                          "TextEncoderLoader", "ImageToVideo", "Sampler"))
+                                          "LoraLoaderModelOnly", "TextEncoderLoader", "ImageToVideo", "Sampler"))
     inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
     i2v = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3ImageToVideo")
     assert next(e for e in i2v["inputs"] if e["name"] == "first_frame")["link"] is not None

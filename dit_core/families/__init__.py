@@ -60,8 +60,8 @@ FAMILIES = MappingProxyType({f.name: f for f in (
     # sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. The other H3 templates
     # (references, t2i, FastH3) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
-           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler", "VAELoader",
-            "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
+           ("UNETLoader", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler",
+            "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
            custom_sampler=True,
            not_yet=(("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
                                                   "yet supported (issue 35)"),

@@ -114,6 +114,7 @@ def models(pack, tmp_path_factory):
 
 CONTRACT = {
     "SwiftDiTMiniMaxH3Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTMiniMaxH3LoraLoaderModelOnly": (["model", "lora_name", "strength_model"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTMiniMaxH3TextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTMiniMaxH3ImageToVideo": (["clip", "vae", "first_frame", "last_frame", "prompt", "width", "height",
