@@ -65,7 +65,7 @@ def test_shared_key_heads(m, heads, kv, head, r, group, device):
 def test_reference_matches_host_block(m, heads, head, r, group):
     qkv, cos, sin, wq, wk = inputs(m, heads, head, r, seed=m * head, device="cpu")
     seq = Sequence(torch.zeros(m, dtype=torch.long), cos, sin, group)
-    arch = SimpleNamespace(qk_eps=1e-5)  # head_norm_rotary reads only this of the Arch
+    arch = SimpleNamespace(qk_eps=1e-5, qk_norm="head")  # what head_norm_rotary reads of the Arch
     host = [head_norm_rotary(t, w, arch, seq) for t, w in
             zip(qkv.float().reshape(m, 3, heads, head).unbind(1)[:2], (wq, wk))]
     for got, want in zip(reference(qkv, heads, head, wq, wk, cos, sin, 1e-5, group=group), host):
