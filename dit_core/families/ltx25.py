@@ -10,13 +10,13 @@ its own rotary angles (section 4: "split", the frequencies laid over all heads' 
 the velocity has the usual sign (x0 = x - sigma v).
 
 Variants, read from the file's keys (section 9): the prompt's AdaLN (prompt_adaln_single; else the static tables),
-the video MLP's biases, the keyframe marker, the per-head gates. Not yet a row of FAMILIES: no nodes, sampling,
-text connectors or GPU path yet (issue 36); load it as LTX25.load(path).
+the video MLP's biases, the keyframe marker, the per-head gates. On the host only: no GPU path yet (issue 36).
 """
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -309,15 +309,16 @@ class LTX25:
     def forward(self, video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
                 grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
                 text_mask: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
-                av_times: str = "comfyui",
-                rope_dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+                av_times: str = "comfyui", rope_dtype: torch.dtype = torch.float64,
+                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(video velocity [grid.rows, C], audio velocity [M, C_audio]) of one step over the packed rows: video
         latent rows [grid.rows, C] (frame-major, then y, x), audio rows [M, C_audio] (8 channels x 16 mel bins a
         row), the connectors' prompt rows for each stream [L, D] and [L, D_audio], f32.
         conditioned [grid.rows]: 1 on clean (conditioning) video rows, whose time is sigma (1 - conditioned) x 1000
         (section 7); text_mask [L]: 1 on the prompt rows to attend (None: all); keyframes [grid.rows] bool: rows that
         take the keyframe marker (ignored without one). av_times: a key of AV_TIMES. rope_dtype: float64 (the
-        release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3)."""
+        release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3). check() runs after
+        each block (it raises: ComfyUI's Cancel within a step)."""
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -340,6 +341,8 @@ class LTX25:
             v = v + keyframes.bool().float()[:, None] * self.keyframe
         for block in self.blocks:
             v, a = self.block(block, v, a, sv, sa)
+            if check is not None:
+                check()
         return self.final(v_s, v, sv), self.final(a_s, a, sa)
 
     def block(self, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
