@@ -7,3 +7,5 @@ DiTModel = io.Custom("SWIFTDIT_MODEL")
 TextEncoder = io.Custom("SWIFTDIT_TEXT_ENCODER")
 # A FileHandle of kind "vae": a VAE file.
 Vae = io.Custom("SWIFTDIT_VAE")
+# A FileHandle of kind "latent_upscale": a latent upscale model file (LTX-2.5's x2 spatial upsampler).
+LatentUpscaleModel = io.Custom("SWIFTDIT_LATENT_UPSCALE_MODEL")
