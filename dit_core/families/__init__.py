@@ -8,11 +8,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..sampling.ksampler import SAMPLERS
+from ..sampling.ltx25 import STAGE_1_SIGMAS
 from ..sampling.schedules import SCHEDULERS, TABLE_SCHEDULERS
 from .flux3_klein import Flux3Klein
 from .krea2 import Krea2
+from .ltx25 import LTX25
 from .minimax_h3 import MiniMaxH3
 from .z_image import ZImage
+
+LTX25_NOT_YET = ("LTX-2.5's templates (two SamplerCustomAdvanced stages with LTXVDualCFGGuider and ManualSigmas, "
+                 "LTXVLatentUpsampler, VAEDecodeTiled, LTXVAudioVAEDecode) are not yet supported by the swap "
+                 "(issue 36); build the graph with the LTX-2.5 nodes (docs/nodes.md)")
 
 
 @dataclass(frozen=True)
@@ -69,4 +75,12 @@ FAMILIES = MappingProxyType({f.name: f for f in (
                                             "supported (issue 35)"),
                     ("CLIPTextEncode", "MiniMax H3's templates with CLIPTextEncode (text to image) are not yet "
                                        "supported (issue 35)"))),
+    # LTX-2.5's sampler is one stage of its templates (a SamplerCustomAdvanced group with LTXVDualCFGGuider and
+    # ManualSigmas: sampler euler_ancestral, scheduler 'manual' = its sigmas widget); its upsampler, empty audio
+    # latent and decoders have no swap rules yet, so its templates stay as they are: their encodes and guider name
+    # issue 36 (a swap of the text path alone would feed stock LTX nodes our conditioning).
+    Family("ltx25", "LTX-2.5", LTX25, "SwiftDiTLTX25", ("ltxv",),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader"), ("euler_ancestral",),
+           ("manual",), sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS)),
+           not_yet=tuple((stock, LTX25_NOT_YET) for stock in ("CLIPTextEncode", "LTXVDualCFGGuider"))),
 )})
