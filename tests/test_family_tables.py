@@ -42,6 +42,7 @@ def test_the_swap_runs_what_the_nodes_run(registry):
 
 def test_the_engine_loads_through_the_row():
     from dit_core import load_family
-    with pytest.raises(ValueError, match="unknown family 'sd15'; known: flux3_klein, krea2, minimax_h3, z_image"):
+    known = "flux3_klein, krea2, ltx25, minimax_h3, z_image"
+    with pytest.raises(ValueError, match=f"unknown family 'sd15'; known: {known}"):
         load_family("sd15", "x.safetensors")
     assert TABLE["krea2"].recipe.__name__ == "Krea2" and callable(TABLE["krea2"].load)
