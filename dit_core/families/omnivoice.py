@@ -45,6 +45,9 @@ CODEBOOKS = 8      # where the file lacks codebook_layer_offsets (a buffer the p
 NONVERBAL = re.compile(r"\[(laughter|sigh|confirmation-en|question-en|question-ah|question-oh|question-ei|"
                        r"question-yi|surprise-ah|surprise-oh|surprise-wa|surprise-yo|dissatisfaction-hnn)\]")
 HAN = r"[\u4e00-\u9fff]"
+SPECIAL_TOKENS = ("<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>", "<|instruct_end|>",
+                  "<|text_start|>", "<|text_end|>")
+END_PUNCTUATION = frozenset(";:,.!?…)]}\"'“”‘’；：，。！？、）】")  # a transcript ending otherwise gains one
 FRAME_RATE = 25  # codec frames a second (Higgs audio v2: 24 kHz, hop 960)
 # The length rule (section 4; the package's RuleDurationEstimator): frames = a text's weight (speaking time
 # per character relative to a Latin letter) at the reference's frames per unit of weight; without a
@@ -153,6 +156,30 @@ def text_ids(tokenizer, text: str) -> list[int]:
         last = m.end()
     pieces.append(text[last:])
     return [i for piece in pieces if piece for i in tokenizer(piece, add_special_tokens=False)["input_ids"]]
+
+
+def load_tokenizer(folder: str | Path):
+    """A model folder's tokenizer as the package loads it (transformers' AutoTokenizer, local files only), its seven
+    special tokens checked; WeightsError naming what is missing."""
+    from transformers import AutoTokenizer
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        raise WeightsError(f"{folder.name}: no tokenizer.json or tokenizer_config.json; an OmniVoice model folder "
+                           f"holds its tokenizer's files (k2-fsa/OmniVoice)")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.get_vocab()]
+    if missing:
+        raise WeightsError(f"{folder.name}: its tokenizer lacks {', '.join(missing)}; not OmniVoice's")
+    return tokenizer
+
+
+def punctuated(text: str) -> str:
+    """A reference transcript stripped and ended with punctuation ("." or, holding Han, "。"), as the package's
+    add_punctuation prepares it."""
+    text = text.strip()
+    if text and text[-1] not in END_PUNCTUATION:
+        text += "。" if re.search(HAN, text) else "."
+    return text
 
 
 def char_weight(ch: str) -> float:
