@@ -170,11 +170,30 @@ def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]
     """(video [1, C, F, LH, LW], audio [1, C_a, 2, Na]) of an H3 AV latent (comfy.nested_tensor.NestedTensor)."""
     parts = getattr(samples, "tensors", None)
     if not isinstance(samples, NestedTensor) or [t.dim() for t in parts] != [5, 4] or parts[1].shape[2] != 2 or \
-            parts[0].shape[0] != 1 or parts[1].shape[0] != 1 or parts[0].shape[3] % 2 or parts[0].shape[4] % 2:
+            parts[0].shape[0] != 1 or parts[1].shape[0] != 1:
         got = [tuple(t.shape) for t in parts] if parts else tuple(getattr(samples, "shape", ()))
-        raise SwiftDiTError(f"{node} · {name}: not MiniMax H3's AV latent (video [1, C, F, H/16, W/16], H/16 and "
-                            f"W/16 even, and audio [1, C, 2, Na], got {got}); make it with the H3 Text To Video node")
+        raise SwiftDiTError(f"{node} · {name}: not MiniMax H3's AV latent (video [1, C, F, H/16, W/16] and audio "
+                            f"[1, C, 2, Na], got {got}); make it with the H3 Image To Video node or EmptyLatentImage")
     return parts[0], parts[1]
+
+
+def video_part(node: str, name: str, samples) -> torch.Tensor:
+    """The video [1, C, F, LH, LW] of an AV latent, or the video latent itself (LTXVSeparateAVLatent's output)."""
+    if isinstance(samples, torch.Tensor) and samples.dim() == 5:
+        return samples
+    return av_parts(node, name, samples)[0]
+
+
+def empty_image_latent(node: str, samples: torch.Tensor) -> NestedTensor:
+    """EmptyLatentImage's zeros [1, 4, H/8, W/8] as ComfyUI hands them to H3 (fix_empty_latent_channels, then
+    MiniMaxH3AV.fix_empty_latent): one video frame of H/16 x W/16 cells (each side halved and rounded, as its
+    nearest-exact rescale sizes it) and the audio of that frame (round(5/3) = 2 latents a channel)."""
+    if samples.shape[0] != 1 or samples.any():
+        raise SwiftDiTError(f"{node} · latent_image: an image latent {tuple(samples.shape)} that is not one empty "
+                            f"image (EmptyLatentImage, batch 1); MiniMax H3 samples video from its Image To Video "
+                            f"node and one image from an empty latent")
+    h, w = round(samples.shape[-2] * 0.5), round(samples.shape[-1] * 0.5)
+    return NestedTensor([samples.new_zeros(1, VIDEO_CHANNELS, 1, h, w), samples.new_zeros(1, AUDIO_CHANNELS, 2, 2)])
 
 
 class MiniMaxH3Sampler(SamplerNode):
@@ -192,6 +211,8 @@ class MiniMaxH3Sampler(SamplerNode):
 
     @classmethod
     def latent(cls, samples):
+        if isinstance(samples, torch.Tensor) and samples.dim() == 4:
+            return empty_image_latent(cls.NODE_ID, samples)  # text to image: EmptyLatentImage, as the t2i template
         av_parts(cls.NODE_ID, "latent_image", samples)
         return samples
 
@@ -223,7 +244,7 @@ class MiniMaxH3Sampler(SamplerNode):
         video, audio = r.latent.tensors
         shift = r.model.schedule.shift
         total = len(comfy_h3_sigmas(r.scheduler, r.steps, shift)) - 1  # ddim_uniform can add a step, as ComfyUI's
-        pixel_frames = (video.shape[2] - 2) // 5 * 17 + 5
+        pixel_frames = max(1, (video.shape[2] - 2) // 5 * 17 + 5)
         keyframes = keyframes_of(cls.NODE_ID, r.conditioning, pixel_frames)
         tags = r.conditioning[0][1].get("text_token_tags") if r.conditioning else None
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
@@ -297,7 +318,7 @@ class MiniMaxH3VAEDecode(DecodeNode):
 
     @classmethod
     def decode(cls, samples, vae):
-        video = av_parts(cls.NODE_ID, "samples", samples)[0]
+        video = video_part(cls.NODE_ID, "samples", samples)
         return decode_image(cls.NODE_ID, load_video_vae(vae), {"samples": video})
 
 

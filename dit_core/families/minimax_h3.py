@@ -481,7 +481,8 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
                 should_stop=None, check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
     2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
-    height, width: the video latent's F, LH, LW (LH, LW even); audio_latents: Na per stereo channel; steps: forwards.
+    height, width: the video latent's F, LH, LW (odd sides padded for each forward, as ComfyUI pads them);
+    audio_latents: Na per stereo channel; steps: forwards.
     The start is t2va_noise(seed) (ComfyUI's draw) or noise = (video, audio) in those two shapes; exactly one.
     sampler None: both streams walk diffusers' two grids with its Euler (h3_sigmas at video_shift and audio_shift);
     a ksampler sampler name ("euler", "res_multistep"): ComfyUI's way, that sampler on the `scheduler` grid of the
@@ -507,19 +508,26 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
         raise ValueError("sample_t2va: keyframes are added as ComfyUI adds them: give a sampler name and the seed")
     if text_tags is not None and tuple(text_tags.shape) != (text.shape[0],):
         raise ValueError(f"sample_t2va: {tuple(text_tags.shape)} text tags for {text.shape[0]} text rows")
-    layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height, width, audio_latents,
-                           keyframes=tuple(anchor for anchor, _ in keyframes))
+    # An odd latent side (a text-to-image size such as 728 / 16 = 45.5 -> 46 x 81) is padded circularly to the
+    # patch grid for each forward and the output cropped, as ComfyUI's pad_to_patch_size does.
+    pad_h, pad_w = height % PATCH[1], width % PATCH[2]
+    if keyframes and (pad_h or pad_w):
+        raise ValueError(f"sample_t2va: keyframes need even latent sides, got {height}x{width}")
+    layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height + pad_h,
+                           width + pad_w, audio_latents, keyframes=tuple(anchor for anchor, _ in keyframes))
     dev = model.device  # the rows and the sampler's arithmetic where the model runs
     conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed,
                                4 * model.arch.latents).to(dev)
     txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
-    video = patchify(noise[0][0].float()).to(dev)  # sigma 1: the start is the noise itself
+    video = noise[0][0].float().to(dev)  # [C, F, H, W]; sigma 1: the start is the noise itself
     audio = audio_to_rows(noise[1].float()).to(dev)
 
     def denoised(v, a, sigma_video, sigma_audio):
-        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(v), v)), a, txt, layout, sigma_video,
+        rows = patchify(F.pad(v[None], (0, pad_w, 0, pad_h, 0, 0), mode="circular")[0] if pad_h or pad_w else v)
+        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(rows), rows)), a, txt, layout, sigma_video,
                                             sigma_audio, check)
-        return x0_video[conditions.shape[0]:], x0_audio
+        x0_video = unpatchify(x0_video[conditions.shape[0]:], frames, height + pad_h, width + pad_w)
+        return x0_video[:, :, :height, :width], x0_audio
 
     if sampler is None:
         video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),
@@ -527,4 +535,4 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     else:
         video, audio = sample_h3_comfy(denoised, video, audio, comfy_h3_sigmas(scheduler, steps, video_shift),
                                        sampler, video_shift, audio_shift, callback=callback, should_stop=should_stop)
-    return unpatchify(video, frames, height, width)[None].cpu(), rows_to_audio(audio).cpu()
+    return video[None].cpu(), rows_to_audio(audio).cpu()

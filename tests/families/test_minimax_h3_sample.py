@@ -161,3 +161,24 @@ def test_keyframes_as_comfyui_adds_them(ours, monkeypatch):
     with pytest.raises(ValueError, match=r"keyframe latent is \[1, C, 1, 4, 6\]"):
         sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="euler",
                     keyframes=(("first", first[:, :, :, :2]),))
+
+
+def test_odd_latent_sides_are_padded_circularly(ours, monkeypatch):
+    """Text to image at a size whose latent sides are odd (1296 x 728 -> 81 x 46 cells): each forward sees the
+    state padded circularly to the 2 x 2 patch grid (ComfyUI's pad_to_patch_size), its layout that size, and the
+    sampler keeps the unpadded latent."""
+    seen = []
+    denoised = MiniMaxH3.denoised
+
+    def spy(self, video, audio, txt, layout, sigma_video, sigma_audio, check=None):
+        seen.append((unpatchify(video, 1, 4, 8), layout))
+        return denoised(self, video, audio, txt, layout, sigma_video, sigma_audio, check)
+
+    monkeypatch.setattr(MiniMaxH3, "denoised", spy)
+    video, audio = sample_t2va(ours, text_features(), 1, 3, 7, 2, 2, seed=5, sampler="res_multistep")
+    assert video.shape == (1, C, 1, 3, 7) and audio.shape == (1, CA, 2, 2)
+    first = seen[0][0]
+    noise = t2va_noise(ours, 1, 3, 7, 2, 5)[0][0]
+    assert torch.equal(first[:, :, :3, :7], noise)  # sigma 1: the noise itself, then its circular wrap
+    assert torch.equal(first[:, :, 3], first[:, :, 0]) and torch.equal(first[:, :, :, 7], first[:, :, :, 0])
+    assert all(layout.video == 2 * 4 for _, layout in seen)

@@ -262,3 +262,29 @@ def test_first_and_last_frame(pack, models):
     with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3ImageToVideo · vae: a first or last frame"):
         run(pack.MiniMaxH3ImageToVideo, clip=clip, first_frame=first, prompt=PROMPT, width=WIDTH, height=HEIGHT,
             length=LENGTH)
+
+
+def test_text_to_image(pack, models):
+    """The t2i template's graph: Text Encode, EmptyLatentImage's zeros (48 x 56 pixels: 6 x 7 -> 3 x 4 cells, an
+    odd side), our sampler (one frame, two audio latents, as ComfyUI's MiniMaxH3AV makes of an empty image), the
+    video part (LTXVSeparateAVLatent's output) into our VAE Decode: one IMAGE."""
+    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
+                   linears="as stored")
+    (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
+    (positive,) = run(pack.MiniMaxH3TextEncode, clip=clip, text=PROMPT)
+    empty = {"samples": torch.zeros(1, 4, 6, 7), "downscale_ratio_spacial": 8}
+    (samples,) = run(pack.MiniMaxH3Sampler, model=model, seed=3, steps=2, cfg=1.0, sampler_name="res_multistep",
+                     scheduler="simple", positive=positive, negative=positive, latent_image=empty, denoise=1.0)
+    video, audio = samples["samples"].tensors
+    dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    want = sample_t2va(dit, positive[0][0], 1, 3, 4, 2, 2, seed=3, sampler="res_multistep")
+    assert torch.equal(video, want[0]) and torch.equal(audio, want[1])
+    (vae,) = run(pack.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
+    (image,) = run(pack.MiniMaxH3VAEDecode, samples={"samples": video}, vae=vae)
+    assert image.shape == (1, 48, 64, 3)
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3Sampler · latent_image: an image latent"):
+        run(pack.MiniMaxH3Sampler, model=model, seed=3, steps=2, cfg=1.0, sampler_name="res_multistep",
+            scheduler="simple", positive=positive, negative=positive, latent_image={"samples": torch.ones(1, 4, 6, 7)},
+            denoise=1.0)
