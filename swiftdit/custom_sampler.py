@@ -1,8 +1,9 @@
-"""SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's
-text to video): RandomNoise's seed, BasicScheduler's steps, BasicGuider's model and conditioning (the positive, and
-the negative too: our sampler runs cfg 1, which never reads it), the latent, KSamplerSelect's sampler and
-BasicScheduler's scheduler. The swap then swaps the KSampler like any other (its row says which samplers and
-schedulers ours runs); when it does not, the group is left as it was."""
+"""SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's):
+RandomNoise's seed, BasicScheduler's steps, BasicGuider's model and conditioning (the positive, and the negative too:
+our sampler runs cfg 1, which never reads it), the latent, KSamplerSelect's sampler and BasicScheduler's scheduler;
+and the MODEL -> MODEL nodes a family's row drops (H3's ModelAttentionBackend) taken off the model path first. The
+swap then swaps the KSampler like any other (its row says which samplers and schedulers ours runs); when it does
+not, the graph is left as it was."""
 from __future__ import annotations
 
 from .ui_edit import UIEditor
@@ -30,11 +31,9 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
         return None
     sched = group["sigmas"]
     values = dict(zip(("scheduler", "steps", "denoise"), sched.get("widgets_values") or []))
-    if values.get("denoise") != 1 or ed.origin(scope, sched, "denoise") or ed.origin(scope, sched, "scheduler"):
+    if values.get("denoise") != 1 or ed.origin(scope, sched, "denoise"):
         return None
     if ed.origin(scope, sched, "model") != ed.origin(scope, group["guider"], "model"):
-        return None
-    if ed.origin(scope, group["sampler"], "sampler_name") is not None:
         return None
     return group
 
@@ -55,11 +54,16 @@ def fold_ui(workflow: dict) -> list[tuple]:
             sampler = select["widgets_values"][0]
             widgets = [seed[0], seed[1] if len(seed) > 1 else "randomize", steps, 1.0, sampler, scheduler, 1.0]
             ks = ed.add_node(scope, "KSampler", sca.get("pos") or (0, 0), list(KSAMPLER_INPUTS), ["LATENT"], widgets)
+            # the widgets the group's nodes take from elsewhere (a subgraph's promoted values) stay wired
             ks["inputs"] += [{"name": "seed", "type": "INT", "widget": {"name": "seed"}, "link": None},
-                             {"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": None}]
+                             {"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": None},
+                             {"name": "sampler_name", "type": "COMBO", "widget": {"name": "sampler_name"},
+                              "link": None},
+                             {"name": "scheduler", "type": "COMBO", "widget": {"name": "scheduler"}, "link": None}]
             ks["size"] = [270, 262]
             feeds = [(guider, "model", 0), (guider, "conditioning", 1), (guider, "conditioning", 2),
-                     (sca, "latent_image", 3), (noise, "noise_seed", 4), (sched, "steps", 5)]
+                     (sca, "latent_image", 3), (noise, "noise_seed", 4), (sched, "steps", 5),
+                     (select, "sampler_name", 6), (sched, "scheduler", 7)]
             for node, name, slot in feeds:
                 origin = ed.origin(scope, node, name)
                 if origin is not None:
@@ -105,3 +109,31 @@ def fold_api(prompt: dict) -> list[tuple]:
                 "latent_image": ins.get("latent_image")}}
             done.append((None, sid, sampler, scheduler))
     return done
+
+
+def drop_ui(workflow: dict, kinds) -> list[tuple]:
+    """Each node of `kinds` (edited in place) removed, what read its MODEL now reading its model input; returns
+    (scope key, node id, type) for each."""
+    ed = UIEditor(workflow)
+    dropped = []
+    for scope in ed.graph.scopes():
+        for node in [n for n in scope.body.get("nodes", []) if n.get("type") in kinds and n.get("mode") in (0, None)]:
+            ed.pass_through(scope, node, 0, "model")
+            ed.remove_node(scope, node)
+            dropped.append((scope.key, node["id"], node["type"]))
+    return dropped
+
+
+def drop_api(prompt: dict, kinds) -> list[tuple]:
+    """drop_ui for an API prompt (edited in place)."""
+    dropped = []
+    for nid, body in list(prompt.items()):
+        if body.get("class_type") not in kinds or not is_link(body.get("inputs", {}).get("model")):
+            continue
+        for other in prompt.values():
+            for name, value in other.get("inputs", {}).items():
+                if is_link(value) and value[0] == nid:
+                    other["inputs"][name] = list(body["inputs"]["model"])
+        del prompt[nid]
+        dropped.append((None, nid, body["class_type"]))
+    return dropped

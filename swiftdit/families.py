@@ -90,8 +90,9 @@ class Family:
     switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # pass-through -> inputs
     audio_vae_loader: str | None = None        # ours for a VAELoader that feeds an audio decode
     # SamplerCustomAdvanced groups (RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler) spelled as a KSampler
-    # before the swap (swiftdit/custom_sampler.py): the row's first sampler and scheduler
+    # before the swap (swiftdit/custom_sampler.py), with the group's sampler and scheduler
     custom_sampler: bool = False
+    dropped: tuple[tuple[str, str], ...] = ()  # MODEL -> MODEL nodes removed before the swap: (type, why)
     ours_roles: MappingProxyType = field(init=False)  # our node id -> the stock class it replaces
 
     def __post_init__(self):
@@ -161,6 +162,7 @@ def rules(row) -> Family:
         switches=MappingProxyType({kind: PASS_THROUGH[kind] for kind in row.switches}),
         audio_vae_loader=row.node_prefix + "AudioVAELoader" if has & set(AUDIO_DECODERS) else None,
         custom_sampler=row.custom_sampler,
+        dropped=tuple(row.dropped),
     )
 
 

@@ -265,6 +265,18 @@ class Reducer:
         for scope, node in self.nodes_of({"ReferenceMultiLatent"}):
             ReferenceSpelling(self, scope, node).run()
 
+    def separated_latents(self) -> None:
+        """LTXVSeparateAVLatent whose audio output nothing reads: what read its video part reads the AV latent
+        (MiniMax H3's t2i template: our VAE Decode takes the AV latent as well as its video part)."""
+        for scope, node in self.nodes_of({"LTXVSeparateAVLatent"}):
+            if self.ed.consumers(scope, node["id"], 1):
+                raise ValueError(f"node {self.where(scope, node)} (LTXVSeparateAVLatent): its audio latent is used; "
+                                 f"only its video part can be passed on as the AV latent")
+            self.ed.pass_through(scope, node, 0, "av_latent", self.where(scope, node))
+            self.note(scope, node, "removed, the AV latent passed on to what read its video part",
+                      f"{HOST} has no LTXVSeparateAVLatent; the MiniMax H3 VAE Decode takes the AV latent")
+            self.drop(scope, node)
+
     def unused(self) -> None:
         """Nodes the host lacks that give nothing to any node: viewers, and nodes whose outputs nothing reads."""
         for scope, node in self.nodes_of(HOST_LACKS):
@@ -321,8 +333,8 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
         raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
-                 reducer.layout_prompts, reducer.reference_latents, reducer.unused, reducer.outputless,
-                 reducer.prune):
+                 reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents, reducer.unused,
+                 reducer.outputless, reducer.prune):
         rule()
     if check:
         reducer.check()

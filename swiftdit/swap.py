@@ -345,8 +345,10 @@ def _retype(fam: Family, entry: dict) -> None:
 def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     """The swap of `data` with its SamplerCustomAdvanced groups spelled as KSamplers, when the swap takes every one
     of those (else None: the groups stay as they were)."""
-    from .custom_sampler import fold_api, fold_ui
+    from .custom_sampler import drop_api, drop_ui, fold_api, fold_ui
     work = copy.deepcopy(data)
+    why_dropped = dict(fam.dropped)
+    dropped = (drop_ui if fold == "ui" else drop_api)(work, set(why_dropped))
     done = (fold_ui if fold == "ui" else fold_api)(work)
     if not done:
         return None
@@ -360,6 +362,11 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
         report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({sampler}), BasicScheduler "
                                   f"({scheduler}) and SamplerCustomAdvanced -> one KSampler (seed, steps, sampler, "
                                   f"scheduler, the guider's model and conditioning, cfg 1)"))
+    graph = UIGraph(data) if fold == "ui" else None
+    for key, nid, kind in dropped:
+        where = str(nid) if key is None else ", ".join(":".join(map(str, p.path + (nid,))) for p in graph.placed()
+                                                       if graph.is_instance(p.node) and p.node["type"] == key)
+        report.folded.append((where, f"{kind} removed, its model passed on: {why_dropped[kind]}"))
     return out, report
 
 

@@ -672,13 +672,13 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 
 
-H3_TEMPLATES = ("video_minimax_h3_r2v", "image_minimax_h3_t2i", "video_fastvideo_fasth3_t2v")
+H3_TEMPLATES = ("video_minimax_h3_r2v", "video_fastvideo_fasth3_t2v")
 
 
 @pytest.mark.parametrize("name", H3_TEMPLATES)
 def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
-    """H3's row (issue 35): its templates with ReferenceToVideo, CLIPTextEncode (t2i) or MiniMaxH3SigmaShift
-    (FastH3) are left as they are, and the CLI says so and writes nothing."""
+    """H3's row (issue 35): its templates with ReferenceToVideo or MiniMaxH3SigmaShift (FastH3) are left as they
+    are, and the CLI says so and writes nothing."""
     wf = template(name)
     after, report = swap_ui(wf, "minimax_h3")
     assert after == wf and report.changed == [] and report.added == []
@@ -707,7 +707,8 @@ def test_minimax_h3_t2v_template_is_swapped(tmp_path):
     sampler = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3Sampler")
     assert sampler["widgets_values"][3:7] == [1.0, "res_multistep", "simple", 1.0]
     assert {e["name"]: e.get("link") is not None for e in sampler["inputs"]} == {
-        "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True}
+        "model": True, "positive": True, "negative": True, "latent_image": True, "seed": True, "steps": True,
+        "sampler_name": False, "scheduler": False}  # the t2v template's sampler and scheduler are widgets
     assert [e["name"] for e in inner[131]["inputs"] if not e.get("widget")] == ["clip", "vae", "first_frame",
                                                                                "last_frame"]
     assert inner[120]["type"] == "SwiftDiTMiniMaxH3AudioVAELoader"
@@ -758,3 +759,20 @@ def test_minimax_h3_image_to_video_templates_are_swapped(name):
     inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
     i2v = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3ImageToVideo")
     assert next(e for e in i2v["inputs"] if e["name"] == "first_frame")["link"] is not None
+
+
+def test_minimax_h3_text_to_image_template_is_swapped():
+    """Issue 35: the t2i template's subgraph: its SamplerCustomAdvanced group folded with the sampler and scheduler
+    its subgraph promotes (still wired to the instance's inputs), ModelAttentionBackend taken off the model path
+    (reported), EmptyLatentImage and LTXVSeparateAVLatent stock around our sampler and decode."""
+    after, report = swap_ui(template("image_minimax_h3_t2i"), "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTMiniMaxH3{r}" for r in ("Loader", "LoraLoaderModelOnly", "TextEncode", "TextEncoderLoader",
+                                          "VAELoader", "VAEDecode", "Sampler"))
+    inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
+    assert 44 not in inner and {inner[46]["type"], inner[39]["type"]} == {"EmptyLatentImage", "LTXVSeparateAVLatent"}
+    sampler = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3Sampler")
+    wired = {e["name"] for e in sampler["inputs"] if e.get("link") is not None}
+    assert {"seed", "steps", "sampler_name", "scheduler"} <= wired  # the subgraph's promoted values
+    assert any(where == "58:44" and what.startswith("ModelAttentionBackend removed") for where, what in report.folded)

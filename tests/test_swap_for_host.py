@@ -318,3 +318,21 @@ def test_minimax_h3_image_to_video_reduced_for_the_host(name, host_info):
     assert prompt[i2v["first_frame"][0]]["class_type"] == "LoadImage" and "last_frame" not in i2v
     sampler = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3Sampler")["inputs"]
     assert (sampler["sampler_name"], sampler["scheduler"]) == ("res_multistep", "simple")
+
+
+def test_minimax_h3_text_to_image_reduced_for_the_host(host_info):
+    """The t2i template reduces (size, switch, LTXVSeparateAVLatent: our decode takes the AV latent) and swaps to a
+    graph the host runs: EmptyLatentImage 1296 x 728 into our sampler (30 steps, res_multistep / simple, the
+    template's seed), our VAE Decode, SaveImage."""
+    wf, report, host_report = swap_for_host(template("image_minimax_h3_t2i"), "minimax_h3")
+    assert problems(wf) == []
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    sampler = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3Sampler")["inputs"]
+    assert (sampler["steps"], sampler["sampler_name"], sampler["scheduler"], sampler["seed"]) == (
+        30, "res_multistep", "simple", 697447143149280)
+    empty = prompt[sampler["latent_image"][0]]
+    assert empty["class_type"] == "EmptyLatentImage" and (empty["inputs"]["width"], empty["inputs"]["height"]) == (
+        1296, 728)
+    decode = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3VAEDecode")["inputs"]
+    assert prompt[decode["samples"][0]]["class_type"] == "SwiftDiTMiniMaxH3Sampler"

@@ -40,6 +40,9 @@ class Family:
     # its templates sample with SamplerCustomAdvanced: the swap spells that group as a KSampler with the group's
     # sampler and scheduler (swiftdit/custom_sampler.py)
     custom_sampler: bool = False
+    # stock MODEL -> MODEL nodes of its templates that our engine has no use for: the swap removes them from the
+    # model path, saying why (node type, why)
+    dropped: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
         if not self.node_prefix.startswith("SwiftDiT") or not self.text_types or not self.replaces:
@@ -62,19 +65,19 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
            not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
                                                     "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
-    # H3's text and image to video templates: MiniMaxH3ImageToVideo -> ours, its SamplerCustomAdvanced group -> our
-    # sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. The other H3 templates
-    # (references, t2i, FastH3) stay as they are.
+    # H3's text to video, image to video and text to image templates: MiniMaxH3ImageToVideo -> ours, its
+    # SamplerCustomAdvanced group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for
+    # audio. The other H3 templates (references, FastH3) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
            ("UNETLoader", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler",
             "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
            custom_sampler=True,
+           dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
+                                              "attention this node picks"),),
            not_yet=(("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
                                                   "yet supported (issue 35)"),
                     ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
-                                            "supported (issue 35)"),
-                    ("CLIPTextEncode", "MiniMax H3's templates with CLIPTextEncode (text to image) are not yet "
-                                       "supported (issue 35)"))),
+                                            "supported (issue 35)"))),
     # LTX-2.5's sampler is one stage of its templates (a SamplerCustomAdvanced group with LTXVDualCFGGuider and
     # ManualSigmas: sampler euler_ancestral, scheduler 'manual' = its sigmas widget); its upsampler, empty audio
     # latent and decoders have no swap rules yet, so its templates stay as they are: their encodes and guider name
