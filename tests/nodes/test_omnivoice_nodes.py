@@ -86,7 +86,7 @@ CONTRACT = {
 
 def test_schemas_follow_the_contract(pack, models):
     assert_schemas_follow(pack.NODES, CONTRACT, "SwiftDiT/OmniVoice")
-    sampler = {i.id: i.default for i in pack.OmniVoiceSampler.GET_SCHEMA().inputs}
+    sampler = {i.id: getattr(i, "default", None) for i in pack.OmniVoiceSampler.GET_SCHEMA().inputs}
     assert (sampler["steps"], sampler["guidance"], sampler["t_shift"], sampler["position_temperature"],
             sampler["class_temperature"]) == (32, 2.0, 0.1, 5.0, 0.0)  # OmniVoiceGenerationConfig's
     loader = pack.OmniVoiceLoader.GET_SCHEMA().inputs[0]
