@@ -218,3 +218,55 @@ def test_lora_merges_in_diffusers_and_file_names(model, files, tmp_path):
     v, a = ours.output(video, audio, text, layout, times, index)
     assert rel_err(v, want_v) <= 1e-4 and rel_err(a, want_a) <= 1e-4
     assert rel_err(diffusers_out(model, layout, video, audio, text, times, index)[0], want_v) > 1e-3
+
+
+# A model the GPU kernels take (heads of 128, widths in ConvRot groups of 256): attention 768 wide over a residual
+# of 512, as H3's 7168 over 5376, rotary on 96 of 128.
+GPU_SIZES = dict(num_attention_heads=6, attention_head_dim=128, hidden_size=512, num_layers=2, num_refiner_layers=1,
+                 ffn_dim=1024, in_channels=24, audio_in_channels=32, text_dim=256, freq_dim=256,
+                 time_embed_hidden_dim=512, time_embed_dim=256, rope_freq_dim=16)
+
+
+@pytest.fixture(scope="module")
+def gpu_sized(tmp_path_factory):
+    path = tmp_path_factory.mktemp("h3_gpu") / "h3.safetensors"
+    save_file(minimax_h3_comfy_layout(random_minimax_h3(seed=7, **GPU_SIZES)), path)
+    g = torch.Generator().manual_seed(8)
+    layout = packed_layout(9, 3, 8, 6, 10, ("first",))
+    video = torch.randn(layout.keyframes + layout.video, 96, generator=g)
+    audio, text = torch.randn(layout.audio, 32, generator=g), torch.randn(layout.text, 256, generator=g)
+    return path, layout, video, audio, text, *row_times(layout, 0.4, 0.55)
+
+
+def test_gpu_sized_gpu_form_on_the_cpu(gpu_sized):
+    """The GPU form at sizes the kernels take, their references on the CPU, against the host's INT8 emulation in
+    f64 (INT8 linears) and the host's BF16 model."""
+    path, layout, video, audio, text, times, index = gpu_sized
+    for linears, bound in (("bf16", 1e-2), ("int8", 2e-2)):
+        host = MiniMaxH3.load(path, linears=linears)
+        want = host.output(video.double(), audio.double(), text.double(), layout, times, index)
+        got = host.gpu_form(torch.device("cpu"), host.default_options()).output(video, audio, text, layout, times,
+                                                                                index)
+        for g, w in zip(got, want):
+            assert rel_err(g, w.float()) <= bound, linears
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_matches_host(gpu_sized):
+    """MiniMaxH3.to('cuda'): the GPU block's kernels at an attention wider than the residual, the modulation linears
+    through the GPU product, against the host's INT8 emulation in f64 (2e-2); streamed layers (one slot) equal to
+    resident ones."""
+    path, layout, video, audio, text, times, index = gpu_sized
+    host = MiniMaxH3.load(path, linears="int8")
+    want = host.output(video.double(), audio.double(), text.double(), layout, times, index)
+    cuda = [t.cuda() for t in (video, audio, text)]
+    got = host.to("cuda").output(*cuda, layout, times, index)
+    for g, w in zip(got, want):
+        assert rel_err(g.cpu(), w.float()) <= 2e-2
+    one = staged_bytes(host.blocks[0])
+    streamed = replace(host.to("cuda", budget_bytes=2 * one),
+                       blocks=StreamedBlocks(host.blocks, "cuda", one, form=lambda layer, where: layer.on(where),
+                                             slots=1))
+    for s, g in zip(streamed.output(*cuda, layout, times, index), got):
+        assert torch.equal(s, g)
