@@ -16,11 +16,12 @@ import torch
 from node_contract import assert_schemas_follow, run
 from safetensors.torch import save_file
 
+from dit_core.sampling.ltx25 import NEGATIVE_PROMPT, STAGE_1_SIGMAS, STAGE_2_SEED, STAGE_2_SIGMAS, TEMPLATE_SEED
+
 pytest.importorskip("diffusers")
 PROMPT = "a fox runs through the snow at dusk; it barks twice"
 WIDTH, HEIGHT, LENGTH, FPS = 128, 64, 17, 24  # stage 1 at 64 x 32: 2 x 1 latent cells, 3 latent frames
 AUDIO_LATENTS = 18  # ceil(17 / 24 x 25)
-SEED = 558811532553686  # the template's
 FILES = {"diffusion_models": "ltx-2.5-tiny.safetensors", "text_encoders": "gemma4-12b-with-proj-tiny.safetensors",
          "vae": "ltx-2.5-video-vae-tiny.safetensors", "latent_upscale_models": "ltx-2.5-upscaler-x2-tiny.safetensors"}
 AUDIO_VAE = "ltx-2.5-audio-vae-tiny.safetensors"
@@ -94,16 +95,13 @@ def test_schemas_follow_the_contract(pack):
     inputs = {n.GET_SCHEMA().node_id: {i.id: i for i in n.GET_SCHEMA().inputs} for n in pack.NODES}
     sampler = inputs["SwiftDiTLTX25Sampler"]
     assert (sampler["steps"].default, sampler["sampler_name"].default, sampler["scheduler"].default,
-            sampler["sigmas"].default) == (8, "euler_ancestral", "manual", TEMPLATE_SIGMAS[0])
+            sampler["sigmas"].default) == (8, "euler_ancestral", "manual", STAGE_1_SIGMAS)
     tiled = inputs["SwiftDiTLTX25VAEDecodeTiled"]
     assert [tiled[k].default for k in ("tile_size", "overlap", "temporal_size", "temporal_overlap")] == \
         [512, 64, 64, 16]  # the template's VAEDecodeTiled
     assert inputs["SwiftDiTLTX25TextEncoderLoader"]["type"].default == "ltxv"
     from swiftdit_pack.nodes import NODES_BY_FAMILY
     assert NODES_BY_FAMILY["ltx25"] == pack.NODES
-
-
-TEMPLATE_SIGMAS = ("1.0, 0.99375, 0.9875, 0.98125, 0.975, 0.909375, 0.725, 0.421875, 0.0", "0.85, 0.7250, 0.4219, 0.0")
 
 
 # The template's stock nodes that stay stock, as ComfyUI's code does them (comfy_extras/nodes_lt.py).
@@ -125,7 +123,7 @@ def separate_av(av):  # LTXVSeparateAVLatent
     return {**av, "samples": video}, {**av, "samples": audio}
 
 
-def graph(ltx, seed=SEED, cfgs=(1.0, 1.0)):
+def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0)):
     """video_ltx2_5_t2v's graph (enhance off): the loaders, both encodes through LTXVConditioning, stage 1 at half
     size from the empty AV latent, the x2 upsampler, stage 2 (seed 42), the tiled and the audio decode."""
     (model,) = run(ltx.LTX25Loader, unet_name=FILES["diffusion_models"], weight_dtype="default", linears="as stored")
@@ -134,18 +132,18 @@ def graph(ltx, seed=SEED, cfgs=(1.0, 1.0)):
     (audio_vae,) = run(ltx.LTX25AudioVAELoader, vae_name=AUDIO_VAE)
     (upscaler,) = run(ltx.LTX25LatentUpscaleModelLoader, model_name=FILES["latent_upscale_models"])
     (positive,) = run(ltx.LTX25TextEncode, text=PROMPT, clip=clip)
-    (negative,) = run(ltx.LTX25TextEncode, text=NEGATIVE, clip=clip)
+    (negative,) = run(ltx.LTX25TextEncode, text=NEGATIVE_PROMPT, clip=clip)
     positive, negative = (ltxv_conditioning(c, FPS) for c in (positive, negative))
     (audio_latent,) = run(ltx.LTX25EmptyLatentAudio, frames_number=LENGTH, frame_rate=FPS, batch_size=1,
                           audio_vae=audio_vae)
     latent = concat_av(empty_ltxv_latent_video(WIDTH // 2, HEIGHT // 2, LENGTH), audio_latent)
     stage = dict(model=model, cfg=cfgs[0], sampler_name="euler_ancestral", scheduler="manual", positive=positive,
                  negative=negative, denoise=1.0, audio_cfg=cfgs[1])
-    (stage_1,) = run(ltx.LTX25Sampler, seed=seed, steps=8, latent_image=latent, sigmas=TEMPLATE_SIGMAS[0], **stage)
+    (stage_1,) = run(ltx.LTX25Sampler, seed=seed, steps=8, latent_image=latent, sigmas=STAGE_1_SIGMAS, **stage)
     video, audio_part = separate_av(stage_1)
     (upsampled,) = run(ltx.LTX25LatentUpsampler, samples=video, upscale_model=upscaler, vae=video_vae)
-    (stage_2,) = run(ltx.LTX25Sampler, seed=42, steps=3, latent_image=concat_av(upsampled, audio_part),
-                     sigmas=TEMPLATE_SIGMAS[1], **stage)
+    (stage_2,) = run(ltx.LTX25Sampler, seed=STAGE_2_SEED, steps=3, latent_image=concat_av(upsampled, audio_part),
+                     sigmas=STAGE_2_SIGMAS, **stage)
     video, audio_part = separate_av(stage_2)
     (frames,) = run(ltx.LTX25VAEDecodeTiled, samples=video, vae=video_vae, tile_size=512, overlap=64,
                     temporal_size=64, temporal_overlap=16)
@@ -154,10 +152,7 @@ def graph(ltx, seed=SEED, cfgs=(1.0, 1.0)):
                 positive=positive, negative=negative, latent=latent, stage_2=stage_2, frames=frames, sound=sound)
 
 
-NEGATIVE = "pc game, console game, video game, cartoon, childish, ugly"  # the template's
-
-
-def engine(models, cfgs=(1.0, 1.0), seed=SEED):
+def engine(models, cfgs=(1.0, 1.0), seed=TEMPLATE_SEED):
     """The same run through the engine's API: encode_prompt, sample_two_stage (template stages), decodes."""
     from dit_core.codecs.ltx2_audio_vae import AudioDecoder
     from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler
@@ -170,7 +165,7 @@ def engine(models, cfgs=(1.0, 1.0), seed=SEED):
     encoder = Gemma4TextEncoder.load(models / "text_encoders" / FILES["text_encoders"])
     connectors = LTX25TextConnectors.load(dit_file)
     positive, negative = (Prompt(v[0], a[0]) for v, a, _ in (encode_prompt(encoder, connectors, p)
-                                                              for p in (PROMPT, NEGATIVE)))
+                                                              for p in (PROMPT, NEGATIVE_PROMPT)))
     decoder = VideoDecoder.load(models / "vae" / FILES["vae"])
     upsampler = LatentUpsampler.load(models / "latent_upscale_models" / FILES["latent_upscale_models"])
     video, audio = sample_two_stage(
@@ -210,11 +205,15 @@ def test_dual_cfg_and_small_tiles_equal_the_engine(pack, models):
     assert not torch.equal(frames, g["frames"])  # tiles of 2 x 2 cells: blended, not the whole decode
 
 
-def test_cancel_within_a_step(pack, models, monkeypatch):
-    """Cancel set during the first block of step 2 ends the stage after that block (interrupt_check after each
-    block), before the step's second block."""
+def test_progress_and_cancel_within_a_step(pack, models, monkeypatch):
+    """ComfyUI's progress bar moves a step at a time; Cancel set during the first block of step 2 ends the stage
+    after that block (interrupt_check after each block), before the step's second block."""
     import comfy.model_management
+    import comfy.utils
     g = graph(pack)
+    progress = []
+    monkeypatch.setattr(comfy.utils, "PROGRESS_BAR_HOOK", lambda value, total, preview, node_id=None:
+                        progress.append((value, total)))
     transformer = pack.load_dit(g["model"]).transformer
     calls, block = [], type(transformer).block
 
@@ -228,8 +227,9 @@ def test_cancel_within_a_step(pack, models, monkeypatch):
     with pytest.raises(comfy.model_management.InterruptProcessingException):
         run(pack.LTX25Sampler, model=g["model"], seed=1, steps=8, cfg=1.0, sampler_name="euler_ancestral",
             scheduler="manual", positive=g["positive"], negative=g["negative"], latent_image=g["latent"],
-            denoise=1.0, audio_cfg=1.0, sigmas=TEMPLATE_SIGMAS[0])
+            denoise=1.0, audio_cfg=1.0, sigmas=STAGE_1_SIGMAS)
     assert len(calls) == 3 and not comfy.model_management.processing_interrupted()
+    assert progress == [(1, 8)]
 
 
 def test_errors_name_node_and_input(pack, models, monkeypatch):
@@ -254,7 +254,7 @@ def test_errors_name_node_and_input(pack, models, monkeypatch):
             run(pack.LTX25EmptyLatentAudio, **{**empty, **change})
     kw = dict(model=g["model"], seed=0, steps=8, cfg=1.0, sampler_name="euler_ancestral", scheduler="manual",
               positive=g["positive"], negative=g["negative"], latent_image=g["latent"], denoise=1.0, audio_cfg=1.0,
-              sigmas=TEMPLATE_SIGMAS[0])
+              sigmas=STAGE_1_SIGMAS)
     for change, message in [({"model": ModelHandle("z_image", g["model"].path, "stored")}, "model: a z_image model"),
                             ({"steps": 3}, "steps: 3, and sigmas has 8 steps; set steps to 8"),
                             ({"sigmas": "0.5, 0.9, 0"}, "sigmas: '0.5, 0.9, 0' is not a falling list"),
@@ -266,22 +266,23 @@ def test_errors_name_node_and_input(pack, models, monkeypatch):
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTLTX25Sampler · {message}"):
             run(pack.LTX25Sampler, **{**kw, **change})
     video = separate_av(g["stage_2"])[0]
+    tiles = dict(tile_size=512, overlap=64, temporal_size=64, temporal_overlap=16)
     for node, kw, message in [
             (pack.LTX25LatentUpsampler, dict(samples=g["stage_2"], upscale_model=g["upscaler"], vae=g["video_vae"]),
              "samples: an AV latent; connect LTXVSeparateAVLatent's video_latent"),
             (pack.LTX25LatentUpsampler, dict(samples=video, upscale_model=g["upscaler"], vae=g["audio_vae"]),
              "vae: not the LTX-2.5 video VAE"),
-            (pack.LTX25VAEDecodeTiled, dict(samples=video, vae=g["video_vae"], tile_size=500, overlap=64,
-                                            temporal_size=64, temporal_overlap=16), "tile_size: 500 is not a multiple"),
-            (pack.LTX25VAEDecodeTiled, dict(samples=separate_av(g["stage_2"])[1], vae=g["video_vae"], tile_size=512,
-                                            overlap=64, temporal_size=64, temporal_overlap=16),
+            (pack.LTX25VAEDecodeTiled, dict(samples=video, vae=g["video_vae"], **{**tiles, "tile_size": 500}),
+             "tile_size: 500 is not a multiple"),
+            (pack.LTX25VAEDecodeTiled, dict(samples=separate_av(g["stage_2"])[1], vae=g["video_vae"], **tiles),
              "samples: .*expected LTX-2 video latents"),
-            (pack.LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["audio_vae"]), "samples: .*expected LTX-2 audio"),
+            (pack.LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["audio_vae"]),
+             "samples: .*expected LTX-2 audio"),
             (pack.LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["video_vae"]), "audio_vae: not the LTX-2.5")]:
         with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
             run(node, **kw)
     monkeypatch.setattr(pack, "engine_device", lambda: torch.device("cuda", 0))  # a CUDA machine: issue 36
-    with pytest.raises(SwiftDiTError, match="SwiftDiTLTX25Loader · unet_name: LTX-2.5 runs on the host only.*issue 36"):
+    with pytest.raises(SwiftDiTError, match="SwiftDiTLTX25Loader · unet_name: LTX-2.5 runs on the host only.*36"):
         run(pack.LTX25Loader, **loader)
 
 
