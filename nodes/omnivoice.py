@@ -58,10 +58,10 @@ class Codes:  # on SWIFTDIT_AUDIO_CODES
 
 
 def model_folders() -> list[str]:
-    """Folders of the models/omnivoice lists that hold a model.safetensors (the codec's own folder left out)."""
-    return sorted({os.path.dirname(f) for f in folder_paths.get_filename_list(MODELS)
-                   if os.path.basename(f) == WEIGHTS_FILE and os.path.dirname(f)
-                   and os.path.basename(os.path.dirname(f)) != CODEC_FOLDER})
+    """Folders of the models/omnivoice lists holding a model.safetensors and audio_tokenizer/model.safetensors."""
+    files = set(folder_paths.get_filename_list(MODELS))
+    return sorted(d for d in {os.path.dirname(f) for f in files if os.path.basename(f) == WEIGHTS_FILE}
+                  if d and os.path.join(d, CODEC_FOLDER, WEIGHTS_FILE) in files)
 
 
 def load_speech_model(handle: ModelHandle) -> tuple[OmniVoice, object]:
@@ -94,8 +94,8 @@ class OmniVoiceLoader(io.ComfyNode):
     @classmethod
     def validate_inputs(cls, model_name) -> bool | str:
         return True if model_name in model_folders() else \
-            f"{cls.DISPLAY} · model_name: '{model_name}' is not a folder with {WEIGHTS_FILE} in ComfyUI's " \
-            f"models/{MODELS} folders; put the model folder there and refresh"
+            f"{cls.DISPLAY} · model_name: '{model_name}' is not a folder with {WEIGHTS_FILE} and {CODEC_FOLDER}/ " \
+            f"in ComfyUI's models/{MODELS} folders; put the model folder there (as k2-fsa/OmniVoice) and refresh"
 
     @classmethod
     def execute(cls, model_name) -> io.NodeOutput:

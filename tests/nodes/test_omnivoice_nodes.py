@@ -69,6 +69,7 @@ def models(pack, tmp_path_factory):
     shutil.copy(root / FOLDER / "model.safetensors", root / "no_codec" / "model.safetensors")
     save_file({"decoder.conv_in.weight": torch.zeros(4, 16, 3, 3)}, root / "not_omnivoice" / "model.safetensors")
     codec = CODEC.folder.__wrapped__(tmp_path_factory)[0]  # the codec test's fixture: audio_tokenizer/ in a folder
+    shutil.copytree(codec / "audio_tokenizer", root / "not_omnivoice" / "audio_tokenizer")
     shutil.move(codec / "audio_tokenizer", root / FOLDER / "audio_tokenizer")
     folder_paths.add_model_folder_path("omnivoice", str(root), is_default=True)
     return root / FOLDER
@@ -90,7 +91,7 @@ def test_schemas_follow_the_contract(pack, models):
     assert (sampler["steps"], sampler["guidance"], sampler["t_shift"], sampler["position_temperature"],
             sampler["class_temperature"]) == (32, 2.0, 0.1, 5.0, 0.0)  # OmniVoiceGenerationConfig's
     loader = pack.OmniVoiceLoader.GET_SCHEMA().inputs[0]
-    assert loader.options == ["OmniVoice-tiny", "no_codec", "not_omnivoice"]  # not the codec's own folder
+    assert loader.options == ["OmniVoice-tiny", "not_omnivoice"]  # with their codec; not the codec's own folder
 
 
 def graph(o, text=TEXT, voice=None, seed=3, steps=3, **request):
@@ -168,7 +169,9 @@ def test_decode_joins_pieces(pack, models):
 
 def test_errors_name_node_and_input(pack, models):
     from swiftdit_pack.nodes.base import ModelHandle, SwiftDiTError
-    for name, message in [("not_omnivoice", "model_name: .*OmniVoice"), ("no_codec", "model_name: .*audio_tokenizer"),
+    for name, message in [("not_omnivoice", "model_name: model.safetensors: not an OmniVoice model"),
+                          ("no_codec", "model_name: 'no_codec' is not a folder with model.safetensors and "
+                                       "audio_tokenizer/"),
                           ("elsewhere", "model_name: 'elsewhere' is not a folder")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTOmniVoiceLoader · {message}"):
             run(pack.OmniVoiceLoader, model_name=name)
