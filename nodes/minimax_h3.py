@@ -1,5 +1,5 @@
-"""MiniMax H3 nodes, text to video + audio: the loaders (DiT, text encoder, video and audio VAE), text encode, Text
-To Video (MiniMaxH3ImageToVideo's role without frames), the sampler and the two decoders; on the host for now."""
+"""MiniMax H3 nodes, text and images to video + audio and text to image: the DiT and LoRA loaders, the text encoder
+loader and encode, Image To Video, the sampler; and the VAE nodes of nodes/minimax_h3_codecs.py, all in NODES."""
 from __future__ import annotations
 
 import comfy.model_management
@@ -8,24 +8,21 @@ import torch
 from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
-from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS, AudioDecoder  # 32
-from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS, VideoDecoder, VideoEncoder  # 24
+from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS  # 32
+from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS  # 24
 from ..dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
 from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas
 from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
-from ..dit_core.weights import Checkpoint, WeightsError
-from .base import (FileHandle, SwiftDiTError, cancellable, checked, decode_image, dit_loader, interrupt_check,
-                   text_conditioning, text_encoder_loader)
-from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
-                           VAELoaderNode)
+from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_check, text_conditioning,
+                   text_encoder_loader)
+from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import H3, FamilySettings, PassSize, Schedule
-from .memory import on_device
+from .minimax_h3_codecs import (CATEGORY, FAMILY, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio,
+                                MiniMaxH3VAELoader, av_parts, load_video_encoder)
 from .types import TextEncoder, Vae
 
-CATEGORY = "SwiftDiT/MiniMax H3"
-FAMILY = "minimax_h3"
 FPS, AUDIO_LATENTS_PER_S = 24, 40  # the template's CreateVideo fps; the audio VAE's 32 kHz / hop 800
 SETTINGS = FamilySettings(
     schedule=Schedule(H3, VIDEO_SHIFT),  # the video grid's shift 12 (the audio grid keeps shift 3)
@@ -166,24 +163,6 @@ def keyframes_of(node: str, conditioning: list, length: int) -> tuple[tuple[str,
     return tuple(found)
 
 
-def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]:
-    """(video [1, C, F, LH, LW], audio [1, C_a, 2, Na]) of an H3 AV latent (comfy.nested_tensor.NestedTensor)."""
-    parts = getattr(samples, "tensors", None)
-    if not isinstance(samples, NestedTensor) or [t.dim() for t in parts] != [5, 4] or parts[1].shape[2] != 2 or \
-            parts[0].shape[0] != 1 or parts[1].shape[0] != 1:
-        got = [tuple(t.shape) for t in parts] if parts else tuple(getattr(samples, "shape", ()))
-        raise SwiftDiTError(f"{node} · {name}: not MiniMax H3's AV latent (video [1, C, F, H/16, W/16] and audio "
-                            f"[1, C, 2, Na], got {got}); make it with the H3 Image To Video node or EmptyLatentImage")
-    return parts[0], parts[1]
-
-
-def video_part(node: str, name: str, samples) -> torch.Tensor:
-    """The video [1, C, F, LH, LW] of an AV latent, or the video latent itself (LTXVSeparateAVLatent's output)."""
-    if isinstance(samples, torch.Tensor) and samples.dim() == 5:
-        return samples
-    return av_parts(node, name, samples)[0]
-
-
 def empty_image_latent(node: str, samples: torch.Tensor) -> NestedTensor:
     """EmptyLatentImage's zeros [1, 4, H/8, W/8] as ComfyUI hands them to H3 (fix_empty_latent_channels, then
     MiniMaxH3AV.fix_empty_latent): one video frame of H/16 x W/16 cells (each side halved and rounded, as its
@@ -251,89 +230,6 @@ class MiniMaxH3Sampler(SamplerNode):
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
             sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, text_tags=tags, callback=callback,
             should_stop=should_stop, check=interrupt_check))), total
-
-
-def read_vae(reader, ckpt: Checkpoint, what: str, config: str):
-    """reader(ckpt); a file without latents_mean/std is refused before any weight is read (docs/nodes.md, H3)."""
-    if not all(any(k.endswith(s) for k in ckpt.keys()) for s in ("latents_mean", "latents_std")):  # noqa: SIM118
-        raise WeightsError(f"{ckpt.path.name}: no latents_mean/latents_std tensors; the {what} de-normalizes H3's "
-                           f"latents with them (MiniMaxAI/MiniMax-H3's {config}/config.json), and SwiftDiT does not "
-                           f"guess them; use a file that holds them")
-    return reader(ckpt)
-
-
-def vae_loader(coder, what: str, config: str, gpu_dtype: torch.dtype, part: str = ""):
-    """A VAE loader's load(handle): the decoder (or encoder) in LOADED's ("vae", handle.role + part) slot, f32 on
-    the CPU."""
-    def load(handle: FileHandle):
-        read = lambda ckpt: read_vae(coder.load, ckpt, what, config)  # noqa: E731
-        return on_device("vae", handle, lambda: cancellable(read, handle.path), FAMILY, role=handle.role + part,
-                         place=lambda vae, where: vae.to(where, gpu_dtype if where.type == "cuda" else torch.float32))
-    return load
-
-
-load_video_vae = vae_loader(VideoDecoder, "video VAE", "vae", torch.bfloat16)
-load_video_encoder = vae_loader(VideoEncoder, "video VAE", "vae", torch.float32, " encoder")  # f32, as diffusers'
-load_audio_vae = vae_loader(AudioDecoder, "audio VAE", "audio_vae", torch.float32)  # BigVGAN degrades in bf16
-
-
-class MiniMaxH3VAELoader(VAELoaderNode):
-    TITLE, ROLE = "MiniMax H3 video", "video"
-    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3VAELoader", "MiniMax H3 VAE Loader (SwiftDiT)", CATEGORY
-    DESCRIPTION = "Loads H3's video VAE decoder (INT8 ConvRot or fp16), kept loaded beside the audio VAE."
-    load = staticmethod(load_video_vae)
-
-
-class MiniMaxH3AudioVAELoader(VAELoaderNode):
-    TITLE, ROLE = "MiniMax H3 audio", "audio"
-    NODE_ID, DISPLAY, CATEGORY = "SwiftDiTMiniMaxH3AudioVAELoader", "MiniMax H3 Audio VAE Loader (SwiftDiT)", CATEGORY
-    DESCRIPTION = "Loads H3's audio VAE decoder (minimax_h3_audio_vae_fp32), kept beside the video VAE."
-    load = staticmethod(load_audio_vae)
-
-
-class DecodeNode(io.ComfyNode):  # VAEDecode's / VAEDecodeAudio's inputs: one part of the AV latent, the ROLE VAE
-    NODE_ID = DISPLAY = DESCRIPTION = ROLE = LOADER = ""
-    OUTPUT: io.Output
-
-    @classmethod
-    def define_schema(cls):
-        return io.Schema(
-            node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=CATEGORY, description=cls.DESCRIPTION,
-            inputs=[io.Latent.Input("samples", tooltip="The AV latent from the MiniMax H3 KSampler"),
-                    Vae.Input("vae", tooltip=f"The MiniMax H3 {cls.ROLE} VAE, from the {cls.LOADER}")],
-            outputs=[cls.OUTPUT])
-
-    @classmethod
-    def execute(cls, samples, vae) -> io.NodeOutput:
-        if vae.role != cls.ROLE:
-            raise SwiftDiTError(f"{cls.NODE_ID} · vae: a MiniMax H3 {vae.role} VAE; connect the {cls.LOADER}")
-        return io.NodeOutput(cls.decode(samples["samples"], vae))
-
-
-class MiniMaxH3VAEDecode(DecodeNode):
-    NODE_ID, DISPLAY, ROLE, LOADER = ("SwiftDiTMiniMaxH3VAEDecode", "MiniMax H3 VAE Decode (SwiftDiT)", "video",
-                                      "MiniMax H3 VAE Loader")
-    DESCRIPTION = "Decodes the video part of H3's AV latent to IMAGE frames (clips and tiles as diffusers)."
-    OUTPUT = io.Image.Output(tooltip="The video's frames, for CreateVideo")
-
-    @classmethod
-    def decode(cls, samples, vae):
-        video = video_part(cls.NODE_ID, "samples", samples)
-        return decode_image(cls.NODE_ID, load_video_vae(vae), {"samples": video})
-
-
-class MiniMaxH3VAEDecodeAudio(DecodeNode):
-    NODE_ID, DISPLAY, ROLE, LOADER = ("SwiftDiTMiniMaxH3VAEDecodeAudio", "MiniMax H3 VAE Decode Audio (SwiftDiT)",
-                                      "audio", "MiniMax H3 Audio VAE Loader")
-    DESCRIPTION = "Decodes the audio part of H3's AV latent to stereo AUDIO at 32 kHz."
-    OUTPUT = io.Audio.Output(tooltip="The clip's sound, for CreateVideo")
-
-    @classmethod
-    def decode(cls, samples, vae):
-        audio = av_parts(cls.NODE_ID, "samples", samples)[1]  # [B, C, 2, Na] -> the decoder's [B, 2, C, Na]
-        decoder = load_audio_vae(vae)
-        with checked(cls.NODE_ID, "samples"):
-            return decoder.audio(decoder.raw_latents(audio.permute(0, 2, 1, 3).float()), interrupt_check)
 
 
 NODES = [MiniMaxH3Loader, MiniMaxH3LoraLoaderModelOnly, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode,

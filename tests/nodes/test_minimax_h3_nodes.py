@@ -35,6 +35,7 @@ AUDIO_VAE = builders("dit_core/codecs/test_h3_audio_vae.py")
 @pytest.fixture(scope="module")
 def pack(swiftdit_pack):
     import swiftdit_pack.nodes.minimax_h3 as h
+    import swiftdit_pack.nodes.minimax_h3_codecs as codecs
     from swiftdit_pack.nodes.base import text_encoder_loader
     from swiftdit_pack.dit_core.codecs.h3_audio_vae import AudioDecoder  # the pack's: it reads the pack's Checkpoint
     from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder, VideoEncoder
@@ -66,14 +67,14 @@ def pack(swiftdit_pack):
     tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY)
     patch.setattr(h, "load_text_encoder", tiny)
     patch.setattr(h.MiniMaxH3TextEncoderLoader, "load", staticmethod(tiny))
-    audio = h.vae_loader(TinyAudioDecoder, "audio VAE", "audio_vae", torch.float32)
-    patch.setattr(h, "load_audio_vae", audio)
+    audio = codecs.vae_loader(TinyAudioDecoder, "audio VAE", "audio_vae", torch.float32)
+    patch.setattr(codecs, "load_audio_vae", audio)
     patch.setattr(h.MiniMaxH3AudioVAELoader, "load", staticmethod(audio))
-    video = h.vae_loader(TinyVideoDecoder, "video VAE", "vae", torch.bfloat16)
-    patch.setattr(h, "load_video_vae", video)
+    video = codecs.vae_loader(TinyVideoDecoder, "video VAE", "vae", torch.bfloat16)
+    patch.setattr(codecs, "load_video_vae", video)
     patch.setattr(h.MiniMaxH3VAELoader, "load", staticmethod(video))
-    patch.setattr(h, "load_video_encoder", h.vae_loader(TinyVideoEncoder, "video VAE", "vae", torch.float32,
-                                                        " encoder"))
+    patch.setattr(h, "load_video_encoder", codecs.vae_loader(TinyVideoEncoder, "video VAE", "vae", torch.float32,
+                                                             " encoder"))
     patch.setattr(h, "AUDIO_CHANNELS", TINY_AUDIO_CHANNELS)
     h.TinyH3TextEncoder, h.TinyAudioDecoder = TinyH3TextEncoder, TinyAudioDecoder
     yield h
@@ -186,12 +187,13 @@ def test_t2va_graph_equals_the_engine(pack, models):
 
 
 def test_both_vaes_stay_loaded(pack, models):
+    import swiftdit_pack.nodes.minimax_h3_codecs as codecs
     from swiftdit_pack.nodes.memory import LOADED
     g = graph(pack, steps=1)
-    video, audio = pack.load_video_vae(g["video_vae"]), pack.load_audio_vae(g["audio_vae"])
+    video, audio = codecs.load_video_vae(g["video_vae"]), codecs.load_audio_vae(g["audio_vae"])
     assert LOADED._held[("vae", "video")][1] is video and LOADED._held[("vae", "audio")][1] is audio
     run(pack.MiniMaxH3VAEDecode, samples=g["samples"], vae=g["video_vae"])  # decoding one keeps the other
-    assert pack.load_audio_vae(g["audio_vae"]) is audio and pack.load_video_vae(g["video_vae"]) is video
+    assert codecs.load_audio_vae(g["audio_vae"]) is audio and codecs.load_video_vae(g["video_vae"]) is video
 
 
 def test_errors_name_node_and_input(pack, models):
