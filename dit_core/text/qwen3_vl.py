@@ -362,6 +362,85 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
     return model.to(device).eval()
 
 
+class PictureLayout(NamedTuple):
+    """Token ids with pictures laid out: ids (each picture's one pad made gh * gw pads), positions [3, L] (the mRoPE
+    position of each row on the t, h, w axes), vision [L] bool (the pictures' rows) and source [L] (each row's index
+    in the ids given)."""
+    ids: list[int]
+    positions: torch.Tensor
+    vision: torch.Tensor
+    source: list[int]
+
+
+def lay_out_pictures(ids: list[int], grids: Sequence[tuple[int, int]]) -> PictureLayout:
+    """The first len(grids) IMAGE_PAD_IDs of ids, in order, each made its picture's gh * gw pads (merged grid gh x gw;
+    later pads stay text rows). Positions as transformers' Qwen3VLModel.get_rope_index and ComfyUI's
+    qwen2vl_mrope_position_ids give them: a text row at cursor c is (c, c, c) and moves it by 1; a picture's rows
+    are (c, c + row, c + column) and move it by max(gh, gw)."""
+    out, positions, vision, source = [], [], [], []
+    cursor, pictures = 0, iter(grids)
+    text_from = 0  # the first id of the text run not yet laid out
+
+    def text_until(end: int):
+        nonlocal cursor
+        n = end - text_from
+        out.extend(ids[text_from:end])
+        positions.append(cursor + torch.arange(n).expand(3, -1))
+        vision.extend([False] * n)
+        source.extend(range(text_from, end))
+        cursor += n
+
+    for i, token in enumerate(ids):
+        grid = next(pictures, None) if token == IMAGE_PAD_ID else None
+        if grid is None:
+            continue
+        text_until(i)
+        rows, cols = (a.reshape(-1) for a in torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]),
+                                                            indexing="ij"))
+        out.extend([IMAGE_PAD_ID] * rows.numel())
+        positions.append(cursor + torch.stack([torch.zeros_like(rows), rows, cols]))
+        vision.extend([True] * rows.numel())
+        source.extend([i] * rows.numel())
+        cursor += max(grid)
+        text_from = i + 1
+    text_until(len(ids))
+    return PictureLayout(out, torch.cat(positions, dim=1), torch.tensor(vision), source)
+
+
+def read_pictures(vision: Qwen3VLVisionModel | None, images: Sequence[torch.Tensor], missing: str,
+                  check: Callable[[], None] | None = None) -> tuple[list[tuple[int, int]], torch.Tensor | None,
+                                                                    list[torch.Tensor] | None]:
+    """Pictures (ComfyUI IMAGE tensors [1, H, W, 3] in [0, 1]) through the vision tower, check() before each: their
+    merged grids (gh, gw), merged rows [n, hidden] of all in order and DeepStack features (one [n, hidden] a
+    DeepStack layer); no pictures: ([], None, None). WeightsError (missing: why there is no tower, naming the file)
+    when pictures come without one."""
+    if not images:
+        return [], None, None
+    if vision is None:
+        raise WeightsError(f"{missing}; cannot read the {len(images)} picture(s) given")
+    embeds, deepstack, grids = [], [], []
+    for image in images:
+        if check is not None:
+            check()
+        merged, deep, grid = picture_rows(vision, image)
+        embeds.append(merged)
+        deepstack.append(deep)
+        grids.append(grid)
+    return grids, torch.cat(embeds), [torch.cat(d) for d in zip(*deepstack)]
+
+
+def picture_rows(vision: Qwen3VLVisionModel, image: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor],
+                                                                            tuple[int, int]]:
+    """One picture through the vision tower: its merged rows [n, hidden], its DeepStack features (one [n, hidden] a
+    DeepStack layer) and its merged grid (gh, gw), n = gh * gw."""
+    config = vision.config
+    merge = config.spatial_merge_size
+    patches, (gh, gw) = picture_patches(image, config.patch_size, config.temporal_patch_size, merge)
+    weight = vision.patch_embed.proj.weight
+    out = vision(patches.to(weight.device, weight.dtype), torch.tensor([[1, gh, gw]], device=weight.device))
+    return out.pooler_output, out.deepstack_features, (gh // merge, gw // merge)
+
+
 class Presentation(NamedTuple):
     """H3's tokenized presentation: ids, tags (H3's modality tag of each row), positions [3, L] (the mRoPE
     position of each row on the t, h, w axes) and vision [L] bool (the rows the pictures' vision rows take)."""
@@ -396,34 +475,18 @@ class VerbatimTokenizer:
         """Per picture (its merged vision grid gh x gw, in order) the text "<Picture i>: " and a vision block
         (<|vision_start|>, gh * gw image pads, <|vision_end|>), then the prompt (ComfyUI's MiniMaxH3Tokenizer; each
         piece tokenized alone, as there and in diffusers). Tags: text rows H3_TEXT_TAG, a vision block's rows, its
-        start and end included, H3_VISION_TAG. Positions (transformers' Qwen3VLModel.get_rope_index, ComfyUI's
-        qwen2vl_mrope_position_ids): a text row at cursor c is (c, c, c) and moves it by 1; a picture's rows are
-        (c, c + row, c + column) and move it by max(gh, gw). A pad token typed in the prompt stays a text row."""
-        ids, tags, positions, vision = [], [], [], []
-        cursor = 0
-
-        def add(piece: list[int], tag: int, grid: tuple[int, int] | None = None):
-            """Rows of text, or (grid given) a picture's pads."""
-            nonlocal cursor
-            ids.extend(piece)
-            tags.extend([tag] * len(piece))
-            vision.extend([grid is not None] * len(piece))
-            if grid is None:
-                positions.append(cursor + torch.arange(len(piece)).expand(3, -1))
-                cursor += len(piece)
-            else:
-                rows, cols = (a.reshape(-1) for a in torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]),
-                                                                    indexing="ij"))
-                positions.append(cursor + torch.stack([torch.zeros_like(rows), rows, cols]))
-                cursor += max(grid)
-
-        for i, (gh, gw) in enumerate(grids, 1):
-            add(self.segment(f"<Picture {i}>: "), H3_TEXT_TAG)
-            add([VISION_START_ID], H3_VISION_TAG)
-            add([IMAGE_PAD_ID] * (gh * gw), H3_VISION_TAG, (gh, gw))
-            add([VISION_END_ID], H3_VISION_TAG)
-        add(self.segment(prompt) if grids else self(prompt), H3_TEXT_TAG)
-        return Presentation(ids, tags, torch.cat(positions, dim=1), torch.tensor(vision))
+        start and end included, H3_VISION_TAG. Positions: lay_out_pictures'. A pad token typed in the prompt stays
+        a text row."""
+        ids, tags = [], []
+        for i in range(1, len(grids) + 1):
+            label = self.segment(f"<Picture {i}>: ")
+            ids += label + [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
+            tags += [H3_TEXT_TAG] * len(label) + [H3_VISION_TAG] * 3
+        prompt_ids = self.segment(prompt) if grids else self(prompt)
+        ids += prompt_ids
+        tags += [H3_TEXT_TAG] * len(prompt_ids)
+        laid = lay_out_pictures(ids, grids)
+        return Presentation(laid.ids, [tags[i] for i in laid.source], laid.positions, laid.vision)
 
 
 class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
@@ -500,30 +563,9 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
         order, "<Picture 1>" first): VerbatimTokenizer.presentation's rows, tags H3_TEXT_TAG for text and
         H3_VISION_TAG for a vision block's rows. Without pictures the rows are encode(prompt)'s. check() before each
         picture and each layer."""
-        if images and self.vision is None:
-            raise WeightsError(f"{self.no_vision}; cannot read the {len(images)} picture(s) given")
-        embeds, deepstack, grids = [], [], []
-        for image in images:
-            if check is not None:
-                check()
-            merged, deep, grid = self.picture_rows(image)
-            embeds.append(merged)
-            deepstack.append(deep)
-            grids.append(grid)
+        grids, embeds, deepstack = read_pictures(self.vision, images, self.no_vision, check)
         shown = self.tokenizer.presentation(prompt, grids)
-        vision = None
-        if images:
-            vision = VisionRows(shown.vision, torch.cat(embeds), [torch.cat(d) for d in zip(*deepstack)])
+        vision = VisionRows(shown.vision, embeds, deepstack) if images else None
         rows = self.hidden_states(shown.ids, positions=shown.positions[:, None].to(self.device), check=check,
                                   vision=vision)[0]
         return rows.float(), torch.tensor(shown.tags, dtype=torch.long)
-
-    def picture_rows(self, image: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], tuple[int, int]]:
-        """One picture through the vision tower: its merged rows [n, hidden], its DeepStack features (one [n, hidden]
-        a DeepStack layer) and its merged grid (gh, gw), n = gh * gw."""
-        config = self.vision.config
-        merge = config.spatial_merge_size
-        patches, (gh, gw) = picture_patches(image, config.patch_size, config.temporal_patch_size, merge)
-        weight = self.vision.patch_embed.proj.weight
-        out = self.vision(patches.to(weight.device, weight.dtype), torch.tensor([[1, gh, gw]], device=weight.device))
-        return out.pooler_output, out.deepstack_features, (gh // merge, gw // merge)
