@@ -19,7 +19,8 @@ OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.jso
 # Each family's workflows are converted with its own /object_info fixture (file name prefix -> fixture).
 FIXTURES = {"z_image": OBJECT_INFO,
             "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text()),
-            "minimax_h3": json.loads((ROOT / "tests" / "fixtures" / "object_info_minimax_h3.json").read_text())}
+            "minimax_h3": json.loads((ROOT / "tests" / "fixtures" / "object_info_minimax_h3.json").read_text()),
+            "krea2": json.loads((ROOT / "tests" / "fixtures" / "object_info_krea2.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
 UI_FILES = sorted(WORKFLOWS.glob("*.json"))
 # In a folder of their own: ComfyUI's Templates browser lists workflows/*.json, and an API graph opens there empty.
@@ -59,7 +60,8 @@ def fixture_for(path: Path) -> dict:
 
 
 def test_workflows_are_there_and_described():
-    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "minimax_h3_t2v.json", "z_image_turbo_t2i.json"]
+    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "krea2_t2i.json", "minimax_h3_t2v.json",
+             "z_image_turbo_t2i.json"]
     assert [p.name for p in UI_FILES] == names and [p.name for p in API_FILES] == names
     readme = (WORKFLOWS / "README.md").read_text()
     for path in UI_FILES + API_FILES:
@@ -96,7 +98,8 @@ def test_our_node_types_are_registered(path, registry):
 @pytest.mark.parametrize("family", sorted(FIXTURES))
 def test_object_info_fixture_matches_our_nodes(registry, family):
     fixtures = FIXTURES[family]
-    prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein", "minimax_h3": "SwiftDiTMiniMaxH3"}[family]
+    prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein", "minimax_h3": "SwiftDiTMiniMaxH3",
+              "krea2": "SwiftDiTKrea2"}[family]
     assert {n for n in registry if n.startswith(prefix)} <= set(fixtures)  # every node of the family is there
     for node_id, cls in registry.items():
         if node_id not in fixtures:
@@ -241,3 +244,27 @@ def test_minimax_h3_workflow_is_the_reduced_template():
     assert api["140:128"]["inputs"] == {"clip_name": "qwen3vl_32b_minimax_h3_int8_convrot.safetensors",
                                         "type": "minimax", "device": "default"}
     assert (api["140:141"]["inputs"]["seed"], api["140:137"]["inputs"]["value"]) == (757358688076805, 20)
+
+
+def test_krea2_workflow_is_the_reduced_template():
+    """Issue 38: `swiftdit swap --for-host` of the official t2i INT8 template with its promoted prompt_enhance off:
+    v0.3.75 has no TextGenerate, and skipping it with the refiner on would hand the encoder the refiner's input (its
+    system prompt joined to the user's by StringConcatenate) instead of the prompt as typed."""
+    from swiftdit.for_host import swap_for_host
+    wf = template("image_krea2_turbo_t2i_int8")
+    instance = next(n for n in wf["nodes"] if n["id"] == 30)
+    assert wf["definitions"]["subgraphs"][0]["inputs"][1]["label"] == "prompt_enhance"
+    assert instance["widgets_values"][1] is True
+    instance["widgets_values"][1] = False
+    assert json.loads((WORKFLOWS / "krea2_t2i.json").read_text()) == swap_for_host(wf, "krea2")[0]
+    api = json.loads((WORKFLOWS / "api" / "krea2_t2i.json").read_text())
+    assert api["30:6"]["inputs"]["text"] == ["30:19", 0] and api["30:19"]["inputs"]["value"] == instance[
+        "widgets_values"][0]  # the user prompt, as typed
+    assert (api["30:10"]["inputs"]["unet_name"], api["30:11"]["inputs"]["clip_name"],
+            api["30:12"]["inputs"]["vae_name"]) == ("krea2_turbo_int8_convrot.safetensors",
+                                                    "qwen3vl_4b_fp8_scaled.safetensors", "qwen_image_vae.safetensors")
+    assert api["30:3"]["inputs"] | {"model": 0, "positive": 0, "negative": 0, "latent_image": 0} == {
+        "model": 0, "seed": 45862206397178, "steps": 8, "cfg": 1, "sampler_name": "euler", "scheduler": "simple",
+        "positive": 0, "negative": 0, "latent_image": 0, "denoise": 1}
+    assert api["30:5"]["inputs"] == {"width": 1024, "height": 1024, "batch_size": 1}
+    assert api["30:3"]["inputs"]["model"] == ["30:10", 0]  # enable_lora? off: the LoRA and its switch are gone
