@@ -10,9 +10,9 @@ from comfy_api.latest import io
 
 from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS  # 32
 from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS  # 24
-from ..dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+from ..dit_core.families.minimax_h3 import MiniMaxH3
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
-from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas
+from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
 from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_check, text_conditioning,

@@ -29,9 +29,6 @@ from ..arch import Arch
 from ..block import Block, rms_norm
 from ..linear import float_on, linear
 from ..modulation import Modulation, sinusoids
-from ..sampling.ksampler import prepare_noise_parts
-from ..sampling.minimax_h3 import (AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, h3_sigmas, sample_h3,
-                                   sample_h3_comfy)
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, read_tensor
 from .loading import Detection, OpenedFile
@@ -445,94 +442,3 @@ class MiniMaxH3:
         x0 = video + sigma_video * v_video.to(video.dtype)
         x0[:layout.keyframes] = video[:layout.keyframes]
         return x0, audio + sigma_audio * v_audio.to(audio.dtype)
-
-
-def keyframe_rows(latents: list[torch.Tensor], height: int, width: int, seed: int | None,
-                  row_width: int) -> torch.Tensor:
-    """The condition frames' video rows [n x LH/2 x LW/2, 4C] as ComfyUI's H3 model forms them: each normalized
-    latent [1, C, 1, LH, LW] patchified and augmented 0.999 z + 0.001 n, n from a fresh CPU generator seeded with
-    `seed` for every frame (each restarts the same stream), f32. No latents: [0, row_width]."""
-    rows = []
-    for z in latents:
-        if z.dim() != 5 or z.shape[0] != 1 or z.shape[2] != 1 or tuple(z.shape[3:]) != (height, width):
-            raise ValueError(f"MiniMaxH3: a keyframe latent is [1, C, 1, {height}, {width}], got {tuple(z.shape)}")
-        r = patchify(z[0].float().cpu())
-        noise = torch.randn(r.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
-        rows.append(KEYFRAME_TIME * r + (1.0 - KEYFRAME_TIME) * noise)
-    return torch.cat(rows) if rows else torch.empty(0, row_width)
-
-
-def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_latents: int,
-               seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The start noise ComfyUI draws for H3's AV latent (section 6, Noise): prepare_noise over its parts in order,
-    video [1, C, F, LH, LW] then audio [1, C_audio, 2, Na], f32 on the CPU from one generator seeded with seed.
-    (diffusers draws the audio straight in row layout: equal seeds do not give equal noise across the two.)"""
-    parts = (torch.empty(1, model.arch.latents, frames, height, width),
-             torch.empty(1, model.audio_in.in_features, 2, audio_latents))
-    video, audio = prepare_noise_parts(parts, seed)
-    return video, audio
-
-
-def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, width: int, audio_latents: int,
-                steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
-                video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, sampler: str | None = None,
-                scheduler: str = "simple", keyframes: tuple[tuple[str, torch.Tensor], ...] = (),
-                text_tags: torch.Tensor | None = None, callback=None,
-                should_stop=None, check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
-    2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
-    height, width: the video latent's F, LH, LW (odd sides padded for each forward, as ComfyUI pads them);
-    audio_latents: Na per stereo channel; steps: forwards.
-    The start is t2va_noise(seed) (ComfyUI's draw) or noise = (video, audio) in those two shapes; exactly one.
-    sampler None: both streams walk diffusers' two grids with its Euler (h3_sigmas at video_shift and audio_shift);
-    a ksampler sampler name ("euler", "res_multistep"): ComfyUI's way, that sampler on the `scheduler` grid of the
-    video shift with the audio carried on it (sample_h3_comfy). One forward a step (guidance-distilled: no CFG).
-    keyframes: ("first" | "last", normalized latent [1, C, 1, LH, LW]) condition frames in packed order (i2v, first
-    and last frame), as ComfyUI's model adds them (keyframe_rows, with `seed`); passed to every forward, never
-    stepped (ComfyUI's way only). text_tags: the text rows' modality tags where the prompt holds pictures (vision
-    rows tag VIDEO); None: all TEXT. callback and should_stop go to the loop unchanged (its callback sees row
-    tensors); check() runs after each block of every forward (it raises: ComfyUI's Cancel within a step)."""
-    if (seed is None) == (noise is None):
-        raise ValueError("sample_t2va: give a seed or the initial noise, not both or neither")
-    if text.dim() == 3:
-        if text.shape[0] != 1:
-            raise ValueError(f"sample_t2va: one prompt at a time, got text features {tuple(text.shape)}")
-        text = text[0]
-    shapes = ((1, model.arch.latents, frames, height, width), (1, model.audio_in.in_features, 2, audio_latents))
-    if noise is None:
-        noise = t2va_noise(model, frames, height, width, audio_latents, seed)
-    elif tuple(noise[0].shape) != shapes[0] or tuple(noise[1].shape) != shapes[1]:
-        raise ValueError(f"sample_t2va: initial noise {tuple(noise[0].shape)}, {tuple(noise[1].shape)}; expected "
-                         f"{shapes[0]}, {shapes[1]}")
-    if keyframes and (sampler is None or seed is None):
-        raise ValueError("sample_t2va: keyframes are added as ComfyUI adds them: give a sampler name and the seed")
-    if text_tags is not None and tuple(text_tags.shape) != (text.shape[0],):
-        raise ValueError(f"sample_t2va: {tuple(text_tags.shape)} text tags for {text.shape[0]} text rows")
-    # An odd latent side (a text-to-image size such as 728 / 16 = 45.5 -> 46 x 81) is padded circularly to the
-    # patch grid for each forward and the output cropped, as ComfyUI's pad_to_patch_size does.
-    pad_h, pad_w = height % PATCH[1], width % PATCH[2]
-    if keyframes and (pad_h or pad_w):
-        raise ValueError(f"sample_t2va: keyframes need even latent sides, got {height}x{width}")
-    layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height + pad_h,
-                           width + pad_w, audio_latents, keyframes=tuple(anchor for anchor, _ in keyframes))
-    dev = model.device  # the rows and the sampler's arithmetic where the model runs
-    conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed,
-                               4 * model.arch.latents).to(dev)
-    txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
-    video = noise[0][0].float().to(dev)  # [C, F, H, W]; sigma 1: the start is the noise itself
-    audio = audio_to_rows(noise[1].float()).to(dev)
-
-    def denoised(v, a, sigma_video, sigma_audio):
-        rows = patchify(F.pad(v[None], (0, pad_w, 0, pad_h, 0, 0), mode="circular")[0] if pad_h or pad_w else v)
-        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(rows), rows)), a, txt, layout, sigma_video,
-                                            sigma_audio, check)
-        x0_video = unpatchify(x0_video[conditions.shape[0]:], frames, height + pad_h, width + pad_w)
-        return x0_video[:, :, :height, :width], x0_audio
-
-    if sampler is None:
-        video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),
-                                 h3_sigmas(steps, audio_shift), callback=callback, should_stop=should_stop)
-    else:
-        video, audio = sample_h3_comfy(denoised, video, audio, comfy_h3_sigmas(scheduler, steps, video_shift),
-                                       sampler, video_shift, audio_shift, callback=callback, should_stop=should_stop)
-    return video[None].cpu(), rows_to_audio(audio).cpu()

@@ -8,15 +8,8 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
-from dit_core.families.minimax_h3 import (
-    MiniMaxH3,
-    audio_to_rows,
-    patchify,
-    rows_to_audio,
-    sample_t2va,
-    t2va_noise,
-    unpatchify,
-)
+from dit_core.families.minimax_h3 import MiniMaxH3, audio_to_rows, patchify, rows_to_audio, unpatchify
+from dit_core.sampling.minimax_h3 import sample_t2va, t2va_noise
 from dit_core.sampling.ksampler import SamplingCancelled, prepare_noise_parts
 
 pytest.importorskip("diffusers")

@@ -165,7 +165,8 @@ def graph(h, seed=11, steps=2, length=LENGTH):
 def test_t2va_graph_equals_the_engine(pack, models):
     from comfy.nested_tensor import NestedTensor
     from dit_core.codecs.h3_video_vae import VideoDecoder
-    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    from dit_core.families.minimax_h3 import MiniMaxH3
+    from dit_core.sampling.minimax_h3 import sample_t2va
     g = graph(pack)
     rows = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
                                        pack_tokenizer_dir()).encode(PROMPT)
@@ -231,7 +232,8 @@ def test_first_and_last_frame(pack, models):
     minimax_keyframes at frames 0 and length - 1; the sampler adds them as keyframe rows (sample_t2va's keyframes)."""
     import comfy.utils
     from dit_core.codecs.h3_video_vae import VideoEncoder
-    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    from dit_core.families.minimax_h3 import MiniMaxH3
+    from dit_core.sampling.minimax_h3 import sample_t2va
     gen = torch.Generator().manual_seed(2)
     first, last = torch.rand(2, 50, 70, 3, generator=gen), torch.rand(1, 120, 60, 3, generator=gen)
     (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
@@ -270,7 +272,8 @@ def test_text_to_image(pack, models):
     """The t2i template's graph: Text Encode, EmptyLatentImage's zeros (48 x 56 pixels: 6 x 7 -> 3 x 4 cells, an
     odd side), our sampler (one frame, two audio latents, as ComfyUI's MiniMaxH3AV makes of an empty image), the
     video part (LTXVSeparateAVLatent's output) into our VAE Decode: one IMAGE."""
-    from dit_core.families.minimax_h3 import MiniMaxH3, sample_t2va
+    from dit_core.families.minimax_h3 import MiniMaxH3
+    from dit_core.sampling.minimax_h3 import sample_t2va
     (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
                    linears="as stored")
     (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
