@@ -8,11 +8,8 @@ interleaved into UP. The attention is wider than the residual (56 heads x 128 = 
 turns the first 96 of a head's 128 values (three axes of 16 frequencies, split halves). Time is t = 1 - sigma
 (1 = clean, unscaled) and the velocity points data-ward: x0 = x + sigma v (section 11, item 4).
 
-Not yet a row of FAMILIES (dit_core/families/__init__.py): a row needs the family's nodes (tests/test_family_tables.py),
-which come in a later piece of issue 35; load it as MiniMaxH3.load(path). sample_t2va runs text to video + audio
-on it (ComfyUI's seeded noise, diffusers' two grids, sampling/minimax_h3.py's loop); it lives here, as it needs the
-family's layout and packing, while the sampling module stays a loop over rows. Host only for now: the GPU block
-refuses an attention wider than the residual until H3's GPU piece.
+A layer is a block with its modulation linear (40% of its bytes), the unit that stays on the GPU or streams.
+sampling/minimax_h3.py runs a prompt on it (sample_t2va).
 """
 from __future__ import annotations
 

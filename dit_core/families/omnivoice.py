@@ -13,8 +13,7 @@ layer below is Block.forward's math with attention per segment.
 Also here, as the family's surroundings (section 4): the prompt (prompt_rows), the length rule
 (target_frames) and the split of long texts (text_chunks). generate_codes runs the unmasking loop of
 sampling/omnivoice.py over prompts; speech_codes makes utterances as the package's generate does up to the
-codec (short ones together, long ones in chunks). Not yet a row of FAMILIES (no nodes yet): load it as
-OmniVoice.load(folder). The codec (Higgs audio v2) is a later piece.
+codec (short ones together, long ones in chunks); the codec is dit_core/codecs/higgs_audio.py.
 """
 from __future__ import annotations
 
