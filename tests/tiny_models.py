@@ -504,3 +504,19 @@ def save_ltx2_upsampler(model, path) -> None:
               "spatial_scale": cfg.rational_spatial_scale, "rational_resampler": cfg.use_rational_resampler}
     state = {k: v.contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path), metadata={"config": json.dumps(config)})
+
+
+# Krea 2's style reference reads its picture with Qwen3-VL-4B, whose DeepStack feeds decoder layers 0, 1 and 2: the
+# tiny text model at 4B's depth (36 layers: the taps 2, ..., 35 keep their real indices) with a three-block tower,
+# each block a DeepStack layer, so that Krea 2's first tap (hidden_states[2]) is one DeepStack reaches.
+QWEN3_VL_VISION_DEEPSTACK3_TINY = {**QWEN3_VL_VISION_TINY, "depth": 3, "deepstack_visual_indexes": [0, 1, 2]}
+
+
+def random_krea2_qwen3_vl(seed: int = 0):
+    """transformers' Qwen3VLForConditionalGeneration of Krea 2's shape in small (36 layers, three DeepStack layers),
+    every parameter random as random_qwen3_vl's."""
+    from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+    torch.manual_seed(seed)
+    config = Qwen3VLConfig(text_config={**QWEN3_VL_TEXT_TINY, "num_hidden_layers": 36},
+                           vision_config=QWEN3_VL_VISION_DEEPSTACK3_TINY, tie_word_embeddings=True)
+    return randomize_language_model(Qwen3VLForConditionalGeneration(config).eval())

@@ -6,7 +6,8 @@ q, k, v and the attention gate stack into QKV (grouped-query: 48 query heads sha
 interleave into UP, the zero-centred norm weights become gains 1 + w in f32, and each head's q and k rows turn
 from adjacent-pair rotary to split halves. On a GPU the blocks' linears run on the INT8 kernels and their attention
 by the plain path (block_gpu._plain_heads: the fused QKV and attention kernels take neither shared key heads nor a
-gate yet).
+gate yet). The style reference's latents (issue 38) join the sequence after the image as ComfyUI's newest Krea 2
+places them with the index_timestep_zero method (comfy/ldm/krea2/model.py; diffusers 0.42.1 has no reference path).
 """
 from __future__ import annotations
 
@@ -65,6 +66,14 @@ def unpack_tokens(tokens: torch.Tensor, h: int, w: int) -> torch.Tensor:
     """pack_tokens' inverse for a latent of h x w."""
     c = tokens.shape[1] // 4
     return tokens.reshape(h // 2, w // 2, c, 2, 2).permute(2, 0, 3, 1, 4).reshape(c, h, w)
+
+
+def reference_tokens(z: torch.Tensor) -> torch.Tensor:
+    """A reference latent [C, h, w] -> its tokens, an odd side first padded circularly to the 2 x 2 patch grid
+    (ComfyUI's pad_to_patch_size, as its Krea 2 pads each reference: TextEncodeQwenImageEditPlus makes sides of
+    multiples of 8 pixels, so a latent side can be odd)."""
+    pad_h, pad_w = -z.shape[-2] % PATCH, -z.shape[-1] % PATCH
+    return pack_tokens(F.pad(z[None], (0, pad_w, 0, pad_h), mode="circular")[0] if pad_h or pad_w else z)
 
 
 def latent_format() -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,15 +165,26 @@ def unrotated(rows: int, group: int = 0) -> Sequence:
     return Sequence(torch.zeros(rows, dtype=torch.long), empty, empty, group)
 
 
-@functools.lru_cache(maxsize=8)
-def _sequence(a: Arch, n_txt: int, hp: int, wp: int, device: torch.device) -> Sequence:
-    """The [text | image] rows' Sequence: text at (0, 0, 0), image token (i, j) of the hp x wp grid at (0, i, j);
-    cos/sin of float64 angles, then f32 (diffusers' Krea2RotaryPosEmbed). Built once per shape."""
+def _grid_positions(index: int, hp: int, wp: int) -> torch.Tensor:
+    """Positions [hp wp, 3] of an hp x wp token grid, row-major: (index, i, j)."""
     grid = torch.stack(torch.meshgrid(torch.arange(hp), torch.arange(wp), indexing="ij"), -1).reshape(-1, 2)
-    positions = torch.cat([torch.zeros(n_txt, 3, dtype=torch.long),
-                           torch.cat([torch.zeros(hp * wp, 1, dtype=torch.long), grid], 1)])
-    seq = sequence_of(positions, torch.zeros(positions.shape[0], dtype=torch.long), a.rope_axes, a.rope_theta,
-                      torch.float64)
+    return torch.cat([torch.full((hp * wp, 1), index, dtype=torch.long), grid], 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _sequence(a: Arch, n_txt: int, hp: int, wp: int, device: torch.device,
+              refs: tuple[tuple[int, int], ...] = ()) -> Sequence:
+    """The [text | image | references] rows' Sequence: text at (0, 0, 0), image token (i, j) of the hp x wp grid at
+    (0, i, j), token (i, j) of reference k (grids refs, k = 1, 2, ...) at (k, i, j); image and text rows take
+    modulation row 0, reference rows row 1 (ComfyUI's Krea 2 with the index_timestep_zero method:
+    comfy/ldm/krea2/model.py process_img and SingleStreamBlock). cos/sin of float64 angles, then f32 (diffusers'
+    Krea2RotaryPosEmbed). Built once per shape."""
+    parts = [torch.zeros(n_txt, 3, dtype=torch.long), _grid_positions(0, hp, wp)]
+    parts += [_grid_positions(k, rh, rw) for k, (rh, rw) in enumerate(refs, 1)]
+    positions = torch.cat(parts)
+    n_refs = sum(rh * rw for rh, rw in refs)
+    map_ = torch.cat([torch.zeros(positions.shape[0] - n_refs, dtype=torch.long), torch.ones(n_refs, dtype=torch.long)])
+    seq = sequence_of(positions, map_, a.rope_axes, a.rope_theta, torch.float64)
     return replace(seq, cos=seq.cos.float(), sin=seq.sin.float(), angles=None).to(device)
 
 
@@ -284,40 +304,55 @@ class Krea2:
         return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
 
     def output(self, latent: torch.Tensor, sigma: float, text: torch.Tensor, mask: torch.Tensor | None = None,
-               check: Callable[[], None] | None = None) -> torch.Tensor:
+               check: Callable[[], None] | None = None, *,
+               refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """The velocity [C, H, W] for the VAE latent [C, H, W] at sigma, conditioned on the tapped text rows
-        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all); f32, or f64 where the text rows are.
+        [L, taps, text_dim] (mask [L] bool: the valid ones; None: all) and reference latents refs (each [C, h, w],
+        in the model's latent format as the latent: the style reference's); f32, or f64 where the text rows are.
         check() runs after each block (ComfyUI's cancel within a step)."""
-        return self.velocity(latent, sigma, self.text_rows(text, mask), check)
+        return self.velocity(latent, sigma, self.text_rows(text, mask), check, refs=refs)
 
     def velocity(self, latent: torch.Tensor, sigma: float, txt: torch.Tensor,
-                 check: Callable[[], None] | None = None) -> torch.Tensor:
+                 check: Callable[[], None] | None = None, *,
+                 refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """output() from text_rows' fused rows txt [L, hidden]: they do not change between steps, so a sampler
-        fuses them once."""
+        fuses them once. Reference latents join the sequence after the image as ComfyUI's Krea 2 places them with
+        FluxKontextMultiReferenceLatentMethod("index_timestep_zero"): their tokens at positions (k, i, j) for
+        reference k = 1, 2, ..., modulated as at sigma 0 (time embedding of 0, the blocks' tables added alike);
+        only the image rows reach the final layer."""
         a = self.arch
-        if latent.dim() != 3 or latent.shape[0] != a.latents:
-            raise ValueError(f"Krea2: latent {tuple(latent.shape)} is not [{a.latents}, H, W]")
+        for z in (latent, *refs):
+            if z.dim() != 3 or z.shape[0] != a.latents:
+                raise ValueError(f"Krea2: latent {tuple(z.shape)} is not [{a.latents}, H, W]")
         c, h, w = latent.shape
-        x = torch.cat([txt, linear(pack_tokens(latent), self.image_in).to(txt.dtype)])
+        ref_tokens = [reference_tokens(z) for z in refs]
+        x = torch.cat([txt, linear(torch.cat([pack_tokens(latent), *ref_tokens]), self.image_in).to(txt.dtype)])
         temb = self.time_embedding(sigma, latent.device)
-        shared = linear(F.gelu(temb, approximate="tanh"), self.time_mod).reshape(6, a.hidden)
-        seq = _sequence(a, txt.shape[0], h // PATCH, w // PATCH, latent.device)
+        times = [temb] + ([self.time_embedding(0.0, latent.device)] if refs else [])
+        # [6, times, hidden]: modulation row 0 for the text and image rows, row 1 for the references
+        shared = torch.stack([linear(F.gelu(t, approximate="tanh"), self.time_mod).reshape(6, a.hidden)
+                              for t in times], dim=1)
+        grids = tuple(((z.shape[1] + 1) // PATCH, (z.shape[2] + 1) // PATCH) for z in refs)
+        seq = _sequence(a, txt.shape[0], h // PATCH, w // PATCH, latent.device, grids)
         for block, table in zip(self.blocks, self.tables):
-            m = (shared + table).unsqueeze(1)  # [6, 1, hidden]: one modulation row
+            m = shared + table[:, None]  # [6, times, hidden]
             x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
                                                mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq,
                               options=self.options)
             if check is not None:
                 check()
         scale, shift = (temb + self.final_table).unsqueeze(1)
-        y = linear(rms_norm(x[txt.shape[0]:], self.final_norm, EPS) * (1 + scale) + shift,
-                   self.final_out)
+        image = x[txt.shape[0]:txt.shape[0] + (h // PATCH) * (w // PATCH)]
+        y = linear(rms_norm(image, self.final_norm, EPS) * (1 + scale) + shift, self.final_out)
         return unpack_tokens(y, h, w)
 
     def denoised(self, x: torch.Tensor, sigma: float, txt: torch.Tensor,
-                 check: Callable[[], None] | None = None) -> torch.Tensor:
+                 check: Callable[[], None] | None = None, *,
+                 refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
         """x0 for a batch of normalized latents x [B, C, H, W] and fused text rows txt [B or 1, L, hidden]
-        (text_rows of each conditioning): x0 = x - sigma v, v the velocity (ComfyUI's CONST sampling; timestep =
-        sigma)."""
-        outs = [self.velocity(x[i], sigma, txt[min(i, txt.shape[0] - 1)], check) for i in range(x.shape[0])]
+        (text_rows of each conditioning), with reference latents refs (each [C, h, w], for every latent of the
+        batch, as ComfyUI repeats them to the batch): x0 = x - sigma v, v the velocity (ComfyUI's CONST sampling;
+        timestep = sigma)."""
+        outs = [self.velocity(x[i], sigma, txt[min(i, txt.shape[0] - 1)], check, refs=refs)
+                for i in range(x.shape[0])]
         return x - float(sigma) * torch.stack(outs).to(x.dtype)

@@ -49,6 +49,20 @@ KREA2_PREFIX = ("<|im_start|>system\nDescribe the image by detailing the color, 
 KREA2_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"
 KREA2_PREFIX_ROWS = 34  # the system prefix's tokens, dropped (diffusers' prompt_template_encode_start_idx)
 KREA2_MAX_LENGTH = 512 + KREA2_PREFIX_ROWS - 5  # prefix and prompt tokens diffusers keeps before the 5 suffix ones
+# Krea 2's style reference: ComfyUI's TextEncodeQwenImageEditPlus (comfy_extras/nodes_qwen.py) on a krea2 CLIP
+# (comfy/text_encoders/krea2.py) gives its own template and a "Picture i: " vision block per picture before the
+# prompt; Krea2TEModel keeps the rows after the user turn's opening "<|im_start|>user\n".
+KREA2_EDIT_TEMPLATE = ("<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, "
+                       "objects, background), then explain how the user's text instruction should alter or modify the "
+                       "image. Generate a new image that meets the user's requirements while maintaining consistency "
+                       "with the original input where appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n"
+                       "<|im_start|>assistant\n")
+KREA2_PICTURE = "Picture {}: <|vision_start|><|image_pad|><|vision_end|>"
+IM_START_ID, USER_ID, NEWLINE_ID = 151644, 872, 198  # "<|im_start|>", "user", "\n"
+# Qwen3-VL-4B's vision tower: facts its tensors do not carry (ComfyUI's QWEN3VL_VISION["qwen3vl_4b"] and
+# QWEN3VL_VISION_COMMON).
+KREA2_VISION_HEADS = 16
+KREA2_DEEPSTACK_LAYERS = (5, 11, 17)  # vision blocks whose outputs DeepStack feeds to decoder layers 0, 1, 2
 # Qwen3-VL-4B's text_config: RoPE base and mRoPE sections; neither can be read from the tensors. Text tokens have
 # the same position on all three mRoPE axes, so the sections do not change text rows (kept for the model's config).
 ROPE_THETA = 5_000_000.0
@@ -205,20 +219,38 @@ class Krea2TextEncoder:
     """Prompt -> Krea 2's text rows [L, 12, hidden] f32: hidden_states[k], k in KREA2_LAYERS, stacked per token, of
     the prompt's and the suffix's tokens. diffusers pads the prompt to KREA2_MAX_LENGTH before the suffix, masks the
     pads as keys and gives them no position (positions count valid tokens); so the valid rows are those of the ids
-    without pads, and the transformer drops pad rows anyway (exact): no pads are made here."""
+    without pads, and the transformer drops pad rows anyway (exact): no pads are made here. With the file's vision
+    tower (load(..., vision=True)), encode_reference reads the style reference's pictures into the rows."""
 
-    def __init__(self, encoder: Qwen3VLTextEncoder):
+    def __init__(self, encoder: Qwen3VLTextEncoder, vision: Qwen3VLVisionModel | None = None,
+                 no_vision: str = "the Krea 2 text encoder was loaded without its vision tower (load(vision=True))"):
         if encoder.layers != KREA2_LAYERS:
             raise ValueError(f"Krea2TextEncoder: the encoder taps {encoder.layers}, Krea 2 reads {KREA2_LAYERS}")
         self.encoder = encoder
+        self.vision = vision
+        self.no_vision = no_vision  # why there is none: the error of pictures given without one
 
     @classmethod
-    def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike, dtype: torch.dtype = torch.float32,
-             device: str | torch.device = "cpu", int8_linears: bool | None = None) -> Krea2TextEncoder:
-        """From a Qwen3-VL-4B file (CLIPLoader type krea2: qwen3vl_4b_fp8_scaled.safetensors) and ComfyUI's
-        qwen25_tokenizer folder; only the first 35 layers are read; int8_linears: Qwen3VLTextEncoder.load's."""
-        return cls(Qwen3VLTextEncoder.load(path, tokenizer_dir, dtype, KREA2_LAYERS, device=device,
-                                           int8_linears=int8_linears))
+    def load(cls, path: str | os.PathLike | Checkpoint, tokenizer_dir: str | os.PathLike,
+             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", int8_linears: bool | None = None,
+             *, vision: bool = False, vision_heads: int = KREA2_VISION_HEADS,
+             deepstack_layers: tuple[int, ...] = KREA2_DEEPSTACK_LAYERS) -> Krea2TextEncoder:
+        """From a Qwen3-VL-4B file (CLIPLoader type krea2: qwen3vl_4b_fp8_scaled.safetensors; a path or an open
+        Checkpoint) and ComfyUI's qwen25_tokenizer folder; only the first 35 layers are read; int8_linears:
+        Qwen3VLTextEncoder.load's. vision: also read the file's vision tower (dtype, on device), which the style
+        reference's pictures need (WeightsError when the file has none or it does not fit); vision_heads and
+        deepstack_layers are Qwen3-VL-4B's (16, (5, 11, 17)), tests on tiny models pass their own."""
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        encoder = Qwen3VLTextEncoder.load(ckpt, tokenizer_dir, dtype, KREA2_LAYERS, device=device,
+                                          int8_linears=int8_linears)
+        if not vision:
+            return cls(encoder)
+        tower = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, encoder.model.config.hidden_size)
+        if tower is None:
+            raise WeightsError(f"{ckpt.path.name}: has no vision tower (no 'visual.*' tensors); Krea 2's style "
+                               f"reference reads its pictures with Qwen3-VL-4B's: use the text encoder file with it "
+                               f"(qwen3vl_4b_fp8_scaled.safetensors)")
+        return cls(encoder, tower)
 
     def tokenize(self, prompt: str) -> list[int]:
         """Ids of [prefix | prompt | suffix] (the prefix and prompt tokenized as one text, as diffusers does)."""
@@ -232,6 +264,46 @@ class Krea2TextEncoder:
     def encode(self, prompt: str, check: Callable[[], None] | None = None) -> torch.Tensor:
         states = self.encoder.hidden_states(self.tokenize(prompt), check=check)
         return torch.stack(states, dim=2)[0, KREA2_PREFIX_ROWS:].float()
+
+    @torch.no_grad()
+    def encode_reference(self, prompt: str, images: Sequence[torch.Tensor] = (),
+                         check: Callable[[], None] | None = None) -> torch.Tensor:
+        """The style reference's text rows [L, 12, hidden] f32, as ComfyUI's TextEncodeQwenImageEditPlus makes them
+        on a krea2 CLIP: KREA2_EDIT_TEMPLATE around "Picture i: " and a vision block per picture (ComfyUI IMAGE
+        tensors [1, H, W, 3] in [0, 1], as that node passes them to clip.tokenize: already resized to its ~384 x 384
+        area) then the prompt, tokenized as one text; the pictures' rows from the vision tower, mRoPE positions as
+        lay_out_pictures gives them, every key seen; the rows from the user turn's content on (Krea2TEModel's
+        template_end: after the second "<|im_start|>" and its "user\n"). check() before each picture and each layer.
+        """
+        tokenizer = self.encoder.tokenizer.tokenizer
+        pictures = "".join(KREA2_PICTURE.format(i) for i in range(1, len(images) + 1))
+        ids = tokenizer(KREA2_EDIT_TEMPLATE.format(pictures + prompt))["input_ids"]
+        grids, embeds, deepstack = read_pictures(self.vision, images, self.no_vision, check)
+        laid = lay_out_pictures(ids, grids)
+        device = self.encoder.device
+        states = self.encoder.hidden_states(laid.ids, positions=laid.positions[:, None].to(device), check=check,
+                                            vision=VisionRows(laid.vision, embeds, deepstack) if images else None)
+        if images:
+            # ComfyUI's Llama2_ takes hidden_states[k] as decoder layer k's input, after DeepStack added its
+            # features to the picture rows of layer k - 1's output; transformers' hidden_states (and the hooks) take
+            # the output before that. Krea 2's tap 2 is one of them.
+            rows = laid.vision.to(device)
+            states = list(states)
+            for i, k in enumerate(self.encoder.layers):
+                if 1 <= k <= len(deepstack):
+                    states[i] = states[i].clone()
+                    states[i][0, rows] += deepstack[k - 1].to(states[i])
+        return torch.stack(states, dim=2)[0, template_end(ids):].float()
+
+
+def template_end(ids: list[int]) -> int:
+    """The first row of a chat's user content as ComfyUI's Krea2TEModel finds it: the second "<|im_start|>" (or the
+    last of fewer), past its "user\n" when those follow."""
+    starts = [i for i, t in enumerate(ids) if t == IM_START_ID][:2]
+    if not starts:
+        raise ValueError("Krea2TextEncoder: no <|im_start|> in the template's ids")
+    end = starts[-1]
+    return end + 3 if ids[end + 1:end + 3] == [USER_ID, NEWLINE_ID] else end
 
 
 # --- MiniMax H3: hidden_states[50] of Qwen3-VL-32B over the prompt as typed --------------------------------------
