@@ -1,27 +1,79 @@
-"""SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's):
-RandomNoise's seed, BasicScheduler's steps, BasicGuider's model and conditioning (the positive, and the negative too:
-our sampler runs cfg 1, which never reads it), the latent, KSamplerSelect's sampler and BasicScheduler's scheduler;
-and the MODEL -> MODEL nodes a family's row drops (H3's ModelAttentionBackend) taken off the model path first. The
-swap then swaps the KSampler like any other (its row says which samplers and schedulers ours runs); when it does
-not, the graph is left as it was."""
+"""SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's,
+LTX-2.5's): RandomNoise's seed, the guider's model and conditioning (BasicGuider's for positive and negative, which
+cfg 1 never reads; LTXVDualCFGGuider's positive and negative, its video_cfg as cfg), the latent, KSamplerSelect's
+sampler, and BasicScheduler's steps and scheduler or ManualSigmas' list (steps = its sigmas - 1, scheduler 'manual');
+what our sampler takes beyond KSampler's widgets (ManualSigmas' text, the guider's audio_cfg) goes with the fold as
+its extra widgets. Also the MODEL -> MODEL nodes a family's row drops (H3's ModelAttentionBackend) taken off the
+model path first. The swap then swaps the KSampler like any other (its row says which samplers and schedulers ours
+runs); when it does not, the graph is left as it was."""
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dit_core.sampling.ltx25 import manual_sigmas
 
 from .ui_edit import UIEditor
 from .workflow_api import is_link
 
-GROUP = {"noise": "RandomNoise", "guider": "BasicGuider", "sampler": "KSamplerSelect", "sigmas": "BasicScheduler"}
+# the group's node kinds by SamplerCustomAdvanced input, with their widgets in UI order (None: the frontend's own)
+GROUP = {"noise": {"RandomNoise": ("noise_seed", None)},
+         "guider": {"BasicGuider": (), "LTXVDualCFGGuider": ("video_cfg", "audio_cfg")},
+         "sampler": {"KSamplerSelect": ("sampler_name",)},
+         "sigmas": {"BasicScheduler": ("scheduler", "steps", "denoise"), "ManualSigmas": ("sigmas",)}}
+# the guider's inputs that give KSampler's positive and negative
+CONDITIONING = {"BasicGuider": ("conditioning", "conditioning"), "LTXVDualCFGGuider": ("positive", "negative")}
 KSAMPLER_INPUTS = (("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                    ("latent_image", "LATENT"))
+GROUP_WIDGETS = {kind: names for kinds in GROUP.values() for kind, names in kinds.items()}
+# widgets whose value must be known to spell the group (a wired one leaves the group as it is)
+FIXED = ("denoise", "video_cfg", "audio_cfg", "sigmas")
+
+
+@dataclass
+class Folded:
+    """One group spelled as a KSampler: where, its KSampler's values, and our sampler's own widgets it sets."""
+    scope: object
+    id: object
+    kinds: tuple                 # the group's node types, in GROUP's order
+    sampler: str
+    scheduler: str
+    extra: dict = field(default_factory=dict)
+
+    def what(self) -> str:
+        noise, guider, select, sigmas = self.kinds
+        told = "".join(f", {k} {v!r}" for k, v in self.extra.items() if k != "sigmas")
+        return (f"{noise}, {guider}, {select} ({self.sampler}), {sigmas} ({self.scheduler}) and SamplerCustomAdvanced "
+                f"-> one KSampler (seed, steps, sampler, scheduler, the guider's model and conditioning, cfg"
+                f"{' = video_cfg' if guider == 'LTXVDualCFGGuider' else ' 1'}{told})")
+
+
+def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
+    """KSampler's values (seed, steps, cfg, sampler_name, scheduler) and our sampler's extra widgets for a group:
+    kinds and values (widget name -> value) by SamplerCustomAdvanced input; None when the scheduler does not
+    sample a whole schedule (denoise other than 1, fewer than two sigmas)."""
+    noise, guider, select, sigmas = (values[k] for k in GROUP)
+    extra = {"audio_cfg": guider["audio_cfg"]} if "audio_cfg" in guider else {}
+    if kinds["sigmas"] == "ManualSigmas":
+        steps, scheduler = len(manual_sigmas(str(sigmas.get("sigmas", "")))) - 1, "manual"
+        extra["sigmas"] = sigmas.get("sigmas")
+        if steps < 1:
+            return None
+    else:
+        if sigmas.get("denoise") != 1:
+            return None
+        steps, scheduler = sigmas.get("steps"), sigmas.get("scheduler")
+    return {"seed": noise.get("noise_seed"), "steps": steps, "cfg": guider.get("video_cfg", 1.0),
+            "sampler_name": select.get("sampler_name"), "scheduler": scheduler}, extra
 
 
 def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
-    """The group's nodes by input name, when they are the plain group: each feeds only this sampler, the scheduler
-    runs the guider's model at denoise 1 and denoised_output is unused."""
+    """The group's nodes by input name, when they are the plain group: each feeds only this sampler, a
+    BasicScheduler runs the guider's model and denoised_output is unused."""
     group = {}
-    for name, kind in GROUP.items():
+    for name, kinds in GROUP.items():
         origin = ed.origin(scope, sca, name)
         node = scope.nodes.get(origin[0]) if origin else None
-        if node is None or node.get("type") != kind or node.get("mode") not in (0, None):
+        if node is None or node.get("type") not in kinds or node.get("mode") not in (0, None):
             return None
         if any(len(out.get("links") or []) != (1 if i == 0 else 0) for i, out in enumerate(node["outputs"])):
             return None
@@ -30,17 +82,14 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     if len(outs) > 1 and outs[1].get("links"):
         return None
     sched = group["sigmas"]
-    values = dict(zip(("scheduler", "steps", "denoise"), sched.get("widgets_values") or []))
-    if values.get("denoise") != 1 or ed.origin(scope, sched, "denoise"):
-        return None
-    if ed.origin(scope, sched, "model") != ed.origin(scope, group["guider"], "model"):
+    if sched["type"] == "BasicScheduler" and ed.origin(scope, sched, "model") != ed.origin(scope, group["guider"],
+                                                                                            "model"):
         return None
     return group
 
 
-def fold_ui(workflow: dict) -> list[tuple]:
-    """Fold every plain group of `workflow` (edited in place) into a KSampler; returns (scope key, KSampler id,
-    sampler_name, scheduler) for each."""
+def fold_ui(workflow: dict) -> list[Folded]:
+    """Fold every plain group of `workflow` (edited in place) into a KSampler."""
     ed = UIEditor(workflow)
     done = []
     for scope in ed.graph.scopes():
@@ -49,21 +98,29 @@ def fold_ui(workflow: dict) -> list[tuple]:
             if group is None:
                 continue
             noise, guider, select, sched = (group[k] for k in GROUP)
-            seed = (noise.get("widgets_values") or [0, "randomize"])
-            scheduler, steps = sched["widgets_values"][:2]
-            sampler = select["widgets_values"][0]
-            widgets = [seed[0], seed[1] if len(seed) > 1 else "randomize", steps, 1.0, sampler, scheduler, 1.0]
+            if any(ed.origin(scope, n, k) for n in group.values() for k in FIXED):
+                continue
+            # the seed, steps, sampler and scheduler a subgraph promotes stay wired (below)
+            values = {k: dict(zip(GROUP_WIDGETS[n["type"]], n.get("widgets_values") or [])) for k, n in group.items()}
+            kinds = {k: n["type"] for k, n in group.items()}
+            got = spelled(kinds, values)
+            if got is None:
+                continue
+            ks_values, extra = got
+            control = (noise.get("widgets_values") or [0, "randomize"])[1:2] or ["randomize"]
+            widgets = [ks_values["seed"], control[0], ks_values["steps"], ks_values["cfg"], ks_values["sampler_name"],
+                       ks_values["scheduler"], 1.0]
             ks = ed.add_node(scope, "KSampler", sca.get("pos") or (0, 0), list(KSAMPLER_INPUTS), ["LATENT"], widgets)
-            # the widgets the group's nodes take from elsewhere (a subgraph's promoted values) stay wired
             ks["inputs"] += [{"name": "seed", "type": "INT", "widget": {"name": "seed"}, "link": None},
                              {"name": "steps", "type": "INT", "widget": {"name": "steps"}, "link": None},
                              {"name": "sampler_name", "type": "COMBO", "widget": {"name": "sampler_name"},
                               "link": None},
                              {"name": "scheduler", "type": "COMBO", "widget": {"name": "scheduler"}, "link": None}]
             ks["size"] = [270, 262]
-            feeds = [(guider, "model", 0), (guider, "conditioning", 1), (guider, "conditioning", 2),
-                     (sca, "latent_image", 3), (noise, "noise_seed", 4), (sched, "steps", 5),
-                     (select, "sampler_name", 6), (sched, "scheduler", 7)]
+            positive, negative = CONDITIONING[guider["type"]]
+            feeds = [(guider, "model", 0), (guider, positive, 1), (guider, negative, 2), (sca, "latent_image", 3),
+                     (noise, "noise_seed", 4), (sched, "steps", 5), (select, "sampler_name", 6),
+                     (sched, "scheduler", 7)]
             for node, name, slot in feeds:
                 origin = ed.origin(scope, node, name)
                 if origin is not None:
@@ -72,11 +129,12 @@ def fold_ui(workflow: dict) -> list[tuple]:
                 ed.reorigin(scope, lid, (ks["id"], 0))
             for node in (sca, noise, guider, select, sched):
                 ed.remove_node(scope, node)
-            done.append((scope.key, ks["id"], sampler, scheduler))
+            done.append(Folded(scope.key, ks["id"], tuple(kinds.values()), ks_values["sampler_name"],
+                               ks_values["scheduler"], extra))
     return done
 
 
-def fold_api(prompt: dict) -> list[tuple]:
+def fold_api(prompt: dict) -> list[Folded]:
     """fold_ui for an API prompt (edited in place): the KSampler takes the SamplerCustomAdvanced's id."""
     done = []
     for sid, body in list(prompt.items()):
@@ -84,10 +142,10 @@ def fold_api(prompt: dict) -> list[tuple]:
             continue
         ins = body.get("inputs", {})
         group = {}
-        for name, kind in GROUP.items():
+        for name, kinds in GROUP.items():
             ref = ins.get(name)
             node = prompt.get(ref[0]) if is_link(ref) else None
-            if node is None or node.get("class_type") != kind:
+            if node is None or node.get("class_type") not in kinds:
                 break
             group[name] = ref[0]
         else:
@@ -95,19 +153,25 @@ def fold_api(prompt: dict) -> list[tuple]:
             if any(v[0] == sid and v[1] != 0 for _, v in used) or \
                     any(sum(v[0] == g for _, v in used) != 1 for g in group.values()):
                 continue
-            noise, guider, select, sched = (prompt[group[k]]["inputs"] for k in GROUP)
-            if sched.get("denoise") != 1 or sched.get("model") != guider.get("model") or \
-                    is_link(select.get("sampler_name")) or is_link(sched.get("scheduler")):
+            kinds = {k: prompt[g]["class_type"] for k, g in group.items()}
+            values = {k: dict(prompt[g].get("inputs", {})) for k, g in group.items()}
+            guider, select, sched = values["guider"], values["sampler"], values["sigmas"]
+            if is_link(select.get("sampler_name")) or is_link(sched.get("scheduler")) or \
+                    any(is_link(v.get(k)) for v in values.values() for k in FIXED) or \
+                    (kinds["sigmas"] == "BasicScheduler" and sched.get("model") != guider.get("model")):
                 continue
-            sampler, scheduler = select.get("sampler_name"), sched.get("scheduler")
+            got = spelled(kinds, values)
+            if got is None:
+                continue
+            ks_values, extra = got
             for g in group.values():
                 del prompt[g]
+            positive, negative = CONDITIONING[kinds["guider"]]
             prompt[sid] = {"class_type": "KSampler", "inputs": {
-                "seed": noise.get("noise_seed"), "steps": sched.get("steps"), "cfg": 1.0, "sampler_name": sampler,
-                "scheduler": scheduler, "denoise": 1.0, "model": guider.get("model"),
-                "positive": guider.get("conditioning"), "negative": guider.get("conditioning"),
-                "latent_image": ins.get("latent_image")}}
-            done.append((None, sid, sampler, scheduler))
+                **ks_values, "denoise": 1.0, "model": guider.get("model"), "positive": guider.get(positive),
+                "negative": guider.get(negative), "latent_image": ins.get("latent_image")}}
+            done.append(Folded(None, sid, tuple(kinds.values()), ks_values["sampler_name"], ks_values["scheduler"],
+                               extra))
     return done
 
 

@@ -57,16 +57,34 @@ STOCK = MappingProxyType({
                                                     ("last_frame", "IMAGE")), ("CONDITIONING", "LATENT"),
                                    ("prompt", "width", "height", "length")),
     "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),
+    # LTX-2.5 (reference/templates.md section 3, video_ltx2_5_t2v): the tiled video decode, the audio decode and
+    # the empty audio latent read the audio VAE's loader, the upsampler reads the video VAE and the upscale model
+    "VAEDecodeTiled": Stock("VAEDecodeTiled", (("samples", "LATENT"), ("vae", "VAE")), ("IMAGE",),
+                            ("tile_size", "overlap", "temporal_size", "temporal_overlap")),
+    "LTXVAudioVAEDecode": Stock("AudioVAEDecode", (("samples", "LATENT"), ("audio_vae", "VAE")), ("AUDIO",)),
+    "LTXVEmptyLatentAudio": Stock("EmptyLatentAudio", (("audio_vae", "VAE"),), ("LATENT",),
+                                  ("frames_number", "frame_rate", "batch_size")),
+    "LTXVLatentUpsampler": Stock("LatentUpsampler", (("samples", "LATENT"),
+                                                     ("upscale_model", "LATENT_UPSCALE_MODEL"), ("vae", "VAE")),
+                                 ("LATENT",)),
+    "LatentUpscaleModelLoader": Stock("LatentUpscaleModelLoader", outputs=("LATENT_UPSCALE_MODEL",),
+                                      widgets=("model_name",)),
 })
-AUDIO_DECODERS = ("VAEDecodeAudio",)  # their VAELoader becomes the family's audio VAE loader
+AUDIO_DECODERS = ("VAEDecodeAudio", "LTXVAudioVAEDecode")  # their VAELoader becomes the family's audio VAE loader
+# Other readers of the audio VAE: ours when that loader is, and they never make it a video VAE's.
+AUDIO_VAE_READERS = (*AUDIO_DECODERS, "LTXVEmptyLatentAudio")
+VIDEO_DECODERS = ("VAEDecode", "VAEDecodeTiled")
+# Nodes that read a sampler's latent and hand a latent on to the next stage, and the loader of their model file
+UPSAMPLERS = MappingProxyType({"LTXVLatentUpsampler": ("upscale_model", "LatentUpscaleModelLoader")})
 MODEL_PATCHES = ("ModelSamplingAuraFlow", "ModelSamplingFlux", "LoraLoaderModelOnly")  # MODEL -> MODEL
 # Stock nodes that pass any wire type on unchanged (ComfyUI's MatchType), and their inputs that do: ours flow
 # through those a family's row names in `switches`.
 PASS_THROUGH = MappingProxyType({"ComfySwitchNode": ("on_false", "on_true")})
 # Stock nodes that need ComfyUI's own CLIP (its .generate): a text encoder loader that feeds one of them and our
 # text encodes too stays stock for them, and one of ours is added beside it for the encode path.
-STOCK_CLIP_USERS = ("TextGenerate",)
-WIRE_TYPES = MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER", "VAE": "SWIFTDIT_VAE"})
+STOCK_CLIP_USERS = ("TextGenerate", "TextGenerateLTX2Prompt")
+WIRE_TYPES = MappingProxyType({"MODEL": "SWIFTDIT_MODEL", "CLIP": "SWIFTDIT_TEXT_ENCODER", "VAE": "SWIFTDIT_VAE",
+                               "LATENT_UPSCALE_MODEL": "SWIFTDIT_LATENT_UPSCALE_MODEL"})
 
 
 @dataclass(frozen=True)
@@ -86,18 +104,22 @@ class Family:
     decoders: tuple[str, ...]
     # VAE encodes whose LATENT reaches a sampler's conditioning (reference images, e.g. through ReferenceLatent)
     vae_encoders: tuple[str, ...] = ()
+    upsamplers: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # UPSAMPLERS it replaces
+    audio_latents: tuple[str, ...] = ()        # readers of the audio VAE that make an empty latent
     not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes the swap cannot take yet, and why
     switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # pass-through -> inputs
     audio_vae_loader: str | None = None        # ours for a VAELoader that feeds an audio decode
-    # SamplerCustomAdvanced groups (RandomNoise, BasicGuider, KSamplerSelect, BasicScheduler) spelled as a KSampler
-    # before the swap (swiftdit/custom_sampler.py), with the group's sampler and scheduler
+    # SamplerCustomAdvanced groups (RandomNoise, BasicGuider or LTXVDualCFGGuider, KSamplerSelect, BasicScheduler or
+    # ManualSigmas) spelled as a KSampler before the swap (swiftdit/custom_sampler.py), with the group's sampler and
+    # scheduler ('manual' for ManualSigmas, whose text and the guider's audio_cfg go to our sampler's own widgets)
     custom_sampler: bool = False
     dropped: tuple[tuple[str, str], ...] = ()  # MODEL -> MODEL nodes removed before the swap: (type, why)
     ours_roles: MappingProxyType = field(init=False)  # our node id -> the stock class it replaces
 
     def __post_init__(self):
         named = (self.sampler, self.model_loader, self.text_loader, *self.model_patches, *self.text_encoders,
-                 *self.decoders, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []))
+                 *self.decoders, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []),
+                 *self.audio_latents, *self.upsamplers, *(loader for _, loader in self.upsamplers.values()))
         for stock in named:
             if stock not in self.roles:
                 raise ValueError(f"family {self.name}: {stock} is named in a rule but has no role")
@@ -144,11 +166,12 @@ def rules(row) -> Family:
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
         roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts)
     has = set(row.replaces)
+    wires = {t for r in roles.values() for t in (*r.outputs, *(t for _, t in r.sockets))}
     return Family(
         name=row.name,
         title=row.title,
         roles=MappingProxyType(roles),
-        wire_types=WIRE_TYPES,
+        wire_types=MappingProxyType({k: v for k, v in WIRE_TYPES.items() if k in wires}),  # those its roles carry
         sampler="KSampler",
         model_loader="UNETLoader",
         model_patches=tuple(p for p in MODEL_PATCHES if p in has),
@@ -156,8 +179,10 @@ def rules(row) -> Family:
         text_loader_types=tuple(row.text_types),
         text_encoders=tuple(e for e in ("CLIPTextEncode", "MiniMaxH3ImageToVideo") if e in has),
         vae_loader="VAELoader" if "VAELoader" in has else None,
-        decoders=tuple(d for d in ("VAEDecode", *AUDIO_DECODERS) if d in has),
+        decoders=tuple(d for d in (*VIDEO_DECODERS, *AUDIO_DECODERS) if d in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),
+        upsamplers=MappingProxyType({u: v for u, v in UPSAMPLERS.items() if u in has}),
+        audio_latents=tuple(r for r in AUDIO_VAE_READERS if r in has and r not in AUDIO_DECODERS),
         not_yet=tuple(row.not_yet),
         switches=MappingProxyType({kind: PASS_THROUGH[kind] for kind in row.switches}),
         audio_vae_loader=row.node_prefix + "AudioVAELoader" if has & set(AUDIO_DECODERS) else None,

@@ -6,7 +6,7 @@ import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .families import AUDIO_DECODERS, FAMILIES, STOCK_CLIP_USERS, Family
+from .families import AUDIO_VAE_READERS, FAMILIES, STOCK_CLIP_USERS, Family
 from .ui_edit import UIEditor
 from .ui_graph import UIGraph, link_view
 from .workflow_api import is_link
@@ -115,13 +115,18 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     not_yet_of = dict(fam.not_yet)
     for n in nodes.values():  # a graph of the family that the swap cannot take yet (Krea 2's style reference)
         # the node's type, or its type with an input wired ("MiniMaxH3ImageToVideo.first_frame"); it counts when a
-        # loader of the family feeds it
+        # loader of the family (text, model or VAE) feeds it
         reason = not_yet_of.get(n.type) or next((not_yet_of[f"{n.type}.{w.name}"] for w in by_dst[n.id]
                                                  if w.src is not None and f"{n.type}.{w.name}" in not_yet_of), None)
-        if reason and any(w.src in loaders or plays(nodes.get(w.src), fam.model_loader) for w in by_dst[n.id]):
+        if reason and any(w.src in loaders or plays(nodes.get(w.src), fam.model_loader)
+                          or (fam.vae_loader and plays(nodes.get(w.src), fam.vae_loader)) for w in by_dst[n.id]):
             why[n.id] = reason
-            encoders.discard(n.id)  # a stock encode a row names as not yet (H3's t2i CLIPTextEncode) stays stock
             not_yet += [reason] if reason not in not_yet else []
+    if not_yet:  # half a graph swapped would hand stock nodes our models and conditioning: it all stays
+        for n in nodes.values():
+            if n.type in fam.roles:
+                why.setdefault(n.id, f"part of a {fam.title} graph the swap cannot take yet")
+        return Plan(set(), why, not_yet=not_yet)
     through = set()
 
     def model_path(sid):  # the nodes on a sampler's model path back to the loader(s), or why it is not ours
@@ -163,16 +168,33 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
         samplers.add(n.id)
         cand.update([n.id, *path])
     audio_vaes = {}  # VAELoader -> ours for an audio decode
-    for n in (n for n in nodes.values() if any(plays(n, d) for d in fam.decoders)):
+
+    def vae_loader(n):  # the VAE loader (stock or ours) on the VAE input of a node of the family's roles
+        name = next(name for name, t in fam.roles[fam.ours_roles.get(n.type, n.type)].sockets if t == "VAE")
+        vae = src(n.id, name)
+        return vae if plays(vae, fam.vae_loader) or (vae is not None and vae.type == fam.audio_vae_loader) else None
+
+    # decoders and upsamplers (with their model file's loader) of a sampler's latent
+    for n in (n for n in nodes.values() if any(plays(n, d) for d in (*fam.decoders, *fam.upsamplers))):
         if reaches(n.id, ["samples"], samplers, "LATENT"):
             cand.add(n.id)
-            vae = src(n.id, "vae")
-            if plays(vae, fam.vae_loader) or (vae is not None and vae.type == fam.audio_vae_loader):
+            vae = vae_loader(n)
+            if vae is not None:
                 cand.add(vae.id)
                 if _audio(fam, n.type):
                     audio_vaes[vae.id] = fam.audio_vae_loader
+            socket, loader = next((fam.upsamplers[u] for u in fam.upsamplers if plays(n, u)), (None, None))
+            model = src(n.id, socket) if socket else None
+            if plays(model, loader):
+                cand.add(model.id)
         else:
             why.setdefault(n.id, f"its samples come from no {fam.title} sampler")
+    for n in (n for n in nodes.values() if any(plays(n, r) for r in fam.audio_latents)):
+        vae = vae_loader(n)  # an empty audio latent reads the audio VAE: ours when its loader is
+        if vae is not None and vae.id in audio_vaes:
+            cand.add(n.id)
+        else:
+            why.setdefault(n.id, f"its audio VAE feeds no {fam.title} audio decode")
     for sid in samplers:  # VAE encodes of reference images: upstream of the conditioning, never past a sampler
         todo, seen = [into[(sid, n)] for n in conds if (sid, n) in into], set()
         while todo:
@@ -281,8 +303,8 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
 
 
 def _audio(fam: Family, kind: str) -> bool:
-    """Whether a node (stock or ours) decodes audio: its VAE is the family's audio VAE."""
-    return kind in AUDIO_DECODERS or fam.ours_roles.get(kind) in AUDIO_DECODERS
+    """Whether a node (stock or ours) reads the audio VAE (an audio decode, an empty audio latent)."""
+    return kind in AUDIO_VAE_READERS or fam.ours_roles.get(kind) in AUDIO_VAE_READERS
 
 
 def _outside(fam: Family, stock: str) -> str:
@@ -319,7 +341,7 @@ def _refused(role, values: dict, linked: set) -> str | None:
 def _left(fam: Family, node_type: str, why: str | None, sockets: tuple) -> str:
     if why:
         return why
-    if node_type in fam.ours_roles:
+    if node_type in fam.ours_roles or node_type.startswith("SwiftDiT"):
         return "already a SwiftDiT node"
     if node_type in NOTES:
         return "note"
@@ -344,24 +366,31 @@ def _retype(fam: Family, entry: dict) -> None:
 
 def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
     """The swap of `data` with its SamplerCustomAdvanced groups spelled as KSamplers, when the swap takes every one
-    of those (else None: the groups stay as they were)."""
+    of those with the values the group gives our sampler's own widgets (else None: the groups stay as they were)."""
     from .custom_sampler import drop_api, drop_ui, fold_api, fold_ui
     work = copy.deepcopy(data)
     why_dropped = dict(fam.dropped)
     dropped = (drop_ui if fold == "ui" else drop_api)(work, set(why_dropped))
     done = (fold_ui if fold == "ui" else fold_api)(work)
-    if not done:
+    role = fam.roles.get(fam.sampler)
+    extra_names = [name for name, _ in role.extra_widgets] if role else []
+    if not done or any(set(f.extra) - set(extra_names) for f in done):
         return None
     out, report = core(work, fam.name)
     swapped = {where for where, old, _ in report.changed if old == "KSampler"}
-    ids = [str(kid) for _, kid, _, _ in done]
+    ids = [str(f.id) for f in done]
     if not all(any(w == k or w.endswith(f":{k}") for w in swapped) for k in ids):
         return None
-    for (_, kid, sampler, scheduler), where in zip(done, ids):
+    ui = UIEditor(out) if fold == "ui" else None
+    for f, where in zip(done, ids):
         at = next(w for w in swapped if w == where or w.endswith(f":{where}"))
-        report.folded.append((at, f"RandomNoise, BasicGuider, KSamplerSelect ({sampler}), BasicScheduler "
-                                  f"({scheduler}) and SamplerCustomAdvanced -> one KSampler (seed, steps, sampler, "
-                                  f"scheduler, the guider's model and conditioning, cfg 1)"))
+        report.folded.append((at, f.what()))
+        if fold == "api":
+            out[f.id]["inputs"].update(f.extra)
+            continue
+        values = ui.scope(f.scope).nodes[f.id]["widgets_values"]
+        for name, value in f.extra.items():
+            values[len(role.widgets) + extra_names.index(name)] = value
     graph = UIGraph(data) if fold == "ui" else None
     for key, nid, kind in dropped:
         where = str(nid) if key is None else ", ".join(":".join(map(str, p.path + (nid,))) for p in graph.placed()

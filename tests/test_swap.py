@@ -738,7 +738,8 @@ def test_minimax_h3_api_group_is_folded():
                     "noise": ["2", 0], "guider": ["3", 0], "sampler": ["4", 0], "sigmas": ["5", 0],
                     "latent_image": ["9", 1]}}}
     p = prompt()
-    assert fold_api(p) == [(None, "7", "res_multistep", "beta")]
+    assert [(f.scope, f.id, f.sampler, f.scheduler, f.extra) for f in fold_api(p)] == [
+        (None, "7", "res_multistep", "beta", {})]
     assert set(p) == {"1", "6", "7"} and p["7"] == {"class_type": "KSampler", "inputs": {
         "seed": 7, "steps": 9, "cfg": 1.0, "sampler_name": "res_multistep", "scheduler": "beta", "denoise": 1.0,
         "model": ["1", 0], "positive": ["6", 0], "negative": ["6", 0], "latent_image": ["9", 1]}}

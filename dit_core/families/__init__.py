@@ -16,9 +16,9 @@ from .ltx25 import LTX25
 from .minimax_h3 import MiniMaxH3
 from .z_image import ZImage
 
-LTX25_NOT_YET = ("LTX-2.5's templates (two SamplerCustomAdvanced stages with LTXVDualCFGGuider and ManualSigmas, "
-                 "LTXVLatentUpsampler, VAEDecodeTiled, LTXVAudioVAEDecode) are not yet supported by the swap "
-                 "(issue 36); build the graph with the LTX-2.5 nodes (docs/nodes.md)")
+LTX25_NOT_YET = ("LTX-2.5's image to video and first/last frame templates (LTXVImgToVideoInplace, LTXVAddGuide) "
+                 "are not yet supported by the swap (issue 36): SwiftDiT's LTX-2.5 sampler has no frame "
+                 "conditioning yet")
 
 
 @dataclass(frozen=True)
@@ -78,12 +78,14 @@ FAMILIES = MappingProxyType({f.name: f for f in (
                                                   "yet supported (issue 35)"),
                     ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
                                             "supported (issue 35)"))),
-    # LTX-2.5's sampler is one stage of its templates (a SamplerCustomAdvanced group with LTXVDualCFGGuider and
-    # ManualSigmas: sampler euler_ancestral, scheduler 'manual' = its sigmas widget); its upsampler, empty audio
-    # latent and decoders have no swap rules yet, so its templates stay as they are: their encodes and guider name
-    # issue 36 (a swap of the text path alone would feed stock LTX nodes our conditioning).
+    # LTX-2.5's text to video template (video_ltx2_5_t2v): each SamplerCustomAdvanced group (LTXVDualCFGGuider,
+    # ManualSigmas) -> our sampler (euler_ancestral, scheduler 'manual' = its sigmas widget, cfg / audio_cfg the
+    # guider's), one node of ours for each LTX model node; the stock latent plumbing stays. Its image to video and
+    # first/last frame templates stay as they are (no frame conditioning yet).
     Family("ltx25", "LTX-2.5", LTX25, "SwiftDiTLTX25", ("ltxv",),
-           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader"), ("euler_ancestral",),
-           ("manual",), sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS)),
-           not_yet=tuple((stock, LTX25_NOT_YET) for stock in ("CLIPTextEncode", "LTXVDualCFGGuider"))),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecodeTiled",
+            "LTXVAudioVAEDecode", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "LatentUpscaleModelLoader"),
+           ("euler_ancestral",), ("manual",), sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS)),
+           custom_sampler=True,
+           not_yet=tuple((stock, LTX25_NOT_YET) for stock in ("LTXVImgToVideoInplace", "LTXVAddGuide"))),
 )})
