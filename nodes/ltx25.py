@@ -359,6 +359,56 @@ class LTX25AudioVAEDecode(io.ComfyNode):  # LTXVAudioVAEDecode's inputs and outp
             return io.NodeOutput(codec.vocoder.audio(mel, interrupt_check))
 
 
+class LTX25ConcatAVLatent(io.ComfyNode):  # LTXVConcatAVLatent's inputs and output, for a ComfyUI without it
+    NODE_ID = "SwiftDiTLTX25ConcatAVLatent"
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name="LTX-2.5 Concat AV Latent (SwiftDiT)", category=CATEGORY,
+            description="The video and audio latents as one AV latent, as LTXVConcatAVLatent joins them (noise masks "
+                        "too, ones where a part has none); for ComfyUI versions without it (v0.3.75).",
+            inputs=[io.Latent.Input("video_latent", tooltip="The video latent (EmptyLTXVLatentVideo, the upsampler)"),
+                    io.Latent.Input("audio_latent", tooltip="The audio latent (Empty Latent Audio, or the split's)")],
+            outputs=[io.Latent.Output(display_name="latent", tooltip="The AV latent, for the sampler")])
+
+    @classmethod
+    def execute(cls, video_latent, audio_latent) -> io.NodeOutput:
+        parts = (video_latent, audio_latent)
+        joined = {**video_latent, **audio_latent, "samples": NestedTensor(tuple(p["samples"] for p in parts))}
+        if any(p.get("noise_mask") is not None for p in parts):
+            joined["noise_mask"] = NestedTensor(tuple(p["noise_mask"] if p.get("noise_mask") is not None
+                                                      else torch.ones_like(p["samples"]) for p in parts))
+        return io.NodeOutput(joined)
+
+
+class LTX25SeparateAVLatent(io.ComfyNode):  # LTXVSeparateAVLatent's inputs and outputs, for a ComfyUI without it
+    NODE_ID = "SwiftDiTLTX25SeparateAVLatent"
+
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name="LTX-2.5 Separate AV Latent (SwiftDiT)", category=CATEGORY,
+            description="An AV latent's video and audio parts (noise masks too), as LTXVSeparateAVLatent splits "
+                        "them; for ComfyUI versions without it (v0.3.75).",
+            inputs=[io.Latent.Input("av_latent", tooltip="The AV latent, from the sampler")],
+            outputs=[io.Latent.Output("video_latent", display_name="video_latent", tooltip="The video part"),
+                     io.Latent.Output("audio_latent", display_name="audio_latent", tooltip="The audio part")])
+
+    @classmethod
+    def execute(cls, av_latent) -> io.NodeOutput:
+        if not isinstance(av_latent["samples"], NestedTensor):
+            raise SwiftDiTError(f"{cls.NODE_ID} · av_latent: not an AV latent; connect the LTX-2.5 KSampler")
+        mask = av_latent.get("noise_mask")
+        masks = mask.unbind() if isinstance(mask, NestedTensor) else (None, None)
+        parts = [{**av_latent, "samples": samples} for samples in av_latent["samples"].unbind()]
+        for part, part_mask in zip(parts, masks):
+            part.pop("noise_mask", None)
+            if part_mask is not None:
+                part["noise_mask"] = part_mask
+        return io.NodeOutput(*parts)
+
+
 NODES = [LTX25Loader, LTX25TextEncoderLoader, LTX25TextEncode, LTX25VAELoader, LTX25AudioVAELoader,
          LTX25LatentUpscaleModelLoader, LTX25EmptyLatentAudio, LTX25Sampler, LTX25LatentUpsampler, LTX25VAEDecodeTiled,
-         LTX25AudioVAEDecode]
+         LTX25AudioVAEDecode, LTX25ConcatAVLatent, LTX25SeparateAVLatent]

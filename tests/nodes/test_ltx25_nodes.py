@@ -87,6 +87,8 @@ CONTRACT = {
     "SwiftDiTLTX25VAEDecodeTiled": (["samples", "vae", "tile_size", "overlap", "temporal_size", "temporal_overlap"],
                                     "IMAGE"),
     "SwiftDiTLTX25AudioVAEDecode": (["samples", "audio_vae"], "AUDIO"),
+    "SwiftDiTLTX25ConcatAVLatent": (["video_latent", "audio_latent"], "LATENT"),
+    "SwiftDiTLTX25SeparateAVLatent": (["av_latent"], ["LATENT", "LATENT"]),
 }
 
 
@@ -121,6 +123,27 @@ def concat_av(video, audio):  # LTXVConcatAVLatent
 def separate_av(av):  # LTXVSeparateAVLatent
     video, audio = av["samples"].unbind()
     return {**av, "samples": video}, {**av, "samples": audio}
+
+
+def test_av_latent_twins_are_the_stock_plumbing(pack):
+    """Concat / Separate AV Latent (for ComfyUI v0.3.75, which lacks the stock two) give what the stock nodes give;
+    a noise mask on one part is joined with ones for the other and split back."""
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    video = {"samples": torch.randn(1, 128, 3, 1, 2)}
+    audio = {"samples": torch.randn(1, 8, 18, 16), "sample_rate": 16000, "type": "audio"}
+    (joined,) = run(pack.LTX25ConcatAVLatent, video_latent=video, audio_latent=audio)
+    want = concat_av(video, audio)
+    assert joined.keys() == want.keys() and all(
+        torch.equal(a, b) for a, b in zip(joined["samples"].unbind(), want["samples"].unbind()))
+    for got, part in zip(run(pack.LTX25SeparateAVLatent, av_latent=joined), separate_av(joined)):
+        assert got.keys() == part.keys() and torch.equal(got["samples"], part["samples"])
+    mask = torch.rand(1, 1, 3, 1, 2)
+    (joined,) = run(pack.LTX25ConcatAVLatent, video_latent={**video, "noise_mask": mask}, audio_latent=audio)
+    video_part, audio_part = run(pack.LTX25SeparateAVLatent, av_latent=joined)
+    assert torch.equal(video_part["noise_mask"], mask) and torch.equal(audio_part["noise_mask"],
+                                                                       torch.ones_like(audio["samples"]))
+    with pytest.raises(SwiftDiTError, match="SwiftDiTLTX25SeparateAVLatent · av_latent: not an AV latent"):
+        run(pack.LTX25SeparateAVLatent, av_latent=video)
 
 
 def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0)):
