@@ -44,7 +44,8 @@ MODALITIES = 3
 FRAME_SPAN = 5.0 / 3.0
 FRAMES_PER_LATENT = (1, 4, 4, 4, 4)
 SPATIAL_SCALE = 32
-KEYFRAME_TIME = 0.999  # keyframe rows' time: max(t_video, 0.999), their noise augmentation level
+KEYFRAME_TIME = 0.999  # video condition rows' time: max(t_video, 0.999), their noise augmentation level
+AUDIO_CONDITION_TIME = 1.0  # audio condition rows' time: max(t_audio, 1.0) (ComfyUI's AUDIO_COND_TIMESTEP: no noise)
 # Indexes of a block's six modulation rows in adaln_proj's output (diffusers' shift, scale, gate order).
 SHIFT1, SCALE1, GATE1, SHIFT2, SCALE2, GATE2 = range(6)
 
@@ -64,28 +65,75 @@ DETECTION = Detection((MARKER,), PREFIXES, "a MiniMax H3 diffusion model",
 
 
 @dataclass(frozen=True)
+class Reference:
+    """One ref2va reference (section 4; ComfyUI's minimax_refs block): kind "image" (video: its normalized latent
+    [1, C, 1, h, w], a frame of its own size), "video" (video [1, C, F, h, w] and, with a soundtrack, audio) or
+    "audio" (audio: its normalized latent [1, C_audio, 2, Na]). The layout reads only their shapes."""
+    kind: str
+    video: torch.Tensor | None = None
+    audio: torch.Tensor | None = None
+
+    def __post_init__(self):
+        wants = {"image": (True, False), "video": (True, None), "audio": (False, True)}.get(self.kind)
+        if wants is None:
+            raise ValueError(f"MiniMaxH3: a reference is an 'image', a 'video' or an 'audio', got {self.kind!r}")
+        for name, want, got in (("video", wants[0], self.video), ("audio", wants[1], self.audio)):
+            if want is not None and want != (got is not None):
+                raise ValueError(f"MiniMaxH3: {'a' if want else 'no'} {name} latent for the {self.kind} "
+                                 "reference")
+        v = self.video
+        if v is not None and (v.dim() != 5 or v.shape[0] != 1 or v.shape[3] % PATCH[1] or v.shape[4] % PATCH[2] or
+                              (self.kind == "image" and v.shape[2] != 1)):
+            raise ValueError(f"MiniMaxH3: the {self.kind} reference's latent is [1, C, "
+                             f"{'1' if self.kind == 'image' else 'F'}, h, w] with even sides, got {tuple(v.shape)}")
+        if self.audio is not None and (self.audio.dim() != 4 or self.audio.shape[0] != 1):
+            raise ValueError(f"MiniMaxH3: a reference's audio latent is [1, C, 2, Na], got {tuple(self.audio.shape)}")
+
+    @property
+    def audio_latents(self) -> int:
+        return 0 if self.audio is None else self.audio.shape[-1]
+
+    def span(self) -> float:
+        """The rotary time the block takes ahead of the targets: an image one slot; audio its latents; a video the
+        longer of its soundtrack and its frames (summed in order, as ComfyUI's _ref_t_span and diffusers do)."""
+        if self.kind == "image":
+            return 1.0
+        frames = 0 if self.video is None else self.video.shape[2]
+        video = sum(FRAME_SPAN * FRAMES_PER_LATENT[i % len(FRAMES_PER_LATENT)] for i in range(frames))
+        return max(float(self.audio_latents), video)
+
+    def rows(self, audio_channels: int = 2) -> int:
+        """Its packed rows: video rows (2x2 patches of each frame) and audio rows (all channels)."""
+        video = 0 if self.video is None else math.prod(self.video.shape[2:]) // (PATCH[1] * PATCH[2])
+        return video + self.audio_latents * audio_channels
+
+
+@dataclass(frozen=True)
 class Layout:
-    """One packed sequence, [text | keyframe rows | audio L | audio R | target video] (section 4), and where each
-    kind of row sits. Video rows, as the model takes and returns them, are the keyframe rows then the target rows."""
-    positions: torch.Tensor  # [rows, 3] float64: rotary (t, h, w)
-    tags: torch.Tensor       # [rows] long: VIDEO, TEXT or AUDIO
-    text: int                # text rows
-    keyframes: int           # keyframe condition rows (video)
-    audio: int               # audio rows, both channels
-    video: int               # target video rows
+    """One packed sequence, [text | keyframe rows | reference blocks | audio L | audio R | target video] (section 4),
+    and where each kind of row sits. Video rows, as the model takes and returns them, are the condition rows
+    (keyframes, then the references' frames) then the target rows; audio rows the references' then the target's."""
+    positions: torch.Tensor   # [rows, 3] float64: rotary (t, h, w)
+    tags: torch.Tensor        # [rows] long: VIDEO, TEXT or AUDIO
+    text: int                 # text rows
+    video_rows: torch.Tensor  # [video conditions + targets] long: the packed row of each video row
+    audio_rows: torch.Tensor  # [audio conditions + targets] long
+    video_conditions: int     # leading video rows that are conditions (keyframes, reference frames)
+    audio_conditions: int     # leading audio rows that are conditions (reference audio)
 
     @property
     def rows(self) -> int:
         return self.positions.shape[0]
 
     @property
-    def video_rows(self) -> torch.Tensor:
-        first_target = self.text + self.keyframes + self.audio
-        return torch.cat([torch.arange(self.text, self.text + self.keyframes), torch.arange(first_target, self.rows)])
+    def video(self) -> int:
+        """Target video rows."""
+        return self.video_rows.shape[0] - self.video_conditions
 
     @property
-    def audio_rows(self) -> torch.Tensor:
-        return torch.arange(self.text + self.keyframes, self.text + self.keyframes + self.audio)
+    def audio(self) -> int:
+        """Target audio rows, both channels."""
+        return self.audio_rows.shape[0] - self.audio_conditions
 
 
 def lora_aliases(names: set[str], inner: int) -> dict[str, tuple[str, int]]:
@@ -129,54 +177,96 @@ def frame_times(frames: int, origin: float) -> torch.Tensor:
     return origin + torch.cat([torch.zeros(1, dtype=torch.float64), spans[:-1].cumsum(0)])
 
 
-def packed_layout(text_tags: torch.Tensor | int, frames: int, height: int, width: int, audio_latents: int,
-                  keyframes: tuple[str, ...] = (), audio_channels: int = 2) -> Layout:
-    """The t2va / fl2va layout of text rows (their tags, or a count of plain text rows), `keyframes` condition
-    frames ("first" or "last", in packed order), audio_latents per channel and frames target latent frames of
-    height x width latents (section 4; diffusers' build_packed_sequence)."""
-    tags_text = torch.full((text_tags,), TEXT) if isinstance(text_tags, int) else text_tags.long()
-    nt, ph, pw = tags_text.shape[0], PATCH[1], PATCH[2]
+def _frame_grid(height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (h, w) positions [rows, 2] of one latent frame's 2x2 patches, and its width axis."""
+    ph, pw = PATCH[1], PATCH[2]
     if height % ph or width % pw:
         raise ValueError(f"MiniMaxH3: latent frames of {height}x{width} are not on the {ph}x{pw} patch grid")
-    per_frame = (height // ph) * (width // pw)
     hs, ws = _spatial_axis(height, ph, math.sqrt(height * width)), _spatial_axis(width, pw, math.sqrt(height * width))
-    grid = torch.stack([g.reshape(-1) for g in torch.meshgrid(hs, ws, indexing="ij")], -1)
+    return torch.stack([g.reshape(-1) for g in torch.meshgrid(hs, ws, indexing="ij")], -1), ws
+
+
+def _video_positions(times: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Frames at rotary times [F] over one frame's grid [P, 2] -> positions [F P, 3], frame-major."""
+    video = torch.empty(times.shape[0], grid.shape[0], 3, dtype=torch.float64)
+    video[:, :, 0] = times[:, None]
+    video[:, :, 1:] = grid[None]
+    return video.reshape(-1, 3)
+
+
+def _audio_positions(origin: float, latents: int, ws: torch.Tensor, channels: int) -> torch.Tensor:
+    """Audio rows, channel-major, on the video's clock from origin (one latent a unit), no height, at the two ends
+    of the width axis ws of their block (the target's, or a reference video's own)."""
+    t = (origin + torch.arange(latents, dtype=torch.float64)).repeat(channels)
+    w = torch.cat([torch.full((latents,), float(ws[0]), dtype=torch.float64),
+                   torch.full((latents * (channels - 1),), float(ws[-1]), dtype=torch.float64)])
+    return torch.stack([t, torch.zeros_like(t), w], -1)
+
+
+def packed_layout(text_tags: torch.Tensor | int, frames: int, height: int, width: int, audio_latents: int,
+                  keyframes: tuple[str, ...] = (), audio_channels: int = 2,
+                  references: tuple[Reference, ...] = ()) -> Layout:
+    """The t2va / fl2va / ref2va layout of text rows (their tags, or a count of plain text rows), `keyframes`
+    condition frames ("first" or "last", in packed order), `references` blocks (in request order), audio_latents per
+    channel and frames target latent frames of height x width latents (section 4; diffusers' build_packed_sequence
+    and build_ref2va_packed_sequence, ComfyUI's PackedLayout, which puts keyframe rows before reference blocks).
+    The references push the targets' origin on by their spans; an image block sits at one time on its own grid, a
+    video block's soundtrack rows come before its frames, both from one origin."""
+    tags_text = torch.full((text_tags,), TEXT) if isinstance(text_tags, int) else text_tags.long()
+    nt = tags_text.shape[0]
+    grid, ws = _frame_grid(height, width)
+    origin = float(nt) + sum(r.span() for r in references)
     parts = [torch.stack([torch.arange(nt, dtype=torch.float64), torch.zeros(nt, dtype=torch.float64),
                           torch.zeros(nt, dtype=torch.float64)], -1)]
+    kinds = [(TEXT, nt, None)]  # (tag, rows, condition or target video / audio)
+
+    def add(positions: torch.Tensor, tag: int, condition: bool):
+        parts.append(positions)
+        kinds.append((tag, positions.shape[0], condition))
+
     for anchor in keyframes:
         if anchor == "first":
-            t = float(nt)
+            t = origin
         elif anchor == "last":
             # numpy's pairwise sum, as diffusers (and the release) place the last frame: a sequential sum differs
             # in the last ulp from 16 latent frames on.
             spans = np.ones(frames) * FRAME_SPAN
             for i, n in enumerate(FRAMES_PER_LATENT):
                 spans[i::len(FRAMES_PER_LATENT)] *= n
-            t = float(nt) + float(spans.sum()) - FRAME_SPAN
+            t = origin + float(spans.sum()) - FRAME_SPAN
         else:
             raise ValueError(f"MiniMaxH3: a keyframe is 'first' or 'last', got {anchor!r}")
-        parts.append(torch.cat([torch.full((per_frame, 1), t, dtype=torch.float64), grid], -1))
-    # Audio rows: channel-major, on the video's clock (one latent a unit), no height, at the width grid's two ends.
-    audio_t = (nt + torch.arange(audio_latents, dtype=torch.float64)).repeat(audio_channels)
-    audio_w = torch.cat([torch.full((audio_latents,), float(ws[0]), dtype=torch.float64),
-                         torch.full((audio_latents * (audio_channels - 1),), float(ws[-1]), dtype=torch.float64)])
-    parts.append(torch.stack([audio_t, torch.zeros_like(audio_t), audio_w], -1))
-    video = torch.empty(frames, per_frame, 3, dtype=torch.float64)
-    video[:, :, 0] = frame_times(frames, float(nt))[:, None]
-    video[:, :, 1:] = grid[None]
-    parts.append(video.reshape(-1, 3))
-    n_key, n_audio = len(keyframes) * per_frame, audio_latents * audio_channels
-    tags = torch.cat([tags_text, torch.full((n_key,), VIDEO), torch.full((n_audio,), AUDIO),
-                      torch.full((frames * per_frame,), VIDEO)])
-    return Layout(torch.cat(parts), tags, nt, n_key, n_audio, frames * per_frame)
+        add(_video_positions(torch.tensor([t], dtype=torch.float64), grid), VIDEO, True)
+    cursor = float(nt)
+    for ref in references:
+        if ref.audio is not None:
+            own_ws = ws if ref.video is None else _frame_grid(*ref.video.shape[3:])[1]
+            add(_audio_positions(cursor, ref.audio_latents, own_ws, audio_channels), AUDIO, True)
+        if ref.video is not None:
+            times = torch.full((1,), cursor, dtype=torch.float64) if ref.kind == "image" else \
+                frame_times(ref.video.shape[2], cursor)
+            add(_video_positions(times, _frame_grid(*ref.video.shape[3:])[0]), VIDEO, True)
+        cursor += ref.span()
+    add(_audio_positions(origin, audio_latents, ws, audio_channels), AUDIO, False)
+    add(_video_positions(frame_times(frames, origin), grid), VIDEO, False)
+    starts = np.cumsum([0] + [n for _, n, _ in kinds])
+    rows_of = lambda tag, condition: [torch.arange(starts[i], starts[i] + n)  # noqa: E731
+                                      for i, (t, n, c) in enumerate(kinds) if t == tag and c == condition]
+    video_conditions, audio_conditions = rows_of(VIDEO, True), rows_of(AUDIO, True)
+    tags = torch.cat([tags_text] + [torch.full((n,), tag) for tag, n, _ in kinds[1:]])
+    return Layout(torch.cat(parts), tags, nt, torch.cat(video_conditions + rows_of(VIDEO, False)),
+                  torch.cat(audio_conditions + rows_of(AUDIO, False)), sum(r.numel() for r in video_conditions),
+                  sum(r.numel() for r in audio_conditions))
 
 
 def row_times(layout: Layout, t_video: float, t_audio: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(the distinct times, sorted, [nT] f32; each row's index into them [rows]): text and target video rows at
-    t_video, keyframe rows at max(t_video, 0.999), audio rows at t_audio (diffusers' build_row_timesteps)."""
+    t_video, video condition rows at max(t_video, 0.999), target audio rows at t_audio, audio condition rows at
+    max(t_audio, 1.0) (diffusers' build_row_timesteps; ComfyUI's segment times)."""
     t = torch.full((layout.rows,), t_video, dtype=torch.float32)
-    t[layout.text:layout.text + layout.keyframes] = max(t_video, KEYFRAME_TIME)
-    t[layout.audio_rows] = t_audio
+    t[layout.video_rows[:layout.video_conditions]] = max(t_video, KEYFRAME_TIME)
+    t[layout.audio_rows[layout.audio_conditions:]] = t_audio
+    t[layout.audio_rows[:layout.audio_conditions]] = max(t_audio, AUDIO_CONDITION_TIME)
     return torch.unique(t, sorted=True, return_inverse=True)
 
 
@@ -393,16 +483,16 @@ class MiniMaxH3:
     def velocity(self, video: torch.Tensor, audio: torch.Tensor, txt: torch.Tensor, layout: Layout,
                  times: torch.Tensor, time_index: torch.Tensor,
                  check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(video velocity [keyframe + target rows, 4C], audio velocity [audio rows, C_audio]) of one packed
-        sequence: video rows [keyframe + target rows, 4C] (patchify's), audio rows [2 Na, C_audio] (channel-major),
+        """(video velocity [video rows, 4C], audio velocity [audio rows, C_audio]) of one packed sequence: video rows
+        [condition + target rows, 4C] (patchify's), audio rows [condition + target rows, C_audio] (channel-major),
         refined text rows txt [Nt, hidden] (text_rows'), the distinct times [nT] (t = 1 - sigma) and each row's
-        index into them (row_times'). Keyframe rows' output is returned too; they are not stepped. check() runs
+        index into them (row_times'). Condition rows' output is returned too; they are not stepped. check() runs
         after each block (ComfyUI's cancel within a step)."""
         a = self.arch
-        if (video.shape[0], audio.shape[0], txt.shape[0]) != (layout.keyframes + layout.video, layout.audio,
-                                                                layout.text):
+        want = (layout.video_rows.shape[0], layout.audio_rows.shape[0], layout.text)
+        if (video.shape[0], audio.shape[0], txt.shape[0]) != want:
             raise ValueError(f"MiniMaxH3: {video.shape[0]} video, {audio.shape[0]} audio and {txt.shape[0]} text rows "
-                             f"for a layout of {layout.keyframes + layout.video}, {layout.audio} and {layout.text}")
+                             f"for a layout of {want[0]}, {want[1]} and {want[2]}")
         video_rows, audio_rows = layout.video_rows.to(txt.device), layout.audio_rows.to(txt.device)
         x = txt.new_zeros(layout.rows, a.hidden)
         x[:layout.text] = txt
@@ -433,9 +523,11 @@ class MiniMaxH3:
                  sigma_video: float, sigma_audio: float,
                  check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """x0 of the target rows, x + sigma v (H3's velocity points data-ward), each stream at its own sigma; the
-        keyframe rows come back as given. Rows and txt as velocity's."""
+        condition rows come back as given. Rows and txt as velocity's."""
         times, index = row_times(layout, 1.0 - sigma_video, 1.0 - sigma_audio)
         v_video, v_audio = self.velocity(video, audio, txt, layout, times, index, check)
-        x0 = video + sigma_video * v_video.to(video.dtype)
-        x0[:layout.keyframes] = video[:layout.keyframes]
-        return x0, audio + sigma_audio * v_audio.to(audio.dtype)
+        x0_video = video + sigma_video * v_video.to(video.dtype)
+        x0_audio = audio + sigma_audio * v_audio.to(audio.dtype)
+        x0_video[:layout.video_conditions] = video[:layout.video_conditions]
+        x0_audio[:layout.audio_conditions] = audio[:layout.audio_conditions]
+        return x0_video, x0_audio

@@ -12,7 +12,7 @@ from safetensors.torch import save_file
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
 from dit_core.arch import Arch
-from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, patchify, row_times
+from dit_core.families.minimax_h3 import MiniMaxH3, Reference, packed_layout, patchify, row_times
 from dit_core.gpu.block import GpuBlock
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
@@ -21,8 +21,14 @@ diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_minimax_h3_transformer_checkpoint_to_diffusers
 from diffusers.modular_pipelines.minimax_h3.before_denoise import (
     MiniMaxH3PrepareLayoutStep,
+    MiniMaxH3Ref2VAPrepareLayoutStep,
     MiniMaxH3SetTimestepsStep,
     patchify_video_latents,
+)
+from diffusers.modular_pipelines.minimax_h3.references import (
+    MiniMaxH3AudioReference,
+    MiniMaxH3ImageReference,
+    MiniMaxH3VideoReference,
 )
 
 C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
@@ -75,13 +81,14 @@ def test_packed_layout_matches_diffusers(frames, h, w, keyframes, image_rows):
     assert torch.equal(ours.positions, positions)
     assert torch.equal(ours.tags, token_tags)
     assert torch.equal(ours.video_rows, video) and torch.equal(ours.audio_rows, audio)
-    assert (ours.text, ours.keyframes) == (text.numel(), n_key)
+    assert (ours.text, ours.video_conditions) == (text.numel(), n_key)
 
 
 def test_row_times_match_diffusers():
     layout = packed_layout(5, 3, 4, 6, 4, ("first",))
-    want = MiniMaxH3SetTimestepsStep.build_row_timesteps(layout.video_rows, layout.audio_rows, layout.keyframes, 0,
-                                                         layout.text, 0.4, 0.55, max(0.4, 0.999), 1.0)
+    want = MiniMaxH3SetTimestepsStep.build_row_timesteps(layout.video_rows, layout.audio_rows,
+                                                         layout.video_conditions, 0, layout.text, 0.4, 0.55,
+                                                         max(0.4, 0.999), 1.0)
     times, index = row_times(layout, 0.4, 0.55)
     assert torch.equal(times, want[0]) and torch.equal(index, want[1])
     assert times.numel() == 3
@@ -96,7 +103,7 @@ def inputs(seed=3, frames=3, h=4, w=6, audio_latents=4, keyframes=("first",), t_
     """A packed t2va / fl2va pass: text, keyframe rows, stereo audio, target video; random rows."""
     torch.manual_seed(seed)
     layout = packed_layout(5, frames, h, w, audio_latents, keyframes)
-    video = torch.randn(layout.keyframes + layout.video, 4 * C)
+    video = torch.randn(layout.video_rows.numel(), 4 * C)
     audio, text = torch.randn(layout.audio, CA), torch.randn(layout.text, TEXT)
     return layout, video, audio, text, *row_times(layout, t_video, t_audio)
 
@@ -141,9 +148,83 @@ def test_denoised_steps_target_rows_data_ward(model, files):
     txt = ours.text_rows(text)
     x0_v, x0_a = ours.denoised(video, audio, txt, layout, 0.6, 0.45)
     v, a = ours.velocity(video, audio, txt, layout, *row_times(layout, 0.4, 0.55))
-    assert torch.equal(x0_v[:layout.keyframes], video[:layout.keyframes])
-    assert torch.allclose(x0_v[layout.keyframes:], video[layout.keyframes:] + 0.6 * v[layout.keyframes:])
+    assert torch.equal(x0_v[:layout.video_conditions], video[:layout.video_conditions])
+    k = layout.video_conditions
+    assert torch.allclose(x0_v[k:], video[k:] + 0.6 * v[k:])
     assert torch.allclose(x0_a, audio + 0.45 * a)
+
+
+# ref2va requests: (kind, latent frames, h, w, audio latents a channel) per reference, in request order
+REFERENCES = {"image, video with sound, audio": (("image", 1, 4, 6, 0), ("video", 3, 4, 4, 4), ("audio", 0, 0, 0, 3)),
+              "two images": (("image", 1, 2, 8, 0), ("image", 1, 6, 4, 0)),
+              "silent long video, image": (("video", 17, 2, 2, 0), ("image", 1, 2, 2, 0))}
+
+
+def references(request) -> tuple[Reference, ...]:
+    return tuple(Reference(kind, torch.empty(1, C, f, h, w) if kind != "audio" else None,
+                           torch.empty(1, CA, 2, na) if na else None) for kind, f, h, w, na in request)
+
+
+def diffusers_ref2va(tags, request, frames, h, w, audio_latents):
+    refs = [MiniMaxH3ImageReference(image=None) if kind == "image" else MiniMaxH3AudioReference(audio=None)
+            if kind == "audio" else MiniMaxH3VideoReference(frames=None, audio=torch.empty(1) if na else None)
+            for kind, _, _, _, na in request]
+    video = [torch.empty(1, C, f, rh, rw) for kind, f, rh, rw, _ in request if kind != "audio"]
+    audio = [torch.empty(2 * na, CA) for *_, na in request if na]
+    return MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(tags, refs, video, audio, frames, h, w,
+                                                                         audio_latents, (1, 2, 2), 2, 2, 0)
+
+
+@pytest.mark.parametrize("name", REFERENCES)
+def test_ref2va_layout_matches_diffusers(name):
+    """[text | reference blocks | target audio | target video]: positions bit for bit (float64), tags, row indices
+    and condition counts as diffusers' build_ref2va_packed_sequence; the target origin moved on by the blocks."""
+    tags = torch.ones(7, dtype=torch.long)
+    tags[2:4] = 0
+    want = diffusers_ref2va(tags, REFERENCES[name], 3, 4, 6, 5)
+    ours = packed_layout(tags, 3, 4, 6, 5, references=references(REFERENCES[name]))
+    assert torch.equal(ours.positions, want[0]) and torch.equal(ours.tags, want[1])
+    assert torch.equal(ours.video_rows, want[2]) and torch.equal(ours.audio_rows, want[3])
+    assert (ours.video_conditions, ours.audio_conditions) == want[5:]
+    assert ours.video == 3 * 2 * 3 and ours.audio == 10
+    times, index = row_times(ours, 0.4, 0.55)
+    expected = MiniMaxH3SetTimestepsStep.build_row_timesteps(ours.video_rows, ours.audio_rows, *want[5:], ours.text,
+                                                             0.4, 0.55, 0.999, 1.0)
+    assert torch.equal(times, expected[0]) and torch.equal(index, expected[1])
+
+
+def test_transformer_with_references_matches_diffusers(model, files):
+    """One pass with a reference image, a video with its soundtrack and an audio clip ahead of the targets: the
+    output of every video and audio row (conditions too) as diffusers' model gives it on the same packed rows."""
+    layout = packed_layout(5, 3, 4, 6, 4, references=references(REFERENCES["image, video with sound, audio"]))
+    g = torch.Generator().manual_seed(4)
+    video, audio = torch.randn(layout.video_rows.numel(), 4 * C, generator=g), \
+        torch.randn(layout.audio_rows.numel(), CA, generator=g)
+    text = torch.randn(layout.text, TEXT, generator=g)
+    times, index = row_times(layout, 0.4, 0.55)
+    assert times.tolist() == pytest.approx([0.4, 0.55, 0.999, 1.0])
+    ours = MiniMaxH3.load(files / "h3_f32.safetensors")
+    want_v, want_a = diffusers_out(model, layout, video, audio, text, times, index)
+    v, a = ours.output(video, audio, text, layout, times, index)
+    assert rel_err(v, want_v) <= 1e-4 and rel_err(a, want_a) <= 1e-4
+    x0_v, x0_a = ours.denoised(video, audio, ours.text_rows(text), layout, 0.6, 0.45)
+    k, m = layout.video_conditions, layout.audio_conditions
+    assert torch.equal(x0_v[:k], video[:k]) and torch.equal(x0_a[:m], audio[:m])  # conditions are not stepped
+    assert torch.allclose(x0_a[m:], audio[m:] + 0.45 * a[m:], atol=1e-6)
+
+
+def test_reference_checks_its_latents():
+    for kind, video, audio, message in [("picture", None, None, "'image', a 'video' or an 'audio'"),
+                                        ("image", None, None, "a video latent for the image"),
+                                        ("audio", torch.empty(1, C, 1, 2, 2), torch.empty(1, CA, 2, 3),
+                                         "no video latent for the audio"),
+                                        ("image", torch.empty(1, C, 2, 2, 2), None, r"\[1, C, 1, h, w\]"),
+                                        ("video", torch.empty(1, C, 3, 3, 2), None, "even sides")]:
+        with pytest.raises(ValueError, match=message):
+            Reference(kind, video, audio)
+    assert Reference("video", torch.empty(1, C, 7, 2, 4), torch.empty(1, CA, 2, 9)).span() == pytest.approx(
+        5 / 3 * (1 + 4 * 4 + 1 + 4))  # spans (1, 4, 4, 4, 4) repeat
+    assert Reference("video", torch.empty(1, C, 2, 2, 4), torch.empty(1, CA, 2, 9)).rows() == 2 * 2 + 18
 
 
 def test_arch_checks_the_inner_width(model, files):
@@ -233,7 +314,7 @@ def gpu_sized(tmp_path_factory):
     save_file(minimax_h3_comfy_layout(random_minimax_h3(seed=7, **GPU_SIZES)), path)
     g = torch.Generator().manual_seed(8)
     layout = packed_layout(9, 3, 8, 6, 10, ("first",))
-    video = torch.randn(layout.keyframes + layout.video, 96, generator=g)
+    video = torch.randn(layout.video_rows.numel(), 96, generator=g)
     audio, text = torch.randn(layout.audio, 32, generator=g), torch.randn(layout.text, 256, generator=g)
     return path, layout, video, audio, text, *row_times(layout, 0.4, 0.55)
 

@@ -145,7 +145,7 @@ def test_keyframes_as_comfyui_adds_them(ours, monkeypatch):
         noise = torch.randn(n, 4 * C, generator=torch.Generator().manual_seed(5))
         want = 0.999 * patchify(latent[0]) + 0.001 * noise
         for video, layout in seen:
-            assert torch.equal(video[at:at + n], want) and layout.keyframes == 2 * n
+            assert torch.equal(video[at:at + n], want) and layout.video_conditions == 2 * n
     assert len(seen) == 2 and all(v.shape[0] == 2 * n + FRAMES * n for v, _ in seen)
     plain = sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="res_multistep")
     assert out[0].shape == plain[0].shape and rel_err(out[0], plain[0]) > 1e-3  # the frames steer the video
