@@ -14,8 +14,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..families.minimax_h3 import (KEYFRAME_TIME, PATCH, MiniMaxH3, audio_to_rows, packed_layout, patchify,
-                                   rows_to_audio, unpatchify)
+from ..families.minimax_h3 import (KEYFRAME_TIME, PATCH, MiniMaxH3, Reference, audio_to_rows, packed_layout,
+                                   patchify, rows_to_audio, unpatchify)
 from .ksampler import SAMPLERS, before_step, prepare_noise_parts
 from .schedules import calculate_sigmas
 
@@ -145,19 +145,26 @@ def sample_h3_comfy(denoised: Denoised, video: torch.Tensor, audio: torch.Tensor
     return video_out.to(video.dtype), (carried / k).to(audio.dtype)
 
 
-def keyframe_rows(latents: list[torch.Tensor], height: int, width: int, seed: int | None,
-                  row_width: int) -> torch.Tensor:
-    """The condition frames' video rows [n x LH/2 x LW/2, 4C] as ComfyUI's H3 model forms them: each normalized
-    latent [1, C, 1, LH, LW] patchified and augmented 0.999 z + 0.001 n, n from a fresh CPU generator seeded with
-    `seed` for every frame (each restarts the same stream), f32. No latents: [0, row_width]."""
+def condition_rows(latents: list[torch.Tensor], seed: int | None, row_width: int) -> torch.Tensor:
+    """Video condition rows [sum of F x h/2 x w/2, 4C] as ComfyUI's H3 model forms them (_cond_video_rows): each
+    normalized latent [1, C, F, h, w] (a keyframe, or a reference's own size) patchified and augmented
+    0.999 z + 0.001 n, n from a fresh CPU generator seeded with `seed` for every latent (each restarts the same
+    stream), f32. No latents: [0, row_width]."""
     rows = []
     for z in latents:
-        if z.dim() != 5 or z.shape[0] != 1 or z.shape[2] != 1 or tuple(z.shape[3:]) != (height, width):
-            raise ValueError(f"MiniMaxH3: a keyframe latent is [1, C, 1, {height}, {width}], got {tuple(z.shape)}")
         r = patchify(z[0].float().cpu())
         noise = torch.randn(r.shape, generator=torch.Generator("cpu").manual_seed(seed), dtype=torch.float32)
         rows.append(KEYFRAME_TIME * r + (1.0 - KEYFRAME_TIME) * noise)
     return torch.cat(rows) if rows else torch.empty(0, row_width)
+
+
+def keyframe_rows(latents: list[torch.Tensor], height: int, width: int, seed: int | None,
+                  row_width: int) -> torch.Tensor:
+    """condition_rows of keyframe latents, each [1, C, 1, LH, LW] (one frame of the target's size)."""
+    for z in latents:
+        if z.dim() != 5 or z.shape[0] != 1 or z.shape[2] != 1 or tuple(z.shape[3:]) != (height, width):
+            raise ValueError(f"MiniMaxH3: a keyframe latent is [1, C, 1, {height}, {width}], got {tuple(z.shape)}")
+    return condition_rows(latents, seed, row_width)
 
 
 def t2va_noise(model: MiniMaxH3, frames: int, height: int, width: int, audio_latents: int,
@@ -175,7 +182,7 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
                 steps: int, seed: int | None = None, noise: tuple[torch.Tensor, torch.Tensor] | None = None,
                 video_shift: float = VIDEO_SHIFT, audio_shift: float = AUDIO_SHIFT, sampler: str | None = None,
                 scheduler: str = "simple", keyframes: tuple[tuple[str, torch.Tensor], ...] = (),
-                text_tags: torch.Tensor | None = None, callback=None,
+                text_tags: torch.Tensor | None = None, references: tuple[Reference, ...] = (), callback=None,
                 should_stop=None, check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Text to video + audio, on the host: (clean video latent [1, C, F, LH, LW], clean audio latent [1, C_audio,
     2, Na] in ComfyUI's AV shape). text: the text encoder's features [Nt, text_dim] or [1, Nt, text_dim]; frames,
@@ -187,6 +194,9 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     video shift with the audio carried on it (sample_h3_comfy). One forward a step (guidance-distilled: no CFG).
     keyframes: ("first" | "last", normalized latent [1, C, 1, LH, LW]) condition frames in packed order (i2v, first
     and last frame), as ComfyUI's model adds them (keyframe_rows, with `seed`); passed to every forward, never
+    stepped (ComfyUI's way only). references: ref2va's blocks in request order (ComfyUI's minimax_refs): their video
+    latents become condition rows after the keyframes' (condition_rows, with `seed`), their audio latents audio
+    condition rows as they are (ComfyUI's audio augmentation 1.0 adds no noise); passed to every forward, never
     stepped (ComfyUI's way only). text_tags: the text rows' modality tags where the prompt holds pictures (vision
     rows tag VIDEO); None: all TEXT. callback and should_stop go to the loop unchanged (its callback sees row
     tensors); check() runs after each block of every forward (it raises: ComfyUI's Cancel within a step)."""
@@ -202,30 +212,37 @@ def sample_t2va(model: MiniMaxH3, text: torch.Tensor, frames: int, height: int, 
     elif tuple(noise[0].shape) != shapes[0] or tuple(noise[1].shape) != shapes[1]:
         raise ValueError(f"sample_t2va: initial noise {tuple(noise[0].shape)}, {tuple(noise[1].shape)}; expected "
                          f"{shapes[0]}, {shapes[1]}")
-    if keyframes and (sampler is None or seed is None):
-        raise ValueError("sample_t2va: keyframes are added as ComfyUI adds them: give a sampler name and the seed")
+    if (keyframes or references) and (sampler is None or seed is None):
+        raise ValueError("sample_t2va: keyframes and references are added as ComfyUI adds them: give a sampler name "
+                         "and the seed")
     if text_tags is not None and tuple(text_tags.shape) != (text.shape[0],):
         raise ValueError(f"sample_t2va: {tuple(text_tags.shape)} text tags for {text.shape[0]} text rows")
     # An odd latent side (a text-to-image size such as 728 / 16 = 45.5 -> 46 x 81) is padded circularly to the
     # patch grid for each forward and the output cropped, as ComfyUI's pad_to_patch_size does.
     pad_h, pad_w = height % PATCH[1], width % PATCH[2]
-    if keyframes and (pad_h or pad_w):
-        raise ValueError(f"sample_t2va: keyframes need even latent sides, got {height}x{width}")
+    if (keyframes or references) and (pad_h or pad_w):
+        raise ValueError(f"sample_t2va: keyframes and references need even latent sides, got {height}x{width}")
     layout = packed_layout(text.shape[0] if text_tags is None else text_tags, frames, height + pad_h,
-                           width + pad_w, audio_latents, keyframes=tuple(anchor for anchor, _ in keyframes))
+                           width + pad_w, audio_latents, keyframes=tuple(anchor for anchor, _ in keyframes),
+                           references=references)
     dev = model.device  # the rows and the sampler's arithmetic where the model runs
-    conditions = keyframe_rows([latent for _, latent in keyframes], height, width, seed,
-                               4 * model.arch.latents).to(dev)
+    conditions = torch.cat((keyframe_rows([latent for _, latent in keyframes], height, width, seed,
+                                          4 * model.arch.latents),
+                            condition_rows([r.video for r in references if r.video is not None], seed,
+                                           4 * model.arch.latents))).to(dev)
+    audio_conditions = torch.cat([audio_to_rows(r.audio.float().cpu()) for r in references if r.audio is not None]
+                                 or [torch.empty(0, model.audio_in.in_features)]).to(dev)
     txt = model.text_rows(text.float())  # refined once: the text rows do not change between steps
     video = noise[0][0].float().to(dev)  # [C, F, H, W]; sigma 1: the start is the noise itself
     audio = audio_to_rows(noise[1].float()).to(dev)
 
     def denoised(v, a, sigma_video, sigma_audio):
         rows = patchify(F.pad(v[None], (0, pad_w, 0, pad_h, 0, 0), mode="circular")[0] if pad_h or pad_w else v)
-        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(rows), rows)), a, txt, layout, sigma_video,
+        x0_video, x0_audio = model.denoised(torch.cat((conditions.to(rows), rows)),
+                                            torch.cat((audio_conditions.to(a), a)), txt, layout, sigma_video,
                                             sigma_audio, check)
         x0_video = unpatchify(x0_video[conditions.shape[0]:], frames, height + pad_h, width + pad_w)
-        return x0_video[:, :, :height, :width], x0_audio
+        return x0_video[:, :, :height, :width], x0_audio[audio_conditions.shape[0]:]
 
     if sampler is None:
         video, audio = sample_h3(denoised, video, audio, h3_sigmas(steps, video_shift),

@@ -8,7 +8,7 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
-from dit_core.families.minimax_h3 import MiniMaxH3, audio_to_rows, patchify, rows_to_audio, unpatchify
+from dit_core.families.minimax_h3 import MiniMaxH3, Reference, audio_to_rows, patchify, rows_to_audio, unpatchify
 from dit_core.sampling.minimax_h3 import sample_t2va, t2va_noise
 from dit_core.sampling.ksampler import SamplingCancelled, prepare_noise_parts
 
@@ -175,3 +175,38 @@ def test_odd_latent_sides_are_padded_circularly(ours, monkeypatch):
     assert torch.equal(first[:, :, :3, :7], noise)  # sigma 1: the noise itself, then its circular wrap
     assert torch.equal(first[:, :, 3], first[:, :, 0]) and torch.equal(first[:, :, :, 7], first[:, :, :, 0])
     assert all(layout.video == 2 * 4 for _, layout in seen)
+
+
+def test_references_as_comfyui_adds_them(ours, monkeypatch):
+    """ref2va: a reference image (its own size) and an audio clip reach every forward as condition rows, the
+    image's as 0.999 z + 0.001 n (n from a fresh generator seeded with the seed, as a keyframe's) after the
+    keyframes' rows, the audio's as they are (ComfyUI's audio augmentation 1.0); neither is stepped, and the
+    sampler returns the target rows only."""
+    gen = torch.Generator().manual_seed(6)
+    image, first = torch.randn(1, C, 1, 2, 8, generator=gen), torch.randn(1, C, 1, LH, LW, generator=gen)
+    sound = torch.randn(1, CA, 2, 3, generator=gen)
+    refs = (Reference("image", image), Reference("audio", audio=sound))
+    seen = []
+    denoised = MiniMaxH3.denoised
+
+    def spy(self, video, audio, txt, layout, sigma_video, sigma_audio, check=None):
+        seen.append((video.clone(), audio.clone(), layout))
+        return denoised(self, video, audio, txt, layout, sigma_video, sigma_audio, check)
+
+    monkeypatch.setattr(MiniMaxH3, "denoised", spy)
+    out = sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="euler",
+                      keyframes=(("first", first),), references=refs)
+    n, m = LH // 2 * LW // 2, 4
+    noise = lambda rows: torch.randn(rows, 4 * C, generator=torch.Generator().manual_seed(5))  # noqa: E731
+    for video, audio, layout in seen:
+        assert torch.equal(video[:n], 0.999 * patchify(first[0]) + 0.001 * noise(n))
+        assert torch.equal(video[n:n + m], 0.999 * patchify(image[0]) + 0.001 * noise(m))
+        assert torch.equal(audio[:6], audio_to_rows(sound))
+        assert (layout.video_conditions, layout.audio_conditions, layout.video, layout.audio) == \
+            (n + m, 6, FRAMES * n, 2 * NA)
+    assert len(seen) == 2 and out[0].shape == (1, C, FRAMES, LH, LW) and out[1].shape == (1, CA, 2, NA)
+    alone = sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, sampler="euler",
+                        keyframes=(("first", first),))
+    assert rel_err(out[0], alone[0]) > 1e-3 and rel_err(out[1], alone[1]) > 1e-3  # the references steer both
+    with pytest.raises(ValueError, match="give a sampler name and the seed"):
+        sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, references=refs)
