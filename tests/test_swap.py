@@ -777,3 +777,95 @@ def test_minimax_h3_text_to_image_template_is_swapped():
     wired = {e["name"] for e in sampler["inputs"] if e.get("link") is not None}
     assert {"seed", "steps", "sampler_name", "scheduler"} <= wired  # the subgraph's promoted values
     assert any(where == "58:44" and what.startswith("ModelAttentionBackend removed") for where, what in report.folded)
+
+
+# LTX-2.5 (issue 36): the text to video template swaps node for node; i2v / flf2v stay stock (frame conditioning).
+LTX25 = FAMILIES["ltx25"]
+LTX25_HOST_TWINS = ("LTXVConcatAVLatent", "LTXVSeparateAVLatent")  # ours only for --for-host (test_swap_for_host)
+
+
+def test_ltx25_family_table_is_the_contract():
+    docs = {stock: v for stock, v in contract("SwiftDiTLTX25").items() if stock not in LTX25_HOST_TWINS}
+    table = {stock: role.ours for stock, role in LTX25.roles.items()}
+    # docs/nodes.md names both VAE loaders on VAELoader rows: the last (audio) one is the row's audio_vae_loader
+    assert table == {stock: ours for stock, (ours, _) in docs.items()} | {"VAELoader": "SwiftDiTLTX25VAELoader"}
+    assert docs["VAELoader"][0] == LTX25.audio_vae_loader == "SwiftDiTLTX25AudioVAELoader"
+    for ours, out in docs.values():
+        assert LTX25.output_type(ours, 0) == out, ours
+
+
+def test_ltx25_t2v_template_is_swapped(tmp_path):
+    """Every LTX model node becomes ours, each SamplerCustomAdvanced group one sampler of ours with the group's
+    values (stage 1: the promoted seed, 8 steps; stage 2: seed 42 fixed, 3 steps; cfg and audio_cfg the guider's,
+    scheduler 'manual' with ManualSigmas' text); the stock plumbing, the enhancer and its E2B loader stay."""
+    from dit_core.sampling.ltx25 import STAGE_1_SIGMAS, STAGE_2_SIGMAS
+    wf = template("video_ltx2_5_t2v")
+    after, report = swap_ui(wf, "ltx25")
+    assert problems(after) == [] and report.not_yet == [] and report.added == []
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTLTX25{r}" for r in ("Loader", "TextEncoderLoader", "TextEncode", "TextEncode", "VAELoader",
+                                      "AudioVAELoader", "LatentUpscaleModelLoader", "EmptyLatentAudio",
+                                      "LatentUpsampler", "VAEDecodeTiled", "AudioVAEDecode", "Sampler", "Sampler"))
+    inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
+    kinds = {n["type"] for n in inner.values()}
+    assert not kinds & {"SamplerCustomAdvanced", "RandomNoise", "LTXVDualCFGGuider", "KSamplerSelect", "ManualSigmas"}
+    assert {i: inner[i]["type"] for i in (340, 377, 367, 369, 356, 365, 370, 380, 393)} == {
+        340: "LTXVConcatAVLatent", 377: "LTXVConcatAVLatent", 367: "LTXVSeparateAVLatent",
+        369: "LTXVSeparateAVLatent", 356: "EmptyLTXVLatentVideo", 365: "LTXVConditioning", 370: "CreateVideo",
+        380: "TextGenerateLTX2Prompt", 393: "CLIPLoader"}
+    assert any(where == "405:393" and "TextGenerateLTX2Prompt" in why for where, _, why in report.left)
+    assert inner[386]["type"] == "SwiftDiTLTX25AudioVAELoader" and inner[385]["type"] == "SwiftDiTLTX25VAELoader"
+    samplers = sorted((n for n in inner.values() if n["type"] == "SwiftDiTLTX25Sampler"),
+                      key=lambda n: -n["widgets_values"][2])
+    assert [n["widgets_values"][1:] for n in samplers] == [
+        ["randomize", 8, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_1_SIGMAS],
+        ["fixed", 3, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_2_SIGMAS]]
+    assert samplers[1]["widgets_values"][0] == 42
+    for n, seed_wired in zip(samplers, (True, False)):  # stage 1's seed is the subgraph's promoted noise_seed
+        wired = {e["name"] for e in n["inputs"] if e.get("link") is not None}
+        assert wired == {"model", "positive", "negative", "latent_image"} | ({"seed"} if seed_wired else set())
+    assert stock_consumers_of_ours(after, LTX25) == []
+    again, report = swap_ui(after, "ltx25")
+    assert again == after and report.changed == []
+    for family in ("z_image", "flux3_klein", "krea2", "minimax_h3"):
+        assert swap_ui(wf, family)[0] == wf
+    src, out = tmp_path / "ltx.json", tmp_path / "out.json"
+    src.write_text(json.dumps(wf))
+    done = run_cli("swap", src, out)  # found without --family
+    assert done.returncode == 0, done.stderr
+    assert "LTX-2.5: swapped 13 node(s)" in done.stdout and json.loads(out.read_text()) == after
+    assert "LTXVDualCFGGuider, KSamplerSelect (euler_ancestral), ManualSigmas (manual)" in done.stdout
+
+
+def test_ltx25_api_group_is_folded():
+    """The API form of an LTX-2.5 group: one KSampler under the SamplerCustomAdvanced's id (steps = sigmas - 1, cfg
+    the guider's video_cfg, scheduler 'manual'), audio_cfg and ManualSigmas' text as our sampler's extra widgets; a
+    group whose ManualSigmas text is wired (its steps unknown) is left as it was."""
+    from swiftdit.custom_sampler import fold_api
+    prompt = {"1": {"class_type": "RandomNoise", "inputs": {"noise_seed": 7}},
+              "2": {"class_type": "LTXVDualCFGGuider", "inputs": {"model": ["9", 0], "positive": ["8", 0],
+                                                                  "negative": ["8", 1], "video_cfg": 3.0,
+                                                                  "audio_cfg": 7.0}},
+              "3": {"class_type": "KSamplerSelect", "inputs": {"sampler_name": "euler_ancestral"}},
+              "4": {"class_type": "ManualSigmas", "inputs": {"sigmas": "0.85, 0.7250, 0.4219, 0.0"}},
+              "5": {"class_type": "SamplerCustomAdvanced", "inputs": {
+                  "noise": ["1", 0], "guider": ["2", 0], "sampler": ["3", 0], "sigmas": ["4", 0],
+                  "latent_image": ["7", 0]}}}
+    folded = copy.deepcopy(prompt)
+    assert [(f.sampler, f.scheduler, f.extra) for f in fold_api(folded)] == [
+        ("euler_ancestral", "manual", {"audio_cfg": 7.0, "sigmas": "0.85, 0.7250, 0.4219, 0.0"})]
+    assert folded == {"5": {"class_type": "KSampler", "inputs": {
+        "seed": 7, "steps": 3, "cfg": 3.0, "sampler_name": "euler_ancestral", "scheduler": "manual", "denoise": 1.0,
+        "model": ["9", 0], "positive": ["8", 0], "negative": ["8", 1], "latent_image": ["7", 0]}}}
+    prompt["4"]["inputs"]["sigmas"] = ["6", 0]
+    wired = copy.deepcopy(prompt)
+    assert fold_api(wired) == [] and wired == prompt
+
+
+def test_ltx25_frame_templates_are_not_yet_swapped(tmp_path):
+    src = tmp_path / "flf2v.json"
+    src.write_text(json.dumps(template("video_ltx2_5_flf2v")))
+    for family in ("ltx25", "auto"):
+        done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
+        assert done.returncode == 2 and "nothing swapped: LTX-2.5's image to video and first/last" in done.stderr
+        assert "issue 36" in done.stderr and not (tmp_path / "out.json").exists()
