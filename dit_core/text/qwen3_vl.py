@@ -543,18 +543,23 @@ class VerbatimTokenizer:
                              "token")
         return ids
 
-    def presentation(self, prompt: str, grids: Sequence[tuple[int, int]] = ()) -> Presentation:
+    def presentation(self, prompt: str, grids: Sequence[tuple[int, int]] = (), audios: int = 0) -> Presentation:
         """Per picture (its merged vision grid gh x gw, in order) the text "<Picture i>: " and a vision block
-        (<|vision_start|>, gh * gw image pads, <|vision_end|>), then the prompt (ComfyUI's MiniMaxH3Tokenizer; each
-        piece tokenized alone, as there and in diffusers). Tags: text rows H3_TEXT_TAG, a vision block's rows, its
-        start and end included, H3_VISION_TAG. Positions: lay_out_pictures'. A pad token typed in the prompt stays
-        a text row."""
+        (<|vision_start|>, gh * gw image pads, <|vision_end|>), then per reference audio "<Audio j>: " alone (ref2va:
+        a waveform never reaches the encoder), then the prompt (ComfyUI's MiniMaxH3Tokenizer, which labels a
+        request's pictures before its standalone audios; each piece tokenized alone, as there and in diffusers).
+        Tags: text rows H3_TEXT_TAG, a vision block's rows, its start and end included, H3_VISION_TAG. Positions:
+        lay_out_pictures'. A pad token typed in the prompt stays a text row."""
         ids, tags = [], []
         for i in range(1, len(grids) + 1):
             label = self.segment(f"<Picture {i}>: ")
             ids += label + [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
             tags += [H3_TEXT_TAG] * len(label) + [H3_VISION_TAG] * 3
-        prompt_ids = self.segment(prompt) if grids else self(prompt)
+        for j in range(1, audios + 1):
+            label = self.segment(f"<Audio {j}>: ")
+            ids += label
+            tags += [H3_TEXT_TAG] * len(label)
+        prompt_ids = self.segment(prompt) if grids or audios else self(prompt)
         ids += prompt_ids
         tags += [H3_TEXT_TAG] * len(prompt_ids)
         laid = lay_out_pictures(ids, grids)
@@ -629,14 +634,14 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
 
     @torch.no_grad()
     def encode_tagged(self, prompt: str, images: Sequence[torch.Tensor] = (),
-                      check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      check: Callable[[], None] | None = None, audios: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [1, Nt, hidden] f32, tags [Nt] int64) of the prompt after its pictures (ComfyUI IMAGE tensors
         [1, H, W, 3] in [0, 1], as MiniMaxH3ImageToVideo passes them to clip.tokenize: already on the canvas; in
-        order, "<Picture 1>" first): VerbatimTokenizer.presentation's rows, tags H3_TEXT_TAG for text and
-        H3_VISION_TAG for a vision block's rows. Without pictures the rows are encode(prompt)'s. check() before each
-        picture and each layer."""
+        order, "<Picture 1>" first) and `audios` reference audio labels (ref2va): VerbatimTokenizer.presentation's
+        rows, tags H3_TEXT_TAG for text and H3_VISION_TAG for a vision block's rows. Without pictures and audios the
+        rows are encode(prompt)'s. check() before each picture and each layer."""
         grids, embeds, deepstack = read_pictures(self.vision, images, self.no_vision, check)
-        shown = self.tokenizer.presentation(prompt, grids)
+        shown = self.tokenizer.presentation(prompt, grids, audios)
         vision = VisionRows(shown.vision, embeds, deepstack) if images else None
         rows = self.hidden_states(shown.ids, positions=shown.positions[:, None].to(self.device), check=check,
                                   vision=vision)[0]

@@ -344,3 +344,22 @@ def test_extra_tokens_and_typed_pads(encoder, pictures):
     typed = encoder.tokenize("a <|image_pad|> b")
     assert IMAGE_PAD_ID in typed and tags[-len(typed):].tolist() == [TEXT] * len(typed)
     assert torch.isfinite(rows).all()
+
+
+@pytest.mark.parametrize("pictures_given,audios,prompt", [(2, 1, "they sing <Audio 1>"), (0, 2, ""), (1, 0, "x")],
+                         ids=["pictures_and_audio", "audio_alone", "picture"])
+def test_reference_presentation_matches_diffusers(encoder, tokenizer, pictures_given, audios, prompt):
+    """ref2va's text: "<Picture i>: " and a vision block per reference image, then "<Audio j>: " alone per
+    standalone reference audio (ComfyUI's order for such a request), then the prompt: ids and tags as diffusers'
+    MiniMaxH3Ref2VATextEncoderStep._build_presentation gives them (vision pads laid out to their grids)."""
+    from diffusers.modular_pipelines.minimax_h3.encoders import MiniMaxH3Ref2VATextEncoderStep
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3AudioReference, MiniMaxH3ImageReference
+    grids = [(h // (PATCH * MERGE), w // (PATCH * MERGE)) for h, w in PICTURE_SIZES][:pictures_given]
+    refs = [MiniMaxH3ImageReference(image=None)] * pictures_given + [MiniMaxH3AudioReference(audio=None)] * audios
+    want_ids, want_tags = MiniMaxH3Ref2VATextEncoderStep._build_presentation(
+        tokenizer, prompt, refs, [gh * gw for gh, gw in grids], [], [], TEXT, VIDEO)
+    shown = encoder.tokenizer.presentation(prompt, grids, audios)
+    assert shown.ids == want_ids and shown.tags == want_tags
+    if pictures_given == 0:  # labels alone: no tower read; rows are the labelled prompt's encoding
+        rows, tags = encoder.encode_tagged(prompt, audios=audios)
+        assert torch.equal(rows, encoder.encode_ids(want_ids)) and tags.tolist() == want_tags
