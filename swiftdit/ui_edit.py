@@ -16,6 +16,11 @@ KNOWN_WIDGETS = {
     "ReferenceMultiLatent": ("resolution", "resolution.megapixels"),  # a DynamicCombo and its child
     "Flux3LayoutPrompt": ("prompt",),
     "ComfyMathExpression": ("expression",),
+    # LTX-2.5's t2v template: its sizes, length and frame rate come from ComfyMathExpression
+    "EmptyLTXVLatentVideo": ("width", "height", "length", "batch_size"),
+    "LTXVEmptyLatentAudio": ("frames_number", "frame_rate", "batch_size"),
+    "LTXVConditioning": ("frame_rate",),
+    "CreateVideo": ("fps",),
     **{kind: ("value",) for kind in ("PrimitiveBoolean", "PrimitiveInt", "PrimitiveFloat", "PrimitiveString",
                                      "PrimitiveStringMultiline", "PrimitiveNode")},
 }
