@@ -1,6 +1,7 @@
 """`swiftdit swap --for-host`: reduce a UI workflow to node types ComfyUI v0.3.75 (our test host) has, then
 swap: literal sizes for ResolutionSelector, switches resolved, the prompt upsampler skipped, ReferenceMultiLatent
-spelled out with ReferenceLatent (reference/templates.md section 7 lists what the host lacks)."""
+spelled out with ReferenceLatent, LTX's AV latent plumbing as the pack's twins (reference/templates.md section 7
+lists what the host lacks)."""
 from __future__ import annotations
 
 import ast
@@ -11,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from .reference_multi_latent import ReferenceSpelling
-from .swap import Report, detect_format, swap
+from .swap import PACK, Report, detect_format, swap
 from .ui_edit import UIEditor, widget_index
 from .ui_graph import SUBGRAPH_INPUT
 from .workflow_api import KEEP, _promoted
@@ -36,6 +37,10 @@ VIEWERS = ("ImageCompare",)  # show two images side by side and give nothing: re
 PRIMITIVES = frozenset({"PrimitiveBoolean", "PrimitiveInt", "PrimitiveFloat", "PrimitiveString",
                         "PrimitiveStringMultiline", "PrimitiveNode"})
 OFF = (2, 4)  # muted, bypassed: the frontend never sends them, so they need no reducing
+UPSAMPLERS = ("TextGenerate", "TextGenerateLTX2Prompt")  # prompt rewriters: generated text from `prompt`
+# Stock nodes the host lacks whose twin in the pack takes the same inputs and gives the same outputs (docs/nodes.md)
+PACK_TWINS = {"LTXVConcatAVLatent": "SwiftDiTLTX25ConcatAVLatent",
+              "LTXVSeparateAVLatent": "SwiftDiTLTX25SeparateAVLatent"}
 
 
 @dataclass
@@ -231,13 +236,14 @@ class Reducer:
             self.drop(scope, node)
 
     def upsamplers(self) -> None:
-        for scope, node in self.nodes_of({"TextGenerate"}):
+        for scope, node in self.nodes_of(set(UPSAMPLERS)):
+            kind = node["type"]
             if self.ed.consumers(scope, node["id"], 1):
-                raise ValueError(f"node {self.where(scope, node)} (TextGenerate): its thinking output is used; "
+                raise ValueError(f"node {self.where(scope, node)} ({kind}): its thinking output is used; "
                                  f"only its generated text can be skipped")
             self.ed.pass_through(scope, node, 0, "prompt", self.where(scope, node))
             self.note(scope, node, "skipped, its prompt wired straight to what read the generated text",
-                      f"{HOST} has no TextGenerate: the prompt reaches the text encoder as typed, not upsampled")
+                      f"{HOST} has no {kind}: the prompt reaches the text encoder as typed, not upsampled")
             self.drop(scope, node)
 
     def layout_prompts(self) -> None:
@@ -270,12 +276,21 @@ class Reducer:
         (MiniMax H3's t2i template: our VAE Decode takes the AV latent as well as its video part)."""
         for scope, node in self.nodes_of({"LTXVSeparateAVLatent"}):
             if self.ed.consumers(scope, node["id"], 1):
-                raise ValueError(f"node {self.where(scope, node)} (LTXVSeparateAVLatent): its audio latent is used; "
-                                 f"only its video part can be passed on as the AV latent")
+                continue  # its audio part is read too: the pack's twin splits it (twins)
             self.ed.pass_through(scope, node, 0, "av_latent", self.where(scope, node))
             self.note(scope, node, "removed, the AV latent passed on to what read its video part",
                       f"{HOST} has no LTXVSeparateAVLatent; the MiniMax H3 VAE Decode takes the AV latent")
             self.drop(scope, node)
+
+    def twins(self) -> None:
+        for scope, node in self.nodes_of(set(PACK_TWINS)):
+            stock, ours = node["type"], PACK_TWINS[node["type"]]
+            self.note(scope, node, f"-> {ours}", f"{HOST} has no {stock}; the pack's twin takes the same inputs "
+                      f"and gives the same outputs")
+            node["type"] = ours
+            props = node.setdefault("properties", {})
+            props.update({"Node name for S&R": ours, "cnr_id": PACK})
+            props.pop("ver", None)  # the stock node's ComfyUI version says nothing about ours
 
     def unused(self) -> None:
         """Nodes the host lacks that give nothing to any node: viewers, and nodes whose outputs nothing reads."""
@@ -333,8 +348,8 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
         raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
-                 reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents, reducer.unused,
-                 reducer.outputless, reducer.prune):
+                 reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents, reducer.twins,
+                 reducer.unused, reducer.outputless, reducer.prune):
         rule()
     if check:
         reducer.check()

@@ -10,7 +10,7 @@ import pytest
 from official_templates import template
 
 from host.object_info import object_info
-from swiftdit import problems, to_api
+from swiftdit import problems, swap_api, swap_ui, to_api
 from swiftdit.for_host import HOST_LACKS, math_expression, reduce_for_host, resolution_size, swap_for_host
 from swiftdit.ui_graph import UIGraph
 
@@ -336,3 +336,90 @@ def test_minimax_h3_text_to_image_reduced_for_the_host(host_info):
         1296, 728)
     decode = next(b for b in prompt.values() if b["class_type"] == "SwiftDiTMiniMaxH3VAEDecode")["inputs"]
     assert prompt[decode["samples"][0]]["class_type"] == "SwiftDiTMiniMaxH3Sampler"
+
+
+# LTX-2.5 (issue 36): the t2v template reduced and swapped for the host. The stock nodes newer than v0.3.75 that the
+# template's reduced graph still holds before the swap, described as newer ComfyUI gives them in /object_info (input
+# names and types only), so that its API form can be made here.
+NEWER_STOCK = {
+    "LTXVDualCFGGuider": ({"model": "MODEL", "positive": "CONDITIONING", "negative": "CONDITIONING",
+                           "video_cfg": "FLOAT", "audio_cfg": "FLOAT"}, ["GUIDER"]),
+    "ManualSigmas": ({"sigmas": "STRING"}, ["SIGMAS"]),
+    "LTXVEmptyLatentAudio": ({"frames_number": "INT", "frame_rate": "INT", "batch_size": "INT", "audio_vae": "VAE"},
+                             ["LATENT"]),
+    "LTXVLatentUpsampler": ({"samples": "LATENT", "upscale_model": "LATENT_UPSCALE_MODEL", "vae": "VAE"}, ["LATENT"]),
+    "LatentUpscaleModelLoader": ({"model_name": [[]]}, ["LATENT_UPSCALE_MODEL"]),
+    "LTXVAudioVAEDecode": ({"samples": "LATENT", "audio_vae": "VAE"}, ["AUDIO"]),
+}
+
+
+def newer_info(host_info: dict) -> dict:
+    described = {kind: {"input": {"required": {n: [t] if isinstance(t, str) else t for n, t in ins.items()}},
+                        "input_order": {"required": list(ins)}, "output": outs}
+                 for kind, (ins, outs) in NEWER_STOCK.items()}
+    return {**host_info, **described}
+
+
+def test_ltx25_t2v_reduced_for_the_host(host_info):
+    """The reduction (size, length, half size, frame rate, the enhance switch, the AV plumbing as the pack's twins) and
+    the swap (both groups folded) give a graph whose every node the host or our pack has."""
+    from dit_core.sampling.ltx25 import STAGE_1_SIGMAS, STAGE_2_SIGMAS, TEMPLATE_SEED
+    wf, report, host_report = swap_for_host(template("video_ltx2_5_t2v"), "ltx25")
+    assert problems(wf) == []
+    types = node_types(wf)
+    assert types - FRONTEND_ONLY <= set(host_info), sorted(types - FRONTEND_ONLY - set(host_info))
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    kinds = {k: v["class_type"] for k, v in prompt.items()}
+    assert {kinds[k] for k in ("405:340", "405:377")} == {"SwiftDiTLTX25ConcatAVLatent"}
+    assert {kinds[k] for k in ("405:367", "405:369")} == {"SwiftDiTLTX25SeparateAVLatent"}
+    assert prompt["405:356"]["inputs"] == {"width": 640, "height": 368, "length": 121, "batch_size": 1}
+    assert {k: prompt["405:366"]["inputs"][k] for k in ("frames_number", "frame_rate")} == {
+        "frames_number": 121, "frame_rate": 24}
+    assert prompt["405:365"]["inputs"]["frame_rate"] == prompt["405:370"]["inputs"]["fps"] == 24
+    stages = sorted((b["inputs"] for b in prompt.values() if b["class_type"] == "SwiftDiTLTX25Sampler"),
+                    key=lambda s: -s["steps"])
+    assert [(s["seed"], s["steps"], s["cfg"], s["audio_cfg"], s["sampler_name"], s["scheduler"], s["sigmas"])
+            for s in stages] == [(TEMPLATE_SEED, 8, 1, 1, "euler_ancestral", "manual", STAGE_1_SIGMAS),
+                                 (42, 3, 1, 1, "euler_ancestral", "manual", STAGE_2_SIGMAS)]
+    assert kinds[stages[0]["latent_image"][0]] == kinds[stages[1]["latent_image"][0]] == "SwiftDiTLTX25ConcatAVLatent"
+    encode = prompt["405:364"]["inputs"]  # the typed prompt, the enhancer off
+    assert kinds[encode["text"][0]] == "PrimitiveStringMultiline"
+    assert "405:380" not in prompt and "405:393" not in prompt
+    changes = {(where, kind): what for where, kind, what, _ in host_report.changes}
+    assert changes[("405:340", "LTXVConcatAVLatent")] == "-> SwiftDiTLTX25ConcatAVLatent"
+    assert changes[("405:380", "TextGenerateLTX2Prompt")].startswith("skipped")
+    assert changes[("405:393", "CLIPLoader")] == "removed"
+    assert len(report.folded) == 2 and swap_for_host(wf, "ltx25")[0] == wf
+
+
+def test_ltx25_t2v_with_the_enhancer_on_reduces(host_info):
+    """prompt_enhance on: the enhancer is skipped (v0.3.75 has none), the prompt reaching the encode as typed."""
+    wf = template("video_ltx2_5_t2v")
+    wf["nodes"][1]["widgets_values"][1] = True  # the instance's prompt_enhance
+    reduced, _, host_report = swap_for_host(wf, "ltx25")
+    prompt = to_api(reduced, host_info)
+    assert api_problems(prompt, host_info) == [] and "405:380" not in prompt
+    assert prompt[prompt["405:364"]["inputs"]["text"][0]]["class_type"] == "PrimitiveStringMultiline"
+    assert ("405:382", "ComfySwitchNode") in {(w, k) for w, k, _, _ in host_report.changes}
+
+
+def test_ltx25_api_form_swaps_as_the_ui_form(host_info):
+    """The reduced template's API form (its groups still stock) swaps to what the UI swap gives: the same nodes and
+    inputs, each folded group under its SamplerCustomAdvanced's id."""
+    reduced, _ = reduce_for_host(template("video_ltx2_5_t2v"), check=False)
+    swapped_api, report = swap_api(to_api(reduced, newer_info(host_info)), "ltx25")
+    ui_api = to_api(swap_ui(reduced, "ltx25")[0], host_info)
+    assert api_problems(swapped_api, host_info) == [] and len(report.folded) == 2
+    new_ids = {k: k for k in ui_api}
+    for sid, body in swapped_api.items():  # the UI fold gives each KSampler a new id: match them by steps
+        if body["class_type"] == "SwiftDiTLTX25Sampler":
+            new_ids[next(k for k, b in ui_api.items() if b["class_type"] == body["class_type"]
+                         and b["inputs"]["steps"] == body["inputs"]["steps"])] = sid
+
+    def renamed(prompt):
+        return {new_ids[k]: {"class_type": b["class_type"], "inputs": {
+            n: [new_ids[v[0]], v[1]] if isinstance(v, list) else v for n, v in b["inputs"].items()}}
+            for k, b in prompt.items()}
+    assert renamed(ui_api) == {k: {"class_type": b["class_type"], "inputs": b["inputs"]}
+                               for k, b in swapped_api.items()}
