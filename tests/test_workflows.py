@@ -20,7 +20,8 @@ OBJECT_INFO = json.loads((ROOT / "tests" / "fixtures" / "object_info_z_image.jso
 FIXTURES = {"z_image": OBJECT_INFO,
             "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text()),
             "minimax_h3": json.loads((ROOT / "tests" / "fixtures" / "object_info_minimax_h3.json").read_text()),
-            "krea2": json.loads((ROOT / "tests" / "fixtures" / "object_info_krea2.json").read_text())}
+            "krea2": json.loads((ROOT / "tests" / "fixtures" / "object_info_krea2.json").read_text()),
+            "ltx25": json.loads((ROOT / "tests" / "fixtures" / "object_info_ltx25.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
 UI_FILES = sorted(WORKFLOWS.glob("*.json"))
 # In a folder of their own: ComfyUI's Templates browser lists workflows/*.json, and an API graph opens there empty.
@@ -60,8 +61,8 @@ def fixture_for(path: Path) -> dict:
 
 
 def test_workflows_are_there_and_described():
-    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "krea2_t2i.json", "minimax_h3_t2v.json",
-             "z_image_turbo_t2i.json"]
+    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "krea2_t2i.json", "ltx25_t2v.json",
+             "minimax_h3_t2v.json", "omnivoice_tts.json", "omnivoice_voice_clone.json", "z_image_turbo_t2i.json"]
     assert [p.name for p in UI_FILES] == names and [p.name for p in API_FILES] == names
     readme = (WORKFLOWS / "README.md").read_text()
     for path in UI_FILES + API_FILES:
@@ -99,7 +100,7 @@ def test_our_node_types_are_registered(path, registry):
 def test_object_info_fixture_matches_our_nodes(registry, family):
     fixtures = FIXTURES[family]
     prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein", "minimax_h3": "SwiftDiTMiniMaxH3",
-              "krea2": "SwiftDiTKrea2"}[family]
+              "krea2": "SwiftDiTKrea2", "ltx25": "SwiftDiTLTX25"}[family]
     assert {n for n in registry if n.startswith(prefix)} <= set(fixtures)  # every node of the family is there
     for node_id, cls in registry.items():
         if node_id not in fixtures:
@@ -268,3 +269,17 @@ def test_krea2_workflow_is_the_reduced_template():
         "positive": 0, "negative": 0, "latent_image": 0, "denoise": 1}
     assert api["30:5"]["inputs"] == {"width": 1024, "height": 1024, "batch_size": 1}
     assert api["30:3"]["inputs"]["model"] == ["30:10", 0]  # enable_lora? off: the LoRA and its switch are gone
+
+
+def test_ltx25_workflow_is_the_reduced_template():
+    """Issue 36: `swiftdit swap --for-host` of the official t2v template, its file names unchanged (our loaders read
+    them all; the enhancer's E2B file goes with the enhancer, which is off)."""
+    from swiftdit.for_host import swap_for_host
+    assert json.loads((WORKFLOWS / "ltx25_t2v.json").read_text()) == swap_for_host(template("video_ltx2_5_t2v"),
+                                                                                   "ltx25")[0]
+    api = json.loads((WORKFLOWS / "api" / "ltx25_t2v.json").read_text())
+    assert api["405:387"]["inputs"] == {"clip_name": "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors",
+                                        "type": "ltxv", "device": "default"}
+    assert api["405:356"]["inputs"] == {"width": 640, "height": 368, "length": 121, "batch_size": 1}
+    samplers = {b["inputs"]["steps"]: b["inputs"] for b in api.values() if b["class_type"] == "SwiftDiTLTX25Sampler"}
+    assert (samplers[8]["seed"], samplers[3]["seed"]) == (558811532553686, 42)
