@@ -1,16 +1,14 @@
-"""MiniMax H3 nodes, text and images to video + audio and text to image: the DiT and LoRA loaders, the text encoder
-loader and encode, Image To Video, the sampler; and the VAE nodes of nodes/minimax_h3_codecs.py, all in NODES."""
+"""MiniMax H3 nodes, text, images and references to video + audio and text to image: the DiT and LoRA loaders, the
+text encoder loader and encode, Image To Video, Reference To Video, the sampler; and the VAE nodes of
+nodes/minimax_h3_codecs.py, all in NODES."""
 from __future__ import annotations
 
-import comfy.model_management
 import comfy.utils
 import torch
 from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
-from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS  # 32
-from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS  # 24
-from ..dit_core.families.minimax_h3 import MiniMaxH3
+from ..dit_core.families.minimax_h3 import MiniMaxH3, reference_image_size
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
 from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
 from ..dit_core.sampling.schedules import SCHEDULERS
@@ -20,10 +18,11 @@ from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_che
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import H3, FamilySettings, PassSize, Schedule
 from .minimax_h3_codecs import (CATEGORY, FAMILY, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio,
-                                MiniMaxH3VAELoader, av_parts, load_video_encoder)
+                                MiniMaxH3VAELoader, audio_reference, av_parts, empty_av_latent, empty_image_latent,
+                                image_reference, keyframes_of, load_video_encoder, references_of)
 from .types import TextEncoder, Vae
 
-FPS, AUDIO_LATENTS_PER_S = 24, 40  # the template's CreateVideo fps; the audio VAE's 32 kHz / hop 800
+REFERENCE_IMAGES, REFERENCE_AUDIOS = 9, 3  # ComfyUI's ref_image_0..8 and ref_audio_0..2
 SETTINGS = FamilySettings(
     schedule=Schedule(H3, VIDEO_SHIFT),  # the video grid's shift 12 (the audio grid keeps shift 3)
     # a video row: 2x2 latent cells of 16x16 pixels; the default pass: 864x480x124's 37 x 405 video, 2 x 207 audio
@@ -62,10 +61,11 @@ def prompt_conditioning(clip: FileHandle, text: str) -> list:  # rows [1, Nt, 51
     return text_conditioning(load_text_encoder(clip).encode(text, interrupt_check))
 
 
-def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tensor]) -> list:
+def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tensor], audios: int = 0) -> list:
     """The prompt after its pictures ("<Picture i>: " and the vision rows, as ComfyUI's H3 tokenizer presents
-    keyframes): the rows, and their modality tags in the entry's `text_token_tags` (vision rows: video's)."""
-    rows, tags = load_text_encoder(clip).encode_tagged(text, pictures, interrupt_check)
+    keyframes and reference images) and reference audios ("<Audio j>: "): the rows, and their modality tags in the
+    entry's `text_token_tags` (vision rows: video's)."""
+    rows, tags = load_text_encoder(clip).encode_tagged(text, pictures, interrupt_check, audios)
     conditioning = text_conditioning(rows)
     conditioning[0][1]["text_token_tags"] = tags
     return conditioning
@@ -78,14 +78,20 @@ class MiniMaxH3TextEncode(TextEncodeNode):
     conditioning = staticmethod(prompt_conditioning)
 
 
-def video_length(node: str, length: int) -> int:
-    """Pixel frames 17n + 5 (the video VAE's clips) -> latent frames 5n + 2; others refused, naming the nearest."""
-    if length < 5 or length % 17 != 5:
-        below, above = max(5, length - (length - 5) % 17), length + (5 - length % 17) % 17
-        valid = f"{below} or {above}" if below < above and length > 5 else f"{max(5, above)}"
-        raise SwiftDiTError(f"{node} · length: {length} frames is not 17n + 5 (the video VAE's clips of 17 frames, "
-                            f"as the template's length expression snaps it); use {valid}")
-    return (length - 5) // 17 * 5 + 2
+def canvas_inputs(width: int, height: int) -> list:
+    """The prompt and the canvas (width x height, length frames at 24 fps) of the conditioning nodes."""
+    side = "The video's {} in pixels, a multiple of 32"
+    return [io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
+            io.Int.Input("width", default=width, min=32, max=4096, step=32, tooltip=side.format("width")),
+            io.Int.Input("height", default=height, min=32, max=4096, step=32, tooltip=side.format("height")),
+            io.Int.Input("length", default=124, min=5, max=1024,
+                         tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")]
+
+
+CONDITIONING_OUTPUTS = [io.Conditioning.Output(tooltip="The prompt's text rows (and its conditions), for the "
+                                                       "sampler's positive"),
+                        io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
+                                                 "[1, 32, 2, 40 per second] parts, for the sampler")]
 
 
 class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and outputs
@@ -104,27 +110,13 @@ class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and
                               tooltip="The video VAE, from the MiniMax H3 VAE Loader (needed with a frame)"),
                     io.Image.Input("first_frame", optional=True, tooltip=frame.format("first")),
                     io.Image.Input("last_frame", optional=True, tooltip=frame.format("last")),
-                    io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
-                    io.Int.Input("width", default=864, min=32, max=4096, step=32,
-                                 tooltip="The video's width in pixels, a multiple of 32"),
-                    io.Int.Input("height", default=480, min=32, max=4096, step=32,
-                                 tooltip="The video's height in pixels, a multiple of 32"),
-                    io.Int.Input("length", default=124, min=5, max=1024,
-                                 tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")],
-            outputs=[io.Conditioning.Output(tooltip="The prompt's text rows (and the keyframes), for the sampler's "
-                                                    "positive"),
-                     io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
-                                              "[1, 32, 2, 40 per second] parts, for the sampler")])
+                    *canvas_inputs(864, 480)], outputs=CONDITIONING_OUTPUTS)
 
     @classmethod
     def execute(cls, clip, prompt, width, height, length, vae=None, first_frame=None,
                 last_frame=None) -> io.NodeOutput:
         node = cls.NODE_ID
-        for name, value in (("width", width), ("height", height)):
-            if value < 32 or value % 32:
-                raise SwiftDiTError(f"{node} · {name}: {value} is not a multiple of 32 (16-pixel cells, 2x2 patches)")
-        frames = video_length(node, length)
-        audio = round(length / FPS * AUDIO_LATENTS_PER_S)  # diffusers' audio_latent_num_frames
+        latent = empty_av_latent(node, width, height, length)
         # ComfyUI's: the first frame stretched to the canvas, the last one cropped to cover it (lanczos both)
         wanted = [(name, image, index, crop) for name, image, index, crop in
                   (("first_frame", first_frame, 0, "disabled"), ("last_frame", last_frame, length - 1, "center"))
@@ -137,42 +129,58 @@ class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and
             pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), width, height, "lanczos",
                                                 crop).movedim(1, -1)
             with checked(node, name):
-                latent = load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
-            keyframes.append({"resolved_frame_index": index, "latent": latent})
+                z = load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
+            keyframes.append({"resolved_frame_index": index, "latent": z})
             pictures.append(pixels)
         with checked(node, "prompt"):  # the frames are the prompt's pictures too, as the stock node tokenizes
             conditioning = pictures_conditioning(clip, prompt, pictures) if pictures else \
                 prompt_conditioning(clip, prompt)
         if keyframes:
             conditioning[0][1]["minimax_keyframes"] = keyframes
-        where = comfy.model_management.intermediate_device()
-        latent = NestedTensor([torch.zeros(1, VIDEO_CHANNELS, frames, height // 16, width // 16, device=where),
-                               torch.zeros(1, AUDIO_CHANNELS, 2, audio, device=where)])
         return io.NodeOutput(conditioning, {"samples": latent})
 
 
-def keyframes_of(node: str, conditioning: list, length: int) -> tuple[tuple[str, torch.Tensor], ...]:
-    """The positive's keyframes (Image To Video's `minimax_keyframes`) as the engine's ("first" | "last", latent)."""
-    found = []
-    for kf in conditioning[0][1].get("minimax_keyframes", ()) if conditioning else ():
-        index = kf["resolved_frame_index"]
-        if index not in (0, length - 1):
-            raise SwiftDiTError(f"{node} · positive: a keyframe at frame {index}; SwiftDiT runs first (0) and last "
-                                f"({length - 1}) frames only, as MiniMax H3 Image To Video makes them")
-        found.append(("first" if index == 0 else "last", kf["latent"]))
-    return tuple(found)
+class MiniMaxH3ReferenceToVideo(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs and outputs (images, audios)
+    NODE_ID = "SwiftDiTMiniMaxH3ReferenceToVideo"
 
+    @classmethod
+    def define_schema(cls):
+        vae = "Optional: the {} VAE, from the MiniMax H3 {}VAE Loader; without it the references {} only the text"
+        return io.Schema(
+            node_id=cls.NODE_ID, display_name="MiniMax H3 Reference To Video (SwiftDiT)", category=CATEGORY,
+            description="The prompt after its reference images (<Picture i>) and audios (<Audio j>), the references "
+                        "encoded as conditions, and the empty AV latent, as MiniMaxH3ReferenceToVideo.",
+            inputs=[TextEncoder.Input("clip", tooltip="The MiniMax H3 text encoder, from its Text Encoder Loader"),
+                    Vae.Input("vae", optional=True, tooltip=vae.format("video", "", "images condition")),
+                    Vae.Input("audio_vae", optional=True, tooltip=vae.format("audio", "Audio ", "audios label")),
+                    *canvas_inputs(1344, 768),
+                    io.Combo.Input("ref_image_size", options=["match", "max"], default="match",
+                                   tooltip="'match': each image scaled down to the video's area; 'max': to a 2048 "
+                                           "short edge (more rows every step: slower)"),
+                    *[io.Image.Input(f"ref_image_{i}", optional=True, tooltip=f"Reference image <Picture {i + 1}>")
+                      for i in range(REFERENCE_IMAGES)],
+                    *[io.Audio.Input(f"ref_audio_{i}", optional=True, tooltip="A reference audio at 32 kHz")
+                      for i in range(REFERENCE_AUDIOS)]], outputs=CONDITIONING_OUTPUTS)
 
-def empty_image_latent(node: str, samples: torch.Tensor) -> NestedTensor:
-    """EmptyLatentImage's zeros [1, 4, H/8, W/8] as ComfyUI hands them to H3 (fix_empty_latent_channels, then
-    MiniMaxH3AV.fix_empty_latent): one video frame of H/16 x W/16 cells (each side halved and rounded, as its
-    nearest-exact rescale sizes it) and the audio of that frame (round(5/3) = 2 latents a channel)."""
-    if samples.shape[0] != 1 or samples.any():
-        raise SwiftDiTError(f"{node} · latent_image: an image latent {tuple(samples.shape)} that is not one empty "
-                            f"image (EmptyLatentImage, batch 1); MiniMax H3 samples video from its Image To Video "
-                            f"node and one image from an empty latent")
-    h, w = round(samples.shape[-2] * 0.5), round(samples.shape[-1] * 0.5)
-    return NestedTensor([samples.new_zeros(1, VIDEO_CHANNELS, 1, h, w), samples.new_zeros(1, AUDIO_CHANNELS, 2, 2)])
+    @classmethod
+    def execute(cls, clip, prompt, width, height, length, ref_image_size="match", vae=None, audio_vae=None,
+                **references) -> io.NodeOutput:
+        node, blocks, pictures, audios = cls.NODE_ID, [], [], 0
+        latent = empty_av_latent(node, width, height, length)
+        for name in (f"ref_image_{i}" for i in range(REFERENCE_IMAGES)):
+            if (image := references.get(name)) is not None:
+                with checked(node, "ref_image_size"):
+                    size = reference_image_size(image.shape[1], image.shape[2], height, width, ref_image_size)
+                pictures.append(image_reference(node, name, image, size, vae, len(pictures), blocks))
+        for name in (f"ref_audio_{i}" for i in range(REFERENCE_AUDIOS)):
+            if (audio := references.get(name)) is not None:
+                audios += 1
+                audio_reference(node, name, audio, audio_vae, blocks)
+        with checked(node, "prompt"):
+            conditioning = pictures_conditioning(clip, prompt, pictures, audios)
+        if blocks:
+            conditioning[0][1]["minimax_refs"] = blocks
+        return io.NodeOutput(conditioning, {"samples": latent})
 
 
 class MiniMaxH3Sampler(SamplerNode):
@@ -207,7 +215,8 @@ class MiniMaxH3Sampler(SamplerNode):
                                 f"; encode the prompt with the MiniMax H3 Text To Video or Text Encode node")
         video, audio = r.latent.tensors
         image = video.shape[2] * (video.shape[3] // 2) * (video.shape[4] // 2) + 2 * audio.shape[3]
-        return image, r.positive.shape[1], image + r.positive.shape[1]
+        conditions = sum(ref.rows() for ref in references_of(node, r.conditioning))
+        return image, r.positive.shape[1], image + r.positive.shape[1] + conditions
 
     @classmethod
     def loaded(cls, dit, r):
@@ -226,12 +235,13 @@ class MiniMaxH3Sampler(SamplerNode):
         pixel_frames = max(1, (video.shape[2] - 2) // 5 * 17 + 5)
         keyframes = keyframes_of(cls.NODE_ID, r.conditioning, pixel_frames)
         tags = r.conditioning[0][1].get("text_token_tags") if r.conditioning else None
+        references = references_of(cls.NODE_ID, r.conditioning)
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
-            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, text_tags=tags, callback=callback,
-            should_stop=should_stop, check=interrupt_check))), total
+            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, text_tags=tags,
+            references=references, callback=callback, should_stop=should_stop, check=interrupt_check))), total
 
 
 NODES = [MiniMaxH3Loader, MiniMaxH3LoraLoaderModelOnly, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode,
-         MiniMaxH3ImageToVideo, MiniMaxH3Sampler, MiniMaxH3VAELoader, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode,
-         MiniMaxH3VAEDecodeAudio]
+         MiniMaxH3ImageToVideo, MiniMaxH3ReferenceToVideo, MiniMaxH3Sampler, MiniMaxH3VAELoader,
+         MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio]

@@ -1,13 +1,19 @@
-"""MiniMax H3's VAE nodes (video and audio loaders and decodes) and the AV latent's parts they and the sampler
-read; nodes/minimax_h3.py registers them with the family's other nodes."""
+"""MiniMax H3's VAE nodes (video and audio loaders and decodes), the AV latent (its parts, as the conditioning nodes
+make it and the sampler and decodes read it) and the conditions the sampler reads from the positive (keyframes,
+references); nodes/minimax_h3.py registers the nodes with the family's other nodes."""
 from __future__ import annotations
 
+import comfy.model_management
+import comfy.utils
 import torch
 from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
-from ..dit_core.codecs.h3_audio_vae import AudioDecoder
+from ..dit_core.codecs.h3_audio_vae import LATENT_CHANNELS as AUDIO_CHANNELS  # 32
+from ..dit_core.codecs.h3_audio_vae import AudioDecoder, AudioEncoder
+from ..dit_core.codecs.h3_video_vae import LATENT_CHANNELS as VIDEO_CHANNELS  # 24
 from ..dit_core.codecs.h3_video_vae import VideoDecoder, VideoEncoder
+from ..dit_core.families.minimax_h3 import CANVAS_MULTIPLE, Reference
 from ..dit_core.weights import Checkpoint, WeightsError
 from .base import FileHandle, SwiftDiTError, cancellable, checked, decode_image, interrupt_check
 from .family_nodes import VAELoaderNode
@@ -16,6 +22,62 @@ from .types import Vae
 
 CATEGORY = "SwiftDiT/MiniMax H3"
 FAMILY = "minimax_h3"
+FPS, AUDIO_LATENTS_PER_S = 24, 40  # the template's CreateVideo fps; the audio VAE's 32 kHz / hop 800
+
+
+def video_length(node: str, length: int) -> int:
+    """Pixel frames 17n + 5 (the video VAE's clips) -> latent frames 5n + 2; others refused, naming the nearest."""
+    if length < 5 or length % 17 != 5:
+        below, above = max(5, length - (length - 5) % 17), length + (5 - length % 17) % 17
+        valid = f"{below} or {above}" if below < above and length > 5 else f"{max(5, above)}"
+        raise SwiftDiTError(f"{node} · length: {length} frames is not 17n + 5 (the video VAE's clips of 17 frames, "
+                            f"as the template's length expression snaps it); use {valid}")
+    return (length - 5) // 17 * 5 + 2
+
+
+def empty_av_latent(node: str, width: int, height: int, length: int) -> NestedTensor:
+    """The empty AV latent of a width x height canvas and length frames at 24 fps: video zeros [1, 24, 5n + 2, H/16,
+    W/16] and audio zeros [1, 32, 2, round(length / 24 x 40)] (diffusers' audio_latent_num_frames)."""
+    for name, value in (("width", width), ("height", height)):
+        if value < CANVAS_MULTIPLE or value % CANVAS_MULTIPLE:
+            raise SwiftDiTError(f"{node} · {name}: {value} is not a multiple of 32 (16-pixel cells, 2x2 patches)")
+    frames, audio = video_length(node, length), round(length / FPS * AUDIO_LATENTS_PER_S)
+    where = comfy.model_management.intermediate_device()
+    return NestedTensor([torch.zeros(1, VIDEO_CHANNELS, frames, height // 16, width // 16, device=where),
+                         torch.zeros(1, AUDIO_CHANNELS, 2, audio, device=where)])
+
+
+def empty_image_latent(node: str, samples: torch.Tensor) -> NestedTensor:
+    """EmptyLatentImage's zeros [1, 4, H/8, W/8] as ComfyUI hands them to H3 (fix_empty_latent_channels, then
+    MiniMaxH3AV.fix_empty_latent): one video frame of H/16 x W/16 cells (each side halved and rounded, as its
+    nearest-exact rescale sizes it) and the audio of that frame (round(5/3) = 2 latents a channel)."""
+    if samples.shape[0] != 1 or samples.any():
+        raise SwiftDiTError(f"{node} · latent_image: an image latent {tuple(samples.shape)} that is not one empty "
+                            f"image (EmptyLatentImage, batch 1); MiniMax H3 samples video from its Image To Video "
+                            f"node and one image from an empty latent")
+    h, w = round(samples.shape[-2] * 0.5), round(samples.shape[-1] * 0.5)
+    return NestedTensor([samples.new_zeros(1, VIDEO_CHANNELS, 1, h, w), samples.new_zeros(1, AUDIO_CHANNELS, 2, 2)])
+
+
+def keyframes_of(node: str, conditioning: list, length: int) -> tuple[tuple[str, torch.Tensor], ...]:
+    """The positive's keyframes (Image To Video's `minimax_keyframes`) as the engine's ("first" | "last", latent)."""
+    found = []
+    for kf in conditioning[0][1].get("minimax_keyframes", ()) if conditioning else ():
+        index = kf["resolved_frame_index"]
+        if index not in (0, length - 1):
+            raise SwiftDiTError(f"{node} · positive: a keyframe at frame {index}; SwiftDiT runs first (0) and last "
+                                f"({length - 1}) frames only, as MiniMax H3 Image To Video makes them")
+        found.append(("first" if index == 0 else "last", kf["latent"]))
+    return tuple(found)
+
+
+def references_of(node: str, conditioning: list) -> tuple[Reference, ...]:
+    """The positive's ref2va blocks (Reference To Video's `minimax_refs`, ComfyUI's dicts) as the engine's."""
+    kinds = {"image": "image", "video": "video", "video_audio": "video", "audio": "audio"}
+    blocks = conditioning[0][1].get("minimax_refs", ()) if conditioning else ()
+    with checked(node, "positive"):
+        return tuple(Reference(kinds.get(b["kind"], b["kind"]), b.get("latent"), b.get("audio_latent"))
+                     for b in blocks)
 
 
 def av_parts(node: str, name: str, samples) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,19 +107,54 @@ def read_vae(reader, ckpt: Checkpoint, what: str, config: str):
     return reader(ckpt)
 
 
-def vae_loader(coder, what: str, config: str, gpu_dtype: torch.dtype, part: str = ""):
+def vae_loader(coder, what: str, config: str, gpu_dtype: torch.dtype | None, part: str = ""):
     """A VAE loader's load(handle): the decoder (or encoder) in LOADED's ("vae", handle.role + part) slot, f32 on
-    the CPU."""
+    the CPU (gpu_dtype None: a coder that keeps its own f32 everywhere)."""
+    def place(vae, where):
+        return vae.to(where) if gpu_dtype is None else vae.to(where, gpu_dtype if where.type == "cuda" else
+                                                                torch.float32)
+
     def load(handle: FileHandle):
         read = lambda ckpt: read_vae(coder.load, ckpt, what, config)  # noqa: E731
         return on_device("vae", handle, lambda: cancellable(read, handle.path), FAMILY, role=handle.role + part,
-                         place=lambda vae, where: vae.to(where, gpu_dtype if where.type == "cuda" else torch.float32))
+                         place=place)
     return load
 
 
 load_video_vae = vae_loader(VideoDecoder, "video VAE", "vae", torch.bfloat16)
 load_video_encoder = vae_loader(VideoEncoder, "video VAE", "vae", torch.float32, " encoder")  # f32, as diffusers'
 load_audio_vae = vae_loader(AudioDecoder, "audio VAE", "audio_vae", torch.float32)  # BigVGAN degrades in bf16
+load_audio_encoder = vae_loader(AudioEncoder, "audio VAE", "audio_vae", None, " encoder")  # f32, as diffusers'
+
+
+def vae_for(node: str, name: str, vae, role: str):
+    """The VAE handle wired to `name` when it is the `role` one (None: none wired)."""
+    if vae is not None and vae.role != role:
+        raise SwiftDiTError(f"{node} · {name}: a MiniMax H3 {vae.role} VAE where the {role} VAE goes")
+    return vae
+
+
+def image_reference(node: str, name: str, image: torch.Tensor, size: tuple[int, int], vae, index: int,
+                    blocks: list) -> torch.Tensor:
+    """A reference image as MiniMaxH3ReferenceToVideo takes it: its first image resized to size (height, width;
+    lanczos, no crop), the prompt's picture; with the video VAE its latent joins blocks as ComfyUI's image block."""
+    pixels = comfy.utils.common_upscale(image[:1, ..., :3].movedim(-1, 1), size[1], size[0], "lanczos",
+                                        "disabled").movedim(1, -1)
+    if vae_for(node, "vae", vae, "video") is not None:
+        with checked(node, name):
+            z = load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
+        blocks.append({"kind": "image", "picture_index": index, "latent_h": size[0] // 16, "latent_w": size[1] // 16,
+                       "latent": z})
+    return pixels
+
+
+def audio_reference(node: str, name: str, audio: dict, audio_vae, blocks: list) -> None:
+    """A standalone reference audio (AUDIO at 32 kHz; its first item): with the audio VAE its latent joins blocks
+    as ComfyUI's audio block (without it, it is only the prompt's "<Audio j>: " label)."""
+    if vae_for(node, "audio_vae", audio_vae, "audio") is not None:
+        with checked(node, name):
+            z = load_audio_encoder(audio_vae).encode(audio["waveform"][:1], audio["sample_rate"], interrupt_check)
+        blocks.append({"kind": "audio", "ref_audio_t": z.shape[-1], "audio_latent": z})
 
 
 class MiniMaxH3VAELoader(VAELoaderNode):

@@ -46,6 +46,8 @@ FRAMES_PER_LATENT = (1, 4, 4, 4, 4)
 SPATIAL_SCALE = 32
 KEYFRAME_TIME = 0.999  # video condition rows' time: max(t_video, 0.999), their noise augmentation level
 AUDIO_CONDITION_TIME = 1.0  # audio condition rows' time: max(t_audio, 1.0) (ComfyUI's AUDIO_COND_TIMESTEP: no noise)
+CANVAS_MULTIPLE = 32  # pixels: the VAE's 16 times the 2x2 patch
+REFERENCE_SHORT_EDGE = 2048  # a reference image's short edge at most (ComfyUI's REF_IMAGE_SHORT_EDGE)
 # Indexes of a block's six modulation rows in adaln_proj's output (diffusers' shift, scale, gate order).
 SHIFT1, SCALE1, GATE1, SHIFT2, SCALE2, GATE2 = range(6)
 
@@ -106,6 +108,21 @@ class Reference:
         """Its packed rows: video rows (2x2 patches of each frame) and audio rows (all channels)."""
         video = 0 if self.video is None else math.prod(self.video.shape[2:]) // (PATCH[1] * PATCH[2])
         return video + self.audio_latents * audio_channels
+
+
+def reference_image_size(height: int, width: int, canvas_height: int, canvas_width: int,
+                         sizing: str) -> tuple[int, int]:
+    """(height, width) in pixels a ref2va reference image is resized to (ComfyUI's MiniMaxH3ReferenceToVideo):
+    'match' scales it down (never up, keeping its aspect) to the canvas's area, 'max' to a short edge of 2048 (the
+    reference pipeline's, diffusers' too); each side then rounded to a multiple of 32 (at least 32), Python's round."""
+    if sizing == "match":
+        scale = min(1.0, math.sqrt(canvas_width * canvas_height / (width * height)))
+    elif sizing == "max":
+        scale = min(1.0, REFERENCE_SHORT_EDGE / min(width, height))
+    else:
+        raise ValueError(f"MiniMaxH3: reference image sizing is 'match' or 'max', got {sizing!r}")
+    side = lambda n: max(CANVAS_MULTIPLE, round(n * scale / CANVAS_MULTIPLE) * CANVAS_MULTIPLE)  # noqa: E731
+    return side(height), side(width)
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ def pack(swiftdit_pack):
     import swiftdit_pack.nodes.minimax_h3 as h
     import swiftdit_pack.nodes.minimax_h3_codecs as codecs
     from swiftdit_pack.nodes.base import text_encoder_loader
-    from swiftdit_pack.dit_core.codecs.h3_audio_vae import AudioDecoder  # the pack's: it reads the pack's Checkpoint
+    from swiftdit_pack.dit_core.codecs.h3_audio_vae import AudioDecoder, AudioEncoder  # the pack's (its Checkpoint)
     from swiftdit_pack.dit_core.codecs.h3_video_vae import VideoDecoder, VideoEncoder
     from swiftdit_pack.dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 
@@ -63,6 +63,11 @@ def pack(swiftdit_pack):
         def load(cls, source):
             return super().load(source, groups=VIDEO_VAE.CONFIG["norm_num_groups"])
 
+    class TinyAudioEncoder(AudioEncoder):  # the tiny audio VAE's attention heads (H3's 8 by default)
+        @classmethod
+        def load(cls, source):
+            return super().load(source, heads=AUDIO_VAE.TINY["num_attention_heads"])
+
     patch = pytest.MonkeyPatch()
     tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY)
     patch.setattr(h, "load_text_encoder", tiny)
@@ -73,10 +78,13 @@ def pack(swiftdit_pack):
     video = codecs.vae_loader(TinyVideoDecoder, "video VAE", "vae", torch.bfloat16)
     patch.setattr(codecs, "load_video_vae", video)
     patch.setattr(h.MiniMaxH3VAELoader, "load", staticmethod(video))
-    patch.setattr(h, "load_video_encoder", codecs.vae_loader(TinyVideoEncoder, "video VAE", "vae", torch.float32,
-                                                             " encoder"))
-    patch.setattr(h, "AUDIO_CHANNELS", TINY_AUDIO_CHANNELS)
-    h.TinyH3TextEncoder, h.TinyAudioDecoder = TinyH3TextEncoder, TinyAudioDecoder
+    video_encoder = codecs.vae_loader(TinyVideoEncoder, "video VAE", "vae", torch.float32, " encoder")
+    patch.setattr(h, "load_video_encoder", video_encoder)
+    patch.setattr(codecs, "load_video_encoder", video_encoder)
+    patch.setattr(codecs, "load_audio_encoder", codecs.vae_loader(TinyAudioEncoder, "audio VAE", "audio_vae", None,
+                                                                  " encoder"))
+    patch.setattr(codecs, "AUDIO_CHANNELS", TINY_AUDIO_CHANNELS)
+    h.TinyH3TextEncoder, h.TinyAudioDecoder, h.TinyAudioEncoder = TinyH3TextEncoder, TinyAudioDecoder, TinyAudioEncoder
     yield h
     patch.undo()
     from swiftdit_pack.nodes.memory import LOADED
@@ -121,6 +129,9 @@ CONTRACT = {
     "SwiftDiTMiniMaxH3ImageToVideo": (["clip", "vae", "first_frame", "last_frame", "prompt", "width", "height",
                                        "length"],
                                      ["CONDITIONING", "LATENT"]),
+    "SwiftDiTMiniMaxH3ReferenceToVideo": (["clip", "vae", "audio_vae", "prompt", "width", "height", "length",
+                                           "ref_image_size", *[f"ref_image_{i}" for i in range(9)],
+                                           *[f"ref_audio_{i}" for i in range(3)]], ["CONDITIONING", "LATENT"]),
     "SwiftDiTMiniMaxH3Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                   "negative", "latent_image", "denoise"], "LATENT"),
     "SwiftDiTMiniMaxH3VAELoader": (["vae_name"], "SWIFTDIT_VAE"),
@@ -293,3 +304,57 @@ def test_text_to_image(pack, models):
         run(pack.MiniMaxH3Sampler, model=model, seed=3, steps=2, cfg=1.0, sampler_name="res_multistep",
             scheduler="simple", positive=positive, negative=positive, latent_image={"samples": torch.ones(1, 4, 6, 7)},
             denoise=1.0)
+
+
+def test_reference_to_video(pack, models):
+    """Reference To Video as ComfyUI's: each reference image resized (lanczos, no crop; 'match': down to the
+    video's area, sides to multiples of 32) is the prompt's "<Picture i>" and, with the video VAE, an image block of
+    its latent; a reference audio is "<Audio j>" and, with the audio VAE, an audio block; the sampler adds the blocks
+    as reference rows (sample_t2va's references) to the same numbers as the engine."""
+    import comfy.utils
+    from dit_core.codecs.h3_video_vae import VideoEncoder
+    from dit_core.families.minimax_h3 import MiniMaxH3, Reference
+    from dit_core.sampling.minimax_h3 import sample_t2va
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    gen = torch.Generator().manual_seed(9)
+    wide, tall = torch.rand(1, 50, 70, 3, generator=gen), torch.rand(2, 120, 60, 3, generator=gen)
+    voice = {"waveform": 0.3 * torch.randn(1, 1, 300, generator=gen), "sample_rate": 32000}
+    (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
+    (vae,) = run(pack.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
+    (audio_vae,) = run(pack.MiniMaxH3AudioVAELoader, vae_name="h3_audio_vae.safetensors")
+    r2v = dict(clip=clip, prompt=PROMPT, width=WIDTH, height=HEIGHT, length=LENGTH, ref_image_size="match",
+               ref_image_0=wide, ref_image_3=tall, ref_audio_1=voice)
+    positive, latent = run(pack.MiniMaxH3ReferenceToVideo, vae=vae, audio_vae=audio_vae, **r2v)
+    blocks = positive[0][1]["minimax_refs"]
+    assert [(b["kind"], b.get("latent_h"), b.get("latent_w")) for b in blocks] == [("image", 4, 4), ("image", 6, 4),
+                                                                                   ("audio", None, None)]
+    encoder = VideoEncoder.load(models / "vae" / "h3_video_vae.safetensors", groups=VIDEO_VAE.CONFIG["norm_num_groups"])
+    pictures = []
+    for block, image, (h, w) in ((blocks[0], wide, (64, 64)), (blocks[1], tall, (96, 64))):
+        pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), w, h, "lanczos", "disabled").movedim(1, -1)
+        assert torch.equal(block["latent"], encoder.encode(pixels, tile=None))
+        pictures.append(pixels)
+    sound = pack.TinyAudioEncoder.load(models / "vae" / "h3_audio_vae.safetensors").encode(voice["waveform"], 32000)
+    assert torch.equal(blocks[2]["audio_latent"], sound) and blocks[2]["ref_audio_t"] == 30
+    rows, tags = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
+                                             pack_tokenizer_dir()).encode_tagged(PROMPT, pictures, audios=1)
+    assert torch.equal(positive[0][0], rows) and torch.equal(positive[0][1]["text_token_tags"], tags)
+    assert [tuple(t.shape) for t in latent["samples"].tensors] == [(1, 24, 7, 6, 4), (1, TINY_AUDIO_CHANNELS, 2, 37)]
+    (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
+                   linears="as stored")
+    (samples,) = run(pack.MiniMaxH3Sampler, model=model, seed=4, steps=2, cfg=1.0, sampler_name="res_multistep",
+                     scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
+    dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    refs = (Reference("image", blocks[0]["latent"]), Reference("image", blocks[1]["latent"]),
+            Reference("audio", audio=sound))
+    video, audio = sample_t2va(dit, rows, 7, 6, 4, 37, 2, seed=4, sampler="res_multistep", text_tags=tags,
+                               references=refs)
+    assert torch.equal(samples["samples"].tensors[0], video) and torch.equal(samples["samples"].tensors[1], audio)
+    text_only, _ = run(pack.MiniMaxH3ReferenceToVideo, **r2v)  # no VAEs: the references label the prompt only
+    assert "minimax_refs" not in text_only[0][1] and torch.equal(text_only[0][0], rows)
+    for change, message in [({"vae": audio_vae}, "vae: a MiniMax H3 audio VAE where the video VAE goes"),
+                            ({"audio_vae": audio_vae, "ref_audio_1": {**voice, "sample_rate": 44100}},
+                             "ref_audio_1: audio: 44100 Hz"),
+                            ({"ref_image_size": "huge"}, "ref_image_size: .*'match' or 'max'")]:
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3ReferenceToVideo · {message}"):
+            run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, **change})
