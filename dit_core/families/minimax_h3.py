@@ -1,5 +1,5 @@
 """MiniMax H3 (text + image to video + audio) on the shared block, on the host: the Comfy-Org single file -> text
-refiner, blocks, final layer, over one packed sequence of text, keyframe, audio and video rows.
+refiner, blocks, final layer, over one packed sequence of text, condition (keyframe, reference), audio and video rows.
 
 Facts: reference/families/minimax_h3.md (diffusers 0.42.1 transformer_minimax_h3.py; single_file_utils.py
 convert_minimax_h3_transformer_checkpoint_to_diffusers for the names, whose inverse the file's names are). The layout

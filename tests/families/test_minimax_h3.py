@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
 from dit_core.arch import Arch
-from dit_core.families.minimax_h3 import MiniMaxH3, Reference, packed_layout, patchify, row_times
+from dit_core.families.minimax_h3 import (MiniMaxH3, Reference, packed_layout, patchify, reference_image_size,
+                                         row_times)
 from dit_core.gpu.block import GpuBlock
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
@@ -225,6 +226,17 @@ def test_reference_checks_its_latents():
     assert Reference("video", torch.empty(1, C, 7, 2, 4), torch.empty(1, CA, 2, 9)).span() == pytest.approx(
         5 / 3 * (1 + 4 * 4 + 1 + 4))  # spans (1, 4, 4, 4, 4) repeat
     assert Reference("video", torch.empty(1, C, 2, 2, 4), torch.empty(1, CA, 2, 9)).rows() == 2 * 2 + 18
+
+
+@pytest.mark.parametrize("image, canvas, sizing, want", [
+    ((1080, 1920), (768, 1344), "match", (768, 1344)),  # scaled down to the canvas's area, sides to 32s
+    ((100, 100), (768, 1344), "match", (96, 96)),       # never up
+    ((80, 208), (768, 1344), "max", (64, 192)),         # Python's round: 2.5 -> 2, 6.5 -> 6
+    ((3000, 4000), (480, 864), "max", (2048, 2720)),    # a 2048 short edge whatever the canvas
+    ((10, 10), (480, 864), "max", (32, 32))])           # at least 32
+def test_reference_image_size_as_comfyui(image, canvas, sizing, want):
+    """MiniMaxH3ReferenceToVideo's sizes of a reference image (ref_image_size 'match' and 'max')."""
+    assert reference_image_size(*image, *canvas, sizing) == want
 
 
 def test_arch_checks_the_inner_width(model, files):
