@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -70,16 +70,28 @@ VIDEO, AUDIO = Side("video", "", "a2v"), Side("audio", "audio_", "v2a")
 
 
 @dataclass(frozen=True)
+class Guide:
+    """A latent frame appended after the generated ones (ComfyUI's LTXVAddGuide): the pixel frames it stands for,
+    [start, end) (its RoPE time; its cells are the grid's), and how strongly it and the generated rows attend to
+    each other (the guide's strength; 1: as any row)."""
+    start: int
+    end: int
+    strength: float = 1.0
+
+
+@dataclass(frozen=True)
 class Grid:
-    """The video latent's frames x height x width (rows frame-major, then y, x) and its frame rate."""
+    """The video latent's frames x height x width (rows frame-major, then y, x), its frame rate, and the guide
+    frames appended after the generated ones (rows of the same height x width)."""
     frames: int
     height: int
     width: int
     fps: float = 24.0
+    guides: tuple[Guide, ...] = ()
 
     @property
     def rows(self) -> int:
-        return self.frames * self.height * self.width
+        return (self.frames + len(self.guides)) * self.height * self.width
 
 
 @dataclass(frozen=True)
@@ -144,6 +156,7 @@ class StreamStep:
     cross: Sequence
     context: torch.Tensor
     key_bias: torch.Tensor | None
+    self_bias: torch.Tensor | None = None  # [rows, rows] on the self-attention's scores (guide_attention_bias)
 
 
 def video_midpoints(grid: Grid, dtype: torch.dtype) -> torch.Tensor:
@@ -156,7 +169,42 @@ def video_midpoints(grid: Grid, dtype: torch.dtype) -> torch.Tensor:
     for bound in (start, end):
         # the causal VAE's first latent frame is a single pixel frame: time bounds shift back, floored at 0
         bound[0] = (bound[0] + CAUSAL_OFFSET - VIDEO_SCALE[0]).clamp(min=0) / grid.fps
-    return ((start + end) / 2.0).T
+    mid = ((start + end) / 2.0).T
+    if not grid.guides:
+        return mid
+    # a guide frame's rows: its own time span (ComfyUI's keyframe_idxs) over the grid's cells
+    span = torch.tensor([[g.start, g.end] for g in grid.guides], dtype=dtype) / grid.fps
+    times = ((span[:, 0] + span[:, 1]) / 2.0).repeat_interleave(grid.height * grid.width)
+    cells = mid[:grid.height * grid.width, 1:].repeat(len(grid.guides), 1)
+    return torch.cat([mid, torch.cat([times[:, None], cells], dim=1)])
+
+
+def keyframe_rows(grid: Grid) -> torch.Tensor:
+    """The rows that take the keyframe marker as ComfyUI's LTX model marks them (keyframes_abs_pos_mask: a pixel
+    time span starting at 0, guide frames excluded): the first generated frame's, a single pixel frame of the causal
+    VAE. [grid.rows] bool."""
+    rows = torch.zeros(grid.rows, dtype=torch.bool)
+    rows[:grid.height * grid.width] = True
+    return rows
+
+
+def guide_attention_bias(grid: Grid) -> torch.Tensor | None:
+    """ComfyUI's guide attention mask (comfy/ldm/lightricks/model.py, GuideAttentionMask) as an additive bias on the
+    video self-attention's scores [rows, rows]: a generated row's scores on a guide's rows, and that guide's rows'
+    scores on the generated rows, take log(strength) (strength 0 or less: float32's lowest); guide rows among
+    themselves and generated rows among themselves take 0. None where every strength is 1 (ComfyUI builds no mask)."""
+    strengths = torch.tensor([g.strength for g in grid.guides], dtype=torch.float32)
+    if bool((strengths == 1.0).all()):
+        return None
+    cells = grid.height * grid.width
+    generated = grid.frames * cells
+    low = torch.finfo(torch.float32)
+    weight = strengths.repeat_interleave(cells)
+    log_weight = torch.where(weight > 0, weight.clamp(min=low.tiny).log(), torch.tensor(low.min))
+    bias = torch.zeros(grid.rows, grid.rows)
+    bias[:generated, generated:] = log_weight
+    bias[generated:, :generated] = log_weight[:, None]
+    return bias
 
 
 def audio_midpoints(latents: int, dtype: torch.dtype) -> torch.Tensor:
@@ -316,7 +364,8 @@ class LTX25:
         row), the connectors' prompt rows for each stream [L, D] and [L, D_audio], f32.
         conditioned [grid.rows]: 1 on clean (conditioning) video rows, whose time is sigma (1 - conditioned) x 1000
         (section 7); text_mask [L]: 1 on the prompt rows to attend (None: all); keyframes [grid.rows] bool: rows that
-        take the keyframe marker (ignored without one). av_times: a key of AV_TIMES. rope_dtype: float64 (the
+        take the keyframe marker (ignored without one; keyframe_rows(grid) as ComfyUI marks them). grid.guides: the
+        guide frames' rows, last, at their own times, attended as guide_attention_bias says. av_times: a key of AV_TIMES. rope_dtype: float64 (the
         release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3). check() runs after
         each block (it raises: ComfyUI's Cancel within a step)."""
         if av_times not in AV_TIMES:
@@ -332,8 +381,8 @@ class LTX25:
         a_times, a_map = torch.tensor([sigma_audio * TIME_SCALE]), torch.zeros(audio.shape[0], dtype=torch.long)
         v_mid, a_mid = video_midpoints(grid, rope_dtype), audio_midpoints(audio.shape[0], rope_dtype)
         times = AV_TIMES[av_times]
-        sv = self._step(v_s, v_times, v_map, sigma_video, sigma_audio, times, v_mid, v_mid[:, :1], text_video.float(),
-                        key_bias)
+        sv = replace(self._step(v_s, v_times, v_map, sigma_video, sigma_audio, times, v_mid, v_mid[:, :1],
+                                text_video.float(), key_bias), self_bias=guide_attention_bias(grid))
         sa = self._step(a_s, a_times, a_map, sigma_audio, sigma_video, times, a_mid, a_mid, text_audio.float(),
                         key_bias)
         v, a = linear(video.float(), v_s.proj_in), linear(audio.float(), a_s.proj_in)
@@ -379,7 +428,7 @@ def self_and_prompt(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tenso
     prompt rows are modulated by the static prompt table plus the prompt's AdaLN at the stream's sigma, if any."""
     m = step.seq.map
     h = modulated_norm(a, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
-    x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq)
+    x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq, step.self_bias)
     kv_mod = layer.prompt_table if step.prompt is None else table_plus(layer.prompt_table, step.prompt[None])[:, 0]
     context = step.context * (1 + kv_mod[PROMPT_SCALE]) + kv_mod[PROMPT_SHIFT]
     h = modulated_norm(a, x, None, p[SHIFT_Q], p[SCALE_Q], m)

@@ -1,7 +1,9 @@
 """dit_core/sampling/ltx25.py against ComfyUI v0.3.75 in-process (its nested-latent noise and packing, KSAMPLER with
-the k-diffusion euler_ancestral on a CONST flow model, its cfg_function) and the newer LTX-2 nodes' rules
-(LTXVDualCFGGuider's sampler_cfg_function, ManualSigmas), the latent upsampler against diffusers 0.42.1, and a tiny
-two-stage run through LTX25.forward (reference/families/ltx25.md section 7)."""
+the k-diffusion euler_ancestral on a CONST flow model, its cfg_function, KSamplerX0Inpaint under a denoise mask,
+LTXV.process_timestep's per-token times, the LTX patchifier's pixel coordinates) and the newer LTX-2 nodes' rules
+(LTXVDualCFGGuider's sampler_cfg_function, ManualSigmas, LTXVImgToVideoInplace / LTXVAddGuide / LTXVCropGuides'
+latents and masks, the guide attention mask), the latent upsampler against diffusers 0.42.1, and tiny two-stage runs
+through LTX25.forward, text and image to video (reference/families/ltx25.md sections 7 and 9)."""
 import math
 
 import pytest
@@ -11,16 +13,21 @@ from safetensors.torch import save_file
 from tiny_models import ltx25_comfy_layout, random_ltx2_upsampler, random_ltx25, save_ltx2_upsampler
 
 from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler
-from dit_core.families.ltx25 import LTX25, Grid
+from dit_core.families.ltx25 import LTX25, Grid, Guide, guide_attention_bias, keyframe_rows, video_midpoints
 from dit_core.sampling.ksampler import SamplingCancelled
 from dit_core.sampling.ltx25 import (
     STAGE_1_SIGMAS,
     STAGE_2_SEED,
     STAGE_2_SIGMAS,
+    FirstFrame,
     Prompt,
     Stage,
+    add_guide,
     audio_rows,
+    crop_guides,
     dual_cfg_denoiser,
+    guide_frame,
+    image_to_video,
     manual_sigmas,
     pack,
     packed_model,
@@ -174,21 +181,73 @@ def test_stage_matches_comfy(comfy, stage, empty, eta, cfgs):
     assert seen == [(i + 1, total) for i in range(total)]
 
 
-def test_stage_with_denoise_mask_matches_comfy(comfy):
-    """i2v's first latent frame kept clean (ComfyUI's noise_mask 0 there, as LTXVImgToVideoInplace at strength 1):
-    KSamplerX0Inpaint's blend each step; the kept frame comes back as the latent."""
+def conditioned_latent(kind: str):
+    """(video, audio, video mask, guides) as the frame nodes leave them: i2v's first frame kept whole (strength 1,
+    LTXVImgToVideoInplace's mask 0) or at the template's 0.7 (mask 0.3), or two guides appended at strength 0.7
+    (first and last frame, LTXVAddGuide's mask 0.3 each)."""
     video, audio = latents(False)
-    mask = torch.ones(1, 1, VIDEO[2], 1, 1)
-    mask[:, :, 0] = 0
-    masks = (mask, torch.ones(1, 1, 1, 1))
+    image = torch.randn(1, VIDEO[1], 1, *VIDEO[3:], generator=torch.Generator().manual_seed(9))
+    if kind == "guides":
+        video, mask, guides = add_guide(video, None, (), image, 0, 0.7)
+        video, mask, guides = add_guide(video, mask, guides, image.flip(-1), guide_frame(-1, VIDEO[2], 1)[0], 0.7)
+        return video, audio, mask, guides
+    video, mask = image_to_video(video, None, image, 1.0 if kind == "i2v strength 1" else 0.7)
+    return video, audio, mask, ()
+
+
+@pytest.mark.parametrize("kind", ["i2v strength 1", "i2v strength 0.7", "guides"])
+@pytest.mark.parametrize("audio_ones", [False, True])
+def test_stage_with_denoise_mask_matches_comfy(comfy, kind, audio_ones):
+    """A stage under the frame nodes' noise mask (the audio's None or LTXVConcatAVLatent's ones) equals ComfyUI's
+    KSAMPLER with that denoise_mask bit for bit: KSamplerX0Inpaint's blend each step. A frame kept whole comes back
+    as given; one at 0.7 moves."""
+    video, audio, mask, guides = conditioned_latent(kind)
+    masks = (mask, torch.ones(1, 1, 1, 1) if audio_ones else None)
     stage = Stage(manual_sigmas(STAGE_2_SIGMAS), 11)
-    model = StandIn(VIDEO_SIZE + math.prod(AUDIO[1:]))
-    predict = comfy_guider(comfy, model, 1.0, 1.0, POSITIVE, NEGATIVE, VIDEO_SIZE)
-    want = comfy_stage(comfy, predict, video, audio, stage.sigmas, stage.seed, mask=masks)
+    model = StandIn(video[0].numel() + math.prod(AUDIO[1:]))
+    predict = comfy_guider(comfy, model, 1.0, 1.0, POSITIVE, NEGATIVE, video[0].numel())
+    want = comfy_stage(comfy, predict, video, audio, stage.sigmas, stage.seed, mask=(mask, torch.ones(1, 1, 1, 1)))
     got = sample_stage(model, video, audio, stage, POSITIVE, denoise_mask=masks)
     for g, w in zip(got, want):
         assert torch.equal(g, w)
-    assert torch.equal(got[0][:, :, 0], video[:, :, 0])
+    assert torch.equal(got[0][:, :, 0], video[:, :, 0]) == (kind == "i2v strength 1")
+
+
+def test_frame_latents_as_comfy_nodes_make_them():
+    """LTXVImgToVideoInplace: the image's latent in place of the first frame, mask 1 - strength there; LTXVAddGuide:
+    appended frames, mask max(0, 1 - strength), placed at -1 = the last pixel frame of the generated ones (8 (F - 1),
+    guides not counted), a clip of frames on 8k + 1; LTXVCropGuides: back to the generated frames."""
+    video, audio = latents(False)
+    image = torch.ones(1, VIDEO[1], 1, *VIDEO[3:])
+    got, mask = image_to_video(video, None, image, 0.7)
+    assert torch.equal(got[:, :, 0], image[:, :, 0]) and torch.equal(got[:, :, 1:], video[:, :, 1:])
+    assert mask.shape == (1, 1, VIDEO[2], 1, 1) and mask.flatten().tolist() == pytest.approx([0.3, 1.0])
+    assert torch.equal(image_to_video(video, None, image, 1.0)[1].flatten(), torch.tensor([0.0, 1.0]))
+    assert guide_frame(-1, 16, 1) == (120, 15) and guide_frame(0, 16, 1) == (0, 0) and guide_frame(-1, 2, 1) == (8, 1)
+    assert guide_frame(20, 16, 9) == (17, 3) and guide_frame(-200, 16, 1) == (0, 0)
+    first, mask, guides = add_guide(video, None, (), image, 0, 0.7)
+    last, mask, guides = add_guide(first, mask, guides, 2 * image, 8, 1.5)
+    assert last.shape[2] == VIDEO[2] + 2 and torch.equal(last[:, :, -1], 2 * image[:, :, 0])
+    assert mask.flatten().tolist() == pytest.approx([1.0, 1.0, 0.3, 0.0])  # strength over 1: mask 0
+    assert guides == (Guide(0, 1, 0.7), Guide(8, 9, 1.5))
+    clip = torch.zeros(1, VIDEO[1], 2, *VIDEO[3:])
+    assert add_guide(video, None, (), clip, 9, 1.0, causal=False)[2] == (Guide(9, 17), Guide(17, 25))
+    assert add_guide(video, None, (), clip, 0, 1.0)[2] == (Guide(0, 1), Guide(1, 9))
+    cropped, cropped_mask = crop_guides(last, mask, guides)
+    assert torch.equal(cropped, video) and torch.equal(cropped_mask, torch.ones(1, 1, VIDEO[2], 1, 1))
+
+
+def test_guide_spans_are_comfys_pixel_coordinates(comfy):
+    """A guide's pixel frames are the LTX patchifier's coordinates of its latent frames through latent_to_pixel_coords
+    (causal: the first latent frame one pixel frame), start and end, moved to the guide's frame (keyframe_idxs)."""
+    from comfy.ldm.lightricks.symmetric_patchifier import SymmetricPatchifier, latent_to_pixel_coords
+    coords = SymmetricPatchifier(1).get_latent_coords(3, 1, 1, 1, "cpu")
+    clip = torch.zeros(1, 4, 3, 1, 1)
+    for causal, frame in ((True, 0), (True, 40), (False, 17)):
+        starts, ends = (latent_to_pixel_coords(c, (8, 32, 32), causal_fix=causal)[0, 0] + frame
+                        for c in (coords, coords + 1))
+        guides = add_guide(clip, None, (), clip, frame, 1.0, causal)[2]
+        assert [(g.start, g.end) for g in guides] == list(zip(starts.tolist(), ends.tolist()))
 
 
 def test_stage_stops():
@@ -217,24 +276,82 @@ def transformer(tmp_path_factory):
 
 def test_packed_model_is_forward_on_rows(transformer):
     """The packed state's parts as LTX25.forward's rows (video frame-major then y, x; audio channels then bins a
-    row), x0 = x - sigma v; a denoise mask per frame gives those rows the time sigma m."""
+    row), x0 = x - sigma v; a denoise mask per frame gives those rows the time sigma m; the keyframe marker on the
+    first frame's rows."""
     video, audio = latents(False)
     x = pack([video, audio])
     mask = torch.tensor([0.0, 1.0])
     sigma = torch.tensor(0.725)
     x0 = packed_model(transformer, [video.shape, audio.shape], 24.0, video_mask=mask)(x, sigma, POSITIVE)
     conditioned = torch.tensor([1.0] * 6 + [0.0] * 6)  # frame 0's 2 x 3 rows clean
+    grid = Grid(2, 2, 3, 24.0)
     v, a = transformer.forward(video_rows(video[0]), audio_rows(audio[0]), POSITIVE.video, POSITIVE.audio,
-                               Grid(2, 2, 3, 24.0), 0.725, 0.725, conditioned)
+                               grid, 0.725, 0.725, conditioned, keyframes=keyframe_rows(grid))
     want_video = video[0] - 0.725 * v.T.reshape(VIDEO[1:])
     want_audio = audio[0] - 0.725 * a.reshape(AUDIO[2], AUDIO[1], AUDIO[3]).transpose(0, 1)
     got_video, got_audio = unpack(x0, [video.shape, audio.shape])
     assert (got_video[0] - want_video).abs().max() <= 1e-6
     assert (got_audio[0] - want_audio).abs().max() <= 1e-6
+    assert torch.equal(keyframe_rows(grid), torch.tensor([True] * 6 + [False] * 6))
     # the audio row layout: row n holds channel c's bins at c * 4 .. c * 4 + 3
     assert torch.equal(audio_rows(audio[0])[3, 4:8], audio[0, 1, 3])
     with pytest.raises(ValueError, match="one sample"):
         packed_model(transformer, [torch.Size((2, *VIDEO[1:])), audio.shape], 24.0)
+
+
+class Recorder:
+    """Stands in for LTX25: records forward's grid and per-row arguments, returns zero velocities."""
+    keyframe = None
+
+    def forward(self, video, audio, text_video, text_audio, grid, sigma_video, sigma_audio, conditioned=None,
+                text_mask=None, **kw):
+        self.grid, self.sigma, self.conditioned, self.keyframes = grid, sigma_video, conditioned, kw["keyframes"]
+        return torch.zeros_like(video), torch.zeros_like(audio)
+
+
+@pytest.mark.parametrize("kind", ["i2v strength 0.7", "guides"])
+def test_per_row_times_are_comfys_process_timestep(comfy, kind):
+    """Each video row's time is ComfyUI's LTXV.process_timestep of the denoise mask (mask x sigma, patchified frame
+    major; the mask as the sampler prepares it, in the latent's shape); the guides' rows come last on the grid at
+    their own pixel frames; the marker on the first generated frame only."""
+    import comfy.model_base
+    from comfy.ldm.lightricks.symmetric_patchifier import SymmetricPatchifier
+    video, audio, mask, guides = conditioned_latent(kind)
+    sigma = torch.tensor([0.725])
+
+    class Model:
+        diffusion_model = type("Inner", (), {"patchifier": SymmetricPatchifier(1)})()
+
+    prepared = comfy.sampler_helpers.prepare_mask(mask, video.shape, "cpu")
+    want = comfy.model_base.LTXV.process_timestep(Model(), sigma, video, prepared)[0, :, 0]
+    recorder = Recorder()
+    packed_model(recorder, [video.shape, audio.shape], 24.0, video_mask=mask[0, 0], guides=guides)(
+        pack([video, audio]), sigma[0], POSITIVE)
+    got = recorder.sigma * (1 - recorder.conditioned)
+    assert got.shape == want.shape and (got - want).abs().max() <= 1e-7
+    frames = VIDEO[2] + (0 if kind != "guides" else 2) - len(guides)
+    assert recorder.grid == Grid(frames, VIDEO[3], VIDEO[4], 24.0, guides)
+    assert recorder.keyframes.nonzero().flatten().tolist() == list(range(VIDEO[3] * VIDEO[4]))
+
+
+def test_guide_rows_positions_and_attention_bias():
+    """Guide rows: after the generated frames, at their pixel frames' midpoint in time over the grid's cells; the
+    guide attention mask: log(strength) between generated and guide rows both ways, 0 within each group, float32's
+    lowest at strength 0, none at strength 1 (ComfyUI's GuideAttentionMask)."""
+    grid = Grid(2, 1, 2, 24.0, (Guide(0, 1, 0.5), Guide(16, 17, 0.0)))
+    mid = video_midpoints(grid, torch.float64)
+    assert grid.rows == 8 and mid.shape == (8, 3)
+    assert mid[4:, 0].tolist() == [0.5 / 24] * 2 + [16.5 / 24] * 2
+    assert torch.equal(mid[4:, 1:], mid[:2, 1:].repeat(2, 1))
+    assert torch.equal(mid[:4], video_midpoints(Grid(2, 1, 2, 24.0), torch.float64))
+    bias = guide_attention_bias(grid)
+    low = torch.finfo(torch.float32).min
+    expected = torch.zeros(8, 8)
+    expected[:4, 4:6] = expected[4:6, :4] = math.log(0.5)
+    expected[:4, 6:] = expected[6:, :4] = low
+    assert torch.equal(bias, expected)
+    assert guide_attention_bias(Grid(2, 1, 2, 24.0, (Guide(0, 1, 1.0),))) is None
+    assert guide_attention_bias(Grid(2, 1, 2, 24.0)) is None
 
 
 @pytest.fixture(scope="module")
@@ -269,6 +386,35 @@ def test_two_stages_through_the_transformer(transformer, upsampler):
     dual = run(7, (3.0, 7.0))
     assert dual[0].shape == first[0].shape and all(t.isfinite().all() for t in dual)
     assert not torch.equal(dual[1], first[1])
+
+
+def test_image_to_video_two_stages(transformer, upsampler):
+    """video_ltx2_5_i2v's flow: the first frame put in before each stage (strength 0.7, then 1.0 at the upsampled
+    size); the result keeps the image's latent as the first frame (stage 2 keeps it whole) and differs from text to
+    video; flf2v's guides through the transformer: appended, sampled at strength 0.7 (the attention bias), cropped."""
+    g = torch.Generator().manual_seed(6)
+    mean, std = 0.1 * torch.randn(8, generator=g), 1 + 0.2 * torch.rand(8, generator=g)
+    video, audio = latents(True)
+    sizes = []
+
+    def encode(height, width):
+        sizes.append((height, width))
+        return torch.full((1, 8, 1, height, width), 0.5)
+
+    run = dict(stages=template_stages(7))
+    i2v = sample_two_stage(transformer, lambda v: upsampler.upsample(v, mean, std), video, audio, 24.0, POSITIVE,
+                           first_frame=FirstFrame(encode), **run)
+    t2v = sample_two_stage(transformer, lambda v: upsampler.upsample(v, mean, std), video, audio, 24.0, POSITIVE,
+                           **run)
+    assert sizes == [(2, 3), (4, 6)] and i2v[0].shape == (1, 8, 2, 4, 6)
+    assert torch.equal(i2v[0][:, :, 0], torch.full((1, 8, 4, 6), 0.5)) and not torch.equal(i2v[0], t2v[0])
+    first, last = torch.randn(2, 1, 8, 1, 2, 3, generator=g)
+    with_guides, mask, guides = add_guide(video, None, (), first, 0, 0.7)
+    with_guides, mask, guides = add_guide(with_guides, mask, guides, last, guide_frame(-1, 2, 1)[0], 0.7)
+    net = packed_model(transformer, [with_guides.shape, audio.shape], 24.0, video_mask=mask[0, 0], guides=guides)
+    out, _ = sample_stage(net, with_guides, audio, template_stages(7)[0], POSITIVE, denoise_mask=(mask, None))
+    assert guides == (Guide(0, 1, 0.7), Guide(8, 9, 0.7)) and out.shape == (1, 8, 4, 2, 3)
+    assert crop_guides(out, mask, guides)[0].shape == video.shape and out.isfinite().all()
 
 
 # --- the latent upsampler ----------------------------------------------------------------------------------------
