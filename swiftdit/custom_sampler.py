@@ -31,7 +31,8 @@ FIXED = ("denoise", "video_cfg", "audio_cfg", "sigmas")
 
 @dataclass
 class Folded:
-    """One group spelled as a KSampler: where, its KSampler's values, and our sampler's own widgets it sets."""
+    """One group spelled as a KSampler: where (scope key, KSampler id), the group's node types, its sampler and
+    scheduler, and the values of our sampler's own widgets it sets (`extra`)."""
     scope: object
     id: object
     kinds: tuple                 # the group's node types, in GROUP's order
@@ -40,6 +41,7 @@ class Folded:
     extra: dict = field(default_factory=dict)
 
     def what(self) -> str:
+        """The swap report's line."""
         noise, guider, select, sigmas = self.kinds
         told = "".join(f", {k} {v!r}" for k, v in self.extra.items() if k != "sigmas")
         return (f"{noise}, {guider}, {select} ({self.sampler}), {sigmas} ({self.scheduler}) and SamplerCustomAdvanced "
