@@ -423,3 +423,12 @@ def test_ltx25_api_form_swaps_as_the_ui_form(host_info):
             for k, b in prompt.items()}
     assert renamed(ui_api) == {k: {"class_type": b["class_type"], "inputs": b["inputs"]}
                                for k, b in swapped_api.items()}
+
+
+@pytest.mark.parametrize("name", ["video_ltx2_5_i2v", "video_ltx2_5_flf2v"])
+def test_ltx25_frame_templates_say_why_they_are_not_swapped(name):
+    """--for-host on the templates the swap cannot take yet reports the row's reason (issue 36), not the node types
+    the host lacks."""
+    from dit_core.families import LTX25_NOT_YET
+    _, report, _ = swap_for_host(template(name), "ltx25")
+    assert report.changed == [] and report.not_yet == [LTX25_NOT_YET]
