@@ -214,6 +214,7 @@ class SamplerNode(io.ComfyNode):
     SETTINGS: FamilySettings
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, ("euler",), "euler", ("simple",), "simple"
     OUTPUT_TOOLTIP = "The denoised latent, for the VAE Decode node"
+    NOISE_MASK = False  # whether the family's sampling reads latent_image's noise_mask (else it is refused)
 
     @staticmethod
     def load(handle: ModelHandle, rows: int, check: Callable):
@@ -266,7 +267,7 @@ class SamplerNode(io.ComfyNode):
         check_family(node, model, cls.FAMILY, f"{cls.TITLE} loader")
         sampler_widgets(node, cfg, denoise, sampler_name, cls.SAMPLERS, scheduler, cls.SCHEDULERS)
         extra = cls.checked_extra(**extra)
-        if "noise_mask" in latent_image:
+        if "noise_mask" in latent_image and not cls.NOISE_MASK:
             raise SwiftDiTError(f"{node} · latent_image: masked latents (inpainting) are not supported yet")
         latent = cls.latent(latent_image["samples"])
         pos, neg = conditioning_rows(node, "positive", positive), conditioning_rows(node, "negative", negative)
