@@ -191,4 +191,4 @@ def rules(row) -> Family:
     )
 
 
-FAMILIES = MappingProxyType({name: rules(row) for name, row in TABLE.items()})
+FAMILIES = MappingProxyType({name: rules(row) for name, row in TABLE.items() if row.replaces})  # rows with templates

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from official_templates import template
 
-from swiftdit import problems, swap_ui, to_api
+from swiftdit import FAMILIES as SWAP_FAMILIES, problems, swap_ui, to_api
 from swiftdit.ui_graph import UIGraph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -21,7 +21,8 @@ FIXTURES = {"z_image": OBJECT_INFO,
             "flux3_klein": json.loads((ROOT / "tests" / "fixtures" / "object_info_flux3_klein.json").read_text()),
             "minimax_h3": json.loads((ROOT / "tests" / "fixtures" / "object_info_minimax_h3.json").read_text()),
             "krea2": json.loads((ROOT / "tests" / "fixtures" / "object_info_krea2.json").read_text()),
-            "ltx25": json.loads((ROOT / "tests" / "fixtures" / "object_info_ltx25.json").read_text())}
+            "ltx25": json.loads((ROOT / "tests" / "fixtures" / "object_info_ltx25.json").read_text()),
+            "omnivoice": json.loads((ROOT / "tests" / "fixtures" / "object_info_omnivoice.json").read_text())}
 FRONTEND_ONLY = {"MarkdownNote", "Note", "Reroute", "PrimitiveNode"}  # the graph editor's own nodes
 UI_FILES = sorted(WORKFLOWS.glob("*.json"))
 # In a folder of their own: ComfyUI's Templates browser lists workflows/*.json, and an API graph opens there empty.
@@ -100,7 +101,7 @@ def test_our_node_types_are_registered(path, registry):
 def test_object_info_fixture_matches_our_nodes(registry, family):
     fixtures = FIXTURES[family]
     prefix = {"z_image": "SwiftDiTZImage", "flux3_klein": "SwiftDiTFlux3Klein", "minimax_h3": "SwiftDiTMiniMaxH3",
-              "krea2": "SwiftDiTKrea2", "ltx25": "SwiftDiTLTX25"}[family]
+              "krea2": "SwiftDiTKrea2", "ltx25": "SwiftDiTLTX25", "omnivoice": "SwiftDiTOmniVoice"}[family]
     assert {n for n in registry if n.startswith(prefix)} <= set(fixtures)  # every node of the family is there
     for node_id, cls in registry.items():
         if node_id not in fixtures:
@@ -124,7 +125,7 @@ def test_api_twin_is_what_to_api_makes(path):
 def test_ui_workflow_loads_and_is_already_ours(path):
     wf = json.loads(path.read_text())
     assert problems(wf) == []
-    for family in FIXTURES:
+    for family in SWAP_FAMILIES:  # the families with templates to swap (OmniVoice has none)
         swapped, report = swap_ui(wf, family)
         assert swapped == wf and report.changed == []
 

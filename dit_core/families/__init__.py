@@ -14,6 +14,7 @@ from .flux3_klein import Flux3Klein
 from .krea2 import Krea2
 from .ltx25 import LTX25
 from .minimax_h3 import MiniMaxH3
+from .omnivoice import OmniVoice
 from .z_image import ZImage
 
 LTX25_NOT_YET = ("LTX-2.5's image to video and first/last frame templates (LTXVImgToVideoInplace, LTXVAddGuide) "
@@ -45,8 +46,9 @@ class Family:
     dropped: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self):
-        if not self.node_prefix.startswith("SwiftDiT") or not self.text_types or not self.replaces:
-            raise ValueError(f"family {self.name}: a SwiftDiT node prefix, text types and replaced nodes are needed")
+        if not self.node_prefix.startswith("SwiftDiT") or bool(self.text_types) != bool(self.replaces):
+            raise ValueError(f"family {self.name}: a SwiftDiT node prefix is needed, and text types and replaced "
+                             f"nodes together (a family with official templates) or neither (OmniVoice)")
 
     def load(self, path, **options):
         """The family's model from its checkpoint file (dit_core.load_family)."""
@@ -88,4 +90,7 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            ("euler_ancestral",), ("manual",), sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS)),
            custom_sampler=True,
            not_yet=tuple((stock, LTX25_NOT_YET) for stock in ("LTXVImgToVideoInplace", "LTXVAddGuide"))),
+    # OmniVoice: no stock nodes and no official template (a third-party pack wraps the package in one node), so
+    # nothing to swap: only its nodes and its loader's recipe.
+    Family("omnivoice", "OmniVoice", OmniVoice, "SwiftDiTOmniVoice", (), (), (), ()),
 )})
