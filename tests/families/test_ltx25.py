@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
-from tiny_models import int8_convrot_state
+from tiny_models import LTX25_TINY, int8_convrot_state, ltx25_comfy_layout, random_ltx25
 
 from dit_core.families.ltx25 import LTX25, Grid
 from dit_core.weights import WeightsError
@@ -18,11 +18,7 @@ from diffusers.models.transformers.transformer_ltx2 import LTX2VideoTransformer3
 # Section 10's tiny instance (video 2 x 16, audio 2 x 8; A<->V's rotary needs equal heads and the audio inner width
 # as audio_cross_attention_dim), as 2.5 ships it: 9-row modulation, gates, split RoPE, prompt AdaLN, no video FF bias,
 # the keyframe marker.
-TINY = dict(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
-            audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=8,
-            audio_cross_attention_dim=16, num_layers=2, gated_attn=True, audio_gated_attn=True, cross_attn_mod=True,
-            audio_cross_attn_mod=True, rope_type="split", use_prompt_embeddings=False, ff_bias=False,
-            use_prompt_adaln_single=True, use_keyframes_abs_pos_embedding=True)
+TINY = LTX25_TINY
 # The other variants the reference names (section 9, items 4, 5 and 7): no prompt AdaLN (static prompt tables), video
 # FF biases, the A<->V gates' time multiplier 1 (from the file's config); and no video gates (heads then come from the
 # config too), no keyframe marker.
@@ -32,65 +28,23 @@ GRID = Grid(frames=3, height=2, width=3)
 AUDIO_ROWS, TEXT_ROWS = 7, 5
 SIGMA_VIDEO, SIGMA_AUDIO = 0.7, 0.45
 
-# diffusers' names -> the file's (convert_ltx2_transformer_to_diffusers inverted, plus the prompt AdaLN it lacks:
-# section 9, item 9). First matching prefix wins; then the q/k norms anywhere.
-TO_FILE = (("proj_in.", "patchify_proj."), ("audio_proj_in.", "audio_patchify_proj."),
-           ("time_embed.", "adaln_single."), ("audio_time_embed.", "audio_adaln_single."),
-           ("prompt_adaln.", "prompt_adaln_single."), ("audio_prompt_adaln.", "audio_prompt_adaln_single."),
-           ("av_cross_attn_video_scale_shift.", "av_ca_video_scale_shift_adaln_single."),
-           ("av_cross_attn_audio_scale_shift.", "av_ca_audio_scale_shift_adaln_single."),
-           ("av_cross_attn_video_a2v_gate.", "av_ca_a2v_gate_adaln_single."),
-           ("av_cross_attn_audio_v2a_gate.", "av_ca_v2a_gate_adaln_single."))
-TO_FILE_IN_BLOCKS = ((".video_a2v_cross_attn_scale_shift_table", ".scale_shift_table_a2v_ca_video"),
-                     (".audio_a2v_cross_attn_scale_shift_table", ".scale_shift_table_a2v_ca_audio"),
-                     (".norm_q.", ".q_norm."), (".norm_k.", ".k_norm."))
-
-
-def random_ltx2(config: dict, seed: int = 0) -> LTX2VideoTransformer3DModel:
-    """diffusers' model with every parameter random (gains near 1, the zero-initialised marker too), f32."""
-    torch.manual_seed(seed)
-    model = LTX2VideoTransformer3DModel(**config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("norm_q.weight", "norm_k.weight")):
-                p.copy_(1 + 0.2 * torch.randn_like(p))
-            elif "scale_shift_table" in name:
-                p.copy_(0.3 * torch.randn_like(p))
-            else:
-                p.copy_(0.3 * torch.randn_like(p) / p.shape[-1] ** 0.5 if p.dim() == 2 else 0.1 * torch.randn_like(p))
-    return model
-
-
-def comfy_layout(model: LTX2VideoTransformer3DModel, prefix: str = "") -> dict:
-    out = {}
-    for key, value in model.state_dict().items():
-        for old, new in TO_FILE:
-            if key.startswith(old):
-                key = new + key[len(old):]
-                break
-        for old, new in TO_FILE_IN_BLOCKS:
-            key = key.replace(old, new)
-        out[prefix + key] = value.contiguous()
-    return out
-
-
 @pytest.fixture(scope="module")
 def models():
-    return {"tiny": random_ltx2(TINY), "variant": random_ltx2(VARIANT, seed=1)}
+    return {"tiny": random_ltx25(), "variant": random_ltx25(seed=1, **VARIANT)}
 
 
 @pytest.fixture(scope="module")
 def files(models, tmp_path_factory):
     d = tmp_path_factory.mktemp("ltx25")
-    save_file(comfy_layout(models["tiny"], "model.diffusion_model."), d / "tiny.safetensors")
-    save_file(comfy_layout(models["tiny"]), d / "tiny_bare.safetensors")
+    save_file(ltx25_comfy_layout(models["tiny"]), d / "tiny.safetensors")
+    save_file(ltx25_comfy_layout(models["tiny"], ""), d / "tiny_bare.safetensors")
     # ComfyUI's single files carry the transformer's config in the header: the variant's heads come from it
     config = {"transformer": {"num_attention_heads": 2, "audio_num_attention_heads": 2,
                               "av_ca_timestep_scale_multiplier": 1}}
-    save_file(comfy_layout(models["variant"], "model.diffusion_model."), d / "variant.safetensors",
+    save_file(ltx25_comfy_layout(models["variant"]), d / "variant.safetensors",
               metadata={"config": json.dumps(config)})
     blocks = lambda key: ".transformer_blocks." in key  # noqa: E731
-    save_file(int8_convrot_state(comfy_layout(models["tiny"], "model.diffusion_model."), blocks, group=16),
+    save_file(int8_convrot_state(ltx25_comfy_layout(models["tiny"]), blocks, group=16),
               d / "tiny_int8.safetensors")
     return d
 
@@ -147,7 +101,7 @@ def test_comfy_layout_converts_back_to_diffusers(models):
     """The test's name map is diffusers' converter inverted; the prompt AdaLN, which the converter does not map,
     keeps the file's name."""
     model = models["tiny"]
-    back = convert_ltx2_transformer_to_diffusers(comfy_layout(model, "model.diffusion_model."))
+    back = convert_ltx2_transformer_to_diffusers(ltx25_comfy_layout(model))
     state = model.state_dict()
     renamed = {k.replace("prompt_adaln_single.", "prompt_adaln."): v for k, v in back.items()}
     assert renamed.keys() == state.keys()
@@ -173,7 +127,7 @@ def test_transformer_matches_diffusers(models, files, name, av_times, use_cross_
 def test_comfyui_av_times(models, files):
     """ComfyUI's rule: each stream's own per-row times for the A<->V scale/shift, the other stream's sigma for its
     gate: diffusers' own-time forward with the gates' embedders fed the other sigma."""
-    model = random_ltx2(TINY)
+    model = random_ltx25()
     model.av_cross_attn_video_a2v_gate = AtTime(model.av_cross_attn_video_a2v_gate, SIGMA_AUDIO * 1000.0)
     model.av_cross_attn_audio_v2a_gate = AtTime(model.av_cross_attn_audio_v2a_gate, SIGMA_VIDEO * 1000.0)
     ours = LTX25.load(files / "tiny.safetensors")
@@ -229,7 +183,7 @@ def test_other_files_are_refused(models, files, tmp_path):
                                            "LTX-2.5 file"):
         LTX25.load(tmp_path / "h3.safetensors")
     # LTX-2.0's blocks hold six modulation rows
-    state = comfy_layout(models["tiny"])
+    state = ltx25_comfy_layout(models["tiny"], "")
     state = {k: v[:6] if k.endswith("transformer_blocks.0.scale_shift_table") else v for k, v in state.items()}
     save_file(state, tmp_path / "ltx2.safetensors")
     with pytest.raises(WeightsError, match="6 modulation rows, not LTX-2.5's 9"):
