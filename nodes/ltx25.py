@@ -212,7 +212,7 @@ class LTX25Sampler(SamplerNode):
                    "42, sigmas 0.85, 0.7250, 0.4219, 0.0) after the latent upsampler.")
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, ("euler_ancestral",), "euler_ancestral", ("manual",), "manual"
     OUTPUT_TOOLTIP = "The AV latent, for LTXVSeparateAVLatent (then the upsampler or the decoders)"
-    SETTINGS, load = SETTINGS, staticmethod(load_dit)
+    SETTINGS, load, NOISE_MASK = SETTINGS, staticmethod(load_dit), True  # the frame nodes' masks (ltx25_frames.py)
 
     @classmethod
     def extra_inputs(cls) -> list:
@@ -271,10 +271,11 @@ class LTX25Sampler(SamplerNode):
         positive = prompt_rows(dit.connectors, r.positive)
         one_pass = math.isclose(stage.video_cfg, 1.0) and math.isclose(stage.audio_cfg, 1.0)
         negative = None if one_pass else prompt_rows(dit.connectors, r.negative)
-        net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check)
+        frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
+        net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check, **frames.model)
         return (lambda callback, should_stop: NestedTensor(sample_stage(
-            net, video, audio, stage, positive, negative, callback=callback, should_stop=should_stop))), \
-            len(stage.sigmas) - 1
+            net, video, audio, stage, positive, negative, frames.denoise_mask, callback=callback,
+            should_stop=should_stop))), len(stage.sigmas) - 1
 
 
 class LTX25LatentUpsampler(io.ComfyNode):  # LTXVLatentUpsampler's inputs and output
@@ -409,6 +410,9 @@ class LTX25SeparateAVLatent(io.ComfyNode):  # LTXVSeparateAVLatent's inputs and 
         return io.NodeOutput(*parts)
 
 
+# the frame nodes build on this file's loaders, so they are imported once those exist
+from .ltx25_frames import FRAME_NODES, sampler_frames  # noqa: E402
+
 NODES = [LTX25Loader, LTX25TextEncoderLoader, LTX25TextEncode, LTX25VAELoader, LTX25AudioVAELoader,
          LTX25LatentUpscaleModelLoader, LTX25EmptyLatentAudio, LTX25Sampler, LTX25LatentUpsampler, LTX25VAEDecodeTiled,
-         LTX25AudioVAEDecode, LTX25ConcatAVLatent, LTX25SeparateAVLatent]
+         LTX25AudioVAEDecode, LTX25ConcatAVLatent, LTX25SeparateAVLatent, *FRAME_NODES]

@@ -89,6 +89,11 @@ CONTRACT = {
     "SwiftDiTLTX25AudioVAEDecode": (["samples", "audio_vae"], "AUDIO"),
     "SwiftDiTLTX25ConcatAVLatent": (["video_latent", "audio_latent"], "LATENT"),
     "SwiftDiTLTX25SeparateAVLatent": (["av_latent"], ["LATENT", "LATENT"]),
+    # the frame nodes (nodes/ltx25_frames.py), whose own test is tests/nodes/test_ltx25_frames.py
+    "SwiftDiTLTX25ImgToVideoInplace": (["vae", "image", "latent", "strength", "bypass"], "LATENT"),
+    "SwiftDiTLTX25AddGuide": (["positive", "negative", "vae", "latent", "image", "frame_idx", "strength"],
+                              ["CONDITIONING", "CONDITIONING", "LATENT"]),
+    "SwiftDiTLTX25CropGuides": (["positive", "negative", "latent"], ["CONDITIONING", "CONDITIONING", "LATENT"]),
 }
 
 
