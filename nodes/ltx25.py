@@ -22,17 +22,15 @@ from ..dit_core.codecs.ltx2_vocoder import Vocoder
 from ..dit_core.families.ltx25 import LTX25
 from ..dit_core.sampling.ltx25 import STAGE_1_SIGMAS, Prompt, Stage, manual_sigmas, packed_model, sample_stage
 from ..dit_core.text.gemma4 import Gemma4TextEncoder, LTX25TextConnectors
-from .base import (FileHandle, ModelHandle, SwiftDiTError, cancellable, checked, decode_image, file_checked, finite,
+from .base import (FileHandle, ModelHandle, SwiftDiTError, checked, decode_image, file_checked, finite,
                    interrupt_check, text_conditioning)
 from .family_nodes import (DiTLoaderNode, FileLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
                            VAELoaderNode)
 from .family_settings import FamilySettings, PassSize
-from .memory import LOADED, MAIN, engine_device
+from .ltx25_frames import CATEGORY, FAMILY, FRAME_NODES, HOST, host_model, sampler_frames, vae_role
+from .memory import LOADED, engine_device
 from .types import LatentUpscaleModel, Vae
 
-CATEGORY = "SwiftDiT/LTX-2.5"
-FAMILY = "ltx25"
-HOST = torch.device("cpu")
 # LTXVEmptyLatentAudio's length rule, ceil(frames / fps x 25) (ComfyUI's AudioVAE.num_of_latents_from_frames:
 # 16 kHz / mel hop 160 / x4 latents per second), and the "sample_rate" it writes (the audio VAE's 16 kHz).
 AUDIO_LATENTS_PER_S, AUDIO_SAMPLE_RATE = 25, 16000
@@ -57,12 +55,6 @@ class AudioCodec:
     """The audio VAE file's two models: the VAE decoder (latents -> log-mel) and the vocoder (-> 48 kHz)."""
     decoder: AudioDecoder
     vocoder: Vocoder
-
-
-def host_model(kind: str, handle, read, role: str = MAIN):
-    """LOADED's model in slot (kind, role) for handle: read(the file as a Checkpoint, Cancel honoured), f32 on the
-    host."""
-    return LOADED.get(kind, (*handle.key(), str(HOST), FAMILY), lambda: cancellable(read, handle.path), HOST, role)
 
 
 def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> LoadedDiT:
@@ -147,12 +139,6 @@ class LTX25LatentUpscaleModelLoader(FileLoaderNode):  # LatentUpscaleModelLoader
     @classmethod
     def output(cls):
         return LatentUpscaleModel.Output(tooltip="The latent upsampler, for the LTX-2.5 Latent Upsampler")
-
-
-def vae_role(node: str, name: str, vae: FileHandle, role: str) -> None:
-    if getattr(vae, "role", None) != role:
-        loader = {"video": "LTX-2.5 VAE Loader", "audio": "LTX-2.5 Audio VAE Loader"}[role]
-        raise SwiftDiTError(f"{node} · {name}: not the LTX-2.5 {role} VAE; connect the {loader}")
 
 
 def part(samples, index: int) -> torch.Tensor:
@@ -271,11 +257,11 @@ class LTX25Sampler(SamplerNode):
         positive = prompt_rows(dit.connectors, r.positive)
         one_pass = math.isclose(stage.video_cfg, 1.0) and math.isclose(stage.audio_cfg, 1.0)
         negative = None if one_pass else prompt_rows(dit.connectors, r.negative)
-        frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
-        net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check, **frames.model)
+        mask, frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
+        net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check, **frames)
         return (lambda callback, should_stop: NestedTensor(sample_stage(
-            net, video, audio, stage, positive, negative, frames.denoise_mask, callback=callback,
-            should_stop=should_stop))), len(stage.sigmas) - 1
+            net, video, audio, stage, positive, negative, mask, callback=callback, should_stop=should_stop))), \
+            len(stage.sigmas) - 1
 
 
 class LTX25LatentUpsampler(io.ComfyNode):  # LTXVLatentUpsampler's inputs and output
@@ -409,9 +395,6 @@ class LTX25SeparateAVLatent(io.ComfyNode):  # LTXVSeparateAVLatent's inputs and 
                 part["noise_mask"] = part_mask
         return io.NodeOutput(*parts)
 
-
-# the frame nodes build on this file's loaders, so they are imported once those exist
-from .ltx25_frames import FRAME_NODES, sampler_frames  # noqa: E402
 
 NODES = [LTX25Loader, LTX25TextEncoderLoader, LTX25TextEncode, LTX25VAELoader, LTX25AudioVAELoader,
          LTX25LatentUpscaleModelLoader, LTX25EmptyLatentAudio, LTX25Sampler, LTX25LatentUpsampler, LTX25VAEDecodeTiled,

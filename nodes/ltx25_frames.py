@@ -2,11 +2,11 @@
 Inplace (the first frame under a noise mask), Add Guide (guide frames appended; their positions and strengths in the
 conditioning as newer ComfyUI's keyframe_idxs and guide_attention_entries), Crop Guides, and what the sampler reads
 of them (sampler_frames). The latents stay ComfyUI's LATENT dicts with the noise_mask where ComfyUI puts one.
-nodes/ltx25.py imports this file after its loaders, which it uses, and registers its nodes."""
+Also the family's constants, host-model slot and VAE role check, which nodes/ltx25.py imports from here with the
+nodes it registers."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 
 import comfy.utils
 import node_helpers
@@ -17,9 +17,26 @@ from comfy_api.latest import io
 from ..dit_core.codecs.ltx2_video_vae import SPACE_FACTOR, TIME_FACTOR, VideoEncoder
 from ..dit_core.families.ltx25 import Guide
 from ..dit_core.sampling.ltx25 import add_guide, crop_guides, guide_frame, image_to_video
-from .base import SwiftDiTError, checked, interrupt_check
-from .ltx25 import CATEGORY, host_model, vae_role
+from .base import FileHandle, SwiftDiTError, cancellable, checked, interrupt_check
+from .memory import LOADED, MAIN
 from .types import Vae
+
+CATEGORY = "SwiftDiT/LTX-2.5"
+FAMILY = "ltx25"
+HOST = torch.device("cpu")
+
+
+def host_model(kind: str, handle, read, role: str = MAIN):
+    """LOADED's model in slot (kind, role) for handle: read(the file as a Checkpoint, Cancel honoured), f32 on the
+    host."""
+    return LOADED.get(kind, (*handle.key(), str(HOST), FAMILY), lambda: cancellable(read, handle.path), HOST, role)
+
+
+def vae_role(node: str, name: str, vae: FileHandle, role: str) -> None:
+    if getattr(vae, "role", None) != role:
+        loader = {"video": "LTX-2.5 VAE Loader", "audio": "LTX-2.5 Audio VAE Loader"}[role]
+        raise SwiftDiTError(f"{node} · {name}: not the LTX-2.5 {role} VAE; connect the {loader}")
+
 
 load_video_encoder = functools.partial(host_model, "vae", read=VideoEncoder.load, role="video encoder")
 VAE_TOOLTIP = "The LTX-2.5 video VAE, from its VAE Loader (its encoder encodes the image)"
@@ -208,19 +225,12 @@ class LTX25CropGuides(io.ComfyNode):  # LTXVCropGuides' inputs and outputs
         return io.NodeOutput(positive, negative, {"samples": video, "noise_mask": mask})
 
 
-@dataclass(frozen=True)
-class SamplerFrames:
-    """What the sampler takes from the frame nodes: the AV latent's noise mask as ComfyUI's sampler prepares it
-    (each part in its latent's shape; None: none) and packed_model's video_mask and guides."""
-    denoise_mask: tuple[torch.Tensor, torch.Tensor] | None = None
-    model: dict = field(default_factory=dict)
-
-
 def sampler_frames(node: str, latent_image: dict, positive: list, video: torch.Tensor,
-                   audio: torch.Tensor) -> SamplerFrames:
-    """The noise mask of an AV latent (LTXVConcatAVLatent's NestedTensor of the parts' masks, or the video's alone:
-    the audio's ones), each part's reshaped to its latent's shape as ComfyUI's sampler does (comfy.utils.reshape_mask),
-    and the positive's guides on the video's last frames."""
+                   audio: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, dict]:
+    """(sample_stage's denoise_mask, packed_model's video_mask and guides): the noise mask of an AV latent
+    (LTXVConcatAVLatent's NestedTensor of the parts' masks, or the video's alone: the audio's ones), each part's
+    reshaped to its latent's shape as ComfyUI's sampler does (comfy.utils.reshape_mask; None: no mask), and the
+    positive's guides on the video's last frames."""
     with checked(node, "positive"):
         guides = guides_of(positive, *video.shape[3:])
     if len(guides) >= video.shape[2]:
@@ -228,13 +238,13 @@ def sampler_frames(node: str, latent_image: dict, positive: list, video: torch.T
                             f"add the guides to this latent (LTX-2.5 Add Guide) before LTXVConcatAVLatent")
     mask = latent_image.get("noise_mask")
     if mask is None:
-        return SamplerFrames(model={"guides": guides})
+        return None, {"guides": guides}
     masks = mask.unbind() if isinstance(mask, NestedTensor) else (mask, torch.ones_like(audio))
     if [m.dim() for m in masks] != [5, 4] or masks[0].shape[2] != video.shape[2]:
         raise SwiftDiTError(f"{node} · latent_image: a noise mask of {[tuple(m.shape) for m in masks]} does not fit "
                             f"the latent's {video.shape[2]} video frames; make it with the LTX-2.5 frame nodes")
     video_mask, audio_mask = (comfy.utils.reshape_mask(m.float(), s.shape) for m, s in zip(masks, (video, audio)))
-    return SamplerFrames((video_mask, audio_mask), {"video_mask": video_mask[0, 0], "guides": guides})
+    return (video_mask, audio_mask), {"video_mask": video_mask[0, 0], "guides": guides}
 
 
 FRAME_NODES = [LTX25ImgToVideoInplace, LTX25AddGuide, LTX25CropGuides]
