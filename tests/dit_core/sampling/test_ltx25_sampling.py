@@ -352,6 +352,12 @@ def test_guide_rows_positions_and_attention_bias():
     assert torch.equal(bias, expected)
     assert guide_attention_bias(Grid(2, 1, 2, 24.0, (Guide(0, 1, 1.0),))) is None
     assert guide_attention_bias(Grid(2, 1, 2, 24.0)) is None
+    # the block's attention adds a [rows, keys] bias to every head's scores (what LTX25's self-attention hands it)
+    from dit_core.block import attention
+    q, k, v = torch.randn(3, 8, 2, 4, generator=torch.Generator().manual_seed(2))
+    scores = torch.einsum("qhd,khd->hqk", q, k) / 2 + bias
+    want = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(8, 8)
+    assert (attention(q, k, v, 0, bias) - want).abs().max() <= 1e-6
 
 
 @pytest.fixture(scope="module")
