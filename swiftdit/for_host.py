@@ -331,6 +331,22 @@ class Reducer:
             self.note(scope, node, "removed", "feeds nothing once the nodes it fed were reduced")
             self.drop(scope, node)
 
+    def view(self) -> None:
+        """The saved view moved to show the top level's top-left corner (title bar included) where it no longer
+        does: a reduction can take away the nodes the template's view looked at."""
+        wf, title = self.ed.wf, 30  # LiteGraph's NODE_TITLE_HEIGHT
+        ds = wf.get("extra", {}).get("ds")
+        nodes = [n for n in wf.get("nodes", []) if "pos" in n]
+        if not ds or not nodes:
+            return
+        left, top = min(n["pos"][0] for n in nodes), min(n["pos"][1] for n in nodes) - title
+        offset = ds.get("offset", [0, 0])
+        if left + offset[0] >= 0 and top + offset[1] >= 0:
+            return
+        ds["offset"] = [-left + title, -top + title]
+        self.report.changes.append(("view", "extra.ds", f"offset {ds['offset']}",
+                                    "the saved view hid the graph's top-left corner once nodes were reduced"))
+
     def check(self) -> None:
         for scope in self.live_scopes():
             for node in scope.body.get("nodes", []):
@@ -349,7 +365,7 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
                  reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents, reducer.twins,
-                 reducer.unused, reducer.outputless, reducer.prune):
+                 reducer.unused, reducer.outputless, reducer.prune, reducer.view):
         rule()
     if check:
         reducer.check()
