@@ -34,9 +34,10 @@ CONTRACT = {
 
 @pytest.fixture(scope="module")
 def ltx(pack):
-    """The family's node module with the frame nodes' module's names beside it."""
+    """The family's node module with its codec and frame nodes' modules' names beside it."""
+    import swiftdit_pack.nodes.ltx25_codecs as codecs
     import swiftdit_pack.nodes.ltx25_frames as frames
-    return SimpleNamespace(**{**vars(pack), **vars(frames)})
+    return SimpleNamespace(**{**vars(pack), **vars(codecs), **vars(frames)})
 
 
 def images(seed: int, count: int = 2) -> list[torch.Tensor]:

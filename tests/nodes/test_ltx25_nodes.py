@@ -41,6 +41,12 @@ CODECS = builders("families/test_ltx25_codecs.py")
 oracle, audio = TEXT.oracle, CODECS.audio  # their module fixtures, used here too
 
 
+def codecs():
+    """The pack's nodes/ltx25_codecs.py (LTX-2.5's VAE, audio and latent nodes), as ComfyUI imports the pack."""
+    import swiftdit_pack.nodes.ltx25_codecs as module
+    return module
+
+
 @pytest.fixture(scope="module")
 def pack(swiftdit_pack):
     import swiftdit_pack.nodes.ltx25 as ltx
@@ -136,19 +142,19 @@ def test_av_latent_twins_are_the_stock_plumbing(pack):
     from swiftdit_pack.nodes.base import SwiftDiTError
     video = {"samples": torch.randn(1, 128, 3, 1, 2)}
     audio = {"samples": torch.randn(1, 8, 18, 16), "sample_rate": 16000, "type": "audio"}
-    (joined,) = run(pack.LTX25ConcatAVLatent, video_latent=video, audio_latent=audio)
+    (joined,) = run(codecs().LTX25ConcatAVLatent, video_latent=video, audio_latent=audio)
     want = concat_av(video, audio)
     assert joined.keys() == want.keys() and all(
         torch.equal(a, b) for a, b in zip(joined["samples"].unbind(), want["samples"].unbind()))
-    for got, part in zip(run(pack.LTX25SeparateAVLatent, av_latent=joined), separate_av(joined)):
+    for got, part in zip(run(codecs().LTX25SeparateAVLatent, av_latent=joined), separate_av(joined)):
         assert got.keys() == part.keys() and torch.equal(got["samples"], part["samples"])
     mask = torch.rand(1, 1, 3, 1, 2)
-    (joined,) = run(pack.LTX25ConcatAVLatent, video_latent={**video, "noise_mask": mask}, audio_latent=audio)
-    video_part, audio_part = run(pack.LTX25SeparateAVLatent, av_latent=joined)
+    (joined,) = run(codecs().LTX25ConcatAVLatent, video_latent={**video, "noise_mask": mask}, audio_latent=audio)
+    video_part, audio_part = run(codecs().LTX25SeparateAVLatent, av_latent=joined)
     assert torch.equal(video_part["noise_mask"], mask) and torch.equal(audio_part["noise_mask"],
                                                                        torch.ones_like(audio["samples"]))
     with pytest.raises(SwiftDiTError, match="SwiftDiTLTX25SeparateAVLatent · av_latent: not an AV latent"):
-        run(pack.LTX25SeparateAVLatent, av_latent=video)
+        run(codecs().LTX25SeparateAVLatent, av_latent=video)
 
 
 def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0)):
@@ -156,26 +162,26 @@ def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0)):
     size from the empty AV latent, the x2 upsampler, stage 2 (seed 42), the tiled and the audio decode."""
     (model,) = run(ltx.LTX25Loader, unet_name=FILES["diffusion_models"], weight_dtype="default", linears="as stored")
     (clip,) = run(ltx.LTX25TextEncoderLoader, clip_name=FILES["text_encoders"], type="ltxv")
-    (video_vae,) = run(ltx.LTX25VAELoader, vae_name=FILES["vae"])
-    (audio_vae,) = run(ltx.LTX25AudioVAELoader, vae_name=AUDIO_VAE)
-    (upscaler,) = run(ltx.LTX25LatentUpscaleModelLoader, model_name=FILES["latent_upscale_models"])
+    (video_vae,) = run(codecs().LTX25VAELoader, vae_name=FILES["vae"])
+    (audio_vae,) = run(codecs().LTX25AudioVAELoader, vae_name=AUDIO_VAE)
+    (upscaler,) = run(codecs().LTX25LatentUpscaleModelLoader, model_name=FILES["latent_upscale_models"])
     (positive,) = run(ltx.LTX25TextEncode, text=PROMPT, clip=clip)
     (negative,) = run(ltx.LTX25TextEncode, text=NEGATIVE_PROMPT, clip=clip)
     positive, negative = (ltxv_conditioning(c, FPS) for c in (positive, negative))
-    (audio_latent,) = run(ltx.LTX25EmptyLatentAudio, frames_number=LENGTH, frame_rate=FPS, batch_size=1,
+    (audio_latent,) = run(codecs().LTX25EmptyLatentAudio, frames_number=LENGTH, frame_rate=FPS, batch_size=1,
                           audio_vae=audio_vae)
     latent = concat_av(empty_ltxv_latent_video(WIDTH // 2, HEIGHT // 2, LENGTH), audio_latent)
     stage = dict(model=model, cfg=cfgs[0], sampler_name="euler_ancestral", scheduler="manual", positive=positive,
                  negative=negative, denoise=1.0, audio_cfg=cfgs[1])
     (stage_1,) = run(ltx.LTX25Sampler, seed=seed, steps=8, latent_image=latent, sigmas=STAGE_1_SIGMAS, **stage)
     video, audio_part = separate_av(stage_1)
-    (upsampled,) = run(ltx.LTX25LatentUpsampler, samples=video, upscale_model=upscaler, vae=video_vae)
+    (upsampled,) = run(codecs().LTX25LatentUpsampler, samples=video, upscale_model=upscaler, vae=video_vae)
     (stage_2,) = run(ltx.LTX25Sampler, seed=STAGE_2_SEED, steps=3, latent_image=concat_av(upsampled, audio_part),
                      sigmas=STAGE_2_SIGMAS, **stage)
     video, audio_part = separate_av(stage_2)
-    (frames,) = run(ltx.LTX25VAEDecodeTiled, samples=video, vae=video_vae, tile_size=512, overlap=64,
+    (frames,) = run(codecs().LTX25VAEDecodeTiled, samples=video, vae=video_vae, tile_size=512, overlap=64,
                     temporal_size=64, temporal_overlap=16)
-    (sound,) = run(ltx.LTX25AudioVAEDecode, samples=audio_part, audio_vae=audio_vae)
+    (sound,) = run(codecs().LTX25AudioVAEDecode, samples=audio_part, audio_vae=audio_vae)
     return dict(model=model, clip=clip, video_vae=video_vae, audio_vae=audio_vae, upscaler=upscaler,
                 positive=positive, negative=negative, latent=latent, stage_2=stage_2, frames=frames, sound=sound)
 
@@ -226,9 +232,9 @@ def test_dual_cfg_and_small_tiles_equal_the_engine(pack, models):
     g, want = graph(pack, seed=5, cfgs=(3.0, 7.0)), engine(models, cfgs=(3.0, 7.0), seed=5)
     assert all(torch.equal(a, b) for a, b in zip(g["stage_2"]["samples"].tensors, (want["video"], want["audio"])))
     video = separate_av(g["stage_2"])[0]
-    (frames,) = run(pack.LTX25VAEDecodeTiled, samples=video, vae=g["video_vae"], tile_size=64, overlap=32,
+    (frames,) = run(codecs().LTX25VAEDecodeTiled, samples=video, vae=g["video_vae"], tile_size=64, overlap=32,
                     temporal_size=16, temporal_overlap=8)
-    decoder = pack.load_video_vae(g["video_vae"])
+    decoder = codecs().load_video_vae(g["video_vae"])
     assert torch.equal(frames, decoder.decode(want["video"], tiles=(64, 32, 16, 8)))
     assert not torch.equal(frames, g["frames"])  # tiles of 2 x 2 cells: blended, not the whole decode
 
@@ -269,9 +275,9 @@ def test_errors_name_node_and_input(pack, models, monkeypatch):
             (pack.LTX25Loader, {**loader, "weight_dtype": "fp8_e4m3fn"}, "weight_dtype: "),
             (pack.LTX25TextEncoderLoader, {"clip_name": "z_image.safetensors", "type": "ltxv"},
              "clip_name: z_image.safetensors: is not a Gemma-4 text encoder.*type ltxv"),
-            (pack.LTX25VAELoader, {"vae_name": AUDIO_VAE}, "vae_name: "),
-            (pack.LTX25AudioVAELoader, {"vae_name": FILES["vae"]}, "vae_name: .*audio VAE"),
-            (pack.LTX25LatentUpscaleModelLoader, {"model_name": "nothing.safetensors"}, "model_name: ")]:
+            (codecs().LTX25VAELoader, {"vae_name": AUDIO_VAE}, "vae_name: "),
+            (codecs().LTX25AudioVAELoader, {"vae_name": FILES["vae"]}, "vae_name: .*audio VAE"),
+            (codecs().LTX25LatentUpscaleModelLoader, {"model_name": "nothing.safetensors"}, "model_name: ")]:
         with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
             run(node, **kw)
     g = graph(pack, seed=1)
@@ -279,7 +285,7 @@ def test_errors_name_node_and_input(pack, models, monkeypatch):
     for change, message in [({"frames_number": 120}, "frames_number: 120 frames is not 8n \\+ 1.*use 113 or 121"),
                             ({"audio_vae": g["video_vae"]}, "audio_vae: not the LTX-2.5 audio VAE")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTLTX25EmptyLatentAudio · {message}"):
-            run(pack.LTX25EmptyLatentAudio, **{**empty, **change})
+            run(codecs().LTX25EmptyLatentAudio, **{**empty, **change})
     kw = dict(model=g["model"], seed=0, steps=8, cfg=1.0, sampler_name="euler_ancestral", scheduler="manual",
               positive=g["positive"], negative=g["negative"], latent_image=g["latent"], denoise=1.0, audio_cfg=1.0,
               sigmas=STAGE_1_SIGMAS)
@@ -296,17 +302,17 @@ def test_errors_name_node_and_input(pack, models, monkeypatch):
     video = separate_av(g["stage_2"])[0]
     tiles = dict(tile_size=512, overlap=64, temporal_size=64, temporal_overlap=16)
     for node, kw, message in [
-            (pack.LTX25LatentUpsampler, dict(samples=g["stage_2"], upscale_model=g["upscaler"], vae=g["video_vae"]),
+            (codecs().LTX25LatentUpsampler, dict(samples=g["stage_2"], upscale_model=g["upscaler"], vae=g["video_vae"]),
              "samples: an AV latent; connect LTXVSeparateAVLatent's video_latent"),
-            (pack.LTX25LatentUpsampler, dict(samples=video, upscale_model=g["upscaler"], vae=g["audio_vae"]),
+            (codecs().LTX25LatentUpsampler, dict(samples=video, upscale_model=g["upscaler"], vae=g["audio_vae"]),
              "vae: not the LTX-2.5 video VAE"),
-            (pack.LTX25VAEDecodeTiled, dict(samples=video, vae=g["video_vae"], **{**tiles, "tile_size": 500}),
+            (codecs().LTX25VAEDecodeTiled, dict(samples=video, vae=g["video_vae"], **{**tiles, "tile_size": 500}),
              "tile_size: 500 is not a multiple"),
-            (pack.LTX25VAEDecodeTiled, dict(samples=separate_av(g["stage_2"])[1], vae=g["video_vae"], **tiles),
+            (codecs().LTX25VAEDecodeTiled, dict(samples=separate_av(g["stage_2"])[1], vae=g["video_vae"], **tiles),
              "samples: .*expected LTX-2 video latents"),
-            (pack.LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["audio_vae"]),
+            (codecs().LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["audio_vae"]),
              "samples: .*expected LTX-2 audio"),
-            (pack.LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["video_vae"]), "audio_vae: not the LTX-2.5")]:
+            (codecs().LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["video_vae"]), "audio_vae: not the LTX-2.5")]:
         with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
             run(node, **kw)
     monkeypatch.setattr(pack, "engine_device", lambda: torch.device("cuda", 0))  # a CUDA machine: issue 36
