@@ -18,8 +18,8 @@ from .omnivoice import OmniVoice
 from .z_image import ZImage
 
 LTX25_NOT_YET = ("LTX-2.5's image to video and first/last frame templates (LTXVImgToVideoInplace, LTXVAddGuide) "
-                 "are not yet supported by the swap (issue 36): SwiftDiT's LTX-2.5 sampler has no frame "
-                 "conditioning yet")
+                 "are not yet supported by the swap (issue 36): SwiftDiT's frame nodes exist, but the swap has no "
+                 "rules for them yet; place the SwiftDiT LTX-2.5 frame nodes by hand")
 
 
 @dataclass(frozen=True)
