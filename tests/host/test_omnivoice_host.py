@@ -1,0 +1,149 @@
+"""OmniVoice text to speech and voice clone on a real ComfyUI v0.3.75 server: the shipped workflows
+(workflows/omnivoice_tts.json, omnivoice_voice_clone.json) converted with the server's /object_info and run to
+SaveAudio's FLAC, LoadAudio reading a reference from the input folder; an error that names node and input, and the
+server running the next prompt. A tiny random model folder under the workflows' name in models/omnivoice, as the
+loader lists it (model.safetensors and config.json, the tokenizer's files, audio_tokenizer/), from the builders of
+tests/families/test_omnivoice.py and test_omnivoice_codec.py, as tests/nodes/test_omnivoice_nodes.py builds it."""
+
+import copy
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import soundfile
+import torch
+from tiny_models import randomize_language_model
+
+from dit_core.families.omnivoice import FRAME_RATE, target_frames
+from host.server import TERMINAL_EVENTS, ComfyHost, of_type
+from swiftdit.workflow_api import to_api
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
+TIMEOUT = 120.0
+MODEL, REFERENCE = "OmniVoice", "voice_reference.wav"  # the names the workflows' loaders ask for
+CODES, RATE = 32, 24000  # the tiny codec's codes a codebook; its rate, which SaveAudio keeps
+# The shipped graphs' nodes (workflows/api/omnivoice_*.json): the same ids in both.
+TEXT, SAMPLER, REFERENCE_NODE, SAVE = "2", "3", "7", "5"
+# CI sizes: the workflows ask for 32 steps of a paragraph; two cores get 4 steps of a short sentence (about 2 s
+# estimated) and, for the clone, a fixed 2 s.
+SENTENCE, RUN_STEPS, CLONE_SECONDS = "Hello there, nice to see you.", 4, 2.0
+PAD_S = 0.2  # the finish's padding: 0.1 s at each end
+
+
+def builders(rel: str):
+    """A test module of the engine's pieces (its builders), imported by path: tests/families is no package."""
+    spec = importlib.util.spec_from_file_location(f"omnivoice_host_builders_{Path(rel).stem}", ROOT / "tests" / rel)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+FAMILY = builders("families/test_omnivoice.py")
+CODEC = builders("families/test_omnivoice_codec.py")
+
+
+@pytest.fixture(scope="module")
+def omnivoice_models(tmp_path_factory) -> Path:
+    """models/omnivoice/OmniVoice/: the tiny model (its codebooks of the tiny codec's 32 codes), the byte-level
+    tokenizer, the tiny codec as audio_tokenizer/."""
+    from transformers import Qwen3Config
+    root = tmp_path_factory.mktemp("omnivoice_models")
+    torch.manual_seed(0)
+    cfg = Qwen3Config(**FAMILY.TINY)
+    cfg._attn_implementation = "sdpa"
+    model = FAMILY.package.OmniVoice(FAMILY.package.OmniVoiceConfig(llm_config=cfg, audio_vocab_size=CODES + 1,
+                                                                     audio_mask_id=CODES)).eval()
+    randomize_language_model(model).save_pretrained(root / MODEL)
+    FAMILY.tokenizer.__wrapped__().save_pretrained(root / MODEL)  # the family test's fixture, built directly
+    codec = CODEC.folder.__wrapped__(tmp_path_factory)[0]  # the codec test's fixture: audio_tokenizer/ in a folder
+    shutil.move(codec / "audio_tokenizer", root / MODEL / "audio_tokenizer")
+    return root
+
+
+@pytest.fixture(scope="module")
+def omnivoice_host(tmp_path_factory, omnivoice_models, serving):
+    """The server, with the model folder linked and a 2.5 s reference (noise bursts with a gap, 16-bit WAV) in its
+    input folder for LoadAudio."""
+    server = ComfyHost(COMFYUI_TREE, tmp_path_factory.mktemp("omnivoice_base"), sys.executable)
+    server.link_models({"omnivoice": omnivoice_models})
+    (server.base / "input").mkdir(parents=True)
+    voice = CODEC.speech_like(1, 2.5, [(1.2, 0.3)])[0].numpy()
+    soundfile.write(server.base / "input" / REFERENCE, voice, RATE, subtype="PCM_16")
+    yield from serving(server)
+
+
+def queued(host: ComfyHost, name: str) -> dict:
+    """A shipped workflow as the editor queues it (to_api with the server's /object_info), equal to its API twin."""
+    prompt = to_api(json.loads((ROOT / "workflows" / f"{name}.json").read_text()), host.object_info())
+    twin = json.loads((ROOT / "workflows" / "api" / f"{name}.json").read_text())
+    assert {n: b["inputs"] for n, b in prompt.items()} == {n: b["inputs"] for n, b in twin.items()}
+    return prompt
+
+
+def ci_graph(prompt: dict, **text) -> dict:
+    """A copy of a queued graph at CI sizes, the workflow's own values checked first; text: the Text node's
+    changes."""
+    prompt = copy.deepcopy(prompt)
+    sampler = prompt[SAMPLER]["inputs"]
+    assert (sampler["steps"], sampler["guidance"], sampler["t_shift"]) == (32, 2, 0.1)
+    assert prompt["1"]["inputs"]["model_name"] == MODEL and prompt[TEXT]["inputs"]["duration"] == 0
+    prompt[TEXT]["inputs"].update(text=SENTENCE, **text)
+    sampler["steps"] = RUN_STEPS
+    return prompt
+
+
+def saved_seconds(host: ComfyHost, entry: dict, events: list) -> float:
+    """The seconds of SaveAudio's FLAC, which must be in the output folder, mono at the codec's rate, not silent."""
+    errors = of_type(events, "execution_error")
+    assert entry["status"]["status_str"] == "success", (errors[:1] or entry["status"], host.log_tail())
+    [saved] = entry["outputs"][SAVE]["audio"]
+    path = host.base / "output" / saved["subfolder"] / saved["filename"]
+    assert path.suffix == ".flac" and path.is_file()
+    wave, rate = soundfile.read(path, dtype="float32")
+    assert rate == RATE and wave.ndim == 1, (rate, wave.shape)
+    assert abs(wave).max() > 1e-3, "a silent file: the run or the random model is degenerate"
+    return len(wave) / rate
+
+
+def test_tts_workflow_runs_to_an_audio_file(omnivoice_host):
+    """The TTS graph to a FLAC as long as the length rule's estimate for the sentence (its silences trimmed,
+    0.1 s padding at each end)."""
+    entry, events, seconds = omnivoice_host.run(ci_graph(queued(omnivoice_host, "omnivoice_tts")), TIMEOUT)
+    length = saved_seconds(omnivoice_host, entry, events)
+    print(f"\nOmniVoice TTS, {RUN_STEPS} steps: {length:.2f} s of speech in {seconds:.1f} s")
+    estimate = target_frames(SENTENCE) / FRAME_RATE
+    assert 0.5 * estimate <= length <= estimate + PAD_S + 0.01, (length, estimate)
+
+
+def test_voice_clone_workflow_runs_to_an_audio_file(omnivoice_host):
+    """The clone graph (LoadAudio's WAV, the Reference's transcript) at a fixed length to a FLAC."""
+    prompt = ci_graph(queued(omnivoice_host, "omnivoice_voice_clone"), duration=CLONE_SECONDS)
+    assert prompt["6"]["inputs"]["audio"] == REFERENCE
+    entry, events, seconds = omnivoice_host.run(prompt, TIMEOUT)
+    length = saved_seconds(omnivoice_host, entry, events)
+    print(f"\nOmniVoice clone, {RUN_STEPS} steps: {length:.2f} s of speech in {seconds:.1f} s")
+    assert 0.5 * CLONE_SECONDS <= length <= CLONE_SECONDS + PAD_S + 0.01, length
+
+
+def test_an_empty_transcript_names_the_node_and_the_input(omnivoice_host):
+    """The Reference without its transcript ends the prompt there, naming node and input, and nothing is saved;
+    the server then runs the same graph with the transcript."""
+    prompt = ci_graph(queued(omnivoice_host, "omnivoice_voice_clone"), duration=CLONE_SECONDS)
+    failing = copy.deepcopy(prompt)
+    failing[REFERENCE_NODE]["inputs"]["text"] = "  "
+    entry, events, _ = omnivoice_host.run(failing, TIMEOUT)
+    assert entry["status"]["status_str"] == "error" and events[-1]["type"] in TERMINAL_EVENTS
+    [error] = of_type(events, "execution_error")
+    node_type = "SwiftDiTOmniVoiceReference"
+    assert (error["node_id"], error["node_type"]) == (REFERENCE_NODE, node_type)
+    assert f"{node_type} · text: the reference's transcript is empty" in error["exception_message"], error
+    assert SAVE not in error["executed"] and not entry["outputs"].get(SAVE)
+    prompt[SAVE]["inputs"]["filename_prefix"] = "audio/after_error"
+    entry, events, _ = omnivoice_host.run(prompt, TIMEOUT)
+    saved_seconds(omnivoice_host, entry, events)
