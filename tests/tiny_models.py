@@ -3,7 +3,10 @@
 this module for its layouts, has neither."""
 from __future__ import annotations
 
+import importlib.util
 import re
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -27,6 +30,22 @@ Z_IMAGE_TINY = dict(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, d
 QWEN3_TINY = dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                   max_position_embeddings=40960, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def builders(rel: str):
+    """The test module tests/<rel> (its tiny builders and fixtures), imported once by path: tests' folders are no
+    packages, and a node or host test reuses an engine test's builders."""
+    name = "builders_" + rel.removesuffix(".py").replace("/", "_")
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, TESTS / rel)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
 
 
 def random_z_image(seed: int = 0, **overrides) -> ZImageTransformer2DModel:

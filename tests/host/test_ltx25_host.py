@@ -9,7 +9,6 @@ template's prompt runs past the encoder's 1024 tokens: a short one stands in), t
 vocoder of tests/families/test_ltx25_codecs.py, a tiny x2 upsampler."""
 
 import copy
-import importlib.util
 import json
 import shutil
 import sys
@@ -19,6 +18,7 @@ import av
 import numpy as np
 import pytest
 from safetensors.torch import save_file
+from tiny_models import builders
 
 from host.server import TERMINAL_EVENTS, ComfyHost, of_type
 from swiftdit.workflow_api import to_api
@@ -26,7 +26,6 @@ from swiftdit.workflow_api import to_api
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 TIMEOUT = 120.0
 # The file names the workflow's loaders ask for, in ComfyUI's models folders.
@@ -48,14 +47,6 @@ SAMPLE_RATE = 48000
 PROMPT = "a fox runs through the snow at dusk; it barks twice"
 # The tiny vocoder's hop (mel hop 4 x 3 for 48 / 16 kHz, the file's config) makes (4 x 18 - 3) x 12 samples
 SOUND_SAMPLES = (4 * 18 - 3) * 12
-
-
-def builders(rel: str):
-    """A test module of the engine's pieces (its tiny builders and fixtures), imported by path."""
-    spec = importlib.util.spec_from_file_location(f"ltx25_host_builders_{Path(rel).stem}", TESTS / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 TEXT = builders("dit_core/text/test_ltx25_text.py")

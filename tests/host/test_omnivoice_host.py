@@ -6,7 +6,6 @@ loader lists it (model.safetensors and config.json, the tokenizer's files, audio
 tests/families/test_omnivoice.py and test_omnivoice_codec.py, as tests/nodes/test_omnivoice_nodes.py builds it."""
 
 import copy
-import importlib.util
 import json
 import shutil
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import soundfile
 import torch
-from tiny_models import randomize_language_model
+from tiny_models import builders, randomize_language_model
 
 from dit_core.families.omnivoice import FRAME_RATE, target_frames
 from host.server import TERMINAL_EVENTS, ComfyHost, of_type
@@ -34,14 +33,6 @@ TEXT, SAMPLER, REFERENCE_NODE, SAVE = "2", "3", "7", "5"
 # estimated) and, for the clone, a fixed 2 s.
 SENTENCE, RUN_STEPS, CLONE_SECONDS = "Hello there, nice to see you.", 4, 2.0
 PAD_S = 0.2  # the finish's padding: 0.1 s at each end
-
-
-def builders(rel: str):
-    """A test module of the engine's pieces (its builders), imported by path: tests/families is no package."""
-    spec = importlib.util.spec_from_file_location(f"omnivoice_host_builders_{Path(rel).stem}", ROOT / "tests" / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 FAMILY = builders("families/test_omnivoice.py")

@@ -4,22 +4,18 @@ Guides at frames 0 and -1, strength 0.7, then Crop Guides) with our nodes equal 
 (sample_two_stage with its FirstFrame; add_guide, packed_model, sample_stage, crop_guides) bit for bit; the
 conditioning's keyframe_idxs as ComfyUI's patchifier and pixel coordinates give them; errors naming node and input.
 The tiny files and the stock stand-ins are tests/nodes/test_ltx25_nodes.py's (its fixtures are used here)."""
-import importlib.util
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from node_contract import assert_schemas_follow, run
+from tiny_models import builders
 
 from dit_core.sampling.ltx25 import STAGE_1_SIGMAS, STAGE_2_SEED, STAGE_2_SIGMAS, TEMPLATE_SEED
 
 pytest.importorskip("diffusers")
-TESTS = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("ltx25_nodes_for_frames", TESTS / "nodes" / "test_ltx25_nodes.py")
-NODES_TEST = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(NODES_TEST)
+NODES_TEST = builders("nodes/test_ltx25_nodes.py")
 pack, models, oracle, audio = NODES_TEST.pack, NODES_TEST.models, NODES_TEST.oracle, NODES_TEST.audio  # fixtures
 FILES, AUDIO_VAE, PROMPT, FPS = NODES_TEST.FILES, NODES_TEST.AUDIO_VAE, NODES_TEST.PROMPT, NODES_TEST.FPS
 WIDTH, HEIGHT, LENGTH, AUDIO_LATENTS = NODES_TEST.WIDTH, NODES_TEST.HEIGHT, NODES_TEST.LENGTH, NODES_TEST.AUDIO_LATENTS

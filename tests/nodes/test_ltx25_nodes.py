@@ -7,13 +7,12 @@ LTXVConcat/SeparateAVLatent as newer ComfyUI does): ComfyUI's own `nodes` module
 shadowed here by the pack's. Tiny random files: the transformer as tests/dit_core/sampling's (128 video and 8 x 16
 audio latent values a row, to meet the VAEs) with the connectors of tests/dit_core/text/test_ltx25_text.py in its
 file, that test's Gemma-4 text encoder, the VAEs of tests/families/test_ltx25_codecs.py, a tiny upsampler."""
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from node_contract import assert_schemas_follow, run
+from tiny_models import builders
 from safetensors.torch import save_file
 
 from dit_core.sampling.ltx25 import NEGATIVE_PROMPT, STAGE_1_SIGMAS, STAGE_2_SEED, STAGE_2_SIGMAS, TEMPLATE_SEED
@@ -25,15 +24,6 @@ AUDIO_LATENTS = 18  # ceil(17 / 24 x 25)
 FILES = {"diffusion_models": "ltx-2.5-tiny.safetensors", "text_encoders": "gemma4-12b-with-proj-tiny.safetensors",
          "vae": "ltx-2.5-video-vae-tiny.safetensors", "latent_upscale_models": "ltx-2.5-upscaler-x2-tiny.safetensors"}
 AUDIO_VAE = "ltx-2.5-audio-vae-tiny.safetensors"
-TESTS = Path(__file__).resolve().parents[1]
-
-
-def builders(rel: str):
-    """A test module of the engine's pieces (its tiny builders and fixtures), imported by path."""
-    spec = importlib.util.spec_from_file_location(f"ltx25_builders_{Path(rel).stem}", TESTS / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 TEXT = builders("dit_core/text/test_ltx25_text.py")

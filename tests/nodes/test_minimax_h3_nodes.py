@@ -3,28 +3,17 @@ graph against the engine called directly (text encoder, sample_t2va, both decode
 errors naming node and input. Tiny random files: the transformer as tests/families/test_minimax_h3.py builds it (24
 video and 8 audio latent channels, to meet the VAEs), the text encoder as tests/dit_core/text/test_minimax_h3_text.py
 (its layer 6 of 8 through a test-side adapter, as test_loading's), the VAEs as tests/dit_core/codecs' H3 tests."""
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors.torch import save_file
-from tiny_models import QWEN3_VL_VISION_TINY
+from tiny_models import builders, QWEN3_VL_VISION_TINY
 
 pytest.importorskip("diffusers")
 PROMPT = "a red fox runs through the snow; it barks twice"
 WIDTH, HEIGHT, LENGTH = 64, 96, 22  # 4 x 6 latent cells, 17 + 5 frames -> 7 latent frames, 37 audio latents
 TINY_AUDIO_CHANNELS = 8  # the tiny audio VAE's (H3's is 32)
-TESTS = Path(__file__).resolve().parents[1]
-
-
-def builders(rel: str):
-    """A test module of the engine's pieces (its tiny builders), imported by path: tests/dit_core is no package."""
-    spec = importlib.util.spec_from_file_location(f"h3_builders_{Path(rel).stem}", TESTS / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 TEXT = builders("dit_core/text/test_minimax_h3_text.py")

@@ -3,27 +3,16 @@ decode against the engine called directly (with and without a voice reference; a
 errors naming node and input, and cancel between steps. A tiny random model folder as published (model.safetensors
 and config.json by the package's save_pretrained, the tokenizer's files, audio_tokenizer/) from the builders of
 tests/families/test_omnivoice.py and test_omnivoice_codec.py; the model's codebooks hold the tiny codec's 32 codes."""
-import importlib.util
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
 from node_contract import assert_schemas_follow, run
 from safetensors.torch import save_file
-from tiny_models import randomize_language_model
+from tiny_models import builders, randomize_language_model
 
-TESTS = Path(__file__).resolve().parents[1]
 FOLDER, CODES, RATE = "OmniVoice-tiny", 32, 24000
 TEXT = "Hello there [laughter], nice to see you."
-
-
-def builders(rel: str):
-    """A test module of the engine's pieces (its builders), imported by path: tests/families is no package."""
-    spec = importlib.util.spec_from_file_location(f"omnivoice_builders_{Path(rel).stem}", TESTS / rel)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 FAMILY = builders("families/test_omnivoice.py")
