@@ -33,10 +33,12 @@ class AudioCodec:
     decoder: AudioDecoder
     vocoder: Vocoder
 
+
 load_video_vae = functools.partial(host_model, "vae", read=VideoDecoder.load, role="video")
 load_audio_vae = functools.partial(host_model, "vae", read=lambda c: AudioCodec(AudioDecoder.load(c), Vocoder.load(c)),
                                    role="audio")
 load_upscale_model = functools.partial(host_model, "latent_upscale", read=LatentUpsampler.load)
+
 
 class LTX25VAELoader(VAELoaderNode):
     TITLE, ROLE = "LTX-2.5 video", "video"
@@ -103,6 +105,7 @@ class LTX25EmptyLatentAudio(io.ComfyNode):  # LTXVEmptyLatentAudio's inputs and 
         samples = torch.zeros(batch_size, AUDIO_CHANNELS, latents, bins,
                               device=comfy.model_management.intermediate_device())
         return io.NodeOutput({"samples": samples, "sample_rate": AUDIO_SAMPLE_RATE, "type": "audio"})
+
 
 class LTX25LatentUpsampler(io.ComfyNode):  # LTXVLatentUpsampler's inputs and output
     NODE_ID = "SwiftDiTLTX25LatentUpsampler"

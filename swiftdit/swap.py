@@ -391,7 +391,7 @@ def _folded(fam: Family, data: dict, fold, core) -> tuple[dict, Report] | None:
         values = ui.scope(f.scope).nodes[f.id]["widgets_values"]
         for name, value in f.extra.items():
             values[len(role.widgets) + extra_names.index(name)] = value
-    graph = UIGraph(data) if fold == "ui" else None
+    graph = UIGraph(data) if fold == "ui" and dropped else None  # where dropped nodes were placed
     for key, nid, kind in dropped:
         where = str(nid) if key is None else ", ".join(":".join(map(str, p.path + (nid,))) for p in graph.placed()
                                                        if graph.is_instance(p.node) and p.node["type"] == key)
