@@ -31,8 +31,16 @@ for part in $parts; do
     --format=csv,noheader -lms 250 > "$OUT/power_$part.csv" 2>/dev/null & sampler=$!
   case $part in
     # Two parts, each with its own cap: the streaming and family tests build and compile several small models.
-    tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 --continue-on-collection-errors tests/kernels \
-             tests/dit_core --ignore=tests/dit_core/test_streaming.py ;;
+    # tests: five pytest processes side by side (building the Hopper kernels one process at a time takes over 300 s).
+    tests) gpu_tests() { timeout 290 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=5 \
+                           --continue-on-collection-errors "$@"; }
+           hopper=tests/kernels/test_int8_linear_hopper.py
+           gpu_tests $hopper -k "not turned and not hidden" > "$OUT/tests_hopper.log" 2>&1 &
+           gpu_tests $hopper -k "turned or hidden" > "$OUT/tests_hopper_turned.log" 2>&1 &
+           gpu_tests tests/kernels --ignore=$hopper -k "quant or rounding or qkv" > "$OUT/tests_quant.log" 2>&1 &
+           gpu_tests tests/kernels --ignore=$hopper -k "not (quant or rounding or qkv)" > "$OUT/tests_kernels.log" 2>&1 &
+           gpu_tests tests/dit_core --ignore=tests/dit_core/test_streaming.py > "$OUT/tests_dit_core.log" 2>&1 &
+           wait; tail -n 2 "$OUT"/tests_*.log ;;
     stream_tests) timeout 300 python3 -m pytest -q -rs -m gpu -p no:cacheprovider --durations=10 \
              --continue-on-collection-errors \
              tests/dit_core/test_streaming.py tests/families ;;
@@ -94,6 +102,7 @@ for part in $parts; do
                  PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync python3 bench/bench_node_path.py' ;;
     *) echo "unknown part $part" ;;
   esac > "$OUT/$part.log" 2>&1
+  rc=$?
   kill $sampler 2>/dev/null
-  echo "$part: rc $? in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
+  echo "$part: rc $rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 done
