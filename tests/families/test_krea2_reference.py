@@ -20,8 +20,8 @@ from tiny_models import (KREA2_TINY, QWEN3_VL_TEXT_TINY, QWEN3_VL_VISION_DEEPSTA
                          qwen3_vl_layout, random_krea2, random_krea2_qwen3_vl)
 
 from dit_core.families.krea2 import Krea2
-from dit_core.text.qwen3_vl import (IMAGE_PAD_ID, KREA2_LAYERS, VISION_MAX_PIXELS, VISION_MIN_PIXELS,
-                                    Krea2TextEncoder)
+from dit_core.text.qwen3_vl import KREA2_LAYERS, Krea2TextEncoder
+from dit_core.text.qwen3_vl_vision import IMAGE_PAD_ID, VISION_MAX_PIXELS, VISION_MIN_PIXELS
 from dit_core.weights import WeightsError
 
 pytest.importorskip("diffusers")

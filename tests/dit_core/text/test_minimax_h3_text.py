@@ -15,8 +15,8 @@ from tiny_models import (QWEN3_VL_TEXT_TINY, QWEN3_VL_VISION_TINY, int8_convrot_
 from transformers import Qwen2Tokenizer
 
 from dit_core.families.minimax_h3 import TEXT, VIDEO
-from dit_core.text.qwen3_vl import (H3_EXTRA_TOKENS, H3_INT8_FILE, IMAGE_PAD_ID, VISION_MAX_PIXELS,
-                                    VISION_MIN_PIXELS, MiniMaxH3TextEncoder, picture_size)
+from dit_core.text.qwen3_vl import H3_EXTRA_TOKENS, H3_INT8_FILE, MiniMaxH3TextEncoder
+from dit_core.text.qwen3_vl_vision import IMAGE_PAD_ID, VISION_MAX_PIXELS, VISION_MIN_PIXELS, picture_size
 from dit_core.weights import WeightsError
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
