@@ -1,6 +1,7 @@
 """What the VAEs' decoders and encoders share: the layers as functions of a weight table (convolution, group norm,
 pixel norm, resnet, single-head attention, the middle), the soft tiles' spans and ramps (ours, and ComfyUI's
-feathered tiles), and reading a decoder or encoder from a file whose layout (Layout) each VAE names."""
+feathered tiles), reading a decoder or encoder from a file whose layout (Layout) each VAE names, and the check of
+the latents a decoder is given."""
 from __future__ import annotations
 
 import math
@@ -46,6 +47,18 @@ class DecoderShape:
 
 
 # --- the layers, as functions of the weight table --------------------------------------------------------
+
+def checked_latents(latents, dims: int, channels: int, channel_dim: int, expected: str, like: torch.Tensor,
+                    dtype: torch.dtype | None = None) -> torch.Tensor:
+    """latents on like's device as dtype (like's when None), when a tensor of `dims` dims with `channels` at
+    channel_dim; else ValueError "<expected>, got <its shape>" (expected names the input, the layout and, where it
+    helps, the likely mix-up)."""
+    if not isinstance(latents, torch.Tensor) or latents.dim() != dims or latents.shape[channel_dim] != channels:
+        got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
+        head, _, tail = expected.partition("{got}")
+        raise ValueError(f"{head}{got}{tail}")
+    return latents.to(like.device, like.dtype if dtype is None else dtype)
+
 
 def conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     weight = w[f"{name}.weight"]

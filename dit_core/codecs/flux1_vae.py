@@ -12,6 +12,7 @@ from .conv import (
     GROUPS,
     DecoderShape,
     Layout,
+    checked_latents,
     conv,
     decoder_tensors,
     find_prefix,
@@ -101,12 +102,9 @@ class ImageDecoder:
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:
         c = self.shape.latent_channels
-        if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != c:
-            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] ({c} channels), "
-                             f"got {got}; is this latent from another model family?")
-        weight = self.w["conv_in.weight"]
-        return latents.to(weight.device, weight.dtype)
+        return checked_latents(latents, 4, c, 1, f"samples: expected raw {self.LAYOUT.name} latents [B, {c}, h, w] "
+                               f"({c} channels), got {{got}}; is this latent from another model family?",
+                               self.w["conv_in.weight"])
 
     def _tiled(self, z: torch.Tensor, tile: int, overlap: int, progress, check) -> torch.Tensor:
         """Overlapping tiles weighted by linear ramps across each overlap, normalized by the summed weights: a

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
 from . import bigvgan
+from .conv import checked_latents
 
 SAMPLE_RATE = 32000
 LATENT_CHANNELS = 32
@@ -110,11 +111,8 @@ class AudioDecoder:
 
     def _check(self, z: torch.Tensor, dims: int, form: str) -> torch.Tensor:
         c = self.latent_channels
-        if not isinstance(z, torch.Tensor) or z.dim() != dims or z.shape[-2] != c:
-            got = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
-            raise ValueError(f"decode: expected raw MiniMax H3 audio latents {form} with C = {c}, got {got}")
-        weight = self.w["dec_in_proj.weight"]
-        return z.to(weight.device, weight.dtype)
+        return checked_latents(z, dims, c, -2, f"decode: expected raw MiniMax H3 audio latents {form} with C = {c}, "
+                               f"got {{got}}", self.w["dec_in_proj.weight"])
 
 
 class AudioEncoder:

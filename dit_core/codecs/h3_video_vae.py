@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
+from .conv import checked_latents
 
 # reference/families/minimax_h3.md section 7; diffusers 0.42.1 autoencoder_kl_minimax_h3.py defaults.
 LATENT_CHANNELS = 24
@@ -242,11 +243,9 @@ class VideoDecoder:
         return x + y.float() * w[b + "scale2"]
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:
-        if not isinstance(latents, torch.Tensor) or latents.dim() != 5 or latents.shape[1] != LATENT_CHANNELS:
-            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected H3 video latents [B, {LATENT_CHANNELS}, T, h, w], got {got}; is "
-                             f"this latent from another model family (or the audio part of an AV latent)?")
-        return latents.to(self.w["proj_in.weight"].device, torch.float32)
+        return checked_latents(latents, 5, LATENT_CHANNELS, 1, f"samples: expected H3 video latents [B, "
+                               f"{LATENT_CHANNELS}, T, h, w], got {{got}}; is this latent from another model family "
+                               f"(or the audio part of an AV latent)?", self.w["proj_in.weight"], torch.float32)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import pixel_norm
+from .conv import checked_latents, pixel_norm
 
 LATENT_CHANNELS = 8
 NORM_EPS = 1e-6  # LTX2AudioPixelNorm's
@@ -108,11 +108,9 @@ class AudioDecoder:
         return x + h
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:
-        if not isinstance(latents, torch.Tensor) or latents.dim() != 4 or latents.shape[1] != LATENT_CHANNELS:
-            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected LTX-2 audio latents [B, {LATENT_CHANNELS}, L, 16], got {got}; is "
-                             f"this the video part of an AV latent?")
-        return latents.to(self.w["conv_in.conv.weight"].device, torch.float32)
+        return checked_latents(latents, 4, LATENT_CHANNELS, 1, f"samples: expected LTX-2 audio latents [B, "
+                               f"{LATENT_CHANNELS}, L, 16], got {{got}}; is this the video part of an AV latent?",
+                               self.w["conv_in.conv.weight"], torch.float32)
 
 
 def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from ..modulation import sinusoids
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import feather, pixel_norm, sliding_tiles
+from .conv import checked_latents, feather, pixel_norm, sliding_tiles
 
 LATENT_CHANNELS = 128
 PATCH = 4  # pixels per side of a conv_out position (unpatchified from 48 = 3 x 4 x 4 channels)
@@ -217,11 +217,9 @@ class VideoDecoder:
                         w[f"{name}.timestep_embedder.linear_2.bias"])
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:
-        if not isinstance(latents, torch.Tensor) or latents.dim() != 5 or latents.shape[1] != LATENT_CHANNELS:
-            got = tuple(latents.shape) if isinstance(latents, torch.Tensor) else type(latents).__name__
-            raise ValueError(f"samples: expected LTX-2 video latents [B, {LATENT_CHANNELS}, F, h, w], got {got}; is "
-                             f"this latent from another model family (or the audio part of an AV latent)?")
-        return latents.to(self.w["conv_in.conv.weight"].device, torch.float32)
+        return checked_latents(latents, 5, LATENT_CHANNELS, 1, f"samples: expected LTX-2 video latents [B, "
+                               f"{LATENT_CHANNELS}, F, h, w], got {{got}}; is this latent from another model family "
+                               f"(or the audio part of an AV latent)?", self.w["conv_in.conv.weight"], torch.float32)
 
 
 @dataclass(frozen=True)
