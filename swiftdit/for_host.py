@@ -128,6 +128,8 @@ class Reducer:
         self.report = HostReport()
         # (scope key, node id) of nodes that fed a removed node: removed too if they end up feeding nothing
         self.orphans: set = set()
+        # (scope key, prompt rewriter id) -> ((origin id, slot), switch id): unrefined_prompts
+        self.unrefined: dict = {}
 
     def placements(self, key) -> list[tuple]:
         graph = self.ed.graph
@@ -235,15 +237,53 @@ class Reducer:
                       f"switch is {value}; {HOST} has no ComfySwitchNode")
             self.drop(scope, node)
 
+    def unrefined_prompts(self) -> None:
+        """Before the switches go: for each prompt rewriter whose text a switch chooses between it and another
+        wire, that other wire's origin, the prompt the template uses with the rewriter off. A rewriter's `prompt`
+        input can be more than the user's prompt (Krea 2's is its system prompt joined to it by StringConcatenate),
+        so that input is not what the text encoder would read without it."""
+        for scope, node in self.nodes_of(set(UPSAMPLERS)):
+            others = set()
+            for lid in self.ed.consumers(scope, node["id"], 0):
+                link = scope.link(lid)
+                switch = scope.nodes.get(link["target_id"])
+                if switch is None or switch.get("type") != "ComfySwitchNode" or switch.get("mode") in OFF:
+                    continue
+                here = switch["inputs"][link["target_slot"]]["name"]
+                other = {"on_true": "on_false", "on_false": "on_true"}.get(here)
+                origin = self.ed.origin(scope, switch, other) if other else None
+                if origin is not None:
+                    others.add((origin, switch["id"]))
+            if len({origin for origin, _ in others}) == 1:
+                (origin, switch_id), *_ = sorted(others, key=repr)
+                self.unrefined[(scope.key, node["id"])] = (origin, switch_id)
+
     def upsamplers(self) -> None:
         for scope, node in self.nodes_of(set(UPSAMPLERS)):
             kind = node["type"]
             if self.ed.consumers(scope, node["id"], 1):
                 raise ValueError(f"node {self.where(scope, node)} ({kind}): its thinking output is used; "
                                  f"only its generated text can be skipped")
-            self.ed.pass_through(scope, node, 0, "prompt", self.where(scope, node))
-            self.note(scope, node, "skipped, its prompt wired straight to what read the generated text",
-                      f"{HOST} has no {kind}: the prompt reaches the text encoder as typed, not upsampled")
+            unrefined = self.unrefined.get((scope.key, node["id"]))
+            readers = self.ed.consumers(scope, node["id"], 0)
+            if not readers:
+                self.note(scope, node, "skipped, nothing reads its generated text once the switches are resolved",
+                          f"{HOST} has no {kind}; the template's switch leaves it off")
+            elif unrefined is not None:
+                origin, switch_id = unrefined
+                for lid in readers:
+                    self.ed.reorigin(scope, lid, origin)
+                source = "a subgraph input" if origin[0] == SUBGRAPH_INPUT else \
+                    f"{scope.nodes[origin[0]].get('type')} {self.where(scope, scope.nodes[origin[0]])}"
+                self.note(scope, node, f"skipped, prompt refiner reduced: what read its generated text now reads {source}, "
+                          f"the prompt switch {self.where(scope, {'id': switch_id})} passes with the refiner off",
+                          f"{HOST} has no {kind}: the text encoder gets the prompt unrefined, not {kind}'s "
+                          f"rewrite, so the image differs from the template's with the refiner on")
+            else:
+                self.ed.pass_through(scope, node, 0, "prompt", self.where(scope, node))
+                self.note(scope, node, "skipped, prompt refiner reduced: its prompt wired straight to what read "
+                          "the generated text", f"{HOST} has no {kind}: the prompt reaches the text encoder as "
+                          f"typed, not upsampled")
             self.drop(scope, node)
 
     def layout_prompts(self) -> None:
@@ -363,9 +403,9 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
     if detect_format(workflow) != "ui":
         raise ValueError("--for-host reduces UI-format workflows; reduce first, then convert with to-api")
     reducer = Reducer(copy.deepcopy(workflow))
-    for rule in (reducer.resolutions, reducer.math_expressions, reducer.switches, reducer.upsamplers,
-                 reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents, reducer.twins,
-                 reducer.unused, reducer.outputless, reducer.prune, reducer.view):
+    for rule in (reducer.resolutions, reducer.math_expressions, reducer.unrefined_prompts, reducer.switches,
+                 reducer.upsamplers, reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents,
+                 reducer.twins, reducer.unused, reducer.outputless, reducer.prune, reducer.view):
         rule()
     if check:
         reducer.check()

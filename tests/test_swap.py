@@ -672,6 +672,24 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 
 
+
+def test_krea2_refiner_on_reduces_to_the_users_prompt(tmp_path):
+    """--for-host with the template's refiner on (as it ships): v0.3.75 has no TextGenerate, whose prompt input is
+    the system prompt joined to the user's (StringConcatenate); the encode reads what the refiner switch passes with
+    the refiner off, the user's prompt, and the CLI's report says the refiner was reduced."""
+    src, out = tmp_path / "stock.json", tmp_path / "ours.json"
+    src.write_text(json.dumps(template("image_krea2_turbo_t2i_int8")))
+    done = run_cli("swap", "--for-host", src, out)
+    assert done.returncode == 0, done.stderr
+    [line] = [x for x in done.stdout.splitlines() if "TextGenerate" in x]
+    assert line.startswith("  30:16  TextGenerate: skipped, prompt refiner reduced: what read its generated text "
+                           "now reads PrimitiveStringMultiline 30:19") and "has no TextGenerate" in line
+    info = json.loads((ROOT / "tests" / "fixtures" / "object_info_krea2.json").read_text())
+    api = to_api(json.loads(out.read_text()), info)
+    assert api["30:6"]["inputs"]["text"] == ["30:19", 0]  # PreviewAny passed on: the user's prompt itself
+    assert "30:17" not in api and "30:18" not in api  # the concatenation and the refiner's system prompt are gone
+
+
 H3_TEMPLATES = ("video_minimax_h3_r2v", "video_fastvideo_fasth3_t2v")
 
 

@@ -249,16 +249,19 @@ def test_minimax_h3_workflow_is_the_reduced_template():
 
 
 def test_krea2_workflow_is_the_reduced_template():
-    """Issue 38: `swiftdit swap --for-host` of the official t2i INT8 template with its promoted prompt_enhance off:
-    v0.3.75 has no TextGenerate, and skipping it with the refiner on would hand the encoder the refiner's input (its
-    system prompt joined to the user's by StringConcatenate) instead of the prompt as typed."""
+    """Issue 38: `swiftdit swap --for-host` of the official t2i INT8 template as it ships, its prompt refiner on:
+    v0.3.75 has no TextGenerate, so the reduction hands the text encode what the refiner switch passes with the
+    refiner off (the user's prompt), not the refiner's input (its system prompt joined to the user's prompt by
+    StringConcatenate), and its report says the refiner was reduced."""
     from swiftdit.for_host import swap_for_host
     wf = template("image_krea2_turbo_t2i_int8")
     instance = next(n for n in wf["nodes"] if n["id"] == 30)
     assert wf["definitions"]["subgraphs"][0]["inputs"][1]["label"] == "prompt_enhance"
     assert instance["widgets_values"][1] is True
-    instance["widgets_values"][1] = False
-    assert json.loads((WORKFLOWS / "krea2_t2i.json").read_text()) == swap_for_host(wf, "krea2")[0]
+    reduced, _, host = swap_for_host(wf, "krea2")
+    assert json.loads((WORKFLOWS / "krea2_t2i.json").read_text()) == reduced
+    [line] = [line for line in host.lines() if "TextGenerate" in line]
+    assert "30:16  TextGenerate: skipped, prompt refiner reduced" in line and "PrimitiveStringMultiline 30:19" in line
     api = json.loads((WORKFLOWS / "api" / "krea2_t2i.json").read_text())
     assert api["30:6"]["inputs"]["text"] == ["30:19", 0] and api["30:19"]["inputs"]["value"] == instance[
         "widgets_values"][0]  # the user prompt, as typed
