@@ -326,12 +326,15 @@ class OmniVoice:
         """MASK, the last class of each codebook (the package's audio_mask_id, 1024)."""
         return self.audio_vocab - 1
 
-    def to(self, device: str | torch.device, budget_bytes=None, options=None) -> OmniVoice:
-        """The float32 host path only for now; a CUDA device is refused until OmniVoice's GPU piece."""
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"OmniVoice runs on the host (CPU, float32) only for now, not on {device}: "
-                             "its GPU path is a later piece of issue 37")
-        return self
+    def to(self, device: str | torch.device, budget_bytes=None, options=None, dtype: torch.dtype | None = None):
+        """The model where it runs: itself on the CPU in float32; else its device form (dit_core/gpu/omnivoice.py,
+        BF16 by default, INT8 ConvRot linears kept where the file stores them), which the loop also takes.
+        budget_bytes: unused (0.6 B parameters stay resident); options: the GPU path's (gpu/options.py)."""
+        device = torch.device(device)
+        if device.type == "cpu" and dtype in (None, torch.float32):
+            return self
+        from ..gpu.omnivoice import GpuOmniVoice  # the GPU path is imported only where it runs
+        return GpuOmniVoice.of(self, device, dtype or torch.bfloat16, options)
 
     def embed(self, ids: torch.Tensor, audio: torch.Tensor) -> torch.Tensor:
         """Rows [rows, hidden]: a text row embeds its id in codebook row 0, an audio row sums its codebooks'
@@ -390,7 +393,9 @@ def generate_codes(model: OmniVoice, prompts: list[Prompt], u: Unmasking, genera
                    callback=None, should_stop=None) -> list[torch.Tensor]:
     """Codes [C, T] for each prompt: the unmasking loop (sampling/omnivoice.py) over model's packed forwards,
     its draws from generator (a CPU generator seeded with s draws the package's draws after
-    torch.manual_seed(s))."""
+    torch.manual_seed(s)). A device form (OmniVoice.to) runs its own loop with the same draws."""
+    if not isinstance(model, OmniVoice):
+        return model.generate_codes(prompts, u, generator, callback=callback, should_stop=should_stop)
     return sample_unmasking(lambda codes: model.target_logits(prompts, codes, u.guidance != 0),
                             [p.target for p in prompts], model.codebooks, model.mask_id, u, generator,
                             callback=callback, should_stop=should_stop)

@@ -125,3 +125,60 @@ def sample_unmasking(logits: TargetLogits, target_lens: list[int], codebooks: in
         if callback is not None:
             callback(step + 1, u.steps, codes)
     return codes
+
+
+# --- the same loop over device tensors (dit_core/gpu/omnivoice.py): items padded to one width, no host syncs ---
+
+def step_noise(generator: torch.Generator | None, reveal: list[int], targets: list[int], codebooks: int,
+               vocab: int, u: Unmasking, width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One step's uniform draws, as sample_unmasking draws them (per item with something to reveal: the class
+    noise [C, T, V], then the position noise [C, T]), padded to [B, C, width, V] and [B, C, width] (0.5 where
+    nothing is drawn; None when that temperature is 0). Made on the host: the draws never depend on logits."""
+    b = len(targets)
+    cls = torch.full((b, codebooks, width, vocab), 0.5) if u.class_temperature > 0 else None
+    pos = torch.full((b, codebooks, width), 0.5) if u.position_temperature > 0 else None
+    for i, (n, t) in enumerate(zip(reveal, targets)):
+        if n > 0 and cls is not None:
+            cls[i, :, :t] = torch.rand((codebooks, t, vocab), generator=generator)
+        if n > 0 and pos is not None:
+            pos[i, :, :t] = torch.rand((codebooks, t), generator=generator)
+    return cls, pos
+
+
+def knobs(u: Unmasking, device) -> torch.Tensor:
+    """[guidance, layer_penalty, position_temperature, class_temperature] f32 on device: the values a graphed step
+    reads as a tensor (one graph serves every setting; which terms run is the inputs' shapes)."""
+    return torch.tensor([u.guidance, u.layer_penalty, u.position_temperature, u.class_temperature],
+                        dtype=torch.float32, device=device)
+
+
+def _gumbel_of(scaled: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    return scaled - torch.log(-torch.log(noise + GUMBEL_EPS) + GUMBEL_EPS)
+
+
+def unmask_rows(codes: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, valid: torch.Tensor,
+                reveal: torch.Tensor, k: torch.Tensor, mask_id: int, class_noise: torch.Tensor | None,
+                position_noise: torch.Tensor | None) -> torch.Tensor:
+    """unmask_step for B items at once, padded to one width W: codes [B, C, W], logits [B, C, W, V] f32, valid
+    [B, W] (an item's own positions), reveal [B] long (this step's counts, on the device), k: knobs(u);
+    the noises from step_noise (None: that temperature is 0). The `reveal` most confident valid masked
+    positions of each item are filled: ranked by a stable sort, so the count stays a tensor."""
+    lp = torch.log_softmax(cond, dim=-1)
+    if uncond is not None:
+        lp = torch.log_softmax(lp + k[0] * (lp - torch.log_softmax(uncond, dim=-1)), dim=-1)
+    lp[..., mask_id] = -float("inf")
+    if class_noise is not None:
+        top, where = lp.topk(math.ceil(TOP_CLASSES * lp.shape[-1]), dim=-1)
+        kept = torch.full_like(lp, -float("inf")).scatter_(-1, where, top)
+        picked = _gumbel_of(kept / k[3], class_noise).argmax(dim=-1)
+    else:
+        picked = lp.argmax(dim=-1)
+    layer = torch.arange(codes.shape[1], device=codes.device)[:, None]
+    scores = lp.max(dim=-1)[0] - layer * k[1]
+    if position_noise is not None:
+        scores = _gumbel_of(scores / k[2], position_noise)
+    scores = scores.masked_fill((codes != mask_id) | ~valid[:, None, :], -float("inf")).flatten(1)
+    order = scores.argsort(dim=1, descending=True, stable=True)
+    ranks = torch.arange(order.shape[1], device=codes.device).expand_as(order).contiguous()
+    rank = torch.empty_like(order).scatter_(1, order, ranks)
+    return torch.where((rank < reveal[:, None]).view_as(codes), picked, codes)
