@@ -1,0 +1,207 @@
+"""OmniVoice text to speech, ours (dit_core/gpu/omnivoice.py: BF16, graphed step per bucket, our Higgs decode) vs the
+omnivoice 0.2.1 package's generate (BF16 model, SDPA, its transformers Higgs codec in f32), on one GPU in one run, on
+random weights of the real size (Qwen3-0.6B body as reference/families/omnivoice.md section 2 lists it; the codec at
+the released tokenizer's sizes). For 10 s and 30 s of speech (fixed durations: 250 and 750 frames, one piece each) at
+32 and 12 steps: median wall time of text to waveform, real-time factor (wall / speech seconds), speed-up, time to
+first audio (the package returns everything at once: its TTFA is its wall time; ours: codes plus the first piece's
+decode; "cold": our first call of a bucket, graph capture included), ms a step of our loop, and the peak memory each
+call adds above the resident models (GB). Texts are byte-tokenized (a tiny tokenizer with the special tokens), so a
+prefix holds about as many rows as characters.
+
+    python bench/bench_omnivoice.py [--repeats 5] [--seconds 10 30] [--steps 32 12]
+    python bench/bench_omnivoice.py --tiny      # CPU smoke run at tiny sizes
+
+The device needs the package: omnivoice 0.2.1 (--no-deps), pydub and soundfile wheels (torchaudio is stubbed here:
+generate without a voice reference never resamples)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.machinery
+import importlib.util
+import statistics
+import sys
+import time
+import types
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from dit_core.codecs.higgs_audio import HiggsAudioCodec  # noqa: E402
+from dit_core.codecs.omnivoice_audio import finish_speech  # noqa: E402
+from dit_core.families.omnivoice import FRAME_RATE, SPECIAL_TOKENS, OmniVoice, Speech, speech_codes  # noqa: E402
+from dit_core.gpu.omnivoice import GpuOmniVoice  # noqa: E402
+from dit_core.sampling.omnivoice import Unmasking  # noqa: E402
+from dit_core.weights import TensorSource  # noqa: E402
+
+HIGGS = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
+REAL = dict(vocab_size=151676, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+            num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=40960)
+TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096)
+SENTENCE = "The quick brown fox jumps over the lazy dog while the band plays on. "
+CHARS_A_SECOND = 15  # English speech: about 15 characters a second
+
+
+def imported_without_torchaudio(*names: str) -> list:
+    """The modules, torchaudio stubbed while they import when it is missing (it has no build for every torch)."""
+    if "torchvision" not in sys.modules and not torch.cuda.is_available():  # CPU torch beside a CUDA torchvision
+        from host.run_comfy import TorchvisionOpsShim  # wheel (as tests/conftest.py)
+        sys.meta_path.insert(0, TorchvisionOpsShim())
+    if importlib.util.find_spec("torchaudio") is not None:
+        return [importlib.import_module(n) for n in names]
+    from transformers.utils import is_torchaudio_available
+    is_torchaudio_available()  # transformers caches this first answer: no
+    stub = types.ModuleType("torchaudio")
+    stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    sys.modules["torchaudio"] = stub
+    try:
+        return [importlib.import_module(n) for n in names]
+    finally:
+        sys.modules.pop("torchaudio", None)
+
+
+def byte_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
+    return fast
+
+
+def codec_config(tiny: bool):
+    from transformers import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
+    if not tiny:  # the released tokenizer's sizes (tests/families/test_omnivoice_codec.py: test_real_sizes_on_meta)
+        return HiggsAudioV2TokenizerConfig(
+            acoustic_model_config=DacConfig(encoder_hidden_size=64, downsampling_ratios=[8, 5, 4, 2, 3],
+                                            decoder_hidden_size=1024, upsampling_ratios=[8, 5, 4, 2, 3], hidden_size=256),
+            target_bandwidths=[0.5, 1, 1.5, 2])
+    return HiggsAudioV2TokenizerConfig(
+        acoustic_model_config=DacConfig(encoder_hidden_size=2, downsampling_ratios=[8, 5, 4, 2, 3], decoder_hidden_size=64,
+                                        upsampling_ratios=[8, 5, 4, 2, 3], hidden_size=16),
+        semantic_model_config=HubertConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                           intermediate_size=32, conv_dim=(8,) * 7, num_conv_pos_embeddings=16,
+                                           num_conv_pos_embedding_groups=4),
+        codebook_size=1024, codebook_dim=8, target_bandwidths=[0.5, 2.0])
+
+
+def models(tiny: bool, device: torch.device, dtype: torch.dtype):
+    """(the package's model with its tokenizers, ours, our codec), one set of random weights."""
+    package, duration, higgs = imported_without_torchaudio("omnivoice.models.omnivoice", "omnivoice.utils.duration",
+                                                           HIGGS)
+    from transformers import Qwen3Config
+    torch.manual_seed(0)
+    llm = Qwen3Config(**(TINY if tiny else REAL))
+    llm._attn_implementation = "sdpa"
+    ccfg = codec_config(tiny)
+    with torch.device(device):
+        theirs = package.OmniVoice(package.OmniVoiceConfig(llm_config=llm)).eval()
+        codec = higgs.HiggsAudioV2TokenizerModel(ccfg).eval()
+    with torch.no_grad():  # random values of a trained model's scale (transformers' init leaves some at zero)
+        for name, p in theirs.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else
+                    torch.randn_like(p) / (p.shape[1] ** 0.5 if p.dim() == 2 and "embed" not in name else 1))
+    theirs = theirs.to(dtype)
+    tokenizer = byte_tokenizer()
+    theirs.text_tokenizer, theirs.duration_estimator = tokenizer, duration.RuleDurationEstimator()
+    theirs.audio_tokenizer, theirs.sampling_rate = codec, ccfg.sample_rate
+    state = {k: v.detach().float().cpu() for k, v in theirs.state_dict().items()}
+    host = OmniVoice.load(TensorSource(state, "model.safetensors"))
+    ours = GpuOmniVoice.of(host, device, dtype)
+    del state, host
+    decoder = HiggsAudioCodec.from_checkpoint(TensorSource({k: v.detach().float().cpu()
+                                                            for k, v in codec.state_dict().items()}),
+                                              ccfg.to_dict(), encoder=False).to(device)
+    return theirs, tokenizer, ours, decoder
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def peak_added(device: torch.device, run):
+    """(run()'s result, the memory its call added at its peak above what was allocated before, GB)."""
+    if device.type != "cuda":
+        return run(), float("nan")
+    sync(device)
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    out = run()
+    sync(device)
+    return out, (torch.cuda.max_memory_allocated(device) - base) / 1e9
+
+
+def run_ours(ours, tokenizer, decoder, device, text: str, frames: int, u: Unmasking, seed: int) -> dict:
+    sync(device)
+    t0 = time.perf_counter()
+    codes = speech_codes(ours, tokenizer, [Speech(text, frames=frames)], u, seed)[0]
+    sync(device)
+    t_codes = time.perf_counter() - t0
+    waves = [decoder.decode(codes[0])[0].cpu()]  # .cpu(): the first piece's audio is in host memory
+    t_first = time.perf_counter() - t0
+    waves += [decoder.decode(c)[0].cpu() for c in codes[1:]]
+    finish_speech(waves if len(waves) > 1 else waves[0], decoder.cfg.sample_rate, None)
+    return dict(wall=time.perf_counter() - t0, first=t_first, codes=t_codes)
+
+
+def run_theirs(theirs, device, text: str, seconds: float, u: Unmasking) -> dict:
+    sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        theirs.generate(text=text, duration=seconds, num_step=u.steps, guidance_scale=u.guidance, t_shift=u.t_shift)
+    wall = time.perf_counter() - t0
+    return dict(wall=wall, first=wall)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU smoke run at tiny sizes")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seconds", type=float, nargs="+", default=None)
+    ap.add_argument("--steps", type=int, nargs="+", default=None)
+    args = ap.parse_args()
+    device = torch.device("cpu" if args.tiny else "cuda")
+    dtype = torch.bfloat16
+    seconds, steps = args.seconds or ([2.0, 4.0] if args.tiny else [10.0, 30.0]), args.steps or (
+        [4, 2] if args.tiny else [32, 12])
+    repeats = 1 if args.tiny else args.repeats
+    theirs, tokenizer, ours, decoder = models(args.tiny, device, dtype)
+    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}; "
+          f"ours: {'varlen FlashAttention' if ours.flash else 'SDPA with a segment mask'}, "
+          f"{'graphed' if ours.graphs is not None else 'eager'} steps")
+    print("| speech | steps | package s (RTF) | ours s (RTF) | speed-up | TTFA package / ours / ours cold s | "
+          "ours ms a step | peak added GB package / ours |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in seconds:
+        frames = int(s * FRAME_RATE)
+        text = (SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip()
+        for n in steps:
+            u = Unmasking(steps=n)
+            cold = run_ours(ours, tokenizer, decoder, device, text, frames, u, 0)  # captures this bucket's graph
+            run_theirs(theirs, device, text, s, u)  # warm-up
+            mine, t_mem = [], []
+            for r in range(repeats):
+                out, mem = peak_added(device, lambda: run_ours(ours, tokenizer, decoder, device, text, frames, u, r))
+                mine.append(out)
+                t_mem.append(mem)
+            their, p_mem = [], []
+            for _ in range(repeats):
+                out, mem = peak_added(device, lambda: run_theirs(theirs, device, text, s, u))
+                their.append(out)
+                p_mem.append(mem)
+            med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+            ow, tw = med(mine, "wall"), med(their, "wall")
+            print(f"| {s:g} s | {n} | {tw:.3f} ({tw / s:.4f}) | {ow:.3f} ({ow / s:.4f}) | {tw / ow:.2f}x | "
+                  f"{med(their, 'first'):.3f} / {med(mine, 'first'):.3f} / {cold['first']:.3f} | "
+                  f"{1e3 * med(mine, 'codes') / n:.2f} | {max(p_mem):.2f} / {max(t_mem):.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
