@@ -1,6 +1,5 @@
-"""OmniVoice nodes, text to speech and voice cloning on the engine's host path (float32, CPU): the model folder's
-loader, the request (text, language, instruction, speed or duration), a voice reference (AUDIO and its transcript
-through the codec's encode), the unmasking sampler and the codec's decode to stock AUDIO."""
+"""OmniVoice nodes, text to speech and voice cloning (BF16 on ComfyUI's CUDA device, else f32 on the CPU): the model
+folder's loader, the request, a voice reference (AUDIO and its transcript, encoded), the sampler, the decode."""
 from __future__ import annotations
 
 import os
@@ -18,13 +17,12 @@ from ..dit_core.sampling.omnivoice import Unmasking
 from ..dit_core.weights import WeightsError
 from .base import (FileHandle, ModelHandle, SwiftDiTError, cancellable, check_family, checked, finite, interrupt_check,
                    run_sampler)
-from .memory import LOADED
+from .memory import LOADED, engine_device, on_device
 from .types import DiTModel
 
 CATEGORY = "SwiftDiT/OmniVoice"
 FAMILY = "omnivoice"
 CODEBOOK = "quantizer.quantizers.0.codebook.embed"  # the codec's first codebook: its rows are the codes
-HOST = torch.device("cpu")  # the host path only, until OmniVoice's GPU piece (issue 37)
 MODELS = "omnivoice"  # models/omnivoice/<folder>/ as k2-fsa/OmniVoice: model.safetensors, tokenizer, audio_tokenizer/
 folder_paths.add_model_folder_path(MODELS, os.path.join(folder_paths.models_dir, MODELS))
 MAX_PIECE_S = 30.0  # the package makes at most this much at once when a text can be split (audio_chunk_threshold)
@@ -65,14 +63,15 @@ def model_folders() -> list[str]:
 
 
 def load_speech_model(handle: ModelHandle) -> tuple[OmniVoice, object]:
-    """The model and its folder's tokenizer, together in LOADED's DiT slot."""
-    load = lambda: (cancellable(OmniVoice.load, handle.path), load_tokenizer(os.path.dirname(handle.path)))
-    return LOADED.get("dit", (*handle.key(), str(HOST), FAMILY), load, HOST)
+    """The model on engine_device() and its tokenizer in LOADED's DiT slot; a GPU form is its own companion (graphs)."""
+    device = engine_device()
+    load = lambda: (cancellable(OmniVoice.load, handle.path).to(device), load_tokenizer(os.path.dirname(handle.path)))
+    held = LOADED.get("dit", (*handle.key(), str(device), FAMILY), load, device)
+    return held if device.type != "cuda" else (LOADED.attached("dit", "graphs", lambda: held[0]), held[1])
 
 
-def load_codec(handle: FileHandle) -> HiggsAudioCodec:
-    return LOADED.get("vae", (*handle.key(), str(HOST), FAMILY), lambda: HiggsAudioCodec.load(handle.path), HOST,
-                      handle.role)
+def load_codec(handle: FileHandle) -> HiggsAudioCodec:  # f32 on either device, as the package runs its codec
+    return on_device("vae", handle, lambda: HiggsAudioCodec.load(handle.path), FAMILY, role=handle.role)
 
 
 def node_schema(cls, inputs: list, outputs: list, description: str) -> io.Schema:
@@ -178,7 +177,7 @@ class OmniVoiceReference(io.ComfyNode):
                 trimmed = " after trimming silences" if preprocess else ""
                 raise SwiftDiTError(f"{node} · audio: {seconds:.2f} s of voice{trimmed}; at least "
                                     f"{MIN_REFERENCE_S:g} s is needed (3 to 10 s advised)")
-            codes = encoder.encode(prepared[None], check=interrupt_check)[0]
+            codes = encoder.encode(prepared[None], check=interrupt_check)[0].cpu()
         return io.NodeOutput(Voice(punctuated(text) if preprocess else text.strip(), codes, rms))
 
 
@@ -198,8 +197,8 @@ class OmniVoiceSampler(io.ComfyNode):
             *[io.Float.Input(name, default=getattr(d, name), min=low, max=high, step=step, tooltip=tip)
               for name, low, high, step, tip in UNMASKING]],
             [AudioCodes.Output(tooltip="The speech's codes, for the OmniVoice Decode")],
-            "OmniVoice's unmasking sampler on the host: every code starts masked and each step reveals the most "
-            "confident ones; long texts are made in pieces of about 15 s, as the package makes them.")
+            "OmniVoice's unmasking sampler: every code starts masked and each step reveals the most confident ones; "
+            "long texts are made in pieces of about 15 s, as the package makes them.")
 
     @classmethod
     def execute(cls, model, text, seed, steps, voice=None, **settings) -> io.NodeOutput:
@@ -242,7 +241,7 @@ class OmniVoiceDecode(io.ComfyNode):
                                 f"codec of {decoder.codebooks} codebooks of {size} codes; use the model's own codec")
         rate = decoder.cfg.sample_rate
         with checked(node, "codes"):
-            waves = [decoder.decode(c, check=interrupt_check)[0] for c in codes.chunks]  # [1, S] each
+            waves = [decoder.decode(c, check=interrupt_check)[0].cpu() for c in codes.chunks]  # [1, S] each
             speech = finish_speech(waves if len(waves) > 1 else waves[0], rate, codes.rms, trim=postprocess)
         return io.NodeOutput({"waveform": speech[None], "sample_rate": rate})
 
