@@ -233,6 +233,9 @@ def main(argv=None) -> None:
     p.add_argument("--options", action="append", default=[], metavar="FIELD=VALUE[,...]", help="also ours INT8 "
                    "resident with these Options fields changed from the recipe's (dit_core/gpu/options.py), e.g. "
                    "int8_attention=True; repeatable, a row each")
+    p.add_argument("--curve-rank", type=int, default=0, help="also ours INT8 resident in the pruned files' curve "
+                   "form of this rank (8: the template's minimax_h3_*_pruned_int8_convrot files; its modulation "
+                   "linears [96768, 8] f32, MiniMaxH3.curve_form); 0: not")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a 3-layer model of GPU-kernel sizes, 64x64x22, "
                    "16 text rows; on the CPU where there is no CUDA")
     add_variant_arguments(p)
@@ -284,6 +287,16 @@ def main(argv=None) -> None:
                 print(f"\n## {label}")
                 profiled(device, step(variant))
         print_account(ours)
+        if args.curve_rank:
+            curve = loaded.curve_form(args.curve_rank)
+            curve = curve.to(device, options=defaults) if device.type == "cuda" else curve.gpu_form(device, defaults)
+            curve_label = f"{OURS}, curve form rank {args.curve_rank}"
+            results[curve_label] = (*timed_on(device, step(curve), args.steps), weights_gb(curve))
+            if args.profile:
+                print(f"\n## {curve_label}")
+                profiled(device, step(curve))
+            print_account(curve)
+            del curve
         if args.budget_gb > 0:
             host = moved(loaded, "cpu")
             del ours, loaded
@@ -303,6 +316,9 @@ def main(argv=None) -> None:
     if PEER in out:
         print(f"\nfidelity (relative Frobenius of the video rows' velocity): ours INT8 vs diffusers BF16 "
               f"{rel(out[OURS], out[PEER]):.4f}")
+        if args.curve_rank:
+            print(f"ours INT8 curve form rank {args.curve_rank} vs diffusers BF16 (the truncation's error too): "
+                  f"{rel(out[curve_label], out[PEER]):.4f}")
     for label, _ in extra:
         print(f"{label} vs ours INT8 default: {rel(out[f'{OURS}, {label}'], out[OURS]):.4f}")
     if args.budget_gb > 0:

@@ -37,6 +37,8 @@ MARKER = "token_refiner.blocks.0.attn.qkv_proj.weight"
 TIME_TABLE = "adaln_t_table"  # the "pruned" files' curve form of the time embedding (section 5, variants)
 EPS = 1e-5  # block, head and final norms alike (section 1)
 ROPE_THETA = 10000.0
+FEW_COLUMNS = 256  # a modulation linear of fewer input columns stays f32 on the GPU (Layer.on)
+CURVE_GRID = 1025  # the published pruned files' table rows (curve_form's default)
 # Indexes of a block's six modulation rows in adaln_proj's output (diffusers' shift, scale, gate order).
 SHIFT1, SCALE1, GATE1, SHIFT2, SCALE2, GATE2 = range(6)
 
@@ -151,14 +153,19 @@ def unrotated(rows: int, head: int) -> Sequence:
 
 @dataclass(frozen=True)
 class Layer:
-    """One block and its modulation linear (adaln_proj: 40% of the block's bytes), the unit that streams."""
+    """One block and its modulation linear (adaln_proj: 40% of the block's bytes, or the pruned files' 8 columns),
+    the unit that streams."""
     block: Block
-    modulation: Linear   # time_dim -> 3 modalities x 6 x hidden
+    modulation: Linear   # time_dim (or the curve's rank) -> 3 modalities x 6 x hidden
 
     def on(self, device: torch.device) -> Layer:
-        """The layer as it runs on a CUDA device: both through the GPU block's linears (dit_core/gpu/block.py)."""
+        """The layer as it runs on a CUDA device: the block through the GPU block's linears (dit_core/gpu/block.py),
+        the modulation too, unless it has fewer columns than a ConvRot group (the curve form's rank 8): f32 then,
+        as ComfyUI applies it (3 MB a layer; bf16 would round the curve's coordinates)."""
         from ..gpu.block import GpuBlock, GpuLinear  # the GPU path: imported where used
-        return Layer(GpuBlock.of(self.block, device), GpuLinear.of(self.modulation, device))
+        few = self.modulation.in_features < FEW_COLUMNS
+        return Layer(GpuBlock.of(self.block, device),
+                     float_on(self.modulation, device) if few else GpuLinear.of(self.modulation, device))
 
     def modulation_rows(self, temb: torch.Tensor, options) -> torch.Tensor:
         """adaln_proj(temb) [nT, 18 hidden] f32: the host linear, or the GPU linear's product (bf16 out)."""
@@ -259,6 +266,27 @@ class MiniMaxH3:
                        blocks=tuple(layer.on(device) for layer in self.blocks) if with_layers else self.blocks,
                        final_modulation=small(self.final_modulation), final_norm=self.final_norm.float().to(device),
                        video_out=small(self.video_out), audio_out=small(self.audio_out), options=options)
+
+    def curve_form(self, rank: int = 8, grid: int = CURVE_GRID) -> MiniMaxH3:
+        """This (loaded, unpruned) model in the pruned files' curve form (section 5, variants): the time
+        embedding's activation g(t) at `grid` times in [0, 1], centred, kept on its leading `rank` right singular
+        vectors V: the table (G - mean) V, each modulation linear W V with bias b + W mean. Lossy by the truncation
+        only (g is one smooth curve); the published files are made so. For benchmarks and tests of that form."""
+        if self.time_table is not None or not isinstance(self.blocks, tuple):
+            raise ValueError("MiniMaxH3.curve_form: a loaded model with its time embedder (not already a curve, not "
+                             "streamed) is reduced")
+        g = self.time_rows(torch.linspace(0, 1, grid, device=self.device)).double()
+        mean = g.mean(0)
+        basis = torch.linalg.svd(g - mean, full_matrices=False).Vh[:rank].T  # [time_dim, rank]
+
+        def reduced(lin: Linear) -> Linear:
+            w = lin.dequantized()
+            bias = (w.double() @ mean).float() + (0 if lin.bias is None else lin.bias.float())
+            return Linear((w @ basis.float()).contiguous(), bias)
+        return replace(self, arch=replace(self.arch, freq_dim=0, time_hidden=0, time_dim=rank), time=None,
+                       time_table=((g - mean) @ basis).float(),
+                       blocks=tuple(replace(layer, modulation=reduced(layer.modulation)) for layer in self.blocks),
+                       final_modulation=reduced(self.final_modulation))
 
     def time_rows(self, times: torch.Tensor) -> torch.Tensor:
         """The modulation linears' input [nT, time_dim] f32 for times t = 1 - sigma [nT]: silu(time_embedder(

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import minimax_h3_comfy_layout, random_minimax_h3
 
 from dit_core.families.minimax_h3 import MiniMaxH3, head_order, packed_layout, padded_rotary, row_times, unrotated
 from dit_core.gpu.block import _fused_heads, _turns_v
 from dit_core.sequence import rotate_halves
+from dit_core.weights import Linear
 
 GPU_SIZES = dict(num_attention_heads=6, attention_head_dim=128, hidden_size=512, num_layers=1, num_refiner_layers=1,
                  ffn_dim=1024, in_channels=24, audio_in_channels=32, text_dim=256, freq_dim=256,
@@ -50,3 +52,27 @@ def test_gpu_form_fuses_the_heads(tmp_path):
     seq = model.sequence(layout, row_times(layout, 0.4, 0.5)[1])
     for block, s in ((gpu.blocks[0].block, seq), (gpu.refiners[0], unrotated(3, a.head))):
         assert _fused_heads(a, block.w[0], s) and _turns_v(a, block.w[0], block.w[1], s)
+
+
+def test_curve_form_stays_near_and_keeps_its_modulation_f32(tmp_path):
+    """A full model reduced to the pruned files' curve form (rank 8 of the time embedding's curve): near the full
+    model's output; on the GPU path its 8-column modulation linears stay f32 linears (Layer.on), and the GPU form
+    stays near the host's."""
+    path = tmp_path / "h3.safetensors"
+    save_file(minimax_h3_comfy_layout(random_minimax_h3(seed=7, **GPU_SIZES)), path)
+    full = MiniMaxH3.load(path)
+    curve = full.curve_form(8)
+    assert curve.time_table.shape == (1025, 8) and curve.blocks[0].modulation.weight.shape == (18 * 512, 8)
+    g = torch.Generator().manual_seed(8)
+    layout = packed_layout(5, 2, 4, 4, 3)
+    times, index = row_times(layout, 0.4, 0.55)
+    video, audio = torch.randn(layout.video, 96, generator=g), torch.randn(layout.audio, 32, generator=g)
+    text = torch.randn(layout.text, 256, generator=g)
+    want = full.output(video, audio, text, layout, times, index)
+    got = curve.output(video, audio, text, layout, times, index)
+    for w, c in zip(want, got):
+        assert rel_err(c, w) <= 1e-3
+    gpu = curve.gpu_form(torch.device("cpu"), curve.default_options())
+    assert isinstance(gpu.blocks[0].modulation, Linear) and gpu.blocks[0].modulation.weight.dtype == torch.float32
+    for w, c in zip(got, gpu.output(video, audio, text, layout, times, index)):
+        assert rel_err(c, w) <= 2e-2
