@@ -1,5 +1,6 @@
-"""Krea 2 nodes: the loader, text encoder loader, text encode and the sampler, with the stock nodes' widgets; the
-stock VAELoader and VAEDecode decode the sampler's latents (qwen_image_vae)."""
+"""Krea 2 nodes: the loader, text encoder loader, text encode and the sampler (a style reference's latents from the
+positive), with the stock nodes' widgets; the style reference's nodes are in krea2_reference.py; the stock VAELoader
+and VAEDecode decode the sampler's latents (qwen_image_vae)."""
 from __future__ import annotations
 
 import torch
@@ -22,6 +23,7 @@ from .base import (
 )
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FLUX_MU, FamilySettings, PassSize, Schedule
+from .krea2_reference import NODES as REFERENCE_NODES, reference_latents
 from .memory import engine_device
 
 CATEGORY = "SwiftDiT/Krea 2"
@@ -125,7 +127,8 @@ class Krea2Sampler(SamplerNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTKrea2Sampler", "Krea 2 KSampler (SwiftDiT)", CATEGORY,
                                                  FAMILY, "Krea 2")
     DESCRIPTION = ("KSampler for Krea 2 on the SwiftDiT engine (ModelSamplingFlux, shift 1.15); its latents decode "
-                   "with the stock VAE Decode and qwen_image_vae.")
+                   "with the stock VAE Decode and qwen_image_vae. A style reference's latents come on the positive "
+                   "(Krea 2 TextEncodeQwenImageEditPlus, index_timestep_zero).")
     STEPS, SAMPLERS, SAMPLER, SCHEDULERS, SCHEDULER = 8, tuple(SAMPLERS), "euler", tuple(TABLE_SCHEDULERS), "simple"
     OUTPUT_TOOLTIP = "The denoised latent [B, 16, 1, H/8, W/8], for the stock VAE Decode"
     SETTINGS = SETTINGS
@@ -142,6 +145,9 @@ class Krea2Sampler(SamplerNode):
                 raise SwiftDiTError(f"{cls.NODE_ID} · {name}: not Krea 2 text rows [1, L, 12, 2560] (got "
                                     f"{tuple(rows.shape)}); encode the prompt with the Krea 2 Text Encode node")
         image = (r.latent.shape[-2] // 2) * (r.latent.shape[-1] // 2)
+        # the references' tokens join each pass (their odd sides padded to the patch grid)
+        image += sum(((z.shape[-2] + 1) // 2) * ((z.shape[-1] + 1) // 2)
+                     for z in reference_latents(cls.NODE_ID, r.conditioning))
         text = max(r.positive.shape[1], r.negative.shape[1])
         return image, text, image + text
 
@@ -149,11 +155,14 @@ class Krea2Sampler(SamplerNode):
     def sampling(cls, dit, r):
         device = engine_device()
         fused = {}  # id -> (conditioning, its text fusion on the device): once a sampler run, not once a step
+        # the positive's references serve the negative's pass too (ConditioningZeroOut keeps them, as the
+        # style-reference template's negative)
+        refs = tuple(z.to(device) for z in reference_latents(cls.NODE_ID, r.conditioning))
 
         def denoise_with(x, sigma, cond):  # x on the device: the sampler runs there
             if id(cond) not in fused:
                 fused[id(cond)] = (cond, torch.stack([dit.text_rows(c) for c in cond.to(device)]))
-            return dit.denoised(x, float(sigma), fused[id(cond)][1], interrupt_check)
+            return dit.denoised(x, float(sigma), fused[id(cond)][1], interrupt_check, refs=refs)
 
         shift, scale = latent_format()
 
@@ -172,4 +181,4 @@ class Krea2Sampler(SamplerNode):
 
 
 NODES = [Krea2Loader, Krea2ModelSamplingFlux, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode,
-         Krea2Sampler]
+         *REFERENCE_NODES, Krea2Sampler]

@@ -1,6 +1,7 @@
 """SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's,
-LTX-2.5's): RandomNoise's seed, the guider's model and conditioning (BasicGuider's for positive and negative, which
-cfg 1 never reads; LTXVDualCFGGuider's positive and negative, its video_cfg as cfg), the latent, KSamplerSelect's
+LTX-2.5's, Krea 2's style reference): RandomNoise's seed, the guider's model and conditioning (BasicGuider's for
+positive and negative, which cfg 1 never reads; CFGGuider's positive, negative and cfg; LTXVDualCFGGuider's positive
+and negative, its video_cfg as cfg), the latent, KSamplerSelect's
 sampler, and BasicScheduler's steps and scheduler or ManualSigmas' list (steps = its sigmas - 1, scheduler 'manual');
 what our sampler takes beyond KSampler's widgets (ManualSigmas' text, the guider's audio_cfg) goes with the fold as
 its extra widgets. Also the MODEL -> MODEL nodes a family's row drops (H3's ModelAttentionBackend) taken off the
@@ -17,16 +18,19 @@ from .workflow_api import is_link
 
 # the group's node kinds by SamplerCustomAdvanced input, with their widgets in UI order (None: the frontend's own)
 GROUP = {"noise": {"RandomNoise": ("noise_seed", None)},
-         "guider": {"BasicGuider": (), "LTXVDualCFGGuider": ("video_cfg", "audio_cfg")},
+         "guider": {"BasicGuider": (), "CFGGuider": ("cfg",), "LTXVDualCFGGuider": ("video_cfg", "audio_cfg")},
          "sampler": {"KSamplerSelect": ("sampler_name",)},
          "sigmas": {"BasicScheduler": ("scheduler", "steps", "denoise"), "ManualSigmas": ("sigmas",)}}
 # the guider's inputs that give KSampler's positive and negative
-CONDITIONING = {"BasicGuider": ("conditioning", "conditioning"), "LTXVDualCFGGuider": ("positive", "negative")}
+CONDITIONING = {"BasicGuider": ("conditioning", "conditioning"), "CFGGuider": ("positive", "negative"),
+                "LTXVDualCFGGuider": ("positive", "negative")}
+CFG = {"CFGGuider": "cfg", "LTXVDualCFGGuider": "video_cfg"}  # the guider's widget that is KSampler's cfg
+CFG_SHOWN = {"CFGGuider": "CFGGuider's cfg"}
 KSAMPLER_INPUTS = (("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                    ("latent_image", "LATENT"))
 GROUP_WIDGETS = {kind: names for kinds in GROUP.values() for kind, names in kinds.items()}
 # widgets whose value must be known to spell the group (a wired one leaves the group as it is)
-FIXED = ("denoise", "video_cfg", "audio_cfg", "sigmas")
+FIXED = ("denoise", "cfg", "video_cfg", "audio_cfg", "sigmas")
 
 
 @dataclass
@@ -46,7 +50,7 @@ class Folded:
         told = "".join(f", {k} {v!r}" for k, v in self.extra.items() if k != "sigmas")
         return (f"{noise}, {guider}, {select} ({self.sampler}), {sigmas} ({self.scheduler}) and SamplerCustomAdvanced "
                 f"-> one KSampler (seed, steps, sampler, scheduler, the guider's model and conditioning, cfg"
-                f"{' = video_cfg' if guider == 'LTXVDualCFGGuider' else ' 1'}{told})")
+                f"{' = ' + CFG_SHOWN.get(guider, CFG[guider]) if guider in CFG else ' 1'}{told})")
 
 
 def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
@@ -64,7 +68,8 @@ def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
         if sigmas.get("denoise") != 1:
             return None
         steps, scheduler = sigmas.get("steps"), sigmas.get("scheduler")
-    return {"seed": noise.get("noise_seed"), "steps": steps, "cfg": guider.get("video_cfg", 1.0),
+    cfg = guider.get(CFG[kinds["guider"]], 1.0) if kinds["guider"] in CFG else 1.0
+    return {"seed": noise.get("noise_seed"), "steps": steps, "cfg": cfg,
             "sampler_name": select.get("sampler_name"), "scheduler": scheduler}, extra
 
 

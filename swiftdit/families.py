@@ -45,6 +45,10 @@ STOCK = MappingProxyType({
     "CLIPLoader": Stock("TextEncoderLoader", outputs=("CLIP",), widgets=("clip_name", "type", "device"),
                         accepts=(("device", ("default", "cpu")),)),
     "CLIPTextEncode": Stock("TextEncode", (("clip", "CLIP"),), ("CONDITIONING",), ("text",)),
+    # Krea 2's style reference: the prompt and pictures on our text encoder, the stock VAE encoding the references
+    "TextEncodeQwenImageEditPlus": Stock("TextEncodeQwenImageEditPlus",
+                                         (("clip", "CLIP"), ("vae", "VAE"), ("image1", "IMAGE"), ("image2", "IMAGE"),
+                                          ("image3", "IMAGE")), ("CONDITIONING",), ("prompt",)),
     "KSampler": Stock("Sampler", (("model", "MODEL"), ("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
                                   ("latent_image", "LATENT")), ("LATENT",),
                       ("seed", "control_after_generate", "steps", "cfg", "sampler_name", "scheduler", "denoise")),
@@ -166,7 +170,8 @@ def rules(row) -> Family:
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
         roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts)
     has = set(row.replaces)
-    wires = {t for r in roles.values() for t in (*r.outputs, *(t for _, t in r.sockets))}
+    # the engine wires are those our nodes give: a stock VAE read by ours (Krea 2's style reference) stays stock
+    wires = {t for r in roles.values() for t in r.outputs}
     return Family(
         name=row.name,
         title=row.title,
@@ -177,7 +182,8 @@ def rules(row) -> Family:
         model_patches=tuple(p for p in MODEL_PATCHES if p in has),
         text_loader="CLIPLoader",
         text_loader_types=tuple(row.text_types),
-        text_encoders=tuple(e for e in ("CLIPTextEncode", "MiniMaxH3ImageToVideo") if e in has),
+        text_encoders=tuple(e for e in ("CLIPTextEncode", "TextEncodeQwenImageEditPlus", "MiniMaxH3ImageToVideo")
+                            if e in has),
         vae_loader="VAELoader" if "VAELoader" in has else None,
         decoders=tuple(d for d in (*VIDEO_DECODERS, *AUDIO_DECODERS) if d in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),

@@ -1,6 +1,6 @@
 """`swiftdit swap --for-host`: reduce a UI workflow to node types ComfyUI v0.3.75 (our test host) has, then
 swap: literal sizes for ResolutionSelector, switches resolved, the prompt upsampler skipped, ReferenceMultiLatent
-spelled out with ReferenceLatent, LTX's AV latent plumbing as the pack's twins (reference/templates.md section 7
+spelled out with ReferenceLatent, LTX's AV latent plumbing and a reference method v0.3.75 lacks as the pack's twins (reference/templates.md section 7
 lists what the host lacks)."""
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ UPSAMPLERS = ("TextGenerate", "TextGenerateLTX2Prompt")  # prompt rewriters: gen
 # Stock nodes the host lacks whose twin in the pack takes the same inputs and gives the same outputs (docs/nodes.md)
 PACK_TWINS = {"LTXVConcatAVLatent": "SwiftDiTLTX25ConcatAVLatent",
               "LTXVSeparateAVLatent": "SwiftDiTLTX25SeparateAVLatent"}
+# Stock nodes the host has, but without a value a template sets: (the widget, the host's values, the pack's twin
+# that takes the same inputs and the value too)
+VALUE_TWINS = {"FluxKontextMultiReferenceLatentMethod": ("reference_latents_method", ("offset", "index", "uxo/uno"),
+                                                         "SwiftDiTKrea2ReferenceLatentMethod")}
 
 
 @dataclass
@@ -327,10 +331,23 @@ class Reducer:
             stock, ours = node["type"], PACK_TWINS[node["type"]]
             self.note(scope, node, f"-> {ours}", f"{HOST} has no {stock}; the pack's twin takes the same inputs "
                       f"and gives the same outputs")
-            node["type"] = ours
-            props = node.setdefault("properties", {})
-            props.update({"Node name for S&R": ours, "cnr_id": PACK})
-            props.pop("ver", None)  # the stock node's ComfyUI version says nothing about ours
+            self._retype(node, ours)
+
+    def value_twins(self) -> None:
+        for scope, node in self.nodes_of(set(VALUE_TWINS)):
+            widget, values, ours = VALUE_TWINS[node["type"]]
+            value = self.constant(scope, node, widget)
+            if value in values:
+                continue
+            self.note(scope, node, f"-> {ours}", f"{HOST}'s {node['type']} has no {widget} {value!r}; the pack's "
+                      f"twin takes the same inputs and that value")
+            self._retype(node, ours)
+
+    def _retype(self, node, ours: str) -> None:
+        node["type"] = ours
+        props = node.setdefault("properties", {})
+        props.update({"Node name for S&R": ours, "cnr_id": PACK})
+        props.pop("ver", None)  # the stock node's ComfyUI version says nothing about ours
 
     def unused(self) -> None:
         """Nodes the host lacks that give nothing to any node: viewers, and nodes whose outputs nothing reads."""
@@ -344,6 +361,13 @@ class Reducer:
             why = "a viewer that gives nothing" if node["type"] in VIEWERS else "nothing reads its outputs"
             self.note(scope, node, "removed", f"{why}; {HOST} lacks it")
             self.drop(scope, node)
+        # muted or bypassed ones never run, but the editor would still ask for their pack
+        for scope in self.live_scopes():
+            for node in [n for n in scope.body.get("nodes", []) if n.get("type") in HOST_LACKS
+                         and n.get("mode") in OFF and not any(out.get("links") for out in n.get("outputs", []))]:
+                self.note(scope, node, "removed", f"{'muted' if node['mode'] == 2 else 'bypassed'}, and nothing "
+                          f"reads its outputs; {HOST} lacks it")
+                self.drop(scope, node)
 
     def outputless(self) -> None:
         moved = True
@@ -405,7 +429,7 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.unrefined_prompts, reducer.switches,
                  reducer.upsamplers, reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents,
-                 reducer.twins, reducer.unused, reducer.outputless, reducer.prune, reducer.view):
+                 reducer.twins, reducer.value_twins, reducer.unused, reducer.outputless, reducer.prune, reducer.view):
         rule()
     if check:
         reducer.check()

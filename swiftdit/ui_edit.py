@@ -16,6 +16,7 @@ KNOWN_WIDGETS = {
     "ReferenceMultiLatent": ("resolution", "resolution.megapixels"),  # a DynamicCombo and its child
     "Flux3LayoutPrompt": ("prompt",),
     "ComfyMathExpression": ("expression",),
+    "FluxKontextMultiReferenceLatentMethod": ("reference_latents_method",),
     # LTX-2.5's t2v template: its sizes, length and frame rate come from ComfyMathExpression
     "EmptyLTXVLatentVideo": ("width", "height", "length", "batch_size"),
     "LTXVEmptyLatentAudio": ("frames_number", "frame_rate", "batch_size"),

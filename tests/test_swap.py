@@ -521,8 +521,11 @@ def sg_node(wf: dict, node_id: int) -> dict:
     return next(n for n in wf["definitions"]["subgraphs"][0]["nodes"] if n["id"] == node_id)
 
 
+KREA2_HOST_TWINS = ("FluxKontextMultiReferenceLatentMethod",)  # ours only for --for-host (v0.3.75 lacks its value)
+
+
 def test_krea2_family_table_is_the_contract():
-    docs = contract("SwiftDiTKrea2")
+    docs = {s: v for s, v in contract("SwiftDiTKrea2").items() if s not in KREA2_HOST_TWINS}
     assert {stock: role.ours for stock, role in KREA2.roles.items()} == {s: o for s, (o, _) in docs.items()}
     for ours, out in docs.values():
         assert KREA2.output_type(ours, 0) == out, ours
@@ -638,18 +641,65 @@ def test_krea2_switch_with_a_stock_branch_keeps_the_model_path_stock():
     assert [swapped[k]["class_type"] for k in ("10", "15", "3")] == ["UNETLoader", "LoraLoaderModelOnly", "KSampler"]
 
 
-def test_krea2_style_reference_is_not_yet_swapped(tmp_path):
+KREA2_STYLE_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
+                       "30:52": "SwiftDiTKrea2TextEncodeQwenImageEditPlus", "30:64": "SwiftDiTKrea2ModelSamplingFlux",
+                       "30:77": "SwiftDiTKrea2Sampler"}
+
+
+def test_krea2_style_reference_swaps(tmp_path):
+    """The style-reference template: TextEncodeQwenImageEditPlus -> ours (its VAE, the stock qwen_image_vae, and its
+    picture stay stock wires), FluxKontextMultiReferenceLatentMethod stays stock between it and the guider, the
+    SamplerCustomAdvanced group (RandomNoise, CFGGuider cfg 1, KSamplerSelect euler, BasicScheduler simple 8) becomes
+    our sampler with the promoted seed still wired; the CLIPLoader that also feeds TextGenerate stays stock beside
+    ours. The CLI takes it without --family."""
     wf = template(KREA2_STYLE)
     after, report = swap_ui(wf, "krea2")
-    assert after == wf and report.changed == [] and report.added == []
-    assert report.not_yet == ["Krea 2's style reference (TextEncodeQwenImageEditPlus, SamplerCustomAdvanced) is "
-                              "not yet supported (issue 38)"]
-    src = tmp_path / "style.json"
+    assert report.not_yet == [] and problems(after) == []
+    assert {where: new for where, _, new in report.changed} == KREA2_STYLE_CHANGED
+    [(where, what)] = report.folded
+    assert where == "30:77" and what.startswith("RandomNoise, CFGGuider, KSamplerSelect (euler), BasicScheduler "
+                                                "(simple) and SamplerCustomAdvanced -> one KSampler")
+    [(added_at, added, _)] = report.added
+    assert added == "SwiftDiTKrea2TextEncoderLoader"
+    left = {where: (kind, why) for where, kind, why in report.left}
+    assert left["30:53"] == ("FluxKontextMultiReferenceLatentMethod", "takes CONDITIONING, gives CONDITIONING, "
+                                                                      "stays stock")
+    assert left["30:12"][0] == "VAELoader" and left["30:62"][0] == "VAEDecode"
+    sampler, encode = sg_node(after, 77), sg_node(after, 52)
+    assert sampler["widgets_values"] == [355028178891957, "randomize", 8, 1, "euler", "simple", 1.0]
+    assert [(e["name"], e["type"]) for e in encode["inputs"] if not e.get("widget")] == [
+        ("clip", "SWIFTDIT_TEXT_ENCODER"), ("vae", "VAE"), ("image1", "IMAGE"), ("image2", "IMAGE"),
+        ("image3", "IMAGE")]
+    links = {link["id"]: link for link in after["definitions"]["subgraphs"][0]["links"]}
+    origin = lambda node, name: links[next(e["link"] for e in node["inputs"] if e["name"] == name)]  # noqa: E731
+    assert origin(sampler, "seed")["origin_id"] == -10  # the promoted noise_seed
+    assert origin(sampler, "positive")["origin_id"] == 53 and origin(sampler, "model")["origin_id"] == 64
+    assert origin(encode, "clip")["origin_id"] == int(added_at.split(":")[1])
+    assert stock_consumers_of_ours(after, KREA2) == []
+    twice, again = swap_ui(after, "krea2")
+    assert twice == after and again.changed == [] and again.added == []
+    src, out = tmp_path / "style.json", tmp_path / "out.json"
     src.write_text(json.dumps(wf))
-    for family in ("krea2", "auto"):
-        done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
-        assert done.returncode == 2 and "nothing swapped: Krea 2's style reference" in done.stderr
-        assert "issue 38" in done.stderr and not (tmp_path / "out.json").exists()
+    done = run_cli("swap", src, out)
+    assert done.returncode == 0, done.stderr
+    assert "Krea 2: swapped 5 node(s)" in done.stdout and json.loads(out.read_text()) == after
+
+
+def test_krea2_style_reference_for_host():
+    """--for-host: ResolutionSelector's 1024 x 1024 written in, the refiner (off) and its switch gone, so the one
+    CLIPLoader becomes ours; FluxKontextMultiReferenceLatentMethod's index_timestep_zero, which v0.3.75's lacks, on
+    the pack's twin; every node type the host has or ours."""
+    from swiftdit.for_host import HOST_LACKS, swap_for_host
+    after, report, host = swap_for_host(template(KREA2_STYLE), "krea2")
+    assert {where: new for where, _, new in report.changed} == {**KREA2_STYLE_CHANGED,
+                                                                "30:11": "SwiftDiTKrea2TextEncoderLoader"}
+    assert report.added == []
+    changes = {where: (kind, what) for where, kind, what, _ in host.changes}
+    assert changes["30:53"] == ("FluxKontextMultiReferenceLatentMethod", "-> SwiftDiTKrea2ReferenceLatentMethod")
+    assert changes["30:16"][0] == "TextGenerate"
+    assert sg_node(after, 53)["widgets_values"] == ["index_timestep_zero"]
+    kinds = {n["type"] for n in all_nodes(after) if n.get("mode") not in (2, 4)}
+    assert not kinds & HOST_LACKS
 
 
 def test_other_families_leave_krea2_alone():

@@ -62,7 +62,8 @@ def fixture_for(path: Path) -> dict:
 
 
 def test_workflows_are_there_and_described():
-    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "krea2_t2i.json", "ltx25_t2v.json",
+    names = ["flux3_klein_edit.json", "flux3_klein_t2i.json", "krea2_style_reference.json", "krea2_t2i.json",
+             "ltx25_t2v.json",
              "minimax_h3_t2v.json", "omnivoice_tts.json", "omnivoice_voice_clone.json", "z_image_turbo_t2i.json"]
     assert [p.name for p in UI_FILES] == names and [p.name for p in API_FILES] == names
     readme = (WORKFLOWS / "README.md").read_text()
@@ -273,6 +274,29 @@ def test_krea2_workflow_is_the_reduced_template():
         "positive": 0, "negative": 0, "latent_image": 0, "denoise": 1}
     assert api["30:5"]["inputs"] == {"width": 1024, "height": 1024, "batch_size": 1}
     assert api["30:3"]["inputs"]["model"] == ["30:10", 0]  # enable_lora? off: the LoRA and its switch are gone
+
+
+def test_krea2_style_reference_workflow_is_the_reduced_template():
+    """Issue 38: `swiftdit swap --for-host` of the official style-reference template: our style-reference encode
+    reads LoadImage's picture and the stock VAE, the pack's reference method twin keeps index_timestep_zero, the
+    SamplerCustomAdvanced group is our sampler with the template's values."""
+    from swiftdit.for_host import swap_for_host
+    wf = template("image_krea2_turbo_int8_image_style_reference")
+    assert json.loads((WORKFLOWS / "krea2_style_reference.json").read_text()) == swap_for_host(wf, "krea2")[0]
+    api = json.loads((WORKFLOWS / "api" / "krea2_style_reference.json").read_text())
+    assert api["30:52"]["class_type"] == "SwiftDiTKrea2TextEncodeQwenImageEditPlus"
+    assert {k: api["30:52"]["inputs"][k] for k in ("clip", "prompt", "vae", "image1")} == {
+        "clip": ["30:11", 0], "prompt": ["30:19", 0], "vae": ["30:12", 0], "image1": ["69", 0]}
+    assert api["69"]["inputs"] == {"image": "krea2_reference_image.png"}
+    assert api["30:53"]["inputs"]["reference_latents_method"] == "index_timestep_zero"
+    assert api["30:77"]["inputs"] | {"model": 0, "positive": 0, "negative": 0, "latent_image": 0} == {
+        "model": 0, "seed": 251161685108094, "steps": 8, "cfg": 1, "sampler_name": "euler", "scheduler": "simple",
+        "positive": 0, "negative": 0, "latent_image": 0, "denoise": 1.0}
+    assert api["30:77"]["inputs"]["positive"] == ["30:53", 0] and api["30:13"]["inputs"] == {
+        "conditioning": ["30:53", 0]}
+    assert api["30:15"]["inputs"]["lora_name"] == "krea2_style_reference.safetensors"
+    assert api["30:64"]["inputs"] | {"model": 0} == {"model": 0, "max_shift": 1.15, "base_shift": 0.5,
+                                                     "width": 1024, "height": 1024}
 
 
 def test_ltx25_workflow_is_the_reduced_template():

@@ -62,11 +62,12 @@ FAMILIES = MappingProxyType({f.name: f for f in (
     Family("flux3_klein", "FLUX.3 Klein", Flux3Klein, "SwiftDiTFlux3Klein", ("flux3",),
            ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode", "VAEEncode"),
            ("euler",), ("simple",), sampler_extra=(("cache", 0.3), ("refresh", 0))),
+    # Krea 2's t2i templates and its style reference (TextEncodeQwenImageEditPlus -> ours; its SamplerCustomAdvanced
+    # group with CFGGuider -> our sampler)
     Family("krea2", "Krea 2", Krea2, "SwiftDiTKrea2", ("krea2",),
-           ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "KSampler"),
-           tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",),
-           not_yet=(("TextEncodeQwenImageEditPlus", "Krea 2's style reference (TextEncodeQwenImageEditPlus, "
-                                                    "SamplerCustomAdvanced) is not yet supported (issue 38)"),)),
+           ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
+            "TextEncodeQwenImageEditPlus", "KSampler"),
+           tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",), custom_sampler=True),
     # H3's text to video, image to video and text to image templates: MiniMaxH3ImageToVideo -> ours, its
     # SamplerCustomAdvanced group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for
     # audio. The other H3 templates (references, FastH3) stay as they are.

@@ -45,6 +45,9 @@ CONTRACT = {
     "SwiftDiTKrea2ModelSamplingFlux": (["model", "max_shift", "base_shift", "width", "height"], "SWIFTDIT_MODEL"),
     "SwiftDiTKrea2TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTKrea2TextEncode": (["text", "clip"], "CONDITIONING"),
+    "SwiftDiTKrea2TextEncodeQwenImageEditPlus": (["clip", "prompt", "vae", "image1", "image2", "image3"],
+                                                 "CONDITIONING"),
+    "SwiftDiTKrea2ReferenceLatentMethod": (["conditioning", "reference_latents_method"], "CONDITIONING"),
     "SwiftDiTKrea2Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
                               "latent_image", "denoise"], "LATENT"),
 }
@@ -134,9 +137,8 @@ def test_lora_changes_the_image(pack, models):
     assert not torch.equal(graph(pack, lora="krea2_style_tiny.safetensors")[3]["samples"], graph(pack)[3]["samples"])
 
 
-def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
-    """Stock VAELoader and VAEDecode decode the sampler's [B, 16, 1, H/8, W/8] with a Wan 2.1 VAE (qwen_image_vae's
-    architecture; tiny and random here, as ComfyUI v0.3.75 builds it from the file's tensors)."""
+def stock_vae():
+    """Stock VAELoader's VAE of a tiny random Wan 2.1 VAE (qwen_image_vae's architecture)."""
     import comfy.sd
     from comfy.ldm.wan.vae import WanVAE
     torch.manual_seed(0)
@@ -144,8 +146,13 @@ def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
                  temperal_downsample=[False, True, True], dropout=0.0)
     state = {k: (1 + 0.1 * torch.randn_like(v)) if k.endswith("gamma") else 0.05 * torch.randn_like(v)
              for k, v in wan.state_dict().items()}  # ComfyUI's ops leave the weights uninitialized
-    vae = comfy.sd.VAE(sd=state)
-    images = vae.decode(graph(pack, steps=1)[3]["samples"])  # what VAEDecode runs
+    return comfy.sd.VAE(sd=state)
+
+
+def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
+    """Stock VAELoader and VAEDecode decode the sampler's [B, 16, 1, H/8, W/8] with a Wan 2.1 VAE (qwen_image_vae's
+    architecture; tiny and random here, as ComfyUI v0.3.75 builds it from the file's tensors)."""
+    images = stock_vae().decode(graph(pack, steps=1)[3]["samples"])  # what VAEDecode runs
     assert images.shape == (1, 1, 48, 32, 3) and images.isfinite().all()
 
 
@@ -183,3 +190,66 @@ def test_model_sampling_flux_takes_the_stock_shift(pack, models, size, monkeypat
     assert shifted.shift == stock.shift and model.shift == 1.15
     if size == (1024, 1024):
         assert abs(shifted.shift - 1.15) < 1e-12  # the Turbo default at 1 MP
+
+
+@pytest.fixture
+def tiny_reference(monkeypatch):
+    """The style-reference node on the tiny files: the tiny tower's heads and DeepStack layer, and areas a tiny test
+    runs fast (the stock node's 384^2 and 1024^2 are checked as constants)."""
+    import swiftdit_pack.nodes.krea2_reference as ref
+    assert (ref.VISION_AREA, ref.LATENT_AREA, ref.VISION) == (384 * 384, 1024 * 1024,
+                                                              {"vision_heads": 16, "deepstack_layers": (5, 11, 17)})
+    monkeypatch.setattr(ref, "VISION", {"vision_heads": 2, "deepstack_layers": (0,)})
+    monkeypatch.setattr(ref, "VISION_AREA", 56 * 64)
+    monkeypatch.setattr(ref, "LATENT_AREA", 64 * 80)
+    return ref
+
+
+def test_style_reference_graph_equals_the_engine(pack, models, tiny_reference):
+    """The style-reference template's graph (its SamplerCustomAdvanced group as our KSampler): TextEncodeQwenImage
+    EditPlus's role with a picture and the stock VAE, the reference method node, ConditioningZeroOut's negative
+    (its references kept), the sampler; against the engine called directly: encode_reference of the picture at the
+    vision area, the stock VAE's latent of it at the latent area in Krea 2's latent format, ksample with refs."""
+    import comfy.utils
+    from dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
+    from dit_core.sampling.ksampler import ksample, process_in
+    from dit_core.sampling.schedules import flux_sigma_table
+    from dit_core.text.qwen3_vl import Krea2TextEncoder
+    ref, vae = tiny_reference, stock_vae()
+    picture = torch.rand(1, 70, 60, 3, generator=torch.Generator().manual_seed(3))
+    (model,) = run(pack.Krea2Loader, unet_name="krea2_tiny.safetensors", weight_dtype="default", linears="as stored")
+    (clip,) = run(pack.Krea2TextEncoderLoader, clip_name="qwen3vl_krea2_tiny.safetensors", type="krea2")
+    (encoded,) = run(ref.Krea2TextEncodeQwenImageEditPlus, clip=clip, prompt=PROMPT, vae=vae, image1=picture)
+    (positive,) = run(ref.Krea2ReferenceLatentMethod, conditioning=encoded,
+                      reference_latents_method="index_timestep_zero")
+    negative = [[torch.zeros_like(positive[0][0]), {**positive[0][1], "pooled_output": None}]]
+    kw = dict(model=model, seed=7, steps=2, cfg=1.0, sampler_name="euler", scheduler="simple", negative=negative,
+              latent_image={"samples": torch.zeros(1, 4, 6, 4)}, denoise=1.0)
+    (samples,) = run(pack.Krea2Sampler, positive=positive, **kw)
+
+    def area(size):  # TextEncodeQwenImageEditPlus's resize: (60, 70) -> (55, 65) and (64, 80)
+        return comfy.utils.common_upscale(picture.movedim(-1, 1), *size, "area", "disabled").movedim(1, -1)
+    rows = Krea2TextEncoder.load(models / "text_encoders" / "qwen3vl_krea2_tiny.safetensors", pack_tokenizer_dir(),
+                                 vision=True, vision_heads=2, deepstack_layers=(0,)).encode_reference(
+        PROMPT, [area((55, 65))])
+    assert torch.equal(positive[0][0], rows[None]) and positive[0][1]["reference_latents_method"] == \
+        "index_timestep_zero"
+    latent = vae.encode(area((64, 80)))
+    assert latent.shape == (1, 16, 1, 10, 8) and torch.equal(positive[0][1]["reference_latents"][0], latent)
+    shift, scale = latent_format()
+    refs = (process_in(latent[:, :, 0], shift, scale)[0],)
+    dit = Krea2.load(models / "diffusion_models" / "krea2_tiny.safetensors")
+    expected = ksample(lambda x, sigma, c: dit.denoised(x, sigma, c, refs=refs), 7, 2, 1.0, "euler", "simple",
+                       torch.zeros(1, 4, 6, 4), positive=dit.text_rows(rows)[None],
+                       negative=dit.text_rows(torch.zeros_like(rows))[None], latent_shift=shift,
+                       latent_scale=scale, latent_channels=16, sigma_table=flux_sigma_table(SAMPLING_MU))
+    assert torch.equal(samples["samples"][:, :, 0], expected)
+    text_only = [[positive[0][0], {k: v for k, v in positive[0][1].items() if k != "reference_latents"}]]
+    assert not torch.equal(run(pack.Krea2Sampler, positive=text_only, **kw)[0]["samples"], samples["samples"])
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    cases = [({"reference_latents_method": "index"}, "positive: reference latents placed by 'index'"),
+             ({"reference_latents": [torch.zeros(1, 16, 2, 10, 8)]}, "positive: reference latent 0 is")]
+    for change, message in cases:
+        bad = [[positive[0][0], {**positive[0][1], **change}]]
+        with pytest.raises(SwiftDiTError, match=f"SwiftDiTKrea2Sampler · {message}"):
+            run(pack.Krea2Sampler, positive=bad, **kw)
