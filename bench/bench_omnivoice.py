@@ -91,8 +91,9 @@ def codec_config(tiny: bool):
         codebook_size=1024, codebook_dim=8, target_bandwidths=[0.5, 2.0])
 
 
-def models(tiny: bool, device: torch.device, dtype: torch.dtype):
-    """(the package's model with its tokenizers, ours, our codec), one set of random weights."""
+def models(tiny: bool, device: torch.device, dtype: torch.dtype, int8: bool, eager: bool):
+    """(the package's model with its tokenizers, {name: our form}, our codec), one set of random weights. Ours: BF16
+    graphed; with int8 also its linears quantized to INT8 ConvRot at load; with eager also BF16 without graphs."""
     package, duration, higgs = imported_without_torchaudio("omnivoice.models.omnivoice", "omnivoice.utils.duration",
                                                            HIGGS)
     from transformers import Qwen3Config
@@ -113,7 +114,12 @@ def models(tiny: bool, device: torch.device, dtype: torch.dtype):
     theirs.audio_tokenizer, theirs.sampling_rate = codec, ccfg.sample_rate
     state = {k: v.detach().float().cpu() for k, v in theirs.state_dict().items()}
     host = OmniVoice.load(TensorSource(state, "model.safetensors"))
-    ours = GpuOmniVoice.of(host, device, dtype)
+    ours = {"ours BF16": GpuOmniVoice.of(host, device, dtype)}
+    if eager:
+        ours["ours BF16 eager"] = GpuOmniVoice.of(host, device, dtype, graphs=False)
+    if int8:
+        ours["ours INT8"] = GpuOmniVoice.of(OmniVoice.load(TensorSource(state, "model.safetensors"), "int8"), device,
+                                            dtype)
     del state, host
     decoder = HiggsAudioCodec.from_checkpoint(TensorSource({k: v.detach().float().cpu()
                                                             for k, v in codec.state_dict().items()}),
@@ -166,41 +172,40 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seconds", type=float, nargs="+", default=None)
     ap.add_argument("--steps", type=int, nargs="+", default=None)
+    ap.add_argument("--int8", action="store_true", help="also ours with the linears quantized to INT8 ConvRot")
+    ap.add_argument("--eager", action="store_true", help="also ours BF16 without CUDA graphs")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
-    dtype = torch.bfloat16
     seconds, steps = args.seconds or ([2.0, 4.0] if args.tiny else [10.0, 30.0]), args.steps or (
         [4, 2] if args.tiny else [32, 12])
     repeats = 1 if args.tiny else args.repeats
-    theirs, tokenizer, ours, decoder = models(args.tiny, device, dtype)
-    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch {torch.__version__}; "
-          f"ours: {'varlen FlashAttention' if ours.flash else 'SDPA with a segment mask'}, "
-          f"{'graphed' if ours.graphs is not None else 'eager'} steps")
-    print("| speech | steps | package s (RTF) | ours s (RTF) | speed-up | TTFA package / ours / ours cold s | "
-          "ours ms a step | peak added GB package / ours |")
-    print("|---|---|---|---|---|---|---|---|")
+    theirs, tokenizer, ours, decoder = models(args.tiny, device, torch.bfloat16, args.int8, args.eager)
+    first = next(iter(ours.values()))
+    print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
+          f"{torch.__version__}; ours: {'varlen FlashAttention' if first.flash else 'SDPA with a segment mask'}, "
+          f"{'graphed' if first.graphs is not None else 'eager'} steps; median of {repeats}")
+    print("| speech | steps | who | wall s | RTF | speed-up | TTFA s | TTFA cold s | ms a step | peak added GB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
     for s in seconds:
         frames = int(s * FRAME_RATE)
         text = (SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip()
         for n in steps:
             u = Unmasking(steps=n)
-            cold = run_ours(ours, tokenizer, decoder, device, text, frames, u, 0)  # captures this bucket's graph
             run_theirs(theirs, device, text, s, u)  # warm-up
-            mine, t_mem = [], []
-            for r in range(repeats):
-                out, mem = peak_added(device, lambda: run_ours(ours, tokenizer, decoder, device, text, frames, u, r))
-                mine.append(out)
-                t_mem.append(mem)
-            their, p_mem = [], []
-            for _ in range(repeats):
-                out, mem = peak_added(device, lambda: run_theirs(theirs, device, text, s, u))
-                their.append(out)
-                p_mem.append(mem)
-            med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
-            ow, tw = med(mine, "wall"), med(their, "wall")
-            print(f"| {s:g} s | {n} | {tw:.3f} ({tw / s:.4f}) | {ow:.3f} ({ow / s:.4f}) | {tw / ow:.2f}x | "
-                  f"{med(their, 'first'):.3f} / {med(mine, 'first'):.3f} / {cold['first']:.3f} | "
-                  f"{1e3 * med(mine, 'codes') / n:.2f} | {max(p_mem):.2f} / {max(t_mem):.2f} |", flush=True)
+            runs = [peak_added(device, lambda: run_theirs(theirs, device, text, s, u)) for _ in range(repeats)]
+            tw = med([r for r, _ in runs], "wall")
+            print(f"| {s:g} s | {n} | package | {tw:.3f} | {tw / s:.4f} | 1.00x | {med([r for r, _ in runs], 'first'):.3f}"
+                  f" | | | {max(m for _, m in runs):.2f} |", flush=True)
+            for name, form in ours.items():
+                cold = run_ours(form, tokenizer, decoder, device, text, frames, u, 0)  # captures this bucket's graph
+                mine = [peak_added(device, lambda: run_ours(form, tokenizer, decoder, device, text, frames, u, r))
+                        for r in range(repeats)]
+                ow = med([r for r, _ in mine], "wall")
+                print(f"| {s:g} s | {n} | {name} | {ow:.3f} | {ow / s:.4f} | {tw / ow:.2f}x | "
+                      f"{med([r for r, _ in mine], 'first'):.3f} | {cold['first']:.3f} | "
+                      f"{1e3 * med([r for r, _ in mine], 'codes') / n:.2f} | {max(m for _, m in mine):.2f} |",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from ..sampling.ksampler import before_step
 from ..sampling.omnivoice import Unmasking, knobs, reveal_counts, step_noise, unmask_rows
 from ..sequence import rotate_halves
 from ..weights import Linear
-from .block import GpuLinear, product
+from .block import GpuLinear, product, run
 from .options import DEFAULT, Options
 from .step_graph import GraphedStep
 
@@ -72,7 +72,7 @@ class VoiceLayer:
     norm2: torch.Tensor
     q_norm: torch.Tensor
     k_norm: torch.Tensor
-    split_glu: bool  # UP's rows as [gate; up] (GPU linears) rather than interleaved (host ones)
+    fused: bool  # BF16 GPU linears: UP's rows as [gate; up], q and k through head_norm_rope; else the host's math
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,10 @@ class GpuOmniVoice:
         def layer(block) -> VoiceLayer:
             w = block.w
             up = lin(w[UP]) if exact else VoiceLinear(None, _split_glu(GpuLinear.of(w[UP], device)))
-            gains = [w[i].float().to(device) for i in (NORM1, NORM2, Q_NORM, K_NORM)]
-            return VoiceLayer(lin(w[QKV]), lin(w[OUT]), up, lin(w[DOWN]), *gains, split_glu=not exact)
+            # q and k gains as the rows of one [2, D] tensor: head_norm_rope reads them so without a copy a call
+            qk = torch.stack([w[Q_NORM], w[K_NORM]]).float().to(device)
+            return VoiceLayer(lin(w[QKV]), lin(w[OUT]), up, lin(w[DOWN]), w[NORM1].float().to(device),
+                              w[NORM2].float().to(device), qk[0], qk[1], fused=not exact)
 
         flash = attention == "flash" or (attention == "auto" and flash_works(device))
         table = lambda t: t.to(device, dtype)  # noqa: E731
@@ -216,8 +218,8 @@ class GpuOmniVoice:
         if k.shape[1] != heads:
             k, v = (t.repeat_interleave(heads // t.shape[1], dim=1) for t in (k, v))
         if self.flash:
-            o = torch.ops.aten._flash_attention_forward(q, k.contiguous(), v.contiguous(), offsets, offsets,
-                                                        rows, rows, 0.0, False, False)[0]
+            q, k, v = (t.contiguous() for t in (q, k, v))  # (views of rows-major storage already: no copies)
+            o = torch.ops.aten._flash_attention_forward(q, k, v, offsets, offsets, rows, rows, 0.0, False, False)[0]
             return o.reshape(rows, -1)
         same = segment[:, None] == segment[None, :]
         o = F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in (q, k, v)), attn_mask=same)
@@ -227,12 +229,17 @@ class GpuOmniVoice:
         a, o, dt = self.arch, self.options, self.dtype
         rows = x.shape[0]
         qkv = w.qkv(F.rms_norm(x, (a.hidden,), w.norm1, a.eps).to(dt), o)
-        q, k, v = qkv.split([a.width, a.key_width, a.key_width], dim=-1)
-        q, k = (rotate_halves(F.rms_norm(t.reshape(rows, -1, a.head).float(), (a.head,), g, a.qk_eps), cos,
-                              sin).to(dt) for t, g in ((q, w.q_norm), (k, w.k_norm)))
-        x = x + w.out(self._attend(q, k, v.reshape(rows, -1, a.head).to(dt), segment, offsets), o).float()
+        if w.fused:  # BF16: one kernel norms and turns q and k and writes k, v per query head, rows-major
+            q, k, v = (t.transpose(1, 2)[0] for t in run("head_norm_rope", qkv, a.heads, a.head, w.q_norm, w.k_norm,
+                                                         cos, sin, a.qk_eps, kv_heads=a.kv_heads))
+        else:  # f32: the host's math (head_norm_rotary), op for op
+            q, k, v = qkv.split([a.width, a.key_width, a.key_width], dim=-1)
+            q, k = (rotate_halves(F.rms_norm(t.reshape(rows, -1, a.head).float(), (a.head,), g, a.qk_eps), cos,
+                                  sin).to(dt) for t, g in ((q, w.q_norm), (k, w.k_norm)))
+            v = v.reshape(rows, -1, a.head).to(dt)
+        x = x + w.out(self._attend(q, k, v, segment, offsets), o).float()
         u = w.up(F.rms_norm(x, (a.hidden,), w.norm2, a.eps).to(dt), o)
-        hidden = F.silu(u[:, :a.ffn]) * u[:, a.ffn:] if w.split_glu else swiglu(u)
+        hidden = F.silu(u[:, :a.ffn]) * u[:, a.ffn:] if w.fused else swiglu(u)
         return x + w.down(hidden.to(dt), o).float()
 
     def _logits(self, ids, audio, positions, segment, offsets, cond, uncond) -> tuple:
