@@ -10,14 +10,18 @@ its own rotary angles (section 4: "split", the frequencies laid over all heads' 
 the velocity has the usual sign (x0 = x - sigma v).
 
 Variants, read from the file's keys (section 9): the prompt's AdaLN (prompt_adaln_single; else the static tables),
-the video MLP's biases, the keyframe marker, the per-head gates. On the host only: no GPU path yet (issue 36).
+the video MLP's biases, the keyframe marker, the per-head gates.
+
+On a CUDA GPU (LTX25.to): a layer (both streams' parts of a block and the A<->V attentions) is the unit that stays on
+the device or streams; its linears run through dit_core/gpu/block.py (INT8 ConvRot or BF16), its attentions and MLPs
+as dit_core/gpu/pieces.py's pieces in this file's order (gpu_block). The rest (embedders, tables, final layers) f32.
 """
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -25,7 +29,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Attention, attend, layer_norm, mlp, modulated_norm
-from ..linear import linear
+from ..linear import float_on, linear
 from ..modulation import sinusoids, table_plus
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, read_tensor
@@ -102,7 +106,8 @@ class TimeEmbedder:
     out: Linear
 
     def __call__(self, times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(modulation rows [n, k D], embedding [n, D]) of times [n] (already x 1000), f32."""
+        """(modulation rows [n, k D], embedding [n, D]) of times [n] (already x 1000), f32, where the weights are."""
+        times = times.to(self.first.weight.device)
         emb = linear(F.silu(linear(sinusoids(times, self.first.in_features), self.first)), self.second)
         return linear(F.silu(emb), self.out), emb
 
@@ -121,10 +126,29 @@ class StreamLayer:
 
 @dataclass(frozen=True)
 class LTXBlock:
+    """One layer: the unit that stays on the GPU or streams (dit_core/gpu/streaming.py)."""
     video: StreamLayer
     audio: StreamLayer
     a2v: Attention  # queries video, keys/values audio, in the audio stream's heads
     v2a: Attention  # queries audio, keys/values video
+
+    def on(self, device: torch.device) -> LTXBlock:
+        """The layer as it runs on a CUDA device: attentions and MLP linears through the GPU block's linears
+        (dit_core/gpu/pieces.py), tables f32."""
+        from ..gpu.block import GpuLinear  # the GPU path: imported where used
+        from ..gpu.pieces import GpuAttention
+        f32 = lambda t: t.float().to(device)  # noqa: E731
+
+        def layer(s: StreamLayer) -> StreamLayer:
+            return StreamLayer(GpuAttention.of(s.self_attn, device), GpuAttention.of(s.text_attn, device),
+                               GpuLinear.of(s.up, device), GpuLinear.of(s.down, device), f32(s.table),
+                               f32(s.prompt_table), f32(s.av_table))
+        return LTXBlock(layer(self.video), layer(self.audio), GpuAttention.of(self.a2v, device),
+                        GpuAttention.of(self.v2a, device))
+
+    @property
+    def gpu(self) -> bool:
+        return not isinstance(self.a2v, Attention)
 
 
 @dataclass(frozen=True)
@@ -138,6 +162,13 @@ class Stream:
     av_gate: TimeEmbedder
     out_table: torch.Tensor      # [2, D]: shift, scale
     proj_out: Linear
+
+    def on(self, device: torch.device) -> Stream:
+        """The stream's once-a-step parts f32 on device (small linears: float_on)."""
+        small = lambda lin: float_on(lin, device)  # noqa: E731
+        time = lambda t: None if t is None else TimeEmbedder(small(t.first), small(t.second), small(t.out))  # noqa
+        return Stream(self.arch, small(self.proj_in), time(self.time), time(self.prompt), time(self.av_scale_shift),
+                      time(self.av_gate), self.out_table.float().to(device), small(self.proj_out))
 
 
 @dataclass(frozen=True)
@@ -157,6 +188,14 @@ class StreamStep:
     context: torch.Tensor
     key_bias: torch.Tensor | None
     self_bias: torch.Tensor | None = None  # [rows, rows] on the self-attention's scores (guide_attention_bias)
+
+    def to(self, device: torch.device) -> StreamStep:
+        """The step's inputs on device (maps int32 on a GPU, as the kernels read them)."""
+        index = torch.int32 if device.type == "cuda" else torch.long
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return StreamStep(on(self.mod), on(self.emb), on(self.prompt), on(self.av), self.av_map.to(device, index),
+                          on(self.gate), self.gate_map.to(device, index), self.seq.to(device),
+                          self.cross.to(device), on(self.context), on(self.key_bias), on(self.self_bias))
 
 
 def video_midpoints(grid: Grid, dtype: torch.dtype) -> torch.Tensor:
@@ -224,7 +263,7 @@ def split_angles(mid: torch.Tensor, width: int, heads: int) -> torch.Tensor:
     count = width // (2 * nd)
     ladder = torch.pow(ROPE_THETA, torch.linspace(0.0, 1.0, count, dtype=torch.float64)) * math.pi / 2.0
     unit = torch.stack([mid[:, d] / MAX_POSITIONS[d] for d in range(nd)], dim=-1)
-    angles = ((unit[:, :, None] * 2 - 1) * ladder.to(mid.dtype)).transpose(1, 2).flatten(1)
+    angles = ((unit[:, :, None] * 2 - 1) * ladder.to(mid.device, mid.dtype)).transpose(1, 2).flatten(1)
     angles = torch.cat([angles.new_zeros(rows, width // 2 - count * nd), angles], dim=1)
     return angles.reshape(rows, heads, -1)
 
@@ -280,9 +319,51 @@ class LTX25:
     time multiplier (av_ca_timestep_scale_multiplier)."""
     video: Stream
     audio: Stream
-    blocks: tuple[LTXBlock, ...]
+    blocks: tuple[LTXBlock, ...]  # or StreamedBlocks of them (dit_core/gpu/streaming.py)
     keyframe: torch.Tensor | None  # [D]: added to rows whose latent frame is one pixel frame (None: no marker)
     av_time_scale: float
+    # The GPU path's options (dit_core/gpu/options.py), passed to each GPU piece: set by to(); None on a model never
+    # moved (the host blocks read none).
+    options: object = field(default=None, compare=False)
+
+    @staticmethod
+    def default_options():
+        """LTX-2.5's GPU options: the engine's defaults."""
+        from ..gpu.options import Options
+        return Options()
+
+    @property
+    def device(self) -> torch.device:
+        return self.video.proj_in.weight.device
+
+    @property
+    def arch(self) -> Arch:
+        """The video stream's Arch: the wider one, which sizes a pass's memory (nodes/memory.py)."""
+        return self.video.arch
+
+    def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
+           options=None) -> LTX25:
+        """LTX-2.5 where it runs: on a CUDA device the layers go through the GPU pieces (INT8 ConvRot linears on the
+        matrix cores, or BF16), the rest f32 there. With budget_bytes the layers take at most that much device
+        memory: those that do not fit stream from host memory (dit_core/gpu/streaming.py; on the CPU through CPU
+        slots, the same numbers); a function of the layers' total bytes is asked once the rest is on the device.
+        options: the GPU path's (by default the model's, else default_options())."""
+        dev = torch.device(device)
+        options = options or self.options or self.default_options()
+        cuda = dev.type == "cuda"
+        if budget_bytes is None:
+            return self.gpu_form(dev, options) if cuda else replace(self, options=options)
+        from ..gpu.streaming import StreamedBlocks  # the GPU path: imported where used
+        form = (lambda layer, where: layer.on(where)) if cuda else None
+        placed = self.gpu_form(dev, options, with_layers=False) if cuda else replace(self, options=options)
+        return replace(placed, blocks=StreamedBlocks(self.blocks, dev, budget_bytes, form=form))
+
+    def gpu_form(self, device: torch.device, options, with_layers: bool = True) -> LTX25:
+        """The model as the GPU path runs it on `device` (a CUDA device; on the CPU the kernels' references run, as
+        the tests use it): GPU layers (unless with_layers is False), the streams' small linears and tables f32."""
+        return replace(self, video=self.video.on(device), audio=self.audio.on(device),
+                       blocks=tuple(b.on(device) for b in self.blocks) if with_layers else self.blocks,
+                       keyframe=None if self.keyframe is None else self.keyframe.float().to(device), options=options)
 
     @staticmethod
     def load(path: str | Path | Checkpoint) -> LTX25:
@@ -351,7 +432,9 @@ class LTX25:
         # A2V and V2A run in the audio stream's heads: the time axis is laid over audio.arch.width values
         cross_width = self.audio.arch.width
         return StreamStep(mod, emb, prompt, s.av_scale_shift(av_t)[0], av_map, s.av_gate(gate_t)[0], gate_map,
-                          rotary(mid, a.width, a.heads, map_), rotary(cross_mid, cross_width, a.heads, map_),
+                          # the angles where the model runs (float64 over all rows: the host's slowest part of a step)
+                          rotary(mid.to(self.device), a.width, a.heads, map_),
+                          rotary(cross_mid.to(self.device), cross_width, a.heads, map_),
                           context, key_bias)
 
     def forward(self, video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
@@ -367,7 +450,8 @@ class LTX25:
         take the keyframe marker (ignored without one; keyframe_rows(grid) as ComfyUI marks them). grid.guides: the
         guide frames' rows, last, at their own times, attended as guide_attention_bias says. av_times: a key of AV_TIMES. rope_dtype: float64 (the
         release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3). check() runs after
-        each block (it raises: ComfyUI's Cancel within a step)."""
+        each block (it raises: ComfyUI's Cancel within a step). Runs where the model is; the velocities come back
+        on the inputs' devices."""
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -376,7 +460,7 @@ class LTX25:
                              f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
                              f"{a_s.proj_in.in_features}")
         key_bias = None if text_mask is None else (1 - text_mask.float()) * -10000.0
-        unmasked = torch.ones(grid.rows) if conditioned is None else 1 - conditioned.float()
+        unmasked = torch.ones(grid.rows) if conditioned is None else 1 - conditioned.float().cpu()
         v_times, v_map = distinct(sigma_video * TIME_SCALE * unmasked)
         a_times, a_map = torch.tensor([sigma_audio * TIME_SCALE]), torch.zeros(audio.shape[0], dtype=torch.long)
         v_mid, a_mid = video_midpoints(grid, rope_dtype), audio_midpoints(audio.shape[0], rope_dtype)
@@ -385,14 +469,16 @@ class LTX25:
                                 text_video.float(), key_bias), self_bias=guide_attention_bias(grid))
         sa = self._step(a_s, a_times, a_map, sigma_audio, sigma_video, times, a_mid, a_mid, text_audio.float(),
                         key_bias)
-        v, a = linear(video.float(), v_s.proj_in), linear(audio.float(), a_s.proj_in)
+        dev = self.device
+        sv, sa = sv.to(dev), sa.to(dev)
+        v, a = linear(video.to(dev).float(), v_s.proj_in), linear(audio.to(dev).float(), a_s.proj_in)
         if self.keyframe is not None and keyframes is not None:
-            v = v + keyframes.bool().float()[:, None] * self.keyframe
+            v = v + keyframes.to(dev).bool().float()[:, None] * self.keyframe
         for block in self.blocks:
-            v, a = self.block(block, v, a, sv, sa)
+            v, a = gpu_block(self, block, v, a, sv, sa) if block.gpu else self.block(block, v, a, sv, sa)
             if check is not None:
                 check()
-        return self.final(v_s, v, sv), self.final(a_s, a, sa)
+        return self.final(v_s, v, sv).to(video.device), self.final(a_s, a, sa).to(audio.device)
 
     def block(self, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
               sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
@@ -429,13 +515,49 @@ def self_and_prompt(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tenso
     m = step.seq.map
     h = modulated_norm(a, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
     x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq, step.self_bias)
-    kv_mod = layer.prompt_table if step.prompt is None else table_plus(layer.prompt_table, step.prompt[None])[:, 0]
-    context = step.context * (1 + kv_mod[PROMPT_SCALE]) + kv_mod[PROMPT_SHIFT]
     h = modulated_norm(a, x, None, p[SHIFT_Q], p[SCALE_Q], m)
-    return x + p[GATE_Q][m] * attend(a, layer.text_attn, h, context, key_bias=step.key_bias)
+    return x + p[GATE_Q][m] * attend(a, layer.text_attn, h, prompt_rows(layer, step), key_bias=step.key_bias)
+
+
+def prompt_rows(layer: StreamLayer, step: StreamStep) -> torch.Tensor:
+    """The prompt rows a stream's text attention reads: modulated by the static prompt table plus the prompt's
+    AdaLN at the stream's sigma, if any."""
+    kv_mod = layer.prompt_table if step.prompt is None else table_plus(layer.prompt_table, step.prompt[None])[:, 0]
+    return step.context * (1 + kv_mod[PROMPT_SCALE]) + kv_mod[PROMPT_SHIFT]
 
 
 def feed_forward(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> torch.Tensor:
     m = step.seq.map
     return x + p[GATE_MLP][m] * mlp(modulated_norm(a, x, None, p[SHIFT_MLP], p[SCALE_MLP], m), layer.up,
                                     layer.down, a.mlp)
+
+
+def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
+              sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """LTX25.block on the GPU pieces (dit_core/gpu/pieces.py), v and a updated in place: each branch added under its
+    gate in its OUT's / DOWN's product epilogue. The A<->V attentions both read the streams before either adds."""
+    from ..gpu.pieces import attention_rows, into, mlp_into  # the GPU path: imported where used
+    o, va, aa = model.options, model.video.arch, model.audio.arch
+    pv, pa = table_plus(block.video.table, sv.mod), table_plus(block.audio.table, sa.mod)
+    for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
+        m = step.seq.map
+        h = modulated_norm(arch, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
+        heads = attention_rows(arch, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, o)
+        into(x, heads, layer.self_attn, p[GATE_MSA], m, o)
+        h = modulated_norm(arch, x, None, p[SHIFT_Q], p[SCALE_Q], m)
+        heads = attention_rows(arch, layer.text_attn, h, prompt_rows(layer, step), bias=step.key_bias, options=o)
+        into(x, heads, layer.text_attn, p[GATE_Q], m, o)
+    cv, ca = table_plus(block.video.av_table[:4], sv.av), table_plus(block.audio.av_table[:4], sa.av)
+    gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
+    q = modulated_norm(va, v, None, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
+    kv = modulated_norm(aa, a, None, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
+    a2v = attention_rows(aa, block.a2v, q, kv, sv.cross, sa.cross, options=o)
+    q = modulated_norm(aa, a, None, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
+    kv = modulated_norm(va, v, None, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
+    into(a, attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o), block.v2a, ga, sa.gate_map, o)
+    into(v, a2v, block.a2v, gv, sv.gate_map, o)
+    for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
+        m = step.seq.map
+        h = modulated_norm(arch, x, None, p[SHIFT_MLP], p[SCALE_MLP], m)
+        mlp_into(x, h, layer.up, layer.down, p[GATE_MLP], m, o)
+    return v, a

@@ -109,6 +109,32 @@ def product(x: torch.Tensor, lin: GpuLinear, options: Options | None = None) -> 
     return _product(None, None, x.to(torch.bfloat16), lin, o)
 
 
+def linear_rows(x: torch.Tensor, lin: GpuLinear, options: Options | None = None) -> tuple:
+    """Rows x as lin's product takes them, (codes, scales, None) for an INT8 linear (quantize_rows, plain rows) or
+    (None, None, bf16 rows): made once, read by every linear of the same input (an attention's q, k and v)."""
+    o = options or DEFAULT
+    if lin.int8:
+        return (*run("quantize_rows", x if x.stride(-1) == 1 else x.contiguous(), lin.group, choices=o.kernels),
+                None)
+    return None, None, x.to(torch.bfloat16)
+
+
+def rows_product(rows: tuple, lin: GpuLinear, options: Options | None = None) -> torch.Tensor:
+    """lin's bf16 output of linear_rows' triple."""
+    return _product(*rows, lin, options or DEFAULT)
+
+
+def gated_into(x: torch.Tensor, rows: tuple, lin: GpuLinear, gate: torch.Tensor, row_map: torch.Tensor,
+               options: Options | None = None) -> torch.Tensor:
+    """x (f32 [rows, N], in place) += gate[row_map] * lin(rows) (linear_rows' triple; gate [R, N]): in the INT8
+    product's epilogue, else after the BF16 product."""
+    o = options or DEFAULT
+    if lin.int8:  # the kernels read gate's rows N apart (a table's row view may not be)
+        return run("int8_linear_gated", rows[0], rows[1], lin.weight, lin.scale, lin.bias, residual=x,
+                   gate=gate.contiguous(), row_map=row_map, choices=o.kernels)
+    return x.add_(gate.float()[row_map.long()] * _product(*rows, lin, o).float())
+
+
 def _fused_heads(a: Arch, qkv: GpuLinear, s: Sequence) -> bool:
     """Whether QKV's product takes the head norm and rotary in its epilogue: INT8, every column of a head turned,
     and a tile holding whole heads (D a power of two >= 16)."""

@@ -1,0 +1,93 @@
+"""The host block's pieces (dit_core/block.py: attend, mlp) on a CUDA GPU, for families that call them one at a
+time in their own order (LTX-2.5): an attention with its own q, k, v linears (self or cross: keys from the prompt or
+another stream), q/k RMS across all heads, rotary angles per head, a key bias, the per-head 2 sigmoid gate; a GELU
+MLP; each branch added to the residual under its gate in OUT's / DOWN's product epilogue. The linears go through
+dit_core/gpu/block.py (INT8 ConvRot on the kernels, or BF16); the rest is torch for now (SDPA, elementwise): q/k
+norm, rotary, attention and the gate have no kernel of this layout yet."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..arch import Arch
+from ..block import Attention, gelu_tanh, rms_norm
+from ..linear import float_on, linear
+from ..sequence import Sequence, rotate_halves
+from ..weights import Linear
+from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
+from .options import DEFAULT, Options
+
+
+@dataclass(frozen=True)
+class GpuAttention:
+    """An Attention where it runs: q, k, v, OUT as GpuLinears, the norm gains f32, the head gate (a few rows:
+    heads x width) an f32 Linear."""
+    q: GpuLinear
+    k: GpuLinear
+    v: GpuLinear
+    out: GpuLinear
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    head_gate: Linear | None
+
+    @staticmethod
+    def of(w: Attention, device: torch.device) -> GpuAttention:
+        f32 = lambda t: None if t is None else t.float().to(device)  # noqa: E731
+        return GpuAttention(*(GpuLinear.of(lin, device) for lin in (w.q, w.k, w.v, w.out)), f32(w.q_norm),
+                            f32(w.k_norm), None if w.head_gate is None else float_on(w.head_gate, device))
+
+
+def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None) -> torch.Tensor:
+    """A linear's bf16 output rows -> [1, heads, rows, head] bf16: RMS (a.qk_norm: by head or across all heads) in
+    f32, turned by s's cos/sin (per head or shared), as dit_core/block.py head_norm_rotary."""
+    t = t.float().view(t.shape[0], a.heads, a.head)
+    if weight is not None:
+        t = rms_norm(t, weight, a.qk_eps) if a.qk_norm == "head" else rms_norm(t.flatten(1), weight,
+                                                                                 a.qk_eps).view_as(t)
+    if s is not None:
+        t = rotate_halves(t, s.cos, s.sin)
+    return t.to(torch.bfloat16).transpose(0, 1)[None]
+
+
+def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Tensor, q_rotary: Sequence | None = None,
+                   k_rotary: Sequence | None = None, bias: torch.Tensor | None = None,
+                   options: Options | None = None) -> torch.Tensor:
+    """dit_core/block.py attend up to OUT: the heads' output rows [rows, heads x head] bf16, gated per head, for query
+    rows x and key/value rows context (f32; context may be x itself: its rows are made once for q, k and v). bias:
+    added to every head's scores, [keys] (a prompt's mask) or [rows, keys]. OUT: into()."""
+    o = options or DEFAULT
+    q_rows = linear_rows(x, w.q, o)
+    same = context is x and (w.k.int8, w.k.group) == (w.q.int8, w.q.group)
+    kv_rows = q_rows if same else linear_rows(context, w.k, o)
+    q = _heads(a, rows_product(q_rows, w.q, o), w.q_norm, q_rotary)
+    k = _heads(a, rows_product(kv_rows, w.k, o), w.k_norm, k_rotary)
+    v = rows_product(kv_rows, w.v, o).view(-1, a.heads, a.head).transpose(0, 1)[None]
+    mask = None if bias is None else bias.to(torch.bfloat16).expand(q.shape[2], -1)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].transpose(0, 1)
+    if w.head_gate is not None:
+        out = out * (2 * torch.sigmoid(linear(x, w.head_gate)))[..., None].to(out.dtype)
+    return out.reshape(x.shape[0], a.heads * a.head)
+
+
+def into(x: torch.Tensor, heads: torch.Tensor, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,
+         options: Options | None = None) -> torch.Tensor:
+    """x (f32, in place) += gate[row_map] * OUT(heads), heads attention_rows' output."""
+    return gated_into(x, linear_rows(heads, w.out, options), w.out, gate, row_map, options)
+
+
+def mlp_into(x: torch.Tensor, h: torch.Tensor, up: GpuLinear, down: GpuLinear, gate: torch.Tensor,
+             row_map: torch.Tensor, options: Options | None = None) -> torch.Tensor:
+    """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)) (dit_core/block.py mlp, kind gelu_tanh), h the
+    MLP's input rows (f32), in chunks of Options.mlp_chunk rows: UP's bf16 output, then GELU in DOWN's quantizer
+    (INT8) or in torch (BF16)."""
+    o = options or DEFAULT
+    for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
+        hidden = rows_product(linear_rows(h[r0:r1], up, o), up, o)
+        if down.int8:
+            rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)
+        else:
+            rows = (None, None, gelu_tanh(hidden.float()).to(torch.bfloat16))
+        gated_into(x[r0:r1], rows, down, gate, row_map[r0:r1], o)
+    return x

@@ -1,0 +1,172 @@
+"""LTX-2.5's GPU form (LTX25.to / gpu_form: layers through dit_core/gpu/pieces.py and the GPU block's linears)
+against the host path: on the CPU where every kernel takes its reference, and on CUDA (pytest -m gpu). Sizes the
+kernels take: heads of 128 (video) and 64 (audio), widths in ConvRot groups of 64."""
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import rel_err
+from safetensors.torch import save_file
+from tiny_models import int8_convrot_state, ltx25_comfy_layout, random_ltx25
+
+from dit_core.arch import Arch
+from dit_core.block import Attention, attend, mlp
+from dit_core.families.ltx25 import LTX25, Grid, Guide
+from dit_core.gpu.options import Options
+from dit_core.gpu.pieces import GpuAttention, attention_rows, into, mlp_into
+from dit_core.sequence import Sequence
+from dit_core.weights import Linear
+from dit_core.gpu.staging import staged_bytes
+from dit_core.gpu.streaming import StreamedBlocks
+
+pytest.importorskip("diffusers")
+
+GPU_SIZES = dict(in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=128,
+                 cross_attention_dim=256, audio_in_channels=16, audio_out_channels=16, audio_num_attention_heads=2,
+                 audio_attention_head_dim=64, audio_cross_attention_dim=128, num_layers=2)
+# no prompt AdaLN, video FF biases, ungated video attentions, no keyframe marker (reference/families/ltx25.md 9)
+VARIANT = dict(use_prompt_adaln_single=False, ff_bias=True, gated_attn=False, use_keyframes_abs_pos_embedding=False)
+GRID = Grid(frames=3, height=2, width=3)
+GUIDED = Grid(frames=2, height=2, width=3, guides=(Guide(16, 17, 0.5),))  # a guide frame: the self-attention bias
+AUDIO_ROWS, TEXT_ROWS = 7, 6
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ltx25_gpu")
+    config = '{"transformer": {"num_attention_heads": 2, "audio_num_attention_heads": 2}}'
+    for name, overrides in (("tiny", {}), ("variant", VARIANT)):
+        state = ltx25_comfy_layout(random_ltx25(seed=4, **GPU_SIZES, **overrides))
+        save_file(state, d / f"{name}.safetensors", metadata={"config": config})
+        save_file(int8_convrot_state(state, lambda key: ".transformer_blocks." in key, group=64),
+                  d / f"{name}_int8.safetensors", metadata={"config": config})
+    return d
+
+
+def inputs(grid: Grid = GRID, seed: int = 5):
+    """forward's arguments: random rows, a padded prompt row, the first latent frame conditioned and marked."""
+    g = torch.Generator().manual_seed(seed)
+    video, audio = torch.randn(grid.rows, 16, generator=g), torch.randn(AUDIO_ROWS, 16, generator=g)
+    text_video, text_audio = torch.randn(TEXT_ROWS, 256, generator=g), torch.randn(TEXT_ROWS, 128, generator=g)
+    mask = torch.ones(TEXT_ROWS)
+    mask[-1] = 0
+    first = torch.zeros(grid.rows)
+    first[:grid.height * grid.width] = 1
+    return video, audio, text_video, text_audio, grid, 0.7, 0.45, first, mask, first.bool()
+
+
+PIECES = Arch(family="ltx25", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=1024, latents=16, patch=(1,),
+              text_dim=128, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6, final_eps=1e-6,
+              rope_axes=(64,), rope_theta=1e4, mlp="gelu_tanh", qk_norm="across")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_pieces_match_the_host(device):
+    """dit_core/gpu/pieces.py against dit_core/block.py's attend and mlp, each added under a gate of two modulation
+    rows: self-attention with per-head angles and a [rows, rows] bias, cross-attention on prompt rows with a key mask,
+    the GELU MLP in chunks; INT8 within 1e-2 of the host's emulation, BF16 within 1e-2 of f32 (6.1e-3 and 2.1e-3 on
+    the CPU: SDPA's bf16 q, k, v)."""
+    a, rows, keys, dev = PIECES, 40, 12, torch.device(device)
+    g = torch.Generator().manual_seed(0)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5, 0.1 * torch.randn(n, generator=g))  # noqa
+    gain = lambda: 1 + 0.2 * torch.randn(a.width, generator=g)  # noqa: E731
+    self_attn = Attention(lin(256, 256), lin(256, 256), lin(256, 256), lin(256, 256), gain(), gain(), lin(4, 256))
+    text_attn = Attention(lin(256, 256), lin(256, 128), lin(256, 128), lin(256, 256), gain(), gain(), None)
+    up, down = lin(1024, 256), lin(256, 1024)
+    angles = torch.randn(rows, a.heads, 16, generator=g) * 3
+    row_map = (torch.arange(rows) >= 25).long()
+    seq = Sequence(row_map, angles.cos(), angles.sin())
+    x, h = torch.randn(rows, 256, generator=g), torch.randn(rows, 256, generator=g)
+    context = torch.randn(keys, 128, generator=g)
+    gate = 0.5 * torch.randn(2, 256, generator=g)
+    key_bias = torch.zeros(keys)
+    key_bias[-3:] = -10000.0
+    bias = torch.randn(rows, rows, generator=g)
+    int8 = lambda w: Attention(*(t.as_int8(64) if isinstance(t, Linear) else t for t in  # noqa: E731
+                                 (w.q, w.k, w.v, w.out, w.q_norm, w.k_norm)), w.head_gate)
+
+    def host(make, lin_of):
+        sa, ta = make(self_attn), make(text_attn)
+        y = x + gate[row_map] * attend(a, sa, h, h, seq, seq, bias)
+        y = y + gate[row_map] * attend(a, ta, h, context, key_bias=key_bias)
+        return y + gate[row_map] * mlp(h, lin_of(up), lin_of(down), "gelu_tanh")
+
+    def gpu(make, lin_of):
+        from dit_core.gpu.block import GpuLinear
+        on = lambda t: t.to(dev)  # noqa: E731
+        o, m, gt = Options(mlp_chunk=16), row_map.to(dev, torch.int32 if dev.type == "cuda" else torch.long), on(gate)
+        sa, ta = GpuAttention.of(make(self_attn), dev), GpuAttention.of(make(text_attn), dev)
+        y, hd, s = on(x).clone(), on(h), seq.to(dev)
+        into(y, attention_rows(a, sa, hd, hd, s, s, on(bias), o), sa, gt, m, o)
+        into(y, attention_rows(a, ta, hd, on(context), bias=on(key_bias), options=o), ta, gt, m, o)
+        return mlp_into(y, hd, GpuLinear.of(lin_of(up), dev), GpuLinear.of(lin_of(down), dev), gt, m, o).cpu()
+
+    q8 = lambda t: t.as_int8(64)  # noqa: E731
+    assert rel_err(gpu(int8, q8), host(int8, q8)) <= 1e-2
+    same = lambda t: t  # noqa: E731
+    assert rel_err(gpu(same, same), host(same, same)) <= 1e-2
+
+
+@pytest.mark.parametrize("name", ["tiny", "variant"])
+@pytest.mark.parametrize("grid", [GRID, GUIDED], ids=["plain", "guide"])
+def test_gpu_form_matches_the_host(files, name, grid):
+    """The GPU form on the CPU (the kernels' references): BF16 linears within 1e-2 of the host f32 path; INT8 ConvRot
+    linears within 1e-2 of the host's INT8 emulation and 3e-2 of f32."""
+    f32, int8 = (LTX25.load(files / f"{name}{suffix}.safetensors") for suffix in ("", "_int8"))
+    args = inputs(grid)
+    want, emulated = f32.forward(*args), int8.forward(*args)
+    bf16 = f32.gpu_form(torch.device("cpu"), f32.default_options())
+    assert isinstance(bf16.blocks[0].a2v, GpuAttention) and not bf16.blocks[0].a2v.q.int8
+    for got, w in zip(bf16.forward(*args), want):
+        assert rel_err(got, w) <= 1e-2
+    gpu = int8.gpu_form(torch.device("cpu"), int8.default_options())
+    assert gpu.blocks[1].video.down.int8 and gpu.blocks[0].v2a.k.int8
+    for got, e, w in zip(gpu.forward(*args), emulated, want):
+        assert rel_err(got, e) <= 1e-2 and rel_err(got, w) <= 3e-2
+
+
+def test_streamed_layers_equal_resident(files):
+    """Layers (both streams of a block and its A<->V attentions) streamed through one CPU slot, none resident: the
+    GPU form's numbers and the host's, equal to resident."""
+    host = LTX25.load(files / "tiny_int8.safetensors")
+    args = inputs()
+    one = staged_bytes(host.blocks[0].on(torch.device("cpu")))
+    gpu = host.gpu_form(torch.device("cpu"), host.default_options())
+    streamed = replace(gpu, blocks=StreamedBlocks(host.blocks, "cpu", one, form=lambda b, where: b.on(where),
+                                                  slots=1))
+    assert not any(streamed.blocks.resident) and streamed.blocks.slot_bytes == one
+    for s, g in zip(streamed.forward(*args), gpu.forward(*args)):
+        assert torch.equal(s, g)
+    host_one = staged_bytes(host.blocks[0])
+    assert all(host.to("cpu", budget_bytes=2 * host_one).blocks.resident)
+    slotted = replace(host, blocks=StreamedBlocks(host.blocks, "cpu", host_one, slots=1))
+    for s, g in zip(slotted.forward(*args), host.forward(*args)):
+        assert torch.equal(s, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("grid", [GRID, GUIDED], ids=["plain", "guide"])
+def test_gpu_matches_host(files, grid):
+    """LTX25.to('cuda'): the kernels' INT8 products within 1e-2 of the host's INT8 emulation and 3e-2 of f32, BF16
+    linears within 1e-2 of f32; velocities back on the inputs' device; layers streamed through one slot equal to
+    resident ones."""
+    f32, int8 = (LTX25.load(files / f"tiny{suffix}.safetensors") for suffix in ("", "_int8"))
+    args = inputs(grid)
+    want, emulated = f32.forward(*args), int8.forward(*args)
+    for got, w in zip(f32.to("cuda").forward(*args), want):
+        assert rel_err(got, w) <= 1e-2
+    model = int8.to("cuda")
+    got = model.forward(*args)
+    for g, e, w in zip(got, emulated, want):
+        assert g.device.type == "cpu" and rel_err(g, e) <= 1e-2 and rel_err(g, w) <= 3e-2
+    cuda_args = tuple(a.cuda() if isinstance(a, torch.Tensor) else a for a in args)
+    resident = model.forward(*cuda_args)
+    assert resident[0].is_cuda
+    one = staged_bytes(int8.blocks[0].on(torch.device("cpu")))
+    streamed = replace(int8.to("cuda", budget_bytes=10 * one),
+                       blocks=StreamedBlocks(int8.blocks, "cuda", one, form=lambda b, where: b.on(where), slots=1))
+    assert not any(streamed.blocks.resident)
+    for s, r in zip(streamed.forward(*cuda_args), resident):
+        assert torch.equal(s, r)
