@@ -91,9 +91,10 @@ def codec_config(tiny: bool):
         codebook_size=1024, codebook_dim=8, target_bandwidths=[0.5, 2.0])
 
 
-def models(tiny: bool, device: torch.device, dtype: torch.dtype, int8: bool, eager: bool):
+def models(tiny: bool, device: torch.device, dtype: torch.dtype, int8: bool, eager: bool, agreement: bool):
     """(the package's model with its tokenizers, {name: our form}, our codec), one set of random weights. Ours: BF16
-    graphed; with int8 also its linears quantized to INT8 ConvRot at load; with eager also BF16 without graphs."""
+    graphed; with int8 also its linears quantized to INT8 ConvRot at load; with eager also BF16 without graphs; with
+    agreement also the f32 form (the host's math; "f32", not timed)."""
     package, duration, higgs = imported_without_torchaudio("omnivoice.models.omnivoice", "omnivoice.utils.duration",
                                                            HIGGS)
     from transformers import Qwen3Config
@@ -117,6 +118,8 @@ def models(tiny: bool, device: torch.device, dtype: torch.dtype, int8: bool, eag
     ours = {"ours BF16": GpuOmniVoice.of(host, device, dtype)}
     if eager:
         ours["ours BF16 eager"] = GpuOmniVoice.of(host, device, dtype, graphs=False)
+    if agreement:
+        ours["f32"] = GpuOmniVoice.of(host, device, torch.float32, graphs=False)
     if int8:
         ours["ours INT8"] = GpuOmniVoice.of(OmniVoice.load(TensorSource(state, "model.safetensors"), "int8"), device,
                                             dtype)
@@ -174,12 +177,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=None)
     ap.add_argument("--int8", action="store_true", help="also ours with the linears quantized to INT8 ConvRot")
     ap.add_argument("--eager", action="store_true", help="also ours BF16 without CUDA graphs")
+    ap.add_argument("--agreement", action="store_true",
+                    help="the share of ours BF16's codes equal to ours f32's (the host's math) for the same seeds")
     args = ap.parse_args()
     device = torch.device("cpu" if args.tiny else "cuda")
     seconds, steps = args.seconds or ([2.0, 4.0] if args.tiny else [10.0, 30.0]), args.steps or (
         [4, 2] if args.tiny else [32, 12])
     repeats = 1 if args.tiny else args.repeats
-    theirs, tokenizer, ours, decoder = models(args.tiny, device, torch.bfloat16, args.int8, args.eager)
+    theirs, tokenizer, ours, decoder = models(args.tiny, device, torch.bfloat16, args.int8, args.eager,
+                                                args.agreement)
     first = next(iter(ours.values()))
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
           f"{torch.__version__}; ours: {'varlen FlashAttention' if first.flash else 'SDPA with a segment mask'}, "
@@ -187,6 +193,18 @@ def main() -> None:
     print("| speech | steps | who | wall s | RTF | speed-up | TTFA s | TTFA cold s | ms a step | peak added GB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    exact = ours.pop("f32", None)
+    if exact is not None:
+        for s, n in dict.fromkeys(((seconds[0], steps[0]), (seconds[-1], steps[-1]))):
+            speech = [Speech((SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip(), frames=int(s * FRAME_RATE))]
+            shares = []
+            for seed in range(3):
+                a, b = (speech_codes(f, tokenizer, speech, Unmasking(steps=n), seed)[0][0]
+                        for f in (ours["ours BF16"], exact))
+                shares.append((a == b).float().mean().item())
+            print(f"{s:g} s, {n} steps: ours BF16's codes equal to ours f32's: "
+                  f"{', '.join(f'{x:.1%}' for x in shares)} (seeds 0-2)", flush=True)
+        del exact
     for s in seconds:
         frames = int(s * FRAME_RATE)
         text = (SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip()
