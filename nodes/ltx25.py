@@ -1,8 +1,9 @@
 """LTX-2.5 nodes, text and images to video + audio as the templates run it: the DiT and text encoder loaders, text
 encode and a sampler per stage (one SamplerCustomAdvanced group of a template); with the VAE, audio and latent nodes
 of nodes/ltx25_codecs.py and the frame nodes of nodes/ltx25_frames.py, all in NODES. Stock EmptyLTXVLatentVideo,
-LTXVConcat/SeparateAVLatent and LTXVConditioning stay in the graph. On the host (CPU, f32) for now: the GPU path is
-issue 36."""
+LTXVConcat/SeparateAVLatent and LTXVConditioning stay in the graph. The DiT runs where ComfyUI computes (a CUDA GPU:
+its layers through kernels/ within the loader's budget; else the f32 host path); the connectors, text encoder and
+codecs on the host for now."""
 from __future__ import annotations
 
 import math
@@ -15,12 +16,12 @@ from comfy_api.latest import io
 from ..dit_core.families.ltx25 import LTX25
 from ..dit_core.sampling.ltx25 import STAGE_1_SIGMAS, Prompt, Stage, manual_sigmas, packed_model, sample_stage
 from ..dit_core.text.gemma4 import Gemma4TextEncoder, LTX25TextConnectors
-from .base import FileHandle, ModelHandle, SwiftDiTError, finite, interrupt_check, text_conditioning
+from .base import FileHandle, ModelHandle, SwiftDiTError, cancellable, finite, interrupt_check, text_conditioning
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FamilySettings, PassSize
 from .ltx25_codecs import CODEC_NODES
 from .ltx25_frames import CATEGORY, FAMILY, FRAME_NODES, HOST, host_model, sampler_frames
-from .memory import LOADED, engine_device
+from .memory import LOADED, dit_on_device, engine_device
 
 FRAME_RATE = 25  # the RoPE's fps where no LTXVConditioning set one (ComfyUI's LTXV extra_conds default)
 SETTINGS = FamilySettings(
@@ -37,13 +38,29 @@ class LoadedDiT:
     transformer: LTX25
     connectors: LTX25TextConnectors
 
+    @property
+    def arch(self):  # the video stream's: what sizes a pass (nodes/memory.py)
+        return self.transformer.arch
+
+    @property
+    def blocks(self):  # the transformer's layers: what streams (nodes/memory.py fit_blocks)
+        return self.transformer.blocks
+
+    def to(self, device: torch.device, budget_bytes=None) -> LoadedDiT:
+        """The transformer where it runs (LTX25.to); the connectors stay on the host (once a prompt)."""
+        return LoadedDiT(self.transformer.to(device, budget_bytes=budget_bytes), self.connectors)
+
+
+def read_dit(ckpt) -> LoadedDiT:
+    return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt))
+
 
 def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> LoadedDiT:
-    """The DiT on the host (rows and check: SamplerNode's memory check, not made for LTX-2.5 yet)."""
+    """The DiT where ComfyUI computes: on a CUDA GPU within the loader's gpu_budget_gb, fitted for a pass over rows
+    (memory.dit_on_device; check: SamplerNode's memory check), else on the host (f32)."""
     if engine_device().type == "cuda":
-        raise ValueError("LTX-2.5 runs on the host only for now, and ComfyUI computes on a CUDA GPU here: the GPU "
-                         "path is issue 36 (start ComfyUI with --cpu to run it on the host)")
-    return host_model("dit", handle, lambda ckpt: LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt)))
+        return dit_on_device(handle, lambda: cancellable(read_dit, handle.path), SETTINGS.pass_size, rows, check)
+    return host_model("dit", handle, read_dit)
 
 
 def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:  # its tokenizer is the file's own
