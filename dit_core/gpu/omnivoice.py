@@ -237,10 +237,10 @@ class GpuOmniVoice:
             q, k = (rotate_halves(F.rms_norm(t.reshape(rows, -1, a.head).float(), (a.head,), g, a.qk_eps), cos,
                                   sin).to(dt) for t, g in ((q, w.q_norm), (k, w.k_norm)))
             v = v.reshape(rows, -1, a.head).to(dt)
-        x = x + w.out(self._attend(q, k, v, segment, offsets), o).float()
+        x = x + w.out(self._attend(q, k, v, segment, offsets), o)  # f32 + bf16: one kernel, f32 out
         u = w.up(F.rms_norm(x, (a.hidden,), w.norm2, a.eps).to(dt), o)
         hidden = F.silu(u[:, :a.ffn]) * u[:, a.ffn:] if w.fused else swiglu(u)
-        return x + w.down(hidden.to(dt), o).float()
+        return x + w.down(hidden.to(dt), o)
 
     def _logits(self, ids, audio, positions, segment, offsets, cond, uncond) -> tuple:
         """Logits [B, C, W, V] f32 of the target rows of packed ids: conditional, and unconditional or None."""
@@ -297,16 +297,33 @@ class GpuOmniVoice:
         reveal = torch.tensor(counts, dtype=torch.long).t().contiguous().to(dev)  # [steps, B]
         k, empty = knobs(u, dev), torch.empty(0, device=dev)
         codes = torch.full((len(prompts), self.codebooks, width), self.mask_id, dtype=torch.long, device=dev)
-        step = self.graphs or self._step
+        step, pending = self.graphs or self._step, []
+        report = lambda j, done: callback(j + 1, u.steps, [done[b, :, :t] for b, t in enumerate(targets)])  # noqa: E731
         for i in range(u.steps):
             before_step(i, u.steps, should_stop)
             noise = step_noise(generator, [c[i] for c in counts], targets, self.codebooks, self.audio_vocab, u, width)
             noise = [empty if t is None else self._to_device(t) for t in noise]
             codes = step(codes, *lay.tensors(), reveal[i], k, *noise)
             if callback is not None:
-                callback(i + 1, u.steps, [codes[b, :, :t] for b, t in enumerate(targets)])
+                # Reported once done, one step behind on CUDA: step i is queued before step i - 1 is waited for, so
+                # the GPU never idles, and progress and cancel keep pace with it (at most two steps in flight).
+                pending.append((i, codes, self._done_event()))
+                while len(pending) > (1 if self.device.type == "cuda" else 0):
+                    j, done, event = pending.pop(0)
+                    if event is not None:
+                        event.synchronize()
+                    report(j, done)
         out = codes.cpu()
+        for j, done, _ in pending:
+            report(j, done)
         return [out[b, :, :t] for b, t in enumerate(targets)]
+
+    def _done_event(self):
+        if self.device.type != "cuda":
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
 
     def _to_device(self, t: torch.Tensor) -> torch.Tensor:
         if self.device.type == "cuda":

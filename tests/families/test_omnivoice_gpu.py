@@ -200,10 +200,13 @@ def test_cuda_graphed_loop_equals_eager_and_mostly_the_host(cuda_forms, host, to
 
 @pytest.mark.gpu
 def test_cuda_one_graph_per_bucket(cuda_forms, tokenizer):
-    """Two texts of nearby lengths replay one captured graph (their rows and frames fall in one bucket)."""
-    form = cuda_forms["flash"]
+    """Two texts of nearby lengths replay one captured graph (their rows and frames fall in one bucket); the
+    callback sees every step in order (one step behind the queue) and the last codes unmasked."""
+    form, seen = cuda_forms["flash"], []
     form.clear()
     for text in ("Hello there.", "Hello there!!"):
         prompts = prompts_of(tokenizer, [(text, 20, None, None, None, 0)])
-        generate_codes(form, prompts, Unmasking(steps=4), torch.Generator().manual_seed(0))
+        generate_codes(form, prompts, Unmasking(steps=4), torch.Generator().manual_seed(0),
+                       callback=lambda i, n, codes: seen.append((i, n, int((codes[0] == MASK).sum()))))
     assert len(form.graphs.graphs) == 1 and next(iter(form.graphs.graphs.values())) is not None
+    assert [(i, n) for i, n, _ in seen] == [(i, 4) for i in range(1, 5)] * 2 and seen[-1][2] == 0
