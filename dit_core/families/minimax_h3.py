@@ -3,13 +3,14 @@ refiner, blocks, final layer, over one packed sequence of text, condition (keyfr
 
 Facts: reference/families/minimax_h3.md (diffusers 0.42.1 transformer_minimax_h3.py; single_file_utils.py
 convert_minimax_h3_transformer_checkpoint_to_diffusers for the names, whose inverse the file's names are). The layout
-is converted once, here, at load: QKV as stored (the Comfy-Org files stack [q; k; v]), fc1's [gate; value] halves
-interleaved into UP. The attention is wider than the residual (56 heads x 128 = 7168 over 5376: Arch.inner) and
-turns the first 96 of a head's 128 values (three axes of 16 frequencies, split halves). Time is t = 1 - sigma
-(1 = clean, unscaled) and the velocity points data-ward: x0 = x + sigma v (section 11, item 4).
+is converted once, here, at load: QKV as stored (the Comfy-Org files stack [q; k; v]) with each q and k head's values
+reordered so that its rotary spans the whole head (head_order), fc1's [gate; value] halves interleaved into UP. The
+attention is wider than the residual (56 heads x 128 = 7168 over 5376: Arch.inner) and turns 96 of a head's 128
+values (three axes of 16 frequencies, split halves). Time is t = 1 - sigma (1 = clean, unscaled) and the velocity
+points data-ward: x0 = x + sigma v (section 11, item 4). The packed sequence's layout: minimax_h3_layout.py.
 
-A layer is a block with its modulation linear (40% of its bytes), the unit that stays on the GPU or streams.
-sampling/minimax_h3.py runs a prompt on it (sample_t2va).
+A layer is a block with its modulation linear (40% of its bytes in the full files; 8 columns in the pruned files'
+curve form), the unit that stays on the GPU or streams. sampling/minimax_h3.py runs a prompt on it (sample_t2va).
 """
 from __future__ import annotations
 

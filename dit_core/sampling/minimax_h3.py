@@ -21,6 +21,10 @@ from .schedules import calculate_sigmas
 
 VIDEO_SHIFT = 12.0  # H3's released shifts (diffusers flow_shift / audio_flow_shift, ComfyUI shift / audio_shift)
 AUDIO_SHIFT = 3.0
+# FastH3's template: ComfyUI's MiniMaxH3SigmaShift(shift_video 10, shift_audio 3), 8 steps of res_multistep on the
+# simple scheduler. The node sets ModelSamplingAV's shifts (the video grid's, and audio_scale = video / audio for the
+# carried audio) and hands both to the model's audio clock: sample_t2va(video_shift=, audio_shift=) of these.
+FASTH3_SHIFTS = (10.0, 3.0)
 
 # denoised(x_video, x_audio, sigma_video, sigma_audio) -> (x0_video, x0_audio), all rows in and out
 Denoised = Callable[[torch.Tensor, torch.Tensor, float, float], tuple[torch.Tensor, torch.Tensor]]

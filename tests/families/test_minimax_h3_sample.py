@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
 from dit_core.families.minimax_h3 import MiniMaxH3, Reference, audio_to_rows, patchify, rows_to_audio, unpatchify
-from dit_core.sampling.minimax_h3 import sample_t2va, t2va_noise
+from dit_core.sampling.minimax_h3 import FASTH3_SHIFTS, comfy_h3_sigmas, sample_h3_comfy, sample_t2va, t2va_noise
 from dit_core.sampling.ksampler import SamplingCancelled, prepare_noise_parts
 
 pytest.importorskip("diffusers")
@@ -210,3 +210,30 @@ def test_references_as_comfyui_adds_them(ours, monkeypatch):
     assert rel_err(out[0], alone[0]) > 1e-3 and rel_err(out[1], alone[1]) > 1e-3  # the references steer both
     with pytest.raises(ValueError, match="give a sampler name and the seed"):
         sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, references=refs)
+
+
+@pytest.mark.parametrize("sampler", ["euler", "res_multistep"])
+def test_fasth3_sigma_shift_as_comfyui_sets_it(sampler):
+    """FastH3's MiniMaxH3SigmaShift(10, 3), 8 steps on the simple scheduler: the model sees, at step i of b = 1 -
+    i/8, the video at sigma_v = 10 b/(1 + 9 b) (ModelSamplingAV's grid at shift 10) and the audio at its own clock
+    sigma_a = 3 b/(1 + 2 b) (the model's inverse of the video shift, then shift 3); with x0 = 0 the rows it gets are
+    the noise times those sigmas (the carried audio's scale, video/audio shift, undone)."""
+    video_shift, audio_shift = FASTH3_SHIFTS
+    steps = 8
+    g = torch.Generator().manual_seed(0)
+    video, audio = torch.randn(3, 4, generator=g), torch.randn(5, 2, generator=g)
+    seen = []
+
+    def denoised(v, a, sigma_video, sigma_audio):
+        seen.append((sigma_video, sigma_audio, v.clone(), a.clone()))
+        return torch.zeros_like(v), torch.zeros_like(a)
+
+    sample_h3_comfy(denoised, video, audio, comfy_h3_sigmas("simple", steps, video_shift), sampler, video_shift,
+                    audio_shift)
+    assert len(seen) == steps
+    for i, (sv, sa, v, a) in enumerate(seen):
+        b = 1 - i / steps
+        want_v, want_a = 10 * b / (1 + 9 * b), 3 * b / (1 + 2 * b)
+        assert sv == pytest.approx(want_v, rel=1e-6) and sa == pytest.approx(want_a, rel=1e-6)
+        assert torch.allclose(v, want_v * video, rtol=1e-5, atol=1e-6)
+        assert torch.allclose(a, want_a * audio, rtol=1e-5, atol=1e-6)
