@@ -180,7 +180,8 @@ class GpuOmniVoice:
             return VoiceLayer(lin(w[QKV]), lin(w[OUT]), up, lin(w[DOWN]), w[NORM1].float().to(device),
                               w[NORM2].float().to(device), qk[0], qk[1], fused=not exact)
 
-        flash = attention == "flash" or (attention == "auto" and flash_works(device))
+        # FlashAttention takes half precision only: the f32 form attends through SDPA's mask
+        flash = not exact and (attention == "flash" or (attention == "auto" and flash_works(device)))
         table = lambda t: t.to(device, dtype)  # noqa: E731
         return GpuOmniVoice(model.arch, table(model.text_embedding), table(model.audio_embedding),
                             [layer(b) for b in model.blocks], model.final_norm.float().to(device), lin(model.heads),
