@@ -7,6 +7,7 @@ step's peak memory above the weights, device weights, joules), each stage's INT8
 (video and audio velocity), and the streamed step's distance from the resident one.
 
     python bench/bench_ltx25_step.py [--steps 3] [--layers 48] [--stages 1,2] [--budget-gb 16] [--no-peer] [--tiny]
+        [--profile] [--sizes WxH,WxH]
 
 --tiny runs a 1-layer model the kernels take (heads of 128 / 64, widths in ConvRot groups) at 64x64 / 128x128, 17
 frames and 16 prompt rows: on a machine without CUDA the kernels' references run on the CPU (a smoke test of the
@@ -174,11 +175,15 @@ def main(argv=None) -> None:
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--stages", default="1,2", help="which stages: 1 (640x352), 2 (1280x704)")
     p.add_argument("--frames", type=int, default=121, help="pixel frames, 8n + 1")
+    p.add_argument("--sizes", default="", help="the stages' WxH instead of the template's, e.g. 64x64,128x128 (a "
+                   "smoke run of the real widths on the CPU)")
     p.add_argument("--text", type=int, default=1024, help="prompt rows a stream")
     p.add_argument("--budget-gb", type=float, default=16.0, help="the streamed rows' GPU budget (0: no such rows)")
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip diffusers' steps (its random model "
                    "is still made: ours is made from its tensors)")
+    p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
+                   "last stage, by GPU time (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
                    "128x128, 17 frames, 16 prompt rows; on the CPU where there is no CUDA")
     args = p.parse_args(argv)
@@ -188,6 +193,8 @@ def main(argv=None) -> None:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = TINY if args.tiny else {}
     sizes = TINY_STAGES if args.tiny else STAGES
+    if args.sizes:
+        sizes = {k: tuple(int(n) for n in wh.split("x")) for k, wh in zip((1, 2), args.sizes.split(","))}
     inputs = {k: stage_inputs(*sizes[k], args.frames, args.text, config, device) for k in stages}
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (kernel references)"
     print(f"# LTX-2.5 step, {args.frames} frames, stages " + ", ".join(
@@ -211,6 +218,10 @@ def main(argv=None) -> None:
     ours = loaded.to(device, options=defaults) if device.type == "cuda" else loaded.gpu_form(device, defaults)
     for k, s in inputs.items():
         results[(k, OURS)] = (*timed_on(device, our_step(ours, s), args.steps), weights_gb(ours))
+    if args.profile and device.type == "cuda":
+        from gpu_profile import print_profile
+        print(f"\n## kernels of one INT8 step, stage {stages[-1]}")
+        print_profile(our_step(ours, inputs[stages[-1]]))
     stream = None
     if args.budget_gb > 0:
         host = moved(loaded, "cpu")
