@@ -190,6 +190,16 @@ def weights_gb(model) -> float:
     return sum(b for _, _, b in byte_account(model)) / 1e9
 
 
+def work_line(a, rows: int, results: dict) -> str:
+    """The step's arithmetic (the layers' linears and attention; embedders, refiner and modulation left out) and
+    the rate each timed row would need were its whole step that work: where the time can go."""
+    params = a.hidden * a.qkv_width + a.inner * a.hidden + a.hidden * 2 * a.ffn + a.ffn * a.hidden
+    linears, attention = 2 * rows * params * a.layers, 4 * rows * rows * a.inner * a.layers
+    rates = "; ".join(f"{label} {(linears + attention) / ms / 1e9:.0f}" for label, (ms, *_) in results.items())
+    return (f"work a step: linears {linears / 1e12:.1f} TFLOP, attention {attention / 1e12:.1f} TFLOP (at cuDNN's "
+            f"634 TFLOP/s {attention / 634e9:.0f} ms); whole step as TFLOP/s: {rates}")
+
+
 def peer_timed(args, device, layout, video, audio, text, times, index) -> dict:
     """The file-layout state of diffusers' random model; with the peer its step timed first (under "result"), the
     model itself freed."""
@@ -268,6 +278,7 @@ def main(argv=None) -> None:
         results[PEER] = result
     loaded = MiniMaxH3.load(TensorSource(state), linears="int8")  # quantized where the tensors are, as stored
     del state
+    arch = loaded.arch
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -312,6 +323,7 @@ def main(argv=None) -> None:
             results[stream] = (*timed_on(device, step(streamed), args.steps), used() / 1e9)
     print()
     print_table(results)
+    print(work_line(arch, layout.rows, results))
     out = {label: r[2] for label, r in results.items()}
     if PEER in out:
         print(f"\nfidelity (relative Frobenius of the video rows' velocity): ours INT8 vs diffusers BF16 "
