@@ -147,7 +147,8 @@ def peak_added(device: torch.device, run):
     return out, (torch.cuda.max_memory_allocated(device) - base) / 1e9
 
 
-def run_ours(ours, tokenizer, decoder, device, text: str, frames: int, u: Unmasking, seed: int) -> dict:
+def run_ours(ours, tokenizer, decoder, device, text: str, frames: int, u: Unmasking, seed: int,
+             trim: bool = False) -> dict:
     sync(device)
     t0 = time.perf_counter()
     codes = speech_codes(ours, tokenizer, [Speech(text, frames=frames)], u, seed)[0]
@@ -156,15 +157,16 @@ def run_ours(ours, tokenizer, decoder, device, text: str, frames: int, u: Unmask
     waves = [decoder.decode(codes[0])[0].cpu()]  # .cpu(): the first piece's audio is in host memory
     t_first = time.perf_counter() - t0
     waves += [decoder.decode(c)[0].cpu() for c in codes[1:]]
-    finish_speech(waves if len(waves) > 1 else waves[0], decoder.cfg.sample_rate, None)
+    finish_speech(waves if len(waves) > 1 else waves[0], decoder.cfg.sample_rate, None, trim=trim)
     return dict(wall=time.perf_counter() - t0, first=t_first, codes=t_codes)
 
 
-def run_theirs(theirs, device, text: str, seconds: float, u: Unmasking) -> dict:
+def run_theirs(theirs, device, text: str, seconds: float, u: Unmasking, trim: bool = False) -> dict:
     sync(device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        theirs.generate(text=text, duration=seconds, num_step=u.steps, guidance_scale=u.guidance, t_shift=u.t_shift)
+        theirs.generate(text=text, duration=seconds, num_step=u.steps, guidance_scale=u.guidance, t_shift=u.t_shift,
+                        postprocess_output=trim)
     wall = time.perf_counter() - t0
     return dict(wall=wall, first=wall)
 
@@ -177,6 +179,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, nargs="+", default=None)
     ap.add_argument("--int8", action="store_true", help="also ours with the linears quantized to INT8 ConvRot")
     ap.add_argument("--eager", action="store_true", help="also ours BF16 without CUDA graphs")
+    ap.add_argument("--postprocess", action="store_true",
+                    help="both trim silences (the package's postprocess_output, our finish_speech's trim); off by "
+                         "default: both then only match loudness, fade and pad")
     ap.add_argument("--agreement", action="store_true",
                     help="the share of ours BF16's codes equal to ours f32's (the host's math) for the same seeds")
     args = ap.parse_args()
@@ -189,7 +194,8 @@ def main() -> None:
     first = next(iter(ours.values()))
     print(f"device: {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; torch "
           f"{torch.__version__}; ours: {'varlen FlashAttention' if first.flash else 'SDPA with a segment mask'}, "
-          f"{'graphed' if first.graphs is not None else 'eager'} steps; median of {repeats}")
+          f"{'graphed' if first.graphs is not None else 'eager'} steps; median of {repeats}; silence trim "
+          f"{'on' if args.postprocess else 'off'} for both")
     print("| speech | steps | who | wall s | RTF | speed-up | TTFA s | TTFA cold s | ms a step | peak added GB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     med = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
@@ -210,15 +216,16 @@ def main() -> None:
         text = (SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip()
         for n in steps:
             u = Unmasking(steps=n)
-            run_theirs(theirs, device, text, s, u)  # warm-up
-            runs = [peak_added(device, lambda: run_theirs(theirs, device, text, s, u)) for _ in range(repeats)]
+            run_theirs(theirs, device, text, s, u, args.postprocess)  # warm-up
+            runs = [peak_added(device, lambda: run_theirs(theirs, device, text, s, u, args.postprocess))
+                    for _ in range(repeats)]
             tw = med([r for r, _ in runs], "wall")
             print(f"| {s:g} s | {n} | package | {tw:.3f} | {tw / s:.4f} | 1.00x | {med([r for r, _ in runs], 'first'):.3f}"
                   f" | | | {max(m for _, m in runs):.2f} |", flush=True)
             for name, form in ours.items():
-                cold = run_ours(form, tokenizer, decoder, device, text, frames, u, 0)  # captures this bucket's graph
-                mine = [peak_added(device, lambda: run_ours(form, tokenizer, decoder, device, text, frames, u, r))
-                        for r in range(repeats)]
+                cold = run_ours(form, tokenizer, decoder, device, text, frames, u, 0, args.postprocess)  # capture
+                mine = [peak_added(device, lambda: run_ours(form, tokenizer, decoder, device, text, frames, u, r,
+                                                            args.postprocess)) for r in range(repeats)]
                 ow = med([r for r, _ in mine], "wall")
                 print(f"| {s:g} s | {n} | {name} | {ow:.3f} | {ow / s:.4f} | {tw / ow:.2f}x | "
                       f"{med([r for r, _ in mine], 'first'):.3f} | {cold['first']:.3f} | "
