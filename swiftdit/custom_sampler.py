@@ -73,9 +73,43 @@ def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
             "sampler_name": select.get("sampler_name"), "scheduler": scheduler}, extra
 
 
+# MODEL -> MODEL nodes that leave the model's sampling as it is: a scheduler may read the model above them (H3's r2v
+# template: BasicScheduler on the loader, the guider after the LoRA switch), with the inputs that pass the model
+SAME_SAMPLING = {"LoraLoaderModelOnly": ("model",), "ComfySwitchNode": ("on_false", "on_true")}
+
+
+def _same_sampling_ui(ed: UIEditor, scope, guider_model, sched_model) -> bool:
+    """Whether the scheduler's model origin is the guider's, or above it through SAME_SAMPLING nodes only."""
+    todo, seen = [guider_model], set()
+    while todo:
+        origin = todo.pop()
+        if origin == sched_model:
+            return True
+        node = scope.nodes.get(origin[0]) if origin else None
+        if node is None or origin in seen or node.get("type") not in SAME_SAMPLING:
+            continue
+        seen.add(origin)
+        todo += [o for name in SAME_SAMPLING[node["type"]] if (o := ed.origin(scope, node, name)) is not None]
+    return False
+
+
+def _same_sampling_api(prompt: dict, guider_model, sched_model) -> bool:
+    todo, seen = [guider_model], set()
+    while todo:
+        ref = todo.pop()
+        if ref == sched_model:
+            return True
+        node = prompt.get(ref[0]) if is_link(ref) else None
+        if node is None or tuple(ref) in seen or node.get("class_type") not in SAME_SAMPLING:
+            continue
+        seen.add(tuple(ref))
+        todo += [v for name in SAME_SAMPLING[node["class_type"]] if is_link(v := node.get("inputs", {}).get(name))]
+    return False
+
+
 def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     """The group's nodes by input name, when they are the plain group: each feeds only this sampler, a
-    BasicScheduler runs the guider's model and denoised_output is unused."""
+    BasicScheduler runs the guider's model (or one above it with the same sampling) and denoised_output is unused."""
     group = {}
     for name, kinds in GROUP.items():
         origin = ed.origin(scope, sca, name)
@@ -89,8 +123,8 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     if len(outs) > 1 and outs[1].get("links"):
         return None
     sched = group["sigmas"]
-    if sched["type"] == "BasicScheduler" and ed.origin(scope, sched, "model") != ed.origin(scope, group["guider"],
-                                                                                            "model"):
+    if sched["type"] == "BasicScheduler" and not _same_sampling_ui(ed, scope, ed.origin(scope, group["guider"], "model"),
+                                                                   ed.origin(scope, sched, "model")):
         return None
     return group
 
@@ -165,7 +199,8 @@ def fold_api(prompt: dict) -> list[Folded]:
             guider, select, sched = values["guider"], values["sampler"], values["sigmas"]
             if is_link(select.get("sampler_name")) or is_link(sched.get("scheduler")) or \
                     any(is_link(v.get(k)) for v in values.values() for k in FIXED) or \
-                    (kinds["sigmas"] == "BasicScheduler" and sched.get("model") != guider.get("model")):
+                    (kinds["sigmas"] == "BasicScheduler" and
+                     not _same_sampling_api(prompt, guider.get("model"), sched.get("model"))):
                 continue
             got = spelled(kinds, values)
             if got is None:

@@ -18,6 +18,8 @@ class Role:
     widgets: tuple[str, ...] = ()              # stock widget names in UI order (rules read them by name)
     extra_widgets: tuple[tuple[str, object], ...] = ()  # ours only, appended after the stock widgets
     accepts: tuple[tuple[str, tuple], ...] = ()  # widget values ours runs; other values leave the node stock
+    renames: tuple[tuple[str, str], ...] = ()  # stock input name -> ours where they differ (autogrow groups)
+    lacks: tuple[str, ...] = ()  # prefixes of stock input names ours has not: unwired ones go (wired: not_yet)
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,12 @@ class Stock:
     widgets: tuple[str, ...] = ()
     extra_widgets: tuple[tuple[str, object], ...] = ()
     accepts: tuple[tuple[str, tuple], ...] = ()
+    renames: tuple[tuple[str, str], ...] = ()
+    lacks: tuple[str, ...] = ()
 
 
 MODEL_IN = (("model", "MODEL"),)
+H3_REFERENCE_IMAGES, H3_REFERENCE_AUDIOS = 9, 3  # our H3 Reference To Video's ref_image_0..8 and ref_audio_0..2
 # The stock nodes ours replace (reference/templates.md section 5), with ComfyUI's input names and widget order.
 # Every DiT loader of ours appends `linears` and `gpu_budget_gb` (0: automatic); every text encoder loader runs on
 # the host or the default device only.
@@ -60,6 +65,17 @@ STOCK = MappingProxyType({
     "MiniMaxH3ImageToVideo": Stock("ImageToVideo", (("clip", "CLIP"), ("vae", "VAE"), ("first_frame", "IMAGE"),
                                                     ("last_frame", "IMAGE")), ("CONDITIONING", "LATENT"),
                                    ("prompt", "width", "height", "length")),
+    # MiniMax H3's r2v: the stock node's autogrow inputs ("ref_images.ref_image_0") are plain inputs on ours
+    # ("ref_image_0"; nodes/minimax_h3.py REFERENCE_IMAGES, REFERENCE_AUDIOS); reference videos are not yet ours
+    # (the row's not_yet)
+    "MiniMaxH3ReferenceToVideo": Stock(
+        "ReferenceToVideo", (("clip", "CLIP"), ("vae", "VAE"), ("audio_vae", "VAE"),
+                             *((f"ref_images.ref_image_{i}", "IMAGE") for i in range(H3_REFERENCE_IMAGES)),
+                             *((f"ref_audios.ref_audio_{i}", "AUDIO") for i in range(H3_REFERENCE_AUDIOS))),
+        ("CONDITIONING", "LATENT"), ("prompt", "width", "height", "length", "ref_image_size"),
+        renames=(*((f"ref_images.ref_image_{i}", f"ref_image_{i}") for i in range(H3_REFERENCE_IMAGES)),
+                 *((f"ref_audios.ref_audio_{i}", f"ref_audio_{i}") for i in range(H3_REFERENCE_AUDIOS))),
+        lacks=("ref_images.", "ref_audios.", "ref_videos.", "ref_video_audios.")),
     "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),
     # LTX-2.5 (reference/templates.md section 3, video_ltx2_5_t2v): the tiled video decode, the audio decode and
     # the empty audio latent read the audio VAE's loader, the upsampler reads the video VAE and the upscale model
@@ -77,6 +93,7 @@ STOCK = MappingProxyType({
 AUDIO_DECODERS = ("VAEDecodeAudio", "LTXVAudioVAEDecode")  # their VAELoader becomes the family's audio VAE loader
 # Other readers of the audio VAE: ours when that loader is, and they never make it a video VAE's.
 AUDIO_VAE_READERS = (*AUDIO_DECODERS, "LTXVEmptyLatentAudio")
+AUDIO_VAE_INPUTS = {"MiniMaxH3ReferenceToVideo": ("audio_vae",)}  # inputs of other nodes that read the audio VAE
 VIDEO_DECODERS = ("VAEDecode", "VAEDecodeTiled")
 # Nodes that read a sampler's latent and hand a latent on to the next stage, and the loader of their model file
 UPSAMPLERS = MappingProxyType({"LTXVLatentUpsampler": ("upscale_model", "LatentUpscaleModelLoader")})
@@ -168,7 +185,7 @@ def rules(row) -> Family:
         if stock == "KSampler":
             extra = extra + tuple(row.sampler_extra)
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
-        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts)
+        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts, s.renames, s.lacks)
     has = set(row.replaces)
     # the engine wires are those our nodes give: a stock VAE read by ours (Krea 2's style reference) stays stock
     wires = {t for r in roles.values() for t in r.outputs}
@@ -182,8 +199,8 @@ def rules(row) -> Family:
         model_patches=tuple(p for p in MODEL_PATCHES if p in has),
         text_loader="CLIPLoader",
         text_loader_types=tuple(row.text_types),
-        text_encoders=tuple(e for e in ("CLIPTextEncode", "TextEncodeQwenImageEditPlus", "MiniMaxH3ImageToVideo")
-                            if e in has),
+        text_encoders=tuple(e for e in ("CLIPTextEncode", "TextEncodeQwenImageEditPlus", "MiniMaxH3ImageToVideo",
+                                        "MiniMaxH3ReferenceToVideo") if e in has),
         vae_loader="VAELoader" if "VAELoader" in has else None,
         decoders=tuple(d for d in (*VIDEO_DECODERS, *AUDIO_DECODERS) if d in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),

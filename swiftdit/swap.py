@@ -6,8 +6,8 @@ import copy
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from .families import AUDIO_VAE_READERS, FAMILIES, STOCK_CLIP_USERS, Family
-from .ui_edit import UIEditor
+from .families import AUDIO_VAE_INPUTS, AUDIO_VAE_READERS, FAMILIES, STOCK_CLIP_USERS, Family
+from .ui_edit import UIEditor, _put
 from .ui_graph import UIGraph, link_view
 from .workflow_api import is_link
 
@@ -295,16 +295,18 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
         if n.type in fam.roles and n.id not in cand:
             why.setdefault(n.id, _outside(fam, n.type))
     for vid in list(audio_vaes):  # one loader for both an audio and a video decode (or encode) cannot be both
-        video = [w.dst for w in by_src[vid] if w.dst is not None and not _audio(fam, nodes[w.dst].type)]
+        video = [w.dst for w in by_src[vid] if w.dst is not None and not _audio(fam, nodes[w.dst].type, w.name)]
         if video and vid in cand:
             drop(vid, f"feeds an audio decode and {nodes[video[0]].type} ({video[0]}): one VAE cannot be both")
             del audio_vaes[vid]
     return Plan(cand, why, through, split, not_yet, audio_vaes)
 
 
-def _audio(fam: Family, kind: str) -> bool:
-    """Whether a node (stock or ours) reads the audio VAE (an audio decode, an empty audio latent)."""
-    return kind in AUDIO_VAE_READERS or fam.ours_roles.get(kind) in AUDIO_VAE_READERS
+def _audio(fam: Family, kind: str, name: str | None = None) -> bool:
+    """Whether a node (stock or ours) reads the audio VAE (an audio decode, an empty audio latent), or its input
+    `name` does (H3's Reference To Video's audio_vae)."""
+    stock = fam.ours_roles.get(kind, kind)
+    return stock in AUDIO_VAE_READERS or name in AUDIO_VAE_INPUTS.get(stock, ())
 
 
 def _outside(fam: Family, stock: str) -> str:
@@ -462,6 +464,7 @@ def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
                 node["widgets_values"] = list(node.get("widgets_values") or []) + extra
             for entry in node.get("inputs", []) + node.get("outputs", []):
                 _retype(fam, entry)
+            _rename_inputs(role, node, p.scope)
             report.changed.append((p.id, kind, ours))
         elif p.id in p_.through and nodes[p.id].key not in done:
             done.add(nodes[p.id].key)
@@ -478,6 +481,24 @@ def _swap_ui(workflow: dict, family: str) -> tuple[dict, Report]:
 
 
 _THROUGH = "switches between SwiftDiT models: stays stock, its model ports retyped"
+
+
+def _rename_inputs(role, node: dict, scope) -> None:
+    """Our node's inputs by our names (role.renames; links and slots kept), and the unwired stock inputs ours lacks
+    taken away, the slots of the links into the inputs after them moved up."""
+    renames = dict(role.renames)
+    for entry in node.get("inputs", []):
+        if entry.get("name") in renames:
+            entry["name"] = renames[entry["name"]]
+            entry.pop("label", None)  # the stock node's label was the short name: now the name itself
+    inputs = node.get("inputs", [])
+    for i in reversed(range(len(inputs))):
+        if inputs[i].get("link") is None and str(inputs[i].get("name")).startswith(role.lacks or ("\0",)):
+            del inputs[i]
+            for raw in scope.raw_links.values():
+                link = link_view(raw)
+                if link["target_id"] == node["id"] and link["target_slot"] > i:
+                    _put(raw, "target_slot", link["target_slot"] - 1)
 
 
 def _split_ui(fam: Family, wf: dict, loader: GNode, encodes: list) -> tuple:
@@ -553,6 +574,8 @@ def _swap_api(prompt: dict, family: str) -> tuple[dict, Report]:
             body["class_type"] = p_.ours.get(nid, role.ours)
             for name, value in role.extra_widgets:
                 body.setdefault("inputs", {}).setdefault(name, value)
+            renames = dict(role.renames)
+            body["inputs"] = {renames.get(k, k): v for k, v in body.get("inputs", {}).items()}
             report.changed.append((nid, kind, body["class_type"]))
         else:
             report.left.append((nid, kind, _THROUGH if nid in p_.through else _left(fam, kind, why.get(nid), ((), ()))))

@@ -740,13 +740,13 @@ def test_krea2_refiner_on_reduces_to_the_users_prompt(tmp_path):
     assert "30:17" not in api and "30:18" not in api  # the concatenation and the refiner's system prompt are gone
 
 
-H3_TEMPLATES = ("video_minimax_h3_r2v", "video_fastvideo_fasth3_t2v")
+H3_TEMPLATES = ("video_fastvideo_fasth3_t2v",)
 
 
 @pytest.mark.parametrize("name", H3_TEMPLATES)
 def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
-    """H3's row (issue 35): its templates with ReferenceToVideo or MiniMaxH3SigmaShift (FastH3) are left as they
-    are, and the CLI says so and writes nothing."""
+    """H3's row (issue 35): its templates with MiniMaxH3SigmaShift (FastH3) are left as they are, and the CLI says
+    so and writes nothing."""
     wf = template(name)
     after, report = swap_ui(wf, "minimax_h3")
     assert after == wf and report.changed == [] and report.added == []
@@ -757,6 +757,77 @@ def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
         done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
         assert done.returncode == 2 and "nothing swapped: MiniMax H3's templates" in done.stderr
         assert "issue 35" in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_minimax_h3_r2v_template_is_swapped(tmp_path):
+    """Issue 35: the reference-to-video template: MiniMaxH3ReferenceToVideo -> ours, its autogrow inputs
+    ref_images.ref_image_N as ours names them (ref_image_N), links and slots kept (the unwired video inputs ours
+    lacks taken away, the later slots moved up); the audio VAE's loader feeds both the audio decode and the
+    node's audio_vae, so it is our audio VAE loader; the group with its scheduler on the loader's model (above the
+    LoRA switch) folds into our sampler."""
+    wf = template("video_minimax_h3_r2v")
+    after, report = swap_ui(wf, "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTMiniMaxH3{r}" for r in ("VAELoader", "AudioVAELoader", "VAEDecodeAudio", "VAEDecode", "Loader",
+                                          "LoraLoaderModelOnly", "TextEncoderLoader", "ReferenceToVideo", "Sampler"))
+    r2v = next(n for n in after["nodes"] if n["id"] == 136)
+    assert r2v["type"] == "SwiftDiTMiniMaxH3ReferenceToVideo" and r2v["widgets_values"] == ["", 1344, 768, 124,
+                                                                                             "match"]
+    names = [e["name"] for e in r2v["inputs"]]
+    assert names == ["clip", "vae", "audio_vae", "ref_image_0", "ref_image_1", "ref_image_2", "ref_audio_0", "prompt",
+                     "width", "height", "length"]
+    before = next(n for n in wf["nodes"] if n["id"] == 136)
+    old_slots = {e["link"]: e["name"] for e in before["inputs"] if e.get("link") is not None}
+    new_slots = {e["link"]: e["name"] for e in r2v["inputs"] if e.get("link") is not None}
+    assert {k: v.split(".")[-1] for k, v in old_slots.items()} == new_slots  # the same links, by our names
+    for link in (lk for lk in after["links"] if lk[3] == 136):
+        assert r2v["inputs"][link[4]]["link"] == link[0]
+    assert next(n for n in after["nodes"] if n["id"] == 120)["type"] == "SwiftDiTMiniMaxH3AudioVAELoader"
+    twice, again = swap_ui(after, "minimax_h3")
+    assert twice == after and again.changed == []
+    src, out = tmp_path / "h3.json", tmp_path / "out.json"
+    src.write_text(json.dumps(wf))
+    done = run_cli("swap", src, out)
+    assert done.returncode == 0, done.stderr
+    assert "MiniMax H3: swapped 9 node(s)" in done.stdout and json.loads(out.read_text()) == after
+
+
+def test_minimax_h3_r2v_reference_video_is_refused(tmp_path):
+    """A reference video wired into the r2v node (ours takes none yet): the graph stays as it is, saying why."""
+    wf = copy.deepcopy(template("video_minimax_h3_r2v"))
+    r2v = next(n for n in wf["nodes"] if n["id"] == 136)
+    slot = next(i for i, e in enumerate(r2v["inputs"]) if e["name"] == "ref_videos.ref_video_0")
+    r2v["inputs"][slot]["link"] = 999
+    next(n for n in wf["nodes"] if n["id"] == 139)["outputs"][0]["links"].append(999)
+    wf["links"].append([999, 139, 0, 136, slot, "IMAGE"])
+    after, report = swap_ui(wf, "minimax_h3")
+    assert after == wf and report.changed == []
+    assert report.not_yet == ["MiniMax H3's reference videos (MiniMaxH3ReferenceToVideo's ref_videos / "
+                              "ref_video_audios) are not yet supported by SwiftDiT (issue 35): reference images and "
+                              "audios are; disconnect the videos or keep the stock graph"]
+    src = tmp_path / "h3.json"
+    src.write_text(json.dumps(wf))
+    done = run_cli("swap", src, tmp_path / "out.json")
+    assert done.returncode == 2 and "reference videos" in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def test_minimax_h3_r2v_api_inputs_take_our_names():
+    prompt = {"1": {"class_type": "CLIPLoader", "inputs": {"clip_name": "h3.safetensors", "type": "minimax",
+                                                           "device": "default"}},
+              "2": {"class_type": "UNETLoader", "inputs": {"unet_name": "h3.safetensors", "weight_dtype": "default"}},
+              "3": {"class_type": "LoadImage", "inputs": {"image": "a.png"}},
+              "4": {"class_type": "MiniMaxH3ReferenceToVideo", "inputs": {
+                  "clip": ["1", 0], "ref_images.ref_image_0": ["3", 0], "prompt": "<Picture 1> walks", "width": 64,
+                  "height": 64, "length": 5, "ref_image_size": "match"}},
+              "5": {"class_type": "KSampler", "inputs": {
+                  "model": ["2", 0], "positive": ["4", 0], "negative": ["4", 0], "latent_image": ["4", 1], "seed": 1,
+                  "steps": 2, "cfg": 1.0, "sampler_name": "res_multistep", "scheduler": "simple", "denoise": 1.0}}}
+    swapped, report = swap_api(prompt, "minimax_h3")
+    assert swapped["4"] == {"class_type": "SwiftDiTMiniMaxH3ReferenceToVideo", "inputs": {
+        "clip": ["1", 0], "ref_image_0": ["3", 0], "prompt": "<Picture 1> walks", "width": 64, "height": 64,
+        "length": 5, "ref_image_size": "match"}}
+    assert swap_api(swapped, "minimax_h3")[0] == swapped
 
 
 def test_minimax_h3_t2v_template_is_swapped(tmp_path):

@@ -21,6 +21,14 @@ LTX25_NOT_YET = ("LTX-2.5's image to video and first/last frame templates (LTXVI
                  "are not yet supported by the swap (issue 36): SwiftDiT's frame nodes exist, but the swap has no "
                  "rules for them yet; place the SwiftDiT LTX-2.5 frame nodes by hand")
 
+H3_REFERENCE_VIDEOS = ("MiniMax H3's reference videos (MiniMaxH3ReferenceToVideo's ref_videos / ref_video_audios) are "
+                       "not yet supported by SwiftDiT (issue 35): reference images and audios are; disconnect the "
+                       "videos or keep the stock graph")
+H3_MORE_IMAGES = ("MiniMax H3's Reference To Video takes ref_image_0..8 in SwiftDiT: a graph wiring more reference "
+                  "images is not swapped (issue 35)")
+H3_MORE_AUDIOS = ("MiniMax H3's Reference To Video takes ref_audio_0..2 in SwiftDiT: a graph wiring more reference "
+                  "audios is not swapped (issue 35)")
+
 
 @dataclass(frozen=True)
 class Family:
@@ -72,13 +80,17 @@ FAMILIES = MappingProxyType({f.name: f for f in (
     # SamplerCustomAdvanced group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for
     # audio. The other H3 templates (references, FastH3) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
-           ("UNETLoader", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo", "KSampler",
-            "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS), tuple(SCHEDULERS), switches=("ComfySwitchNode",),
-           custom_sampler=True,
+           ("UNETLoader", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo",
+            "MiniMaxH3ReferenceToVideo", "KSampler", "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS),
+           tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True,
            dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
                                               "attention this node picks"),),
-           not_yet=(("MiniMaxH3ReferenceToVideo", "MiniMax H3's templates with MiniMaxH3ReferenceToVideo are not "
-                                                  "yet supported (issue 35)"),
+           not_yet=(*((f"MiniMaxH3ReferenceToVideo.{name}", H3_REFERENCE_VIDEOS) for name in (
+                        "ref_videos.ref_video_0", "ref_videos.ref_video_1", "ref_videos.ref_video_2",
+                        "ref_video_audios.ref_video_audio_0", "ref_video_audios.ref_video_audio_1",
+                        "ref_video_audios.ref_video_audio_2")),
+                    *((f"MiniMaxH3ReferenceToVideo.ref_images.ref_image_{i}", H3_MORE_IMAGES) for i in range(9, 16)),
+                    *((f"MiniMaxH3ReferenceToVideo.ref_audios.ref_audio_{i}", H3_MORE_AUDIOS) for i in range(3, 8)),
                     ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
                                             "supported (issue 35)"))),
     # LTX-2.5's text to video template (video_ltx2_5_t2v): each SamplerCustomAdvanced group (LTXVDualCFGGuider,
