@@ -793,6 +793,18 @@ def test_minimax_h3_r2v_template_is_swapped(tmp_path):
     assert "MiniMax H3: swapped 9 node(s)" in done.stdout and json.loads(out.read_text()) == after
 
 
+def test_minimax_h3_r2v_for_host():
+    """--for-host: the size, length and switches written in (864 x 480, 124 frames, LoRA off), then the swap; what
+    is left is all the host has or ours."""
+    from swiftdit.for_host import HOST_LACKS, swap_for_host
+    after, report, host = swap_for_host(template("video_minimax_h3_r2v"), "minimax_h3")
+    r2v = next(n for n in after["nodes"] if n["id"] == 136)
+    assert r2v["type"] == "SwiftDiTMiniMaxH3ReferenceToVideo" and r2v["widgets_values"] == ["", 864, 480, 124,
+                                                                                             "match"]
+    kinds = {n["type"] for n in after["nodes"]}
+    assert not kinds & HOST_LACKS and not any(k.startswith("MiniMaxH3") for k in kinds)
+
+
 def test_minimax_h3_r2v_reference_video_is_refused(tmp_path):
     """A reference video wired into the r2v node (ours takes none yet): the graph stays as it is, saying why."""
     wf = copy.deepcopy(template("video_minimax_h3_r2v"))
