@@ -137,7 +137,7 @@ def test_callback_sees_every_step(exact, tokenizer):
     assert [(i, n) for i, n, _ in seen] == [(1, 3), (2, 3), (3, 3)] and seen[-1][2] == 0
 
 
-@pytest.mark.parametrize("linears, bound", [("stored", 2e-2), ("int8", 4e-2)])
+@pytest.mark.parametrize("linears, bound", [("stored", 1e-2), ("int8", 2e-2)])  # measured 4.2e-3, 7.6e-3
 def test_bf16_logits_within_bf16_bounds(folder, tokenizer, linears, bound):
     """BF16 tables and linears (split SwiGLU rows; INT8 ConvRot codes through the kernels' references), f32
     residual: within BF16 bounds of the host's f32 logits of the same stored linears."""
@@ -210,3 +210,19 @@ def test_cuda_one_graph_per_bucket(cuda_forms, tokenizer):
                        callback=lambda i, n, codes: seen.append((i, n, int((codes[0] == MASK).sum()))))
     assert len(form.graphs.graphs) == 1 and next(iter(form.graphs.graphs.values())) is not None
     assert [(i, n) for i, n, _ in seen] == [(i, 4) for i in range(1, 5)] * 2 and seen[-1][2] == 0
+
+
+@pytest.mark.gpu
+def test_cuda_int8_linears(folder, tokenizer):
+    """INT8 ConvRot linears on the kernels inside the graphed step: logits within 2e-2 of the host's f32 of the same
+    INT8 weights (7.6e-3 on the kernels' references), and a whole graphed loop unmasks every code."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    host = OmniVoice.load(folder, "int8")
+    form = GpuOmniVoice.of(host, "cuda", torch.bfloat16)
+    prompts = prompts_of(tokenizer, with_references(ITEMS))
+    codes = revealed_codes(prompts)
+    for (c, u), (hc, hu) in zip(form.target_logits(prompts, codes, True), host.target_logits(prompts, codes, True)):
+        assert rel_err(c, hc) <= 2e-2 and rel_err(u, hu) <= 2e-2
+    out = generate_codes(form, prompts_of(tokenizer, ITEMS), Unmasking(steps=4), torch.Generator().manual_seed(2))
+    assert all((c != MASK).all() for c in out)
