@@ -343,8 +343,9 @@ class MiniMaxH3:
         temb = self.time_rows(times.to(txt.device))
         seq = self.sequence(layout, time_index).to(txt.device)
         for layer in self.blocks:
-            # [nT, 18 hidden] -> rows t0m0, t0m1, t0m2, t1m0, ... of six [3 nT, hidden] parts
-            rows = layer.modulation_rows(temb, self.options).reshape(-1, 6, a.hidden).unbind(1)
+            # [nT, 18 hidden] -> rows t0m0, t0m1, t0m2, t1m0, ... of six [3 nT, hidden] parts, each contiguous
+            # once here (the GPU kernels read them so: one copy a layer, not one a launch)
+            rows = layer.modulation_rows(temb, self.options).reshape(-1, 6, a.hidden).transpose(0, 1).contiguous()
             x = layer.block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
                                                      mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
                                                      attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq,
