@@ -27,6 +27,7 @@ from ..weights import Linear
 from .block import GpuLinear, product, run
 from .options import DEFAULT, Options
 from .step_graph import GraphedStep
+from .text_linear import takes
 
 log = logging.getLogger("SwiftDiT")
 
@@ -167,14 +168,20 @@ class GpuOmniVoice:
             raise ValueError(f"OmniVoice attention is 'auto', 'flash' or 'masked', not {attention!r}")
         exact = dtype == torch.float32
 
+        def gpu(host: Linear) -> GpuLinear:
+            if host.quantized and not takes(host):  # a ConvRot group the INT8 kernels lack: BF16 (as text_linear)
+                return GpuLinear(host.dequantized().to(device, torch.bfloat16), None, None if host.bias is None else
+                                 host.bias.float().to(device), 0)
+            return GpuLinear.of(host, device)
+
         def lin(host: Linear) -> VoiceLinear:
             if exact:
                 return VoiceLinear(host if device.type == "cpu" else float_on(host, device), None)
-            return VoiceLinear(None, GpuLinear.of(host, device))
+            return VoiceLinear(None, gpu(host))
 
         def layer(block) -> VoiceLayer:
             w = block.w
-            up = lin(w[UP]) if exact else VoiceLinear(None, _split_glu(GpuLinear.of(w[UP], device)))
+            up = lin(w[UP]) if exact else VoiceLinear(None, _split_glu(gpu(w[UP])))
             # q and k gains as the rows of one [2, D] tensor: head_norm_rope reads them so without a copy a call
             qk = torch.stack([w[Q_NORM], w[K_NORM]]).float().to(device)
             return VoiceLayer(lin(w[QKV]), lin(w[OUT]), up, lin(w[DOWN]), w[NORM1].float().to(device),

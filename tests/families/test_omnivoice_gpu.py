@@ -143,6 +143,7 @@ def test_bf16_logits_within_bf16_bounds(folder, tokenizer, linears, bound):
     residual: within BF16 bounds of the host's f32 logits of the same stored linears."""
     host = OmniVoice.load(folder, linears)
     bf16 = GpuOmniVoice.of(host, "cpu", torch.bfloat16)
+    assert all(w.qkv.gpu.int8 == w.down.gpu.int8 == (linears == "int8") for w in bf16.layers)  # groups 64, 16 kept
     prompts = prompts_of(tokenizer, with_references(ITEMS))
     codes = revealed_codes(prompts)
     for (c, u), (hc, hu) in zip(bf16.target_logits(prompts, codes, True), host.target_logits(prompts, codes, True)):
