@@ -1,10 +1,14 @@
-"""Attention at the joint blocks' shape: kernels/int8/attention.py (INT8 scores, Gluon) against the cuDNN bf16 SDPA
-the blocks call, in time (CUDA graph), joules a call under sustained load, and error against f32 attention.
+"""Attention at the joint blocks' shapes: the INT8-score kernel and the 8-bit one against cuDNN's bf16 SDPA.
 
-q and k are head-RMS-normed rows with random gains (as kernels/head_norm_rope.py makes them), v plain rows; all are
-rows [M, heads x 128] (the QKV's layout), which SDPA reads as strided [1, heads, M, 128] views.
+kernels/int8/attention.py (INT8 q k^T, bf16 p v; Gluon) and kernels/attention_8bit.py (INT8 q k^T, e4m3 p v; Triton)
+beside the cuDNN bf16 SDPA the blocks call: time (CUDA graph), TFLOP/s, joules a call under sustained load, and the
+error against f32 attention. q and k are head-RMS-normed rows with random gains (as kernels/head_norm_rope.py makes
+them), v plain rows; all are rows [M, heads x 128] (the QKV's layout), which SDPA reads as strided [1, heads, M, 128]
+views. Shapes: FLUX.3 Klein's joint rows (24 heads, 4608 rows), MiniMax H3's (56 heads, 15911 rows; issue 35),
+Z-Image's (30, 4608). The 8-bit kernel's rows: codes included (torch's smoothing reductions and the three code
+passes, then the kernel), the kernel alone at each --tiles tile (BLOCK_M x BLOCK_N x warps x stages), its codes alone.
 
-    python bench/bench_attention.py [--heads 24 30] [--stages 3 4] [--seconds 1.0]
+    python bench/bench_attention.py [--shapes 24x4608 56x15911] [--stages 3 4] [--tiles 128x64x8x3 64x64x4x3]
 """
 from __future__ import annotations
 
@@ -22,7 +26,10 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "tests" / "kernels")]
 from bench_int8_linear import median_ms  # noqa: E402
 from energy_by_kernel import sustained  # noqa: E402
 from gpu_energy import energy_reader  # noqa: E402
+from kernels import attention_8bit as k8  # noqa: E402
 from kernels.int8 import attention as ka  # noqa: E402
+
+TILES = ["128x64x8x3", "64x64x4x3", "128x128x8x2", "64x128x4x2"]  # BLOCK_M x BLOCK_N x warps x stages
 
 
 def rows(m: int, heads: int, seed: int, normed: bool) -> torch.Tensor:
@@ -36,21 +43,21 @@ def rows(m: int, heads: int, seed: int, normed: bool) -> torch.Tensor:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--heads", type=int, nargs="*", default=[24, 30], help="24: FLUX.3 Klein, 30: Z-Image")
-    p.add_argument("--rows", type=int, default=4608)
+    p.add_argument("--shapes", nargs="*", default=["24x4608", "56x15911"],
+                   help="HEADSxROWS: 24x4608 FLUX.3 Klein, 56x15911 MiniMax H3, 30x4608 Z-Image")
     p.add_argument("--stages", type=int, nargs="*", default=[ka.STAGES], help="attention_int8's ring slots")
+    p.add_argument("--tiles", nargs="*", default=TILES, help="attention_8bit's tiles: BLOCK_MxBLOCK_NxWARPSxSTAGES")
     p.add_argument("--seconds", type=float, default=1.0, help="sustained load a case, after as long a warm-up")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA GPU")
     energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.rows} rows, heads x 128\n")
-    print("| heads | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n" + "|---" * 6 + "|")
-    for heads in args.heads:
-        m = args.rows
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; heads x 128\n")
+    print("| heads | rows | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n"
+          + "|---" * 7 + "|")
+    for shape in args.shapes:
+        heads, m = (int(x) for x in shape.split("x"))
         q, k, v = rows(m, heads, 1, True), rows(m, heads, 2, True), rows(m, heads, 3, False)
-        if ka.unusable(q, heads):
-            sys.exit(f"attention_int8 cannot run here: {ka.unusable(q, heads)}")
         view = lambda t: t.reshape(m, heads, ka.HEAD).transpose(0, 1).unsqueeze(0)  # noqa: E731
         qh, kh, vh = view(q), view(k), view(v)
         truth = F.scaled_dot_product_attention(qh.float(), kh.float(), vh.float())
@@ -60,22 +67,35 @@ def main() -> None:
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).reshape(m, -1)
         cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)]
-        cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
-        for stages in args.stages:
-            def ours(stages=stages):
-                return ka.attention_int8(q, k, v, heads, stages)
-            cases.append((f"INT8 scores, {stages} slots, codes included", ours))
-        made = ka.operands(q, k, v, heads)
-        cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))
-        cases.append(("q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
-                                                      ka.codes(k, heads, False, out=ck)) and None))
+        if ka.unusable(q, heads):
+            print(f"(attention_int8 cannot run here: {ka.unusable(q, heads)})")
+        else:
+            cq, ck = ka.codes(q, heads, True), ka.codes(k, heads, False)
+            for stages in args.stages:
+                def ours(stages=stages):
+                    return ka.attention_int8(q, k, v, heads, stages)
+                cases.append((f"INT8 scores, {stages} slots, codes included", ours))
+            made = ka.operands(q, k, v, heads)
+            cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))
+            cases.append(("INT8 scores: q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
+                                                                      ka.codes(k, heads, False, out=ck)) and None))
+        if k8.unusable(q):
+            sys.exit(f"attention_8bit cannot run here: {k8.unusable(q)}")
+        cases.append(("8-bit q k^T and p v, codes included", lambda: k8.attention_8bit(q, k, v, heads)))
+        for tile in args.tiles:
+            bm, bn, warps, stages = (int(x) for x in tile.split("x"))
+            made8 = k8.operands(q, k, v, heads, bn)
+            def alone(made8=made8, bm=bm, bn=bn, warps=warps, stages=stages):
+                return k8.launch(*made8, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
+            cases.append((f"8-bit, the kernel alone ({tile})", alone))
+        cases.append(("8-bit: smoothing and codes alone", lambda: k8.operands(q, k, v, heads) and None))
         flop = 4 * m * m * ka.HEAD * heads
         for name, call in cases:
             o = call()
             err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
             ms = median_ms(call, 20, graph=True)
             joules = sustained(call, args.seconds, energy)[1] if energy is not None else float("nan")
-            print(f"| {heads} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
+            print(f"| {heads} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
                   f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)
 
 
