@@ -13,7 +13,9 @@ layer below is Block.forward's math with attention per segment.
 Also here, as the family's surroundings (section 4): the prompt (prompt_rows), the length rule
 (target_frames) and the split of long texts (text_chunks). generate_codes runs the unmasking loop of
 sampling/omnivoice.py over prompts; speech_codes makes utterances as the package's generate does up to the
-codec (short ones together, long ones in chunks); the codec is dit_core/codecs/higgs_audio.py.
+codec (short ones together, long ones in chunks); the codec is dit_core/codecs/higgs_audio.py. On a GPU,
+OmniVoice.to gives the device form (dit_core/gpu/omnivoice.py: BF16 or stored INT8 linears, a graphed step per
+length bucket), which both take in place of the model; this file stays its reference.
 """
 from __future__ import annotations
 
