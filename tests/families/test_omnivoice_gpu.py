@@ -23,7 +23,7 @@ TINY = dict(vocab_size=2048, hidden_size=64, intermediate_size=96, num_hidden_la
             num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=512)
 # (text, target frames, lang, instruct, ref_text, ref_codes frames)
 ITEMS = [("Hi [sigh] you.", 9, None, None, None, 0), ("Two,\n  ok 你好 x", 6, "en", "male", "Ref  said.", 5)]
-SETTINGS = [Unmasking(steps=4), Unmasking(steps=32), Unmasking(steps=4, class_temperature=1.0, t_shift=0.5),
+SETTINGS = [Unmasking(steps=4), Unmasking(steps=12), Unmasking(steps=4, class_temperature=1.0, t_shift=0.5),
             Unmasking(steps=4, guidance=0.0, position_temperature=0.0, layer_penalty=2.0)]
 
 
