@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from dit_core.families.omnivoice import SPECIAL_TOKENS, WEIGHTS_FILE, OmniVoice, Speech, generate_codes, \
     prompt_rows, speech_codes
 from dit_core.gpu.omnivoice import GpuOmniVoice, layout, row_bucket
-from dit_core.sampling.omnivoice import Unmasking
+from dit_core.sampling.omnivoice import Unmasking, knobs
 
 C, MASK, VOCAB = 8, 1024, 1025
 # test_omnivoice.py's tiny sizes (there against the package); here the host path is the reference, so the folder
@@ -227,3 +227,24 @@ def test_cuda_int8_linears(folder, tokenizer):
         assert rel_err(c, hc) <= 2e-2 and rel_err(u, hu) <= 2e-2
     out = generate_codes(form, prompts_of(tokenizer, ITEMS), Unmasking(steps=4), torch.Generator().manual_seed(2))
     assert all((c != MASK).all() for c in out)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("attention", ["flash", "masked"])
+def test_cuda_step_never_waits_for_the_host(cuda_forms, tokenizer, attention):
+    """A whole step (forward, heads, guided log probabilities, reveal) with CUDA's sync debug mode raising on any
+    wait for the device: nothing in it reads a value back (so a graph can hold it and the host runs ahead)."""
+    form, u = cuda_forms[attention], Unmasking(steps=4)
+    prompts = prompts_of(tokenizer, ITEMS)
+    lay = layout(prompts, True, MASK, "cuda")
+    codes = torch.full((2, C, lay.cond.shape[1]), MASK, dtype=torch.long, device="cuda")
+    reveal = torch.tensor([5, 3], device="cuda")
+    noise = torch.rand(codes.shape, device="cuda")
+    k = knobs(u, "cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = form._step(codes, *lay.tensors(), reveal, k, torch.empty(0, device="cuda"), noise)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert (out != MASK).sum(dim=(1, 2)).tolist() == [5, 3]
