@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders
+#          text_encoders omnivoice
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -85,6 +85,8 @@ for part in $parts; do
              --report $OUT/graph.md ;;
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
+    # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
+    omnivoice) timeout 540 python3 bench/bench_omnivoice.py --repeats 5 --eager --int8 --agreement ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
