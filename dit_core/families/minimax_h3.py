@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Block, rms_norm
+from ..block import Block, NormStats, rms_norm
 from ..linear import float_on, linear
 from ..modulation import Modulation, sinusoids
 from ..sequence import Sequence
@@ -342,6 +342,8 @@ class MiniMaxH3:
         x[audio_rows] = linear(audio, self.audio_in).to(x.dtype)
         temb = self.time_rows(times.to(txt.device))
         seq = self.sequence(layout, time_index).to(txt.device)
+        # the next norm's row statistics, carried between GPU blocks where a block's last kernel writes them
+        carry = NormStats.of(x) if self.options is None or self.options.carry_norms else None
         for layer in self.blocks:
             # [nT, 18 hidden] -> rows t0m0, t0m1, t0m2, t1m0, ... of six [3 nT, hidden] parts, each contiguous
             # once here (the GPU kernels read them so: one copy a layer, not one a launch)
@@ -349,7 +351,7 @@ class MiniMaxH3:
             x = layer.block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
                                                      mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
                                                      attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq,
-                                    options=self.options)
+                                    carry, options=self.options)
             if check is not None:
                 check()
         shift, scale = linear(temb, self.final_modulation).chunk(2, dim=-1)
