@@ -50,19 +50,16 @@ def _cut(pcm: torch.Tensor, rate: int, start_ms: int, end_ms: int | None = None)
 
 def _window_rms(pcm: torch.Tensor, rate: int, starts_ms: list[int], width_ms: int, length_ms: int) -> list[int]:
     """audioop.rms of pydub's window [s, min(s + width, length)] ms for each start: exact integer sums of squares
-    (int64), the square root of their mean truncated."""
+    (int64), the square root of their mean truncated; every window at once (the frame bounds and the mean in f64,
+    as Python's floats give them)."""
     squares = torch.cat([pcm.new_zeros(1, dtype=torch.int64), pcm.long().pow(2).cumsum(0)])
     n = pcm.numel()
-    out = []
-    for s in starts_ms:
-        a = int(min(s, length_ms) * (rate / 1000.0))
-        b = int(min(s + width_ms, length_ms) * (rate / 1000.0))
-        if b <= a:
-            out.append(0)
-            continue
-        total = int(squares[min(b, n)] - squares[min(a, n)])  # frames past the data are zeros
-        out.append(int(math.sqrt(total / (b - a))))
-    return out
+    starts = torch.tensor(starts_ms, dtype=torch.float64)
+    a = (starts.clamp(max=length_ms) * (rate / 1000.0)).long()
+    b = ((starts + width_ms).clamp(max=length_ms) * (rate / 1000.0)).long()
+    total = squares[b.clamp(max=n)] - squares[a.clamp(max=n)]  # frames past the data are zeros
+    rms = torch.sqrt(total.double() / (b - a).clamp(min=1).double()).long()
+    return torch.where(b > a, rms, 0).tolist()
 
 
 def _threshold(db: float) -> float:
