@@ -1,12 +1,11 @@
 """SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's,
 LTX-2.5's, Krea 2's style reference): RandomNoise's seed, the guider's model and conditioning (BasicGuider's for
 positive and negative, which cfg 1 never reads; CFGGuider's positive, negative and cfg; LTXVDualCFGGuider's positive
-and negative, its video_cfg as cfg), the latent, KSamplerSelect's
-sampler, and BasicScheduler's steps and scheduler or ManualSigmas' list (steps = its sigmas - 1, scheduler 'manual');
-what our sampler takes beyond KSampler's widgets (ManualSigmas' text, the guider's audio_cfg) goes with the fold as
-its extra widgets. Also the MODEL -> MODEL nodes a family's row drops (H3's ModelAttentionBackend) taken off the
-model path first. The swap then swaps the KSampler like any other (its row says which samplers and schedulers ours
-runs); when it does not, the graph is left as it was."""
+and negative, its video_cfg as cfg), the latent, KSamplerSelect's sampler, and BasicScheduler's steps and scheduler
+or ManualSigmas' list (steps = its sigmas - 1, scheduler 'manual'); what our sampler takes beyond KSampler's widgets
+(ManualSigmas' text, the guider's audio_cfg) goes with the fold as its extra widgets. Also the MODEL -> MODEL nodes a
+family's row drops (H3's ModelAttentionBackend) taken off the model path first. The swap then swaps the KSampler like
+any other (its row says which samplers and schedulers ours runs); when it does not, the graph is left as it was."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -123,7 +122,8 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     if len(outs) > 1 and outs[1].get("links"):
         return None
     sched = group["sigmas"]
-    if sched["type"] == "BasicScheduler" and not _same_sampling_ui(ed, scope, ed.origin(scope, group["guider"], "model"),
+    guider_model = ed.origin(scope, group["guider"], "model")
+    if sched["type"] == "BasicScheduler" and not _same_sampling_ui(ed, scope, guider_model,
                                                                    ed.origin(scope, sched, "model")):
         return None
     return group

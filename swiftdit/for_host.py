@@ -1,7 +1,7 @@
 """`swiftdit swap --for-host`: reduce a UI workflow to node types ComfyUI v0.3.75 (our test host) has, then
 swap: literal sizes for ResolutionSelector, switches resolved, the prompt upsampler skipped, ReferenceMultiLatent
-spelled out with ReferenceLatent, LTX's AV latent plumbing and a reference method v0.3.75 lacks as the pack's twins (reference/templates.md section 7
-lists what the host lacks)."""
+spelled out with ReferenceLatent, LTX's AV latent plumbing and a reference method v0.3.75 lacks as the pack's
+twins (reference/templates.md section 7 lists what the host lacks)."""
 from __future__ import annotations
 
 import ast
@@ -279,8 +279,9 @@ class Reducer:
                     self.ed.reorigin(scope, lid, origin)
                 source = "a subgraph input" if origin[0] == SUBGRAPH_INPUT else \
                     f"{scope.nodes[origin[0]].get('type')} {self.where(scope, scope.nodes[origin[0]])}"
-                self.note(scope, node, f"skipped, prompt refiner reduced: what read its generated text now reads {source}, "
-                          f"the prompt switch {self.where(scope, {'id': switch_id})} passes with the refiner off",
+                self.note(scope, node, f"skipped, prompt refiner reduced: what read its generated text now reads "
+                          f"{source}, the prompt switch {self.where(scope, {'id': switch_id})} passes with the "
+                          f"refiner off",
                           f"{HOST} has no {kind}: the text encoder gets the prompt unrefined, not {kind}'s "
                           f"rewrite, so the image differs from the template's with the refiner on")
             else:
