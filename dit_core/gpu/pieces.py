@@ -57,13 +57,18 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     """dit_core/block.py attend up to OUT: the heads' output rows [rows, heads x head] bf16, gated per head, for query
     rows x and key/value rows context (f32; context may be x itself: its rows are made once for q, k and v). bias:
     added to every head's scores, [keys] (a prompt's mask) or [rows, keys]. OUT: into()."""
-    o = options or DEFAULT
-    q_rows = linear_rows(x, w.q, o)
-    same = context is x and (w.k.int8, w.k.group) == (w.q.int8, w.q.group)
-    kv_rows = q_rows if same else linear_rows(context, w.k, o)
-    q = _heads(a, rows_product(q_rows, w.q, o), w.q_norm, q_rotary)
-    k = _heads(a, rows_product(kv_rows, w.k, o), w.k_norm, k_rotary)
-    v = rows_product(kv_rows, w.v, o).view(-1, a.heads, a.head).transpose(0, 1)[None]
+    o, made = options or DEFAULT, {}
+
+    def product(t: torch.Tensor, lin: GpuLinear) -> torch.Tensor:
+        """lin(t), t's rows made once for each format (INT8 group or BF16) that reads them."""
+        key = (id(t), lin.int8, lin.group)
+        if key not in made:
+            made[key] = linear_rows(t, lin, o)
+        return rows_product(made[key], lin, o)
+
+    q = _heads(a, product(x, w.q), w.q_norm, q_rotary)
+    k = _heads(a, product(context, w.k), w.k_norm, k_rotary)
+    v = product(context, w.v).view(-1, a.heads, a.head).transpose(0, 1)[None]
     mask = None if bias is None else bias.to(torch.bfloat16).expand(q.shape[2], -1)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].transpose(0, 1)
     if w.head_gate is not None:
