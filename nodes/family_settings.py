@@ -19,14 +19,16 @@ class Schedule:
     default from its loader, changed by its ModelSampling node."""
     kind: str
     shift: float
+    second_shift: float | None = None  # a second stream's own shift (MiniMax H3's audio grid); None: the family's
 
     def __post_init__(self):
         if self.kind not in SHIFT_KINDS:
             raise ValueError(f"schedule kind {self.kind!r} is not one of {', '.join(SHIFT_KINDS)}")
 
-    def at(self, shift: float) -> Schedule:
-        """This schedule at another shift of the same kind (a ModelSampling node's)."""
-        return replace(self, shift=shift)
+    def at(self, shift: float, second_shift: float | None = None) -> Schedule:
+        """This schedule at another shift of the same kind (a ModelSampling node's), the second stream's shift kept
+        unless given."""
+        return replace(self, shift=shift, second_shift=self.second_shift if second_shift is None else second_shift)
 
 
 @dataclass(frozen=True)

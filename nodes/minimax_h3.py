@@ -10,7 +10,7 @@ from comfy_api.latest import io
 
 from ..dit_core.families.minimax_h3 import MiniMaxH3, reference_image_size
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
-from ..dit_core.sampling.minimax_h3 import VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
+from ..dit_core.sampling.minimax_h3 import AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
 from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
 from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_check, text_conditioning,
@@ -20,6 +20,7 @@ from .family_settings import H3, FamilySettings, PassSize, Schedule
 from .minimax_h3_codecs import (CATEGORY, FAMILY, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio,
                                 MiniMaxH3VAELoader, audio_reference, av_parts, empty_av_latent, empty_image_latent,
                                 image_reference, keyframes_of, load_video_encoder, references_of)
+from .minimax_h3_schedule import MiniMaxH3SigmaShift
 from .types import TextEncoder, Vae
 
 REFERENCE_IMAGES, REFERENCE_AUDIOS = 9, 3  # ComfyUI's ref_image_0..8 and ref_audio_0..2
@@ -238,10 +239,11 @@ class MiniMaxH3Sampler(SamplerNode):
         references = references_of(cls.NODE_ID, r.conditioning)
         return (lambda callback, should_stop: NestedTensor(sample_t2va(
             dit, r.positive, *video.shape[2:], audio.shape[3], r.steps, seed=r.seed, video_shift=shift,
-            sampler=r.sampler_name, scheduler=r.scheduler, keyframes=keyframes, text_tags=tags,
-            references=references, callback=callback, should_stop=should_stop, check=interrupt_check))), total
+            audio_shift=r.model.schedule.second_shift or AUDIO_SHIFT, sampler=r.sampler_name, scheduler=r.scheduler,
+            keyframes=keyframes, text_tags=tags, references=references, callback=callback, should_stop=should_stop,
+            check=interrupt_check))), total
 
 
 NODES = [MiniMaxH3Loader, MiniMaxH3LoraLoaderModelOnly, MiniMaxH3TextEncoderLoader, MiniMaxH3TextEncode,
-         MiniMaxH3ImageToVideo, MiniMaxH3ReferenceToVideo, MiniMaxH3Sampler, MiniMaxH3VAELoader,
+         MiniMaxH3ImageToVideo, MiniMaxH3ReferenceToVideo, MiniMaxH3SigmaShift, MiniMaxH3Sampler, MiniMaxH3VAELoader,
          MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio]

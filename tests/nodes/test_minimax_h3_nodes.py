@@ -121,6 +121,7 @@ CONTRACT = {
     "SwiftDiTMiniMaxH3ReferenceToVideo": (["clip", "vae", "audio_vae", "prompt", "width", "height", "length",
                                            "ref_image_size", *[f"ref_image_{i}" for i in range(9)],
                                            *[f"ref_audio_{i}" for i in range(3)]], ["CONDITIONING", "LATENT"]),
+    "SwiftDiTMiniMaxH3SigmaShift": (["model", "shift_video", "shift_audio"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
                                   "negative", "latent_image", "denoise"], "LATENT"),
     "SwiftDiTMiniMaxH3VAELoader": (["vae_name"], "SWIFTDIT_VAE"),
@@ -144,10 +145,13 @@ def test_schemas_follow_the_contract(pack):
     assert NODES_BY_FAMILY["minimax_h3"] == pack.NODES
 
 
-def graph(h, seed=11, steps=2, length=LENGTH):
-    """The t2v template's graph with a KSampler in SamplerCustomAdvanced's place (cfg 1: BasicGuider)."""
+def graph(h, seed=11, steps=2, length=LENGTH, shifts=None):
+    """The t2v template's graph with a KSampler in SamplerCustomAdvanced's place (cfg 1: BasicGuider); shifts:
+    (video, audio) through a Sigma Shift node, as the r2v and FastH3 templates set them."""
     (model,) = run(h.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
                    linears="as stored")
+    if shifts is not None:
+        (model,) = run(h.MiniMaxH3SigmaShift, model=model, shift_video=shifts[0], shift_audio=shifts[1])
     (clip,) = run(h.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
     (video_vae,) = run(h.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
     (audio_vae,) = run(h.MiniMaxH3AudioVAELoader, vae_name="h3_audio_vae.safetensors")
@@ -185,6 +189,22 @@ def test_t2va_graph_equals_the_engine(pack, models):
     assert g["audio"]["sample_rate"] == 32000 and g["audio"]["waveform"].shape == (1, 2, 37 * 10)
     assert torch.equal(g["audio"]["waveform"], want["waveform"])
     assert not torch.equal(graph(pack, seed=12)["samples"]["samples"].tensors[1], audio)  # the seed is used
+
+
+def test_sigma_shift(pack, models):
+    """MiniMaxH3SigmaShift's two shifts reach both grids (FastH3's 10 / 3 against the engine's); out of range named."""
+    from dit_core.families.minimax_h3 import MiniMaxH3
+    from dit_core.sampling.minimax_h3 import sample_t2va
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    g = graph(pack, shifts=(10.0, 2.0))
+    dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
+    want = sample_t2va(dit, g["positive"][0][0], 7, 6, 4, 37, 2, seed=11, video_shift=10.0, audio_shift=2.0,
+                       sampler="res_multistep", scheduler="simple")
+    assert all(torch.equal(a, b) for a, b in zip(g["samples"]["samples"].tensors, want))
+    (model,) = run(pack.MiniMaxH3SigmaShift, model=g["model"], shift_video=12.0, shift_audio=3.0)
+    assert model.schedule == g["model"].schedule.at(12.0, 3.0)
+    with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3SigmaShift · shift_audio: .*got 0.0"):
+        run(pack.MiniMaxH3SigmaShift, model=g["model"], shift_video=12.0, shift_audio=0.0)
 
 
 def test_both_vaes_stay_loaded(pack, models):
