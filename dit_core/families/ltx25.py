@@ -557,7 +557,5 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
     into(a, attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o), block.v2a, ga, sa.gate_map, o)
     into(v, a2v, block.a2v, gv, sv.gate_map, o)
     for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
-        m = step.seq.map
-        h = modulated_norm(arch, x, None, p[SHIFT_MLP], p[SCALE_MLP], m)
-        mlp_into(x, h, layer.up, layer.down, p[GATE_MLP], m, o)
+        mlp_into(arch, x, p[SHIFT_MLP], p[SCALE_MLP], step.seq.map, layer.up, layer.down, p[GATE_MLP], o)
     return v, a

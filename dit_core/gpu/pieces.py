@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Attention, gelu_tanh, rms_norm
+from ..block import Attention, gelu_tanh, modulated_norm, rms_norm
 from ..linear import float_on, linear
 from ..sequence import Sequence, rotate_halves
 from ..weights import Linear
@@ -82,17 +82,24 @@ def into(x: torch.Tensor, heads: torch.Tensor, w: GpuAttention, gate: torch.Tens
     return gated_into(x, linear_rows(heads, w.out, options), w.out, gate, row_map, options)
 
 
-def mlp_into(x: torch.Tensor, h: torch.Tensor, up: GpuLinear, down: GpuLinear, gate: torch.Tensor,
-             row_map: torch.Tensor, options: Options | None = None) -> torch.Tensor:
-    """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)) (dit_core/block.py mlp, kind gelu_tanh), h the
-    MLP's input rows (f32), in chunks of Options.mlp_chunk rows: UP's bf16 output, then GELU in DOWN's quantizer
-    (INT8) or in torch (BF16)."""
+def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, row_map: torch.Tensor, up: GpuLinear,
+             down: GpuLinear, gate: torch.Tensor, options: Options | None = None) -> torch.Tensor:
+    """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_norm(a, x, None, shift, scale,
+    row_map) (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h made in UP's quantizer
+    (INT8; never stored) or in torch (BF16), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in torch."""
     o = options or DEFAULT
+    mod = {"shift": shift.contiguous(), "scale": scale.contiguous()}  # the quantizer reads rows D apart
     for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
-        hidden = rows_product(linear_rows(h[r0:r1], up, o), up, o)
+        xs, maps = x[r0:r1], row_map[r0:r1]
+        if up.int8:
+            rows = (*run("quantize_rows", xs, up.group, norm=a.norm, eps=a.eps, row_map=maps, choices=o.kernels,
+                         **mod), None)
+        else:
+            rows = linear_rows(modulated_norm(a, xs, None, shift, scale, maps), up, o)
+        hidden = rows_product(rows, up, o)
         if down.int8:
             rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)
         else:
             rows = (None, None, gelu_tanh(hidden.float()).to(torch.bfloat16))
-        gated_into(x[r0:r1], rows, down, gate, row_map[r0:r1], o)
+        gated_into(xs, rows, down, gate, maps, o)
     return x

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from tiny_models import int8_convrot_state, ltx25_comfy_layout, random_ltx25
 
 from dit_core.arch import Arch
-from dit_core.block import Attention, attend, mlp
+from dit_core.block import Attention, attend, mlp, modulated_norm
 from dit_core.families.ltx25 import LTX25, Grid, Guide
 from dit_core.gpu.options import Options
 from dit_core.gpu.pieces import GpuAttention, attention_rows, into, mlp_into
@@ -80,6 +80,8 @@ def test_pieces_match_the_host(device):
     x, h = torch.randn(rows, 256, generator=g), torch.randn(rows, 256, generator=g)
     context = torch.randn(keys, 128, generator=g)
     gate = 0.5 * torch.randn(2, 256, generator=g)
+    table = 0.3 * torch.randn(2, 3, 256, generator=g)
+    shift, scale = table[:, 0], table[:, 1]  # as table_plus's rows: views 3 D apart
     key_bias = torch.zeros(keys)
     key_bias[-3:] = -10000.0
     bias = torch.randn(rows, rows, generator=g)
@@ -90,7 +92,8 @@ def test_pieces_match_the_host(device):
         sa, ta = make(self_attn), make(text_attn)
         y = x + gate[row_map] * attend(a, sa, h, h, seq, seq, bias)
         y = y + gate[row_map] * attend(a, ta, h, context, key_bias=key_bias)
-        return y + gate[row_map] * mlp(h, lin_of(up), lin_of(down), "gelu_tanh")
+        hm = modulated_norm(a, y, None, shift, scale, row_map)
+        return y + gate[row_map] * mlp(hm, lin_of(up), lin_of(down), "gelu_tanh")
 
     def gpu(make, lin_of):
         from dit_core.gpu.block import GpuLinear
@@ -100,7 +103,8 @@ def test_pieces_match_the_host(device):
         y, hd, s = on(x).clone(), on(h), seq.to(dev)
         into(y, attention_rows(a, sa, hd, hd, s, s, on(bias), o), sa, gt, m, o)
         into(y, attention_rows(a, ta, hd, on(context), bias=on(key_bias), options=o), ta, gt, m, o)
-        return mlp_into(y, hd, GpuLinear.of(lin_of(up), dev), GpuLinear.of(lin_of(down), dev), gt, m, o).cpu()
+        return mlp_into(a, y, on(shift), on(scale), m, GpuLinear.of(lin_of(up), dev), GpuLinear.of(lin_of(down), dev),
+                        gt, o).cpu()
 
     q8 = lambda t: t.as_int8(64)  # noqa: E731
     assert rel_err(gpu(int8, q8), host(int8, q8)) <= 1e-2
