@@ -4,8 +4,8 @@ Issue 35: MiniMax H3's attention (56 heads x 128, 15911 rows) took 13.0 ms a lay
 at the H200's 700 W); 2x diffusers' step needs ~9 ms, i.e. both products at 8 bits (kernels/int8/attention.py keeps
 p v in bf16). Plain Triton `tl.dot`: e4m3 operands lower to Hopper's fp8 wgmma, and the CPU interpreter runs it.
 For rows q, k, v [M, H D] bf16 (D = 128; or [1, H, M, D]), each head alike:
-0. Smoothing (torch, in the launcher): mk[d], mv[d] the means over the rows of k[:, d] and v[:, d]; av[d] = max_m
-   |v[m, d] - mv[d]| (1e-30 for 0). Exact: q mk^T shifts a row of scores by a constant, which the softmax drops, and
+0. Smoothing (torch, in the launcher): mk[d], mv[d] the means of k[:, d] and v[:, d] over every 8th row; av[d] =
+   max_m |v[m, d] - mv[d]| (1e-30 for 0). Exact: q mk^T shifts a row of scores by a constant, which the softmax drops, and
    a row of p / l sums to 1, so p v / l = p (v - mv) / l + mv. It keeps a bias shared by the rows out of k's block
    scale and out of v's codes.
 1. Codes. q a row: a = max_d |q[m, d]|, sq[m] = a / 127, cq = rint(q 127 / a) (ties to even). k - mk a block of
@@ -19,13 +19,23 @@ For rows q, k, v [M, H D] bf16 (D = 128; or [1, H, M, D]), each head alike:
    fp8 wgmma's own accumulator keeps ~14 bits; 249 blocks summed in it would lose more than a block's rounding).
    c s - m' + log2 448 is formed as fb c - (m' + 1.5 2^23 c - log2 448), fb = s + 1.5 2^23 as f32 bits: the scores
    reach f32 without the quarter-rate int-to-float instruction (as kernels/int8/attention.py).
-4. o[i, d] = acc[i, d] / l_i * sv[d] + mv[d], rounded once to bf16.
-Error against f32 attention at H3-like rows (q, k RMS-normed, gains ~1, rotary; v random): 3.7%, against the
-INT8-score kernel's 1.3% and cuDNN bf16's 0.2-0.3%. What drives it: e4m3's 3 mantissa bits in p and in v, each a
-~2.3% rms relative error per element that random v passes to o nearly whole (o = sum_j p_j v_j is itself a
-sum of near-random terms); the INT8 scores add ~1%. A bias along the rows (which real v carry) is exact (step 0).
-The codes are the reference's bit for bit where the f32 operations round alike (interpreted: yes); the kernel ==
-reference() up to f32 summation order and, on the GPU, fused multiply-adds moving p by an e4m3 step at times.
+4. o[i, d] = acc[i, d] / l_i * sv[d] + ov[d], rounded once to bf16; ov[d] = mv[d] - e[d], e[d] = sv[d] times the
+   mean over the rows of (cv[d, m] - its unrounded value): v's coding error shared by the rows, which broad
+   attention (H3's rows: ~6000 effective keys of 15911) passes to o whole (e4m3 errors of a bf16 grid shifted by mv
+   have a mean ~1.4x that of independent ones); it is o's exactly where p is uniform. 4.4% -> 3.6% at H3's size.
+Error against f32 attention at H3-like rows (q, k RMS-normed, gains 1 +- 0.1, rotary; v random), 1024-15911 keys:
+3.3-3.6% (3.7-3.9% with gains 1 +- 0.5); on the same rows the INT8-score kernel's math 1.1-1.2% (2.0%), bf16 p
+0.23%. What drives it: e4m3's 3 mantissa bits, in p (2.4-2.7% alone) and in v (2.0-2.2% alone, after step 4's
+offset): a relative error of each element that random v passes to o whole (o = sum_j p_j v_j is itself a sum of
+near-random terms); the INT8 scores add ~1.1%. A bias along the rows is exact (step 0).
+The kernel: a program a BLOCK_M-row block of one head; q's codes loaded once, k's and v's by TMA through
+num_stages slots; both products are tl.dot (sm_90a: wgmma s8 and e4m3, p's layout change 1 shuffle and 1 byte
+permute a register). Triton waits for each product before the softmax, which (one exp2 a score: the MUFU's 16 a
+clock match the 8-bit wgmma's 512 FLOP a score at D = 128) then leaves the matrix cores idle unless another
+program of the SM runs them: 128 x 64 with 8 warps holds 171 registers (one program an SM), 64 x 64 with 4 warps
+164 (three); bench/bench_attention.py --tiles measures which wins. The codes are the reference's bit for bit where
+f32 rounds alike (interpreted: yes); the kernel == reference() up to f32 summation order, and on the GPU up to
+fused multiply-adds moving a p across an e4m3 rounding boundary at times.
 """
 from __future__ import annotations
 
@@ -45,6 +55,7 @@ triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 HEAD, BLOCK_M, BLOCK_N, PAD = 128, 128, 64, 128
 NUM_WARPS, NUM_STAGES = 8, 3
+SAMPLE = 8  # step 0's means: of every 8th row
 FACTOR = 1.4426950408889634 / math.sqrt(HEAD)  # log2(e) / sqrt(D): scores in base 2
 LOG2_448 = math.log2(448.0)  # p at the running maximum codes as 448, e4m3's largest value
 BIAS = 12582912.0  # 1.5 * 2^23: s + BIAS as f32 bits is that f32 exactly (|s| < 2^22)
@@ -61,8 +72,9 @@ def heads_view(t: torch.Tensor, heads: int | None) -> torch.Tensor:
 
 
 def smoothing(k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """Step 0 from [H, M, D] views: (mk, mv, av), f32 [H, D]."""
-    mk, mv = k.mean(1, dtype=torch.float32), v.mean(1, dtype=torch.float32)
+    """Step 0 from [H, M, D] views: (mk, mv, av), f32 [H, D]. The means are of every SAMPLE-th row: any vector
+    subtracted is exact, a mean only the best one, and av (a bound) needs every row anyway: one pass over v, not 3."""
+    mk, mv = k[:, ::SAMPLE].mean(1, dtype=torch.float32), v[:, ::SAMPLE].mean(1, dtype=torch.float32)
     lo, hi = torch.aminmax(v, dim=1)
     return mk, mv, torch.maximum(hi.float() - mv, mv - lo.float()).clamp(min=1e-30)
 
@@ -74,14 +86,16 @@ def _int8(x: torch.Tensor, amax: torch.Tensor) -> tuple:
 
 def codes_reference(q, k, v, mk, mv, av, block_n: int = BLOCK_N) -> tuple:
     """Step 1 on [H, M, D]: cq int8 [H, M, D], sq [H, M], ck int8 [H, M, D], sk [H, ceil(M / block_n)],
-    cv e4m3 [H, D, M], sv [H, D]."""
+    cv e4m3 [H, D, M], sv [H, D], and step 4's offset ov [H, D]."""
     h, m, d = q.shape
     cq, sq = _int8(q.float(), q.float().abs().amax(-1, keepdim=True))
     nb = -(-m // block_n)
     kk = torch.nn.functional.pad(k.float() - mk[:, None, :], (0, 0, 0, nb * block_n - m)).reshape(h, nb, -1, d)
     ck, sk = _int8(kk, kk.abs().amax((2, 3), keepdim=True))
-    cv = ((v.float() - mv[:, None, :]) * (torch.full_like(av, 448.0) / av)[:, None, :]).to(torch.float8_e4m3fn)
-    return (cq, sq[..., 0], ck.reshape(h, -1, d)[:, :m], sk[:, :, 0, 0], cv.transpose(1, 2), av / 448.0)
+    y = (v.float() - mv[:, None, :]) * (torch.full_like(av, 448.0) / av)[:, None, :]
+    cv, sv = y.to(torch.float8_e4m3fn), av / 448.0
+    ov = mv - (cv.float() - y).sum(1) * sv / m  # step 4's offset: mv less v's mean coding error
+    return (cq, sq[..., 0], ck.reshape(h, -1, d)[:, :m], sk[:, :, 0, 0], cv.transpose(1, 2), sv, ov)
 
 
 def reference(q, k, v, heads: int | None = None, block_n: int = BLOCK_N) -> torch.Tensor:
@@ -89,7 +103,7 @@ def reference(q, k, v, heads: int | None = None, block_n: int = BLOCK_N) -> torc
     q, k, v = (heads_view(t, heads) for t in (q, k, v))
     h, m, d = q.shape
     mk, mv, av = smoothing(k, v)
-    cq, sq, ck, sk, cv, sv = codes_reference(q, k, v, mk, mv, av, block_n)
+    cq, sq, ck, sk, cv, sv, ov = codes_reference(q, k, v, mk, mv, av, block_n)
     r = sq * FACTOR
     run = torch.full((h, m), float("-inf"), device=q.device)
     total, acc = torch.zeros(h, m, device=q.device), torch.zeros(h, m, d, device=q.device)
@@ -103,7 +117,7 @@ def reference(q, k, v, heads: int | None = None, block_n: int = BLOCK_N) -> torc
         total = total * alpha + p.sum(-1)
         acc = acc * alpha[..., None] + p.to(torch.float8_e4m3fn).float() @ cv[:, :, cols].float().transpose(1, 2)
         run = top
-    o = acc / total[..., None] * sv[:, None, :] + mv[:, None, :]
+    o = acc / total[..., None] * sv[:, None, :] + ov[:, None, :]
     return o.transpose(0, 1).reshape(m, h * d).to(torch.bfloat16)
 
 
@@ -125,7 +139,8 @@ def _e4m3(x):
 def _codes_kernel(x_ptr, sh, sm, sd, mu_ptr, inv_ptr, c_ptr, s_ptr, M, MP, MODE: tl.constexpr,
                   BLOCK: tl.constexpr, D: tl.constexpr):
     """Step 1 for rows BLOCK b .. BLOCK b + BLOCK - 1 (b = program_id(0)) of head program_id(1), M <= rows < MP
-    written as zeros. MODE 0: q's INT8 codes a row; 1: k - mk's a block; 2: v's e4m3 codes, turned."""
+    written as zeros. MODE 0: q's INT8 codes a row; 1: k - mk's a block; 2: v's e4m3 codes, turned, and the
+    block's sums of their errors (codes - y) a channel."""
     b, h = tl.program_id(0), tl.program_id(1)
     rows = b * BLOCK + tl.arange(0, BLOCK)
     cols = tl.arange(0, D)
@@ -144,8 +159,10 @@ def _codes_kernel(x_ptr, sh, sm, sd, mu_ptr, inv_ptr, c_ptr, s_ptr, M, MP, MODE:
         tl.store(c_ptr + (h * MP + rows[:, None]) * D + cols[None, :], codes.to(tl.int8))
     else:
         y = (x - tl.load(mu_ptr + h * D + cols)[None, :]) * tl.load(inv_ptr + h * D + cols)[None, :]
-        codes = _e4m3(tl.where(valid, y, 0.0))
+        y = tl.where(valid, y, 0.0)
+        codes = _e4m3(y)
         tl.store(c_ptr + (h * D + cols[None, :]) * MP + rows[:, None], codes)
+        tl.store(s_ptr + (h * (MP // BLOCK) + b) * D + cols, tl.sum(codes.to(tl.float32) - y, axis=0))
 
 
 @triton_jit
@@ -172,7 +189,7 @@ def _key_block(q, k_desc, v_desc, sk_ptr, r, run, total, acc, j, h, M, MP, MASKE
 
 
 @triton_jit
-def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, sv_ptr, mv_ptr, o_ptr, M, MP, H, factor,
+def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, sv_ptr, ov_ptr, o_ptr, M, MP, H, factor,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
     """Rows BLOCK_M i .. (program_id(0) = i) of head program_id(1) through every key block (steps 2-4)."""
     i, h = tl.program_id(0), tl.program_id(1)
@@ -189,7 +206,7 @@ def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, sv_ptr, mv_ptr, o_
         run, total, acc = _key_block(q, k_desc, v_desc, sk_ptr, r, run, total, acc, whole, h, M, MP, True,
                                      BLOCK_N, D)
     cols = tl.arange(0, D)
-    o = acc / total[:, None] * tl.load(sv_ptr + h * D + cols)[None, :] + tl.load(mv_ptr + h * D + cols)[None, :]
+    o = acc / total[:, None] * tl.load(sv_ptr + h * D + cols)[None, :] + tl.load(ov_ptr + h * D + cols)[None, :]
     tl.store(o_ptr + rows[:, None] * (H * D) + h * D + cols[None, :], rounded_bf16(o), mask=rows[:, None] < M)
 
 
@@ -220,13 +237,15 @@ def operands(q, k, v, heads: int | None = None, block_n: int = BLOCK_N) -> tuple
     cq, ck = (torch.empty(h * mp, d, dtype=torch.int8, device=dev) for _ in range(2))
     sq, sk = torch.empty(h * mp, device=dev), torch.empty(h * (mp // block_n), device=dev)
     cv = torch.empty(h * d, mp, dtype=torch.float8_e4m3fn, device=dev)
-    for mode, x, c, s in ((0, q, cq, sq), (1, k, ck, sk), (2, v, cv, sk)):
+    errors = torch.empty(h, mp // block_n, d, device=dev)
+    for mode, x, c, s in ((0, q, cq, sq), (1, k, ck, sk), (2, v, cv, errors)):
         _codes_kernel[(mp // block_n, h)](x, *x.stride(), mk if mode == 1 else mv, torch.full_like(av, 448.0) / av,
                                           c, s, m, mp, MODE=mode, BLOCK=block_n, D=d, num_warps=4)
-    return cq, sq, ck, sk, cv, av / 448.0, mv, m
+    sv = av / 448.0
+    return cq, sq, ck, sk, cv, sv, mv - errors.sum(1) * sv / m, m
 
 
-def launch(cq, sq, ck, sk, cv, sv, mv, m, block_n: int = BLOCK_N, block_m: int = BLOCK_M,
+def launch(cq, sq, ck, sk, cv, sv, ov, m, block_n: int = BLOCK_N, block_m: int = BLOCK_M,
            num_warps: int = NUM_WARPS, num_stages: int = NUM_STAGES) -> torch.Tensor:
     """Steps 2-4 from operands()' tensors: rows [M, H D] bf16."""
     h, d = sv.shape
@@ -234,7 +253,7 @@ def launch(cq, sq, ck, sk, cv, sv, mv, m, block_n: int = BLOCK_N, block_m: int =
     out = torch.empty(m, h * d, dtype=torch.bfloat16, device=cq.device)
     _attention_kernel[(triton.cdiv(m, block_m), h)](
         TensorDescriptor.from_tensor(cq, [block_m, d]), TensorDescriptor.from_tensor(ck, [block_n, d]),
-        TensorDescriptor.from_tensor(cv, [d, block_n]), sq, sk, sv, mv, out, m, mp, h, FACTOR,
+        TensorDescriptor.from_tensor(cv, [d, block_n]), sq, sk, sv, ov, out, m, mp, h, FACTOR,
         BLOCK_M=block_m, BLOCK_N=block_n, D=d, num_warps=num_warps, num_stages=num_stages)
     return out
 
