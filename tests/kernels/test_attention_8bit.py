@@ -183,3 +183,14 @@ def test_kernel_against_reference_on_the_gpu(m, heads):
     assert rel_err(got, want) < 1e-2
     assert rel_err(got, truth) < rel_err(want, truth) + 2e-3
     assert rel_err(got, truth) < 0.045
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tile", ["128x64x8x3", "64x64x4x3", "128x128x8x2", "64x128x4x2"])
+def test_bench_tiles_against_reference_on_the_gpu(tile):
+    """Each tile bench/bench_attention.py times (BLOCK_M x BLOCK_N x warps x stages) at Klein's joint rows plus a
+    ragged block: the reference of its key blocks (BLOCK_N rows of k a scale)."""
+    bm, bn, warps, stages = (int(x) for x in tile.split("x"))
+    q, k, v = qkv(4608 + 40, 24, "cuda", offset=0.5)
+    got = k8.launch(*k8.operands(q, k, v, 24, bn), block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
+    assert rel_err(got, k8.reference(q, k, v, 24, bn)) < 1e-2
