@@ -28,14 +28,15 @@ Error against f32 attention at H3-like rows (q, k RMS-normed, gains 1 +- 0.1, ro
 0.23%. What drives it: e4m3's 3 mantissa bits, in p (2.4-2.7% alone) and in v (2.0-2.2% alone, after step 4's
 offset): a relative error of each element that random v passes to o whole (o = sum_j p_j v_j is itself a sum of
 near-random terms); the INT8 scores add ~1.1%. A bias along the rows is exact (step 0).
-The kernel: a program a BLOCK_M-row block of one head; q's codes loaded once, k's and v's by TMA through
-num_stages slots; both products are tl.dot (sm_90a: wgmma s8 and e4m3, p's layout change 1 shuffle and 1 byte
-permute a register). Triton waits for each product before the softmax, which (one exp2 a score: the MUFU's 16 a
-clock match the 8-bit wgmma's 512 FLOP a score at D = 128) then leaves the matrix cores idle unless another
-program of the SM runs them: 128 x 64 with 8 warps holds 171 registers (one program an SM), 64 x 64 with 4 warps
-164 (three); bench/bench_attention.py --tiles measures which wins. The codes are the reference's bit for bit where
-f32 rounds alike (interpreted: yes); the kernel == reference() up to f32 summation order, and on the GPU up to
-fused multiply-adds moving a p across an e4m3 rounding boundary at times.
+The kernel: a program a BLOCK_M-row block of one head (programs of a head adjacent, so its k and v stay in L2);
+q's codes loaded once, k's and v's by TMA through num_stages slots; both products are tl.dot (sm_90a: wgmma s8 and
+e4m3; p's layout change is 1 shuffle and 1 byte permute a register). Triton waits for each product before the
+softmax (also when the next block's q k^T is issued first: tried), whose exp2 (the MUFU's 16 a clock match the 8-bit
+wgmma's 512 FLOP a score at D = 128) then leaves the matrix cores to the SM's other warpgroup. 128 x 64 with 8
+warps: 171 registers, one program an SM; 64-row blocks (three programs an SM) would read k and v from L2 twice as
+often (~12 TB/s at 1.5 PFLOP/s). bench/bench_attention.py --tiles measures the choice. The codes are the
+reference's bit for bit where f32 rounds alike (interpreted: yes); the kernel == reference() up to f32 summation
+order, and on the GPU up to fused multiply-adds moving a p across an e4m3 rounding boundary at times.
 """
 from __future__ import annotations
 
