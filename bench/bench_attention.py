@@ -79,8 +79,8 @@ def main() -> None:
             cases.append((f"INT8 scores, the kernel alone ({ka.STAGES} slots)", lambda: ka.launch(*made, heads)))
             cases.append(("INT8 scores: q and k codes alone", lambda: (ka.codes(q, heads, True, out=cq),
                                                                       ka.codes(k, heads, False, out=ck)) and None))
-        if k8.unusable(q):
-            sys.exit(f"attention_8bit cannot run here: {k8.unusable(q)}")
+        if k8.unusable(qh):
+            sys.exit(f"attention_8bit cannot run here: {k8.unusable(qh)}")
         cases.append(("8-bit q k^T and p v, codes included", lambda: k8.attention_8bit(q, k, v, heads)))
         for tile in args.tiles:
             bm, bn, warps, stages = (int(x) for x in tile.split("x"))

@@ -216,9 +216,11 @@ def _interpreted() -> bool:
 
 
 def unusable(q: torch.Tensor) -> str | None:
-    """None where the kernel can take q (and k, v alike; any layout heads_view takes), else why not."""
+    """None where the kernel can take q [1, H, M, 128] (k, v alike; kernels/attention.py's layout), else why not."""
     if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         return "q, k, v must be floating point"
+    if q.shape[-1] != HEAD or q.dim() != 4 or q.shape[0] != 1 or q.shape[2] == 0:
+        return f"q must be [1, heads, M > 0, {HEAD}] (one group; rows: take heads_view's layout)"
     if triton is None:
         return "no Triton"
     if not _interpreted() and (not q.is_cuda or torch.cuda.get_device_capability(q.device) < (9, 0)):
