@@ -108,9 +108,10 @@ def reference(q, k, v, heads: int | None = None, block_n: int = BLOCK_N) -> torc
     r = sq * FACTOR
     run = torch.full((h, m), float("-inf"), device=q.device)
     total, acc = torch.zeros(h, m, device=q.device), torch.zeros(h, m, d, device=q.device)
+    cqf = cq.float()
     for b in range(sk.shape[1]):
         cols = slice(b * block_n, min(m, (b + 1) * block_n))
-        fb = cq.float() @ ck[:, cols].float().transpose(1, 2) + BIAS  # integers below 2^24: exact in f32
+        fb = cqf @ ck[:, cols].float().transpose(1, 2) + BIAS  # integers below 2^24: exact in f32
         c = r * sk[:, b:b + 1]
         top = torch.maximum(run, (fb.amax(-1) - BIAS) * c)
         p = torch.exp2(fb * c[..., None] - ((top + BIAS * c) - LOG2_448)[..., None])
