@@ -47,6 +47,7 @@ STOCK = MappingProxyType({
     "ModelSamplingFlux": Stock("ModelSamplingFlux", MODEL_IN, ("MODEL",),
                                ("max_shift", "base_shift", "width", "height")),
     "LoraLoaderModelOnly": Stock("LoraLoaderModelOnly", MODEL_IN, ("MODEL",), ("lora_name", "strength_model")),
+    "MiniMaxH3SigmaShift": Stock("SigmaShift", MODEL_IN, ("MODEL",), ("shift_video", "shift_audio")),
     "CLIPLoader": Stock("TextEncoderLoader", outputs=("CLIP",), widgets=("clip_name", "type", "device"),
                         accepts=(("device", ("default", "cpu")),)),
     "CLIPTextEncode": Stock("TextEncode", (("clip", "CLIP"),), ("CONDITIONING",), ("text",)),
@@ -97,7 +98,8 @@ AUDIO_VAE_INPUTS = {"MiniMaxH3ReferenceToVideo": ("audio_vae",)}  # inputs of ot
 VIDEO_DECODERS = ("VAEDecode", "VAEDecodeTiled")
 # Nodes that read a sampler's latent and hand a latent on to the next stage, and the loader of their model file
 UPSAMPLERS = MappingProxyType({"LTXVLatentUpsampler": ("upscale_model", "LatentUpscaleModelLoader")})
-MODEL_PATCHES = ("ModelSamplingAuraFlow", "ModelSamplingFlux", "LoraLoaderModelOnly")  # MODEL -> MODEL
+# MODEL -> MODEL nodes
+MODEL_PATCHES = ("ModelSamplingAuraFlow", "ModelSamplingFlux", "MiniMaxH3SigmaShift", "LoraLoaderModelOnly")
 # Stock nodes that pass any wire type on unchanged (ComfyUI's MatchType), and their inputs that do: ours flow
 # through those a family's row names in `switches`.
 PASS_THROUGH = MappingProxyType({"ComfySwitchNode": ("on_false", "on_true")})
@@ -185,7 +187,8 @@ def rules(row) -> Family:
         if stock == "KSampler":
             extra = extra + tuple(row.sampler_extra)
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
-        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts, s.renames, s.lacks)
+        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts, s.renames,
+                            s.lacks)
     has = set(row.replaces)
     # the engine wires are those our nodes give: a stock VAE read by ours (Krea 2's style reference) stays stock
     wires = {t for r in roles.values() for t in r.outputs}

@@ -113,13 +113,15 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
                 and getattr(src(n.id, "clip"), "id", None) in loaders}
     not_yet = []
     not_yet_of = dict(fam.not_yet)
-    for n in nodes.values():  # a graph of the family that the swap cannot take yet (Krea 2's style reference)
-        # the node's type, or its type with an input wired ("MiniMaxH3ImageToVideo.first_frame"); it counts when a
-        # loader of the family (text, model or VAE) feeds it
+    model_loaders = {n.id for n in nodes.values() if plays(n, fam.model_loader)}
+    for n in nodes.values():  # a graph of the family that the swap cannot take yet (H3's reference videos)
+        # the node's type, or its type with an input wired ("MiniMaxH3ReferenceToVideo.ref_videos.ref_video_0"); it
+        # counts when a loader of the family (text or VAE) feeds it, or its model loader does along MODEL wires
         reason = not_yet_of.get(n.type) or next((not_yet_of[f"{n.type}.{w.name}"] for w in by_dst[n.id]
                                                  if w.src is not None and f"{n.type}.{w.name}" in not_yet_of), None)
-        if reason and any(w.src in loaders or plays(nodes.get(w.src), fam.model_loader)
-                          or (fam.vae_loader and plays(nodes.get(w.src), fam.vae_loader)) for w in by_dst[n.id]):
+        if reason and (any(w.src in loaders or (fam.vae_loader and plays(nodes.get(w.src), fam.vae_loader))
+                           for w in by_dst[n.id])
+                       or reaches(n.id, [w.name for w in by_dst[n.id]], model_loaders, "MODEL")):
             why[n.id] = reason
             not_yet += [reason] if reason not in not_yet else []
     if not_yet:  # half a graph swapped would hand stock nodes our models and conditioning: it all stays

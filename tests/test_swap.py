@@ -745,7 +745,7 @@ H3_TEMPLATES = ("video_fastvideo_fasth3_t2v",)
 
 @pytest.mark.parametrize("name", H3_TEMPLATES)
 def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
-    """H3's row (issue 35): its templates with MiniMaxH3SigmaShift (FastH3) are left as they are, and the CLI says
+    """H3's row (issue 35): its templates with BlockSparseAttention (FastH3) are left as they are, and the CLI says
     so and writes nothing."""
     wf = template(name)
     after, report = swap_ui(wf, "minimax_h3")
@@ -757,6 +757,33 @@ def test_minimax_h3_templates_are_not_yet_swapped(name, tmp_path):
         done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
         assert done.returncode == 2 and "nothing swapped: MiniMax H3's templates" in done.stderr
         assert "issue 35" in done.stderr and not (tmp_path / "out.json").exists()
+
+
+def without_node(wf: dict, node_type: str) -> dict:
+    """wf with its subgraph's one node_type node taken out, its model input wired straight to what it fed."""
+    wf = copy.deepcopy(wf)
+    sg = wf["definitions"]["subgraphs"][0]
+    node = next(n for n in sg["nodes"] if n["type"] == node_type)
+    (into,) = [link for link in sg["links"] if link["target_id"] == node["id"]]
+    origin = next(n for n in sg["nodes"] if n["id"] == into["origin_id"])
+    outs = origin["outputs"][into["origin_slot"]]["links"]
+    outs.remove(into["id"])
+    for link in sg["links"]:
+        if link["origin_id"] == node["id"]:
+            link["origin_id"], link["origin_slot"] = into["origin_id"], into["origin_slot"]
+            outs.append(link["id"])
+    sg["links"].remove(into)
+    sg["nodes"].remove(node)
+    return wf
+
+
+def test_minimax_h3_sigma_shift_is_swapped():
+    """MiniMaxH3SigmaShift -> ours, its two shifts kept (FastH3's template less its block-sparse attention)."""
+    wf = without_node(template("video_fastvideo_fasth3_t2v"), "BlockSparseAttention")
+    after, report = swap_ui(wf, "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    (shift,) = [n for n in after["definitions"]["subgraphs"][0]["nodes"] if "SigmaShift" in n["type"]]
+    assert shift["type"] == "SwiftDiTMiniMaxH3SigmaShift" and shift["widgets_values"] == [10, 3]
 
 
 def test_minimax_h3_r2v_template_is_swapped(tmp_path):

@@ -76,11 +76,13 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
             "TextEncodeQwenImageEditPlus", "KSampler"),
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",), custom_sampler=True),
-    # H3's text to video, image to video and text to image templates: MiniMaxH3ImageToVideo -> ours, its
-    # SamplerCustomAdvanced group -> our sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for
-    # audio. The other H3 templates (references, FastH3) stay as they are.
+    # H3's text to video, image to video, references to video and text to image templates: MiniMaxH3ImageToVideo
+    # and MiniMaxH3ReferenceToVideo -> ours, MiniMaxH3SigmaShift -> ours, its SamplerCustomAdvanced group -> our
+    # sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. FastH3's templates
+    # (block-sparse attention) and reference videos stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
-           ("UNETLoader", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode", "MiniMaxH3ImageToVideo",
+           ("UNETLoader", "MiniMaxH3SigmaShift", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
+            "MiniMaxH3ImageToVideo",
             "MiniMaxH3ReferenceToVideo", "KSampler", "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS),
            tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True,
            dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
@@ -91,8 +93,8 @@ FAMILIES = MappingProxyType({f.name: f for f in (
                         "ref_video_audios.ref_video_audio_2")),
                     *((f"MiniMaxH3ReferenceToVideo.ref_images.ref_image_{i}", H3_MORE_IMAGES) for i in range(9, 16)),
                     *((f"MiniMaxH3ReferenceToVideo.ref_audios.ref_audio_{i}", H3_MORE_AUDIOS) for i in range(3, 8)),
-                    ("MiniMaxH3SigmaShift", "MiniMax H3's templates with MiniMaxH3SigmaShift (FastH3) are not yet "
-                                            "supported (issue 35)"))),
+                    ("BlockSparseAttention", "MiniMax H3's templates with BlockSparseAttention (FastH3's "
+                                             "block-sparse attention) are not yet supported (issue 35)"))),
     # LTX-2.5's text to video template (video_ltx2_5_t2v): each SamplerCustomAdvanced group (LTXVDualCFGGuider,
     # ManualSigmas) -> our sampler (euler_ancestral, scheduler 'manual' = its sigmas widget, cfg / audio_cfg the
     # guider's), one node of ours for each LTX model node; the stock latent plumbing stays. Its image to video and
