@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice
+#          text_encoders omnivoice ltx25
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -83,6 +83,9 @@ for part in $parts; do
     # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
     graph) timeout 590 python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --side ${SIDE:-ours} \
              --report $OUT/graph.md ;;
+    # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
+    # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
+    ltx25) timeout 590 python3 -u bench/bench_ltx25_step.py --steps 3 --profile 2>&1 | stamped ;;
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
