@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_z_image_step import rel, timed, weights_gb  # noqa: E402
-from dit_core.families.ltx25 import LTX25, Grid  # noqa: E402
+from dit_core.families.ltx25 import LTX25  # noqa: E402
+from dit_core.families.ltx25_positions import Grid  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 

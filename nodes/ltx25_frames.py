@@ -15,7 +15,7 @@ from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
 from ..dit_core.codecs.ltx2_video_vae import SPACE_FACTOR, TIME_FACTOR, VideoEncoder
-from ..dit_core.families.ltx25 import Guide
+from ..dit_core.families.ltx25_positions import Guide
 from ..dit_core.sampling.ltx25 import add_guide, crop_guides, guide_frame, image_to_video
 from .base import FileHandle, SwiftDiTError, cancellable, checked, interrupt_check
 from .memory import LOADED, MAIN

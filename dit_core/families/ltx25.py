@@ -19,7 +19,6 @@ as dit_core/gpu/pieces.py's pieces in this file's order (gpu_block). The rest (e
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -34,24 +33,26 @@ from ..modulation import sinusoids, table_plus
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, read_tensor
 from .loading import Detection, OpenedFile
+from .ltx25_positions import (
+    ROPE_THETA,
+    Grid,
+    audio_midpoints,
+    distinct,
+    guide_attention_bias,
+    rotary,
+    video_midpoints,
+)
 
 PREFIXES = ("model.diffusion_model.", "")
 MARKER = "av_ca_a2v_gate_adaln_single.emb.timestep_embedder.linear_1.weight"
 DETECTION = Detection((MARKER,), PREFIXES, "an LTX-2.5 audio-video diffusion model",
                       "an LTX-2.5 file such as ltx-2.5-22b-distilled-transformer-comfy-int8-convrot.safetensors")
 EPS = 1e-6  # block norms, q/k norms, final LayerNorm (section 1)
-ROPE_THETA = 10000.0
 TIME_SCALE = 1000.0  # the model's time is sigma * 1000 (timestep_scale_multiplier)
 # av_ca_timestep_scale_multiplier where the file's config does not say: the published configs' 1000 (section 9,
 # item 7; ComfyUI's class default would be 1)
 AV_TIME_SCALE = 1000.0
 HEAD = {"video": 128, "audio": 64}  # head widths where neither gates nor the config say (section 1)
-# RoPE coordinates (section 4): a video latent spans 8 pixel frames x 32 x 32 px, the causal VAE's first one frame;
-# an audio latent 4 mel hops of 160 samples at 16 kHz, its first 1. Positions over 20 s, 2048 px, 2048 px.
-VIDEO_SCALE = (8, 32, 32)
-AUDIO_SCALE, MEL_HOP, SAMPLE_RATE = 4, 160, 16000
-CAUSAL_OFFSET = 1
-MAX_POSITIONS = (20.0, 2048.0, 2048.0)
 # A stream's nine modulation rows (section 3: p0..p8), and its A<->V table's five.
 SHIFT_MSA, SCALE_MSA, GATE_MSA, SHIFT_MLP, SCALE_MLP, GATE_MLP, SHIFT_Q, SCALE_Q, GATE_Q = range(9)
 A2V_SCALE, A2V_SHIFT, V2A_SCALE, V2A_SHIFT, AV_GATE = range(5)
@@ -71,31 +72,6 @@ class Side:
 
 
 VIDEO, AUDIO = Side("video", "", "a2v"), Side("audio", "audio_", "v2a")
-
-
-@dataclass(frozen=True)
-class Guide:
-    """A latent frame appended after the generated ones (ComfyUI's LTXVAddGuide): the pixel frames it stands for,
-    [start, end) (its RoPE time; its cells are the grid's), and how strongly it and the generated rows attend to
-    each other (the guide's strength; 1: as any row)."""
-    start: int
-    end: int
-    strength: float = 1.0
-
-
-@dataclass(frozen=True)
-class Grid:
-    """The video latent's frames x height x width (rows frame-major, then y, x), its frame rate, and the guide
-    frames appended after the generated ones (rows of the same height x width)."""
-    frames: int
-    height: int
-    width: int
-    fps: float = 24.0
-    guides: tuple[Guide, ...] = ()
-
-    @property
-    def rows(self) -> int:
-        return (self.frames + len(self.guides)) * self.height * self.width
 
 
 @dataclass(frozen=True)
@@ -196,86 +172,6 @@ class StreamStep:
         return StreamStep(on(self.mod), on(self.emb), on(self.prompt), on(self.av), self.av_map.to(device, index),
                           on(self.gate), self.gate_map.to(device, index), self.seq.to(device),
                           self.cross.to(device), on(self.context), on(self.key_bias), on(self.self_bias))
-
-
-def video_midpoints(grid: Grid, dtype: torch.dtype) -> torch.Tensor:
-    """Each video row's patch midpoint [rows, 3]: seconds, px, px (section 4), computed in dtype in diffusers'
-    order (its prepare_video_coords), so float32 gives its values."""
-    axes = [torch.arange(n, dtype=dtype) for n in (grid.frames, grid.height, grid.width)]
-    start = torch.stack(torch.meshgrid(*axes, indexing="ij")).flatten(1)
-    scale = torch.tensor(VIDEO_SCALE, dtype=dtype)[:, None]
-    start, end = start * scale, (start + 1) * scale
-    for bound in (start, end):
-        # the causal VAE's first latent frame is a single pixel frame: time bounds shift back, floored at 0
-        bound[0] = (bound[0] + CAUSAL_OFFSET - VIDEO_SCALE[0]).clamp(min=0) / grid.fps
-    mid = ((start + end) / 2.0).T
-    if not grid.guides:
-        return mid
-    # a guide frame's rows: its own time span (ComfyUI's keyframe_idxs) over the grid's cells
-    span = torch.tensor([[g.start, g.end] for g in grid.guides], dtype=dtype) / grid.fps
-    times = ((span[:, 0] + span[:, 1]) / 2.0).repeat_interleave(grid.height * grid.width)
-    cells = mid[:grid.height * grid.width, 1:].repeat(len(grid.guides), 1)
-    return torch.cat([mid, torch.cat([times[:, None], cells], dim=1)])
-
-
-def keyframe_rows(grid: Grid) -> torch.Tensor:
-    """The rows that take the keyframe marker as ComfyUI's LTX model marks them (keyframes_abs_pos_mask: a pixel
-    time span starting at 0, guide frames excluded): the first generated frame's, a single pixel frame of the causal
-    VAE. [grid.rows] bool."""
-    rows = torch.zeros(grid.rows, dtype=torch.bool)
-    rows[:grid.height * grid.width] = True
-    return rows
-
-
-def guide_attention_bias(grid: Grid) -> torch.Tensor | None:
-    """ComfyUI's guide attention mask (comfy/ldm/lightricks/model.py, GuideAttentionMask) as an additive bias on the
-    video self-attention's scores [rows, rows]: a generated row's scores on a guide's rows, and that guide's rows'
-    scores on the generated rows, take log(strength) (strength 0 or less: float32's lowest); guide rows among
-    themselves and generated rows among themselves take 0. None where every strength is 1 (ComfyUI builds no mask)."""
-    strengths = torch.tensor([g.strength for g in grid.guides], dtype=torch.float32)
-    if bool((strengths == 1.0).all()):
-        return None
-    cells = grid.height * grid.width
-    generated = grid.frames * cells
-    low = torch.finfo(torch.float32)
-    weight = strengths.repeat_interleave(cells)
-    log_weight = torch.where(weight > 0, weight.clamp(min=low.tiny).log(), torch.tensor(low.min))
-    bias = torch.zeros(grid.rows, grid.rows)
-    bias[:generated, generated:] = log_weight
-    bias[generated:, :generated] = log_weight[:, None]
-    return bias
-
-
-def audio_midpoints(latents: int, dtype: torch.dtype) -> torch.Tensor:
-    """Each audio row's midpoint in seconds [rows, 1] (section 4), in dtype in diffusers' order."""
-    n = torch.arange(latents, dtype=dtype)
-    start, end = ((k * AUDIO_SCALE + CAUSAL_OFFSET - AUDIO_SCALE).clamp(min=0) * MEL_HOP / SAMPLE_RATE
-                  for k in (n, n + 1))
-    return ((start + end) / 2.0)[:, None]
-
-
-def split_angles(mid: torch.Tensor, width: int, heads: int) -> torch.Tensor:
-    """The "split" rotary's angles [rows, heads, width / (2 heads)] of midpoints [rows, nd] (section 4): per axis d
-    and frequency j (f_j = theta^(j / (n - 1)) pi / 2 in float64, n = width // 2 nd), f_j (2 mid_d / max_d - 1) at
-    j nd + d, zero angles in front up to width / 2, then head by head. In mid's dtype: float64 whole; float32 as
-    diffusers computes them (the frequencies rounded to float32 first)."""
-    rows, nd = mid.shape
-    count = width // (2 * nd)
-    ladder = torch.pow(ROPE_THETA, torch.linspace(0.0, 1.0, count, dtype=torch.float64)) * math.pi / 2.0
-    unit = torch.stack([mid[:, d] / MAX_POSITIONS[d] for d in range(nd)], dim=-1)
-    angles = ((unit[:, :, None] * 2 - 1) * ladder.to(mid.device, mid.dtype)).transpose(1, 2).flatten(1)
-    angles = torch.cat([angles.new_zeros(rows, width // 2 - count * nd), angles], dim=1)
-    return angles.reshape(rows, heads, -1)
-
-
-def rotary(mid: torch.Tensor, width: int, heads: int, map_: torch.Tensor) -> Sequence:
-    angles = split_angles(mid, width, heads)
-    return Sequence(map_, angles.cos().float(), angles.sin().float())
-
-
-def distinct(times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the distinct values of per-row times, each row's index into them): a modulation row per distinct time."""
-    return torch.unique(times, sorted=True, return_inverse=True)
 
 
 def _config(ckpt: Checkpoint) -> dict:

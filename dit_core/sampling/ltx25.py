@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..families.ltx25 import LTX25, VIDEO_SCALE, Grid, Guide, keyframe_rows
+from ..families.ltx25 import LTX25
+from ..families.ltx25_positions import VIDEO_SCALE, Grid, Guide, keyframe_rows
 from .ksampler import (
     Denoiser,
     before_step,

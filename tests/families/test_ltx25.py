@@ -8,7 +8,8 @@ from conftest import rel_err
 from safetensors.torch import save_file
 from tiny_models import LTX25_TINY, int8_convrot_state, ltx25_comfy_layout, random_ltx25
 
-from dit_core.families.ltx25 import LTX25, Grid
+from dit_core.families.ltx25 import LTX25
+from dit_core.families.ltx25_positions import Grid
 from dit_core.weights import WeightsError
 
 diffusers = pytest.importorskip("diffusers")

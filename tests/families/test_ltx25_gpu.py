@@ -11,7 +11,8 @@ from tiny_models import int8_convrot_state, ltx25_comfy_layout, random_ltx25
 
 from dit_core.arch import Arch
 from dit_core.block import Attention, attend, mlp, modulated_norm
-from dit_core.families.ltx25 import LTX25, Grid, Guide
+from dit_core.families.ltx25 import LTX25
+from dit_core.families.ltx25_positions import Grid, Guide
 from dit_core.gpu.options import Options
 from dit_core.gpu.pieces import GpuAttention, attention_rows, into, mlp_into
 from dit_core.sequence import Sequence

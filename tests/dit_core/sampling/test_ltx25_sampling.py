@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from tiny_models import ltx25_comfy_layout, random_ltx2_upsampler, random_ltx25, save_ltx2_upsampler
 
 from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler
-from dit_core.families.ltx25 import LTX25, Grid, Guide, guide_attention_bias, keyframe_rows, video_midpoints
+from dit_core.families.ltx25 import LTX25
+from dit_core.families.ltx25_positions import Grid, Guide, guide_attention_bias, keyframe_rows, video_midpoints
 from dit_core.sampling.ksampler import SamplingCancelled
 from dit_core.sampling.ltx25 import (
     STAGE_1_SIGMAS,
