@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from . import attention_8bit
 from .int8 import attention as attention_int8
 
 # Tried in this order; SDPA takes the first whose constraints the inputs meet (MATH last, always possible).
@@ -46,22 +47,26 @@ def _qkv_rows(t: torch.Tensor) -> torch.Tensor | None:
     return rows.reshape(t.shape[2], -1) if t.shape[0] == 1 and rows.is_contiguous() else None
 
 
-def reference(q, k, v, group=0, int8_scores=False):
-    """The math above in f32 (bf16 out); int8_scores: the kernel's approximation, whose exact math this is."""
+def reference(q, k, v, group=0, int8_scores=False, eight_bit=False):
+    """The math above in f32 (bf16 out); int8_scores, eight_bit: the kernels' approximations, whose exact math this
+    is."""
     q, k, v = (_groups(t, group) for t in (q, k, v))
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return _rows(torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
 
 
-def attention(q, k, v, group=0, int8_scores=False):
-    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. int8_scores:
-    kernels/int8/attention.py where it takes the rows."""
+def attention(q, k, v, group=0, int8_scores=False, eight_bit=False):
+    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. eight_bit:
+    kernels/attention_8bit.py where it takes the rows (before int8_scores); int8_scores: kernels/int8/attention.py
+    where it takes them."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     if group and q.shape[2] != group and (q.shape[0] != 1 or q.shape[2] % group):
         raise ValueError(f"attention: groups of {group} rows need q, k, v [1, heads, M, D] with M a multiple "
                          f"of {group}, got {tuple(q.shape)}")
+    if eight_bit and (not group or q.shape[2] == group) and attention_8bit.unusable(q) is None:
+        return attention_8bit.attention_8bit(q, k, v).to(q.dtype)
     if int8_scores and (not group or q.shape[2] == group):
         rows = [_qkv_rows(t) for t in (q, k, v)]
         if all(r is not None and attention_int8.unusable(r, q.shape[1]) is None for r in rows):

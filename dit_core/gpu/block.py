@@ -38,6 +38,12 @@ def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
     return o.int8_attention and qkv.int8
 
 
+def _attention_kind(qkv: GpuLinear, o: Options) -> dict[str, bool]:
+    """kernels/attention.py's choice for a block with this QKV: both products on 8 bits, or INT8 scores, where the
+    options ask for them and QKV is INT8 (BF16 linears keep cuDNN's bf16)."""
+    return {"eight_bit": o.attention_8bit and qkv.int8, "int8_scores": _int8_scores(qkv, o)}
+
+
 def kernels():
     """The kernels package: the sibling of dit_core, top level in tests and tools, inside the custom-node package
     in ComfyUI."""
@@ -170,17 +176,17 @@ def _heads(a: Arch, o: Options, h, lin: GpuLinear, q_weight, k_weight, s: Sequen
                a.qk_eps, group=s.group)
 
 
-def _attend(q, k, v, keys_values: Callable | None, int8_scores: bool) -> torch.Tensor:
+def _attend(q, k, v, keys_values: Callable | None, kind: dict[str, bool]) -> torch.Tensor:
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
     sees k and v as the host block shows them (rows [G g, heads, D]; v turned where the block turns it, _turns_v)
     and may add rows (G = 1: the keys beyond the queries' rows, as dit_core/block.py attention takes them); the
-    kernel needs k like q, so longer keys go to SDPA directly. int8_scores: _int8_scores' answer."""
+    kernel needs k like q, so longer keys go to SDPA directly. kind: _attention_kind's answer."""
     if keys_values is not None:
         G, heads, _, d = q.shape
         k, v = keys_values(*(t.transpose(1, 2).reshape(-1, heads, d) for t in (k, v)))
         k, v = (t.reshape(G, -1, heads, d).transpose(1, 2).to(q.dtype) for t in (k, v))  # q's layout: BSHD
     if k.shape == q.shape:
-        return run("attention", q, k, v, int8_scores=int8_scores)
+        return run("attention", q, k, v, **kind)
     o = F.scaled_dot_product_attention(q, k, v)
     return o.transpose(1, 2).reshape(q.shape[0] * q.shape[2], -1)
 
@@ -278,7 +284,7 @@ class GpuBlock:
         else:
             turn = _turns_v(a, w[QKV], w[OUT], s, opt)
             o = run("attention", *_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                    int8_scores=_int8_scores(w[QKV], opt))
+                    **_attention_kind(w[QKV], opt))
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
@@ -319,7 +325,7 @@ class GpuBlock:
         h_up = h if same else self._rows(a, opt, x, w[UP], **mod, stats=given)
         turn = _turns_v(a, w[QKV], w[OUT], s, opt)  # (keys_values then keeps and returns v turned: one block's own)
         o = _attend(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), keys_values,
-                    _int8_scores(w[QKV], opt))
+                    _attention_kind(w[QKV], opt))
         o_rows, summed = self._rows(a, opt, o, w[OUT], turned="v" if turn else None), w[OUT].int8 and w[DOWN].int8
         if summed:
             o = run("int8_linear", o_rows[0], o_rows[1], w[OUT].weight, w[OUT].scale, w[OUT].bias,

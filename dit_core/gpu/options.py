@@ -10,7 +10,9 @@ from typing import Any
 @dataclass(frozen=True)
 class Options:
     """int8_attention: attention scores on the INT8 matrix cores (kernels/int8/attention.py) in blocks whose QKV is
-    INT8 (BF16 linears keep cuDNN's bf16: the precise path); off, cuDNN's bf16 SDPA. turn_v: v leaves the fused QKV
+    INT8 (BF16 linears keep cuDNN's bf16: the precise path); off, cuDNN's bf16 SDPA. attention_8bit: both attention
+    products on the 8-bit matrix cores (kernels/attention_8bit.py: INT8 q k^T, e4m3 p v; about 3.5% from f32 against
+    INT8 scores' 1.2% and cuDNN bf16's 0.2%) in blocks whose QKV is INT8, before int8_attention. turn_v: v leaves the fused QKV
     turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an INT8 DOWN
     (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
     output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
@@ -19,6 +21,7 @@ class Options:
     run, a kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core
     opens kernels/ in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
+    attention_8bit: bool = False
     turn_v: bool = True
     turn_hidden: bool = True
     mlp_chunk: int = 8192

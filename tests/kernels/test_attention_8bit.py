@@ -196,3 +196,14 @@ def test_bench_tiles_against_reference_on_the_gpu(tile):
     q, k, v = qkv(4608 + 40, 24, "cuda", offset=0.5)
     got = k8.launch(*k8.operands(q, k, v, 24, bn), block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
     assert rel_err(got, k8.reference(q, k, v, 24, bn)) < 1e-2
+
+
+def test_the_attention_op_takes_it_when_asked(device):
+    """kernels/attention.py with eight_bit (Options.attention_8bit in a block whose QKV is INT8): this kernel where
+    it takes the rows, one group of [1, heads, M, D]; several groups go to SDPA as before."""
+    from kernels import attention
+    q, k, v = qkv(160, 2, device)
+    views = [t.unflatten(1, (2, D)).transpose(0, 1)[None] for t in (q, k, v)]
+    assert torch.equal(attention.attention(*views, eight_bit=True), k8.attention_8bit(*views))
+    grouped = attention.attention(*views[:1] * 3, group=32, eight_bit=True)
+    assert torch.equal(grouped, attention.attention(*views[:1] * 3, group=32))
