@@ -131,15 +131,22 @@ class LTX25Sampler(SamplerNode):
                                tooltip="LTXVDualCFGGuider's audio_cfg: the sound's guidance (cfg is the video's)"),
                 io.String.Input("sigmas", default=STAGE_1_SIGMAS,
                                 tooltip="ManualSigmas' noise levels, falling to 0 (the template's stage 1; its stage "
-                                        "2: 0.85, 0.7250, 0.4219, 0.0)")]
+                                        "2: 0.85, 0.7250, 0.4219, 0.0)"),
+                # optional: workflows saved before them keep loading (1, 1: KSamplerSelect's euler_ancestral)
+                io.Float.Input("eta", default=1.0, min=0.0, max=100.0, step=0.01, optional=True,
+                               tooltip="SamplerEulerAncestral's eta: the noise added back each step (0: plain "
+                                       "Euler; the first/last frame template: 0)"),
+                io.Float.Input("s_noise", default=1.0, min=0.0, max=100.0, step=0.01, optional=True,
+                               tooltip="SamplerEulerAncestral's s_noise: the scale of that noise")]
 
     @classmethod
-    def checked_extra(cls, audio_cfg=1.0, sigmas=STAGE_1_SIGMAS) -> dict:
+    def checked_extra(cls, audio_cfg=1.0, sigmas=STAGE_1_SIGMAS, eta=1.0, s_noise=1.0) -> dict:
         values = manual_sigmas(sigmas)
         if len(values) < 2 or values[0] > 1 or values[-1] < 0 or (values[1:] >= values[:-1]).any():
             raise SwiftDiTError(f"{cls.NODE_ID} · sigmas: {sigmas!r} is not a falling list of noise levels within "
                                 f"[0, 1] (ManualSigmas' text, e.g. {STAGE_1_SIGMAS!r})")
-        return {"audio_cfg": finite(cls.NODE_ID, "audio_cfg", audio_cfg, 0.0), "sigmas": values}
+        return {"audio_cfg": finite(cls.NODE_ID, "audio_cfg", audio_cfg, 0.0), "sigmas": values,
+                "eta": finite(cls.NODE_ID, "eta", eta, 0.0), "s_noise": finite(cls.NODE_ID, "s_noise", s_noise, 0.0)}
 
     @classmethod
     def latent(cls, samples):
@@ -176,7 +183,8 @@ class LTX25Sampler(SamplerNode):
 
     @classmethod
     def sampling(cls, dit, r):
-        video, audio = r.latent
+        # the sampler's state where the transformer runs, as ComfyUI's (its ancestral noise drawn there too)
+        video, audio = (t.to(dit.transformer.device) for t in r.latent)
         stage = Stage(r.extra["sigmas"], r.seed, r.cfg, r.extra["audio_cfg"])
         fps = float(r.conditioning[0][1].get("frame_rate", FRAME_RATE))  # LTXVConditioning's
         positive = prompt_rows(dit.connectors, r.positive)
@@ -185,7 +193,8 @@ class LTX25Sampler(SamplerNode):
         mask, frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
         net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check, **frames)
         return (lambda callback, should_stop: NestedTensor(sample_stage(
-            net, video, audio, stage, positive, negative, mask, callback=callback, should_stop=should_stop))), \
+            net, video, audio, stage, positive, negative, mask, r.extra["eta"], r.extra["s_noise"], callback=callback,
+            should_stop=should_stop))), \
             len(stage.sigmas) - 1
 
 

@@ -211,12 +211,13 @@ def sample_stage(model: PackedModel, video: torch.Tensor, audio: torch.Tensor, s
     noise_mask, e.g. video [1, 1, F, 1, 1]; an audio mask None: all generated, as LTXVConcatAVLatent's ones; None:
     all generated). Returns (video, audio) f32."""
     shapes = [video.shape, audio.shape]
-    noise = pack(prepare_noise_parts([video.float(), audio.float()], stage.seed))
+    noise = pack(prepare_noise_parts([video.float(), audio.float()], stage.seed)).to(video.device)
     latent = pack([video.float(), audio.float()])
     sigmas = stage.sigmas.float()
     denoiser = dual_cfg_denoiser(model, stage.video_cfg, stage.audio_cfg, video[0].numel(), positive, negative)
     if denoise_mask is not None:
-        masks = [torch.ones(s) if m is None else m.float().expand(s) for m, s in zip(denoise_mask, shapes)]
+        masks = [torch.ones(s, device=video.device) if m is None else m.float().to(video.device).expand(s)
+                 for m, s in zip(denoise_mask, shapes)]
         denoiser = inpaint_denoiser(denoiser, latent, pack(masks))
     x = noise_scaling(sigmas[0], noise, latent)
     x = sample_euler_ancestral_rf(denoiser, x, sigmas, stage.seed, eta, s_noise, callback, should_stop)
