@@ -1,6 +1,6 @@
 """MiniMax H3 nodes, text, images and references to video + audio and text to image: the DiT and LoRA loaders, the
-text encoder loader and encode, Image To Video, Reference To Video, the sampler; and the VAE nodes of
-nodes/minimax_h3_codecs.py, all in NODES."""
+text encoder loader and encode, Image To Video, Reference To Video (nodes/minimax_h3_references.py, bound here to
+the prompt's conditioning), the sampler; and the VAE nodes of nodes/minimax_h3_codecs.py, all in NODES."""
 from __future__ import annotations
 
 import comfy.utils
@@ -8,7 +8,7 @@ import torch
 from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
-from ..dit_core.families.minimax_h3 import MiniMaxH3, reference_image_size
+from ..dit_core.families.minimax_h3 import MiniMaxH3
 from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
 from ..dit_core.sampling.minimax_h3 import AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
 from ..dit_core.sampling.schedules import SCHEDULERS
@@ -17,13 +17,13 @@ from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_che
                    text_encoder_loader)
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import H3, FamilySettings, PassSize, Schedule
-from .minimax_h3_codecs import (CATEGORY, FAMILY, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode, MiniMaxH3VAEDecodeAudio,
-                                MiniMaxH3VAELoader, audio_reference, av_parts, empty_av_latent, empty_image_latent,
-                                image_reference, keyframes_of, load_video_encoder, references_of)
+from .minimax_h3_codecs import (CATEGORY, CONDITIONING_OUTPUTS, FAMILY, MiniMaxH3AudioVAELoader, MiniMaxH3VAEDecode,
+                                MiniMaxH3VAEDecodeAudio, MiniMaxH3VAELoader, av_parts, canvas_inputs, empty_av_latent,
+                                empty_image_latent, keyframes_of, load_video_encoder, references_of)
+from .minimax_h3_references import ReferenceToVideoNode
 from .minimax_h3_schedule import MiniMaxH3SigmaShift
 from .types import TextEncoder, Vae
 
-REFERENCE_IMAGES, REFERENCE_AUDIOS = 9, 3  # ComfyUI's ref_image_0..8 and ref_audio_0..2
 SETTINGS = FamilySettings(
     schedule=Schedule(H3, VIDEO_SHIFT),  # the video grid's shift 12 (the audio grid keeps shift 3)
     # a video row: 2x2 latent cells of 16x16 pixels; the default pass: 864x480x124's 37 x 405 video, 2 x 207 audio
@@ -79,22 +79,6 @@ class MiniMaxH3TextEncode(TextEncodeNode):
     conditioning = staticmethod(prompt_conditioning)
 
 
-def canvas_inputs(width: int, height: int) -> list:
-    """The prompt and the canvas (width x height, length frames at 24 fps) of the conditioning nodes."""
-    side = "The video's {} in pixels, a multiple of 32"
-    return [io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
-            io.Int.Input("width", default=width, min=32, max=4096, step=32, tooltip=side.format("width")),
-            io.Int.Input("height", default=height, min=32, max=4096, step=32, tooltip=side.format("height")),
-            io.Int.Input("length", default=124, min=5, max=1024,
-                         tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")]
-
-
-CONDITIONING_OUTPUTS = [io.Conditioning.Output(tooltip="The prompt's text rows (and its conditions), for the "
-                                                       "sampler's positive"),
-                        io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
-                                                 "[1, 32, 2, 40 per second] parts, for the sampler")]
-
-
 class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and outputs
     NODE_ID = "SwiftDiTMiniMaxH3ImageToVideo"
 
@@ -141,47 +125,8 @@ class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and
         return io.NodeOutput(conditioning, {"samples": latent})
 
 
-class MiniMaxH3ReferenceToVideo(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs and outputs (images, audios)
-    NODE_ID = "SwiftDiTMiniMaxH3ReferenceToVideo"
-
-    @classmethod
-    def define_schema(cls):
-        vae = "Optional: the {} VAE, from the MiniMax H3 {}VAE Loader; without it the references {} only the text"
-        return io.Schema(
-            node_id=cls.NODE_ID, display_name="MiniMax H3 Reference To Video (SwiftDiT)", category=CATEGORY,
-            description="The prompt after its reference images (<Picture i>) and audios (<Audio j>), the references "
-                        "encoded as conditions, and the empty AV latent, as MiniMaxH3ReferenceToVideo.",
-            inputs=[TextEncoder.Input("clip", tooltip="The MiniMax H3 text encoder, from its Text Encoder Loader"),
-                    Vae.Input("vae", optional=True, tooltip=vae.format("video", "", "images condition")),
-                    Vae.Input("audio_vae", optional=True, tooltip=vae.format("audio", "Audio ", "audios label")),
-                    *canvas_inputs(1344, 768),
-                    io.Combo.Input("ref_image_size", options=["match", "max"], default="match",
-                                   tooltip="'match': each image scaled down to the video's area; 'max': to a 2048 "
-                                           "short edge (more rows every step: slower)"),
-                    *[io.Image.Input(f"ref_image_{i}", optional=True, tooltip=f"Reference image <Picture {i + 1}>")
-                      for i in range(REFERENCE_IMAGES)],
-                    *[io.Audio.Input(f"ref_audio_{i}", optional=True, tooltip="A reference audio at 32 kHz")
-                      for i in range(REFERENCE_AUDIOS)]], outputs=CONDITIONING_OUTPUTS)
-
-    @classmethod
-    def execute(cls, clip, prompt, width, height, length, ref_image_size="match", vae=None, audio_vae=None,
-                **references) -> io.NodeOutput:
-        node, blocks, pictures, audios = cls.NODE_ID, [], [], 0
-        latent = empty_av_latent(node, width, height, length)
-        for name in (f"ref_image_{i}" for i in range(REFERENCE_IMAGES)):
-            if (image := references.get(name)) is not None:
-                with checked(node, "ref_image_size"):
-                    size = reference_image_size(image.shape[1], image.shape[2], height, width, ref_image_size)
-                pictures.append(image_reference(node, name, image, size, vae, len(pictures), blocks))
-        for name in (f"ref_audio_{i}" for i in range(REFERENCE_AUDIOS)):
-            if (audio := references.get(name)) is not None:
-                audios += 1
-                audio_reference(node, name, audio, audio_vae, blocks)
-        with checked(node, "prompt"):
-            conditioning = pictures_conditioning(clip, prompt, pictures, audios)
-        if blocks:
-            conditioning[0][1]["minimax_refs"] = blocks
-        return io.NodeOutput(conditioning, {"samples": latent})
+class MiniMaxH3ReferenceToVideo(ReferenceToVideoNode):  # nodes/minimax_h3_references.py, with the prompt's text
+    conditioning = staticmethod(pictures_conditioning)
 
 
 class MiniMaxH3Sampler(SamplerNode):

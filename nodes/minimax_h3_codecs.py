@@ -1,6 +1,7 @@
 """MiniMax H3's VAE nodes (video and audio loaders and decodes), the AV latent (its parts, as the conditioning nodes
-make it and the sampler and decodes read it) and the conditions the sampler reads from the positive (keyframes,
-references); nodes/minimax_h3.py registers the nodes with the family's other nodes."""
+make it, with their canvas inputs and outputs, and the sampler and decodes read it) and the conditions the sampler
+reads from the positive (keyframes, references); nodes/minimax_h3.py registers the nodes with the family's other
+nodes."""
 from __future__ import annotations
 
 import comfy.model_management
@@ -57,6 +58,22 @@ def empty_image_latent(node: str, samples: torch.Tensor) -> NestedTensor:
                             f"node and one image from an empty latent")
     h, w = round(samples.shape[-2] * 0.5), round(samples.shape[-1] * 0.5)
     return NestedTensor([samples.new_zeros(1, VIDEO_CHANNELS, 1, h, w), samples.new_zeros(1, AUDIO_CHANNELS, 2, 2)])
+
+
+def canvas_inputs(width: int, height: int) -> list:
+    """The prompt and the canvas (width x height, length frames at 24 fps) of the conditioning nodes."""
+    side = "The video's {} in pixels, a multiple of 32"
+    return [io.String.Input("prompt", multiline=True, dynamic_prompts=True, tooltip="The prompt"),
+            io.Int.Input("width", default=width, min=32, max=4096, step=32, tooltip=side.format("width")),
+            io.Int.Input("height", default=height, min=32, max=4096, step=32, tooltip=side.format("height")),
+            io.Int.Input("length", default=124, min=5, max=1024,
+                         tooltip="Pixel frames at 24 fps, of the form 17n + 5 (124: about 5 s)")]
+
+
+CONDITIONING_OUTPUTS = [io.Conditioning.Output(tooltip="The prompt's text rows (and its conditions), for the "
+                                                       "sampler's positive"),
+                        io.Latent.Output(tooltip="The empty AV latent: video [1, 24, 5n + 2, H/16, W/16] and audio "
+                                                 "[1, 32, 2, 40 per second] parts, for the sampler")]
 
 
 def keyframes_of(node: str, conditioning: list, length: int) -> tuple[tuple[str, torch.Tensor], ...]:
@@ -132,29 +149,6 @@ def vae_for(node: str, name: str, vae, role: str):
     if vae is not None and vae.role != role:
         raise SwiftDiTError(f"{node} · {name}: a MiniMax H3 {vae.role} VAE where the {role} VAE goes")
     return vae
-
-
-def image_reference(node: str, name: str, image: torch.Tensor, size: tuple[int, int], vae, index: int,
-                    blocks: list) -> torch.Tensor:
-    """A reference image as MiniMaxH3ReferenceToVideo takes it: its first image resized to size (height, width;
-    lanczos, no crop), the prompt's picture; with the video VAE its latent joins blocks as ComfyUI's image block."""
-    pixels = comfy.utils.common_upscale(image[:1, ..., :3].movedim(-1, 1), size[1], size[0], "lanczos",
-                                        "disabled").movedim(1, -1)
-    if vae_for(node, "vae", vae, "video") is not None:
-        with checked(node, name):
-            z = load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
-        blocks.append({"kind": "image", "picture_index": index, "latent_h": size[0] // 16, "latent_w": size[1] // 16,
-                       "latent": z})
-    return pixels
-
-
-def audio_reference(node: str, name: str, audio: dict, audio_vae, blocks: list) -> None:
-    """A standalone reference audio (AUDIO at 32 kHz; its first item): with the audio VAE its latent joins blocks
-    as ComfyUI's audio block (without it, it is only the prompt's "<Audio j>: " label)."""
-    if vae_for(node, "audio_vae", audio_vae, "audio") is not None:
-        with checked(node, name):
-            z = load_audio_encoder(audio_vae).encode(audio["waveform"][:1], audio["sample_rate"], interrupt_check)
-        blocks.append({"kind": "audio", "ref_audio_t": z.shape[-1], "audio_latent": z})
 
 
 class MiniMaxH3VAELoader(VAELoaderNode):

@@ -23,6 +23,7 @@ KEYFRAME_TIME = 0.999  # video condition rows' time: max(t_video, 0.999), their 
 AUDIO_CONDITION_TIME = 1.0  # audio condition rows' time: max(t_audio, 1.0) (ComfyUI's AUDIO_COND_TIMESTEP: no noise)
 CANVAS_MULTIPLE = 32  # pixels: the VAE's 16 times the 2x2 patch
 REFERENCE_SHORT_EDGE = 2048  # a reference image's short edge at most (ComfyUI's REF_IMAGE_SHORT_EDGE)
+REFERENCE_VIDEO_SHORT_EDGE, REFERENCE_VIDEO_PIXELS = 768, 768 * 1344  # a reference video's canvas (adapt_canvas)
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,32 @@ def reference_image_size(height: int, width: int, canvas_height: int, canvas_wid
         raise ValueError(f"MiniMaxH3: reference image sizing is 'match' or 'max', got {sizing!r}")
     side = lambda n: max(CANVAS_MULTIPLE, round(n * scale / CANVAS_MULTIPLE) * CANVAS_MULTIPLE)  # noqa: E731
     return side(height), side(width)
+
+
+def reference_video_size(height: int, width: int) -> tuple[int, int]:
+    """(height, width) in pixels a ref2va reference video's frames are resized to (ComfyUI's
+    MiniMaxH3ReferenceToVideo, its adapt_canvas): a 768 short edge keeping the aspect, scaled down to at most
+    768 x 1344 pixels, sides rounded to multiples of 32; a video smaller than that keeps its own sides, rounded to 32s
+    (at least 32 each, Python's round)."""
+    ratio = width / height
+    w, h = (REFERENCE_VIDEO_SHORT_EDGE * ratio, REFERENCE_VIDEO_SHORT_EDGE) if ratio >= 1.0 else \
+        (REFERENCE_VIDEO_SHORT_EDGE, REFERENCE_VIDEO_SHORT_EDGE / ratio)
+    if w * h > REFERENCE_VIDEO_PIXELS:
+        s = math.sqrt(REFERENCE_VIDEO_PIXELS / (w * h))
+        w, h = w * s, h * s
+    side = lambda n: max(CANVAS_MULTIPLE, round(n / CANVAS_MULTIPLE) * CANVAS_MULTIPLE)  # noqa: E731
+    if width * height < side(w) * side(h):
+        return side(height), side(width)
+    return side(h), side(w)
+
+
+def reference_video_frames(frames: int, length: int) -> int:
+    """How many of a reference video's frames ref2va encodes (ComfyUI's MiniMaxH3ReferenceToVideo): at most the
+    target's `length`, then down to 17n + 5 (the video VAE's clips); fewer than 5 frames are refused."""
+    n = min(frames, length)
+    if n < 5:
+        raise ValueError(f"a reference video has at least 5 frames (0.2 s at 24 fps), got {n}")
+    return n - (n - 5) % 17
 
 
 @dataclass(frozen=True)

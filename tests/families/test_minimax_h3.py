@@ -14,6 +14,7 @@ from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax
 from dit_core.arch import Arch
 from dit_core.families.minimax_h3 import (MiniMaxH3, Reference, packed_layout, patchify, reference_image_size,
                                          row_times)
+from dit_core.families.minimax_h3_layout import reference_video_frames, reference_video_size
 from dit_core.gpu.block import GpuBlock
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
@@ -237,6 +238,25 @@ def test_reference_checks_its_latents():
 def test_reference_image_size_as_comfyui(image, canvas, sizing, want):
     """MiniMaxH3ReferenceToVideo's sizes of a reference image (ref_image_size 'match' and 'max')."""
     assert reference_image_size(*image, *canvas, sizing) == want
+
+
+@pytest.mark.parametrize("video, want", [
+    ((1080, 1920), (768, 1344)),   # a 768 short edge, then down to 768 x 1344 pixels, sides to 32s
+    ((1920, 1080), (1344, 768)),
+    ((2000, 2000), (768, 768)),
+    ((40, 70), (32, 64)),          # smaller than its canvas: its own sides, rounded to 32s
+    ((10, 10), (32, 32))])         # at least 32
+def test_reference_video_size_as_comfyui(video, want):
+    """MiniMaxH3ReferenceToVideo's frame size of a reference video (adapt_canvas, or its own rounded sides)."""
+    assert reference_video_size(*video) == want
+
+
+def test_reference_video_frames_as_comfyui():
+    """A reference video's frames: at most the target's length, then down to 17n + 5; under 5 refused."""
+    assert [reference_video_frames(n, 124) for n in (5, 21, 22, 38, 39, 200)] == [5, 5, 22, 22, 39, 124]
+    assert reference_video_frames(200, 22) == 22
+    with pytest.raises(ValueError, match="at least 5 frames"):
+        reference_video_frames(4, 124)
 
 
 def test_arch_checks_the_inner_width(model, files):

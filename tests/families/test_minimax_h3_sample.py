@@ -212,6 +212,49 @@ def test_references_as_comfyui_adds_them(ours, monkeypatch):
         sample_t2va(ours, text_features(), FRAMES, LH, LW, NA, 2, seed=5, references=refs)
 
 
+def test_reference_video_as_comfyui_adds_it(model, ours, monkeypatch):
+    """ref2va with a reference video and its soundtrack (ComfyUI's video_audio block): its frames reach every forward
+    as video condition rows 0.999 z + 0.001 n, its soundtrack as audio condition rows as they are; each forward's x0
+    is diffusers' model on the rows, layout (build_ref2va_packed_sequence) and row times diffusers gives them, to
+    1e-4; the reference steers both streams."""
+    from diffusers.modular_pipelines.minimax_h3.before_denoise import MiniMaxH3Ref2VAPrepareLayoutStep
+    from diffusers.modular_pipelines.minimax_h3.references import MiniMaxH3VideoReference
+    gen = torch.Generator().manual_seed(8)
+    clip, track = torch.randn(1, C, 2, 2, 4, generator=gen), torch.randn(1, CA, 2, 4, generator=gen)
+    refs = (Reference("video", clip, track),)
+    seen = []
+    denoised = MiniMaxH3.denoised
+
+    def spy(self, video, audio, txt, layout, sigma_video, sigma_audio, check=None):
+        out = denoised(self, video, audio, txt, layout, sigma_video, sigma_audio, check)
+        seen.append((video.clone(), audio.clone(), sigma_video, sigma_audio, out))
+        return out
+
+    monkeypatch.setattr(MiniMaxH3, "denoised", spy)
+    text = text_features()
+    out = sample_t2va(ours, text, FRAMES, LH, LW, NA, 2, seed=5, sampler="euler", references=refs)
+    n = 2 * 1 * 2  # two latent frames of 1 x 2 patches
+    noise = torch.randn(n, 4 * C, generator=torch.Generator().manual_seed(5))
+    layout = MiniMaxH3Ref2VAPrepareLayoutStep.build_ref2va_packed_sequence(
+        torch.ones(NT, dtype=torch.long), [MiniMaxH3VideoReference(frames=None, audio=torch.empty(1))], [clip],
+        [audio_to_rows(track)], FRAMES, LH, LW, NA, PATCH, 2, 2, 0)
+    positions, tags, video_idx, audio_idx, text_idx, kv, ka = layout
+    assert (kv, ka) == (n, 8) and len(seen) == 2
+    for video, audio, sigma_v, sigma_a, (x0_v, x0_a) in seen:
+        assert torch.equal(video[:n], 0.999 * patchify(clip[0]) + 0.001 * noise)
+        assert torch.equal(audio[:8], audio_to_rows(track))
+        times, index = MiniMaxH3SetTimestepsStep.build_row_timesteps(
+            video_idx, audio_idx, kv, ka, NT, 1.0 - sigma_v, 1.0 - sigma_a, max(1.0 - sigma_v, 0.999), 1.0)
+        with torch.no_grad():
+            v, a = model(hidden_states=video[None], audio_hidden_states=audio[None], encoder_hidden_states=text,
+                         timestep=times, timestep_indices=index, token_tags=tags, position_ids=positions,
+                         video_indices=video_idx, audio_indices=audio_idx, text_indices=text_idx, return_dict=False)
+        assert rel_err(x0_v[n:], video[n:] + sigma_v * v[0, n:]) <= 1e-4
+        assert rel_err(x0_a[8:], audio[8:] + sigma_a * a[0, 8:]) <= 1e-4
+    alone = sample_t2va(ours, text, FRAMES, LH, LW, NA, 2, seed=5, sampler="euler")
+    assert rel_err(out[0], alone[0]) > 1e-3 and rel_err(out[1], alone[1]) > 1e-3
+
+
 @pytest.mark.parametrize("sampler", ["euler", "res_multistep"])
 def test_fasth3_sigma_shift_as_comfyui_sets_it(sampler):
     """FastH3's MiniMaxH3SigmaShift(10, 3), 8 steps on the simple scheduler: the model sees, at step i of b = 1 -

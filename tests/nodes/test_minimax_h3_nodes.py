@@ -120,6 +120,8 @@ CONTRACT = {
                                      ["CONDITIONING", "LATENT"]),
     "SwiftDiTMiniMaxH3ReferenceToVideo": (["clip", "vae", "audio_vae", "prompt", "width", "height", "length",
                                            "ref_image_size", *[f"ref_image_{i}" for i in range(9)],
+                                           *[f"ref_video_{i}" for i in range(3)],
+                                           *[f"ref_video_audio_{i}" for i in range(3)],
                                            *[f"ref_audio_{i}" for i in range(3)]], ["CONDITIONING", "LATENT"]),
     "SwiftDiTMiniMaxH3SigmaShift": (["model", "shift_video", "shift_audio"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive",
@@ -319,7 +321,10 @@ def test_reference_to_video(pack, models):
     """Reference To Video as ComfyUI's: each reference image resized (lanczos, no crop; 'match': down to the
     video's area, sides to multiples of 32) is the prompt's "<Picture i>" and, with the video VAE, an image block of
     its latent; a reference audio is "<Audio j>" and, with the audio VAE, an audio block; the sampler adds the blocks
-    as reference rows (sample_t2va's references) to the same numbers as the engine."""
+    as reference rows (sample_t2va's references) to the same numbers as the engine. A reference video (IMAGE frames)
+    is resized to its own canvas (here its sides rounded to 32s), cut to length (17n + 5 frames) and, with its
+    soundtrack, a video_audio block after the images; its soundtrack is an "<Audio j>" label before the standalone
+    audios'."""
     import comfy.utils
     from dit_core.codecs.h3_video_vae import VideoEncoder
     from dit_core.families.minimax_h3 import MiniMaxH3, Reference
@@ -328,25 +333,32 @@ def test_reference_to_video(pack, models):
     gen = torch.Generator().manual_seed(9)
     wide, tall = torch.rand(1, 50, 70, 3, generator=gen), torch.rand(2, 120, 60, 3, generator=gen)
     voice = {"waveform": 0.3 * torch.randn(1, 1, 300, generator=gen), "sample_rate": 32000}
+    clip_frames = torch.rand(30, 40, 70, 3, generator=gen)
+    track = {"waveform": 0.3 * torch.randn(1, 2, 200, generator=gen), "sample_rate": 32000}
     (clip,) = run(pack.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
     (vae,) = run(pack.MiniMaxH3VAELoader, vae_name="h3_video_vae.safetensors")
     (audio_vae,) = run(pack.MiniMaxH3AudioVAELoader, vae_name="h3_audio_vae.safetensors")
     r2v = dict(clip=clip, prompt=PROMPT, width=WIDTH, height=HEIGHT, length=LENGTH, ref_image_size="match",
-               ref_image_0=wide, ref_image_3=tall, ref_audio_1=voice)
+               ref_image_0=wide, ref_image_3=tall, ref_audio_1=voice, ref_video_1=clip_frames,
+               ref_video_audio_1=track)
     positive, latent = run(pack.MiniMaxH3ReferenceToVideo, vae=vae, audio_vae=audio_vae, **r2v)
     blocks = positive[0][1]["minimax_refs"]
-    assert [(b["kind"], b.get("latent_h"), b.get("latent_w")) for b in blocks] == [("image", 4, 4), ("image", 6, 4),
-                                                                                   ("audio", None, None)]
+    assert [(b["kind"], b.get("latent_h"), b.get("latent_w")) for b in blocks] == [
+        ("image", 4, 4), ("image", 6, 4), ("video_audio", 2, 4), ("audio", None, None)]
     encoder = VideoEncoder.load(models / "vae" / "h3_video_vae.safetensors", groups=VIDEO_VAE.CONFIG["norm_num_groups"])
     pictures = []
     for block, image, (h, w) in ((blocks[0], wide, (64, 64)), (blocks[1], tall, (96, 64))):
         pixels = comfy.utils.common_upscale(image[:1].movedim(-1, 1), w, h, "lanczos", "disabled").movedim(1, -1)
         assert torch.equal(block["latent"], encoder.encode(pixels, tile=None))
         pictures.append(pixels)
-    sound = pack.TinyAudioEncoder.load(models / "vae" / "h3_audio_vae.safetensors").encode(voice["waveform"], 32000)
-    assert torch.equal(blocks[2]["audio_latent"], sound) and blocks[2]["ref_audio_t"] == 30
+    frames = comfy.utils.common_upscale(clip_frames[:22].movedim(-1, 1), 64, 32, "lanczos", "disabled").movedim(1, -1)
+    assert torch.equal(blocks[2]["latent"], encoder.encode(frames, tile=None)) and blocks[2]["latent_t"] == 7
+    audio_encoder = pack.TinyAudioEncoder.load(models / "vae" / "h3_audio_vae.safetensors")
+    sound, soundtrack = audio_encoder.encode(voice["waveform"], 32000), audio_encoder.encode(track["waveform"], 32000)
+    assert torch.equal(blocks[3]["audio_latent"], sound) and blocks[3]["ref_audio_t"] == 30
+    assert torch.equal(blocks[2]["audio_latent"], soundtrack) and blocks[2]["ref_audio_t"] == 20
     rows, tags = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
-                                             pack_tokenizer_dir()).encode_tagged(PROMPT, pictures, audios=1)
+                                             pack_tokenizer_dir()).encode_tagged(PROMPT, pictures, audios=2)
     assert torch.equal(positive[0][0], rows) and torch.equal(positive[0][1]["text_token_tags"], tags)
     assert [tuple(t.shape) for t in latent["samples"].tensors] == [(1, 24, 7, 6, 4), (1, TINY_AUDIO_CHANNELS, 2, 37)]
     (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
@@ -355,7 +367,7 @@ def test_reference_to_video(pack, models):
                      scheduler="simple", positive=positive, negative=positive, latent_image=latent, denoise=1.0)
     dit = MiniMaxH3.load(models / "diffusion_models" / "minimax_h3_tiny.safetensors")
     refs = (Reference("image", blocks[0]["latent"]), Reference("image", blocks[1]["latent"]),
-            Reference("audio", audio=sound))
+            Reference("video", blocks[2]["latent"], soundtrack), Reference("audio", audio=sound))
     video, audio = sample_t2va(dit, rows, 7, 6, 4, 37, 2, seed=4, sampler="res_multistep", text_tags=tags,
                                references=refs)
     assert torch.equal(samples["samples"].tensors[0], video) and torch.equal(samples["samples"].tensors[1], audio)
@@ -364,6 +376,9 @@ def test_reference_to_video(pack, models):
     for change, message in [({"vae": audio_vae}, "vae: a MiniMax H3 audio VAE where the video VAE goes"),
                             ({"audio_vae": audio_vae, "ref_audio_1": {**voice, "sample_rate": 44100}},
                              "ref_audio_1: audio: 44100 Hz"),
-                            ({"ref_image_size": "huge"}, "ref_image_size: .*'match' or 'max'")]:
+                            ({"ref_image_size": "huge"}, "ref_image_size: .*'match' or 'max'"),
+                            ({"ref_video_1": clip_frames[:4]}, "ref_video_1: a reference video has at least 5 frames"),
+                            ({"ref_video_audio_0": track}, "ref_video_audio_0: the soundtrack of ref_video_0"),
+                            ({"ref_video_1": track}, "ref_video_1: IMAGE frames")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3ReferenceToVideo · {message}"):
             run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, **change})
