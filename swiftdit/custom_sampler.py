@@ -1,7 +1,8 @@
 """SamplerCustomAdvanced groups spelled as one KSampler, for families whose templates sample that way (MiniMax H3's,
 LTX-2.5's, Krea 2's style reference): RandomNoise's seed, the guider's model and conditioning (BasicGuider's for
 positive and negative, which cfg 1 never reads; CFGGuider's positive, negative and cfg; LTXVDualCFGGuider's positive
-and negative, its video_cfg as cfg), the latent, KSamplerSelect's sampler, and BasicScheduler's steps and scheduler
+and negative, its video_cfg as cfg), the latent, KSamplerSelect's sampler (or SamplerEulerAncestral's: its eta and
+s_noise go with the fold), and BasicScheduler's steps and scheduler
 or ManualSigmas' list (steps = its sigmas - 1, scheduler 'manual'); what our sampler takes beyond KSampler's widgets
 (ManualSigmas' text, the guider's audio_cfg) goes with the fold as its extra widgets. Also the MODEL -> MODEL nodes a
 family's row drops (H3's ModelAttentionBackend) taken off the model path first. The swap then swaps the KSampler like
@@ -18,7 +19,7 @@ from .workflow_api import is_link
 # the group's node kinds by SamplerCustomAdvanced input, with their widgets in UI order (None: the frontend's own)
 GROUP = {"noise": {"RandomNoise": ("noise_seed", None)},
          "guider": {"BasicGuider": (), "CFGGuider": ("cfg",), "LTXVDualCFGGuider": ("video_cfg", "audio_cfg")},
-         "sampler": {"KSamplerSelect": ("sampler_name",)},
+         "sampler": {"KSamplerSelect": ("sampler_name",), "SamplerEulerAncestral": ("eta", "s_noise")},
          "sigmas": {"BasicScheduler": ("scheduler", "steps", "denoise"), "ManualSigmas": ("sigmas",)}}
 # the guider's inputs that give KSampler's positive and negative
 CONDITIONING = {"BasicGuider": ("conditioning", "conditioning"), "CFGGuider": ("positive", "negative"),
@@ -29,7 +30,10 @@ KSAMPLER_INPUTS = (("model", "MODEL"), ("positive", "CONDITIONING"), ("negative"
                    ("latent_image", "LATENT"))
 GROUP_WIDGETS = {kind: names for kinds in GROUP.values() for kind, names in kinds.items()}
 # widgets whose value must be known to spell the group (a wired one leaves the group as it is)
-FIXED = ("denoise", "cfg", "video_cfg", "audio_cfg", "sigmas")
+FIXED = ("denoise", "cfg", "video_cfg", "audio_cfg", "sigmas", "eta", "s_noise")
+# sampler nodes with widgets of their own: KSampler's sampler_name, and those widgets as our sampler's extra widgets
+# (a family whose sampler lacks them keeps the group as it is)
+SAMPLER_NODES = {"SamplerEulerAncestral": "euler_ancestral"}
 
 
 @dataclass
@@ -58,6 +62,10 @@ def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
     sample a whole schedule (denoise other than 1, fewer than two sigmas)."""
     noise, guider, select, sigmas = (values[k] for k in GROUP)
     extra = {"audio_cfg": guider["audio_cfg"]} if "audio_cfg" in guider else {}
+    sampler_name = select.get("sampler_name")
+    if kinds["sampler"] in SAMPLER_NODES:
+        sampler_name = SAMPLER_NODES[kinds["sampler"]]
+        extra |= {name: select.get(name) for name in GROUP["sampler"][kinds["sampler"]]}
     if kinds["sigmas"] == "ManualSigmas":
         steps, scheduler = len(manual_sigmas(str(sigmas.get("sigmas", "")))) - 1, "manual"
         extra["sigmas"] = sigmas.get("sigmas")
@@ -69,7 +77,16 @@ def spelled(kinds: dict, values: dict) -> tuple[dict, dict] | None:
         steps, scheduler = sigmas.get("steps"), sigmas.get("scheduler")
     cfg = guider.get(CFG[kinds["guider"]], 1.0) if kinds["guider"] in CFG else 1.0
     return {"seed": noise.get("noise_seed"), "steps": steps, "cfg": cfg,
-            "sampler_name": select.get("sampler_name"), "scheduler": scheduler}, extra
+            "sampler_name": sampler_name, "scheduler": scheduler}, extra
+
+
+def denoised_is_output(kinds: dict, values: dict) -> bool:
+    """Whether SamplerCustomAdvanced's denoised_output equals its output, so that what reads it may read our
+    sampler's (the flf2v template reads it): the schedule ends at sigma 0, where the last step returns its x0 (the
+    denoised value the callback keeps) and the inverse noise scaling is the identity."""
+    if kinds["sigmas"] == "ManualSigmas":
+        return manual_sigmas(str(values["sigmas"].get("sigmas", "")))[-1:].tolist() == [0.0]
+    return True  # BasicScheduler at denoise 1: every scheduler's list ends at 0
 
 
 # MODEL -> MODEL nodes that leave the model's sampling as it is: a scheduler may read the model above them (H3's r2v
@@ -108,7 +125,7 @@ def _same_sampling_api(prompt: dict, guider_model, sched_model) -> bool:
 
 def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
     """The group's nodes by input name, when they are the plain group: each feeds only this sampler, a
-    BasicScheduler runs the guider's model (or one above it with the same sampling) and denoised_output is unused."""
+    BasicScheduler runs the guider's model (or one above it with the same sampling)."""
     group = {}
     for name, kinds in GROUP.items():
         origin = ed.origin(scope, sca, name)
@@ -118,9 +135,6 @@ def _group_ui(ed: UIEditor, scope, sca: dict) -> dict | None:
         if any(len(out.get("links") or []) != (1 if i == 0 else 0) for i, out in enumerate(node["outputs"])):
             return None
         group[name] = node
-    outs = sca.get("outputs", [])
-    if len(outs) > 1 and outs[1].get("links"):
-        return None
     sched = group["sigmas"]
     guider_model = ed.origin(scope, group["guider"], "model")
     if sched["type"] == "BasicScheduler" and not _same_sampling_ui(ed, scope, guider_model,
@@ -148,6 +162,10 @@ def fold_ui(workflow: dict) -> list[Folded]:
             if got is None:
                 continue
             ks_values, extra = got
+            outs = sca.get("outputs", [])
+            denoised = len(outs) > 1 and bool(outs[1].get("links"))
+            if denoised and not denoised_is_output(kinds, values):
+                continue
             control = (noise.get("widgets_values") or [0, "randomize"])[1:2] or ["randomize"]
             widgets = [ks_values["seed"], control[0], ks_values["steps"], ks_values["cfg"], ks_values["sampler_name"],
                        ks_values["scheduler"], 1.0]
@@ -166,7 +184,7 @@ def fold_ui(workflow: dict) -> list[Folded]:
                 origin = ed.origin(scope, node, name)
                 if origin is not None:
                     ed.add_link(scope, origin[0], origin[1], ks["id"], slot)
-            for lid in ed.consumers(scope, sca["id"], 0):
+            for lid in ed.consumers(scope, sca["id"], 0) + (ed.consumers(scope, sca["id"], 1) if denoised else []):
                 ed.reorigin(scope, lid, (ks["id"], 0))
             for node in (sca, noise, guider, select, sched):
                 ed.remove_node(scope, node)
@@ -191,7 +209,7 @@ def fold_api(prompt: dict) -> list[Folded]:
             group[name] = ref[0]
         else:
             used = [(k, v) for b in prompt.values() for k, v in b.get("inputs", {}).items() if is_link(v)]
-            if any(v[0] == sid and v[1] != 0 for _, v in used) or \
+            if any(v[0] == sid and v[1] not in (0, 1) for _, v in used) or \
                     any(sum(v[0] == g for _, v in used) != 1 for g in group.values()):
                 continue
             kinds = {k: prompt[g]["class_type"] for k, g in group.items()}
@@ -203,9 +221,12 @@ def fold_api(prompt: dict) -> list[Folded]:
                      not _same_sampling_api(prompt, guider.get("model"), sched.get("model"))):
                 continue
             got = spelled(kinds, values)
-            if got is None:
+            denoised = [v for _, v in used if v[0] == sid and v[1] == 1]
+            if got is None or (denoised and not denoised_is_output(kinds, values)):
                 continue
             ks_values, extra = got
+            for v in denoised:  # what read denoised_output reads the KSampler's output
+                v[1] = 0
             for g in group.values():
                 del prompt[g]
             positive, negative = CONDITIONING[kinds["guider"]]

@@ -90,7 +90,21 @@ STOCK = MappingProxyType({
                                  ("LATENT",)),
     "LatentUpscaleModelLoader": Stock("LatentUpscaleModelLoader", outputs=("LATENT_UPSCALE_MODEL",),
                                       widgets=("model_name",)),
+    # LTX-2.5's i2v and flf2v (nodes/ltx25_frames.py): the frames encoded by the video VAE's loader; Add Guide's
+    # attention mask and IC-LoRA inputs are not ours (unwired they go; wired: the row's not_yet)
+    "LTXVImgToVideoInplace": Stock("ImgToVideoInplace", (("vae", "VAE"), ("image", "IMAGE"), ("latent", "LATENT")),
+                                   ("LATENT",), ("strength", "bypass")),
+    "LTXVAddGuide": Stock("AddGuide", (("positive", "CONDITIONING"), ("negative", "CONDITIONING"), ("vae", "VAE"),
+                                       ("latent", "LATENT"), ("image", "IMAGE")),
+                          ("CONDITIONING", "CONDITIONING", "LATENT"), ("frame_idx", "strength"),
+                          lacks=("attention_mask", "iclora_parameters")),
+    "LTXVCropGuides": Stock("CropGuides", (("positive", "CONDITIONING"), ("negative", "CONDITIONING"),
+                                           ("latent", "LATENT")), ("CONDITIONING", "CONDITIONING", "LATENT")),
 })
+# Nodes that put frames into a sampler's latent and conditioning (upstream of it), and those that take guide frames
+# off its result (downstream)
+FRAME_ENCODERS = ("LTXVImgToVideoInplace", "LTXVAddGuide")
+GUIDE_CROPPERS = ("LTXVCropGuides",)
 AUDIO_DECODERS = ("VAEDecodeAudio", "LTXVAudioVAEDecode")  # their VAELoader becomes the family's audio VAE loader
 # Other readers of the audio VAE: ours when that loader is, and they never make it a video VAE's.
 AUDIO_VAE_READERS = (*AUDIO_DECODERS, "LTXVEmptyLatentAudio")
@@ -128,6 +142,8 @@ class Family:
     # VAE encodes whose LATENT reaches a sampler's conditioning (reference images, e.g. through ReferenceLatent)
     vae_encoders: tuple[str, ...] = ()
     upsamplers: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # UPSAMPLERS it replaces
+    frame_encoders: tuple[str, ...] = ()       # FRAME_ENCODERS it replaces: on a sampler's latent or conditioning
+    guide_croppers: tuple[str, ...] = ()       # GUIDE_CROPPERS it replaces: on a sampler's result
     audio_latents: tuple[str, ...] = ()        # readers of the audio VAE that make an empty latent
     not_yet: tuple[tuple[str, str], ...] = ()  # stock nodes the swap cannot take yet, and why
     switches: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # pass-through -> inputs
@@ -142,7 +158,8 @@ class Family:
     def __post_init__(self):
         named = (self.sampler, self.model_loader, self.text_loader, *self.model_patches, *self.text_encoders,
                  *self.decoders, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []),
-                 *self.audio_latents, *self.upsamplers, *(loader for _, loader in self.upsamplers.values()))
+                 *self.audio_latents, *self.upsamplers, *(loader for _, loader in self.upsamplers.values()),
+                 *self.frame_encoders, *self.guide_croppers)
         for stock in named:
             if stock not in self.roles:
                 raise ValueError(f"family {self.name}: {stock} is named in a rule but has no role")
@@ -208,6 +225,8 @@ def rules(row) -> Family:
         decoders=tuple(d for d in (*VIDEO_DECODERS, *AUDIO_DECODERS) if d in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),
         upsamplers=MappingProxyType({u: v for u, v in UPSAMPLERS.items() if u in has}),
+        frame_encoders=tuple(e for e in FRAME_ENCODERS if e in has),
+        guide_croppers=tuple(c for c in GUIDE_CROPPERS if c in has),
         audio_latents=tuple(r for r in AUDIO_VAE_READERS if r in has and r not in AUDIO_DECODERS),
         not_yet=tuple(row.not_yet),
         switches=MappingProxyType({kind: PASS_THROUGH[kind] for kind in row.switches}),

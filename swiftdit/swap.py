@@ -212,9 +212,30 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
                     cand.add(vae.id)
             elif not plays(n, fam.sampler):
                 todo += [x for x in by_dst[w.src] if x.type in ("CONDITIONING", "LATENT", None)]
+    for sid in samplers:  # frame nodes (LTX-2.5's i2v, flf2v): upstream of its latent or conditioning
+        todo, seen = [into[(sid, n)] for n in (*conds, "latent_image") if (sid, n) in into], set()
+        while todo:
+            w = todo.pop()
+            if w.src is None or w.src in seen or w.src not in nodes or plays(nodes[w.src], fam.sampler):
+                continue
+            seen.add(w.src)
+            n = nodes[w.src]
+            if any(plays(n, e) for e in fam.frame_encoders):
+                cand.add(n.id)
+                vae = vae_loader(n)
+                if vae is not None:
+                    cand.add(vae.id)
+            todo += [x for x in by_dst[w.src] if x.type in ("CONDITIONING", "LATENT", None)]
+    for n in (n for n in nodes.values() if any(plays(n, c) for c in fam.guide_croppers)):
+        if reaches(n.id, ["latent"], samplers, "LATENT"):
+            cand.add(n.id)
+        else:
+            why.setdefault(n.id, f"its latent comes from no {fam.title} sampler")
     for n in nodes.values():
         if any(plays(n, e) for e in fam.vae_encoders) and n.id not in cand:
             why.setdefault(n.id, f"its latent reaches the conditioning of no {fam.title} sampler")
+        elif any(plays(n, e) for e in fam.frame_encoders) and n.id not in cand:
+            why.setdefault(n.id, f"its latent and conditioning reach no {fam.title} sampler")
     cand |= loaders | encoders
     cand = {c for c in cand if nodes[c].type in fam.roles}  # ours are already swapped
 

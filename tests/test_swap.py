@@ -957,16 +957,22 @@ def test_minimax_h3_text_to_image_template_is_swapped():
     assert any(where == "58:44" and what.startswith("ModelAttentionBackend removed") for where, what in report.folded)
 
 
-# LTX-2.5 (issue 36): the text to video template swaps node for node; i2v / flf2v stay stock (frame conditioning).
+# LTX-2.5 (issue 36): the t2v, i2v and flf2v templates swap node for node (frame nodes: nodes/ltx25_frames.py).
 LTX25 = FAMILIES["ltx25"]
 LTX25_HOST_TWINS = ("LTXVConcatAVLatent", "LTXVSeparateAVLatent")  # ours only for --for-host (test_swap_for_host)
-# ours for the i2v / flf2v templates (nodes/ltx25_frames.py), which the row's not_yet still leaves stock (issue 36)
-LTX25_FRAME_NODES = ("LTXVImgToVideoInplace", "LTXVAddGuide", "LTXVCropGuides")
+LTX25_GROUP = {"SamplerCustomAdvanced", "RandomNoise", "LTXVDualCFGGuider", "KSamplerSelect", "SamplerEulerAncestral",
+               "ManualSigmas"}
 
 
 def test_ltx25_family_table_is_the_contract():
-    docs = {stock: v for stock, v in contract("SwiftDiTLTX25").items()
-            if stock not in LTX25_HOST_TWINS + LTX25_FRAME_NODES}
+    docs = {stock: v for stock, v in contract("SwiftDiTLTX25").items() if stock not in LTX25_HOST_TWINS}
+    text = (ROOT / "docs" / "nodes.md").read_text()  # nodes of several outputs (Add Guide, Crop Guides)
+    for ours, stock, outs in re.findall(r"^\| `(SwiftDiTLTX25\w+)` \| `(\w+)`.*\| ((?:`\w+`, )+`\w+`) \|$", text,
+                                        re.MULTILINE):
+        if stock not in LTX25_HOST_TWINS:
+            outs = re.findall(r"`(\w+)`", outs)
+            assert [LTX25.output_type(ours, i) for i in range(len(outs))] == outs, ours
+            docs[stock] = (ours, outs[0])
     table = {stock: role.ours for stock, role in LTX25.roles.items()}
     # docs/nodes.md names both VAE loaders on VAELoader rows: the last (audio) one is the row's audio_vae_loader
     assert table == {stock: ours for stock, (ours, _) in docs.items()} | {"VAELoader": "SwiftDiTLTX25VAELoader"}
@@ -999,8 +1005,8 @@ def test_ltx25_t2v_template_is_swapped(tmp_path):
     samplers = sorted((n for n in inner.values() if n["type"] == "SwiftDiTLTX25Sampler"),
                       key=lambda n: -n["widgets_values"][2])
     assert [n["widgets_values"][1:] for n in samplers] == [
-        ["randomize", 8, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_1_SIGMAS],
-        ["fixed", 3, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_2_SIGMAS]]
+        ["randomize", 8, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_1_SIGMAS, 1.0, 1.0],
+        ["fixed", 3, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_2_SIGMAS, 1.0, 1.0]]  # eta, s_noise: 1
     assert samplers[1]["widgets_values"][0] == 42
     for n, seed_wired in zip(samplers, (True, False)):  # stage 1's seed is the subgraph's promoted noise_seed
         wired = {e["name"] for e in n["inputs"] if e.get("link") is not None}
@@ -1043,10 +1049,127 @@ def test_ltx25_api_group_is_folded():
     assert fold_api(wired) == [] and wired == prompt
 
 
-def test_ltx25_frame_templates_are_not_yet_swapped(tmp_path):
-    src = tmp_path / "flf2v.json"
-    src.write_text(json.dumps(template("video_ltx2_5_flf2v")))
-    for family in ("ltx25", "auto"):
-        done = run_cli("swap", src, tmp_path / "out.json", "--family", family)
-        assert done.returncode == 2 and "nothing swapped: LTX-2.5's image to video and first/last" in done.stderr
-        assert "issue 36" in done.stderr and not (tmp_path / "out.json").exists()
+def ltx25_swapped(name: str) -> tuple[dict, dict, object]:
+    """A template's swap, checked as every LTX-2.5 swap must be: loadable, idempotent, no stock node on our wires, no
+    group node left, other families leave it alone; (the subgraph's nodes by id, the swapped workflow, the report)."""
+    wf = template(name)
+    after, report = swap_ui(wf, "ltx25")
+    assert problems(after) == [] and report.not_yet == [] and report.added == []
+    again, second = swap_ui(after, "ltx25")
+    assert again == after and second.changed == []
+    assert stock_consumers_of_ours(after, LTX25) == []
+    for family in ("z_image", "flux3_klein", "krea2", "minimax_h3"):
+        assert swap_ui(wf, family)[0] == wf
+    inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
+    assert not {n["type"] for n in inner.values()} & LTX25_GROUP
+    return inner, after, report
+
+
+def wired(node: dict) -> dict:
+    return {e["name"]: e["type"] for e in node["inputs"] if e.get("link") is not None}
+
+
+def test_ltx25_i2v_template_is_swapped():
+    """Image to video: the t2v swap plus both Img To Video Inplace nodes (0.7 before stage 1, 1 before stage 2; their
+    bypass still wired to the text-to-video switch) on the video VAE's loader, which is ours."""
+    from dit_core.sampling.ltx25 import STAGE_1_SIGMAS, STAGE_2_SIGMAS
+    inner, after, report = ltx25_swapped("video_ltx2_5_i2v")
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTLTX25{r}" for r in ("Loader", "TextEncoderLoader", "TextEncode", "TextEncode", "VAELoader",
+                                      "AudioVAELoader", "LatentUpscaleModelLoader", "EmptyLatentAudio",
+                                      "LatentUpsampler", "VAEDecodeTiled", "AudioVAEDecode", "Sampler", "Sampler",
+                                      "ImgToVideoInplace", "ImgToVideoInplace"))
+    assert [(inner[i]["type"], inner[i]["widgets_values"]) for i in (357, 349)] == [
+        ("SwiftDiTLTX25ImgToVideoInplace", [0.7, False]), ("SwiftDiTLTX25ImgToVideoInplace", [1, False])]
+    links = {link["id"]: link for link in after["definitions"]["subgraphs"][0]["links"]}
+    for i in (357, 349):
+        assert wired(inner[i]) == {"vae": "SWIFTDIT_VAE", "image": "IMAGE", "latent": "LATENT", "bypass": "BOOLEAN"}
+        vae = next(e["link"] for e in inner[i]["inputs"] if e["name"] == "vae")
+        assert inner[links[vae]["origin_id"]]["type"] == "SwiftDiTLTX25VAELoader"
+    assert {inner[i]["type"] for i in (350, 351, 377, 340, 356)} == {
+        "LTXVPreprocess", "ResizeImageMaskNode", "LTXVConcatAVLatent", "EmptyLTXVLatentVideo"}
+    samplers = sorted((n for n in inner.values() if n["type"] == "SwiftDiTLTX25Sampler"),
+                      key=lambda n: -n["widgets_values"][2])
+    assert [n["widgets_values"][2:] for n in samplers] == [
+        [8, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_1_SIGMAS, 1.0, 1.0],
+        [3, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_2_SIGMAS, 1.0, 1.0]]
+
+
+def test_ltx25_flf2v_template_is_swapped(tmp_path):
+    """First/last frame: both Add Guides (frames 0 and -1, 0.7; their unwired attention_mask and IC-LoRA inputs,
+    which ours lacks, gone) and Crop Guides become ours; the one SamplerCustomAdvanced group with
+    SamplerEulerAncestral (eta 0, s_noise 1), whose denoised_output the template reads, one sampler of ours whose
+    output takes that link (the sigmas end at 0: the same latent)."""
+    from dit_core.sampling.ltx25 import STAGE_1_SIGMAS
+    wf = template("video_ltx2_5_flf2v")
+    inner, after, report = ltx25_swapped("video_ltx2_5_flf2v")
+    assert sorted(new for _, _, new in report.changed) == sorted(
+        f"SwiftDiTLTX25{r}" for r in ("Loader", "TextEncoderLoader", "TextEncode", "TextEncode", "VAELoader",
+                                      "AudioVAELoader", "EmptyLatentAudio", "VAEDecodeTiled", "AudioVAEDecode",
+                                      "Sampler", "AddGuide", "AddGuide", "CropGuides"))
+    assert [(inner[i]["type"], inner[i]["widgets_values"]) for i in (206, 204)] == [
+        ("SwiftDiTLTX25AddGuide", [0, 0.7]), ("SwiftDiTLTX25AddGuide", [-1, 0.7])]
+    for i in (206, 204):
+        assert [e["name"] for e in inner[i]["inputs"]] == ["positive", "negative", "vae", "latent", "image"]
+        assert wired(inner[i])["vae"] == "SWIFTDIT_VAE"
+    assert inner[200]["type"] == "SwiftDiTLTX25CropGuides" and inner[229]["type"] == "SwiftDiTLTX25VAELoader"
+    (sampler,) = (n for n in inner.values() if n["type"] == "SwiftDiTLTX25Sampler")
+    assert sampler["widgets_values"][2:] == [8, 1, "euler_ancestral", "manual", 1.0, 1, STAGE_1_SIGMAS, 0, 1]
+    links = {link["id"]: link for link in after["definitions"]["subgraphs"][0]["links"]}
+    (out,) = sampler["outputs"][0]["links"]
+    assert inner[links[out]["target_id"]]["type"] == "LTXVSeparateAVLatent"  # was denoised_output's reader
+    assert [(where, what) for where, what in report.folded] == [(f"251:{sampler['id']}", (
+        "RandomNoise, LTXVDualCFGGuider, SamplerEulerAncestral (euler_ancestral), ManualSigmas (manual) and "
+        "SamplerCustomAdvanced -> one KSampler (seed, steps, sampler, scheduler, the guider's model and "
+        "conditioning, cfg = video_cfg, audio_cfg 1, eta 0, s_noise 1)"))]
+    src, dst = tmp_path / "flf2v.json", tmp_path / "out.json"
+    src.write_text(json.dumps(wf))
+    done = run_cli("swap", src, dst)  # found without --family
+    assert done.returncode == 0, done.stderr
+    assert "LTX-2.5: swapped 13 node(s)" in done.stdout and json.loads(dst.read_text()) == after
+
+
+def test_ltx25_add_guide_with_a_mask_is_not_yet_swapped():
+    """An Add Guide with its attention_mask wired (not ours yet) leaves the whole graph stock, naming why."""
+    from dit_core.families import LTX25_GUIDE_EXTRAS
+    wf = template("video_ltx2_5_flf2v")
+    body = wf["definitions"]["subgraphs"][0]
+    guide = next(n for n in body["nodes"] if n["id"] == 206)
+    mask = {"id": 900, "type": "SolidMask", "pos": [0, 0], "size": [200, 100], "flags": {}, "order": 0, "mode": 0,
+            "inputs": [], "outputs": [{"name": "MASK", "type": "MASK", "links": [990]}], "properties": {},
+            "widgets_values": [1.0, 512, 512]}
+    body["nodes"].append(mask)
+    body["links"].append({"id": 990, "origin_id": 900, "origin_slot": 0, "target_id": 206, "target_slot": 5,
+                          "type": "MASK"})
+    next(e for e in guide["inputs"] if e["name"] == "attention_mask")["link"] = 990
+    after, report = swap_ui(wf, "ltx25")
+    assert after == wf and report.changed == [] and report.not_yet == [LTX25_GUIDE_EXTRAS]
+
+
+def test_ltx25_api_group_with_euler_ancestral_is_folded():
+    """The API form: SamplerEulerAncestral's eta and s_noise go to our sampler's own widgets, a reader of
+    denoised_output reads the KSampler's output (the sigmas end at 0); with sigmas ending above 0 (denoised_output
+    another latent) or wired eta, the group is left as it was."""
+    from swiftdit.custom_sampler import fold_api
+    prompt = {"1": {"class_type": "RandomNoise", "inputs": {"noise_seed": 7}},
+              "2": {"class_type": "LTXVDualCFGGuider", "inputs": {"model": ["9", 0], "positive": ["8", 0],
+                                                                  "negative": ["8", 1], "video_cfg": 1.0,
+                                                                  "audio_cfg": 1.0}},
+              "3": {"class_type": "SamplerEulerAncestral", "inputs": {"eta": 0.0, "s_noise": 1.0}},
+              "4": {"class_type": "ManualSigmas", "inputs": {"sigmas": "1.0, 0.725, 0.0"}},
+              "5": {"class_type": "SamplerCustomAdvanced", "inputs": {
+                  "noise": ["1", 0], "guider": ["2", 0], "sampler": ["3", 0], "sigmas": ["4", 0],
+                  "latent_image": ["7", 0]}},
+              "6": {"class_type": "LTXVSeparateAVLatent", "inputs": {"av_latent": ["5", 1]}}}
+    folded = copy.deepcopy(prompt)
+    assert [(f.sampler, f.scheduler, f.extra) for f in fold_api(folded)] == [
+        ("euler_ancestral", "manual", {"audio_cfg": 1.0, "eta": 0.0, "s_noise": 1.0, "sigmas": "1.0, 0.725, 0.0"})]
+    assert folded["5"]["inputs"]["sampler_name"] == "euler_ancestral" and folded["6"]["inputs"]["av_latent"] == ["5", 0]
+    assert set(folded) == {"5", "6"}
+    for change in ({"4": {"sigmas": "1.0, 0.725, 0.1"}}, {"3": {"eta": ["10", 0]}}):
+        left = copy.deepcopy(prompt)
+        for nid, inputs in change.items():
+            left[nid]["inputs"].update(inputs)
+        kept = copy.deepcopy(left)
+        assert fold_api(left) == [] and left == kept
+

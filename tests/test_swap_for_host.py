@@ -2,6 +2,7 @@
 output slots) ComfyUI v0.3.75 and our pack register, links stay consistent, every change is reported with its
 reason, reducing twice changes nothing, and what cannot be reduced fails naming the node."""
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -425,10 +426,10 @@ def test_ltx25_api_form_swaps_as_the_ui_form(host_info):
                                for k, b in swapped_api.items()}
 
 
-@pytest.mark.parametrize("name", ["video_ltx2_5_i2v", "video_ltx2_5_flf2v"])
-def test_ltx25_frame_templates_say_why_they_are_not_swapped(name):
-    """--for-host on the templates the swap cannot take yet reports the row's reason (issue 36), not the node types
-    the host lacks."""
-    from dit_core.families import LTX25_NOT_YET
-    _, report, _ = swap_for_host(template(name), "ltx25")
-    assert report.changed == [] and report.not_yet == [LTX25_NOT_YET]
+@pytest.mark.parametrize("name, node", [("video_ltx2_5_i2v", "398:351 (ResizeImageMaskNode)"),
+                                        ("video_ltx2_5_flf2v", "251:203 (GetImageSize)")])
+def test_ltx25_frame_templates_name_what_the_host_lacks(name, node):
+    """The swap takes the i2v and flf2v templates (tests/test_swap.py); --for-host has no rule yet for their image
+    sizing (ResizeImageMaskNode, GetImageSize: v0.3.75 has neither) and says so, naming the node."""
+    with pytest.raises(ValueError, match=re.escape(f"node {node}: ComfyUI v0.3.75 has no")):
+        swap_for_host(template(name), "ltx25")

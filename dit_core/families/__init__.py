@@ -17,9 +17,9 @@ from .minimax_h3 import MiniMaxH3
 from .omnivoice import OmniVoice
 from .z_image import ZImage
 
-LTX25_NOT_YET = ("LTX-2.5's image to video and first/last frame templates (LTXVImgToVideoInplace, LTXVAddGuide) "
-                 "are not yet supported by the swap (issue 36): SwiftDiT's frame nodes exist, but the swap has no "
-                 "rules for them yet; place the SwiftDiT LTX-2.5 frame nodes by hand")
+LTX25_GUIDE_EXTRAS = ("LTX-2.5's Add Guide with an attention mask or IC-LoRA parameters wired (LTXVAddGuide's "
+                      "attention_mask / iclora_parameters) is not yet supported by SwiftDiT (issue 36): disconnect "
+                      "them or keep the stock graph")
 
 H3_REFERENCE_VIDEOS = ("MiniMax H3's reference videos (MiniMaxH3ReferenceToVideo's ref_videos / ref_video_audios) are "
                        "not yet supported by SwiftDiT (issue 35): reference images and audios are; disconnect the "
@@ -95,16 +95,19 @@ FAMILIES = MappingProxyType({f.name: f for f in (
                     *((f"MiniMaxH3ReferenceToVideo.ref_audios.ref_audio_{i}", H3_MORE_AUDIOS) for i in range(3, 8)),
                     ("BlockSparseAttention", "MiniMax H3's templates with BlockSparseAttention (FastH3's "
                                              "block-sparse attention) are not yet supported (issue 35)"))),
-    # LTX-2.5's text to video template (video_ltx2_5_t2v): each SamplerCustomAdvanced group (LTXVDualCFGGuider,
-    # ManualSigmas) -> our sampler (euler_ancestral, scheduler 'manual' = its sigmas widget, cfg / audio_cfg the
-    # guider's), one node of ours for each LTX model node; the stock latent plumbing stays. Its image to video and
-    # first/last frame templates stay as they are (no frame conditioning yet).
+    # LTX-2.5's templates (video_ltx2_5_t2v, _i2v, _flf2v): each SamplerCustomAdvanced group (LTXVDualCFGGuider,
+    # ManualSigmas, KSamplerSelect or SamplerEulerAncestral) -> our sampler (euler_ancestral, scheduler 'manual' = its
+    # sigmas widget, cfg / audio_cfg the guider's, eta / s_noise SamplerEulerAncestral's), one node of ours for each
+    # LTX model node and frame node (Img To Video Inplace, Add Guide, Crop Guides); the stock latent plumbing stays.
     Family("ltx25", "LTX-2.5", LTX25, "SwiftDiTLTX25", ("ltxv",),
            ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecodeTiled",
-            "LTXVAudioVAEDecode", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "LatentUpscaleModelLoader"),
-           ("euler_ancestral",), ("manual",), sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS)),
+            "LTXVAudioVAEDecode", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "LatentUpscaleModelLoader",
+            "LTXVImgToVideoInplace", "LTXVAddGuide", "LTXVCropGuides"),
+           ("euler_ancestral",), ("manual",),
+           sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS), ("eta", 1.0), ("s_noise", 1.0)),
            custom_sampler=True,
-           not_yet=tuple((stock, LTX25_NOT_YET) for stock in ("LTXVImgToVideoInplace", "LTXVAddGuide"))),
+           not_yet=tuple((f"LTXVAddGuide.{name}", LTX25_GUIDE_EXTRAS) for name in ("attention_mask",
+                                                                                   "iclora_parameters"))),
     # OmniVoice: no stock nodes and no official template (a third-party pack wraps the package in one node), so
     # nothing to swap: only its nodes and its loader's recipe.
     Family("omnivoice", "OmniVoice", OmniVoice, "SwiftDiTOmniVoice", (), (), (), ()),

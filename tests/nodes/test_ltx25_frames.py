@@ -67,10 +67,11 @@ def loaders(ltx):
                 audio_latent=audio_latent)
 
 
-def sampler(ltx, g, latent, seed, sigmas, positive=None, negative=None):
+def sampler(ltx, g, latent, seed, sigmas, positive=None, negative=None, **ancestral):
     (out,) = run(ltx.LTX25Sampler, model=g["model"], seed=seed, steps=len(sigmas.split(",")) - 1, cfg=1.0,
                  sampler_name="euler_ancestral", scheduler="manual", positive=positive or g["positive"],
-                 negative=negative or g["negative"], latent_image=latent, denoise=1.0, audio_cfg=1.0, sigmas=sigmas)
+                 negative=negative or g["negative"], latent_image=latent, denoise=1.0, audio_cfg=1.0, sigmas=sigmas,
+                 **ancestral)
     return out
 
 
@@ -129,9 +130,9 @@ def test_i2v_graph_equals_the_engine(ltx, models):
     assert "noise_mask" in g["stage_2"]  # SamplerCustomAdvanced's output keeps the latent's mask
 
 
-def flf2v_graph(ltx, first, last, seed=5):
+def flf2v_graph(ltx, first, last, seed=5, eta=0.0):
     """video_ltx2_5_flf2v's sampling: Add Guide at frame 0 then at -1 (0.7 each) on the empty latent, Concat AV,
-    one stage (the distilled sigmas), Separate, Crop Guides."""
+    one stage (the distilled sigmas, SamplerEulerAncestral's eta 0 and s_noise 1), Separate, Crop Guides."""
     g = loaders(ltx)
     empty = NODES_TEST.empty_ltxv_latent_video(WIDTH, HEIGHT, LENGTH)
     positive, negative, latent = run(ltx.LTX25AddGuide, positive=g["positive"], negative=g["negative"],
@@ -139,7 +140,7 @@ def flf2v_graph(ltx, first, last, seed=5):
     positive, negative, guided = run(ltx.LTX25AddGuide, positive=positive, negative=negative, vae=g["video_vae"],
                                      latent=latent, image=last, frame_idx=-1, strength=0.7)
     (joined,) = run(ltx.LTX25ConcatAVLatent, video_latent=guided, audio_latent=g["audio_latent"])
-    sampled = sampler(ltx, g, joined, seed, STAGE_1_SIGMAS, positive, negative)
+    sampled = sampler(ltx, g, joined, seed, STAGE_1_SIGMAS, positive, negative, eta=eta, s_noise=1.0)
     video, _ = run(ltx.LTX25SeparateAVLatent, av_latent=sampled)
     cropped = run(ltx.LTX25CropGuides, positive=positive, negative=negative, latent=video)
     return dict(g, guided_positive=positive, guided=guided, sampled=sampled, cropped=cropped)
@@ -163,9 +164,12 @@ def test_flf2v_graph_equals_the_engine(ltx, models, comfy):
     net = packed_model(e["transformer"], [video.shape, audio_in.shape], float(FPS), video_mask=mask[0, 0],
                        guides=guides)
     want_video, want_audio = sample_stage(net, video, audio_in, Stage(manual_sigmas(STAGE_1_SIGMAS), 5),
-                                          e["positive"], denoise_mask=(mask, None))
+                                          e["positive"], denoise_mask=(mask, None), eta=0.0, s_noise=1.0)
     got_video, got_audio = g["sampled"]["samples"].tensors
     assert torch.equal(got_video, want_video) and torch.equal(got_audio, want_audio)
+    # eta reaches the engine: the sampler's default (1, KSamplerSelect's euler_ancestral) samples another latent
+    default = flf2v_graph(ltx, first, last, eta=1.0)["sampled"]["samples"].tensors[0]
+    assert not torch.equal(default, got_video)
     positive, negative, cropped = g["cropped"]
     assert torch.equal(cropped["samples"], crop_guides(want_video, mask, guides)[0])
     assert cropped["samples"].shape == (1, 128, 3, *size) and cropped["noise_mask"].shape == (1, 1, 3, 1, 1)
@@ -212,6 +216,8 @@ def test_errors_name_node_and_input(ltx, models):
     elsewhere = [[g["positive"][0][0], {"keyframe_idxs": torch.zeros(1, 3, 8, 2, dtype=torch.long)}]]
     for change, message in [
             ({"latent_image": {**av, "noise_mask": torch.ones(1, 1, 2, 1, 1)}}, "latent_image: a noise mask of"),
-            ({"positive": elsewhere}, "positive: its guides' cells are not the latent's")]:
+            ({"positive": elsewhere}, "positive: its guides' cells are not the latent's"),
+            ({"eta": float("nan")}, "eta: must be a finite number in \\[0, inf\\]"),
+            ({"s_noise": -1.0}, "s_noise: must be a finite number in \\[0, inf\\]")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTLTX25Sampler · {message}"):
             run(ltx.LTX25Sampler, **{**kw, **change})

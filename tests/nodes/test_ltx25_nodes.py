@@ -78,7 +78,7 @@ CONTRACT = {
     "SwiftDiTLTX25LatentUpscaleModelLoader": (["model_name"], "SWIFTDIT_LATENT_UPSCALE_MODEL"),
     "SwiftDiTLTX25EmptyLatentAudio": (["frames_number", "frame_rate", "batch_size", "audio_vae"], "LATENT"),
     "SwiftDiTLTX25Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
-                              "latent_image", "denoise", "audio_cfg", "sigmas"], "LATENT"),
+                              "latent_image", "denoise", "audio_cfg", "sigmas", "eta", "s_noise"], "LATENT"),
     "SwiftDiTLTX25LatentUpsampler": (["samples", "upscale_model", "vae"], "LATENT"),
     "SwiftDiTLTX25VAEDecodeTiled": (["samples", "vae", "tile_size", "overlap", "temporal_size", "temporal_overlap"],
                                     "IMAGE"),
@@ -307,14 +307,26 @@ def test_errors_name_node_and_input(pack, models):
             run(node, **kw)
 
 
-@pytest.mark.parametrize("name", ["video_ltx2_5_i2v", "video_ltx2_5_flf2v"])
-def test_the_swap_leaves_ltx25_templates_stock(name):
-    """The row's not_yet (issue 36): the image to video and first/last frame templates (frame conditioning) name the
-    reason, nothing is swapped; the text to video template's swap is tested in tests/test_swap.py."""
+@pytest.mark.parametrize("name", ["video_ltx2_5_t2v", "video_ltx2_5_i2v", "video_ltx2_5_flf2v"])
+def test_the_swap_writes_our_nodes_inputs(pack, name):
+    """Issue 36: `swiftdit swap` takes all three templates (tests/test_swap.py: what maps to what); every node of
+    ours it writes has a value for each of our node's widgets (control_after_generate aside), and its inputs are
+    our node's, the wired ones of the type the swap gave the wire."""
     from official_templates import template
 
-    from dit_core.families import LTX25_NOT_YET
     from swiftdit import swap_ui
-    wf = template(name)
-    after, report = swap_ui(wf, "ltx25")
-    assert after == wf and report.changed == [] and report.added == [] and report.not_yet == [LTX25_NOT_YET]
+    after, report = swap_ui(template(name), "ltx25")
+    assert report.not_yet == [] and report.changed
+    schemas = {n.GET_SCHEMA().node_id: n.GET_SCHEMA() for n in pack.NODES}
+    for node in (n for n in after["definitions"]["subgraphs"][0]["nodes"] if n["type"].startswith("SwiftDiT")):
+        inputs = {i.id: i for i in schemas[node["type"]].inputs}
+        widgets = [i.id for i in inputs.values() if i.get_io_type() not in ("SWIFTDIT_MODEL", "SWIFTDIT_VAE",
+                                                                            "SWIFTDIT_TEXT_ENCODER", "CONDITIONING",
+                                                                            "LATENT", "IMAGE",
+                                                                            "SWIFTDIT_LATENT_UPSCALE_MODEL")]
+        values = [v for v in node.get("widgets_values") or [] if v not in ("randomize", "fixed")]
+        assert len(values) == len(widgets), (node["type"], values, widgets)
+        for entry in node["inputs"]:
+            assert entry["name"] in inputs, (node["type"], entry["name"])
+            if entry.get("link") is not None and not entry.get("widget"):
+                assert entry["type"] == inputs[entry["name"]].get_io_type(), (node["type"], entry["name"])
