@@ -327,6 +327,55 @@ class Reducer:
                       f"{HOST} has no LTXVSeparateAVLatent; the MiniMax H3 VAE Decode takes the AV latent")
             self.drop(scope, node)
 
+    def image_resizes(self) -> None:
+        """ResizeImageMaskNode's "scale dimensions" of an IMAGE as ImageScale (newer ComfyUI's scale_dimensions is
+        ImageScale's upscale); then GetImageSize of such an ImageScale's picture as the sizes it was given (LTX-2.5's
+        flf2v template). Other resize types stay for check() to name: the host's /object_info has no
+        ImageScaleToMaxDimension (nodes_images.py does not load there), and their sizes depend on the picture."""
+        for scope, node in self.nodes_of({"ResizeImageMaskNode"}):
+            values, origin = node.get("widgets_values") or [], self.ed.origin(scope, node, "input")
+            if values[:1] != ["scale dimensions"] or origin is None or self._given(scope, node, "input") != {"IMAGE"}:
+                continue  # check() names it
+
+            def value(name, at):  # a DynamicCombo's widget, or the primitive / promoted value wired to it
+                wired = any(e.get("name") == name and e.get("link") is not None for e in node["inputs"])
+                return self._wired(scope, node, name) if wired else values[at]
+            kind, widgets = "ImageScale", [values[4], value("resize_type.width", 1), value("resize_type.height", 2),
+                                           values[3]]
+            ours = self.ed.add_node(scope, kind, node.get("pos") or (0, 0), [("image", "IMAGE")], ["IMAGE"], widgets)
+            self.ed.add_link(scope, *origin, ours["id"], 0)
+            for link_id in self.ed.consumers(scope, node["id"], 0):
+                self.ed.reorigin(scope, link_id, (ours["id"], 0))
+            self.note(scope, node, f"-> {kind} {widgets}", f"{HOST} has no ResizeImageMaskNode; {kind} resizes an "
+                      f"image by the same rule")
+            self.drop(scope, node)
+        for scope, node in self.nodes_of({"GetImageSize"}):
+            origin = self.ed.origin(scope, node, "image")
+            source = scope.nodes.get(origin[0]) if origin else None
+            if source is None or source.get("type") != "ImageScale" or 0 in source["widgets_values"][1:3] or \
+                    self.ed.consumers(scope, node["id"], 2):
+                continue
+            size = tuple(source["widgets_values"][1:3])
+            self.write_outputs(scope, node, size, ("width", "height"))
+            self.note(scope, node, "removed", f"its image is ImageScale's {size[0]}x{size[1]}, now written where it "
+                      f"was read; {HOST} has no GetImageSize")
+            self.drop(scope, node)
+
+    def _given(self, scope, node, name) -> set:
+        """The wire types input `name` is given in every placement (through subgraph edges)."""
+        link_id = next(e["link"] for e in node["inputs"] if e.get("name") == name)
+        traces = [self.ed.graph.trace(prefix, scope, link_id) for prefix in self.placements(scope.key)]
+        return {t.origin.node["outputs"][t.slot].get("type") if t.origin else None for t in traces}
+
+    def _wired(self, scope, node, name):
+        entry = next(e for e in node["inputs"] if e.get("name") == name)
+        origin = self.ed.origin(scope, node, name)
+        source = scope.nodes.get(origin[0]) if origin else None
+        if source is None or source.get("type") not in PRIMITIVES:
+            raise ValueError(f"node {self.where(scope, node)} ({node['type']}): its {name} comes from "
+                             f"{source and source.get('type')}, not a primitive (link {entry['link']})")
+        return self.constant(scope, source, "value")
+
     def twins(self) -> None:
         for scope, node in self.nodes_of(set(PACK_TWINS)):
             stock, ours = node["type"], PACK_TWINS[node["type"]]
@@ -430,7 +479,8 @@ def reduce_for_host(workflow: dict, check: bool = True) -> tuple[dict, HostRepor
     reducer = Reducer(copy.deepcopy(workflow))
     for rule in (reducer.resolutions, reducer.math_expressions, reducer.unrefined_prompts, reducer.switches,
                  reducer.upsamplers, reducer.layout_prompts, reducer.reference_latents, reducer.separated_latents,
-                 reducer.twins, reducer.value_twins, reducer.unused, reducer.outputless, reducer.prune, reducer.view):
+                 reducer.image_resizes, reducer.twins, reducer.value_twins, reducer.unused, reducer.outputless,
+                 reducer.prune, reducer.view):
         rule()
     if check:
         reducer.check()

@@ -426,10 +426,32 @@ def test_ltx25_api_form_swaps_as_the_ui_form(host_info):
                                for k, b in swapped_api.items()}
 
 
-@pytest.mark.parametrize("name, node", [("video_ltx2_5_i2v", "398:351 (ResizeImageMaskNode)"),
-                                        ("video_ltx2_5_flf2v", "251:203 (GetImageSize)")])
-def test_ltx25_frame_templates_name_what_the_host_lacks(name, node):
-    """The swap takes the i2v and flf2v templates (tests/test_swap.py); --for-host has no rule yet for their image
-    sizing (ResizeImageMaskNode, GetImageSize: v0.3.75 has neither) and says so, naming the node."""
-    with pytest.raises(ValueError, match=re.escape(f"node {node}: ComfyUI v0.3.75 has no")):
-        swap_for_host(template(name), "ltx25")
+def test_ltx25_i2v_template_names_its_resize():
+    """The i2v template's ResizeImageMaskNode ("scale longer dimension": its size depends on the picture) has no
+    host node of the same rule (the host's /object_info lacks ImageScaleToMaxDimension): --for-host names it."""
+    with pytest.raises(ValueError, match=re.escape("node 398:351 (ResizeImageMaskNode): ComfyUI v0.3.75 has no")):
+        swap_for_host(template("video_ltx2_5_i2v"), "ltx25")
+
+
+def test_ltx25_flf2v_template_reduces(host_info):
+    """The flf2v template on the host: ResizeImageMaskNode ("scale dimensions" of the loaded images, its sizes the
+    subgraph's width and height) as ImageScale, GetImageSize of that picture as those sizes; then swapped (frame
+    nodes and the sampler ours, eta 0), every node one the host has, the API form what a v0.3.75 server takes;
+    reducing again changes nothing."""
+    wf, report, host_report = swap_for_host(template("video_ltx2_5_flf2v"), "ltx25")
+    assert problems(wf) == [] and report.not_yet == [] and len(report.folded) == 1
+    types = node_types(wf)
+    assert types - FRONTEND_ONLY <= set(host_info), sorted(types - FRONTEND_ONLY - set(host_info))
+    assert not types & HOST_LACKS and {"SwiftDiTLTX25AddGuide", "SwiftDiTLTX25CropGuides", "ImageScale"} <= types
+    prompt = to_api(wf, host_info)
+    assert api_problems(prompt, host_info) == []
+    changes = {(where, kind): what for where, kind, what, _ in host_report.changes}
+    assert changes[("251:213", "ResizeImageMaskNode")] == changes[("251:214", "ResizeImageMaskNode")] == \
+        "-> ImageScale ['nearest-exact', 1280, 720, 'center']"
+    assert changes[("251:203", "GetImageSize")] == "removed"
+    assert {k: prompt["251:201"]["inputs"][k] for k in ("width", "height", "length")} == \
+        {"width": 1280, "height": 720, "length": 121}
+    sampler = next(b["inputs"] for b in prompt.values() if b["class_type"] == "SwiftDiTLTX25Sampler")
+    assert (sampler["eta"], sampler["s_noise"], sampler["steps"]) == (0, 1, 8)
+    again, second, host_again = swap_for_host(wf, "ltx25")
+    assert again == wf and second.changed == [] and host_again.changes == []
