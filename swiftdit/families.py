@@ -36,7 +36,8 @@ class Stock:
 
 
 MODEL_IN = (("model", "MODEL"),)
-H3_REFERENCE_IMAGES, H3_REFERENCE_AUDIOS = 9, 3  # our H3 Reference To Video's ref_image_0..8 and ref_audio_0..2
+# our H3 Reference To Video's ref_image_0..8, ref_video_0..2 (and ref_video_audio_0..2) and ref_audio_0..2
+H3_REFERENCE_IMAGES, H3_REFERENCE_VIDEOS, H3_REFERENCE_AUDIOS = 9, 3, 3
 # The stock nodes ours replace (reference/templates.md section 5), with ComfyUI's input names and widget order.
 # Every DiT loader of ours appends `linears` and `gpu_budget_gb` (0: automatic); every text encoder loader runs on
 # the host or the default device only.
@@ -67,14 +68,18 @@ STOCK = MappingProxyType({
                                                     ("last_frame", "IMAGE")), ("CONDITIONING", "LATENT"),
                                    ("prompt", "width", "height", "length")),
     # MiniMax H3's r2v: the stock node's autogrow inputs ("ref_images.ref_image_0") are plain inputs on ours
-    # ("ref_image_0"; nodes/minimax_h3.py REFERENCE_IMAGES, REFERENCE_AUDIOS); reference videos are not yet ours
-    # (the row's not_yet)
+    # ("ref_image_0"; nodes/minimax_h3_references.py); more than ours takes: the row's not_yet
     "MiniMaxH3ReferenceToVideo": Stock(
         "ReferenceToVideo", (("clip", "CLIP"), ("vae", "VAE"), ("audio_vae", "VAE"),
                              *((f"ref_images.ref_image_{i}", "IMAGE") for i in range(H3_REFERENCE_IMAGES)),
+                             *((f"ref_videos.ref_video_{i}", "IMAGE") for i in range(H3_REFERENCE_VIDEOS)),
+                             *((f"ref_video_audios.ref_video_audio_{i}", "AUDIO") for i in range(H3_REFERENCE_VIDEOS)),
                              *((f"ref_audios.ref_audio_{i}", "AUDIO") for i in range(H3_REFERENCE_AUDIOS))),
         ("CONDITIONING", "LATENT"), ("prompt", "width", "height", "length", "ref_image_size"),
         renames=(*((f"ref_images.ref_image_{i}", f"ref_image_{i}") for i in range(H3_REFERENCE_IMAGES)),
+                 *((f"ref_videos.ref_video_{i}", f"ref_video_{i}") for i in range(H3_REFERENCE_VIDEOS)),
+                 *((f"ref_video_audios.ref_video_audio_{i}", f"ref_video_audio_{i}")
+                   for i in range(H3_REFERENCE_VIDEOS)),
                  *((f"ref_audios.ref_audio_{i}", f"ref_audio_{i}") for i in range(H3_REFERENCE_AUDIOS))),
         lacks=("ref_images.", "ref_audios.", "ref_videos.", "ref_video_audios.")),
     "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),

@@ -802,8 +802,8 @@ def test_minimax_h3_r2v_template_is_swapped(tmp_path):
     assert r2v["type"] == "SwiftDiTMiniMaxH3ReferenceToVideo" and r2v["widgets_values"] == ["", 1344, 768, 124,
                                                                                              "match"]
     names = [e["name"] for e in r2v["inputs"]]
-    assert names == ["clip", "vae", "audio_vae", "ref_image_0", "ref_image_1", "ref_image_2", "ref_audio_0", "prompt",
-                     "width", "height", "length"]
+    assert names == ["clip", "vae", "audio_vae", "ref_image_0", "ref_image_1", "ref_image_2", "ref_video_0",
+                     "ref_video_audio_0", "ref_audio_0", "prompt", "width", "height", "length"]
     before = next(n for n in wf["nodes"] if n["id"] == 136)
     old_slots = {e["link"]: e["name"] for e in before["inputs"] if e.get("link") is not None}
     new_slots = {e["link"]: e["name"] for e in r2v["inputs"] if e.get("link") is not None}
@@ -832,19 +832,40 @@ def test_minimax_h3_r2v_for_host():
     assert not kinds & HOST_LACKS and not any(k.startswith("MiniMaxH3") for k in kinds)
 
 
-def test_minimax_h3_r2v_reference_video_is_refused(tmp_path):
-    """A reference video wired into the r2v node (ours takes none yet): the graph stays as it is, saying why."""
-    wf = copy.deepcopy(template("video_minimax_h3_r2v"))
+def with_reference_video(wf: dict, slot_name: str) -> dict:
+    """The r2v template with a LoadImage's frames (node 139) wired into its node's slot_name as well."""
+    wf = copy.deepcopy(wf)
     r2v = next(n for n in wf["nodes"] if n["id"] == 136)
-    slot = next(i for i, e in enumerate(r2v["inputs"]) if e["name"] == "ref_videos.ref_video_0")
+    slot = next(i for i, e in enumerate(r2v["inputs"]) if e["name"] == slot_name)
     r2v["inputs"][slot]["link"] = 999
     next(n for n in wf["nodes"] if n["id"] == 139)["outputs"][0]["links"].append(999)
     wf["links"].append([999, 139, 0, 136, slot, "IMAGE"])
+    return wf
+
+
+def test_minimax_h3_r2v_reference_video_is_swapped():
+    """A reference video wired into the r2v node: ours takes it as ref_video_0, the link kept."""
+    after, report = swap_ui(with_reference_video(template("video_minimax_h3_r2v"), "ref_videos.ref_video_0"),
+                            "minimax_h3")
+    assert problems(after) == [] and report.not_yet == []
+    r2v = next(n for n in after["nodes"] if n["id"] == 136)
+    assert next(e for e in r2v["inputs"] if e["name"] == "ref_video_0")["link"] == 999
+
+
+def test_minimax_h3_r2v_more_videos_than_ours_is_refused(tmp_path):
+    """A fourth reference video (ours takes ref_video_0..2): the graph stays as it is, saying why."""
+    wf = template("video_minimax_h3_r2v")
+    wf = copy.deepcopy(wf)
+    r2v = next(n for n in wf["nodes"] if n["id"] == 136)
+    r2v["inputs"].insert(7, {"name": "ref_videos.ref_video_3", "type": "IMAGE", "link": None})
+    for link in wf["links"]:  # the slots after the new one move down
+        if link[3] == 136 and link[4] >= 7:
+            link[4] += 1
+    wf = with_reference_video(wf, "ref_videos.ref_video_3")
     after, report = swap_ui(wf, "minimax_h3")
     assert after == wf and report.changed == []
-    assert report.not_yet == ["MiniMax H3's reference videos (MiniMaxH3ReferenceToVideo's ref_videos / "
-                              "ref_video_audios) are not yet supported by SwiftDiT (issue 35): reference images and "
-                              "audios are; disconnect the videos or keep the stock graph"]
+    assert report.not_yet == ["MiniMax H3's Reference To Video takes ref_video_0..2 (and their ref_video_audio_0..2) "
+                              "in SwiftDiT: a graph wiring more reference videos is not swapped (issue 35)"]
     src = tmp_path / "h3.json"
     src.write_text(json.dumps(wf))
     done = run_cli("swap", src, tmp_path / "out.json")

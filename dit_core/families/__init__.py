@@ -21,9 +21,8 @@ LTX25_GUIDE_EXTRAS = ("LTX-2.5's Add Guide with an attention mask or IC-LoRA par
                       "attention_mask / iclora_parameters) is not yet supported by SwiftDiT (issue 36): disconnect "
                       "them or keep the stock graph")
 
-H3_REFERENCE_VIDEOS = ("MiniMax H3's reference videos (MiniMaxH3ReferenceToVideo's ref_videos / ref_video_audios) are "
-                       "not yet supported by SwiftDiT (issue 35): reference images and audios are; disconnect the "
-                       "videos or keep the stock graph")
+H3_MORE_VIDEOS = ("MiniMax H3's Reference To Video takes ref_video_0..2 (and their ref_video_audio_0..2) in SwiftDiT: "
+                  "a graph wiring more reference videos is not swapped (issue 35)")
 H3_MORE_IMAGES = ("MiniMax H3's Reference To Video takes ref_image_0..8 in SwiftDiT: a graph wiring more reference "
                   "images is not swapped (issue 35)")
 H3_MORE_AUDIOS = ("MiniMax H3's Reference To Video takes ref_audio_0..2 in SwiftDiT: a graph wiring more reference "
@@ -79,7 +78,7 @@ FAMILIES = MappingProxyType({f.name: f for f in (
     # H3's text to video, image to video, references to video and text to image templates: MiniMaxH3ImageToVideo
     # and MiniMaxH3ReferenceToVideo -> ours, MiniMaxH3SigmaShift -> ours, its SamplerCustomAdvanced group -> our
     # sampler (its sampler and scheduler, cfg 1), the audio VAE's loader -> ours for audio. FastH3's templates
-    # (block-sparse attention) and reference videos stay as they are.
+    # (block-sparse attention) stay as they are.
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
            ("UNETLoader", "MiniMaxH3SigmaShift", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
             "MiniMaxH3ImageToVideo",
@@ -87,10 +86,8 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True,
            dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
                                               "attention this node picks"),),
-           not_yet=(*((f"MiniMaxH3ReferenceToVideo.{name}", H3_REFERENCE_VIDEOS) for name in (
-                        "ref_videos.ref_video_0", "ref_videos.ref_video_1", "ref_videos.ref_video_2",
-                        "ref_video_audios.ref_video_audio_0", "ref_video_audios.ref_video_audio_1",
-                        "ref_video_audios.ref_video_audio_2")),
+           not_yet=(*((f"MiniMaxH3ReferenceToVideo.{kind}_{i}", H3_MORE_VIDEOS) for i in range(3, 8)
+                      for kind in ("ref_videos.ref_video", "ref_video_audios.ref_video_audio")),
                     *((f"MiniMaxH3ReferenceToVideo.ref_images.ref_image_{i}", H3_MORE_IMAGES) for i in range(9, 16)),
                     *((f"MiniMaxH3ReferenceToVideo.ref_audios.ref_audio_{i}", H3_MORE_AUDIOS) for i in range(3, 8)),
                     ("BlockSparseAttention", "MiniMax H3's templates with BlockSparseAttention (FastH3's "
