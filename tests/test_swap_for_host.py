@@ -405,13 +405,17 @@ def test_ltx25_t2v_with_the_enhancer_on_reduces(host_info):
     assert ("405:382", "ComfySwitchNode") in {(w, k) for w, k, _, _ in host_report.changes}
 
 
-def test_ltx25_api_form_swaps_as_the_ui_form(host_info):
+@pytest.mark.parametrize("name, groups", [("video_ltx2_5_t2v", 2), ("video_ltx2_5_flf2v", 1)])
+def test_ltx25_api_form_swaps_as_the_ui_form(host_info, name, groups):
     """The reduced template's API form (its groups still stock) swaps to what the UI swap gives: the same nodes and
-    inputs, each folded group under its SamplerCustomAdvanced's id."""
-    reduced, _ = reduce_for_host(template("video_ltx2_5_t2v"), check=False)
+    inputs, each folded group under its SamplerCustomAdvanced's id (flf2v: SamplerEulerAncestral's eta and s_noise,
+    denoised_output's reader on the sampler's output, the frame nodes ours)."""
+    reduced, _ = reduce_for_host(template(name), check=False)
     swapped_api, report = swap_api(to_api(reduced, newer_info(host_info)), "ltx25")
     ui_api = to_api(swap_ui(reduced, "ltx25")[0], host_info)
-    assert api_problems(swapped_api, host_info) == [] and len(report.folded) == 2
+    assert api_problems(swapped_api, host_info) == [] and len(report.folded) == groups
+    kinds = {b["class_type"] for b in swapped_api.values()}
+    assert name.endswith("t2v") or {"SwiftDiTLTX25AddGuide", "SwiftDiTLTX25CropGuides"} <= kinds
     new_ids = {k: k for k in ui_api}
     for sid, body in swapped_api.items():  # the UI fold gives each KSampler a new id: match them by steps
         if body["class_type"] == "SwiftDiTLTX25Sampler":
