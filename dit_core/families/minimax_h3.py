@@ -243,15 +243,8 @@ class MiniMaxH3:
         memory (dit_core/gpu/streaming.py; on the CPU through CPU slots, the same numerics); a function of the
         layers' total bytes is asked once the rest is on the device. options: the GPU path's (by default the
         model's, else default_options())."""
-        dev = torch.device(device)
-        options = options or self.options or self.default_options()
-        from ..gpu.streaming import StreamedBlocks  # the GPU path: imported where used
-        cuda = dev.type == "cuda"
-        if budget_bytes is None:
-            return self.gpu_form(dev, options) if cuda else replace(self, options=options)
-        form = (lambda layer, where: layer.on(where)) if cuda else None
-        placed = self.gpu_form(dev, options, with_layers=False) if cuda else replace(self, options=options)
-        return replace(placed, blocks=StreamedBlocks(self.blocks, dev, budget_bytes, form=form))
+        from ..gpu.streaming import placed  # the GPU path: imported where used
+        return placed(self, torch.device(device), budget_bytes, options or self.options or self.default_options())
 
     def gpu_form(self, device: torch.device, options, with_layers: bool = True) -> MiniMaxH3:
         """The model as the GPU path runs it on `device` (a CUDA device; on the CPU the kernels' references run,

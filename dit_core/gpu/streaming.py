@@ -106,6 +106,18 @@ def streamed_blocks(blocks: Sequence[Any], device: torch.device | str, budget: i
     return StreamedBlocks(blocks, device, budget, files, GpuBlock.of if device.type == "cuda" else None)
 
 
+def placed(model: Any, device: torch.device, budget_bytes: int | Callable[[int], int] | None, options: Any) -> Any:
+    """A recipe's .to(device) for one with gpu_form(device, options, with_layers) and a `blocks` stack of layers
+    that have .on(device) (MiniMax H3, LTX-2.5): on CUDA its GPU form, elsewhere the model as it is (the kernels'
+    references run there); with budget_bytes its layers as StreamedBlocks within it, each layer moved by its .on."""
+    cuda = device.type == "cuda"
+    if budget_bytes is None:
+        return model.gpu_form(device, options) if cuda else replace(model, options=options)
+    form = (lambda layer, where: layer.on(where)) if cuda else None
+    base = model.gpu_form(device, options, with_layers=False) if cuda else replace(model, options=options)
+    return replace(base, blocks=StreamedBlocks(model.blocks, device, budget_bytes, form=form))
+
+
 def resident_generation(blocks: StreamedBlocks | Sequence[Any]) -> int | None:
     """The placement generation of blocks when every one of them stays on its device (0 for a plain sequence,
     which never moves), None while some stream. A CUDA graph reads the resident buffers where they were at
