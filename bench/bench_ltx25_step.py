@@ -21,7 +21,6 @@ import argparse
 import dataclasses
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,7 +28,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from bench_z_image_step import rel, timed, weights_gb  # noqa: E402
+from bench_h3_step import moved, timed_on  # noqa: E402
+from bench_z_image_step import rel, weights_gb  # noqa: E402
 from dit_core.families.ltx25 import LTX25  # noqa: E402
 from dit_core.families.ltx25_positions import Grid  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
@@ -91,31 +91,6 @@ def stage_inputs(width: int, height: int, frames: int, text: int, config: dict, 
     text_video = torch.randn(text, config.get("cross_attention_dim", 4096), generator=g)
     text_audio = torch.randn(text, config.get("audio_cross_attention_dim", 2048), generator=g)
     return StageInputs(grid, *(t.to(device) for t in (video, audio, text_video, text_audio)))
-
-
-def timed_on(device: torch.device, fn, steps: int) -> tuple:
-    """timed()'s (ms, peak GB, output, joules) on a GPU; on the CPU wall-clock ms after one warm-up, no peak."""
-    if device.type == "cuda":
-        return timed(fn, steps)
-    fn()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        out = fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return sorted(times)[len(times) // 2], 0.0, out, None
-
-
-def moved(obj, device):
-    """A dataclass/tuple tree with every tensor on device (the host copy a streamed model stages from)."""
-    if isinstance(obj, torch.Tensor):
-        return obj.to(device)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: moved(getattr(obj, f.name), device)
-                                           for f in dataclasses.fields(obj) if f.init})
-    if isinstance(obj, tuple):
-        return tuple(moved(item, device) for item in obj)
-    return obj
 
 
 def peer_step(ref, s: StageInputs):
