@@ -48,6 +48,9 @@ def _main(root: str, out: str, pack: str) -> None:
     comfy.options.enable_args_parsing(False)
     import comfy.cli_args
     comfy.cli_args.args.cpu = True
+    # main.py imports ComfyUI's `utils` package before nodes.py puts comfy/ first on the path (where comfy/utils.py
+    # would then stand for it, and comfy_extras/nodes_images.py would not load)
+    import utils.extra_config  # noqa: F401
     import nodes
 
     asyncio.run(nodes.init_extra_nodes(init_custom_nodes=False, init_api_nodes=False))

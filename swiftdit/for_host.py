@@ -25,7 +25,9 @@ HOST_LACKS = frozenset({
     "LTXVConcatAVLatent", "LTXVDualCFGGuider", "LTXVEmptyLatentAudio", "LTXVLatentUpsampler", "ManualSigmas",
     "TextGenerateLTX2Prompt", "ReferenceMultiLatent", "BatchImagesNode", "ImageCompare", "SaveImageAdvanced",
     "ResizeImageMaskNode", "LTXVImgToVideoInplace", "BlockSparseAttention",
-    "GetImageSize"})  # (H3's i2v template, feeding nothing: v0.3.75's /object_info has no GetImageSize)
+    # v0.3.75 has GetImageSize (comfy_extras/nodes_images.py); the reduced graphs still write its sizes where they
+    # are fixed and drop it where it feeds nothing, as the shipped reduced workflows were made
+    "GetImageSize"})
 LACKING_PREFIXES = ("MiniMaxH3",)
 # Nodes run for what they show or save: never removed for feeding nothing.
 OUTPUT_NODES = frozenset({"SaveImage", "PreviewImage", "PreviewAny", "SaveImageAdvanced", "ImageCompare",
@@ -330,8 +332,8 @@ class Reducer:
     def image_resizes(self) -> None:
         """ResizeImageMaskNode's "scale dimensions" of an IMAGE as ImageScale (newer ComfyUI's scale_dimensions is
         ImageScale's upscale); then GetImageSize of such an ImageScale's picture as the sizes it was given (LTX-2.5's
-        flf2v template). Other resize types stay for check() to name: the host's /object_info has no
-        ImageScaleToMaxDimension (nodes_images.py does not load there), and their sizes depend on the picture."""
+        flf2v template). Other resize types stay for check() to name (no rule yet: "scale longer dimension" would be
+        v0.3.75's ImageScaleToMaxDimension once its rounding is checked against newer ComfyUI's)."""
         for scope, node in self.nodes_of({"ResizeImageMaskNode"}):
             values, origin = node.get("widgets_values") or [], self.ed.origin(scope, node, "input")
             if values[:1] != ["scale dimensions"] or origin is None or self._given(scope, node, "input") != {"IMAGE"}:
@@ -358,7 +360,7 @@ class Reducer:
             size = tuple(source["widgets_values"][1:3])
             self.write_outputs(scope, node, size, ("width", "height"))
             self.note(scope, node, "removed", f"its image is ImageScale's {size[0]}x{size[1]}, now written where it "
-                      f"was read; {HOST} has no GetImageSize")
+                      f"was read")
             self.drop(scope, node)
 
     def _given(self, scope, node, name) -> set:

@@ -432,7 +432,7 @@ def test_ltx25_api_form_swaps_as_the_ui_form(host_info, name, groups):
 
 def test_ltx25_i2v_template_names_its_resize():
     """The i2v template's ResizeImageMaskNode ("scale longer dimension": its size depends on the picture) has no
-    host node of the same rule (the host's /object_info lacks ImageScaleToMaxDimension): --for-host names it."""
+    reduction rule yet (v0.3.75's ImageScaleToMaxDimension, once its rounding is checked): --for-host names it."""
     with pytest.raises(ValueError, match=re.escape("node 398:351 (ResizeImageMaskNode): ComfyUI v0.3.75 has no")):
         swap_for_host(template("video_ltx2_5_i2v"), "ltx25")
 
