@@ -33,7 +33,7 @@ from ..block import (DOWN, K_NORM, NORM1, NORM2, OUT, Q_NORM, QKV, UP, Block, at
                      modulated_norm, rms_norm, split_qkv, swiglu)
 from ..linear import linear
 from ..modulation import Modulation
-from ..sampling.omnivoice import Unmasking, sample_unmasking
+from ..sampling.omnivoice import Codebooks, Unmasking, sample_unmasking
 from ..sequence import Sequence
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 from .loading import Detection, OpenedFile
@@ -286,7 +286,7 @@ def prompt_rows(tokenizer, text: str, target: int, codebooks: int = CODEBOOKS, l
 
 
 @dataclass(frozen=True)
-class OmniVoice:
+class OmniVoice(Codebooks):
     """OmniVoice where it runs: the text and audio embedding tables, the layers, the final norm, the heads."""
     arch: Arch
     text_embedding: torch.Tensor   # llm.embed_tokens [vocab, hidden] f32
@@ -313,20 +313,6 @@ class OmniVoice:
         return OmniVoice(a, read_tensor(ckpt, "llm.embed_tokens.weight"),
                          read_tensor(ckpt, "audio_embeddings.weight", (vocab, a.hidden)), blocks,
                          read_tensor(ckpt, "llm.norm.weight", (a.hidden,)), heads)
-
-    @property
-    def codebooks(self) -> int:
-        return self.arch.latents
-
-    @property
-    def audio_vocab(self) -> int:
-        """Classes per codebook: 1024 codes and MASK."""
-        return self.audio_embedding.shape[0] // self.codebooks
-
-    @property
-    def mask_id(self) -> int:
-        """MASK, the last class of each codebook (the package's audio_mask_id, 1024)."""
-        return self.audio_vocab - 1
 
     def to(self, device: str | torch.device, budget_bytes=None, options=None, dtype: torch.dtype | None = None):
         """The model where it runs: itself on the CPU in float32; else its device form (dit_core/gpu/omnivoice.py,

@@ -21,7 +21,7 @@ from ..arch import Arch
 from ..block import DOWN, K_NORM, NORM1, NORM2, OUT, Q_NORM, QKV, UP, swiglu
 from ..linear import float_on, linear
 from ..sampling.ksampler import before_step
-from ..sampling.omnivoice import Unmasking, knobs, reveal_counts, step_noise, unmask_rows
+from ..sampling.omnivoice import Codebooks, Unmasking, knobs, reveal_counts, step_noise, unmask_rows
 from ..sequence import rotate_halves
 from ..weights import Linear
 from .block import GpuLinear, product, run
@@ -142,9 +142,9 @@ def flash_works(device: torch.device) -> bool:
         return False
 
 
-class GpuOmniVoice:
+class GpuOmniVoice(Codebooks):
     """OmniVoice on a device in `dtype` (f32: host Linears and the reference's numerics; BF16: GPU linears).
-    codebooks, audio_vocab, mask_id as OmniVoice's; generate_codes runs the loop; clear() drops the graphs."""
+    codebooks, audio_vocab, mask_id from Codebooks; generate_codes runs the loop; clear() drops the graphs."""
 
     def __init__(self, arch: Arch, text_embedding, audio_embedding, layers, final_norm, heads: VoiceLinear,
                  dtype: torch.dtype, options: Options, flash: bool, graphs: bool):
@@ -193,18 +193,6 @@ class GpuOmniVoice:
         return GpuOmniVoice(model.arch, table(model.text_embedding), table(model.audio_embedding),
                             [layer(b) for b in model.blocks], model.final_norm.float().to(device), lin(model.heads),
                             dtype, options or DEFAULT, flash, graphs)
-
-    @property
-    def codebooks(self) -> int:
-        return self.arch.latents
-
-    @property
-    def audio_vocab(self) -> int:
-        return self.audio_embedding.shape[0] // self.codebooks
-
-    @property
-    def mask_id(self) -> int:
-        return self.audio_vocab - 1
 
     def clear(self) -> None:
         """Drops the step graphs and their memory pool (before the model goes)."""

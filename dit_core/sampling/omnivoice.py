@@ -22,6 +22,25 @@ GUMBEL_EPS = 1e-10  # inside both logarithms of the Gumbel noise, as the package
 TOP_CLASSES = 0.1   # class sampling keeps the top 10 % of the classes (ceil)
 
 
+class Codebooks:
+    """What a model's audio tables say, for the loop (the host model and its device form alike; each has `arch`
+    and `audio_embedding` [codebooks x audio_vocab, hidden])."""
+
+    @property
+    def codebooks(self) -> int:
+        return self.arch.latents
+
+    @property
+    def audio_vocab(self) -> int:
+        """Classes per codebook: 1024 codes and MASK."""
+        return self.audio_embedding.shape[0] // self.codebooks
+
+    @property
+    def mask_id(self) -> int:
+        """MASK, the last class of each codebook (the package's audio_mask_id, 1024)."""
+        return self.audio_vocab - 1
+
+
 @dataclass(frozen=True)
 class Unmasking:
     """The loop's settings; the defaults are OmniVoiceGenerationConfig's. steps: forwards; guidance: CFG
