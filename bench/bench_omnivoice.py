@@ -37,6 +37,7 @@ from dit_core.families.omnivoice import FRAME_RATE, SPECIAL_TOKENS, OmniVoice, S
 from dit_core.gpu.omnivoice import GpuOmniVoice  # noqa: E402
 from dit_core.sampling.omnivoice import Unmasking  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
+from tiny_models import byte_tokenizer  # noqa: E402
 
 HIGGS = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
 REAL = dict(vocab_size=151676, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -63,17 +64,6 @@ def imported_without_torchaudio(*names: str) -> list:
         return [importlib.import_module(n) for n in names]
     finally:
         sys.modules.pop("torchaudio", None)
-
-
-def byte_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
-    return fast
 
 
 def codec_config(tiny: bool):
@@ -111,7 +101,7 @@ def models(tiny: bool, device: torch.device, dtype: torch.dtype, int8: bool, eag
             p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else
                     torch.randn_like(p) / (p.shape[1] ** 0.5 if p.dim() == 2 and "embed" not in name else 1))
     theirs = theirs.to(dtype)
-    tokenizer = byte_tokenizer()
+    tokenizer = byte_tokenizer(SPECIAL_TOKENS)
     theirs.text_tokenizer, theirs.duration_estimator = tokenizer, duration.RuleDurationEstimator()
     theirs.audio_tokenizer, theirs.sampling_rate = codec, ccfg.sample_rate
     state = {k: v.detach().float().cpu() for k, v in theirs.state_dict().items()}

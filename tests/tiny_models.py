@@ -539,3 +539,16 @@ def random_krea2_qwen3_vl(seed: int = 0):
     config = Qwen3VLConfig(text_config={**QWEN3_VL_TEXT_TINY, "num_hidden_layers": 36},
                            vision_config=QWEN3_VL_VISION_DEEPSTACK3_TINY, tie_word_embeddings=True)
     return randomize_language_model(Qwen3VLForConditionalGeneration(config).eval())
+
+
+def byte_tokenizer(special_tokens):
+    """A byte-level BPE without merges (one token a byte) and special_tokens added: OmniVoice's text tokenizer
+    for tiny models (its real one is Qwen3's; only the special tokens' handling matters to the tests)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
+    fast.add_tokens(list(special_tokens), special_tokens=True)
+    return fast

@@ -42,8 +42,8 @@ else:
 
 from omnivoice.utils import duration as package_duration  # noqa: E402
 from omnivoice.utils import text as package_text  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
-from transformers import PreTrainedTokenizerFast, Qwen3Config  # noqa: E402
+from tiny_models import byte_tokenizer  # noqa: E402
+from transformers import Qwen3Config  # noqa: E402
 
 SPECIAL = ["<|denoise|>", "<|lang_start|>", "<|lang_end|>", "<|instruct_start|>", "<|instruct_end|>",
            "<|text_start|>", "<|text_end|>"]
@@ -57,12 +57,7 @@ C, MASK = 8, 1024
 @pytest.fixture(scope="module")
 def tokenizer():
     """Byte-level BPE without merges (one token a byte) and the package's seven special tokens."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_tokens(SPECIAL, special_tokens=True)
-    return fast
+    return byte_tokenizer(SPECIAL)
 
 
 @pytest.fixture(scope="module")

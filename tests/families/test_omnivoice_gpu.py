@@ -7,9 +7,7 @@ import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
-from tiny_models import random_qwen3
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from tiny_models import byte_tokenizer, random_qwen3
 
 from dit_core.families.omnivoice import SPECIAL_TOKENS, WEIGHTS_FILE, OmniVoice, Speech, generate_codes, \
     prompt_rows, speech_codes
@@ -30,12 +28,7 @@ SETTINGS = [Unmasking(steps=4), Unmasking(steps=12), Unmasking(steps=4, class_te
 @pytest.fixture(scope="module")
 def tokenizer():
     """Byte-level BPE without merges (one token a byte) and OmniVoice's seven special tokens."""
-    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer, tok.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok)
-    fast.add_tokens(list(SPECIAL_TOKENS), special_tokens=True)
-    return fast
+    return byte_tokenizer(SPECIAL_TOKENS)
 
 
 @pytest.fixture(scope="module")
