@@ -17,13 +17,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.machinery
-import importlib.util
 import statistics
 import sys
 import time
 import traceback
-import types
 from pathlib import Path
 
 import torch
@@ -37,7 +34,7 @@ from dit_core.families.omnivoice import FRAME_RATE, SPECIAL_TOKENS, OmniVoice, S
 from dit_core.gpu.omnivoice import GpuOmniVoice  # noqa: E402
 from dit_core.sampling.omnivoice import Unmasking  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
-from tiny_models import byte_tokenizer  # noqa: E402
+from tiny_models import byte_tokenizer, torchaudio_stand_in  # noqa: E402
 
 HIGGS = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
 REAL = dict(vocab_size=151676, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -53,17 +50,8 @@ def imported_without_torchaudio(*names: str) -> list:
     if "torchvision" not in sys.modules and not torch.cuda.is_available():  # CPU torch beside a CUDA torchvision
         from host.run_comfy import TorchvisionOpsShim  # wheel (as tests/conftest.py)
         sys.meta_path.insert(0, TorchvisionOpsShim())
-    if importlib.util.find_spec("torchaudio") is not None:
+    with torchaudio_stand_in():
         return [importlib.import_module(n) for n in names]
-    from transformers.utils import is_torchaudio_available
-    is_torchaudio_available()  # transformers caches this first answer: no
-    stub = types.ModuleType("torchaudio")
-    stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
-    sys.modules["torchaudio"] = stub
-    try:
-        return [importlib.import_module(n) for n in names]
-    finally:
-        sys.modules.pop("torchaudio", None)
 
 
 def codec_config(tiny: bool):

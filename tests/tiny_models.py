@@ -3,9 +3,12 @@
 this module for its layouts, has neither."""
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import re
 import sys
+import types
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -552,3 +555,23 @@ def byte_tokenizer(special_tokens):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok)
     fast.add_tokens(list(special_tokens), special_tokens=True)
     return fast
+
+
+@contextmanager
+def torchaudio_stand_in():
+    """While the omnivoice package and transformers' Higgs codec import: a stand-in torchaudio where none is
+    installed (it has no build for our torch; reference/families/omnivoice.md section 9), taken out again after.
+    transformers caches its first answer to whether torchaudio is there: asked first, it stays no. Yields whether
+    it stood in."""
+    if importlib.util.find_spec("torchaudio") is not None:
+        yield False
+        return
+    from transformers.utils import is_torchaudio_available
+    is_torchaudio_available()
+    stub = types.ModuleType("torchaudio")
+    stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
+    sys.modules["torchaudio"] = stub
+    try:
+        yield True
+    finally:
+        sys.modules.pop("torchaudio", None)

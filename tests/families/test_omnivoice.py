@@ -1,16 +1,12 @@
 """OmniVoice on the shared block and its unmasking sampler vs the omnivoice 0.2.1 package, on a tiny random
 model saved in the real folder layout (save_pretrained: config.json + model.safetensors) and a tiny byte-level
 tokenizer with the package's special tokens."""
-import importlib.machinery
-import importlib.util
-import sys
 import types
 
 import pytest
 import torch
 from conftest import rel_err
-from tiny_models import randomize_language_model
-from transformers.utils import is_torchaudio_available
+from tiny_models import randomize_language_model, torchaudio_stand_in
 
 from dit_core.families.omnivoice import (
     OmniVoice,
@@ -25,19 +21,8 @@ from dit_core.families.omnivoice import (
 from dit_core.sampling.ksampler import SamplingCancelled
 from dit_core.sampling.omnivoice import Unmasking, reveal_counts, shifted_times
 
-# omnivoice imports torchaudio only to resample reference audio, and torchaudio has no build for our torch
-# (reference/families/omnivoice.md section 9): a stand-in module while it imports, taken out again after.
-# transformers caches its first answer to whether torchaudio is there: asked first, it stays no.
-if importlib.util.find_spec("torchaudio") is None:
-    is_torchaudio_available()
-    _stub = types.ModuleType("torchaudio")
-    _stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
-    sys.modules["torchaudio"] = _stub
-    try:
-        package = pytest.importorskip("omnivoice.models.omnivoice")
-    finally:
-        sys.modules.pop("torchaudio", None)
-else:
+# omnivoice imports torchaudio only to resample reference audio
+with torchaudio_stand_in():
     package = pytest.importorskip("omnivoice.models.omnivoice")
 
 from omnivoice.utils import duration as package_duration  # noqa: E402

@@ -4,17 +4,14 @@ model.safetensors, the real strides 8, 5, 4, 2, 3 and HuBERT's real conv strides
 encoded by both; the omnivoice 0.2.1 package's audio functions (pydub silence rules) on random audio; the
 resampler against torchaudio 2.11.1's outputs."""
 import importlib
-import importlib.machinery
-import importlib.util
 import math
-import sys
 import types
 
 import numpy as np
 import pytest
 import torch
 from conftest import rel_err
-from transformers.utils import is_torchaudio_available
+from tiny_models import torchaudio_stand_in
 
 from dit_core.codecs import omnivoice_audio as ours
 from dit_core.codecs.higgs_audio import HiggsAudioCodec, resample
@@ -22,23 +19,13 @@ from dit_core.weights import TensorSource, WeightsError
 
 # The module itself: the lazy package hands out a placeholder while torchaudio is missing.
 MODELING = "transformers.models.higgs_audio_v2_tokenizer.modeling_higgs_audio_v2_tokenizer"
-# transformers' Higgs codec and the package's audio module import torchaudio, which has no build for our torch
-# (reference/families/omnivoice.md section 9): a stand-in while they import (as tests/families/test_omnivoice.py);
-# the codec's call to torchaudio's resample is then served by ours, which the last tests hold to torchaudio.
-if importlib.util.find_spec("torchaudio") is None:
-    is_torchaudio_available()
-    _stub = types.ModuleType("torchaudio")
-    _stub.__spec__ = importlib.machinery.ModuleSpec("torchaudio", None)
-    sys.modules["torchaudio"] = _stub
-    try:
-        package_audio = pytest.importorskip("omnivoice.utils.audio")
-        higgs = importlib.import_module(MODELING)
-    finally:
-        sys.modules.pop("torchaudio", None)
-    higgs.torchaudio = types.SimpleNamespace(functional=types.SimpleNamespace(resample=resample))
-else:
+# transformers' Higgs codec and the package's audio module import torchaudio; where it stood in, the codec's call
+# to torchaudio's resample is served by ours, which the last tests hold to torchaudio.
+with torchaudio_stand_in() as stood_in:
     package_audio = pytest.importorskip("omnivoice.utils.audio")
     higgs = importlib.import_module(MODELING)
+if stood_in:
+    higgs.torchaudio = types.SimpleNamespace(functional=types.SimpleNamespace(resample=resample))
 
 from transformers import DacConfig, HiggsAudioV2TokenizerConfig, HubertConfig
 
