@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from host import checkpoints  # noqa: E402
 from host.graphs import Settings, krea2_graph, swiftdit_graph  # noqa: E402
-from host.server import ComfyHost, card_gb, of_type  # noqa: E402
+from host.server import ComfyHost, card_gb, node_seconds, of_type  # noqa: E402
 
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 FILES = ROOT / ".cache" / "bench_graph"
@@ -206,8 +207,8 @@ def write_files(smoke: bool) -> Path:
     return FILES
 
 
-def run_cases(label: str, graph: dict, models: Path, smoke: bool) -> list[dict]:
-    """The three cases of one graph on a server of its own; a row a case."""
+def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None) -> list[dict]:
+    """The three cases of one graph on a server of its own; a row a case (the server's log copied into logs)."""
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench_graph_") as base:
         server = ComfyHost(COMFYUI_TREE, base, sys.executable, cpu=smoke, cache_none=False)
@@ -226,11 +227,15 @@ def run_cases(label: str, graph: dict, models: Path, smoke: bool) -> list[dict]:
                                        f"{server.log_tail()}")
                 if case == "1 cold":
                     seconds = time.monotonic() - started
+                nodes = ", ".join(f"{graph[n]['class_type']} {s:.2f}" for n, s in node_seconds(events).items()
+                                  if s >= 0.05)
                 rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
-                             "host_gb": peaks.host_gb})
+                             "host_gb": peaks.host_gb, "nodes": nodes})
                 print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} |", flush=True)
         finally:
             server.stop()
+            if logs is not None:
+                shutil.copy(server.log_path, logs / f"server_{label.replace(' ', '_')}.log")
     return rows
 
 
@@ -247,6 +252,8 @@ def ratios(rows: list[dict]) -> list[str]:
                            f"{ours['seconds']:.2f} s = {theirs['seconds'] / ours['seconds']:.2f}x")
     out += [f"- {r['graph']}, case {r['case']}: torch max_memory_allocated {r['alloc_gb']:.2f} GB"
             for r in rows if "alloc_gb" in r]
+    out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.05 or more): {r['nodes']}"
+            for r in rows if r.get("nodes")]
     for case in sorted({r["case"] for r in rows}):
         stock, ours = by.get(("Z-Image stock BF16", case)), by.get(("Z-Image ours INT8 ConvRot", case))
         if stock and ours:
@@ -268,10 +275,12 @@ def main(argv=None) -> int:
     if args.side != "peers" and not (COMFYUI_TREE / "main.py").is_file():
         p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
     models = write_files(args.smoke)
+    logs = Path(args.report).parent if args.report else None
     header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
     rows = [] if args.side == "peers" else [
-        row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke)]
+        row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke,
+                                                                    logs)]
     if args.side != "ours":
         peer_models = models
         if args.smoke:
