@@ -231,7 +231,8 @@ def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | N
                                   if s >= 0.05)
                 rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
                              "host_gb": peaks.host_gb, "nodes": nodes})
-                print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} |", flush=True)
+                print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} | {nodes} |",
+                      flush=True)
         finally:
             server.stop()
             if logs is not None:

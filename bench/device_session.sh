@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice ltx25
+#          text_encoders omnivoice ltx25 first_step
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -86,6 +86,9 @@ for part in $parts; do
     # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout 590 python3 -u bench/bench_ltx25_step.py --steps 3 --profile 2>&1 | stamped ;;
+    # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
+    first_step) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_builds.py
+                timeout 200 python3 bench/bench_first_step.py ;;
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.

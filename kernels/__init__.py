@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from . import attention, gated_residual, head_norm_rope
-from .int8 import linear, linear_hopper, qkv_rope_linear, quant
+from .int8 import linear, linear_hopper, qkv_rope_linear, quant, tiles
 from .choices import DEFAULT, Choices
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,11 @@ def needs_hopper(device: torch.device) -> str | None:
     if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
         reason = f"compute capability {torch.cuda.get_device_capability(device)}, not Hopper's (9, 0)"
     return reason
+
+
+def fixed_tiles_here(device: torch.device) -> bool:
+    """Whether the INT8 linears launch fixed tiles on device (Hopper) rather than autotune on first use."""
+    return needs_int8_mma(device) is None and tiles.fixed_tiles(0, device, 16) is not None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.sampling.ksampler import SamplingCancelled
+from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
@@ -211,6 +212,29 @@ def run_sampler(sample: Callable, steps: int):
                       comfy.model_management.processing_interrupted)
     except SamplingCancelled as e:
         raise comfy.model_management.InterruptProcessingException() from e
+
+
+def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[Callable, int] | None]) -> None:
+    """Where the engine runs on a GPU: the first step of a fresh sampling() run once with its Triton kernels held back
+    and then built side by side (dit_core/gpu/builds.py), once per key (the request's shapes) for the loaded model;
+    then the model's companions are cleared, since that step's rows, kept or captured, are garbage."""
+    device = engine_device()
+    if device.type != "cuda":
+        return
+    builds = LOADED.attached(model_kind, "builds", AheadBuilds)
+
+    def first_step():
+        run = sampling()
+        if run is None:
+            return
+        stepped = []
+        try:
+            run[0](lambda *_: stepped.append(True), lambda: bool(stepped))
+        except SamplingCancelled:
+            pass
+
+    if builds.once(key, first_step, device) is not None:
+        LOADED.clear_companions(model_kind)
 
 
 def conditioning_rows(node_id: str, input_name: str, conditioning) -> list:

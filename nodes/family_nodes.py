@@ -11,9 +11,9 @@ import folder_paths
 import torch
 from comfy_api.latest import io
 
-from .base import (FileHandle, ModelHandle, SwiftDiTError, check_family, checked, conditioning_rows, file_checked,
-                   finite, ksampler_inputs, linear_mode, load_model, loader_inputs, model_file, model_input,
-                   model_output, run_sampler, sampler_widgets, show_on_node)
+from .base import (FileHandle, ModelHandle, SwiftDiTError, build_ahead_of_sampling, check_family, checked,
+                   conditioning_rows, file_checked, finite, ksampler_inputs, linear_mode, load_model, loader_inputs,
+                   model_file, model_input, model_output, run_sampler, sampler_widgets, show_on_node)
 from .family_settings import FamilySettings
 from .memory import MAIN, check_request
 from .types import TextEncoder, Vae
@@ -280,6 +280,8 @@ class SamplerNode(io.ComfyNode):
                                                                        text_rows, steps, passes,
                                                                        say=lambda text: show_on_node(cls, text)))
         cls.loaded(dit, r)
+        build_ahead_of_sampling("dit", (cls.FAMILY, tuple(latent.shape), tuple(pos.shape), tuple(neg.shape), passes),
+                                lambda: cls.sampling(dit, r))
         run = cls.sampling(dit, r)
         if run is None:
             return io.NodeOutput(latent_image)

@@ -79,6 +79,11 @@ class LoadedModels:
             companions[name] = make()
         return companions[name]
 
+    def clear_companions(self, kind: str) -> None:
+        """clear() on the companions of the models of `kind` (e.g. the graphed step after a step whose rows are not
+        to be kept)."""
+        self._clear_companions(kinds=(kind,))
+
     def _clear_companions(self, device: torch.device | None = None, kinds: tuple[str, ...] | None = None) -> None:
         """clear() on the companions of the models (of `kinds`) on device (of all models when None)."""
         for (kind, _), (_, _, where, companions) in self._held.items():

@@ -65,13 +65,19 @@ def _draws(latent: torch.Tensor, gen: torch.Generator, batch_index: Sequence[int
 
 def process_in(z: torch.Tensor, shift, scale) -> torch.Tensor:
     """Raw VAE latent -> the normalized latent the model sees (ComfyUI latent_formats' process_in), with the
-    family's latent shift and scale (its VAE's: e.g. codecs/flux1_vae.py SHIFT, SCALING)."""
-    return (z - shift) * scale
+    family's latent shift and scale (its VAE's: e.g. codecs/flux1_vae.py SHIFT, SCALING; per-channel tensors are
+    moved to z's device)."""
+    return (z - _on(shift, z)) * _on(scale, z)
 
 
 def process_out(x: torch.Tensor, shift, scale) -> torch.Tensor:
     """Normalized latent -> raw VAE latent (ComfyUI latent_formats' process_out)."""
-    return (x / scale) + shift
+    return (x / _on(scale, x)) + _on(shift, x)
+
+
+def _on(value, x: torch.Tensor):
+    """A latent format's number as is, or its per-channel tensor on x's device."""
+    return value.to(x.device) if isinstance(value, torch.Tensor) else value
 
 
 def noise_scaling(sigma: torch.Tensor, noise: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:

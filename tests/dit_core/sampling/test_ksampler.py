@@ -349,3 +349,12 @@ def test_ksample_errors(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         sampling.ksample(**args)
+
+
+def test_latent_format_tensors_follow_the_latent_device():
+    """Krea 2's per-channel shift and scale live on the host while the sampler's latent is on the card (meta stands
+    for the card here): the latent format moves them, as a server run on the GPU needs."""
+    x = torch.zeros(1, 16, 2, 2, device="meta")
+    per_channel = torch.ones(1, 16, 1, 1)
+    assert sampling.process_out(x, per_channel, per_channel).device == x.device
+    assert sampling.process_in(x, per_channel, per_channel).device == x.device

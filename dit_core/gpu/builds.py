@@ -1,0 +1,97 @@
+"""The Triton kernels of a step built side by side before it first runs, instead of one after another as it reaches
+each launch (a first Z-Image prompt on a new machine spent about 18 s there, serially).
+
+A dry run of the step finds them: every launch of a kernel not yet built is held back (Triton's jit_cache_hook
+answers that the build is handled, so nothing compiles or runs) and its specialization recorded; the step's values
+are garbage and dropped, and the kernels already built run on them harmlessly. The recorded kernels are then built
+by Triton's AsyncCompileMode on a thread pool (its compiler and ptxas work outside the GIL) into the kernel caches
+the real step launches from, and into Triton's on-disk cache, so a restart of the same machine builds nothing.
+
+Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotune on first use, and an autotuner
+timing held-back launches would keep a wrong tile."""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from .block import kernels
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Built:
+    """What build_ahead did: kernels built, seconds (dry run and builds), threads, and why nothing was built when
+    it could not run here (None otherwise)."""
+    kernels: int
+    seconds: float
+    threads: int = 0
+    refused: str | None = None
+
+
+def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None) -> Built:
+    """step()'s Triton kernels built at once on `threads` threads (default: the machine's cores, at most 16), before
+    step runs for real; step must depend on nothing but its shapes to run (its outputs are garbage)."""
+    t0 = time.perf_counter()
+    if device.type != "cuda" or not kernels().fixed_tiles_here(device):
+        return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
+    try:
+        from triton import knobs
+        from triton.runtime._async_compile import AsyncCompileMode
+    except ImportError as e:
+        return Built(0, 0.0, refused=f"this Triton cannot: {e}")
+    held: dict[tuple, tuple] = {}
+
+    def hold(*, key, fn, compile, **_) -> bool:
+        held.setdefault((fn.module, fn.name, str(key)), (fn.jit_function, compile["specialization_data"]))
+        return True  # "handled": nothing compiles and nothing launches
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hold
+    try:
+        with torch.no_grad():
+            step()
+        torch.cuda.synchronize(device)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    if not held:
+        return Built(0, time.perf_counter() - t0)
+    threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
+    # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
+    # the error where the kernel's caller falls back (kernels/gluon_builds.py).
+    with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for jit_function, specialization in held.values():
+            jit_function.preload(specialization)
+    return Built(len(held), time.perf_counter() - t0, threads)
+
+
+@dataclass
+class AheadBuilds:
+    """build_ahead once per key (a step's input shapes) for a loaded model: later prompts of the same shapes find
+    their kernels built and pay nothing."""
+    threads: int | None = None
+    done: dict[Hashable, Built] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        """Nothing to drop: built kernels stay valid wherever the model's memory goes (a LoadedModels companion)."""
+
+    def once(self, key: Hashable, step: Callable[[], object], device: torch.device) -> Built | None:
+        if key in self.done:
+            return None
+        try:
+            built = build_ahead(step, device, self.threads)
+        except Exception as e:  # noqa: BLE001 - a build ahead is an optimization: the step builds as it runs
+            built = Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
+        self.done[key] = built
+        if built.kernels:
+            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)",
+                     built.kernels, built.seconds, built.threads)
+        elif built.refused:
+            log.info("SwiftDiT: kernels build as the first step runs (%s)", built.refused)
+        return built

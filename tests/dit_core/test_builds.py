@@ -1,0 +1,39 @@
+"""dit_core/gpu/builds.py: a step's Triton kernels built side by side before it first runs. On the CPU, where it
+refuses and that a refusal is remembered per key; on a GPU (bench/bench_first_step.py in fresh processes and Triton
+caches), the step after a build ahead equals the step built as it ran, bit for bit."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from dit_core.gpu.builds import AheadBuilds, build_ahead
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_refused_off_a_hopper_gpu_and_the_step_left_to_build_as_it_runs():
+    ran = []
+    built = build_ahead(lambda: ran.append(1), torch.device("cpu"))
+    assert built.kernels == 0 and "Hopper" in built.refused and not ran
+
+
+def test_once_a_key():
+    builds, ran = AheadBuilds(), []
+    assert builds.once(("shape", 1), lambda: ran.append(1), torch.device("cpu")).refused
+    assert builds.once(("shape", 1), lambda: ran.append(1), torch.device("cpu")) is None
+    assert builds.once(("shape", 2), lambda: ran.append(1), torch.device("cpu")) is not None
+    builds.clear()  # a LoadedModels companion: the built kernels outlive the model's memory moves
+    assert len(builds.done) == 2
+
+
+@pytest.mark.gpu
+def test_a_step_built_ahead_equals_the_step_built_as_it_ran(capsys):
+    sys.path.insert(0, str(ROOT / "bench"))
+    import bench_first_step
+    assert bench_first_step.main(["--size", "256", "--layers", "1"]) == 0
+    said = capsys.readouterr().out
+    print(said)
+    assert said.count("bit for bit: True") == 2, said
