@@ -21,7 +21,7 @@ from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device
+from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -339,6 +339,9 @@ def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:
     """A VAE decode with a ComfyUI progress bar over its tiles and Cancel honoured within them (after each of the
     decoder's blocks); the decoder's errors name the samples input."""
     bar = comfy.utils.ProgressBar(1)
+    latents = samples["samples"].float()
+    # In one piece where the card has room for it, as stock VAEDecode does (tiles repeat their overlaps' work).
+    whole = {"tile": None} if hasattr(decoder, "whole_bytes") and fits_on_card(decoder.whole_bytes(latents)) else {}
     with checked(node_id, "samples"):
-        return decoder.decode(samples["samples"].float(), check=interrupt_check,
+        return decoder.decode(latents, check=interrupt_check, **whole,
                               progress=lambda done, total: bar.update_absolute(done, total))

@@ -223,6 +223,13 @@ def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int) -> 
     blocks.refill(budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), held, reserve))
 
 
+def fits_on_card(nbytes: int) -> bool:
+    """Whether the engine runs on a GPU with nbytes free there now (ComfyUI's count: the driver's free memory and its
+    allocator's cached blocks)."""
+    device = engine_device()
+    return device.type == "cuda" and comfy.model_management.get_free_memory(device) >= nbytes
+
+
 def engine_device() -> torch.device:
     """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
     device = comfy.model_management.get_torch_device()

@@ -84,6 +84,14 @@ class ImageDecoder:
             x = self._tiled(z, tile, overlap, progress, check)
         return ((x.float().clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
 
+    def whole_bytes(self, latents: torch.Tensor) -> int:
+        """About the most memory a decode of raw latents [B, C, h, w] in one piece holds: a few activations of the
+        full-resolution level at once (its channels are the decoder's fewest, its pixels the most), in the weights'
+        dtype, and the f32 image."""
+        b, _, h, w = latents.shape
+        pixels = b * h * w * self.shape.factor ** 2
+        return pixels * (6 * self.shape.channels[0] * self.w["conv_in.weight"].element_size() + 3 * 3 * 4)
+
     def forward(self, z: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
         each block."""

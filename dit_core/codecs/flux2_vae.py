@@ -114,6 +114,12 @@ class Flux2VAE(ImageDecoder):
                              f"raw [B, {LATENT_CHANNELS}, H, W], got {got}; is this latent from another model?")
         return super().decode(latents, tile, overlap, progress, check)
 
+    def whole_bytes(self, latents: torch.Tensor) -> int:
+        """ImageDecoder.whole_bytes of packed [B, 128, h, w] or raw [B, 32, H, W] latents."""
+        b, c, h, w = latents.shape
+        return super().whole_bytes(torch.empty(b, LATENT_CHANNELS, h * PATCH, w * PATCH, device="meta")
+                                   if c == PACKED else latents)
+
     @torch.no_grad()
     def encode(self, image: torch.Tensor) -> torch.Tensor:
         """IMAGE [B, H, W, 3+] in 0..1 -> normalized packed latents [B, 128, H/16, W/16] on the CPU. Sizes not a
