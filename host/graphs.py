@@ -28,6 +28,7 @@ class Settings:
     vae_name: str = "ae.safetensors"
     linears: str = "as stored"  # ours only (docs/nodes.md)
     gpu_budget_gb: float = 0  # ours only: 0 is automatic
+    text_device: str = "default"  # our text encoder loader's device: "cpu" runs the host (f32) encoder
     filename_prefix: str = "swiftdit"
 
 
@@ -37,7 +38,7 @@ def _conditioning(s: Settings) -> dict:
     return {
         TEXT_LOADER: {
             "class_type": "SwiftDiTZImageTextEncoderLoader",
-            "inputs": {"clip_name": s.clip_name, "type": "lumina2", "device": "default"},
+            "inputs": {"clip_name": s.clip_name, "type": "lumina2", "device": s.text_device},
         },
         TEXT_ENCODE: {
             "class_type": "SwiftDiTZImageTextEncode",

@@ -135,6 +135,19 @@ def test_z_image_images_against_stock(gpu_host):
     assert PSNR["ours BF16 vs stock BF16"] > 25 and PSNR["ours INT8 ConvRot vs stock BF16"] > 20
 
 
+def test_z_image_text_encoder_on_the_card_against_the_host(gpu_host):
+    """Our graph with the text encoder on the card (BF16, the default) and on the host (f32, its loader's device
+    "cpu"), the same files and seed: PSNR of the image of the card's encoding against the host's."""
+    images = {}
+    for device in ("cpu", "default"):
+        settings = replace(Z_SETTINGS, unet_name=Z_BF16, text_device=device, filename_prefix=f"z_text_{device}")
+        images[device] = image(gpu_host, run(gpu_host, f"Z-Image ours BF16, text encoder device {device}",
+                                             swiftdit_graph(settings), 8)[0])
+    PSNR["ours BF16, text encoder on the card vs on the host"] = psnr(images["default"], images["cpu"])
+    print(PSNR)
+    assert PSNR["ours BF16, text encoder on the card vs on the host"] > 25
+
+
 def test_flux3_klein_workflow(gpu_host):
     """workflows/api/flux3_klein_t2i.json as it is (1024x1024, 16 steps, step cache 0.3), then a new seed."""
     graph = workflow("api/flux3_klein_t2i.json")
