@@ -9,7 +9,8 @@ tokenized verbatim (reference/families/minimax_h3.md section 8; diffusers' MiniM
 class at another size, so a subclass here rather than a file of its own; with keyframe or reference pictures, each
 prepended as a "<Picture i>: " label and a block of Qwen3-VL vision rows (the file's vision tower, read by
 qwen3_vl_vision.py; ComfyUI's comfy/text_encoders/minimax.py MiniMaxH3Tokenizer; diffusers'
-MiniMaxH3FL2VATextEncoderStep)."""
+MiniMaxH3FL2VATextEncoderStep); a ref2va request's references in packed order with "<Audio j>: " labels and
+"<Video k>: " timestamped video blocks (qwen3_vl_video.py; diffusers' MiniMaxH3Ref2VATextEncoderStep)."""
 from __future__ import annotations
 
 import json
@@ -32,8 +33,10 @@ from .loading import (
     load_tokenizer,
     prompt_too_long,
 )
+from .qwen3_vl_video import PromptReference, read_references
 from .qwen3_vl_vision import (
     IMAGE_PAD_ID,
+    VIDEO_PAD_ID,
     VISION_END_ID,
     VISION_START_ID,
     VisionRows,
@@ -366,25 +369,30 @@ class VerbatimTokenizer:
         return ids
 
     def presentation(self, prompt: str, grids: Sequence[tuple[int, int]] = (), audios: int = 0) -> Presentation:
-        """Per picture (its merged vision grid gh x gw, in order) the text "<Picture i>: " and a vision block
-        (<|vision_start|>, gh * gw image pads, <|vision_end|>), then per reference audio "<Audio j>: " alone (ref2va:
-        a waveform never reaches the encoder), then the prompt (ComfyUI's MiniMaxH3Tokenizer, which labels a
-        request's pictures before its standalone audios; each piece tokenized alone, as there and in diffusers).
-        Tags: text rows H3_TEXT_TAG, a vision block's rows, its start and end included, H3_VISION_TAG. Positions:
-        lay_out_pictures'. A pad token typed in the prompt stays a text row."""
+        """Per picture (its merged vision grid gh x gw, in order) "<Picture i>: " and an image block, then per
+        reference audio "<Audio j>: " alone, then the prompt: shown()'s presentation of those pieces."""
+        pieces = [(f"<Picture {i}>: ", IMAGE_PAD_ID) for i in range(1, len(grids) + 1)]
+        return self.shown(prompt, pieces + [(f"<Audio {j}>: ", None) for j in range(1, audios + 1)], grids)
+
+    def shown(self, prompt: str, pieces: Sequence[tuple[str, int | None]],
+              grids: Sequence[tuple[int, int]]) -> Presentation:
+        """The pieces (text, pad) in order, each text tokenized alone (as ComfyUI's MiniMaxH3Tokenizer and diffusers
+        do) and followed, when pad is IMAGE_PAD_ID or VIDEO_PAD_ID, by a vision block (<|vision_start|>, gh * gw
+        pads of the next grid, <|vision_end|>), then the prompt (read_references' pieces: diffusers'
+        _build_presentation). Tags: text rows H3_TEXT_TAG, a vision block's rows, its start and end included,
+        H3_VISION_TAG. Positions: lay_out_pictures'. A pad token typed in the prompt stays a text row."""
         ids, tags = [], []
-        for i in range(1, len(grids) + 1):
-            label = self.segment(f"<Picture {i}>: ")
-            ids += label + [VISION_START_ID, IMAGE_PAD_ID, VISION_END_ID]
-            tags += [H3_TEXT_TAG] * len(label) + [H3_VISION_TAG] * 3
-        for j in range(1, audios + 1):
-            label = self.segment(f"<Audio {j}>: ")
+        for text, pad in pieces:
+            label = self.segment(text)
             ids += label
             tags += [H3_TEXT_TAG] * len(label)
-        prompt_ids = self.segment(prompt) if grids or audios else self(prompt)
+            if pad is not None:
+                ids += [VISION_START_ID, pad, VISION_END_ID]
+                tags += [H3_VISION_TAG] * 3
+        prompt_ids = self.segment(prompt) if pieces else self(prompt)
         ids += prompt_ids
         tags += [H3_TEXT_TAG] * len(prompt_ids)
-        laid = lay_out_pictures(ids, grids)
+        laid = lay_out_pictures(ids, grids, (IMAGE_PAD_ID, VIDEO_PAD_ID))
         return Presentation(laid.ids, [tags[i] for i in laid.source], laid.positions, laid.vision)
 
 
@@ -459,12 +467,21 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
                       check: Callable[[], None] | None = None, audios: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [1, Nt, hidden] f32, tags [Nt] int64) of the prompt after its pictures (ComfyUI IMAGE tensors
         [1, H, W, 3] in [0, 1], as MiniMaxH3ImageToVideo passes them to clip.tokenize: already on the canvas; in
-        order, "<Picture 1>" first) and `audios` reference audio labels (ref2va): VerbatimTokenizer.presentation's
-        rows, tags H3_TEXT_TAG for text and H3_VISION_TAG for a vision block's rows. Without pictures and audios the
-        rows are encode(prompt)'s. check() before each picture and each layer."""
-        grids, embeds, deepstack = read_pictures(self.vision, images, self.no_vision, check)
-        shown = self.tokenizer.presentation(prompt, grids, audios)
-        vision = VisionRows(shown.vision, embeds, deepstack) if images else None
+        order, "<Picture 1>" first) and `audios` reference audio labels: encode_references' rows of those."""
+        references = [PromptReference("image", image) for image in images] + [PromptReference("audio")] * audios
+        return self.encode_references(prompt, references, check)
+
+    @torch.no_grad()
+    def encode_references(self, prompt: str, references: Sequence[PromptReference] = (),
+                          check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows [1, Nt, hidden] f32, tags [Nt] int64) of the prompt after a request's references in packed order
+        (images, videos and audios as diffusers' MiniMaxH3Ref2VATextEncoderStep presents them: read_references'
+        labels, image blocks and timestamped video blocks from the vision tower); tags H3_TEXT_TAG for text and
+        H3_VISION_TAG for a vision block's rows. Without references the rows are encode(prompt)'s. check() before
+        each image, each video and each layer."""
+        read = read_references(self.vision, references, self.no_vision, check)
+        shown = self.tokenizer.shown(prompt, read.pieces, read.grids)
+        vision = VisionRows(shown.vision, read.embeds, read.deepstack) if read.embeds is not None else None
         rows = self.hidden_states(shown.ids, positions=shown.positions[:, None].to(self.device), check=check,
                                   vision=vision)[0]
         return rows.float(), torch.tensor(shown.tags, dtype=torch.long)

@@ -16,7 +16,7 @@ from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
 from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
 
 # Qwen3-VL's vision tokens (transformers' Qwen3VLConfig; the same ids in ComfyUI's qwen25_tokenizer).
-VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID = 151652, 151653, 151655
+VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = 151652, 151653, 151655, 151656
 # Picture preprocessing as ComfyUI's Qwen3VL.preprocess_embed calls comfy/text_encoders/qwen_vl.py
 # process_qwen2vl_images: resized (bilinear) so each side is a multiple of patch x merge, with at least MIN and at
 # most MAX pixels, then mapped from [0, 1] to [-1, 1]. diffusers' Qwen3-VL processor keeps the same grid rule with
@@ -133,11 +133,13 @@ class PictureLayout(NamedTuple):
     source: list[int]
 
 
-def lay_out_pictures(ids: list[int], grids: Sequence[tuple[int, int]]) -> PictureLayout:
-    """The first len(grids) IMAGE_PAD_IDs of ids, in order, each made its picture's gh * gw pads (merged grid gh x gw;
-    later pads stay text rows). Positions as transformers' Qwen3VLModel.get_rope_index and ComfyUI's
+def lay_out_pictures(ids: list[int], grids: Sequence[tuple[int, int]],
+                     pads: tuple[int, ...] = (IMAGE_PAD_ID,)) -> PictureLayout:
+    """The first len(grids) pads of ids (IMAGE_PAD_ID; with VIDEO_PAD_ID in pads, a video's blocks too), in order, each
+    made its block's gh * gw pads of its kind (merged grid gh x gw; later pads stay text rows). Positions as transformers' Qwen3VLModel.get_rope_index and ComfyUI's
     qwen2vl_mrope_position_ids give them: a text row at cursor c is (c, c, c) and moves it by 1; a picture's rows
-    are (c, c + row, c + column) and move it by max(gh, gw)."""
+    are (c, c + row, c + column) and move it by max(gh, gw); a video's blocks each so (transformers splits a video's
+    grid into blocks of one temporal step each, as its timestamps separate them)."""
     out, positions, vision, source = [], [], [], []
     cursor, pictures = 0, iter(grids)
     text_from = 0  # the first id of the text run not yet laid out
@@ -152,13 +154,13 @@ def lay_out_pictures(ids: list[int], grids: Sequence[tuple[int, int]]) -> Pictur
         cursor += n
 
     for i, token in enumerate(ids):
-        grid = next(pictures, None) if token == IMAGE_PAD_ID else None
+        grid = next(pictures, None) if token in pads else None
         if grid is None:
             continue
         text_until(i)
         rows, cols = (a.reshape(-1) for a in torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]),
                                                             indexing="ij"))
-        out.extend([IMAGE_PAD_ID] * rows.numel())
+        out.extend([token] * rows.numel())
         positions.append(cursor + torch.stack([torch.zeros_like(rows), rows, cols]))
         vision.extend([True] * rows.numel())
         source.extend([i] * rows.numel())
