@@ -13,6 +13,7 @@ from ..dit_core.sampling.ksampler import SAMPLERS as KSAMPLERS
 from ..dit_core.sampling.minimax_h3 import AUDIO_SHIFT, VIDEO_SHIFT, comfy_h3_sigmas, sample_t2va
 from ..dit_core.sampling.schedules import SCHEDULERS
 from ..dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
+from ..dit_core.text.qwen3_vl_video import PromptReference
 from .base import (FileHandle, SwiftDiTError, checked, dit_loader, interrupt_check, text_conditioning,
                    text_encoder_loader)
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
@@ -62,11 +63,16 @@ def prompt_conditioning(clip: FileHandle, text: str) -> list:  # rows [1, Nt, 51
     return text_conditioning(load_text_encoder(clip).encode(text, interrupt_check))
 
 
-def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tensor], audios: int = 0) -> list:
+def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tensor]) -> list:
     """The prompt after its pictures ("<Picture i>: " and the vision rows, as ComfyUI's H3 tokenizer presents
-    keyframes and reference images) and reference audios ("<Audio j>: "): the rows, and their modality tags in the
-    entry's `text_token_tags` (vision rows: video's)."""
-    rows, tags = load_text_encoder(clip).encode_tagged(text, pictures, interrupt_check, audios)
+    keyframes): references_conditioning's."""
+    return references_conditioning(clip, text, [PromptReference("image", picture) for picture in pictures])
+
+
+def references_conditioning(clip: FileHandle, text: str, references: list[PromptReference]) -> list:
+    """The prompt after a ref2va request's references in order (images, videos, audios: diffusers' presentation,
+    encode_references): the rows, and their modality tags in the entry's `text_token_tags` (vision rows: video's)."""
+    rows, tags = load_text_encoder(clip).encode_references(text, references, interrupt_check)
     conditioning = text_conditioning(rows)
     conditioning[0][1]["text_token_tags"] = tags
     return conditioning
@@ -126,7 +132,7 @@ class MiniMaxH3ImageToVideo(io.ComfyNode):  # MiniMaxH3ImageToVideo's inputs and
 
 
 class MiniMaxH3ReferenceToVideo(ReferenceToVideoNode):  # nodes/minimax_h3_references.py, with the prompt's text
-    conditioning = staticmethod(pictures_conditioning)
+    conditioning = staticmethod(references_conditioning)
 
 
 class MiniMaxH3Sampler(SamplerNode):

@@ -1,6 +1,7 @@
 """MiniMax H3 Reference To Video (ref2va; ComfyUI's MiniMaxH3ReferenceToVideo): reference images, videos with their
 soundtracks and standalone audios, encoded as the positive's `minimax_refs` blocks in ComfyUI's order (images,
-videos, audios). nodes/minimax_h3.py registers the node, binding the prompt's conditioning (its text encoder)."""
+videos, audios), and shown to the text encoder in that order as diffusers' ref2va presentation does (a video's frames
+at 2 fps). nodes/minimax_h3.py registers the node, binding the prompt's conditioning (its text encoder)."""
 from __future__ import annotations
 
 import comfy.utils
@@ -9,6 +10,7 @@ from comfy_api.latest import io
 
 from ..dit_core.families.minimax_h3_layout import (reference_image_size, reference_video_frames,
                                                    reference_video_size)
+from ..dit_core.text.qwen3_vl_video import VIDEO_SAMPLE_FPS, PromptReference, sampled_frames
 from . import minimax_h3_codecs as codecs  # its encoder loaders read at call time (tests swap them)
 from .base import SwiftDiTError, checked, interrupt_check
 from .minimax_h3_codecs import CATEGORY, CONDITIONING_OUTPUTS, canvas_inputs, empty_av_latent, vae_for
@@ -52,19 +54,23 @@ def audio_reference(node: str, name: str, audio: dict, audio_vae, blocks: list) 
 
 
 def video_reference(node: str, name: str, frames: torch.Tensor, soundtrack: dict | None, length: int, vae,
-                    audio_vae, blocks: list) -> None:
+                    audio_vae, blocks: list) -> PromptReference:
     """A reference video (IMAGE frames at 24 fps) as MiniMaxH3ReferenceToVideo takes it: resized to its own canvas
     (reference_video_size), cut to the target's length and down to 17n + 5 frames; with the video VAE its latent
     [1, C, 5n + 2, h, w] joins blocks, with its soundtrack's latent when that and the audio VAE are wired (a
-    "video_audio" block: the soundtrack's rows, then the frames', from one origin)."""
+    "video_audio" block: the soundtrack's rows, then the frames', from one origin). Returns what the text encoder
+    reads of it: the frames cut to length (not to 17n + 5, as diffusers' presentation), those read at 2 fps alone
+    resized (the resize is per frame), and whether a soundtrack labels it."""
     if not isinstance(frames, torch.Tensor) or frames.dim() != 4:
         raise SwiftDiTError(f"{node} · {name}: IMAGE frames [F, H, W, 3] (a video's frames, e.g. from Load Video's "
                             f"components), got {type(frames).__name__}")
     with checked(node, name):
         count = reference_video_frames(frames.shape[0], length)
         height, width = reference_video_size(frames.shape[1], frames.shape[2])
+        read, _ = sampled_frames(min(frames.shape[0], length))
+    shown = PromptReference("video", resized(frames[read], height, width), soundtrack is not None, VIDEO_SAMPLE_FPS)
     if vae_for(node, "vae", vae, "video") is None:
-        return
+        return shown
     pixels = resized(frames[:count], height, width)
     with checked(node, name):
         z = codecs.load_video_encoder(vae).encode(pixels, tile=None, check=interrupt_check)
@@ -74,10 +80,11 @@ def video_reference(node: str, name: str, frames: torch.Tensor, soundtrack: dict
     blocks.append({"kind": "video_audio" if sound is not None else "video", "latent_t": z.shape[2],
                    "latent_h": height // 16, "latent_w": width // 16, "ref_audio_t": 0 if sound is None else
                    sound.shape[-1], "latent": z, "audio_latent": sound})
+    return shown
 
 
 class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs and outputs
-    """The node less the prompt's conditioning(clip, prompt, pictures, audios), which its subclass binds."""
+    """The node less the prompt's conditioning(clip, prompt, references), which its subclass binds."""
     NODE_ID = "SwiftDiTMiniMaxH3ReferenceToVideo"
 
     @classmethod
@@ -85,10 +92,10 @@ class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs 
         vae = "Optional: the {} VAE, from the MiniMax H3 {}VAE Loader; without it the references {} only the text"
         return io.Schema(
             node_id=cls.NODE_ID, display_name="MiniMax H3 Reference To Video (SwiftDiT)", category=CATEGORY,
-            description="The prompt after its reference images (<Picture i>) and audios (<Audio j>, a video's "
-                        "soundtrack first), the references encoded as conditions (images, videos with their "
-                        "soundtracks, audios), and the empty AV latent, as MiniMaxH3ReferenceToVideo. A reference "
-                        "video conditions the model; the text encoder does not see its frames (no <Video k> block).",
+            description="The prompt after its references in order: images (<Picture i>), videos (<Video k> and "
+                        "a timestamped block a frame pair at 2 fps, after its soundtrack's <Audio j>), audios "
+                        "(<Audio j>); the references encoded as conditions (images, videos with their soundtracks, "
+                        "audios), and the empty AV latent, as MiniMaxH3ReferenceToVideo.",
             inputs=[TextEncoder.Input("clip", tooltip="The MiniMax H3 text encoder, from its Text Encoder Loader"),
                     Vae.Input("vae", optional=True, tooltip=vae.format("video", "", "images and videos condition")),
                     Vae.Input("audio_vae", optional=True, tooltip=vae.format("audio", "Audio ", "audios label")),
@@ -99,8 +106,9 @@ class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs 
                     *[io.Image.Input(f"ref_image_{i}", optional=True, tooltip=f"Reference image <Picture {i + 1}>")
                       for i in range(REFERENCE_IMAGES)],
                     *[io.Image.Input(f"ref_video_{i}", optional=True,
-                                     tooltip="Reference video frames at 24 fps (at least 5; cut to length, then to "
-                                             "17n + 5)") for i in range(REFERENCE_VIDEOS)],
+                                     tooltip="Reference video frames at 24 fps (at least 13: the text encoder "
+                                             "reads 2 fps pairs; cut to length, then to 17n + 5)")
+                      for i in range(REFERENCE_VIDEOS)],
                     *[io.Audio.Input(f"ref_video_audio_{i}", optional=True,
                                      tooltip=f"The soundtrack of ref_video_{i}, at 32 kHz")
                       for i in range(REFERENCE_VIDEOS)],
@@ -110,27 +118,28 @@ class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs 
     @classmethod
     def execute(cls, clip, prompt, width, height, length, ref_image_size="match", vae=None, audio_vae=None,
                 **references) -> io.NodeOutput:
-        node, blocks, pictures, audios = cls.NODE_ID, [], [], 0
+        node, blocks, shown = cls.NODE_ID, [], []  # shown: the references the prompt shows, in blocks' order
         latent = empty_av_latent(node, width, height, length)
         for name in (f"ref_image_{i}" for i in range(REFERENCE_IMAGES)):
             if (image := references.get(name)) is not None:
                 with checked(node, "ref_image_size"):
                     size = reference_image_size(image.shape[1], image.shape[2], height, width, ref_image_size)
-                pictures.append(image_reference(node, name, image, size, vae, len(pictures), blocks))
+                pixels = image_reference(node, name, image, size, vae, len(shown), blocks)
+                shown.append(PromptReference("image", pixels))
         for i in range(REFERENCE_VIDEOS):
             frames, soundtrack = references.get(f"ref_video_{i}"), references.get(f"ref_video_audio_{i}")
             if frames is None and soundtrack is not None:
                 raise SwiftDiTError(f"{node} · ref_video_audio_{i}: the soundtrack of ref_video_{i}, which is not "
                                     f"connected; connect its video, or use a ref_audio input for audio alone")
             if frames is not None:
-                audios += soundtrack is not None  # its "<Audio j>" label, as ComfyUI's presentation counts it
-                video_reference(node, f"ref_video_{i}", frames, soundtrack, length, vae, audio_vae, blocks)
+                shown.append(video_reference(node, f"ref_video_{i}", frames, soundtrack, length, vae, audio_vae,
+                                             blocks))
         for name in (f"ref_audio_{i}" for i in range(REFERENCE_AUDIOS)):
             if (audio := references.get(name)) is not None:
-                audios += 1
+                shown.append(PromptReference("audio"))
                 audio_reference(node, name, audio, audio_vae, blocks)
         with checked(node, "prompt"):
-            conditioning = cls.conditioning(clip, prompt, pictures, audios)
+            conditioning = cls.conditioning(clip, prompt, shown)
         if blocks:
             conditioning[0][1]["minimax_refs"] = blocks
         return io.NodeOutput(conditioning, {"samples": latent})
