@@ -221,9 +221,13 @@ def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[C
     device = engine_device()
     if device.type != "cuda":
         return
-    builds = LOADED.attached(model_kind, "builds", AheadBuilds)
+    builds = LOADED.attached(model_kind, "builds", lambda: AheadBuilds(
+        cancels=(comfy.model_management.InterruptProcessingException,)))
+
+    ran = []
 
     def first_step():
+        ran.append(True)
         run = sampling()
         if run is None:
             return
@@ -233,8 +237,11 @@ def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[C
         except SamplingCancelled:
             pass
 
-    if builds.once(key, first_step, device) is not None:
-        LOADED.clear_companions(model_kind)
+    try:
+        builds.once(key, first_step, device)
+    finally:  # also after a Cancel within it
+        if ran:
+            LOADED.clear_companions(model_kind)
 
 
 def conditioning_rows(node_id: str, input_name: str, conditioning) -> list:

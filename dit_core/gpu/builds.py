@@ -76,6 +76,7 @@ class AheadBuilds:
     """build_ahead once per key (a step's input shapes) for a loaded model: later prompts of the same shapes find
     their kernels built and pay nothing."""
     threads: int | None = None
+    cancels: tuple[type[BaseException], ...] = ()  # raised on (a Cancel); any other error leaves the step to build
     done: dict[Hashable, Built] = field(default_factory=dict)
 
     def clear(self) -> None:
@@ -86,6 +87,8 @@ class AheadBuilds:
             return None
         try:
             built = build_ahead(step, device, self.threads)
+        except self.cancels:
+            raise
         except Exception as e:  # noqa: BLE001 - a build ahead is an optimization: the step builds as it runs
             built = Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
         self.done[key] = built

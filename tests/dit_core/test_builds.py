@@ -37,3 +37,19 @@ def test_a_step_built_ahead_equals_the_step_built_as_it_ran(capsys):
     said = capsys.readouterr().out
     print(said)
     assert said.count("bit for bit: True") == 2, said
+
+
+def test_a_cancel_within_goes_through_and_is_not_remembered():
+    class Cancelled(Exception):
+        pass
+
+    def cancelled():
+        raise Cancelled
+
+    builds = AheadBuilds(cancels=(Cancelled,))
+    with pytest.MonkeyPatch.context() as mp:  # as on a Hopper GPU: the dry run runs
+        mp.setattr("dit_core.gpu.builds.build_ahead", lambda step, device, threads: step())
+        with pytest.raises(Cancelled):
+            builds.once("key", cancelled, torch.device("cpu"))
+        assert "key" not in builds.done
+        assert builds.once("key", lambda: (_ for _ in ()).throw(ValueError("garbage")), torch.device("cpu")).refused
