@@ -164,3 +164,32 @@ def test_videos_need_the_vision_tower(encoder, media):
     assert torch.equal(rows, encoder.encode_tagged("x", audios=1)[0]) and tags.tolist().count(VIDEO) == 0
     with pytest.raises(WeightsError, match=r"file\.safetensors: none; cannot read the 1 video\(s\) given"):
         no_tower.encode_references("x", [PromptReference("video", media["video"].float() / 255)])
+
+
+def test_frames_read_beforehand_give_the_same_rows(encoder, media):
+    """The node passes only the frames read at 2 fps (fps=2.0: each read again, at i / 2 s): the same rows."""
+    frames = media["video"].float() / 255
+    read, _ = sampled_frames(frames.shape[0])
+    full = encoder.encode_references("x", [PromptReference("video", frames, True)])
+    sampled = encoder.encode_references("x", [PromptReference("video", frames[read], True, 2.0)])
+    assert torch.equal(full[0], sampled[0]) and torch.equal(full[1], sampled[1])
+
+
+def test_cancel_before_each_reference_read_and_layer(encoder, media):
+    _, ours = requests(media, "image,audio,video")
+    calls = []
+    encoder.encode_references("x", ours, lambda: calls.append(1))
+    assert len(calls) == 2 + TINY_LAYER  # the image, the video, then each layer
+
+
+def test_typed_video_pad_stays_text(encoder, media):
+    _, ours = requests(media, "video")
+    rows, tags = encoder.encode_references("a <|video_pad|> b", ours)
+    typed = encoder.tokenize("a <|video_pad|> b")
+    assert VIDEO_PAD_ID in typed and tags[-len(typed):].tolist() == [TEXT] * len(typed)
+    assert torch.isfinite(rows).all()
+
+
+def test_unknown_kind_is_refused(encoder):
+    with pytest.raises(ValueError, match="an image, a video or an audio, got kind 'music'"):
+        encoder.encode_references("x", [PromptReference("music")])
