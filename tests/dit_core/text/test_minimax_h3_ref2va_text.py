@@ -35,13 +35,22 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def encoder(reference, tmp_path_factory):
+def tiny_file(reference, tmp_path_factory):
     path = tmp_path_factory.mktemp("h3_ref2va_text") / "qwen3vl_tiny.safetensors"
     save_file(qwen3_vl_layout(reference, "comfy"), str(path))
+    return path
+
+
+def load(path, **kw):
     return MiniMaxH3TextEncoder.load(path, TOKENIZER_DIR, layer=TINY_LAYER,
                                      expected_hidden=QWEN3_VL_TEXT_TINY["hidden_size"],
                                      vision_heads=QWEN3_VL_VISION_TINY["num_heads"],
-                                     deepstack_layers=tuple(QWEN3_VL_VISION_TINY["deepstack_visual_indexes"]))
+                                     deepstack_layers=tuple(QWEN3_VL_VISION_TINY["deepstack_visual_indexes"]), **kw)
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_file):
+    return load(tiny_file)
 
 
 @pytest.fixture(scope="module")
@@ -193,3 +202,15 @@ def test_typed_video_pad_stays_text(encoder, media):
 def test_unknown_kind_is_refused(encoder):
     with pytest.raises(ValueError, match="an image, a video or an audio, got kind 'music'"):
         encoder.encode_references("x", [PromptReference("music")])
+
+
+@pytest.mark.gpu
+def test_on_the_card_matches_the_host(tiny_file, encoder, media):
+    """The encoder on CUDA (f32; the patch embedding's conv without TF32) gives the host's rows and tags: the frames
+    are resized on the host either way."""
+    card = load(tiny_file, device="cuda")
+    _, ours = requests(media, "image,video,audio", "video_off_grid")
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        rows, tags = card.encode_references(PROMPT, ours)
+    want_rows, want_tags = encoder.encode_references(PROMPT, ours)
+    assert torch.equal(tags, want_tags) and rel_err(rows.cpu(), want_rows) <= 1e-4
