@@ -190,7 +190,7 @@ class ZImage:
         blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))
         context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))
         noise, main = blocks("noise_refiner", a.refiner), blocks("layers", a.layers)
-        return ZImage(
+        model = ZImage(
             arch=a, time=(lin("t_embedder.mlp.0"), lin("t_embedder.mlp.2")),
             cap_norm=read_tensor(ckpt, f"{p}cap_embedder.0.weight", (a.text_dim,)), cap_in=lin("cap_embedder.1"),
             image_in=lin("x_embedder"), image_pad=read_tensor(ckpt, f"{p}x_pad_token", (1, a.hidden)),
@@ -203,6 +203,8 @@ class ZImage:
             # In-memory sources (TensorSource) are not kept: the files would hold their tensors alive.
             files=() if isinstance(ckpt, TensorSource) else
             tuple(_stored_tensors(ckpt, f"{p}layers.{i}.", bool(loras)) for i in range(a.layers)))
+        ckpt.release()  # kept in `files` for staging, which reads the file without its map
+        return model
 
     def to(self, device: str | torch.device, budget_bytes: int | Callable[[int], int] | None = None,
            options=None) -> ZImage:

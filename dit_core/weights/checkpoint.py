@@ -70,7 +70,15 @@ class Checkpoint:
         self._entry(name)
         if self.check is not None:
             self.check()
+        if self._file is None:
+            self._file = safe_open(str(self.path), framework="pt", device="cpu")
         return self._file.get_tensor(name)
+
+    def release(self) -> None:
+        """Drops the file's memory map: every page a load read stays counted in the process's resident memory while
+        it is mapped (a model that keeps this file for later reads would hold a file's worth); get() maps it
+        again, read_into() never needs it."""
+        self._file = None
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         """Tensor name's stored bytes read from the file straight into out (uint8 host memory of exactly its

@@ -353,3 +353,14 @@ def test_bad_layers_raise(tmp_path):
         with pytest.raises(WeightsError) as err:
             read_linear(ckpt, LAYER)
         assert f"{name}.safetensors" in str(err.value) and problem in str(err.value), str(err.value)
+
+
+def test_a_released_checkpoint_maps_its_file_again_on_the_next_read(tmp_path):
+    """Z-Image keeps its file for staging: its map is dropped after the load (its pages would count in the process's
+    resident memory) and a later read maps it again."""
+    path = tmp_path / "m.safetensors"
+    save_file({"a": torch.arange(6.0).reshape(2, 3)}, str(path))
+    ckpt = Checkpoint(path)
+    first = ckpt.get("a")
+    ckpt.release()
+    assert ckpt._file is None and torch.equal(ckpt.get("a"), first)
