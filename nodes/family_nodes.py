@@ -280,8 +280,9 @@ class SamplerNode(io.ComfyNode):
                                                                        text_rows, steps, passes,
                                                                        say=lambda text: show_on_node(cls, text)))
         cls.loaded(dit, r)
-        build_ahead_of_sampling("dit", (cls.FAMILY, tuple(latent.shape), tuple(pos.shape), tuple(neg.shape), passes),
-                                lambda: cls.sampling(dit, r))
+        # Keyed on the image's shape, not the prompt's length: a new prompt should not pay a dry step (a kernel a new
+        # length might still need builds as the step reaches it).
+        build_ahead_of_sampling("dit", (cls.FAMILY, tuple(latent.shape), passes), lambda: cls.sampling(dit, r))
         run = cls.sampling(dit, r)
         if run is None:
             return io.NodeOutput(latent_image)
