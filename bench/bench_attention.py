@@ -41,6 +41,29 @@ def rows(m: int, heads: int, seed: int, normed: bool) -> torch.Tensor:
     return x.reshape(m, heads * ka.HEAD).to(torch.bfloat16)
 
 
+def first_calls(heads: int = 30, image_rows: int = 4096) -> None:
+    """What a new prompt's length costs SDPA: each back end's first call at a row count it has not seen (cuDNN builds
+    and caches an execution plan per shape) against its next call, for the caption alone (the context refiner) and
+    the joint rows."""
+    import time
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {heads} heads x 128, bf16\n")
+    print("| back end | rows | first call ms | next call ms |\n|---|---|---|---|")
+    for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION):
+        for caption in (64, 96, 160, 288):
+            for m in (caption, image_rows + caption):
+                q = torch.randn(1, heads, m, 128, device="cuda", dtype=torch.bfloat16)
+                times = []
+                for _ in range(2):
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    with sdpa_kernel([backend]):
+                        F.scaled_dot_product_attention(q, q, q)
+                    torch.cuda.synchronize()
+                    times.append((time.perf_counter() - t0) * 1e3)
+                print(f"| {backend.name} | {m} | {times[0]:.2f} | {times[1]:.2f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["24x4608", "56x15911"],
@@ -48,9 +71,14 @@ def main() -> None:
     p.add_argument("--stages", type=int, nargs="*", default=[ka.STAGES], help="attention_int8's ring slots")
     p.add_argument("--tiles", nargs="*", default=TILES, help="attention_8bit's tiles: BLOCK_MxBLOCK_NxWARPSxSTAGES")
     p.add_argument("--seconds", type=float, default=1.0, help="sustained load a case, after as long a warm-up")
+    p.add_argument("--first-calls", action="store_true",
+                   help="instead: the first and a later call of cuDNN and flash SDPA at each new row count of a new "
+                        "prompt's length (Z-Image: 30 heads, 4096 image rows + captions padded to 32)")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_attention needs a CUDA GPU")
+    if args.first_calls:
+        return first_calls()
     energy = energy_reader(torch.device("cuda", torch.cuda.current_device()))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; heads x 128\n")
     print("| heads | rows | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n"

@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice ltx25 first_step
+#          text_encoders omnivoice ltx25 first_step attention_first_calls
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -73,6 +73,7 @@ for part in $parts; do
     gemm_sweep) timeout 420 python3 tests/kernels/bench_int8_linear.py --runs 20 --gemm-sweep ;;
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
+    attention_first_calls) timeout 120 python3 bench/bench_attention.py --first-calls ;;
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
