@@ -27,17 +27,20 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Built:
-    """What build_ahead did: kernels built, seconds (dry run and builds), threads, and why nothing was built when
-    it could not run here (None otherwise)."""
+    """What build_ahead did: kernels built, seconds (dry run and builds), threads, why nothing was built when it
+    could not run here, and the error that stopped the dry step early (its kernels up to there were built)."""
     kernels: int
     seconds: float
     threads: int = 0
     refused: str | None = None
+    stopped: str | None = None
 
 
-def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None) -> Built:
+def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None,
+                cancels: tuple[type[BaseException], ...] = ()) -> Built:
     """step()'s Triton kernels built at once on `threads` threads (default: the machine's cores, at most 16), before
-    step runs for real; step must depend on nothing but its shapes to run (its outputs are garbage)."""
+    step runs for real; step must depend on nothing but its shapes to run (its outputs are garbage). An error of the
+    step is kept in `stopped`, except `cancels` (e.g. ComfyUI's interrupt), which are raised."""
     t0 = time.perf_counter()
     if device.type != "cuda" or not kernels().fixed_tiles_here(device):
         return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
@@ -53,14 +56,19 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         return True  # "handled": nothing compiles and nothing launches
 
     previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hold
+    stopped = None
     try:
         with torch.no_grad():
             step()
         torch.cuda.synchronize(device)
+    except cancels:
+        raise
+    except Exception as e:  # noqa: BLE001 - garbage values may trip a check of the step's own
+        stopped = f"{type(e).__name__}: {e}"
     finally:
         knobs.runtime.jit_cache_hook = previous
     if not held:
-        return Built(0, time.perf_counter() - t0)
+        return Built(0, time.perf_counter() - t0, stopped=stopped)
     threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
     # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
     # the error where the kernel's caller falls back (kernels/gluon_builds.py).
@@ -68,7 +76,7 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
             AsyncCompileMode(pool, ignore_errors=True):
         for jit_function, specialization in held.values():
             jit_function.preload(specialization)
-    return Built(len(held), time.perf_counter() - t0, threads)
+    return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
 
 
 @dataclass
@@ -86,15 +94,16 @@ class AheadBuilds:
         if key in self.done:
             return None
         try:
-            built = build_ahead(step, device, self.threads)
+            built = build_ahead(step, device, self.threads, self.cancels)
         except self.cancels:
             raise
         except Exception as e:  # noqa: BLE001 - a build ahead is an optimization: the step builds as it runs
             built = Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
         self.done[key] = built
         if built.kernels:
-            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)",
-                     built.kernels, built.seconds, built.threads)
+            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)%s",
+                     built.kernels, built.seconds, built.threads,
+                     f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
         elif built.refused:
             log.info("SwiftDiT: kernels build as the first step runs (%s)", built.refused)
         return built

@@ -48,7 +48,7 @@ def test_a_cancel_within_goes_through_and_is_not_remembered():
 
     builds = AheadBuilds(cancels=(Cancelled,))
     with pytest.MonkeyPatch.context() as mp:  # as on a Hopper GPU: the dry run runs
-        mp.setattr("dit_core.gpu.builds.build_ahead", lambda step, device, threads: step())
+        mp.setattr("dit_core.gpu.builds.build_ahead", lambda step, device, threads, cancels: step())
         with pytest.raises(Cancelled):
             builds.once("key", cancelled, torch.device("cpu"))
         assert "key" not in builds.done
