@@ -153,14 +153,16 @@ class Block:
         if not all(isinstance(self.w[i], Linear) for i in LINEARS):
             raise ValueError("Block.w[QKV..DOWN] must be Linears")
 
-    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry=None, options=None) -> torch.Tensor:
+    def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry=None, options=None,
+                shards=None) -> torch.Tensor:
         """x + gate (attention of the modulated norm), then the same with the MLP; x [rows, hidden] (f32/f64).
         With POST_ATTN/POST_MLP (Z-Image's sandwich norms) each branch output is normed before its gate. carry:
         the GPU block's norm statistics between blocks (block_gpu.NormStats); here nothing is carried. options: the
-        GPU block's (dit_core/gpu/options.py); none here."""
+        GPU block's (dit_core/gpu/options.py); none here. shards: x and s are this rank's share of the rows and
+        attention runs across the ranks (dit_core/parallel/shards.py SequenceShards); None: all rows here."""
         w = self.w
         h = modulated_norm(a, x, w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        o = self.attend(a, h, s)
+        o = self.attend(a, h, s, shards=shards)
         if w[POST_ATTN] is not None:
             o = rms_norm(o, w[POST_ATTN], a.eps)
         x = x + m.attn_gate.to(x.dtype)[s.map] * o
@@ -172,28 +174,29 @@ class Block:
 
     def parallel(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence,
                  keys_values: Callable | None = None, keep_input: bool = True, carry=None,
-                 options=None) -> torch.Tensor:
+                 options=None, shards=None) -> torch.Tensor:
         """The parallel block (FLUX.3's mode and joint blocks): one modulated norm h feeds attention and the
         MLP side by side, x + gate (Attn(h) + MLP(h)); no tanh, no sandwich norms. Reads only m's attn_shift,
         attn_scale and attn_gate (reference/families/flux3_klein.md section 3, blocks). keys_values(k, v) ->
         (k, v), when given, sees the rows' normed and rotated keys and values before attention and may record
         or extend them (dit_core/sampling/step_cache.py RefSlots). keep_input False lets the GPU block update
-        x in place (no copy of the rows); here the result is always a new tensor. carry, options: as forward's
-        (nothing carried here)."""
+        x in place (no copy of the rows); here the result is always a new tensor. carry, options, shards: as
+        forward's (nothing carried here)."""
         h = modulated_norm(a, x, self.w[NORM1], m.attn_shift, m.attn_scale, s.map)
-        o = self.attend(a, h, s, keys_values)
+        o = self.attend(a, h, s, keys_values, shards)
         d = mlp(h, self.w[UP], self.w[DOWN], a.mlp)
         return x + m.attn_gate.to(x.dtype)[s.map] * (o + d)
 
-    def attend(self, a: Arch, h: torch.Tensor, s: Sequence, keys_values: Callable | None = None) -> torch.Tensor:
+    def attend(self, a: Arch, h: torch.Tensor, s: Sequence, keys_values: Callable | None = None,
+               shards=None) -> torch.Tensor:
         """The self-attention piece of the normed rows h: fused QKV, head norms and rotary, attention in s's
-        groups, the sigmoid gate where QKV yields one, OUT. keys_values as parallel's."""
+        groups, the sigmoid gate where QKV yields one, OUT. keys_values, shards as parallel's and forward's."""
         w = self.w
         q, k, v, gate = split_qkv(a, linear(h, w[QKV]).to(h.dtype))
         q, k = head_norm_rotary(q, w[Q_NORM], a, s), head_norm_rotary(k, w[K_NORM], a, s)
         if keys_values is not None:
             k, v = keys_values(k, v)
-        o = attention(q, k, v, s.group)
+        o = attention(q, k, v, s.group) if shards is None else shards.attention(q, k, v, s.group)
         return linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(h.dtype)
 
     def quantized(self) -> Block:

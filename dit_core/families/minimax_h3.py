@@ -316,13 +316,14 @@ class MiniMaxH3:
                                                                                      a.head))
 
     def velocity(self, video: torch.Tensor, audio: torch.Tensor, txt: torch.Tensor, layout: Layout,
-                 times: torch.Tensor, time_index: torch.Tensor,
-                 check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 times: torch.Tensor, time_index: torch.Tensor, check: Callable[[], None] | None = None,
+                 ranks=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(video velocity [video rows, 4C], audio velocity [audio rows, C_audio]) of one packed sequence: video rows
         [condition + target rows, 4C] (patchify's), audio rows [condition + target rows, C_audio] (channel-major),
         refined text rows txt [Nt, hidden] (text_rows'), the distinct times [nT] (t = 1 - sigma) and each row's
         index into them (row_times'). Condition rows' output is returned too; they are not stepped. check() runs
-        after each block (ComfyUI's cancel within a step)."""
+        after each block (ComfyUI's cancel within a step). ranks: the blocks run sequence-parallel across them
+        (dit_core/parallel: each rank its share of the rows, gathered before the final layer); None: here alone."""
         a = self.arch
         want = (layout.video_rows.shape[0], layout.audio_rows.shape[0], layout.text)
         if (video.shape[0], audio.shape[0], txt.shape[0]) != want:
@@ -335,6 +336,12 @@ class MiniMaxH3:
         x[audio_rows] = linear(audio, self.audio_in).to(x.dtype)
         temb = self.time_rows(times.to(txt.device))
         seq = self.sequence(layout, time_index).to(txt.device)
+        shards = None
+        if ranks is not None:
+            from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
+            shards = SequenceShards.split(ranks, seq.map, (a.heads, a.kv_heads or a.heads))
+            x, seq = shards.take(x), shards.sequence(seq)
+        split = {} if shards is None else {"shards": shards}
         # the next norm's row statistics, carried between GPU blocks where a block's last kernel writes them
         carry = NormStats.of(x) if self.options is None or self.options.carry_norms else None
         for layer in self.blocks:
@@ -344,9 +351,11 @@ class MiniMaxH3:
             x = layer.block.forward(a, x, Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1],
                                                      mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
                                                      attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2]), seq,
-                                    carry, options=self.options)
+                                    carry, options=self.options, **split)
             if check is not None:
                 check()
+        if shards is not None:
+            x = shards.gather(x)
         shift, scale = linear(temb, self.final_modulation).chunk(2, dim=-1)
         index = time_index.long().to(txt.device)
         y = rms_norm(x, self.final_norm, a.final_eps) * (1 + scale[index]) + shift[index]
@@ -358,12 +367,12 @@ class MiniMaxH3:
         return self.velocity(video, audio, self.text_rows(text), layout, times, time_index)
 
     def denoised(self, video: torch.Tensor, audio: torch.Tensor, txt: torch.Tensor, layout: Layout,
-                 sigma_video: float, sigma_audio: float,
-                 check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 sigma_video: float, sigma_audio: float, check: Callable[[], None] | None = None,
+                 ranks=None) -> tuple[torch.Tensor, torch.Tensor]:
         """x0 of the target rows, x + sigma v (H3's velocity points data-ward), each stream at its own sigma; the
-        condition rows come back as given. Rows and txt as velocity's."""
+        condition rows come back as given. Rows, txt and ranks as velocity's."""
         times, index = row_times(layout, 1.0 - sigma_video, 1.0 - sigma_audio)
-        v_video, v_audio = self.velocity(video, audio, txt, layout, times, index, check)
+        v_video, v_audio = self.velocity(video, audio, txt, layout, times, index, check, ranks)
         x0_video = video + sigma_video * v_video.to(video.dtype)
         x0_audio = audio + sigma_audio * v_audio.to(audio.dtype)
         x0_video[:layout.video_conditions] = video[:layout.video_conditions]

@@ -1,0 +1,139 @@
+"""Sequence parallelism of the shared block: a step's packed rows split across ranks, attention by all-to-all over
+heads (Ulysses, arXiv 2309.14509), everything else local to each rank's rows.
+
+A rank holds a share of the rows: every run of rows sharing a modulation row (text, keyframes, references, audio,
+video) is cut into one contiguous piece a rank, the pieces' leftover rows dealt out in turn, so each rank holds about
+1/world of every kind of row and the shares differ by one row at most. Norms, modulation rows, linears and the MLP
+need nothing from other ranks. Attention does: each rank sends every other rank its rows' q, k and v of that rank's
+heads/world heads, attends the whole sequence (in rank order, a permutation of the packed rows: ungrouped attention
+does not see the order of its keys) for its heads, and sends the rows back. Heads that do not divide by the world
+are refused; a ring over key blocks for them is a later step (issue 39).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ..block import attention
+from ..sequence import AngleFactors, Sequence, runs_of
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ranks one step runs on: this process's rank, the world's size, and their process group (None: the
+    default group)."""
+    rank: int
+    world: int
+    group: object = None
+
+    @staticmethod
+    def current(group=None) -> Ranks:
+        """The ranks of the initialised process group `group` (None: the default)."""
+        return Ranks(dist.get_rank(group), dist.get_world_size(group), group)
+
+
+def shares(runs: list[tuple[int, int]], world: int) -> list[torch.Tensor]:
+    """Each rank's rows [n_r] long of the runs (first, end) that cover the rows: every run cut into world contiguous
+    pieces in rank order, a run's leftover rows going to the ranks next in turn (so 1-row runs are dealt round)."""
+    pieces, turn = [[] for _ in range(world)], 0
+    for first, end in runs:
+        base, extra = divmod(end - first, world)
+        start = first
+        for r in range(world):
+            n = base + ((r - turn) % world < extra)
+            pieces[r].append(torch.arange(start, start + n))
+            start += n
+        turn = (turn + extra) % world
+    return [torch.cat(p) if p else torch.zeros(0, dtype=torch.long) for p in pieces]
+
+
+@dataclass(frozen=True)
+class SequenceShards:
+    """One step's rows across the ranks: rows (this rank's, [n_r] long, indexes of the packed rows), counts (every
+    rank's share, in rank order) and order (every rank's rows concatenated in rank order: the row order attention
+    sees)."""
+    ranks: Ranks
+    rows: torch.Tensor
+    counts: tuple[int, ...]
+    order: torch.Tensor
+
+    @staticmethod
+    def split(ranks: Ranks, map_: torch.Tensor, heads: tuple[int, int] | None = None) -> SequenceShards:
+        """The rows of a sequence whose modulation rows are map_ [rows], balanced by its runs (shares). heads:
+        (query heads, key/value heads) of the attention the rows go through, checked here, before any work."""
+        parts = shares([(first, end) for first, end, _ in runs_of(map_.cpu())], ranks.world)
+        shards = SequenceShards(ranks, parts[ranks.rank], tuple(p.numel() for p in parts), torch.cat(parts))
+        if heads is not None:
+            shards.check_heads(*heads)
+        return shards
+
+    @property
+    def total(self) -> int:
+        return self.order.numel()
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the full rows x [rows, ...]."""
+        return x[self.rows.to(x.device)]
+
+    def sequence(self, s: Sequence) -> Sequence:
+        """This rank's rows of s: its map, rotary tables and angles' positions (starts recomputed)."""
+        if s.group:
+            raise ValueError(f"sequence parallel: attention in groups of {s.group} rows cannot split across ranks "
+                             "(the rows of a group would sit on different ranks); run this step on one rank")
+        rows = self.rows.to(s.map.device)
+        angles = None if s.angles is None else AngleFactors(s.angles.positions[rows.to(s.angles.positions.device)],
+                                                            s.angles.freqs, s.angles.ends)
+        return Sequence(s.map[rows], s.cos[rows], s.sin[rows], 0, angles)
+
+    def gather(self, x: torch.Tensor) -> torch.Tensor:
+        """The full rows [total, ...] on every rank from each rank's share x [n_r, ...] (padded to the largest share
+        for all_gather, which wants equal sizes)."""
+        if self.ranks.world == 1:
+            return x
+        most = max(self.counts)
+        padded = x.new_zeros(most, *x.shape[1:])
+        padded[:x.shape[0]] = x
+        parts = [torch.empty_like(padded) for _ in range(self.ranks.world)]
+        dist.all_gather(parts, padded, group=self.ranks.group)
+        out = x.new_empty(self.total, *x.shape[1:])
+        out[self.order.to(x.device)] = torch.cat([p[:n] for p, n in zip(parts, self.counts)])
+        return out
+
+    def check_heads(self, heads: int, key_heads: int) -> None:
+        """Ulysses gives each rank heads/world of the heads: refuse what does not divide."""
+        w = self.ranks.world
+        if heads % w or key_heads % w:
+            raise ValueError(f"sequence parallel over {w} ranks splits attention by heads (Ulysses): {heads} heads "
+                             f"({key_heads} key/value heads) do not divide by {w}; use a number of GPUs that divides "
+                             f"them (a ring over key blocks for this case is not built yet, issue 39)")
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
+                  key_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """block.attention of this rank's rows q [n_r, heads, head], k, v [n_r, key heads, head] against every
+        rank's: all-to-all to [total, heads/world] (each rank its slice of heads), attention, all-to-all back.
+        key_bias [total] in packed order. Returns [n_r, heads x head], as block.attention."""
+        w = self.ranks.world
+        if w == 1:
+            return attention(q, k, v, group, key_bias)
+        if group:
+            raise ValueError(f"sequence parallel: attention in groups of {group} rows cannot split across ranks")
+        n, heads, head = q.shape
+        kh = k.shape[1]
+        self.check_heads(heads, kh)
+        if n != self.rows.numel() or k.shape[0] != n:
+            raise ValueError(f"sequence parallel: rank {self.ranks.rank} holds {self.rows.numel()} rows, got "
+                             f"queries of {n} and keys of {k.shape[0]} (keys from another sequence are not split)")
+        hq, hk = heads // w, kh // w
+        # One buffer to each rank j: [q heads of j | k heads of j | v heads of j] of this rank's rows.
+        send = torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2).transpose(0, 1).contiguous()
+        got = send.new_empty(self.total, hq + 2 * hk, head)
+        dist.all_to_all_single(got, send.reshape(w * n, -1, head), list(self.counts), [n] * w, group=self.ranks.group)
+        gq, gk, gv = got.split([hq, hk, hk], 1)
+        bias = None if key_bias is None else key_bias[self.order.to(key_bias.device)]
+        o = attention(gq, gk, gv, 0, bias).reshape(self.total, hq, head)
+        back = o.new_empty(w * n, hq, head)
+        dist.all_to_all_single(back, o, [n] * w, list(self.counts), group=self.ranks.group)
+        return back.reshape(w, n, hq, head).transpose(0, 1).reshape(n, heads * head)
+

@@ -1,0 +1,14 @@
+"""What a rank runs: a family's step from its file, sequence-parallel across the ranks (launch.run_ranks' fn)."""
+from __future__ import annotations
+
+import torch
+
+from .shards import Ranks
+
+
+def minimax_h3_velocity(ranks: Ranks, path: str, txt: torch.Tensor, video: torch.Tensor, audio: torch.Tensor,
+                        layout, times: torch.Tensor, time_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MiniMaxH3.velocity of one packed sequence with the model loaded from `path` on this rank (host, as stored):
+    every rank holds all the rows' inputs and gets all the rows' outputs; the blocks run on its share."""
+    from ..families.minimax_h3 import MiniMaxH3
+    return MiniMaxH3.load(path).velocity(video, audio, txt, layout, times, time_index, ranks=ranks)

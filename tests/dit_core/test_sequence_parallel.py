@@ -1,0 +1,104 @@
+"""Sequence parallelism of the shared block (dit_core/parallel) on the CPU with gloo, f32: a tiny MiniMax H3 step on
+2 and 4 spawned ranks against the same step in one process; balanced shares; a failing rank; heads that do not
+divide by the world."""
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from conftest import rel_err
+from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
+
+from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times
+from dit_core.parallel import RankFailed, Ranks, SequenceShards, run_ranks, shares
+from dit_core.parallel.steps import minimax_h3_velocity
+from dit_core.sequence import runs_of
+
+C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
+
+
+@pytest.fixture(scope="module")
+def h3_file(tmp_path_factory):
+    pytest.importorskip("diffusers")
+    from safetensors.torch import save_file
+    path = tmp_path_factory.mktemp("h3_parallel") / "h3_f32.safetensors"
+    save_file(minimax_h3_comfy_layout(random_minimax_h3()), path)
+    return path
+
+
+def h3_step(model):
+    """A fl2va pass: 5 text rows, a keyframe, stereo audio, 3 target frames (37 rows: shares of 2 and 4 ranks
+    uneven); rows of three times."""
+    torch.manual_seed(3)
+    layout = packed_layout(5, 3, 4, 6, 4, ("first",))
+    video = torch.randn(layout.video_rows.numel(), 4 * C)
+    audio, text = torch.randn(layout.audio, CA), torch.randn(layout.text, TEXT)
+    txt = model.text_rows(text)
+    return txt, video, audio, layout, *row_times(layout, 0.4, 0.55)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_ranks_give_the_single_process_step(h3_file, world):
+    """velocity on `world` ranks (each loads the file, holds its share of the rows) = one process, f32 rounding."""
+    model = MiniMaxH3.load(h3_file)
+    txt, video, audio, layout, times, index = h3_step(model)
+    want_v, want_a = model.velocity(video, audio, txt, layout, times, index)
+    v, a = run_ranks(world, minimax_h3_velocity, (str(h3_file), txt, video, audio, layout, times, index))
+    assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
+
+
+def test_one_rank_is_the_single_process_step_bit_for_bit(h3_file):
+    model = MiniMaxH3.load(h3_file)
+    txt, video, audio, layout, times, index = h3_step(model)
+    want = model.velocity(video, audio, txt, layout, times, index)
+    got = model.velocity(video, audio, txt, layout, times, index, ranks=Ranks(0, 1))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_shares_are_balanced_by_kind(world):
+    """Every rank holds every kind of row (text, keyframe, audio, video) within one row of its even share, and the
+    shares cover each row once."""
+    layout = packed_layout(5, 3, 4, 6, 4, ("first",))
+    _, index = row_times(layout, 0.4, 0.55)
+    map_ = index * 3 + layout.tags
+    runs = [(first, end) for first, end, _ in runs_of(map_)]
+    parts = shares(runs, world)
+    assert torch.equal(torch.cat(parts).sort().values, torch.arange(layout.rows))
+    counts = [p.numel() for p in parts]
+    assert max(counts) - min(counts) <= 1
+    for first, end in runs:
+        held = [int(((p >= first) & (p < end)).sum()) for p in parts]
+        assert max(held) - min(held) <= 1, (first, end, held)
+    assert all(int((p < layout.text).sum()) >= 1 for p in parts)  # text on every rank, not all on rank 0
+
+
+def test_heads_not_dividing_by_the_world_are_refused():
+    heads, key_heads = MINIMAX_H3_TINY["num_attention_heads"], MINIMAX_H3_TINY["num_attention_heads"]
+    with pytest.raises(ValueError, match=r"4 heads .* do not divide by 3.*ring over key blocks"):
+        SequenceShards.split(Ranks(0, 3), torch.zeros(10, dtype=torch.long), (heads, key_heads))
+
+
+def test_heads_not_dividing_stop_the_ranks(h3_file):
+    """The same refusal from inside the ranks (before any work): the launcher names the rank and the error."""
+    model = MiniMaxH3.load(h3_file)
+    with pytest.raises(RankFailed, match=r"rank \d of 3 failed: ValueError: .*do not divide by 3"):
+        run_ranks(3, minimax_h3_velocity, (str(h3_file), *h3_step(model)))
+
+
+def fail_on(ranks: Ranks, bad: int) -> int:
+    """Rank `bad` raises; the others wait for it in a collective (which would hang without the launcher)."""
+    if ranks.rank == bad:
+        raise RuntimeError(f"rank {bad} gave up on purpose")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return int(t)
+
+
+def test_a_failing_rank_stops_the_others():
+    start = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1 of 2 failed: RuntimeError: rank 1 gave up on purpose") as e:
+        run_ranks(2, fail_on, (1,), timeout_s=60)
+    assert e.value.rank == 1 and "fail_on" in e.value.trace
+    assert time.monotonic() - start < 30
+    assert run_ranks(2, fail_on, (5,)) == 2  # the same function on healthy ranks
