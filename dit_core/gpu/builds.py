@@ -6,13 +6,19 @@ answers that the build is handled, so nothing compiles or runs) and its speciali
 are garbage and dropped, and the kernels already built run on them harmlessly. The recorded kernels are then built
 by Triton's AsyncCompileMode on a thread pool (its compiler and ptxas work outside the GIL) into the kernel caches
 the real step launches from, and into Triton's on-disk cache, so a restart of the same machine builds nothing.
+Where threads do not overlap (the compiler's front end holds the GIL), `processes=True` builds them in worker
+processes instead, each importing the kernels' modules and filling Triton's on-disk cache, from which this process
+then loads them.
 
 Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotune on first use, and an autotuner
 timing held-back launches would keep a wrong tile."""
 from __future__ import annotations
 
+import json
 import logging
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -37,10 +43,11 @@ class Built:
 
 
 def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None,
-                cancels: tuple[type[BaseException], ...] = ()) -> Built:
-    """step()'s Triton kernels built at once on `threads` threads (default: the machine's cores, at most 16), before
-    step runs for real; step must depend on nothing but its shapes to run (its outputs are garbage). An error of the
-    step is kept in `stopped`, except `cancels` (e.g. ComfyUI's interrupt), which are raised."""
+                cancels: tuple[type[BaseException], ...] = (), processes: bool = False) -> Built:
+    """step()'s Triton kernels built at once on `threads` threads or worker processes (default: the machine's cores,
+    at most 16), before step runs for real; step must depend on nothing but its shapes to run (its outputs are
+    garbage). An error of the step is kept in `stopped`, except `cancels` (e.g. ComfyUI's interrupt), which are
+    raised."""
     t0 = time.perf_counter()
     if device.type != "cuda" or not kernels().fixed_tiles_here(device):
         return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
@@ -70,6 +77,8 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     if not held:
         return Built(0, time.perf_counter() - t0, stopped=stopped)
     threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
+    if processes:
+        _build_in_processes(list(held.values()), threads)
     # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
     # the error where the kernel's caller falls back (kernels/gluon_builds.py).
     with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool, \
@@ -79,12 +88,51 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
 
 
+# A worker: the kernels' top package registered bare from its folder (its __init__ may import ComfyUI), each job's
+# module imported, its kernel built into Triton's on-disk cache. A job that fails is left to this process.
+_WORKER = """
+import importlib, json, sys, types
+jobs = json.load(sys.stdin)
+for top, folder in {(j["module"].split(".")[0], j["folder"]) for j in jobs}:
+    sys.modules.setdefault(top, types.ModuleType(top)).__path__ = [folder]
+for job in jobs:
+    try:
+        kernel = importlib.import_module(job["module"])
+        for part in job["name"].split("."):
+            kernel = getattr(kernel, part)
+        kernel.preload(job["specialization"])
+    except Exception as e:
+        print(f"{job['module']}.{job['name']}: {type(e).__name__}: {e}", file=sys.stderr)
+"""
+
+
+def _build_in_processes(held: list[tuple], workers: int) -> None:
+    """The held kernels built into Triton's on-disk cache by `workers` processes, each a share of them."""
+    jobs = []
+    for jit_function, specialization in held:
+        module = sys.modules[jit_function.fn.__module__]
+        top = sys.modules[module.__name__.split(".")[0]]
+        jobs.append({"module": module.__name__, "name": jit_function.fn.__qualname__, "specialization": specialization,
+                     "folder": list(top.__path__)[0] if hasattr(top, "__path__") else os.path.dirname(top.__file__)})
+    started = [subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True) for _ in range(workers)]
+    for i, proc in enumerate(started):
+        proc.stdin.write(json.dumps(jobs[i::workers]))
+        proc.stdin.close()
+    for proc in started:
+        said = proc.stderr.read()
+        if proc.wait() != 0 or said:
+            log.info("SwiftDiT: a build worker left kernels to build here (exit %d): %s", proc.returncode,
+                     said.strip()[-500:])
+
+
 @dataclass
 class AheadBuilds:
     """build_ahead once per key (a step's input shapes) for a loaded model: later prompts of the same shapes find
     their kernels built and pay nothing."""
     threads: int | None = None
     cancels: tuple[type[BaseException], ...] = ()  # raised on (a Cancel); any other error leaves the step to build
+    processes: bool = False
     done: dict[Hashable, Built] = field(default_factory=dict)
 
     def clear(self) -> None:
@@ -94,7 +142,7 @@ class AheadBuilds:
         if key in self.done:
             return None
         try:
-            built = build_ahead(step, device, self.threads, self.cancels)
+            built = build_ahead(step, device, self.threads, self.cancels, self.processes)
         except self.cancels:
             raise
         except Exception as e:  # noqa: BLE001 - a build ahead is an optimization: the step builds as it runs

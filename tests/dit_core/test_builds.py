@@ -36,7 +36,7 @@ def test_a_step_built_ahead_equals_the_step_built_as_it_ran(capsys):
     assert bench_first_step.main(["--size", "256", "--layers", "1"]) == 0
     said = capsys.readouterr().out
     print(said)
-    assert said.count("bit for bit: True") == 2, said
+    assert said.count("bit for bit: True") == 3, said
 
 
 def test_a_cancel_within_goes_through_and_is_not_remembered():
@@ -48,8 +48,21 @@ def test_a_cancel_within_goes_through_and_is_not_remembered():
 
     builds = AheadBuilds(cancels=(Cancelled,))
     with pytest.MonkeyPatch.context() as mp:  # as on a Hopper GPU: the dry run runs
-        mp.setattr("dit_core.gpu.builds.build_ahead", lambda step, device, threads, cancels: step())
+        mp.setattr("dit_core.gpu.builds.build_ahead", lambda step, device, threads, cancels, processes: step())
         with pytest.raises(Cancelled):
             builds.once("key", cancelled, torch.device("cpu"))
         assert "key" not in builds.done
         assert builds.once("key", lambda: (_ for _ in ()).throw(ValueError("garbage")), torch.device("cpu")).refused
+
+
+def test_a_build_worker_imports_the_kernels_module_from_its_folder(caplog):
+    """The process form's worker registers the kernels' top package bare (its __init__ may import ComfyUI) and imports
+    the kernel's module; here, without a GPU, it reaches the kernel's preload, whose error it reports."""
+    import logging
+
+    from dit_core.gpu import builds
+    from kernels.int8 import linear
+    with caplog.at_level(logging.INFO, logger=builds.__name__):
+        builds._build_in_processes([(linear._int8_linear_kernel, "{}")], workers=1)
+    said = caplog.text
+    assert "kernels.int8.linear._int8_linear_kernel" in said and "ModuleNotFoundError" not in said, said
