@@ -347,8 +347,14 @@ def decode_image(node_id: str, decoder, samples: dict) -> torch.Tensor:
     decoder's blocks); the decoder's errors name the samples input."""
     bar = comfy.utils.ProgressBar(1)
     latents = samples["samples"].float()
-    # In one piece where the card has room for it, as stock VAEDecode does (tiles repeat their overlaps' work).
-    whole = {"tile": None} if hasattr(decoder, "whole_bytes") and fits_on_card(decoder.whole_bytes(latents)) else {}
+    decode = lambda **tiles: decoder.decode(latents, check=interrupt_check, **tiles,  # noqa: E731
+                                            progress=lambda done, total: bar.update_absolute(done, total))
     with checked(node_id, "samples"):
-        return decoder.decode(latents, check=interrupt_check, **whole,
-                              progress=lambda done, total: bar.update_absolute(done, total))
+        # In one piece where the card has room for it, as stock VAEDecode does (tiles repeat their overlaps' work);
+        # in tiles where the estimate fell short, as stock falls back too.
+        if hasattr(decoder, "whole_bytes") and fits_on_card(decoder.whole_bytes(latents)):
+            try:
+                return decode(tile=None)
+            except torch.OutOfMemoryError:
+                comfy.model_management.soft_empty_cache()
+        return decode()
