@@ -113,14 +113,17 @@ class Attention:
 
 
 def attend(a: Arch, w: Attention, x: torch.Tensor, context: torch.Tensor, q_rotary: Sequence | None = None,
-           k_rotary: Sequence | None = None, key_bias: torch.Tensor | None = None) -> torch.Tensor:
+           k_rotary: Sequence | None = None, key_bias: torch.Tensor | None = None, shards=None,
+           keys=None) -> torch.Tensor:
     """w's output [rows, OUT's width] for query rows x and key/value rows context (x itself to self-attend), in a's
     heads x head: q/k normed (head_norm_rotary), queries turned by q_rotary's cos/sin and keys by k_rotary's (None:
-    not turned), keys masked by key_bias (attention), heads gated, then OUT."""
+    not turned), keys masked by key_bias (attention), heads gated, then OUT. shards: x is this rank's share of
+    the rows and attention runs across the ranks, keys the shards of context's rows where they are not x
+    (dit_core/parallel/shards.py SequenceShards); None: all rows here."""
     q, k, v = (linear(t, lin).to(x.dtype).reshape(t.shape[0], a.heads, a.head)
                for t, lin in ((x, w.q), (context, w.k), (context, w.v)))
     q, k = head_norm_rotary(q, w.q_norm, a, q_rotary), head_norm_rotary(k, w.k_norm, a, k_rotary)
-    o = attention(q, k, v, 0, key_bias)
+    o = attention(q, k, v, 0, key_bias) if shards is None else shards.attention(q, k, v, 0, key_bias, keys)
     if w.head_gate is not None:
         gate = 2 * torch.sigmoid(linear(x, w.head_gate).to(x.dtype))
         o = (o.view(-1, a.heads, a.head) * gate[..., None]).flatten(1)

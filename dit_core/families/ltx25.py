@@ -164,6 +164,7 @@ class StreamStep:
     context: torch.Tensor
     key_bias: torch.Tensor | None
     self_bias: torch.Tensor | None = None  # [rows, rows] on the self-attention's scores (guide_attention_bias)
+    shards: object = None  # dit_core/parallel SequenceShards: the rows are this rank's share (None: all rows here)
 
     def to(self, device: torch.device) -> StreamStep:
         """The step's inputs on device (maps int32 on a GPU, as the kernels read them)."""
@@ -171,7 +172,14 @@ class StreamStep:
         on = lambda t: None if t is None else t.to(device)  # noqa: E731
         return StreamStep(on(self.mod), on(self.emb), on(self.prompt), on(self.av), self.av_map.to(device, index),
                           on(self.gate), self.gate_map.to(device, index), self.seq.to(device),
-                          self.cross.to(device), on(self.context), on(self.key_bias), on(self.self_bias))
+                          self.cross.to(device), on(self.context), on(self.key_bias), on(self.self_bias),
+                          self.shards)
+
+    def split(self, shards) -> StreamStep:
+        """The step of this rank's share of the rows (shards: their SequenceShards): per-row maps and rotary taken;
+        self_bias stays whole (the attention across ranks reads it in packed order)."""
+        return replace(self, av_map=shards.take(self.av_map), gate_map=shards.take(self.gate_map),
+                       seq=shards.sequence(self.seq), cross=shards.sequence(self.cross), shards=shards)
 
 
 def _config(ckpt: Checkpoint) -> dict:
@@ -330,7 +338,7 @@ class LTX25:
                 grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
                 text_mask: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
                 av_times: str = "comfyui", rope_dtype: torch.dtype = torch.float64,
-                check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                check: Callable[[], None] | None = None, ranks=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(video velocity [grid.rows, C], audio velocity [M, C_audio]) of one step over the packed rows: video
         latent rows [grid.rows, C] (frame-major, then y, x), audio rows [M, C_audio] (8 channels x 16 mel bins a
         row), the connectors' prompt rows for each stream [L, D] and [L, D_audio], f32.
@@ -340,7 +348,8 @@ class LTX25:
         guide frames' rows, last, at their own times, attended as guide_attention_bias says. av_times: a key of AV_TIMES. rope_dtype: float64 (the
         release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3). check() runs after
         each block (it raises: ComfyUI's Cancel within a step). Runs where the model is; the velocities come back
-        on the inputs' devices."""
+        on the inputs' devices. ranks: the blocks run sequence-parallel across them (dit_core/parallel: each rank
+        its share of each stream's rows, gathered before the final layers; host blocks only); None: here alone."""
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -363,10 +372,21 @@ class LTX25:
         v, a = linear(video.to(dev).float(), v_s.proj_in), linear(audio.to(dev).float(), a_s.proj_in)
         if self.keyframe is not None and keyframes is not None:
             v = v + keyframes.to(dev).bool().float()[:, None] * self.keyframe
+        whole = sv, sa
+        if ranks is not None:
+            from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
+            heads = (a_s.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
+            sv, sa = (step.split(SequenceShards.split(ranks, step.seq.map, heads)) for step in (sv, sa))
+            v, a = sv.shards.take(v), sa.shards.take(a)
         for block in self.blocks:
+            if block.gpu and ranks is not None:
+                raise NotImplementedError("LTX25: sequence parallel runs the host blocks only so far (issue 39)")
             v, a = gpu_block(self, block, v, a, sv, sa) if block.gpu else self.block(block, v, a, sv, sa)
             if check is not None:
                 check()
+        if ranks is not None:
+            v, a = sv.shards.gather(v), sa.shards.gather(a)
+        sv, sa = whole
         return self.final(v_s, v, sv).to(video.device), self.final(a_s, a, sa).to(audio.device)
 
     def block(self, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
@@ -381,10 +401,10 @@ class LTX25:
         gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
         q = modulated_norm(va, v, None, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
         kv = modulated_norm(aa, a, None, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
-        a2v = gv[sv.gate_map] * attend(aa, block.a2v, q, kv, sv.cross, sa.cross)
+        a2v = gv[sv.gate_map] * attend(aa, block.a2v, q, kv, sv.cross, sa.cross, shards=sv.shards, keys=sa.shards)
         q = modulated_norm(aa, a, None, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
         kv = modulated_norm(va, v, None, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
-        a = a + ga[sa.gate_map] * attend(aa, block.v2a, q, kv, sa.cross, sv.cross)
+        a = a + ga[sa.gate_map] * attend(aa, block.v2a, q, kv, sa.cross, sv.cross, shards=sa.shards, keys=sv.shards)
         v = v + a2v
         return feed_forward(va, block.video, v, pv, sv), feed_forward(aa, block.audio, a, pa, sa)
 
@@ -403,7 +423,7 @@ def self_and_prompt(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tenso
     prompt rows are modulated by the static prompt table plus the prompt's AdaLN at the stream's sigma, if any."""
     m = step.seq.map
     h = modulated_norm(a, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
-    x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq, step.self_bias)
+    x = x + p[GATE_MSA][m] * attend(a, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, step.shards)
     h = modulated_norm(a, x, None, p[SHIFT_Q], p[SCALE_Q], m)
     return x + p[GATE_Q][m] * attend(a, layer.text_attn, h, prompt_rows(layer, step), key_bias=step.key_bias)
 

@@ -110,30 +110,47 @@ class SequenceShards:
                              f"them (a ring over key blocks for this case is not built yet, issue 39)")
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
-                  key_bias: torch.Tensor | None = None) -> torch.Tensor:
-        """block.attention of this rank's rows q [n_r, heads, head], k, v [n_r, key heads, head] against every
-        rank's: all-to-all to [total, heads/world] (each rank its slice of heads), attention, all-to-all back.
-        key_bias [total] in packed order. Returns [n_r, heads x head], as block.attention."""
+                  key_bias: torch.Tensor | None = None, keys: SequenceShards | None = None) -> torch.Tensor:
+        """block.attention of this rank's rows q [n_r, heads, head] against every rank's keys k, v [m_r, key heads,
+        head]: all-to-all to [total, heads/world] (each rank its slice of heads), attention, all-to-all back.
+        keys: the shards of the key rows where they are another sequence's (LTX-2.5's A<->V; None: these rows).
+        key_bias [keys] or [queries, keys] in packed order. Returns [n_r, heads x head], as block.attention."""
         w = self.ranks.world
         if w == 1:
             return attention(q, k, v, group, key_bias)
         if group:
             raise ValueError(f"sequence parallel: attention in groups of {group} rows cannot split across ranks")
+        keys = self if keys is None else keys
         n, heads, head = q.shape
         kh = k.shape[1]
         self.check_heads(heads, kh)
-        if n != self.rows.numel() or k.shape[0] != n:
-            raise ValueError(f"sequence parallel: rank {self.ranks.rank} holds {self.rows.numel()} rows, got "
-                             f"queries of {n} and keys of {k.shape[0]} (keys from another sequence are not split)")
+        if n != self.rows.numel() or k.shape[0] != keys.rows.numel() or keys.ranks.world != w:
+            raise ValueError(f"sequence parallel: rank {self.ranks.rank} holds {self.rows.numel()} query and "
+                             f"{keys.rows.numel()} key rows, got {n} and {k.shape[0]} (keys not split as its "
+                             "rows, or by another world)")
         hq, hk = heads // w, kh // w
-        # One buffer to each rank j: [q heads of j | k heads of j | v heads of j] of this rank's rows.
-        send = torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2).transpose(0, 1).contiguous()
-        got = send.new_empty(self.total, hq + 2 * hk, head)
-        dist.all_to_all_single(got, send.reshape(w * n, -1, head), list(self.counts), [n] * w, group=self.ranks.group)
-        gq, gk, gv = got.split([hq, hk, hk], 1)
-        bias = None if key_bias is None else key_bias[self.order.to(key_bias.device)]
+        # One buffer to each rank j: this rank's rows of j's slice of the heads, [q | k | v] where keys are the rows.
+        if keys is self:
+            gq, gk, gv = self._to_heads(torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2),
+                                        self.counts).split([hq, hk, hk], 1)
+        else:
+            gq = self._to_heads(q.reshape(n, w, hq, head), self.counts)
+            gk, gv = self._to_heads(torch.cat([t.reshape(-1, w, hk, head) for t in (k, v)], 2),
+                                    keys.counts).split([hk, hk], 1)
+        bias = None
+        if key_bias is not None:
+            bias = key_bias[..., keys.order.to(key_bias.device)]
+            bias = bias[self.order.to(bias.device)] if bias.dim() == 2 else bias
         o = attention(gq, gk, gv, 0, bias).reshape(self.total, hq, head)
         back = o.new_empty(w * n, hq, head)
         dist.all_to_all_single(back, o, [n] * w, list(self.counts), group=self.ranks.group)
         return back.reshape(w, n, hq, head).transpose(0, 1).reshape(n, heads * head)
 
+    def _to_heads(self, t: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+        """t [m_r, world, h, head] (this rank's rows, by the rank whose heads they are) -> [sum(counts), h, head]:
+        every rank's rows of this rank's heads, in rank order."""
+        m, w = t.shape[0], self.ranks.world
+        got = t.new_empty(sum(counts), *t.shape[2:])
+        dist.all_to_all_single(got, t.transpose(0, 1).reshape(w * m, *t.shape[2:]).contiguous(), list(counts),
+                               [m] * w, group=self.ranks.group)
+        return got

@@ -102,3 +102,52 @@ def test_a_failing_rank_stops_the_others():
     assert e.value.rank == 1 and "fail_on" in e.value.trace
     assert time.monotonic() - start < 30
     assert run_ranks(2, fail_on, (5,)) == 2  # the same function on healthy ranks
+
+
+@pytest.fixture(scope="module")
+def ltx25_files(tmp_path_factory):
+    """LTX-2.5's tiny instance (2 heads a stream) and one of 4 heads (4 ranks: Ulysses splits by heads)."""
+    pytest.importorskip("diffusers")
+    from safetensors.torch import save_file
+    from tiny_models import ltx25_comfy_layout, random_ltx25
+    d = tmp_path_factory.mktemp("ltx25_parallel")
+    save_file(ltx25_comfy_layout(random_ltx25()), d / "heads2.safetensors")
+    save_file(ltx25_comfy_layout(random_ltx25(num_attention_heads=4, attention_head_dim=8,
+                                              audio_num_attention_heads=4, audio_attention_head_dim=4)),
+              d / "heads4.safetensors")
+    return d
+
+
+def ltx25_step(guided: bool):
+    """LTX-2.5's step inputs: 3 latent frames of 2x3 (the first conditioned, a keyframe), 7 audio rows, a prompt of 5
+    with its last row masked; guided: a guide frame at strength 0.5 (the self-attention's [rows, rows] bias)."""
+    from dit_core.families.ltx25_positions import Grid, Guide
+    torch.manual_seed(3)
+    grid = Grid(3, 2, 3, guides=(Guide(16, 17, 0.5),) if guided else ())
+    video, audio = torch.randn(grid.rows, 8), torch.randn(7, 8)
+    mask, first = torch.ones(5), torch.zeros(grid.rows)
+    mask[-1], first[:6] = 0, 1
+    args = (video, audio, torch.randn(5, 32), torch.randn(5, 16), grid, 0.7, 0.45, first, mask, first.bool())
+    return args, {"av_times": "comfyui", "rope_dtype": torch.float32}
+
+
+# 4 ranks guided: the bias rows and columns must follow the ranks' row order (2 ranks leave this grid's blocks in place)
+@pytest.mark.parametrize("world, heads, guided", [(2, 2, False), (4, 4, True)])
+def test_ltx25_ranks_give_the_single_process_step(ltx25_files, world, heads, guided):
+    """Both streams split across the ranks; self, A2V and V2A attention across them, the prompt's local."""
+    from dit_core.families.ltx25 import LTX25
+    from dit_core.parallel.steps import ltx25_velocity
+    path = ltx25_files / f"heads{heads}.safetensors"
+    args, options = ltx25_step(guided)
+    want_v, want_a = LTX25.load(path).forward(*args, **options)
+    v, a = run_ranks(world, ltx25_velocity, (str(path), args, options))
+    assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
+
+
+def test_ltx25_one_rank_is_the_single_process_step_bit_for_bit(ltx25_files):
+    from dit_core.families.ltx25 import LTX25
+    model = LTX25.load(ltx25_files / "heads2.safetensors")
+    args, options = ltx25_step(True)
+    want = model.forward(*args, **options)
+    got = model.forward(*args, **options, ranks=Ranks(0, 1))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
