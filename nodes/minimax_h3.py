@@ -70,7 +70,7 @@ def pictures_conditioning(clip: FileHandle, text: str, pictures: list[torch.Tens
 
 
 def references_conditioning(clip: FileHandle, text: str, references: list[PromptReference]) -> list:
-    """The prompt after a ref2va request's references in order (images, videos, audios: diffusers' presentation,
+    """The prompt after a ref2va request's references in order (images, videos, audios: ComfyUI's presentation,
     encode_references): the rows, and their modality tags in the entry's `text_token_tags` (vision rows: video's)."""
     rows, tags = load_text_encoder(clip).encode_references(text, references, interrupt_check)
     conditioning = text_conditioning(rows)

@@ -1,8 +1,10 @@
 """MiniMax H3 Reference To Video (ref2va; ComfyUI's MiniMaxH3ReferenceToVideo): reference images, videos with their
 soundtracks and standalone audios, encoded as the positive's `minimax_refs` blocks in ComfyUI's order (images,
-videos, audios), and shown to the text encoder in that order as diffusers' ref2va presentation does (a video's frames
-at 2 fps). nodes/minimax_h3.py registers the node, binding the prompt's conditioning (its text encoder)."""
+videos, audios), and shown to the text encoder in that order as ComfyUI's node does (a video's frames at 2 fps).
+nodes/minimax_h3.py registers the node, binding the prompt's conditioning (its text encoder)."""
 from __future__ import annotations
+
+import logging
 
 import comfy.utils
 import torch
@@ -16,6 +18,7 @@ from .base import SwiftDiTError, checked, interrupt_check
 from .minimax_h3_codecs import CATEGORY, CONDITIONING_OUTPUTS, canvas_inputs, empty_av_latent, vae_for
 from .types import TextEncoder, Vae
 
+log = logging.getLogger("SwiftDiT")
 REFERENCE_IMAGES, REFERENCE_VIDEOS, REFERENCE_AUDIOS = 9, 3, 3  # ComfyUI's ref_image_0..8, ref_video_0..2, ref_audio_0..2
 
 
@@ -59,15 +62,16 @@ def video_reference(node: str, name: str, frames: torch.Tensor, soundtrack: dict
     (reference_video_size), cut to the target's length and down to 17n + 5 frames; with the video VAE its latent
     [1, C, 5n + 2, h, w] joins blocks, with its soundtrack's latent when that and the audio VAE are wired (a
     "video_audio" block: the soundtrack's rows, then the frames', from one origin). Returns what the text encoder
-    reads of it: the frames cut to length (not to 17n + 5, as diffusers' presentation), those read at 2 fps alone
-    resized (the resize is per frame), and whether a soundtrack labels it."""
+    reads of it: the frames read at 2 fps, as ComfyUI's node picks them (every 12th of the 17n + 5 encoded, from the
+    first; of 5 to 12 frames only the first, which the text encoder repeats into a pair), alone resized (the resize
+    is per frame), and whether a soundtrack labels it."""
     if not isinstance(frames, torch.Tensor) or frames.dim() != 4:
         raise SwiftDiTError(f"{node} · {name}: IMAGE frames [F, H, W, 3] (a video's frames, e.g. from Load Video's "
                             f"components), got {type(frames).__name__}")
     with checked(node, name):
         count = reference_video_frames(frames.shape[0], length)
         height, width = reference_video_size(frames.shape[1], frames.shape[2])
-        read, _ = sampled_frames(min(frames.shape[0], length))
+        read, _ = sampled_frames(count)
     shown = PromptReference("video", resized(frames[read], height, width), soundtrack is not None, VIDEO_SAMPLE_FPS)
     if vae_for(node, "vae", vae, "video") is None:
         return shown
@@ -106,8 +110,8 @@ class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs 
                     *[io.Image.Input(f"ref_image_{i}", optional=True, tooltip=f"Reference image <Picture {i + 1}>")
                       for i in range(REFERENCE_IMAGES)],
                     *[io.Image.Input(f"ref_video_{i}", optional=True,
-                                     tooltip="Reference video frames at 24 fps (at least 13: the text encoder "
-                                             "reads 2 fps pairs; cut to length, then to 17n + 5)")
+                                     tooltip="Reference video frames at 24 fps (at least 5; cut to length, then "
+                                             "to 17n + 5; the text encoder reads every 12th: 2 fps)")
                       for i in range(REFERENCE_VIDEOS)],
                     *[io.Audio.Input(f"ref_video_audio_{i}", optional=True,
                                      tooltip=f"The soundtrack of ref_video_{i}, at 32 kHz")
@@ -128,9 +132,9 @@ class ReferenceToVideoNode(io.ComfyNode):  # MiniMaxH3ReferenceToVideo's inputs 
                 shown.append(PromptReference("image", pixels))
         for i in range(REFERENCE_VIDEOS):
             frames, soundtrack = references.get(f"ref_video_{i}"), references.get(f"ref_video_audio_{i}")
-            if frames is None and soundtrack is not None:
-                raise SwiftDiTError(f"{node} · ref_video_audio_{i}: the soundtrack of ref_video_{i}, which is not "
-                                    f"connected; connect its video, or use a ref_audio input for audio alone")
+            if frames is None and soundtrack is not None:  # unused, as ComfyUI's node leaves it
+                log.warning("%s · ref_video_audio_%d: the soundtrack of ref_video_%d, which is not connected, is "
+                            "unused; connect its video, or use a ref_audio input for audio alone", node, i, i)
             if frames is not None:
                 shown.append(video_reference(node, f"ref_video_{i}", frames, soundtrack, length, vae, audio_vae,
                                              blocks))

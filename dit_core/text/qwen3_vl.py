@@ -10,7 +10,7 @@ class at another size, so a subclass here rather than a file of its own; with ke
 prepended as a "<Picture i>: " label and a block of Qwen3-VL vision rows (the file's vision tower, read by
 qwen3_vl_vision.py; ComfyUI's comfy/text_encoders/minimax.py MiniMaxH3Tokenizer; diffusers'
 MiniMaxH3FL2VATextEncoderStep); a ref2va request's references in packed order with "<Audio j>: " labels and
-"<Video k>: " timestamped video blocks (qwen3_vl_video.py; diffusers' MiniMaxH3Ref2VATextEncoderStep)."""
+"<Video k>: " timestamped video blocks (qwen3_vl_video.py; ComfyUI's MiniMaxH3Tokenizer minimax_ref_items)."""
 from __future__ import annotations
 
 import json
@@ -475,7 +475,7 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
     def encode_references(self, prompt: str, references: Sequence[PromptReference] = (),
                           check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(rows [1, Nt, hidden] f32, tags [Nt] int64) of the prompt after a request's references in packed order
-        (images, videos and audios as diffusers' MiniMaxH3Ref2VATextEncoderStep presents them: read_references'
+        (images, videos and audios as ComfyUI's MiniMaxH3Tokenizer presents them: read_references'
         labels, image blocks and timestamped video blocks from the vision tower); tags H3_TEXT_TAG for text and
         H3_VISION_TAG for a vision block's rows. Without references the rows are encode(prompt)'s. check() before
         each image, each video and each layer."""

@@ -55,13 +55,15 @@ def picture_patches(image: torch.Tensor, patch: int, temporal_patch: int, merge:
                                                                                                tuple[int, int]]:
     """A ComfyUI IMAGE [1, H, W, C] in [0, 1] -> (patches [gh * gw, 3 * temporal_patch * patch^2], (gh, gw)): the
     picture resized (picture_size), normalized, repeated over the temporal patch (a still picture) and cut into
-    patches, those of each merge x merge block consecutive (the vision tower's merger reads them so)."""
-    if image.dim() != 4 or image.shape[0] != 1 or image.shape[-1] < 3:
+    patches, those of each merge x merge block consecutive (the vision tower's merger reads them so). A video's
+    group of temporal_patch frames [temporal_patch, H, W, C] fills the temporal patch instead (ComfyUI's
+    process_video_block: the same resize and normalization)."""
+    if image.dim() != 4 or image.shape[0] not in (1, temporal_patch) or image.shape[-1] < 3:
         raise ValueError(f"MiniMax H3 pictures are IMAGE tensors [1, H, W, 3], got {tuple(image.shape)}")
     height, width = image.shape[1:3]
     h, w = picture_size(height, width, patch * merge)
-    pixels = image[0, :, :, :3].permute(2, 0, 1)[None].float()
-    pixels = F.interpolate(pixels, size=(h, w), mode="bilinear", align_corners=False)[0]
+    pixels = image[..., :3].permute(0, 3, 1, 2).float()
+    pixels = F.interpolate(pixels, size=(h, w), mode="bilinear", align_corners=False)
     pixels = ((pixels - VISION_MEAN) / VISION_STD).expand(temporal_patch, -1, -1, -1)  # [T, C, h, w]
     gh, gw = h // patch, w // patch
     blocks = pixels.reshape(temporal_patch, 3, gh // merge, merge, patch, gw // merge, merge, patch)

@@ -323,12 +323,15 @@ def test_reference_to_video(pack, models):
     its latent; a reference audio is "<Audio j>" and, with the audio VAE, an audio block; the sampler adds the blocks
     as reference rows (sample_t2va's references) to the same numbers as the engine. A reference video (IMAGE frames)
     is resized to its own canvas (here its sides rounded to 32s), cut to length (17n + 5 frames) and, with its
-    soundtrack, a video_audio block after the images; its soundtrack is an "<Audio j>" label before the standalone
-    audios'."""
+    soundtrack, a video_audio block after the images. The prompt shows, as ComfyUI's node hands minimax_ref_items to
+    its tokenizer: the images, the video's soundtrack "<Audio 1>", "<Video 1>" with its frames 0 and 12 of the 22
+    (range(0, 22, 12): 2 fps) as one timestamped block, the standalone audio "<Audio 2>". A video of 5 frames (stock
+    takes 5 or more) shows its first frame alone; a soundtrack without its video is unused, as stock leaves it."""
     import comfy.utils
     from dit_core.codecs.h3_video_vae import VideoEncoder
     from dit_core.families.minimax_h3 import MiniMaxH3, Reference
     from dit_core.sampling.minimax_h3 import sample_t2va
+    from dit_core.text.qwen3_vl_video import PromptReference
     from swiftdit_pack.nodes.base import SwiftDiTError
     gen = torch.Generator().manual_seed(9)
     wide, tall = torch.rand(1, 50, 70, 3, generator=gen), torch.rand(2, 120, 60, 3, generator=gen)
@@ -357,8 +360,12 @@ def test_reference_to_video(pack, models):
     sound, soundtrack = audio_encoder.encode(voice["waveform"], 32000), audio_encoder.encode(track["waveform"], 32000)
     assert torch.equal(blocks[3]["audio_latent"], sound) and blocks[3]["ref_audio_t"] == 30
     assert torch.equal(blocks[2]["audio_latent"], soundtrack) and blocks[2]["ref_audio_t"] == 20
-    rows, tags = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
-                                             pack_tokenizer_dir()).encode_tagged(PROMPT, pictures, audios=2)
+    text_encoder = pack.TinyH3TextEncoder.load(models / "text_encoders" / "qwen3vl_minimax_h3_tiny.safetensors",
+                                               pack_tokenizer_dir())
+    read = comfy.utils.common_upscale(clip_frames[[0, 12]].movedim(-1, 1), 64, 32, "lanczos", "disabled").movedim(1, -1)
+    shown = [PromptReference("image", pictures[0]), PromptReference("image", pictures[1]),
+             PromptReference("video", read, has_audio=True, fps=2.0), PromptReference("audio")]
+    rows, tags = text_encoder.encode_references(PROMPT, shown)
     assert torch.equal(positive[0][0], rows) and torch.equal(positive[0][1]["text_token_tags"], tags)
     assert [tuple(t.shape) for t in latent["samples"].tensors] == [(1, 24, 7, 6, 4), (1, TINY_AUDIO_CHANNELS, 2, 37)]
     (model,) = run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
@@ -373,12 +380,17 @@ def test_reference_to_video(pack, models):
     assert torch.equal(samples["samples"].tensors[0], video) and torch.equal(samples["samples"].tensors[1], audio)
     text_only, _ = run(pack.MiniMaxH3ReferenceToVideo, **r2v)  # no VAEs: the references label the prompt only
     assert "minimax_refs" not in text_only[0][1] and torch.equal(text_only[0][0], rows)
+    short, _ = run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, "ref_video_1": clip_frames[:5]})
+    first = comfy.utils.common_upscale(clip_frames[:1].movedim(-1, 1), 64, 32, "lanczos", "disabled").movedim(1, -1)
+    want = text_encoder.encode_references(PROMPT, [*shown[:2], PromptReference("video", first, True, 2.0), shown[3]])
+    assert torch.equal(short[0][0], want[0]) and torch.equal(short[0][1]["text_token_tags"], want[1])
+    orphan, _ = run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, "ref_video_audio_0": track})
+    assert torch.equal(orphan[0][0], rows)
     for change, message in [({"vae": audio_vae}, "vae: a MiniMax H3 audio VAE where the video VAE goes"),
                             ({"audio_vae": audio_vae, "ref_audio_1": {**voice, "sample_rate": 44100}},
                              "ref_audio_1: audio: 44100 Hz"),
                             ({"ref_image_size": "huge"}, "ref_image_size: .*'match' or 'max'"),
                             ({"ref_video_1": clip_frames[:4]}, "ref_video_1: a reference video has at least 5 frames"),
-                            ({"ref_video_audio_0": track}, "ref_video_audio_0: the soundtrack of ref_video_0"),
                             ({"ref_video_1": track}, "ref_video_1: IMAGE frames")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3ReferenceToVideo · {message}"):
             run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, **change})

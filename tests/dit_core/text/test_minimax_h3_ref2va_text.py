@@ -1,8 +1,13 @@
 """MiniMax H3's ref2va presentation (dit_core/text/qwen3_vl_video.py read_references, MiniMaxH3TextEncoder
 .encode_references): images, audios and videos with their soundtracks in packed order, the videos read at 2 fps into
-timestamped vision blocks, vs diffusers 0.42.1's MiniMaxH3Ref2VATextEncoderStep (its _build_presentation ids and
-tags, its prompt_embeds through transformers' Qwen3-VL with Qwen3VLVideoProcessor's patches) on a tiny random
-Qwen3-VL; the frame sampling and the video size rule vs diffusers' and transformers' own functions."""
+timestamped vision blocks, as ComfyUI's MiniMaxH3Tokenizer (minimax_ref_items) and MiniMaxQwen3VL (process_video_block)
+present them. Where diffusers 0.42.1's MiniMaxH3Ref2VATextEncoderStep agrees (frames on the vision grid, a video long
+enough for its sampler), vs it on a tiny random Qwen3-VL: its _build_presentation ids and tags, its prompt_embeds
+through transformers' Qwen3-VL. Where they differ (a frame off the grid: ComfyUI resizes it bilinear in float, each
+pair alone, diffusers bicubic on 8-bit frames with bounds on the whole video; a video of under 13 frames: ComfyUI
+repeats its one frame read, diffusers refuses), the expected values are written here by hand from ComfyUI's code
+(comfy/text_encoders/minimax.py, comfy_extras/nodes_minimax_h3.py), as there is no newer ComfyUI to run."""
+import math
 import re
 from types import SimpleNamespace
 
@@ -17,9 +22,9 @@ from transformers import Qwen2Tokenizer
 
 from dit_core.families.minimax_h3 import TEXT, VIDEO
 from dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
-from dit_core.text.qwen3_vl_video import (VIDEO_MAX_PIXELS, VIDEO_MIN_PIXELS, PromptReference, read_references,
-                                          sampled_frames, video_size)
-from dit_core.text.qwen3_vl_vision import IMAGE_PAD_ID, VIDEO_PAD_ID, VISION_MAX_PIXELS, VISION_MIN_PIXELS
+from dit_core.text.qwen3_vl_video import PromptReference, read_references, sampled_frames, video_patches
+from dit_core.text.qwen3_vl_vision import (IMAGE_PAD_ID, VIDEO_PAD_ID, VISION_END_ID, VISION_MAX_PIXELS,
+                                           VISION_MIN_PIXELS, VISION_START_ID)
 from dit_core.weights import WeightsError
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
@@ -27,6 +32,8 @@ TINY_LAYER = 6  # of 8, as test_minimax_h3_text.py
 PATCH, MERGE = QWEN3_VL_VISION_TINY["patch_size"], QWEN3_VL_VISION_TINY["spatial_merge_size"]
 TEMPORAL = QWEN3_VL_VISION_TINY["temporal_patch_size"]
 PROMPT = "The man from <Picture 1> sings the melody of <Audio 2> while moving as in <Video 1>."
+# diffusers' side: Qwen3-VL-32B's video_preprocessor_config.json size bounds (on all sampled frames' pixels together)
+DIFFUSERS_VIDEO_MIN_PIXELS, DIFFUSERS_VIDEO_MAX_PIXELS = 4096, 25165824
 
 
 @pytest.fixture(scope="module")
@@ -56,11 +63,12 @@ def encoder(tiny_file):
 @pytest.fixture(scope="module")
 def media():
     """8-bit media as diffusers' setup step leaves them: a 64 x 96 picture; 30 frames at 24 fps (read: frames 0,
-    12, 24, the last repeated: blocks at 0.25 s and 1.0 s) on the tiny tower's grid, and 30 off it (36 x 52: resized
-    to 32 x 48 bicubic); a stereo soundtrack and an audio (their samples never reach the encoder)."""
+    12, 24, the last repeated: blocks at 0.25 s and 1.0 s) on the tiny tower's grid (56 x 72: over ComfyUI's 3136
+    pixels a frame, so neither resizes), and 30 off it (36 x 52: ComfyUI resizes each pair to 48 x 72, bilinear);
+    a stereo soundtrack and an audio (their samples never reach the encoder)."""
     g = torch.Generator().manual_seed(5)
     byte = lambda *shape: torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)  # noqa: E731
-    return {"image": byte(64, 96, 3), "video": byte(30, 32, 48, 3), "video_off_grid": byte(30, 36, 52, 3),
+    return {"image": byte(64, 96, 3), "video": byte(30, 56, 72, 3), "video_off_grid": byte(30, 36, 52, 3),
             "audio": torch.randn(2, 100, generator=g)}
 
 
@@ -75,8 +83,8 @@ def diffusers_processor():
     return SimpleNamespace(
         image_processor=Qwen2VLImageProcessorPil(**sizes, min_pixels=VISION_MIN_PIXELS, max_pixels=VISION_MAX_PIXELS),
         video_processor=Qwen3VLVideoProcessor(**sizes, cap_pixels_per_frame=False,
-                                              size={"shortest_edge": VIDEO_MIN_PIXELS,
-                                                    "longest_edge": VIDEO_MAX_PIXELS}),
+                                              size={"shortest_edge": DIFFUSERS_VIDEO_MIN_PIXELS,
+                                                    "longest_edge": DIFFUSERS_VIDEO_MAX_PIXELS}),
         create_mm_token_type_ids=lambda batch: [[{IMAGE_PAD_ID: 1, VIDEO_PAD_ID: 2}.get(t, 0) for t in ids]
                                                 for ids in batch])
 
@@ -121,14 +129,14 @@ LABELS = {"image,audio,video": ["Picture 1", "Audio 1", "Audio 2", "Video 1"],
           "video,image,audio": ["Audio 1", "Video 1", "Picture 1", "Audio 2"]}
 
 
-@pytest.mark.parametrize("order,video", [("image,audio,video", "video"), ("image,video,audio", "video"),
-                                         ("video,image,audio", "video_off_grid")],
-                         ids=["diffusers_order", "node_order", "off_grid_video_first"])
-def test_presentation_and_rows_match_diffusers(order, video, encoder, reference, media):
-    """Token ids and tags equal; rows within 1e-4 relative (f32; measured ~1e-7: the same modules on the same
-    patches). An off-grid video is resized as torchvision does (8-bit bicubic, antialiased)."""
+@pytest.mark.parametrize("order", ["image,audio,video", "image,video,audio", "video,image,audio"],
+                         ids=["diffusers_order", "node_order", "video_first"])
+def test_presentation_and_rows_match_diffusers(order, encoder, reference, media):
+    """Where ComfyUI and diffusers agree (frames on the vision grid, 30 frames at 24 fps: frames 0, 12, 24 read, the
+    last repeated): token ids and tags equal; rows within 1e-4 relative (f32: the same modules on the same patches,
+    the pairs through the tower one by one here, all at once there; measured 2.3e-7 to 3.0e-7)."""
     tokenizer = Qwen2Tokenizer.from_pretrained(str(TOKENIZER_DIR))
-    theirs, ours = requests(media, order, video)
+    theirs, ours = requests(media, order)
     want_ids, want_rows, want_tags = diffusers_ref2va(reference, tokenizer, PROMPT, theirs)
     read = read_references(encoder.vision, ours, "no tower")
     assert encoder.tokenizer.shown(PROMPT, read.pieces, read.grids).ids == want_ids
@@ -150,20 +158,73 @@ def test_sampled_frames_match_diffusers(count, fps):
     assert indices == [int(f) for f in want_frames] and stamps == want_stamps
 
 
-def test_too_short_video_is_refused():
-    with pytest.raises(ValueError, match=r"at least 13 frames at 24 fps .*got 12; use a longer video"):
-        sampled_frames(12)
+@pytest.mark.parametrize("count,want", [(5, ([0], [0.0])), (12, ([0], [0.0])), (13, ([0, 12], [0.25])),
+                                        (22, ([0, 12], [0.25])), (30, ([0, 12, 24], [0.25, 1.0])),
+                                        (39, ([0, 12, 24, 36], [0.25, 1.25])), (1, ([0], [0.0])), (2, ([0], [0.0]))])
+def test_sampled_frames_are_comfyuis(count, want):
+    """By hand from ComfyUI: the node reads range(0, n, FPS // 2) with timestamps i / 2; the tokenizer repeats an
+    odd count's last frame and timestamp and labels a pair with their mean. Under 13 frames diffusers refuses;
+    ComfyUI reads the first frame twice (its node takes 5 or more)."""
+    assert sampled_frames(count) == want
+    with pytest.raises(ValueError, match="at least one frame, got 0"):
+        sampled_frames(0)
 
 
-@pytest.mark.parametrize("frames,height,width", [(4, 32, 48), (3, 36, 52), (30, 768, 1344), (26, 768, 1344),
-                                                 (2, 20, 20), (8, 5, 300), (31, 1088, 1920)])
-@pytest.mark.parametrize("factor", [PATCH * MERGE, 32])
-def test_video_size_is_transformers_smart_resize(frames, height, width, factor):
-    """H3's bounds: a 15 s reference at 2 fps on the 768 x 1344 canvas (30 frames) is scaled down, 26 frames is
-    not quite (26 x 1,032,192 > 25,165,824 too), fewer keep the canvas."""
-    from transformers.models.qwen3_vl.video_processing_qwen3_vl import smart_resize
-    want = smart_resize(frames, height, width, 2, factor, VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS)
-    assert video_size(frames, height, width, factor) == want
+def comfyui_pair_patches(pair: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+    """ComfyUI's process_video_block rule, written out here: a pair [2, H, W, 3] in [0, 1], each side rounded to a
+    multiple of patch x merge; under 3136 pixels a frame, both sides scaled up by sqrt(3136 / (H W)) and rounded up
+    to multiples (the 12845056 cap is far above these sizes); bilinear (align_corners False) in float,
+    (x - 0.5) / 0.5, then patches (merge blocks consecutive; a patch's values channel, frame, row, column)."""
+    factor, height, width = PATCH * MERGE, pair.shape[1], pair.shape[2]
+    h, w = round(height / factor) * factor, round(width / factor) * factor
+    if h * w < 3136:
+        up = math.sqrt(3136 / (height * width))
+        h, w = math.ceil(height * up / factor) * factor, math.ceil(width * up / factor) * factor
+    x = torch.nn.functional.interpolate(pair.permute(0, 3, 1, 2), size=(h, w), mode="bilinear", align_corners=False)
+    x = (x - 0.5) / 0.5
+    gh, gw = h // PATCH, w // PATCH
+    out = torch.empty(gh // MERGE, gw // MERGE, MERGE, MERGE, 3, TEMPORAL, PATCH, PATCH)
+    for bi in range(gh // MERGE):
+        for bj in range(gw // MERGE):
+            for i in range(MERGE):
+                for j in range(MERGE):
+                    r, c = (bi * MERGE + i) * PATCH, (bj * MERGE + j) * PATCH
+                    out[bi, bj, i, j] = x[:, :, r:r + PATCH, c:c + PATCH].transpose(0, 1)
+    return out.reshape(gh * gw, -1), (gh, gw)
+
+
+def test_video_patches_are_comfyuis_blocks(media):
+    """Three read frames off the grid (36 x 52, 1872 pixels: scaled up to 48 x 72): padded to 4 with the last,
+    each pair resized and patched as ComfyUI's process_video_block does (comfyui_pair_patches, written out by hand),
+    group after group."""
+    frames = media["video_off_grid"][:3].float() / 255
+    patches, (gt, gh, gw) = video_patches(frames, PATCH, TEMPORAL, MERGE)
+    first, grid = comfyui_pair_patches(frames[:2])
+    second, _ = comfyui_pair_patches(frames[[2, 2]])
+    assert (gt, gh, gw) == (2, 12, 18) == (2, *grid) and torch.equal(patches, torch.cat([first, second]))
+
+
+def test_short_video_presentation_is_comfyuis(encoder, media):
+    """By hand from ComfyUI's MiniMaxH3Tokenizer: a 5-frame video (the fewest stock's node takes) with its
+    soundtrack shows "<Audio 1>: ", "<Video 1>: ", "<0.0 seconds>" (its first frame read, repeated into a pair) and
+    one vision block, then the prompt, each piece tokenized alone; the block's rows, <|vision_start|> and
+    <|vision_end|> tagged video, the rest text; the block's rows the tower's on that pair alone, grid (1, gh, gw)."""
+    tokenizer = Qwen2Tokenizer.from_pretrained(str(TOKENIZER_DIR))
+    frames = media["video_off_grid"][:5].float() / 255
+    video = [PromptReference("video", frames, has_audio=True)]
+    read = read_references(encoder.vision, video, "no tower")
+    patches, (gh, gw) = comfyui_pair_patches(frames[[0, 0]])
+    n = gh * gw // MERGE ** 2
+    seg = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    label = seg("<Audio 1>: ") + seg("<Video 1>: ") + seg("<0.0 seconds>")
+    want_ids = label + [VISION_START_ID] + [VIDEO_PAD_ID] * n + [VISION_END_ID] + seg(PROMPT)
+    want_tags = [TEXT] * len(label) + [VIDEO] * (n + 2) + [TEXT] * len(seg(PROMPT))
+    assert encoder.tokenizer.shown(PROMPT, read.pieces, read.grids).ids == want_ids
+    rows, tags = encoder.encode_references(PROMPT, video)
+    assert tags.tolist() == want_tags and rows.shape[1] == len(want_ids)
+    tower = encoder.vision(patches, torch.tensor([[1, gh, gw]]))
+    assert torch.equal(read.embeds, tower.pooler_output)
+    assert all(torch.equal(a, b) for a, b in zip(read.deepstack, tower.deepstack_features))
 
 
 def test_videos_need_the_vision_tower(encoder, media):
