@@ -1,34 +1,39 @@
-"""Worker processes for sequence parallelism: start N ranks, run one function on each, hand back rank 0's result.
+"""Worker processes for sequence parallelism: N ranks kept alive between calls (RankPool: a model loaded once stays
+loaded), or started for one call and torn down after it (run_ranks).
 
 Each rank is a spawned process (torch.multiprocessing; CUDA and gloo threads do not survive a fork) that joins a
-process group on a free local port, with a timeout on every collective, runs fn(Ranks, *args) and leaves the group.
-A rank that raises stops the others: the parent sees its process end, ends the rest, and raises RankFailed naming
-the rank that failed first and its error. Rank 0's result comes back through a file (a pipe that fills would stall
-the rank that writes it while the parent waits for it to exit).
+process group on a free local port, with a timeout on every collective, then runs what the parent sends it,
+fn(ranks, state, *args) with its own `state` dict kept between calls, and answers; rank 0's answer carries the result.
+A rank that raises reports its error and leaves: the parent ends every rank and raises RankFailed naming the rank
+that failed first and its error; a rank that dies without a word (killed) is found by its exit code. A failed or
+overdue pool is closed: a process group that lost a rank cannot go on.
 """
 from __future__ import annotations
 
-import json
+import functools
+import os
+import queue
 import socket
-import tempfile
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
+from typing import Self
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.utils._pytree import tree_map_only
 
 from .shards import Ranks
 
-RESULT = "rank0.pt"
 POLL_S = 0.05
+STOP_GRACE_S = 5.0
 
 
 class RankFailed(RuntimeError):
-    """A rank raised (or died): rank, its error's one line, and the traceback it printed."""
+    """A rank raised (or died): rank, its error's one line, and its traceback."""
 
     def __init__(self, rank: int, world: int, error: str, trace: str = ""):
         super().__init__(f"sequence parallel: rank {rank} of {world} failed: {error}")
@@ -42,75 +47,163 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, fn: Callable,
-               args: tuple, folder: str) -> None:
-    """One rank's process: join, run, leave; on an error, record it (time, one line, traceback) and re-raise."""
+def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox) -> None:
+    """One rank's process: join the group, then run each (fn, args) from inbox until None, answering on outbox
+    ("done", rank, result: rank 0's, cloned so later work on the rank cannot reach it) or ("error", rank, time, one
+    line, traceback), after which it leaves."""
     if threads:
         torch.set_num_threads(threads)
+    code = 1
     try:
         if backend == "nccl":
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
-        result = fn(Ranks.current(), *args)
-        if rank == 0:
-            torch.save(result, Path(folder) / RESULT)
-    except BaseException as e:
-        record = {"time": time.time(), "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-        (Path(folder) / f"rank{rank}.json").write_text(json.dumps(record))
-        raise
+        ranks, state = Ranks.current(), {}
+        while (job := inbox.get()) is not None:
+            fn, args = job
+            result = fn(ranks, state, *args)
+            outbox.put(("done", rank, tree_map_only(torch.Tensor, torch.clone, result) if rank == 0 else None))
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - a rank reports whatever ends it, then leaves
+        outbox.put(("error", rank, time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        # answers flushed, then out without the interpreter's teardown (1.6 s for 4 ranks on 2 cores, for nothing)
+        outbox.close()
+        outbox.join_thread()
+        os._exit(code)
 
 
-def _first_failure(folder: Path, world: int, fallback: tuple[int, str]) -> RankFailed:
-    """The rank whose error came first (the others' are usually their collectives losing it), else fallback."""
-    records = []
-    for r in range(world):
-        f = folder / f"rank{r}.json"
-        if f.exists():
-            records.append((json.loads(f.read_text()), r))
-    if not records:
-        return RankFailed(fallback[0], world, fallback[1])
-    record, rank = min(records, key=lambda x: x[0]["time"])
-    return RankFailed(rank, world, record["error"], record["trace"])
-
-
-def _stop(processes) -> None:
-    """End every rank still running (TERM, then KILL after a grace), and reap them all."""
+def _shutdown(processes: list, inboxes: list, graceful: bool = True) -> None:
+    """Ask every rank to leave (graceful; else not: after a failure the others may sit in a collective), then end
+    those that do not (TERM, then KILL after a grace), and reap them all."""
+    for p, inbox in zip(processes, inboxes):
+        inbox.cancel_join_thread()  # this process's exit must not wait on a rank that no longer reads
+        if graceful and p.is_alive():
+            try:
+                inbox.put(None)
+            except (OSError, ValueError):
+                pass
+    deadline = time.monotonic() + (STOP_GRACE_S if graceful else 0.0)
     for p in processes:
+        p.join(max(0.0, deadline - time.monotonic()))
         if p.is_alive():
             p.terminate()
-    for p in processes:
-        p.join(5)
+            p.join(STOP_GRACE_S)
         if p.is_alive():
             p.kill()
             p.join()
 
 
+class RankPool:
+    """`world` ranks (spawned processes in one process group) that stay up between calls. pool(fn, *args) runs
+    fn(ranks, state, *args) on every rank (fn and args picklable: fn a module-level function; args shared between
+    the ranks, read-only) and returns rank 0's result; state is the rank's own dict, kept between calls (a loaded
+    model). timeout_s bounds each collective and each call; threads: torch's threads a rank (0: torch's default).
+    close() (or leaving a with block, or the pool being collected) stops the ranks."""
+
+    def __init__(self, world: int, timeout_s: float = 120.0, backend: str = "gloo", threads: int = 1):
+        if world < 1:
+            raise ValueError(f"sequence parallel: a world of {world} ranks; give 1 or more")
+        ctx = mp.get_context("spawn")
+        self.world, self.timeout_s = world, timeout_s
+        self._inboxes = [ctx.Queue() for _ in range(world)]
+        self._outbox = ctx.Queue()
+        port = free_port()
+        self._processes = [ctx.Process(target=_serve, args=(r, world, port, backend, timeout_s, threads,
+                                                             self._inboxes[r], self._outbox), daemon=True,
+                                       name=f"swiftdit_rank{r}")
+                           for r in range(world)]
+        for p in self._processes:
+            p.start()
+        self._closer = weakref.finalize(self, _shutdown, self._processes, self._inboxes)
+
+    @property
+    def open(self) -> bool:
+        return self._closer.alive
+
+    @property
+    def alive(self) -> list[int]:
+        """The ranks whose processes are running."""
+        return [r for r, p in enumerate(self._processes) if p.is_alive()]
+
+    def close(self) -> None:
+        self._stop(graceful=True)
+
+    def _stop(self, graceful: bool) -> None:
+        if self._closer.detach() is not None:
+            _shutdown(self._processes, self._inboxes, graceful)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __call__(self, fn: Callable, *args, timeout_s: float | None = None):
+        """fn(ranks, state, *args) on every rank: rank 0's result. timeout_s: this call's bound (None: the
+        pool's)."""
+        if not self.open:
+            raise RuntimeError("sequence parallel: this pool of ranks is closed (a rank failed, a call overstayed, "
+                               "or it was closed); start a new one")
+        try:
+            for inbox in self._inboxes:
+                inbox.put((fn, args))
+            return self._collect(self.timeout_s if timeout_s is None else timeout_s)
+        except BaseException:
+            self._stop(graceful=False)
+            raise
+
+    def _collect(self, timeout_s: float):
+        """Every rank's answer to one call: rank 0's result, or the first failure raised."""
+        waiting, result = set(range(self.world)), None
+        deadline = time.monotonic() + timeout_s
+        while waiting:
+            try:
+                message = self._outbox.get(timeout=POLL_S)
+            except queue.Empty:
+                for r in sorted(waiting):
+                    code = self._processes[r].exitcode
+                    if code is not None:
+                        raise self._first_error([], RankFailed(r, self.world, f"its process exited with code {code} "
+                                                               "without a word (killed?)"))
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"sequence parallel: ranks {sorted(waiting)} of {self.world} had not answered "
+                                       f"after {timeout_s:g} s; stopped them")
+                continue
+            if message[0] == "error":
+                raise self._first_error([message], None)
+            waiting.discard(message[1])
+            if message[1] == 0:
+                result = message[2]
+        return result
+
+    def _first_error(self, errors: list, fallback: RankFailed | None) -> RankFailed:
+        """The error that came first among those reported by now (the others are usually their collectives losing
+        that rank), else fallback."""
+        time.sleep(POLL_S)  # let ranks whose error is on its way report it
+        while True:
+            try:
+                message = self._outbox.get_nowait()
+            except queue.Empty:
+                break
+            if message[0] == "error":
+                errors.append(message)
+        if not errors:
+            return fallback
+        _, rank, _, error, trace = min(errors, key=lambda m: m[2])
+        return RankFailed(rank, self.world, error, trace)
+
+
+def _stateless(fn: Callable, ranks: Ranks, state: dict, *args):
+    return fn(ranks, *args)
+
+
 def run_ranks(world: int, fn: Callable, args: tuple = (), timeout_s: float = 120.0, backend: str = "gloo",
               threads: int = 1):
-    """fn(ranks, *args) on `world` spawned ranks (fn and args picklable: fn a module-level function); rank 0's
-    result. timeout_s bounds each collective and the whole run; threads: torch's threads a rank (0: torch's
-    default). Raises RankFailed naming the first rank that failed, TimeoutError when the run overstays."""
-    if world < 1:
-        raise ValueError(f"sequence parallel: a world of {world} ranks; give 1 or more")
-    with tempfile.TemporaryDirectory(prefix="swiftdit_ranks_") as tmp:
-        folder = Path(tmp)
-        context = mp.start_processes(_rank_main, args=(world, free_port(), backend, timeout_s, threads, fn, args,
-                                                       tmp), nprocs=world, join=False, start_method="spawn")
-        deadline = time.monotonic() + timeout_s
-        try:
-            while not context.join(timeout=POLL_S):
-                if time.monotonic() > deadline:
-                    alive = [r for r, p in enumerate(context.processes) if p.is_alive()]
-                    raise TimeoutError(f"sequence parallel: ranks {alive} of {world} still running after "
-                                       f"{timeout_s:g} s; stopped them")
-        except mp.ProcessRaisedException as e:
-            raise _first_failure(folder, world, (e.error_index, str(e).strip().splitlines()[-1])) from None
-        except mp.ProcessExitedException as e:
-            raise _first_failure(folder, world, (e.error_index, f"exited with code {e.exit_code}")) from None
-        finally:
-            _stop(context.processes)
-        return torch.load(folder / RESULT, weights_only=False)
+    """fn(ranks, *args) once on `world` fresh ranks, torn down after: rank 0's result. Raises as RankPool's calls
+    (RankFailed naming the first rank that failed; TimeoutError)."""
+    with RankPool(world, timeout_s, backend, threads) as pool:
+        return pool(functools.partial(_stateless, fn), *args)

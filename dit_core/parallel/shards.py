@@ -79,7 +79,7 @@ class SequenceShards:
 
     def sequence(self, s: Sequence) -> Sequence:
         """This rank's rows of s: its map, rotary tables and angles' positions (starts recomputed)."""
-        if s.group:
+        if s.group and self.ranks.world > 1:
             raise ValueError(f"sequence parallel: attention in groups of {s.group} rows cannot split across ranks "
                              "(the rows of a group would sit on different ranks); run this step on one rank")
         rows = self.rows.to(s.map.device)

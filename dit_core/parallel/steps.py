@@ -1,21 +1,18 @@
-"""What a rank runs: a family's step from its file, sequence-parallel across the ranks (launch.run_ranks' fn)."""
+"""What a rank of a RankPool runs: a family's model loaded from its file into the rank's state, then
+its steps sequence-parallel across the ranks."""
 from __future__ import annotations
-
-import torch
 
 from .shards import Ranks
 
 
-def minimax_h3_velocity(ranks: Ranks, path: str, txt: torch.Tensor, video: torch.Tensor, audio: torch.Tensor,
-                        layout, times: torch.Tensor, time_index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """MiniMaxH3.velocity of one packed sequence with the model loaded from `path` on this rank (host, as stored):
-    every rank holds all the rows' inputs and gets all the rows' outputs; the blocks run on its share."""
-    from ..families.minimax_h3 import MiniMaxH3
-    return MiniMaxH3.load(path).velocity(video, audio, txt, layout, times, time_index, ranks=ranks)
+def load_model(ranks: Ranks, state: dict, family: str, path: str) -> None:
+    """The family's model (FAMILIES) from `path` into this rank's state, on the host, as stored."""
+    from ..families import FAMILIES
+    state["model"] = FAMILIES[family].recipe.load(path)
 
 
-def ltx25_velocity(ranks: Ranks, path: str, args: tuple, options: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """LTX25.forward(*args, **options) with the model loaded from `path` on this rank (host, as stored): each
-    stream's rows split across the ranks, the A<->V attentions across both streams' shares."""
-    from ..families.ltx25 import LTX25
-    return LTX25.load(path).forward(*args, **options, ranks=ranks)
+def model_step(ranks: Ranks, state: dict, method: str, args: tuple, options: dict):
+    """The loaded model's `method` (MiniMaxH3.velocity / denoised, LTX25.forward) on args and options, its blocks
+    across the ranks: every rank holds all the rows' inputs and gets all the rows' outputs."""
+    return getattr(state["model"], method)(*args, **options, ranks=ranks)
+

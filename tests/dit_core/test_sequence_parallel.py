@@ -1,6 +1,7 @@
 """Sequence parallelism of the shared block (dit_core/parallel) on the CPU with gloo, f32: a tiny MiniMax H3 step on
 2 and 4 spawned ranks against the same step in one process; balanced shares; a failing rank; heads that do not
 divide by the world."""
+import multiprocessing
 import time
 
 import pytest
@@ -10,8 +11,8 @@ from conftest import rel_err
 from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
 
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times
-from dit_core.parallel import RankFailed, Ranks, SequenceShards, run_ranks, shares
-from dit_core.parallel.steps import minimax_h3_velocity
+from dit_core.parallel import RankFailed, RankPool, Ranks, SequenceShards, run_ranks, shares
+from dit_core.parallel.steps import load_model, model_step
 from dit_core.sequence import runs_of
 
 C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
@@ -37,14 +38,27 @@ def h3_step(model):
     return txt, video, audio, layout, *row_times(layout, 0.4, 0.55)
 
 
+@pytest.fixture(scope="module")
+def pools():
+    """A pool of 2 and one of 4 ranks, shared by the steps below (a rank's start is most of a test's time)."""
+    with RankPool(2) as two, RankPool(4) as four:
+        yield {2: two, 4: four}
+
+
 @pytest.mark.parametrize("world", [2, 4])
-def test_ranks_give_the_single_process_step(h3_file, world):
-    """velocity on `world` ranks (each loads the file, holds its share of the rows) = one process, f32 rounding."""
+def test_ranks_give_the_single_process_step(h3_file, pools, world):
+    """velocity on `world` ranks (each loads the file once, holds its share of the rows) = one process, f32
+    rounding, for two steps at different times on the same loaded ranks."""
     model = MiniMaxH3.load(h3_file)
-    txt, video, audio, layout, times, index = h3_step(model)
-    want_v, want_a = model.velocity(video, audio, txt, layout, times, index)
-    v, a = run_ranks(world, minimax_h3_velocity, (str(h3_file), txt, video, audio, layout, times, index))
-    assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
+    txt, video, audio, layout, *_ = h3_step(model)
+    pool = pools[world]
+    pool(load_model, "minimax_h3", str(h3_file))
+    for t in (0.4, 0.9):
+        times, index = row_times(layout, t, 0.55)
+        want_v, want_a = model.velocity(video, audio, txt, layout, times, index)
+        v, a = pool(model_step, "velocity", (video, audio, txt, layout, times, index), {})
+        assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
+    assert pool.alive == list(range(world))
 
 
 def test_one_rank_is_the_single_process_step_bit_for_bit(h3_file):
@@ -79,14 +93,22 @@ def test_heads_not_dividing_by_the_world_are_refused():
         SequenceShards.split(Ranks(0, 3), torch.zeros(10, dtype=torch.long), (heads, key_heads))
 
 
+def h3_once(ranks: Ranks, path: str, txt, video, audio, layout, times, index):
+    """run_ranks' fn: a fresh rank loads H3 and runs one step."""
+    return MiniMaxH3.load(path).velocity(video, audio, txt, layout, times, index, ranks=ranks)
+
+
 def test_heads_not_dividing_stop_the_ranks(h3_file):
-    """The same refusal from inside the ranks (before any work): the launcher names the rank and the error."""
+    """The same refusal from inside the ranks (before any work), through run_ranks (one call on fresh ranks, torn
+    down after): the launcher names the rank and the error."""
     model = MiniMaxH3.load(h3_file)
+    before = set(multiprocessing.active_children())
     with pytest.raises(RankFailed, match=r"rank \d of 3 failed: ValueError: .*do not divide by 3"):
-        run_ranks(3, minimax_h3_velocity, (str(h3_file), *h3_step(model)))
+        run_ranks(3, h3_once, (str(h3_file), *h3_step(model)))
+    assert set(multiprocessing.active_children()) <= before  # its ranks reaped
 
 
-def fail_on(ranks: Ranks, bad: int) -> int:
+def fail_on(ranks: Ranks, state: dict, bad: int) -> int:
     """Rank `bad` raises; the others wait for it in a collective (which would hang without the launcher)."""
     if ranks.rank == bad:
         raise RuntimeError(f"rank {bad} gave up on purpose")
@@ -96,12 +118,35 @@ def fail_on(ranks: Ranks, bad: int) -> int:
 
 
 def test_a_failing_rank_stops_the_others():
+    pool = RankPool(2, timeout_s=60)
+    assert pool(fail_on, 5) == 2  # healthy
     start = time.monotonic()
     with pytest.raises(RankFailed, match="rank 1 of 2 failed: RuntimeError: rank 1 gave up on purpose") as e:
-        run_ranks(2, fail_on, (1,), timeout_s=60)
+        pool(fail_on, 1)
     assert e.value.rank == 1 and "fail_on" in e.value.trace
-    assert time.monotonic() - start < 30
-    assert run_ranks(2, fail_on, (5,)) == 2  # the same function on healthy ranks
+    assert time.monotonic() - start < 10
+    assert not pool.open and pool.alive == []  # every rank reaped
+
+
+def twice(ranks: Ranks, state: dict, x: torch.Tensor) -> torch.Tensor:
+    return 2 * x
+
+
+def stall_on(ranks: Ranks, state: dict, bad: int) -> None:
+    if ranks.rank == bad:
+        time.sleep(60)
+
+
+def test_pool_call_that_overstays_stops_the_ranks():
+    with RankPool(2) as pool:
+        assert torch.equal(pool(twice, torch.ones(2)), torch.full((2,), 2.0))
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"ranks \[1\] of 2 had not answered after 1 s"):
+            pool(stall_on, 1, timeout_s=1.0)
+        assert time.monotonic() - start < 10
+        assert not pool.open and pool.alive == []  # every rank reaped
+        with pytest.raises(RuntimeError, match="closed"):
+            pool(twice, torch.ones(2))
 
 
 @pytest.fixture(scope="module")
@@ -133,14 +178,14 @@ def ltx25_step(guided: bool):
 
 # 4 ranks guided: the bias rows and columns must follow the ranks' row order (2 ranks leave this grid's blocks in place)
 @pytest.mark.parametrize("world, heads, guided", [(2, 2, False), (4, 4, True)])
-def test_ltx25_ranks_give_the_single_process_step(ltx25_files, world, heads, guided):
+def test_ltx25_ranks_give_the_single_process_step(ltx25_files, pools, world, heads, guided):
     """Both streams split across the ranks; self, A2V and V2A attention across them, the prompt's local."""
     from dit_core.families.ltx25 import LTX25
-    from dit_core.parallel.steps import ltx25_velocity
     path = ltx25_files / f"heads{heads}.safetensors"
     args, options = ltx25_step(guided)
     want_v, want_a = LTX25.load(path).forward(*args, **options)
-    v, a = run_ranks(world, ltx25_velocity, (str(path), args, options))
+    pools[world](load_model, "ltx25", str(path))
+    v, a = pools[world](model_step, "forward", args, options)
     assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
 
 
