@@ -112,15 +112,23 @@ class SequenceShards:
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
                   key_bias: torch.Tensor | None = None, keys: SequenceShards | None = None) -> torch.Tensor:
         """block.attention of this rank's rows q [n_r, heads, head] against every rank's keys k, v [m_r, key heads,
-        head]: all-to-all to [total, heads/world] (each rank its slice of heads), attention, all-to-all back.
-        keys: the shards of the key rows where they are another sequence's (LTX-2.5's A<->V; None: these rows).
-        key_bias [keys] or [queries, keys] in packed order. Returns [n_r, heads x head], as block.attention."""
-        w = self.ranks.world
-        if w == 1:
+        head]: to_heads, attention of the whole sequence in this rank's heads, to_rows. keys: the shards of the key
+        rows where they are another sequence's (LTX-2.5's A<->V; None: these rows). key_bias [keys] or [queries,
+        keys] in packed order. Returns [n_r, heads x head], as block.attention. (A GPU attention kernel goes
+        between to_heads and to_rows the same way.)"""
+        if self.ranks.world == 1:
             return attention(q, k, v, group, key_bias)
         if group:
             raise ValueError(f"sequence parallel: attention in groups of {group} rows cannot split across ranks")
-        keys = self if keys is None else keys
+        gq, gk, gv = self.to_heads(q, k, v, keys)
+        return self.to_rows(attention(gq, gk, gv, 0, self.bias_in_order(key_bias, keys)), q.shape[1])
+
+    def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 keys: SequenceShards | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This rank's rows of every head (q [n_r, heads, head], k and v [m_r, key heads, head]) -> every rank's
+        rows of this rank's heads (q [total, heads/world, head], k and v [keys' total, key heads/world, head], in
+        rank order): one all-to-all (two where keys are another sequence's)."""
+        w, keys = self.ranks.world, self if keys is None else keys
         n, heads, head = q.shape
         kh = k.shape[1]
         self.check_heads(heads, kh)
@@ -131,22 +139,30 @@ class SequenceShards:
         hq, hk = heads // w, kh // w
         # One buffer to each rank j: this rank's rows of j's slice of the heads, [q | k | v] where keys are the rows.
         if keys is self:
-            gq, gk, gv = self._to_heads(torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2),
-                                        self.counts).split([hq, hk, hk], 1)
-        else:
-            gq = self._to_heads(q.reshape(n, w, hq, head), self.counts)
-            gk, gv = self._to_heads(torch.cat([t.reshape(-1, w, hk, head) for t in (k, v)], 2),
-                                    keys.counts).split([hk, hk], 1)
-        bias = None
-        if key_bias is not None:
-            bias = key_bias[..., keys.order.to(key_bias.device)]
-            bias = bias[self.order.to(bias.device)] if bias.dim() == 2 else bias
-        o = attention(gq, gk, gv, 0, bias).reshape(self.total, hq, head)
-        back = o.new_empty(w * n, hq, head)
-        dist.all_to_all_single(back, o, [n] * w, list(self.counts), group=self.ranks.group)
-        return back.reshape(w, n, hq, head).transpose(0, 1).reshape(n, heads * head)
+            return self._exchange(torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2),
+                                  self.counts).split([hq, hk, hk], 1)
+        gk, gv = self._exchange(torch.cat([t.reshape(-1, w, hk, head) for t in (k, v)], 2), keys.counts).split(
+            [hk, hk], 1)
+        return self._exchange(q.reshape(n, w, hq, head), self.counts), gk, gv
 
-    def _to_heads(self, t: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
+    def to_rows(self, o: torch.Tensor, heads: int) -> torch.Tensor:
+        """to_heads' inverse for the output: o [total, heads/world x head] (every rank's rows of this rank's heads)
+        -> [n_r, heads x head], this rank's rows of every head."""
+        w, n = self.ranks.world, self.rows.numel()
+        o = o.reshape(self.total, heads // w, -1)
+        back = o.new_empty(w * n, *o.shape[1:])
+        dist.all_to_all_single(back, o.contiguous(), [n] * w, list(self.counts), group=self.ranks.group)
+        return back.reshape(w, n, *o.shape[1:]).transpose(0, 1).reshape(n, -1)
+
+    def bias_in_order(self, key_bias: torch.Tensor | None, keys: SequenceShards | None = None):
+        """A bias on the scores in packed order ([keys] or [queries, keys]) in to_heads' rank order."""
+        if key_bias is None:
+            return None
+        keys = self if keys is None else keys
+        bias = key_bias[..., keys.order.to(key_bias.device)]
+        return bias[self.order.to(bias.device)] if bias.dim() == 2 else bias
+
+    def _exchange(self, t: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
         """t [m_r, world, h, head] (this rank's rows, by the rank whose heads they are) -> [sum(counts), h, head]:
         every rank's rows of this rank's heads, in rank order."""
         m, w = t.shape[0], self.ranks.world
