@@ -24,7 +24,6 @@ from typing import Self
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from torch.utils._pytree import tree_map_only
 
 from .shards import Ranks
 
@@ -47,10 +46,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def on_host(result):
+    """result with each tensor (in tuples, lists, dicts) copied to the host: a CUDA tensor cannot outlive its rank,
+    and a copy is out of reach of the rank's later work."""
+    if isinstance(result, torch.Tensor):
+        return result.detach().to("cpu", copy=True)
+    if isinstance(result, (tuple, list)):
+        return type(result)(on_host(r) for r in result)
+    if isinstance(result, dict):
+        return {k: on_host(v) for k, v in result.items()}
+    return result
+
+
 def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox) -> None:
     """One rank's process: join the group, then run each (fn, args) from inbox until None, answering on outbox
-    ("done", rank, result: rank 0's, cloned so later work on the rank cannot reach it) or ("error", rank, time, one
-    line, traceback), after which it leaves."""
+    ("done", rank, result: rank 0's, on_host) or ("error", rank, time, one line, traceback), after which it leaves."""
     if threads:
         torch.set_num_threads(threads)
     code = 1
@@ -63,7 +73,7 @@ def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, thr
         while (job := inbox.get()) is not None:
             fn, args = job
             result = fn(ranks, state, *args)
-            outbox.put(("done", rank, tree_map_only(torch.Tensor, torch.clone, result) if rank == 0 else None))
+            outbox.put(("done", rank, on_host(result) if rank == 0 else None))
         code = 0
     except BaseException as e:  # noqa: BLE001 - a rank reports whatever ends it, then leaves
         outbox.put(("error", rank, time.time(), f"{type(e).__name__}: {e}", traceback.format_exc()))
