@@ -28,6 +28,7 @@ import torch.multiprocessing as mp
 from .shards import Ranks
 
 POLL_S = 0.05
+PARENT_CHECK_S = 1.0
 STOP_GRACE_S = 5.0
 
 
@@ -58,7 +59,18 @@ def on_host(result):
     return result
 
 
-def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox) -> None:
+def _next_job(inbox, parent: int):
+    """The next (fn, args) from inbox, or None: asked to leave, or the parent is gone (killed: no rank outlives it)."""
+    while True:
+        try:
+            return inbox.get(timeout=PARENT_CHECK_S)
+        except queue.Empty:
+            if os.getppid() != parent:
+                return None
+
+
+def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox,
+           parent: int) -> None:
     """One rank's process: join the group, then run each (fn, args) from inbox until None, answering on outbox
     ("done", rank, result: rank 0's, on_host) or ("error", rank, time, one line, traceback), after which it leaves."""
     if threads:
@@ -70,7 +82,7 @@ def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, thr
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=timedelta(seconds=timeout_s))
         ranks, state = Ranks.current(), {}
-        while (job := inbox.get()) is not None:
+        while (job := _next_job(inbox, parent)) is not None:
             fn, args = job
             result = fn(ranks, state, *args)
             outbox.put(("done", rank, on_host(result) if rank == 0 else None))
@@ -123,7 +135,8 @@ class RankPool:
         self._outbox = ctx.Queue()
         port = free_port()
         self._processes = [ctx.Process(target=_serve, args=(r, world, port, backend, timeout_s, threads,
-                                                             self._inboxes[r], self._outbox), daemon=True,
+                                                             self._inboxes[r], self._outbox, os.getpid()),
+                                       daemon=True,
                                        name=f"swiftdit_rank{r}")
                            for r in range(world)]
         for p in self._processes:
