@@ -40,6 +40,10 @@ class RankFailed(RuntimeError):
         self.rank, self.error, self.trace = rank, error, trace
 
 
+class Cancelled(RuntimeError):
+    """A call stopped at a check: every rank at the same one (the pool stays up)."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free now (the OS's choice)."""
     with socket.socket() as s:
@@ -59,6 +63,23 @@ def on_host(result):
     return result
 
 
+def _agreed_check(ranks: Ranks, stop, outbox, device: str):
+    """A step's check() (after each block): the ranks agree whether to stop (the flag's max over them), so all stop
+    at the same block, raising Cancelled; else rank 0 reports the blocks done so far ("progress", 0, n)."""
+    done = 0
+
+    def check() -> None:
+        nonlocal done
+        flag = torch.tensor([float(stop.is_set())], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ranks.group)
+        if flag.item():
+            raise Cancelled(f"sequence parallel: rank {ranks.rank} stopped after {done} blocks, as asked")
+        done += 1
+        if ranks.rank == 0:
+            outbox.put(("progress", 0, done))
+    return check
+
+
 def _next_job(inbox, parent: int):
     """The next (fn, args) from inbox, or None: asked to leave, or the parent is gone (killed: no rank outlives it)."""
     while True:
@@ -69,10 +90,11 @@ def _next_job(inbox, parent: int):
                 return None
 
 
-def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox,
+def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, threads: int, inbox, outbox, stop,
            parent: int) -> None:
-    """One rank's process: join the group, then run each (fn, args) from inbox until None, answering on outbox
-    ("done", rank, result: rank 0's, on_host) or ("error", rank, time, one line, traceback), after which it leaves."""
+    """One rank's process: join the group, then run each (fn, args) from inbox until None, with state["check"] a
+    fresh _agreed_check, answering on outbox ("done", rank, result: rank 0's, on_host), ("cancelled", rank, None),
+    or ("error", rank, time, one line, traceback), after which it leaves."""
     if threads:
         torch.set_num_threads(threads)
     code = 1
@@ -84,7 +106,12 @@ def _serve(rank: int, world: int, port: int, backend: str, timeout_s: float, thr
         ranks, state = Ranks.current(), {}
         while (job := _next_job(inbox, parent)) is not None:
             fn, args = job
-            result = fn(ranks, state, *args)
+            state["check"] = _agreed_check(ranks, stop, outbox, "cuda" if backend == "nccl" else "cpu")
+            try:
+                result = fn(ranks, state, *args)
+            except Cancelled:
+                outbox.put(("cancelled", rank, None))
+                continue
             outbox.put(("done", rank, on_host(result) if rank == 0 else None))
         code = 0
     except BaseException as e:  # noqa: BLE001 - a rank reports whatever ends it, then leaves
@@ -132,10 +159,11 @@ class RankPool:
         ctx = mp.get_context("spawn")
         self.world, self.timeout_s = world, timeout_s
         self._inboxes = [ctx.Queue() for _ in range(world)]
-        self._outbox = ctx.Queue()
+        self._outbox, self._stop_asked = ctx.Queue(), ctx.Event()
         port = free_port()
         self._processes = [ctx.Process(target=_serve, args=(r, world, port, backend, timeout_s, threads,
-                                                             self._inboxes[r], self._outbox, os.getpid()),
+                                                             self._inboxes[r], self._outbox, self._stop_asked,
+                                                             os.getpid()),
                                        daemon=True,
                                        name=f"swiftdit_rank{r}")
                            for r in range(world)]
@@ -165,25 +193,39 @@ class RankPool:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def __call__(self, fn: Callable, *args, timeout_s: float | None = None):
-        """fn(ranks, state, *args) on every rank: rank 0's result. timeout_s: this call's bound (None: the
-        pool's)."""
+    def __call__(self, fn: Callable, *args, timeout_s: float | None = None, check: Callable | None = None,
+                 progress: Callable[[int], None] | None = None):
+        """fn(ranks, state, *args) on every rank: rank 0's result. timeout_s: this call's bound (None: the pool's).
+        check(), called here while the ranks work, may raise to stop them (ComfyUI's interrupt): the ranks stop at
+        their next state["check"]() (a family's step calls it after each block) and the pool, still up, raises
+        what check raised. progress(n): blocks done so far, as rank 0 reports them."""
         if not self.open:
             raise RuntimeError("sequence parallel: this pool of ranks is closed (a rank failed, a call overstayed, "
                                "or it was closed); start a new one")
+        self._stop_asked.clear()
         try:
             for inbox in self._inboxes:
                 inbox.put((fn, args))
-            return self._collect(self.timeout_s if timeout_s is None else timeout_s)
+            result, interrupt = self._collect(self.timeout_s if timeout_s is None else timeout_s, check, progress)
         except BaseException:
             self._stop(graceful=False)
             raise
+        if interrupt is not None:
+            raise interrupt
+        return result
 
-    def _collect(self, timeout_s: float):
-        """Every rank's answer to one call: rank 0's result, or the first failure raised."""
-        waiting, result = set(range(self.world)), None
+    def _collect(self, timeout_s: float, check: Callable | None, progress: Callable[[int], None] | None):
+        """Every rank's answer to one call: (rank 0's result, what check raised or None), or the first failure
+        raised."""
+        waiting, result, interrupt = set(range(self.world)), None, None
         deadline = time.monotonic() + timeout_s
         while waiting:
+            if check is not None and interrupt is None:
+                try:
+                    check()
+                except BaseException as e:  # noqa: BLE001 - raised again once every rank has stopped
+                    interrupt = e
+                    self._stop_asked.set()
             try:
                 message = self._outbox.get(timeout=POLL_S)
             except queue.Empty:
@@ -196,12 +238,19 @@ class RankPool:
                     raise TimeoutError(f"sequence parallel: ranks {sorted(waiting)} of {self.world} had not answered "
                                        f"after {timeout_s:g} s; stopped them")
                 continue
-            if message[0] == "error":
+            kind, rank, value = message[:3]
+            if kind == "error":
                 raise self._first_error([message], None)
-            waiting.discard(message[1])
-            if message[1] == 0:
-                result = message[2]
-        return result
+            if kind == "progress":
+                if progress is not None:
+                    progress(value)
+                continue
+            waiting.discard(rank)
+            if kind == "done" and rank == 0:
+                result = value
+            elif kind == "cancelled" and interrupt is None:
+                interrupt = Cancelled("sequence parallel: the ranks stopped at a check, as asked")
+        return result, interrupt
 
     def _first_error(self, errors: list, fallback: RankFailed | None) -> RankFailed:
         """The error that came first among those reported by now (the others are usually their collectives losing

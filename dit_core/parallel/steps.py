@@ -13,6 +13,7 @@ def load_model(ranks: Ranks, state: dict, family: str, path: str) -> None:
 
 def model_step(ranks: Ranks, state: dict, method: str, args: tuple, options: dict):
     """The loaded model's `method` (MiniMaxH3.velocity / denoised, LTX25.forward) on args and options, its blocks
-    across the ranks: every rank holds all the rows' inputs and gets all the rows' outputs."""
-    return getattr(state["model"], method)(*args, **options, ranks=ranks)
+    across the ranks: every rank holds all the rows' inputs and gets all the rows' outputs. The pool's check runs
+    after each block (its cancel and progress)."""
+    return getattr(state["model"], method)(*args, **options, check=state.get("check"), ranks=ranks)
 

@@ -56,8 +56,10 @@ def test_ranks_give_the_single_process_step(h3_file, pools, world):
     for t in (0.4, 0.9):
         times, index = row_times(layout, t, 0.55)
         want_v, want_a = model.velocity(video, audio, txt, layout, times, index)
-        v, a = pool(model_step, "velocity", (video, audio, txt, layout, times, index), {})
+        blocks = []
+        v, a = pool(model_step, "velocity", (video, audio, txt, layout, times, index), {}, progress=blocks.append)
         assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
+        assert blocks == [1, 2]  # rank 0's progress, a block at a time
     assert pool.alive == list(range(world))
 
 
@@ -196,3 +198,31 @@ def test_ltx25_one_rank_is_the_single_process_step_bit_for_bit(ltx25_files):
     want = model.forward(*args, **options)
     got = model.forward(*args, **options, ranks=Ranks(0, 1))
     assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def blocks_of(ranks: Ranks, state: dict, n: int) -> int:
+    """n blocks of 20 ms each, state["check"]() after each (as a family's step calls it)."""
+    for _ in range(n):
+        time.sleep(0.02)
+        state["check"]()
+    return n
+
+
+class Interrupted(Exception):
+    """The host's interrupt (ComfyUI's InterruptProcessingException)."""
+
+
+def test_cancel_stops_every_rank_at_one_block_and_keeps_the_pool(pools):
+    seen = []
+
+    def check():
+        if len(seen) >= 3:
+            raise Interrupted
+
+    pool = pools[2]
+    start = time.monotonic()
+    with pytest.raises(Interrupted):
+        pool(blocks_of, 1000, check=check, progress=seen.append)
+    assert time.monotonic() - start < 10 and seen[:3] == [1, 2, 3] and len(seen) < 1000
+    assert pool.open and pool.alive == [0, 1]
+    assert pool(blocks_of, 2) == 2  # the ranks go on
