@@ -1,9 +1,9 @@
 """LTX-2.5 nodes, text and images to video + audio as the templates run it: the DiT and text encoder loaders, text
 encode and a sampler per stage (one SamplerCustomAdvanced group of a template); with the VAE, audio and latent nodes
 of nodes/ltx25_codecs.py and the frame nodes of nodes/ltx25_frames.py, all in NODES. Stock EmptyLTXVLatentVideo,
-LTXVConcat/SeparateAVLatent and LTXVConditioning stay in the graph. The DiT runs where ComfyUI computes (a CUDA GPU:
-its layers through kernels/ within the loader's budget; else the f32 host path); the connectors, text encoder and
-codecs on the host for now."""
+LTXVConcat/SeparateAVLatent and LTXVConditioning stay in the graph. The DiT, its text connectors and the text encoder
+run where ComfyUI computes (a CUDA GPU: the DiT's layers through kernels/ within the loader's budget, the encoder in
+the file's precision; else the f32 host path); the codecs on the host for now."""
 from __future__ import annotations
 
 import math
@@ -21,7 +21,7 @@ from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncode
 from .family_settings import FamilySettings, PassSize
 from .ltx25_codecs import CODEC_NODES
 from .ltx25_frames import CATEGORY, FAMILY, FRAME_NODES, HOST, host_model, sampler_frames
-from .memory import LOADED, dit_on_device, engine_device
+from .memory import LOADED, dit_on_device, engine_device, make_room
 
 FRAME_RATE = 25  # the RoPE's fps where no LTXVConditioning set one (ComfyUI's LTXV extra_conds default)
 SETTINGS = FamilySettings(
@@ -47,24 +47,42 @@ class LoadedDiT:
         return self.transformer.blocks
 
     def to(self, device: torch.device, budget_bytes=None) -> LoadedDiT:
-        """The transformer where it runs (LTX25.to); the connectors stay on the host (once a prompt)."""
+        """The transformer where it runs (LTX25.to); the connectors stay where read_dit read them (there already)."""
         return LoadedDiT(self.transformer.to(device, budget_bytes=budget_bytes), self.connectors)
 
 
-def read_dit(ckpt) -> LoadedDiT:
-    return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt))
+def read_dit(ckpt, device: torch.device = HOST) -> LoadedDiT:
+    """The transformer on the host (LoadedDiT.to places it) and the connectors read straight to device. On a GPU
+    their linears are BF16 (residual, norms and attention f32): 2.0 B parameters at the release's 8 blocks a
+    stream, 8 GB in f32 against 4 in BF16 beside a DiT on a 16 GB budget, run once a prompt, and the DiT's GPU
+    path reads its text rows through BF16/INT8 linears anyway. Room is made for them first (memory.make_room:
+    ComfyUI's models, then our text encoders, go), and they are there before the DiT's block budget is taken."""
+    if device.type != "cuda":
+        return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt))
+    make_room(device, 2 * sum(math.prod(ckpt.shape(k)) for k in ckpt.keys() if "_embeddings_connector." in k))
+    return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt, device=device, dtype=torch.bfloat16))
 
 
 def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> LoadedDiT:
     """The DiT where ComfyUI computes: on a CUDA GPU within the loader's gpu_budget_gb, fitted for a pass over rows
     (memory.dit_on_device; check: SamplerNode's memory check), else on the host (f32)."""
-    if engine_device().type == "cuda":
-        return dit_on_device(handle, lambda: cancellable(read_dit, handle.path), SETTINGS.pass_size, rows, check)
+    device = engine_device()
+    if device.type == "cuda":
+        return dit_on_device(handle, lambda: cancellable(lambda f: read_dit(f, device), handle.path),
+                             SETTINGS.pass_size, rows, check)
     return host_model("dit", handle, read_dit)
 
 
-def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:  # its tokenizer is the file's own
-    return LOADED.get("text", (*handle.key(), str(HOST), FAMILY), lambda: Gemma4TextEncoder.load(handle.path), HOST,
+def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:
+    """The loader's Gemma-4 (its tokenizer the file's own), kept in LOADED's "text" slot per file, device and family,
+    Cancel honoured. On a CUDA GPU (unless the loader's device is cpu) in the file's precision, each tensor read
+    straight to the card: BF16, its INT8 ConvRot linears as stored on the INT8 kernels (12 B: 24 GB in BF16, about
+    half as INT8); the DiT's room takes it back when short (memory.make_room gives back kind "text"). Elsewhere the
+    f32 host reference."""
+    device = HOST if handle.device == "cpu" else engine_device()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    load = lambda f: Gemma4TextEncoder.load(f, dtype=dtype, device=device)  # noqa: E731
+    return LOADED.get("text", (*handle.key(), str(device), FAMILY), lambda: cancellable(load, handle.path), device,
                       handle.role)
 
 

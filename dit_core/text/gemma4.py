@@ -1,6 +1,8 @@
-"""LTX-2.5's text path on the host, f32: Gemma-4 12B (`gemma4_unified`) over the prompt, all its hidden states, the
-per-modality feature projections (the text encoder file's `text_embedding_projection`) and the video and audio
-connectors (the DiT file's `*_embeddings_connector`), giving the LTX-2.5 transformer its text rows and mask.
+"""LTX-2.5's text path: Gemma-4 12B (`gemma4_unified`) over the prompt, all its hidden states and the per-modality
+feature projections (the text encoder file's `text_embedding_projection`), then the video and audio connectors
+(ltx25_connectors.py: the DiT file's `*_embeddings_connector`), giving the LTX-2.5 transformer its text rows and mask.
+f32 on the host (the reference), or on a GPU in the file's precision: BF16, INT8 ConvRot linears on the INT8 kernels
+(loading.py's one loading path; issue 34).
 
 reference/families/ltx25.md section 5 (text path); diffusers 0.42.1 `LTX2Pipeline._get_gemma_prompt_embeds` and
 `pipelines/ltx2/connectors.py` (`LTX2TextConnectors` with per_modality_projections) are the oracle."""
@@ -13,23 +15,27 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
-from .loading import TextEncoder, checked_layers, prompt_too_long
+from .loading import TextEncoder, checked_layers, linear_state, meta_model, prompt_too_long, weight_on
+from .ltx25_connectors import ROWS, LTX25TextConnectors
+
+if TYPE_CHECKING:
+    from ..gpu.block import GpuLinear
 
 log = logging.getLogger(__name__)
 
 TEMPLATE_FILE = "gemma4-12b-with-proj-ltx-2.5-comfy-int8-convrot.safetensors"  # CLIPLoader type ltxv
 ENHANCER_FILE = "gemma4_e2b_it_int8_convrot"  # the template's prompt enhancer: another Gemma-4, not this encoder
 PROJECTIONS = "text_embedding_projection."  # + video_aggregate_embed / audio_aggregate_embed (LTX-2.3+ names)
-CONNECTORS = ("model.diffusion_model.", "")  # where a DiT file (or a bare connector file) holds the connectors
 TOKENIZER_TENSOR = "tokenizer_json"  # ComfyUI's Gemma-4 files carry their tokenizer.json as a uint8 tensor
-MAX_LENGTH = 1024  # diffusers' max_sequence_length: prompts are left-padded to it, the connectors give that many rows
-RMS_EPS = 1e-6  # Gemma-4's rms_norm_eps, the feature RMS and the connectors' norms (not in the tensors)
+MAX_LENGTH = ROWS  # diffusers' max_sequence_length: prompts are left-padded to it, the connectors give that many rows
+RMS_EPS = 1e-6  # Gemma-4's rms_norm_eps and the feature RMS (not in the tensors)
 # Gemma-4's config.json values that the tensors do not hold (transformers' Gemma4UnifiedTextConfig defaults, which
 # the LTX-2.5 text encoder keeps: sliding 10k default RoPE; full layers 1M proportional RoPE on a quarter of the head).
 SLIDING_WINDOW = 1024
@@ -40,9 +46,6 @@ ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
 LAYER_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                "post_feedforward_layernorm")
-# Connector RoPE (diffusers LTX2RotaryPosEmbed1d as LTX2TextConnectors builds it): positions i / 4096, base 10000.
-CONNECTOR_ROPE_LENGTH = 4096
-CONNECTOR_ROPE_THETA = 10_000.0
 
 
 def wrong_file(ckpt: Checkpoint, kind: str) -> WeightsError:
@@ -137,9 +140,11 @@ def read_gemma4_sizes(ckpt: Checkpoint, root: str) -> Gemma4Sizes:
 
 
 def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: torch.dtype,
-                      device: str | torch.device) -> dict[str, torch.Tensor]:
-    """Gemma4UnifiedTextModel's state dict (transformers' names, no prefix) of dtype on device; every linear
-    through weights.read_linear (BF16 as stored, INT8 ConvRot dequantized: the host path)."""
+                      device: str | torch.device, int8: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Gemma4UnifiedTextModel's state dict (transformers' names, no prefix) of dtype on device, each tensor moved
+    as stored and converted there, one at a time (no f32 copy on the host unless the host is where it goes);
+    every linear through weights.read_linear and loading.linear_state: INT8 ConvRot dequantized there, or on the
+    INT8 path (int8 a dict, filled here) kept as stored codes and scales for Int8Linear."""
     markers = ckpt.quantization_markers()
     sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device),
           "norm.weight": read_tensor(ckpt, f"{root}norm.weight", (sizes.hidden_size,), dtype, device)}
@@ -153,7 +158,7 @@ def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: to
                 lin = read_linear(ckpt, f"{src}{group}.{n}", markers)
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Gemma-4 has none")
-                sd[f"{dst}{group}.{n}.weight"] = lin.dequantized().to(device, dtype)
+                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8))
         for n in LAYER_NORMS:
             sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (sizes.hidden_size,), dtype, device)
         for n in ("q_norm", "k_norm"):
@@ -212,18 +217,24 @@ class Gemma4TextEncoder(TextEncoder):
     MODEL = Gemma4UnifiedTextModel
 
     def __init__(self, model: Gemma4UnifiedTextModel, tokenizer: GemmaPromptTokenizer,
-                 video_proj: Linear, audio_proj: Linear):
+                 video_proj: Linear | GpuLinear, audio_proj: Linear | GpuLinear):
         super().__init__(model, tokenizer)
         self.video_proj = video_proj
         self.audio_proj = audio_proj
 
     @classmethod
-    def load(cls, path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
-             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> Gemma4TextEncoder:
-        """From the template's Gemma-4 file (INT8 ConvRot or BF16; ComfyUI's flat `model.*` layout or transformers'
-        `model.language_model.*`) with its `text_embedding_projection`; the tokenizer first (see
-        GemmaPromptTokenizer.find), so a missing one fails before gigabytes are read."""
-        ckpt = Checkpoint(path)
+    def load(cls, path: str | os.PathLike | Checkpoint, tokenizer: str | os.PathLike | None = None,
+             dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+             int8_linears: bool | None = None) -> Gemma4TextEncoder:
+        """From the template's Gemma-4 file (a path or an open Checkpoint; INT8 ConvRot, scaled FP8 or BF16;
+        ComfyUI's flat `model.*` layout or transformers' `model.language_model.*`) with its
+        `text_embedding_projection`; the tokenizer first (see GemmaPromptTokenizer.find), so a missing one fails
+        before gigabytes are read. Each tensor goes to device as stored and becomes dtype there (f32 on the CPU:
+        the reference; BF16 on a GPU). int8_linears, as TextEncoder.load_model's: each INT8 ConvRot linear the
+        kernels take (the projections too) kept as stored and run on the INT8 kernels (Int8Linear; GpuLinear for
+        the projections, whose bias it adds); None: on for a CUDA device, off elsewhere; True on the CPU runs the
+        kernels' references (tests)."""
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = find_gemma4_root(ckpt)
         missing = [f"{PROJECTIONS}{m}_aggregate_embed.weight" for m in ("video", "audio")
                    if f"{PROJECTIONS}{m}_aggregate_embed.weight" not in ckpt]
@@ -239,10 +250,12 @@ class Gemma4TextEncoder(TextEncoder):
                 raise WeightsError(f"{ckpt.path.name}: {m}_aggregate_embed takes {width} features, not "
                                    f"{sizes.hidden_size * states} (hidden {sizes.hidden_size} x {states} states); "
                                    f"the projections of another text encoder, or a truncated file?")
-        sd = read_gemma4_state(ckpt, root, sizes, dtype, device)
+        if int8_linears is None:
+            int8_linears = torch.device(device).type == "cuda"
+        int8 = {} if int8_linears else None
+        sd = read_gemma4_state(ckpt, root, sizes, dtype, device, int8)
         config = sizes.config()
-        with torch.device("meta"):  # gpt-fast habit: no random init, the file's tensors assigned
-            model = cls.MODEL(config)
+        model = meta_model(cls.MODEL, config, int8)
         try:
             model.load_state_dict(sd, strict=True, assign=True)
         except RuntimeError as e:
@@ -250,9 +263,7 @@ class Gemma4TextEncoder(TextEncoder):
         # Non-persistent buffers are still on meta: the RoPE tables (f32, computed for real) and the embed scale.
         model.rotary_emb = type(model.rotary_emb)(config=config)
         model.embed_tokens.embed_scale = torch.tensor(model.embed_tokens.scalar_embed_scale)
-        projections = [read_linear(ckpt, f"{PROJECTIONS}{m}_aggregate_embed") for m in ("video", "audio")]
-        video, audio = (Linear(lin.dequantized().to(device, dtype),
-                               None if lin.bias is None else lin.bias.to(device, dtype)) for lin in projections)
+        video, audio = (read_projection(ckpt, m, dtype, device, int8_linears) for m in ("video", "audio"))
         return cls(model.to(device).eval(), prompt_tokenizer, video, audio)
 
     @torch.no_grad()
@@ -276,164 +287,35 @@ class Gemma4TextEncoder(TextEncoder):
         normed = states * torch.rsqrt(states.pow(2).mean(dim=2, keepdim=True) + RMS_EPS)
         flat = normed.flatten(2)  # hidden-major, layer-minor: feature d * (layers + 1) + l
         hidden = states.shape[2]
-        return tuple(F.linear(flat * math.sqrt(p.out_features / hidden), p.weight.float(),
-                              None if p.bias is None else p.bias.float()) for p in (self.video_proj, self.audio_proj))
+        return tuple(project(p, flat * math.sqrt(p.weight.shape[0] / hidden)) for p in (self.video_proj,
+                                                                                          self.audio_proj))
 
 
-# --- the connectors ---------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ConnectorBlock:
-    """One connector block: x += attn(rms(x)); x += ff(rms(x))."""
-    q: Linear
-    k: Linear
-    v: Linear
-    out: Linear
-    gate: Linear | None  # per-head 2*sigmoid gate (LTX-2.3+)
-    q_norm: torch.Tensor
-    k_norm: torch.Tensor
-    up: Linear
-    down: Linear
+def read_projection(ckpt: Checkpoint, modality: str, dtype: torch.dtype, device: str | torch.device,
+                    int8_linears: bool) -> Linear | GpuLinear:
+    """`text_embedding_projection.<modality>_aggregate_embed` on device: a Linear of dtype (its bias f32), or on
+    the INT8 path an INT8 ConvRot one the kernels take as a GpuLinear of its stored codes (the release's are
+    [4096 | 2048, 188160]: 0.77 | 0.39 GB as INT8, twice that in BF16)."""
+    lin = read_linear(ckpt, f"{PROJECTIONS}{modality}_aggregate_embed")
+    if int8_linears:
+        from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
+        if text_linear.takes(lin):
+            from ..gpu.block import GpuLinear
+            return GpuLinear.of(lin, torch.device(device))
+    return Linear(weight_on(lin, dtype, device), None if lin.bias is None else lin.bias.to(device, torch.float32))
 
 
-@dataclass(frozen=True)
-class Connector:
-    """One modality's connector: registers replace padding, blocks, a final weightless RMS norm."""
-    registers: torch.Tensor  # [R, width]
-    blocks: tuple[ConnectorBlock, ...]
-    heads: int
-
-    @property
-    def width(self) -> int:
-        return self.registers.shape[1]
-
-
-def _float(lin: Linear, device) -> Linear:
-    return Linear(lin.dequantized().to(device), None if lin.bias is None else lin.bias.float().to(device))
-
-
-def read_connector(ckpt: Checkpoint, prefix: str, heads: int | None, device) -> Connector:
-    """`<prefix>learnable_registers` and `<prefix>transformer_1d_blocks.N.*` (the original names, as ComfyUI's DiT
-    files hold them); heads from the gate's rows unless given."""
-    markers = ckpt.quantization_markers()
-    stem = f"{prefix}transformer_1d_blocks."
-    n_blocks = ckpt.numbered(stem, ".attn1.to_q.weight")
-    if n_blocks == 0:
-        raise WeightsError(f"{ckpt.path.name}: no '{stem}0.attn1.to_q.weight'; the connectors are in the LTX-2.5 "
-                           f"DiT file (ltx-2.5-22b-distilled-transformer-comfy-int8-convrot)")
-    registers = read_tensor(ckpt, f"{prefix}learnable_registers", device=device)
-    width = registers.shape[1]
-    blocks = []
-
-    def lin(name: str) -> Linear:
-        return _float(read_linear(ckpt, name, markers), device)
-
-    for i in range(n_blocks):
-        b = f"{stem}{i}."
-        gate = lin(f"{b}attn1.to_gate_logits") if f"{b}attn1.to_gate_logits.weight" in ckpt else None
-        blocks.append(ConnectorBlock(
-            q=lin(f"{b}attn1.to_q"), k=lin(f"{b}attn1.to_k"), v=lin(f"{b}attn1.to_v"), out=lin(f"{b}attn1.to_out.0"),
-            gate=gate, q_norm=read_tensor(ckpt, f"{b}attn1.q_norm.weight", (width,), device=device),
-            k_norm=read_tensor(ckpt, f"{b}attn1.k_norm.weight", (width,), device=device),
-            up=lin(f"{b}ff.net.0.proj"), down=lin(f"{b}ff.net.2")))
-    if heads is None:
-        if blocks[0].gate is None:
-            raise WeightsError(f"{ckpt.path.name}: '{prefix}' has no gate to count its heads by; pass heads")
-        heads = blocks[0].gate.out_features
-    if width % (2 * heads):
-        raise WeightsError(f"{ckpt.path.name}: '{prefix}' width {width} does not split into {heads} heads of "
-                           f"rotary pairs")
-    return Connector(registers, tuple(blocks), heads)
-
-
-def _rms(x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-    x = x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + RMS_EPS)
-    return x if weight is None else x * weight
-
-
-def _apply(lin: Linear, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, lin.weight, lin.bias)
-
-
-def connector_rotary(rows: int, width: int, heads: int, f64: bool,
-                     device=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [heads, rows, width / (2 heads)] of the connectors' 1-D split RoPE: angle_j(i) = f_j (2 i / 4096 - 1),
-    f_j = 10000^(j / (width/2 - 1)) pi / 2, the width/2 angles dealt to heads in order. f64: whole angles in f64
-    (ltx-core, ComfyUI); otherwise as diffusers (f64 ladder cast to f32, the product in f32): up to ~1e-3 apart in
-    cos (reference/families/ltx25.md section 9, item 3)."""
-    ladder = torch.pow(CONNECTOR_ROPE_THETA, torch.linspace(0.0, 1.0, width // 2, dtype=torch.float64)) * (math.pi / 2)
-    grid = torch.arange(rows, dtype=torch.float32) / CONNECTOR_ROPE_LENGTH
-    if f64:
-        angles = (grid.double()[:, None] * 2 - 1) * ladder
-    else:
-        angles = (grid[:, None] * 2 - 1) * ladder.float()
-    angles = angles.reshape(rows, heads, -1).transpose(0, 1)
-    return angles.cos().float().to(device), angles.sin().float().to(device)
-
-
-def _rotate_split(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [heads, rows, head]: pairs (i, i + head/2) of each head rotated."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-
-
-def run_connector(c: Connector, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Blocks and the final norm over rows x [rows, width] (every row attends every row)."""
-    rows, heads = x.shape[0], c.heads
-    cos, sin = rotary
-    for b in c.blocks:
-        h = _rms(x)
-        q, k, v = (t.reshape(rows, heads, -1).transpose(0, 1) for t in (
-            _rms(_apply(b.q, h), b.q_norm), _rms(_apply(b.k, h), b.k_norm), _apply(b.v, h)))
-        o = F.scaled_dot_product_attention(_rotate_split(q, cos, sin), _rotate_split(k, cos, sin), v)
-        if b.gate is not None:
-            o = o * (2 * torch.sigmoid(_apply(b.gate, h))).transpose(0, 1)[..., None]
-        x = x + _apply(b.out, o.transpose(0, 1).reshape(rows, -1))
-        x = x + _apply(b.down, F.gelu(_apply(b.up, _rms(x)), approximate="tanh"))
-    return _rms(x)
-
-
-class LTX25TextConnectors:
-    """The video and audio connectors: features of n valid tokens -> the DiT's text rows, `rows` of each (valid
-    tokens first, then the learnable registers of their absolute rows), all attended (mask of ones)."""
-
-    def __init__(self, video: Connector, audio: Connector, rows: int = MAX_LENGTH, rope_f64: bool = True):
-        for name, c in (("video", video), ("audio", audio)):
-            if rows % c.registers.shape[0]:
-                raise ValueError(f"LTX25TextConnectors: {rows} rows do not tile the {name} connector's "
-                                 f"{c.registers.shape[0]} registers")
-        self.video, self.audio = video, audio
-        self.rows = rows
-        self.rope_f64 = rope_f64
-
-    @classmethod
-    def load(cls, path: str | os.PathLike | Checkpoint, rows: int = MAX_LENGTH, rope_f64: bool = True,
-             heads: int | None = None, device: str | torch.device = "cpu") -> LTX25TextConnectors:
-        """From the LTX-2.5 DiT file (`model.diffusion_model.{video,audio}_embeddings_connector.*`) or a file of the
-        connectors alone; f32 on device. rope_f64: production angles (True) or diffusers' (False, its tests)."""
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        base = ckpt.prefix_of(("video_embeddings_connector.learnable_registers",), CONNECTORS)
-        if base is None:
-            raise WeightsError(f"{ckpt.path.name}: no 'model.diffusion_model.video_embeddings_connector.*'; the "
-                               f"LTX-2.5 connectors are in ltx-2.5-22b-distilled-transformer-comfy-int8-convrot")
-        video, audio = (read_connector(ckpt, f"{base}{m}_embeddings_connector.", heads, device)
-                        for m in ("video", "audio"))
-        return cls(video, audio, rows, rope_f64)
-
-    def connect(self, c: Connector, features: torch.Tensor) -> torch.Tensor:
-        n = features.shape[0]
-        if n > self.rows:
-            raise ValueError(f"LTX25TextConnectors: {n} tokens, more than the {self.rows} text rows")
-        registers = c.registers.repeat(self.rows // c.registers.shape[0], 1)
-        x = torch.cat((features.to(registers), registers[n:]))
-        return run_connector(c, x, connector_rotary(self.rows, c.width, c.heads, self.rope_f64, x.device))
-
-    @torch.no_grad()
-    def __call__(self, video: torch.Tensor, audio: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(video rows [1, rows, video width], audio rows [1, rows, audio width], mask [1, rows] of ones) from the
-        encoder's features [1, n, width] of one prompt."""
-        v, a = self.connect(self.video, video[0].float()), self.connect(self.audio, audio[0].float())
-        return v[None], a[None], torch.ones(1, self.rows, dtype=torch.long, device=v.device)
+def project(p: Linear | GpuLinear, x: torch.Tensor) -> torch.Tensor:
+    """Features x [1, n, K] f32 through a projection (read_projection's), f32 out: an f32 Linear as the reference
+    (one F.linear); a BF16 one on x rounded to BF16, its f32 bias added after; a GpuLinear (INT8) through the
+    kernels' product (rows quantized a ConvRot group at a time, the bias in its epilogue)."""
+    if isinstance(p, Linear):
+        if p.weight.dtype == torch.float32:
+            return F.linear(x, p.weight, p.bias)
+        y = F.linear(x.to(p.weight.dtype), p.weight).float()
+        return y if p.bias is None else y + p.bias
+    from ..gpu.block import product  # lazily, as in read_projection
+    return product(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), p).float().reshape(*x.shape[:-1], -1)
 
 
 def encode_prompt(encoder: Gemma4TextEncoder, connectors: LTX25TextConnectors, prompt: str,

@@ -94,6 +94,28 @@ def read_shapes(ckpt: Checkpoint, root: str, expected_hidden: int | None, needs:
             "num_attention_heads": q_out // head_dim, "num_key_value_heads": k_out // head_dim, "head_dim": head_dim}
 
 
+def weight_on(lin: Linear, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    """lin's weight in the native basis as dtype on device, moved as stored (INT8 codes, BF16) and converted there:
+    a BF16 or INT8 weight bound for a card never exists in f32 on the host (on the CPU in f32 it equals
+    lin.dequantized(), bit for bit)."""
+    if lin.quantized:
+        return dequantize_convrot(lin.weight.to(device), lin.scale.to(device), lin.group).to(dtype)
+    return lin.weight.to(device, dtype)
+
+
+def linear_state(lin: Linear, name: str, dtype: torch.dtype, device: str | torch.device,
+                 int8: dict[str, int] | None) -> dict[str, torch.Tensor]:
+    """The state-dict entries of linear `name` (a module path, no bias): `<name>.weight` of dtype on device
+    (weight_on), or, on the INT8 path (int8 a dict, filled here) for an INT8 ConvRot linear the kernels take,
+    `<name>.weight` int8 codes and `<name>.scale` f32 row scales as stored, int8[name] its ConvRot group."""
+    if int8 is not None:
+        from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
+        if text_linear.takes(lin):
+            int8[name] = lin.group
+            return {f"{name}.{k}": t for k, t in text_linear.stored(lin, device).items()}
+    return {f"{name}.weight": weight_on(lin, dtype, device)}
+
+
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
                     dtype: torch.dtype, device: str | torch.device = "cpu",
                     int8: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
@@ -105,14 +127,6 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
     kernels take (FP8 ones too, after that conversion) stays as stored, `<name>.weight` int8 codes and
     `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above."""
     markers = ckpt.quantization_markers()
-    if int8 is not None:
-        from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
-
-    def weight_of(lin: Linear) -> torch.Tensor:
-        if lin.quantized:
-            return dequantize_convrot(lin.weight.to(device), lin.scale.to(device), lin.group).to(dtype)
-        return lin.weight.to(device, dtype)
-
     sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device)}
     for i in range(n_layers):
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
@@ -122,16 +136,22 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")
-                name = f"{dst}{group}.{n}"
-                if int8 is not None and text_linear.takes(lin):
-                    sd.update({f"{name}.{k}": t for k, t in text_linear.stored(lin, device).items()})
-                    int8[name] = lin.group
-                else:
-                    sd[f"{name}.weight"] = weight_of(lin)
+                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8))
         for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
             size = head_dim if n.startswith("self_attn") else hidden
             sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (size,), dtype, device)
     return sd
+
+
+def meta_model(model_class: type[torch.nn.Module], config: Any, int8: dict[str, int] | None) -> torch.nn.Module:
+    """model_class(config) built on meta (gpt-fast habit: no random init of billions of weights; the caller
+    assigns the loaded tensors), the linears named in int8 swapped for Int8Linear (the INT8 path)."""
+    with torch.device("meta"):
+        model = model_class(config)
+        if int8:
+            from ..gpu import text_linear  # lazily, as in linear_state
+            text_linear.swap_in(model, int8)
+    return model
 
 
 @contextmanager
@@ -190,12 +210,7 @@ class TextEncoder:
         int8 = {} if int8_linears else None
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
                              device, int8)
-        # Build on meta and assign the loaded tensors (gpt-fast habit): no random init of billions of weights.
-        with torch.device("meta"):
-            model = cls.MODEL(config)
-            if int8:
-                from ..gpu import text_linear  # lazily, as in read_state_dict
-                text_linear.swap_in(model, int8)
+        model = meta_model(cls.MODEL, config, int8)
         # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
         model.norm = torch.nn.Identity()
         try:

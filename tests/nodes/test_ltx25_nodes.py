@@ -330,3 +330,58 @@ def test_the_swap_writes_our_nodes_inputs(pack, name):
             assert entry["name"] in inputs, (node["type"], entry["name"])
             if entry.get("link") is not None and not entry.get("widget"):
                 assert entry["type"] == inputs[entry["name"]].get_io_type(), (node["type"], entry["name"])
+
+
+# --- where the text path loads (issue 34): the engine's GPU, in the file's precision -------------------------------
+
+class Recorded:
+    """A stand-in for a load that would need a GPU: records its arguments, returns itself."""
+
+    def __init__(self, calls):
+        self.calls = calls
+
+    def load(self, path, *args, **kw):
+        self.calls.append((path, kw))
+        return self
+
+
+def test_text_encoder_loads_on_the_engine_gpu_in_the_text_slot(pack, models, monkeypatch):
+    """On a CUDA engine device the Gemma-4 file is read to it in BF16 (INT8 linears on the kernels: load()'s CUDA
+    default), Cancel honoured (an open Checkpoint), in LOADED's "text" slot on that device, so make_room's give_back
+    of kind "text" there takes it back; the loader's device "cpu" keeps the f32 host reference, keyed apart."""
+    from swiftdit_pack.dit_core.weights import Checkpoint
+    from swiftdit_pack.nodes.base import FileHandle
+    from swiftdit_pack.nodes.memory import LOADED
+    calls, gpu = [], torch.device("cuda", 0)
+    monkeypatch.setattr(pack, "Gemma4TextEncoder", Recorded(calls))
+    monkeypatch.setattr(pack, "engine_device", lambda: gpu)
+    handle = FileHandle("text_encoder", str(models / "text_encoders" / FILES["text_encoders"]))
+    try:
+        encoder = pack.load_text_encoder(handle)
+        assert pack.load_text_encoder(handle) is encoder and len(calls) == 1  # kept
+        path, kw = calls[0]
+        assert isinstance(path, Checkpoint) and kw == {"dtype": torch.bfloat16, "device": gpu}
+        assert LOADED._held["text", handle.role][2] == gpu and str(gpu) in LOADED._held["text", handle.role][0]
+        assert LOADED.give_back(1, gpu, kinds=("text",)) == 0 and ("text", handle.role) not in LOADED._held
+        pack.load_text_encoder(FileHandle(handle.kind, handle.path, handle.role, "cpu"))
+        assert calls[1][1] == {"dtype": torch.float32, "device": torch.device("cpu")}
+        assert LOADED._held["text", handle.role][2] == torch.device("cpu")
+    finally:
+        LOADED.free()
+
+
+def test_connectors_load_on_the_dit_gpu_in_bf16(pack, models, oracle, monkeypatch):
+    """On a CUDA device read_dit reads the connectors straight to it with BF16 linears, after making room there for
+    them (BF16 bytes of every connector tensor); on the host f32, as before."""
+    from swiftdit_pack.dit_core.weights import Checkpoint
+    calls, rooms, gpu = [], [], torch.device("cuda", 0)
+    connectors = Recorded(calls)
+    monkeypatch.setattr(pack, "LTX25TextConnectors", connectors)
+    monkeypatch.setattr(pack, "make_room", lambda device, nbytes: rooms.append((device, nbytes)))
+    ckpt = Checkpoint(models / "diffusion_models" / FILES["diffusion_models"])
+    assert pack.read_dit(ckpt, gpu).connectors is connectors
+    assert calls == [(ckpt, {"device": gpu, "dtype": torch.bfloat16})]
+    values = sum(t.numel() for k, t in TEXT.dit_layout(oracle).items() if "_embeddings_connector." in k)
+    assert rooms == [(gpu, 2 * values)]
+    pack.read_dit(ckpt)
+    assert calls[1] == (ckpt, {}) and len(rooms) == 1
