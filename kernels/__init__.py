@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope
+from . import attention, gated_residual, head_norm_rope, process_builds
 from .int8 import linear, linear_hopper, qkv_rope_linear, quant, tiles
 from .choices import DEFAULT, Choices
 
@@ -57,6 +57,11 @@ def needs_hopper(device: torch.device) -> str | None:
     if reason is None and torch.cuda.get_device_capability(device) != (9, 0):
         reason = f"compute capability {torch.cuda.get_device_capability(device)}, not Hopper's (9, 0)"
     return reason
+
+
+def build_in_processes(held: list[tuple], workers: int) -> None:
+    """Held Triton kernels (JITFunction, specialization) built by worker processes into Triton's on-disk cache."""
+    process_builds.build_in_processes(held, workers)
 
 
 def fixed_tiles_here(device: torch.device) -> bool:

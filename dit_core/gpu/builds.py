@@ -14,11 +14,8 @@ Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotun
 timing held-back launches would keep a wrong tile."""
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
@@ -78,7 +75,7 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         return Built(0, time.perf_counter() - t0, stopped=stopped)
     threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
     if processes:
-        _build_in_processes(list(held.values()), threads)
+        kernels().build_in_processes(list(held.values()), threads)
     # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
     # the error where the kernel's caller falls back (kernels/gluon_builds.py).
     with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool, \
@@ -86,44 +83,6 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         for jit_function, specialization in held.values():
             jit_function.preload(specialization)
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
-
-
-# A worker: the kernels' top package registered bare from its folder (its __init__ may import ComfyUI), each job's
-# module imported, its kernel built into Triton's on-disk cache. A job that fails is left to this process.
-_WORKER = """
-import importlib, json, sys, types
-jobs = json.load(sys.stdin)
-for top, folder in {(j["module"].split(".")[0], j["folder"]) for j in jobs}:
-    sys.modules.setdefault(top, types.ModuleType(top)).__path__ = [folder]
-for job in jobs:
-    try:
-        kernel = importlib.import_module(job["module"])
-        for part in job["name"].split("."):
-            kernel = getattr(kernel, part)
-        kernel.preload(job["specialization"])
-    except Exception as e:
-        print(f"{job['module']}.{job['name']}: {type(e).__name__}: {e}", file=sys.stderr)
-"""
-
-
-def _build_in_processes(held: list[tuple], workers: int) -> None:
-    """The held kernels built into Triton's on-disk cache by `workers` processes, each a share of them."""
-    jobs = []
-    for jit_function, specialization in held:
-        module = sys.modules[jit_function.fn.__module__]
-        top = sys.modules[module.__name__.split(".")[0]]
-        jobs.append({"module": module.__name__, "name": jit_function.fn.__qualname__, "specialization": specialization,
-                     "folder": list(top.__path__)[0] if hasattr(top, "__path__") else os.path.dirname(top.__file__)})
-    started = [subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True) for _ in range(workers)]
-    for i, proc in enumerate(started):
-        proc.stdin.write(json.dumps(jobs[i::workers]))
-        proc.stdin.close()
-    for proc in started:
-        said = proc.stderr.read()
-        if proc.wait() != 0 or said:
-            log.info("SwiftDiT: a build worker left kernels to build here (exit %d): %s", proc.returncode,
-                     said.strip()[-500:])
 
 
 @dataclass

@@ -60,9 +60,9 @@ def test_a_build_worker_imports_the_kernels_module_from_its_folder(caplog):
     the kernel's module; here, without a GPU, it reaches the kernel's preload, whose error it reports."""
     import logging
 
-    from dit_core.gpu import builds
+    from kernels import process_builds
     from kernels.int8 import linear
-    with caplog.at_level(logging.INFO, logger=builds.__name__):
-        builds._build_in_processes([(linear._int8_linear_kernel, "{}")], workers=1)
+    with caplog.at_level(logging.INFO, logger=process_builds.__name__):
+        process_builds.build_in_processes([(linear._int8_linear_kernel, "{}")], workers=1)
     said = caplog.text
     assert "kernels.int8.linear._int8_linear_kernel" in said and "ModuleNotFoundError" not in said, said
