@@ -284,7 +284,8 @@ class Gemma4TextEncoder(TextEncoder):
                    check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(video [1, n, video width], audio [1, n, audio width]) f32 features of n unpadded ids."""
         states = self.hidden_states(self.checked_ids(ids), check)
-        normed = states * torch.rsqrt(states.pow(2).mean(dim=2, keepdim=True) + RMS_EPS)
+        # normalized in place: at 1024 tokens of the release a copy of the states is 0.77 GB
+        normed = states.mul_(torch.rsqrt(states.pow(2).mean(dim=2, keepdim=True) + RMS_EPS))
         flat = normed.flatten(2)  # hidden-major, layer-minor: feature d * (layers + 1) + l
         hidden = states.shape[2]
         return tuple(project(p, flat * math.sqrt(p.weight.shape[0] / hidden)) for p in (self.video_proj,

@@ -21,18 +21,29 @@ LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 # Features and rows against the f32 host reference of the same file (rel. Frobenius error, worst of PROMPTS' video
 # and audio features). Measured on the CPU: the BF16 load 0.0029-0.0040 (the Qwen tests allow 5e-2 for a BF16
-# load); the INT8 path 0.0055-0.0077, and 0.0057-0.0083 against the BF16-dequantized load of the same file
-# (test_loading.py's INT8_PATH_TOL: qwen3 3e-2); the connectors' BF16 linears 0.0022-0.0024 (rows). The bounds keep
+# load); the INT8 path 0.0055-0.0077 (scaled FP8 file: 0.0058-0.0081), and 0.0057-0.0083 (0.0061-0.0086) against
+# the BF16-dequantized load of the same file (test_loading.py's INT8_PATH_TOL: qwen3 3e-2); the connectors' BF16 linears 0.0022-0.0024 (rows). The bounds keep
 # 4-5x headroom for CUDA's BF16 products and attention and the INT8 kernels' rounding; a misread tensor lands near 1.
 BF16_TOL, INT8_TOL, CONNECTORS_TOL = 2e-2, 3e-2, 1e-2
 
 
+def is_linear(key: str) -> bool:
+    return key.startswith(("model.layers.", "text_embedding_projection.")) and key.endswith(".weight")
+
+
 def as_stored(state: dict, fmt: str) -> dict:
-    """The text encoder file as the release stores it: every float tensor BF16 (the tokenizer stays uint8), or
-    Gemma's linears and both projections INT8 ConvRot (ComfyUI's markers, group 64) beside BF16 embedding/norms."""
+    """The text encoder file as a release stores it: every float tensor BF16 (the tokenizer stays uint8), or
+    Gemma's linears and both projections INT8 ConvRot (ComfyUI's markers, group 64) or scaled FP8 (a per-tensor
+    scale, as ComfyUI's fp8_scaled files) beside BF16 embedding and norms."""
     if fmt == "int8":
-        state = int8_convrot_state(state, lambda k: k.startswith(("model.layers.", "text_embedding_projection.")))
-    return {k: v.to(torch.bfloat16) if v.is_floating_point() and not k.endswith("weight_scale") else v
+        state = int8_convrot_state(state, is_linear)
+    elif fmt == "fp8":
+        state = dict(state)
+        for key in [k for k, v in state.items() if is_linear(k) and v.dim() == 2]:
+            scale = state[key].abs().max() / 448.0
+            state[key] = (state[key] / scale).to(torch.float8_e4m3fn)
+            state[key.removesuffix("weight") + "weight_scale"] = scale.reshape(())
+    return {k: v.to(torch.bfloat16) if v.dtype == torch.float32 and not k.endswith("weight_scale") else v
             for k, v in state.items()}
 
 
@@ -41,9 +52,9 @@ def files(oracle, tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma4_gpu_load")
     te = TEXT.text_encoder_layout(oracle)
     paths = {"f32": root / "te_f32.safetensors", "bf16": root / "te_bf16.safetensors",
-             "int8": root / "te_int8.safetensors", "dit": root / "dit.safetensors"}
+             "int8": root / "te_int8.safetensors", "fp8": root / "te_fp8.safetensors", "dit": root / "dit.safetensors"}
     save_file(te, str(paths["f32"]))
-    for fmt in ("bf16", "int8"):
+    for fmt in ("bf16", "int8", "fp8"):
         save_file(as_stored(te, fmt), str(paths[fmt]))
     dit = TEXT.dit_layout(oracle)
     save_file({k: v.to(torch.bfloat16) if "_embeddings_connector." in k else v for k, v in dit.items()},
@@ -54,7 +65,7 @@ def files(oracle, tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(files):
     """The host reference of each file: f32 on the CPU, the path the loader takes there by default."""
-    return {fmt: Gemma4TextEncoder.load(files[fmt]) for fmt in ("bf16", "int8")}
+    return {fmt: Gemma4TextEncoder.load(files[fmt]) for fmt in ("bf16", "int8", "fp8")}
 
 
 def features(encoder) -> list[torch.Tensor]:
@@ -95,11 +106,13 @@ def test_bf16_load_is_close_to_the_host_reference(files, reference):
     assert 1e-5 < err <= BF16_TOL, err
 
 
-def test_int8_path_is_close_to_the_host_reference(files, reference):
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_int8_path_is_close_to_the_host_reference(files, reference, fmt):
     """The GPU form's INT8 path (CUDA's default), asked for on the CPU (the kernels' references): every Gemma linear
-    an Int8Linear of the stored codes, both projections GpuLinears of theirs; features within INT8_TOL of the f32
-    reference and of the BF16-dequantized load of the same file."""
-    int8 = Gemma4TextEncoder.load(files["int8"], dtype=torch.bfloat16, device="cpu", int8_linears=True)
+    an Int8Linear of the stored codes (scaled FP8 ones: INT8 ConvRot after weights.read_linear), both projections
+    GpuLinears of theirs; features within INT8_TOL of the f32 reference and of the BF16-dequantized load of the
+    same file."""
+    int8 = Gemma4TextEncoder.load(files[fmt], dtype=torch.bfloat16, device="cpu", int8_linears=True)
     linears = [m for m in int8.model.modules() if isinstance(m, Int8Linear)]
     assert len(linears) == len(LINEARS) * len(int8.model.layers) - 1  # the full layer's V is K's projection
     assert all(m.weight.dtype == torch.int8 and m.scale.dtype == torch.float32 for m in linears)
@@ -107,9 +120,9 @@ def test_int8_path_is_close_to_the_host_reference(files, reference):
     for p in (int8.video_proj, int8.audio_proj):
         assert isinstance(p, GpuLinear) and p.int8 and p.bias.dtype == torch.float32
     got = features(int8)
-    err = worst(got, features(reference["int8"]))
+    err = worst(got, features(reference[fmt]))
     assert 1e-4 < err <= INT8_TOL, err
-    dequantized = Gemma4TextEncoder.load(files["int8"], dtype=torch.bfloat16, device="cpu")
+    dequantized = Gemma4TextEncoder.load(files[fmt], dtype=torch.bfloat16, device="cpu")
     assert isinstance(dequantized.video_proj, Linear)
     assert 1e-4 < worst(got, features(dequantized)) <= INT8_TOL
 
@@ -154,14 +167,14 @@ def test_a_bf16_or_int8_load_makes_no_float32_copy(files, fmt, int8_linears):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_cuda_close_to_the_host_reference(files, reference):
-    """On a CUDA device as the LTX-2.5 text loader loads it: the BF16 file in BF16, the INT8 file on the INT8
-    kernels (the default there), every tensor on the card; features f32 within BF16_TOL / INT8_TOL of the host
+    """On a CUDA device as the LTX-2.5 text loader loads it: the BF16 file in BF16, the INT8 and scaled FP8 files on
+    the INT8 kernels (the default there), every tensor on the card; features f32 within BF16_TOL / INT8_TOL of the host
     f32 reference; the connectors' BF16 linears on the card within CONNECTORS_TOL of the host f32 rows."""
-    for fmt, tol in (("bf16", BF16_TOL), ("int8", INT8_TOL)):
+    for fmt, tol in (("bf16", BF16_TOL), ("int8", INT8_TOL), ("fp8", INT8_TOL)):
         enc = Gemma4TextEncoder.load(files[fmt], dtype=torch.bfloat16, device="cuda")
         assert all(t.device.type == "cuda" for t in [*enc.model.parameters(), *enc.model.buffers()])
-        assert (fmt == "int8") == any(isinstance(m, Int8Linear) for m in enc.model.modules())
-        assert (fmt == "int8") == isinstance(enc.video_proj, GpuLinear)
+        assert (fmt != "bf16") == any(isinstance(m, Int8Linear) for m in enc.model.modules())
+        assert (fmt != "bf16") == isinstance(enc.video_proj, GpuLinear)
         got = features(enc)
         assert all(f.device.type == "cuda" and f.dtype == torch.float32 for f in got)
         err = worst(got, features(reference[fmt]))
