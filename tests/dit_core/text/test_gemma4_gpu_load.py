@@ -129,9 +129,12 @@ def test_int8_path_is_close_to_the_host_reference(files, reference, fmt):
 
 def test_connectors_bf16_close_to_f32(files, reference):
     """The connectors as read on a GPU (BF16 linears; registers, norms f32), here on the CPU: rows f32, within
-    CONNECTORS_TOL of the f32 load of the same file."""
+    CONNECTORS_TOL of the f32 load of the same file, whose linears are the stored ones dequantized, exactly."""
     f32, bf16 = (LTX25TextConnectors.load(files["dit"], dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
     assert bf16.video.blocks[0].q.weight.dtype == torch.bfloat16 and bf16.video.registers.dtype == torch.float32
+    stored = read_linear(Checkpoint(files["dit"]), "model.diffusion_model.audio_embeddings_connector."
+                                                   "transformer_1d_blocks.1.ff.net.2")
+    assert torch.equal(f32.audio.blocks[1].down.weight, stored.dequantized())  # the f32 reference's formula
     encoded = reference["bf16"].encode(PROMPTS[0])
     got, want = bf16(*encoded), f32(*encoded)
     assert got[0].dtype == got[1].dtype == torch.float32 and torch.equal(got[2], want[2])
