@@ -282,7 +282,8 @@ class SamplerNode(io.ComfyNode):
         cls.loaded(dit, r)
         # Keyed on the image's shape, not the prompt's length: a new prompt should not pay a dry step (a kernel a new
         # length might still need builds as the step reaches it).
-        build_ahead_of_sampling("dit", (cls.FAMILY, tuple(latent.shape), passes), lambda: cls.sampling(dit, r))
+        shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else tuple(tuple(t.shape) for t in latent)
+        build_ahead_of_sampling("dit", (cls.FAMILY, shape, passes), lambda: cls.sampling(dit, r))
         run = cls.sampling(dit, r)
         if run is None:
             return io.NodeOutput(latent_image)
