@@ -21,7 +21,7 @@ from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card
+from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, room_for
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -129,6 +129,14 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
     return load_dit
 
 
+def room_before(path: str | Checkpoint, device: torch.device, element_bytes: int = 2) -> None:
+    """memory.room_for the file's tensors at element_bytes each (a BF16 load: an INT8 file's linears double), before
+    they load onto device."""
+    if device.type == "cuda":
+        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+        room_for(device, sum(math.prod(ckpt.shape(k)) for k in ckpt.keys()) * element_bytes)
+
+
 def text_encoder_loader(encoder, family: str) -> Callable:
     """A family's load_text_encoder(handle): encoder.load of the loader's file with ComfyUI's Qwen tokenizer, Cancel
     honoured, kept in LOADED per file, device and family (a file two families read differently) in the loader's
@@ -138,7 +146,8 @@ def text_encoder_loader(encoder, family: str) -> Callable:
     def load_text_encoder(handle: FileHandle):
         device = torch.device("cpu") if handle.device == "cpu" else engine_device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        load = lambda f: encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=False)  # noqa: E731
+        load = lambda f: room_before(f, device) or encoder.load(  # noqa: E731
+            f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=False)
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
     return load_text_encoder

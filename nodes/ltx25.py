@@ -16,7 +16,8 @@ from comfy_api.latest import io
 from ..dit_core.families.ltx25 import LTX25
 from ..dit_core.sampling.ltx25 import STAGE_1_SIGMAS, Prompt, Stage, manual_sigmas, packed_model, sample_stage
 from ..dit_core.text.gemma4 import Gemma4TextEncoder, LTX25TextConnectors
-from .base import FileHandle, ModelHandle, SwiftDiTError, cancellable, finite, interrupt_check, text_conditioning
+from .base import (FileHandle, ModelHandle, SwiftDiTError, cancellable, finite, interrupt_check, room_before,
+                   text_conditioning)
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FamilySettings, PassSize
 from .ltx25_codecs import CODEC_NODES
@@ -81,7 +82,7 @@ def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:
     f32 host reference."""
     device = HOST if handle.device == "cpu" else engine_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    load = lambda f: Gemma4TextEncoder.load(f, dtype=dtype, device=device)  # noqa: E731
+    load = lambda f: room_before(f, device) or Gemma4TextEncoder.load(f, dtype=dtype, device=device)  # noqa: E731
     return LOADED.get("text", (*handle.key(), str(device), FAMILY), lambda: cancellable(load, handle.path), device,
                       handle.role)
 

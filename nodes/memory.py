@@ -223,6 +223,14 @@ def fit_blocks(model, device: torch.device, gpu_budget_gb: float, rows: int) -> 
     blocks.refill(budget_bytes(gpu_budget_gb, comfy.model_management.get_free_memory(device), held, reserve))
 
 
+def room_for(device: torch.device, nbytes: int) -> None:
+    """Before a model of about nbytes loads onto a CUDA device (a text encoder after the DiT, on a small card):
+    ComfyUI unloads its own models, and what is still short ours give back through the free_memory hook (streamed
+    DiT blocks first, then whole models; they come back on their next use)."""
+    if device.type == "cuda":
+        comfy.model_management.free_memory(nbytes, device)
+
+
 def fits_on_card(nbytes: int) -> bool:
     """Whether the engine runs on a GPU with nbytes free there now (ComfyUI's count: the driver's free memory and its
     allocator's cached blocks)."""

@@ -352,15 +352,16 @@ def test_text_encoder_loads_on_the_engine_gpu_in_the_text_slot(pack, models, mon
     from swiftdit_pack.dit_core.weights import Checkpoint
     from swiftdit_pack.nodes.base import FileHandle
     from swiftdit_pack.nodes.memory import LOADED
-    calls, gpu = [], torch.device("cuda", 0)
+    calls, rooms, gpu = [], [], torch.device("cuda", 0)
     monkeypatch.setattr(pack, "Gemma4TextEncoder", Recorded(calls))
     monkeypatch.setattr(pack, "engine_device", lambda: gpu)
+    monkeypatch.setattr(pack, "room_before", lambda f, device: rooms.append(device))  # ComfyUI's free_memory there
     handle = FileHandle("text_encoder", str(models / "text_encoders" / FILES["text_encoders"]))
     try:
         encoder = pack.load_text_encoder(handle)
         assert pack.load_text_encoder(handle) is encoder and len(calls) == 1  # kept
         path, kw = calls[0]
-        assert isinstance(path, Checkpoint) and kw == {"dtype": torch.bfloat16, "device": gpu}
+        assert isinstance(path, Checkpoint) and kw == {"dtype": torch.bfloat16, "device": gpu} and rooms == [gpu]
         assert LOADED._held["text", handle.role][2] == gpu and str(gpu) in LOADED._held["text", handle.role][0]
         assert LOADED.give_back(1, gpu, kinds=("text",)) == 0 and ("text", handle.role) not in LOADED._held
         pack.load_text_encoder(FileHandle(handle.kind, handle.path, handle.role, "cpu"))

@@ -475,3 +475,19 @@ def test_cancel_interrupts_a_load_between_tensors(pack, models):
     assert LOADED.free() == 0
     run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears="as stored",
         gpu_budget_gb=0.0)
+
+
+def test_a_text_encoder_asks_for_its_room_on_the_card_before_it_loads(pack, models, monkeypatch):
+    """Before a text encoder loads onto a CUDA device, ComfyUI is asked for its BF16 bytes (memory.room_for: its own
+    models unload, ours give back through the free_memory hook); nothing is asked on the CPU."""
+    from safetensors import safe_open
+
+    from swiftdit_pack.nodes import base
+    asked = []
+    monkeypatch.setattr(base, "room_for", lambda device, nbytes: asked.append((device, nbytes)))
+    path = str(models / "text_encoders" / "qwen3_tiny.safetensors")
+    with safe_open(path, "pt") as f:
+        elements = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+    base.room_before(path, torch.device("cpu"))
+    base.room_before(path, torch.device("cuda", 0))
+    assert asked == [(torch.device("cuda", 0), 2 * elements)]
