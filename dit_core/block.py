@@ -60,13 +60,72 @@ def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:
     return q, k, v, gate if a.attn_gate else None
 
 
+@dataclass(frozen=True)
+class GroupBias:
+    """A bias on attention scores that depends on the query only through its group (LTX-2.5's guide frames): keys
+    [groups, keys] f32, group i's bias on every key; rows, group i's query rows: a span (first, end) or a long
+    tensor of indexes; plain, group i's bias is 0 on every key (no mask needed). Every query row is in one group.
+    O(groups x keys + rows) values where the dense bias is [rows, keys]."""
+    keys: torch.Tensor
+    rows: tuple
+    plain: tuple[bool, ...]
+
+    @staticmethod
+    def of(keys: torch.Tensor, rows: list) -> GroupBias:
+        """From each group's key bias and rows (spans or index tensors); runs where keys is (once, at a step)."""
+        return GroupBias(keys, tuple(rows), tuple(bool((b == 0).all()) for b in keys))
+
+    @property
+    def queries(self) -> int:
+        return sum(r[1] - r[0] if isinstance(r, tuple) else r.numel() for r in self.rows)
+
+    def to(self, device: torch.device) -> GroupBias:
+        return GroupBias(self.keys.to(device), tuple(r if isinstance(r, tuple) else r.to(device) for r in self.rows),
+                         self.plain)
+
+    def numel(self) -> int:
+        """The values it holds (keys' and the index tensors'): O(rows), never rows x keys."""
+        return self.keys.numel() + sum(0 if isinstance(r, tuple) else r.numel() for r in self.rows)
+
+    def take(self, i: int, t: torch.Tensor, dim: int) -> torch.Tensor:
+        """Group i's rows of t along dim (a view where they are a span)."""
+        r = self.rows[i]
+        return t.narrow(dim, r[0], r[1] - r[0]) if isinstance(r, tuple) else t.index_select(dim, r.to(t.device))
+
+    def put(self, i: int, out: torch.Tensor, dim: int, values: torch.Tensor) -> None:
+        """out's group i rows along dim = values."""
+        r = self.rows[i]
+        if isinstance(r, tuple):
+            out.narrow(dim, r[0], r[1] - r[0]).copy_(values)
+        else:
+            out.index_copy_(dim, r.to(out.device), values)
+
+    def permuted(self, query_order: torch.Tensor, key_order: torch.Tensor) -> GroupBias:
+        """The bias of queries and keys laid out as query_order and key_order say (position p holds row order[p]):
+        groups' rows as indexes into the new order, keys' columns taken."""
+        group = torch.empty(self.queries, dtype=torch.long)
+        for i, r in enumerate(self.rows):
+            group[slice(*r) if isinstance(r, tuple) else r.cpu()] = i
+        group = group[query_order.cpu()]
+        rows = [(group == i).nonzero().flatten() for i in range(len(self.rows))]
+        return GroupBias(self.keys[:, key_order.to(self.keys.device)], tuple(rows), self.plain)
+
+    def dense(self) -> torch.Tensor:
+        """[rows, keys]: the dense form (a reference)."""
+        out = self.keys.new_empty(self.queries, self.keys.shape[1])
+        for i in range(len(self.rows)):
+            self.put(i, out, 0, self.keys[i].expand(self.take(i, out, 0).shape[0], -1))
+        return out
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,
-              key_bias: torch.Tensor | None = None) -> torch.Tensor:
+              key_bias: torch.Tensor | GroupBias | None = None) -> torch.Tensor:
     """Softmax attention of rows [rows, heads, head] (scale 1/sqrt(head)), within groups of `group`
     consecutive rows when group > 0 (block-diagonal). Without groups, k and v may hold more rows than q (keys
     and values kept from another step: FLUX.3's reference rows), and key_bias [keys] may be added to every
-    query's scores (a padded prompt's mask; None: none). k and v may have fewer heads than q (grouped-query
-    attention): key head j serves query heads j r .. j r + r - 1, r the ratio."""
+    query's scores (a padded prompt's mask; None: none), or a GroupBias (each group of queries its own [keys] bias:
+    attention group by group). k and v may have fewer heads than q (grouped-query attention): key head j serves
+    query heads j r .. j r + r - 1, r the ratio."""
     rows, heads, head = q.shape
     if group and key_bias is not None:
         raise ValueError("attention: a key bias applies to ungrouped rows only")
@@ -75,7 +134,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int,
     g = group or rows
     q = q.reshape(rows // g, g, heads, head).transpose(1, 2)
     k, v = (t.reshape(rows // g if group else 1, -1, heads, head).transpose(1, 2) for t in (k, v))
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if key_bias is None else key_bias.to(q.dtype)[None])
+    if isinstance(key_bias, GroupBias):
+        o = q.new_empty(q.shape)
+        for i in range(len(key_bias.rows)):
+            key_bias.put(i, o, 2, F.scaled_dot_product_attention(key_bias.take(i, q, 2), k, v,
+                                                                 attn_mask=key_bias.keys[i].to(q.dtype)[None, None]))
+    else:
+        o = F.scaled_dot_product_attention(q, k, v,
+                                           attn_mask=None if key_bias is None else key_bias.to(q.dtype)[None])
     return o.transpose(1, 2).reshape(rows, heads * head)
 
 

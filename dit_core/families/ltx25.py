@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Attention, attend, layer_norm, mlp, modulated_norm
+from ..block import Attention, GroupBias, attend, layer_norm, mlp, modulated_norm
 from ..linear import float_on, linear
 from ..modulation import sinusoids, table_plus
 from ..sequence import Sequence
@@ -38,7 +38,7 @@ from .ltx25_positions import (
     Grid,
     audio_midpoints,
     distinct,
-    guide_attention_bias,
+    guide_bias,
     rotary,
     video_midpoints,
 )
@@ -163,7 +163,7 @@ class StreamStep:
     cross: Sequence
     context: torch.Tensor
     key_bias: torch.Tensor | None
-    self_bias: torch.Tensor | None = None  # [rows, rows] on the self-attention's scores (guide_attention_bias)
+    self_bias: GroupBias | None = None  # on the self-attention's scores, a key bias a query group (guide_bias)
     shards: object = None  # dit_core/parallel SequenceShards: the rows are this rank's share (None: all rows here)
 
     def to(self, device: torch.device) -> StreamStep:
@@ -345,11 +345,12 @@ class LTX25:
         conditioned [grid.rows]: 1 on clean (conditioning) video rows, whose time is sigma (1 - conditioned) x 1000
         (section 7); text_mask [L]: 1 on the prompt rows to attend (None: all); keyframes [grid.rows] bool: rows that
         take the keyframe marker (ignored without one; keyframe_rows(grid) as ComfyUI marks them). grid.guides: the
-        guide frames' rows, last, at their own times, attended as guide_attention_bias says. av_times: a key of AV_TIMES. rope_dtype: float64 (the
-        release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3). check() runs after
-        each block (it raises: ComfyUI's Cancel within a step). Runs where the model is; the velocities come back
-        on the inputs' devices. ranks: the blocks run sequence-parallel across them (dit_core/parallel: each rank
-        its share of each stream's rows, gathered before the final layers; host blocks only); None: here alone."""
+        guide frames' rows, last, at their own times, attended as guide_bias says. av_times: a key of AV_TIMES.
+        rope_dtype: float64 (the release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3).
+        check() runs after each block (it raises: ComfyUI's Cancel within a step). Runs where the model is; the
+        velocities come back on the inputs' devices. ranks: the blocks run sequence-parallel across them
+        (dit_core/parallel: each rank its share of each stream's rows, gathered before the final layers; host blocks
+        only); None: here alone."""
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -357,18 +358,9 @@ class LTX25:
             raise ValueError(f"LTX25: video rows {tuple(video.shape)} for a grid of {grid.rows} rows of "
                              f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
                              f"{a_s.proj_in.in_features}")
-        key_bias = None if text_mask is None else (1 - text_mask.float()) * -10000.0
-        unmasked = torch.ones(grid.rows) if conditioned is None else 1 - conditioned.float().cpu()
-        v_times, v_map = distinct(sigma_video * TIME_SCALE * unmasked)
-        a_times, a_map = torch.tensor([sigma_audio * TIME_SCALE]), torch.zeros(audio.shape[0], dtype=torch.long)
-        v_mid, a_mid = video_midpoints(grid, rope_dtype), audio_midpoints(audio.shape[0], rope_dtype)
-        times = AV_TIMES[av_times]
-        sv = replace(self._step(v_s, v_times, v_map, sigma_video, sigma_audio, times, v_mid, v_mid[:, :1],
-                                text_video.float(), key_bias), self_bias=guide_attention_bias(grid))
-        sa = self._step(a_s, a_times, a_map, sigma_audio, sigma_video, times, a_mid, a_mid, text_audio.float(),
-                        key_bias)
         dev = self.device
-        sv, sa = sv.to(dev), sa.to(dev)
+        sv, sa = (step.to(dev) for step in self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video,
+                                                       sigma_audio, conditioned, text_mask, av_times, rope_dtype))
         v, a = linear(video.to(dev).float(), v_s.proj_in), linear(audio.to(dev).float(), a_s.proj_in)
         if self.keyframe is not None and keyframes is not None:
             v = v + keyframes.to(dev).bool().float()[:, None] * self.keyframe
@@ -388,6 +380,24 @@ class LTX25:
             v, a = sv.shards.gather(v), sa.shards.gather(a)
         sv, sa = whole
         return self.final(v_s, v, sv).to(video.device), self.final(a_s, a, sa).to(audio.device)
+
+    def steps(self, audio_rows: int, text_video: torch.Tensor, text_audio: torch.Tensor, grid: Grid,
+              sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
+              text_mask: torch.Tensor | None = None, av_times: str = "comfyui",
+              rope_dtype: torch.dtype = torch.float64) -> tuple[StreamStep, StreamStep]:
+        """The video and audio StreamSteps of forward's arguments (its docstring), made once for all blocks."""
+        v_s, a_s = self.video, self.audio
+        key_bias = None if text_mask is None else (1 - text_mask.float()) * -10000.0
+        unmasked = torch.ones(grid.rows) if conditioned is None else 1 - conditioned.float().cpu()
+        v_times, v_map = distinct(sigma_video * TIME_SCALE * unmasked)
+        a_times, a_map = torch.tensor([sigma_audio * TIME_SCALE]), torch.zeros(audio_rows, dtype=torch.long)
+        v_mid, a_mid = video_midpoints(grid, rope_dtype), audio_midpoints(audio_rows, rope_dtype)
+        times = AV_TIMES[av_times]
+        sv = replace(self._step(v_s, v_times, v_map, sigma_video, sigma_audio, times, v_mid, v_mid[:, :1],
+                                text_video.float(), key_bias), self_bias=guide_bias(grid))
+        sa = self._step(a_s, a_times, a_map, sigma_audio, sigma_video, times, a_mid, a_mid, text_audio.float(),
+                        key_bias)
+        return sv, sa
 
     def block(self, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
               sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """LTX-2.5's positions: the video and audio rows' time and space midpoints (reference/families/ltx25.md section 4;
 diffusers' prepare_video_coords / prepare_audio_coords), the split rotary's per-head angles of them, the guide frames
-appended after the generated ones (ComfyUI's LTXVAddGuide) with their attention bias, and the rows that take the
-keyframe marker."""
+appended after the generated ones (ComfyUI's LTXVAddGuide) with their attention bias (one key bias a group of query
+rows), and the rows that take the keyframe marker."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..block import GroupBias
 from ..sequence import Sequence
 
 ROPE_THETA = 10000.0
@@ -74,23 +75,31 @@ def keyframe_rows(grid: Grid) -> torch.Tensor:
     return rows
 
 
-def guide_attention_bias(grid: Grid) -> torch.Tensor | None:
+def guide_bias(grid: Grid) -> GroupBias | None:
     """ComfyUI's guide attention mask (comfy/ldm/lightricks/model.py, GuideAttentionMask) as an additive bias on the
-    video self-attention's scores [rows, rows]: a generated row's scores on a guide's rows, and that guide's rows'
+    video self-attention's scores, by query group: a generated row's scores on a guide's rows, and that guide's rows'
     scores on the generated rows, take log(strength) (strength 0 or less: float32's lowest); guide rows among
-    themselves and generated rows among themselves take 0. None where every strength is 1 (ComfyUI builds no mask)."""
+    themselves and generated rows among themselves take 0. So the generated rows share one [rows] key bias and each
+    guide's rows another: 1 + guides vectors, never [rows, rows]. None where every strength is 1 (ComfyUI builds no
+    mask)."""
     strengths = torch.tensor([g.strength for g in grid.guides], dtype=torch.float32)
     if bool((strengths == 1.0).all()):
         return None
     cells = grid.height * grid.width
     generated = grid.frames * cells
     low = torch.finfo(torch.float32)
-    weight = strengths.repeat_interleave(cells)
-    log_weight = torch.where(weight > 0, weight.clamp(min=low.tiny).log(), torch.tensor(low.min))
-    bias = torch.zeros(grid.rows, grid.rows)
-    bias[:generated, generated:] = log_weight
-    bias[generated:, :generated] = log_weight[:, None]
-    return bias
+    log_strength = torch.where(strengths > 0, strengths.clamp(min=low.tiny).log(), torch.tensor(low.min))
+    keys = torch.zeros(1 + len(grid.guides), grid.rows)
+    keys[0, generated:] = log_strength.repeat_interleave(cells)
+    keys[1:, :generated] = log_strength[:, None]
+    rows = [(0, generated)] + [(generated + g * cells, generated + (g + 1) * cells) for g in range(len(grid.guides))]
+    return GroupBias.of(keys, rows)
+
+
+def guide_attention_bias(grid: Grid) -> torch.Tensor | None:
+    """guide_bias's dense form [rows, rows] (a reference for tests; the model never builds it)."""
+    bias = guide_bias(grid)
+    return None if bias is None else bias.dense()
 
 
 def audio_midpoints(latents: int, dtype: torch.dtype) -> torch.Tensor:

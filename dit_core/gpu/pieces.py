@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Attention, gelu_tanh, modulated_norm, rms_norm
+from ..block import Attention, GroupBias, gelu_tanh, modulated_norm, rms_norm
 from ..linear import float_on, linear
 from ..sequence import Sequence, rotate_halves
 from ..weights import Linear
@@ -56,7 +56,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
                    options: Options | None = None) -> torch.Tensor:
     """dit_core/block.py attend up to OUT: the heads' output rows [rows, heads x head] bf16, gated per head, for query
     rows x and key/value rows context (f32; context may be x itself: its rows are made once for q, k and v). bias:
-    added to every head's scores, [keys] (a prompt's mask) or [rows, keys]. OUT: into()."""
+    added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias (LTX-2.5's guides:
+    grouped_attention, never [rows, keys]). OUT: into()."""
     o, made = options or DEFAULT, {}
 
     def product(t: torch.Tensor, lin: GpuLinear) -> torch.Tensor:
@@ -69,11 +70,25 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     q = _heads(a, product(x, w.q), w.q_norm, q_rotary)
     k = _heads(a, product(context, w.k), w.k_norm, k_rotary)
     v = product(context, w.v).view(-1, a.heads, a.head).transpose(0, 1)[None]
-    mask = None if bias is None else bias.to(torch.bfloat16).expand(q.shape[2], -1)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].transpose(0, 1)
+    if isinstance(bias, GroupBias):
+        out = grouped_attention(q, k, v, bias)[0].transpose(0, 1)
+    else:
+        mask = None if bias is None else bias.to(torch.bfloat16).expand(q.shape[2], -1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)[0].transpose(0, 1)
     if w.head_gate is not None:
         out = out * (2 * torch.sigmoid(linear(x, w.head_gate)))[..., None].to(out.dtype)
     return out.reshape(x.shape[0], a.heads * a.head)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: GroupBias) -> torch.Tensor:
+    """SDPA of q [1, heads, rows, head] bf16 on k, v group by group of bias's query rows: each group's [keys] bias
+    broadcast over its rows (bf16, as SDPA wants the queries' dtype; memory O(keys)), or no mask where it is 0 on
+    every key (SDPA may then take flash / cuDNN)."""
+    out = torch.empty_like(q)
+    for i, plain in enumerate(bias.plain):
+        mask = None if plain else bias.keys[i].to(q.device, torch.bfloat16)[None, None, None]
+        bias.put(i, out, 2, F.scaled_dot_product_attention(bias.take(i, q, 2), k, v, attn_mask=mask))
+    return out
 
 
 def into(x: torch.Tensor, heads: torch.Tensor, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,

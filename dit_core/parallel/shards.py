@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..block import attention
+from ..block import GroupBias, attention
 from ..sequence import AngleFactors, Sequence, runs_of
 
 
@@ -110,12 +110,13 @@ class SequenceShards:
                              f"them (a ring over key blocks for this case is not built yet, issue 39)")
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
-                  key_bias: torch.Tensor | None = None, keys: SequenceShards | None = None) -> torch.Tensor:
+                  key_bias: torch.Tensor | GroupBias | None = None,
+                  keys: SequenceShards | None = None) -> torch.Tensor:
         """block.attention of this rank's rows q [n_r, heads, head] against every rank's keys k, v [m_r, key heads,
         head]: to_heads, attention of the whole sequence in this rank's heads, to_rows. keys: the shards of the key
-        rows where they are another sequence's (LTX-2.5's A<->V; None: these rows). key_bias [keys] or [queries,
-        keys] in packed order. Returns [n_r, heads x head], as block.attention. (A GPU attention kernel goes
-        between to_heads and to_rows the same way.)"""
+        rows where they are another sequence's (LTX-2.5's A<->V; None: these rows). key_bias [keys], [queries, keys]
+        or a GroupBias (LTX-2.5's guides: reordered, never dense), in packed order. Returns [n_r, heads x head], as
+        block.attention. (A GPU attention kernel goes between to_heads and to_rows the same way.)"""
         if self.ranks.world == 1:
             return attention(q, k, v, group, key_bias)
         if group:
@@ -154,11 +155,13 @@ class SequenceShards:
         dist.all_to_all_single(back, o.contiguous(), [n] * w, list(self.counts), group=self.ranks.group)
         return back.reshape(w, n, *o.shape[1:]).transpose(0, 1).reshape(n, -1)
 
-    def bias_in_order(self, key_bias: torch.Tensor | None, keys: SequenceShards | None = None):
-        """A bias on the scores in packed order ([keys] or [queries, keys]) in to_heads' rank order."""
+    def bias_in_order(self, key_bias: torch.Tensor | GroupBias | None, keys: SequenceShards | None = None):
+        """A bias on the scores in packed order ([keys], [queries, keys] or a GroupBias) in to_heads' rank order."""
         if key_bias is None:
             return None
         keys = self if keys is None else keys
+        if isinstance(key_bias, GroupBias):
+            return key_bias.permuted(self.order, keys.order)
         bias = key_bias[..., keys.order.to(key_bias.device)]
         return bias[self.order.to(bias.device)] if bias.dim() == 2 else bias
 
