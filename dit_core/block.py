@@ -64,16 +64,20 @@ def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:
 class GroupBias:
     """A bias on attention scores that depends on the query only through its group (LTX-2.5's guide frames): keys
     [groups, keys] f32, group i's bias on every key; rows, group i's query rows: a span (first, end) or a long
-    tensor of indexes; plain, group i's bias is 0 on every key (no mask needed). Every query row is in one group.
-    O(groups x keys + rows) values where the dense bias is [rows, keys]."""
+    tensor of indexes; plain, group i's bias is 0 on every key (no mask needed); key_spans, the runs of keys
+    (first, end) over which every group's bias is constant (a few for guides: the generated keys, each guide's).
+    Every query row is in one group. O(groups x keys + rows) values where the dense bias is [rows, keys]."""
     keys: torch.Tensor
     rows: tuple
     plain: tuple[bool, ...]
+    key_spans: tuple[tuple[int, int], ...] = ()
 
     @staticmethod
     def of(keys: torch.Tensor, rows: list) -> GroupBias:
         """From each group's key bias and rows (spans or index tensors); runs where keys is (once, at a step)."""
-        return GroupBias(keys, tuple(rows), tuple(bool((b == 0).all()) for b in keys))
+        cuts = [0, *((keys[:, 1:] != keys[:, :-1]).any(0).nonzero().flatten() + 1).tolist(), keys.shape[1]]
+        return GroupBias(keys, tuple(rows), tuple(bool((b == 0).all()) for b in keys),
+                         tuple(zip(cuts[:-1], cuts[1:])))
 
     @property
     def queries(self) -> int:
@@ -81,7 +85,7 @@ class GroupBias:
 
     def to(self, device: torch.device) -> GroupBias:
         return GroupBias(self.keys.to(device), tuple(r if isinstance(r, tuple) else r.to(device) for r in self.rows),
-                         self.plain)
+                         self.plain, self.key_spans)
 
     def numel(self) -> int:
         """The values it holds (keys' and the index tensors'): O(rows), never rows x keys."""
@@ -93,12 +97,12 @@ class GroupBias:
         return t.narrow(dim, r[0], r[1] - r[0]) if isinstance(r, tuple) else t.index_select(dim, r.to(t.device))
 
     def put(self, i: int, out: torch.Tensor, dim: int, values: torch.Tensor) -> None:
-        """out's group i rows along dim = values."""
+        """out's group i rows along dim = values (cast to out's dtype)."""
         r = self.rows[i]
         if isinstance(r, tuple):
             out.narrow(dim, r[0], r[1] - r[0]).copy_(values)
         else:
-            out.index_copy_(dim, r.to(out.device), values)
+            out.index_copy_(dim, r.to(out.device), values.to(out.dtype))
 
     def permuted(self, query_order: torch.Tensor, key_order: torch.Tensor) -> GroupBias:
         """The bias of queries and keys laid out as query_order and key_order say (position p holds row order[p]):
@@ -108,7 +112,7 @@ class GroupBias:
             group[slice(*r) if isinstance(r, tuple) else r.cpu()] = i
         group = group[query_order.cpu()]
         rows = [(group == i).nonzero().flatten() for i in range(len(self.rows))]
-        return GroupBias(self.keys[:, key_order.to(self.keys.device)], tuple(rows), self.plain)
+        return GroupBias(self.keys[:, key_order.to(self.keys.device)], tuple(rows), self.plain)  # spans unknown
 
     def dense(self) -> torch.Tensor:
         """[rows, keys]: the dense form (a reference)."""

@@ -81,13 +81,48 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: GroupBias) -> torch.Tensor:
-    """SDPA of q [1, heads, rows, head] bf16 on k, v group by group of bias's query rows: each group's [keys] bias
-    broadcast over its rows (bf16, as SDPA wants the queries' dtype; memory O(keys)), or no mask where it is 0 on
-    every key (SDPA may then take flash / cuDNN)."""
+    """SDPA of q [1, heads, rows, head] bf16 on k, v [1, heads, keys, head] under a GroupBias: span_attention where
+    the bias is constant over a few key spans (the guides'); else group by group of query rows, each group's [keys]
+    bias broadcast over its rows (bf16, as SDPA wants the queries' dtype; memory O(keys)), no mask where it is 0."""
+    head = q.shape[-1]
+    if 0 < len(bias.key_spans) <= MAX_KEY_SPANS and head <= 256 and head % 8 == 0 and q.dtype in (
+            torch.bfloat16, torch.float16) and q.device.type in ("cuda", "cpu"):
+        return span_attention(q, k, v, bias)
     out = torch.empty_like(q)
     for i, plain in enumerate(bias.plain):
         mask = None if plain else bias.keys[i].to(q.device, torch.bfloat16)[None, None, None]
         bias.put(i, out, 2, F.scaled_dot_product_attention(bias.take(i, q, 2), k, v, attn_mask=mask))
+    return out
+
+
+MAX_KEY_SPANS = 8  # span_attention keeps an output per key span
+
+
+def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unmasked attention's output [1, heads, rows, head] and its log-sum-exp over the keys [1, heads, rows] f32:
+    the flash kernel (CUDA; on the CPU its CPU form)."""
+    if q.device.type == "cuda":
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[:2]
+    else:
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v)
+    return o, lse[..., :q.shape[2]]
+
+
+def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: GroupBias) -> torch.Tensor:
+    """Attention under a bias that is constant (b_ij) for query group i over key span j, with no mask: softmax over
+    all keys is the spans' own softmaxes weighted by exp(lse_j + b_ij) (lse_j: log-sum-exp of a row's scores on span
+    j), so each span runs on the flash kernel, every query row at once, and each group's rows mix the spans' outputs
+    in f32. Exact up to the bf16 outputs; memory: an output a span and a group's rows in f32."""
+    outs, lses = zip(*(_flash(q, k[:, :, a:b], v[:, :, a:b]) for a, b in bias.key_spans))
+    span_bias = bias.keys[:, [a for a, _ in bias.key_spans]].to(q.device)
+    out = torch.empty_like(q)
+    for i in range(len(bias.rows)):
+        weight = torch.softmax(torch.stack([bias.take(i, lse, 2) for lse in lses]) + span_bias[i, :, None, None, None],
+                               0)[..., None]
+        mixed = weight[0] * bias.take(i, outs[0], 2)  # f32, the bf16 rows cast as read
+        for w, o in zip(weight[1:], outs[1:]):
+            mixed.addcmul_(w, bias.take(i, o, 2))
+        bias.put(i, out, 2, mixed)
     return out
 
 

@@ -120,13 +120,19 @@ def pieces_inputs(grid: Grid, seed: int = 0):
     return w, seq, torch.randn(grid.rows, 256, generator=g)
 
 
+@pytest.mark.parametrize("path", ["spans", "masked"])
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
-def test_gpu_piece_equals_the_host_dense_bias(device):
-    """pieces.attention_rows with the GroupBias (a masked SDPA a group, none for the strength-1 guide's) and OUT,
-    BF16 linears, against the host's f32 attend with the dense bias: within 1e-2 (the LTX GPU tests' bound)."""
+def test_gpu_piece_equals_the_host_dense_bias(device, path, monkeypatch):
+    """pieces.attention_rows with the GroupBias and OUT, BF16 linears, against the host's f32 attend with the dense
+    bias, within 1e-2 (the LTX GPU tests' bound): spans, the flash kernel a key span (the generated keys, each
+    guide's) mixed by log-sum-exp (6.3e-3 on the CPU); masked, a [keys] mask a query group, none for the strength-1
+    guide's (6.2e-3 on the CPU)."""
+    from dit_core.gpu import pieces
     from dit_core.gpu.options import Options
     from dit_core.gpu.pieces import GpuAttention, attention_rows, into
+    if path == "masked":
+        monkeypatch.setattr(pieces, "MAX_KEY_SPANS", 0)
     dev, a = torch.device(device), PIECES
     w, seq, h = pieces_inputs(GRID)
     want = attend(a, w, h, h, seq, seq, guide_attention_bias(GRID))
@@ -140,11 +146,16 @@ def test_gpu_piece_equals_the_host_dense_bias(device):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_gpu_piece_memory_is_linear_in_rows():
+@pytest.mark.parametrize("path", ["spans", "masked"])
+def test_gpu_piece_memory_is_linear_in_rows(path, monkeypatch):
     """16 384 rows with two guides: attention_rows' peak beyond its inputs and output stays under a quarter of the
-    dense bf16 mask (512 MB): the masks are [keys] a group and SDPA's masked kernel keeps no scores."""
+    dense bf16 mask (512 MB): flash kernels on key spans, or SDPA's masked kernel on a [keys] mask a query group;
+    outputs O(rows), no scores kept."""
+    from dit_core.gpu import pieces
     from dit_core.gpu.options import Options
     from dit_core.gpu.pieces import GpuAttention, attention_rows
+    if path == "masked":
+        monkeypatch.setattr(pieces, "MAX_KEY_SPANS", 0)
     grid = Grid(14, 32, 32, 24.0, (Guide(0, 1, 0.5), Guide(104, 105, 0.25)))
     rows, dev = grid.rows, torch.device("cuda")
     w, seq, h = pieces_inputs(grid)
