@@ -84,9 +84,7 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: G
     """SDPA of q [1, heads, rows, head] bf16 on k, v [1, heads, keys, head] under a GroupBias: span_attention where
     the bias is constant over a few key spans (the guides'); else group by group of query rows, each group's [keys]
     bias broadcast over its rows (bf16, as SDPA wants the queries' dtype; memory O(keys)), no mask where it is 0."""
-    head = q.shape[-1]
-    if 0 < len(bias.key_spans) <= MAX_KEY_SPANS and head <= 256 and head % 8 == 0 and q.dtype in (
-            torch.bfloat16, torch.float16) and q.device.type in ("cuda", "cpu"):
+    if 0 < len(bias.key_spans) <= MAX_KEY_SPANS and _flash_takes(q):
         return span_attention(q, k, v, bias)
     out = torch.empty_like(q)
     for i, plain in enumerate(bias.plain):
@@ -96,6 +94,18 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: G
 
 
 MAX_KEY_SPANS = 8  # span_attention keeps an output per key span
+
+
+def _flash_takes(q: torch.Tensor) -> bool:
+    """Whether _flash runs q: bf16/f16, heads of at most 256 in steps of 8; on CUDA a build with flash attention
+    and an sm80 or later GPU (older ones take the masked path)."""
+    head = q.shape[-1]
+    if q.dtype not in (torch.bfloat16, torch.float16) or head > 256 or head % 8:
+        return False
+    if q.device.type == "cuda":
+        available = getattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)()
+        return available and torch.cuda.get_device_capability(q.device) >= (8, 0)
+    return q.device.type == "cpu"
 
 
 def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
