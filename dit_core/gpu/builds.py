@@ -4,11 +4,11 @@ each launch (a first Z-Image prompt on a new machine spent about 18 s there, ser
 A dry run of the step finds them: every launch of a kernel not yet built is held back (Triton's jit_cache_hook
 answers that the build is handled, so nothing compiles or runs) and its specialization recorded; the step's values
 are garbage and dropped, and the kernels already built run on them harmlessly. The recorded kernels are then built
-by Triton's AsyncCompileMode on a thread pool (its compiler and ptxas work outside the GIL) into the kernel caches
-the real step launches from, and into Triton's on-disk cache, so a restart of the same machine builds nothing.
-Where threads do not overlap (the compiler's front end holds the GIL), `processes=True` builds them in worker
-processes instead, each importing the kernels' modules and filling Triton's on-disk cache, from which this process
-then loads them.
+by Triton's AsyncCompileMode on a thread pool into the kernel caches the real step launches from, and into
+Triton's on-disk cache, so a restart of the same machine builds nothing. ptxas runs outside the GIL; how much of
+the compiler's front end overlaps on threads is bench/bench_first_step.py's question, and `processes=True` builds
+the kernels in worker processes instead (kernels/process_builds.py), filling Triton's on-disk cache, from which this
+process then loads them.
 
 Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotune on first use, and an autotuner
 timing held-back launches would keep a wrong tile."""
