@@ -129,12 +129,13 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
     return load_dit
 
 
-def room_before(path: str | Checkpoint, device: torch.device, element_bytes: int = 2) -> None:
-    """memory.room_for the file's tensors at element_bytes each (a BF16 load: an INT8 file's linears double), before
-    they load onto device."""
+def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = False) -> None:
+    """memory.room_for the file's tensors loaded in BF16 (an INT8 file's linears double), or with its INT8 codes kept
+    as stored (int8_kept: the INT8 path), before they load onto device."""
     if device.type == "cuda":
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        room_for(device, sum(math.prod(ckpt.shape(k)) for k in ckpt.keys()) * element_bytes)
+        room_for(device, sum(math.prod(ckpt.shape(k)) * (1 if int8_kept and ckpt.dtype(k) == torch.int8 else 2)
+                             for k in ckpt.keys()))
 
 
 def text_encoder_loader(encoder, family: str) -> Callable:

@@ -82,7 +82,8 @@ def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:
     f32 host reference."""
     device = HOST if handle.device == "cpu" else engine_device()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    load = lambda f: room_before(f, device) or Gemma4TextEncoder.load(f, dtype=dtype, device=device)  # noqa: E731
+    load = lambda f: room_before(f, device, int8_kept=True) or Gemma4TextEncoder.load(  # noqa: E731
+        f, dtype=dtype, device=device)  # on CUDA its INT8 linears stay INT8 (load's default there)
     return LOADED.get("text", (*handle.key(), str(device), FAMILY), lambda: cancellable(load, handle.path), device,
                       handle.role)
 

@@ -355,7 +355,7 @@ def test_text_encoder_loads_on_the_engine_gpu_in_the_text_slot(pack, models, mon
     calls, rooms, gpu = [], [], torch.device("cuda", 0)
     monkeypatch.setattr(pack, "Gemma4TextEncoder", Recorded(calls))
     monkeypatch.setattr(pack, "engine_device", lambda: gpu)
-    monkeypatch.setattr(pack, "room_before", lambda f, device: rooms.append(device))  # ComfyUI's free_memory there
+    monkeypatch.setattr(pack, "room_before", lambda f, device, int8_kept: rooms.append(device))  # ComfyUI's free_memory there
     handle = FileHandle("text_encoder", str(models / "text_encoders" / FILES["text_encoders"]))
     try:
         encoder = pack.load_text_encoder(handle)
