@@ -349,8 +349,8 @@ class LTX25:
         rope_dtype: float64 (the release's frequencies_precision) or float32 (diffusers' rounding, section 9 item 3).
         check() runs after each block (it raises: ComfyUI's Cancel within a step). Runs where the model is; the
         velocities come back on the inputs' devices. ranks: the blocks run sequence-parallel across them
-        (dit_core/parallel: each rank its share of each stream's rows, gathered before the final layers; host blocks
-        only); None: here alone."""
+        (dit_core/parallel: each rank its share of each stream's rows, gathered before the final layers; host or
+        GPU blocks); None: here alone."""
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -359,20 +359,19 @@ class LTX25:
                              f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
                              f"{a_s.proj_in.in_features}")
         dev = self.device
-        sv, sa = (step.to(dev) for step in self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video,
-                                                       sigma_audio, conditioned, text_mask, av_times, rope_dtype))
+        # the steps' maps on the host: a rank's share is taken there, so its Sequence keeps its starts
+        host = self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
+                          text_mask, av_times, rope_dtype)
+        sv, sa = whole = tuple(step.to(dev) for step in host)
         v, a = linear(video.to(dev).float(), v_s.proj_in), linear(audio.to(dev).float(), a_s.proj_in)
         if self.keyframe is not None and keyframes is not None:
             v = v + keyframes.to(dev).bool().float()[:, None] * self.keyframe
-        whole = sv, sa
         if ranks is not None:
             from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
             heads = (a_s.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
-            sv, sa = (step.split(SequenceShards.split(ranks, step.seq.map, heads)) for step in (sv, sa))
+            sv, sa = (step.split(SequenceShards.split(ranks, step.seq.map, heads)).to(dev) for step in host)
             v, a = sv.shards.take(v), sa.shards.take(a)
         for block in self.blocks:
-            if block.gpu and ranks is not None:
-                raise NotImplementedError("LTX25: sequence parallel runs the host blocks only so far (issue 39)")
             v, a = gpu_block(self, block, v, a, sv, sa) if block.gpu else self.block(block, v, a, sv, sa)
             if check is not None:
                 check()
@@ -461,7 +460,7 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
     for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
         m = step.seq.map
         h = modulated_norm(arch, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
-        heads = attention_rows(arch, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, o)
+        heads = attention_rows(arch, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, o, step.shards)
         into(x, heads, layer.self_attn, p[GATE_MSA], m, o)
         h = modulated_norm(arch, x, None, p[SHIFT_Q], p[SCALE_Q], m)
         heads = attention_rows(arch, layer.text_attn, h, prompt_rows(layer, step), bias=step.key_bias, options=o)
@@ -470,10 +469,11 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
     gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
     q = modulated_norm(va, v, None, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
     kv = modulated_norm(aa, a, None, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
-    a2v = attention_rows(aa, block.a2v, q, kv, sv.cross, sa.cross, options=o)
+    a2v = attention_rows(aa, block.a2v, q, kv, sv.cross, sa.cross, options=o, shards=sv.shards, keys=sa.shards)
     q = modulated_norm(aa, a, None, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
     kv = modulated_norm(va, v, None, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
-    into(a, attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o), block.v2a, ga, sa.gate_map, o)
+    v2a = attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o, shards=sa.shards, keys=sv.shards)
+    into(a, v2a, block.v2a, ga, sa.gate_map, o)
     into(v, a2v, block.a2v, gv, sv.gate_map, o)
     for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
         mlp_into(arch, x, p[SHIFT_MLP], p[SCALE_MLP], step.seq.map, layer.up, layer.down, p[GATE_MLP], o)

@@ -82,10 +82,9 @@ class SequenceShards:
         if s.group and self.ranks.world > 1:
             raise ValueError(f"sequence parallel: attention in groups of {s.group} rows cannot split across ranks "
                              "(the rows of a group would sit on different ranks); run this step on one rank")
-        rows = self.rows.to(s.map.device)
-        angles = None if s.angles is None else AngleFactors(s.angles.positions[rows.to(s.angles.positions.device)],
-                                                            s.angles.freqs, s.angles.ends)
-        return Sequence(s.map[rows], s.cos[rows], s.sin[rows], 0, angles)
+        at = lambda t: t[self.rows.to(t.device)]  # noqa: E731  (a host map with device tables: starts kept)
+        angles = None if s.angles is None else AngleFactors(at(s.angles.positions), s.angles.freqs, s.angles.ends)
+        return Sequence(at(s.map), at(s.cos), at(s.sin), 0, angles)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The full rows [total, ...] on every rank from each rank's share x [n_r, ...] (padded to the largest share
@@ -116,7 +115,7 @@ class SequenceShards:
         head]: to_heads, attention of the whole sequence in this rank's heads, to_rows. keys: the shards of the key
         rows where they are another sequence's (LTX-2.5's A<->V; None: these rows). key_bias [keys], [queries, keys]
         or a GroupBias (LTX-2.5's guides: reordered, never dense), in packed order. Returns [n_r, heads x head], as
-        block.attention. (A GPU attention kernel goes between to_heads and to_rows the same way.)"""
+        block.attention. (dit_core/gpu/pieces.py attention_rows puts its kernel between to_heads and to_rows.)"""
         if self.ranks.world == 1:
             return attention(q, k, v, group, key_bias)
         if group:
@@ -154,6 +153,17 @@ class SequenceShards:
         back = o.new_empty(w * n, *o.shape[1:])
         dist.all_to_all_single(back, o.contiguous(), [n] * w, list(self.counts), group=self.ranks.group)
         return back.reshape(w, n, *o.shape[1:]).transpose(0, 1).reshape(n, -1)
+
+    def to_packed(self, t: torch.Tensor) -> torch.Tensor:
+        """t [total, ...] in rank order (to_heads' rows) -> the packed order: attention then runs on the rows
+        exactly as one process lays them out, so a bias keeps its key spans (GroupBias.key_spans)."""
+        out = torch.empty_like(t)
+        out[self.order.to(t.device)] = t
+        return out
+
+    def to_rank_order(self, t: torch.Tensor) -> torch.Tensor:
+        """to_packed's inverse: t [total, ...] in packed order -> rank order (what to_rows takes)."""
+        return t[self.order.to(t.device)]
 
     def bias_in_order(self, key_bias: torch.Tensor | GroupBias | None, keys: SequenceShards | None = None):
         """A bias on the scores in packed order ([keys], [queries, keys] or a GroupBias) in to_heads' rank order."""

@@ -226,3 +226,99 @@ def test_cancel_stops_every_rank_at_one_block_and_keeps_the_pool(pools):
     assert time.monotonic() - start < 10 and seen[:3] == [1, 2, 3] and len(seen) < 1000
     assert pool.open and pool.alive == [0, 1]
     assert pool(blocks_of, 2) == 2  # the ranks go on
+
+
+# LTX-2.5's GPU form: sizes its kernels take (heads of 128 video, 64 audio; widths in ConvRot groups of 64), as
+# tests/families/test_ltx25_gpu.py
+LTX25_GPU_SIZES = dict(in_channels=16, out_channels=16, num_attention_heads=2, attention_head_dim=128,
+                       cross_attention_dim=256, audio_in_channels=16, audio_out_channels=16,
+                       audio_num_attention_heads=2, audio_attention_head_dim=64, audio_cross_attention_dim=128,
+                       num_layers=2)
+
+
+@pytest.fixture(scope="module")
+def ltx25_gpu_files(tmp_path_factory):
+    """The GPU-size tiny LTX-2.5 with BF16 linears and with INT8 ConvRot block linears."""
+    pytest.importorskip("diffusers")
+    from safetensors.torch import save_file
+    from tiny_models import int8_convrot_state, ltx25_comfy_layout, random_ltx25
+    d = tmp_path_factory.mktemp("ltx25_gpu_parallel")
+    config = '{"transformer": {"num_attention_heads": 2, "audio_num_attention_heads": 2}}'
+    state = ltx25_comfy_layout(random_ltx25(seed=4, **LTX25_GPU_SIZES))
+    save_file(state, d / "bf16.safetensors", metadata={"config": config})
+    save_file(int8_convrot_state(state, lambda key: ".transformer_blocks." in key, group=64),
+              d / "int8.safetensors", metadata={"config": config})
+    return d
+
+
+def ltx25_gpu_form(path: str):
+    """The model as the GPU path runs it, on the CPU (the kernels' references)."""
+    from dit_core.families.ltx25 import LTX25
+    host = LTX25.load(path)
+    return host.gpu_form(torch.device("cpu"), host.default_options())
+
+
+def load_gpu_form(ranks: Ranks, state: dict, path: str) -> None:
+    state["model"] = ltx25_gpu_form(path)
+
+
+def ltx25_gpu_step(guided: bool):
+    """forward's arguments at the GPU sizes: 3 latent frames of 2x3 (the first conditioned, a keyframe; guided: one
+    more frame as a guide at strength 0.5), 7 audio rows, a prompt of 6 with its last row masked."""
+    from dit_core.families.ltx25_positions import Grid, Guide
+    grid = Grid(3, 2, 3, guides=(Guide(16, 17, 0.5),) if guided else ())
+    g = torch.Generator().manual_seed(5)
+    video, audio = torch.randn(grid.rows, 16, generator=g), torch.randn(7, 16, generator=g)
+    text_video, text_audio = torch.randn(6, 256, generator=g), torch.randn(6, 128, generator=g)
+    mask, first = torch.ones(6), torch.zeros(grid.rows)
+    mask[-1], first[:6] = 0, 1
+    return video, audio, text_video, text_audio, grid, 0.7, 0.45, first, mask, first.bool()
+
+
+@pytest.mark.parametrize("name, guided", [("bf16", True), ("bf16", False), ("int8", True)])
+def test_ltx25_gpu_form_ranks_give_the_single_process_step(ltx25_gpu_files, pools, name, guided):
+    """The GPU form's layers (dit_core/gpu/pieces.py) on 2 ranks: each rank's rows through the linears, attention
+    across the ranks by heads in packed order (the bias as one process has it: the guide's through span_attention),
+    against the same GPU form in one process on one thread, as a rank runs: the same arithmetic, bit for bit on this
+    CPU (0.0); the bound leaves room for products that round by their row count elsewhere."""
+    path = str(ltx25_gpu_files / f"{name}.safetensors")
+    args = ltx25_gpu_step(guided)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs: MKL's f32 products round by their thread count
+    try:
+        want_v, want_a = ltx25_gpu_form(path).forward(*args)
+    finally:
+        torch.set_num_threads(threads)
+    pools[2](load_gpu_form, path)
+    v, a = pools[2](model_step, "forward", args, {})
+    assert rel_err(v, want_v) <= 1e-6 and rel_err(a, want_a) <= 1e-6
+
+
+def test_ltx25_gpu_form_one_rank_is_the_single_process_step_bit_for_bit(ltx25_gpu_files):
+    model = ltx25_gpu_form(str(ltx25_gpu_files / "bf16.safetensors"))
+    args = ltx25_gpu_step(True)
+    want = model.forward(*args)
+    got = model.forward(*args, ranks=Ranks(0, 1))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def load_on_gpu(ranks: Ranks, state: dict, path: str) -> None:
+    """LTX-2.5 on this rank's GPU (the pool's NCCL ranks: device = rank)."""
+    from dit_core.families.ltx25 import LTX25
+    state["model"] = LTX25.load(path).to("cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+@pytest.mark.parametrize("name", ["bf16", "int8"])
+def test_ltx25_two_gpus_give_the_one_gpu_step(ltx25_gpu_files, name):
+    """LTX25.to('cuda') on 2 NCCL ranks (a GPU each, the kernels) against one GPU: within 1e-2 (the rows' products
+    may take other tiles on fewer rows)."""
+    from dit_core.families.ltx25 import LTX25
+    path = str(ltx25_gpu_files / f"{name}.safetensors")
+    args = ltx25_gpu_step(True)
+    want_v, want_a = LTX25.load(path).to("cuda").forward(*args)
+    with RankPool(2, backend="nccl") as pool:
+        pool(load_on_gpu, path)
+        v, a = pool(model_step, "forward", args, {})
+    assert v.device.type == "cpu" and rel_err(v, want_v) <= 1e-2 and rel_err(a, want_a) <= 1e-2
