@@ -85,14 +85,14 @@ def _plain_heads(a: Arch) -> bool:
     return a.key_width != a.width or a.attn_gate
 
 
-def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence) -> torch.Tensor:
+def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, shards=None) -> torch.Tensor:
     """Attention output rows [rows, heads D] bf16, the attention gate's sigmoid applied, from QKV's bf16 product
     [q | k | v | gate]: head_norm_rope (each shared key head written for the query heads it serves), then the
-    kernels' attention (cuDNN first)."""
+    kernels' attention (cuDNN first; across shards' ranks: _attention)."""
     qkv_width = a.width + 2 * a.key_width
     q, k, v = run("head_norm_rope", qkv[:, :qkv_width], a.heads, a.head, q_weight, k_weight, s.cos, s.sin, a.qk_eps,
                   group=s.group, kv_heads=a.kv_heads)
-    o = run("attention", q, k, v)
+    o = _attention(q, k, v, {}, shards)
     return o * torch.sigmoid(qkv[:, qkv_width:]) if a.attn_gate else o
 
 
@@ -174,6 +174,19 @@ def _heads(a: Arch, o: Options, h, lin: GpuLinear, q_weight, k_weight, s: Sequen
                    turn_v=turn_v, choices=o.kernels)
     return run("head_norm_rope", _product(q, sc, xb, lin, o), a.heads, a.head, q_weight, k_weight, s.cos, s.sin,
                a.qk_eps, group=s.group)
+
+
+def _attention(q, k, v, kind: dict[str, bool], shards=None) -> torch.Tensor:
+    """The attention kernel's rows [rows, heads D] of q, k, v [1, heads, rows, D] (views of rows-major storage).
+    shards (dit_core/parallel SequenceShards, more than one rank): q, k, v are this rank's rows; to_heads, every
+    rank's rows of this rank's heads in packed order (one process's arithmetic, head by head), the kernel, back to
+    rank order, to_rows."""
+    if shards is None or shards.ranks.world == 1:
+        return run("attention", q, k, v, **kind)
+    rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, heads, n, D] -> [n, heads, D]
+    packed = lambda t: shards.to_packed(t).transpose(0, 1)[None]  # noqa: E731
+    o = run("attention", *(packed(t) for t in shards.to_heads(rows(q), rows(k), rows(v))), **kind)
+    return shards.to_rows(shards.to_rank_order(o), q.shape[1])
 
 
 def _attend(q, k, v, keys_values: Callable | None, kind: dict[str, bool]) -> torch.Tensor:
@@ -271,20 +284,21 @@ class GpuBlock:
             next_rms=None if next_rms is None else (next_rms, a.eps))
 
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry: NormStats | None = None,
-                options: Options | None = None) -> torch.Tensor:
+                options: Options | None = None, shards=None) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
-        kernel (a sandwich norm, as Z-Image's). options: the model's (dit_core/gpu/options.py; None: DEFAULT)."""
+        kernel (a sandwich norm, as Z-Image's). options: the model's (dit_core/gpu/options.py; None: DEFAULT).
+        shards: x and s are this rank's share of the rows and attention runs across the ranks (_attention)."""
         w, row_map, opt = self.w, s.map, options or DEFAULT
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
                        row_map=row_map, stats=given)
         if _plain_heads(a):
-            turn, o = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s)
+            turn, o = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s, shards)
         else:
             turn = _turns_v(a, w[QKV], w[OUT], s, opt)
-            o = run("attention", *_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn),
-                    **_attention_kind(w[QKV], opt))
+            o = _attention(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), _attention_kind(w[QKV], opt),
+                           shards)
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])

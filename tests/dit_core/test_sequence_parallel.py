@@ -322,3 +322,41 @@ def test_ltx25_two_gpus_give_the_one_gpu_step(ltx25_gpu_files, name):
         pool(load_on_gpu, path)
         v, a = pool(model_step, "forward", args, {})
     assert v.device.type == "cpu" and rel_err(v, want_v) <= 1e-2 and rel_err(a, want_a) <= 1e-2
+
+
+def h3_gpu_blocks(ranks: Ranks, state: dict, path: str, linears: str, x, layout, times, index):
+    """H3's GPU-form blocks (dit_core/gpu/block.py GpuBlock, on the CPU) over x [rows, hidden], this rank's share
+    of the rows across the ranks, gathered: the loop of MiniMaxH3.velocity."""
+    from dit_core.families.minimax_h3 import GATE1, GATE2, SCALE1, SCALE2, SHIFT1, SHIFT2
+    from dit_core.modulation import Modulation
+    host = MiniMaxH3.load(path, linears=linears)
+    model = host.gpu_form(torch.device("cpu"), host.default_options())
+    a = model.arch
+    temb, seq = model.time_rows(times), model.sequence(layout, index)
+    shards = SequenceShards.split(ranks, seq.map, (a.heads, a.kv_heads or a.heads))
+    x, seq = shards.take(x), shards.sequence(seq)
+    for layer in model.blocks:
+        rows = layer.modulation_rows(temb, model.options).reshape(-1, 6, a.hidden).transpose(0, 1).contiguous()
+        m = Modulation(attn_scale=rows[SCALE1], attn_gate=rows[GATE1], mlp_scale=rows[SCALE2], mlp_gate=rows[GATE2],
+                       attn_shift=rows[SHIFT1], mlp_shift=rows[SHIFT2])
+        x = layer.block.forward(a, x, m, seq, None, model.options, shards=shards)
+    return shards.gather(x)
+
+
+@pytest.mark.parametrize("world, linears", [(2, "stored"), (4, "int8")])
+def test_h3_gpu_blocks_on_ranks_give_the_single_process_blocks(h3_file, pools, world, linears):
+    """H3's GpuBlock.forward with shards (attention across the ranks by heads, in packed order) on `world` ranks
+    against one process on one thread (as a rank runs): bit for bit on this CPU (0.0)."""
+    torch.manual_seed(4)
+    layout = packed_layout(5, 3, 4, 6, 4, ("first",))
+    times, index = row_times(layout, 0.4, 0.55)
+    x = torch.randn(layout.rows, MiniMaxH3.load(h3_file).arch.hidden)
+    args = (str(h3_file), linears, x, layout, times, index)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs: MKL's f32 products round by their thread count
+    try:
+        want = h3_gpu_blocks(Ranks(0, 1), {}, *args)
+    finally:
+        torch.set_num_threads(threads)
+    got = pools[world](h3_gpu_blocks, *args)
+    assert rel_err(got, want) <= 1e-6
