@@ -338,8 +338,6 @@ class MiniMaxH3:
         seq = self.sequence(layout, time_index).to(txt.device)
         shards = None
         if ranks is not None:
-            if self.options is not None:
-                raise NotImplementedError("MiniMaxH3: sequence parallel runs the host blocks only so far (issue 39)")
             from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
             shards = SequenceShards.split(ranks, seq.map, (a.heads, a.kv_heads or a.heads))
             x, seq = shards.take(x), shards.sequence(seq)

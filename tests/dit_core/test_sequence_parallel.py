@@ -360,3 +360,26 @@ def test_h3_gpu_blocks_on_ranks_give_the_single_process_blocks(h3_file, pools, w
         torch.set_num_threads(threads)
     got = pools[world](h3_gpu_blocks, *args)
     assert rel_err(got, want) <= 1e-6
+
+
+def h3_gpu_velocity(ranks: Ranks, state: dict, path: str, text, video, audio, layout, times, index):
+    """MiniMaxH3.velocity of the GPU-form model (GpuBlocks, on the CPU) across the ranks."""
+    host = MiniMaxH3.load(path, linears="int8")
+    model = host.gpu_form(torch.device("cpu"), host.default_options())
+    return model.velocity(video, audio, model.text_rows(text), layout, times, index, ranks=ranks)
+
+
+def test_h3_gpu_form_velocity_on_ranks_gives_the_single_process_step(h3_file, pools):
+    """The whole GPU-form velocity (INT8 linears) on 2 ranks against one process on one thread: within 1e-6."""
+    torch.manual_seed(3)
+    layout = packed_layout(5, 3, 4, 6, 4, ("first",))
+    args = (str(h3_file), torch.randn(layout.text, TEXT), torch.randn(layout.video_rows.numel(), 4 * C),
+            torch.randn(layout.audio, CA), layout, *row_times(layout, 0.4, 0.55))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each rank runs
+    try:
+        want = h3_gpu_velocity(Ranks(0, 1), {}, *args)
+    finally:
+        torch.set_num_threads(threads)
+    got = pools[2](h3_gpu_velocity, *args)
+    assert all(rel_err(g, w) <= 1e-6 for g, w in zip(got, want))
