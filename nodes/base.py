@@ -224,10 +224,12 @@ def run_sampler(sample: Callable, steps: int):
         raise comfy.model_management.InterruptProcessingException() from e
 
 
-def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[Callable, int] | None]) -> None:
+def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[Callable, int] | None],
+                            say: Callable[[str], None] = lambda text: None) -> None:
     """Where the engine runs on a GPU: the first step of a fresh sampling() run once with its Triton kernels held back
     and then built side by side (dit_core/gpu/builds.py), once per key (the request's shapes) for the loaded model;
-    then the model's companions are cleared, since that step's rows, kept or captured, are garbage."""
+    then the model's companions are cleared, since that step's rows, kept or captured, are garbage. say(text): what
+    the node shows meanwhile."""
     device = engine_device()
     if device.type != "cuda":
         return
@@ -238,6 +240,7 @@ def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[C
 
     def first_step():
         ran.append(True)
+        say("building the GPU kernels for this size (once)")
         run = sampling()
         if run is None:
             return

@@ -283,7 +283,8 @@ class SamplerNode(io.ComfyNode):
         # Keyed on the image's shape, not the prompt's length: a new prompt should not pay a dry step (a kernel a new
         # length might still need builds as the step reaches it).
         shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else tuple(tuple(t.shape) for t in latent)
-        build_ahead_of_sampling("dit", (cls.FAMILY, shape, passes), lambda: cls.sampling(dit, r))
+        build_ahead_of_sampling("dit", (cls.FAMILY, shape, passes), lambda: cls.sampling(dit, r),
+                                say=lambda text: show_on_node(cls, text))
         run = cls.sampling(dit, r)
         if run is None:
             return io.NodeOutput(latent_image)
