@@ -104,16 +104,6 @@ class GroupBias:
         else:
             out.index_copy_(dim, r.to(out.device), values.to(out.dtype))
 
-    def permuted(self, query_order: torch.Tensor, key_order: torch.Tensor) -> GroupBias:
-        """The bias of queries and keys laid out as query_order and key_order say (position p holds row order[p]):
-        groups' rows as indexes into the new order, keys' columns taken."""
-        group = torch.empty(self.queries, dtype=torch.long)
-        for i, r in enumerate(self.rows):
-            group[slice(*r) if isinstance(r, tuple) else r.cpu()] = i
-        group = group[query_order.cpu()]
-        rows = [(group == i).nonzero().flatten() for i in range(len(self.rows))]
-        return GroupBias(self.keys[:, key_order.to(self.keys.device)], tuple(rows), self.plain)  # spans unknown
-
     def dense(self) -> torch.Tensor:
         """[rows, keys]: the dense form (a reference)."""
         out = self.keys.new_empty(self.queries, self.keys.shape[1])

@@ -183,10 +183,9 @@ def _attention(q, k, v, kind: dict[str, bool], shards=None) -> torch.Tensor:
     rank order, to_rows."""
     if shards is None or shards.ranks.world == 1:
         return run("attention", q, k, v, **kind)
-    rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, heads, n, D] -> [n, heads, D]
-    packed = lambda t: shards.to_packed(t).transpose(0, 1)[None]  # noqa: E731
-    o = run("attention", *(packed(t) for t in shards.to_heads(rows(q), rows(k), rows(v))), **kind)
-    return shards.to_rows(shards.to_rank_order(o), q.shape[1])
+    heads_first = lambda t: t.transpose(0, 1)[None]  # noqa: E731  [n, heads, D] -> [1, heads, n, D]
+    return shards.across(lambda *t: run("attention", *map(heads_first, t), **kind),
+                         *(t[0].transpose(0, 1) for t in (q, k, v)))
 
 
 def _attend(q, k, v, keys_values: Callable | None, kind: dict[str, bool]) -> torch.Tensor:

@@ -59,7 +59,7 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias (LTX-2.5's guides:
     grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's share of the rows
     and attention runs across the ranks, keys the shards of context's rows where they are not x (dit_core/parallel
-    SequenceShards: across()); None: all rows here."""
+    SequenceShards.across); None: all rows here."""
     o, made = options or DEFAULT, {}
 
     def product(t: torch.Tensor, lin: GpuLinear) -> torch.Tensor:
@@ -72,8 +72,10 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     q = _heads(a, product(x, w.q), w.q_norm, q_rotary)
     k = _heads(a, product(context, w.k), w.k_norm, k_rotary)
     v = product(context, w.v).view(-1, a.heads, a.head).transpose(0, 1)[None]
-    if shards is not None and shards.ranks.world > 1:
-        out = across(shards, keys, q, k, v, bias)
+    if shards is not None and shards.ranks.world > 1:  # [1, heads, n, head] <-> [n, heads, head] around across
+        heads_first = lambda t: t.transpose(0, 1)[None]  # noqa: E731
+        out = shards.across(lambda *t: heads_attention(*map(heads_first, t), bias)[0].transpose(0, 1),
+                            *(t[0].transpose(0, 1) for t in (q, k, v)), keys).view(q.shape[2], q.shape[1], -1)
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
     if w.head_gate is not None:
@@ -88,21 +90,6 @@ def heads_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         return grouped_attention(q, k, v, bias)
     mask = None if bias is None else bias.to(torch.bfloat16).expand(q.shape[2], -1)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-def across(shards, keys, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           bias: torch.Tensor | GroupBias | None) -> torch.Tensor:
-    """heads_attention of this rank's rows (q [1, heads, n_r, head], k and v [1, heads, m_r, head]) across the
-    ranks (Ulysses): shards.to_heads, every rank's rows of this rank's heads put back in packed order (one process's
-    arithmetic, head by head, and the bias as given: a GroupBias keeps its key spans for span_attention), the
-    kernel, back to rank order, shards.to_rows. Returns this rank's rows of every head [n_r, heads, head]."""
-    keys = shards if keys is None else keys
-    rows = lambda t: t[0].transpose(0, 1)  # noqa: E731  [1, heads, n, head] -> [n, heads, head]
-    gq, gk, gv = shards.to_heads(rows(q), rows(k), rows(v), keys)
-    packed = lambda t, s: s.to_packed(t).transpose(0, 1)[None]  # noqa: E731
-    o = heads_attention(packed(gq, shards), packed(gk, keys), packed(gv, keys), bias)
-    o = shards.to_rank_order(o[0].transpose(0, 1))
-    return shards.to_rows(o.reshape(o.shape[0], -1), q.shape[1]).view(q.shape[2], q.shape[1], -1)
 
 
 def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: GroupBias) -> torch.Tensor:

@@ -5,12 +5,13 @@ A rank holds a share of the rows: every run of rows sharing a modulation row (te
 video) is cut into one contiguous piece a rank, the pieces' leftover rows dealt out in turn, so each rank holds about
 1/world of every kind of row and the shares differ by one row at most. Norms, modulation rows, linears and the MLP
 need nothing from other ranks. Attention does: each rank sends every other rank its rows' q, k and v of that rank's
-heads/world heads, attends the whole sequence (in rank order, a permutation of the packed rows: ungrouped attention
-does not see the order of its keys) for its heads, and sends the rows back. Heads that do not divide by the world
+heads/world heads, attends the whole sequence for its heads (the rows put back in packed order: one process's
+arithmetic, a bias as given), and sends the rows back. Heads that do not divide by the world
 are refused; a ring over key blocks for them is a later step (issue 39).
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -112,16 +113,26 @@ class SequenceShards:
                   key_bias: torch.Tensor | GroupBias | None = None,
                   keys: SequenceShards | None = None) -> torch.Tensor:
         """block.attention of this rank's rows q [n_r, heads, head] against every rank's keys k, v [m_r, key heads,
-        head]: to_heads, attention of the whole sequence in this rank's heads, to_rows. keys: the shards of the key
-        rows where they are another sequence's (LTX-2.5's A<->V; None: these rows). key_bias [keys], [queries, keys]
-        or a GroupBias (LTX-2.5's guides: reordered, never dense), in packed order. Returns [n_r, heads x head], as
-        block.attention. (dit_core/gpu/pieces.py attention_rows puts its kernel between to_heads and to_rows.)"""
+        head] (across). keys: the shards of the key rows where they are another sequence's (LTX-2.5's A<->V; None:
+        these rows). key_bias [keys], [queries, keys] or a GroupBias (LTX-2.5's guides), in packed order, as one
+        process gives it. Returns [n_r, heads x head], as block.attention."""
         if self.ranks.world == 1:
             return attention(q, k, v, group, key_bias)
         if group:
             raise ValueError(f"sequence parallel: attention in groups of {group} rows cannot split across ranks")
+        return self.across(lambda q, k, v: attention(q, k, v, 0, key_bias), q, k, v, keys)
+
+    def across(self, kernel: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor], q: torch.Tensor,
+               k: torch.Tensor, v: torch.Tensor, keys: SequenceShards | None = None) -> torch.Tensor:
+        """kernel(q, k, v) -> o [total, ...] (q, k, v [total, heads/world, head]: every rank's rows of this rank's
+        heads, in packed order, so the kernel does one process's arithmetic head by head and a bias applies as
+        given) run on this rank's rows q [n_r, heads, head], k and v [m_r, key heads, head]: to_heads, to_packed,
+        the kernel, back to rank order, to_rows. Returns [n_r, heads x head]. Host attention and the GPU kernels
+        (dit_core/gpu/block.py, pieces.py) run through it."""
+        keys = self if keys is None else keys
         gq, gk, gv = self.to_heads(q, k, v, keys)
-        return self.to_rows(attention(gq, gk, gv, 0, self.bias_in_order(key_bias, keys)), q.shape[1])
+        o = kernel(self.to_packed(gq), keys.to_packed(gk), keys.to_packed(gv))
+        return self.to_rows(self.to_rank_order(o.reshape(o.shape[0], -1)), q.shape[1])
 
     def to_heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                  keys: SequenceShards | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -164,16 +175,6 @@ class SequenceShards:
     def to_rank_order(self, t: torch.Tensor) -> torch.Tensor:
         """to_packed's inverse: t [total, ...] in packed order -> rank order (what to_rows takes)."""
         return t[self.order.to(t.device)]
-
-    def bias_in_order(self, key_bias: torch.Tensor | GroupBias | None, keys: SequenceShards | None = None):
-        """A bias on the scores in packed order ([keys], [queries, keys] or a GroupBias) in to_heads' rank order."""
-        if key_bias is None:
-            return None
-        keys = self if keys is None else keys
-        if isinstance(key_bias, GroupBias):
-            return key_bias.permuted(self.order, keys.order)
-        bias = key_bias[..., keys.order.to(key_bias.device)]
-        return bias[self.order.to(bias.device)] if bias.dim() == 2 else bias
 
     def _exchange(self, t: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
         """t [m_r, world, h, head] (this rank's rows, by the rank whose heads they are) -> [sum(counts), h, head]:

@@ -57,18 +57,18 @@ def test_host_attention_equals_the_dense_bias(grid):
 
 
 def test_ranks_order_keeps_the_bias():
-    """The sequence-parallel ranks' row order (SequenceShards.bias_in_order over 4 ranks): the GroupBias reordered
-    is the dense bias's rows and columns reordered, and attention in that order gives the packed order's rows."""
+    """The sequence-parallel ranks attend in packed order (SequenceShards.to_packed over 4 ranks): rows gathered in
+    rank order go back where one process lays them out, so the GroupBias applies as given, and to_rank_order
+    returns them."""
     rows = GRID.rows
     map_ = (torch.arange(rows) >= 6).long()
     shards = SequenceShards.split(Ranks(0, 4), map_)
-    bias = shards.bias_in_order(guide_bias(GRID))
     order = shards.order
-    assert isinstance(bias, GroupBias) and bias.numel() <= 6 * rows
-    assert torch.equal(bias.dense(), guide_attention_bias(GRID)[order][:, order])
     q, k, v = qkv(rows, seed=2)
-    want = attention(q, k, v, 0, guide_attention_bias(GRID))[order]
-    assert rel_err(attention(q[order], k[order], v[order], 0, bias), want) <= 1e-6
+    want = attention(q, k, v, 0, guide_attention_bias(GRID))
+    got = attention(*(shards.to_packed(t[order]) for t in (q, k, v)), 0, guide_bias(GRID))
+    assert rel_err(got, want) <= 1e-6
+    assert torch.equal(shards.to_rank_order(got), got[order])
 
 
 class Largest(TorchDispatchMode):
