@@ -14,10 +14,12 @@ import functools
 import os
 import queue
 import socket
+import sys
 import time
 import traceback
 import weakref
 from collections.abc import Callable
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Self
 
@@ -26,6 +28,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from .shards import Ranks
+
+# A rank's first code (run by exec: nothing of ours can be unpickled before it): the engine's top package registered
+# bare from its folder where it is not imported by a plain name (a ComfyUI custom node's package is named by its
+# folder's path, and its __init__ would import ComfyUI), so that what the parent pickles by module name imports here;
+# then the rank's loop.
+_RANK_MAIN = """
+import importlib, sys, types
+if not top.isidentifier():
+    sys.modules[top] = types.ModuleType(top)
+    sys.modules[top].__path__ = [folder]
+importlib.import_module(module)._serve(*args)
+"""
 
 POLL_S = 0.05
 PARENT_CHECK_S = 1.0
@@ -146,6 +160,33 @@ def _shutdown(processes: list, inboxes: list, graceful: bool = True) -> None:
             p.join()
 
 
+@contextmanager
+def _main_module_hidden():
+    """spawn's children import the parent's __main__ first (as __mp_main__): under ComfyUI that is its main.py, whose
+    top level parses arguments and runs every custom node's prestartup script. A rank needs none of it."""
+    main = sys.modules["__main__"]
+    spec, has_file = getattr(main, "__spec__", None), hasattr(main, "__file__")
+    file = getattr(main, "__file__", None)
+    main.__spec__ = None
+    if has_file:
+        del main.__file__
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if has_file:
+            main.__file__ = file
+
+
+def _rank_process(ctx, rank: int, args: tuple):
+    """rank's process (not started): _RANK_MAIN, then _serve(*args)."""
+    top = __name__.split(".")[0]
+    folder = list(sys.modules[top].__path__)[0]
+    return ctx.Process(target=exec, args=(_RANK_MAIN, {"top": top, "folder": folder, "module": __name__,
+                                                       "args": args}),
+                       daemon=True, name=f"swiftdit_rank{rank}")
+
+
 class RankPool:
     """`world` ranks (spawned processes in one process group) that stay up between calls. pool(fn, *args) runs
     fn(ranks, state, *args) on every rank (fn and args picklable: fn a module-level function; args shared between
@@ -161,14 +202,12 @@ class RankPool:
         self._inboxes = [ctx.Queue() for _ in range(world)]
         self._outbox, self._stop_asked = ctx.Queue(), ctx.Event()
         port = free_port()
-        self._processes = [ctx.Process(target=_serve, args=(r, world, port, backend, timeout_s, threads,
-                                                             self._inboxes[r], self._outbox, self._stop_asked,
-                                                             os.getpid()),
-                                       daemon=True,
-                                       name=f"swiftdit_rank{r}")
+        self._processes = [_rank_process(ctx, r, (r, world, port, backend, timeout_s, threads, self._inboxes[r],
+                                                  self._outbox, self._stop_asked, os.getpid()))
                            for r in range(world)]
-        for p in self._processes:
-            p.start()
+        with _main_module_hidden():
+            for p in self._processes:
+                p.start()
         self._closer = weakref.finalize(self, _shutdown, self._processes, self._inboxes)
 
     @property

@@ -1,19 +1,87 @@
-"""What a rank of a RankPool runs: a family's model loaded from its file into the rank's state, then
-its steps sequence-parallel across the ranks."""
+"""What a rank of a RankPool runs: a family's model loaded from its file into the rank's state (on the rank's GPU
+where the ranks have them), then its methods called on every rank (its steps sequence-parallel across them) and its
+attributes read (ranked.RankedModel, in the parent, stands in for the model)."""
 from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+
+import torch
 
 from .shards import Ranks
 
-
-def load_model(ranks: Ranks, state: dict, family: str, path: str) -> None:
-    """The family's model (FAMILIES) from `path` into this rank's state, on the host, as stored."""
-    from ..families import FAMILIES
-    state["model"] = FAMILIES[family].recipe.load(path)
+GIB = 2**30
 
 
-def model_step(ranks: Ranks, state: dict, method: str, args: tuple, options: dict):
-    """The loaded model's `method` (MiniMaxH3.velocity / denoised, LTX25.forward) on args and options, its blocks
-    across the ranks: every rank holds all the rows' inputs and gets all the rows' outputs. The pool's check runs
-    after each block (its cancel and progress)."""
-    return getattr(state["model"], method)(*args, **options, check=state.get("check"), ranks=ranks)
+def load_placed(ranks: Ranks, state: dict, load: Callable, path: str, budget_gb: float = 0.0, rows: int = 0) -> dict:
+    """load(path) into this rank's state. On a CUDA rank (NCCL: the rank's current device) the model goes to its GPU
+    (Model.to), its blocks within budget_gb GB (0: the GPU's free memory less a pass over this rank's share of
+    `rows` rows), the rest streaming from host memory; elsewhere it stays on the host as read. Returns what the
+    parent keeps of it: its arch and the bytes this rank holds on its GPU."""
+    model = load(path)
+    on_gpu = torch.cuda.is_available() and torch.distributed.get_backend(ranks.group) == "nccl"
+    if on_gpu:
+        from ..gpu.streaming import pass_bytes  # the GPU path: imported where used
+        device = torch.device("cuda", torch.cuda.current_device())
+        reserve = pass_bytes(model.arch, -(-rows // ranks.world))
 
+        def budget(total: int) -> int:
+            available = max(0, torch.cuda.mem_get_info(device)[0] - reserve)
+            return available if budget_gb <= 0 else min(int(budget_gb * GIB), available)
+
+        model = model.to(device, budget_bytes=budget)
+    state["model"] = model
+    return {"arch": model.arch, "device_bytes": torch.cuda.memory_allocated() if on_gpu else 0}
+
+
+def _plain(value) -> bool:
+    """Whether value is data a rank can hand over as it is (numbers, names, shapes, configs), not a part of the
+    model (tensors, modules, weights)."""
+    if value is None or isinstance(value, (bool, int, float, str, torch.dtype, torch.device, torch.Size)):
+        return True
+    if isinstance(value, (tuple, list)):
+        return all(map(_plain, value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return all(_plain(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
+def attribute(ranks: Ranks, state: dict, path: tuple[str, ...]) -> tuple[str, object]:
+    """The loaded model's attribute at path (names, one after another): ("value", it) when plain data, ("method",
+    None) when a method, else ("object", None): a part of the model, read further by a longer path."""
+    value = state["model"]
+    for name in path:
+        value = getattr(value, name)
+    if inspect.ismethod(value) or inspect.isfunction(value):
+        return "method", None
+    return ("value", value) if _plain(value) else ("object", None)
+
+
+def moved(value, device: torch.device | None):
+    """value with each tensor (in tuples, lists, dicts) on device (None: as it is)."""
+    if device is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (tuple, list)):
+        return type(value)(moved(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: moved(v, device) for k, v in value.items()}
+    return value
+
+
+def method_call(ranks: Ranks, state: dict, name: str, args: tuple, kwargs: dict):
+    """The loaded model's method `name` on args' tensors moved to the model's device, given this rank's ranks and the
+    pool's check where it takes them (MiniMaxH3.velocity / denoised, LTX25.forward: its blocks across the ranks, the
+    check after each block: the pool's cancel and progress)."""
+    model = state["model"]
+    method = getattr(model, name)
+    takes = inspect.signature(method).parameters
+    device = getattr(model, "device", None)
+    args, kwargs = moved(args, device), moved(kwargs, device)
+    if "ranks" in takes:
+        kwargs["ranks"] = ranks
+    if "check" in takes:
+        kwargs["check"] = state.get("check")
+    return method(*args, **kwargs)

@@ -12,7 +12,7 @@ from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax
 
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times
 from dit_core.parallel import RankFailed, RankPool, Ranks, SequenceShards, run_ranks, shares
-from dit_core.parallel.steps import load_model, model_step
+from dit_core.parallel.steps import load_placed, method_call
 from dit_core.sequence import runs_of
 
 C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels"], MINIMAX_H3_TINY["text_dim"]
@@ -52,12 +52,12 @@ def test_ranks_give_the_single_process_step(h3_file, pools, world):
     model = MiniMaxH3.load(h3_file)
     txt, video, audio, layout, *_ = h3_step(model)
     pool = pools[world]
-    pool(load_model, "minimax_h3", str(h3_file))
+    pool(load_placed, MiniMaxH3.load, str(h3_file))
     for t in (0.4, 0.9):
         times, index = row_times(layout, t, 0.55)
         want_v, want_a = model.velocity(video, audio, txt, layout, times, index)
         blocks = []
-        v, a = pool(model_step, "velocity", (video, audio, txt, layout, times, index), {}, progress=blocks.append)
+        v, a = pool(method_call, "velocity", (video, audio, txt, layout, times, index), {}, progress=blocks.append)
         assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
         assert blocks == [1, 2]  # rank 0's progress, a block at a time
     assert pool.alive == list(range(world))
@@ -186,8 +186,8 @@ def test_ltx25_ranks_give_the_single_process_step(ltx25_files, pools, world, hea
     path = ltx25_files / f"heads{heads}.safetensors"
     args, options = ltx25_step(guided)
     want_v, want_a = LTX25.load(path).forward(*args, **options)
-    pools[world](load_model, "ltx25", str(path))
-    v, a = pools[world](model_step, "forward", args, options)
+    pools[world](load_placed, LTX25.load, str(path))
+    v, a = pools[world](method_call, "forward", args, options)
     assert rel_err(v, want_v) <= 1e-5 and rel_err(a, want_a) <= 1e-5
 
 
@@ -290,7 +290,7 @@ def test_ltx25_gpu_form_ranks_give_the_single_process_step(ltx25_gpu_files, pool
     finally:
         torch.set_num_threads(threads)
     pools[2](load_gpu_form, path)
-    v, a = pools[2](model_step, "forward", args, {})
+    v, a = pools[2](method_call, "forward", args, {})
     assert rel_err(v, want_v) <= 1e-6 and rel_err(a, want_a) <= 1e-6
 
 
@@ -320,7 +320,7 @@ def test_ltx25_two_gpus_give_the_one_gpu_step(ltx25_gpu_files, name):
     want_v, want_a = LTX25.load(path).to("cuda").forward(*args)
     with RankPool(2, backend="nccl") as pool:
         pool(load_on_gpu, path)
-        v, a = pool(model_step, "forward", args, {})
+        v, a = pool(method_call, "forward", args, {})
     assert v.device.type == "cpu" and rel_err(v, want_v) <= 1e-2 and rel_err(a, want_a) <= 1e-2
 
 
