@@ -3,15 +3,8 @@
 Issue 4; reference/int8_convrot_format.md sections 3-5 (Hadamard matrix, rotation, quantization numerics).
 For rows x [M, K] (M any, K a multiple of the group g = 16, 64 or 256; 256 in ComfyUI's files), all arithmetic
 in f32 unless a rounding is named:
-1. The rotation input u [M, K], rounded once to bf16, because the BF16 block feeds its linears bf16 rows:
-   plain        u = bf16(x)
-   norm "rms"   n = (x * 1/sqrt(mean(x^2) + eps)) * norm_weight   (the gain optional)
-   norm "layer" n = (x - mean(x)) * 1/sqrt(mean((x - mean(x))^2) + eps)   (no affine)
-                then, with modulation rows scale/shift [R, K] and row_map [M] (shift optional):
-                u = bf16(n * (1 + scale[row_map[m]]) + shift[row_map[m]]); without scale u = bf16(n)
-   "swiglu"     x [M, 2K] interleaved (gate j at column 2j, up j at 2j + 1, gluRows):
-                u = bf16(silu(gate) * up), silu(a) = a / (1 + exp(-a))
-   "gelu_tanh"  u = bf16(x * sigmoid(2c (x + 0.044715 x^3))), c = sqrt(2/pi)  (= 0.5 x (1 + tanh(...)))
+1. u [M, K] bf16, the rotation input, rounded once (kernels/int8/prologue.py: plain rows, a modulated norm,
+   SwiGLU, GELU, or an attention's output gate).
 2. y = u @ H per group of g features (H the regular Hadamard H4^(x log4 g) / sqrt(g), entries
    +-1/sqrt(g), exact in bf16): each product exact, the g products summed in f32 (order unspecified).
 3. yb = bf16(y): rotated rows rounded to bf16 (kitchen's CUDA quantizer; dit_core.linear.int8_product).
@@ -28,14 +21,13 @@ H200.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from . import quant_hopper, quant_turned
 from ..choices import DEFAULT, Choices
 from .hadamard import hadamard, hadamard_bf16, radix4_rounded
 from .codes import launch_codes, reference as codes_reference
+from .prologue import ACTS, checked_gate, rotated_block, rotation_input  # (rotation_input: the tests')
 from .modulation_rows import shared_row
 from ..rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
@@ -47,39 +39,13 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
     triton = tl = None
 triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
-ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 # Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
 # (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred).
 WHOLE_ROWS_MIN_M = 2048
 
 
-def rotation_input(x, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                   act=None, stats=None):
-    """Step 1 of the math above: the bf16 rows [M, K] the rotation takes (stats: quantize_rows')."""
-    x = x.float()
-    if act == "swiglu":
-        gate, up = x[:, 0::2], x[:, 1::2]
-        return (gate / (1 + torch.exp(-gate)) * up).to(torch.bfloat16)
-    if act == "gelu_tanh":
-        return (x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x))).to(torch.bfloat16)
-    if stats is not None:  # the row statistics as given: (mean, 1/sqrt(.)) of each row
-        x = (x - stats[0].float()[:, None]) * stats[1].float()[:, None]
-        x = x if norm_weight is None else x * norm_weight.float()
-    elif norm == "rms":
-        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-        x = x if norm_weight is None else x * norm_weight.float()
-    elif norm == "layer":
-        x = x - x.mean(-1, keepdim=True)
-        x = x * (1 / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-    if scale is not None:
-        rows = row_map.long()
-        x = x * (1 + scale.float()[rows])
-        x = x if shift is None else x + shift.float()[rows]
-    return x.to(torch.bfloat16)
-
-
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-              act=None, out=None, stats=None, row_starts=None, turned=None):
+              act=None, out=None, stats=None, row_starts=None, turned=None, gate=None, gate_factor=1.0):
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]); row_starts (quantize_rows' launch hint)
     changes nothing here. turned: plain rows x that hold the factors of the rotation a producer took
     (kernels/int8/quant_turned.py's TURNED: "v", an attention's output; "hidden", UP's SwiGLU output)."""
@@ -87,7 +53,7 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
         q, s = quant_turned.reference(x, turned)
         return (q, s) if out is None else (out[0].copy_(q), out[1].copy_(s))
     u = rotation_input(x, norm=norm, norm_weight=norm_weight, eps=eps, scale=scale, shift=shift,
-                       row_map=row_map, act=act, stats=stats)
+                       row_map=row_map, act=act, stats=stats, gate=gate, gate_factor=gate_factor)
     m, k = u.shape
     h = hadamard(group, torch.float32).to(u.device)
     yb = (u.float().reshape(m, k // group, group) @ h).reshape(m, k).to(torch.bfloat16)
@@ -96,60 +62,24 @@ def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, sh
 
 
 @triton_jit
-def _rotated_block(x_ptr, stride_x, rows, rmask, rmap, first, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
-                   NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, WIDTH, DOT_DTYPE):
-    """Step 1 for the WIDTH columns from `first` (bf16 values u [BLOCK_M, WIDTH], held in f32 or bf16), times
-    H_WIDTH on the matrix cores: exact products, f32 sums [BLOCK_M, WIDTH]."""
-    cols = first + tl.arange(0, WIDTH)
-    m2 = rmask[:, None]
-    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    if ACT == 1:
-        # gate j and up j sit side by side: one contiguous load of 2 WIDTH values, split in pairs.
-        pairs = tl.load(base + 2 * first + tl.arange(0, 2 * WIDTH)[None, :], mask=m2, other=0.0)
-        gate, up = tl.split(tl.reshape(pairs.to(tl.float32), (pairs.shape[0], WIDTH, 2)))
-        # exp is approximate on the GPU (ex2.approx), so a correctly rounded division (div.rn: a dozen instructions
-        # and a slow-path branch) buys no exactness; `/` lowers to div.full (2 ulp). Both within a bf16 step of torch.
-        u = round_to_bf16(gate / (1.0 + tl.exp(-gate)) * up)
-    elif NORM == 0 and not HAS_SCALE and ACT == 0 and X_BF16:
-        u = tl.load(base + cols[None, :], mask=m2, other=0.0)  # already bf16: nothing to round
-    else:
-        u = tl.load(base + cols[None, :], mask=m2, other=0.0).to(tl.float32)
-        if ACT == 2:
-            u = u * tl.sigmoid(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))
-        if NORM == 2:
-            u = u - mean[:, None]
-        if NORM != 0:
-            u = u * inv[:, None]
-            if HAS_WEIGHT:
-                u = u * tl.load(w_ptr + cols)[None, :]
-        if HAS_SCALE == 2:  # one modulation row (one image): vectors, not a gather per value
-            u = u * (1.0 + tl.load(scale_ptr + cols)[None, :])
-            if HAS_SHIFT:
-                u = u + tl.load(shift_ptr + cols)[None, :]
-        elif HAS_SCALE:
-            mod = rmap[:, None] * K + cols[None, :]
-            u = u * (1.0 + tl.load(scale_ptr + mod, mask=m2, other=0.0))
-            if HAS_SHIFT:
-                u = u + tl.load(shift_ptr + mod, mask=m2, other=0.0)
-        u = round_to_bf16(u)
-    return tl.dot(u.to(DOT_DTYPE), h, input_precision="ieee", out_dtype=tl.float32)
-
-
-@triton_jit
-def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
-                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE):
+def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K, g_rows,
+                  NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE, GATE_SPAN, GATE_FACTOR):
     """Steps 2-3 for the group at column c0: its g rotated columns as SPLIT blocks of Q, rounded to bf16
     (held in f32). g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: each
     64-column block through H_64, then the radix-4 butterfly (kernels/int8/hadamard.py)."""
-    z0 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
-                        K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+    z0 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
+                        g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
+                        GATE_FACTOR)
     if SPLIT == 4:
-        z1 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr,
-                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
-        z2 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr,
-                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
-        z3 = _rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr,
-                            shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE)
+        z1 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
+                            K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
+                            GATE_FACTOR)
+        z2 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr, shift_ptr,
+                            h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
+                            GATE_SPAN, GATE_FACTOR)
+        z3 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr, shift_ptr,
+                            h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
+                            GATE_SPAN, GATE_FACTOR)
         y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
     else:
         y0 = round_to_bf16(z0)
@@ -165,9 +95,10 @@ def _store_rotated(y_ptr, rows, rmask, cols, y, K):
 
 @triton_jit
 def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr, stats_ptr, stride_stats, y_ptr,
-                   gmax_ptr, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_SCALE: tl.constexpr,
-                   HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr, G: tl.constexpr,
-                   SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr):
+                   gmax_ptr, g_ptr, stride_g, M, K, NORM: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                   HAS_SCALE: tl.constexpr, HAS_SHIFT: tl.constexpr, ACT: tl.constexpr, X_BF16: tl.constexpr,
+                   G: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, DOT_DTYPE: tl.constexpr,
+                   GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
     # Grid (row programs, groups): a program takes a group of BLOCK_M rows at a time through steps 1-3 (row blocks
     # strided by the row programs: one each by default; fewer let Triton load the next under this one's products),
     # storing the bf16 rotated rows and each (row, group)'s absmax to gmax [M, K / G] (no atomics, nothing to
@@ -180,6 +111,7 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
     for block in tl.range(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.num_programs(0)):
         rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < M
+        g_rows = g_ptr + rows.to(tl.int64) * stride_g  # (GATE_SPAN 0: never read)
         mean = tl.zeros([BLOCK_M], dtype=tl.float32)
         inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
         if NORM == 2:  # an RMS norm's mean is 0 (kernels/int8/row_stats.py): neither read nor subtracted
@@ -189,8 +121,8 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         if HAS_SCALE == 3:  # every run starts on a row block: the block's first row names its modulation row
             first = tl.load(map_ptr + block * BLOCK_M)
             y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr,
-                                           scale_ptr + first * K, shift_ptr + first * K, h, K, NORM, HAS_WEIGHT, 2,
-                                           HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
+                                           scale_ptr + first * K, shift_ptr + first * K, h, K, g_rows, NORM,
+                                           HAS_WEIGHT, 2, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE, 0, 1.0)
         elif HAS_SCALE == 1:
             # Rows in runs of one modulation row (packed sequences): a block within a run reads that row as
             # vectors (HAS_SCALE 2 at the row's address), else each value is gathered (kernels/int8/modulation_rows.py).
@@ -198,16 +130,16 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
             shared = shared_row(rmap, rmask)
             if shared >= 0:
                 y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr,
-                                               scale_ptr + shared * K, shift_ptr + shared * K, h, K, NORM,
-                                               HAS_WEIGHT, 2, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE)
+                                               scale_ptr + shared * K, shift_ptr + shared * K, h, K, g_rows, NORM,
+                                               HAS_WEIGHT, 2, HAS_SHIFT, ACT, X_BF16, Q, SPLIT, DOT_DTYPE, 0, 1.0)
             else:
                 y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr,
-                                               shift_ptr, h, K, NORM, HAS_WEIGHT, 1, HAS_SHIFT, ACT, X_BF16, Q,
-                                               SPLIT, DOT_DTYPE)
-        else:  # no row map to read: rows stand in for it
+                                               shift_ptr, h, K, g_rows, NORM, HAS_WEIGHT, 1, HAS_SHIFT, ACT, X_BF16,
+                                               Q, SPLIT, DOT_DTYPE, 0, 1.0)
+        else:  # no row map to read: rows stand in for it (plain rows may be gated)
             y0, y1, y2, y3 = _rotate_group(x_ptr, stride_x, rows, rmask, rows, c0, mean, inv, w_ptr, scale_ptr,
-                                           shift_ptr, h, K, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q,
-                                           SPLIT, DOT_DTYPE)
+                                           shift_ptr, h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT,
+                                           X_BF16, Q, SPLIT, DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
         _store_rotated(y_ptr, rows, rmask, c0 + hq, y0, K)
         if SPLIT == 4:
             _store_rotated(y_ptr, rows, rmask, c0 + Q + hq, y1, K)
@@ -217,10 +149,12 @@ def _rotate_kernel(x_ptr, stride_x, w_ptr, scale_ptr, shift_ptr, map_ptr, h_ptr,
         tl.store(gmax_ptr + rows * (K // G) + tl.program_id(1), tl.max(top, axis=1), mask=rmask)
 
 
-def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
+def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, gate=None, turned=None):
     """quantize_rows' arguments checked (a ValueError naming what is wrong): (M, K, codes, scales: out's or new)."""
     if norm not in NORMS or act not in ACTS or (act is not None and (norm is not None or scale is not None)):
         raise ValueError(f"quantize_rows: norm must be one of {list(NORMS)} and act one of {list(ACTS)}, not both")
+    if gate is not None and (norm is not None or act is not None or scale is not None or turned):
+        raise ValueError("quantize_rows: a gate takes plain rows (no norm, modulation, activation or turn)")
     if norm_weight is not None and norm != "rms":
         raise ValueError("quantize_rows: norm_weight is the RMS norm's gain (the layer norm has no affine)")
     if x.dim() != 2 or x.stride(-1) != 1:
@@ -239,12 +173,14 @@ def checked(x, group, norm, norm_weight, scale, row_map, act, out, stats):
                                                   torch.empty(m, dtype=torch.float32, device=x.device))
     if (codes.shape, codes.dtype, scales.shape, scales.dtype) != ((m, k), torch.int8, (m,), torch.float32):
         raise ValueError(f"quantize_rows: out must be (int8 [{m}, {k}], f32 [{m}])")
+    if gate is not None:
+        checked_gate(gate, m, k, "quantize_rows")
     return m, k, codes, scales
 
 
 def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
-                  act=None, out=None, stats=None, row_starts=None, turned=None, block_m=64, num_warps=4,
-                  num_stages=None, row_programs=None, choices: Choices = DEFAULT):
+                  act=None, out=None, stats=None, row_starts=None, turned=None, gate=None, gate_factor=1.0,
+                  block_m=64, num_warps=4, num_stages=None, row_programs=None, choices: Choices = DEFAULT):
     """Rows x [M, K] (x [M, 2K] for swiglu), bf16/f16/f32, to (codes int8 [M, K], scales f32 [M]) by this file's
     math. out: (codes, scales) work buffers, written fully. stats: the norm's row statistics [2, M] f32 (mean,
     1/sqrt(.)) from the kernel that wrote x (gated_residual's next_rms): no statistics launch. row_starts:
@@ -252,9 +188,11 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     Launch: block_m, num_warps, num_stages, row_programs (programs along the rows, each walking row blocks; 0: one a
     row block); None: the H200 sweep's best. turned: plain rows holding factors of the rotation (quant_turned.TURNED:
     "v" from qkv_rope_linear's turn_v, "hidden" from linear's turn_hidden), by quant_turned's passes where they
-    take them, else the passes below with the rest of the rotation. choices: hopper_quant, hopper_turned_quant,
-    whole_rows and codes_last_first (kernels/choices.py)."""
-    m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats)
+    take them, else the passes below with the rest of the rotation. gate: plain rows times gate_factor *
+    sigmoid(gate) (gate rows [M, n], each value over K / n features: kernels/int8/prologue.py), in the prologue of
+    quant_turned's one pass or of the rotate pass. choices: hopper_quant, hopper_turned_quant, whole_rows and
+    codes_last_first (kernels/choices.py)."""
+    m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, gate, turned)
     if turned:
         if norm is not None or act is not None or group != quant_turned.GROUP or turned not in quant_turned.TURNED:
             raise ValueError(f"quantize_rows: turned rows are plain, in ConvRot groups of {quant_turned.GROUP}, "
@@ -265,15 +203,18 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     if m == 0:
         return codes, scales
     plain = norm is None and act is None
-    one_pass = plain and not turned and choices.hopper_quant and quant_hopper.chosen(m, k)
+    one_pass = plain and not turned and gate is None and choices.hopper_quant and quant_hopper.chosen(m, k)
     if one_pass and quant_hopper.unusable(x, group) is None and quant_hopper.launch(x, codes, scales):
         return codes, scales
     whole_rows = plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M
     if whole_rows and x.dtype == torch.bfloat16 and x.is_contiguous() and quant_turned.fits(k, group):
-        return quant_turned.quantize_turned(x, turned=None, out=(codes, scales), hopper=choices.hopper_turned_quant)
+        return quant_turned.quantize_turned(x, turned=None, out=(codes, scales), hopper=choices.hopper_turned_quant,
+                                            gate=gate, gate_factor=gate_factor)
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
-    num_stages, row_programs = num_stages or 2 + plain, 16 * plain if row_programs is None else row_programs
+    # (gated rows: 2 stages; 3 stage their gate's tiles too, past a consumer card's 99 KB of shared memory)
+    num_stages = num_stages or 2 + (plain and gate is None)
+    row_programs = 16 * plain if row_programs is None else row_programs
     if stats is None:  # mean, 1/sqrt(.): norms only
         stats = torch.empty(2, m, dtype=torch.float32, device=x.device)
         if norm is not None:
@@ -287,13 +228,15 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "HAS_SCALE": 0 if scale is None else 2 if scale.shape[0] == 1 else 3 if aligned else 1,
              "HAS_SHIFT": shift is not None and scale is not None, "ACT": ACTS[act],
              "X_BF16": x.dtype == torch.bfloat16, "G": group, "SPLIT": split, "BLOCK_M": block_m,
+             "GATE_SPAN": 0 if gate is None else k // gate.shape[1], "GATE_FACTOR": float(gate_factor),
              # bf16 for the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints (triton 3.9)
              "DOT_DTYPE": tl.bfloat16 if x.is_cuda else tl.float32, "num_warps": num_warps, "num_stages": num_stages,
              "enable_fp_fusion": False}
     h = quant_turned.rest_operand(turned, 64, x.device) if turned else \
         hadamard_bf16(group // split, x.device, halved=split == 4)
-    row_map = row_map if row_map is not None else stats  # stats: a pointer never read
+    row_map, gate = (stats if t is None else t for t in (row_map, gate))  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
-        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, m, k, **flags)
+        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, gate, gate.stride(0), m, k,
+        **flags)
     launch_codes(rotated, group_max, codes, scales, choices.codes_last_first)
     return codes, scales

@@ -15,6 +15,7 @@ then the rest (rest_operand):
 For rows t [M, K] bf16 (K a multiple of 256):
   z_a as above, bf16 operands (exact products), f32 sums;  y = bf16(sum_a H4[a, s] z_a)
   s = max(max_k |y| / 127, 1e-30),  q = clamp(rint(bf16(y / bf16(s))), -128, 127)   (kernels/int8/codes.py)
+Plain rows may come with an attention's gate (issues 36, 38): t = bf16(x f sigmoid(g)) first (kernels/int8/prologue.py).
 Why: kernels/int8/quant.py's rotate pass writes and reads back the bf16 rotated rows: 7 bytes a value; this pass
 reads t and writes codes, 3. A program takes ROWS whole rows; a row's groups' 64-column blocks stand as the rows of
 the matrix-core product (so one row fills it), the four blocks of a group as four tensors, so the radix-4 step is
@@ -29,6 +30,7 @@ import torch
 from . import quant_turned_hopper
 from .hadamard import hadamard, radix4_rounded
 from .codes import reference as codes_reference
+from .prologue import checked_gate, gate_values, gated_rows
 from ..rounding import round_half_even, round_to_bf16
 
 try:
@@ -126,9 +128,11 @@ def turn_matrix(device: torch.device) -> torch.Tensor:
     return torch.kron(hadamard(4, torch.float64), torch.eye(TURN, dtype=torch.float64)).to(device, torch.bfloat16)
 
 
-def reference(t: torch.Tensor, turned: str | None = "v") -> tuple[torch.Tensor, torch.Tensor]:
+def reference(t: torch.Tensor, turned: str | None = "v", gate: torch.Tensor | None = None,
+              gate_factor: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
     """The math above in plain torch: (codes int8 [M, K], scales f32 [M]) of rows t [M, K] (turned: the digits that
-    a producer took, TURNED's key; None: plain rows)."""
+    a producer took, TURNED's key; None: plain rows, gated where a gate is given)."""
+    t = t if gate is None else gated_rows(t, gate, gate_factor)
     m, k = t.shape
     z = t.double().reshape(m, k // BLOCK, BLOCK) @ rest_operand(turned, BLOCK, t.device).double()
     y = torch.einsum("mgab,as->mgsb", z.reshape(m, k // GROUP, 4, BLOCK), hadamard(4, torch.float64).to(t.device) * 2)
@@ -144,31 +148,46 @@ def _store_codes(q_ptr, at, inside, y, r):
 
 
 @triton_jit
-def _block_turned(t_ptr, at, inside, h, ROWS: tl.constexpr, GROUPS_P2: tl.constexpr, BLOCK: tl.constexpr,
-                  SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """One 64-column block of each group [ROWS, groups, 64] times h (rest_operand) along its last SPAN columns, on
-    the matrix cores: the groups' blocks stand as the product's rows (ROWS x groups x 64 / SPAN of them)."""
-    t = tl.load(t_ptr + at, mask=inside, other=0.0).to(DOT_DTYPE)
+def _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                  BLOCK: tl.constexpr, SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr,
+                  GATE_FACTOR: tl.constexpr):
+    """One 64-column block of each group [ROWS, groups, 64] (first: each one's first column [1, groups, 1]) times h
+    (rest_operand) along its last SPAN columns, on the matrix cores: the groups' blocks stand as the product's rows
+    (ROWS x groups x 64 / SPAN of them). GATE_SPAN (0: no gate): the features a gate value covers, each row's gate
+    row at g_rows [ROWS, 1, 1] (kernels/int8/prologue.py)."""
+    t = tl.load(t_ptr + at, mask=inside, other=0.0)
+    if GATE_SPAN % BLOCK == 0 and GATE_SPAN > 0:  # a gate value over each block (a head): [ROWS, groups, 1]
+        t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, first // GATE_SPAN, inside, GATE_FACTOR))
+    elif GATE_SPAN:
+        at_gate = (first + tl.arange(0, BLOCK)[None, None, :]) // GATE_SPAN
+        t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, at_gate, inside, GATE_FACTOR))
+    t = t.to(DOT_DTYPE)
     z = tl.dot(tl.reshape(t, (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)), h, input_precision="ieee",
                out_dtype=tl.float32)
     return tl.reshape(z, (ROWS, GROUPS_P2, BLOCK))
 
 
 @triton_jit
-def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, M, K, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-                         SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROUP: tl.constexpr,
+                         BLOCK: tl.constexpr, SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr,
+                         DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     groups = tl.arange(0, GROUPS_P2)
-    cols = tl.arange(0, BLOCK)
     # [ROWS, groups, 64]: block a of each group at column g 256 + a 64 + j
-    at = rows[:, None, None].to(tl.int64) * K + (groups[None, :, None] * GROUP + cols[None, None, :])
+    first = groups[None, :, None] * GROUP
+    at = rows[:, None, None].to(tl.int64) * K + (first + tl.arange(0, BLOCK)[None, None, :])
     inside = (rows < M)[:, None, None] & (groups < K // GROUP)[None, :, None]
+    g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g  # (GATE_SPAN 0: never read)
     hq = tl.arange(0, SPAN)
     h = tl.load(h_ptr + hq[:, None] * SPAN + hq[None, :]).to(DOT_DTYPE)
-    z0 = _block_turned(t_ptr, at, inside, h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
-    z1 = _block_turned(t_ptr, at + BLOCK, inside, h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
-    z2 = _block_turned(t_ptr, at + 2 * BLOCK, inside, h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
-    z3 = _block_turned(t_ptr, at + 3 * BLOCK, inside, h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+    z0 = _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE, GATE_SPAN,
+                       GATE_FACTOR)
+    z1 = _block_turned(t_ptr, at + BLOCK, inside, h, g_rows, first + BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE,
+                       GATE_SPAN, GATE_FACTOR)
+    z2 = _block_turned(t_ptr, at + 2 * BLOCK, inside, h, g_rows, first + 2 * BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN,
+                       DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
+    z3 = _block_turned(t_ptr, at + 3 * BLOCK, inside, h, g_rows, first + 3 * BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN,
+                       DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
     y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
     top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
     s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
@@ -181,17 +200,19 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, M, K, GROUP: tl.constexpr, 
 
 
 def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
-                    hopper: bool = True):
+                    hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0):
     """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
     f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
     Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
-    kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers)."""
+    kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers). gate (plain rows only): t times gate_factor *
+    sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
                          f"{MAX_K}, got {t.dtype} {tuple(t.shape)}")
-    if turned is not None and turned not in TURNED:
-        raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None, got {turned!r}")
+    if turned is not None and turned not in TURNED or (turned is not None and gate is not None):
+        raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None (with a gate), got {turned!r}")
+    gate_span = 0 if gate is None else checked_gate(gate, m, k, "quantize_turned")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
                                                   torch.empty(m, dtype=torch.float32, device=t.device))
     if m and hopper and turned == "v" and quant_turned_hopper.unusable(t) is None and \
@@ -199,10 +220,12 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
         return codes, scales
     if m:
         span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
+        g = scales if gate is None else gate  # scales: a pointer never read
         # bf16 operands on the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints
         _turned_codes_kernel[(triton.cdiv(m, rows),)](
-            t, rest_operand(turned, span, t.device), codes, scales, m, k, GROUP=GROUP, BLOCK=BLOCK, SPAN=span,
-            GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows, DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32,
+            t, rest_operand(turned, span, t.device), codes, scales, g, g.stride(0), m, k, GROUP=GROUP, BLOCK=BLOCK,
+            SPAN=span, GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows,
+            DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32, GATE_SPAN=gate_span, GATE_FACTOR=float(gate_factor),
             num_warps=num_warps, enable_fp_fusion=False)
     return codes, scales
 

@@ -22,7 +22,7 @@ LINEAR = {**{name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "down_pt
           "R": "i32", "M_TUNE": "i32", "sums_ptr": "*i32", "count_ptr": "*i32", "whole": "i32", "parts": "i32"}
 ROTATE = {"x_ptr": "*fp32", "stride_x": "i32", "w_ptr": "*fp32", "scale_ptr": "*fp32", "shift_ptr": "*fp32",
           "map_ptr": "*i32", "h_ptr": "*bf16", "stats_ptr": "*fp32", "stride_stats": "i32", "y_ptr": "*bf16",
-          "gmax_ptr": "*fp32", "M": "i32", "K": "i32"}
+          "gmax_ptr": "*fp32", "g_ptr": "*bf16", "stride_g": "i32", "M": "i32", "K": "i32"}
 CODES = {"y_ptr": "*bf16", "gmax_ptr": "*fp32", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
 FORMS = {0: "bf16 rows", 1: "gated", 2: "SwiGLU"}
 
@@ -41,14 +41,19 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     return _int8_linear_kernel, LINEAR, constants, launch
 
 
-def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2):
+def rotate_case(norm: int, has_scale: int, act: int, group: int = 256, block_m: int = 64, num_stages: int = 2,
+                gate_span: int = 0):
+    """The rotate pass; gate_span: plain rows gated, a gate value over that many features (1: Krea 2's bf16 gate,
+    factor 1; more: LTX-2.5's f32 gate a head, factor 2)."""
     import triton.language as tl
 
     from kernels.int8.quant import _rotate_kernel
     constants = {"NORM": norm, "HAS_WEIGHT": norm == 1, "HAS_SCALE": has_scale, "HAS_SHIFT": has_scale > 0,
                  "ACT": act, "X_BF16": act > 0 or (norm == 0 and has_scale == 0), "G": group,
-                 "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16}
-    signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32"}
+                 "SPLIT": 4 if group == 256 else 1, "BLOCK_M": block_m, "DOT_DTYPE": tl.bfloat16,
+                 "GATE_SPAN": gate_span, "GATE_FACTOR": 2.0 if gate_span > 1 else 1.0}
+    signature = {**ROTATE, "x_ptr": "*bf16" if constants["X_BF16"] else "*fp32",
+                 "g_ptr": "*fp32" if gate_span > 1 else "*bf16"}
     return _rotate_kernel, signature, constants, {"num_warps": 4, "num_stages": num_stages}
 
 
@@ -68,14 +73,17 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
     return _qkv_rope_kernel, signature, constants, launch
 
 
-def turned_case(k: int = 3840, turned: bool = True):
-    """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers)."""
+def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0):
+    """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers); gate_span:
+    plain rows gated, as rotate_case's."""
     import triton.language as tl
 
     from kernels.int8.quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
-    signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "M": "i32", "K": "i32"}
+    signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32",
+                 "g_ptr": "*fp32" if gate_span > 1 else "*bf16", "stride_g": "i32", "M": "i32", "K": "i32"}
     constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK,
-                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16}
+                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16,
+                 "GATE_SPAN": gate_span, "GATE_FACTOR": 2.0 if gate_span > 1 else 1.0}
     return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
 
@@ -105,6 +113,9 @@ def frontend_cases() -> dict:
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
                 norm, has_scale, act, group)
+    for span in (1, 128):
+        cases[f"rotate gated, a gate value over {span}"] = rotate_case(0, 0, 0, gate_span=span)
+        cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)
     from kernels.int8.codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                              "LAST_FIRST": True}, {"num_warps": 4})
@@ -141,6 +152,10 @@ def resource_cases() -> dict:
     cases["rotate: modulated RMS norm, 1 row (Z-Image)"] = rotate_case(1, 2, 0)
     cases["rotate: plain bf16 rows (16 programs, 3 stages)"] = rotate_case(0, 0, 0, num_stages=3)
     cases["rotate: SwiGLU"] = rotate_case(0, 0, 1)
+    cases["rotate: gated rows (Krea 2's attention gate, 2 stages)"] = rotate_case(0, 0, 0, gate_span=1)
+    cases["rotate: gated rows, a gate a head of 128 (LTX-2.5, 2 stages)"] = rotate_case(0, 0, 0, gate_span=128)
+    cases["gated rows in one pass, K 6144 (Krea 2)"] = turned_case(6144, turned=False, gate_span=1)
+    cases["gated rows in one pass, K 4096, a gate a head (LTX-2.5)"] = turned_case(4096, turned=False, gate_span=128)
     return cases
 
 

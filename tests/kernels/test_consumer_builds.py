@@ -54,6 +54,10 @@ def consumer_cases() -> dict:
                                                       "LAST_FIRST": True}, {"num_warps": 4})
     cases["turned codes"] = ("turned codes", *turned_case())
     cases["plain codes in one pass"] = ("plain codes in one pass", *turned_case(turned=False))
+    for span in (1, 128):  # the attention gates: Krea 2's (a value a feature), LTX-2.5's (a value a head)
+        cases[f"rotate gated {span}"] = (f"rotate gated {span}", *rotate_case(0, 0, 0, gate_span=span))
+        cases[f"gated codes in one pass {span}"] = (f"gated codes in one pass {span}",
+                                                   *turned_case(6144, turned=False, gate_span=span))
     # A Hopper-sized ring (5 x 48 KB), to show the shared memory read is the build's: it must not fit these cards.
     cases[TOO_LARGE] = (TOO_LARGE, *linear_case(0, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
                                                            "GROUP_M": 8, "num_warps": 8, "num_stages": 5}))
