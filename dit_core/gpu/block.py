@@ -1,6 +1,6 @@
 """The shared block on a CUDA GPU: INT8 ConvRot linears on the matrix cores through kernels/, fused prologues
-(modulated norm -> rotate -> quantize; SwiGLU -> rotate -> quantize) and epilogues (scales, bias, gated
-residual), attention through SDPA. dit_core/block.py is its reference."""
+(modulated norm -> rotate -> quantize; SwiGLU -> rotate -> quantize; attention gate -> rotate -> quantize) and
+epilogues (scales, bias, gated residual), attention through SDPA. dit_core/block.py is its reference."""
 from __future__ import annotations
 
 import importlib
@@ -85,15 +85,15 @@ def _plain_heads(a: Arch) -> bool:
     return a.key_width != a.width or a.attn_gate
 
 
-def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, shards=None) -> torch.Tensor:
-    """Attention output rows [rows, heads D] bf16, the attention gate's sigmoid applied, from QKV's bf16 product
-    [q | k | v | gate]: head_norm_rope (each shared key head written for the query heads it serves), then the
-    kernels' attention (cuDNN first; across shards' ranks: _attention)."""
+def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, shards=None) -> tuple:
+    """(attention output rows [rows, heads D] bf16, the gate's rows: a bf16 view of QKV's last columns, or None
+    without an attention gate) from QKV's bf16 product [q | k | v | gate]: head_norm_rope (each shared key head
+    written for the query heads it serves), then the kernels' attention (cuDNN first; across shards' ranks:
+    _attention). OUT's rows take the gate's sigmoid (GpuBlock._rows)."""
     qkv_width = a.width + 2 * a.key_width
     q, k, v = run("head_norm_rope", qkv[:, :qkv_width], a.heads, a.head, q_weight, k_weight, s.cos, s.sin, a.qk_eps,
                   group=s.group, kv_heads=a.kv_heads)
-    o = _attention(q, k, v, {}, shards)
-    return o * torch.sigmoid(qkv[:, qkv_width:]) if a.attn_gate else o
+    return _attention(q, k, v, {}, shards), qkv[:, qkv_width:] if a.attn_gate else None
 
 
 def _product(x_q, s_x, x_bf16, lin: GpuLinear, o: Options) -> torch.Tensor:
@@ -230,18 +230,20 @@ class GpuBlock:
         return GpuBlock(tuple(w))
 
     def _rows(self, a: Arch, o: Options, x, lin: GpuLinear, *, norm_weight=None, scale=None, shift=None,
-              row_map=None, act=None, stats=None, row_starts=None, turned=None):
+              row_map=None, act=None, stats=None, row_starts=None, turned=None, gate=None):
         """The input rows of linear `lin`: INT8 codes and scales when it is INT8 (the fused prologue; stats: the
         norm's row statistics when already known; row_starts: Sequence.starts; turned: "v", an attention's output
-        whose v was turned, _turns_v; "hidden", UP's turned SwiGLU rows, _turns_hidden), else the same math in BF16
-        through torch."""
+        whose v was turned, _turns_v; "hidden", UP's turned SwiGLU rows, _turns_hidden; gate: an attention's gate
+        rows, x times their sigmoid, _gated_attention), else the same math in BF16 through torch."""
         norm = a.norm if scale is not None else None
         if lin.int8:
             q, s = run("quantize_rows", x, lin.group, norm=norm, norm_weight=norm_weight, eps=a.eps, scale=scale,
                        shift=shift, row_map=row_map, act=act, stats=stats, row_starts=row_starts, turned=turned,
-                       choices=o.kernels)
+                       gate=gate, choices=o.kernels)
             return q, s, None
-        if act == "swiglu":
+        if gate is not None:
+            h = x * torch.sigmoid(gate)
+        elif act == "swiglu":
             h = swiglu(x.float())
         elif scale is not None:
             h = modulated_norm(a, x, norm_weight, shift, scale, row_map)
@@ -293,16 +295,16 @@ class GpuBlock:
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
                        row_map=row_map, stats=given)
         if _plain_heads(a):
-            turn, o = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s, shards)
+            turn, (o, gate) = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s, shards)
         else:
-            turn = _turns_v(a, w[QKV], w[OUT], s, opt)
+            turn, gate = _turns_v(a, w[QKV], w[OUT], s, opt), None
             o = _attention(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), _attention_kind(w[QKV], opt),
                            shards)
         # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
         # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
         fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
-        self._branch_into(a, opt, x, self._rows(a, opt, o, w[OUT], turned="v" if turn else None), w[OUT],
+        self._branch_into(a, opt, x, self._rows(a, opt, o, w[OUT], turned="v" if turn else None, gate=gate), w[OUT],
                           w[POST_ATTN], m.attn_gate, row_map, stats)
         carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
         for r0, r1 in _chunks(x.shape[0], opt.mlp_chunk):

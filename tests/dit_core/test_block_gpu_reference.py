@@ -15,6 +15,7 @@ from dit_core.gpu.block import GpuBlock, NormStats
 from dit_core.gpu.options import Options
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
+from dit_core.weights import Linear
 from dit_core.sampling.step_cache import StepCache, joint_blocks
 from kernels.int8.quant_turned import turned_rows
 
@@ -250,3 +251,33 @@ def test_hidden_rows_turned_for_down(norm, sandwich, monkeypatch):
         assert ("hidden" in turned) == turn
     for step in ("forward", "parallel"):
         assert not torch.equal(outputs[True, step], outputs[False, step])
+
+
+def test_attention_gate_in_outs_quantizer(monkeypatch):
+    """Krea 2's shape, grouped-query heads and an attention gate (the plain path, block_gpu._plain_heads): an INT8
+    OUT's quantizer takes the gate in its prologue (quantize_rows gate=, a bf16 view of QKV's last columns), a BF16
+    OUT's rows torch's gate. Both within 1e-2 of the host block; INT8 also against torch's bf16 gate before the
+    quantizer (the previous form: the sigmoid rounded to bf16 once more), within 1e-2."""
+    a = replace(arch("rms", rope_axes=(16, 24, 24)), kv_heads=2, attn_gate=True)
+    g = torch.Generator().manual_seed(3)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
+    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
+    block = Block((lin(a.qkv_width, a.hidden), lin(a.hidden, a.width), lin(2 * a.ffn, a.hidden), lin(a.hidden, a.ffn),
+                   gain(a.hidden), gain(a.hidden), gain(a.head), gain(a.head), None, None))
+    x, mods, seq = inputs(a, 150, 0)
+    gates, run = [], block_gpu.run
+    monkeypatch.setattr(block_gpu, "run", lambda op, *args, **kw: (
+        gates.append(kw.get("gate")) if op == "quantize_rows" else None) or run(op, *args, **kw))
+    for gpu, host, dtype in hosts(block):
+        ref = host.forward(a, x.to(dtype), mods, seq).float()
+        assert rel_err(gpu.forward(a, x.clone(), mods, seq), ref) <= 1e-2
+    gated = [t for t in gates if t is not None]
+    assert len(gated) == 1 and gated[0].shape == (150, a.width) and gated[0].dtype == torch.bfloat16
+    fused = GpuBlock.of(block.quantized(), CPU).forward(a, x.clone(), mods, seq)
+
+    def torch_gate(op, *args, **kw):
+        if op == "quantize_rows" and kw.get("gate") is not None:
+            args = (args[0] * torch.sigmoid(kw.pop("gate")), *args[1:])
+        return run(op, *args, **kw)
+    monkeypatch.setattr(block_gpu, "run", torch_gate)
+    assert rel_err(fused, GpuBlock.of(block.quantized(), CPU).forward(a, x.clone(), mods, seq)) <= 1e-2
