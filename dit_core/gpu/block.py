@@ -115,13 +115,17 @@ def product(x: torch.Tensor, lin: GpuLinear, options: Options | None = None) -> 
     return _product(None, None, x.to(torch.bfloat16), lin, o)
 
 
-def linear_rows(x: torch.Tensor, lin: GpuLinear, options: Options | None = None) -> tuple:
+def linear_rows(x: torch.Tensor, lin: GpuLinear, options: Options | None = None, gate: torch.Tensor | None = None,
+                gate_factor: float = 1.0) -> tuple:
     """Rows x as lin's product takes them, (codes, scales, None) for an INT8 linear (quantize_rows, plain rows) or
-    (None, None, bf16 rows): made once, read by every linear of the same input (an attention's q, k and v)."""
+    (None, None, bf16 rows): made once, read by every linear of the same input (an attention's q, k and v). gate,
+    gate_factor: quantize_rows' (INT8 only: an attention's output gated in the quantizer's prologue)."""
     o = options or DEFAULT
     if lin.int8:
-        return (*run("quantize_rows", x if x.stride(-1) == 1 else x.contiguous(), lin.group, choices=o.kernels),
-                None)
+        return (*run("quantize_rows", x if x.stride(-1) == 1 else x.contiguous(), lin.group, gate=gate,
+                     gate_factor=gate_factor, choices=o.kernels), None)
+    if gate is not None:
+        raise ValueError("linear_rows: a gate goes to an INT8 linear's quantizer; gate BF16 rows in torch")
     return None, None, x.to(torch.bfloat16)
 
 

@@ -2,8 +2,8 @@
 time in their own order (LTX-2.5): an attention with its own q, k, v linears (self or cross: keys from the prompt or
 another stream), q/k RMS across all heads, rotary angles per head, a key bias, the per-head 2 sigmoid gate; a GELU
 MLP; each branch added to the residual under its gate in OUT's / DOWN's product epilogue. The linears go through
-dit_core/gpu/block.py (INT8 ConvRot on the kernels, or BF16); the rest is torch for now (SDPA, elementwise): q/k
-norm, rotary, attention and the gate have no kernel of this layout yet."""
+dit_core/gpu/block.py (INT8 ConvRot on the kernels, or BF16), the head gate through an INT8 OUT's quantizer prologue;
+the rest is torch for now (SDPA, elementwise): q/k norm and rotary have no kernel of this layout yet."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +54,11 @@ def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | 
 def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Tensor, q_rotary: Sequence | None = None,
                    k_rotary: Sequence | None = None, bias: torch.Tensor | None = None, options: Options | None = None,
                    shards=None, keys=None) -> torch.Tensor:
-    """dit_core/block.py attend up to OUT: the heads' output rows [rows, heads x head] bf16, gated per head, for query
-    rows x and key/value rows context (f32; context may be x itself: its rows are made once for q, k and v). bias:
+    """dit_core/block.py attend up to OUT, as OUT takes its input: the heads' output rows [rows, heads x head] bf16,
+    gated per head (2 sigmoid(linear(x, head_gate))); for an INT8 OUT, its rows (codes, scales, None: linear_rows'
+    triple), the gate taken in the quantizer's prologue (kernels/int8/prologue.py: neither the sigmoid nor the gated
+    rows written out). Query rows x and key/value rows context (f32; context may be x itself: its rows are made once
+    for q, k and v). bias:
     added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias (LTX-2.5's guides:
     grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's share of the rows
     and attention runs across the ranks, keys the shards of context's rows where they are not x (dit_core/parallel
@@ -78,8 +81,11 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
                             *(t[0].transpose(0, 1) for t in (q, k, v)), keys).view(q.shape[2], q.shape[1], -1)
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
-    if w.head_gate is not None:
-        out = out * (2 * torch.sigmoid(linear(x, w.head_gate)))[..., None].to(out.dtype)
+    gate = None if w.head_gate is None else linear(x, w.head_gate)  # [rows, heads] f32
+    if w.out.int8:
+        return linear_rows(out.reshape(x.shape[0], a.heads * a.head), w.out, o, gate=gate, gate_factor=2.0)
+    if gate is not None:
+        out = out * (2 * torch.sigmoid(gate))[..., None].to(out.dtype)
     return out.reshape(x.shape[0], a.heads * a.head)
 
 
@@ -148,10 +154,11 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
     return out
 
 
-def into(x: torch.Tensor, heads: torch.Tensor, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,
+def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,
          options: Options | None = None) -> torch.Tensor:
-    """x (f32, in place) += gate[row_map] * OUT(heads), heads attention_rows' output."""
-    return gated_into(x, linear_rows(heads, w.out, options), w.out, gate, row_map, options)
+    """x (f32, in place) += gate[row_map] * OUT(heads), heads attention_rows' output (bf16 rows or OUT's rows)."""
+    rows = heads if isinstance(heads, tuple) else linear_rows(heads, w.out, options)
+    return gated_into(x, rows, w.out, gate, row_map, options)
 
 
 def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, row_map: torch.Tensor, up: GpuLinear,

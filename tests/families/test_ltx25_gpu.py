@@ -116,6 +116,45 @@ def test_pieces_match_the_host(device):
     assert rel_err(gpu(same, same), host(same, same)) <= 1e-2
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_head_gate_in_outs_quantizer(device, monkeypatch):
+    """An INT8 OUT takes the per-head gate 2 sigmoid(linear(x, head_gate)) in its quantizer's prologue: attention_rows
+    returns OUT's rows (codes, scales, None), quantize_rows given the gate's f32 [rows, heads] and factor 2; a BF16 OUT
+    gets torch's gated bf16 rows. The INT8 branch against torch's bf16 gate before the quantizer (the previous form,
+    the sigmoid rounded once more): 8.3e-3 on the CPU, codes moving at INT8's own rounding (test_pieces_match_the_host
+    gives 6.8e-3 from the host's INT8 emulation either way), so within INT8's 2e-2."""
+    from dit_core.gpu import block as block_gpu
+    a, rows, dev = PIECES, 40, torch.device(device)
+    g = torch.Generator().manual_seed(2)
+    lin = lambda n: Linear(torch.randn(n, 256, generator=g) / 16, 0.1 * torch.randn(n, generator=g))  # noqa: E731
+    w = Attention(*(lin(256) for _ in range(4)), 1 + 0.2 * torch.randn(256, generator=g),
+                  1 + 0.2 * torch.randn(256, generator=g), lin(4))
+    w8 = Attention(*(t.as_int8(64) for t in (w.q, w.k, w.v, w.out)), w.q_norm, w.k_norm, w.head_gate)
+    angles = torch.randn(rows, a.heads, 16, generator=g) * 3
+    seq = Sequence(torch.zeros(rows, dtype=torch.long), angles.cos(), angles.sin()).to(dev)
+    h, gate = torch.randn(rows, 256, generator=g).to(dev), torch.ones(1, 256, device=dev)
+    m, o = torch.zeros(rows, dtype=torch.int32 if dev.type == "cuda" else torch.long, device=dev), Options()
+    gates, run = [], block_gpu.run
+    monkeypatch.setattr(block_gpu, "run", lambda op, *args, **kw: (
+        gates.append(kw.get("gate")) if op == "quantize_rows" else None) or run(op, *args, **kw))
+    sa = GpuAttention.of(w8, dev)
+    heads = attention_rows(a, sa, h, h, seq, seq, options=o)
+    assert isinstance(heads, tuple) and heads[2] is None
+    assert gates[-1].shape == (rows, a.heads) and gates[-1].dtype == torch.float32
+    assert isinstance(attention_rows(a, GpuAttention.of(w, dev), h, h, seq, seq, options=o), torch.Tensor)
+    fused = into(torch.zeros(rows, 256, device=dev), heads, sa, gate, m, o)
+
+    def torch_gate(op, *args, **kw):  # the previous form: torch's bf16 gate, then the plain quantizer
+        if op == "quantize_rows" and kw.get("gate") is not None:
+            sig = (2 * torch.sigmoid(kw.pop("gate")))[..., None].to(args[0].dtype)
+            args = ((args[0].view(rows, a.heads, -1) * sig).view(rows, -1), *args[1:])
+        return run(op, *args, **kw)
+    monkeypatch.setattr(block_gpu, "run", torch_gate)
+    before = into(torch.zeros(rows, 256, device=dev), attention_rows(a, sa, h, h, seq, seq, options=o), sa, gate, m, o)
+    assert rel_err(fused.cpu(), before.cpu()) <= 2e-2
+
+
 @pytest.mark.parametrize("name", ["tiny", "variant"])
 @pytest.mark.parametrize("grid", [GRID, GUIDED], ids=["plain", "guide"])
 def test_gpu_form_matches_the_host(files, name, grid):
