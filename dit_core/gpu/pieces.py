@@ -3,7 +3,7 @@ time in their own order (LTX-2.5): an attention with its own q, k, v linears (se
 another stream), q/k RMS across all heads, rotary angles per head, a key bias, the per-head 2 sigmoid gate; a GELU
 MLP; each branch added to the residual under its gate in OUT's / DOWN's product epilogue. The linears go through
 dit_core/gpu/block.py (INT8 ConvRot on the kernels, or BF16), the head gate through an INT8 OUT's quantizer prologue;
-the rest is torch for now (SDPA, elementwise): q/k norm and rotary have no kernel of this layout yet."""
+q/k norm and rotary through kernels/rows_norm_rope.py; attention through SDPA."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +12,9 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Attention, GroupBias, gelu_tanh, modulated_norm, rms_norm
+from ..block import Attention, GroupBias, gelu_tanh, modulated_norm
 from ..linear import float_on, linear
-from ..sequence import Sequence, rotate_halves
+from ..sequence import Sequence
 from ..weights import Linear
 from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
 from .options import DEFAULT, Options
@@ -40,15 +40,12 @@ class GpuAttention:
 
 
 def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None) -> torch.Tensor:
-    """A linear's bf16 output rows -> [1, heads, rows, head] bf16: RMS (a.qk_norm: by head or across all heads) in
-    f32, turned by s's cos/sin (per head or shared), as dit_core/block.py head_norm_rotary."""
-    t = t.float().view(t.shape[0], a.heads, a.head)
-    if weight is not None:
-        t = rms_norm(t, weight, a.qk_eps) if a.qk_norm == "head" else rms_norm(t.flatten(1), weight,
-                                                                                 a.qk_eps).view_as(t)
-    if s is not None:
-        t = rotate_halves(t, s.cos, s.sin)
-    return t.to(torch.bfloat16).transpose(0, 1)[None]
+    """A linear's bf16 output rows -> [1, heads, rows, head] bf16 (a view of rows-major storage): RMS (a.qk_norm: by
+    head or across all heads) in f32, turned by s's cos/sin (per head or shared), as dit_core/block.py
+    head_norm_rotary, in one kernel (kernels/rows_norm_rope.py)."""
+    cos, sin = (None, None) if s is None else (s.cos, s.sin)
+    rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across")
+    return rows.transpose(0, 1)[None]
 
 
 def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Tensor, q_rotary: Sequence | None = None,

@@ -87,6 +87,16 @@ def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0):
     return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
 
+def rows_norm_rope_case(norm: int, head: int = 128):
+    """kernels/rows_norm_rope.py (LTX-2.5's q/k rows): NORM 0 none, 1 by head, 2 across the row's heads."""
+    from kernels.rows_norm_rope import _rows_norm_rope_kernel
+    signature = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                 "stride_cm": "i32", "stride_ch": "i32", "out_ptr": "*bf16", "M": "i32", "HEADS": "i32", "R": "i32",
+                 "eps": "fp32"}
+    return _rows_norm_rope_kernel, signature, {"NORM": norm, "D": head, "BLOCK_D": head, "BLOCK_M": 16}, \
+        {"num_warps": 4}
+
+
 def frontend_cases() -> dict:
     """name -> (kernel, signature, constants, launch): the forms and branches the interpreter cannot type-check."""
     cases = {}
@@ -113,6 +123,8 @@ def frontend_cases() -> dict:
         for group in (256, 64):
             cases[f"rotate norm {norm} modulation {has_scale} act {act} group {group}"] = rotate_case(
                 norm, has_scale, act, group)
+    for norm in (0, 1, 2):
+        cases[f"rows_norm_rope norm {norm}"] = rows_norm_rope_case(norm)
     for span in (1, 128):
         cases[f"rotate gated, a gate value over {span}"] = rotate_case(0, 0, 0, gate_span=span)
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)

@@ -1,0 +1,118 @@
+"""One linear's q or k rows: RMS by head or across a row's heads, split-half rotary by shared or per-head angles.
+
+Issue 36; dit_core/block.py head_norm_rotary and dit_core/sequence.py rotate_halves are the host math. LTX-2.5's
+attentions (dit_core/gpu/pieces.py) make q, k and v by separate linears, k often from other rows (the prompt's, the
+other stream's), norm q and k across all heads (reference/families/ltx25.md section 3) and turn each head by its own
+angles (section 4): kernels/head_norm_rope.py's fused [q | k | v] rows, head by head, take none of that. For rows x
+[M, heads D] (bf16/f32, rows any stride apart, columns contiguous), an optional gain w and optional cos/sin
+[M, r] (every head alike) or [M, heads, r] (each head its own), in f32:
+  across (w [heads D]):  n = (x * 1/sqrt(mean(x^2 over the row's heads D values) + eps)) * w
+  by head (w [D]):       n = (t * 1/sqrt(mean(t^2 over the head's D values) + eps)) * w     for each head t
+  no gain:               n = x (no norm)
+  then in each head, with its angles c, s (r = 0 or no cos: no rotary):
+  out[j]     = n[j] c[j] - n[j + r] s[j]     j < r
+  out[j + r] = n[j + r] c[j] + n[j] s[j]     j < r      (each product rounded, then the sum: no FMA)
+  out[j]     = n[j]                          j >= 2r
+  one rounding to bf16 at the end. Returned as [M, heads, D] bf16 (rows-major: SDPA's BSHD once transposed).
+"""
+from __future__ import annotations
+
+import torch
+
+from .rounding import rounded_bf16
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
+    triton = tl = None
+triton_jit = triton.jit if triton is not None else (lambda fn: fn)
+
+
+def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None):
+    """The math above in plain torch (the host block's operations, in its order): [M, heads, D] bf16."""
+    t = x.float().reshape(x.shape[0], heads, head)
+    if weight is not None:
+        n = t.flatten(1) if across else t
+        n = n * torch.rsqrt(n.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        t = n.view_as(t)
+    if cos is not None and cos.shape[-1]:
+        c, s = (a.float() if a.dim() == 3 else a.float()[:, None, :] for a in (cos, sin))
+        r = c.shape[-1]
+        a, b = t[..., :r], t[..., r:2 * r]
+        t = torch.cat([a * c - b * s, b * c + a * s, t[..., 2 * r:]], dim=-1)
+    return t.to(torch.bfloat16) if out is None else out.copy_(t)
+
+
+@triton_jit
+def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch, out_ptr, M, HEADS, R, eps,
+                           NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    # Grid (row blocks,): a program takes BLOCK_M rows through every head. NORM 2 (across) first walks the heads
+    # for each row's sum of squares, then head by head: norm, rotary, store. Each value's rotary partner (j +- r) is
+    # a second load of the same row, which the first one brought into L1.
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols < D)[None, :]
+    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+    if NORM == 2:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for head in tl.range(0, HEADS):
+            x = tl.load(base + head * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            squares += tl.sum(x * x, axis=1)
+        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))
+    partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
+    turned = cols < 2 * R
+    angle = tl.where(cols < R, cols, cols - R)
+    amask = rmask[:, None] & turned[None, :]
+    angles = rows[:, None].to(tl.int64) * stride_cm + angle[None, :]
+    for head in tl.range(0, HEADS):
+        src = base + head * D
+        x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+        if NORM == 1:  # by head: this head's own statistics
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
+        if NORM != 0:
+            gain = w_ptr
+            if NORM == 2:  # across: this head's slice of the row's gain
+                gain = w_ptr + head * D
+            x = (x * inv[:, None]) * tl.load(gain + cols, mask=cols < D, other=0.0)[None, :]
+            xp = (xp * inv[:, None]) * tl.load(gain + partner, mask=cols < D, other=0.0)[None, :]
+        c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
+        s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
+        x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
+        dst = (rows.to(tl.int64) * HEADS + head) * D
+        tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
+
+
+def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, block_m=16, num_warps=4):
+    """[M, heads, head] bf16 from rows x [M, heads head] by the math in this file's docstring (weight None: no norm;
+    cos/sin None: no rotary). across: the norm over a row's heads (weight [heads head]), else by head (weight
+    [head]). out: an optional contiguous [M, heads, head] bf16 buffer."""
+    m, d = x.shape[0], head
+    if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
+        raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
+                         f"{tuple(x.shape)}")
+    if weight is not None and weight.numel() != (heads * d if across else d):
+        raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
+                         f"({'across heads' if across else 'by head'}), got {weight.numel()}")
+    r = 0 if cos is None else cos.shape[-1]
+    angle_shapes = ((m, r), (m, heads, r))
+    if cos is not None and (cos.shape not in angle_shapes or sin.shape != cos.shape or 2 * r > d):
+        raise ValueError(f"rows_norm_rope: cos/sin must be [{m}, r] or [{m}, {heads}, r] with 2r <= {d}, got "
+                         f"{tuple(cos.shape)}")
+    if out is None:
+        out = torch.empty(m, heads, d, dtype=torch.bfloat16, device=x.device)
+    if out.shape != (m, heads, d) or out.dtype != torch.bfloat16 or not out.is_contiguous():
+        raise ValueError(f"rows_norm_rope: out must be contiguous bf16 [{m}, {heads}, {d}]")
+    if m == 0:
+        return out
+    cos, sin = (out if t is None else t.float().contiguous() for t in (cos, sin))  # out: never read without rotary
+    weight = out if weight is None else weight.float().contiguous()  # (never read without a norm)
+    per_head = r and cos.dim() == 3  # shared angles: every head reads the row's
+    _rows_norm_rope_kernel[(triton.cdiv(m, block_m),)](
+        x, x.stride(0), weight, cos, sin, cos.stride(0) if r else 0, cos.stride(1) if per_head else 0, out, m, heads,
+        r, eps, NORM=0 if weight is out else 2 if across else 1, D=d, BLOCK_D=triton.next_power_of_2(d),
+        BLOCK_M=block_m, num_warps=num_warps, enable_fp_fusion=False)
+    return out

@@ -1,0 +1,71 @@
+"""kernels/rows_norm_rope.py against its reference (within one bf16 step: the kernel sums the squares in another
+order) and the reference against dit_core's head_norm_rotary (the host block's math) bit for bit."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import assert_within_one_bf16_step
+
+from dit_core.block import head_norm_rotary
+from dit_core.sequence import Sequence
+from kernels.rows_norm_rope import reference, rows_norm_rope
+
+# (M, heads, head, r, angles): odd M; every column turned, part, none; a head not a power of 2; angles shared ("row"),
+# per head ("head"), or no rotary (None: cos/sin not given)
+CASES = [(7, 2, 32, 16, "head"), (37, 3, 64, 8, "head"), (19, 4, 16, 8, "row"), (12, 3, 24, 12, "head"),
+         (5, 2, 32, 0, None)]
+NORMS = ["across", "head", None]
+
+
+def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
+    """x [M, heads head] bf16 (row_stride: a view of wider rows), the gain for the norm, cos and sin."""
+    g = torch.Generator().manual_seed(seed)
+    wide = 3 * torch.randn(m, heads * head + row_stride, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
+    x = wide.to(device, torch.bfloat16)[:, :heads * head]
+    gain = None if norm is None else (1 + 0.2 * torch.randn(heads * head if norm == "across" else head, generator=g))
+    shape = (m, heads, r) if angles == "head" else (m, r)
+    theta = 100 * torch.rand(shape, generator=g)
+    cos, sin = (None, None) if angles is None else (theta.cos(), theta.sin())
+    return x, *(None if t is None else t.to(device) for t in (gain, cos, sin))
+
+
+@pytest.mark.parametrize("norm", NORMS)
+@pytest.mark.parametrize("m,heads,head,r,angles", CASES)
+def test_kernel_matches_reference(m, heads, head, r, angles, norm, device):
+    x, gain, cos, sin = inputs(m, heads, head, r, angles, norm, seed=m + head, device=device, row_stride=head)
+    out = torch.full((m, heads, head), float("nan"), dtype=torch.bfloat16, device=device)
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across", out=out, block_m=8)
+    assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
+    assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across"))
+
+
+@pytest.mark.parametrize("norm", ["across", "head"])
+@pytest.mark.parametrize("m,heads,head,r,angles", CASES)
+def test_reference_is_the_host_block(m, heads, head, r, angles, norm):
+    x, gain, cos, sin = inputs(m, heads, head, r, angles, norm, seed=m * head, device="cpu")
+    seq = None if cos is None else Sequence(torch.zeros(m, dtype=torch.long), cos, sin)
+    host = head_norm_rotary(x.float().view(m, heads, head), gain, SimpleNamespace(qk_eps=1e-6, qk_norm=norm), seq)
+    assert torch.equal(reference(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across"),
+                       host.to(torch.bfloat16))
+
+
+def test_bad_arguments_raise():
+    x, gain, cos, sin = inputs(4, 2, 32, 8, "head", "across", seed=0, device="cpu")
+    for args, kw in (((x, 4, 32, gain, cos, sin), {}), ((x, 2, 32, gain, cos, sin), {"across": False}),
+                     ((x, 2, 32, gain, cos[:, :1], sin[:, :1]), {"across": True}),
+                     ((x, 2, 32, gain, cos.repeat(1, 1, 3), sin.repeat(1, 1, 3)), {"across": True}),
+                     ((x, 2, 32, gain, cos, sin), {"across": True, "out": torch.empty(4, 2, 32)})):
+        with pytest.raises(ValueError, match="rows_norm_rope"):
+            rows_norm_rope(*args, **kw)
+    assert rows_norm_rope(x[:0], 2, 32, gain, cos[:0], sin[:0], across=True).shape == (0, 2, 32)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("heads,head,r", [(32, 128, 64), (32, 64, 32), (32, 128, 32)])
+def test_ltx25_shapes(heads, head, r):
+    """LTX-2.5's q/k rows at 1024^2-like row counts: video self-attention (32 x 128, every column turned), audio
+    (32 x 64), the A<->V time rotary on the video heads (32 of 64 pairs): across-heads norm, per-head angles."""
+    x, gain, cos, sin = inputs(6144, heads, head, r, "head", "across", seed=head + r, device="cuda")
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True)
+    assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=True))
