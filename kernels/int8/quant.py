@@ -68,18 +68,18 @@ def _rotate_group(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scal
     (held in f32). g <= 64: one product with H_g (SPLIT 1; the three other outputs repeat it). g = 256: each
     64-column block through H_64, then the radix-4 butterfly (kernels/int8/hadamard.py)."""
     z0 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0, mean, inv, w_ptr, scale_ptr, shift_ptr, h, K,
-                        g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
-                        GATE_FACTOR)
+                       g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
+                       GATE_FACTOR)
     if SPLIT == 4:
         z1 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + Q, mean, inv, w_ptr, scale_ptr, shift_ptr, h,
-                            K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
-                            GATE_FACTOR)
+                           K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE, GATE_SPAN,
+                           GATE_FACTOR)
         z2 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 2 * Q, mean, inv, w_ptr, scale_ptr, shift_ptr,
-                            h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
-                            GATE_SPAN, GATE_FACTOR)
+                           h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
+                           GATE_SPAN, GATE_FACTOR)
         z3 = rotated_block(x_ptr, stride_x, rows, rmask, rmap, c0 + 3 * Q, mean, inv, w_ptr, scale_ptr, shift_ptr,
-                            h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
-                            GATE_SPAN, GATE_FACTOR)
+                           h, K, g_rows, NORM, HAS_WEIGHT, HAS_SCALE, HAS_SHIFT, ACT, X_BF16, Q, DOT_DTYPE,
+                           GATE_SPAN, GATE_FACTOR)
         y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
     else:
         y0 = round_to_bf16(z0)
