@@ -2,6 +2,7 @@
 loaded-model cache, its memory and the engine's device: nodes/memory.py)."""
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -19,9 +20,11 @@ from comfy_api.latest import io
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
+from ..dit_core.parallel import RankFailed
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, room_for
+from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
+                     room_for)
 from .model_bytes import describe
 from .types import DiTModel, Vae
 
@@ -30,6 +33,7 @@ from .types import DiTModel, Vae
 TOKENIZER_DIR = Path(comfy.model_management.__file__).parent / "text_encoders" / "qwen25_tokenizer"
 LINEAR_MODES = {"as stored": "stored", "int8 convrot": "int8", "bf16": "bf16"}
 WEIGHT_DTYPES = ["default", "fp8_e4m3fn", "fp8_e4m3fn_fast", "fp8_e5m2"]
+GPU_CHOICES = ["1", "2", "4", "8", "all"]
 
 
 class SwiftDiTError(Exception):
@@ -45,6 +49,9 @@ def checked(node_id: str, input_name: str):
         yield
     except RequestTooLarge as e:  # the image's size is what to change, whichever step found it too large
         raise SwiftDiTError(f"{node_id} · latent_image: {e}") from e
+    except RankFailed as e:  # every rank was stopped, and the model goes: the next run starts its ranks afresh
+        raise SwiftDiTError(f"{node_id} · {input_name}: {e}; the other ranks were stopped (run again to start them "
+                            f"afresh, or set the loader's gpus to 1)") from e
     except (WeightsError, ValueError, FileNotFoundError) as e:
         raise SwiftDiTError(f"{node_id} · {input_name}: {e}") from e
     except torch.cuda.OutOfMemoryError as e:
@@ -122,8 +129,12 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
     """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
     honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
     the loader's GPU budget, fitted for a pass over `rows` rows, the family's default pass (pass_size) when None;
-    elsewhere the float32 host path). check(model): memory.check_request's refusal, before any block moves."""
+    elsewhere the float32 host path), or in handle.gpus ranks (memory.ranked_dit). check(model):
+    memory.check_request's refusal, before any block moves."""
     def load_dit(handle: ModelHandle, rows: int | None = None, check=None):
+        if handle.gpus > 1:
+            return ranked_dit(handle, functools.partial(engine.load, linears=handle.linears, loras=handle.loras),
+                              engine, pass_size, check)
         load = lambda f: engine.load(f, handle.linears, handle.loras)
         return dit_on_device(handle, lambda: cancellable(load, handle.path), pass_size, rows, check)
     return load_dit
@@ -171,6 +182,7 @@ class ModelHandle:
     schedule: Schedule | None = None  # the sampling schedule's shift and its kind: the family's loader sets it
     gpu_budget_gb: float = 0.0  # the loader's budget for the blocks on a GPU (0: automatic); not in the key:
     # a new budget re-plans the loaded model (memory.fit_blocks) without reading the file again
+    gpus: int = 1  # ranks the model runs in (the loader's gpus: sequence parallel over that many GPUs)
 
     @property
     def shift(self) -> float | None:
@@ -179,7 +191,7 @@ class ModelHandle:
 
     def key(self) -> tuple:
         return (self.family, file_key(self.path), self.linears,
-                tuple((file_key(p), s) for p, s in self.loras))
+                tuple((file_key(p), s) for p, s in self.loras), self.gpus)
 
     def with_(self, **changes) -> ModelHandle:
         return replace(self, **changes)
@@ -287,6 +299,29 @@ def loader_inputs(family: str) -> list:
                                    "host memory. 0: automatic (the free memory less what a pass needs)")]
 
 
+def gpus_input():
+    """The video families' loaders' gpus widget (optional: workflows saved before it keep loading)."""
+    return io.Combo.Input("gpus", options=GPU_CHOICES, default="1", optional=True,
+                          tooltip="GPUs that share each step (sequence parallel: a process a GPU, the rows split "
+                                  "between them); all: every GPU ComfyUI sees. Without a GPU, that many host "
+                                  "processes")
+
+
+def rank_count(node_id: str, gpus: str) -> int:
+    """The gpus widget as a number of ranks: GPUs where ComfyUI computes on one (at most those it sees), else host
+    processes (at most the cores; all: one)."""
+    if gpus not in GPU_CHOICES:
+        raise SwiftDiTError(f"{node_id} · gpus: {gpus!r} is not one of {', '.join(GPU_CHOICES)}")
+    on_gpu = engine_device().type == "cuda"
+    have = torch.cuda.device_count() if on_gpu else os.cpu_count() or 1
+    n = (have if on_gpu else 1) if gpus == "all" else int(gpus)
+    if n > have:
+        what = "GPUs (CUDA_VISIBLE_DEVICES and --cuda-device decide which)" if on_gpu else "CPU cores and no GPU"
+        raise SwiftDiTError(f"{node_id} · gpus: {n} asked, and ComfyUI sees {have} {what}; set gpus to {have} or "
+                            f"fewer")
+    return n
+
+
 def linear_mode(node_id: str, weight_dtype: str, linears: str) -> str:
     """The engine's linears mode for the loader's widgets: fp8 weight_dtype means quantize at load."""
     if linears not in LINEAR_MODES:
@@ -302,7 +337,7 @@ def load_model(node_id: str, handle: ModelHandle, load: Callable[[ModelHandle], 
         model = load(handle)
     except BudgetError as e:
         raise SwiftDiTError(f"{node_id} · gpu_budget_gb: {e}") from e
-    except (WeightsError, ValueError, FileNotFoundError) as e:
+    except (WeightsError, ValueError, FileNotFoundError, RankFailed) as e:
         raise SwiftDiTError(f"{node_id} · unet_name: {e}") from e
     return f"{os.path.basename(handle.path)}: {describe(model, engine_device())}"
 

@@ -11,18 +11,21 @@ import folder_paths
 import torch
 from comfy_api.latest import io
 
+from ..dit_core.families import FAMILIES
 from .base import (FileHandle, ModelHandle, SwiftDiTError, build_ahead_of_sampling, check_family, checked,
-                   conditioning_rows, file_checked, finite, ksampler_inputs, linear_mode, load_model, loader_inputs,
-                   model_file, model_input, model_output, run_sampler, sampler_widgets, show_on_node)
+                   conditioning_rows, file_checked, finite, gpus_input, ksampler_inputs, linear_mode, load_model,
+                   loader_inputs, model_file, model_input, model_output, rank_count, run_sampler, sampler_widgets,
+                   show_on_node)
 from .family_settings import FamilySettings
 from .memory import MAIN, check_request
 from .types import TextEncoder, Vae
 
 
 class DiTLoaderNode(io.ComfyNode):
-    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears, gpu_budget_gb): the model handle, the
-    model loaded at once (its errors name unet_name) and where its bytes went as the node's text. SETTINGS: the
-    family's (its default schedule goes on the handle)."""
+    """UNETLoader's widgets (unet_name, weight_dtype), then ours (linears, gpu_budget_gb; gpus where the family
+    table's loader_extra has it: its steps sequence-parallel): the model handle, the model loaded at once (its errors
+    name unet_name) and where its bytes went as the node's text. SETTINGS: the family's (its default schedule goes
+    on the handle)."""
     NODE_ID = DISPLAY = CATEGORY = DESCRIPTION = FAMILY = TITLE = ""
     SETTINGS: FamilySettings
 
@@ -33,7 +36,9 @@ class DiTLoaderNode(io.ComfyNode):
     @classmethod
     def define_schema(cls):
         return io.Schema(node_id=cls.NODE_ID, display_name=cls.DISPLAY, category=cls.CATEGORY,
-                         description=cls.DESCRIPTION, inputs=loader_inputs(cls.TITLE),
+                         description=cls.DESCRIPTION,
+                         inputs=[*loader_inputs(cls.TITLE),
+                                 *([gpus_input()] if "gpus" in dict(FAMILIES[cls.FAMILY].loader_extra) else [])],
                          outputs=[model_output(cls.TITLE)], hidden=[io.Hidden.unique_id])
 
     @classmethod
@@ -41,11 +46,11 @@ class DiTLoaderNode(io.ComfyNode):
         return file_checked(cls, "diffusion_models", unet_name, "unet_name")
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0, gpus="1") -> io.NodeOutput:
         budget = finite(cls.NODE_ID, "gpu_budget_gb", gpu_budget_gb, 0.0)
         path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")
         handle = ModelHandle(cls.FAMILY, path, linear_mode(cls.NODE_ID, weight_dtype, linears),
-                             schedule=cls.SETTINGS.schedule, gpu_budget_gb=budget)
+                             schedule=cls.SETTINGS.schedule, gpu_budget_gb=budget, gpus=rank_count(cls.NODE_ID, gpus))
         where = load_model(cls.NODE_ID, handle, cls.load)
         show_on_node(cls, where)
         return io.NodeOutput(handle, ui={"text": [where]})
@@ -281,10 +286,11 @@ class SamplerNode(io.ComfyNode):
                                                                        say=lambda text: show_on_node(cls, text)))
         cls.loaded(dit, r)
         # Keyed on the image's shape, not the prompt's length: a new prompt should not pay a dry step (a kernel a new
-        # length might still need builds as the step reaches it).
+        # length might still need builds as the step reaches it). Ranks build their own as they step.
         shape = tuple(latent.shape) if isinstance(latent, torch.Tensor) else tuple(tuple(t.shape) for t in latent)
-        build_ahead_of_sampling("dit", (cls.FAMILY, shape, passes), lambda: cls.sampling(dit, r),
-                                say=lambda text: show_on_node(cls, text))
+        if model.gpus == 1:
+            build_ahead_of_sampling("dit", (cls.FAMILY, shape, passes), lambda: cls.sampling(dit, r),
+                                    say=lambda text: show_on_node(cls, text))
         run = cls.sampling(dit, r)
         if run is None:
             return io.NodeOutput(latent_image)

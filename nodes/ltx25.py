@@ -14,6 +14,7 @@ from comfy.nested_tensor import NestedTensor
 from comfy_api.latest import io
 
 from ..dit_core.families.ltx25 import LTX25
+from ..dit_core.parallel import RankedModel
 from ..dit_core.sampling.ltx25 import STAGE_1_SIGMAS, Prompt, Stage, manual_sigmas, packed_model, sample_stage
 from ..dit_core.text.gemma4 import Gemma4TextEncoder, LTX25TextConnectors
 from .base import (FileHandle, ModelHandle, SwiftDiTError, cancellable, finite, interrupt_check, room_before,
@@ -22,7 +23,7 @@ from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncode
 from .family_settings import FamilySettings, PassSize
 from .ltx25_codecs import CODEC_NODES
 from .ltx25_frames import CATEGORY, FAMILY, FRAME_NODES, HOST, host_model, sampler_frames
-from .memory import LOADED, dit_on_device, engine_device, make_room
+from .memory import LOADED, dit_on_device, engine_device, make_room, ranked_dit
 
 FRAME_RATE = 25  # the RoPE's fps where no LTXVConditioning set one (ComfyUI's LTXV extra_conds default)
 SETTINGS = FamilySettings(
@@ -51,23 +52,43 @@ class LoadedDiT:
         """The transformer where it runs (LTX25.to); the connectors stay where read_dit read them (there already)."""
         return LoadedDiT(self.transformer.to(device, budget_bytes=budget_bytes), self.connectors)
 
+    @property
+    def alive(self) -> bool:  # a transformer in ranks (the loader's gpus) whose ranks failed is not
+        return getattr(self.transformer, "alive", True)
+
+    def close(self) -> None:  # its ranks stop, where it has some
+        if isinstance(self.transformer, RankedModel):
+            self.transformer.close()
+
+
+def read_connectors(ckpt, device: torch.device) -> LTX25TextConnectors:
+    """The connectors read straight to device. On a GPU their linears are BF16 (residual, norms and attention f32):
+    2.0 B parameters at the release's 8 blocks a stream, 8 GB in f32 against 4 in BF16 beside a DiT on a 16 GB
+    budget, run once a prompt, and the DiT's GPU path reads its text rows through BF16/INT8 linears anyway. Room is
+    made for them first (memory.make_room: ComfyUI's models, then our text encoders, go), so they are there before
+    the DiT's block budget is taken."""
+    if device.type != "cuda":
+        return LTX25TextConnectors.load(ckpt)
+    make_room(device, 2 * sum(math.prod(ckpt.shape(k)) for k in ckpt.keys() if "_embeddings_connector." in k))
+    return LTX25TextConnectors.load(ckpt, device=device, dtype=torch.bfloat16)
+
 
 def read_dit(ckpt, device: torch.device = HOST) -> LoadedDiT:
-    """The transformer on the host (LoadedDiT.to places it) and the connectors read straight to device. On a GPU
-    their linears are BF16 (residual, norms and attention f32): 2.0 B parameters at the release's 8 blocks a
-    stream, 8 GB in f32 against 4 in BF16 beside a DiT on a 16 GB budget, run once a prompt, and the DiT's GPU
-    path reads its text rows through BF16/INT8 linears anyway. Room is made for them first (memory.make_room:
-    ComfyUI's models, then our text encoders, go), and they are there before the DiT's block budget is taken."""
-    if device.type != "cuda":
-        return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt))
-    make_room(device, 2 * sum(math.prod(ckpt.shape(k)) for k in ckpt.keys() if "_embeddings_connector." in k))
-    return LoadedDiT(LTX25.load(ckpt), LTX25TextConnectors.load(ckpt, device=device, dtype=torch.bfloat16))
+    """The transformer on the host (LoadedDiT.to places it; read first: a file of another model is named as such) and
+    the connectors (read_connectors)."""
+    transformer = LTX25.load(ckpt)
+    return LoadedDiT(transformer, read_connectors(ckpt, device))
 
 
 def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> LoadedDiT:
     """The DiT where ComfyUI computes: on a CUDA GPU within the loader's gpu_budget_gb, fitted for a pass over rows
-    (memory.dit_on_device; check: SamplerNode's memory check), else on the host (f32)."""
+    (memory.dit_on_device; check: SamplerNode's memory check), else on the host (f32); with the loader's gpus, the
+    transformer in that many ranks (memory.ranked_dit) and the connectors here."""
     device = engine_device()
+    if handle.gpus > 1:
+        connectors = lambda ranked: LoadedDiT(  # noqa: E731
+            ranked, cancellable(lambda f: read_connectors(f, device), handle.path))
+        return ranked_dit(handle, LTX25.load, LTX25, SETTINGS.pass_size, check, wrap=connectors)
     if device.type == "cuda":
         return dit_on_device(handle, lambda: cancellable(lambda f: read_dit(f, device), handle.path),
                              SETTINGS.pass_size, rows, check)
@@ -91,16 +112,17 @@ def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:
 class LTX25Loader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTLTX25Loader", "LTX-2.5 Loader (SwiftDiT)", CATEGORY, FAMILY,
                                                  "LTX-2.5")
-    DESCRIPTION = "Loads the LTX-2.5 audio-video model file (INT8 ConvRot or BF16) and its text connectors."
+    DESCRIPTION = ("Loads the LTX-2.5 audio-video model file (INT8 ConvRot or BF16) and its text connectors (on one "
+                   "GPU or several: gpus).")
     SETTINGS, load = SETTINGS, staticmethod(load_dit)
 
     @classmethod
-    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0) -> io.NodeOutput:
+    def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0, gpus="1") -> io.NodeOutput:
         for name, value, kept in (("weight_dtype", weight_dtype, "default"), ("linears", linears, "as stored")):
             if value != kept:
                 raise SwiftDiTError(f"{cls.NODE_ID} · {name}: LTX-2.5's linears run as the file stores them (INT8 "
                                     f"ConvRot or BF16) for now; set {name} to {kept!r}")
-        return super().execute(unet_name, weight_dtype, linears, gpu_budget_gb)
+        return super().execute(unet_name, weight_dtype, linears, gpu_budget_gb, gpus)
 
 
 class LTX25TextEncoderLoader(TextEncoderLoaderNode):

@@ -17,6 +17,7 @@ import comfy.model_management
 import torch
 
 from ..dit_core.gpu.streaming import StreamedBlocks, host_pass_bytes, pass_bytes, step_flops
+from ..dit_core.parallel import RankedModel
 from .family_settings import PassSize
 from .model_bytes import GIB, describe, placement
 
@@ -48,7 +49,9 @@ class LoadedModels:
     "vocoder" where a family runs several), so a family's models of one kind stay loaded together and a new file
     replaces only the one in its slot. ComfyUI's unload (POST /free, Unload Models) empties it; when ComfyUI lacks
     memory for another model, the models give back what it lacks (give_back). asking: our own request for room is
-    being made (the hook then takes nothing from ours). Each model holds its companions by name (attached)."""
+    being made (the hook then takes nothing from ours). Each model holds its companions by name (attached). A model
+    with close() (one whose ranks are processes: RankedModel) is closed when it goes; one no longer `alive` (its
+    ranks failed) is loaded again."""
 
     def __init__(self):
         self._held: dict[tuple[str, str], tuple[tuple, object, torch.device | None, dict[str, object]]] = {}
@@ -58,10 +61,11 @@ class LoadedModels:
             role: str = MAIN):
         slot = (kind, role)
         held = self._held.get(slot)
-        if held is not None and held[0] == key:
+        if held is not None and held[0] == key and getattr(held[1], "alive", True):
             return held[1]
         if held is not None:  # one model a slot: drop the old one before loading the new
-            del self._held[slot], held
+            del held
+            self._drop(slot)
             gc.collect()
         started = time.perf_counter()
         model = load()
@@ -91,10 +95,17 @@ class LoadedModels:
                 for companion in companions.values():
                     companion.clear()
 
+    def _drop(self, slot: tuple[str, str]) -> None:
+        """The model in slot goes (its processes stop, where it has some)."""
+        close = getattr(self._held.pop(slot)[1], "close", None)
+        if callable(close):
+            close()
+
     def free(self) -> int:
         n = len(self._held)
         self._clear_companions()
-        self._held.clear()
+        for slot in list(self._held):
+            self._drop(slot)
         gc.collect()
         if n:
             log.info("SwiftDiT: freed %d models", n)
@@ -117,7 +128,7 @@ class LoadedModels:
         for slot, (_, model, where, _) in list(self._held.items()):
             if freed < nbytes and mine(slot, where):
                 freed += placement(model).device
-                del self._held[slot]
+                self._drop(slot)
                 dropped.append(slot_name(slot))
         if dropped:
             gc.collect()
@@ -275,6 +286,28 @@ def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows:
     return dit
 
 
+def ranked_dit(handle, load: Callable, recipe: type, pass_size: PassSize, check: Callable[[object], None] | None = None,
+               wrap: Callable[[RankedModel], object] | None = None):
+    """LOADED's DiT for handle in handle.gpus ranks (dit_core/parallel RankedModel: on a CUDA GPU one process a GPU,
+    each placing its copy of load(path) within the loader's gpu_budget_gb; else host processes), wrap(it) what the
+    slot keeps (a family's pair of models). The first GPU is rank 0's and this process's: ComfyUI's models there make
+    room for its share of the file first. Cancel honoured while the ranks load; check(model) as dit_on_device's."""
+    device = engine_device()
+
+    def start():
+        if device.type == "cuda":
+            make_room(device, os.path.getsize(handle.path) // handle.gpus)
+        model = RankedModel.start(handle.gpus, load, handle.path, recipe, device, handle.gpu_budget_gb,
+                                  pass_size.default_rows,
+                                  check=comfy.model_management.throw_exception_if_processing_interrupted)
+        return model if wrap is None else wrap(model)
+
+    dit = LOADED.get("dit", (*handle.key(), str(device)), start, device)
+    if check is not None:
+        check(dit)
+    return dit
+
+
 class RequestTooLarge(Exception):
     """A sampler's request that cannot run in the memory there is (nodes/base.checked names latent_image)."""
 
@@ -289,18 +322,19 @@ def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, s
     RequestTooLarge with what it needs and the largest image that fits (megapixels: image rows times the family's
     pass_size.image_row_pixels). On the CPU, a request that fits but will take long is said in the log and to
     say(text) (the sampler shows it on its node), with the time this machine's matrix products give it."""
-    a, device, rows = model.arch, engine_device(), image_rows + text_rows
+    a, device, rows, where_now = model.arch, engine_device(), image_rows + text_rows, placement(model)
+    world = where_now.ranks  # ranks (the loader's gpus) each hold their share of the rows
     if device.type == "cuda":
-        blocks, on_card = getattr(model, "blocks", None), placement(model).device
+        blocks, on_card = getattr(model, "blocks", None), where_now.device
         streamed = isinstance(blocks, StreamedBlocks)
         never_streamed = on_card - blocks.device_bytes() if streamed else on_card
         slots = blocks.slot_count * blocks.slot_bytes if streamed else 0  # where streamed blocks run
         available = comfy.model_management.get_total_memory(device) - never_streamed - slots - \
             int(comfy.model_management.extra_reserved_memory())
-        need, where = (lambda r: pass_bytes(a, r)), "GPU"
+        need, where = (lambda r: pass_bytes(a, -(-r // world))), "GPU"
     else:
         available = comfy.model_management.get_free_memory(device)
-        need, where = (lambda r: host_pass_bytes(a, r)), "host"
+        need, where = (lambda r: host_pass_bytes(a, -(-r // world))), "host"
     if need(rows) > available:
         row_pixels = pass_size.image_row_pixels
         fit = 0  # the most image rows whose pass fits (need grows with rows)

@@ -37,7 +37,7 @@ load_text_encoder = text_encoder_loader(MiniMaxH3TextEncoder, FAMILY)
 class MiniMaxH3Loader(DiTLoaderNode):
     NODE_ID, DISPLAY, CATEGORY, FAMILY, TITLE = ("SwiftDiTMiniMaxH3Loader", "MiniMax H3 Loader (SwiftDiT)", CATEGORY,
                                                  FAMILY, "MiniMax H3")
-    DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine."
+    DESCRIPTION = "Loads a MiniMax H3 diffusion model file for the SwiftDiT engine (on one GPU or several: gpus)."
     SETTINGS, load = SETTINGS, staticmethod(load_dit)
 
 

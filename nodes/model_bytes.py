@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from ..dit_core.gpu.streaming import StreamedBlocks
+from ..dit_core.parallel import RankedModel
 
 GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
 
@@ -14,17 +15,19 @@ GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """A model's bytes: on its device, in page-locked host memory (streamed blocks' staged copies), and in
-    other host memory."""
+    other host memory; for a model in ranks (the loader's gpus: processes of their own), how many, and what rank 0
+    holds on its GPU (the device's, this process's too) is in `device`."""
     device: int = 0
     pinned: int = 0
     host: int = 0
+    ranks: int = 1
 
 
 def placement(model) -> Placement:
     """Where model's tensors are (each storage counted once): a walk of its dataclasses, containers, torch
     modules and our own objects; streamed blocks report their own."""
     device = pinned = host = 0
-    seen, storages, todo = set(), set(), [model]
+    ranks, seen, storages, todo = 1, set(), set(), [model]
     while todo:
         obj = todo.pop()
         if id(obj) in seen:
@@ -32,6 +35,8 @@ def placement(model) -> Placement:
         seen.add(id(obj))
         if isinstance(obj, StreamedBlocks):
             device, pinned = device + obj.device_bytes(), pinned + obj.host_bytes()
+        elif isinstance(obj, RankedModel):
+            device, ranks = device + obj.device_bytes, max(ranks, obj.world)
         elif isinstance(obj, torch.Tensor):
             storage = obj.untyped_storage()
             if (storage.data_ptr(), obj.device) not in storages:
@@ -50,7 +55,7 @@ def placement(model) -> Placement:
             todo.extend(getattr(obj, f.name) for f in dataclasses.fields(obj))
         elif "dit_core." in f".{type(obj).__module__}" and hasattr(obj, "__dict__"):
             todo.extend(vars(obj).values())
-    return Placement(device, pinned, host)
+    return Placement(device, pinned, host, ranks)
 
 
 def _size(nbytes: int) -> str:
@@ -68,4 +73,6 @@ def describe(model, device: torch.device | None) -> str:
     parts.append(f"{_size(p.host)} of {'other ' if p.pinned or streamed else ''}host memory")
     if streamed:
         parts.append(f"{sum(blocks.resident)} of {len(blocks)} blocks resident (budget {_size(blocks.budget)})")
+    if p.ranks > 1:
+        return f"{p.ranks} ranks, a process each (sequence parallel): {', '.join(parts)}"
     return ", ".join(parts)

@@ -39,8 +39,8 @@ MODEL_IN = (("model", "MODEL"),)
 # our H3 Reference To Video's ref_image_0..8, ref_video_0..2 (and ref_video_audio_0..2) and ref_audio_0..2
 H3_REFERENCE_IMAGES, H3_REFERENCE_VIDEOS, H3_REFERENCE_AUDIOS = 9, 3, 3
 # The stock nodes ours replace (reference/templates.md section 5), with ComfyUI's input names and widget order.
-# Every DiT loader of ours appends `linears` and `gpu_budget_gb` (0: automatic); every text encoder loader runs on
-# the host or the default device only.
+# Every DiT loader of ours appends `linears` and `gpu_budget_gb` (0: automatic), then its family's loader_extra;
+# every text encoder loader runs on the host or the default device only.
 STOCK = MappingProxyType({
     "UNETLoader": Stock("Loader", outputs=("MODEL",), widgets=("unet_name", "weight_dtype"),
                         extra_widgets=(("linears", "as stored"), ("gpu_budget_gb", 0))),
@@ -206,6 +206,8 @@ def rules(row) -> Family:
     for stock in row.replaces:
         s = STOCK[stock]
         extra, accepts = s.extra_widgets, s.accepts
+        if stock == "UNETLoader":
+            extra = extra + tuple(row.loader_extra)
         if stock == "KSampler":
             extra = extra + tuple(row.sampler_extra)
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))

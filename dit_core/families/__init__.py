@@ -41,6 +41,8 @@ class Family:
     samplers: tuple[str, ...]     # KSampler sampler_name values our sampler runs
     schedulers: tuple[str, ...]   # KSampler scheduler values our sampler runs
     sampler_extra: tuple[tuple[str, object], ...] = ()  # our sampler's own widgets after KSampler's, with defaults
+    # our DiT loader's own widgets after linears and gpu_budget_gb (gpus: its steps sequence-parallel over GPUs)
+    loader_extra: tuple[tuple[str, object], ...] = ()
     # stock nodes of its templates' model path that pass our model on unchanged (ComfySwitchNode: the LoRA switch)
     switches: tuple[str, ...] = ()
     # stock nodes of its templates the swap cannot take yet, and why ("Type.input": that node with `input` wired)
@@ -83,7 +85,7 @@ FAMILIES = MappingProxyType({f.name: f for f in (
            ("UNETLoader", "MiniMaxH3SigmaShift", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
             "MiniMaxH3ImageToVideo",
             "MiniMaxH3ReferenceToVideo", "KSampler", "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS),
-           tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True,
+           tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True, loader_extra=(("gpus", "1"),),
            dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
                                               "attention this node picks"),),
            not_yet=(*((f"MiniMaxH3ReferenceToVideo.{kind}_{i}", H3_MORE_VIDEOS) for i in range(3, 8)
@@ -102,7 +104,7 @@ FAMILIES = MappingProxyType({f.name: f for f in (
             "LTXVImgToVideoInplace", "LTXVAddGuide", "LTXVCropGuides"),
            ("euler_ancestral",), ("manual",),
            sampler_extra=(("audio_cfg", 1.0), ("sigmas", STAGE_1_SIGMAS), ("eta", 1.0), ("s_noise", 1.0)),
-           custom_sampler=True,
+           loader_extra=(("gpus", "1"),), custom_sampler=True,
            not_yet=tuple((f"LTXVAddGuide.{name}", LTX25_GUIDE_EXTRAS) for name in ("attention_mask",
                                                                                    "iclora_parameters"))),
     # OmniVoice: no stock nodes and no official template (a third-party pack wraps the package in one node), so

@@ -30,14 +30,13 @@ import torch.multiprocessing as mp
 from .shards import Ranks
 
 # A rank's first code (run by exec: nothing of ours can be unpickled before it): the engine's top package registered
-# bare from its folder where it is not imported by a plain name (a ComfyUI custom node's package is named by its
-# folder's path, and its __init__ would import ComfyUI), so that what the parent pickles by module name imports here;
-# then the rank's loop.
+# bare from its folder, so that what the parent pickles by module name imports here whatever the package is named
+# (ComfyUI names a custom node's package by its folder's path) and without its __init__ (which would import
+# ComfyUI); then the rank's loop.
 _RANK_MAIN = """
 import importlib, sys, types
-if not top.isidentifier():
-    sys.modules[top] = types.ModuleType(top)
-    sys.modules[top].__path__ = [folder]
+sys.modules[top] = types.ModuleType(top)
+sys.modules[top].__path__ = [folder]
 importlib.import_module(module)._serve(*args)
 """
 

@@ -171,6 +171,29 @@ def test_shipped_workflow_runs_to_a_video_with_sound(h3_host, queued):
     assert abs(sound.shape[1] - LENGTH / FPS * SAMPLE_RATE) <= 2048, sound.shape
 
 
+def frames_of(path: Path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)]).astype(np.float32)
+
+
+def test_the_loaders_gpus_share_the_steps_between_rank_processes(h3_host, queued):
+    """The loader's gpus 2 on this GPU-less server: the DiT's blocks in two rank processes the server starts (from
+    its main.py, which the ranks do not run again, and the pack named by its folder's path, as ComfyUI imports it),
+    the sampler in the server; the video as with one process, to the codec's rounding."""
+    videos, mark = {}, h3_host.log_mark()
+    for gpus in ("1", "2"):
+        prompt = shipped_graph(queued)
+        prompt[LOADER]["inputs"]["gpus"] = gpus
+        prompt[SAVE]["inputs"]["filename_prefix"] = f"video/gpus_{gpus}"
+        entry, events, seconds = h3_host.run(prompt, TIMEOUT)
+        videos[gpus] = frames_of(saved_video(h3_host, entry, events))
+        print(f"\ngpus {gpus}: {seconds:.1f} s")
+    assert videos["1"].shape == videos["2"].shape
+    assert np.abs(videos["1"] - videos["2"]).mean() < 0.5, np.abs(videos["1"] - videos["2"]).mean()
+    said = h3_host.log_since(mark)
+    assert "Traceback" not in said, said[-3000:]
+
+
 # case -> (node, the input changed there, its value, what the message says after "<node type> · <input>: ")
 ERROR_CASES = {
     "a Z-Image DiT in the H3 loader": (LOADER, "unet_name", WRONG_DIT, "not a MiniMax H3"),

@@ -11,6 +11,7 @@ import shutil
 
 import pytest
 import torch
+from conftest import rel_err
 from node_contract import assert_schemas_follow, run
 from tiny_models import builders
 from safetensors.torch import save_file
@@ -70,7 +71,7 @@ def models(pack, oracle, audio, tmp_path_factory):
 
 
 CONTRACT = {
-    "SwiftDiTLTX25Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTLTX25Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb", "gpus"], "SWIFTDIT_MODEL"),
     "SwiftDiTLTX25TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTLTX25TextEncode": (["text", "clip"], "CONDITIONING"),
     "SwiftDiTLTX25VAELoader": (["vae_name"], "SWIFTDIT_VAE"),
@@ -147,10 +148,12 @@ def test_av_latent_twins_are_the_stock_plumbing(pack):
         run(codecs().LTX25SeparateAVLatent, av_latent=video)
 
 
-def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0)):
+def graph(ltx, seed=TEMPLATE_SEED, cfgs=(1.0, 1.0), gpus="1"):
     """video_ltx2_5_t2v's graph (enhance off): the loaders, both encodes through LTXVConditioning, stage 1 at half
-    size from the empty AV latent, the x2 upsampler, stage 2 (seed 42), the tiled and the audio decode."""
-    (model,) = run(ltx.LTX25Loader, unet_name=FILES["diffusion_models"], weight_dtype="default", linears="as stored")
+    size from the empty AV latent, the x2 upsampler, stage 2 (seed 42), the tiled and the audio decode; gpus: the
+    loader's."""
+    (model,) = run(ltx.LTX25Loader, unet_name=FILES["diffusion_models"], weight_dtype="default", linears="as stored",
+                   gpus=gpus)
     (clip,) = run(ltx.LTX25TextEncoderLoader, clip_name=FILES["text_encoders"], type="ltxv")
     (video_vae,) = run(codecs().LTX25VAELoader, vae_name=FILES["vae"])
     (audio_vae,) = run(codecs().LTX25AudioVAELoader, vae_name=AUDIO_VAE)
@@ -227,6 +230,17 @@ def test_dual_cfg_and_small_tiles_equal_the_engine(pack, models):
     decoder = codecs().load_video_vae(g["video_vae"])
     assert torch.equal(frames, decoder.decode(want["video"], tiles=(64, 32, 16, 8)))
     assert not torch.equal(frames, g["frames"])  # tiles of 2 x 2 cells: blended, not the whole decode
+
+
+def test_gpus_share_each_step_between_ranks(pack, models):
+    """gpus 2 without a GPU: the transformer in two host processes (gloo), the connectors and the sampler here; both
+    stages (guided: the negative's passes too) give one process's latents within f32 rounding."""
+    from swiftdit_pack.nodes.memory import LOADED
+    want = graph(pack, seed=5, cfgs=(3.0, 7.0))["stage_2"]["samples"].tensors
+    got = graph(pack, seed=5, cfgs=(3.0, 7.0), gpus="2")["stage_2"]["samples"].tensors
+    assert LOADED._held[("dit", "main")][1].transformer.world == 2
+    assert all(rel_err(g, w) <= 1e-5 for g, w in zip(got, want)), [rel_err(g, w) for g, w in zip(got, want)]
+    LOADED.free()
 
 
 def test_progress_and_cancel_within_a_step(pack, models, monkeypatch):

@@ -6,6 +6,7 @@ video and 8 audio latent channels, to meet the VAEs), the text encoder as tests/
 
 import pytest
 import torch
+from conftest import rel_err
 from node_contract import assert_schemas_follow, pack_tokenizer_dir, run
 from safetensors.torch import save_file
 from tiny_models import builders, QWEN3_VL_VISION_TINY
@@ -111,7 +112,7 @@ def models(pack, tmp_path_factory):
 
 
 CONTRACT = {
-    "SwiftDiTMiniMaxH3Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb"], "SWIFTDIT_MODEL"),
+    "SwiftDiTMiniMaxH3Loader": (["unet_name", "weight_dtype", "linears", "gpu_budget_gb", "gpus"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3LoraLoaderModelOnly": (["model", "lora_name", "strength_model"], "SWIFTDIT_MODEL"),
     "SwiftDiTMiniMaxH3TextEncoderLoader": (["clip_name", "type", "device"], "SWIFTDIT_TEXT_ENCODER"),
     "SwiftDiTMiniMaxH3TextEncode": (["text", "clip"], "CONDITIONING"),
@@ -147,11 +148,11 @@ def test_schemas_follow_the_contract(pack):
     assert NODES_BY_FAMILY["minimax_h3"] == pack.NODES
 
 
-def graph(h, seed=11, steps=2, length=LENGTH, shifts=None):
+def graph(h, seed=11, steps=2, length=LENGTH, shifts=None, gpus="1"):
     """The t2v template's graph with a KSampler in SamplerCustomAdvanced's place (cfg 1: BasicGuider); shifts:
-    (video, audio) through a Sigma Shift node, as the r2v and FastH3 templates set them."""
+    (video, audio) through a Sigma Shift node, as the r2v and FastH3 templates set them; gpus: the loader's."""
     (model,) = run(h.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
-                   linears="as stored")
+                   linears="as stored", gpus=gpus)
     if shifts is not None:
         (model,) = run(h.MiniMaxH3SigmaShift, model=model, shift_video=shifts[0], shift_audio=shifts[1])
     (clip,) = run(h.MiniMaxH3TextEncoderLoader, clip_name="qwen3vl_minimax_h3_tiny.safetensors", type="minimax")
@@ -207,6 +208,30 @@ def test_sigma_shift(pack, models):
     assert model.schedule == g["model"].schedule.at(12.0, 3.0)
     with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3SigmaShift · shift_audio: .*got 0.0"):
         run(pack.MiniMaxH3SigmaShift, model=g["model"], shift_video=12.0, shift_audio=0.0)
+
+
+def test_gpus_share_each_step_between_ranks(pack, models):
+    """gpus 2 on a host without a GPU: two host processes (gloo) run each step's blocks, the sampler here; the
+    same latents as one process within f32 rounding. The loader says where the model is; freeing ComfyUI's models
+    stops the ranks; more ranks than cores is refused on the loader."""
+    import os
+
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    from swiftdit_pack.nodes.memory import LOADED
+    want = graph(pack)["samples"]["samples"].tensors
+    got = graph(pack, gpus="2")
+    ranked = LOADED._held[("dit", "main")][1]
+    assert ranked.world == 2 and got["model"].gpus == 2
+    assert all(rel_err(g, w) <= 1e-5 for g, w in zip(got["samples"]["samples"].tensors, want))
+    processes = ranked._pool._processes
+    LOADED.free()
+    assert not ranked.alive and not any(p.is_alive() for p in processes)
+    too_many = next((n for n in ("2", "4", "8") if int(n) > (os.cpu_count() or 1)), None)
+    if too_many is None:
+        return
+    with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3Loader · gpus: {too_many} asked, .* set gpus to"):
+        run(pack.MiniMaxH3Loader, unet_name="minimax_h3_tiny.safetensors", weight_dtype="default",
+            linears="as stored", gpus=too_many)
 
 
 def test_both_vaes_stay_loaded(pack, models):
