@@ -24,6 +24,8 @@ class RankedModel:
     arch) once, parts of the model (a linear) as further reads. close() stops the ranks; a rank's failure (RankFailed)
     stops them all and leaves the model closed (`alive` False)."""
 
+    blocks = None  # the model's blocks are in the ranks: none here to stream or count
+
     def __init__(self, pool: RankPool, recipe: type, device: torch.device, facts: dict):
         self._pool, self._recipe, self._known = pool, recipe, {}
         self.device = torch.device(device)
@@ -52,7 +54,8 @@ class RankedModel:
 
     @property
     def alive(self) -> bool:
-        return self._pool.open
+        """Whether every rank is up and the pool open (a rank that failed or was killed closes it)."""
+        return self._pool.open and len(self._pool.alive) == self.world
 
     def close(self) -> None:
         self._pool.close()

@@ -216,6 +216,7 @@ def test_gpus_share_each_step_between_ranks(pack, models):
     stops the ranks; more ranks than cores is refused on the loader."""
     import os
 
+    import comfy.utils
     from swiftdit_pack.nodes.base import SwiftDiTError
     from swiftdit_pack.nodes.memory import LOADED
     want = graph(pack)["samples"]["samples"].tensors
@@ -223,6 +224,22 @@ def test_gpus_share_each_step_between_ranks(pack, models):
     ranked = LOADED._held[("dit", "main")][1]
     assert ranked.world == 2 and got["model"].gpus == 2
     assert all(rel_err(g, w) <= 1e-5 for g, w in zip(got["samples"]["samples"].tensors, want))
+    processes = ranked._pool._processes
+
+    class KillingBar(comfy.utils.ProgressBar):  # rank 1 dies after the first step
+        def update_absolute(self, value, total=None, preview=None):
+            processes[1].kill()
+            processes[1].join()
+
+    with pytest.MonkeyPatch.context() as patch, \
+            pytest.raises(SwiftDiTError, match=r"SwiftDiTMiniMaxH3Sampler · latent_image: sequence parallel: rank 1 "
+                                               r"of 2 failed: its process exited .* the other ranks were stopped"):
+        patch.setattr(comfy.utils, "ProgressBar", KillingBar)
+        graph(pack, gpus="2")
+    assert not ranked.alive and not any(p.is_alive() for p in processes)
+    again = graph(pack, gpus="2")["samples"]["samples"].tensors
+    assert all(rel_err(g, w) <= 1e-5 for g, w in zip(again, want))
+    ranked = LOADED._held[("dit", "main")][1]
     processes = ranked._pool._processes
     LOADED.free()
     assert not ranked.alive and not any(p.is_alive() for p in processes)
