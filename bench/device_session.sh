@@ -5,7 +5,9 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice ltx25 first_step attention_first_calls
+#          text_encoders omnivoice ltx25 first_step attention_first_calls parallel
+#   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
+#     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
 #     alone in .whl/ (the server's wheels and diffusers' together pass the call's 64 MiB).
 #   server: a real ComfyUI v0.3.75 server on the GPU with ComfyUI's defaults (tests/host/test_gpu_server.py). The
@@ -80,6 +82,9 @@ for part in $parts; do
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
     # MiniMax H3's 33 B step at the t2v template's size: diffusers BF16, ours INT8 resident and streamed in 16 GiB.
     h3) timeout 590 python3 -u bench/bench_h3_step.py --steps 3 2>&1 | stamped ;;
+    parallel) timeout 590 sh -c 'python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_sequence_parallel.py;
+              for f in h3 ltx25; do python3 -u bench/bench_sequence_parallel.py --family $f --layers ${LAYERS:-12}; done' \
+                2>&1 | stamped ;;
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
     # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s);
     # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
