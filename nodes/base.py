@@ -20,7 +20,7 @@ from comfy_api.latest import io
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
-from ..dit_core.parallel import RankFailed
+from ..dit_core.parallel import RankFailed, RanksDoNotFit
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
@@ -337,6 +337,8 @@ def load_model(node_id: str, handle: ModelHandle, load: Callable[[ModelHandle], 
         model = load(handle)
     except BudgetError as e:
         raise SwiftDiTError(f"{node_id} · gpu_budget_gb: {e}") from e
+    except RanksDoNotFit as e:
+        raise SwiftDiTError(f"{node_id} · gpus: {e}") from e
     except (WeightsError, ValueError, FileNotFoundError, RankFailed) as e:
         raise SwiftDiTError(f"{node_id} · unet_name: {e}") from e
     return f"{os.path.basename(handle.path)}: {describe(model, engine_device())}"

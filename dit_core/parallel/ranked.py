@@ -16,6 +16,10 @@ from .steps import attribute, load_placed, method_call, moved
 CALL_TIMEOUT_S = 3600.0  # a load or a step; a rank that stops answering within a collective is found sooner
 
 
+class RanksDoNotFit(ValueError):
+    """The model's attention heads do not split over the ranks asked for (each rank takes whole heads)."""
+
+
 class RankedModel:
     """The model of class `recipe` loaded in every rank. A method call runs on every rank (where the method takes
     `ranks`, its blocks across them; its `check`, e.g. ComfyUI's interrupt, is called here while they work, and the
@@ -43,6 +47,12 @@ class RankedModel:
                         threads=0 if on_gpu else max(1, (os.cpu_count() or 1) // world))
         try:
             facts = pool(load_placed, load, str(path), budget_gb, rows, check=check)
+            heads = (facts["arch"].heads, facts["arch"].kv_heads or facts["arch"].heads)
+            if any(h % world for h in heads):
+                fit = [n for n in (1, 2, 4, 8) if not any(h % n for h in heads)]
+                raise RanksDoNotFit(f"sequence parallel splits attention by heads: the model's {heads[0]} heads "
+                                    f"({heads[1]} key/value heads) do not split over {world} ranks; use "
+                                    f"{', '.join(map(str, fit))}")
         except BaseException:
             pool.close()
             raise

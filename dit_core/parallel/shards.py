@@ -12,7 +12,7 @@ are refused; a ring over key blocks for them is a later step (issue 39).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -59,6 +59,14 @@ class SequenceShards:
     rows: torch.Tensor
     counts: tuple[int, ...]
     order: torch.Tensor
+    # rows and order where the step runs, copied there once (each block's attention reads them several times)
+    _placed: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def _on(self, name: str, device: torch.device) -> torch.Tensor:
+        key = (name, device)
+        if key not in self._placed:
+            self._placed[key] = getattr(self, name).to(device)
+        return self._placed[key]
 
     @staticmethod
     def split(ranks: Ranks, map_: torch.Tensor, heads: tuple[int, int] | None = None) -> SequenceShards:
@@ -76,14 +84,14 @@ class SequenceShards:
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's rows of the full rows x [rows, ...]."""
-        return x[self.rows.to(x.device)]
+        return x[self._on("rows", x.device)]
 
     def sequence(self, s: Sequence) -> Sequence:
         """This rank's rows of s: its map, rotary tables and angles' positions (starts recomputed)."""
         if s.group and self.ranks.world > 1:
             raise ValueError(f"sequence parallel: attention in groups of {s.group} rows cannot split across ranks "
                              "(the rows of a group would sit on different ranks); run this step on one rank")
-        at = lambda t: t[self.rows.to(t.device)]  # noqa: E731  (a host map with device tables: starts kept)
+        at = lambda t: t[self._on("rows", t.device)]  # noqa: E731  (a host map with device tables: starts kept)
         angles = None if s.angles is None else AngleFactors(at(s.angles.positions), s.angles.freqs, s.angles.ends)
         return Sequence(at(s.map), at(s.cos), at(s.sin), 0, angles)
 
@@ -98,7 +106,7 @@ class SequenceShards:
         parts = [torch.empty_like(padded) for _ in range(self.ranks.world)]
         dist.all_gather(parts, padded, group=self.ranks.group)
         out = x.new_empty(self.total, *x.shape[1:])
-        out[self.order.to(x.device)] = torch.cat([p[:n] for p, n in zip(parts, self.counts)])
+        out[self._on("order", x.device)] = torch.cat([p[:n] for p, n in zip(parts, self.counts)])
         return out
 
     def check_heads(self, heads: int, key_heads: int) -> None:
@@ -169,12 +177,12 @@ class SequenceShards:
         """t [total, ...] in rank order (to_heads' rows) -> the packed order: attention then runs on the rows
         exactly as one process lays them out, so a bias keeps its key spans (GroupBias.key_spans)."""
         out = torch.empty_like(t)
-        out[self.order.to(t.device)] = t
+        out[self._on("order", t.device)] = t
         return out
 
     def to_rank_order(self, t: torch.Tensor) -> torch.Tensor:
         """to_packed's inverse: t [total, ...] in packed order -> rank order (what to_rows takes)."""
-        return t[self.order.to(t.device)]
+        return t[self._on("order", t.device)]
 
     def _exchange(self, t: torch.Tensor, counts: tuple[int, ...]) -> torch.Tensor:
         """t [m_r, world, h, head] (this rank's rows, by the rank whose heads they are) -> [sum(counts), h, head]:

@@ -79,6 +79,13 @@ def test_a_file_that_fails_in_the_ranks_is_reported_and_stops_them(tmp_path):
         RankedModel.start(2, MiniMaxH3.load, bad, MiniMaxH3, CPU)
 
 
+def test_heads_that_do_not_split_over_the_ranks_are_refused_at_load(h3_file):
+    from dit_core.parallel import RanksDoNotFit
+    heads = MINIMAX_H3_TINY["num_attention_heads"]
+    with pytest.raises(RanksDoNotFit, match=f"the model's {heads} heads .* do not split over 3 ranks; use 1, 2"):
+        RankedModel.start(3, MiniMaxH3.load, h3_file, MiniMaxH3, CPU)
+
+
 def test_a_step_that_fails_in_a_rank_closes_the_model(h3_file):
     model = RankedModel.start(2, MiniMaxH3.load, h3_file, MiniMaxH3, CPU)
     with pytest.raises(RankFailed, match=r"rank \d of 2 failed: ValueError"):
