@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice ltx25 first_step attention_first_calls parallel
+#          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -80,6 +80,7 @@ for part in $parts; do
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
+    fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     # MiniMax H3's 33 B step at the t2v template's size: diffusers BF16, ours INT8 resident and streamed in 16 GiB.
     h3) timeout 590 python3 -u bench/bench_h3_step.py --steps 3 2>&1 | stamped ;;
     parallel) timeout 590 sh -c 'python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_sequence_parallel.py;
