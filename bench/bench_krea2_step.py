@@ -1,8 +1,9 @@
 """One Krea 2 transformer step at 1024x1024 (4096 image rows + 512 text rows of 12 tapped layers) on random weights
 of the real size: ours INT8 ConvRot and ours BF16 (eager; attention by the GPU block's plain path: grouped-query
-heads and the sigmoid gate) vs diffusers 0.42.1 Krea2Transformer2DModel in BF16 with SDPA, in one run. Prints a
-markdown table (median ms over timed steps with CUDA events, peak memory of the step, weights, joules) and the
-fidelity of each step against diffusers' model cast to f32.
+heads and the sigmoid gate) vs diffusers 0.42.1 Krea2Transformer2DModel in BF16 with SDPA, in one run; then ours
+INT8 as our sampler steps (the text fusion run once a sampler run, where diffusers' forward runs it every step),
+eager and replayed from a CUDA graph. Prints a markdown table (median ms over timed steps with CUDA events, peak
+memory of the step, weights, joules) and the fidelity of each step against diffusers' model cast to f32.
 
     python bench/bench_krea2_step.py [--steps 5] [--layers 28]
 """
@@ -74,6 +75,15 @@ def main(argv=None) -> None:
             results[label] = (*timed(step, args.steps), weights_gb(ours))
             if args.profile and mode == "int8":
                 print_profile(step)
+            if mode == "int8":  # the step as our sampler runs it: the text fused once a run, then graphed
+                txt = ours.text_rows(text)
+                results[f"{label}, text fused once a run"] = (
+                    *timed(functools.partial(ours.velocity, latent, sigma, txt), args.steps), weights_gb(ours))
+                graphed = ours.graphed()
+                results[f"{label}, text fused once, CUDA graph"] = (
+                    *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
+                graphed.clear()
+                del txt, graphed
         del ours, step
         torch.cuda.empty_cache()
     print_table(results)

@@ -274,10 +274,12 @@ class Krea2:
                        final_out=small(self.final_out), blocks=gpu(self.blocks) if budget_bytes is None else streamed(),
                        options=options)
 
-    def time_embedding(self, sigma: float, device: torch.device) -> torch.Tensor:
-        """temb [1, hidden] f32: the model is fed sigma and embeds 1000 sigma as [cos | sin] (section 2,
-        forward math)."""
-        t = torch.full((1,), float(sigma), dtype=torch.float32, device=device) * TIME_SCALE  # f32, as diffusers
+    def time_embedding(self, sigma: float | torch.Tensor, device: torch.device) -> torch.Tensor:
+        """temb [1, hidden] f32: the model is fed sigma (a number, or a [1] f32 tensor on device: a graphed step's
+        input) and embeds 1000 sigma as [cos | sin] (section 2, forward math)."""
+        t = sigma if isinstance(sigma, torch.Tensor) else torch.full((1,), float(sigma), dtype=torch.float32,
+                                                                     device=device)
+        t = t * TIME_SCALE  # f32, as diffusers
         return linear(F.gelu(linear(sinusoids(t, self.arch.freq_dim), self.time[0]), approximate="tanh"), self.time[1])
 
     def text_rows(self, text: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -320,6 +322,37 @@ class Krea2:
         FluxKontextMultiReferenceLatentMethod("index_timestep_zero"): their tokens at positions (k, i, j) for
         reference k = 1, 2, ..., modulated as at sigma 0 (time embedding of 0, the blocks' tables added alike);
         only the image rows reach the final layer."""
+        return self.velocity_at(latent, torch.full((1,), float(sigma), dtype=torch.float32, device=latent.device),
+                                txt, check, refs=refs)
+
+    def graphed(self) -> Callable[..., torch.Tensor]:
+        """velocity() replayed from one CUDA graph a step (dit_core/gpu/step_graph.py) on a CUDA device, else
+        velocity() itself; with reference latents, or while some blocks stream, the step runs eagerly (once the
+        blocks have moved the graphs are captured again: ModelGraphs.usable). check() is asked before a replayed
+        step, not within it. step.clear() drops the graphs and their memory pool: call it before the blocks move
+        or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        if self.final_norm.device.type != "cuda":
+            return self.velocity
+        from ..gpu.step_graph import ModelGraphs
+        graphs = ModelGraphs(lambda latent, sigma, txt: self.velocity_at(latent, sigma, txt))
+
+        def step(latent: torch.Tensor, sigma: float, txt: torch.Tensor, check: Callable[[], None] | None = None, *,
+                 refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+            if refs or not graphs.usable(self.blocks):
+                return self.velocity(latent, sigma, txt, check, refs=refs)
+            if check is not None:
+                check()
+            return graphs.steps[0](latent, torch.full((1,), float(sigma), dtype=torch.float32, device=latent.device),
+                                   txt)
+        step.clear, step.graphs = graphs.clear, graphs.steps
+        return step
+
+    def velocity_at(self, latent: torch.Tensor, sigma: torch.Tensor, txt: torch.Tensor,
+                    check: Callable[[], None] | None = None, *,
+                    refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+        """velocity() at sigma given as a [1] f32 tensor on the latent's device: with every block resident nothing
+        in it waits for the host or copies from it (the sequence's tables are made once per shape), so a CUDA graph
+        can capture it."""
         a = self.arch
         for z in (latent, *refs):
             if z.dim() != 3 or z.shape[0] != a.latents:
@@ -348,11 +381,11 @@ class Krea2:
 
     def denoised(self, x: torch.Tensor, sigma: float, txt: torch.Tensor,
                  check: Callable[[], None] | None = None, *,
-                 refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+                 refs: tuple[torch.Tensor, ...] = (), step: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """x0 for a batch of normalized latents x [B, C, H, W] and fused text rows txt [B or 1, L, hidden]
         (text_rows of each conditioning), with reference latents refs (each [C, h, w], for every latent of the
         batch, as ComfyUI repeats them to the batch): x0 = x - sigma v, v the velocity (ComfyUI's CONST sampling;
-        timestep = sigma)."""
-        outs = [self.velocity(x[i], sigma, txt[min(i, txt.shape[0] - 1)], check, refs=refs)
-                for i in range(x.shape[0])]
+        timestep = sigma). step: velocity or its graphed twin (graphed())."""
+        step = step or self.velocity
+        outs = [step(x[i], sigma, txt[min(i, txt.shape[0] - 1)], check, refs=refs) for i in range(x.shape[0])]
         return x - float(sigma) * torch.stack(outs).to(x.dtype)

@@ -244,3 +244,38 @@ def test_gpu_matches_host(gpu_sized):
     assert rel_err(got, want_bf16) <= 3e-2
     got_bf16 = bf16.to("cuda").output(latent.cuda(), 0.6546, text.cuda(), mask.cuda()).cpu()
     assert rel_err(got_bf16, want_bf16) <= 1e-2
+
+
+def test_denoised_runs_the_step_it_is_given_and_graphed_is_velocity_on_the_cpu(gpu_sized):
+    """The sampler hands denoised its graphed step (graphed(): on the CPU velocity itself); the step sees each
+    latent of the batch with sigma, its text rows and the references."""
+    path, latent, text, mask = gpu_sized
+    model = Krea2.load(path, linears="bf16")
+    assert model.graphed() == model.velocity
+    txt, seen = model.text_rows(text, mask), []
+
+    def step(x, sigma, rows, check=None, *, refs=()):
+        seen.append((tuple(x.shape), sigma, rows is txt, refs))
+        return model.velocity(x, sigma, rows, check, refs=refs)
+
+    x = torch.stack([latent, -latent])
+    got = model.denoised(x, 0.6546, txt[None], step=step)
+    assert torch.equal(got, model.denoised(x, 0.6546, txt[None]))
+    assert seen == [((C, 16, 12), 0.6546, False, ())] * 2  # each row of txt[None], as denoised takes it
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_step_replays_the_eager_step(gpu_sized):
+    """Krea2.graphed() on the GPU: a captured step per shape, equal to the eager velocity bit for bit, for two
+    sigmas (an input of the graph, not a constant in it); with a reference it runs eagerly."""
+    path, latent, text, mask = gpu_sized
+    model = Krea2.load(path, linears="int8").to("cuda")
+    txt, latent = model.text_rows(text.cuda(), mask.cuda()), latent.cuda()
+    step = model.graphed()
+    for sigma in (0.6546, 0.25):
+        assert torch.equal(step(latent, sigma, txt), model.velocity(latent, sigma, txt))
+    assert len(step.graphs[0].graphs) == 1 and next(iter(step.graphs[0].graphs.values())) is not None
+    ref = (latent[:, :8, :8],)
+    assert torch.equal(step(latent, 0.5, txt, refs=ref), model.velocity(latent, 0.5, txt, refs=ref))
+    step.clear()
