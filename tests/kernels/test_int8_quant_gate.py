@@ -113,6 +113,48 @@ def test_bad_gates_raise(device):
                         gate=torch.zeros(4, 4, device=device))
 
 
+def test_callers_take_the_kernel(monkeypatch):
+    """The gate as dit_core/gpu/block.py (Krea 2's block: the gate a view of QKV's product) and pieces.py (LTX-2.5's
+    per-head gate) hand it over, through the kernel (the op table's capability check opened to the CPU: the
+    interpreter runs every quantize_rows) against the references a CPU runs otherwise: within 1e-2 (0.0 here)."""
+    import kernels
+    from dataclasses import replace
+    from conftest import rel_err
+    from dit_core.arch import Arch
+    from dit_core.block import Attention, Block
+    from dit_core.gpu.block import GpuBlock
+    from dit_core.gpu.pieces import GpuAttention, attention_rows, into
+    from dit_core.modulation import Modulation
+    from dit_core.sequence import Sequence, sequence_of
+    from dit_core.weights import Linear
+    cpu, g = torch.device("cpu"), torch.Generator().manual_seed(4)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5)  # noqa: E731
+    gain = lambda n: 1 + 0.2 * torch.randn(n, generator=g)  # noqa: E731
+    a = Arch(family="test", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
+             text_dim=64, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
+             rope_axes=(16, 24, 24), rope_theta=256.0, norm="rms", kv_heads=2, attn_gate=True)
+    block = GpuBlock.of(Block((lin(a.qkv_width, 256), lin(256, 256), lin(1024, 256), lin(256, 512), gain(256),
+                               gain(256), gain(64), gain(64), None, None)).quantized(), cpu)
+    rows, mods = 40, Modulation(*(0.3 * torch.randn(1, 256, generator=g) for _ in range(4)))
+    x = torch.randn(rows, 256, generator=g)
+    seq = sequence_of(torch.randint(0, 16, (rows, 3), generator=g), torch.zeros(rows, dtype=torch.long),
+                      a.rope_axes, a.rope_theta)
+    ltx = replace(a, kv_heads=0, attn_gate=False, qk_norm="across", rope_axes=(64,))
+    w = GpuAttention.of(Attention(*(lin(256, 256).as_int8(64) for _ in range(4)), gain(256), gain(256),
+                                  lin(4, 256)), cpu)
+    angles = torch.randn(rows, 4, 16, generator=g)
+    ltx_seq = Sequence(torch.zeros(rows, dtype=torch.long), angles.cos(), angles.sin())
+
+    def both():
+        y = into(torch.zeros(rows, 256), attention_rows(ltx, w, x, x, ltx_seq, ltx_seq), w, torch.ones(1, 256),
+                 torch.zeros(rows, dtype=torch.long))
+        return block.forward(a, x.clone(), mods, seq), y
+    want = both()
+    monkeypatch.setitem(kernels.OPS, "quantize_rows", replace(kernels.OPS["quantize_rows"], capable=lambda d: None))
+    for got, expected in zip(both(), want):
+        assert rel_err(got, expected) <= 1e-2
+
+
 ROWS = 4608  # a 1024^2 image's rows and a prompt's
 
 

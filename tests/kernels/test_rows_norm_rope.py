@@ -1,11 +1,13 @@
 """kernels/rows_norm_rope.py against its reference (within one bf16 step: the kernel sums the squares in another
 order) and the reference against dit_core's head_norm_rotary (the host block's math) bit for bit."""
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 from conftest import assert_within_one_bf16_step
 
+from dit_core.arch import Arch
 from dit_core.block import head_norm_rotary
 from dit_core.sequence import Sequence
 from kernels.rows_norm_rope import reference, rows_norm_rope
@@ -69,3 +71,20 @@ def test_ltx25_shapes(heads, head, r):
     x, gain, cos, sin = inputs(6144, heads, head, r, "head", "across", seed=head + r, device="cuda")
     got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True)
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=True))
+
+
+def test_ltx25_pieces_take_the_kernel(monkeypatch):
+    """dit_core/gpu/pieces.py's q/k rows through this kernel (the op table's capability check opened to the CPU: the
+    interpreter runs it) against the reference a CPU runs otherwise: across-heads norm, per-head angles."""
+    import kernels
+    from dit_core.gpu import pieces
+    a = Arch(family="ltx25", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=1024, latents=16, patch=(1,),
+             text_dim=128, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6, final_eps=1e-6,
+             rope_axes=(64,), rope_theta=1e4, mlp="gelu_tanh", qk_norm="across")
+    x, gain, cos, sin = inputs(21, 4, 64, 32, "head", "across", seed=5, device="cpu")
+    seq = Sequence(torch.zeros(21, dtype=torch.long), cos, sin)
+    want = pieces._heads(a, x, gain, seq)
+    monkeypatch.setitem(kernels.OPS, "rows_norm_rope", replace(kernels.OPS["rows_norm_rope"], capable=lambda d: None))
+    got = pieces._heads(a, x, gain, seq)
+    assert got.shape == want.shape == (1, 4, 21, 64) and got.transpose(1, 2).is_contiguous()
+    assert_within_one_bf16_step(got, want)
