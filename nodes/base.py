@@ -319,6 +319,9 @@ def rank_count(node_id: str, gpus: str) -> int:
         what = "GPUs (CUDA_VISIBLE_DEVICES and --cuda-device decide which)" if on_gpu else "CPU cores and no GPU"
         raise SwiftDiTError(f"{node_id} · gpus: {n} asked, and ComfyUI sees {have} {what}; set gpus to {have} or "
                             f"fewer")
+    if on_gpu and n > 1 and not torch.distributed.is_nccl_available():
+        raise SwiftDiTError(f"{node_id} · gpus: the GPUs share a step through NCCL, which this PyTorch lacks (its "
+                            f"Windows builds do); set gpus to 1")
     return n
 
 

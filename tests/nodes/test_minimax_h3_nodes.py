@@ -243,6 +243,14 @@ def test_gpus_share_each_step_between_ranks(pack, models):
     processes = ranked._pool._processes
     LOADED.free()
     assert not ranked.alive and not any(p.is_alive() for p in processes)
+    with pytest.MonkeyPatch.context() as patch:  # two GPUs and a PyTorch without NCCL (Windows builds)
+        import swiftdit_pack.nodes.base as base
+        patch.setattr(base, "engine_device", lambda: torch.device("cuda", 0))
+        patch.setattr(torch.cuda, "device_count", lambda: 2)
+        patch.setattr(torch.distributed, "is_nccl_available", lambda: False)
+        with pytest.raises(SwiftDiTError, match="SwiftDiTMiniMaxH3Loader · gpus: .* NCCL, which this PyTorch lacks"):
+            base.rank_count(pack.MiniMaxH3Loader.NODE_ID, "2")
+        assert base.rank_count(pack.MiniMaxH3Loader.NODE_ID, "1") == 1
     too_many = next((n for n in ("2", "4", "8") if int(n) > (os.cpu_count() or 1)), None)
     if too_many is None:
         return
