@@ -286,20 +286,28 @@ def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows:
     return dit
 
 
+RANK0_LEAVES = 4 * GIB  # of rank 0's GPU, for ComfyUI's process: decodes, a text encoder's activations
+
+
 def ranked_dit(handle, load: Callable, recipe: type, pass_size: PassSize, check: Callable[[object], None] | None = None,
                wrap: Callable[[RankedModel], object] | None = None):
     """LOADED's DiT for handle in handle.gpus ranks (dit_core/parallel RankedModel: on a CUDA GPU one process a GPU,
     each placing its copy of load(path) within the loader's gpu_budget_gb; else host processes), wrap(it) what the
     slot keeps (a family's pair of models). The first GPU is rank 0's and this process's: ComfyUI's models there make
-    room for its share of the file first. Cancel honoured while the ranks load; check(model) as dit_on_device's."""
+    room for the file first, and rank 0's automatic budget leaves ComfyUI's reserve and RANK0_LEAVES for this
+    process's work (a rank's blocks cannot be given back block by block: freeing memory there drops the ranks).
+    Cancel honoured while the ranks load; check(model) as dit_on_device's."""
     device = engine_device()
 
     def start():
+        keep_free = 0
         if device.type == "cuda":
-            make_room(device, os.path.getsize(handle.path) // handle.gpus)
+            make_room(device, os.path.getsize(handle.path))
+            keep_free = int(comfy.model_management.extra_reserved_memory()) + RANK0_LEAVES
         model = RankedModel.start(handle.gpus, load, handle.path, recipe, device, handle.gpu_budget_gb,
                                   pass_size.default_rows,
-                                  check=comfy.model_management.throw_exception_if_processing_interrupted)
+                                  check=comfy.model_management.throw_exception_if_processing_interrupted,
+                                  keep_free=keep_free)
         return model if wrap is None else wrap(model)
 
     dit = LOADED.get("dit", (*handle.key(), str(device)), start, device)

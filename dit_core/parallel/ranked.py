@@ -37,16 +37,17 @@ class RankedModel:
 
     @staticmethod
     def start(world: int, load: Callable, path: str, recipe: type, device: torch.device, budget_gb: float = 0.0,
-              rows: int = 0, check: Callable[[], None] | None = None,
+              rows: int = 0, check: Callable[[], None] | None = None, keep_free: int = 0,
               timeout_s: float = CALL_TIMEOUT_S) -> RankedModel:
         """`world` ranks, each running load(path) (picklable: e.g. a partial of recipe.load) and placing the model
         (steps.load_placed: on CUDA each rank on its GPU, NCCL, blocks within budget_gb for a pass over `rows` rows
-        shared out; else on the host, gloo, the cores shared out). device: where the sampler's state lives here."""
+        shared out, rank 0 leaving keep_free bytes of its GPU to this process; else on the host, gloo, the cores
+        shared out). device: where the sampler's state lives here."""
         on_gpu = torch.device(device).type == "cuda"
         pool = RankPool(world, timeout_s, "nccl" if on_gpu else "gloo",
                         threads=0 if on_gpu else max(1, (os.cpu_count() or 1) // world))
         try:
-            facts = pool(load_placed, load, str(path), budget_gb, rows, check=check)
+            facts = pool(load_placed, load, str(path), budget_gb, rows, keep_free, check=check)
             heads = (facts["arch"].heads, facts["arch"].kv_heads or facts["arch"].heads)
             if any(h % world for h in heads):
                 fit = [n for n in (1, 2, 4, 8) if not any(h % n for h in heads)]

@@ -14,17 +14,19 @@ from .shards import Ranks
 GIB = 2**30
 
 
-def load_placed(ranks: Ranks, state: dict, load: Callable, path: str, budget_gb: float = 0.0, rows: int = 0) -> dict:
+def load_placed(ranks: Ranks, state: dict, load: Callable, path: str, budget_gb: float = 0.0, rows: int = 0,
+                keep_free: int = 0) -> dict:
     """load(path) into this rank's state. On a CUDA rank (NCCL: the rank's current device) the model goes to its GPU
     (Model.to), its blocks within budget_gb GB (0: the GPU's free memory less a pass over this rank's share of
-    `rows` rows), the rest streaming from host memory; elsewhere it stays on the host as read. Returns what the
-    parent keeps of it: its arch and the bytes this rank holds on its GPU."""
+    `rows` rows, and on rank 0 less keep_free bytes: its GPU is the parent's too), the rest streaming from host
+    memory; elsewhere it stays on the host as read. Returns what the parent keeps of it: its arch and the bytes this
+    rank holds on its GPU."""
     model = load(path)
     on_gpu = torch.cuda.is_available() and torch.distributed.get_backend(ranks.group) == "nccl"
     if on_gpu:
         from ..gpu.streaming import pass_bytes  # the GPU path: imported where used
         device = torch.device("cuda", torch.cuda.current_device())
-        reserve = pass_bytes(model.arch, -(-rows // ranks.world))
+        reserve = pass_bytes(model.arch, -(-rows // ranks.world)) + (keep_free if ranks.rank == 0 else 0)
 
         def budget(total: int) -> int:
             available = max(0, torch.cuda.mem_get_info(device)[0] - reserve)
