@@ -342,6 +342,14 @@ def minimax_h3_comfy_layout(model, prefix: str = "") -> dict:
     return out
 
 
+def minimax_h3_file(folder) -> Path:
+    """The tiny random H3 (random_minimax_h3's defaults) saved as the Comfy-Org single file in folder."""
+    from safetensors.torch import save_file
+    path = Path(folder) / "h3_f32.safetensors"
+    save_file(minimax_h3_comfy_layout(random_minimax_h3()), path)
+    return path
+
+
 def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
     """state with each 2-D weight that is_linear(key) picks as ComfyUI's INT8 ConvRot (codes, [N, 1] scales, a
     .comfy_quant marker); the rest as it is."""

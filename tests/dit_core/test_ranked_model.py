@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import rel_err
-from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
+from tiny_models import MINIMAX_H3_TINY, minimax_h3_file
 
 from dit_core.families.minimax_h3 import MiniMaxH3
 from dit_core.parallel import RankedModel, RankFailed
@@ -24,10 +24,7 @@ CPU = torch.device("cpu")
 @pytest.fixture(scope="module")
 def h3_file(tmp_path_factory):
     pytest.importorskip("diffusers")
-    from safetensors.torch import save_file
-    path = tmp_path_factory.mktemp("h3_ranked") / "h3_f32.safetensors"
-    save_file(minimax_h3_comfy_layout(random_minimax_h3()), path)
-    return path
+    return minimax_h3_file(tmp_path_factory.mktemp("h3_ranked"))
 
 
 @pytest.fixture(scope="module")

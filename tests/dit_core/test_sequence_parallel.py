@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import rel_err
-from tiny_models import MINIMAX_H3_TINY, minimax_h3_comfy_layout, random_minimax_h3
+from tiny_models import MINIMAX_H3_TINY, minimax_h3_file
 
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times
 from dit_core.parallel import RankFailed, RankPool, Ranks, SequenceShards, run_ranks, shares
@@ -21,10 +21,7 @@ C, CA, TEXT = MINIMAX_H3_TINY["in_channels"], MINIMAX_H3_TINY["audio_in_channels
 @pytest.fixture(scope="module")
 def h3_file(tmp_path_factory):
     pytest.importorskip("diffusers")
-    from safetensors.torch import save_file
-    path = tmp_path_factory.mktemp("h3_parallel") / "h3_f32.safetensors"
-    save_file(minimax_h3_comfy_layout(random_minimax_h3()), path)
-    return path
+    return minimax_h3_file(tmp_path_factory.mktemp("h3_parallel"))
 
 
 def h3_step(model):
