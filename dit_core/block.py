@@ -262,10 +262,10 @@ class Block:
         o = attention(q, k, v, s.group) if shards is None else shards.attention(q, k, v, s.group)
         return linear(o if gate is None else o * torch.sigmoid(gate), w[OUT]).to(h.dtype)
 
-    def quantized(self) -> Block:
+    def quantized(self, on: torch.device | None = None) -> Block:
         """The block with each float linear quantized once to INT8 ConvRot (rows rotated by the regular Hadamard
-        of 256, a scale a row); INT8 linears unchanged."""
-        return self._linears(lambda lin: lin.as_int8())
+        of 256, a scale a row), computed on `on` (Linear.as_int8); INT8 linears unchanged."""
+        return self._linears(lambda lin: lin.as_int8(on=on))
 
     def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> Block:
         """The block with every linear as float weights of dtype, INT8 turned back from ConvRot's rotation."""

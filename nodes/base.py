@@ -129,13 +129,17 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
     """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
     honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
     the loader's GPU budget, fitted for a pass over `rows` rows, the family's default pass (pass_size) when None;
-    elsewhere the float32 host path), or in handle.gpus ranks (memory.ranked_dit). check(model):
-    memory.check_request's refusal, before any block moves."""
+    elsewhere the float32 host path), or in handle.gpus ranks (memory.ranked_dit). On a GPU the load's quantizations
+    and LoRA merges run there (seconds where a CPU takes minutes; the linears come back to the host as the file is
+    read). check(model): memory.check_request's refusal, before any block moves."""
     def load_dit(handle: ModelHandle, rows: int | None = None, check=None):
-        if handle.gpus > 1:
-            return ranked_dit(handle, functools.partial(engine.load, linears=handle.linears, loras=handle.loras),
+        device = engine_device()
+        on_gpu = device.type == "cuda"
+        if handle.gpus > 1:  # each rank on its own GPU ("cuda": a rank's current device)
+            return ranked_dit(handle, functools.partial(engine.load, linears=handle.linears, loras=handle.loras,
+                                                        compute_on=torch.device("cuda") if on_gpu else None),
                               engine, pass_size, check)
-        load = lambda f: engine.load(f, handle.linears, handle.loras)
+        load = lambda f: engine.load(f, handle.linears, handle.loras, compute_on=device if on_gpu else None)
         return dit_on_device(handle, lambda: cancellable(load, handle.path), pass_size, rows, check)
     return load_dit
 

@@ -184,12 +184,13 @@ class Flux3Klein:
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
-             loras: tuple[tuple[str | Path, float], ...] = ()) -> Flux3Klein:
+             loras: tuple[tuple[str | Path, float], ...] = (),
+             compute_on: torch.device | None = None) -> Flux3Klein:
         """FLUX.3 Klein from BFL's single file (bare or model.diffusion_model. names; BF16, INT8 ConvRot,
         FP8). linears: 'stored', 'int8' (float block linears quantized to INT8 ConvRot) or 'bf16' (INT8
         dequantized). loras: (file, strength) pairs merged into the linears as they load (BFL or diffusers
-        names)."""
-        opened = OpenedFile.open(path, DETECTION, linears)
+        names). compute_on: the device that quantizes and merges them (OpenedFile)."""
+        opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lora_aliases)

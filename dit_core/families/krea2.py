@@ -221,12 +221,13 @@ class Krea2:
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
-             loras: tuple[tuple[str | Path, float], ...] = ()) -> Krea2:
+             loras: tuple[tuple[str | Path, float], ...] = (),
+             compute_on: torch.device | None = None) -> Krea2:
         """Krea 2 from its original single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model. prefix).
         linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16'
         dequantizes INT8 ones. loras: (file, strength) pairs merged into the linears as they load (the file's names
-        or diffusers')."""
-        opened = OpenedFile.open(path, DETECTION, linears)
+        or diffusers'). compute_on: the device that quantizes and merges them (OpenedFile)."""
+        opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a, t = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lora_aliases)

@@ -3,8 +3,9 @@ own keys, never the file name), its quantization markers, the LoRAs merged into 
 conversion of the blocks' linears that the loader's `linears` asks for."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -13,11 +14,11 @@ from ..block import Block
 from ..weights import Checkpoint, Linear, WeightsError, read_linear
 from ..weights.lora import load_lora
 
-# 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8
-# ones.
+# 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot (on the device given),
+# 'bf16' dequantizes INT8 ones.
 LINEAR_MODES = ("stored", "int8", "bf16")
-_CONVERT = {"stored": lambda block: block, "int8": Block.quantized,
-            "bf16": lambda block: block.dequantized(torch.bfloat16)}
+_CONVERT = {"stored": lambda block, on: block, "int8": lambda block, on: block.quantized(on),
+            "bf16": lambda block, on: block.dequantized(torch.bfloat16)}
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,19 @@ class Detection:
 @dataclass(frozen=True)
 class OpenedFile:
     """A family's checkpoint, opened: `linear(name)` reads the linear `prefix + name` (in any stored format) with the
-    LoRAs merged, and `convert` turns a block's linears into the loader's `linears` mode."""
+    LoRAs merged, and `convert` turns a block's linears into the loader's `linears` mode. compute_on: the device
+    that does the load's arithmetic (FP8 and float linears quantized, LoRAs merged: a GPU does in seconds what a CPU
+    does in minutes); the linears stay where the file is read."""
     ckpt: Checkpoint
     prefix: str
     markers: dict
     convert: Callable[[Block], Block]
     adapters: tuple = ()
+    compute_on: torch.device | None = None
 
     @staticmethod
-    def open(path: str | Path | Checkpoint, detection: Detection, linears: str = "stored") -> OpenedFile:
+    def open(path: str | Path | Checkpoint, detection: Detection, linears: str = "stored",
+             compute_on: torch.device | None = None) -> OpenedFile:
         if linears not in LINEAR_MODES:
             raise ValueError(f"linears must be one of {LINEAR_MODES}, got {linears!r}")
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
@@ -49,7 +54,8 @@ class OpenedFile:
         if prefix is None:
             missing = " and ".join(f"'{k}'" for k in detection.keys)
             raise WeightsError(f"{ckpt.path.name}: not {detection.model} (no {missing}); pick {detection.example}")
-        return OpenedFile(ckpt, prefix, ckpt.quantization_markers(), _CONVERT[linears])
+        return OpenedFile(ckpt, prefix, ckpt.quantization_markers(),
+                          functools.partial(_CONVERT[linears], on=compute_on), compute_on=compute_on)
 
     def with_loras(self, loras: tuple[tuple[str | Path, float], ...],
                    aliases: Callable[[set[str]], dict]) -> OpenedFile:
@@ -61,11 +67,10 @@ class OpenedFile:
         names = {k[len(p):-len(".weight")] for k in self.ckpt.keys()  # noqa: SIM118 (a Checkpoint, not a dict)
                  if k.startswith(p) and k.endswith(".weight") and len(self.ckpt.shape(k)) == 2}
         found = aliases(names)
-        return OpenedFile(self.ckpt, p, self.markers, self.convert,
-                          tuple(load_lora(f, s, names, found) for f, s in loras))
+        return replace(self, adapters=tuple(load_lora(f, s, names, found) for f, s in loras))
 
     def linear(self, name: str) -> Linear:
-        merged = read_linear(self.ckpt, self.prefix + name, self.markers)
+        merged = read_linear(self.ckpt, self.prefix + name, self.markers, self.compute_on)
         for adapter in self.adapters:
-            merged = adapter.merged(name, merged)
+            merged = adapter.merged(name, merged, self.compute_on)
         return merged

@@ -210,12 +210,14 @@ class MiniMaxH3:
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
-             loras: tuple[tuple[str | Path, float], ...] = ()) -> MiniMaxH3:
+             loras: tuple[tuple[str | Path, float], ...] = (),
+             compute_on: torch.device | None = None) -> MiniMaxH3:
         """MiniMax H3 from the Comfy-Org single file (optional model.diffusion_model. prefix; the time embedding as
         time_embedder or as the pruned files' adaln_t_table). linears: 'stored' keeps each block linear as stored,
         'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8 ones. loras: (file, strength) pairs in
-        the file's own names, merged into the linears as they load."""
-        opened = OpenedFile.open(path, DETECTION, linears)
+        the file's own names, merged into the linears as they load. compute_on: the device that quantizes and
+        merges them (OpenedFile)."""
+        opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lambda names: lora_aliases(names, a.inner))

@@ -296,11 +296,13 @@ class OmniVoice(Codebooks):
     heads: Linear                  # audio_heads: hidden -> codebooks x audio_vocab
 
     @staticmethod
-    def load(path: str | Path | Checkpoint, linears: str = "stored") -> OmniVoice:
+    def load(path: str | Path | Checkpoint, linears: str = "stored",
+             compute_on: torch.device | None = None) -> OmniVoice:
         """OmniVoice from its model folder (its model.safetensors) or that file. linears: 'stored' keeps each
-        layer linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8 ones."""
+        layer linear as stored, 'int8' quantizes float ones to INT8 ConvRot (on compute_on: OpenedFile), 'bf16'
+        dequantizes INT8 ones."""
         file = path if isinstance(path, Checkpoint) else weights_file(path)
-        opened = OpenedFile.open(file, DETECTION, linears)
+        opened = OpenedFile.open(file, DETECTION, linears, compute_on)
         ckpt = opened.ckpt
         a = read_arch(ckpt)
         vocab = ckpt.shape("audio_embeddings.weight")[0]

@@ -177,12 +177,14 @@ class ZImage:
 
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
-             loras: tuple[tuple[str | Path, float], ...] = ()) -> ZImage:
+             loras: tuple[tuple[str | Path, float], ...] = (),
+             compute_on: torch.device | None = None) -> ZImage:
         """Z-Image from ComfyUI's single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model.
         prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
         ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized). loras: (file, strength)
-        pairs merged into the linears as they load."""
-        opened = OpenedFile.open(path, DETECTION, linears)
+        pairs merged into the linears as they load. compute_on: the device that quantizes and merges them
+        (OpenedFile)."""
+        opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lambda names: lora_aliases(a, names))

@@ -2,11 +2,25 @@
 SwiGLU's interleaved [gate; up] rows."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 
 from .convrot import CONVROT_GROUP, convrot_group_for, dequantize_convrot, quantize_convrot
+
+
+def computed_on(on: torch.device | str | None, make: Callable[[torch.device], Linear], here: torch.device) -> Linear:
+    """make(device) -> a Linear computed there, run on `on` (a GPU: a load's quantizations and merges take seconds
+    there where a CPU takes minutes) and brought back `here`, where the model is assembled; on `here` itself where
+    on is None or is here, or where `on` runs out of memory for it."""
+    if on is not None and torch.device(on) != here:
+        try:
+            return make(torch.device(on)).to(here)
+        except torch.OutOfMemoryError:
+            pass  # a full card: this linear is computed here, as without a GPU
+    return make(here)
+
 
 @dataclass(frozen=True)
 class Linear:
@@ -34,16 +48,25 @@ class Linear:
             return self.weight.float()
         return dequantize_convrot(self.weight, self.scale, self.group)
 
-    def as_int8(self, group: int = CONVROT_GROUP) -> Linear:
+    def as_int8(self, group: int = CONVROT_GROUP, on: torch.device | str | None = None) -> Linear:
         """INT8 ConvRot of this linear (Block.quantized): float weights rotated and quantized, f32 master
-        first; already-INT8 linears unchanged; a K that no power-of-4 group divides stays float."""
+        first; already-INT8 linears unchanged; a K that no power-of-4 group divides stays float. on: the device
+        that computes it (computed_on); the result stays where the weight is."""
         if self.quantized:
             return self
         g = convrot_group_for(self.in_features, group)
         if not g:
             return self
-        codes, scale = quantize_convrot(self.weight.float(), g)
-        return replace(self, weight=codes, scale=scale, group=g)
+
+        def make(device: torch.device) -> Linear:
+            codes, scale = quantize_convrot(self.weight.to(device).float(), g)
+            return replace(self, weight=codes, scale=scale, group=g)
+        return computed_on(on, make, self.weight.device)
+
+    def to(self, device: torch.device | str) -> Linear:
+        """This linear with its tensors on device."""
+        on = lambda t: None if t is None else t.to(device)  # noqa: E731
+        return replace(self, weight=on(self.weight), bias=on(self.bias), scale=on(self.scale))
 
     def as_float(self, dtype: torch.dtype = torch.bfloat16) -> Linear:
         """This linear with float weights of dtype (Block.dequantized)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .checkpoint import Checkpoint, WeightsError
-from .linear import Linear
+from .linear import Linear, computed_on
 
 log = logging.getLogger(__name__)
 
@@ -38,22 +38,27 @@ class LoraSet:
     updates: dict[str, list[Update]] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
 
-    def merged(self, name: str, lin: Linear) -> Linear:
+    def merged(self, name: str, lin: Linear, on: torch.device | None = None) -> Linear:
         """Linear `name` with its updates added (INT8 linears dequantized, merged, requantized with a new scale,
-        as ComfyUI does with merged patches); unchanged without updates."""
+        as ComfyUI does with merged patches), computed on `on` (linear.computed_on); unchanged without updates."""
         ups = self.updates.get(name)
         if not ups:
             return lin
         self.used.add(name)
-        w = lin.dequantized()
         for u in ups:
             rows = u.up.shape[0]
-            if u.down.shape[1] != w.shape[1] or u.first + rows > w.shape[0]:
+            if u.down.shape[1] != lin.in_features or u.first + rows > lin.out_features:
                 raise WeightsError(f"{self.source}: LoRA layer '{name}' is [{rows} x {u.down.shape[1]}] at row "
-                                   f"{u.first}, the model's is {tuple(w.shape)}: a LoRA for another model size")
-            w[u.first:u.first + rows] += u.factor * (u.up.float() @ u.down.float())
-        merged = Linear(w.to(lin.weight.dtype) if not lin.quantized else w, lin.bias)
-        return merged.as_int8(lin.group) if lin.quantized and lin.group else merged
+                                   f"{u.first}, the model's is {(lin.out_features, lin.in_features)}: a LoRA for "
+                                   f"another model size")
+
+        def make(device: torch.device) -> Linear:
+            w = lin.to(device).dequantized()
+            for u in ups:
+                w[u.first:u.first + u.up.shape[0]] += u.factor * (u.up.to(device).float() @ u.down.to(device).float())
+            merged = Linear(w.to(lin.weight.dtype) if not lin.quantized else w, lin.bias)
+            return merged.as_int8(lin.group) if lin.quantized and lin.group else merged
+        return computed_on(on, make, lin.weight.device)
 
 
 def _layer_names(keys, suffix_pairs=PAIRS) -> dict[str, tuple[str, str]]:

@@ -10,7 +10,7 @@ import torch
 
 from .checkpoint import FLOAT_DTYPES, FP8_DTYPES, Checkpoint, WeightsError
 from .convrot import CONVROT_GROUP, hadamard
-from .linear import Linear
+from .linear import Linear, computed_on
 from .w4a8 import decode_w4a8
 
 
@@ -37,9 +37,10 @@ def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
     return any(k == "scaled_fp8" or k.endswith(".scaled_fp8") for k in ckpt.keys())
 
 
-def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None) -> Linear:
-    """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 turned into INT8 ConvRot and
-    W4A8 decoded to INT8 codes."""
+def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None,
+                compute_on: torch.device | None = None) -> Linear:
+    """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 turned into INT8 ConvRot (computed on
+    compute_on: linear.computed_on) and W4A8 decoded to INT8 codes."""
     if file_markers is None:
         file_markers = ckpt.quantization_markers()
     name = ckpt.path.name
@@ -51,7 +52,7 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     if fmt in STORED_FORMATS:
         return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker)
     if weight.dtype in FP8_DTYPES:
-        return _fp8_as_int8(ckpt, layer, weight, bias)
+        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on)
     if fmt is not None and not fmt.startswith("float8"):
         raise WeightsError(f"{name}: layer '{layer}' has quantization format '{fmt}', which this loader does "
                            f"not read ({', '.join(STORED_FORMATS)} and scaled FP8 are supported)")
@@ -96,15 +97,20 @@ def _w4a8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor
 STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_convrot, "asym_w4a8_int8": _w4a8}
 
 
-def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
+                 on: torch.device | None = None) -> Linear:
     """Scaled FP8 (new `weight_scale` or legacy `scale_weight` with a `scaled_fp8` marker), dequantized in f32
-    and requantized to INT8 ConvRot: as BF16 it would take twice the memory."""
+    and requantized to INT8 ConvRot (as BF16 it would take twice the memory), computed on `on`."""
     scale = torch.ones(())
     for key in (f"{layer}.weight_scale", f"{layer}.scale_weight"):
         if key in ckpt:
             scale = ckpt.get(key).float()
             break
-    w = weight.float() * (scale.reshape(-1, 1) if scale.numel() > 1 else scale)
-    return Linear(w, bias).as_int8()
+
+    def make(device: torch.device) -> Linear:
+        s = scale.to(device)
+        w = weight.to(device).float() * (s.reshape(-1, 1) if s.numel() > 1 else s)
+        return Linear(w, bias).as_int8()
+    return computed_on(on, make, weight.device)
 
 

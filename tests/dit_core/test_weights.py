@@ -172,6 +172,28 @@ def test_fp8_reads_as_int8_convrot(tmp_path, kind):
     assert lin.group == 256 and torch.equal(lin.weight, q) and torch.equal(lin.scale, s)
 
 
+def test_load_arithmetic_falls_back_to_the_host_when_its_device_is_full(tmp_path, monkeypatch):
+    """computed_on: a linear whose arithmetic does not fit on the device asked for is computed where the file is
+    read, the same as without a device (an FP8 linear here)."""
+    import dit_core.weights.linear as linear_module
+    w = torch.randn(24, 512) * 0.05
+    scale = (w.abs().max() / 448).reshape(())
+    ckpt = write(tmp_path, {f"{LAYER}.weight": (w / scale).to(torch.float8_e4m3fn), f"{LAYER}.weight_scale": scale})
+    seen, real = [], linear_module.quantize_convrot
+
+    def quantize(weight, group):
+        seen.append(weight.device.type)
+        if weight.device.type == "meta":
+            raise torch.OutOfMemoryError("CUDA out of memory (a test)")
+        return real(weight, group)
+
+    monkeypatch.setattr(linear_module, "quantize_convrot", quantize)
+    lin = read_linear(ckpt, LAYER, compute_on=torch.device("meta"))
+    want = read_linear(ckpt, LAYER)
+    assert seen == ["meta", "cpu", "cpu"] and lin.weight.device.type == "cpu"
+    assert torch.equal(lin.weight, want.weight) and torch.equal(lin.scale, want.scale)
+
+
 # --- W4A8 --------------------------------------------------------------------------------------------------
 
 W4A8_MARKER = {"format": "asym_w4a8_int8", "group_size": 16, "convrot_groupsize": 256}

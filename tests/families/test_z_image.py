@@ -266,3 +266,45 @@ def test_sampling_z_image_equals_comfyui_samplers(comfy, files, sampler):
     run = {"euler": k.sample_euler, "res_multistep": k.sample_res_multistep}[sampler]
     expected = comfy.latent_formats.Flux().process_out(run(denoiser, x, sigmas, disable=True))
     assert rel_err(ours, expected) <= 1e-6
+
+
+def load_with(files, lora, **kw):
+    """The INT8-converted f32 file and the INT8 file with a LoRA merged, as the loaders make them."""
+    return (ZImage.load(files / "z_image_f32.safetensors", linears="int8", **kw),
+            ZImage.load(files / "z_image_int8_convrot.safetensors", loras=((lora, 0.8),), **kw))
+
+
+def small_lora(tmp_path):
+    g = torch.Generator().manual_seed(5)
+    save_file({"diffusion_model.layers.0.attention.qkv.lora_A.weight": torch.randn(4, 192, generator=g) * 0.05,
+               "diffusion_model.layers.0.attention.qkv.lora_B.weight": torch.randn(576, 4, generator=g) * 0.05},
+              tmp_path / "lora.safetensors")
+    return tmp_path / "lora.safetensors"
+
+
+def test_load_arithmetic_where_asked_is_the_same_here(files, tmp_path):
+    """compute_on (the loaders pass their GPU): quantization at load and a LoRA merged into INT8 linears computed on
+    the device given; on the host's own device bit for bit the default, the linears staying on the host."""
+    lora = small_lora(tmp_path)
+    for got, want in zip(load_with(files, lora, compute_on=torch.device("cpu")), load_with(files, lora)):
+        for b_got, b_want in zip(got.blocks, want.blocks):
+            assert all(torch.equal(g, w) for g, w in zip(b_got.w, b_want.w) if isinstance(g, torch.Tensor))
+            assert all(torch.equal(g.weight, w.weight) and torch.equal(g.scale, w.scale)
+                       for g, w in zip(b_got.w, b_want.w) if hasattr(g, "scale") and g.scale is not None)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_load_arithmetic_on_the_gpu_comes_back_to_the_host(files, tmp_path):
+    """compute_on='cuda': the same codes as on the host but where the GPU's f32 rounding moves a value across a
+    code boundary (at most one step, in a few codes), scales within f32 rounding; everything back on the host."""
+    lora = small_lora(tmp_path)
+    for got, want in zip(load_with(files, lora, compute_on=torch.device("cuda")), load_with(files, lora)):
+        for b_got, b_want in zip(got.blocks, want.blocks):
+            for g, w in zip(b_got.w, b_want.w):
+                if getattr(g, "scale", None) is None:
+                    continue
+                assert g.weight.device.type == "cpu" and g.scale.device.type == "cpu"
+                step = (g.weight.int() - w.weight.int()).abs()
+                assert step.max() <= 1 and (step > 0).float().mean() <= 1e-3
+                assert rel_err(g.scale, w.scale) <= 1e-6
