@@ -5,7 +5,7 @@
 #   parts: tests stream_tests quant_tests z_step streaming stream_trace linears quantizers quantizer_shapes gemm_sweep
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
-#          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels
+#          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -81,6 +81,8 @@ for part in $parts; do
                timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
     krea2) timeout 200 python3 bench/bench_krea2_step.py --steps 5 ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
+    load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
+            -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4}' ;;
     # The attention gates in OUT's quantizer (Krea 2, LTX-2.5) and LTX-2.5's q/k rows kernel: their GPU tests, then
     # their timings against the torch passes they replace (the gated pass's warps and stages are chosen from these).
     gate_kernels) timeout 590 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m "gpu or not gpu" \
