@@ -11,13 +11,14 @@ from collections.abc import Callable
 import torch
 
 from .launch import RankPool, on_host
+from .shards import padded_heads
 from .steps import attribute, load_placed, method_call, moved
 
 CALL_TIMEOUT_S = 3600.0  # a load or a step; a rank that stops answering within a collective is found sooner
 
 
 class RanksDoNotFit(ValueError):
-    """The model's attention heads do not split over the ranks asked for (each rank takes whole heads)."""
+    """The model's attention heads cannot be shared out over the ranks asked for (shards.padded_heads)."""
 
 
 class RankedModel:
@@ -48,12 +49,10 @@ class RankedModel:
                         threads=0 if on_gpu else max(1, (os.cpu_count() or 1) // world))
         try:
             facts = pool(load_placed, load, str(path), budget_gb, rows, keep_free, check=check)
-            heads = (facts["arch"].heads, facts["arch"].kv_heads or facts["arch"].heads)
-            if any(h % world for h in heads):
-                fit = [n for n in (1, 2, 4, 8) if not any(h % n for h in heads)]
-                raise RanksDoNotFit(f"sequence parallel splits attention by heads: the model's {heads[0]} heads "
-                                    f"({heads[1]} key/value heads) do not split over {world} ranks; use "
-                                    f"{', '.join(map(str, fit))}")
+            try:
+                padded_heads(facts["arch"].heads, facts["arch"].kv_heads or facts["arch"].heads, world)
+            except ValueError as e:
+                raise RanksDoNotFit(str(e)) from e
         except BaseException:
             pool.close()
             raise

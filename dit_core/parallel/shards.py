@@ -6,8 +6,11 @@ video) is cut into one contiguous piece a rank, the pieces' leftover rows dealt 
 1/world of every kind of row and the shares differ by one row at most. Norms, modulation rows, linears and the MLP
 need nothing from other ranks. Attention does: each rank sends every other rank its rows' q, k and v of that rank's
 heads/world heads, attends the whole sequence for its heads (the rows put back in packed order: one process's
-arithmetic, a bias as given), and sends the rows back. Heads that do not divide by the world
-are refused; a ring over key blocks for them is a later step (issue 39).
+arithmetic, a bias as given), and sends the rows back. Where the heads do not divide by the world (56 heads on 3
+GPUs) they are padded to a multiple of it with copies of the first heads, whose outputs are dropped: each head's
+attention is its own, so the others' arithmetic is unchanged (a few percent more attention, no ring over key blocks
+needed while there are at least as many heads as ranks; fewer are refused, as are grouped key heads that do not
+divide).
 """
 from __future__ import annotations
 
@@ -110,12 +113,14 @@ class SequenceShards:
         return out
 
     def check_heads(self, heads: int, key_heads: int) -> None:
-        """Ulysses gives each rank heads/world of the heads: refuse what does not divide."""
-        w = self.ranks.world
-        if heads % w or key_heads % w:
-            raise ValueError(f"sequence parallel over {w} ranks splits attention by heads (Ulysses): {heads} heads "
-                             f"({key_heads} key/value heads) do not divide by {w}; use a number of GPUs that divides "
-                             f"them (a ring over key blocks for this case is not built yet, issue 39)")
+        """Ulysses gives each rank whole heads (padded_heads): refuse fewer heads than ranks, and grouped key heads
+        that do not divide by the world (padding would break which key head serves which query head)."""
+        padded_heads(heads, key_heads, self.ranks.world)
+
+    def padded(self, heads: int) -> int:
+        """The heads attention runs for `heads` (query and key heads alike where they pad): the next multiple of the
+        world."""
+        return -(-heads // self.ranks.world) * self.ranks.world
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
                   key_bias: torch.Tensor | GroupBias | None = None,
@@ -149,13 +154,13 @@ class SequenceShards:
         rank order): one all-to-all (two where keys are another sequence's)."""
         w, keys = self.ranks.world, self if keys is None else keys
         n, heads, head = q.shape
-        kh = k.shape[1]
-        self.check_heads(heads, kh)
+        self.check_heads(heads, k.shape[1])
         if n != self.rows.numel() or k.shape[0] != keys.rows.numel() or keys.ranks.world != w:
             raise ValueError(f"sequence parallel: rank {self.ranks.rank} holds {self.rows.numel()} query and "
                              f"{keys.rows.numel()} key rows, got {n} and {k.shape[0]} (keys not split as its "
                              "rows, or by another world)")
-        hq, hk = heads // w, kh // w
+        q, k, v = (_padded(t, self.padded(t.shape[1])) for t in (q, k, v))
+        hq, hk = q.shape[1] // w, k.shape[1] // w
         # One buffer to each rank j: this rank's rows of j's slice of the heads, [q | k | v] where keys are the rows.
         if keys is self:
             return self._exchange(torch.cat([t.reshape(n, w, -1, head) for t in (q, k, v)], 2),
@@ -165,13 +170,14 @@ class SequenceShards:
         return self._exchange(q.reshape(n, w, hq, head), self.counts), gk, gv
 
     def to_rows(self, o: torch.Tensor, heads: int) -> torch.Tensor:
-        """to_heads' inverse for the output: o [total, heads/world x head] (every rank's rows of this rank's heads)
-        -> [n_r, heads x head], this rank's rows of every head."""
+        """to_heads' inverse for the output: o [total, padded heads/world x head] (every rank's rows of this rank's
+        heads) -> [n_r, heads x head], this rank's rows of every head (the padding heads dropped)."""
         w, n = self.ranks.world, self.rows.numel()
-        o = o.reshape(self.total, heads // w, -1)
+        o = o.reshape(self.total, self.padded(heads) // w, -1)
         back = o.new_empty(w * n, *o.shape[1:])
         dist.all_to_all_single(back, o.contiguous(), [n] * w, list(self.counts), group=self.ranks.group)
-        return back.reshape(w, n, *o.shape[1:]).transpose(0, 1).reshape(n, -1)
+        # [n, world, heads a rank, head] in head order: the padding heads are the last ones
+        return back.reshape(w, n, *o.shape[1:]).transpose(0, 1).reshape(n, -1, o.shape[-1])[:, :heads].reshape(n, -1)
 
     def to_packed(self, t: torch.Tensor) -> torch.Tensor:
         """t [total, ...] in rank order (to_heads' rows) -> the packed order: attention then runs on the rows
@@ -192,3 +198,21 @@ class SequenceShards:
         dist.all_to_all_single(got, t.transpose(0, 1).reshape(w * m, *t.shape[2:]).contiguous(), list(counts),
                                [m] * w, group=self.ranks.group)
         return got
+
+
+def padded_heads(heads: int, key_heads: int, world: int) -> int:
+    """The heads each rank attends for `heads` query and `key_heads` key heads over `world` ranks (padded to a
+    multiple of the world where they do not divide); ValueError where they cannot be split."""
+    if heads < world:
+        raise ValueError(f"sequence parallel over {world} ranks gives each rank whole heads (Ulysses): {heads} heads "
+                         f"are fewer than the ranks; use {heads} GPUs or fewer")
+    if key_heads != heads and (heads % world or key_heads % world):
+        raise ValueError(f"sequence parallel over {world} ranks: {heads} heads sharing {key_heads} key/value heads "
+                         f"do not divide by {world}; use a number of GPUs that divides {key_heads}")
+    return -(-heads // world)
+
+
+def _padded(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """t [rows, h, head] with heads - h more heads, copies of its first ones (their attention is dropped after)."""
+    extra = heads - t.shape[1]
+    return t if extra == 0 else torch.cat([t, t[:, :extra]], 1)
