@@ -2,6 +2,7 @@
 loaded-model cache, its memory and the engine's device: nodes/memory.py)."""
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import os
@@ -114,15 +115,48 @@ def model_file(node_id: str, folder: str, name: str, input_name: str) -> str:
     return folder_paths.get_full_path_or_raise(folder, name)
 
 
+# Whether the node running now is a loader (loading_shown): its file reads show a progress bar. A sampler or encode
+# node that loads a model again (ComfyUI took the memory back) shows only its own steps, as stock ones do.
+_LOADER_RUNNING = contextvars.ContextVar("swiftdit_loader_running", default=False)
+
+
+@contextmanager
+def loading_shown():
+    """Within it (a loader node's load), the files read show ComfyUI progress (cancellable)."""
+    token = _LOADER_RUNNING.set(True)
+    try:
+        yield
+    finally:
+        _LOADER_RUNNING.reset(token)
+
+
 def cancellable(load: Callable[[Checkpoint], object], path: str):
-    """load(the file at path as a Checkpoint), Cancel honoured as each tensor is read (ComfyUI's interrupt check);
-    the check goes with the load, not with the model that keeps the file."""
+    """load(the file at path as a Checkpoint), Cancel honoured as each tensor is read (ComfyUI's interrupt check), and
+    in a loader node (loading_shown) a ComfyUI progress bar over the file's bytes (a 33 B model takes a while); the
+    hooks go with the load, not with the model that keeps the file."""
     checkpoint = Checkpoint(path)
     checkpoint.check = interrupt_check
+    if _LOADER_RUNNING.get():
+        checkpoint.read = read_progress(checkpoint.total_bytes())
     try:
         return load(checkpoint)
     finally:
-        checkpoint.check = None
+        checkpoint.check = checkpoint.read = None
+
+
+def read_progress(total_bytes: int) -> Callable[[int], None]:
+    """A ComfyUI progress bar over total_bytes in percent: read(nbytes) after each tensor, the bar moved when a percent
+    more is read (a file of thousands of tensors sends a hundred updates, not thousands)."""
+    bar, done, shown = comfy.utils.ProgressBar(100), 0, -1
+
+    def read(nbytes: int) -> None:
+        nonlocal done, shown
+        done += nbytes
+        percent = min(100, done * 100 // max(total_bytes, 1))
+        if percent > shown:
+            shown = percent
+            bar.update_absolute(percent, 100)
+    return read
 
 
 def dit_loader(engine, pass_size: PassSize) -> Callable:
@@ -341,7 +375,8 @@ def load_model(node_id: str, handle: ModelHandle, load: Callable[[ModelHandle], 
     """A loader's step: handle's model loaded (errors name unet_name, or gpu_budget_gb when the blocks cannot
     stream within it), and where its bytes are: the loader's text output (the log has it at load too)."""
     try:
-        model = load(handle)
+        with loading_shown():
+            model = load(handle)
     except BudgetError as e:
         raise SwiftDiTError(f"{node_id} · gpu_budget_gb: {e}") from e
     except RanksDoNotFit as e:

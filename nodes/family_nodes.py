@@ -14,8 +14,8 @@ from comfy_api.latest import io
 from ..dit_core.families import FAMILIES
 from .base import (FileHandle, ModelHandle, SwiftDiTError, build_ahead_of_sampling, check_family, checked,
                    conditioning_rows, file_checked, finite, gpus_input, ksampler_inputs, linear_mode, load_model,
-                   loader_inputs, model_file, model_input, model_output, rank_count, run_sampler, sampler_widgets,
-                   show_on_node)
+                   loader_inputs, loading_shown, model_file, model_input, model_output, rank_count, run_sampler,
+                   sampler_widgets, show_on_node)
 from .family_settings import FamilySettings
 from .memory import MAIN, check_request
 from .types import TextEncoder, Vae
@@ -88,7 +88,8 @@ class LoraLoaderNode(io.ComfyNode):
         path = model_file(cls.NODE_ID, "loras", lora_name, "lora_name")
         handle = model.with_(loras=(*model.loras, (path, strength)))
         with checked(cls.NODE_ID, "lora_name"):
-            cls.load(handle)
+            with loading_shown():
+                cls.load(handle)
         return io.NodeOutput(handle)
 
 
@@ -149,7 +150,8 @@ class FileLoaderNode(io.ComfyNode):
         handle = FileHandle(cls.KIND, model_file(cls.NODE_ID, cls.FOLDER, inputs[cls.INPUT], cls.INPUT), cls.ROLE,
                             inputs.get("device", "default"))
         with checked(cls.NODE_ID, cls.INPUT):
-            cls.load(handle)
+            with loading_shown():
+                cls.load(handle)
         return io.NodeOutput(handle)
 
 

@@ -16,7 +16,7 @@ from ..dit_core.families.omnivoice import (FRAME_RATE, SPLIT_MARKS, WEIGHTS_FILE
 from ..dit_core.sampling.omnivoice import Unmasking
 from ..dit_core.weights import WeightsError
 from .base import (FileHandle, ModelHandle, SwiftDiTError, cancellable, check_family, checked, finite, interrupt_check,
-                   run_sampler)
+                   loading_shown, run_sampler)
 from .memory import LOADED, engine_device, on_device
 from .types import DiTModel
 
@@ -104,7 +104,7 @@ class OmniVoiceLoader(io.ComfyNode):
         path = folder_paths.get_full_path_or_raise(MODELS, os.path.join(model_name, WEIGHTS_FILE))
         model = ModelHandle(FAMILY, path, "stored")
         codec = FileHandle("codec", os.path.join(os.path.dirname(path), CODEC_FOLDER, WEIGHTS_FILE), "codec")
-        with checked(cls.NODE_ID, "model_name"):
+        with checked(cls.NODE_ID, "model_name"), loading_shown():
             speech, audio = load_speech_model(model)[0], load_codec(codec)
             if (speech.codebooks, speech.mask_id) != (audio.codebooks, len(audio.w[CODEBOOK])):
                 raise WeightsError(f"{model_name}: the model makes {speech.codebooks} codebooks of {speech.mask_id} "

@@ -30,11 +30,13 @@ class WeightsError(ValueError):
 
 class Checkpoint:
     """One safetensors file, read lazily (memory-mapped); its header is checked before any tensor is read. check(),
-    when set, runs before each tensor is read (it raises to cancel a long load)."""
+    when set, runs before each tensor is read (it raises to cancel a long load); read(nbytes), when set, after
+    (a load's progress)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.check: Callable[[], None] | None = None
+        self.read: Callable[[int], None] | None = None
         if self.path.suffix.lower() not in (".safetensors", ".sft"):
             raise WeightsError(f"{self.path.name}: only .safetensors files are read (no pickle); convert it first")
         self.header, self.metadata = _read_header(self.path)
@@ -72,7 +74,18 @@ class Checkpoint:
             self.check()
         if self._file is None:
             self._file = safe_open(str(self.path), framework="pt", device="cpu")
-        return self._file.get_tensor(name)
+        tensor = self._file.get_tensor(name)
+        self._was_read(name)
+        return tensor
+
+    def total_bytes(self) -> int:
+        """The bytes of every tensor in the file."""
+        return sum(end - begin for begin, end in (e["data_offsets"] for e in self.header.values()))
+
+    def _was_read(self, name: str) -> None:
+        if self.read is not None:
+            begin, end = self.header[name]["data_offsets"]
+            self.read(end - begin)
 
     def release(self) -> None:
         """Drops the file's memory map: every page a load read stays counted in the process's resident memory while
@@ -99,6 +112,7 @@ class Checkpoint:
                 if not got:
                     raise WeightsError(f"{self.path.name}: '{name}' ends past the end of the file (truncated?)")
                 done += got
+        self._was_read(name)
 
     def _entry(self, name: str) -> dict:
         if name not in self.header:

@@ -172,6 +172,16 @@ def test_fp8_reads_as_int8_convrot(tmp_path, kind):
     assert lin.group == 256 and torch.equal(lin.weight, q) and torch.equal(lin.scale, s)
 
 
+def test_a_checkpoint_tells_the_bytes_it_reads(tmp_path):
+    """read(nbytes) after each tensor a load takes (get or read_into): the file's tensor bytes in all."""
+    ckpt = write(tmp_path, {"a": torch.zeros(3, 5), "b": torch.ones(7, dtype=torch.bfloat16)})
+    got = []
+    ckpt.read = got.append
+    ckpt.get("a")
+    ckpt.read_into("b", torch.empty(14, dtype=torch.uint8))
+    assert got == [60, 14] and ckpt.total_bytes() == 74
+
+
 def test_load_arithmetic_falls_back_to_the_host_when_its_device_is_full(tmp_path, monkeypatch):
     """computed_on: a linear whose arithmetic does not fit on the device asked for is computed where the file is
     read, the same as without a device (an FP8 linear here)."""

@@ -228,6 +228,25 @@ def test_loader_reports_where_the_model_is(pack, models, caplog):
     assert f"SwiftDiT: loaded {report.replace(':', ' (dit):', 1)}" in caplog.text
 
 
+def test_a_load_shows_its_progress(pack, models, monkeypatch):
+    """The loader's file read under a ComfyUI progress bar in percent of its bytes: rising, a hundred updates at
+    most, the whole file read at the end."""
+    import comfy.utils
+    from swiftdit_pack.nodes.memory import LOADED
+    shown = []
+
+    class Bar(comfy.utils.ProgressBar):
+        def update_absolute(self, value, total=None, preview=None):
+            shown.append((value, total))
+
+    monkeypatch.setattr(comfy.utils, "ProgressBar", Bar)
+    LOADED.free()
+    run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default", linears="as stored")
+    values = [v for v, _ in shown]
+    assert values == sorted(set(values)) and len(values) <= 101 and {t for _, t in shown} == {100}
+    assert values[-1] >= 95, values  # every tensor the model keeps (the file holds little else)
+
+
 def test_budget_arithmetic_with_the_loader_setting(pack, monkeypatch):
     from swiftdit_pack.nodes.memory import GIB, budget_bytes, reserve_bytes
     free, held, reserve = 10 * GIB, 2 * GIB, 3 * GIB
