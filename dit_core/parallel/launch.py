@@ -64,16 +64,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def moved(value, device: torch.device | str | None, copy: bool = False):
+    """value with each tensor (in tuples, lists, dicts) on device (None: as it is); copy: copied even where it is
+    there already."""
+    if device is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device, copy=copy)
+    if isinstance(value, (tuple, list)):
+        return type(value)(moved(v, device, copy) for v in value)
+    if isinstance(value, dict):
+        return {k: moved(v, device, copy) for k, v in value.items()}
+    return value
+
+
 def on_host(result):
-    """result with each tensor (in tuples, lists, dicts) copied to the host: a CUDA tensor cannot outlive its rank,
-    and a copy is out of reach of the rank's later work."""
-    if isinstance(result, torch.Tensor):
-        return result.detach().to("cpu", copy=True)
-    if isinstance(result, (tuple, list)):
-        return type(result)(on_host(r) for r in result)
-    if isinstance(result, dict):
-        return {k: on_host(v) for k, v in result.items()}
-    return result
+    """result with each tensor copied to the host: a CUDA tensor cannot outlive its rank, and a copy is out of reach
+    of the rank's later work."""
+    return moved(result, "cpu", copy=True)
 
 
 def _agreed_check(ranks: Ranks, stop, outbox, device: str):

@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from .launch import RankPool, on_host
+from .launch import RankPool, moved, on_host
 from .shards import padded_heads
-from .steps import attribute, load_placed, method_call, moved
+from .steps import attribute, load_placed, method_call
 
 CALL_TIMEOUT_S = 3600.0  # a load or a step; a rank that stops answering within a collective is found sooner
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from .launch import moved
 from .shards import Ranks
 
 GIB = 2**30
@@ -58,19 +59,6 @@ def attribute(ranks: Ranks, state: dict, path: tuple[str, ...]) -> tuple[str, ob
     if inspect.ismethod(value) or inspect.isfunction(value):
         return "method", None
     return ("value", value) if _plain(value) else ("object", None)
-
-
-def moved(value, device: torch.device | None):
-    """value with each tensor (in tuples, lists, dicts) on device (None: as it is)."""
-    if device is None:
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.to(device)
-    if isinstance(value, (tuple, list)):
-        return type(value)(moved(v, device) for v in value)
-    if isinstance(value, dict):
-        return {k: moved(v, device) for k, v in value.items()}
-    return value
 
 
 def method_call(ranks: Ranks, state: dict, name: str, args: tuple, kwargs: dict):
