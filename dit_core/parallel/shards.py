@@ -118,9 +118,9 @@ class SequenceShards:
         padded_heads(heads, key_heads, self.ranks.world)
 
     def padded(self, heads: int) -> int:
-        """The heads attention runs for `heads` (query and key heads alike where they pad): the next multiple of the
-        world."""
-        return -(-heads // self.ranks.world) * self.ranks.world
+        """The heads attention runs for `heads` (query and key heads alike where they pad): padded_heads' share of
+        every rank."""
+        return padded_heads(heads, heads, self.ranks.world) * self.ranks.world
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int = 0,
                   key_bias: torch.Tensor | GroupBias | None = None,
