@@ -188,6 +188,11 @@ def _sequence(a: Arch, n_txt: int, hp: int, wp: int, device: torch.device,
     return replace(seq, cos=seq.cos.float(), sin=seq.sin.float(), angles=None).to(device)
 
 
+def sigma_row(sigma: float, device: torch.device) -> torch.Tensor:
+    """sigma as the model takes it: [1] f32 on device (velocity_at's input)."""
+    return torch.full((1,), float(sigma), dtype=torch.float32, device=device)
+
+
 @dataclass(frozen=True)
 class Krea2:
     """Krea 2 where it runs: time MLP and modulation, the text fusion (layerwise blocks across each token's tapped
@@ -278,9 +283,7 @@ class Krea2:
     def time_embedding(self, sigma: float | torch.Tensor, device: torch.device) -> torch.Tensor:
         """temb [1, hidden] f32: the model is fed sigma (a number, or a [1] f32 tensor on device: a graphed step's
         input) and embeds 1000 sigma as [cos | sin] (section 2, forward math)."""
-        t = sigma if isinstance(sigma, torch.Tensor) else torch.full((1,), float(sigma), dtype=torch.float32,
-                                                                     device=device)
-        t = t * TIME_SCALE  # f32, as diffusers
+        t = (sigma if isinstance(sigma, torch.Tensor) else sigma_row(sigma, device)) * TIME_SCALE  # f32, as diffusers
         return linear(F.gelu(linear(sinusoids(t, self.arch.freq_dim), self.time[0]), approximate="tanh"), self.time[1])
 
     def text_rows(self, text: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -323,8 +326,7 @@ class Krea2:
         FluxKontextMultiReferenceLatentMethod("index_timestep_zero"): their tokens at positions (k, i, j) for
         reference k = 1, 2, ..., modulated as at sigma 0 (time embedding of 0, the blocks' tables added alike);
         only the image rows reach the final layer."""
-        return self.velocity_at(latent, torch.full((1,), float(sigma), dtype=torch.float32, device=latent.device),
-                                txt, check, refs=refs)
+        return self.velocity_at(latent, sigma_row(sigma, latent.device), txt, check, refs=refs)
 
     def graphed(self) -> Callable[..., torch.Tensor]:
         """velocity() replayed from one CUDA graph a step (dit_core/gpu/step_graph.py) on a CUDA device, else
@@ -343,8 +345,7 @@ class Krea2:
                 return self.velocity(latent, sigma, txt, check, refs=refs)
             if check is not None:
                 check()
-            return graphs.steps[0](latent, torch.full((1,), float(sigma), dtype=torch.float32, device=latent.device),
-                                   txt)
+            return graphs.steps[0](latent, sigma_row(sigma, latent.device), txt)
         step.clear, step.graphs = graphs.clear, graphs.steps
         return step
 
