@@ -32,11 +32,15 @@ SHAPES = [("qkv + gate", 6144, 15360, 28), ("out", 6144, 6144, 28), ("up (gate, 
 TINY_SHAPES = [("qkv + gate", 256, 384, 1), ("down", 512, 256, 1)]
 
 
+def fp8_scaled_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w as the scaled FP8 file stores it: e4m3 values and one f32 scale (amax / 448)."""
+    scale = w.float().abs().amax() / E4M3_MAX
+    return (w.float() / scale).to(torch.float8_e4m3fn), scale
+
+
 def fp8_file_weight(n: int, k: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """A weight as the scaled FP8 file stores it: e4m3 values and one f32 scale (amax / 448)."""
-    w = torch.randn(n, k, generator=g) / k ** 0.5
-    scale = w.abs().amax() / E4M3_MAX
-    return (w / scale).to(torch.float8_e4m3fn), scale
+    """A random weight of the file's form (fp8_scaled_weight)."""
+    return fp8_scaled_weight(torch.randn(n, k, generator=g) / k ** 0.5)
 
 
 def rows(m: int, k: int, g: torch.Generator) -> torch.Tensor:

@@ -19,10 +19,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
+from bench_fp8_products import fp8_scaled_weight  # noqa: E402
 from bench_krea2_step import random_reference  # noqa: E402
 from dit_core.families.krea2 import Krea2  # noqa: E402
-
-E4M3_MAX = 448.0
 
 
 def fp8_scaled(state: dict) -> dict:
@@ -30,8 +29,8 @@ def fp8_scaled(state: dict) -> dict:
     out = {}
     for key, value in state.items():
         if ".blocks." in f".{key}" and key.endswith(".weight") and value.dim() == 2:
-            scale = value.float().abs().amax() / E4M3_MAX
-            out[key] = (value.float() / scale).to(torch.float8_e4m3fn).cpu()
+            codes, scale = fp8_scaled_weight(value)
+            out[key] = codes.cpu()
             out[key.removesuffix(".weight") + ".weight_scale"] = scale.reshape(()).cpu()
         else:
             out[key] = value.cpu()
