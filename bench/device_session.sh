@@ -27,8 +27,17 @@ stamped() { python3 -u -c "import sys, time; [print(f'{time.time():.2f}', l, end
 if [ -f .devcarry/comfyui-0.3.75.tgz ] && [ ! -d .cache/comfyui-0.3.75 ]; then
   mkdir -p .cache && tar xzf .devcarry/comfyui-0.3.75.tgz -C .cache
 fi
+# The real-size files of the server parts and of the whole-graph bench do not fit the device's disk together
+# (64 GB): each part drops the other's before it writes its own.
+make_room_for() {
+  case $1 in
+    server|node_path) rm -rf .cache/bench_graph ;;
+    graph) rm -rf .cache/models ;;
+  esac
+}
 for part in $parts; do
   start=$(date +%s)
+  make_room_for "$part"
   # The card's power, clocks and throttle reasons every 250 ms (a graphed step runs at its power limit: clocks drop).
   nvidia-smi --query-gpu=timestamp,power.draw,power.limit,clocks.sm,temperature.gpu,clocks_throttle_reasons.active \
     --format=csv,noheader -lms 250 > "$OUT/power_$part.csv" 2>/dev/null & sampler=$!

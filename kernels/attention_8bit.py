@@ -45,6 +45,7 @@ import math
 import torch
 
 from .rounding import INTERPRETED, round_half_even, rounded_bf16
+from .jit import triton_jit
 
 try:
     import triton
@@ -52,7 +53,6 @@ try:
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # torch without Triton: reference() still imports
     triton = tl = TensorDescriptor = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 HEAD, BLOCK_M, BLOCK_N, PAD = 128, 128, 64, 128
 NUM_WARPS, NUM_STAGES = 8, 3

@@ -21,13 +21,13 @@ from __future__ import annotations
 import torch
 
 from .rounding import rounded_bf16
+from .jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(qkv, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, out=None, kv_heads=0):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import os
 
+from .jit import triton_jit
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: each kernel file's reference() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 # As triton.jit reads it when the kernels are defined (at import, as here).

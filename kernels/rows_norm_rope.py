@@ -20,13 +20,13 @@ from __future__ import annotations
 import torch
 
 from .rounding import rounded_bf16
+from .jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None):

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from ..jit import triton_jit
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: the references still import
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 _KEPT: dict[tuple, torch.Tensor] = {}
 

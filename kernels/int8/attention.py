@@ -30,13 +30,13 @@ import torch
 
 from ..gluon_builds import build_failure
 from ..rounding import round_half_even
+from ..jit import gluon_jit, triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -130,7 +130,7 @@ def unusable(q: torch.Tensor, heads: int) -> str | None:
 
 
 if gluon is not None:
-    @gluon.jit
+    @gluon_jit
     def _loads(q_desc, k_desc, v_desc, q_tile, k_ring, v_ring, q_ready, ready, empty, M):
         """The producer warp: the block's q codes once, then each key block's k codes and v rows into slot j % STAGES
         once both consumers freed it from block j - STAGES."""
@@ -147,7 +147,7 @@ if gluon is not None:
             tma_load(k_desc, [j * BN, h * D], ready.index(slot), k_ring.index(slot))  # zeros past M
             tma_load(v_desc, [j * BN, h * D], ready.index(slot), v_ring.index(slot))
 
-    @gluon.jit
+    @gluon_jit
     def _softmax_block(s, r, m_i, j, M, EVEN: gl.constexpr, BN: gl.constexpr):
         """Step 4's part of key block j: (p = 2^(x - m_new), m_new, 2^(m_i - m_new)) from its int32 scores s and the
         rows' factors r (step 3). The scores biased by 1.5 * 2^23 as f32 bits are s + 1.5 * 2^23 exactly (|s| <
@@ -162,7 +162,7 @@ if gluon is not None:
             x = gl.where(gl.expand_dims(cols < M, 0), x, float("-inf"))
         return gl.exp2(x), m_new, gl.exp2(m_i - m_new)
 
-    @gluon.jit
+    @gluon_jit
     def _rows(q_tile, k_ring, v_ring, q_ready, ready, empty, sq_ptr, sk_ptr, o_ptr, M, H, factor,
               EVEN: gl.constexpr, W: gl.constexpr):
         """Consumer W: the block's rows 64 W .. 64 W + 63 through every key block (steps 2-4), then o stored. Key
@@ -213,7 +213,7 @@ if gluon is not None:
         at = gl.expand_dims(out_rows, 1) * (H * D) + h * D + gl.expand_dims(cols, 0)
         gl.store(o_ptr + at, o.to(gl.bfloat16), mask=gl.expand_dims(out_rows < M, 1))
 
-    @gluon.jit
+    @gluon_jit
     def _attention_kernel(q_desc, k_desc, v_desc, sq_ptr, sk_ptr, o_ptr, M, H, factor, EVEN: gl.constexpr,
                           STAGES: gl.constexpr):
         q_tile = gl.allocate_shared_memory(q_desc.dtype, q_desc.block_type.shape, q_desc.layout)

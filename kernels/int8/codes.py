@@ -19,13 +19,13 @@ from __future__ import annotations
 import torch
 
 from ..rounding import round_half_even, round_to_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: the references still import
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 CODES_ROWS, CODES_COLUMNS = 16, 256  # a tile of the codes: 16 rows ~15% faster than 32 on the H200
 

@@ -15,13 +15,13 @@ import math
 import torch
 
 from ..rounding import round_to_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: hadamard() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

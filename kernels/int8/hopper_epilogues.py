@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from ..jit import gluon_jit
+
 try:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -46,7 +48,7 @@ def angles_reference(positions: torch.Tensor, freqs: torch.Tensor, ends) -> torc
 
 
 if gluon is not None:
-    @gluon.jit
+    @gluon_jit
     def store_box(part, out_desc, out_tile, coords):
         """part to the output at coords through out_tile and TMA (clipped at the edges), once its last store left."""
         tma.store_wait(0)
@@ -54,7 +56,7 @@ if gluon is not None:
         fence_async_shared()
         tma_store(out_desc, coords, out_tile)
 
-    @gluon.jit
+    @gluon_jit
     def fetch_box(res_desc, res_tile, fetched, off_m, col):
         """The residual's box at (off_m, col) into res_tile by TMA (`fetched` says when), once its last store left."""
         tma.store_wait(0)
@@ -62,16 +64,16 @@ if gluon is not None:
         tma_load(res_desc, [off_m, col], fetched, res_tile)
 
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton 3.7 on; the H200's 3.6 has the private name
-        @gluon.jit
+        @gluon_jit
         def addend_box(res_tile, add_desc):
             """The residual's box seen as the addend's (bf16, half its bytes): the two take turns in it."""
             return res_tile.reinterpret(gl.bfloat16, add_desc.block_type.shape, add_desc.layout)
     else:
-        @gluon.jit
+        @gluon_jit
         def addend_box(res_tile, add_desc):
             return res_tile._reinterpret(gl.bfloat16, add_desc.block_type.shape, add_desc.layout)
 
-    @gluon.jit
+    @gluon_jit
     def gated_epilogue(y, off_m, off_n, res_desc, res_tile, fetched, gate_ptr, map_ptr, add_desc, parts_ptr, M, N,
                        ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_PARTS: gl.constexpr):
         """residual += gate[row_map] * (y + addend) by column halves through res_tile, the first half's addend (else
@@ -119,11 +121,11 @@ if gluon is not None:
                 gl.store(parts_ptr + at, sums, mask=(rp < M) & (col < N))
                 gl.store(parts_ptr + (N // HALF) * M + at, gl.sum(centred * centred, axis=1), mask=(rp < M) & (col < N))
 
-    @gluon.jit
+    @gluon_jit
     def _approx(x, op: gl.constexpr):  # one PTX instruction a value (cvt.rni, cos.approx, sin.approx)
         return gl.inline_asm_elementwise(op + ".f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
 
-    @gluon.jit
+    @gluon_jit
     def rotary_turns(pos_ptr, freq_ptr, rm, j, M, ANGLES: gl.constexpr):
         """cos and sin [BM, 1, R] of angle positions[row, axis(j)] x freq[j] (positions [M, 4], freq [2, R]: hi; lo;
         ANGLES: axis_ends), reduced by whole turns, then the MUFU's."""
@@ -142,7 +144,7 @@ if gluon is not None:
         r = (angle - turns * 6.28125) - turns * 1.9353071795864769e-3
         return gl.expand_dims(_approx(r, "cos.approx.ftz"), 1), gl.expand_dims(_approx(r, "sin.approx.ftz"), 1)
 
-    @gluon.jit
+    @gluon_jit
     def turned_v(y):
         """Each 64 columns of the tile y [BM, BN] (bf16 values in f32, wgmma's accumulator layout) times (H4 / 2)
         (x) I_16: the top base-4 digit d of the column j = 16 d + e (qkv_rope_linear's turn_v). In that layout a
@@ -156,7 +158,7 @@ if gluon is not None:
         # y's own layout again: the same registers' columns, so no data moves (the build tests count shuffles)
         return gl.convert_layout(gl.reshape(gl.permute(x, [0, 1, 3, 4, 2]), [BM, BN]), y.type.layout)
 
-    @gluon.jit
+    @gluon_jit
     def h4_halved_pair(x):
         """(H4 / 2) along a digit held in x's last two axes [.., 2 (its high bit), 2 (its low bit)]: out_s = sum / 2 -
         x_(3 - s) (H4 = ones - 2 antidiagonal), splits and joins of the registers holding x (turned_v,
@@ -167,7 +169,7 @@ if gluon is not None:
         half = ((x0 + x1) + (x2 + x3)) * 0.5
         return gl.join(gl.join(half - x3, half - x1), gl.join(half - x2, half - x0))
 
-    @gluon.jit
+    @gluon_jit
     def turned_hidden(act):
         """Each 64 columns of SwiGLU's f32 tile act [BM, BH] (int8_linear's turn_hidden) turned along digits d2, then
         d1 of j = 16 d2 + 4 d1 + d0 (quant_turned.turned_f32's order). act's column j comes from the accumulator's
@@ -181,7 +183,7 @@ if gluon is not None:
         x = gl.reshape(gl.permute(x, [0, 1, 2, 3, 5, 6, 4]), [BM, BH])
         return gl.convert_layout(x, act.type.layout)  # (the same registers: the build tests count shuffles)
 
-    @gluon.jit
+    @gluon_jit
     def qkv_epilogue(y, off_m, off_n, out_desc, out_tile, nw_ptr, cos_ptr, sin_ptr, M, HD, eps,
                      HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr, TURN_V: gl.constexpr):
         """qkv_rope_linear's head math on a tile of whole heads of q, k or v, into [3, M, heads D] by a 3-D TMA

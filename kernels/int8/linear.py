@@ -39,13 +39,13 @@ from .row_stats import reference as stats_reference
 from .row_stats import row_stats, stats_of_parts
 from .arrival_counters import counter_reset
 from .split_tail import item_of, others_added, parts_stored, tail_split
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,

@@ -21,6 +21,7 @@ import torch
 from ..gluon_builds import build_failure
 from .hopper_epilogues import axis_ends
 from .tiles import BF16, GATED, SWIGLU, sm_count
+from ..jit import gluon_jit
 
 try:
     import triton
@@ -56,7 +57,7 @@ def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
 
 
 if gluon is not None:
-    @gluon.jit
+    @gluon_jit
     def _tile_offsets(t, tiles_m, tiles_n, GROUP_M: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
         """Row and column offsets of the program's t-th tile: GROUP_M row tiles walk the column tiles together (weights
         stay in L2)."""
@@ -66,13 +67,13 @@ if gluon is not None:
         group_m = min(tiles_m - first_m, GROUP_M)
         return (first_m + (tile % per_group) % group_m) * BLOCK_M, ((tile % per_group) // group_m) * BLOCK_N
 
-    @gluon.jit
+    @gluon_jit
     def _schedule(M, N, K, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_K: gl.constexpr):
         """(tiles_m, tiles_n, K steps, the program's tile count): the run every partition walks in the same order."""
         tiles_m, tiles_n = gl.cdiv(M, BLOCK_M), gl.cdiv(N, BLOCK_N)
         return tiles_m, tiles_n, gl.cdiv(K, BLOCK_K), gl.cdiv(tiles_m * tiles_n - gl.program_id(0), gl.num_programs(0))
 
-    @gluon.jit
+    @gluon_jit
     def _producer(a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M: gl.constexpr,
                   STAGES: gl.constexpr):
         """K step c of the program's run (its tiles in order, their steps in order) into slot c % STAGES, once a
@@ -91,7 +92,7 @@ if gluon is not None:
                 tma_load(a_desc, [off_m, i * BLOCK_K], ready.index(slot), a_ring.index(slot))  # zeros past K, M, N
                 tma_load(b_desc, [off_n, i * BLOCK_K], ready.index(slot), b_ring.index(slot))
 
-    @gluon.jit
+    @gluon_jit
     def _products(a_ring, b_ring, ready, empty, first, steps, their_turn, layout: gl.constexpr, BLOCK_M: gl.constexpr,
                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
         """A tile's int32 products over K (exact) from the run's steps first.. first + steps - 1, every slot freed;
@@ -110,7 +111,7 @@ if gluon is not None:
         mbarrier.arrive(empty.index((first + steps - 1) % STAGES))
         return acc
 
-    @gluon.jit
+    @gluon_jit
     def _consumer(a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                   sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_NORM: gl.constexpr,
@@ -160,7 +161,7 @@ if gluon is not None:
                 store_box(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
 
-    @gluon.jit
+    @gluon_jit
     def _int8_linear_hopper_kernel(a_desc, b_desc, out_desc, add_desc, sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr,
                                    norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr,

@@ -8,12 +8,13 @@ on the H200; it stays for tiles that straddle two rows.
 """
 from __future__ import annotations
 
+from ..jit import triton_jit
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: each kernel file's reference() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 @triton_jit

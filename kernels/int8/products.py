@@ -13,13 +13,13 @@ import torch
 
 from .quant_turned import turned_hidden
 from ..rounding import round_to_bf16, rounded_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: the references still import
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def exact_products(q: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

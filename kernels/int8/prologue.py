@@ -25,13 +25,13 @@ import math
 import torch
 
 from ..rounding import round_to_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: rotation_input still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 ACTS = {None: 0, "swiglu": 1, "gelu_tanh": 2}
 

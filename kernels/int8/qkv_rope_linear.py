@@ -32,13 +32,13 @@ from .quant_turned import BLOCK as TURN
 from .quant_turned import turn_matrix, turned_rows
 from .tiles import candidate_tiles, config, fixed_tiles, launch_grid, tma_where_it_can, tune_bucket
 from ..rounding import round_to_bf16, rounded_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 
 def reference(q, s_x, w, s_w, bias, heads, head, q_weight, k_weight, cos, sin, eps=1e-6, *, group=0, angles=None,

@@ -31,13 +31,13 @@ from .prologue import ACTS, checked_gate, rotated_block, rotation_input  # (rota
 from .modulation_rows import shared_row
 from ..rounding import round_to_bf16
 from .row_stats import NORMS, row_stats
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 # Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
 # (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred).

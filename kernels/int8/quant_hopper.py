@@ -25,6 +25,7 @@ import torch
 from .arrival_counters import kept
 from .hadamard import hadamard_bf16
 from .tiles import sm_count
+from ..jit import gluon_jit
 
 try:
     import triton
@@ -73,22 +74,22 @@ def groups_per_item(groups: int) -> int:
 
 
 if gluon is not None:
-    @gluon.jit
+    @gluon_jit
     def bf16_rounded(x):  # f32 to the nearest bf16 (ties to even: cvt.rn), as f32
         return x.to(gl.bfloat16).to(gl.float32)
 
-    @gluon.jit
+    @gluon_jit
     def radix4_bf16(z0, z1, z2, z3):
         """kernels/hadamard.radix4_rounded's butterfly on a group's four blocks z_a (the 1/2 of 1/sqrt(256) is in
         their operand), each output rounded to bf16 (held in f32); kernels/int8/quant_turned_hopper.py's too."""
         p, m, r, t = z0 + z1, z2 - z3, z0 - z1, z2 + z3
         return bf16_rounded(p + m), bf16_rounded(p - m), bf16_rounded(r + t), bf16_rounded(t - r)
 
-    @gluon.jit
+    @gluon_jit
     def _ticket(work_ptr):
         return gl.atomic_add(work_ptr, 1, sem="relaxed", scope="gpu")
 
-    @gluon.jit
+    @gluon_jit
     def _rotate_item(xs, hs, ready, phase, G: gl.constexpr, layout: gl.constexpr):
         """The item's groups rotated and rounded to bf16 in place of x in xs; returns each row's absmax."""
         BM: gl.constexpr = xs.shape[1]
@@ -111,7 +112,7 @@ if gluon is not None:
             xs.index(4 * g + 3).store(y3.to(gl.bfloat16))
         return top
 
-    @gluon.jit
+    @gluon_jit
     def _plain_quant_kernel(x_desc, h_desc, q_ptr, s_ptr, pmax_ptr, count_ptr, work_ptr, M, K, CHUNKS, ITEMS,
                             G: gl.constexpr):
         BM: gl.constexpr = x_desc.block_type.shape[0]

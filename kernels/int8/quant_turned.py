@@ -32,13 +32,13 @@ from .hadamard import hadamard, radix4_rounded
 from .codes import reference as codes_reference
 from .prologue import checked_gate, gate_values, gated_rows
 from ..rounding import round_half_even, round_to_bf16
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 GROUP, BLOCK, TURN = 256, 64, 16  # the ConvRot group; its blocks (H_64's); turned rows' products (H_16's)
 MAX_K = 8192  # whole rows in registers: beyond this a program's values spill (the callers then leave v unturned)

@@ -25,6 +25,7 @@ import os
 import torch
 
 from ..gluon_builds import build_failure
+from ..jit import gluon_jit
 
 try:
     import triton
@@ -59,12 +60,12 @@ def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
 
 
 if gluon is not None:
-    @gluon.jit
+    @gluon_jit
     def _h4_halved_last(x):
         """(H4 / 2) along the last axis (of 4) of x [R, 4, 4, 4] (the axis' two bits: h4_halved_pair's)."""
         return gl.reshape(h4_halved_pair(gl.reshape(x, [x.shape[0], 4, 4, 2, 2])), x.shape)
 
-    @gluon.jit
+    @gluon_jit
     def _block_z(t_ptr, at, inside, layout: gl.constexpr):
         """z_a of one 64-column block of each group [groups, 64]: (H4 / 2) along columns' bits 0-1, then 2-3, halved."""
         x = gl.load(t_ptr + at, mask=inside, other=0.0).to(gl.float32)
@@ -72,13 +73,13 @@ if gluon is not None:
         x = gl.permute(_h4_halved_last(gl.permute(x, [0, 1, 3, 2])), [0, 1, 3, 2])
         return gl.convert_layout(gl.reshape(x, [x.shape[0], 64]), layout) * 0.5  # (the same registers: no moves)
 
-    @gluon.jit
+    @gluon_jit
     def _store_codes(q_ptr, at, inside, y, r):
         code = (y * r).to(gl.bfloat16).to(gl.float32)
         code = (code + 12582912.0) - 12582912.0  # rint, ties to even (1.5 x 2^23: no fraction bits left)
         gl.store(q_ptr + at, gl.minimum(gl.maximum(code, -128.0), 127.0).to(gl.int8), mask=inside)
 
-    @gluon.jit
+    @gluon_jit
     def _turned_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, GROUPS_P2: gl.constexpr):
         GROUP: gl.constexpr = 256
         BLOCK: gl.constexpr = 64
@@ -104,7 +105,7 @@ if gluon is not None:
         _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, reciprocal)
         _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, reciprocal)
 
-    @gluon.jit
+    @gluon_jit
     def _d0_turned(x):
         """(H4 / 2) along digit d0 (columns' bits 0-1) of x [CH, 64], whose layout gives each thread 8 contiguous
         columns: splits and joins of its own registers, halved (the operand's 1/2: exact)."""
@@ -112,14 +113,14 @@ if gluon is not None:
         turned = _h4_halved_last(gl.reshape(x.to(gl.float32), [x.shape[0], 4, 4, 4]))
         return gl.convert_layout(gl.reshape(turned, [x.shape[0], 64]), layout) * 0.5
 
-    @gluon.jit
+    @gluon_jit
     def _hidden_chunk(t_ptr, at, G, g0, g, c):
         """The loads of one chunk: a group's four 64-column blocks [CH, 64] (zeros past the row's G groups)."""
         inside = gl.expand_dims(g0 + g < G, 1) & gl.expand_dims(c < 64, 0)
         return (gl.load(t_ptr + at, mask=inside, other=0.0), gl.load(t_ptr + at + 64, mask=inside, other=0.0),
                 gl.load(t_ptr + at + 128, mask=inside, other=0.0), gl.load(t_ptr + at + 192, mask=inside, other=0.0))
 
-    @gluon.jit
+    @gluon_jit
     def _hidden_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, CHUNKS: gl.constexpr, CH: gl.constexpr):
         layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
                                                 warps_per_cta=[gl.num_warps(), 1], order=[1, 0])

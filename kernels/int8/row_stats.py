@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import torch
 
+from ..jit import triton_jit
+
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 NORMS = {None: 0, "rms": 1, "layer": 2}
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import torch
 
 from .arrival_counters import counted_last, kept
+from ..jit import triton_jit
 
 try:
     import triton
     import triton.language as tl
 except ImportError:  # torch without Triton: the references still import
     triton = tl = None
-triton_jit = triton.jit if triton is not None else (lambda fn: fn)
 
 MAX_PARTS = 8  # past 8, the last part's reads of the other slots cost more than the shorter parts save
 # Splitting pays only for long K: the last part's reads of the other parts' slots and the second launch cost

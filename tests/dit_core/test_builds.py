@@ -66,3 +66,41 @@ def test_a_build_worker_imports_the_kernels_module_from_its_folder(caplog):
         process_builds.build_in_processes([(linear._int8_linear_kernel, "{}")], workers=1)
     said = caplog.text
     assert "kernels.int8.linear._int8_linear_kernel" in said and "ModuleNotFoundError" not in said, said
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_new_row_count_builds_no_kernel():
+    """kernels/jit.py: once a block ran at one count of rows, another count (a prompt of another length) builds
+    nothing, whether it divides by 16 or not: every kernel it launches is in the caches already."""
+    from triton import knobs
+    from tiny_models import random_block
+
+    from dit_core.arch import Arch
+    from dit_core.gpu.block import GpuBlock
+    from dit_core.modulation import Modulation
+    from dit_core.sequence import sequence_of
+
+    a = Arch(family="test", hidden=1024, layers=1, refiner=0, heads=8, head=128, ffn=2816, latents=16, patch=(2, 2),
+             text_dim=64, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
+             rope_axes=(32, 48, 48), rope_theta=256.0)
+    block = GpuBlock.of(random_block(a, True, seed=0).quantized(), torch.device("cuda"))
+    g = torch.Generator().manual_seed(0)
+    mods = Modulation(*(0.3 * torch.randn(2, a.hidden, generator=g).cuda() for _ in range(4)))
+    built = []
+
+    def step(rows: int):
+        row_map = (torch.arange(rows) >= 77).long()
+        seq = sequence_of(torch.randint(0, 64, (rows, 3), generator=g), row_map, a.rope_axes, a.rope_theta)
+        block.forward(a, torch.randn(rows, a.hidden, generator=g).cuda(), mods, seq.to("cuda"))
+        torch.cuda.synchronize()
+
+    step(4096 + 80)
+    previous = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda *, fn, key, **_: built.append((fn.name, key)) and False
+    try:
+        for rows in (4096 + 77, 4096 + 512, 1000):
+            step(rows)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    assert not built, built

@@ -1,0 +1,33 @@
+"""triton.jit and gluon.jit for this package's kernels: their row counts not specialized, and a stand-in where Triton
+is missing (the modules still import, and their references run).
+
+Triton builds a kernel once per specialization of its int arguments: divisible by 16 or not, equal to 1 or not. A
+count of rows follows the request (Krea 2's text rows join the image's), so a prompt of another length built the
+step's kernels again, one after another inside the sampler: 7 s of a new prompt's 8.4 s for Krea 2 on an H100. The
+arguments named in ROW_COUNTS are not specialized, so one build serves every length; kernels only compare rows with
+them (masks, tile counts), where the hint bought nothing."""
+from __future__ import annotations
+
+import inspect
+
+try:
+    import triton
+except ImportError:
+    triton = None
+try:
+    from triton.experimental import gluon
+except ImportError:
+    gluon = None
+
+ROW_COUNTS = ("M", "MP", "ITEMS", "whole", "parts")  # rows, padded rows, and the row-derived work counts
+
+
+def _rows_unspecialized(jit):
+    def decorate(fn):
+        rows = [name for name in inspect.signature(fn).parameters if name in ROW_COUNTS]
+        return jit(do_not_specialize=rows)(fn) if rows else jit(fn)
+    return decorate
+
+
+triton_jit = _rows_unspecialized(triton.jit) if triton is not None else (lambda fn: fn)
+gluon_jit = _rows_unspecialized(gluon.jit) if gluon is not None else None
