@@ -5,7 +5,7 @@ Triton builds a kernel once per specialization of its int arguments: divisible b
 count of rows follows the request (Krea 2's text rows join the image's), so a prompt of another length built the
 step's kernels again, one after another inside the sampler: 7 s of a new prompt's 8.4 s for Krea 2 on an H100. The
 arguments named in ROW_COUNTS are not specialized, so one build serves every length; kernels only compare rows with
-them (masks, tile counts), where the hint bought nothing."""
+them (masks, tile counts) or step over them once, where the hint bought nothing."""
 from __future__ import annotations
 
 import inspect
@@ -19,7 +19,8 @@ try:
 except ImportError:
     gluon = None
 
-ROW_COUNTS = ("M", "MP", "ITEMS", "whole", "parts")  # rows, padded rows, and the row-derived work counts
+# rows, padded rows, the work counts derived from them, and the stride of the norms' [2, M] stats
+ROW_COUNTS = ("M", "MP", "ITEMS", "whole", "parts", "stride_stats")
 
 
 def _rows_unspecialized(jit):
