@@ -103,4 +103,5 @@ def test_a_new_row_count_builds_no_kernel():
             step(rows)
     finally:
         knobs.runtime.jit_cache_hook = previous
-    assert not built, built
+    if built:  # the whole keys: which argument's specialization moved
+        pytest.fail("\n".join(f"{name}: {key}" for name, key in built))
