@@ -234,9 +234,10 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
              "enable_fp_fusion": False}
     h = quant_turned.rest_operand(turned, 64, x.device) if turned else \
         hadamard_bf16(group // split, x.device, halved=split == 4)
+    gate_stride = 0 if gate is None else gate.stride(0)  # (not stats' stride, which follows the rows)
     row_map, gate = (stats if t is None else t for t in (row_map, gate))  # stats: a pointer never read
     _rotate_kernel[(min(row_programs or m, triton.cdiv(m, block_m)), groups)](
-        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, gate, gate.stride(0), m, k,
+        x, x.stride(0), *vectors, row_map, h, stats, stats.stride(0), rotated, group_max, gate, gate_stride, m, k,
         **flags)
     launch_codes(rotated, group_max, codes, scales, choices.codes_last_first)
     return codes, scales

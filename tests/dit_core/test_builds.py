@@ -70,7 +70,8 @@ def test_a_build_worker_imports_the_kernels_module_from_its_folder(caplog):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_a_new_row_count_builds_no_kernel():
+@pytest.mark.parametrize("sandwich", [True, False], ids=["sandwich", "plain"])
+def test_a_new_row_count_builds_no_kernel(sandwich):
     """kernels/jit.py: once a block ran at one count of rows, another count (a prompt of another length) builds
     nothing, whether it divides by 16 or not: every kernel it launches is in the caches already."""
     from triton import knobs
@@ -84,7 +85,7 @@ def test_a_new_row_count_builds_no_kernel():
     a = Arch(family="test", hidden=1024, layers=1, refiner=0, heads=8, head=128, ffn=2816, latents=16, patch=(2, 2),
              text_dim=64, freq_dim=256, time_hidden=1024, time_dim=256, eps=1e-5, qk_eps=1e-5, final_eps=1e-6,
              rope_axes=(32, 48, 48), rope_theta=256.0)
-    block = GpuBlock.of(random_block(a, True, seed=0).quantized(), torch.device("cuda"))
+    block = GpuBlock.of(random_block(a, sandwich, seed=0).quantized(), torch.device("cuda"))
     g = torch.Generator().manual_seed(0)
     mods = Modulation(*(0.3 * torch.randn(2, a.hidden, generator=g).cuda() for _ in range(4)))
     built = []
