@@ -23,9 +23,10 @@ case $MODE in
     server) WHEELS="torchsde==0.2.6 trampoline==0.1.2 alembic==1.20.1 Mako==1.4.3 SQLAlchemy==2.1.9 greenlet==3.5.6
                 av==19.0.2 kornia==0.9.0 kornia_rs==0.2.0 spandrel==0.4.2 pydantic==2.14.4 pydantic-core==2.50.5
                 annotated-types==0.8.0 typing-inspection==0.4.5 pydantic-settings==2.16.3 python-dotenv==1.2.4" ;;
-    # diffusers for the step benchmarks; transformers and its tokenizers for bench_graph's pipelines (and the
-    # text encoders' GPU tests), which the device lacks; the omnivoice package (bench_omnivoice's peer)
-    peers) WHEELS="diffusers==0.42.1 importlib_metadata==10.2.0 transformers==5.24.0 tokenizers==0.23.3
+    # diffusers for the step benchmarks; transformers 5.24 and its tokenizers for bench_graph's pipelines (and the
+    # text encoders' GPU tests; the device's image has 5.17); the omnivoice package (bench_omnivoice's peer). Not
+    # importlib_metadata: with 10.2 beside them, transformers' lazy imports failed on the device (2026-12-05).
+    peers) WHEELS="diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3
                 omnivoice==0.2.1 pydub==0.25.1 soundfile==0.14.0" ;;
     *) echo "device_carry.sh: unknown set $MODE (server or peers)" >&2; exit 2 ;;
 esac

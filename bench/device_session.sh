@@ -17,8 +17,12 @@
 set -u -o pipefail
 export OUT=${OUT:-device_out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
+  rm -rf /tmp/site  # a warm machine keeps the last call's packages
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site
+  # diffusers imports peft where it is installed, and the image's peft failed importing the carried transformers'
+  # models; the peers use no LoRA.
+  if ls .whl/diffusers-*.whl >/dev/null 2>&1; then python3 -m pip uninstall -q -y peft 2>/dev/null; fi
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 parts=${*:-tests z_step streaming}
