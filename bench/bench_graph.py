@@ -2,6 +2,8 @@
   1. cold: from the server's start to the first image, every load and build included;
   2. a new prompt and seed (the text encoder runs again);
   3. the same prompt, a new seed (ComfyUI's cache keeps the encoding);
+  4. cold after a restart: a second server on the same machine, from its start to the first image (Triton's cache on
+     disk kept from the first: what every start after the first on a machine costs);
 with the peak memory of the server process on the card and in host RAM over each case (sampled every 0.1 s).
 Z-Image Turbo: the stock template graph (CLIPLoader + CLIPTextEncode, UNETLoader BF16, ModelSamplingAuraFlow,
 KSampler, VAELoader + VAEDecode) against our workflow (workflows/api/z_image_turbo_t2i.json on the INT8 ConvRot file),
@@ -208,35 +210,53 @@ def write_files(smoke: bool) -> Path:
 
 
 def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None) -> list[dict]:
-    """The three cases of one graph on a server of its own; a row a case (the server's log copied into logs)."""
-    rows = []
+    """The cases of one graph: 1-3 on a server of its own, whose Triton cache starts empty (a new machine), then 4 on
+    a second server that finds the first's; a row a case (the servers' logs copied into logs)."""
     with tempfile.TemporaryDirectory(prefix="bench_graph_") as base:
-        server = ComfyHost(COMFYUI_TREE, base, sys.executable, cpu=smoke, cache_none=False)
-        server.link_models({f: models / f for f in FOLDERS if (models / f).is_dir()})
-        started = time.monotonic()
+        previous = os.environ.get("TRITON_CACHE_DIR")
+        os.environ["TRITON_CACHE_DIR"] = str(Path(base) / "triton")  # the servers inherit it
         try:
-            server.start(timeout=300)
-            cases = (("1 cold", PROMPTS[0], 1), ("2 new prompt and seed", PROMPTS[1], 2),
+            first = (("1 cold", PROMPTS[0], 1), ("2 new prompt and seed", PROMPTS[1], 2),
                      ("3 same prompt, new seed", PROMPTS[1], 3))
-            for case, prompt, seed in cases:
-                with Peaks(server.proc.pid) as peaks:
-                    entry, events, seconds = server.run(with_prompt(graph, prompt, seed, f"bench_{seed}"), TIMEOUT)
-                status = entry["status"]["status_str"]
-                if status != "success":
-                    raise RuntimeError(f"{label}, {case}: {status} {of_type(events, 'execution_error')[:1]}\n"
-                                       f"{server.log_tail()}")
-                if case == "1 cold":
-                    seconds = time.monotonic() - started
-                nodes = ", ".join(f"{graph[n]['class_type']} {s:.2f}" for n, s in node_seconds(events).items()
-                                  if s >= 0.05)
-                rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
-                             "host_gb": peaks.host_gb, "nodes": nodes})
-                print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} | {nodes} |",
-                      flush=True)
+            return (one_server(label, graph, models, smoke, logs, Path(base) / "first", first)
+                    + one_server(label, graph, models, smoke, logs, Path(base) / "restart",
+                                 (("4 cold after a restart", PROMPTS[0], 4),)))
         finally:
-            server.stop()
-            if logs is not None:
-                shutil.copy(server.log_path, logs / f"server_{label.replace(' ', '_')}.log")
+            if previous is None:
+                os.environ.pop("TRITON_CACHE_DIR", None)
+            else:
+                os.environ["TRITON_CACHE_DIR"] = previous
+
+
+def one_server(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None, base: Path,
+               cases: tuple[tuple[str, str, int], ...]) -> list[dict]:
+    """cases (name, prompt, seed) one after another on a new server in base; the first timed from the server's
+    start."""
+    rows = []
+    server = ComfyHost(COMFYUI_TREE, base, sys.executable, cpu=smoke, cache_none=False)
+    server.link_models({f: models / f for f in FOLDERS if (models / f).is_dir()})
+    started = time.monotonic()
+    try:
+        server.start(timeout=300)
+        for case, prompt, seed in cases:
+            with Peaks(server.proc.pid) as peaks:
+                entry, events, seconds = server.run(with_prompt(graph, prompt, seed, f"bench_{seed}"), TIMEOUT)
+            status = entry["status"]["status_str"]
+            if status != "success":
+                raise RuntimeError(f"{label}, {case}: {status} {of_type(events, 'execution_error')[:1]}\n"
+                                   f"{server.log_tail()}")
+            if case == cases[0][0]:
+                seconds = time.monotonic() - started
+            nodes = ", ".join(f"{graph[n]['class_type']} {s:.2f}" for n, s in node_seconds(events).items()
+                              if s >= 0.05)
+            rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
+                         "host_gb": peaks.host_gb, "nodes": nodes})
+            print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} | {nodes} |",
+                  flush=True)
+    finally:
+        server.stop()
+        if logs is not None:
+            shutil.copy(server.log_path, logs / f"server_{label.replace(' ', '_')}_{base.name}.log")
     return rows
 
 

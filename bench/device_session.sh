@@ -147,3 +147,5 @@ for part in $parts; do
   kill $sampler 2>/dev/null
   echo "$part: rc $rc in $(( $(date +%s) - start )) s" | tee -a "$OUT/summary.txt"
 done
+# At most 8 files come back from a call: the logs and power traces go in one archive beside the reports.
+(cd "$OUT" && ls *.log *.csv >/dev/null 2>&1 && tar czf logs.tgz --remove-files $(ls *.log *.csv 2>/dev/null))
