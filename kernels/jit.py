@@ -2,10 +2,10 @@
 is missing (the modules still import, and their references run).
 
 Triton builds a kernel once per specialization of its int arguments: divisible by 16 or not, equal to 1 or not. A
-count of rows follows the request (Krea 2's text rows join the image's), so a prompt of another length built the
-step's kernels again, one after another inside the sampler: 7 s of a new prompt's 8.4 s for Krea 2 on an H100. The
-arguments named in ROW_COUNTS are not specialized, so one build serves every length; kernels only compare rows with
-them (masks, tile counts) or step over them once, where the hint bought nothing."""
+count of rows follows the request (Krea 2's text rows join the image's), so a prompt of another length would build
+the step's kernels again, one after another inside the sampler (seconds). The arguments named in ROW_COUNTS are not
+specialized, so one build serves every length; kernels only compare rows with them (masks, tile counts) or step over
+them once, where the hint bought nothing."""
 from __future__ import annotations
 
 import inspect
