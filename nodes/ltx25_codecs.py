@@ -19,7 +19,7 @@ from ..dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES, VideoDecoder
 from ..dit_core.codecs.ltx2_vocoder import Vocoder
 from .base import SwiftDiTError, checked, decode_image, file_checked, interrupt_check
 from .family_nodes import FileLoaderNode, VAELoaderNode
-from .ltx25_frames import CATEGORY, host_model, vae_role
+from .ltx25_frames import CATEGORY, device_model, vae_role
 from .types import LatentUpscaleModel, Vae
 
 # LTXVEmptyLatentAudio's length rule, ceil(frames / fps x 25) (ComfyUI's AudioVAE.num_of_latents_from_frames:
@@ -33,11 +33,15 @@ class AudioCodec:
     decoder: AudioDecoder
     vocoder: Vocoder
 
+    def to(self, device: torch.device, dtype: torch.dtype = torch.float32) -> AudioCodec:
+        return AudioCodec(self.decoder.to(device, dtype), self.vocoder.to(device, dtype))
 
-load_video_vae = functools.partial(host_model, "vae", read=VideoDecoder.load, role="video")
-load_audio_vae = functools.partial(host_model, "vae", read=lambda c: AudioCodec(AudioDecoder.load(c), Vocoder.load(c)),
+
+# On ComfyUI's device: the video VAE in BF16 on a GPU (as stock decodes), the rest f32 (the vocoder as ComfyUI runs it)
+load_video_vae = functools.partial(device_model, "vae", read=VideoDecoder.load, role="video", gpu_dtype=torch.bfloat16)
+load_audio_vae = functools.partial(device_model, "vae", read=lambda c: AudioCodec(AudioDecoder.load(c), Vocoder.load(c)),
                                    role="audio")
-load_upscale_model = functools.partial(host_model, "latent_upscale", read=LatentUpsampler.load)
+load_upscale_model = functools.partial(device_model, "latent_upscale", read=LatentUpsampler.load)
 
 
 class LTX25VAELoader(VAELoaderNode):

@@ -18,7 +18,7 @@ from ..dit_core.codecs.ltx2_video_vae import SPACE_FACTOR, TIME_FACTOR, VideoEnc
 from ..dit_core.families.ltx25_positions import Guide
 from ..dit_core.sampling.ltx25 import add_guide, crop_guides, guide_frame, image_to_video
 from .base import FileHandle, SwiftDiTError, cancellable, checked, interrupt_check
-from .memory import LOADED, MAIN
+from .memory import LOADED, MAIN, on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/LTX-2.5"
@@ -32,13 +32,21 @@ def host_model(kind: str, handle, read, role: str = MAIN):
     return LOADED.get(kind, (*handle.key(), str(HOST), FAMILY), lambda: cancellable(read, handle.path), HOST, role)
 
 
+def device_model(kind: str, handle, read, role: str = MAIN, gpu_dtype: torch.dtype = torch.float32):
+    """LOADED's model in slot (kind, role) for handle, read as host_model's and moved by its .to(device, dtype) to
+    ComfyUI's device: in gpu_dtype on a GPU, f32 on the CPU."""
+    def place(model, where: torch.device):
+        return model.to(where, gpu_dtype if where.type == "cuda" else torch.float32)
+    return on_device(kind, handle, lambda: cancellable(read, handle.path), FAMILY, place=place, role=role)
+
+
 def vae_role(node: str, name: str, vae: FileHandle, role: str) -> None:
     if getattr(vae, "role", None) != role:
         loader = {"video": "LTX-2.5 VAE Loader", "audio": "LTX-2.5 Audio VAE Loader"}[role]
         raise SwiftDiTError(f"{node} · {name}: not the LTX-2.5 {role} VAE; connect the {loader}")
 
 
-load_video_encoder = functools.partial(host_model, "vae", read=VideoEncoder.load, role="video encoder")
+load_video_encoder = functools.partial(device_model, "vae", read=VideoEncoder.load, role="video encoder")
 VAE_TOOLTIP = "The LTX-2.5 video VAE, from its VAE Loader (its encoder encodes the image)"
 
 
@@ -61,7 +69,7 @@ def encoded(node: str, vae, image: torch.Tensor, height: int, width: int) -> tor
     with checked(node, "vae"):
         encoder = load_video_encoder(vae)
     with checked(node, "image"):
-        return encoder.encode(image[..., :3], interrupt_check)
+        return encoder.encode(image[..., :3], interrupt_check).to(image.device)
 
 
 class LTX25ImgToVideoInplace(io.ComfyNode):  # LTXVImgToVideoInplace's inputs and output

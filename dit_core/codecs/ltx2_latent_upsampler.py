@@ -81,14 +81,22 @@ class LatentUpsampler:
             raise error(f"unexpected tensors {extra[:3]}{' ...' if len(extra) > 3 else ''}")
         return cls(shape, w)
 
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> LatentUpsampler:
+        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()})
+
+    @property
+    def device(self) -> torch.device:
+        return self.w["initial_conv.weight"].device
+
     @torch.no_grad()
     def __call__(self, latents: torch.Tensor) -> torch.Tensor:
+        """Raw latents [B, C, F, H, W] -> [B, C, F, 2H, 2W] f32, on the upsampler's device."""
         s, w = self.shape, self.w
         if latents.ndim != 5 or latents.shape[1] != s.channels:
             raise ValueError(f"LatentUpsampler: latents must be [B, {s.channels}, F, H, W], got "
                              f"{tuple(latents.shape)}")
         b, _, f, _, _ = latents.shape
-        x = latents.float()
+        x = latents.to(self.device, w["initial_conv.weight"].dtype)
         if s.dims == 2:
             x = per_frame(x)
         x = F.silu(_norm(_conv(x, w, "initial_conv"), w, "initial_norm"))
@@ -104,12 +112,12 @@ class LatentUpsampler:
 
     def upsample(self, latents: torch.Tensor, latents_mean: torch.Tensor, latents_std: torch.Tensor) -> torch.Tensor:
         """ComfyUI's LTXVLatentUpsampler on normalized latents: x std + mean per channel (the video VAE's
-        per_channel_statistics, e.g. VideoDecoder.latents_mean / latents_std), upsampled, then (y - mean)/std; in
-        the latents' dtype."""
+        per_channel_statistics, e.g. VideoDecoder.latents_mean / latents_std), upsampled on the upsampler's device,
+        then (y - mean)/std; on the latents' device in their dtype."""
         view = (1, -1, 1, 1, 1)
-        mean, std = latents_mean.view(view).float(), latents_std.view(view).float()
-        y = self(latents.float() * std + mean)
-        return ((y - mean) / std).to(latents.dtype)
+        mean, std = (t.to(self.device, torch.float32).view(view) for t in (latents_mean, latents_std))
+        y = self(latents.to(self.device, torch.float32) * std + mean).float()
+        return ((y - mean) / std).to(latents.device, latents.dtype)
 
 
 def per_frame(x: torch.Tensor) -> torch.Tensor:

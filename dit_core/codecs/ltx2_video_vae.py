@@ -275,6 +275,11 @@ class VideoEncoder:
         w = {name: read_tensor(ckpt, e + name, s) for name, s in encoder_tensors(shape).items()}
         return cls(shape, w, *_latent_stats(ckpt, p))
 
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoEncoder:
+        """Weights on device in dtype (the statistics stay f32); latents come back on that device."""
+        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
+                          self.latents_mean.to(device), self.latents_std.to(device))
+
     @torch.no_grad()
     def encode(self, image: torch.Tensor, check: Callable[[], None] | None = None) -> torch.Tensor:
         """IMAGE [F, H, W, 3] in 0..1 -> normalized latents [1, 128, (F - 1) / 8 + 1, H / 32, W / 32]."""

@@ -274,3 +274,24 @@ def test_vocoder_matches_diffusers(audio, stage_clamp):
     assert rel_err(out, ref) <= 1e-4
     result = voc.audio(mel)
     assert result["sample_rate"] == 48000 and torch.equal(result["waveform"], out)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_codecs_on_the_card_match_the_host(video, audio, tmp_path):
+    """As the nodes place them on a GPU: the video decoder in BF16 (tiled as the template decodes), its encoder, the
+    audio decoder and the vocoder f32; each against its host f32 result, IMAGE and AUDIO back on the CPU."""
+    vae, host = video
+    z = video_latents(3, 3, 4, seed=11)
+    frames = host.to("cuda", torch.bfloat16).decode(z, tiles=(64, 32, 16, 8))
+    assert frames.device.type == "cpu" and rel_err(frames, host.decode(z, tiles=(64, 32, 16, 8))) <= 2e-2
+    enc = VideoEncoder.load(video_file(tmp_path, vae))
+    image = torch.rand(9, 64, 64, 3, generator=torch.Generator().manual_seed(12))
+    assert rel_err(enc.to("cuda").encode(image).cpu(), enc.encode(image)) <= 1e-4
+    dec, voc = audio["decoder"], Vocoder.load(audio["path"])
+    za = torch.randn(1, 8, 6, 16, generator=torch.Generator().manual_seed(13))
+    mel = dec.to("cuda").decode(za)
+    assert rel_err(mel.cpu(), dec.decode(za)) <= 1e-4
+    sound = voc.to("cuda").audio(mel)
+    assert sound["waveform"].device.type == "cpu"
+    assert rel_err(sound["waveform"], voc.audio(dec.decode(za))["waveform"]) <= 1e-4

@@ -446,6 +446,10 @@ def test_upsampler_matches_diffusers(tmp_path, overrides):
     with torch.no_grad():
         want = (reference(x * std.view(view) + mean.view(view)) - mean.view(view)) / std.view(view)
     assert rel_err(ours.upsample(x, mean, std), want) <= 1e-4
+    if torch.cuda.is_available():  # on the card (the nodes' place), the latents' device and dtype kept
+        on_card = ours.to("cuda").upsample(x.bfloat16(), mean.cuda(), std.cuda())
+        assert on_card.device == x.device and on_card.dtype == torch.bfloat16
+        assert rel_err(on_card.float(), want) <= 1e-2
 
 
 def test_upsampler_refuses_other_files(tmp_path):
