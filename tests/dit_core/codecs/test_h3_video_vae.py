@@ -22,8 +22,12 @@ def tiny_vae() -> AutoencoderKLMiniMaxH3:
     g = torch.Generator().manual_seed(0)
     mean = (torch.randn(24, generator=g) * 0.5).tolist()
     std = (torch.rand(24, generator=g) + 0.5).tolist()
-    vae = AutoencoderKLMiniMaxH3(**CONFIG, latents_mean=mean, latents_std=std).eval()
-    # Every parameter random (diffusers zero-initializes the gates and registers: a zero gate would hide a block).
+    return randomized(AutoencoderKLMiniMaxH3(**CONFIG, latents_mean=mean, latents_std=std), g)
+
+
+def randomized(vae: AutoencoderKLMiniMaxH3, g: torch.Generator) -> AutoencoderKLMiniMaxH3:
+    """Every parameter random (diffusers zero-initializes the gates and registers: a zero gate would hide a block),
+    matrices fan-in scaled, norm gains near 1; the buffers (its rotary tables) left as computed."""
     with torch.no_grad():
         for name, p in vae.named_parameters():
             r = torch.randn(p.shape, generator=g)
@@ -33,7 +37,7 @@ def tiny_vae() -> AutoencoderKLMiniMaxH3:
                 p.copy_(1 + 0.2 * r)
             else:
                 p.copy_(0.5 * r)
-    return vae
+    return vae.eval()
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +241,15 @@ def test_real_size_encoder_reads_with_h3_defaults():
     assert enc.shape.channels == (128, 256, 256, 512, 512, 1024) and enc.shape.blocks == 2
     assert enc.shape.patch == 16 and math.prod(enc.shape.temporal) == 4
     assert enc.w["down_blocks.5.resnets.0.conv_shortcut.weight"].shape == (1024, 512, 1, 1, 1)
+
+
+def test_the_decode_bench_runs_tiny(capsys):
+    """bench/bench_video_decode.py's smoke run: H3's several clips in tiles equal diffusers' (PSNR inf in f32), and
+    LTX-2.5's row is printed."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    import bench_video_decode
+    assert bench_video_decode.main(["--tiny"]) == 0
+    rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
+    assert rows["h3"].rstrip(" |").endswith("inf") and "ltx25" in rows, rows
