@@ -4,7 +4,8 @@ each launch (a first Z-Image prompt on a new machine spent about 18 s there, ser
 A dry run of the step finds them: every launch of a kernel not yet built is held back (Triton's jit_cache_hook
 answers that the build is handled, so nothing compiles or runs) and its specialization recorded; the step's values
 are garbage and dropped, and the kernels already built run on them harmlessly. The recorded kernels are then built
-by Triton's AsyncCompileMode on a thread pool into the kernel caches the real step launches from, and into
+by Triton's AsyncCompileMode on a thread pool into the kernel caches the real step launches from (their modules
+loaded and launchers made on the same threads, which a first launch would otherwise do one by one), and into
 Triton's on-disk cache, so a restart of the same machine builds nothing. ptxas runs outside the GIL; how much of
 the compiler's front end overlaps on threads is bench/bench_first_step.py's question, and `processes=True` builds
 the kernels in worker processes instead (kernels/process_builds.py), filling Triton's on-disk cache, from which this
@@ -78,11 +79,25 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         kernels().build_in_processes(list(held.values()), threads)
     # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
     # the error where the kernel's caller falls back (kernels/gluon_builds.py).
-    with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool, \
-            AsyncCompileMode(pool, ignore_errors=True):
-        for jit_function, specialization in held.values():
-            jit_function.preload(specialization)
+    with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool:
+        with AsyncCompileMode(pool, ignore_errors=True):
+            built = [jit_function.preload(specialization) for jit_function, specialization in held.values()]
+        # A kernel's first launch also loads its module and makes its launcher (a C launcher compiled for its
+        # signature, in the Triton releases that have one): on the threads too, rather than one by one in the step.
+        list(pool.map(lambda kernel: _loaded(kernel, device), built))
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
+
+
+def _loaded(kernel, device: torch.device) -> None:
+    """kernel's (preload's, maybe a future) module and launcher made now, on this thread; any failure is left for
+    its launch, which makes them again and reports it there."""
+    try:
+        torch.cuda.set_device(device)  # the thread's current context: the one the step launches in
+        kernel = kernel.result(ignore_errors=True) if hasattr(kernel, "result") else kernel
+        if kernel is not None and hasattr(kernel, "_init_handles"):
+            kernel._init_handles()
+    except Exception:  # noqa: BLE001 - an optimization: the launch does it as before
+        log.debug("build ahead: a kernel's module not loaded ahead", exc_info=True)
 
 
 @dataclass
