@@ -84,11 +84,12 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
             built = [jit_function.preload(specialization) for jit_function, specialization in held.values()]
         # A kernel's first launch also loads its module and makes its launcher (a C launcher compiled for its
         # signature, in the Triton releases that have one): on the threads too, rather than one by one in the step.
-        list(pool.map(lambda kernel: _loaded(kernel, device), built))
+        index = torch.cuda.current_device() if device.index is None else device.index  # (this thread's)
+        list(pool.map(lambda kernel: _loaded(kernel, index), built))
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
 
 
-def _loaded(kernel, device: torch.device) -> None:
+def _loaded(kernel, device: int) -> None:
     """kernel's (preload's, maybe a future) module and launcher made now, on this thread; any failure is left for
     its launch, which makes them again and reports it there."""
     try:
