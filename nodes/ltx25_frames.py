@@ -18,7 +18,7 @@ from ..dit_core.codecs.ltx2_video_vae import SPACE_FACTOR, TIME_FACTOR, VideoEnc
 from ..dit_core.families.ltx25_positions import Guide
 from ..dit_core.sampling.ltx25 import add_guide, crop_guides, guide_frame, image_to_video
 from .base import FileHandle, SwiftDiTError, cancellable, checked, interrupt_check
-from .memory import LOADED, MAIN, on_device
+from .memory import LOADED, MAIN, on_device_as
 from .types import Vae
 
 CATEGORY = "SwiftDiT/LTX-2.5"
@@ -33,11 +33,9 @@ def host_model(kind: str, handle, read, role: str = MAIN):
 
 
 def device_model(kind: str, handle, read, role: str = MAIN, gpu_dtype: torch.dtype = torch.float32):
-    """LOADED's model in slot (kind, role) for handle, read as host_model's and moved by its .to(device, dtype) to
-    ComfyUI's device: in gpu_dtype on a GPU, f32 on the CPU."""
-    def place(model, where: torch.device):
-        return model.to(where, gpu_dtype if where.type == "cuda" else torch.float32)
-    return on_device(kind, handle, lambda: cancellable(read, handle.path), FAMILY, place=place, role=role)
+    """LOADED's model in slot (kind, role) for handle, read as host_model's, on ComfyUI's device: in gpu_dtype on a
+    GPU, f32 on the CPU."""
+    return on_device_as(kind, handle, lambda: cancellable(read, handle.path), gpu_dtype, FAMILY, role)
 
 
 def vae_role(node: str, name: str, vae: FileHandle, role: str) -> None:

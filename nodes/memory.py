@@ -265,10 +265,16 @@ def on_device(kind: str, handle, load: Callable[[], object], family: str = "",
     return LOADED.get(kind, (*handle.key(), str(device), family), lambda: place(load(), device), device, role)
 
 
+def on_device_as(kind: str, handle, load: Callable[[], object], gpu_dtype: torch.dtype, family: str = "",
+                 role: str = MAIN):
+    """on_device for a model moved by its .to(device, dtype): in gpu_dtype on a CUDA GPU, f32 on the CPU."""
+    return on_device(kind, handle, load, family, role=role,
+                     place=lambda model, where: model.to(where, gpu_dtype if where.type == "cuda" else torch.float32))
+
+
 def vae_on_device(handle, load: Callable[[], object], family: str = "", role: str = MAIN):
     """on_device for a VAE: in BF16 on a CUDA GPU, as stock ComfyUI decodes there; f32 on the CPU."""
-    return on_device("vae", handle, load, family, role=role,
-                     place=lambda vae, where: vae.to(where, torch.bfloat16 if where.type == "cuda" else torch.float32))
+    return on_device_as("vae", handle, load, torch.bfloat16, family, role)
 
 
 def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows: int | None = None,
