@@ -279,3 +279,26 @@ def test_graphed_step_replays_the_eager_step(gpu_sized):
     ref = (latent[:, :8, :8],)
     assert torch.equal(step(latent, 0.5, txt, refs=ref), model.velocity(latent, 0.5, txt, refs=ref))
     step.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_prompt_of_another_length_builds_no_kernel(gpu_sized):
+    """The whole INT8 step (gated attention in the OUT quantizer, grouped-query heads, the text fused once) at 9
+    prompt rows, then at 8 and 16 (rows past the image's of another divisibility by 16): no Triton kernel built again
+    (kernels/jit.py), as a new prompt in the server should find them."""
+    from triton import knobs
+    path, latent, text, mask = gpu_sized
+    model = Krea2.load(path, linears="int8").to("cuda")
+    latent = latent.cuda()
+    model.velocity(latent, 0.5, model.text_rows(text.cuda(), mask.cuda()))
+    built, previous = [], knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = lambda *, fn, key, **_: built.append(fn.name) and False
+    try:
+        for rows in (8, 16):
+            longer = torch.randn(rows, *text.shape[1:], generator=torch.Generator().manual_seed(rows)).cuda()
+            model.velocity(latent, 0.5, model.text_rows(longer, torch.ones(rows, dtype=torch.bool, device="cuda")))
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    assert not built, built
