@@ -5,9 +5,19 @@ import torch
 
 
 def print_profile(call, rows: int = 30) -> None:
+    """The table, then the kernels' summed time against the call's wall-clock time: a GPU idle much of the call
+    waits on the host (launches, Python, copies that synchronize)."""
+    import time
+
     from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         call()
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70),
-          flush=True)
+        wall_ms = (time.perf_counter() - start) * 1e3
+    averages = prof.key_averages()
+    print(averages.table(sort_by="self_device_time_total", row_limit=rows, max_name_column_width=70), flush=True)
+    busy_ms = sum(event.self_device_time_total for event in averages) / 1e3
+    print(f"kernels {busy_ms:.1f} ms of the call's {wall_ms:.1f} ms wall-clock (profiled): the GPU busy "
+          f"{100 * busy_ms / wall_ms:.0f}% of it", flush=True)
