@@ -37,7 +37,8 @@ class AudioCodec:
         return AudioCodec(self.decoder.to(device, dtype), self.vocoder.to(device, dtype))
 
 
-# On ComfyUI's device: the video VAE in BF16 on a GPU (as stock decodes), the rest f32 (the vocoder as ComfyUI runs it)
+# On ComfyUI's device: the video VAE in BF16 on a GPU (as stock decodes), the rest f32 (the vocoder as ComfyUI
+# runs it)
 load_video_vae = functools.partial(device_model, "vae", read=VideoDecoder.load, role="video", gpu_dtype=torch.bfloat16)
 load_audio_vae = functools.partial(device_model, "vae", read=lambda c: AudioCodec(AudioDecoder.load(c), Vocoder.load(c)),
                                    role="audio")

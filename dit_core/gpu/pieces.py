@@ -56,9 +56,9 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     triple), the gate taken in the quantizer's prologue (kernels/int8/prologue.py: neither the sigmoid nor the gated
     rows written out). Query rows x and key/value rows context (f32; context may be x itself: its rows are made once
     for q, k and v). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias
-    (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's share of the rows
-    and attention runs across the ranks, keys the shards of context's rows where they are not x (dit_core/parallel
-    SequenceShards.across); None: all rows here."""
+    (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's
+    share of the rows and attention runs across the ranks, keys the shards of context's rows where they are not x
+    (dit_core/parallel SequenceShards.across); None: all rows here."""
     o, made = options or DEFAULT, {}
 
     def product(t: torch.Tensor, lin: GpuLinear) -> torch.Tensor:

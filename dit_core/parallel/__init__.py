@@ -4,4 +4,5 @@ from .launch import Cancelled, RankFailed, RankPool, run_ranks
 from .ranked import RankedModel, RanksDoNotFit
 from .shards import Ranks, SequenceShards, shares
 
-__all__ = ["Cancelled", "RankFailed", "RankPool", "RankedModel", "Ranks", "RanksDoNotFit", "SequenceShards", "run_ranks", "shares"]
+__all__ = ["Cancelled", "RankFailed", "RankPool", "RankedModel", "Ranks", "RanksDoNotFit", "SequenceShards",
+           "run_ranks", "shares"]

@@ -210,7 +210,7 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
                          f"{MAX_K}, got {t.dtype} {tuple(t.shape)}")
-    if turned is not None and turned not in TURNED or (turned is not None and gate is not None):
+    if turned is not None and (turned not in TURNED or gate is not None):
         raise ValueError(f"quantize_turned: turned must be one of {list(TURNED)} or None (with a gate), got {turned!r}")
     gate_span = 0 if gate is None else checked_gate(gate, m, k, "quantize_turned")
     codes, scales = out if out is not None else (torch.empty(m, k, dtype=torch.int8, device=t.device),
