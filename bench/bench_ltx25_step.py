@@ -159,7 +159,7 @@ def main(argv=None) -> None:
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip diffusers' steps (its random model "
                    "is still made: ours is made from its tensors)")
     p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
-                   "last stage, by GPU time (bench/gpu_profile.py)")
+                   "last stage, by GPU time, and its host functions (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
                    "128x128, 17 frames, 16 prompt rows; on the CPU where there is no CUDA")
     args = p.parse_args(argv)
@@ -199,7 +199,7 @@ def main(argv=None) -> None:
     if args.profile and device.type == "cuda":
         from gpu_profile import print_profile
         print(f"\n## kernels of one INT8 step, stage {stages[-1]}")
-        print_profile(our_step(ours, inputs[stages[-1]]))
+        print_profile(our_step(ours, inputs[stages[-1]]), host=True)
     stream = None
     if args.budget_gb > 0:
         host = loaded

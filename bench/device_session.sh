@@ -6,7 +6,7 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
-#          video_decode
+#          video_decode pick
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -26,6 +26,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   if ls .whl/diffusers-*.whl >/dev/null 2>&1; then python3 -m pip uninstall -q -y peft 2>/dev/null; fi
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+# What the image has beside the carried wheels, and whether the peers import (their lazy imports hide the cause).
+{ python3 -m pip list 2>/dev/null; if [ -d /tmp/site/transformers ]; then
+    python3 -c "import transformers, diffusers; from transformers import AutoImageProcessor" 2>&1 | tail -n 30; fi
+} > "$OUT/packages.log"
 parts=${*:-tests z_step streaming}
 stamped() { python3 -u -c "import sys, time; [print(f'{time.time():.2f}', l, end='', flush=True) for l in sys.stdin]"; }
 # ComfyUI's tree (the server parts; the text encoders' GPU tests read its tokenizer), where the call carried it.
@@ -40,6 +44,8 @@ make_room_for() {
     graph) rm -rf .cache/models ;;
   esac
 }
+# A part's time cap: CAP_<part> where set (e.g. CAP_ltx25=200), else the part's own.
+cap() { local name="CAP_$part"; echo "${!name:-$1}"; }
 for part in $parts; do
   start=$(date +%s)
   make_room_for "$part"
@@ -116,7 +122,7 @@ for part in $parts; do
              --report $OUT/graph.md ;;
     # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
-    ltx25) timeout 590 python3 -u bench/bench_ltx25_step.py --steps 3 --profile 2>&1 | stamped ;;
+    ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
     video_decode) timeout 590 python3 -u bench/bench_video_decode.py ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
@@ -125,7 +131,9 @@ for part in $parts; do
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
-    omnivoice) timeout 540 python3 bench/bench_omnivoice.py --repeats 5 --eager --int8 --agreement ;;
+    omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
+    # GPU tests named in TESTS (paths or node ids)
+    pick) timeout $(cap 300) python3 -m pytest -q -rs -m "gpu or not gpu" -p no:cacheprovider --durations=5 $TESTS ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \
