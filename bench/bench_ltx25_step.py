@@ -36,7 +36,7 @@ from dit_core.gpu.streaming import pass_bytes  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 
 GIB = 1 << 30
-PEER, OURS = "diffusers BF16 (SDPA)", "ours INT8 ConvRot"
+PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,
@@ -111,11 +111,14 @@ def peer_step(ref, s: StageInputs):
     return step
 
 
-def our_step(model: LTX25, s: StageInputs):
+def our_step(model: LTX25, s: StageInputs, forward=None):
+    """forward: model.forward (the default) or its graphed twin (model.graphed())."""
+    forward = forward or model.forward
+
     def step():
         with torch.no_grad():
-            return model.forward(s.video, s.audio, s.text_video, s.text_audio, s.grid, SIGMA_VIDEO, SIGMA_AUDIO,
-                                 av_times="cross")
+            return forward(s.video, s.audio, s.text_video, s.text_audio, s.grid, SIGMA_VIDEO, SIGMA_AUDIO,
+                           av_times="cross")
     return step
 
 
@@ -196,6 +199,11 @@ def main(argv=None) -> None:
     ours = loaded.to(device, options=defaults) if device.type == "cuda" else loaded.gpu_form(device, defaults)
     for k, s in inputs.items():
         results[(k, OURS)] = (*timed_on(device, our_step(ours, s), args.steps), weights_gb(ours))
+    if device.type == "cuda":  # the same step replayed from a CUDA graph (dit_core/gpu/step_graph.py)
+        graphed = ours.graphed()
+        for k, s in inputs.items():
+            results[(k, GRAPHED)] = (*timed_on(device, our_step(ours, s, graphed), args.steps), weights_gb(ours))
+        graphed.clear()
     if args.profile and device.type == "cuda":
         from gpu_profile import print_profile
         print(f"\n## kernels of one INT8 step, stage {stages[-1]}")
@@ -231,6 +239,9 @@ def main(argv=None) -> None:
             peer_v, peer_a = results[(k, PEER)][2]
             print(f"stage {k} fidelity (relative Frobenius of the velocity), ours INT8 vs diffusers BF16: video "
                   f"{rel(ours_v, peer_v):.4f}, audio {rel(ours_a, peer_a):.4f}")
+        if (k, GRAPHED) in results:
+            gv, ga = results[(k, GRAPHED)][2]
+            print(f"stage {k} graphed vs eager: video {rel(gv, ours_v):.2e}, audio {rel(ga, ours_a):.2e} (0 expected)")
         if stream is not None:
             sv, sa = results[(k, stream)][2]
             print(f"stage {k} streamed vs resident: video {rel(sv, ours_v):.2e}, audio {rel(sa, ours_a):.2e} (the "

@@ -233,7 +233,12 @@ class LTX25Sampler(SamplerNode):
         one_pass = math.isclose(stage.video_cfg, 1.0) and math.isclose(stage.audio_cfg, 1.0)
         negative = None if one_pass else prompt_rows(dit.connectors, r.negative)
         mask, frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
-        net = packed_model(dit.transformer, [video.shape, audio.shape], fps, check=interrupt_check, **frames)
+        # On a GPU each step replays a CUDA graph while every layer is resident; the graphs stay with the loaded
+        # model across prompts and go when ComfyUI takes its memory back.
+        t = dit.transformer
+        step = LOADED.attached("dit", "graphed_step", t.graphed) \
+            if isinstance(t, LTX25) and t.device.type == "cuda" else None
+        net = packed_model(t, [video.shape, audio.shape], fps, step=step, check=interrupt_check, **frames)
         return (lambda callback, should_stop: NestedTensor(sample_stage(
             net, video, audio, stage, positive, negative, mask, r.extra["eta"], r.extra["s_noise"], callback=callback,
             should_stop=should_stop))), \

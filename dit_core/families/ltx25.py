@@ -351,6 +351,80 @@ class LTX25:
         velocities come back on the inputs' devices. ranks: the blocks run sequence-parallel across them
         (dit_core/parallel: each rank its share of each stream's rows, gathered before the final layers; host or
         GPU blocks); None: here alone."""
+        self._check_rows(video, audio, grid, av_times)
+        a_s = self.audio
+        dev = self.device
+        # the steps' maps on the host: a rank's share is taken there, so its Sequence keeps its starts
+        host = self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
+                          text_mask, av_times, rope_dtype)
+        whole = tuple(step.to(dev) for step in host)
+        shares = whole
+        if ranks is not None:
+            from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
+            heads = (a_s.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
+            shares = tuple(step.split(SequenceShards.split(ranks, step.seq.map, heads)).to(dev) for step in host)
+        keyframes = None if keyframes is None else keyframes.to(dev)
+        v, a = self.velocities(video.to(dev), audio.to(dev), whole, shares, keyframes, check)
+        return v.to(video.device), a.to(audio.device)
+
+    def velocities(self, video: torch.Tensor, audio: torch.Tensor, whole: tuple[StreamStep, StreamStep],
+                   shares: tuple[StreamStep, StreamStep], keyframes: torch.Tensor | None = None,
+                   check: Callable[[], None] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward's work where the model is, from its inputs and StreamSteps there (whole: all rows; shares: this
+        rank's share, the same steps when not sequence-parallel). With every block resident nothing in it waits
+        for the host or copies from it, so a CUDA graph can capture it (graphed)."""
+        (sv, sa), v_s, a_s = shares, self.video, self.audio
+        v, a = linear(video.float(), v_s.proj_in), linear(audio.float(), a_s.proj_in)
+        if self.keyframe is not None and keyframes is not None:
+            v = v + keyframes.bool().float()[:, None] * self.keyframe
+        if sv.shards is not None:
+            v, a = sv.shards.take(v), sa.shards.take(a)
+        for block in self.blocks:
+            v, a = gpu_block(self, block, v, a, sv, sa) if block.gpu else self.block(block, v, a, sv, sa)
+            if check is not None:
+                check()
+        if sv.shards is not None:
+            v, a = sv.shards.gather(v), sa.shards.gather(a)
+        sv, sa = whole
+        return self.final(v_s, v, sv), self.final(a_s, a, sa)
+
+    def graphed(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        """forward() with its blocks and final layers replayed from one CUDA graph a step (dit_core/gpu/step_graph.py)
+        on a CUDA device while every layer is resident, else forward() itself; the steps' rows (steps()) are made
+        eagerly each call and copied into the graph's inputs. Sequence-parallel calls (ranks) run eagerly. check() is
+        asked before a replayed step, not within it. step.clear() drops the graphs and their memory pool: call it
+        before the layers move or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        if self.device.type != "cuda":
+            return self.forward
+        from ..gpu.step_graph import ModelGraphs, from_tensor_tree, tensor_tree
+
+        def replayed(*tensors: torch.Tensor, structure) -> tuple[torch.Tensor, torch.Tensor]:
+            video, audio, whole, keyframes = from_tensor_tree(structure, tensors)
+            return self.velocities(video, audio, whole, whole, keyframes)
+        graphs = ModelGraphs(replayed)
+
+        def step(video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
+                 grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
+                 text_mask: torch.Tensor | None = None, keyframes: torch.Tensor | None = None,
+                 av_times: str = "comfyui", rope_dtype: torch.dtype = torch.float64,
+                 check: Callable[[], None] | None = None, ranks=None) -> tuple[torch.Tensor, torch.Tensor]:
+            if ranks is not None or not graphs.usable(self.blocks):
+                return self.forward(video, audio, text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
+                                    text_mask, keyframes, av_times, rope_dtype, check, ranks)
+            if check is not None:
+                check()
+            self._check_rows(video, audio, grid, av_times)
+            dev = self.device
+            whole = tuple(s.to(dev) for s in self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video,
+                                                        sigma_audio, conditioned, text_mask, av_times, rope_dtype))
+            tensors, structure = tensor_tree((video.to(dev), audio.to(dev), whole,
+                                              None if keyframes is None else keyframes.to(dev)))
+            v, a = graphs.steps[0](*tensors, structure=structure)
+            return v.to(video.device), a.to(audio.device)
+        step.clear, step.graphs = graphs.clear, graphs.steps
+        return step
+
+    def _check_rows(self, video: torch.Tensor, audio: torch.Tensor, grid: Grid, av_times: str) -> None:
         if av_times not in AV_TIMES:
             raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
         v_s, a_s = self.video, self.audio
@@ -358,27 +432,6 @@ class LTX25:
             raise ValueError(f"LTX25: video rows {tuple(video.shape)} for a grid of {grid.rows} rows of "
                              f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
                              f"{a_s.proj_in.in_features}")
-        dev = self.device
-        # the steps' maps on the host: a rank's share is taken there, so its Sequence keeps its starts
-        host = self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
-                          text_mask, av_times, rope_dtype)
-        sv, sa = whole = tuple(step.to(dev) for step in host)
-        v, a = linear(video.to(dev).float(), v_s.proj_in), linear(audio.to(dev).float(), a_s.proj_in)
-        if self.keyframe is not None and keyframes is not None:
-            v = v + keyframes.to(dev).bool().float()[:, None] * self.keyframe
-        if ranks is not None:
-            from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
-            heads = (a_s.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
-            sv, sa = (step.split(SequenceShards.split(ranks, step.seq.map, heads)).to(dev) for step in host)
-            v, a = sv.shards.take(v), sa.shards.take(a)
-        for block in self.blocks:
-            v, a = gpu_block(self, block, v, a, sv, sa) if block.gpu else self.block(block, v, a, sv, sa)
-            if check is not None:
-                check()
-        if ranks is not None:
-            v, a = sv.shards.gather(v), sa.shards.gather(a)
-        sv, sa = whole
-        return self.final(v_s, v, sv).to(video.device), self.final(a_s, a, sa).to(audio.device)
 
     def steps(self, audio_rows: int, text_video: torch.Tensor, text_audio: torch.Tensor, grid: Grid,
               sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,

@@ -18,9 +18,10 @@ on one stream and each call clones its outputs at once: a capture may reuse only
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 
 import torch
 
@@ -65,8 +66,9 @@ class GraphedStep:
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
 
-    def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
-        key = tuple((tuple(t.shape), t.dtype, t.device) for t in inputs)
+    def __call__(self, *inputs: torch.Tensor, **fixed) -> torch.Tensor:
+        """fixed: hashable values the step depends on besides its tensors (passed to it by name): a graph each."""
+        key = (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), tuple(sorted(fixed.items())))
         if key not in self.graphs:
             if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph goes first
                 del self.graphs[next(iter(self.graphs))]
@@ -77,7 +79,7 @@ class GraphedStep:
                 self.refused, self.graphs[key] = True, None
             else:
                 try:
-                    self.graphs[key] = self._capture(inputs)
+                    self.graphs[key] = self._capture(inputs, fixed)
                 except RuntimeError as e:
                     # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
                     # own pool did not fit beside the model (out of memory), or something in the step cannot be
@@ -87,7 +89,7 @@ class GraphedStep:
                     self.graphs[key] = None
         entry = self.graphs[key]
         if entry is None:
-            return self.step(*inputs)
+            return self.step(*inputs, **fixed)
         graph, statics, out = entry
         for static, t in zip(statics, inputs):
             static.copy_(t)
@@ -95,18 +97,18 @@ class GraphedStep:
         # The next replay overwrites `out`: the caller gets its own copy (of each tensor of a tuple).
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
-    def _capture(self, inputs) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+    def _capture(self, inputs, fixed) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
         statics = [t.clone() for t in inputs]
         side = kept_stream(statics[0].device, "capture")
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile, tune and fill the caches outside the capture
-            self.step(*statics)
+            self.step(*statics, **fixed)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         with torch.cuda.graph(graph, pool=self.pool, stream=side):
-            out = self.step(*statics)
+            out = self.step(*statics, **fixed)
         return graph, statics, out
 
     def clear(self, pool: tuple | None = None) -> None:
@@ -114,6 +116,50 @@ class GraphedStep:
         go to `pool` (by default a new one: a released pool's id is not reused)."""
         self.graphs.clear()
         self.pool = pool
+
+
+@dataclasses.dataclass(frozen=True)
+class _Node:
+    """A container in a TensorTree's structure: its type and its items (a dataclass's as (field, item) pairs)."""
+    kind: type
+    items: tuple
+
+
+_TENSOR = "<tensor>"
+
+
+def tensor_tree(value) -> tuple[list[torch.Tensor], Hashable]:
+    """value's tensors (dataclasses, tuples and lists walked) and its structure without them: hashable (a graph's
+    `fixed` key: the ints, flags and None of the step's inputs), and with the tensors it gives value back
+    (from_tensor_tree). What a step's dataclass inputs hold besides tensors must be hashable."""
+    tensors: list[torch.Tensor] = []
+
+    def walk(v):
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            return _TENSOR
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return _Node(type(v), tuple((f.name, walk(getattr(v, f.name))) for f in dataclasses.fields(v)))
+        if isinstance(v, (tuple, list)):
+            return _Node(type(v), tuple(walk(x) for x in v))
+        hash(v)  # a value the structure keeps must be hashable (it keys the graphs)
+        return v
+    return tensors, walk(value)
+
+
+def from_tensor_tree(structure: Hashable, tensors: Sequence[torch.Tensor]):
+    """The value tensor_tree took apart, with these tensors in its tensors' places."""
+    remaining = iter(tensors)
+
+    def build(s):
+        if isinstance(s, str) and s == _TENSOR:
+            return next(remaining)
+        if isinstance(s, _Node):
+            if dataclasses.is_dataclass(s.kind):
+                return s.kind(**{name: build(item) for name, item in s.items})
+            return s.kind(build(item) for item in s.items)
+        return s
+    return build(structure)
 
 
 class ModelGraphs:

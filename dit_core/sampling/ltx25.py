@@ -163,13 +163,15 @@ def audio_rows(audio: torch.Tensor) -> torch.Tensor:
 
 
 def packed_model(model: LTX25, shapes: Sequence[torch.Size], fps: float, video_mask: torch.Tensor | None = None,
-                 guides: tuple[Guide, ...] = (), **forward) -> PackedModel:
+                 guides: tuple[Guide, ...] = (), step: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None,
+                 **forward) -> PackedModel:
     """model(x, sigma, prompt) -> x0 on the packed state of one sample (video [1, C, F, H, W], audio [1, C_a, L, M]):
     LTX25.forward on its rows at sigma for both streams, x0 = x - sigma v (CONST). video_mask: the video part of the
     denoise mask, [F] a latent frame or [F, H, W] (either broadcast; 1 generated, 0 clean; None: all generated),
     each row's time sigma m (ComfyUI's process_timestep). guides: the Guides of the video's last len(guides) frames
-    (add_guide). The keyframe marker goes on keyframe_rows, as ComfyUI's LTX model puts it. forward: further
-    LTX25.forward arguments (av_times, rope_dtype, keyframes, check)."""
+    (add_guide). The keyframe marker goes on keyframe_rows, as ComfyUI's LTX model puts it. step: model.forward
+    (the default) or its graphed twin (model.graphed()); forward: further LTX25.forward arguments (av_times,
+    rope_dtype, keyframes, check)."""
     video_shape, audio_shape = shapes
     if video_shape[0] != 1 or audio_shape[0] != 1:
         raise ValueError(f"LTX-2.5 sampling runs one sample at a time, got video {tuple(video_shape)} and audio "
@@ -184,12 +186,13 @@ def packed_model(model: LTX25, shapes: Sequence[torch.Size], fps: float, video_m
         mask = mask[:, None, None] if mask.dim() == 1 else mask
         conditioned = (1 - mask).expand(frames, height, width).reshape(-1)
     forward.setdefault("keyframes", keyframe_rows(grid))
+    step = step or model.forward
 
     def x0(x: torch.Tensor, sigma: torch.Tensor, prompt: Prompt) -> torch.Tensor:
         video, audio = unpack(x, shapes)
         s = float(sigma)
-        v, a = model.forward(video_rows(video[0]), audio_rows(audio[0]), prompt.video, prompt.audio, grid, s, s,
-                             conditioned, prompt.mask, **forward)
+        v, a = step(video_rows(video[0]), audio_rows(audio[0]), prompt.video, prompt.audio, grid, s, s, conditioned,
+                    prompt.mask, **forward)
         v = v.T.reshape(video_shape)
         a = a.reshape(audio_shape[2], audio_shape[1], audio_shape[3]).transpose(0, 1)[None]
         return x - pack([v, a]).to(x.dtype) * sigma

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dit_core.gpu import step_graph
-from dit_core.gpu.step_graph import MAX_SHAPES, GraphedStep, KeptRows
+from dit_core.families.ltx25_positions import Grid, Guide
+from dit_core.gpu.step_graph import MAX_SHAPES, GraphedStep, KeptRows, from_tensor_tree, tensor_tree
 
 
 class FakeGraph:
@@ -27,9 +28,9 @@ class FakeGraph:
 def fake_capture(monkeypatch):
     captured = []
 
-    def capture(self, inputs):
+    def capture(self, inputs, fixed):
         statics = [t.clone() for t in inputs]
-        graph = FakeGraph(self.step, statics)
+        graph = FakeGraph(lambda *t: self.step(*t, **fixed), statics)
         captured.append(tuple(t.shape for t in inputs))
         return graph, statics, graph.out
 
@@ -51,7 +52,7 @@ def test_oldest_shape_goes_past_the_limit_and_clear_drops_all(fake_capture):
     step = GraphedStep(lambda x: x + 1)
     for rows in range(1, MAX_SHAPES + 2):
         step(torch.zeros(rows, 2))
-    assert [key[0][0] for key in step.graphs] == [(rows, 2) for rows in range(2, MAX_SHAPES + 2)]
+    assert [key[0][0][0] for key in step.graphs] == [(rows, 2) for rows in range(2, MAX_SHAPES + 2)]
     step.clear()
     assert step.graphs == {} and step.pool is None
 
@@ -66,7 +67,7 @@ def test_tuple_outputs_are_copied(fake_capture):
 def test_failed_capture_runs_that_shape_eagerly(monkeypatch, caplog):
     calls = []
 
-    def failing(self, inputs):
+    def failing(self, inputs, fixed):
         raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
 
     monkeypatch.setattr(GraphedStep, "_capture", failing)
@@ -156,7 +157,7 @@ def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
     allocations are freed); every shape runs eagerly, and the log says why once."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
-    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs: pytest.fail("a capture was tried"))
+    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs, fixed: pytest.fail("a capture was tried"))
     step = GraphedStep(lambda x: x * 2)
     with caplog.at_level(logging.INFO, logger=step_graph.log.name):
         for rows in (3, 3, 5):
@@ -165,3 +166,25 @@ def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
     assert [r.message for r in caplog.records] == [
         "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
         "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]
+
+
+def test_fixed_values_key_their_own_graph(fake_capture):
+    step = GraphedStep(lambda x, scale: x * scale)
+    x = torch.ones(2)
+    assert torch.equal(step(x, scale=2.0), x * 2) and torch.equal(step(x, scale=3.0), x * 3)
+    assert torch.equal(step(x, scale=2.0), x * 2) and len(fake_capture) == 2
+
+
+def test_a_tensor_tree_gives_its_value_back():
+    """Dataclasses (frozen, nested), tuples and lists walked; the structure hashable and equal for equal
+    non-tensor values, different where they differ."""
+    from dit_core.sequence import Sequence
+    seq = Sequence(torch.tensor([0, 0, 1]), torch.zeros(3, 2), torch.ones(3, 2))
+    value = (torch.arange(3.0), [seq, None, "own"], Grid(2, 1, 3, guides=(Guide(16, 17, 0.5),)))
+    tensors, structure = tensor_tree(value)
+    assert len(tensors) == 4 and hash(structure) == hash(tensor_tree(value)[1])
+    back = from_tensor_tree(structure, [t + 1 for t in tensors])
+    assert torch.equal(back[0], value[0] + 1) and back[1][1:] == [None, "own"] and back[2] == value[2]
+    assert back[1][0].starts == (0, 2) and torch.equal(back[1][0].sin, torch.full((3, 2), 2.0))
+    other = (value[0], [Sequence(torch.tensor([0, 1, 1]), seq.cos, seq.sin), None, "own"], value[2])
+    assert tensor_tree(other)[1] != structure  # the map's runs (host ints) differ

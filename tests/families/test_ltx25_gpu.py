@@ -217,3 +217,31 @@ def test_gpu_matches_host(files, grid):
     assert not any(streamed.blocks.resident)
     for s, r in zip(streamed.forward(*cuda_args), resident):
         assert torch.equal(s, r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("grid", [GRID, GUIDED], ids=["plain", "guide"])
+def test_graphed_step_equals_eager(files, grid):
+    """LTX25.graphed(): the blocks and final layers replayed from a CUDA graph give forward()'s velocities bit for
+    bit, at the capture's sigmas and at others (the steps' rows copied in); with a layer streamed it runs eagerly."""
+    from dit_core.gpu.step_graph import capture_refusal
+    if capture_refusal():
+        pytest.skip(capture_refusal())
+    model = LTX25.load(files / "tiny_int8.safetensors").to("cuda")
+    step = model.graphed()
+    for sigmas in ((0.7, 0.45), (0.3, 0.2), (0.7, 0.45)):
+        args = list(inputs(grid))
+        args[5:7] = sigmas
+        for got, want in zip(step(*args), model.forward(*args)):
+            assert got.device.type == "cpu" and torch.equal(got, want)
+    assert len(step.graphs[0].graphs) == 1 and next(iter(step.graphs[0].graphs.values())) is not None
+    step.clear()
+    host = LTX25.load(files / "tiny_int8.safetensors")
+    one = staged_bytes(host.blocks[0].on(torch.device("cpu")))
+    streamed = host.to("cuda", budget_bytes=lambda total: one)
+    assert not all(streamed.blocks.resident)
+    eager = streamed.graphed()
+    for got, want in zip(eager(*inputs(grid)), streamed.forward(*inputs(grid))):
+        assert torch.equal(got, want)
+    assert not eager.graphs[0].graphs
