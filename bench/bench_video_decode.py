@@ -89,7 +89,10 @@ def ltx25(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
     from diffusers import AutoencoderKLLTX2Video
     tests = builders("families/test_ltx25_codecs.py")
     with device:
-        vae = AutoencoderKLLTX2Video(**(tests.VIDEO if tiny else {"decoder_causal": False}))
+        # the release's ratios, as its config gives them (the class would derive x64 / x16 from the encoder's
+        # four scalings, one of them temporal only: its tiles would then be 8 latents with 1-latent remainders)
+        vae = AutoencoderKLLTX2Video(**(tests.VIDEO if tiny else {"decoder_causal": False}),
+                                     spatial_compression_ratio=32, temporal_compression_ratio=8)
     vae = tests.randomized(vae, 2)
     path = folder / "ltx_vae.safetensors"
     save_file({k: v.to("cpu", dtype) for k, v in tests.original_video_names(vae.state_dict()).items()}, str(path),

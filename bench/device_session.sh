@@ -124,7 +124,7 @@ for part in $parts; do
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
-    video_decode) timeout 590 python3 -u bench/bench_video_decode.py ;;
+    video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
     first_step) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_builds.py
                 timeout 200 python3 bench/bench_first_step.py ;;
