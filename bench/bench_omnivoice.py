@@ -161,6 +161,8 @@ def main() -> None:
     ap.add_argument("--postprocess", action="store_true",
                     help="both trim silences (the package's postprocess_output, our finish_speech's trim); off by "
                          "default: both then only match loudness, fade and pad")
+    ap.add_argument("--profile", action="store_true",
+                    help="then the kernels and host functions of ours BF16 at the last length and step count")
     ap.add_argument("--agreement", action="store_true",
                     help="the share of ours BF16's codes equal to ours f32's (the host's math) for the same seeds")
     args = ap.parse_args()
@@ -203,6 +205,13 @@ def main() -> None:
                       f"{med([r for r, _ in mine], 'first'):.3f} | {cold['first']:.3f} | "
                       f"{1e3 * med([r for r, _ in mine], 'codes') / n:.2f} | {max(m for _, m in mine):.2f} |",
                       flush=True)
+    if args.profile and device.type == "cuda":
+        from gpu_profile import print_profile
+        s, n = seconds[-1], steps[-1]
+        text = (SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip()
+        print(f"\n## ours BF16, {s:g} s at {n} steps")
+        print_profile(lambda: run_ours(ours["ours BF16"], tokenizer, decoder, device, text, int(s * FRAME_RATE),
+                                       Unmasking(steps=n), 0, args.postprocess), host=True)
     if exact is not None:
         for s, n in dict.fromkeys(((seconds[0], steps[0]), (seconds[-1], steps[-1]))):
             speech = [Speech((SENTENCE * 40)[:int(s * CHARS_A_SECOND)].strip(), frames=int(s * FRAME_RATE))]

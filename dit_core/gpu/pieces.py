@@ -138,7 +138,8 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
     j), so each span runs on the flash kernel, every query row at once, and each group's rows mix the spans' outputs
     in f32. Exact up to the bf16 outputs; memory: an output a span and a group's rows in f32."""
     outs, lses = zip(*(_flash(q, k[:, :, a:b], v[:, :, a:b]) for a, b in bias.key_spans))
-    span_bias = bias.keys[:, [a for a, _ in bias.key_spans]].to(q.device)
+    # each span's first key, by slices (a list index would copy its indexes from the host: no CUDA graph takes it)
+    span_bias = torch.stack([bias.keys[:, a] for a, _ in bias.key_spans], 1).to(q.device)
     out = torch.empty_like(q)
     for i in range(len(bias.rows)):
         weight = torch.softmax(torch.stack([bias.take(i, lse, 2) for lse in lses]) + span_bias[i, :, None, None, None],

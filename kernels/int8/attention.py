@@ -42,9 +42,9 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .hopper_epilogues import tma_load
+    from .linear_hopper import tma_descriptor
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -234,10 +234,6 @@ if gluon is not None:
         ], [4, 1], [232, 24])
 
 
-def _descriptor(t: torch.Tensor, block: list, dtype):
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
-
-
 def operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int) -> tuple:
     """The kernel's operands from rows q, k, v [M, H D] bf16: q codes and scales, k codes and scales, v's rows."""
     return (*codes(q, heads, True), *codes(k, heads, False), v)
@@ -250,8 +246,8 @@ def launch(cq, sq, ck, sk, v, heads: int, stages: int = STAGES) -> torch.Tensor 
     m = cq.shape[0]
     out = torch.empty_like(v)
     why = build_failure(lambda: _attention_kernel[(triton.cdiv(m, BLOCK_M), heads)](
-        _descriptor(cq, [BLOCK_M, HEAD], gl.int8), _descriptor(ck, [BLOCK_N, HEAD], gl.int8),
-        _descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
+        tma_descriptor(cq, [BLOCK_M, HEAD], gl.int8), tma_descriptor(ck, [BLOCK_N, HEAD], gl.int8),
+        tma_descriptor(v, [BLOCK_N, HEAD], gl.bfloat16), sq, sk, out, m, heads, LOG2E / math.sqrt(HEAD),
         EVEN=m % BLOCK_N == 0, STAGES=stages, num_warps=4))
     if why is not None:
         UNBUILT.append(why)

@@ -13,6 +13,7 @@ Triton's rate and up to 1.25x one consumer's; two programs an SM were slower. GP
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 
@@ -197,8 +198,14 @@ if gluon is not None:
         ], [4, 1], [224, 24])
 
 
-def _descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matrix cores' default swizzle
-    return TensorDescriptor.from_tensor(tensor, block, gl.NVMMASharedLayout.get_default_for(block, dtype))
+def tma_descriptor(tensor, block, dtype):  # TMA by blocks of `block`, in the matrix cores' default swizzle
+    return TensorDescriptor.from_tensor(tensor, block, _swizzle(tuple(block), dtype))
+
+
+@functools.cache
+def _swizzle(block: tuple[int, ...], dtype):
+    # Made once a box and type: Gluon builds a layout in Python (a fifth of a launch's host time in LTX-2.5's step)
+    return gl.NVMMASharedLayout.get_default_for(list(block), dtype)
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, parts=None, norms=None,
@@ -225,8 +232,8 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             if form == QKV_ROPE else [absent, absent]
         # enable_fp_fusion=False: products and sums round separately, as the references' do.
         _int8_linear_hopper_kernel[(min(triton.cdiv(m, bm) * triton.cdiv(n, bn), sm_count(q.device)),)](
-            _descriptor(q, [bm, bk], gl.int8), _descriptor(w.contiguous(), [bn, bk], gl.int8),
-            _descriptor(out, box, dtype), _descriptor(addend, box, gl.bfloat16) if addend is not None else absent,
+            tma_descriptor(q, [bm, bk], gl.int8), tma_descriptor(w.contiguous(), [bn, bk], gl.int8),
+            tma_descriptor(out, box, dtype), tma_descriptor(addend, box, gl.bfloat16) if addend is not None else absent,
             s_x.float().contiguous().reshape(-1), s_w.float().contiguous().reshape(-1),
             bias if bias is not None else absent, gate.float().contiguous() if gate is not None else absent,
             row_map.to(torch.int32).contiguous() if row_map is not None else absent,

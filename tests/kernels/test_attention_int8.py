@@ -76,8 +76,9 @@ def test_rows_of_another_shape_or_no_hopper_gpu_say_why():
 
 BUILD = GLUON_BUILD + """
 from kernels.int8 import attention as ka
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 def desc(base, shape, block, dtype):
-    return mangle_type(ka.TensorDescriptor(base, shape, [shape[1], 1], block,
+    return mangle_type(TensorDescriptor(base, shape, [shape[1], 1], block,
                                            gl.NVMMASharedLayout.get_default_for(block, dtype)))
 found = {}
 for even in (True, False):
