@@ -18,6 +18,7 @@ on one stream and each call clones its outputs at once: a capture may reuse only
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import weakref
@@ -44,14 +45,46 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
 
 def capture_refusal() -> str | None:
     """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
-    turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: their
-    addresses are mapped only while the graph runs, and Triton's launcher refuses every kernel argument it cannot
-    look up, so the capture fails and its half-captured allocations abort the process when they are freed. The
-    allocator is chosen before CUDA starts and is the user's: the step then runs eagerly."""
-    if torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync":
-        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); start ComfyUI with "
-                "--disable-cuda-malloc to replay each step from a CUDA graph")
+    turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes, whose
+    addresses the driver maps only while the graph runs: Triton's launcher asks the driver about each tensor it is
+    given and refuses the ones it cannot look up, so a capture needs the launcher given addresses instead
+    (addresses_for_triton); where this Triton's launcher is not the one that wraps, the step runs eagerly (a failed
+    capture's allocations abort the process when they are freed, so none is tried)."""
+    if torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync" \
+            and _triton_launcher() is None:
+        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default) and this Triton's launcher is not the "
+                "one SwiftDiT knows; start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph")
     return None
+
+
+def _triton_launcher() -> type | None:
+    """Triton's CUDA launcher class (every compiled kernel's `run`, Triton's and Gluon's), or None."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+    except ImportError:
+        return None
+    return CudaLauncher if "__call__" in vars(CudaLauncher) else None
+
+
+@contextlib.contextmanager
+def addresses_for_triton():
+    """Within: Triton's launcher is given each tensor argument's address instead of the tensor. It passes an int
+    through as the pointer it is; a tensor it first looks up with the driver (cuPointerGetAttribute), which fails
+    for a graph memory node's address during the capture (cudaMallocAsync). Every kernel was built and its
+    arguments checked in the eager warm-up just before (GraphedStep._capture), on the same tensors."""
+    launcher = _triton_launcher()
+    if launcher is None:
+        yield
+        return
+    launch = vars(launcher)["__call__"]
+
+    def call(self, *args, **kwargs):
+        return launch(self, *(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+    launcher.__call__ = call
+    try:
+        yield
+    finally:
+        launcher.__call__ = launch
 
 
 class GraphedStep:
@@ -107,7 +140,7 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
-        with torch.cuda.graph(graph, pool=self.pool, stream=side):
+        with addresses_for_triton(), torch.cuda.graph(graph, pool=self.pool, stream=side):
             out = self.step(*statics, **fixed)
         return graph, statics, out
 

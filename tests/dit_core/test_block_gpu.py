@@ -2,7 +2,11 @@
 Z-Image step on the GPU against the host path, and replayed from a CUDA graph over resident or streamed blocks;
 the parallel block (FLUX.3) at FLUX.3 Klein's sizes, with and without the keys_values hook. Runs on the device
 only (pytest -m gpu)."""
+import os
+import subprocess
+import sys
 from dataclasses import fields, replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -104,6 +108,22 @@ def test_z_image_graphed_step_follows_the_streamed_blocks():
     assert torch.equal(step(latent, 0.3, caption), gpu.output(latent, 0.3, caption))
     (third,) = graphs()
     assert second is not first and third is not second
+
+
+def test_graphed_steps_under_cuda_malloc_async():
+    """ComfyUI's default allocator (cudaMallocAsync; chosen before CUDA starts, so in a process of its own): Z-Image's
+    and LTX-2.5's steps captured (Triton's launcher given addresses: step_graph.addresses_for_triton), equal to the
+    eager steps bit for bit, dropped and captured again as the blocks move."""
+    if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+        pytest.skip("this process is the one under cudaMallocAsync")
+    root = Path(__file__).resolve().parents[2]
+    tests = [f"{Path(__file__).relative_to(root)}::{name}" for name in (
+        "test_z_image_graphed_step_equals_eager", "test_z_image_graphed_step_follows_the_streamed_blocks")]
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *tests,
+                           "tests/families/test_ltx25_gpu.py::test_graphed_step_equals_eager"], cwd=root,
+                          env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync"),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "skipped" not in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
 
 
 KLEIN = Arch(family="test", hidden=3072, layers=1, refiner=0, heads=24, head=128, ffn=9216, latents=128,

@@ -152,11 +152,14 @@ def test_kept_rows_of_inference_tensors():
         assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
 
 
-def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
-    """ComfyUI's default allocator (cudaMallocAsync): no capture is tried (a failed one aborts the process when its
-    allocations are freed); every shape runs eagerly, and the log says why once."""
+def test_steps_run_eagerly_under_cuda_malloc_async_without_a_known_launcher(monkeypatch, caplog):
+    """ComfyUI's default allocator (cudaMallocAsync) and a Triton whose launcher addresses_for_triton cannot wrap: no
+    capture is tried (a failed one aborts the process when its allocations are freed); every shape runs eagerly,
+    and the log says why once. With the launcher known, captures are tried."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    assert step_graph.capture_refusal() is None  # this Triton's launcher
+    monkeypatch.setattr(step_graph, "_triton_launcher", lambda: None)
     monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs, fixed: pytest.fail("a capture was tried"))
     step = GraphedStep(lambda x: x * 2)
     with caplog.at_level(logging.INFO, logger=step_graph.log.name):
@@ -164,8 +167,25 @@ def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
             assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
     assert list(step.graphs.values()) == [None, None]
     assert [r.message for r in caplog.records] == [
-        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
-        "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]
+        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default) and "
+        "this Triton's launcher is not the one SwiftDiT knows; start ComfyUI with --disable-cuda-malloc to replay "
+        "each step from a CUDA graph"]
+
+
+def test_the_launcher_gets_addresses_within_a_capture(monkeypatch):
+    """addresses_for_triton: within, each tensor argument reaches the launcher as its address (other arguments as
+    they are); after, the launcher is as it was, also when the capture raised."""
+    class Launcher:
+        def __call__(self, grid, *args, flag=None):
+            return grid, args, flag
+    monkeypatch.setattr(step_graph, "_triton_launcher", lambda: Launcher)
+    t = torch.zeros(4)
+    with step_graph.addresses_for_triton():
+        assert Launcher()(7, t, None, 3, flag="x") == (7, (t.data_ptr(), None, 3), "x")
+    assert Launcher()(7, t)[1][0] is t
+    with pytest.raises(RuntimeError), step_graph.addresses_for_triton():
+        raise RuntimeError("capture failed")
+    assert Launcher()(7, t)[1][0] is t
 
 
 def test_fixed_values_key_their_own_graph(fake_capture):
