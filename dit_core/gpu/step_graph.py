@@ -47,14 +47,17 @@ def capture_refusal() -> str | None:
     """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
     turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes, whose
     addresses the driver maps only while the graph runs: Triton's launcher asks the driver about each tensor it is
-    given and refuses the ones it cannot look up, so a capture needs the launcher given addresses instead
-    (addresses_for_triton); where this Triton's launcher is not the one that wraps, the step runs eagerly (a failed
-    capture's allocations abort the process when they are freed, so none is tried)."""
-    if torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync" \
-            and _triton_launcher() is None:
-        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default) and this Triton's launcher is not the "
-                "one SwiftDiT knows; start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph")
+    given and refuses the ones it cannot look up, and a failed capture's allocations abort the process when they
+    are freed. Given addresses instead (addresses_for_triton) the launcher takes them; until that has run on a GPU
+    (tests/dit_core/test_block_gpu.py::test_graphed_steps_under_cuda_malloc_async) the step runs eagerly there."""
+    if async_allocator():
+        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); start ComfyUI with "
+                "--disable-cuda-malloc to replay each step from a CUDA graph")
     return None
+
+
+def async_allocator() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_allocator_backend() == "cudaMallocAsync"
 
 
 def _triton_launcher() -> type | None:
@@ -68,10 +71,11 @@ def _triton_launcher() -> type | None:
 
 @contextlib.contextmanager
 def addresses_for_triton():
-    """Within: Triton's launcher is given each tensor argument's address instead of the tensor. It passes an int
-    through as the pointer it is; a tensor it first looks up with the driver (cuPointerGetAttribute), which fails
-    for a graph memory node's address during the capture (cudaMallocAsync). Every kernel was built and its
-    arguments checked in the eager warm-up just before (GraphedStep._capture), on the same tensors."""
+    """Within: Triton's launcher (where it is the one this knows) is given each tensor argument's address instead of
+    the tensor. It passes an int through as the pointer it is; a tensor it first looks up with the driver
+    (cuPointerGetAttribute), which fails for a graph memory node's address during a capture under cudaMallocAsync.
+    Every kernel was built and its arguments checked in the eager warm-up just before (GraphedStep._capture), on
+    the same tensors."""
     launcher = _triton_launcher()
     if launcher is None:
         yield
@@ -140,7 +144,8 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
-        with addresses_for_triton(), torch.cuda.graph(graph, pool=self.pool, stream=side):
+        with addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
+                torch.cuda.graph(graph, pool=self.pool, stream=side):
             out = self.step(*statics, **fixed)
         return graph, statics, out
 
