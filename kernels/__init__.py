@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, process_builds, rows_norm_rope
+from . import attention, gated_residual, head_norm_rope, modulated_norm, process_builds, rows_norm_rope
 from .int8 import linear, linear_hopper, qkv_rope_linear, quant, tiles
 from .choices import DEFAULT, Choices
 
@@ -90,6 +90,7 @@ OPS = {
                           hopper=("hopper_gemm",)),
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
     "rows_norm_rope": Op(rows_norm_rope.rows_norm_rope, rows_norm_rope.reference, needs_triton_gpu),
+    "modulated_norm": Op(modulated_norm.modulated_norm, modulated_norm.reference, needs_triton_gpu),
     "attention": Op(attention.attention, attention.reference, needs_cuda),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
 }

@@ -507,24 +507,24 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
               sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
     """LTX25.block on the GPU pieces (dit_core/gpu/pieces.py), v and a updated in place: each branch added under its
     gate in its OUT's / DOWN's product epilogue. The A<->V attentions both read the streams before either adds."""
-    from ..gpu.pieces import attention_rows, into, mlp_into  # the GPU path: imported where used
+    from ..gpu.pieces import attention_rows, into, mlp_into, modulated_rows  # the GPU path: where used
     o, va, aa = model.options, model.video.arch, model.audio.arch
     pv, pa = table_plus(block.video.table, sv.mod), table_plus(block.audio.table, sa.mod)
     for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
         m = step.seq.map
-        h = modulated_norm(arch, x, None, p[SHIFT_MSA], p[SCALE_MSA], m)
+        h = modulated_rows(arch, x, p[SHIFT_MSA], p[SCALE_MSA], m)
         heads = attention_rows(arch, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, o, step.shards)
         into(x, heads, layer.self_attn, p[GATE_MSA], m, o)
-        h = modulated_norm(arch, x, None, p[SHIFT_Q], p[SCALE_Q], m)
+        h = modulated_rows(arch, x, p[SHIFT_Q], p[SCALE_Q], m)
         heads = attention_rows(arch, layer.text_attn, h, prompt_rows(layer, step), bias=step.key_bias, options=o)
         into(x, heads, layer.text_attn, p[GATE_Q], m, o)
     cv, ca = table_plus(block.video.av_table[:4], sv.av), table_plus(block.audio.av_table[:4], sa.av)
     gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
-    q = modulated_norm(va, v, None, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
-    kv = modulated_norm(aa, a, None, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
+    q = modulated_rows(va, v, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
+    kv = modulated_rows(aa, a, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
     a2v = attention_rows(aa, block.a2v, q, kv, sv.cross, sa.cross, options=o, shards=sv.shards, keys=sa.shards)
-    q = modulated_norm(aa, a, None, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
-    kv = modulated_norm(va, v, None, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
+    q = modulated_rows(aa, a, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
+    kv = modulated_rows(va, v, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
     v2a = attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o, shards=sa.shards, keys=sv.shards)
     into(a, v2a, block.v2a, ga, sa.gate_map, o)
     into(v, a2v, block.a2v, gv, sv.gate_map, o)

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Attention, GroupBias, gelu_tanh, modulated_norm
+from ..block import Attention, GroupBias, gelu_tanh
 from ..linear import float_on, linear
 from ..sequence import Sequence
 from ..weights import Linear
@@ -151,6 +151,12 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
     return out
 
 
+def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor,
+                   row_map: torch.Tensor) -> torch.Tensor:
+    """dit_core/block.py modulated_norm without a gain, in one kernel (kernels/modulated_norm.py): [rows, D] f32."""
+    return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm)
+
+
 def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,
          options: Options | None = None) -> torch.Tensor:
     """x (f32, in place) += gate[row_map] * OUT(heads), heads attention_rows' output (bf16 rows or OUT's rows)."""
@@ -160,9 +166,9 @@ def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: to
 
 def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, row_map: torch.Tensor, up: GpuLinear,
              down: GpuLinear, gate: torch.Tensor, options: Options | None = None) -> torch.Tensor:
-    """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_norm(a, x, None, shift, scale,
-    row_map) (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h made in UP's quantizer
-    (INT8; never stored) or in torch (BF16), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in torch."""
+    """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_rows(a, x, shift, scale, row_map)
+    (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h made in UP's quantizer (INT8;
+    never stored) or by modulated_rows (BF16), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in torch."""
     o = options or DEFAULT
     mod = {"shift": shift.contiguous(), "scale": scale.contiguous()}  # the quantizer reads rows D apart
     for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
@@ -171,7 +177,7 @@ def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
             rows = (*run("quantize_rows", xs, up.group, norm=a.norm, eps=a.eps, row_map=maps, choices=o.kernels,
                          **mod), None)
         else:
-            rows = linear_rows(modulated_norm(a, xs, None, shift, scale, maps), up, o)
+            rows = linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o)
         hidden = rows_product(rows, up, o)
         if down.int8:
             rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)

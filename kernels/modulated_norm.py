@@ -1,0 +1,99 @@
+"""Rows through a norm without a gain, then each row's modulation row: one pass in place of a dozen.
+
+Issue 36; dit_core/block.py modulated_norm is the host math. LTX-2.5's attentions read their rows this way eight
+times a layer (dit_core/families/ltx25.py gpu_block); in torch that is a reduction, five elementwise passes and two
+gathers of [M, D] f32 each (a quarter of the stage-1 step's GPU time on the H100, and most of its launches). For
+rows x [M, D] (f32 or bf16, rows any stride apart, columns contiguous), tables scale and shift [R, D] (shift may be
+absent) and row_map [M] (each row's table row), in f32:
+  rms:    n = x * 1/sqrt(mean(x^2) + eps)
+  layer:  n = (x - mean(x)) * 1/sqrt(mean((x - mean(x))^2) + eps)
+  out = n * (1 + scale[row_map]) + shift[row_map]      (each product rounded, then the sum: no FMA)
+Returned as [M, D] f32, contiguous. The sums run in another order than torch's: within a few f32 steps of it.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .jit import triton_jit
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
+    triton = tl = None
+
+NORMS = {"rms": 0, "layer": 1}
+
+
+def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms"):
+    """The math above in plain torch, as the host block runs it: [M, D] f32."""
+    x = x.float()
+    if norm == "rms":
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    else:
+        y = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    y = y * (1 + scale.float()[row_map])
+    return y if shift is None else y + shift.float()[row_map]
+
+
+@triton_jit
+def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_ptr, M, D, eps,
+                           LAYER: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    # Grid (row blocks,): a program takes BLOCK_M rows, walking their D columns in BLOCK_D steps: the statistics
+    # (LAYER: the mean first, then the centred squares), then the modulated values. The later walks find the rows
+    # in L2 (a row block is BLOCK_M x D x 4 bytes).
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_D)
+    rmask = rows < M
+    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if LAYER:
+        sums = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for d0 in tl.range(0, D, BLOCK_D):
+            mask = rmask[:, None] & (d0 + cols < D)[None, :]
+            sums += tl.sum(tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32), axis=1)
+        mean = tl.math.div_rn(sums, D * 1.0)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for d0 in tl.range(0, D, BLOCK_D):
+        mask = rmask[:, None] & (d0 + cols < D)[None, :]
+        x = tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x = tl.where(mask, x - mean[:, None], 0.0)
+        squares += tl.sum(x * x, axis=1)
+    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))
+    table = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)[:, None] * D
+    dst = out_ptr + rows[:, None].to(tl.int64) * D
+    for d0 in tl.range(0, D, BLOCK_D):
+        c = d0 + cols[None, :]
+        mask = rmask[:, None] & (c < D)
+        x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean[:, None]) * inv[:, None]
+        y = y * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
+        if HAS_SHIFT:
+            y = y + tl.load(shift_ptr + table + c, mask=mask, other=0.0)
+        tl.store(dst + c, y, mask=mask)
+
+
+def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", block_m=4, num_warps=4):
+    """[M, D] f32 from rows x [M, D] by the math in this file's docstring: norm "rms" or "layer"; scale and shift
+    [R, D] (shift None: none); row_map [M] into them."""
+    if norm not in NORMS:
+        raise ValueError(f"modulated_norm: norm must be one of {tuple(NORMS)}, got {norm!r}")
+    if x.dim() != 2 or x.stride(-1) != 1:
+        raise ValueError(f"modulated_norm: x must be rows [M, D] with contiguous columns, got {tuple(x.shape)}")
+    m, d = x.shape
+    tables = (scale,) if shift is None else (scale, shift)
+    if any(t.dim() != 2 or t.shape[1] != d for t in tables) or row_map.shape != (m,):
+        raise ValueError(f"modulated_norm: tables must be [R, {d}] and row_map [{m}], got "
+                         f"{[tuple(t.shape) for t in tables]} and {tuple(row_map.shape)}")
+    out = torch.empty(m, d, dtype=torch.float32, device=x.device)
+    if m == 0:
+        return out
+    scale = scale.float().contiguous()
+    shift = scale if shift is None else shift.float().contiguous()  # (never read without a shift)
+    _modulated_norm_kernel[(triton.cdiv(m, block_m),)](
+        x, x.stride(0), scale, shift, row_map.contiguous(), out, m, d, eps, LAYER=NORMS[norm] == 1,
+        HAS_SHIFT=shift is not scale, BLOCK_M=block_m, BLOCK_D=min(1024, triton.next_power_of_2(d)),
+        num_warps=num_warps, enable_fp_fusion=False)
+    return out

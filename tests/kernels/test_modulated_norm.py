@@ -1,0 +1,48 @@
+"""kernels/modulated_norm.py against its reference (within a few f32 steps: the kernel sums in another order) and
+the reference against dit_core's modulated_norm (the host block's math) bit for bit."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dit_core.block import modulated_norm as host_modulated_norm
+from kernels.modulated_norm import modulated_norm, reference
+
+# (M, D, table rows, shift): odd M; D a power of 2 or not, and past one column block (1024); one or several rows
+CASES = [(7, 64, 1, True), (13, 96, 3, True), (5, 1100, 2, False), (1, 48, 1, True)]
+
+
+def inputs(m, d, rows, shift, seed, device, row_stride=0):
+    """x [M, D] f32 (row_stride: a view of wider rows; rows of very different sizes), tables, a map using each."""
+    g = torch.Generator().manual_seed(seed)
+    wide = 2 + 3 * torch.randn(m, d + row_stride, generator=g) * torch.exp(torch.randn(m, 1, generator=g))
+    scale, offset = 0.3 * torch.randn(rows, d, generator=g), torch.randn(rows, d, generator=g)
+    row_map = torch.randint(0, rows, (m,), generator=g)
+    return (wide.to(device)[:, :d], scale.to(device), offset.to(device) if shift else None,
+            row_map.to(device, torch.int32))
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+@pytest.mark.parametrize("m,d,rows,shift", CASES)
+def test_kernel_matches_reference(m, d, rows, shift, norm, device):
+    x, scale, offset, row_map = inputs(m, d, rows, shift, seed=m + d, device=device, row_stride=8)
+    got = modulated_norm(x, scale, offset, row_map, 1e-6, norm=norm, block_m=2)
+    want = reference(x, scale, offset, row_map.long(), 1e-6, norm=norm)
+    assert got.shape == (m, d) and got.dtype == torch.float32 and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_reference_is_the_host_block(norm):
+    x, scale, offset, row_map = inputs(9, 64, 3, True, seed=4, device="cpu")
+    arch = SimpleNamespace(norm=norm, eps=1e-6)
+    assert torch.equal(reference(x, scale, offset, row_map.long(), 1e-6, norm=norm),
+                       host_modulated_norm(arch, x, None, offset, scale, row_map.long()))
+
+
+def test_bad_arguments_raise():
+    x, scale, offset, row_map = inputs(4, 32, 2, True, seed=0, device="cpu")
+    for args, kw in (((x, scale, offset, row_map), {"norm": "batch"}), ((x.T, scale, offset, row_map), {}),
+                     ((x, scale[:, :16], offset, row_map), {}), ((x, scale, offset, row_map[:3]), {})):
+        with pytest.raises(ValueError, match="modulated_norm"):
+            modulated_norm(*args, **kw)
