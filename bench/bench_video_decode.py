@@ -85,7 +85,9 @@ def h3(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
     return ours.decode, theirs, z
 
 
-def ltx25(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
+def ltx25_vaes(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
+    """diffusers' LTX-2 video VAE (as released, or the tests' tiny one) with random weights on device in dtype,
+    and our decoder of the same weights (read from the file it was saved to)."""
     from diffusers import AutoencoderKLLTX2Video
     tests = builders("families/test_ltx25_codecs.py")
     with device:
@@ -97,21 +99,28 @@ def ltx25(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
     path = folder / "ltx_vae.safetensors"
     save_file({k: v.to("cpu", dtype) for k, v in tests.original_video_names(vae.state_dict()).items()}, str(path),
               metadata={"config": json.dumps({"vae": {"causal_decoder": False}})})
-    vae = vae.to(dtype)
-    ours = ltx2_video_vae.VideoDecoder.load(path).to(device, dtype)
+    return vae.to(dtype), ltx2_video_vae.VideoDecoder.load(path).to(device, dtype)
+
+
+def ltx25(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):
+    vae, ours = ltx25_vaes(device, dtype, tiny, folder)
     g = torch.Generator().manual_seed(3)
     z = torch.randn(1, 128, *(TINY_SIZES if tiny else SIZES)["ltx25"], generator=g)
-    tiles = (128, 32, 24, 8) if tiny else ltx2_video_vae.TEMPLATE_TILES
-    view = (1, -1, 1, 1, 1)
+    tiles = LTX25_TINY_TILES if tiny else ltx2_video_vae.TEMPLATE_TILES
+    return (lambda z: ours.decode(z, tiles=tiles)), (lambda z: ltx25_diffusers_decode(vae, z)), z
 
-    def theirs(z):
-        vae.enable_tiling()
-        raw = z.to(device) * vae.latents_std.view(view).float() + vae.latents_mean.view(view).float()
-        with torch.no_grad():
-            x = vae.decode(raw.to(dtype), causal=False).sample.float()
-        return ((x + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).flatten(0, 1).cpu()
 
-    return (lambda z: ours.decode(z, tiles=tiles)), theirs, z
+LTX25_TINY_TILES = (128, 32, 24, 8)
+
+
+def ltx25_diffusers_decode(vae, z: torch.Tensor) -> torch.Tensor:
+    """diffusers' decode of normalized latents z with its own tiling, as IMAGE frames on the host."""
+    view, p = (1, -1, 1, 1, 1), next(vae.parameters())
+    vae.enable_tiling()
+    raw = z.to(p.device) * vae.latents_std.view(view).float() + vae.latents_mean.view(view).float()
+    with torch.no_grad():
+        x = vae.decode(raw.to(p.dtype), causal=False).sample.float()
+    return ((x + 1) / 2).clamp(0, 1).permute(0, 2, 3, 4, 1).flatten(0, 1).cpu()
 
 
 CASES = {"h3": h3, "ltx25": ltx25}

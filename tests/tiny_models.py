@@ -536,6 +536,60 @@ def save_ltx2_upsampler(model, path) -> None:
     save_file(state, str(path), metadata={"config": json.dumps(config)})
 
 
+# The vocoder's output layers scaled so that some first-stage samples pass 1 (the stage clamp matters) while the
+# result mostly stays inside the final clamp (a comparison means something).
+VOCODER_OUT_SCALE = {"vocoder": 0.2, "bwe_generator": 0.05}
+
+
+def randomized_vocoder(vocoder, seed: int = 7):
+    """diffusers' LTX2VocoderWithBWE with random weights: convolutions fan-in scaled, SnakeBeta's log alpha/beta
+    small, the mel basis positive; the sinc filters as computed."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in list(vocoder.named_parameters()) + list(vocoder.named_buffers()):
+            if not name.endswith(".filter"):
+                r = torch.randn(p.shape, generator=g)
+                p.copy_(r.abs() if "mel_basis" in name else 0.3 * r if ".act." in name
+                        else VOCODER_OUT_SCALE[name.split(".")[0]] * r / p[0].numel() ** 0.5 if "conv_out" in name
+                        else r / p[0].numel() ** 0.5 if p.dim() >= 2 else 0.5 * r)
+    return vocoder.eval()
+
+
+def ltx2_vocoder_names(state: dict) -> dict:
+    """diffusers' LTX2VocoderWithBWE names -> ComfyUI's VocoderWithBWE (the file's, under `vocoder.`)."""
+    out = {}
+    for k, v in state.items():
+        for a, b in (("conv_in", "conv_pre"), ("upsamplers", "ups"), ("resnets", "resblocks"),
+                     ("act_out", "act_post"), ("conv_out", "conv_post"),
+                     ("downsample.filter", "downsample.lowpass.filter")):
+            k = k.replace(f".{a}.", f".{b}.").replace(f".{a}", f".{b}") if f".{a}" in k else k
+        out["vocoder." + k] = v.contiguous()
+    return out
+
+
+def save_ltx2_audio(vae, vocoder, path, seed: int = 8) -> tuple[dict, dict]:
+    """diffusers' audio VAE and vocoder as the released audio file holds them (ComfyUI's LTXVAudioVAELoader reads
+    it): the VAE under `audio_vae.` with random per-channel statistics, the vocoder under `vocoder.` in ComfyUI's
+    names, its stages' config in the header. Returns (the statistics, the file's tensors)."""
+    import json
+    g = torch.Generator().manual_seed(seed)
+    stats = {"audio_vae.per_channel_statistics.mean-of-means": 0.5 * torch.randn(128, generator=g),
+             "audio_vae.per_channel_statistics.std-of-means": 0.5 + torch.rand(128, generator=g)}
+    state = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items() if not k.startswith("latents_")}
+    state.update(stats)
+    state.update(ltx2_vocoder_names(vocoder.state_dict()))
+    c = vocoder.config
+    config = {"vocoder": {"vocoder": {"upsample_rates": list(c.upsample_factors), "use_tanh_at_final": False,
+                                      "resblock_dilation_sizes": [list(d) for d in c.resnet_dilations]},
+                          "bwe": {"upsample_rates": list(c.bwe_upsample_factors),
+                                  "resblock_dilation_sizes": [list(d) for d in c.bwe_resnet_dilations],
+                                  "input_sampling_rate": 16000, "output_sampling_rate": 48000,
+                                  "hop_length": c.hop_length}}}
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path),
+              metadata={"config": json.dumps(config)})
+    return stats, state
+
+
 # Krea 2's style reference reads its picture with Qwen3-VL-4B, whose DeepStack feeds decoder layers 0, 1 and 2: the
 # tiny text model at 4B's depth (36 layers: the taps 2, ..., 35 keep their real indices) with a three-block tower,
 # each block a DeepStack layer, so that Krea 2's first tap (hidden_states[2]) is one DeepStack reaches.

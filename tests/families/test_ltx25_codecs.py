@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import rel_err
 from safetensors.torch import save_file
+from tiny_models import randomized_vocoder, save_ltx2_audio
 
 from dit_core.codecs.ltx2_audio_vae import AudioDecoder
 from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES, VideoDecoder, VideoEncoder, tile_sizes
@@ -192,47 +193,11 @@ VOCODER = {"hidden_channels": 16, **STAGE, "final_act_fn": "clamp", "bwe_hidden_
            **{f"bwe_{k}": v for k, v in BWE.items()}, "filter_length": 16, "hop_length": 4, "window_length": 16}
 
 
-# Output layers scaled so that some first-stage samples pass 1 (the stage clamp matters) while the result mostly
-# stays inside the final clamp (the comparison means something).
-OUT_SCALE = {"vocoder": 0.2, "bwe_generator": 0.05}
-
-
-def original_vocoder_names(state: dict) -> dict:
-    """diffusers' LTX2VocoderWithBWE names -> ComfyUI's VocoderWithBWE (the file's, under `vocoder.`)."""
-    out = {}
-    for k, v in state.items():
-        for a, b in (("conv_in", "conv_pre"), ("upsamplers", "ups"), ("resnets", "resblocks"),
-                     ("act_out", "act_post"), ("conv_out", "conv_post"),
-                     ("downsample.filter", "downsample.lowpass.filter")):
-            k = k.replace(f".{a}.", f".{b}.").replace(f".{a}", f".{b}") if f".{a}" in k else k
-        out["vocoder." + k] = v.contiguous()
-    return out
-
-
 @pytest.fixture(scope="module")
 def audio(tmp_path_factory):
-    vae = randomized(AutoencoderKLLTX2Audio(**AUDIO), 6)
-    vocoder = LTX2VocoderWithBWE(**VOCODER).eval()
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():  # random weights, SnakeBeta's log alpha/beta small; the sinc filters as computed
-        for name, p in list(vocoder.named_parameters()) + list(vocoder.named_buffers()):
-            if not name.endswith(".filter"):
-                r = torch.randn(p.shape, generator=g)
-                p.copy_(r.abs() if "mel_basis" in name else 0.3 * r if ".act." in name
-                        else OUT_SCALE[name.split(".")[0]] * r / p[0].numel() ** 0.5 if "conv_out" in name
-                        else r / p[0].numel() ** 0.5 if p.dim() >= 2 else 0.5 * r)
-    stats = {"audio_vae.per_channel_statistics.mean-of-means": 0.5 * torch.randn(128, generator=g),
-             "audio_vae.per_channel_statistics.std-of-means": 0.5 + torch.rand(128, generator=g)}
-    state = {"audio_vae." + k: v.contiguous() for k, v in vae.state_dict().items() if not k.startswith("latents_")}
-    state.update(stats)
-    state.update(original_vocoder_names(vocoder.state_dict()))
-    config = {"vocoder": {"vocoder": {"upsample_rates": STAGE["upsample_factors"], "use_tanh_at_final": False,
-                                      "resblock_dilation_sizes": STAGE["resnet_dilations"]},
-                          "bwe": {"upsample_rates": BWE["upsample_factors"], "resblock_dilation_sizes":
-                                  BWE["resnet_dilations"], "input_sampling_rate": 16000,
-                                  "output_sampling_rate": 48000, "hop_length": 4}}}
+    vae, vocoder = randomized(AutoencoderKLLTX2Audio(**AUDIO), 6), randomized_vocoder(LTX2VocoderWithBWE(**VOCODER))
     path = tmp_path_factory.mktemp("audio") / "ltx-2.5-audio-vae.safetensors"
-    save_file(state, str(path), metadata={"config": json.dumps(config)})
+    stats, state = save_ltx2_audio(vae, vocoder, path, seed=8)
     return {"vae": vae, "vocoder": vocoder, "stats": stats, "state": state, "path": path,
             "decoder": AudioDecoder.load(path)}
 

@@ -465,3 +465,17 @@ def test_upsampler_refuses_other_files(tmp_path):
     save_ltx2_upsampler(model, tmp_path / "up.safetensors")
     with pytest.raises(ValueError, match=r"\[B, 16, F, H, W\]"):
         LatentUpsampler.load(tmp_path / "up.safetensors")(torch.zeros(1, 8, 1, 2, 2))
+
+
+def test_the_clip_bench_runs_tiny(capsys):
+    """bench/bench_ltx25_clip.py's smoke run: both stages, the upsampler and both decoders, ours and diffusers', one
+    row a phase and the whole clip."""
+    pytest.importorskip("diffusers")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    import bench_ltx25_clip
+    assert bench_ltx25_clip.main(["--tiny"]) == 0
+    rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[-4:] == ["stages 1 and 2 with the upsampler", "video decode", "audio decode with the vocoder",
+                         "whole clip"], rows
