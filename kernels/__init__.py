@@ -26,6 +26,7 @@ from .choices import DEFAULT, Choices
 log = logging.getLogger(__name__)
 
 
+@functools.cache  # the capability checks are asked on every run() (thousands a step): answered once a device
 def needs_triton_gpu(device: torch.device) -> str | None:
     """None when Triton kernels can run on device, else why not."""
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -35,6 +36,7 @@ def needs_triton_gpu(device: torch.device) -> str | None:
     return None
 
 
+@functools.cache
 def needs_int8_mma(device: torch.device) -> str | None:
     """As needs_triton_gpu, and INT8 matrix cores Triton can use (compute capability 8.0 or newer)."""
     reason = needs_triton_gpu(device)
@@ -43,12 +45,13 @@ def needs_int8_mma(device: torch.device) -> str | None:
     return reason
 
 
+@functools.cache
 def needs_cuda(device: torch.device) -> str | None:
     """None on a CUDA device (SDPA's fast back ends), else why not."""
     return None if device.type == "cuda" else f"inputs on {device.type}, SDPA's fused back ends need CUDA"
 
 
-@functools.cache  # asked on every run() of an op with Hopper kernels: a step's eager launches stay cheap
+@functools.cache
 def needs_hopper(device: torch.device) -> str | None:
     """As needs_int8_mma, and the Hopper kernels' Gluon (sm_90's wgmma and TMA; not in the interpreter)."""
     reason = needs_int8_mma(device)
