@@ -26,17 +26,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from bench_h3_step import moved  # noqa: E402
 from bench_ltx25_step import (  # noqa: E402
-    STAGES, TINY, TINY_STAGES, peer_step, quantized_state, random_reference, stage_inputs)
+    STAGES, TINY, TINY_STAGES, our_models, peer_step, quantized_state, random_reference, stage_inputs)
 from bench_video_decode import LTX25_TINY_TILES, ltx25_diffusers_decode, ltx25_vaes  # noqa: E402
 from dit_core.codecs.ltx2_audio_vae import AudioDecoder  # noqa: E402
 from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler  # noqa: E402
 from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES  # noqa: E402
 from dit_core.codecs.ltx2_vocoder import Vocoder  # noqa: E402
-from dit_core.families.ltx25 import LTX25  # noqa: E402
 from dit_core.sampling.ltx25 import Prompt, sample_two_stage, template_stages  # noqa: E402
-from dit_core.weights import TensorSource  # noqa: E402
 from tiny_models import builders, random_ltx2_upsampler, randomized_vocoder, save_ltx2_audio  # noqa: E402
 from tiny_models import save_ltx2_upsampler  # noqa: E402
 
@@ -114,10 +111,8 @@ def main(argv=None) -> int:
     ref = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    host = moved(LTX25.load(TensorSource(state)), "cpu")
+    _, model = our_models(state, device)
     del state
-    model = host.to(device, options=LTX25.default_options()) if device.type == "cuda" else \
-        host.gpu_form(device, LTX25.default_options())
     step = model.graphed() if device.type == "cuda" else None
 
     with tempfile.TemporaryDirectory(prefix="bench_ltx25_clip_") as folder:

@@ -137,6 +137,16 @@ def quantized_state(ref) -> dict:
     return out
 
 
+def our_models(state: dict, device: torch.device) -> tuple[LTX25, LTX25]:
+    """(the model on the host, its GPU form on device) from the file's tensors. On the host as a node reads the file:
+    resident and streamed layers are then made from the same host tensors (a layer's .on() dequantizes its head
+    gates where they are; the GPU's f32 sums differ in the last bit). On the CPU the GPU form runs the kernels'
+    references, as the tests run it."""
+    loaded = moved(LTX25.load(TensorSource(state)), "cpu")
+    defaults = LTX25.default_options()
+    return loaded, loaded.to(device, options=defaults) if device.type == "cuda" else loaded.gpu_form(device, defaults)
+
+
 def print_results(results: dict) -> None:
     """One markdown table of {(stage, label): (ms, peak GB, output, joules, weights GB)}, each stage's rows against
     its diffusers row (else its ours INT8 row)."""
@@ -190,13 +200,9 @@ def main(argv=None) -> None:
     ref = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    # On the host, as a node reads the file: the resident and the streamed layers are then made from the same host
-    # tensors (a layer's .on() dequantizes its head gates where they are; the GPU's f32 sums differ in the last bit)
-    loaded = moved(LTX25.load(TensorSource(state)), "cpu")
+    loaded, ours = our_models(state, device)
     del state
     defaults = LTX25.default_options()
-    # On the CPU the GPU form (the kernels' references), as the tests run it.
-    ours = loaded.to(device, options=defaults) if device.type == "cuda" else loaded.gpu_form(device, defaults)
     for k, s in inputs.items():
         results[(k, OURS)] = (*timed_on(device, our_step(ours, s), args.steps), weights_gb(ours))
     if device.type == "cuda":  # the same step replayed from a CUDA graph (dit_core/gpu/step_graph.py)

@@ -158,7 +158,7 @@ class GraphedStep:
 
 @dataclasses.dataclass(frozen=True)
 class _Node:
-    """A container in a TensorTree's structure: its type and its items (a dataclass's as (field, item) pairs)."""
+    """A container in tensor_tree's structure: its type and its items (a dataclass's as (field, item) pairs)."""
     kind: type
     items: tuple
 
