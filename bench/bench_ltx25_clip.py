@@ -9,16 +9,21 @@ audio VAE and vocoder; its clip is the sum of those phases (its pipeline's own l
 of the real sizes; the prompt's connector rows given (the text encoder is bench_text_encoders'). Seconds per phase
 and whole, ours first (its graphs captured, its kernels built) and warm.
 
-    python bench/bench_ltx25_clip.py [--layers 48]     # on a GPU, the peers' carry (diffusers)
+    python bench/bench_ltx25_clip.py [--layers 48] [--fidelity]    # on a GPU, the peers' carry (diffusers)
     python bench/bench_ltx25_clip.py --tiny            # a smoke run: tiny models, on the CPU where no GPU
 
-Memory: diffusers' BF16 transformer (38 GB) runs its steps and is freed before ours is made from its tensors."""
+--fidelity: then the clip by our BF16 model of the same INT8 weights (the same seeds), and the INT8 clip's PSNR of
+frames and audio against it (issue 36's fidelity measure).
+
+Memory: diffusers' BF16 transformer (38 GB) runs its steps and is freed before ours is made from its tensors; with
+--fidelity our INT8 model is freed before the BF16 one is placed."""
 from __future__ import annotations
 
 import argparse
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,14 +33,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_ltx25_step import (  # noqa: E402
     STAGES, TINY, TINY_STAGES, our_models, peer_step, quantized_state, random_reference, stage_inputs)
-from bench_video_decode import LTX25_TINY_TILES, ltx25_diffusers_decode, ltx25_vaes  # noqa: E402
+from bench_video_decode import LTX25_TINY_TILES, ltx25_diffusers_decode, ltx25_vaes, psnr  # noqa: E402
+from bench_z_image_step import rel  # noqa: E402
 from dit_core.codecs.ltx2_audio_vae import AudioDecoder  # noqa: E402
 from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler  # noqa: E402
 from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES  # noqa: E402
 from dit_core.codecs.ltx2_vocoder import Vocoder  # noqa: E402
 from dit_core.sampling.ltx25 import Prompt, sample_two_stage, template_stages  # noqa: E402
-from tiny_models import builders, random_ltx2_upsampler, randomized_vocoder, save_ltx2_audio  # noqa: E402
-from tiny_models import save_ltx2_upsampler  # noqa: E402
+from tiny_models import (  # noqa: E402
+    builders, random_ltx2_upsampler, randomized_vocoder, save_ltx2_audio, save_ltx2_upsampler)
 
 FPS = 24.0
 
@@ -88,6 +94,8 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=48)
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--tiny", action="store_true", help="the tests' tiny models at 64x64 / 128x128, 17 frames")
+    p.add_argument("--fidelity", action="store_true", help="then the clip by our BF16 model of the same INT8 "
+                   "weights, and the PSNR of the INT8 clip's frames and audio against it")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from graph_peers import torchvision_shim
@@ -111,9 +119,8 @@ def main(argv=None) -> int:
     ref = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    _, model = our_models(state, device)
+    host, model = our_models(state, device)
     del state
-    step = model.graphed() if device.type == "cuda" else None
 
     with tempfile.TemporaryDirectory(prefix="bench_ltx25_clip_") as folder:
         theirs, ours = codecs(device, args.tiny, Path(folder))
@@ -139,28 +146,25 @@ def main(argv=None) -> int:
     stats = (ours["video"].latents_mean, ours["video"].latents_std) if c == 128 else \
         (torch.zeros(c, device=device), torch.ones(c, device=device))
 
-    def our_clip():
+    def our_clip(model, step) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(seconds by phase, IMAGE frames, the waveform, the final video latent) of the clip by model (its graphed
+        twin step, or None)."""
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        marks = [time.perf_counter()]
         upsample = lambda v: ours["upsampler"].upsample(v, *stats)  # noqa: E731
         with torch.no_grad():
             v, a = sample_two_stage(model, upsample, video, audio, FPS, positive, stages=stages, step=step)
-        times = {"sampling": time.perf_counter()}
-        zv = v if v.shape[1] == 128 else z_video
-        ours["video"].decode(zv, tiles=tiles)
-        times["video decode"] = time.perf_counter()
-        za = a if a.shape[1] == 8 and a.shape[3] == 16 else z_audio
-        ours["vocoder"].audio(ours["audio"].decode(za))
-        times["audio decode"] = time.perf_counter()
-        return times
+        marks.append(time.perf_counter())
+        frames = ours["video"].decode(v if v.shape[1] == 128 else z_video, tiles=tiles)
+        marks.append(time.perf_counter())
+        sound = ours["vocoder"].audio(ours["audio"].decode(a if a.shape[1] == 8 and a.shape[3] == 16 else z_audio))
+        marks.append(time.perf_counter())
+        seconds = {phase: b - a for phase, a, b in zip(("sampling", "video decode", "audio decode"), marks, marks[1:])}
+        return seconds, frames, sound["waveform"], v
 
-    ours_rows = {}
-    for label in ("first", "warm"):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        marks = our_clip()
-        last, ours_rows[label] = start, {}
-        for phase, at in marks.items():
-            ours_rows[label][phase], last = at - last, at
+    step = model.graphed() if device.type == "cuda" else None
+    ours_rows = {label: our_clip(model, step) for label in ("first", "warm")}
     theirs_rows = {"sampling": phases["stage 1 steps"] + phases["upsampler"] + phases["stage 2 steps"],
                    "video decode": phases["video decode"], "audio decode": phases["audio decode"]}
     print("| phase | diffusers s | ours first s | ours warm s | ours warm vs diffusers |")
@@ -168,10 +172,23 @@ def main(argv=None) -> int:
     for phase, label in (("sampling", "stages 1 and 2 with the upsampler"), ("video decode", "video decode"),
                          ("audio decode", "audio decode with the vocoder"), (None, "whole clip")):
         theirs_s, first, warm = (sum(r.values()) if phase is None else r[phase]
-                                 for r in (theirs_rows, ours_rows["first"], ours_rows["warm"]))
+                                 for r in (theirs_rows, ours_rows["first"][0], ours_rows["warm"][0]))
         print(f"| {label} | {theirs_s:.2f} | {first:.2f} | {warm:.2f} | {theirs_s / warm:.2f}x |")
     print(f"\ndiffusers' phases: stage 1 steps {phases['stage 1 steps']:.2f} s, upsampler {phases['upsampler']:.3f} s, "
-          f"stage 2 steps {phases['stage 2 steps']:.2f} s")
+          f"stage 2 steps {phases['stage 2 steps']:.2f} s", flush=True)
+    if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seeds: the decoded clip's distance
+        _, frames, sound, latent = ours_rows["warm"]
+        if step is not None:
+            step.clear()
+        model = step = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        bf16 = replace(host, blocks=tuple(b.dequantized() for b in host.blocks))
+        model = bf16.to(device) if device.type == "cuda" else bf16.gpu_form(device, bf16.default_options())
+        _, bf16_frames, bf16_sound, bf16_latent = our_clip(model, model.graphed() if device.type == "cuda" else None)
+        print(f"ours INT8 against ours BF16 of the same weights: frames PSNR {psnr(frames, bf16_frames):.1f} dB, "
+              f"audio PSNR {psnr(sound, bf16_sound, peak=2.0):.1f} dB (the waveform's range -1..1); the final video "
+              f"latent {rel(latent, bf16_latent):.4f} relative" + " (tiny: random latents decoded)" * args.tiny)
     return 0
 
 

@@ -50,9 +50,9 @@ def timed(fn, device: torch.device):
     return seconds, (torch.cuda.max_memory_allocated() - base) / 1e9 if cuda else 0.0, out
 
 
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+def psnr(a: torch.Tensor, b: torch.Tensor, peak: float = 1.0) -> float:
     mse = float(((a.float() - b.float()) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
+    return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
 
 
 def h3(device: torch.device, dtype: torch.dtype, tiny: bool, folder: Path):

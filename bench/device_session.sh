@@ -124,7 +124,7 @@ for part in $parts; do
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;
     # LTX-2.5's template clip end to end (both stages, upsampler, decodes) against diffusers' models (peers' set)
-    ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py 2>&1 | stamped ;;
+    ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py --fidelity 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
     video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.

@@ -126,6 +126,21 @@ class LTXBlock:
     def gpu(self) -> bool:
         return not isinstance(self.a2v, Attention)
 
+    def dequantized(self, dtype: torch.dtype = torch.bfloat16) -> LTXBlock:
+        """The layer with every INT8 linear as float weights of dtype, turned back from ConvRot's rotation (BF16 of
+        the same INT8 weights: the reference INT8's fidelity is read against)."""
+        def attention(w: Attention) -> Attention:
+            return replace(w, **{k: float_linear(getattr(w, k), dtype) for k in ("q", "k", "v", "out")})
+
+        def layer(s: StreamLayer) -> StreamLayer:
+            return replace(s, self_attn=attention(s.self_attn), text_attn=attention(s.text_attn),
+                           up=float_linear(s.up, dtype), down=float_linear(s.down, dtype))
+        return LTXBlock(layer(self.video), layer(self.audio), attention(self.a2v), attention(self.v2a))
+
+
+def float_linear(lin: Linear, dtype: torch.dtype) -> Linear:
+    return lin.as_float(dtype) if lin.quantized else lin
+
 
 @dataclass(frozen=True)
 class Stream:

@@ -246,3 +246,16 @@ def test_graphed_step_equals_eager(files, grid):
     for got, want in zip(eager(*inputs(grid)), streamed.forward(*inputs(grid))):
         assert torch.equal(got, want)
     assert not eager.graphs[0].graphs
+
+
+def test_dequantized_layers_are_bf16_of_the_int8_weights(files):
+    """LTXBlock.dequantized (the bench's fidelity reference): every INT8 linear as BF16 of its codes turned back,
+    float ones as they are; the model then runs its BF16 path, close to the INT8 one."""
+    int8 = LTX25.load(files / "tiny_int8.safetensors")
+    bf16 = replace(int8, blocks=tuple(b.dequantized() for b in int8.blocks))
+    q, dq = int8.blocks[0].video.self_attn.q, bf16.blocks[0].video.self_attn.q
+    assert q.quantized and dq.weight.dtype == torch.bfloat16 and torch.equal(dq.weight, q.as_float().weight)
+    assert bf16.blocks[1].audio.down.weight.dtype == torch.bfloat16 and not bf16.blocks[0].v2a.out.quantized
+    assert bf16.blocks[0].video.self_attn.head_gate is int8.blocks[0].video.self_attn.head_gate
+    for got, want in zip(bf16.forward(*inputs()), int8.forward(*inputs())):
+        assert rel_err(got, want) <= 3e-2
