@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import attention, gated_residual, head_norm_rope, modulated_norm, process_builds, rows_norm_rope
+from . import (add_rms_rows, attention, gated_residual, head_norm_rope, modulated_norm, process_builds, rows_norm_rope,
+               swiglu_rows)
 from .int8 import linear, linear_hopper, qkv_rope_linear, quant, tiles
 from .choices import DEFAULT, Choices
 
@@ -94,6 +95,8 @@ OPS = {
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
     "rows_norm_rope": Op(rows_norm_rope.rows_norm_rope, rows_norm_rope.reference, needs_triton_gpu),
     "modulated_norm": Op(modulated_norm.modulated_norm, modulated_norm.reference, needs_triton_gpu),
+    "add_rms_rows": Op(add_rms_rows.add_rms_rows, add_rms_rows.reference, needs_triton_gpu),
+    "swiglu_rows": Op(swiglu_rows.swiglu_rows, swiglu_rows.reference, needs_triton_gpu),
     "attention": Op(attention.attention, attention.reference, needs_cuda),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
 }

@@ -222,21 +222,29 @@ class GpuOmniVoice(Codebooks):
         return o[0].transpose(0, 1).reshape(rows, -1)
 
     def _layer(self, w: VoiceLayer, x, cos, sin, segment, offsets) -> torch.Tensor:
+        """f32: the host's math, op for op."""
         a, o, dt = self.arch, self.options, self.dtype
         rows = x.shape[0]
         qkv = w.qkv(F.rms_norm(x, (a.hidden,), w.norm1, a.eps).to(dt), o)
-        if w.fused:  # BF16: one kernel norms and turns q and k and writes k, v per query head, rows-major
-            q, k, v = (t.transpose(1, 2)[0] for t in run("head_norm_rope", qkv, a.heads, a.head, w.q_norm, w.k_norm,
-                                                         cos, sin, a.qk_eps, kv_heads=a.kv_heads))
-        else:  # f32: the host's math (head_norm_rotary), op for op
-            q, k, v = qkv.split([a.width, a.key_width, a.key_width], dim=-1)
-            q, k = (rotate_halves(F.rms_norm(t.reshape(rows, -1, a.head).float(), (a.head,), g, a.qk_eps), cos,
-                                  sin).to(dt) for t, g in ((q, w.q_norm), (k, w.k_norm)))
-            v = v.reshape(rows, -1, a.head).to(dt)
-        x = x + w.out(self._attend(q, k, v, segment, offsets), o)  # f32 + bf16: one kernel, f32 out
+        q, k, v = qkv.split([a.width, a.key_width, a.key_width], dim=-1)
+        q, k = (rotate_halves(F.rms_norm(t.reshape(rows, -1, a.head).float(), (a.head,), g, a.qk_eps), cos,
+                              sin).to(dt) for t, g in ((q, w.q_norm), (k, w.k_norm)))
+        v = v.reshape(rows, -1, a.head).to(dt)
+        x = x + w.out(self._attend(q, k, v, segment, offsets), o)
         u = w.up(F.rms_norm(x, (a.hidden,), w.norm2, a.eps).to(dt), o)
-        hidden = F.silu(u[:, :a.ffn]) * u[:, a.ffn:] if w.fused else swiglu(u)
-        return x + w.down(hidden.to(dt), o)
+        return x + w.down(swiglu(u).to(dt), o)
+
+    def _fused_layer(self, w: VoiceLayer, x, down, cos, sin, segment, offsets) -> torch.Tensor:
+        """BF16: x (f32, updated in place) plus the layer before's DOWN output (None for the first), through this
+        layer up to its own DOWN output, returned for the next layer to add: each residual add rides in the next
+        norm's pass (kernels/add_rms_rows.py); one kernel norms and turns q and k and writes k, v per query head,
+        rows-major; SwiGLU in one pass (kernels/swiglu_rows.py)."""
+        a, o = self.arch, self.options
+        qkv = w.qkv(run("add_rms_rows", x, down, w.norm1, a.eps), o)
+        q, k, v = (t.transpose(1, 2)[0] for t in run("head_norm_rope", qkv, a.heads, a.head, w.q_norm, w.k_norm,
+                                                     cos, sin, a.qk_eps, kv_heads=a.kv_heads))
+        u = w.up(run("add_rms_rows", x, w.out(self._attend(q, k, v, segment, offsets), o), w.norm2, a.eps), o)
+        return w.down(run("swiglu_rows", u, a.ffn), o)
 
     def _logits(self, ids, audio, positions, segment, offsets, cond, uncond) -> tuple:
         """Logits [B, C, W, V] f32 of the target rows of packed ids: conditional, and unconditional or None."""
@@ -244,8 +252,14 @@ class GpuOmniVoice(Codebooks):
         x = self._embed(ids, audio)
         angles = positions[:, None] * self.inv_freq
         cos, sin = angles.cos(), angles.sin()
+        down = None
         for w in self.layers:
-            x = self._layer(w, x, cos, sin, segment, offsets)
+            if w.fused:
+                down = self._fused_layer(w, x, down, cos, sin, segment, offsets)
+            else:
+                x = self._layer(w, x, cos, sin, segment, offsets)
+        if down is not None:
+            x = x + down
         b, width = cond.shape
         rows = torch.cat([cond.flatten(), uncond.flatten()])
         y = self.heads(F.rms_norm(x[rows], (a.hidden,), self.final_norm, a.final_eps).to(self.dtype), self.options)
