@@ -22,11 +22,14 @@ from .options import DEFAULT, Options
 
 @dataclass(frozen=True)
 class GpuAttention:
-    """An Attention where it runs: q, k, v, OUT as GpuLinears, the norm gains f32, the head gate (a few rows:
-    heads x width) an f32 Linear."""
-    q: GpuLinear
-    k: GpuLinear
-    v: GpuLinear
+    """An Attention where it runs: the q, k and v rows as GpuLinears, OUT a GpuLinear, the norm gains f32, the head
+    gate (a few rows: heads x width) an f32 Linear. projections: [q; k; v] stacked into as few GpuLinears as their
+    storage allows, so one product gives several outputs side by side: one where the three read as many inputs and
+    are stored alike (a self-attention's: qkv), q apart where it reads other inputs or is stored otherwise ([k; v]:
+    kv, one product of the keys' rows), else each apart; sizes: q's, k's and v's rows. q, k and v are views of them
+    (no second copy, also where a layer is staged to stream)."""
+    projections: tuple[GpuLinear, ...]
+    sizes: tuple[int, int, int]
     out: GpuLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
@@ -35,8 +38,65 @@ class GpuAttention:
     @staticmethod
     def of(w: Attention, device: torch.device) -> GpuAttention:
         f32 = lambda t: None if t is None else t.float().to(device)  # noqa: E731
-        return GpuAttention(*(GpuLinear.of(lin, device) for lin in (w.q, w.k, w.v, w.out)), f32(w.q_norm),
-                            f32(w.k_norm), None if w.head_gate is None else float_on(w.head_gate, device))
+        for groups in (((w.q, w.k, w.v),), ((w.q,), (w.k, w.v)), ((w.q,), (w.k,), (w.v,))):
+            stacks = [stacked_rows(group) for group in groups]
+            if None not in stacks:
+                break
+        gate = None if w.head_gate is None else float_on(w.head_gate, device)
+        return GpuAttention(tuple(GpuLinear.of(lin, device) for lin in stacks),
+                            (w.q.out_features, w.k.out_features, w.v.out_features), GpuLinear.of(w.out, device),
+                            f32(w.q_norm), f32(w.k_norm), gate)
+
+    @property
+    def qkv(self) -> GpuLinear | None:
+        return self.projections[0] if len(self.projections) == 1 else None
+
+    @property
+    def kv(self) -> GpuLinear | None:
+        """k's and v's rows as one GpuLinear, where they are stored together."""
+        if len(self.projections) == 3:
+            return None
+        return self.projections[-1] if len(self.projections) == 2 else row_parts(self.qkv, (self.sizes[0], -1))[1]
+
+    @property
+    def q(self) -> GpuLinear:
+        return self.projections[0] if len(self.projections) > 1 else row_parts(self.qkv, self.sizes)[0]
+
+    @property
+    def k(self) -> GpuLinear:
+        return self.projections[1] if len(self.projections) == 3 else row_parts(self.kv, self.sizes[1:])[0]
+
+    @property
+    def v(self) -> GpuLinear:
+        return self.projections[2] if len(self.projections) == 3 else row_parts(self.kv, self.sizes[1:])[1]
+
+
+def stacked_rows(linears: tuple[Linear, ...]) -> Linear | None:
+    """The linears' rows as one Linear ([first; second; ...]: one product gives their outputs side by side), where
+    they read as many inputs and are stored alike (INT8 ConvRot of one group: a row's codes and scale move
+    together; or float of one dtype); a single linear as it is; else None."""
+    if len(linears) == 1:
+        return linears[0]
+    first = linears[0]
+    alike = all(lin.in_features == first.in_features and lin.weight.dtype == first.weight.dtype
+                and lin.group == first.group and (lin.bias is None) == (first.bias is None) for lin in linears)
+    if not alike or (first.quantized and not first.group):
+        return None
+    scale = None if not first.quantized else torch.cat([lin.scale.float().reshape(-1).expand(lin.out_features)
+                                                        for lin in linears])
+    bias = None if first.bias is None else torch.cat([lin.bias for lin in linears])
+    return Linear(torch.cat([lin.weight for lin in linears]), bias, scale, first.group)
+
+
+def row_parts(lin: GpuLinear, sizes: tuple[int, ...]) -> tuple[GpuLinear, ...]:
+    """lin's consecutive row ranges of these sizes (-1: the rest) as GpuLinears viewing its tensors."""
+    cuts, start = [], 0
+    for n in sizes:
+        end = lin.weight.shape[0] if n == -1 else start + n
+        cuts.append((start, end))
+        start = end
+    part = lambda t, a, b: None if t is None else t[a:b]  # noqa: E731
+    return tuple(GpuLinear(lin.weight[a:b], part(lin.scale, a, b), part(lin.bias, a, b), lin.group) for a, b in cuts)
 
 
 def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None) -> torch.Tensor:
@@ -68,9 +128,16 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
             made[key] = linear_rows(t, lin, o)
         return rows_product(made[key], lin, o)
 
-    q = _heads(a, product(x, w.q), w.q_norm, q_rotary)
-    k = _heads(a, product(context, w.k), w.k_norm, k_rotary)
-    v = product(context, w.v).view(-1, a.heads, a.head).transpose(0, 1)[None]
+    kv = w.kv
+    if w.qkv is not None and context is x:  # one product, q, k and v its column ranges
+        q_rows, k_rows, v_rows = product(x, w.qkv).split(w.sizes, dim=1)
+    else:
+        q_rows = product(x, w.q)
+        k_rows, v_rows = product(context, kv).split(w.sizes[1:], dim=1) if kv is not None else \
+            (product(context, w.k), product(context, w.v))
+    q = _heads(a, q_rows, w.q_norm, q_rotary)
+    k = _heads(a, k_rows, w.k_norm, k_rotary)
+    v = v_rows.unflatten(1, (a.heads, a.head)).transpose(0, 1)[None]
     if shards is not None and shards.ranks.world > 1:  # [1, heads, n, head] <-> [n, heads, head] around across
         heads_first = lambda t: t.transpose(0, 1)[None]  # noqa: E731
         out = shards.across(lambda *t: heads_attention(*map(heads_first, t), bias)[0].transpose(0, 1),

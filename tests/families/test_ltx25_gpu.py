@@ -118,6 +118,40 @@ def test_pieces_match_the_host(device):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
+def test_stacked_projections_equal_separate_ones(device):
+    """GpuAttention stacks q, k and v's rows where they are stored alike (one product of a self-attention's rows, one
+    of the keys' for a cross one): the same heads as the three products apart, bit for bit (a product's row is its
+    own dot products); q, k, v views of the stack, so a staged layer holds each row once."""
+    from dit_core.gpu.block import GpuLinear
+    from dit_core.gpu.pieces import stacked_rows
+    a, rows, keys, dev = PIECES, 24, 10, torch.device(device)
+    g = torch.Generator().manual_seed(3)
+    lin = lambda n, k: Linear(torch.randn(n, k, generator=g) * k ** -0.5, 0.1 * torch.randn(n, generator=g))  # noqa
+    gain = lambda: 1 + 0.2 * torch.randn(a.width, generator=g)  # noqa: E731
+    int8 = lambda *ls: tuple(t.as_int8(64) for t in ls)  # noqa: E731
+    self_attn = Attention(*int8(lin(256, 256), lin(256, 256), lin(256, 256), lin(256, 256)), gain(), gain())
+    cross = Attention(*int8(lin(256, 256), lin(256, 128), lin(256, 128), lin(256, 256)), gain(), gain())
+    mixed = Attention(*int8(lin(256, 256), lin(256, 256)), lin(256, 256), lin(256, 256), gain(), gain())
+    angles = torch.randn(rows, a.heads, 16, generator=g) * 3
+    seq = Sequence(torch.zeros(rows, dtype=torch.long), angles.cos(), angles.sin()).to(dev)
+    x, context = torch.randn(rows, 256, generator=g).to(dev), torch.randn(keys, 128, generator=g).to(dev)
+    for w, stacks, ctx in ((self_attn, 1, x), (cross, 2, context), (mixed, 3, x)):
+        stacked = GpuAttention.of(w, dev)
+        apart = GpuAttention(tuple(GpuLinear.of(t, dev) for t in (w.q, w.k, w.v)), stacked.sizes, stacked.out,
+                             stacked.q_norm, stacked.k_norm, None)
+        assert len(stacked.projections) == stacks and len(apart.projections) == 3
+        got, want = (attention_rows(a, w, x, ctx, seq, seq if ctx is x else None) for w in (stacked, apart))
+        for t, u in zip(*((r,) if isinstance(r, torch.Tensor) else r[:2] for r in (got, want))):
+            assert torch.equal(t, u)
+        if stacks < 3:
+            base = stacked.projections[-1].weight
+            assert stacked.v.weight.data_ptr() == base.data_ptr() + base.nbytes - stacked.v.weight.nbytes
+            assert staged_bytes(stacked) < staged_bytes(apart) + 512  # each row once (alignment aside)
+    assert stacked_rows((self_attn.q, cross.k)) is None  # other inputs: not stacked
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
 def test_head_gate_in_outs_quantizer(device, monkeypatch):
     """An INT8 OUT takes the per-head gate 2 sigmoid(linear(x, head_gate)) in its quantizer's prologue: attention_rows
     returns OUT's rows (codes, scales, None), quantize_rows given the gate's f32 [rows, heads] and factor 2; a BF16 OUT
