@@ -39,7 +39,7 @@ def _swiglu_rows_kernel(u_ptr, out_ptr, M, F_, BLOCK_M: tl.constexpr, BLOCK_F: t
     tl.store(out_ptr + rows[:, None].to(tl.int64) * F_ + cols[None, :], rounded_bf16(s * up), mask=mask)
 
 
-def swiglu_rows(u, ffn, *, block_m=8, block_f=256, num_warps=4):
+def swiglu_rows(u, ffn, *, block_m=8, block_n=256, num_warps=4):
     """[R, ffn] bf16 from u [R, 2 ffn] bf16 by this file's docstring."""
     if u.dim() != 2 or u.shape[1] != 2 * ffn or u.dtype != torch.bfloat16 or not u.is_contiguous():
         raise ValueError(f"swiglu_rows: u must be contiguous bf16 rows [R, {2 * ffn}], got {u.dtype} "
@@ -47,6 +47,6 @@ def swiglu_rows(u, ffn, *, block_m=8, block_f=256, num_warps=4):
     m = u.shape[0]
     out = torch.empty(m, ffn, dtype=torch.bfloat16, device=u.device)
     if m:
-        _swiglu_rows_kernel[(triton.cdiv(m, block_m), triton.cdiv(ffn, block_f))](
-            u, out, m, ffn, BLOCK_M=block_m, BLOCK_F=block_f, num_warps=num_warps, enable_fp_fusion=False)
+        _swiglu_rows_kernel[(triton.cdiv(m, block_m), triton.cdiv(ffn, block_n))](
+            u, out, m, ffn, BLOCK_M=block_m, BLOCK_F=block_n, num_warps=num_warps, enable_fp_fusion=False)
     return out

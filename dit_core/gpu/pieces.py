@@ -115,7 +115,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     gated per head (2 sigmoid(linear(x, head_gate))); for an INT8 OUT, its rows (codes, scales, None: linear_rows'
     triple), the gate taken in the quantizer's prologue (kernels/int8/prologue.py: neither the sigmoid nor the gated
     rows written out). Query rows x and key/value rows context (f32; context may be x itself: its rows are made once
-    for q, k and v). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias
+    for q, k and v, one product where they are stacked; else k's and v's from context, one product where stacked:
+    GpuAttention.projections). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias
     (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's
     share of the rows and attention runs across the ranks, keys the shards of context's rows where they are not x
     (dit_core/parallel SequenceShards.across); None: all rows here."""
@@ -128,11 +129,10 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
             made[key] = linear_rows(t, lin, o)
         return rows_product(made[key], lin, o)
 
-    kv = w.kv
     if w.qkv is not None and context is x:  # one product, q, k and v its column ranges
         q_rows, k_rows, v_rows = product(x, w.qkv).split(w.sizes, dim=1)
     else:
-        q_rows = product(x, w.q)
+        q_rows, kv = product(x, w.q), w.kv
         k_rows, v_rows = product(context, kv).split(w.sizes[1:], dim=1) if kv is not None else \
             (product(context, w.k), product(context, w.v))
     q = _heads(a, q_rows, w.q_norm, q_rotary)

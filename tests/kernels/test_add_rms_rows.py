@@ -40,7 +40,7 @@ def test_reference_is_the_layers_add_and_norm():
 def test_swiglu_matches_reference(r, ffn, device):
     g = torch.Generator().manual_seed(r * ffn)
     u = (3 * torch.randn(r, 2 * ffn, generator=g)).to(device, torch.bfloat16)
-    got = swiglu_rows(u, ffn, block_m=4, block_f=128)
+    got = swiglu_rows(u, ffn, block_m=4, block_n=128)
     assert got.shape == (r, ffn) and got.dtype == torch.bfloat16
     assert_within_one_bf16_step(got, swiglu_reference(u, ffn))
 
