@@ -6,7 +6,7 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
-#          video_decode pick ltx25_clip
+#          video_decode pick ltx25_clip h3_clip
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -123,6 +123,8 @@ for part in $parts; do
     # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;
+    # H3's t2v template clip end to end (20 steps, decodes) against diffusers' models (peers' set)
+    h3_clip) timeout $(cap 590) python3 -u bench/bench_h3_clip.py --fidelity 2>&1 | stamped ;;
     # LTX-2.5's template clip end to end (both stages, upsampler, decodes) against diffusers' models (peers' set)
     ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py --fidelity 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)

@@ -253,3 +253,17 @@ def test_the_decode_bench_runs_tiny(capsys):
     assert bench_video_decode.main(["--tiny"]) == 0
     rows = {line.split("|")[1].strip(): line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")}
     assert rows["h3"].rstrip(" |").endswith("inf") and "ltx25" in rows, rows
+
+
+def test_the_clip_bench_runs_tiny(capsys):
+    """bench/bench_h3_clip.py's smoke run: the 20 steps, both decoders, ours and diffusers', and the fidelity line."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    import bench_h3_clip
+    assert bench_h3_clip.main(["--tiny", "--fidelity"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split("|")[1].strip() for line in out.splitlines() if line.startswith("| ")]
+    assert rows[-4:] == ["20 steps (diffusers: its step x 20)", "video decode", "audio decode", "whole clip"], rows
+    assert "ours INT8 against ours BF16 of the same weights" in out
+

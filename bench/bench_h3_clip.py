@@ -1,0 +1,167 @@
+"""MiniMax H3's t2v template clip end to end on one GPU (issue 35): 20 steps of res_multistep on the simple grid at
+864x480, 124 frames (ComfyUI's way: the audio carried on the video grid), then the video decode (clips of 7 latents,
+256-px tiles) and the stereo audio decode. Ours as the nodes run it: dit_core/sampling/minimax_h3.py sample_t2va
+over the INT8 ConvRot transformer, our VAE decoders. diffusers 0.42.1's models of the same weights in the same run:
+its BF16 transformer's step (the median of --peer-steps, times the clip's steps: its 66 GB model runs a few), its
+video decode in the same tiles and its audio VAE; its clip is the sum of those phases. Random weights of the real
+sizes; the prompt's features given (the text encoder is bench_text_encoders'). Seconds per phase and whole.
+
+    python bench/bench_h3_clip.py [--layers 50] [--fidelity]    # on a GPU, the peers' carry (diffusers)
+    python bench/bench_h3_clip.py --tiny                         # a smoke run: tiny models, on the CPU where no GPU
+
+--fidelity: then the clip by our BF16 model of the same INT8 weights (the same seed; its layers streamed where the
+card holds less than its 66 GB), and the INT8 clip's PSNR of frames and audio against it (issue 35's measure)."""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
+
+from bench_h3_step import peer_timed  # noqa: E402
+from bench_video_decode import h3 as h3_video, psnr  # noqa: E402
+from bench_z_image_step import rel  # noqa: E402
+from dit_core.codecs.h3_audio_vae import AudioDecoder  # noqa: E402
+from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times  # noqa: E402
+from dit_core.gpu.streaming import pass_bytes  # noqa: E402
+from dit_core.sampling.minimax_h3 import sample_t2va  # noqa: E402
+from dit_core.weights import TensorSource  # noqa: E402
+from tiny_models import builders  # noqa: E402
+
+GIB = 1 << 30
+STEPS, SAMPLER, SCHEDULER = 20, "res_multistep", "simple"  # the t2v template's KSampler
+
+
+def now(device: torch.device) -> float:
+    """The host's clock once the device's queued work is done."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def timed(fn, device: torch.device) -> tuple[float, object]:
+    start = now(device)
+    out = fn()
+    return now(device) - start, out
+
+
+def audio_codecs(device: torch.device, tiny: bool, folder: Path):
+    """diffusers' H3 audio VAE (as released, or the tests' tiny one) with random weights, f32 on device, and our
+    decoder of the same weights read from the file they were saved to."""
+    from diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio import AutoencoderKLMiniMaxH3Audio
+    tests = builders("dit_core/codecs/test_h3_audio_vae.py")
+    vae = tests.tiny_vae() if tiny else AutoencoderKLMiniMaxH3Audio().eval()
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(folder / "h3_audio.safetensors"))
+    rates = tests.RATES_TINY if tiny else None
+    ours = AudioDecoder.load(folder / "h3_audio.safetensors", **({} if rates is None else {
+        "rates": rates, "dilations": tests.DIL_TINY}))
+    return vae.to(device), ours.to(device)
+
+
+def bf16_of(model: MiniMaxH3) -> MiniMaxH3:
+    """model with every INT8 block linear as BF16 of its codes turned back (Block.dequantized)."""
+    return replace(model, refiners=tuple(b.dequantized() for b in model.refiners),
+                   blocks=tuple(replace(layer, block=layer.block.dequantized()) for layer in model.blocks))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, default=50)
+    p.add_argument("--peer-steps", type=int, default=2, help="diffusers' steps timed (their median times 20)")
+    p.add_argument("--vector-std", type=float, default=0.1)
+    p.add_argument("--fidelity", action="store_true")
+    p.add_argument("--tiny", action="store_true", help="a 3-layer model of GPU-kernel sizes at 64x64x22")
+    args = p.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    from graph_peers import torchvision_shim
+    torchvision_shim()  # CPU torch beside the dev venv's CUDA torchvision wheel
+    from bench_h3_step import TINY
+    config = TINY if args.tiny else {}
+    layers, width, height, frames, text_rows = (3, 64, 64, 22, 16) if args.tiny else (args.layers, 864, 480, 124, 512)
+    latent_frames, lh, lw = (frames - 5) // 17 * 5 + 2, height // 16, width // 16
+    audio_latents = round(frames / 24 * 40)
+    layout = packed_layout(text_rows, latent_frames, lh, lw, audio_latents)
+    g = torch.Generator().manual_seed(1)
+    in_video, in_audio = 4 * config.get("in_channels", 24), config.get("audio_in_channels", 32)
+    video = torch.randn(layout.video, in_video, generator=g).to(device)
+    audio = torch.randn(layout.audio, in_audio, generator=g).to(device)
+    text = torch.randn(layout.text, config.get("text_dim", 5120), generator=g).to(device)
+    times, index = row_times(layout, 0.4, 1 - 0.55)
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (kernel references)"
+    print(f"# MiniMax H3 clip, {width}x{height}x{frames}, {STEPS} steps ({SAMPLER}, {SCHEDULER}); {layers} layers"
+          f"{' (tiny sizes)' * args.tiny}; {name}, torch {torch.__version__}\n", flush=True)
+
+    peer = argparse.Namespace(layers=layers, vector_std=args.vector_std, tiny=args.tiny, peer=True,
+                              steps=args.peer_steps)
+    state = peer_timed(peer, device, layout, video, audio, text, times, index)
+    theirs = {"sampling": state.pop("result")[0] / 1e3 * STEPS}
+    loaded = MiniMaxH3.load(TensorSource(state), linears="int8")
+    del state
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    defaults = MiniMaxH3.default_options()
+
+    def placed(model: MiniMaxH3) -> MiniMaxH3:
+        """On the card, its layers streamed where the free memory less a pass's need cannot hold them all."""
+        if device.type != "cuda":
+            return model.gpu_form(device, defaults)
+        spare = lambda total: int(torch.cuda.mem_get_info()[0]) - pass_bytes(model.arch, layout.rows) - 2 * GIB  # noqa
+        return model.to(device, budget_bytes=spare, options=defaults)
+
+    with tempfile.TemporaryDirectory(prefix="bench_h3_clip_") as folder:
+        our_video, their_video, z_video = h3_video(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
+                                                   args.tiny, Path(folder))
+        their_audio, our_audio = audio_codecs(device, args.tiny, Path(folder))
+    z_audio = torch.randn(2, our_audio.latent_channels, audio_latents, generator=g).to(device)
+    their_video(z_video[:, :, :7, :4, :4])  # cuDNN's plans out of the timing
+    theirs["video decode"] = timed(lambda: their_video(z_video), device)[0]
+    with torch.no_grad():
+        theirs["audio decode"] = timed(lambda: their_audio.decode(z_audio).sample.float().cpu(), device)[0]
+
+    def our_clip(model: MiniMaxH3) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(seconds by phase, IMAGE frames, the waveform, the video latent) of the clip by model."""
+        marks = [now(device)]
+        with torch.no_grad():
+            v, a = sample_t2va(model, text, latent_frames, lh, lw, audio_latents, STEPS, seed=0, sampler=SAMPLER,
+                               scheduler=SCHEDULER)
+        marks.append(now(device))
+        # the sampler's latents where they fit the decoders (real sizes), else random ones (tiny models)
+        frames_out = our_video(v if v.shape[1:] == z_video.shape[1:] else z_video)
+        marks.append(now(device))
+        stereo = a[0].transpose(0, 1) if a.shape[1] == our_audio.latent_channels else z_audio
+        sound = our_audio.audio(stereo)["waveform"]
+        marks.append(now(device))
+        seconds = {k: b - e for k, e, b in zip(("sampling", "video decode", "audio decode"), marks, marks[1:])}
+        return seconds, frames_out, sound, v
+
+    model = placed(loaded)
+    ours = {label: our_clip(model) for label in ("first", "warm")}
+    print("| phase | diffusers s | ours first s | ours warm s | ours warm vs diffusers |")
+    print("|---|---|---|---|---|")
+    for phase, label in (("sampling", f"{STEPS} steps (diffusers: its step x {STEPS})"), ("video decode", "video "
+                         "decode"), ("audio decode", "audio decode"), (None, "whole clip")):
+        t, first, warm = (sum(r.values()) if phase is None else r[phase]
+                          for r in (theirs, ours["first"][0], ours["warm"][0]))
+        print(f"| {label} | {t:.2f} | {first:.2f} | {warm:.2f} | {t / warm:.2f}x |", flush=True)
+    if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seed: the decoded clip's distance
+        _, frames_int8, sound_int8, latent = ours["warm"]
+        model = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        _, frames_bf16, sound_bf16, latent_bf16 = our_clip(placed(bf16_of(loaded)))
+        print(f"\nours INT8 against ours BF16 of the same weights: frames PSNR {psnr(frames_int8, frames_bf16):.1f} "
+              f"dB, audio PSNR {psnr(sound_int8, sound_bf16, peak=2.0):.1f} dB; the video latent "
+              f"{rel(latent, latent_bf16):.4f} relative" + " (tiny: random latents decoded)" * args.tiny)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
