@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_h3_step import peer_timed  # noqa: E402
-from bench_video_decode import h3 as h3_video, psnr  # noqa: E402
-from bench_z_image_step import rel  # noqa: E402
+from bench_video_decode import h3 as h3_video  # noqa: E402
+from clip_report import fidelity_line, now, print_phases, timed  # noqa: E402
 from dit_core.codecs.h3_audio_vae import AudioDecoder  # noqa: E402
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
@@ -38,19 +37,6 @@ from tiny_models import builders  # noqa: E402
 
 GIB = 1 << 30
 STEPS, SAMPLER, SCHEDULER = 20, "res_multistep", "simple"  # the t2v template's KSampler
-
-
-def now(device: torch.device) -> float:
-    """The host's clock once the device's queued work is done."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter()
-
-
-def timed(fn, device: torch.device) -> tuple[float, object]:
-    start = now(device)
-    out = fn()
-    return now(device) - start, out
 
 
 def audio_codecs(device: torch.device, tiny: bool, folder: Path):
@@ -144,22 +130,13 @@ def main(argv=None) -> int:
 
     model = placed(loaded)
     ours = {label: our_clip(model) for label in ("first", "warm")}
-    print("| phase | diffusers s | ours first s | ours warm s | ours warm vs diffusers |")
-    print("|---|---|---|---|---|")
-    for phase, label in (("sampling", f"{STEPS} steps (diffusers: its step x {STEPS})"), ("video decode", "video "
-                         "decode"), ("audio decode", "audio decode"), (None, "whole clip")):
-        t, first, warm = (sum(r.values()) if phase is None else r[phase]
-                          for r in (theirs, ours["first"][0], ours["warm"][0]))
-        print(f"| {label} | {t:.2f} | {first:.2f} | {warm:.2f} | {t / warm:.2f}x |", flush=True)
+    print_phases((("sampling", f"{STEPS} steps (diffusers: its step x {STEPS})"), ("video decode", "video decode"),
+                  ("audio decode", "audio decode")), theirs, ours["first"][0], ours["warm"][0])
     if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seed: the decoded clip's distance
-        _, frames_int8, sound_int8, latent = ours["warm"]
         model = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        _, frames_bf16, sound_bf16, latent_bf16 = our_clip(placed(bf16_of(loaded)))
-        print(f"\nours INT8 against ours BF16 of the same weights: frames PSNR {psnr(frames_int8, frames_bf16):.1f} "
-              f"dB, audio PSNR {psnr(sound_int8, sound_bf16, peak=2.0):.1f} dB; the video latent "
-              f"{rel(latent, latent_bf16):.4f} relative" + " (tiny: random latents decoded)" * args.tiny)
+        print("\n" + fidelity_line(ours["warm"][1:], our_clip(placed(bf16_of(loaded)))[1:], args.tiny))
     return 0
 
 

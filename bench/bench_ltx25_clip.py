@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,8 +32,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_ltx25_step import (  # noqa: E402
     STAGES, TINY, TINY_STAGES, our_models, peer_step, quantized_state, random_reference, stage_inputs)
-from bench_video_decode import LTX25_TINY_TILES, ltx25_diffusers_decode, ltx25_vaes, psnr  # noqa: E402
-from bench_z_image_step import rel  # noqa: E402
+from bench_video_decode import LTX25_TINY_TILES, ltx25_diffusers_decode, ltx25_vaes  # noqa: E402
+from clip_report import fidelity_line, now, print_phases, timed  # noqa: E402
 from dit_core.codecs.ltx2_audio_vae import AudioDecoder  # noqa: E402
 from dit_core.codecs.ltx2_latent_upsampler import LatentUpsampler  # noqa: E402
 from dit_core.codecs.ltx2_video_vae import TEMPLATE_TILES  # noqa: E402
@@ -44,17 +43,6 @@ from tiny_models import (  # noqa: E402
     builders, random_ltx2_upsampler, randomized_vocoder, save_ltx2_audio, save_ltx2_upsampler)
 
 FPS = 24.0
-
-
-def timed(fn, device: torch.device) -> tuple[float, object]:
-    """(seconds, fn's result), the GPU synchronized around it."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start, out
 
 
 def codecs(device: torch.device, tiny: bool, folder: Path):
@@ -149,17 +137,15 @@ def main(argv=None) -> int:
     def our_clip(model, step) -> tuple[dict, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(seconds by phase, IMAGE frames, the waveform, the final video latent) of the clip by model (its graphed
         twin step, or None)."""
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        marks = [time.perf_counter()]
+        marks = [now(device)]
         upsample = lambda v: ours["upsampler"].upsample(v, *stats)  # noqa: E731
         with torch.no_grad():
             v, a = sample_two_stage(model, upsample, video, audio, FPS, positive, stages=stages, step=step)
-        marks.append(time.perf_counter())
+        marks.append(now(device))
         frames = ours["video"].decode(v if v.shape[1] == 128 else z_video, tiles=tiles)
-        marks.append(time.perf_counter())
+        marks.append(now(device))
         sound = ours["vocoder"].audio(ours["audio"].decode(a if a.shape[1] == 8 and a.shape[3] == 16 else z_audio))
-        marks.append(time.perf_counter())
+        marks.append(now(device))
         seconds = {phase: b - a for phase, a, b in zip(("sampling", "video decode", "audio decode"), marks, marks[1:])}
         return seconds, frames, sound["waveform"], v
 
@@ -167,17 +153,12 @@ def main(argv=None) -> int:
     ours_rows = {label: our_clip(model, step) for label in ("first", "warm")}
     theirs_rows = {"sampling": phases["stage 1 steps"] + phases["upsampler"] + phases["stage 2 steps"],
                    "video decode": phases["video decode"], "audio decode": phases["audio decode"]}
-    print("| phase | diffusers s | ours first s | ours warm s | ours warm vs diffusers |")
-    print("|---|---|---|---|---|")
-    for phase, label in (("sampling", "stages 1 and 2 with the upsampler"), ("video decode", "video decode"),
-                         ("audio decode", "audio decode with the vocoder"), (None, "whole clip")):
-        theirs_s, first, warm = (sum(r.values()) if phase is None else r[phase]
-                                 for r in (theirs_rows, ours_rows["first"][0], ours_rows["warm"][0]))
-        print(f"| {label} | {theirs_s:.2f} | {first:.2f} | {warm:.2f} | {theirs_s / warm:.2f}x |")
+    print_phases((("sampling", "stages 1 and 2 with the upsampler"), ("video decode", "video decode"),
+                  ("audio decode", "audio decode with the vocoder")), theirs_rows, ours_rows["first"][0],
+                 ours_rows["warm"][0])
     print(f"\ndiffusers' phases: stage 1 steps {phases['stage 1 steps']:.2f} s, upsampler {phases['upsampler']:.3f} s, "
           f"stage 2 steps {phases['stage 2 steps']:.2f} s", flush=True)
     if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seeds: the decoded clip's distance
-        _, frames, sound, latent = ours_rows["warm"]
         if step is not None:
             step.clear()
         model = step = None
@@ -185,10 +166,8 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
         bf16 = replace(host, blocks=tuple(b.dequantized() for b in host.blocks))
         model = bf16.to(device) if device.type == "cuda" else bf16.gpu_form(device, bf16.default_options())
-        _, bf16_frames, bf16_sound, bf16_latent = our_clip(model, model.graphed() if device.type == "cuda" else None)
-        print(f"ours INT8 against ours BF16 of the same weights: frames PSNR {psnr(frames, bf16_frames):.1f} dB, "
-              f"audio PSNR {psnr(sound, bf16_sound, peak=2.0):.1f} dB (the waveform's range -1..1); the final video "
-              f"latent {rel(latent, bf16_latent):.4f} relative" + " (tiny: random latents decoded)" * args.tiny)
+        bf16_clip = our_clip(model, model.graphed() if device.type == "cuda" else None)
+        print(fidelity_line(ours_rows["warm"][1:], bf16_clip[1:], args.tiny))
     return 0
 
 
