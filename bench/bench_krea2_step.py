@@ -74,7 +74,7 @@ def main(argv=None) -> None:
         with torch.no_grad():
             results[label] = (*timed(step, args.steps), weights_gb(ours))
             if args.profile and mode == "int8":
-                print_profile(step)
+                print_profile(step, host=True)
             if mode == "int8":  # the step as our sampler runs it: the text fused once a run, then graphed
                 txt = ours.text_rows(text)
                 results[f"{label}, text fused once a run"] = (
