@@ -25,11 +25,11 @@ from safetensors.torch import save_file
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
-from bench_h3_step import peer_timed  # noqa: E402
+from bench_h3_step import TINY, peer_timed, step_inputs  # noqa: E402
 from bench_video_decode import h3 as h3_video  # noqa: E402
 from clip_report import fidelity_line, now, print_phases, timed  # noqa: E402
 from dit_core.codecs.h3_audio_vae import AudioDecoder  # noqa: E402
-from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times  # noqa: E402
+from dit_core.families.minimax_h3 import MiniMaxH3  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
 from dit_core.sampling.minimax_h3 import sample_t2va  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
@@ -45,10 +45,9 @@ def audio_codecs(device: torch.device, tiny: bool, folder: Path):
     from diffusers.models.autoencoders.autoencoder_kl_minimax_h3_audio import AutoencoderKLMiniMaxH3Audio
     tests = builders("dit_core/codecs/test_h3_audio_vae.py")
     vae = tests.tiny_vae() if tiny else AutoencoderKLMiniMaxH3Audio().eval()
-    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(folder / "h3_audio.safetensors"))
-    rates = tests.RATES_TINY if tiny else None
-    ours = AudioDecoder.load(folder / "h3_audio.safetensors", **({} if rates is None else {
-        "rates": rates, "dilations": tests.DIL_TINY}))
+    path = folder / "h3_audio.safetensors"
+    save_file({k: v.contiguous() for k, v in vae.state_dict().items()}, str(path))
+    ours = AudioDecoder.load(path, tests.RATES_TINY, tests.DIL_TINY) if tiny else AudioDecoder.load(path)
     return vae.to(device), ours.to(device)
 
 
@@ -69,25 +68,18 @@ def main(argv=None) -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from graph_peers import torchvision_shim
     torchvision_shim()  # CPU torch beside the dev venv's CUDA torchvision wheel
-    from bench_h3_step import TINY
     config = TINY if args.tiny else {}
     layers, width, height, frames, text_rows = (3, 64, 64, 22, 16) if args.tiny else (args.layers, 864, 480, 124, 512)
-    latent_frames, lh, lw = (frames - 5) // 17 * 5 + 2, height // 16, width // 16
-    audio_latents = round(frames / 24 * 40)
-    layout = packed_layout(text_rows, latent_frames, lh, lw, audio_latents)
-    g = torch.Generator().manual_seed(1)
-    in_video, in_audio = 4 * config.get("in_channels", 24), config.get("audio_in_channels", 32)
-    video = torch.randn(layout.video, in_video, generator=g).to(device)
-    audio = torch.randn(layout.audio, in_audio, generator=g).to(device)
-    text = torch.randn(layout.text, config.get("text_dim", 5120), generator=g).to(device)
-    times, index = row_times(layout, 0.4, 1 - 0.55)
+    inputs = step_inputs(config, width, height, frames, text_rows, device)
+    layout, text, (latent_frames, lh, lw), audio_latents = inputs.layout, inputs.text, inputs.latent, \
+        inputs.audio_latents
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (kernel references)"
     print(f"# MiniMax H3 clip, {width}x{height}x{frames}, {STEPS} steps ({SAMPLER}, {SCHEDULER}); {layers} layers"
           f"{' (tiny sizes)' * args.tiny}; {name}, torch {torch.__version__}\n", flush=True)
 
     peer = argparse.Namespace(layers=layers, vector_std=args.vector_std, tiny=args.tiny, peer=True,
                               steps=args.peer_steps)
-    state = peer_timed(peer, device, layout, video, audio, text, times, index)
+    state = peer_timed(peer, device, layout, inputs.video, inputs.audio, text, inputs.times, inputs.index)
     theirs = {"sampling": state.pop("result")[0] / 1e3 * STEPS}
     loaded = MiniMaxH3.load(TensorSource(state), linears="int8")
     del state
@@ -106,7 +98,8 @@ def main(argv=None) -> int:
         our_video, their_video, z_video = h3_video(device, torch.bfloat16 if device.type == "cuda" else torch.float32,
                                                    args.tiny, Path(folder))
         their_audio, our_audio = audio_codecs(device, args.tiny, Path(folder))
-    z_audio = torch.randn(2, our_audio.latent_channels, audio_latents, generator=g).to(device)
+    z_audio = torch.randn(2, our_audio.latent_channels, audio_latents, generator=torch.Generator().manual_seed(2))
+    z_audio = z_audio.to(device)
     their_video(z_video[:, :, :7, :4, :4])  # cuDNN's plans out of the timing
     theirs["video decode"] = timed(lambda: their_video(z_video), device)[0]
     with torch.no_grad():

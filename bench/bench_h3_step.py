@@ -200,6 +200,33 @@ def work_line(a, rows: int, results: dict) -> str:
             f"634 TFLOP/s {attention / 634e9:.0f} ms); whole step as TFLOP/s: {rates}")
 
 
+@dataclasses.dataclass(frozen=True)
+class StepInputs:
+    """A step's random rows at a clip's size: the latent's frames and sides, the audio latents a channel, the packed
+    layout, the video, audio and text rows (as the model's input projections take them), each row's time."""
+    latent: tuple[int, int, int]  # F, LH, LW
+    audio_latents: int
+    layout: object
+    video: torch.Tensor
+    audio: torch.Tensor
+    text: torch.Tensor
+    times: torch.Tensor
+    index: torch.Tensor
+
+
+def step_inputs(config: dict, width: int, height: int, frames: int, text_rows: int, device) -> StepInputs:
+    """StepInputs of a width x height x frames clip (pixel frames 17n + 5) with text_rows prompt rows, mid-way through
+    sampling (video at sigma 0.4, audio at 0.45), for the model config (TINY's or the release's)."""
+    latent = (frames - 5) // 17 * 5 + 2, height // 16, width // 16
+    audio_latents = round(frames / 24 * 40)
+    layout = packed_layout(text_rows, *latent, audio_latents)
+    g = torch.Generator().manual_seed(1)
+    widths = 4 * config.get("in_channels", 24), config.get("audio_in_channels", 32), config.get("text_dim", 5120)
+    video, audio, text = (torch.randn(n, w, generator=g).to(device)
+                          for n, w in zip((layout.video, layout.audio, layout.text), widths))
+    return StepInputs(latent, audio_latents, layout, video, audio, text, *row_times(layout, 0.4, 1 - 0.55))
+
+
 def peer_timed(args, device, layout, video, audio, text, times, index) -> dict:
     """The file-layout state of diffusers' random model; with the peer its step timed first (under "result"), the
     model itself freed."""
@@ -256,17 +283,9 @@ def main(argv=None) -> None:
         args.layers, args.width, args.height, args.frames, args.text = 3, 64, 64, 22, 16
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = TINY if args.tiny else {}
-    in_video = 4 * config.get("in_channels", 24)
-    in_audio, in_text = config.get("audio_in_channels", 32), config.get("text_dim", 5120)
-
-    latent_frames, lh, lw = (args.frames - 5) // 17 * 5 + 2, args.height // 16, args.width // 16
-    audio_latents = round(args.frames / 24 * 40)
-    layout = packed_layout(args.text, latent_frames, lh, lw, audio_latents)
-    g = torch.Generator().manual_seed(1)
-    video = torch.randn(layout.video, in_video, generator=g).to(device)
-    audio = torch.randn(layout.audio, in_audio, generator=g).to(device)
-    text = torch.randn(layout.text, in_text, generator=g).to(device)
-    times, index = row_times(layout, 0.4, 1 - 0.55)
+    inputs = step_inputs(config, args.width, args.height, args.frames, args.text, device)
+    layout, video, audio, text, times, index = (inputs.layout, inputs.video, inputs.audio, inputs.text, inputs.times,
+                                                inputs.index)
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (kernel references)"
     print(f"# MiniMax H3 step, {args.width}x{args.height}x{args.frames} ({layout.video} video + {layout.audio} "
           f"audio + {layout.text} text rows), {args.layers} layers{' (tiny sizes)' * args.tiny}, {name}, torch "

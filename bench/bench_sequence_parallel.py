@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 from bench_z_image_step import rel  # noqa: E402
 from dit_core.families.ltx25 import LTX25  # noqa: E402
-from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times  # noqa: E402
+from dit_core.families.minimax_h3 import MiniMaxH3  # noqa: E402
 from dit_core.parallel import RankedModel  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
 
@@ -59,18 +59,13 @@ def random_ltx25(_path: str, layers: int, tiny: bool) -> LTX25:
 def h3_step(tiny: bool):
     """(the rows of the t2v template's step: 864x480x124 (or 64x64x22 tiny), a 512-row prompt (16), step(model))."""
     width, height, frames, text = (64, 64, 22, 16) if tiny else (864, 480, 124, 512)
-    config = importlib.import_module("bench_h3_step").TINY if tiny else {}
-    layout = packed_layout(text, (frames - 5) // 17 * 5 + 2, height // 16, width // 16, round(frames / 24 * 40))
-    g = torch.Generator().manual_seed(1)
-    video = torch.randn(layout.video, 4 * config.get("in_channels", 24), generator=g)
-    audio = torch.randn(layout.audio, config.get("audio_in_channels", 32), generator=g)
-    text_rows = torch.randn(layout.text, config.get("text_dim", 5120), generator=g)
-    times, index = row_times(layout, 0.4, 1 - 0.55)
+    bench = importlib.import_module("bench_h3_step")
+    s = bench.step_inputs(bench.TINY if tiny else {}, width, height, frames, text, torch.device("cpu"))
 
     def step(model):
-        txt = model.text_rows(text_rows)
-        return lambda: model.velocity(video, audio, txt, layout, times, index)[0]
-    return f"{width}x{height}x{frames}, {layout.rows} rows", step
+        txt = model.text_rows(s.text)
+        return lambda: model.velocity(s.video, s.audio, txt, s.layout, s.times, s.index)[0]
+    return f"{width}x{height}x{frames}, {s.layout.rows} rows", step
 
 
 def ltx25_step(tiny: bool):
