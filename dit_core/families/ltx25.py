@@ -366,21 +366,37 @@ class LTX25:
         velocities come back on the inputs' devices. ranks: the blocks run sequence-parallel across them
         (dit_core/parallel: each rank its share of each stream's rows, gathered before the final layers; host or
         GPU blocks); None: here alone."""
-        self._check_rows(video, audio, grid, av_times)
-        a_s = self.audio
-        dev = self.device
-        # the steps' maps on the host: a rank's share is taken there, so its Sequence keeps its starts
-        host = self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
-                          text_mask, av_times, rope_dtype)
-        whole = tuple(step.to(dev) for step in host)
+        rows, host, whole, keyframe_rows = self._placed(video, audio, text_video, text_audio, grid, sigma_video,
+                                                        sigma_audio, conditioned, text_mask, keyframes, av_times,
+                                                        rope_dtype)
         shares = whole
         if ranks is not None:
             from ..parallel import SequenceShards  # the sequence-parallel path: imported where used
-            heads = (a_s.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
-            shares = tuple(step.split(SequenceShards.split(ranks, step.seq.map, heads)).to(dev) for step in host)
-        keyframes = None if keyframes is None else keyframes.to(dev)
-        v, a = self.velocities(video.to(dev), audio.to(dev), whole, shares, keyframes, check)
+            heads = (self.audio.arch.heads,) * 2  # A<->V run in the audio stream's heads, as many as the video's
+            shares = tuple(step.split(SequenceShards.split(ranks, step.seq.map, heads)).to(self.device)
+                           for step in host)
+        v, a = self.velocities(*rows, whole, shares, keyframe_rows, check)
         return v.to(video.device), a.to(audio.device)
+
+    def _placed(self, video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
+                grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None,
+                text_mask: torch.Tensor | None, keyframes: torch.Tensor | None, av_times: str,
+                rope_dtype: torch.dtype) -> tuple:
+        """forward's arguments checked and where the model runs: ((video, audio) rows, the StreamSteps on the host
+        (their maps made there: a rank's share is taken there, so its Sequence keeps its starts) and on the device,
+        the keyframe rows)."""
+        if av_times not in AV_TIMES:
+            raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
+        v_s, a_s = self.video, self.audio
+        if video.shape != (grid.rows, v_s.proj_in.in_features) or audio.shape[1] != a_s.proj_in.in_features:
+            raise ValueError(f"LTX25: video rows {tuple(video.shape)} for a grid of {grid.rows} rows of "
+                             f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
+                             f"{a_s.proj_in.in_features}")
+        dev = self.device
+        host = self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video, sigma_audio, conditioned,
+                          text_mask, av_times, rope_dtype)
+        return ((video.to(dev), audio.to(dev)), host, tuple(step.to(dev) for step in host),
+                None if keyframes is None else keyframes.to(dev))
 
     def velocities(self, video: torch.Tensor, audio: torch.Tensor, whole: tuple[StreamStep, StreamStep],
                    shares: tuple[StreamStep, StreamStep], keyframes: torch.Tensor | None = None,
@@ -428,25 +444,14 @@ class LTX25:
                                     text_mask, keyframes, av_times, rope_dtype, check, ranks)
             if check is not None:
                 check()
-            self._check_rows(video, audio, grid, av_times)
-            dev = self.device
-            whole = tuple(s.to(dev) for s in self.steps(audio.shape[0], text_video, text_audio, grid, sigma_video,
-                                                        sigma_audio, conditioned, text_mask, av_times, rope_dtype))
-            tensors, structure = tensor_tree((video.to(dev), audio.to(dev), whole,
-                                              None if keyframes is None else keyframes.to(dev)))
+            (v, a), _, whole, keyframe_rows = self._placed(video, audio, text_video, text_audio, grid, sigma_video,
+                                                           sigma_audio, conditioned, text_mask, keyframes, av_times,
+                                                           rope_dtype)
+            tensors, structure = tensor_tree((v, a, whole, keyframe_rows))
             v, a = graphs.steps[0](*tensors, structure=structure)
             return v.to(video.device), a.to(audio.device)
         step.clear, step.graphs = graphs.clear, graphs.steps
         return step
-
-    def _check_rows(self, video: torch.Tensor, audio: torch.Tensor, grid: Grid, av_times: str) -> None:
-        if av_times not in AV_TIMES:
-            raise ValueError(f"LTX25: av_times must be one of {tuple(AV_TIMES)}, got {av_times!r}")
-        v_s, a_s = self.video, self.audio
-        if video.shape != (grid.rows, v_s.proj_in.in_features) or audio.shape[1] != a_s.proj_in.in_features:
-            raise ValueError(f"LTX25: video rows {tuple(video.shape)} for a grid of {grid.rows} rows of "
-                             f"{v_s.proj_in.in_features}, audio rows {tuple(audio.shape)} of "
-                             f"{a_s.proj_in.in_features}")
 
     def steps(self, audio_rows: int, text_video: torch.Tensor, text_audio: torch.Tensor, grid: Grid,
               sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,
