@@ -152,22 +152,6 @@ def test_kept_rows_of_inference_tensors():
         assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
 
 
-def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
-    """ComfyUI's default allocator (cudaMallocAsync): no capture is tried (a failed one aborts the process when its
-    allocations are freed); every shape runs eagerly, and the log says why once."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
-    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs, fixed: pytest.fail("a capture was tried"))
-    step = GraphedStep(lambda x: x * 2)
-    with caplog.at_level(logging.INFO, logger=step_graph.log.name):
-        for rows in (3, 3, 5):
-            assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
-    assert list(step.graphs.values()) == [None, None]
-    assert [r.message for r in caplog.records] == [
-        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
-        "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]
-
-
 def test_the_launcher_gets_addresses_within_a_capture(monkeypatch):
     """addresses_for_triton: within, each tensor argument reaches the launcher as its address (other arguments as
     they are); after, the launcher is as it was, also when the capture raised."""
