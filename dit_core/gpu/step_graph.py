@@ -120,15 +120,24 @@ class GraphedStep:
         side = kept_stream(statics[0].device, "capture")
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):  # compile, tune and fill the caches outside the capture
-            self.step(*statics, **fixed)
+            warm = self.step(*statics, **fixed)
         torch.cuda.current_stream().wait_stream(side)
+        # The graph writes its outputs into tensors made outside it: nothing the capture allocates outlives it
+        # (under cudaMallocAsync a graph allocation freed after its capture, as a dropped graph's output would be,
+        # is an "uncaptured free").
+        tupled = isinstance(warm, tuple)
+        outs = tuple(torch.empty_like(t) for t in (warm if tupled else (warm,)))
+        del warm
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         with addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
                 torch.cuda.graph(graph, pool=self.pool, stream=side):
-            out = self.step(*statics, **fixed)
-        return graph, statics, out
+            got = self.step(*statics, **fixed)
+            for out, t in zip(outs, got if isinstance(got, tuple) else (got,)):
+                out.copy_(t)
+            del got
+        return graph, statics, outs if tupled else outs[0]
 
     def clear(self, pool: tuple | None = None) -> None:
         """Drop every graph (before the weights they read move or go) and with them their pool; later captures

@@ -113,17 +113,23 @@ def test_z_image_graphed_step_follows_the_streamed_blocks():
 def test_graphed_steps_under_cuda_malloc_async():
     """ComfyUI's default allocator (cudaMallocAsync; chosen before CUDA starts, so in a process of its own): Z-Image's
     and LTX-2.5's steps captured (Triton's launcher given addresses: step_graph.addresses_for_triton), equal to the
-    eager steps bit for bit, dropped and captured again as the blocks move."""
+    eager steps bit for bit, dropped and captured again as the blocks move, with no graph memory freed outside its
+    graph."""
     if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
         pytest.skip("this process is the one under cudaMallocAsync")
     root = Path(__file__).resolve().parents[2]
     tests = [f"{Path(__file__).relative_to(root)}::{name}" for name in (
         "test_z_image_graphed_step_equals_eager", "test_z_image_graphed_step_follows_the_streamed_blocks")]
     tests.append("tests/families/test_ltx25_gpu.py::test_graphed_step_equals_eager")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "-p", "no:cacheprovider", *tests],
+    # -s: the allocator's warnings reach this process's capture
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-rs", "-m", "gpu", "-p", "no:cacheprovider",
+                           *tests],
                           cwd=root, env=dict(os.environ, PYTORCH_CUDA_ALLOC_CONF="backend:cudaMallocAsync"),
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "skipped" not in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    # Nothing a capture allocated outlives it (the graphs' outputs are made outside them): the allocator never
+    # frees a graph's memory outside its graph, also where the blocks moved and the graphs were dropped.
+    assert "uncaptured free" not in done.stdout + done.stderr, done.stderr[-2000:]
 
 
 KLEIN = Arch(family="test", hidden=3072, layers=1, refiner=0, heads=24, head=128, ffn=9216, latents=128,
