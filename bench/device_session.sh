@@ -150,7 +150,7 @@ for part in $parts; do
              -f -o $r python3 bench/bench_linear_shapes.py --once $1 $2 $3 $4 &&
            ncu -i $r.ncu-rep --page details > $OUT/ncu_$1_$5.txt && ncu -i $r.ncu-rep --page source --csv \
              --print-source sass > $r.csv && python3 bench/ncu_stalls.py $r.csv > $OUT/ncu_$1_$5.stalls.txt; done' ;;
-    server) SWIFTDIT_REPORT=$OUT/server_report.md timeout 590 python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider \
+    server) SWIFTDIT_REPORT=$OUT/server_report.md timeout $(cap 590) python3 -m pytest -q -rs -s -m gpu -p no:cacheprovider \
               --durations=10 tests/host/test_gpu_server.py ;;
     # The engine's step against the sampler node's (tests/host/test_gpu_server.py's checkpoints), under PyTorch's
     # allocator and under ComfyUI's default one.
