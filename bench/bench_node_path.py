@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from dit_core.families.z_image import ZImage  # noqa: E402
 from dit_core.codecs.flux1_vae import SCALING, SHIFT  # noqa: E402
 from dit_core.sampling.ksampler import ksample, model_on_device  # noqa: E402
+from dit_core.gpu.step_graph import capture_refusal  # noqa: E402
 from host import checkpoints  # noqa: E402
 
 
@@ -49,7 +50,7 @@ def main(argv=None) -> None:
     caption = torch.randn(64, checkpoints.TE_HIDDEN, device="cuda")  # the set's text width; a short prompt's rows
     latent = torch.randn(16, 128, 128, device="cuda")
     print(f"# Z-Image step at 1024x1024, {torch.cuda.get_device_name()}, torch {torch.__version__}, allocator "
-          f"{torch.cuda.get_allocator_backend()}")
+          f"{torch.cuda.get_allocator_backend()}; CUDA graphs: {capture_refusal() or 'on'}")
     print("| file | engine, eager (ms) | engine, graphed step (ms) | node path, a step of "
           f"{args.steps} (ms) |\n|---|---|---|---|")
     for name in (checkpoints.DIT_BF16, checkpoints.DIT_INT8):

@@ -14,8 +14,7 @@ that). A replay cannot be cancelled within the step: cancel is asked between ste
 Memory: the graphs of one GraphedStep (one per shape), and those of the GraphedSteps given one `pool`, share one
 memory pool, so they hold one step's temporaries, not one set each. That is safe because they replay one at a time
 on one stream and each call clones its outputs at once: a capture may reuse only memory that no kept tensor holds
-(another graph's temporaries, dead once its replay has ended). Under cudaMallocAsync (ComfyUI's default allocator)
-a capture's temporaries are the driver's graph memory nodes instead, a set each graph: MAX_SHAPES bounds them.
+(another graph's temporaries, dead once its replay has ended).
 """
 from __future__ import annotations
 
@@ -42,6 +41,20 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     if (device, purpose) not in _STREAMS:
         _STREAMS[(device, purpose)] = torch.cuda.Stream(device=device)
     return _STREAMS[(device, purpose)]
+
+
+def capture_refusal() -> str | None:
+    """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
+    turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: Triton's
+    launcher refused their addresses (given addresses now: addresses_for_triton), and a graph allocation freed
+    outside its graph after a replay aborted ComfyUI (a BF16 Z-Image prompt on an H100, 2026-12-05: cuBLAS keeps
+    the workspace a capture allocated; cleared within the capture now). Until
+    tests/dit_core/test_block_gpu.py::test_graphed_steps_under_cuda_malloc_async passes on a GPU, with no
+    "uncaptured free" logged, the steps run eagerly there."""
+    if async_allocator():
+        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); start ComfyUI with "
+                "--disable-cuda-malloc to replay each step from a CUDA graph")
+    return None
 
 
 def async_allocator() -> bool:
@@ -81,12 +94,13 @@ def addresses_for_triton():
 
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
-    each input shape."""
+    each input shape (run eagerly where capture_refusal() says why not)."""
 
     def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None):
         """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
         default this step's own, made at its first capture)."""
         self.step, self.pool = step, pool
+        self.refused = False  # capture_refusal() said so once (logged once a GraphedStep)
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
 
@@ -96,15 +110,21 @@ class GraphedStep:
         if key not in self.graphs:
             if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph goes first
                 del self.graphs[next(iter(self.graphs))]
-            try:
-                self.graphs[key] = self._capture(inputs, fixed)
-            except RuntimeError as e:
-                # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its own
-                # pool did not fit beside the model (out of memory), or something in the step cannot be captured
-                # (a bug to report, not the user's problem). This shape runs eagerly from now on.
-                log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
-                            str(e).splitlines()[0] if str(e) else type(e).__name__)
-                self.graphs[key] = None
+            refusal = capture_refusal()
+            if refusal:
+                if not self.refused:
+                    log.info("SwiftDiT: steps run without CUDA graphs: %s", refusal)
+                self.refused, self.graphs[key] = True, None
+            else:
+                try:
+                    self.graphs[key] = self._capture(inputs, fixed)
+                except RuntimeError as e:
+                    # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
+                    # own pool did not fit beside the model (out of memory), or something in the step cannot be
+                    # captured (a bug to report, not the user's problem). This shape runs eagerly from now on.
+                    log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
+                                str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    self.graphs[key] = None
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs, **fixed)
@@ -130,6 +150,7 @@ class GraphedStep:
         del warm
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
+        torch._C._cuda_clearCublasWorkspaces()  # the capture makes its own (below), not reads one made outside it
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         with addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
                 torch.cuda.graph(graph, pool=self.pool, stream=side):
@@ -137,6 +158,10 @@ class GraphedStep:
             for out, t in zip(outs, got if isinstance(got, tuple) else (got,)):
                 out.copy_(t)
             del got
+            # cuBLAS keeps a workspace per stream, made by the capture's first product: freed within the capture
+            # it stays the graph's own, rather than a graph allocation that the next product outside uses (and
+            # that a later clear frees outside the graph).
+            torch._C._cuda_clearCublasWorkspaces()
         return graph, statics, outs if tupled else outs[0]
 
     def clear(self, pool: tuple | None = None) -> None:

@@ -152,6 +152,22 @@ def test_kept_rows_of_inference_tensors():
         assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
 
 
+def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
+    """ComfyUI's default allocator (cudaMallocAsync): no capture is tried (a failed one aborts the process when its
+    allocations are freed); every shape runs eagerly, and the log says why once."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
+    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs, fixed: pytest.fail("a capture was tried"))
+    step = GraphedStep(lambda x: x * 2)
+    with caplog.at_level(logging.INFO, logger=step_graph.log.name):
+        for rows in (3, 3, 5):
+            assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
+    assert list(step.graphs.values()) == [None, None]
+    assert [r.message for r in caplog.records] == [
+        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
+        "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]
+
+
 def test_the_launcher_gets_addresses_within_a_capture(monkeypatch):
     """addresses_for_triton: within, each tensor argument reaches the launcher as its address (other arguments as
     they are); after, the launcher is as it was, also when the capture raised."""
@@ -188,3 +204,21 @@ def test_a_tensor_tree_gives_its_value_back():
     assert back[1][0].starts == (0, 2) and torch.equal(back[1][0].sin, torch.full((3, 2), 2.0))
     other = (value[0], [Sequence(torch.tensor([0, 1, 1]), seq.cos, seq.sin), None, "own"], value[2])
     assert tensor_tree(other)[1] != structure  # the map's runs (host ints) differ
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_graphed_products_drop_and_capture_again():
+    """BF16 products through cuBLAS (its workspace made within the capture): two shapes captured and replayed equal
+    to the eager step, eager products between replays, every graph dropped and captured again (under
+    cudaMallocAsync: test_block_gpu.py's subprocess, which reads the allocator's warnings)."""
+    w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    product = lambda x: torch.nn.functional.gelu(x @ w.T) @ w  # noqa: E731
+    step = GraphedStep(product)
+    for _ in range(2):
+        for rows in (64, 320, 64):
+            x = torch.randn(rows, 512, device="cuda", dtype=torch.bfloat16)
+            assert torch.equal(step(x), product(x))
+        step.clear()
+        torch.cuda.synchronize()
+    assert step.graphs == {}

@@ -188,12 +188,12 @@ def test_server_log_has_no_error_of_ours(gpu_host):
     log = gpu_host.log_text()
     assert not re.search(r'^  File ".*/custom_nodes/comfyui-swiftdit/', log, re.MULTILINE), log[-3000:]
     assert "!!! Exception during processing" not in log and "uncaptured free" not in log, log[-3000:]
-    assert "could not be captured" not in log, log[-3000:]  # every step of ours replayed a CUDA graph
+    assert "could not be captured" not in log, log[-3000:]
 
 
 def test_z_image_with_cuda_graphs(gpu_host, tmp_path):
     """The Z-Image graphs again, on a second server started with --disable-cuda-malloc (PyTorch's own allocator):
-    the report sets these prompts beside the default allocator's; our steps replay CUDA graphs under both."""
+    each of our steps replays a CUDA graph; the report sets these prompts beside the default allocator's."""
     server = ComfyHost(COMFYUI_TREE, tmp_path, sys.executable, extra_args=("--disable-cuda-malloc",), cpu=False,
                        cache_none=False)
     server.link_models({folder: gpu_host.base / "models" / folder
@@ -206,6 +206,7 @@ def test_z_image_with_cuda_graphs(gpu_host, tmp_path):
                 settings = replace(Z_SETTINGS, seed=seed, unet_name=unet, filename_prefix=f"graphs_{seed}")
                 label_run = f"Z-Image {label}, seed {seed}, --disable-cuda-malloc"
                 image(server, run(server, label_run, make(settings), 8)[0])
+        assert "steps run without CUDA graphs" not in server.log_text()
         assert "could not be captured" not in server.log_text()
     finally:
         server.stop()
