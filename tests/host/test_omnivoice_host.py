@@ -7,6 +7,7 @@ tests/families/test_omnivoice.py and test_omnivoice_codec.py, as tests/nodes/tes
 
 import copy
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import soundfile
 import torch
+from safetensors.torch import save_file
 from tiny_models import builders, randomize_language_model
 
 from dit_core.families.omnivoice import FRAME_RATE, target_frames
@@ -26,9 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 TIMEOUT = 120.0
 MODEL, REFERENCE = "OmniVoice", "voice_reference.wav"  # the names the workflows' loaders ask for
+NOT_OMNIVOICE, SHORT_REFERENCE = "not_omnivoice", "short_reference.wav"
 CODES, RATE = 32, 24000  # the tiny codec's codes a codebook; its rate, which SaveAudio keeps
 # The shipped graphs' nodes (workflows/api/omnivoice_*.json): the same ids in both.
-TEXT, SAMPLER, REFERENCE_NODE, SAVE = "2", "3", "7", "5"
+LOADER, TEXT, SAMPLER, SAVE, LOAD_AUDIO, REFERENCE_NODE = "1", "2", "3", "5", "6", "7"
 # CI sizes: the workflows ask for 32 steps of a paragraph; two cores get 4 steps of a short sentence (about 2 s
 # estimated) and, for the clone, a fixed 2 s.
 SENTENCE, RUN_STEPS, CLONE_SECONDS = "Hello there, nice to see you.", 4, 2.0
@@ -42,7 +45,7 @@ CODEC = builders("families/test_omnivoice_codec.py")
 @pytest.fixture(scope="module")
 def omnivoice_models(tmp_path_factory) -> Path:
     """models/omnivoice/OmniVoice/: the tiny model (its codebooks of the tiny codec's 32 codes), the byte-level
-    tokenizer, the tiny codec as audio_tokenizer/."""
+    tokenizer, the tiny codec as audio_tokenizer/; beside it a folder laid out alike whose weights are a VAE's."""
     from transformers import Qwen3Config
     root = tmp_path_factory.mktemp("omnivoice_models")
     torch.manual_seed(0)
@@ -51,21 +54,25 @@ def omnivoice_models(tmp_path_factory) -> Path:
     model = FAMILY.package.OmniVoice(FAMILY.package.OmniVoiceConfig(llm_config=cfg, audio_vocab_size=CODES + 1,
                                                                      audio_mask_id=CODES)).eval()
     randomize_language_model(model).save_pretrained(root / MODEL)
-    FAMILY.tokenizer.__wrapped__().save_pretrained(root / MODEL)  # the family test's fixture, built directly
+    for name in (MODEL, NOT_OMNIVOICE):
+        FAMILY.tokenizer.__wrapped__().save_pretrained(root / name)  # the family test's fixture, built directly
+    save_file({"decoder.conv_in.weight": torch.zeros(4, 16, 3, 3)}, root / NOT_OMNIVOICE / "model.safetensors")
     codec = CODEC.folder.__wrapped__(tmp_path_factory)[0]  # the codec test's fixture: audio_tokenizer/ in a folder
+    shutil.copytree(codec / "audio_tokenizer", root / NOT_OMNIVOICE / "audio_tokenizer")
     shutil.move(codec / "audio_tokenizer", root / MODEL / "audio_tokenizer")
     return root
 
 
 @pytest.fixture(scope="module")
 def omnivoice_host(tmp_path_factory, omnivoice_models, serving):
-    """The server, with the model folder linked and a 2.5 s reference (noise bursts with a gap, 16-bit WAV) in its
-    input folder for LoadAudio."""
+    """The server, with the model folder linked and in its input folder for LoadAudio a 2.5 s reference (noise
+    bursts with a gap, 16-bit WAV) and a 0.5 s one."""
     server = ComfyHost(COMFYUI_TREE, tmp_path_factory.mktemp("omnivoice_base"), sys.executable)
     server.link_models({"omnivoice": omnivoice_models})
     (server.base / "input").mkdir(parents=True)
-    voice = CODEC.speech_like(1, 2.5, [(1.2, 0.3)])[0].numpy()
-    soundfile.write(server.base / "input" / REFERENCE, voice, RATE, subtype="PCM_16")
+    for name, seconds, gaps in ((REFERENCE, 2.5, [(1.2, 0.3)]), (SHORT_REFERENCE, 0.5, [])):
+        voice = CODEC.speech_like(1, seconds, gaps)[0].numpy()
+        soundfile.write(server.base / "input" / name, voice, RATE, subtype="PCM_16")
     yield from serving(server)
 
 
@@ -83,7 +90,7 @@ def ci_graph(prompt: dict, **text) -> dict:
     prompt = copy.deepcopy(prompt)
     sampler = prompt[SAMPLER]["inputs"]
     assert (sampler["steps"], sampler["guidance"], sampler["t_shift"]) == (32, 2, 0.1)
-    assert prompt["1"]["inputs"]["model_name"] == MODEL and prompt[TEXT]["inputs"]["duration"] == 0
+    assert prompt[LOADER]["inputs"]["model_name"] == MODEL and prompt[TEXT]["inputs"]["duration"] == 0
     prompt[TEXT]["inputs"].update(text=SENTENCE, **text)
     sampler["steps"] = RUN_STEPS
     return prompt
@@ -115,26 +122,54 @@ def test_tts_workflow_runs_to_an_audio_file(omnivoice_host):
 def test_voice_clone_workflow_runs_to_an_audio_file(omnivoice_host):
     """The clone graph (LoadAudio's WAV, the Reference's transcript) at a fixed length to a FLAC."""
     prompt = ci_graph(queued(omnivoice_host, "omnivoice_voice_clone"), duration=CLONE_SECONDS)
-    assert prompt["6"]["inputs"]["audio"] == REFERENCE
+    assert prompt[LOAD_AUDIO]["inputs"]["audio"] == REFERENCE
     entry, events, seconds = omnivoice_host.run(prompt, TIMEOUT)
     length = saved_seconds(omnivoice_host, entry, events)
     print(f"\nOmniVoice clone, {RUN_STEPS} steps: {length:.2f} s of speech in {seconds:.1f} s")
     assert 0.5 * CLONE_SECONDS <= length <= CLONE_SECONDS + PAD_S + 0.01, length
 
 
-def test_an_empty_transcript_names_the_node_and_the_input(omnivoice_host):
-    """The Reference without its transcript ends the prompt there, naming node and input, and nothing is saved;
-    the server then runs the same graph with the transcript."""
+@pytest.mark.parametrize("node, name, value, message", [
+    (LOADER, "model_name", NOT_OMNIVOICE, "SwiftDiTOmniVoiceLoader · model_name: model.safetensors: not an OmniVoice "
+                                          "model"),
+    (TEXT, "text", "  ", "SwiftDiTOmniVoiceText · text: nothing to say"),
+    (LOAD_AUDIO, "audio", SHORT_REFERENCE, "SwiftDiTOmniVoiceReference · audio: 0.[0-9]+ s of voice after "
+                                           "trimming silences; at least 1 s"),
+    (REFERENCE_NODE, "text", "  ", "SwiftDiTOmniVoiceReference · text: the reference's transcript is empty")],
+    ids=["wrong_folder", "empty_text", "short_reference", "empty_transcript"])
+def test_bad_input_names_the_node_and_the_input(omnivoice_host, node, name, value, message):
+    """A folder of another model, an empty text, a reference too short, a reference without its transcript: the
+    prompt ends at the node that says so, naming node and input, and nothing is saved; the server then runs the
+    graph as shipped."""
     prompt = ci_graph(queued(omnivoice_host, "omnivoice_voice_clone"), duration=CLONE_SECONDS)
     failing = copy.deepcopy(prompt)
-    failing[REFERENCE_NODE]["inputs"]["text"] = "  "
+    failing[node]["inputs"][name] = value
     entry, events, _ = omnivoice_host.run(failing, TIMEOUT)
     assert entry["status"]["status_str"] == "error" and events[-1]["type"] in TERMINAL_EVENTS
     [error] = of_type(events, "execution_error")
-    node_type = "SwiftDiTOmniVoiceReference"
-    assert (error["node_id"], error["node_type"]) == (REFERENCE_NODE, node_type)
-    assert f"{node_type} · text: the reference's transcript is empty" in error["exception_message"], error
+    assert re.search(message, error["exception_message"]), error  # (the names and messages hold no other regex)
+    node_type = message.split(" · ")[0]
+    assert error["node_type"] == node_type and failing[error["node_id"]]["class_type"] == node_type
     assert SAVE not in error["executed"] and not entry["outputs"].get(SAVE)
-    prompt[SAVE]["inputs"]["filename_prefix"] = "audio/after_error"
+    prompt[SAVE]["inputs"]["filename_prefix"] = f"audio/after_{name}"
     entry, events, _ = omnivoice_host.run(prompt, TIMEOUT)
+    saved_seconds(omnivoice_host, entry, events)
+
+
+def test_cancel_ends_the_sampler_and_the_server_stays_usable(omnivoice_host):
+    """Cancel at the sampler's second step of 200 (10 s of speech): the prompt ends interrupted at the sampler, its
+    last step never reached and nothing saved; then the next prompt runs."""
+    prompt = ci_graph(queued(omnivoice_host, "omnivoice_tts"), duration=10.0)
+    prompt[SAMPLER]["inputs"]["steps"] = 200
+    prompt[SAVE]["inputs"]["filename_prefix"] = "audio/cancelled"
+    prompt_id, events, asked = omnivoice_host.run_interrupted(
+        prompt, lambda e: e["type"] == "progress" and e["data"].get("node") == SAMPLER and e["data"]["value"] == 2,
+        TIMEOUT)
+    assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
+    assert events[-1]["data"]["node_id"] == SAMPLER
+    steps = [e["data"]["value"] for e in events if e["type"] == "progress" and e["data"].get("node") == SAMPLER]
+    print(f"\ncancel: interrupted {events[-1]['received'] - asked:.2f} s after Cancel, at step {steps[-1]} of 200")
+    assert steps[-1] < 200 and events[-1]["received"] - asked < 5
+    assert not omnivoice_host.wait(prompt_id, 30)["outputs"].get(SAVE)
+    entry, events, _ = omnivoice_host.run(ci_graph(queued(omnivoice_host, "omnivoice_tts")), TIMEOUT)
     saved_seconds(omnivoice_host, entry, events)
