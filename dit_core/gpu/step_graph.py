@@ -47,8 +47,8 @@ def capture_refusal() -> str | None:
     """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
     turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: Triton's
     launcher refused their addresses (given addresses now: addresses_for_triton), and a graph allocation freed
-    outside its graph after a replay aborted ComfyUI (a BF16 Z-Image prompt on an H100, 2026-12-05: cuBLAS keeps
-    the workspace a capture allocated; cleared within the capture now). Until
+    outside its graph after a replay aborted ComfyUI (a BF16 Z-Image prompt on an H100, 2026-12-05; the likely
+    holder, cuBLAS's kept workspace, is now cleared within the capture). Until
     tests/dit_core/test_block_gpu.py::test_graphed_steps_under_cuda_malloc_async passes on a GPU, with no
     "uncaptured free" logged, the steps run eagerly there."""
     if async_allocator():
