@@ -338,6 +338,17 @@ class ComfyHost:
             events = stream.collect(prompt_id, timeout, interrupt_once)
         return prompt_id, events, asked[0]
 
+    def run_cancelled_at_step(self, prompt: dict, node: str, step: int,
+                              timeout: float = 300.0) -> tuple[str, list[dict], float]:
+        """run_interrupted at node's progress event of value `step`; the prompt must end interrupted at that node:
+        (its prompt id, its events, seconds from the interrupt to the end)."""
+        prompt_id, events, asked = self.run_interrupted(
+            prompt, lambda e: e["type"] == "progress" and e["data"].get("node") == node and e["data"]["value"] == step,
+            timeout)
+        assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
+        assert events[-1]["data"]["node_id"] == node, events[-1]
+        return prompt_id, events, events[-1]["received"] - asked
+
 
 class EventStream:
     """WebSocket events of one client id, received on a background thread into a queue of dicts
