@@ -1,5 +1,5 @@
-"""A model step replayed as a CUDA graph: one capture per input shape, then each call copies its inputs into the
-captured ones and replays.
+"""A model step replayed as a CUDA graph: one capture per input shape (that call returns the eager warm-up's
+output), then each call copies its inputs into the captured ones and replays.
 
 Why: a Z-Image step at 1024x1024 launches about 1350 kernels (886 of them Triton) for 96.5 ms of GPU work; on a
 host that launches slowly the GPU waits between them (the same kernels took a third longer on one machine than
@@ -117,7 +117,8 @@ class GraphedStep:
                 self.refused, self.graphs[key] = True, None
             else:
                 try:
-                    self.graphs[key] = self._capture(inputs, fixed)
+                    self.graphs[key], first = self._capture(inputs, fixed)
+                    return first
                 except RuntimeError as e:
                     # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
                     # own pool did not fit beside the model (out of memory), or something in the step cannot be
@@ -135,7 +136,9 @@ class GraphedStep:
         # The next replay overwrites `out`: the caller gets its own copy (of each tensor of a tuple).
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
-    def _capture(self, inputs, fixed) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]:
+    def _capture(self, inputs, fixed) -> tuple[tuple, torch.Tensor]:
+        """((the graph, its input tensors, its output), this call's output: the eager warm-up's, equal to a replay's
+        bit for bit, so the first call of a shape costs one step besides the capture, not two)."""
         statics = [t.clone() for t in inputs]
         side = kept_stream(statics[0].device, "capture")
         side.wait_stream(torch.cuda.current_stream())
@@ -147,7 +150,8 @@ class GraphedStep:
         # is an "uncaptured free").
         tupled = isinstance(warm, tuple)
         outs = tuple(torch.empty_like(t) for t in (warm if tupled else (warm,)))
-        del warm
+        for t in warm if tupled else (warm,):  # made on the side stream, read by the caller on this one
+            t.record_stream(torch.cuda.current_stream())
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         torch._C._cuda_clearCublasWorkspaces()  # the capture makes its own (below), not reads one made outside it
@@ -162,7 +166,7 @@ class GraphedStep:
             # it stays the graph's own, rather than a graph allocation that the next product outside uses (and
             # that a later clear frees outside the graph).
             torch._C._cuda_clearCublasWorkspaces()
-        return graph, statics, outs if tupled else outs[0]
+        return (graph, statics, outs if tupled else outs[0]), warm
 
     def clear(self, pool: tuple | None = None) -> None:
         """Drop every graph (before the weights they read move or go) and with them their pool; later captures

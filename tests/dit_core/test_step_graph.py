@@ -30,9 +30,10 @@ def fake_capture(monkeypatch):
 
     def capture(self, inputs, fixed):
         statics = [t.clone() for t in inputs]
+        warm = self.step(*statics, **fixed)
         graph = FakeGraph(lambda *t: self.step(*t, **fixed), statics)
         captured.append(tuple(t.shape for t in inputs))
-        return graph, statics, graph.out
+        return (graph, statics, graph.out), warm
 
     monkeypatch.setattr(GraphedStep, "_capture", capture)
     return captured
@@ -46,6 +47,15 @@ def test_one_capture_per_shape_and_fresh_outputs(fake_capture):
     assert torch.equal(out, a * 2) and torch.equal(again, a * 3)  # the first result is a copy, not overwritten
     assert torch.equal(step(b, torch.tensor([1.0])), b)
     assert fake_capture == [((3, 4), (1,)), ((5, 4), (1,))]
+
+
+def test_a_shape_first_call_is_its_warm_up(fake_capture):
+    """A shape's first call returns the warm-up's output (no replay after the capture): the step runs for the
+    warm-up and the capture, then once a replay."""
+    calls = []
+    step = GraphedStep(lambda x: calls.append(1) or x * 2)
+    assert torch.equal(step(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 2
+    assert torch.equal(step(torch.full((3,), 4.0)), torch.full((3,), 8.0)) and len(calls) == 3
 
 
 def test_oldest_shape_goes_past_the_limit_and_clear_drops_all(fake_capture):
