@@ -143,7 +143,8 @@ class Flux3KleinSampler(SamplerNode):
         noise = prepare_noise(latent, r.seed, r.latent_image.get("batch_index"))
         device, batch, steps = engine_device(), latent.shape[0], r.steps
         # On a GPU the joint blocks replay CUDA graphs while every block is resident (as Z-Image's sampler).
-        step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
+        step = LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound")) \
+            if device.type == "cuda" else None
         pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # noqa: E731  a batch of one serves every image
 
         def sample(callback, should_stop):

@@ -233,10 +233,11 @@ class LTX25Sampler(SamplerNode):
         one_pass = math.isclose(stage.video_cfg, 1.0) and math.isclose(stage.audio_cfg, 1.0)
         negative = None if one_pass else prompt_rows(dit.connectors, r.negative)
         mask, frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
-        # On a GPU each step replays a CUDA graph while every layer is resident; the graphs stay with the loaded
-        # model across prompts and go when ComfyUI takes its memory back.
+        # On a GPU each step replays a CUDA graph while every layer is resident, for the shapes whose eager step
+        # waits on the host (stage 1's; stage 2's keeps the GPU busy); the graphs stay with the loaded model across
+        # prompts and go when ComfyUI takes its memory back.
         t = dit.transformer
-        step = LOADED.attached("dit", "graphed_step", t.graphed) \
+        step = LOADED.attached("dit", "graphed_step", lambda: t.graphed(capture="host_bound")) \
             if isinstance(t, LTX25) and t.device.type == "cuda" else None
         net = packed_model(t, [video.shape, audio.shape], fps, step=step, check=interrupt_check, **frames)
         return (lambda callback, should_stop: NestedTensor(sample_stage(

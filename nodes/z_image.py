@@ -117,9 +117,11 @@ class ZImageSampler(SamplerNode):
     @classmethod
     def sampling(cls, dit, r):
         device = engine_device()
-        # On a GPU each step replays a CUDA graph while every block is resident; the graphs stay with the loaded
-        # model across prompts and are cleared when ComfyUI takes its memory back (LoadedModels.give_back).
-        step = LOADED.attached("dit", "graphed_step", dit.graphed) if device.type == "cuda" else None
+        # On a GPU each step replays a CUDA graph while every block is resident, for the shapes whose eager step
+        # waits on the host (a graph pays there only); the graphs stay with the loaded model across prompts and are
+        # cleared when ComfyUI takes its memory back (LoadedModels.give_back).
+        step = LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound")) \
+            if device.type == "cuda" else None
 
         def sample(callback, should_stop):
             return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,

@@ -291,7 +291,7 @@ class Flux3Klein:
                          self.options)
         return self._velocity(x, latent, t, t_next, text_rows)
 
-    def graphed(self) -> Callable[..., torch.Tensor]:
+    def graphed(self, capture: str = "always") -> Callable[..., torch.Tensor]:
         """output() replayed from two CUDA graphs a step (dit_core/gpu/step_graph.py) on a CUDA device while every
         block is resident: one from the embedders through the first joint block, one for the other joint
         blocks, the step cache's decision between them on the host (StepCache.after_first); the final layer
@@ -299,7 +299,8 @@ class Flux3Klein:
         output() itself. check() is asked before a replayed step, not within it. The text rows' txt_in
         projection is made once per conditioning tensor (step_graph.KeptRows). step.clear() drops the graphs,
         their pool and the kept projections: call it before the blocks move or the model goes
-        (LoadedModels.attached); step.graphs: the two GraphedSteps."""
+        (LoadedModels.attached); step.graphs: the two GraphedSteps.
+        capture: GraphedStep's ("host_bound": captured only where a graph pays)."""
         if self.final_out.weight.device.type != "cuda":
             return self.output
         from ..gpu.step_graph import KeptRows, ModelGraphs
@@ -317,7 +318,7 @@ class Flux3Klein:
                     x1 = block.parallel(a, x1, joint, s, keep_input=i == 1, carry=carry, options=self.options)
             return x1
 
-        graphs = ModelGraphs(head, rest)
+        graphs = ModelGraphs(head, rest, capture=capture)
         projected = KeptRows(self._projected_text)  # txt_in: 1.3 ms of every step (512 rows of 20480)
 
         def step(latent, sigma, sigma_next, text_rows, references=(), check=None, cache=None, slots=None):

@@ -328,16 +328,17 @@ class Krea2:
         only the image rows reach the final layer."""
         return self.velocity_at(latent, sigma_row(sigma, latent.device), txt, check, refs=refs)
 
-    def graphed(self) -> Callable[..., torch.Tensor]:
+    def graphed(self, capture: str = "always") -> Callable[..., torch.Tensor]:
         """velocity() replayed from one CUDA graph a step (dit_core/gpu/step_graph.py) on a CUDA device, else
         velocity() itself; with reference latents, or while some blocks stream, the step runs eagerly (once the
         blocks have moved the graphs are captured again: ModelGraphs.usable). check() is asked before a replayed
         step, not within it. step.clear() drops the graphs and their memory pool: call it before the blocks move
-        or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        or the model goes (LoadedModels.attached); step.graphs: the GraphedStep.
+        capture: GraphedStep's ("host_bound": captured only where a graph pays)."""
         if self.final_norm.device.type != "cuda":
             return self.velocity
         from ..gpu.step_graph import ModelGraphs
-        graphs = ModelGraphs(lambda latent, sigma, txt: self.velocity_at(latent, sigma, txt))
+        graphs = ModelGraphs(lambda latent, sigma, txt: self.velocity_at(latent, sigma, txt), capture=capture)
 
         def step(latent: torch.Tensor, sigma: float, txt: torch.Tensor, check: Callable[[], None] | None = None, *,
                  refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:

@@ -419,12 +419,13 @@ class LTX25:
         sv, sa = whole
         return self.final(v_s, v, sv), self.final(a_s, a, sa)
 
-    def graphed(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    def graphed(self, capture: str = "always") -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
         """forward() with its blocks and final layers replayed from one CUDA graph a step (dit_core/gpu/step_graph.py)
         on a CUDA device while every layer is resident, else forward() itself; the steps' rows (steps()) are made
         eagerly each call and copied into the graph's inputs. Sequence-parallel calls (ranks) run eagerly. check() is
         asked before a replayed step, not within it. step.clear() drops the graphs and their memory pool: call it
-        before the layers move or the model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        before the layers move or the model goes (LoadedModels.attached); step.graphs: the GraphedStep.
+        capture: GraphedStep's ("host_bound": captured only where a graph pays)."""
         if self.device.type != "cuda":
             return self.forward
         from ..gpu.step_graph import ModelGraphs, from_tensor_tree, tensor_tree
@@ -432,7 +433,7 @@ class LTX25:
         def replayed(*tensors: torch.Tensor, structure) -> tuple[torch.Tensor, torch.Tensor]:
             video, audio, whole, keyframes = from_tensor_tree(structure, tensors)
             return self.velocities(video, audio, whole, whole, keyframes)
-        graphs = ModelGraphs(replayed)
+        graphs = ModelGraphs(replayed, capture=capture)
 
         def step(video: torch.Tensor, audio: torch.Tensor, text_video: torch.Tensor, text_audio: torch.Tensor,
                  grid: Grid, sigma_video: float, sigma_audio: float, conditioned: torch.Tensor | None = None,

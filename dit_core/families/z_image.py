@@ -271,17 +271,18 @@ class ZImage:
         self._check(latent, caption)
         return self.output_at(latent, self.timestep(sigma), caption, check)
 
-    def graphed(self) -> Callable[..., torch.Tensor]:
+    def graphed(self, capture: str = "always") -> Callable[..., torch.Tensor]:
         """output() replayed from one CUDA graph a step (dit_core/gpu/step_graph.py) on a CUDA device, else
         output() itself; while some blocks stream the step runs eagerly, and once the blocks have moved the
         graphs are captured again (ModelGraphs.usable). check() is asked before a replayed step, not within it.
         The caption's rows through the context refiners are made once per caption tensor (step_graph.KeptRows).
         step.clear() drops the graphs, their memory pool and the kept rows: call it before the blocks move or the
-        model goes (LoadedModels.attached); step.graphs: the GraphedStep."""
+        model goes (LoadedModels.attached); step.graphs: the GraphedStep.
+        capture: GraphedStep's ("host_bound": captured only where a graph pays)."""
         if self.cap_norm.device.type != "cuda":
             return self.output
         from ..gpu.step_graph import KeptRows, ModelGraphs
-        graphs = ModelGraphs(lambda latent, t, cap: self._output_with(latent, t, cap))
+        graphs = ModelGraphs(lambda latent, t, cap: self._output_with(latent, t, cap), capture=capture)
         # The caption's rows through its embedder and the context refiners: the same every step (no timestep in
         # them), made once per caption tensor outside the graph.
         refined = KeptRows(self._caption_rows)

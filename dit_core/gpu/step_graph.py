@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import time
 import weakref
 from collections.abc import Callable, Hashable, Sequence
 
@@ -94,28 +95,40 @@ def addresses_for_triton():
 
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
-    each input shape (run eagerly where capture_refusal() says why not)."""
+    each input shape, or where capture="host_bound" at its third if its second ran host-bound (run eagerly where
+    capture_refusal() says why not)."""
 
-    def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None):
+    def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None, capture: str = "always"):
         """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
-        default this step's own, made at its first capture)."""
-        self.step, self.pool = step, pool
+        default this step's own, made at its first capture). capture: "always", or "host_bound": a shape is
+        captured only where a graph pays, i.e. where the host, not the GPU, sets the eager step's pace (a graph
+        saves the launches' host time and costs a step's host time to capture, so a GPU-bound step gains about
+        nothing: Krea 2's 139 ms eager against 137.5 ms graphed; a new prompt length's capture about 0.45 s).
+        Its first call runs eagerly (builds, plans and caches come then), its second is timed
+        (host_bound_timing), and from its third it replays if that one was host-bound."""
+        if capture not in ("always", "host_bound"):
+            raise ValueError(f"GraphedStep: capture is 'always' or 'host_bound', not {capture!r}")
+        self.step, self.pool, self.capture = step, pool, capture
         self.refused = False  # capture_refusal() said so once (logged once a GraphedStep)
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
+        self.eager_calls: dict[tuple, int] = {}  # "host_bound": calls so far of the shapes not yet decided
 
     def __call__(self, *inputs: torch.Tensor, **fixed) -> torch.Tensor:
         """fixed: hashable values the step depends on besides its tensors (passed to it by name): a graph each."""
         key = (tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), tuple(sorted(fixed.items())))
         if key not in self.graphs:
-            if len(self.graphs) >= MAX_SHAPES:  # the oldest shape's graph goes first
-                del self.graphs[next(iter(self.graphs))]
             refusal = capture_refusal()
             if refusal:
                 if not self.refused:
                     log.info("SwiftDiT: steps run without CUDA graphs: %s", refusal)
-                self.refused, self.graphs[key] = True, None
+                self.refused = True
+                self._decided(key, None)
+            elif self.capture == "host_bound" and self.eager_calls.get(key, 0) < 2:
+                return self._undecided(key, inputs, fixed)
             else:
+                self.eager_calls.pop(key, None)
+                self._decided(key, None)  # its place first (the oldest graph goes before this one is made)
                 try:
                     self.graphs[key], first = self._capture(inputs, fixed)
                     return first
@@ -125,7 +138,6 @@ class GraphedStep:
                     # captured (a bug to report, not the user's problem). This shape runs eagerly from now on.
                     log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
                                 str(e).splitlines()[0] if str(e) else type(e).__name__)
-                    self.graphs[key] = None
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs, **fixed)
@@ -135,6 +147,28 @@ class GraphedStep:
         graph.replay()
         # The next replay overwrites `out`: the caller gets its own copy (of each tensor of a tuple).
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
+
+    def _undecided(self, key, inputs, fixed):
+        """A "host_bound" shape's first two calls, eager: the first as it comes, the second timed; a GPU-bound
+        second keeps the shape eager for good."""
+        calls = self.eager_calls.pop(key, 0) + 1
+        if calls == 1:
+            if len(self.eager_calls) >= MAX_SHAPES:  # shapes seen once long ago go first
+                del self.eager_calls[next(iter(self.eager_calls))]
+            self.eager_calls[key] = calls
+            return self.step(*inputs, **fixed)
+        out, host_bound = host_bound_timing(lambda: self.step(*inputs, **fixed), inputs[0].device)
+        if host_bound:
+            self.eager_calls[key] = calls
+        else:
+            self._decided(key, None)
+        return out
+
+    def _decided(self, key, entry) -> None:
+        """The shape's graph, or None (it runs eagerly); the oldest shape's goes past MAX_SHAPES."""
+        if len(self.graphs) >= MAX_SHAPES:
+            del self.graphs[next(iter(self.graphs))]
+        self.graphs[key] = entry
 
     def _capture(self, inputs, fixed) -> tuple[tuple, torch.Tensor]:
         """((the graph, its input tensors, its output), this call's output: the eager warm-up's, equal to a replay's
@@ -172,7 +206,26 @@ class GraphedStep:
         """Drop every graph (before the weights they read move or go) and with them their pool; later captures
         go to `pool` (by default a new one: a released pool's id is not reused)."""
         self.graphs.clear()
+        self.eager_calls.clear()
         self.pool = pool
+
+
+HOST_BOUND = 1.1  # the GPU's time of an eager step under this many times the host's launching it: host-bound
+
+
+def host_bound_timing(run: Callable[[], torch.Tensor], device: torch.device) -> tuple:
+    """(run()'s output, whether the host set its pace): from an idle GPU, the host's time to launch the step
+    against the GPU's time to finish it. Where the GPU waits on the host it finishes just after the last launch;
+    where the host runs ahead the GPU's time is its own work's, well past the host's."""
+    torch.cuda.synchronize(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    began = time.perf_counter()
+    start.record()
+    out = run()
+    end.record()
+    host = time.perf_counter() - began
+    end.synchronize()
+    return out, start.elapsed_time(end) / 1e3 < HOST_BOUND * host
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,9 +276,10 @@ class ModelGraphs:
     """A model's graphed steps (GraphedSteps of its step functions, one memory pool: they replay in turn), valid
     while the model's blocks stay where they were at the capture."""
 
-    def __init__(self, *steps: Callable[..., torch.Tensor]):
+    def __init__(self, *steps: Callable[..., torch.Tensor], capture: str = "always"):
+        """capture: GraphedStep's."""
         pool = torch.cuda.graph_pool_handle()
-        self.steps = tuple(GraphedStep(step, pool) for step in steps)
+        self.steps = tuple(GraphedStep(step, pool, capture) for step in steps)
         self.placed: int | None = None  # the blocks' generation the graphs read
 
     def usable(self, blocks) -> bool:

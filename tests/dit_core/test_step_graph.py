@@ -58,6 +58,29 @@ def test_a_shape_first_call_is_its_warm_up(fake_capture):
     assert torch.equal(step(torch.full((3,), 4.0)), torch.full((3,), 8.0)) and len(calls) == 3
 
 
+@pytest.mark.parametrize("host_bound", [True, False])
+def test_host_bound_shapes_are_captured_at_their_third_call(fake_capture, monkeypatch, host_bound):
+    """capture="host_bound": a shape's first call runs eagerly, its second is timed; a host-bound one is captured
+    at its third call (the warm-up's output) and replays after; a GPU-bound one stays eager. Shapes are counted
+    apart, and clear() forgets the counts."""
+    timed = []
+    monkeypatch.setattr(step_graph, "host_bound_timing", lambda run, device: (timed.append(1) or run(), host_bound))
+    calls = []
+    step = GraphedStep(lambda x: calls.append(x.shape[0]) or x * 2, capture="host_bound")
+    for rows in (3, 5, 3, 3, 3):
+        assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
+    # 3: eager, timed, then (host-bound) warm-up + capture, replay; or eager thrice. 5: eager once
+    assert calls == ([3, 5, 3, 3, 3, 3] if host_bound else [3, 5, 3, 3, 3]) and len(timed) == 1
+    assert fake_capture == ([((3,),)] if host_bound else [])
+    (entry,) = step.graphs.values()  # the 3-row shape's, decided
+    assert (entry is not None) == host_bound
+    assert list(step.eager_calls.values()) == [1]  # 5 rows, seen once
+    step.clear()
+    assert step.graphs == {} and step.eager_calls == {}
+    with pytest.raises(ValueError, match="capture is 'always' or 'host_bound'"):
+        GraphedStep(lambda x: x, capture="sometimes")
+
+
 def test_oldest_shape_goes_past_the_limit_and_clear_drops_all(fake_capture):
     step = GraphedStep(lambda x: x + 1)
     for rows in range(1, MAX_SHAPES + 2):
@@ -232,3 +255,17 @@ def test_graphed_products_drop_and_capture_again():
         step.clear()
         torch.cuda.synchronize()
     assert step.graphs == {}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_host_bound_timing_tells_the_host_from_the_gpu():
+    """Three hundred tiny launches keep the GPU waiting on the host; three 8192^3 products keep the host waiting."""
+    device, x = torch.device("cuda"), torch.ones(8, device="cuda")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    tiny = lambda: [x.add_(1) for _ in range(300)][-1]  # noqa: E731
+    big = lambda: a @ a @ a @ a  # noqa: E731
+    for run in (tiny, big):
+        run()  # builds and plans first, as GraphedStep times a shape's second call
+    assert step_graph.host_bound_timing(tiny, device)[1]
+    assert not step_graph.host_bound_timing(big, device)[1]
