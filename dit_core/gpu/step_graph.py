@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 import weakref
@@ -49,7 +50,7 @@ def capture_refusal() -> str | None:
     turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: Triton's
     launcher refused their addresses (given addresses now: addresses_for_triton), and a graph allocation freed
     outside its graph after a replay aborted ComfyUI (a BF16 Z-Image prompt on an H100, 2026-12-05; the likely
-    holder, cuBLAS's kept workspace, is now cleared within the capture). Until
+    holders, cuBLAS's kept workspace and garbage in reference cycles, now go within the capture). Until
     tests/dit_core/test_block_gpu.py::test_graphed_steps_under_cuda_malloc_async passes on a GPU, with no
     "uncaptured free" logged, the steps run eagerly there."""
     if async_allocator():
@@ -189,17 +190,21 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         torch._C._cuda_clearCublasWorkspaces()  # the capture makes its own (below), not reads one made outside it
+        gc.collect()  # garbage made before the capture is freed outside it
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
+        # thread_local: the host's other threads (ComfyUI's server) may call CUDA meanwhile.
         with addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
-                torch.cuda.graph(graph, pool=self.pool, stream=side):
+                torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
             got = self.step(*statics, **fixed)
             for out, t in zip(outs, got if isinstance(got, tuple) else (got,)):
                 out.copy_(t)
             del got
-            # cuBLAS keeps a workspace per stream, made by the capture's first product: freed within the capture
-            # it stays the graph's own, rather than a graph allocation that the next product outside uses (and
-            # that a later clear frees outside the graph).
+            # Nothing the capture allocated may be freed after it: under cudaMallocAsync a replay frees and makes
+            # again what its capture left allocated, so a later free of it frees it twice (the server's abort).
+            # cuBLAS keeps a workspace per stream, made by the capture's first product; tensors the step left in
+            # reference cycles would go whenever the collector runs, on any thread. Both go here, within it.
             torch._C._cuda_clearCublasWorkspaces()
+            gc.collect()
         return (graph, statics, outs if tupled else outs[0]), warm
 
     def clear(self, pool: tuple | None = None) -> None:

@@ -242,11 +242,17 @@ def test_a_tensor_tree_gives_its_value_back():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_products_drop_and_capture_again():
-    """BF16 products through cuBLAS (its workspace made within the capture): two shapes captured and replayed equal
-    to the eager step, eager products between replays, every graph dropped and captured again (under
-    cudaMallocAsync: test_block_gpu.py's subprocess, which reads the allocator's warnings)."""
+    """BF16 products through cuBLAS (its workspace made within the capture), a temporary left in a reference cycle:
+    two shapes captured and replayed equal to the eager step, eager products between replays, every graph dropped
+    and captured again (under cudaMallocAsync: test_block_gpu.py's subprocess, which reads the allocator's
+    warnings)."""
     w = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
-    product = lambda x: torch.nn.functional.gelu(x @ w.T) @ w  # noqa: E731
+
+    def product(x):
+        hidden = torch.nn.functional.gelu(x @ w.T)
+        cycle = [hidden]
+        cycle.append(cycle)  # freed only by the collector
+        return hidden @ w
     step = GraphedStep(product)
     for _ in range(2):
         for rows in (64, 320, 64):
