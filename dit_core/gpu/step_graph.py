@@ -105,8 +105,8 @@ class GraphedStep:
         captured only where a graph pays, i.e. where the host, not the GPU, sets the eager step's pace (a graph
         saves the launches' host time and costs a step's host time to capture, so a GPU-bound step gains about
         nothing: Krea 2's 139 ms eager against 137.5 ms graphed; a new prompt length's capture about 0.45 s).
-        Its first call runs eagerly (builds, plans and caches come then), its second is timed
-        (host_bound_timing), and from its third it replays if that one was host-bound."""
+        Its first call runs eagerly (builds, plans and caches come then), its second is timed (timed_step,
+        HOST_BOUND), and from its third it replays if that one was host-bound."""
         if capture not in ("always", "host_bound"):
             raise ValueError(f"GraphedStep: capture is 'always' or 'host_bound', not {capture!r}")
         self.step, self.pool, self.capture = step, pool, capture
@@ -158,7 +158,11 @@ class GraphedStep:
                 del self.eager_calls[next(iter(self.eager_calls))]
             self.eager_calls[key] = calls
             return self.step(*inputs, **fixed)
-        out, host_bound = host_bound_timing(lambda: self.step(*inputs, **fixed), inputs[0].device)
+        out, gpu, host = timed_step(lambda: self.step(*inputs, **fixed), inputs[0].device)
+        host_bound = gpu < HOST_BOUND * host
+        log.info("SwiftDiT: a step of %s rows took the GPU %.1f ms for %.1f ms of launching: %s",
+                 tuple(inputs[0].shape), gpu * 1e3, host * 1e3,
+                 "replayed from a CUDA graph from its next call" if host_bound else "eager (a graph would gain little)")
         if host_bound:
             self.eager_calls[key] = calls
         else:
@@ -215,13 +219,14 @@ class GraphedStep:
         self.pool = pool
 
 
-HOST_BOUND = 1.1  # the GPU's time of an eager step under this many times the host's launching it: host-bound
+# An eager step whose GPU time is under this many times the host's time launching it is host-bound: where the GPU
+# waits on the host it finishes just after the last launch; where the host runs ahead the GPU's time is its own
+# work's, well past the host's.
+HOST_BOUND = 1.1
 
 
-def host_bound_timing(run: Callable[[], torch.Tensor], device: torch.device) -> tuple:
-    """(run()'s output, whether the host set its pace): from an idle GPU, the host's time to launch the step
-    against the GPU's time to finish it. Where the GPU waits on the host it finishes just after the last launch;
-    where the host runs ahead the GPU's time is its own work's, well past the host's."""
+def timed_step(run: Callable[[], torch.Tensor], device: torch.device) -> tuple:
+    """(run()'s output, seconds from an idle GPU to the GPU's end of it, seconds the host took to launch it)."""
     torch.cuda.synchronize(device)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     began = time.perf_counter()
@@ -230,7 +235,7 @@ def host_bound_timing(run: Callable[[], torch.Tensor], device: torch.device) -> 
     end.record()
     host = time.perf_counter() - began
     end.synchronize()
-    return out, start.elapsed_time(end) / 1e3 < HOST_BOUND * host
+    return out, start.elapsed_time(end) / 1e3, host
 
 
 @dataclasses.dataclass(frozen=True)

@@ -64,7 +64,8 @@ def test_host_bound_shapes_are_captured_at_their_third_call(fake_capture, monkey
     at its third call (the warm-up's output) and replays after; a GPU-bound one stays eager. Shapes are counted
     apart, and clear() forgets the counts."""
     timed = []
-    monkeypatch.setattr(step_graph, "host_bound_timing", lambda run, device: (timed.append(1) or run(), host_bound))
+    monkeypatch.setattr(step_graph, "timed_step",
+                        lambda run, device: (timed.append(1) or run(), 0.010 if host_bound else 0.050, 0.020))
     calls = []
     step = GraphedStep(lambda x: calls.append(x.shape[0]) or x * 2, capture="host_bound")
     for rows in (3, 5, 3, 3, 3):
@@ -265,7 +266,7 @@ def test_graphed_products_drop_and_capture_again():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_host_bound_timing_tells_the_host_from_the_gpu():
+def test_timed_step_tells_the_host_from_the_gpu():
     """Three hundred tiny launches keep the GPU waiting on the host; three 8192^3 products keep the host waiting."""
     device, x = torch.device("cuda"), torch.ones(8, device="cuda")
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -273,5 +274,7 @@ def test_host_bound_timing_tells_the_host_from_the_gpu():
     big = lambda: a @ a @ a @ a  # noqa: E731
     for run in (tiny, big):
         run()  # builds and plans first, as GraphedStep times a shape's second call
-    assert step_graph.host_bound_timing(tiny, device)[1]
-    assert not step_graph.host_bound_timing(big, device)[1]
+    _, gpu, host = step_graph.timed_step(tiny, device)
+    assert gpu < step_graph.HOST_BOUND * host, (gpu, host)
+    _, gpu, host = step_graph.timed_step(big, device)
+    assert gpu > step_graph.HOST_BOUND * host, (gpu, host)
