@@ -160,7 +160,7 @@ class GraphedStep:
             return self.step(*inputs, **fixed)
         out, gpu, host = timed_step(lambda: self.step(*inputs, **fixed), inputs[0].device)
         host_bound = gpu < HOST_BOUND * host
-        log.info("SwiftDiT: a step of %s rows took the GPU %.1f ms for %.1f ms of launching: %s",
+        log.info("SwiftDiT: a step at input %s took the GPU %.1f ms for %.1f ms of launching: %s",
                  tuple(inputs[0].shape), gpu * 1e3, host * 1e3,
                  "replayed from a CUDA graph from its next call" if host_bound else "eager (a graph would gain little)")
         if host_bound:
@@ -184,9 +184,8 @@ class GraphedStep:
         with torch.cuda.stream(side):  # compile, tune and fill the caches outside the capture
             warm = self.step(*statics, **fixed)
         torch.cuda.current_stream().wait_stream(side)
-        # The graph writes its outputs into tensors made outside it: nothing the capture allocates outlives it
-        # (under cudaMallocAsync a graph allocation freed after its capture, as a dropped graph's output would be,
-        # is an "uncaptured free").
+        # The graph writes its outputs into tensors made outside it (nothing the capture allocates may outlive it:
+        # below).
         tupled = isinstance(warm, tuple)
         outs = tuple(torch.empty_like(t) for t in (warm if tupled else (warm,)))
         for t in warm if tupled else (warm,):  # made on the side stream, read by the caller on this one
