@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
-from .loading import TextEncoder, checked_layers, linear_state, meta_model, prompt_too_long, weight_on
+from .loading import TextEncoder, encoding, linear_state, meta_model, prompt_too_long, weight_on
 from .ltx25_connectors import ROWS, LTX25TextConnectors
 
 if TYPE_CHECKING:
@@ -274,7 +274,7 @@ class Gemma4TextEncoder(TextEncoder):
         if n > self.tokenizer.max_length:
             raise prompt_too_long(n, self.tokenizer.max_length)
         positions = torch.arange(self.tokenizer.max_length - n, self.tokenizer.max_length, device=self.device)
-        with checked_layers(self.model.layers, check):
+        with encoding(self.model, check):
             out = self.model(input_ids=torch.tensor([ids], device=self.device), position_ids=positions[None],
                              output_hidden_states=True, use_cache=False)
         return torch.stack(out.hidden_states, dim=-1).float()

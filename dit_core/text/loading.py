@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import Qwen2Tokenizer
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
@@ -154,12 +155,20 @@ def meta_model(model_class: type[torch.nn.Module], config: Any, int8: dict[str, 
     return model
 
 
+# SDPA's back ends for a prompt on the GPU: not cuDNN, which builds a plan for every new sequence length (54-59 ms
+# each on an H100, so at nearly every new prompt), where flash attention's first call at a new length takes ~1 ms.
+PROMPT_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 @contextmanager
-def checked_layers(layers, check: Callable[[], None] | None):
-    """check() before each of the transformers layers runs, within the block (a cancel inside an encode)."""
-    handles = [] if check is None else [layer.register_forward_pre_hook(lambda *_: check()) for layer in layers]
+def encoding(model: torch.nn.Module, check: Callable[[], None] | None):
+    """Within, the transformers text model encodes a prompt: check() before each of its layers runs (a cancel
+    inside an encode), and on a GPU its attention by PROMPT_ATTENTION's back ends."""
+    handles = [] if check is None else [layer.register_forward_pre_hook(lambda *_: check()) for layer in model.layers]
+    cuda = model.embed_tokens.weight.device.type == "cuda"
     try:
-        yield
+        with sdpa_kernel(PROMPT_ATTENTION) if cuda else nullcontext():
+            yield
     finally:
         for handle in handles:
             handle.remove()

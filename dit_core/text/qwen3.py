@@ -14,7 +14,7 @@ from .loading import (
     DETECT_KEY,
     RMS_EPS,
     TextEncoder,
-    checked_layers,
+    encoding,
     load_tokenizer,
     prompt_too_long,
 )
@@ -94,5 +94,5 @@ class Qwen3TextEncoder(TextEncoder):
         limit = self.model.config.max_position_embeddings
         if len(ids) > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
             raise prompt_too_long(len(ids), limit)
-        with checked_layers(self.model.layers, check):
+        with encoding(self.model, check):
             return self.model(input_ids=torch.tensor([ids], device=self.device)).last_hidden_state.float()

@@ -29,7 +29,7 @@ from .loading import (
     CHAT_TEMPLATE,
     RMS_EPS,
     TextEncoder,
-    checked_layers,
+    encoding,
     load_tokenizer,
     prompt_too_long,
 )
@@ -209,7 +209,7 @@ class Qwen3VLTextEncoder(TextEncoder):
         modules = {k: self.model.embed_tokens if k == 0 else self.model.layers[k - 1] for k in set(self.layers)}
         handles = [m.register_forward_hook(keep(k)) for k, m in modules.items()]
         try:
-            with checked_layers(self.model.layers, check):
+            with encoding(self.model, check):
                 self.model(**inputs, attention_mask=mask, position_ids=positions, use_cache=False)
         finally:
             for h in handles:
