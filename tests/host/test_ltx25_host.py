@@ -1,7 +1,8 @@
 """LTX-2.5 text to video + audio on a real ComfyUI v0.3.75 server: the shipped workflow (the official t2v template
 reduced for the host and swapped, workflows/ltx25_t2v.json) converted with the server's /object_info and run to an
-.mp4 with a stereo soundtrack through both stages (the x2 latent upsampler between them), and an error that names
-node and input with the server going on. Tiny random files under the workflow's file names, each one the real
+.mp4 with a stereo soundtrack through both stages (the x2 latent upsampler between them); errors that name node and
+input (a wrong DiT, a sound frame count off the video VAE's grid, decode tiles off the latent grid, sigmas that rise)
+with the server going on; Cancel within a step. Tiny random files under the workflow's file names, each one the real
 loaders take with their defaults, made by the engine tests' builders: the DiT (128 video and 8 x 16 audio latent
 values a row, as the VAEs give) with the text connectors of tests/dit_core/text/test_ltx25_text.py in its file, that
 test's Gemma-4 text encoder with its projections and tokenizer.json (a byte-level BPE of 320 tokens, in which the
@@ -37,6 +38,7 @@ AUDIO_VAE = "ltx-2.5-audio-vae-bf16.safetensors"
 WRONG_DIT = "z_image_tiny.safetensors"  # a Z-Image DiT, for the LTX-2.5 loader to refuse
 # The shipped graph's nodes (workflows/api/ltx25_t2v.json).
 SAVE, EMPTY_VIDEO, EMPTY_AUDIO, CREATE, PROMPT_TEXT = "75", "405:356", "405:366", "405:370", "405:376"
+DECODE = "405:374"
 STAGE_1, STAGE_2, LOADER, TEXT_LOADER = "405:414", "405:413", "405:384", "405:387"
 VIDEO_LOADER, AUDIO_LOADER, UPSCALE_LOADER = "405:385", "405:386", "405:371"
 # CI sizes: the template asks for stage 1 at 640 x 368 (1280 x 736 after the x2 upsampler), 121 frames; two CPU
@@ -64,7 +66,8 @@ def ltx25_models(oracle, audio, tmp_path_factory):
     folders = {folder: root / folder for folder in FILES}
     for folder in folders.values():
         folder.mkdir()
-    dit = random_ltx25(in_channels=128, out_channels=128, audio_in_channels=128, audio_out_channels=128)
+    dit = random_ltx25(in_channels=128, out_channels=128, audio_in_channels=128, audio_out_channels=128,
+                       num_layers=6)  # a cancel check after each: a sixth of a step
     connectors = {k: v for k, v in TEXT.dit_layout(oracle).items() if "_embeddings_connector." in k}
     save_file({**ltx25_comfy_layout(dit), **connectors}, folders["diffusion_models"] / FILES["diffusion_models"])
     save_file(z_image_comfy_layout(random_z_image().state_dict()), folders["diffusion_models"] / WRONG_DIT)
@@ -89,8 +92,8 @@ def queued(ltx25_host) -> dict:
     return to_api(json.loads((ROOT / "workflows" / "ltx25_t2v.json").read_text()), ltx25_host.object_info())
 
 
-def shipped_graph(queued: dict) -> dict:
-    """A copy of the queued graph at CI sizes, the reduction's own values checked first."""
+def shipped_graph(queued: dict, width: int = WIDTH, height: int = HEIGHT, length: int = LENGTH) -> dict:
+    """A copy of the queued graph at CI sizes (or those given), the reduction's own values checked first."""
     prompt = copy.deepcopy(queued)
     video, sound = prompt[EMPTY_VIDEO]["inputs"], prompt[EMPTY_AUDIO]["inputs"]
     assert (video["width"], video["height"], video["length"]) == (640, 368, 121)
@@ -101,8 +104,8 @@ def shipped_graph(queued: dict) -> dict:
                                                 (UPSCALE_LOADER, "model_name"))} == {*FILES.values(), AUDIO_VAE}
     assert prompt[PROMPT_TEXT]["inputs"]["value"].startswith("A close-up of an Arctic hunter's face")
     prompt[PROMPT_TEXT]["inputs"]["value"] = PROMPT
-    video.update(width=WIDTH, height=HEIGHT, length=LENGTH)
-    sound["frames_number"] = LENGTH
+    video.update(width=width, height=height, length=length)
+    sound["frames_number"] = length
     return prompt
 
 
@@ -148,6 +151,55 @@ def test_wrong_dit_names_the_node_and_the_input_and_the_server_goes_on(ltx25_hos
     assert SAVE not in error["executed"] and not entry["outputs"].get(SAVE)
     prompt = shipped_graph(queued)
     prompt[SAVE]["inputs"]["filename_prefix"] = "video/after_error"
+    entry, events, _ = ltx25_host.run(prompt, TIMEOUT)
+    assert entry["status"]["status_str"] == "success", (of_type(events, "execution_error")[:1], entry["status"])
+    assert entry["outputs"][SAVE]["images"]
+
+
+# case -> (node, the input changed there, its value, what the message says after "<node type> · <input>: ")
+ERROR_CASES = {
+    "120 frames of sound (not 8n + 1)": (EMPTY_AUDIO, "frames_number", 120, "120 frames is not 8n + 1"),
+    "decode tiles of 80 pixels (not a multiple of 32)": (DECODE, "tile_size", 80,
+                                                        "80 is not a multiple of 32 pixels"),
+    "stage 1's sigmas rising": (STAGE_1, "sigmas", "1.0, 0.5, 0.7, 0.4, 0.3, 0.2, 0.1, 0.05, 0.0",
+                                "is not a falling list of noise levels"),
+}
+
+
+@pytest.mark.parametrize("case", list(ERROR_CASES))
+def test_errors_name_the_node_and_the_input(ltx25_host, queued, case):
+    """Each error ends the prompt at its node, the message naming node and input, nothing saved; the server goes
+    on (the tests after these run on it)."""
+    node, name, value, says = ERROR_CASES[case]
+    prompt = shipped_graph(queued)
+    prompt[node]["inputs"][name] = value
+    entry, events, _ = ltx25_host.run(prompt, TIMEOUT)
+    assert entry["status"]["status_str"] == "error"
+    [error] = of_type(events, "execution_error")
+    assert events[-1]["type"] in TERMINAL_EVENTS
+    node_type = prompt[node]["class_type"]
+    assert node_type.startswith("SwiftDiTLTX25") and (error["node_id"], error["node_type"]) == (node, node_type)
+    message = error["exception_message"]
+    assert f"{node_type} · {name}: " in message and says in message, message
+    assert SAVE not in error["executed"] and not entry["outputs"].get(SAVE)
+
+
+def test_cancel_within_a_step_and_the_server_stays_usable(ltx25_host, queued):
+    """Cancel at stage 1's second step (512 x 512, 121 frames: 4096 video rows), the prompt ends interrupted at
+    that sampler well within its next step (a check after each layer), with no video saved; then the next prompt
+    runs."""
+    prompt = shipped_graph(queued, 512, 512, 121)
+    prompt[SAVE]["inputs"]["filename_prefix"] = "video/cancelled"
+    prompt_id, events, latency = ltx25_host.run_cancelled_at_step(prompt, STAGE_1, 2, TIMEOUT)
+    steps = [e for e in events if e["type"] == "progress" and e["data"].get("node") == STAGE_1]
+    assert [e["data"]["value"] for e in steps] == [1, 2]  # the third step never finished
+    [started] = [e for e in events if e["type"] == "executing" and e["data"].get("node") == STAGE_1]
+    step = (steps[1]["received"] - started["received"]) / 2  # the model is loaded: the sampler's time is its steps
+    print(f"\ncancel: a step {step:.2f} s, interrupted {latency:.2f} s after Cancel")
+    assert latency < step / 2, f"interrupted {latency:.2f} s after Cancel, a step takes {step:.2f} s"
+    assert not ltx25_host.wait(prompt_id, 30)["outputs"].get(SAVE)
+    prompt = shipped_graph(queued)
+    prompt[SAVE]["inputs"]["filename_prefix"] = "video/after_cancel"
     entry, events, _ = ltx25_host.run(prompt, TIMEOUT)
     assert entry["status"]["status_str"] == "success", (of_type(events, "execution_error")[:1], entry["status"])
     assert entry["outputs"][SAVE]["images"]
