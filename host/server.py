@@ -338,16 +338,38 @@ class ComfyHost:
             events = stream.collect(prompt_id, timeout, interrupt_once)
         return prompt_id, events, asked[0]
 
-    def run_cancelled_at_step(self, prompt: dict, node: str, step: int,
-                              timeout: float = 300.0) -> tuple[str, list[dict], float]:
+    def run_failing(self, prompt: dict, node: str, name: str, says: str, save: str, timeout: float = 300.0) -> None:
+        """Post a graph that must end in one error at `node`, its message naming the node's type and input `name`
+        and saying `says`, and nothing saved by the output node `save`."""
+        entry, events, _ = self.run(prompt, timeout)
+        assert entry["status"]["status_str"] == "error" and events[-1]["type"] in TERMINAL_EVENTS, entry["status"]
+        [error] = of_type(events, "execution_error")
+        node_type = prompt[node]["class_type"]
+        assert (error["node_id"], error["node_type"]) == (node, node_type), error
+        message = error["exception_message"]
+        assert f"{node_type} · {name}: " in message and says in message, message
+        assert save not in error["executed"] and not entry["outputs"].get(save)
+
+    def run_cancelled_at_step(self, prompt: dict, node: str, step: int, timeout: float = 300.0,
+                              within_a_step: bool = False) -> tuple[str, list[dict], float]:
         """run_interrupted at node's progress event of value `step`; the prompt must end interrupted at that node:
-        (its prompt id, its events, seconds from the interrupt to the end)."""
+        (its prompt id, its events, seconds from the interrupt to the end). within_a_step: it must also end within
+        half of one of the node's steps (the model loaded, the node's time is its steps), its next step unfinished:
+        a check inside the step, not only at its end."""
         prompt_id, events, asked = self.run_interrupted(
             prompt, lambda e: e["type"] == "progress" and e["data"].get("node") == node and e["data"]["value"] == step,
             timeout)
         assert events[-1]["type"] == "execution_interrupted", [e["type"] for e in events]
         assert events[-1]["data"]["node_id"] == node, events[-1]
-        return prompt_id, events, events[-1]["received"] - asked
+        latency = events[-1]["received"] - asked
+        if within_a_step:
+            steps = [e for e in events if e["type"] == "progress" and e["data"].get("node") == node]
+            assert [e["data"]["value"] for e in steps] == list(range(1, step + 1))
+            [started] = [e for e in events if e["type"] == "executing" and e["data"].get("node") == node]
+            each = (steps[-1]["received"] - started["received"]) / step
+            print(f"\ncancel: a step {each:.2f} s, interrupted {latency:.2f} s after Cancel")
+            assert latency < each / 2, f"interrupted {latency:.2f} s after Cancel, a step takes {each:.2f} s"
+        return prompt_id, events, latency
 
 
 class EventStream:

@@ -7,7 +7,6 @@ tests/families/test_omnivoice.py and test_omnivoice_codec.py, as tests/nodes/tes
 
 import copy
 import json
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -19,7 +18,7 @@ from safetensors.torch import save_file
 from tiny_models import builders, randomize_language_model
 
 from dit_core.families.omnivoice import FRAME_RATE, target_frames
-from host.server import TERMINAL_EVENTS, ComfyHost, of_type
+from host.server import ComfyHost, of_type
 from swiftdit.workflow_api import to_api
 
 pytestmark = pytest.mark.slow
@@ -129,29 +128,28 @@ def test_voice_clone_workflow_runs_to_an_audio_file(omnivoice_host):
     assert 0.5 * CLONE_SECONDS <= length <= CLONE_SECONDS + PAD_S + 0.01, length
 
 
-@pytest.mark.parametrize("node, name, value, message", [
-    (LOADER, "model_name", NOT_OMNIVOICE, "SwiftDiTOmniVoiceLoader · model_name: model.safetensors: not an OmniVoice "
-                                          "model"),
-    (TEXT, "text", "  ", "SwiftDiTOmniVoiceText · text: nothing to say"),
-    (LOAD_AUDIO, "audio", SHORT_REFERENCE, "SwiftDiTOmniVoiceReference · audio: 0.[0-9]+ s of voice after "
-                                           "trimming silences; at least 1 s"),
-    (REFERENCE_NODE, "text", "  ", "SwiftDiTOmniVoiceReference · text: the reference's transcript is empty")],
-    ids=["wrong_folder", "empty_text", "short_reference", "empty_transcript"])
-def test_bad_input_names_the_node_and_the_input(omnivoice_host, node, name, value, message):
+# case -> (the node and input changed, its value; the node and input the error names, what it says after them)
+BAD_INPUTS = {
+    "wrong_folder": (LOADER, "model_name", NOT_OMNIVOICE, LOADER, "model_name",
+                     "model.safetensors: not an OmniVoice model"),
+    "empty_text": (TEXT, "text", "  ", TEXT, "text", "nothing to say"),
+    "short_reference": (LOAD_AUDIO, "audio", SHORT_REFERENCE, REFERENCE_NODE, "audio",
+                        "s of voice after trimming silences; at least 1 s"),
+    "empty_transcript": (REFERENCE_NODE, "text", "  ", REFERENCE_NODE, "text", "the reference's transcript is empty"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_names_the_node_and_the_input(omnivoice_host, case):
     """A folder of another model, an empty text, a reference too short, a reference without its transcript: the
     prompt ends at the node that says so, naming node and input, and nothing is saved; the server then runs the
     graph as shipped."""
+    node, name, value, failing_node, failing_input, says = BAD_INPUTS[case]
     prompt = ci_graph(queued(omnivoice_host, "omnivoice_voice_clone"), duration=CLONE_SECONDS)
     failing = copy.deepcopy(prompt)
     failing[node]["inputs"][name] = value
-    entry, events, _ = omnivoice_host.run(failing, TIMEOUT)
-    assert entry["status"]["status_str"] == "error" and events[-1]["type"] in TERMINAL_EVENTS
-    [error] = of_type(events, "execution_error")
-    assert re.search(message, error["exception_message"]), error  # (the names and messages hold no other regex)
-    node_type = message.split(" · ")[0]
-    assert error["node_type"] == node_type and failing[error["node_id"]]["class_type"] == node_type
-    assert SAVE not in error["executed"] and not entry["outputs"].get(SAVE)
-    prompt[SAVE]["inputs"]["filename_prefix"] = f"audio/after_{name}"
+    omnivoice_host.run_failing(failing, failing_node, failing_input, says, SAVE, TIMEOUT)
+    prompt[SAVE]["inputs"]["filename_prefix"] = f"audio/after_{case}"
     entry, events, _ = omnivoice_host.run(prompt, TIMEOUT)
     saved_seconds(omnivoice_host, entry, events)
 
