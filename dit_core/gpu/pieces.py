@@ -15,7 +15,7 @@ from ..arch import Arch
 from ..block import Attention, GroupBias, gelu_tanh
 from ..linear import float_on, linear
 from ..sequence import Sequence
-from ..weights import Linear
+from ..weights import Linear, stack_rows
 from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
 from .options import DEFAULT, Options
 
@@ -74,7 +74,7 @@ class GpuAttention:
 def stacked_rows(linears: tuple[Linear, ...]) -> Linear | None:
     """The linears' rows as one Linear ([first; second; ...]: one product gives their outputs side by side), where
     they read as many inputs and are stored alike (INT8 ConvRot of one group: a row's codes and scale move
-    together; or float of one dtype); a single linear as it is; else None."""
+    together; or float of one dtype: weights.stack_rows); a single linear as it is; else None."""
     if len(linears) == 1:
         return linears[0]
     first = linears[0]
@@ -82,10 +82,7 @@ def stacked_rows(linears: tuple[Linear, ...]) -> Linear | None:
                 and lin.group == first.group and (lin.bias is None) == (first.bias is None) for lin in linears)
     if not alike or (first.quantized and not first.group):
         return None
-    scale = None if not first.quantized else torch.cat([lin.scale.float().reshape(-1).expand(lin.out_features)
-                                                        for lin in linears])
-    bias = None if first.bias is None else torch.cat([lin.bias for lin in linears])
-    return Linear(torch.cat([lin.weight for lin in linears]), bias, scale, first.group)
+    return stack_rows(list(linears))
 
 
 def row_parts(lin: GpuLinear, sizes: tuple[int, ...]) -> tuple[GpuLinear, ...]:
@@ -116,10 +113,10 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     triple), the gate taken in the quantizer's prologue (kernels/int8/prologue.py: neither the sigmoid nor the gated
     rows written out). Query rows x and key/value rows context (f32; context may be x itself: its rows are made once
     for q, k and v, one product where they are stacked; else k's and v's from context, one product where stacked:
-    GpuAttention.projections). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a GroupBias
-    (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is this rank's
-    share of the rows and attention runs across the ranks, keys the shards of context's rows where they are not x
-    (dit_core/parallel SequenceShards.across); None: all rows here."""
+    GpuAttention.projections). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a
+    GroupBias (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is
+    this rank's share of the rows and attention runs across the ranks, keys the shards of context's rows where they
+    are not x (dit_core/parallel SequenceShards.across); None: all rows here."""
     o, made = options or DEFAULT, {}
 
     def product(t: torch.Tensor, lin: GpuLinear) -> torch.Tensor:
