@@ -378,7 +378,11 @@ class Flux3Klein:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
         made_here = dict(rows)  # blocks update their rows in place: these stay the caller stream's
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        concurrent = self.options is None or self.options.concurrent_modes
+        # Not within a capture under cudaMallocAsync: what a side stream frees after its join fails the capture
+        # (step_graph.capture_refusal).
+        from ..gpu.step_graph import async_allocator
+        concurrent = (self.options is None or self.options.concurrent_modes) and not (
+            latent.is_cuda and torch.cuda.is_current_stream_capturing() and async_allocator())
         sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if concurrent else {}
         main = torch.cuda.current_stream(latent.device) if sides else None
         for side in sides.values():

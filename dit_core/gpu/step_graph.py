@@ -45,17 +45,25 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     return _STREAMS[(device, purpose)]
 
 
+# Why captures stopped in this process: a capture failed under cudaMallocAsync, after which every later capture
+# failed PyTorch's own assertion (the allocator's list of a capture's free streams left non-empty; an H100 server,
+# 2026-12-05). Not a setting: the allocator's state, which nothing resets.
+_ASYNC_CAPTURE_FAILED: list[str] = []
+# What a failed capture under cudaMallocAsync made and still holds (its exception's frames, Triton's scratch), kept
+# for good: freeing memory a capture made before its graph ever ran fails in a destructor (cudaErrorInvalidValue),
+# which aborts the process. One step's temporaries, once a process.
+_KEPT_FROM_FAILED_CAPTURES: list = []
+
+
 def capture_refusal() -> str | None:
     """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
     turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: Triton's
-    launcher refused their addresses (given addresses now: addresses_for_triton), and a graph allocation freed
-    outside its graph after a replay aborted ComfyUI (a BF16 Z-Image prompt on an H100, 2026-12-05; the likely
-    holders, cuBLAS's kept workspace and garbage in reference cycles, now go within the capture). Until
-    tests/dit_core/test_block_gpu.py::test_graphed_steps_under_cuda_malloc_async passes on a GPU, with no
-    "uncaptured free" logged, the steps run eagerly there."""
-    if async_allocator():
-        return ("PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); start ComfyUI with "
-                "--disable-cuda-malloc to replay each step from a CUDA graph")
+    launcher is given addresses (addresses_for_triton), nothing allocated within a capture may outlive it, and no
+    memory may be freed on a side stream after its last join (torch 2.11 ends the capture before it joins the
+    allocator's free streams: a capture that did so fails, and leaves the allocator unable to capture again)."""
+    if _ASYNC_CAPTURE_FAILED:
+        return (f"a capture failed under PyTorch's cudaMallocAsync allocator ({_ASYNC_CAPTURE_FAILED[0]}); start "
+                "ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph")
     return None
 
 
@@ -72,26 +80,48 @@ def _triton_launcher() -> type | None:
     return CudaLauncher if "__call__" in vars(CudaLauncher) else None
 
 
+def _triton_scratch_allocator():
+    """Triton's ContextVar of the allocator its launcher asks for a kernel's global scratch (device-side TMA
+    descriptors: kernels/int8/tiles.py sets it), or None."""
+    try:
+        from triton.runtime import _allocation
+    except ImportError:
+        return None
+    return getattr(_allocation, "_allocator", None)
+
+
 @contextlib.contextmanager
 def addresses_for_triton():
     """Within: Triton's launcher (where it is the one this knows) is given each tensor argument's address instead of
-    the tensor. It passes an int through as the pointer it is; a tensor it first looks up with the driver
-    (cuPointerGetAttribute), which fails for a graph memory node's address during a capture under cudaMallocAsync.
-    Every kernel was built and its arguments checked in the eager warm-up just before (GraphedStep._capture), on
-    the same tensors."""
-    launcher = _triton_launcher()
+    the tensor, and its global scratch as an address too (the buffers kept until the context ends: enter it within
+    the capture, so they are freed there). It passes an int through as the pointer it is; a tensor it first looks
+    up with the driver (cuPointerGetAttribute), which fails for a graph memory node's address during a capture under
+    cudaMallocAsync. Every kernel was built and its arguments checked in the eager warm-up just before
+    (GraphedStep._capture), on the same tensors."""
+    launcher, scratch = _triton_launcher(), _triton_scratch_allocator()
     if launcher is None:
         yield
         return
-    launch = vars(launcher)["__call__"]
+    launch, kept = vars(launcher)["__call__"], []
 
     def call(self, *args, **kwargs):
         return launch(self, *(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
+
+    def by_address(size, align, stream, allocate=scratch.get() if scratch is not None else None):
+        kept.append(allocate(size, align, stream))
+        return kept[-1].data_ptr()
     launcher.__call__ = call
+    token = scratch.set(by_address) if scratch is not None else None
     try:
         yield
+    except BaseException:
+        _KEPT_FROM_FAILED_CAPTURES.append(kept)
+        raise
     finally:
         launcher.__call__ = launch
+        if token is not None:
+            scratch.reset(token)
+    kept.clear()
 
 
 class GraphedStep:
@@ -129,6 +159,7 @@ class GraphedStep:
             else:
                 self.eager_calls.pop(key, None)
                 self._decided(key, None)  # its place first (the oldest graph goes before this one is made)
+                caller = torch.cuda.current_stream(inputs[0].device) if inputs[0].is_cuda else None
                 try:
                     self.graphs[key], first = self._capture(inputs, fixed)
                     return first
@@ -136,8 +167,14 @@ class GraphedStep:
                     # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
                     # own pool did not fit beside the model (out of memory), or something in the step cannot be
                     # captured (a bug to report, not the user's problem). This shape runs eagerly from now on.
-                    log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly",
-                                str(e).splitlines()[0] if str(e) else type(e).__name__)
+                    said = str(e).splitlines()[0] if str(e) else type(e).__name__
+                    if caller is not None:
+                        torch.cuda.set_stream(caller)  # a failed capture's end left its stream current
+                    if async_allocator():
+                        _ASYNC_CAPTURE_FAILED.append(said)
+                        _KEPT_FROM_FAILED_CAPTURES.append(e)  # its traceback's frames hold the capture's tensors
+                    log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly%s",
+                                said, "; no more captures in this process" if async_allocator() else "")
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs, **fixed)
@@ -195,11 +232,12 @@ class GraphedStep:
         gc.collect()  # garbage made before the capture is freed outside it
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         # thread_local: the host's other threads (ComfyUI's server) may call CUDA meanwhile.
-        with addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
-                torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"), \
+                addresses_for_triton() if async_allocator() else contextlib.nullcontext():
             got = self.step(*statics, **fixed)
-            for out, t in zip(outs, got if isinstance(got, tuple) else (got,)):
-                out.copy_(t)
+            # No loop variable may keep one of `got`'s tensors past the capture: freed before a replay made it,
+            # such a tensor's free fails (cudaErrorInvalidValue) in a destructor, and the process aborts.
+            torch._foreach_copy_(list(outs), list(got) if tupled else [got])
             del got
             # Nothing the capture allocated may be freed after it: under cudaMallocAsync a replay frees and makes
             # again what its capture left allocated, so a later free of it frees it twice (the server's abort).

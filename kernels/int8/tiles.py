@@ -90,11 +90,18 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-@functools.cache
+def _scratch_buffer(size: int, align: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _descriptor_scratch() -> None:
     """Device-side TMA descriptors live in a global scratch buffer Triton asks an allocator for (128 bytes a
-    descriptor); torch's caching allocator serves it, so it is stream- and graph-safe."""
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    descriptor); torch's allocator serves it, so it is stream- and graph-safe. Triton keeps the allocator in a
+    ContextVar, which a thread does not inherit: set where this thread's context has Triton's null one (a capture's
+    stand-in, dit_core/gpu/step_graph.addresses_for_triton, stays)."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch_buffer)
 
 
 def launch_grid(m: int, n: int, device: torch.device, tiles_run: int | None = None):

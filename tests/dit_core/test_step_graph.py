@@ -1,7 +1,9 @@
 """dit_core/gpu/step_graph.py's bookkeeping on the CPU: which shapes hold a graph, the eager fallback when a capture
 fails, the oldest shape dropped past MAX_SHAPES, clear(), the rows kept per conditioning tensor (KeptRows). The
 replays themselves are GPU tests (tests/dit_core/test_block_gpu.py, tests/families/test_flux3_klein_sampling.py)."""
+import contextvars
 import logging
+import weakref
 
 import pytest
 import torch
@@ -186,36 +188,64 @@ def test_kept_rows_of_inference_tensors():
         assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
 
 
-def test_steps_run_eagerly_under_cuda_malloc_async(monkeypatch, caplog):
-    """ComfyUI's default allocator (cudaMallocAsync): no capture is tried (a failed one aborts the process when its
-    allocations are freed); every shape runs eagerly, and the log says why once."""
+def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch, caplog):
+    """ComfyUI's default allocator (cudaMallocAsync): captures are tried; once one fails (which leaves PyTorch's
+    allocator unable to capture again), that shape and every later one run eagerly, the log says why, and what the
+    capture made is kept (freed, it would abort the process)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
-    monkeypatch.setattr(GraphedStep, "_capture", lambda self, inputs, fixed: pytest.fail("a capture was tried"))
+    monkeypatch.setattr(step_graph, "_ASYNC_CAPTURE_FAILED", [])
+    monkeypatch.setattr(step_graph, "_KEPT_FROM_FAILED_CAPTURES", [])
+    tried = []
+
+    def capture(self, inputs, fixed):
+        tried.append(inputs[0].shape[0])
+        raise RuntimeError("CUDA error: capturing stream has unjoined work")
+    monkeypatch.setattr(GraphedStep, "_capture", capture)
     step = GraphedStep(lambda x: x * 2)
     with caplog.at_level(logging.INFO, logger=step_graph.log.name):
-        for rows in (3, 3, 5):
+        for rows in (3, 3, 5, 5):
             assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
-    assert list(step.graphs.values()) == [None, None]
+    assert tried == [3] and list(step.graphs.values()) == [None, None]
+    (kept,) = step_graph._KEPT_FROM_FAILED_CAPTURES  # the exception, whose frames hold what the capture made
+    assert isinstance(kept, RuntimeError) and kept.__traceback__ is not None
     assert [r.message for r in caplog.records] == [
-        "SwiftDiT: steps run without CUDA graphs: PyTorch's cudaMallocAsync allocator is on (ComfyUI's default); "
-        "start ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph"]
+        "SwiftDiT: a CUDA graph of the step could not be captured (CUDA error: capturing stream has unjoined work); "
+        "running it eagerly; no more captures in this process",
+        "SwiftDiT: steps run without CUDA graphs: a capture failed under PyTorch's cudaMallocAsync allocator (CUDA "
+        "error: capturing stream has unjoined work); start ComfyUI with --disable-cuda-malloc to replay each step "
+        "from a CUDA graph"]
 
 
 def test_the_launcher_gets_addresses_within_a_capture(monkeypatch):
     """addresses_for_triton: within, each tensor argument reaches the launcher as its address (other arguments as
-    they are); after, the launcher is as it was, also when the capture raised."""
+    they are), and the scratch allocator gives addresses of buffers it keeps until the context ends (for good where
+    the capture raised); after, the launcher and the allocator are as they were."""
     class Launcher:
         def __call__(self, grid, *args, flag=None):
             return grid, args, flag
+    scratch = contextvars.ContextVar("allocator")
+    made = []  # weak references to the buffers the allocator made
+
+    def make(size, align, stream):
+        buffer = torch.zeros(size, dtype=torch.int8)
+        made.append((weakref.ref(buffer), buffer.data_ptr()))
+        return buffer
+    scratch.set(make)
+    allocate = scratch.get()
     monkeypatch.setattr(step_graph, "_triton_launcher", lambda: Launcher)
+    monkeypatch.setattr(step_graph, "_triton_scratch_allocator", lambda: scratch)
     t = torch.zeros(4)
     with step_graph.addresses_for_triton():
         assert Launcher()(7, t, None, 3, flag="x") == (7, (t.data_ptr(), None, 3), "x")
-    assert Launcher()(7, t)[1][0] is t
+        assert scratch.get()(128, 16, None) == made[0][1] and made[0][0]() is not None  # kept within
+    assert made[0][0]() is None and Launcher()(7, t)[1][0] is t and scratch.get() is allocate
+    monkeypatch.setattr(step_graph, "_KEPT_FROM_FAILED_CAPTURES", [])
     with pytest.raises(RuntimeError), step_graph.addresses_for_triton():
+        scratch.get()(128, 16, None)
         raise RuntimeError("capture failed")
-    assert Launcher()(7, t)[1][0] is t
+    # a failed capture's buffers stay (freeing them would abort the process under cudaMallocAsync)
+    assert Launcher()(7, t)[1][0] is t and scratch.get() is allocate and made[1][0]() is not None
 
 
 def test_fixed_values_key_their_own_graph(fake_capture):
