@@ -184,11 +184,14 @@ def test_interrupt_within_a_run_then_free_then_one_more_prompt(gpu_host):
 
 def test_server_log_has_no_error_of_ours(gpu_host):
     """No traceback passes through the pack, no node reported an exception, and the process never met the
-    allocator's abort (the test host's in-memory database logs tracebacks of its own: not ours)."""
+    allocator's abort (the test host's in-memory database logs tracebacks of its own: not ours); under ComfyUI's
+    default allocator (cudaMallocAsync) the host-bound steps were captured (INT8 Z-Image and Klein on an H100) and
+    no capture failed."""
     log = gpu_host.log_text()
     assert not re.search(r'^  File ".*/custom_nodes/comfyui-swiftdit/', log, re.MULTILINE), log[-3000:]
     assert "!!! Exception during processing" not in log and "uncaptured free" not in log, log[-3000:]
-    assert "could not be captured" not in log, log[-3000:]
+    assert "could not be captured" not in log and "steps run without CUDA graphs" not in log, log[-3000:]
+    assert "replayed from a CUDA graph from its next call" in log, log[-3000:]
 
 
 def test_z_image_with_cuda_graphs(gpu_host, tmp_path):
