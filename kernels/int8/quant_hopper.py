@@ -24,6 +24,7 @@ import torch
 
 from .arrival_counters import kept
 from .hadamard import hadamard_bf16
+from .linear_hopper import tma_descriptor
 from .tiles import sm_count
 from ..jit import gluon_jit
 
@@ -33,7 +34,6 @@ try:
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                                   warpgroup_mma_wait)
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .hopper_epilogues import tma_load
     cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier  # (Triton 3.7 on; the H200's 3.6)
@@ -196,12 +196,11 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, groups: i
         return False
     programs = min(blocks * chunks, sm_count(x.device) * programs_per_sm)
     pmax = torch.empty(chunks, m, dtype=torch.float32, device=x.device)
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_Q], gl.bfloat16)
     h = hadamard_bf16(BLOCK_Q, x.device, halved=True)
     try:
         _plain_quant_kernel[(programs,)](
-            TensorDescriptor.from_tensor(x, [BLOCK_M, BLOCK_Q], layout),
-            TensorDescriptor.from_tensor(h, [BLOCK_Q, BLOCK_Q], layout), codes, scales, pmax, counters,
+            tma_descriptor(x, [BLOCK_M, BLOCK_Q], gl.bfloat16),
+            tma_descriptor(h, [BLOCK_Q, BLOCK_Q], gl.bfloat16), codes, scales, pmax, counters,
             counters[blocks:], m, k, chunks, blocks * chunks, G=g, num_warps=4, enable_fp_fusion=False)
     except (triton.compiler.errors.CompilationError, triton.runtime.errors.OutOfResources, TypeError,
             AttributeError) as e:

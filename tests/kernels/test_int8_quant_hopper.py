@@ -15,10 +15,10 @@ from kernels.int8.hadamard import hadamard
 from kernels.int8.quant import quantize_rows
 
 BUILD = GLUON_BUILD + """
-from kernels.int8 import quant_hopper as kq
+from kernels.int8 import linear_hopper as kh, quant_hopper as kq
 def desc(shape):
     block = [kq.BLOCK_M, kq.BLOCK_Q]
-    return mangle_type(kq.TensorDescriptor(Rows, shape, [shape[1], 1], block,
+    return mangle_type(kh.TensorDescriptor(Rows, shape, [shape[1], 1], block,
                                            gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16)))
 found = {}
 for groups in (1, 2, 3):
@@ -77,8 +77,7 @@ def test_the_launcher_splits_rows_into_items_and_counts_programs(monkeypatch):
     fake = _FakeKernel()
     monkeypatch.setattr(int8_quant_hopper, "_plain_quant_kernel", fake)
     monkeypatch.setattr(int8_quant_hopper, "sm_count", lambda device: 132)
-    monkeypatch.setattr(int8_quant_hopper, "TensorDescriptor", type("D", (), {"from_tensor": staticmethod(
-        lambda t, block, layout: (tuple(t.shape), tuple(block)))}))
+    monkeypatch.setattr(int8_quant_hopper, "tma_descriptor", lambda t, block, dtype: (tuple(t.shape), tuple(block)))
     kept = torch.zeros(128, dtype=torch.int32)
     monkeypatch.setattr(int8_quant_hopper, "kept", lambda device, numel: kept if numel <= 128 else None)
     x, (codes, scales) = torch.zeros(4608, 9216, dtype=torch.bfloat16), poisoned_outputs(4608, 9216, "cpu")
