@@ -14,12 +14,16 @@ that). A replay cannot be cancelled within the step: cancel is asked between ste
 Memory: the graphs of one GraphedStep (one per shape), and those of the GraphedSteps given one `pool`, share one
 memory pool, so they hold one step's temporaries, not one set each. That is safe because they replay one at a time
 on one stream and each call clones its outputs at once: a capture may reuse only memory that no kept tensor holds
-(another graph's temporaries, dead once its replay has ended).
+(another graph's temporaries, dead once its replay has ended). Under cudaMallocAsync (ComfyUI's default) there
+are no pools: the temporaries are graph memory nodes, whose physical memory the driver shares between graphs
+replayed on one stream, and keeps after they go until asked (release_graph_memory).
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
+import functools
 import gc
 import logging
 import time
@@ -143,6 +147,7 @@ class GraphedStep:
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
         self.eager_calls: dict[tuple, int] = {}  # "host_bound": calls so far of the shapes not yet decided
+        self.captured_on: set[torch.device] = set()  # the devices of the graphs captured since the last clear()
 
     def __call__(self, *inputs: torch.Tensor, **fixed) -> torch.Tensor:
         """fixed: hashable values the step depends on besides its tensors (passed to it by name): a graph each."""
@@ -162,6 +167,7 @@ class GraphedStep:
                 caller = torch.cuda.current_stream(inputs[0].device) if inputs[0].is_cuda else None
                 try:
                     self.graphs[key], first = self._capture(inputs, fixed)
+                    self.captured_on.add(inputs[0].device)
                     return first
                 except RuntimeError as e:
                     # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
@@ -253,6 +259,35 @@ class GraphedStep:
         self.graphs.clear()
         self.eager_calls.clear()
         self.pool = pool
+        for device in self.captured_on:
+            release_graph_memory(device)
+        self.captured_on = set()
+
+
+def release_graph_memory(device: torch.device) -> None:
+    """Under cudaMallocAsync a graph's temporaries are graph memory nodes, whose physical memory the driver keeps
+    for graphs after the graphs go (reused across graphs, given to nothing else) until asked to trim it; ComfyUI's
+    model management, which reads the card's free memory, would count it as taken. Elsewhere the graphs' pool goes
+    back to PyTorch's allocator with them."""
+    driver = _cuda_driver() if async_allocator() else None
+    if driver is None:
+        return
+    torch.cuda.synchronize(device)  # (a graph still running keeps its memory)
+    handle = ctypes.c_int()
+    index = torch.cuda.current_device() if device.index is None else device.index
+    if driver.cuDeviceGet(ctypes.byref(handle), index) == 0:
+        driver.cuDeviceGraphMemTrim(handle)
+
+
+@functools.cache
+def _cuda_driver():
+    """The CUDA driver library (cuDeviceGraphMemTrim is not in PyTorch's bindings), or None."""
+    for name in ("libcuda.so.1", "nvcuda.dll"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 # An eager step whose GPU time (from an idle GPU to its end) is under this many times the host's time launching it

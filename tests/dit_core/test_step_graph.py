@@ -217,6 +217,32 @@ def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch,
         "from a CUDA graph"]
 
 
+def test_dropped_graphs_give_their_memory_back_under_cuda_malloc_async(fake_capture, monkeypatch):
+    """Under cudaMallocAsync, clear() asks the driver to trim the graphs' memory (once a device that held a graph,
+    after the GPU's work); under PyTorch's own allocator it does not (the pool goes back with the graphs)."""
+    trims = []
+
+    class Driver:
+        def cuDeviceGet(self, handle, index):
+            handle._obj.value = 10 + index
+            return 0
+
+        def cuDeviceGraphMemTrim(self, handle):
+            trims.append(handle.value)
+    monkeypatch.setattr(step_graph, "_cuda_driver", lambda: Driver())
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: trims.append("synchronized"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    step = GraphedStep(lambda x: x * 2)
+    for backend, expected in (("native", []), ("cudaMallocAsync", ["synchronized", 11])):
+        monkeypatch.setattr(step_graph, "async_allocator", lambda: backend == "cudaMallocAsync")
+        step(torch.ones(3))
+        step(torch.ones(5))
+        step.clear()
+        assert trims == expected and step.graphs == {}
+        step.clear()  # nothing held: nothing to trim
+        assert trims == expected
+
+
 def test_the_launcher_gets_addresses_within_a_capture(monkeypatch):
     """addresses_for_triton: within, each tensor argument reaches the launcher as its address (other arguments as
     they are), and the scratch allocator gives addresses of buffers it keeps until the context ends (for good where
