@@ -63,8 +63,8 @@ def capture_refusal() -> str | None:
     """Why a step cannot be captured in this process, or None. Under PyTorch's cudaMallocAsync allocator (ComfyUI
     turns it on unless started with --disable-cuda-malloc) a capture's temporaries are graph memory nodes: Triton's
     launcher is given addresses (addresses_for_triton), nothing allocated within a capture may outlive it, and no
-    memory may be freed on a side stream after its last join (torch 2.11 ends the capture before it joins the
-    allocator's free streams: a capture that did so fails, and leaves the allocator unable to capture again)."""
+    memory may be freed on a side stream after its last join (FLUX.3 Klein's capture that did so failed with
+    "capturing stream has unjoined work", torch 2.11, and left the allocator unable to capture again)."""
     if _ASYNC_CAPTURE_FAILED:
         return (f"a capture failed under PyTorch's cudaMallocAsync allocator ({_ASYNC_CAPTURE_FAILED[0]}); start "
                 "ComfyUI with --disable-cuda-malloc to replay each step from a CUDA graph")
