@@ -85,8 +85,9 @@ def _triton_launcher() -> type | None:
 
 
 def _triton_scratch_allocator():
-    """Triton's ContextVar of the allocator its launcher asks for a kernel's global scratch (device-side TMA
-    descriptors: kernels/int8/tiles.py sets it), or None."""
+    """Triton's holder (get, set: a ContextVar, or in older releases an object of its own) of the allocator its
+    launcher asks for a kernel's global scratch (device-side TMA descriptors: kernels/int8/tiles.py sets it), or
+    None."""
     try:
         from triton.runtime import _allocation
     except ImportError:
@@ -111,11 +112,14 @@ def addresses_for_triton():
     def call(self, *args, **kwargs):
         return launch(self, *(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args), **kwargs)
 
-    def by_address(size, align, stream, allocate=scratch.get() if scratch is not None else None):
+    allocate = scratch.get() if scratch is not None else None
+
+    def by_address(size, align, stream):
         kept.append(allocate(size, align, stream))
         return kept[-1].data_ptr()
     launcher.__call__ = call
-    token = scratch.set(by_address) if scratch is not None else None
+    if scratch is not None:
+        scratch.set(by_address)
     try:
         yield
     except BaseException:
@@ -123,8 +127,8 @@ def addresses_for_triton():
         raise
     finally:
         launcher.__call__ = launch
-        if token is not None:
-            scratch.reset(token)
+        if scratch is not None:
+            scratch.set(allocate)
     kept.clear()
 
 
