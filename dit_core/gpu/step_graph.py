@@ -132,6 +132,10 @@ def addresses_for_triton():
     kept.clear()
 
 
+class CaptureFailed(RuntimeError):
+    """A step's capture failed after its eager warm-up ran: what failed is the graph (the cause: __cause__)."""
+
+
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
     each input shape, or where capture="host_bound" at its third if its second ran host-bound (run eagerly where
@@ -174,17 +178,17 @@ class GraphedStep:
                     self.captured_on.add(inputs[0].device)
                     return first
                 except RuntimeError as e:
-                    # The step ran eagerly just before the capture (its warm-up), so what failed is the graph: its
-                    # own pool did not fit beside the model (out of memory), or something in the step cannot be
-                    # captured (a bug to report, not the user's problem). This shape runs eagerly from now on.
+                    # The warm-up's clones did not fit beside the model (out of memory), or the graph failed
+                    # (CaptureFailed: its own pool did not fit, or something in the step cannot be captured, a bug
+                    # to report, not the user's problem). This shape runs eagerly from now on.
                     said = str(e).splitlines()[0] if str(e) else type(e).__name__
                     if caller is not None:
                         torch.cuda.set_stream(caller)  # a failed capture's end left its stream current
-                    if async_allocator():
+                    if isinstance(e, CaptureFailed) and async_allocator():
                         _ASYNC_CAPTURE_FAILED.append(said)
-                        _KEPT_FROM_FAILED_CAPTURES.append(e)  # its traceback's frames hold the capture's tensors
+                        _KEPT_FROM_FAILED_CAPTURES.append(e)  # its tracebacks' frames hold the capture's tensors
                     log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly%s",
-                                said, "; no more captures in this process" if async_allocator() else "")
+                                said, "; no more captures in this process" if _ASYNC_CAPTURE_FAILED else "")
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs, **fixed)
@@ -242,19 +246,22 @@ class GraphedStep:
         gc.collect()  # garbage made before the capture is freed outside it
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         # thread_local: the host's other threads (ComfyUI's server) may call CUDA meanwhile.
-        with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"), \
-                addresses_for_triton() if async_allocator() else contextlib.nullcontext():
-            got = self.step(*statics, **fixed)
-            # No loop variable may keep one of `got`'s tensors past the capture: freed before a replay made it,
-            # such a tensor's free fails (cudaErrorInvalidValue) in a destructor, and the process aborts.
-            torch._foreach_copy_(list(outs), list(got) if tupled else [got])
-            del got
-            # Nothing the capture allocated may be freed after it: under cudaMallocAsync a replay frees and makes
-            # again what its capture left allocated, so a later free of it frees it twice (the server's abort).
-            # cuBLAS keeps a workspace per stream, made by the capture's first product; tensors the step left in
-            # reference cycles would go whenever the collector runs, on any thread. Both go here, within it.
-            torch._C._cuda_clearCublasWorkspaces()
-            gc.collect()
+        try:
+            with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"), \
+                    addresses_for_triton() if async_allocator() else contextlib.nullcontext():
+                got = self.step(*statics, **fixed)
+                # No loop variable may keep one of `got`'s tensors past the capture (below).
+                torch._foreach_copy_(list(outs), list(got) if tupled else [got])
+                del got
+                # Nothing the capture allocated may be freed after it: under cudaMallocAsync such memory exists
+                # only once a replay made it, and a free before that fails (cudaErrorInvalidValue) in a destructor,
+                # which aborts the process. cuBLAS keeps a workspace per stream, made by the capture's first
+                # product; tensors the step left in reference cycles go whenever the collector runs, on any
+                # thread. Both go here, within it.
+                torch._C._cuda_clearCublasWorkspaces()
+                gc.collect()
+        except Exception as e:  # the step ran just before: what failed is its graph
+            raise CaptureFailed(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
         return (graph, statics, outs if tupled else outs[0]), warm
 
     def clear(self, pool: tuple | None = None) -> None:

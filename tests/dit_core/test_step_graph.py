@@ -189,9 +189,10 @@ def test_kept_rows_of_inference_tensors():
 
 
 def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch, caplog):
-    """ComfyUI's default allocator (cudaMallocAsync): captures are tried; once one fails (which leaves PyTorch's
-    allocator unable to capture again), that shape and every later one run eagerly, the log says why, and what the
-    capture made is kept (freed, it would abort the process)."""
+    """ComfyUI's default allocator (cudaMallocAsync): captures are tried; a warm-up out of memory leaves the others
+    to be tried, but once a capture fails (which leaves PyTorch's allocator unable to capture again), that shape and
+    every later one run eagerly, the log says why, and what the capture made is kept (freed, it would abort the
+    process)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_allocator_backend", lambda: "cudaMallocAsync")
     monkeypatch.setattr(step_graph, "_ASYNC_CAPTURE_FAILED", [])
@@ -200,16 +201,19 @@ def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch,
 
     def capture(self, inputs, fixed):
         tried.append(inputs[0].shape[0])
-        raise RuntimeError("CUDA error: capturing stream has unjoined work")
+        if tried == [2]:
+            raise RuntimeError("CUDA out of memory")  # (before the capture: the warm-up's clones)
+        raise step_graph.CaptureFailed("CUDA error: capturing stream has unjoined work")
     monkeypatch.setattr(GraphedStep, "_capture", capture)
     step = GraphedStep(lambda x: x * 2)
     with caplog.at_level(logging.INFO, logger=step_graph.log.name):
-        for rows in (3, 3, 5, 5):
+        for rows in (2, 3, 3, 5, 5):
             assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
-    assert tried == [3] and list(step.graphs.values()) == [None, None]
+    assert tried == [2, 3] and list(step.graphs.values()) == [None, None, None]
     (kept,) = step_graph._KEPT_FROM_FAILED_CAPTURES  # the exception, whose frames hold what the capture made
-    assert isinstance(kept, RuntimeError) and kept.__traceback__ is not None
+    assert isinstance(kept, step_graph.CaptureFailed) and kept.__traceback__ is not None
     assert [r.message for r in caplog.records] == [
+        "SwiftDiT: a CUDA graph of the step could not be captured (CUDA out of memory); running it eagerly",
         "SwiftDiT: a CUDA graph of the step could not be captured (CUDA error: capturing stream has unjoined work); "
         "running it eagerly; no more captures in this process",
         "SwiftDiT: steps run without CUDA graphs: a capture failed under PyTorch's cudaMallocAsync allocator (CUDA "
