@@ -55,7 +55,8 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
 _ASYNC_CAPTURE_FAILED: list[str] = []
 # What a failed capture under cudaMallocAsync made and still holds (its exception's frames, Triton's scratch), kept
 # for good: freeing memory a capture made before its graph ever ran fails in a destructor (cudaErrorInvalidValue),
-# which aborts the process. One step's temporaries, once a process.
+# which aborts the process. One step's temporaries, once a process; the frames also hold the model the step reads,
+# so the log asks for a restart.
 _KEPT_FROM_FAILED_CAPTURES: list = []
 
 
@@ -188,7 +189,8 @@ class GraphedStep:
                         _ASYNC_CAPTURE_FAILED.append(said)
                         _KEPT_FROM_FAILED_CAPTURES.append(e)  # its tracebacks' frames hold the capture's tensors
                     log.warning("SwiftDiT: a CUDA graph of the step could not be captured (%s); running it eagerly%s",
-                                said, "; no more captures in this process" if _ASYNC_CAPTURE_FAILED else "")
+                                said, "; no more captures in this process, which keeps what the capture made "
+                                "(restart ComfyUI to free it)" if _ASYNC_CAPTURE_FAILED else "")
         entry = self.graphs[key]
         if entry is None:
             return self.step(*inputs, **fixed)

@@ -215,7 +215,8 @@ def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch,
     assert [r.message for r in caplog.records] == [
         "SwiftDiT: a CUDA graph of the step could not be captured (CUDA out of memory); running it eagerly",
         "SwiftDiT: a CUDA graph of the step could not be captured (CUDA error: capturing stream has unjoined work); "
-        "running it eagerly; no more captures in this process",
+        "running it eagerly; no more captures in this process, which keeps what the capture made (restart ComfyUI "
+        "to free it)",
         "SwiftDiT: steps run without CUDA graphs: a capture failed under PyTorch's cudaMallocAsync allocator (CUDA "
         "error: capturing stream has unjoined work); start ComfyUI with --disable-cuda-malloc to replay each step "
         "from a CUDA graph"]
