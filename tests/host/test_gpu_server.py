@@ -223,6 +223,9 @@ def write_report(log: str) -> None:
     lines += [f"| {r['prompt']} | {r['seconds']:.2f} | {r['sampler']:.2f} | {r['card_gb']:.1f} | {r['host_gb']:.1f} |"
               for r in RESULTS]
     lines += ["", *(f"- PSNR {k}: {v:.2f} dB" for k, v in PSNR.items())]
+    # each step shape's graph decision (GraphedStep's "host_bound"), and any capture that failed
+    lines += [f"- {line.removeprefix('SwiftDiT: ')}" for line in log.splitlines()
+              if line.startswith(("SwiftDiT: a step at input", "SwiftDiT: a CUDA graph of the step"))]
     Path(REPORT).write_text("\n".join(lines) + "\n")
 
 
