@@ -26,7 +26,7 @@ from .base import (
 )
 from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode, VAELoaderNode
 from .family_settings import KLEIN, FamilySettings, PassSize, Schedule
-from .memory import LOADED, engine_device, log, vae_on_device
+from .memory import engine_device, graphed_dit_step, log, vae_on_device
 from .types import Vae
 
 CATEGORY = "SwiftDiT/FLUX.3 Klein"
@@ -142,9 +142,7 @@ class Flux3KleinSampler(SamplerNode):
             return None
         noise = prepare_noise(latent, r.seed, r.latent_image.get("batch_index"))
         device, batch, steps = engine_device(), latent.shape[0], r.steps
-        # On a GPU the joint blocks replay CUDA graphs while every block is resident (as Z-Image's sampler).
-        step = LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound")) \
-            if device.type == "cuda" else None
+        step = graphed_dit_step(dit, device)  # the joint blocks, while every block is resident
         pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # noqa: E731  a batch of one serves every image
 
         def sample(callback, should_stop):

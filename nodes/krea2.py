@@ -24,7 +24,7 @@ from .base import (
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FLUX_MU, FamilySettings, PassSize, Schedule
 from .krea2_reference import NODES as REFERENCE_NODES, reference_latents
-from .memory import LOADED, engine_device
+from .memory import engine_device, graphed_dit_step
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -158,11 +158,7 @@ class Krea2Sampler(SamplerNode):
         # the positive's references serve the negative's pass too (ConditioningZeroOut keeps them, as the
         # style-reference template's negative)
         refs = tuple(z.to(device) for z in reference_latents(cls.NODE_ID, r.conditioning))
-        # On a GPU each step replays a CUDA graph while every block is resident (and no reference rides along), for
-        # the shapes whose eager step waits on the host; the graphs stay with the loaded model across prompts and go
-        # when ComfyUI takes its memory back.
-        step = LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound")) \
-            if device.type == "cuda" else None
+        step = graphed_dit_step(dit, device)  # (while every block is resident and no reference rides along)
 
         def denoise_with(x, sigma, cond):  # x on the device: the sampler runs there
             if id(cond) not in fused:

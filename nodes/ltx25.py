@@ -23,7 +23,7 @@ from .family_nodes import DiTLoaderNode, SamplerNode, TextEncodeNode, TextEncode
 from .family_settings import FamilySettings, PassSize
 from .ltx25_codecs import CODEC_NODES
 from .ltx25_frames import CATEGORY, FAMILY, FRAME_NODES, HOST, host_model, sampler_frames
-from .memory import LOADED, dit_on_device, engine_device, make_room, ranked_dit
+from .memory import LOADED, dit_on_device, engine_device, graphed_dit_step, make_room, ranked_dit
 
 FRAME_RATE = 25  # the RoPE's fps where no LTXVConditioning set one (ComfyUI's LTXV extra_conds default)
 SETTINGS = FamilySettings(
@@ -233,12 +233,9 @@ class LTX25Sampler(SamplerNode):
         one_pass = math.isclose(stage.video_cfg, 1.0) and math.isclose(stage.audio_cfg, 1.0)
         negative = None if one_pass else prompt_rows(dit.connectors, r.negative)
         mask, frames = sampler_frames(cls.NODE_ID, r.latent_image, r.conditioning, video, audio)
-        # On a GPU each step replays a CUDA graph while every layer is resident, for the shapes whose eager step
-        # waits on the host (stage 1's did: 404 ms eager, 197 graphed); the graphs stay with the loaded model across
-        # prompts and go when ComfyUI takes its memory back.
+        # (while every layer is resident; stage 1's step waits on the host: 404 ms eager, 197 graphed)
         t = dit.transformer
-        step = LOADED.attached("dit", "graphed_step", lambda: t.graphed(capture="host_bound")) \
-            if isinstance(t, LTX25) and t.device.type == "cuda" else None
+        step = graphed_dit_step(t, t.device) if isinstance(t, LTX25) else None
         net = packed_model(t, [video.shape, audio.shape], fps, step=step, check=interrupt_check, **frames)
         return (lambda callback, should_stop: NestedTensor(sample_stage(
             net, video, audio, stage, positive, negative, mask, r.extra["eta"], r.extra["s_noise"], callback=callback,

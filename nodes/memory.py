@@ -249,6 +249,15 @@ def fits_on_card(nbytes: int) -> bool:
     return device.type == "cuda" and comfy.model_management.get_free_memory(device) >= nbytes
 
 
+def graphed_dit_step(dit, device: torch.device):
+    """On a CUDA device, the loaded DiT's step replayed from CUDA graphs for the shapes whose eager step waits on the
+    host (GraphedStep's "host_bound": a graph pays there only), kept with the model across prompts and cleared when
+    ComfyUI takes its memory back (LoadedModels.attached); elsewhere None (the sampler runs the step itself)."""
+    if device.type != "cuda":
+        return None
+    return LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound"))
+
+
 def engine_device() -> torch.device:
     """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
     device = comfy.model_management.get_torch_device()

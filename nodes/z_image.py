@@ -25,7 +25,7 @@ from .base import (
 from .family_nodes import (DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode,
                            VAELoaderNode)
 from .family_settings import FLOW, FamilySettings, PassSize, Schedule
-from .memory import LOADED, engine_device, vae_on_device
+from .memory import engine_device, graphed_dit_step, vae_on_device
 
 CATEGORY = "SwiftDiT/Z-Image"
 FAMILY = "z_image"
@@ -117,11 +117,7 @@ class ZImageSampler(SamplerNode):
     @classmethod
     def sampling(cls, dit, r):
         device = engine_device()
-        # On a GPU each step replays a CUDA graph while every block is resident, for the shapes whose eager step
-        # waits on the host (a graph pays there only); the graphs stay with the loaded model across prompts and are
-        # cleared when ComfyUI takes its memory back (LoadedModels.give_back).
-        step = LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound")) \
-            if device.type == "cuda" else None
+        step = graphed_dit_step(dit, device)  # (while every block is resident)
 
         def sample(callback, should_stop):
             return ksample(model_on_device(dit.denoised, device, interrupt_check, step), r.seed, r.steps, r.cfg,
