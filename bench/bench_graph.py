@@ -89,7 +89,7 @@ def with_prompt(graph: dict, prompt: str, seed: int, prefix: str) -> dict:
             inputs["text"] = prompt
         if "seed" in inputs:
             inputs["seed"] = seed
-        if body["class_type"] == "SaveImage":
+        if body["class_type"] in ("SaveImage", "SwiftDiTSaveImage"):
             inputs["filename_prefix"] = prefix
     return graph
 

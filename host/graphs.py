@@ -94,7 +94,7 @@ def stock_graph(s: Settings = Settings()) -> dict:
 
 
 def swiftdit_graph(s: Settings = Settings()) -> dict:
-    """The same graph with the stock model, sampling, sampler and VAE nodes swapped for ours."""
+    """The same graph with the stock model, sampling, sampler, VAE and save nodes swapped for ours."""
     g = _conditioning(s)
     g.update(
         {
@@ -115,12 +115,14 @@ def swiftdit_graph(s: Settings = Settings()) -> dict:
             },
         }
     )
+    g[SAVE]["class_type"] = "SwiftDiTSaveImage"
     return g
 
 
 def krea2_graph(seed: int, prompt: str = "a lighthouse on a cliff at dusk, oil painting") -> dict:
     """The Turbo t2i template's graph with our nodes, the prompt refiner off: loader -> KSampler (8 steps, cfg 1,
-    euler/simple) on our text encoder's rows; stock EmptyLatentImage, VAELoader (qwen_image_vae) and VAEDecode."""
+    euler/simple) on our text encoder's rows; stock EmptyLatentImage, VAELoader (qwen_image_vae) and VAEDecode; our Save
+    Image."""
     return {
         "1": {"class_type": "SwiftDiTKrea2Loader",
               "inputs": {"unet_name": "krea2_turbo_int8_convrot.safetensors", "weight_dtype": "default",
@@ -137,5 +139,5 @@ def krea2_graph(seed: int, prompt: str = "a lighthouse on a cliff at dusk, oil p
                          "latent_image": ["5", 0], "denoise": 1.0}},
         "7": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
         "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
-        "9": {"class_type": "SaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "krea2"}},
+        "9": {"class_type": "SwiftDiTSaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "krea2"}},
     }

@@ -24,7 +24,8 @@ class Role:
 
 @dataclass(frozen=True)
 class Stock:
-    """A stock node as every family's swap sees it; `role` names ours: the family's node prefix + role."""
+    """A stock node as every family's swap sees it; `role` names ours: the family's node prefix + role, or
+    "SwiftDiT" + role for a node of no family (`shared`)."""
     role: str
     sockets: tuple[tuple[str, str], ...] = ()
     outputs: tuple[str, ...] = ()
@@ -33,6 +34,7 @@ class Stock:
     accepts: tuple[tuple[str, tuple], ...] = ()
     renames: tuple[tuple[str, str], ...] = ()
     lacks: tuple[str, ...] = ()
+    shared: bool = False
 
 
 MODEL_IN = (("model", "MODEL"),)
@@ -82,6 +84,8 @@ STOCK = MappingProxyType({
                    for i in range(H3_REFERENCE_VIDEOS)),
                  *((f"ref_audios.ref_audio_{i}", f"ref_audio_{i}") for i in range(H3_REFERENCE_AUDIOS))),
         lacks=("ref_images.", "ref_audios.", "ref_videos.", "ref_video_audios.")),
+    # any family's images: the stock node's files on every core (nodes/save_image.py); newer ComfyUI's passes them on
+    "SaveImage": Stock("SaveImage", (("images", "IMAGE"),), ("IMAGE",), ("filename_prefix",), shared=True),
     "VAEDecodeAudio": Stock("VAEDecodeAudio", (("samples", "LATENT"), ("vae", "VAE")), ("AUDIO",)),
     # LTX-2.5 (reference/templates.md section 3, video_ltx2_5_t2v): the tiled video decode, the audio decode and
     # the empty audio latent read the audio VAE's loader, the upsampler reads the video VAE and the upscale model
@@ -144,6 +148,7 @@ class Family:
     text_encoders: tuple[str, ...]
     vae_loader: str | None                   # None: the family's latents decode with stock nodes (Krea 2)
     decoders: tuple[str, ...]
+    savers: tuple[str, ...] = ()             # image savers: ours where their images come from its sampler
     # VAE encodes whose LATENT reaches a sampler's conditioning (reference images, e.g. through ReferenceLatent)
     vae_encoders: tuple[str, ...] = ()
     upsamplers: MappingProxyType = field(default_factory=lambda: MappingProxyType({}))  # UPSAMPLERS it replaces
@@ -162,7 +167,7 @@ class Family:
 
     def __post_init__(self):
         named = (self.sampler, self.model_loader, self.text_loader, *self.model_patches, *self.text_encoders,
-                 *self.decoders, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []),
+                 *self.decoders, *self.savers, *self.vae_encoders, *([self.vae_loader] if self.vae_loader else []),
                  *self.audio_latents, *self.upsamplers, *(loader for _, loader in self.upsamplers.values()),
                  *self.frame_encoders, *self.guide_croppers)
         for stock in named:
@@ -211,8 +216,8 @@ def rules(row) -> Family:
         if stock == "KSampler":
             extra = extra + tuple(row.sampler_extra)
             accepts = accepts + (("sampler_name", tuple(row.samplers)), ("scheduler", tuple(row.schedulers)))
-        roles[stock] = Role(row.node_prefix + s.role, s.sockets, s.outputs, s.widgets, extra, accepts, s.renames,
-                            s.lacks)
+        ours = ("SwiftDiT" if s.shared else row.node_prefix) + s.role
+        roles[stock] = Role(ours, s.sockets, s.outputs, s.widgets, extra, accepts, s.renames, s.lacks)
     has = set(row.replaces)
     # the engine wires are those our nodes give: a stock VAE read by ours (Krea 2's style reference) stays stock
     wires = {t for r in roles.values() for t in r.outputs}
@@ -230,6 +235,7 @@ def rules(row) -> Family:
                                         "MiniMaxH3ReferenceToVideo") if e in has),
         vae_loader="VAELoader" if "VAELoader" in has else None,
         decoders=tuple(d for d in (*VIDEO_DECODERS, *AUDIO_DECODERS) if d in has),
+        savers=tuple(s for s in ("SaveImage",) if s in has),
         vae_encoders=tuple(e for e in ("VAEEncode",) if e in has),
         upsamplers=MappingProxyType({u: v for u, v in UPSAMPLERS.items() if u in has}),
         frame_encoders=tuple(e for e in FRAME_ENCODERS if e in has),

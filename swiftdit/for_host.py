@@ -32,7 +32,7 @@ LACKING_PREFIXES = ("MiniMaxH3",)
 # Nodes run for what they show or save: never removed for feeding nothing.
 OUTPUT_NODES = frozenset({"SaveImage", "PreviewImage", "PreviewAny", "SaveImageAdvanced", "ImageCompare",
                           "SaveVideo", "SaveAudio", "PreviewAudio", "SaveAnimatedWEBP", "SaveAnimatedPNG",
-                          "SaveLatent"})
+                          "SaveLatent", "SwiftDiTSaveImage"})
 # On v0.3.75 these give no output (newer ComfyUI passes the value on): what read them reads their input.
 NO_OUTPUT_ON_HOST = {"PreviewAny": "source", "SaveImage": "images", "PreviewImage": "images"}
 VIEWERS = ("ImageCompare",)  # show two images side by side and give nothing: removed

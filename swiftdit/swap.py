@@ -90,7 +90,7 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     def plays(node, stock):  # the stock node of this role, or ours already
         return node is not None and node.type in (stock, fam.roles[stock].ours)
 
-    def reaches(nid, names, goal, wire_type):  # upstream along wires of `wire_type` (or unknown type)
+    def reaches(nid, names, goal, wire_type):  # upstream along wires of `wire_type` (or unknown type; any: None)
         todo, seen = [into[(nid, n)] for n in names if (nid, n) in into], set()
         while todo:
             w = todo.pop()
@@ -99,7 +99,7 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
             seen.add(w.src)
             if w.src in goal:
                 return True
-            todo += [x for x in by_dst[w.src] if x.type in (wire_type, None)]
+            todo += [x for x in by_dst[w.src] if wire_type is None or x.type in (wire_type, None)]
         return False
 
     why, cand = {}, set()
@@ -314,6 +314,12 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
             del split[lid]
             why[lid] = f"its CLIP also feeds stock {named}, which needs CLIP"
     through = {t for t in through if swapped(t)}
+    # image savers after the drops (no engine wire reaches them): those of images a sampler of ours makes
+    for n in (n for n in nodes.values() if n.type in fam.savers):
+        if reaches(n.id, ["images"], {s for s in samplers if swapped(s)}, None):
+            cand.add(n.id)
+        else:
+            why.setdefault(n.id, f"its images come from no {fam.title} sampler")
     for n in nodes.values():
         if n.type in fam.roles and n.id not in cand:
             why.setdefault(n.id, _outside(fam, n.type))

@@ -27,10 +27,13 @@ PARTIAL = ("image_z_image", "image_z_image_int8", "image_z_image_turbo_fun_union
 
 
 
+SAVE = "SwiftDiTSaveImage"  # any family's images (docs/nodes.md)
+
+
 def contract(prefix: str = "SwiftDiTZImage") -> dict:
     """docs/nodes.md, one family's table (Z-Image by default): stock node -> (our node id, our output type)."""
     text = (ROOT / "docs" / "nodes.md").read_text()
-    rows = re.findall(rf"^\| `({prefix}\w+)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
+    rows = re.findall(rf"^\| `({prefix}\w*)` \| `(\w+)`.*\| `?(\w+)`? \|$", text, re.MULTILINE)
     return {stock: (ours, out) for ours, stock, out in rows}
 
 
@@ -85,7 +88,7 @@ def object_info():
 
 def test_family_table_is_the_contract():
     table = {stock: role.ours for stock, role in FAMILY.roles.items()}
-    assert table == {stock: ours for stock, (ours, _) in contract().items()}
+    assert table == {stock: ours for stock, (ours, _) in (contract() | contract(SAVE)).items()}
     for ours, out in contract().values():
         assert FAMILY.output_type(ours, 0) == out, ours
 
@@ -158,7 +161,7 @@ def test_report(name):
     left = {where: (kind, why) for where, kind, why in report.left}
     assert left["57:33"] == ("ConditioningZeroOut", "takes CONDITIONING, gives CONDITIONING, stays stock")
     assert left["35"] == ("MarkdownNote", "note")
-    assert left["57:13"][0] == "EmptySD3LatentImage" and left["9"][0] == "SaveImage"
+    assert left["57:13"][0] == "EmptySD3LatentImage" and ("9", "SaveImage", SAVE) in report.changed
     assert report.retyped == 4
     text = "\n".join(report.lines())
     assert "57:3  KSampler -> SwiftDiTZImageSampler" in text and "ConditioningZeroOut" in text
@@ -284,7 +287,7 @@ def test_lora_on_the_model_path_is_swapped(object_info):
     assert swapped["97"] == {"class_type": "SwiftDiTZImageLoraLoaderModelOnly",
                              "inputs": prompt["97"]["inputs"]}
     assert swapped["57:28"]["inputs"] == {**prompt["57:28"]["inputs"], "linears": "as stored", "gpu_budget_gb": 0}
-    assert len(report.changed) == 8
+    assert len(report.changed) == 9
 
 
 def test_reroute_on_an_engine_wire_is_retyped(object_info):
@@ -302,7 +305,7 @@ def test_reroute_on_an_engine_wire_is_retyped(object_info):
     next(n for n in sg["nodes"] if n["id"] == 11)["inputs"][0]["link"] = 76
     assert problems(wf) == []
     after, report = swap_ui(wf)
-    assert problems(after) == [] and len(report.changed) == 7
+    assert problems(after) == [] and len(report.changed) == 8
     reroute = next(n for n in after["definitions"]["subgraphs"][0]["nodes"] if n["id"] == 62)
     assert reroute["outputs"][0]["type"] == "SWIFTDIT_MODEL" and reroute["inputs"][0]["type"] == "*"
     assert to_api(after, object_info)["57:11"]["inputs"]["model"] == ["57:28", 0]
@@ -336,10 +339,10 @@ KLEIN_CHANGED = {
         "18:1": "SwiftDiTFlux3KleinLoader", "18:2": "SwiftDiTFlux3KleinTextEncoderLoader",
         "18:3": "SwiftDiTFlux3KleinVAELoader", "18:4": "SwiftDiTFlux3KleinTextEncode",
         "18:5": "SwiftDiTFlux3KleinTextEncode", "18:7": "SwiftDiTFlux3KleinSampler",
-        "18:8": "SwiftDiTFlux3KleinVAEDecode"},
+        "18:8": "SwiftDiTFlux3KleinVAEDecode", "9": SAVE},
     "image_flux3_klein_distilled_image_edit": {
         "1": "SwiftDiTFlux3KleinLoader", "2": "SwiftDiTFlux3KleinTextEncoderLoader",
-        "4": "SwiftDiTFlux3KleinTextEncode", "7": "SwiftDiTFlux3KleinSampler"},
+        "4": "SwiftDiTFlux3KleinTextEncode", "7": "SwiftDiTFlux3KleinSampler", "9": SAVE},
 }
 KLEIN_LEFT = {
     "image_flux3_klein_distilled_t2i": {
@@ -357,7 +360,8 @@ KLEIN_LEFT = {
 
 def test_klein_family_table_is_the_contract():
     docs = contract("SwiftDiTFlux3Klein")
-    assert {stock: role.ours for stock, role in KLEIN.roles.items()} == {s: o for s, (o, _) in docs.items()}
+    assert {stock: role.ours for stock, role in KLEIN.roles.items()} == {s: o for s, (o, _) in
+                                                                         (docs | contract(SAVE)).items()}
     for ours, out in docs.values():
         assert KLEIN.output_type(ours, 0) == out, ours
     assert [name for name, _ in KLEIN.roles["KSampler"].extra_widgets] == ["cache", "refresh"]
@@ -477,12 +481,12 @@ def test_cli_swaps_a_klein_template(tmp_path):
 
     auto = tmp_path / "auto.json"
     done = run_cli("swap", src, auto, "--family", "auto")
-    assert done.returncode == 0 and "FLUX.3 Klein: swapped 7 node(s)" in done.stdout
+    assert done.returncode == 0 and "FLUX.3 Klein: swapped 8 node(s)" in done.stdout
     assert auto.read_bytes() == out.read_bytes()
     z_src, z_out = tmp_path / "z.json", tmp_path / "z_ours.json"
     z_src.write_text(json.dumps(template("image_z_image_turbo")))
     done = run_cli("swap", z_src, z_out, "--family", "auto")
-    assert done.returncode == 0 and "Z-Image: swapped 7 node(s)" in done.stdout
+    assert done.returncode == 0 and "Z-Image: swapped 8 node(s)" in done.stdout
     default = tmp_path / "default.json"  # the family is found without --family
     done = run_cli("swap", src, default)
     assert done.returncode == 0 and default.read_bytes() == out.read_bytes()
@@ -508,7 +512,7 @@ KREA2 = FAMILIES["krea2"]
 KREA2_TEMPLATES = ("image_krea2_turbo_t2i_int8", "image_krea2_turbo_t2i")
 KREA2_STYLE = "image_krea2_turbo_int8_image_style_reference"
 KREA2_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
-                 "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler"}
+                 "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler", "29": SAVE}
 KREA2_LEFT = {
     "30:11": ("CLIPLoader", "kept for stock TextGenerate (30:16), which needs ComfyUI's CLIP; the encode path reads "
                             "SwiftDiTKrea2TextEncoderLoader from the same file (added)"),
@@ -526,7 +530,8 @@ KREA2_HOST_TWINS = ("FluxKontextMultiReferenceLatentMethod",)  # ours only for -
 
 def test_krea2_family_table_is_the_contract():
     docs = {s: v for s, v in contract("SwiftDiTKrea2").items() if s not in KREA2_HOST_TWINS}
-    assert {stock: role.ours for stock, role in KREA2.roles.items()} == {s: o for s, (o, _) in docs.items()}
+    assert {stock: role.ours for stock, role in KREA2.roles.items()} == {s: o for s, (o, _) in
+                                                                         (docs | contract(SAVE)).items()}
     for ours, out in docs.values():
         assert KREA2.output_type(ours, 0) == out, ours
     assert KREA2.vae_loader is None and KREA2.decoders == ()
@@ -610,7 +615,8 @@ def test_krea2_api_swap():
     prompt = krea2_api()
     swapped, report = swap_api(prompt, "krea2")
     kinds = {k: v["class_type"] for k, v in swapped.items()}
-    assert {k: kinds[k] for k in ("10", "15", "6", "3")} == {k.split(":")[1]: v for k, v in KREA2_CHANGED.items()}
+    changed = {k.split(":")[-1]: v for k, v in KREA2_CHANGED.items() if k != "29"} | {"9": SAVE}
+    assert {k: kinds[k] for k in ("10", "15", "6", "3", "9")} == changed
     assert [kinds[k] for k in ("22", "11", "16", "13", "12", "8")] == [
         "ComfySwitchNode", "CLIPLoader", "TextGenerate", "ConditioningZeroOut", "VAELoader", "VAEDecode"]
     assert report.added == [("23", "SwiftDiTKrea2TextEncoderLoader",
@@ -643,7 +649,7 @@ def test_krea2_switch_with_a_stock_branch_keeps_the_model_path_stock():
 
 KREA2_STYLE_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
                        "30:52": "SwiftDiTKrea2TextEncodeQwenImageEditPlus", "30:64": "SwiftDiTKrea2ModelSamplingFlux",
-                       "30:77": "SwiftDiTKrea2Sampler"}
+                       "30:77": "SwiftDiTKrea2Sampler", "29": SAVE}
 
 
 def test_krea2_style_reference_swaps(tmp_path):
@@ -682,7 +688,7 @@ def test_krea2_style_reference_swaps(tmp_path):
     src.write_text(json.dumps(wf))
     done = run_cli("swap", src, out)
     assert done.returncode == 0, done.stderr
-    assert "Krea 2: swapped 5 node(s)" in done.stdout and json.loads(out.read_text()) == after
+    assert "Krea 2: swapped 6 node(s)" in done.stdout and json.loads(out.read_text()) == after
 
 
 def test_krea2_style_reference_for_host():
@@ -717,7 +723,7 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     src.write_text(json.dumps(template("image_krea2_turbo_t2i_int8")))
     done = run_cli("swap", src, out)  # the family is found without --family
     assert done.returncode == 0, done.stderr
-    assert "Krea 2: swapped 4 node(s)" in done.stdout and "added 1 node(s)" in done.stdout
+    assert "Krea 2: swapped 5 node(s)" in done.stdout and "added 1 node(s)" in done.stdout
     assert "30:3  KSampler -> SwiftDiTKrea2Sampler" in done.stdout
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 
@@ -967,9 +973,9 @@ def test_minimax_h3_text_to_image_template_is_swapped():
     (reported), EmptyLatentImage and LTXVSeparateAVLatent stock around our sampler and decode."""
     after, report = swap_ui(template("image_minimax_h3_t2i"), "minimax_h3")
     assert problems(after) == [] and report.not_yet == []
-    assert sorted(new for _, _, new in report.changed) == sorted(
+    assert sorted(new for _, _, new in report.changed) == sorted([
         f"SwiftDiTMiniMaxH3{r}" for r in ("Loader", "LoraLoaderModelOnly", "TextEncode", "TextEncoderLoader",
-                                          "VAELoader", "VAEDecode", "Sampler"))
+                                          "VAELoader", "VAEDecode", "Sampler")] + [SAVE])
     inner = {n["id"]: n for n in after["definitions"]["subgraphs"][0]["nodes"]}
     assert 44 not in inner and {inner[46]["type"], inner[39]["type"]} == {"EmptyLatentImage", "LTXVSeparateAVLatent"}
     sampler = next(n for n in inner.values() if n["type"] == "SwiftDiTMiniMaxH3Sampler")

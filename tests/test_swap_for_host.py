@@ -225,7 +225,7 @@ def test_cli_for_host(tmp_path, reduced):
     assert json.loads(out.read_text()) == reduced["image_flux3_klein_distilled_image_edit"][0]
     assert "reduced for ComfyUI v0.3.75: 11 change(s)" in done.stdout
     assert "51  ComfySwitchNode: removed, its on_false wired straight through (switch is False;" in done.stdout
-    assert "FLUX.3 Klein: swapped 7 node(s)" in done.stdout
+    assert "FLUX.3 Klein: swapped 8 node(s)" in done.stdout
     bad = tmp_path / "bad.json"
     wf = template("image_flux3_klein_distilled_image_edit")
     wf["nodes"].append({"id": 90, "type": "SaveImageAdvanced", "mode": 0, "inputs": [], "outputs": []})

@@ -87,9 +87,9 @@ def test_every_node_type_is_ours_or_stock(path):
 
 @pytest.fixture(scope="module")
 def registry(swiftdit_pack):
-    """Our node classes by node id from nodes/__init__.py (NODES_BY_FAMILY), imported as ComfyUI does."""
-    from swiftdit_pack.nodes import NODES_BY_FAMILY
-    return {c.define_schema().node_id: c for group in NODES_BY_FAMILY.values() for c in group}
+    """Our node classes by node id from nodes/__init__.py (NODE_CLASSES), imported as ComfyUI does."""
+    from swiftdit_pack.nodes import NODE_CLASSES
+    return {c.define_schema().node_id: c for c in NODE_CLASSES}
 
 
 @pytest.mark.parametrize("path", UI_FILES + API_FILES, ids=lambda p: p.name)
@@ -221,7 +221,7 @@ def test_klein_workflows_mirror_the_official_templates(name, official):
     assert by_type["SwiftDiTFlux3KleinTextEncoderLoader"][0] == {"clip_name": want["clip_name"], "type": "flux3",
                                                                  "device": "default"}
     assert by_type["SwiftDiTFlux3KleinVAELoader"][0] == {"vae_name": want["vae_name"]}
-    assert by_type["SaveImage"][0]["filename_prefix"] == official
+    assert by_type["SwiftDiTSaveImage"][0]["filename_prefix"] == official
     if name == "flux3_klein_t2i":  # the prompt as typed (the upsampler skipped), a real empty negative
         assert [e["text"] for e in by_type["SwiftDiTFlux3KleinTextEncode"]] == [want["text"], ""]
         assert by_type["EmptyFlux2LatentImage"][0] == {"width": want["width"], "height": want["height"],

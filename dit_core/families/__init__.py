@@ -67,15 +67,16 @@ class Family:
 FAMILIES = MappingProxyType({f.name: f for f in (
     Family("z_image", "Z-Image", ZImage, "SwiftDiTZImage", ("lumina2",),
            ("UNETLoader", "ModelSamplingAuraFlow", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
-            "KSampler", "VAELoader", "VAEDecode"), tuple(SAMPLERS), tuple(SCHEDULERS)),
+            "KSampler", "VAELoader", "VAEDecode", "SaveImage"), tuple(SAMPLERS), tuple(SCHEDULERS)),
     Family("flux3_klein", "FLUX.3 Klein", Flux3Klein, "SwiftDiTFlux3Klein", ("flux3",),
-           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode", "VAEEncode"),
+           ("UNETLoader", "CLIPLoader", "CLIPTextEncode", "KSampler", "VAELoader", "VAEDecode", "VAEEncode",
+            "SaveImage"),
            ("euler",), ("simple",), sampler_extra=(("cache", 0.3), ("refresh", 0))),
     # Krea 2's t2i templates and its style reference (TextEncodeQwenImageEditPlus -> ours; its SamplerCustomAdvanced
     # group with CFGGuider -> our sampler)
     Family("krea2", "Krea 2", Krea2, "SwiftDiTKrea2", ("krea2",),
            ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
-            "TextEncodeQwenImageEditPlus", "KSampler"),
+            "TextEncodeQwenImageEditPlus", "KSampler", "SaveImage"),
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",), custom_sampler=True),
     # H3's text to video, image to video, references to video and text to image templates: MiniMaxH3ImageToVideo
     # and MiniMaxH3ReferenceToVideo -> ours, MiniMaxH3SigmaShift -> ours, its SamplerCustomAdvanced group -> our
@@ -84,7 +85,8 @@ FAMILIES = MappingProxyType({f.name: f for f in (
     Family("minimax_h3", "MiniMax H3", MiniMaxH3, "SwiftDiTMiniMaxH3", ("minimax",),
            ("UNETLoader", "MiniMaxH3SigmaShift", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
             "MiniMaxH3ImageToVideo",
-            "MiniMaxH3ReferenceToVideo", "KSampler", "VAELoader", "VAEDecode", "VAEDecodeAudio"), tuple(SAMPLERS),
+            "MiniMaxH3ReferenceToVideo", "KSampler", "VAELoader", "VAEDecode", "VAEDecodeAudio", "SaveImage"),
+           tuple(SAMPLERS),
            tuple(SCHEDULERS), switches=("ComfySwitchNode",), custom_sampler=True, loader_extra=(("gpus", "1"),),
            dropped=(("ModelAttentionBackend", "SwiftDiT runs MiniMax H3's attention itself (BF16 scores), not the "
                                               "attention this node picks"),),

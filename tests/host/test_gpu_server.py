@@ -48,7 +48,7 @@ def with_seed(graph: dict, seed: int, prefix: str) -> dict:
     for body in graph.values():
         if "seed" in body["inputs"]:
             body["inputs"]["seed"] = seed
-        if body["class_type"] == "SaveImage":
+        if body["class_type"] in ("SaveImage", "SwiftDiTSaveImage"):
             body["inputs"]["filename_prefix"] = prefix
     return graph
 
