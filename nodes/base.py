@@ -179,12 +179,13 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
 
 
 def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = False) -> None:
-    """memory.room_for the file's tensors loaded in BF16 (an INT8 file's linears double), or with its INT8 codes kept
-    as stored (int8_kept: the INT8 path), before they load onto device."""
+    """memory.room_for the file's tensors loaded in BF16 (an INT8 file's linears double, an NVFP4 file's quadruple:
+    two codes a byte), or with its INT8 codes kept as stored (int8_kept: the INT8 path), before they load onto
+    device."""
     if device.type == "cuda":
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        room_for(device, sum(math.prod(ckpt.shape(k)) * (1 if int8_kept and ckpt.dtype(k) == torch.int8 else 2)
-                             for k in ckpt.keys()))
+        per_byte = {torch.int8: 1 if int8_kept else 2, torch.uint8: 2 if int8_kept else 4}
+        room_for(device, sum(math.prod(ckpt.shape(k)) * per_byte.get(ckpt.dtype(k), 2) for k in ckpt.keys()))
 
 
 def text_encoder_loader(encoder, family: str) -> Callable:

@@ -54,7 +54,7 @@ class MiniMaxH3TextEncoderLoader(TextEncoderLoaderNode):
     TITLE = "MiniMax H3"
     NODE_ID, DISPLAY, CATEGORY = ("SwiftDiTMiniMaxH3TextEncoderLoader", "MiniMax H3 Text Encoder Loader (SwiftDiT)",
                                   CATEGORY)
-    DESCRIPTION = "Loads H3's Qwen3-VL-32B text encoder (the INT8 ConvRot file; not the NVFP4-AWQ one)."
+    DESCRIPTION = "Loads H3's Qwen3-VL-32B text encoder (the template's NVFP4-AWQ file or the INT8 ConvRot one)."
     TYPE = "minimax"
     load = staticmethod(load_text_encoder)
 

@@ -369,6 +369,35 @@ def int8_convrot_state(state: dict, is_linear, group: int = 64) -> dict:
     return out
 
 
+def nvfp4_state(state: dict, is_linear, awq: bool = True, seed: int = 0) -> tuple[dict, dict]:
+    """(state with each 2-D weight that is_linear(key) picks stored as ComfyUI's `nvfp4` by comfy-kitchen's
+    quantizer: E2M1 codes, swizzled FP8 block scales, a tensor scale, a .comfy_quant marker and, with awq, a
+    per-input pre_quant_scale as NVFP4-AWQ files carry; the same state with those weights as the layers compute
+    them, kitchen's dequantization times pre_quant_scale along the inputs)."""
+    import json
+
+    import comfy_kitchen
+    marker = torch.tensor(list(json.dumps({"format": "nvfp4"}).encode()), dtype=torch.uint8)
+    g = torch.Generator().manual_seed(seed)
+    stored, computed = {}, {}
+    for key, value in state.items():
+        stored[key] = computed[key] = value
+        if key.endswith(".weight") and value.dim() == 2 and is_linear(key):
+            layer = key[: -len(".weight")]
+            pre = torch.rand(value.shape[1], generator=g) + 0.5 if awq else None
+            w = value.float() / pre if awq else value.float()  # AWQ's scales come out again in the product
+            tensor_scale = w.abs().amax() / (448.0 * 6.0)
+            with comfy_kitchen.use_backend("eager"):
+                packed, block = comfy_kitchen.quantize_nvfp4(w, tensor_scale)
+                decoded = comfy_kitchen.dequantize_nvfp4(packed, tensor_scale, block, torch.float32)
+            stored.update({key: packed, f"{layer}.weight_scale": block, f"{layer}.weight_scale_2": tensor_scale,
+                           f"{layer}.comfy_quant": marker.clone()})
+            if awq:
+                stored[f"{layer}.pre_quant_scale"] = pre.to(torch.bfloat16)
+            computed[key] = decoded * pre.to(torch.bfloat16).float() if awq else decoded
+    return stored, computed
+
+
 # reference/families/flux3_klein.md section 9: Qwen3-VL-4B's text model in small (34 layers, so the taps 4, ..., 32
 # keep their real indices and none of them is the last layer), with a one-block vision tower the text never uses.
 QWEN3_VL_TEXT_TINY = {"vocab_size": 151936, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 34,

@@ -25,6 +25,7 @@ from transformers import Qwen3VLTextConfig, Qwen3VLTextModel, Qwen3VLVisionModel
 from ..families.minimax_h3 import TEXT as H3_TEXT_TAG
 from ..families.minimax_h3 import VIDEO as H3_VISION_TAG
 from ..weights import Checkpoint, WeightsError
+from ..weights.stored import STORED_FORMATS
 from .loading import (
     CHAT_TEMPLATE,
     RMS_EPS,
@@ -310,12 +311,8 @@ def template_end(ids: list[int]) -> int:
 
 # --- MiniMax H3: hidden_states[50] of Qwen3-VL-32B over the prompt as typed --------------------------------------
 
-H3_INT8_FILE = "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"  # the template's drop-in alternative, readable here
-H3_NVFP4_FILE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # the template's default, not readable here
-# Quantization formats of the NVFP4-AWQ file's family: ComfyUI's "nvfp4" and "awq_w4a16"
-# (reference/int8_convrot_format.md section 8). The NVFP4 file's own marker is not documented, so any format naming
-# FP4 or AWQ is taken as it: read_linear would refuse it anyway, without saying which file to use instead.
-H3_REFUSED_FORMATS = ("fp4", "awq")
+H3_INT8_FILE = "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"  # the template's drop-in alternative
+H3_NVFP4_FILE = "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"  # the template's default (NVFP4-AWQ)
 
 
 def _marker_format(ckpt: Checkpoint, key: str) -> str | None:
@@ -419,13 +416,13 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
     @classmethod
     def model_root(cls, ckpt: Checkpoint) -> str:
         root = super().model_root(ckpt)
-        # Refused before any weight is read: the file is 14.6 GB and its linears would fail one by one.
+        # Refused before any weight is read: the file is 15-33 GB and its linears would fail one by one.
         formats = {str(m.get("format")) for m in ckpt.quantization_markers().values() if isinstance(m, dict)}
         formats |= {_marker_format(ckpt, k) for k in ckpt.keys() if k.endswith(".comfy_quant")}
-        refused = sorted(f for f in formats if f and any(r in f.lower() for r in H3_REFUSED_FORMATS))
+        refused = sorted(f for f in formats if f and f not in STORED_FORMATS and not f.startswith("float8"))
         if refused:
-            raise WeightsError(f"{ckpt.path.name}: its linears are quantized as {', '.join(refused)} (the NVFP4-AWQ "
-                               f"text encoder, {H3_NVFP4_FILE}), which this loader does not read; use the drop-in "
+            raise WeightsError(f"{ckpt.path.name}: its linears are quantized as {', '.join(refused)}, which this "
+                               f"loader does not read; use the template's {H3_NVFP4_FILE} or its drop-in "
                                f"{H3_INT8_FILE} (the same model, INT8 ConvRot) in the CLIPLoader instead")
         return root
 
@@ -435,12 +432,13 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
              int8_linears: bool | None = None, *, layer: int = LAYER,
              expected_hidden: int | None = HIDDEN, vision_heads: int = H3_VISION_HEADS,
              deepstack_layers: tuple[int, ...] = H3_DEEPSTACK_LAYERS) -> MiniMaxH3TextEncoder:
-        """From a Qwen3-VL-32B file (CLIPLoader type minimax: qwen3vl_32b_minimax_h3_int8_convrot.safetensors; any
-        layout and linear format Qwen3VLTextEncoder.load reads, NVFP4/AWQ refused) and ComfyUI's qwen25_tokenizer
-        folder (path: a file or an open Checkpoint); only the first `layer` layers are read, and the vision tower
-        (dtype, on device) when the file has one that fits (if not, prompts still encode and pictures are refused,
-        saying why). layer, expected_hidden, vision_heads and deepstack_layers are H3's (50, 5120, 16, (8, 16, 24));
-        tests on tiny models pass their own (a middle layer, their width, ...; None skips the width check)."""
+        """From a Qwen3-VL-32B file (CLIPLoader type minimax: the template's NVFP4-AWQ file or its INT8 ConvRot
+        drop-in; any layout and linear format Qwen3VLTextEncoder.load reads, NVFP4 as INT8 ConvRot) and ComfyUI's
+        qwen25_tokenizer folder (path: a file or an open Checkpoint); only the first `layer` layers are read, and the
+        vision tower (dtype, on device) when the file has one that fits (if not, prompts still encode and pictures
+        are refused, saying why). layer, expected_hidden, vision_heads and deepstack_layers are H3's (50, 5120, 16,
+        (8, 16, 24)); tests on tiny models pass their own (a middle layer, their width, ...; None skips the width
+        check)."""
         if layer < 1:
             raise ValueError(f"MiniMaxH3TextEncoder: layer must be a decoder layer's output (>= 1), got {layer}")
         tokenizer = VerbatimTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read

@@ -1,6 +1,6 @@
 """Each linear read as stored, through one table of stored formats (detected from tensors, dtypes and markers, never
 from file names: reference/int8_convrot_format.md, ComfyUI's quantized formats): BF16/F16/F32 as they are,
-INT8 ConvRot codes with row scales, W4A8 decoded to INT8 codes, scaled FP8 requantized to INT8 ConvRot."""
+INT8 ConvRot codes with row scales, W4A8 decoded to INT8 codes, scaled FP8 and NVFP4 requantized to INT8 ConvRot."""
 from __future__ import annotations
 
 import json
@@ -11,6 +11,7 @@ import torch
 from .checkpoint import FLOAT_DTYPES, FP8_DTYPES, Checkpoint, WeightsError
 from .convrot import CONVROT_GROUP, hadamard
 from .linear import Linear, computed_on
+from .nvfp4 import decode_nvfp4
 from .w4a8 import decode_w4a8
 
 
@@ -39,8 +40,8 @@ def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
 
 def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None,
                 compute_on: torch.device | None = None) -> Linear:
-    """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 turned into INT8 ConvRot (computed on
-    compute_on: linear.computed_on) and W4A8 decoded to INT8 codes."""
+    """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 and NVFP4 turned into INT8 ConvRot
+    (computed on compute_on: linear.computed_on) and W4A8 decoded to INT8 codes."""
     if file_markers is None:
         file_markers = ckpt.quantization_markers()
     name = ckpt.path.name
@@ -50,7 +51,7 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     marker = _marker(ckpt, layer, file_markers)
     fmt = marker["format"] if marker else None
     if fmt in STORED_FORMATS:
-        return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker)
+        return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker, compute_on)
     if weight.dtype in FP8_DTYPES:
         return _fp8_as_int8(ckpt, layer, weight, bias, compute_on)
     if fmt is not None and not fmt.startswith("float8"):
@@ -63,7 +64,7 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
 
 
 def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                  marker: dict) -> Linear:
+                  marker: dict, compute_on: torch.device | None = None) -> Linear:
     """ComfyUI's INT8 ConvRot layer: int8 codes [out, in], f32 scales (one or one a row), the ConvRot group."""
     name, w_key = ckpt.path.name, f"{layer}.weight"
     if weight.dtype != torch.int8 or weight.dim() != 2:
@@ -89,12 +90,19 @@ def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torc
     return Linear(weight, bias, scale, group)
 
 
-def _w4a8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict) -> Linear:
+def _w4a8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict,
+          compute_on: torch.device | None = None) -> Linear:
     return decode_w4a8(ckpt, layer, marker, bias)
 
 
+def _nvfp4(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict,
+           compute_on: torch.device | None = None) -> Linear:
+    return decode_nvfp4(ckpt, layer, marker, bias, compute_on)
+
+
 # The stored formats a quantization marker names -> the reader of such a layer (scaled FP8 is told by its dtype).
-STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_convrot, "asym_w4a8_int8": _w4a8}
+STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_convrot, "asym_w4a8_int8": _w4a8,
+                                                    "nvfp4": _nvfp4}
 
 
 def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,

@@ -291,6 +291,67 @@ def tiny_dit() -> dict:
     }
 
 
+# --- NVFP4 (and NVFP4-AWQ) -----------------------------------------------------------------------------------
+
+def nvfp4_layer(w: torch.Tensor, pre: torch.Tensor | None = None, scales_u8: bool = False) -> dict:
+    """One linear as ComfyUI stores `nvfp4` (kitchen's quantizer: codes, swizzled block scales, tensor scale)."""
+    tensor_scale = w.abs().amax().float() / (448.0 * 6.0)
+    packed, block = comfy_kitchen.quantize_nvfp4(w, tensor_scale)
+    tensors = {f"{LAYER}.weight": packed, f"{LAYER}.weight_scale": block.view(torch.uint8) if scales_u8 else block,
+               f"{LAYER}.weight_scale_2": tensor_scale, f"{LAYER}.comfy_quant": marker({"format": "nvfp4"})}
+    return tensors | ({f"{LAYER}.pre_quant_scale": pre} if pre is not None else {})
+
+
+@pytest.mark.parametrize("rows, cols", [(200, 9), (128, 4), (5, 1)])
+def test_block_scales_unswizzle_as_kitchen(rows, cols):
+    from comfy_kitchen.float_utils import from_blocked, to_blocked
+    from dit_core.weights.nvfp4 import unswizzle_block_scales
+    scales = torch.randn(rows, cols)
+    assert torch.equal(unswizzle_block_scales(to_blocked(scales), rows, cols), scales)
+    assert torch.equal(unswizzle_block_scales(to_blocked(scales), rows, cols),
+                       from_blocked(to_blocked(scales), rows, cols))
+
+
+@pytest.mark.parametrize("scales_u8", [False, True], ids=["scales_fp8", "scales_u8"])
+@pytest.mark.parametrize("awq", [False, True], ids=["nvfp4", "nvfp4_awq"])
+@pytest.mark.parametrize("n, k", [(48, 256), (200, 512)])  # 200 rows: a second, partial 128-row tile of scales
+def test_nvfp4_decodes_like_kitchen(tmp_path, monkeypatch, n, k, awq, scales_u8):
+    """The f32 weight is kitchen's dequantization exactly (times AWQ's pre_quant_scale along the inputs, which
+    ComfyUI multiplies the input by); the layer is its INT8 ConvRot, and its product that of ComfyUI's forward."""
+    from dit_core.weights.nvfp4 import nvfp4_weight
+    monkeypatch.setattr("dit_core.weights.nvfp4.DECODE_ELEMENTS", 3 * k)  # chunks of 3 rows, the last one short
+    w, pre = torch.randn(n, k) * 0.02, (torch.rand(k) + 0.5 if awq else None)
+    tensors = nvfp4_layer(w, pre, scales_u8) | {f"{LAYER}.bias": torch.randn(n)}
+    kitchen_w = comfy_kitchen.dequantize_nvfp4(tensors[f"{LAYER}.weight"], tensors[f"{LAYER}.weight_scale_2"],
+                                               tensors[f"{LAYER}.weight_scale"].view(torch.float8_e4m3fn),
+                                               torch.float32)
+    want = kitchen_w * pre if awq else kitchen_w
+    got = nvfp4_weight(tensors[f"{LAYER}.weight"], tensors[f"{LAYER}.weight_scale"].view(torch.float8_e4m3fn),
+                       tensors[f"{LAYER}.weight_scale_2"], pre)
+    assert torch.equal(got, want)
+    lin = read_linear(write(tmp_path, tensors), LAYER)
+    assert lin.quantized and lin.group == 256 and torch.equal(lin.bias, tensors[f"{LAYER}.bias"])
+    assert rel(lin.dequantized(), want) <= 1e-2  # INT8 ConvRot of the decoded weight
+    x = torch.randn(5, k)
+    y_comfy = torch.nn.functional.linear(x * pre if awq else x, kitchen_w, tensors[f"{LAYER}.bias"])
+    assert rel(linear(x, lin), y_comfy) <= 2e-2
+
+
+@pytest.mark.parametrize("problem,fix", [
+    ("has no", lambda t: t.pop(f"{LAYER}.weight_scale_2")),
+    ("weight_scale is", lambda t: t.update({f"{LAYER}.weight_scale": torch.ones(8, 8, dtype=torch.uint8)})),
+    ("weight is", lambda t: t.update({f"{LAYER}.weight": torch.zeros(8, 128)})),
+    ("weight_scale_2 is", lambda t: t.update({f"{LAYER}.weight_scale_2": torch.ones(2)})),
+    ("pre_quant_scale is", lambda t: t.update({f"{LAYER}.pre_quant_scale": torch.ones(100)})),
+])
+def test_nvfp4_malformed_raises(tmp_path, problem, fix):
+    tensors = nvfp4_layer(torch.randn(8, 256))
+    fix(tensors)
+    with pytest.raises(WeightsError, match=problem) as err:
+        read_linear(write(tmp_path, tensors, name="bad_nvfp4.safetensors"), LAYER)
+    assert "bad_nvfp4.safetensors" in str(err.value) and LAYER in str(err.value)
+
+
 def test_quantize_file_writes_comfyui_layout(tmp_path):
     src, dst = tmp_path / "tiny_bf16.safetensors", tmp_path / "tiny_int8.safetensors"
     sd, meta = tiny_dit(), {"format": "pt", "modelspec.title": "tiny"}
@@ -373,7 +434,7 @@ def test_bad_layers_raise(tmp_path):
     cases = [
         ("missing", {"other.weight": torch.randn(4, 4)}, "is missing"),
         ("unknown_format", {f"{LAYER}.weight": torch.zeros(8, 128, dtype=torch.uint8),
-                            f"{LAYER}.comfy_quant": marker({"format": "nvfp4"})}, "'nvfp4'"),
+                            f"{LAYER}.comfy_quant": marker({"format": "mxfp8"})}, "'mxfp8'"),
         ("no_scale", {f"{LAYER}.weight": q, f"{LAYER}.comfy_quant": marker(CONVROT)}, "weight_scale"),
         ("bad_group", {f"{LAYER}.weight": q, f"{LAYER}.weight_scale": s,
                        f"{LAYER}.comfy_quant": marker({**CONVROT, "convrot_groupsize": 128})}, "convrot_groupsize"),

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 TIMEOUT = 120.0
 # The file names the workflow's loaders ask for, in ComfyUI's models folders.
-DIT, TEXT = "minimax_h3_fl2va_pruned_int8_convrot.safetensors", "qwen3vl_32b_minimax_h3_int8_convrot.safetensors"
+# the template's file names (the text encoder's content BF16: its NVFP4-AWQ reading is tests/dit_core/text's)
+DIT, TEXT = "minimax_h3_fl2va_pruned_int8_convrot.safetensors", "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
 VIDEO_VAE, AUDIO_VAE = "minimax_h3_video_vae_int8_convrot.safetensors", "minimax_h3_audio_vae_fp32.safetensors"
 WRONG_DIT = "z_image_tiny.safetensors"  # a Z-Image DiT, for the H3 loader to refuse
 WRONG_TEXT = "qwen3vl_64_wide.safetensors"  # a Qwen3-VL of another width

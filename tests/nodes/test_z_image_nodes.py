@@ -510,3 +510,11 @@ def test_a_text_encoder_asks_for_its_room_on_the_card_before_it_loads(pack, mode
     base.room_before(path, torch.device("cpu"))
     base.room_before(path, torch.device("cuda", 0))
     assert asked == [(torch.device("cuda", 0), 2 * elements)]
+    # packed codes: INT8 doubles in BF16, NVFP4's two codes a byte quadruple (doubling where INT8 is kept)
+    packed = models / "packed.safetensors"
+    save_file({"a.weight": torch.zeros(4, 8, dtype=torch.int8), "b.weight": torch.zeros(4, 8, dtype=torch.uint8)},
+              packed)
+    base.room_before(str(packed), torch.device("cuda", 0))
+    base.room_before(str(packed), torch.device("cuda", 0), int8_kept=True)
+    packed.unlink()
+    assert asked[1:] == [(torch.device("cuda", 0), 32 * 2 + 32 * 4), (torch.device("cuda", 0), 32 + 32 * 2)]

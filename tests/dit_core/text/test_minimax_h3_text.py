@@ -1,7 +1,8 @@
 """MiniMax H3's text rows (dit_core/text/qwen3_vl.py MiniMaxH3TextEncoder) vs transformers' hidden_states[k] and
 diffusers' get_qwen3vl_prompt_embeds on a tiny random Qwen3-VL, its verbatim tokenization vs the Qwen2 tokenizer,
-and its refusals (wrong width, the NVFP4-AWQ file); with pictures (encode_tagged: "<Picture i>: " labels and vision
-blocks through the file's vision tower), rows and tags vs diffusers' MiniMaxH3FL2VATextEncoderStep."""
+its NVFP4-AWQ file (the template's) and its refusals (wrong width, a format it does not read); with pictures
+(encode_tagged: "<Picture i>: " labels and vision blocks through the file's vision tower), rows and tags vs
+diffusers' MiniMaxH3FL2VATextEncoderStep."""
 import json
 from types import SimpleNamespace
 
@@ -10,8 +11,8 @@ import torch
 from conftest import COMFYUI_TREE, rel_err
 from PIL import Image
 from safetensors.torch import save_file
-from tiny_models import (QWEN3_VL_TEXT_TINY, QWEN3_VL_VISION_TINY, int8_convrot_state, qwen3_vl_layout,
-                         random_qwen3_vl)
+from tiny_models import (QWEN3_VL_TEXT_TINY, QWEN3_VL_VISION_TINY, int8_convrot_state, nvfp4_state,
+                         qwen3_vl_layout, random_qwen3_vl)
 from transformers import Qwen2Tokenizer
 
 from dit_core.families.minimax_h3 import TEXT, VIDEO
@@ -157,37 +158,40 @@ def test_too_few_layers(files):
         MiniMaxH3TextEncoder.load(files["comfy"], TOKENIZER_DIR, expected_hidden=HIDDEN)
 
 
-def nvfp4_state(state: dict, fmt: str) -> tuple[dict, dict]:
-    """The tiny model's linears shaped as ComfyUI's NVFP4 stores them (U8 [N, K/2] two codes a byte, FP8 block
-    scales of 16, an f32 global scale); the marker's format is `fmt` (the real file's marker is not documented)."""
-    out = dict(state)
-    layers = []
-    for key in [k for k in state if k.startswith("model.layers.") and k.endswith("_proj.weight")]:
-        layer = key.removesuffix(".weight")
-        n, k = state[key].shape
-        out[key] = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8)
-        out[f"{layer}.weight_scale"] = torch.ones(n, k // 16).to(torch.float8_e4m3fn)
-        out[f"{layer}.weight_scale_2"] = torch.ones(())
-        layers.append(layer)
-    return out, {layer: {"format": fmt} for layer in layers}
+@pytest.mark.parametrize("awq", [True, False], ids=["nvfp4_awq", "nvfp4"])
+def test_nvfp4_file_is_read(tmp_path, reference, encoder, awq):
+    """The template's default text encoder, NVFP4-AWQ (qwen3vl_32b_minimax_h3_nvfp4_awq): its linears decoded as
+    comfy-kitchen decodes them, AWQ's pre_quant_scale applied to their inputs as ComfyUI's forward applies it, and
+    requantized to INT8 ConvRot: rows within the INT8 file's bound of the float model those layers compute."""
+    stored, computed = nvfp4_state(qwen3_vl_layout(reference, "comfy"),
+                                   lambda k: k.startswith("model.layers.") and "_proj" in k, awq)
+    paths = tmp_path / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors", tmp_path / "computed.safetensors"
+    save_file(stored, str(paths[0]))
+    save_file(computed, str(paths[1]))
+    err = rel_err(load(paths[0]).encode(PROMPTS["unicode"]), load(paths[1]).encode(PROMPTS["unicode"]))
+    assert 1e-4 < err <= 3e-2, err
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "awq_w4a16"])
 @pytest.mark.parametrize("where", ["comfy_quant", "header"])
-def test_nvfp4_file_is_refused_naming_the_int8_file(tmp_path, reference, fmt, where):
-    """Markers as a `.comfy_quant` tensor a layer or in the header's _quantization_metadata: refused before any
-    weight is read, naming the drop-in INT8 file."""
-    state, markers = nvfp4_state(qwen3_vl_layout(reference, "comfy"), fmt)
+def test_an_unread_format_is_refused_naming_the_int8_file(tmp_path, reference, where):
+    """awq_w4a16 (4-bit codes with zeros, group 64), as a `.comfy_quant` tensor a layer or in the header's
+    _quantization_metadata: refused before any weight is read, naming the drop-in INT8 file."""
+    state = qwen3_vl_layout(reference, "comfy")
+    layers = [k.removesuffix(".weight") for k in state if k.startswith("model.layers.") and k.endswith("_proj.weight")]
+    for layer in layers:
+        n, k = state[f"{layer}.weight"].shape
+        state[f"{layer}.weight"] = torch.zeros(n, k // 2, dtype=torch.int8)
+    markers = {layer: {"format": "awq_w4a16"} for layer in layers}
     metadata = None
     if where == "comfy_quant":
         for layer, marker in markers.items():
             state[f"{layer}.comfy_quant"] = torch.tensor(list(json.dumps(marker).encode()), dtype=torch.uint8)
     else:
         metadata = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": markers})}
-    path = tmp_path / "qwen3vl_32b_minimax_h3_nvfp4_awq.safetensors"
+    path = tmp_path / "qwen3vl_32b_minimax_h3_awq.safetensors"
     save_file(state, str(path), metadata=metadata)
-    with pytest.raises(WeightsError, match=rf"qwen3vl_32b_minimax_h3_nvfp4_awq\.safetensors: .*{fmt}.*"
-                                           rf"use the drop-in {H3_INT8_FILE}"):
+    with pytest.raises(WeightsError, match=rf"qwen3vl_32b_minimax_h3_awq\.safetensors: .*awq_w4a16.*"
+                                           rf"or its drop-in {H3_INT8_FILE}"):
         load(path)
 
 
