@@ -28,6 +28,20 @@ class WeightsError(ValueError):
     """A model file that is not what the loader expects; the message names the file and the fix."""
 
 
+def layer_reader(ckpt, layer: str, kind: str, stores: str):
+    """(bad, need) for reading quantized layer `layer`: bad(problem) is the WeightsError naming the file, the
+    format's `kind` and the layer; need(suffix) its tensor `layer.suffix`, or bad saying what `stores`."""
+    def bad(problem: str) -> WeightsError:
+        return WeightsError(f"{ckpt.path.name}: {kind} layer '{layer}' {problem}")
+
+    def need(suffix: str):
+        key = f"{layer}.{suffix}"
+        if key not in ckpt:
+            raise bad(f"has no '{key}' ({stores})")
+        return ckpt.get(key)
+    return bad, need
+
+
 class Checkpoint:
     """One safetensors file, read lazily (memory-mapped); its header is checked before any tensor is read. check(),
     when set, runs before each tensor is read (it raises to cancel a long load); read(nbytes), when set, after

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import FLOAT_DTYPES, WeightsError
+from .checkpoint import FLOAT_DTYPES, layer_reader
 from .linear import Linear, computed_on
 
 BLOCK = 16  # codes sharing a block scale (QUANT_ALGOS["nvfp4"]["group_size"])
@@ -35,17 +35,7 @@ def decode_nvfp4(ckpt, layer: str, marker: dict, bias: torch.Tensor | None,
                  compute_on: torch.device | None = None) -> Linear:
     """Linear `layer` of an `nvfp4` layer (AWQ's pre_quant_scale folded in) as INT8 ConvRot, computed on
     compute_on (linear.computed_on)."""
-    name = ckpt.path.name
-
-    def bad(problem: str) -> WeightsError:
-        return WeightsError(f"{name}: NVFP4 layer '{layer}' {problem}")
-
-    def need(suffix: str) -> torch.Tensor:
-        key = f"{layer}.{suffix}"
-        if key not in ckpt:
-            raise bad(f"has no '{key}' (nvfp4 stores weight, weight_scale and weight_scale_2)")
-        return ckpt.get(key)
-
+    bad, need = layer_reader(ckpt, layer, "NVFP4", "nvfp4 stores weight, weight_scale and weight_scale_2")
     packed, block_scales, tensor_scale = need("weight"), need("weight_scale"), need("weight_scale_2")
     pre_key = f"{layer}.pre_quant_scale"
     pre = ckpt.get(pre_key) if pre_key in ckpt else None

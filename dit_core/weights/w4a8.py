@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .checkpoint import FLOAT_DTYPES, WeightsError
+from .checkpoint import FLOAT_DTYPES, layer_reader
 from .convrot import hadamard
 from .linear import Linear
 
@@ -21,17 +21,7 @@ DECODE_ELEMENTS = 1 << 22  # decoded per chunk: caps the f32 working set of larg
 
 def decode_w4a8(ckpt, layer: str, marker: dict, bias: torch.Tensor | None) -> Linear:
     """Linear `layer` of an `asym_w4a8_int8` file as INT8 ConvRot codes with its f32 row scales."""
-    name = ckpt.path.name
-
-    def bad(problem: str) -> WeightsError:
-        return WeightsError(f"{name}: W4A8 layer '{layer}' {problem}")
-
-    def need(suffix: str) -> torch.Tensor:
-        key = f"{layer}.{suffix}"
-        if key not in ckpt:
-            raise bad(f"has no '{key}' (asym_w4a8_int8 stores weight, weight_s_rel and weight_s_channel)")
-        return ckpt.get(key)
-
+    bad, need = layer_reader(ckpt, layer, "W4A8", "asym_w4a8_int8 stores weight, weight_s_rel and weight_s_channel")
     packed = need("weight")
     s_rel = need("weight_s_rel")
     s_channel = need("weight_s_channel")
