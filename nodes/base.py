@@ -188,17 +188,18 @@ def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = 
         room_for(device, sum(math.prod(ckpt.shape(k)) * per_byte.get(ckpt.dtype(k), 2) for k in ckpt.keys()))
 
 
-def text_encoder_loader(encoder, family: str) -> Callable:
+def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callable:
     """A family's load_text_encoder(handle): encoder.load of the loader's file with ComfyUI's Qwen tokenizer, Cancel
     honoured, kept in LOADED per file, device and family (a file two families read differently) in the loader's
     role. On a CUDA GPU in BF16, each tensor read straight to the card (the DiT's room takes it back when short:
-    memory.make_room), its INT8 ConvRot linears dequantized there: the encoder's INT8 path (int8_linears) has not
-    yet run on a GPU at the real shapes; elsewhere the float32 host reference."""
+    memory.make_room), its INT8 ConvRot linears dequantized there, or with int8_kept kept INT8 on the INT8 kernels
+    (the file's precision: half the memory, slower at a 4B encoder's launch-bound prompts, so only H3's 32B keeps
+    them); elsewhere the float32 host reference."""
     def load_text_encoder(handle: FileHandle):
         device = torch.device("cpu") if handle.device == "cpu" else engine_device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        load = lambda f: room_before(f, device) or encoder.load(  # noqa: E731
-            f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=False)
+        load = lambda f: room_before(f, device, int8_kept) or encoder.load(  # noqa: E731
+            f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=int8_kept and device.type == "cuda")
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
     return load_text_encoder

@@ -31,7 +31,10 @@ SETTINGS = FamilySettings(
     pass_size=PassSize(image_row_pixels=32 * 32, default_rows=37 * 405 + 2 * 207 + 512))
 
 load_dit = dit_loader(MiniMaxH3, SETTINGS.pass_size)
-load_text_encoder = text_encoder_loader(MiniMaxH3TextEncoder, FAMILY)
+# Qwen3-VL-32B's first 50 layers: about 51 GB in BF16, half that INT8, so its INT8 ConvRot linears (and the NVFP4
+# file's, read as INT8) stay INT8 on the card
+TEXT_INT8_KEPT = True
+load_text_encoder = text_encoder_loader(MiniMaxH3TextEncoder, FAMILY, int8_kept=TEXT_INT8_KEPT)
 
 
 class MiniMaxH3Loader(DiTLoaderNode):

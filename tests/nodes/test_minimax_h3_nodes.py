@@ -59,7 +59,7 @@ def pack(swiftdit_pack):
             return super().load(source, heads=AUDIO_VAE.TINY["num_attention_heads"])
 
     patch = pytest.MonkeyPatch()
-    tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY)
+    tiny = text_encoder_loader(TinyH3TextEncoder, h.FAMILY, int8_kept=h.TEXT_INT8_KEPT)
     patch.setattr(h, "load_text_encoder", tiny)
     patch.setattr(h.MiniMaxH3TextEncoderLoader, "load", staticmethod(tiny))
     audio = codecs.vae_loader(TinyAudioDecoder, "audio VAE", "audio_vae", torch.float32)
@@ -444,3 +444,26 @@ def test_reference_to_video(pack, models):
                             ({"ref_video_1": track}, "ref_video_1: IMAGE frames")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTMiniMaxH3ReferenceToVideo · {message}"):
             run(pack.MiniMaxH3ReferenceToVideo, **{**r2v, **change})
+
+
+def test_the_text_encoder_keeps_its_int8_linears_on_a_gpu(swiftdit_pack, tmp_path, monkeypatch):
+    """On a CUDA engine device H3's 32B encoder keeps its INT8 linears (the NVFP4 file's read as INT8 too) on the
+    INT8 kernels, its room asked for the codes as stored; the image families' 4B encoders dequantize to BF16 there;
+    the loader's device cpu is the f32 host reference either way."""
+    from swiftdit_pack.dit_core.text.qwen3 import Qwen3TextEncoder
+    from swiftdit_pack.dit_core.text.qwen3_vl import MiniMaxH3TextEncoder
+    from swiftdit_pack.nodes import base, minimax_h3, z_image
+    gpu, loads, rooms = torch.device("cuda", 0), [], []
+    monkeypatch.setattr(base, "engine_device", lambda: gpu)
+    monkeypatch.setattr(base, "room_before", lambda f, device, int8_kept=False: rooms.append((device, int8_kept)))
+    monkeypatch.setattr(base, "cancellable", lambda load, path: load(path))
+    monkeypatch.setattr(base.LOADED, "get", lambda kind, key, load, device, role: load())
+    for cls in (MiniMaxH3TextEncoder, Qwen3TextEncoder):
+        monkeypatch.setattr(cls, "load", classmethod(lambda c, f, tokenizer_dir, **kw: loads.append(kw)))
+    path = tmp_path / "text.safetensors"
+    path.write_bytes(b"")
+    for module, device in ((minimax_h3, "default"), (z_image, "default"), (minimax_h3, "cpu")):
+        module.load_text_encoder(base.FileHandle("text_encoder", str(path), device=device))
+    assert [(kw["dtype"], kw["device"], kw["int8_linears"]) for kw in loads] == [
+        (torch.bfloat16, gpu, True), (torch.bfloat16, gpu, False), (torch.float32, torch.device("cpu"), False)]
+    assert rooms == [(gpu, True), (gpu, False), (torch.device("cpu"), True)]
