@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
-from .loading import TextEncoder, encoding, linear_state, meta_model, prompt_too_long, weight_on
+from .loading import (TextEncoder, converted_on, encoding, linear_state, meta_model, prompt_too_long,
+                      weight_on)
 from .ltx25_connectors import ROWS, LTX25TextConnectors
 
 if TYPE_CHECKING:
@@ -155,7 +156,7 @@ def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: to
             for n in names:
                 if n == "v_proj" and kind == "full_attention" and sizes.attention_k_eq_v:
                     continue  # full layers take V from K's projection
-                lin = read_linear(ckpt, f"{src}{group}.{n}", markers)
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device))
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Gemma-4 has none")
                 sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8))
@@ -297,7 +298,7 @@ def read_projection(ckpt: Checkpoint, modality: str, dtype: torch.dtype, device:
     """`text_embedding_projection.<modality>_aggregate_embed` on device: a Linear of dtype (its bias f32), or on
     the INT8 path an INT8 ConvRot one the kernels take as a GpuLinear of its stored codes (the release's are
     [4096 | 2048, 188160]: 0.77 | 0.39 GB as INT8, twice that in BF16)."""
-    lin = read_linear(ckpt, f"{PROJECTIONS}{modality}_aggregate_embed")
+    lin = read_linear(ckpt, f"{PROJECTIONS}{modality}_aggregate_embed", compute_on=converted_on(device))
     if int8_linears:
         from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
         if text_linear.takes(lin):

@@ -95,6 +95,13 @@ def read_shapes(ckpt: Checkpoint, root: str, expected_hidden: int | None, needs:
             "num_attention_heads": q_out // head_dim, "num_key_value_heads": k_out // head_dim, "head_dim": head_dim}
 
 
+def converted_on(device: str | torch.device) -> torch.device | None:
+    """Where read_linear converts a linear (scaled FP8 and NVFP4 to INT8 ConvRot) for a load to device: on that
+    CUDA device (seconds for an encoder there, minutes of rotations on the host), else None (the host)."""
+    device = torch.device(device)
+    return device if device.type == "cuda" else None
+
+
 def weight_on(lin: Linear, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """lin's weight in the native basis as dtype on device, moved as stored (INT8 codes, BF16) and converted there:
     a BF16 or INT8 weight bound for a card never exists in f32 on the host (on the CPU in f32 it equals
@@ -123,7 +130,8 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
     """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
     for its first n_layers layers, each tensor of dtype on device: any linear format weights.read_linear reads,
     moved as stored (INT8 codes, BF16) and converted there, one tensor at a time, so the host never holds the model
-    in f32 (an FP8 linear still passes through the host once as INT8 ConvRot: read_linear's conversion).
+    in f32 (an FP8 or NVFP4 linear passes through the host once as INT8 ConvRot, converted on device where it is
+    a GPU: converted_on).
     int8 (a dict, filled here): the INT8 path (dit_core/gpu/text_linear.py); each INT8 ConvRot linear the INT8
     kernels take (FP8 ones too, after that conversion) stays as stored, `<name>.weight` int8 codes and
     `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above."""
@@ -133,7 +141,7 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
             for n in names:
-                lin = read_linear(ckpt, f"{src}{group}.{n}", markers)
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device))
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
 
 from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
+from .loading import converted_on
 
 # Qwen3-VL's vision tokens (transformers' Qwen3VLConfig; the same ids in ComfyUI's qwen25_tokenizer).
 VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = 151652, 151653, 151655, 151656
@@ -111,7 +112,7 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
     for key, meta in model.state_dict().items():
         if isinstance(model.get_submodule(key.rsplit(".", 1)[0]), torch.nn.Linear):
             if key.endswith(".weight"):  # its bias is read with it
-                lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers)
+                lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers, converted_on(device))
                 state[key] = (lin.dequantized() if lin.quantized else lin.weight).to(device, dtype)
                 state[key.removesuffix("weight") + "bias"] = lin.bias.to(device, dtype)
         else:
