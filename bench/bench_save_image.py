@@ -1,7 +1,8 @@
 """Saving a 1024x1024 image as ComfyUI's Save Image does (PIL, one core, compress level 4) and as Save Image
 (SwiftDiT) does (dit_core/codecs/png.py, bands on every core), with the prompt and workflow of
-workflows/z_image_turbo_t2i.json as the text chunks: median ms of each, the same run. A picture like a decoded image
-(gradients with grain) and noise (what random weights decode to).
+workflows/z_image_turbo_t2i.json as the text chunks: median ms of each, the same run, and ours by the number of bands
+(threads) it deflates in. A picture like a decoded image (gradients with grain) and noise (what random weights
+decode to).
 
     python bench/bench_save_image.py [--size 1024] [--runs 10] [--device cpu|cuda]
 """
@@ -45,6 +46,16 @@ def stock_save(image: torch.Tensor, text: dict, path: str) -> None:
     img.save(path, pnginfo=info, compress_level=4)
 
 
+def median_ms(save, path: str, runs: int) -> float:
+    save(path)  # a warm-up
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        save(path)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--size", type=int, default=1024)
@@ -57,28 +68,28 @@ def main(argv=None) -> None:
     print(f"# Save Image at {args.size}x{args.size}, image on {args.device}, {cores} CPU cores, torch "
           f"{torch.__version__}\n| picture | stock (PIL, one core) ms | SwiftDiT ms | speed-up | file KiB stock / "
           f"ours |\n|---|---|---|---|---|")
+    threads = [n for n in (1, 2, 4, 8, 16, 32) if n < cores] + [cores]
     with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(cores) as pool:
+        scaling = {}
         for name, image in pictures(args.size).items():
             image = image.to(args.device)
 
-            def ours(path):
+            def ours(path, bands=cores):
                 with open(path, "wb") as f:
-                    f.write(png_bytes(to_bytes(image), text, 4, pool, bands=cores))
-            times = {}
-            for label, save in (("stock", lambda path: stock_save(image, text, path)), ("ours", ours)):
-                path = os.path.join(folder, f"{label}.png")
-                save(path)
-                runs = []
-                for _ in range(args.runs):
-                    t0 = time.perf_counter()
-                    save(path)
-                    runs.append((time.perf_counter() - t0) * 1e3)
-                times[label] = (statistics.median(runs), os.path.getsize(path) / 1024)
-            stock_img, ours_img = (np.asarray(Image.open(os.path.join(folder, f"{k}.png"))) for k in ("stock", "ours"))
+                    f.write(png_bytes(to_bytes(image), text, 4, pool, bands=bands))
+            paths = {label: os.path.join(folder, f"{label}.png") for label in ("stock", "ours")}
+            stock_ms = median_ms(lambda path: stock_save(image, text, path), paths["stock"], args.runs)
+            ours_ms = median_ms(ours, paths["ours"], args.runs)
+            stock_img, ours_img = (np.asarray(Image.open(path)) for path in paths.values())
             assert np.array_equal(stock_img, ours_img), "the two files' pixels differ"
-            print(f"| {name} | {times['stock'][0]:.1f} | {times['ours'][0]:.1f} | "
-                  f"{times['stock'][0] / times['ours'][0]:.2f}x | {times['stock'][1]:.0f} / {times['ours'][1]:.0f} |",
-                  flush=True)
+            kib = [os.path.getsize(path) / 1024 for path in paths.values()]
+            print(f"| {name} | {stock_ms:.1f} | {ours_ms:.1f} | {stock_ms / ours_ms:.2f}x | {kib[0]:.0f} / "
+                  f"{kib[1]:.0f} |", flush=True)
+            scaling[name] = [median_ms(lambda path, n=n: ours(path, n), paths["ours"], args.runs) for n in threads]
+    print("\nSwiftDiT's save by the bands (threads) it deflates in, ms\n| picture | "
+          + " | ".join(str(n) for n in threads) + " |\n|---|" + "---|" * len(threads))
+    for name, times in scaling.items():
+        print(f"| {name} | " + " | ".join(f"{t:.1f}" for t in times) + " |")
 
 
 if __name__ == "__main__":
