@@ -26,7 +26,7 @@ from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
                      room_for)
-from .model_bytes import describe
+from .model_bytes import GIB, describe
 from .types import DiTModel, Vae
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
@@ -181,11 +181,21 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
 def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = False) -> None:
     """memory.room_for the file's tensors loaded in BF16 (an INT8 file's linears double, an NVFP4 file's quadruple:
     two codes a byte), or with its INT8 codes kept as stored (int8_kept: the INT8 path), before they load onto
-    device."""
+    device. A model larger than the card itself (less ComfyUI's reserve) is refused first, saying so (ValueError:
+    the loader names itself and its input), rather than failing out of memory half loaded."""
     if device.type == "cuda":
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         per_byte = {torch.int8: 1 if int8_kept else 2, torch.uint8: 2 if int8_kept else 4}
-        room_for(device, sum(math.prod(ckpt.shape(k)) * per_byte.get(ckpt.dtype(k), 2) for k in ckpt.keys()))
+        elements = {k: math.prod(ckpt.shape(k)) for k in ckpt.keys()}
+        nbytes = sum(n * per_byte.get(ckpt.dtype(k), 2) for k, n in elements.items())
+        card = comfy.model_management.get_total_memory(device) - comfy.model_management.extra_reserved_memory()
+        if nbytes > card:
+            host = sum(n * (8 if ckpt.dtype(k) == torch.uint8 else 4) for k, n in elements.items())
+            raise ValueError(f"{ckpt.path.name} takes about {nbytes / GIB:.1f} GiB on the card, more than this "
+                             f"card's {card / GIB:.1f} GiB (less ComfyUI's reserve); set the loader's device to cpu "
+                             f"to run it on the host in float32 (about {host / GIB:.0f} GiB of RAM), or use a "
+                             f"smaller file")
+        room_for(device, nbytes)
 
 
 def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callable:

@@ -501,9 +501,11 @@ def test_a_text_encoder_asks_for_its_room_on_the_card_before_it_loads(pack, mode
     models unload, ours give back through the free_memory hook); nothing is asked on the CPU."""
     from safetensors import safe_open
 
+    import comfy.model_management
     from swiftdit_pack.nodes import base
     asked = []
     monkeypatch.setattr(base, "room_for", lambda device, nbytes: asked.append((device, nbytes)))
+    monkeypatch.setattr(comfy.model_management, "get_total_memory", lambda *a, **k: 80 * 2**30)
     path = str(models / "text_encoders" / "qwen3_tiny.safetensors")
     with safe_open(path, "pt") as f:
         elements = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
@@ -518,3 +520,24 @@ def test_a_text_encoder_asks_for_its_room_on_the_card_before_it_loads(pack, mode
     base.room_before(str(packed), torch.device("cuda", 0), int8_kept=True)
     packed.unlink()
     assert asked[1:] == [(torch.device("cuda", 0), 32 * 2 + 32 * 4), (torch.device("cuda", 0), 32 + 32 * 2)]
+
+
+def test_a_text_encoder_larger_than_the_card_is_refused_before_it_loads(pack, models, monkeypatch):
+    """A text encoder that cannot fit the card even alone (MiniMax H3's 32B on a 16 GB card): refused before any
+    tensor moves, naming the loader, its input, the sizes and the fix (the host path, or a smaller file); nothing is
+    kept, and the same loader on the host works."""
+    import comfy.model_management
+    from swiftdit_pack.nodes import base
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()
+    monkeypatch.setattr(base, "engine_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(comfy.model_management, "get_total_memory", lambda *a, **k: 2**20)
+    monkeypatch.setattr(comfy.model_management, "extra_reserved_memory", lambda: 2**19)
+    monkeypatch.setattr(base, "room_for", lambda *a: pytest.fail("asked for room"))
+    with pytest.raises(Exception, match=r"SwiftDiTZImageTextEncoderLoader · clip_name: qwen3_tiny\.safetensors takes "
+                                        r"about [\d.]+ GiB on the card, more than this card's 0\.0 GiB .* set the "
+                                        r"loader's device to cpu .*about \d+ GiB of RAM"):
+        run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
+    assert ("text", "main") not in LOADED._held
+    run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="cpu")
+    LOADED.free()
