@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 import math
 import os
+import re
 import sys
+from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -28,6 +31,8 @@ from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device
                      room_for)
 from .model_bytes import GIB, describe
 from .types import DiTModel, Vae
+
+log = logging.getLogger("SwiftDiT")
 
 # ComfyUI ships Qwen's tokenizer files with its text encoders (comfy/text_encoders/z_image.py uses them); Qwen3
 # and Qwen3-VL share that vocabulary.
@@ -178,24 +183,37 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
     return load_dit
 
 
-def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = False) -> None:
+LAYER_KEY = re.compile(r"\.layers\.(\d+)\.")  # a text model's decoder layer (not a vision tower's blocks)
+
+
+def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = False,
+                streams: bool = False) -> bool:
     """memory.room_for the file's tensors loaded in BF16 (an INT8 file's linears double, an NVFP4 file's quadruple:
     two codes a byte), or with its INT8 codes kept as stored (int8_kept: the INT8 path), before they load onto
-    device. A model larger than the card itself (less ComfyUI's reserve) is refused first, saying so (ValueError:
-    the loader names itself and its input), rather than failing out of memory half loaded."""
-    if device.type == "cuda":
-        ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        per_byte = {torch.int8: 1 if int8_kept else 2, torch.uint8: 2 if int8_kept else 4}
-        elements = {k: math.prod(ckpt.shape(k)) for k in ckpt.keys()}
-        nbytes = sum(n * per_byte.get(ckpt.dtype(k), 2) for k, n in elements.items())
-        card = comfy.model_management.get_total_memory(device) - comfy.model_management.extra_reserved_memory()
-        if nbytes > card:
-            host = sum(n * (8 if ckpt.dtype(k) == torch.uint8 else 4) for k, n in elements.items())
-            raise ValueError(f"{ckpt.path.name} takes about {nbytes / GIB:.1f} GiB on the card, more than this "
-                             f"card's {card / GIB:.1f} GiB (less ComfyUI's reserve); set the loader's device to cpu "
-                             f"to run it on the host in float32 (about {host / GIB:.0f} GiB of RAM), or use a "
-                             f"smaller file")
-        room_for(device, nbytes)
+    device. A model larger than the card itself (less ComfyUI's reserve) streams its decoder layers where the
+    loader can (streams; room then for the rest and the largest layer: returns True), else is refused first,
+    saying so (ValueError: the loader names itself and its input), rather than failing out of memory half loaded."""
+    if device.type != "cuda":
+        return False
+    ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
+    per_byte = {torch.int8: 1 if int8_kept else 2, torch.uint8: 2 if int8_kept else 4}
+    on_card, layers = 0, defaultdict(int)
+    for k in ckpt.keys():
+        nbytes = math.prod(ckpt.shape(k)) * per_byte.get(ckpt.dtype(k), 2)
+        on_card += nbytes
+        layer = LAYER_KEY.search(k)
+        if layer:
+            layers[int(layer.group(1))] += nbytes
+    card = comfy.model_management.get_total_memory(device) - comfy.model_management.extra_reserved_memory()
+    streamed = on_card - sum(layers.values()) + max(layers.values(), default=0)
+    if on_card <= card or (streams and streamed <= card):
+        room_for(device, on_card if on_card <= card else streamed)
+        return on_card > card
+    host = sum(math.prod(ckpt.shape(k)) * (8 if ckpt.dtype(k) == torch.uint8 else 4) for k in ckpt.keys())
+    raise ValueError(f"{ckpt.path.name} takes about {(streamed if streams else on_card) / GIB:.1f} GiB on the card"
+                     f"{' with its layers streamed' if streams else ''}, more than this card's {card / GIB:.1f} GiB "
+                     f"(less ComfyUI's reserve); set the loader's device to cpu to run it on the host in float32 "
+                     f"(about {host / GIB:.0f} GiB of RAM), or use a smaller file")
 
 
 def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callable:
@@ -204,12 +222,24 @@ def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callab
     role. On a CUDA GPU in BF16, each tensor read straight to the card (the DiT's room takes it back when short:
     memory.make_room), its INT8 ConvRot linears dequantized there, or with int8_kept kept INT8 on the INT8 kernels
     (the file's precision: half the memory, slower at a 4B encoder's launch-bound prompts, so only H3's 32B keeps
-    them); elsewhere the float32 host reference."""
+    them); an encoder larger than the card loads on the host and streams its layers to the card
+    (dit_core/gpu/text_streaming.py). Elsewhere the float32 host reference."""
     def load_text_encoder(handle: FileHandle):
         device = torch.device("cpu") if handle.device == "cpu" else engine_device()
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        load = lambda f: room_before(f, device, int8_kept) or encoder.load(  # noqa: E731
-            f, TOKENIZER_DIR, dtype=dtype, device=device, int8_linears=int8_kept and device.type == "cuda")
+
+        def load(f):
+            if not room_before(f, device, int8_kept, streams=True):
+                return encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device,
+                                    int8_linears=int8_kept and device.type == "cuda")
+            from ..dit_core.gpu.text_streaming import stream_layers
+            loaded = encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=torch.device("cpu"), int8_linears=int8_kept)
+            log.info("SwiftDiT: %s is larger than the card: its layers stream from host memory (%.2f GiB a layer "
+                     "on the card)", f.path.name, stream_layers(loaded.model, device) / GIB)
+            for part in ("vision",):  # the encoders' parts beside their text model (H3's vision tower)
+                if getattr(loaded, part, None) is not None:
+                    getattr(loaded, part).to(device)
+            return loaded
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
     return load_text_encoder

@@ -455,7 +455,8 @@ def test_the_text_encoder_keeps_its_int8_linears_on_a_gpu(swiftdit_pack, tmp_pat
     from swiftdit_pack.nodes import base, minimax_h3, z_image
     gpu, loads, rooms = torch.device("cuda", 0), [], []
     monkeypatch.setattr(base, "engine_device", lambda: gpu)
-    monkeypatch.setattr(base, "room_before", lambda f, device, int8_kept=False: rooms.append((device, int8_kept)))
+    monkeypatch.setattr(base, "room_before", lambda f, device, int8_kept=False, streams=False:
+                        rooms.append((device, int8_kept)) and False)
     monkeypatch.setattr(base, "cancellable", lambda load, path: load(path))
     monkeypatch.setattr(base.LOADED, "get", lambda kind, key, load, device, role: load())
     for cls in (MiniMaxH3TextEncoder, Qwen3TextEncoder):

@@ -522,10 +522,42 @@ def test_a_text_encoder_asks_for_its_room_on_the_card_before_it_loads(pack, mode
     assert asked[1:] == [(torch.device("cuda", 0), 32 * 2 + 32 * 4), (torch.device("cuda", 0), 32 + 32 * 2)]
 
 
+def test_a_text_encoder_larger_than_the_card_streams_its_layers(pack, models, monkeypatch):
+    """A text encoder larger than the card (MiniMax H3's 32B on a 16 GB card) loads on the host and streams its
+    layers to the card (dit_core/gpu/text_streaming.py; here the stream's slot stays on the host), room asked for
+    the rest of it and its largest layer: the rows are the resident encoder's."""
+    import comfy.model_management
+    from swiftdit_pack.dit_core.gpu import text_streaming
+    from swiftdit_pack.nodes import base
+    from swiftdit_pack.nodes.memory import LOADED
+    LOADED.free()
+    path = models / "text_encoders" / "qwen3_tiny.safetensors"
+    want = pack.Qwen3TextEncoder.load(path, pack_tokenizer_dir(), dtype=torch.bfloat16).encode("a red fox in the snow")
+    from safetensors import safe_open
+    with safe_open(str(path), "pt") as f:
+        sizes = {k: 2 * math.prod(f.get_slice(k).get_shape()) for k in f.keys()}
+    count = 1 + max(int(k.split(".layers.")[1].split(".")[0]) for k in sizes if ".layers." in k)
+    layers = [sum(n for k, n in sizes.items() if f".layers.{i}." in k) for i in range(count)]
+    rest = sum(sizes.values()) - sum(layers)
+    rooms, streamed = [], []
+    monkeypatch.setattr(base, "engine_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(comfy.model_management, "get_total_memory", lambda *a, **k: rest + max(layers) + 1)
+    monkeypatch.setattr(comfy.model_management, "extra_reserved_memory", lambda: 1)
+    monkeypatch.setattr(base, "room_for", lambda device, nbytes: rooms.append(nbytes))
+    real = text_streaming.stream_layers
+    monkeypatch.setattr(text_streaming, "stream_layers", lambda model, device: streamed.append(device) or
+                        real(model, torch.device("cpu")))
+    (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
+    (got,) = run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)
+    LOADED.free()
+    assert streamed == [torch.device("cuda", 0)] and rooms == [rest + max(layers)]
+    assert torch.equal(got[0][0], want)  # the host's BF16 load, resident
+
+
 def test_a_text_encoder_larger_than_the_card_is_refused_before_it_loads(pack, models, monkeypatch):
-    """A text encoder that cannot fit the card even alone (MiniMax H3's 32B on a 16 GB card): refused before any
-    tensor moves, naming the loader, its input, the sizes and the fix (the host path, or a smaller file); nothing is
-    kept, and the same loader on the host works."""
+    """A text encoder that cannot fit the card even with its layers streamed: refused before any tensor moves,
+    naming the loader, its input, the sizes and the fix (the host path, or a smaller file); nothing is kept, and the
+    same loader on the host works."""
     import comfy.model_management
     from swiftdit_pack.nodes import base
     from swiftdit_pack.nodes.memory import LOADED
@@ -535,7 +567,8 @@ def test_a_text_encoder_larger_than_the_card_is_refused_before_it_loads(pack, mo
     monkeypatch.setattr(comfy.model_management, "extra_reserved_memory", lambda: 2**19)
     monkeypatch.setattr(base, "room_for", lambda *a: pytest.fail("asked for room"))
     with pytest.raises(Exception, match=r"SwiftDiTZImageTextEncoderLoader · clip_name: qwen3_tiny\.safetensors takes "
-                                        r"about [\d.]+ GiB on the card, more than this card's 0\.0 GiB .* set the "
+                                        r"about [\d.]+ GiB on the card with its layers streamed, more than this "
+                                        r"card's 0\.0 GiB .* set the "
                                         r"loader's device to cpu .*about \d+ GiB of RAM"):
         run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
     assert ("text", "main") not in LOADED._held

@@ -177,3 +177,42 @@ def test_linears_convert_on_the_gpu_the_encoder_loads_to(monkeypatch):
     for device in (torch.device("cuda", 1), "cpu"):
         loading.read_state_dict(ckpt, "model.", 1, 2, 2, torch.bfloat16, device)
     assert asked == [torch.device("cuda", 1)] * 7 + [None] * 7  # q, k, v, o, gate, up, down
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_layers_streamed_from_host_memory(tmp_path, case, fmt):
+    """An encoder larger than its card runs with its layers streamed (dit_core/gpu/text_streaming.py): each layer
+    staged on the host, its module on meta, copied into one slot just before it runs; the rows are the resident
+    encoder's bit for bit and check() still runs before each layer. The slot here is on the host (the GPU's:
+    test_layers_streamed_to_cuda)."""
+    from dit_core.gpu.text_streaming import StreamedLayer, stream_layers
+    path = tmp_path / f"{fmt}.safetensors"
+    save_file(as_stored(case.state, fmt), str(path))
+    encoder = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=fmt == "int8")
+    prompt = "a lighthouse on a cliff at dusk"
+    want = encoder.encode(prompt)
+    slot = stream_layers(encoder.model, torch.device("cpu"))
+    assert all(isinstance(layer, StreamedLayer) for layer in encoder.model.layers)
+    assert {t.device.type for layer in encoder.model.layers for t in layer.layer.state_dict().values()} == {"meta"}
+    assert slot == max(layer.staged.nbytes for layer in encoder.model.layers)
+    checked = []
+    assert torch.equal(encoder.encode(prompt, lambda: checked.append(1)), want)
+    assert len(checked) == len(encoder.model.layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+def test_layers_streamed_to_cuda(tmp_path, case, fmt):
+    """On a GPU: the streamed encoder's rows equal the resident one's on that GPU; its layers hold no card memory
+    beside the one slot."""
+    from dit_core.gpu.text_streaming import stream_layers
+    path = tmp_path / f"{fmt}.safetensors"
+    save_file(as_stored(case.state, fmt), str(path))
+    resident = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device="cuda",
+                             int8_linears=fmt == "int8")
+    streamed = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=fmt == "int8")
+    stream_layers(streamed.model, torch.device("cuda"))
+    assert streamed.device.type == "cuda"
+    prompt = "a lighthouse on a cliff at dusk"
+    assert torch.equal(streamed.encode(prompt), resident.encode(prompt))
