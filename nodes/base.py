@@ -233,9 +233,10 @@ def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callab
                 return encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=device,
                                     int8_linears=int8_kept and device.type == "cuda")
             from ..dit_core.gpu.text_streaming import stream_layers
-            loaded = encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=torch.device("cpu"), int8_linears=int8_kept)
+            loaded = encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=torch.device("cpu"), int8_linears=int8_kept,
+                                  convert_on=device)
             log.info("SwiftDiT: %s is larger than the card: its layers stream from host memory (%.2f GiB a layer "
-                     "on the card)", f.path.name, stream_layers(loaded.model, device) / GIB)
+                     "on the card)", f.path.name, stream_layers(loaded.text_model, device) / GIB)
             for part in ("vision",):  # the encoders' parts beside their text model (H3's vision tower)
                 if getattr(loaded, part, None) is not None:
                     getattr(loaded, part).to(device)

@@ -126,12 +126,13 @@ def linear_state(lin: Linear, name: str, dtype: torch.dtype, device: str | torch
 
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
                     dtype: torch.dtype, device: str | torch.device = "cpu",
-                    int8: dict[str, int] | None = None) -> dict[str, torch.Tensor]:
+                    int8: dict[str, int] | None = None,
+                    convert_on: torch.device | None = None) -> dict[str, torch.Tensor]:
     """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
     for its first n_layers layers, each tensor of dtype on device: any linear format weights.read_linear reads,
     moved as stored (INT8 codes, BF16) and converted there, one tensor at a time, so the host never holds the model
-    in f32 (an FP8 or NVFP4 linear passes through the host once as INT8 ConvRot, converted on device where it is
-    a GPU: converted_on).
+    in f32 (an FP8 or NVFP4 linear passes through the host once as INT8 ConvRot, converted on convert_on, by
+    default on device where it is a GPU: converted_on).
     int8 (a dict, filled here): the INT8 path (dit_core/gpu/text_linear.py); each INT8 ConvRot linear the INT8
     kernels take (FP8 ones too, after that conversion) stays as stored, `<name>.weight` int8 codes and
     `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above."""
@@ -141,7 +142,7 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
             for n in names:
-                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device))
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, convert_on or converted_on(device))
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")
@@ -212,13 +213,15 @@ class TextEncoder:
     @classmethod
     def load_model(cls, path: str | os.PathLike | Checkpoint, dtype: torch.dtype, device: str | torch.device,
                    expected_hidden: int | None = None, int8_linears: bool | None = None,
-                   **options: Any) -> torch.nn.Module:
+                   convert_on: torch.device | None = None, **options: Any) -> torch.nn.Module:
         """The text model of a file (a path or an open Checkpoint), in eval mode on device; expected_hidden
         rejects other model sizes; options go to config(). int8_linears: the INT8 path, each INT8 ConvRot
         linear (FP8 ones are INT8 ConvRot after read_linear) kept as stored and run on the INT8 kernels
         (dit_core/gpu/text_linear.py Int8Linear); BF16 linears and groups the kernels do not take stay dtype.
         None: on for a CUDA device (half the card memory of BF16 weights, the DiT's own linear path), off
-        elsewhere (the f32 host reference stays exact); True on the CPU runs the kernels' references (tests)."""
+        elsewhere (the f32 host reference stays exact); True on the CPU runs the kernels' references (tests).
+        convert_on: where FP8 and NVFP4 linears convert (read_state_dict's; a GPU for a host load that will
+        stream its layers there)."""
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = cls.model_root(ckpt)
         config = cls.config(ckpt, read_shapes(ckpt, root, expected_hidden, cls.NEEDS), **options)
@@ -226,7 +229,7 @@ class TextEncoder:
             int8_linears = torch.device(device).type == "cuda"
         int8 = {} if int8_linears else None
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
-                             device, int8)
+                             device, int8, convert_on)
         model = meta_model(cls.MODEL, config, int8)
         # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
         model.norm = torch.nn.Identity()
@@ -243,6 +246,11 @@ class TextEncoder:
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
+
+    @property
+    def text_model(self) -> torch.nn.Module:
+        """The transformers text model (its `layers` what streams: dit_core/gpu/text_streaming.py)."""
+        return self.model
 
     @property
     def hidden_size(self) -> int:

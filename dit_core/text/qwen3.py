@@ -78,12 +78,13 @@ class Qwen3TextEncoder(TextEncoder):
     @classmethod
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, expected_hidden: int | None = None,
-             device: str | torch.device = "cpu", int8_linears: bool | None = None) -> Qwen3TextEncoder:
+             device: str | torch.device = "cpu", int8_linears: bool | None = None,
+             convert_on: torch.device | None = None) -> Qwen3TextEncoder:
         """A text encoder from a Qwen3 file (layout as ComfyUI's, any linear format weights.read_linear reads)
         and a Qwen2 tokenizer folder; expected_hidden (2560 for Z-Image) rejects other model sizes;
-        int8_linears: TextEncoder.load_model's (None: the INT8 path on a CUDA device)."""
+        int8_linears, convert_on: TextEncoder.load_model's (None: the INT8 path on a CUDA device)."""
         tokenizer = PromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        return cls(cls.load_model(path, dtype, device, expected_hidden, int8_linears), tokenizer)
+        return cls(cls.load_model(path, dtype, device, expected_hidden, int8_linears, convert_on), tokenizer)
 
     # no_grad rather than inference_mode: inference tensors refuse in-place updates later in a workflow.
     @torch.no_grad()

@@ -159,15 +159,15 @@ class Qwen3VLTextEncoder(TextEncoder):
     def load(cls, path: str | os.PathLike, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, layers: tuple[int, ...] = LAYERS,
              expected_hidden: int | None = None, device: str | torch.device = "cpu",
-             int8_linears: bool | None = None) -> Qwen3VLTextEncoder:
+             int8_linears: bool | None = None, convert_on: torch.device | None = None) -> Qwen3VLTextEncoder:
         """A text encoder from a Qwen3-VL file (any layout of ROOTS, any linear format weights.read_linear
         reads; only the first max(layers) layers are read) and a Qwen2 tokenizer folder (ComfyUI's
-        qwen25_tokenizer); expected_hidden (2560 for Klein) rejects other model sizes; int8_linears:
+        qwen25_tokenizer); expected_hidden (2560 for Klein) rejects other model sizes; int8_linears, convert_on:
         TextEncoder.load_model's (None: the INT8 path on a CUDA device)."""
         if not layers or min(layers) < 0:
             raise ValueError(f"Qwen3VLTextEncoder: layers must be hidden_states indices >= 0, got {layers}")
         tokenizer = KleinPromptTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
-        model = cls.load_model(path, dtype, device, expected_hidden, int8_linears,
+        model = cls.load_model(path, dtype, device, expected_hidden, int8_linears, convert_on,
                                n_layers=max(max(layers), 1))
         return cls(model, tokenizer, layers)
 
@@ -233,10 +233,14 @@ class Krea2TextEncoder:
         self.vision = vision
         self.no_vision = no_vision  # why there is none: the error of pictures given without one
 
+    @property
+    def text_model(self) -> torch.nn.Module:
+        return self.encoder.model
+
     @classmethod
     def load(cls, path: str | os.PathLike | Checkpoint, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", int8_linears: bool | None = None,
-             *, vision: bool = False, vision_heads: int = KREA2_VISION_HEADS,
+             convert_on: torch.device | None = None, *, vision: bool = False, vision_heads: int = KREA2_VISION_HEADS,
              deepstack_layers: tuple[int, ...] = KREA2_DEEPSTACK_LAYERS) -> Krea2TextEncoder:
         """From a Qwen3-VL-4B file (CLIPLoader type krea2: qwen3vl_4b_fp8_scaled.safetensors; a path or an open
         Checkpoint) and ComfyUI's qwen25_tokenizer folder; only the first 35 layers are read; int8_linears:
@@ -245,10 +249,11 @@ class Krea2TextEncoder:
         deepstack_layers are Qwen3-VL-4B's (16, (5, 11, 17)), tests on tiny models pass their own."""
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         encoder = Qwen3VLTextEncoder.load(ckpt, tokenizer_dir, dtype, KREA2_LAYERS, device=device,
-                                          int8_linears=int8_linears)
+                                          int8_linears=int8_linears, convert_on=convert_on)
         if not vision:
             return cls(encoder)
-        tower = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, encoder.model.config.hidden_size)
+        tower = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, encoder.model.config.hidden_size,
+                                  convert_on)
         if tower is None:
             raise WeightsError(f"{ckpt.path.name}: has no vision tower (no 'visual.*' tensors); Krea 2's style "
                                f"reference reads its pictures with Qwen3-VL-4B's: use the text encoder file with it "
@@ -429,7 +434,7 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
     @classmethod
     def load(cls, path: str | os.PathLike | Checkpoint, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-             int8_linears: bool | None = None, *, layer: int = LAYER,
+             int8_linears: bool | None = None, convert_on: torch.device | None = None, *, layer: int = LAYER,
              expected_hidden: int | None = HIDDEN, vision_heads: int = H3_VISION_HEADS,
              deepstack_layers: tuple[int, ...] = H3_DEEPSTACK_LAYERS) -> MiniMaxH3TextEncoder:
         """From a Qwen3-VL-32B file (CLIPLoader type minimax: the template's NVFP4-AWQ file or its INT8 ConvRot
@@ -443,11 +448,12 @@ class MiniMaxH3TextEncoder(Qwen3VLTextEncoder):
             raise ValueError(f"MiniMaxH3TextEncoder: layer must be a decoder layer's output (>= 1), got {layer}")
         tokenizer = VerbatimTokenizer(tokenizer_dir)  # first: a bad folder fails before gigabytes are read
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
-        model = cls.load_model(ckpt, dtype, device, expected_hidden, int8_linears, n_layers=layer)
+        model = cls.load_model(ckpt, dtype, device, expected_hidden, int8_linears, convert_on, n_layers=layer)
         no_vision = (f"{ckpt.path.name}: has no vision tower (no 'visual.*' tensors); MiniMax H3's keyframe and "
                      f"reference pictures need the Qwen3-VL-32B text encoder file with its vision tower")
         try:
-            vision = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, model.config.hidden_size)
+            vision = load_vision_tower(ckpt, dtype, device, vision_heads, deepstack_layers, model.config.hidden_size,
+                                       convert_on)
         except WeightsError as e:
             # Prompts alone do not need it: said now, refused when pictures come.
             log.warning("%s; pictures cannot be read", e)

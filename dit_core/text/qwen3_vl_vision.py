@@ -73,11 +73,13 @@ def picture_patches(image: torch.Tensor, patch: int, temporal_patch: int, merge:
 
 
 def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.device, heads: int,
-                      deepstack_layers: tuple[int, ...], out_hidden: int) -> Qwen3VLVisionModel | None:
+                      deepstack_layers: tuple[int, ...], out_hidden: int,
+                      convert_on: torch.device | None = None) -> Qwen3VLVisionModel | None:
     """transformers' Qwen3-VL vision tower of a file (under one of VISION_ROOTS), sizes from its tensors, built on
     meta and given the stored tensors as dtype on device; None when the file has none; WeightsError unless its rows
     are out_hidden wide (the text model's). heads and deepstack_layers are not in the tensors: the caller's
-    (Qwen3-VL-32B's: H3_VISION_HEADS, H3_DEEPSTACK_LAYERS)."""
+    (Qwen3-VL-32B's: H3_VISION_HEADS, H3_DEEPSTACK_LAYERS). convert_on: where FP8 and NVFP4 linears convert (by
+    default on device where it is a GPU: loading.converted_on)."""
     root = next((r for r in VISION_ROOTS if f"{r}patch_embed.proj.weight" in ckpt), None)
     if root is None:
         return None
@@ -112,7 +114,7 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
     for key, meta in model.state_dict().items():
         if isinstance(model.get_submodule(key.rsplit(".", 1)[0]), torch.nn.Linear):
             if key.endswith(".weight"):  # its bias is read with it
-                lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers, converted_on(device))
+                lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers, convert_on or converted_on(device))
                 state[key] = (lin.dequantized() if lin.quantized else lin.weight).to(device, dtype)
                 state[key.removesuffix("weight") + "bias"] = lin.bias.to(device, dtype)
         else:

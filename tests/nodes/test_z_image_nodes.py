@@ -547,10 +547,15 @@ def test_a_text_encoder_larger_than_the_card_streams_its_layers(pack, models, mo
     real = text_streaming.stream_layers
     monkeypatch.setattr(text_streaming, "stream_layers", lambda model, device: streamed.append(device) or
                         real(model, torch.device("cpu")))
+    loads, load = [], pack.Qwen3TextEncoder.load.__func__
+    monkeypatch.setattr(pack.Qwen3TextEncoder, "load", classmethod(
+        lambda cls, f, tokenizer_dir, **kw: loads.append(kw) or load(cls, f, tokenizer_dir, **kw)))
     (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
     (got,) = run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)
     LOADED.free()
     assert streamed == [torch.device("cuda", 0)] and rooms == [rest + max(layers)]
+    # loaded on the host, its FP8 or NVFP4 linears (none here) converted on the card
+    assert [(kw["device"], kw["convert_on"]) for kw in loads] == [(torch.device("cpu"), torch.device("cuda", 0))]
     assert torch.equal(got[0][0], want)  # the host's BF16 load, resident
 
 

@@ -224,3 +224,16 @@ def test_krea2_prompt_over_max_length_is_refused(krea2_encoder):
 def test_krea2_needs_its_taps(krea2_encoder):
     with pytest.raises(ValueError, match="Krea 2 reads"):
         Krea2TextEncoder(Qwen3VLTextEncoder(krea2_encoder.encoder.model, krea2_encoder.encoder.tokenizer, LAYERS))
+
+
+def test_krea2_layers_stream(krea2_reference, tmp_path):
+    """Krea 2's encoder wraps a Qwen3-VL one: its text_model is the one whose layers stream
+    (dit_core/gpu/text_streaming.py; the slot here on the host), giving the resident rows bit for bit."""
+    from dit_core.gpu.text_streaming import stream_layers
+    path = tmp_path / "qwen3vl_4b.safetensors"
+    save_file(qwen3_vl_layout(krea2_reference, "comfy"), path)
+    encoder = Krea2TextEncoder.load(path, TOKENIZER_DIR)
+    assert encoder.text_model is encoder.encoder.model
+    want = encoder.encode(PROMPTS["english"])
+    stream_layers(encoder.text_model, torch.device("cpu"))
+    assert torch.equal(encoder.encode(PROMPTS["english"]), want)
