@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from ..dit_core.gpu.streaming import StreamedBlocks
+from ..dit_core.gpu.text_streaming import StreamedLayer
 from ..dit_core.parallel import RankedModel
 
 GIB = 2**30  # the loader's GB, as ComfyUI's --reserve-vram counts them
@@ -25,7 +26,7 @@ class Placement:
 
 def placement(model) -> Placement:
     """Where model's tensors are (each storage counted once): a walk of its dataclasses, containers, torch
-    modules and our own objects; streamed blocks report their own."""
+    modules and our own objects; streamed blocks and streamed text encoder layers report their own."""
     device = pinned = host = 0
     ranks, seen, storages, todo = 1, set(), set(), [model]
     while todo:
@@ -37,7 +38,10 @@ def placement(model) -> Placement:
             device, pinned = device + obj.device_bytes(), pinned + obj.host_bytes()
         elif isinstance(obj, RankedModel):
             device, ranks = device + obj.device_bytes, max(ranks, obj.world)
-        elif isinstance(obj, torch.Tensor):
+        elif isinstance(obj, StreamedLayer):  # a text encoder's layer: staged on the host, its module on meta
+            pinned += obj.staged.nbytes
+            todo.append(obj.slot)  # the one slot its layers share (counted once)
+        elif isinstance(obj, torch.Tensor) and obj.device.type != "meta":
             storage = obj.untyped_storage()
             if (storage.data_ptr(), obj.device) not in storages:
                 storages.add((storage.data_ptr(), obj.device))
@@ -47,6 +51,7 @@ def placement(model) -> Placement:
                     device += storage.nbytes()
         elif isinstance(obj, torch.nn.Module):
             todo.extend([*obj.parameters(), *obj.buffers()])
+            todo.extend(m for m in obj.modules() if isinstance(m, StreamedLayer))
         elif isinstance(obj, dict):
             todo.extend(obj.values())
         elif isinstance(obj, (tuple, list)):

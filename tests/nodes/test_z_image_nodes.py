@@ -552,6 +552,10 @@ def test_a_text_encoder_larger_than_the_card_streams_its_layers(pack, models, mo
         lambda cls, f, tokenizer_dir, **kw: loads.append(kw) or load(cls, f, tokenizer_dir, **kw)))
     (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="default")
     (got,) = run(pack.ZImageTextEncode, text="a red fox in the snow", clip=clip)
+    encoder = LOADED._held["text", "main"][1]
+    from swiftdit_pack.nodes.model_bytes import placement
+    staged = [layer.staged.nbytes for layer in encoder.model.layers]
+    assert placement(encoder).pinned == sum(staged)  # the layers' staged bytes; their modules on meta count nothing
     LOADED.free()
     assert streamed == [torch.device("cuda", 0)] and rooms == [rest + max(layers)]
     # loaded on the host, its FP8 or NVFP4 linears (none here) converted on the card
