@@ -235,11 +235,12 @@ def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callab
             from ..dit_core.gpu.text_streaming import stream_layers
             loaded = encoder.load(f, TOKENIZER_DIR, dtype=dtype, device=torch.device("cpu"), int8_linears=int8_kept,
                                   convert_on=device)
+            slot = stream_layers(loaded.text_model, device)
+            vision = getattr(loaded, "vision", None)  # H3's and Krea 2's towers, beside their text model
+            if vision is not None:
+                vision.to(device)
             log.info("SwiftDiT: %s is larger than the card: its layers stream from host memory (%.2f GiB a layer "
-                     "on the card)", f.path.name, stream_layers(loaded.text_model, device) / GIB)
-            for part in ("vision",):  # the encoders' parts beside their text model (H3's vision tower)
-                if getattr(loaded, part, None) is not None:
-                    getattr(loaded, part).to(device)
+                     "on the card)", f.path.name, slot / GIB)
             return loaded
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
