@@ -94,3 +94,16 @@ def test_pixels_as_save_image_makes_them():
 def test_bad_input_is_refused(pixels, level, message):
     with pytest.raises(ValueError, match=message):
         png_bytes(pixels, level=level)
+
+
+def test_the_save_bench_runs(capsys):
+    """bench/bench_save_image.py at a small size: both savers, the same pixels (it asserts), a row a picture."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "bench" / "bench_save_image.py"
+    spec = importlib.util.spec_from_file_location("bench_save_image", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.main(["--size", "48", "--runs", "1"])
+    out = capsys.readouterr().out
+    assert "| decoded-like |" in out and "| noise |" in out
