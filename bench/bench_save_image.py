@@ -26,7 +26,7 @@ from PIL.PngImagePlugin import PngInfo
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dit_core.codecs.png import png_bytes, to_bytes  # noqa: E402
+from dit_core.codecs.png import available_cores, png_bytes, to_bytes  # noqa: E402
 
 
 def pictures(size: int) -> dict[str, torch.Tensor]:
@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
     text = {"prompt": (ROOT / "workflows" / "api" / "z_image_turbo_t2i.json").read_text(),
             "workflow": json.dumps(json.loads((ROOT / "workflows" / "z_image_turbo_t2i.json").read_text()))}
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = available_cores()
     print(f"# Save Image at {args.size}x{args.size}, image on {args.device}, {cores} CPU cores, torch "
           f"{torch.__version__}\n| picture | stock (PIL, one core) ms | SwiftDiT ms | speed-up | file KiB stock / "
           f"ours |\n|---|---|---|---|---|")

@@ -197,10 +197,12 @@ def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = 
         return False
     ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
     per_byte = {torch.int8: 1 if int8_kept else 2, torch.uint8: 2 if int8_kept else 4}
-    on_card, layers = 0, defaultdict(int)
+    on_card, host, layers = 0, 0, defaultdict(int)  # host: float32 on the host, the refusal's fix
     for k in ckpt.keys():
-        nbytes = math.prod(ckpt.shape(k)) * per_byte.get(ckpt.dtype(k), 2)
+        elements, dtype = math.prod(ckpt.shape(k)), ckpt.dtype(k)
+        nbytes = elements * per_byte.get(dtype, 2)
         on_card += nbytes
+        host += elements * (8 if dtype == torch.uint8 else 4)
         layer = LAYER_KEY.search(k)
         if layer:
             layers[int(layer.group(1))] += nbytes
@@ -209,7 +211,6 @@ def room_before(path: str | Checkpoint, device: torch.device, int8_kept: bool = 
     if on_card <= card or (streams and streamed <= card):
         room_for(device, on_card if on_card <= card else streamed)
         return on_card > card
-    host = sum(math.prod(ckpt.shape(k)) * (8 if ckpt.dtype(k) == torch.uint8 else 4) for k in ckpt.keys())
     raise ValueError(f"{ckpt.path.name} takes about {(streamed if streams else on_card) / GIB:.1f} GiB on the card"
                      f"{' with its layers streamed' if streams else ''}, more than this card's {card / GIB:.1f} GiB "
                      f"(less ComfyUI's reserve); set the loader's device to cpu to run it on the host in float32 "

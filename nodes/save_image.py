@@ -10,7 +10,7 @@ import folder_paths
 from comfy.cli_args import args
 from comfy_api.latest import io
 
-from ..dit_core.codecs.png import png_bytes, to_bytes
+from ..dit_core.codecs.png import available_cores, png_bytes, to_bytes
 from .base import SwiftDiTError
 
 NODE_ID = "SwiftDiTSaveImage"
@@ -63,7 +63,7 @@ class SaveImage(io.ComfyNode):
         folder, filename, counter, subfolder, _ = folder_paths.get_save_image_path(
             filename_prefix, folder_paths.get_output_directory(), images.shape[2], images.shape[1])
         text = metadata(getattr(cls.hidden, "prompt", None), getattr(cls.hidden, "extra_pnginfo", None))
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = available_cores()
         results = []
         with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="swiftdit-png") as pool:
             for batch_number, image in enumerate(images):

@@ -3,6 +3,7 @@ per-row filter choice, deflated in bands that carry the previous band's 32 KiB a
 zlib stream, so a 1024x1024 image no longer waits on one core for its filters and deflate."""
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from concurrent.futures import Executor
@@ -16,6 +17,11 @@ COLOR_TYPE = {1: 0, 2: 4, 3: 2, 4: 6}  # channels -> PNG colour type: grey, grey
 # PIL's encoder (libImaging/ZipEncode.c) tries None, Up, Sub and Paeth in this order and keeps a later filter only
 # where its cost is strictly less: the first least cost, which np.argmin gives.
 FILTER_ORDER = np.array([0, 2, 1, 4], dtype=np.uint8)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the OS tells it): the bands worth deflating."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def to_bytes(image) -> np.ndarray:
