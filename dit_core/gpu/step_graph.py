@@ -133,6 +133,26 @@ def addresses_for_triton():
     kept.clear()
 
 
+@contextlib.contextmanager
+def collector_confined():
+    """Within: Python's collector runs only when called, on the objects made since entry. Yields that call.
+
+    A capture must free within it the reference cycles its step made (above) and nothing made before it: under
+    cudaMallocAsync, memory freed within a capture is freed at every replay. Objects made before are frozen (out
+    of every collection) and automatic collections are off (another thread's allocations could start one) until
+    exit. The call then scans the step's objects only: a full collection walks the whole process, 0.2 s at 450k
+    objects (torch, transformers and diffusers imported; a ComfyUI server holds more), twice each capture before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    gc.freeze()
+    try:
+        yield gc.collect
+    finally:
+        gc.unfreeze()
+        if enabled:
+            gc.enable()
+
+
 class CaptureFailed(RuntimeError):
     """A step's capture failed after its eager warm-up ran: what failed is the graph (the cause: __cause__)."""
 
@@ -245,12 +265,12 @@ class GraphedStep:
         graph = torch.cuda.CUDAGraph()
         self.pool = self.pool or torch.cuda.graph_pool_handle()
         torch._C._cuda_clearCublasWorkspaces()  # the capture makes its own (below), not reads one made outside it
-        gc.collect()  # garbage made before the capture is freed outside it
         # On the warm-up's stream: what kernels keep per stream (kernels/int8/arrival_counters.py) is there.
         # thread_local: the host's other threads (ComfyUI's server) may call CUDA meanwhile.
         try:
             with torch.cuda.graph(graph, pool=self.pool, stream=side, capture_error_mode="thread_local"), \
-                    addresses_for_triton() if async_allocator() else contextlib.nullcontext():
+                    addresses_for_triton() if async_allocator() else contextlib.nullcontext(), \
+                    collector_confined() as collect_young:
                 got = self.step(*statics, **fixed)
                 # No loop variable may keep one of `got`'s tensors past the capture (below).
                 torch._foreach_copy_(list(outs), list(got) if tupled else [got])
@@ -261,7 +281,7 @@ class GraphedStep:
                 # product; tensors the step left in reference cycles go whenever the collector runs, on any
                 # thread. Both go here, within it.
                 torch._C._cuda_clearCublasWorkspaces()
-                gc.collect()
+                collect_young()
         except Exception as e:  # the step ran just before: what failed is its graph
             raise CaptureFailed(str(e).splitlines()[0] if str(e) else type(e).__name__) from e
         return (graph, statics, outs if tupled else outs[0]), warm

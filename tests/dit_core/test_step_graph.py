@@ -339,3 +339,32 @@ def test_timed_step_tells_the_host_from_the_gpu():
     assert gpu < step_graph.HOST_BOUND * host, (gpu, host)
     _, gpu, host = step_graph.timed_step(big, device)
     assert gpu > step_graph.HOST_BOUND * host, (gpu, host)
+
+
+def test_a_capture_collects_only_the_cycles_its_step_made():
+    """collector_confined: the cycles made within are collected when asked; those made before stay for a later
+    collection outside (a capture must not free memory made before it), and no collection runs by itself within."""
+    import gc
+
+    class Cycle:
+        def __init__(self, gone):
+            self.me = self
+            weakref.finalize(self, gone.append, self.__class__.__name__)
+
+    class Before(Cycle):
+        pass
+
+    class Within(Cycle):
+        pass
+
+    gone = []
+    was_enabled = gc.isenabled()
+    Before(gone)
+    with step_graph.collector_confined() as collect:
+        assert not gc.isenabled() and gc.get_freeze_count() > 0
+        Within(gone)
+        collect()
+        assert gone == ["Within"]
+    assert gc.get_freeze_count() == 0 and gc.isenabled() == was_enabled
+    gc.collect()
+    assert gone == ["Within", "Before"]
