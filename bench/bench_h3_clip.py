@@ -6,11 +6,13 @@ its BF16 transformer's step (the median of --peer-steps, times the clip's steps:
 video decode in the same tiles and its audio VAE; its clip is the sum of those phases. Random weights of the real
 sizes; the prompt's features given (the text encoder is bench_text_encoders'). Seconds per phase and whole.
 
-    python bench/bench_h3_clip.py [--layers 50] [--fidelity]    # on a GPU, the peers' carry (diffusers)
+    python bench/bench_h3_clip.py [--layers 50] [--fidelity] [--attention-8bit]    # on a GPU, the peers' carry
     python bench/bench_h3_clip.py --tiny                         # a smoke run: tiny models, on the CPU where no GPU
 
 --fidelity: then the clip by our BF16 model of the same INT8 weights (the same seed; its layers streamed where the
-card holds less than its 66 GB), and the INT8 clip's PSNR of frames and audio against it (issue 35's measure)."""
+card holds less than its 66 GB), and the INT8 clip's PSNR of frames and audio against it (issue 35's measure).
+--attention-8bit: also the INT8 clip with both attention products on 8 bits (Options.attention_8bit: the 2x step's
+price in fidelity), timed warm, and with --fidelity its PSNR against the same BF16 clip."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +65,7 @@ def main(argv=None) -> int:
     p.add_argument("--peer-steps", type=int, default=2, help="diffusers' steps timed (their median times 20)")
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--fidelity", action="store_true")
+    p.add_argument("--attention-8bit", action="store_true", help="also the clip with Options.attention_8bit")
     p.add_argument("--tiny", action="store_true", help="a 3-layer model of GPU-kernel sizes at 64x64x22")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -123,13 +126,22 @@ def main(argv=None) -> int:
 
     model = placed(loaded)
     ours = {label: our_clip(model) for label in ("first", "warm")}
-    print_phases((("sampling", f"{STEPS} steps (diffusers: its step x {STEPS})"), ("video decode", "video decode"),
-                  ("audio decode", "audio decode")), theirs, ours["first"][0], ours["warm"][0])
+    phases = (("sampling", f"{STEPS} steps (diffusers: its step x {STEPS})"), ("video decode", "video decode"),
+              ("audio decode", "audio decode"))
+    print_phases(phases, theirs, ours["first"][0], ours["warm"][0])
+    if args.attention_8bit:
+        model = replace(model, options=replace(defaults, attention_8bit=True))
+        ours.update({f"8-bit {label}": our_clip(model) for label in ("first", "warm")})
+        print("\nWith both attention products on 8 bits (Options.attention_8bit):\n")
+        print_phases(phases, theirs, ours["8-bit first"][0], ours["8-bit warm"][0])
     if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seed: the decoded clip's distance
         model = None
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        print("\n" + fidelity_line(ours["warm"][1:], our_clip(placed(bf16_of(loaded)))[1:], args.tiny))
+        bf16 = our_clip(placed(bf16_of(loaded)))[1:]
+        print("\n" + fidelity_line(ours["warm"][1:], bf16, args.tiny))
+        if args.attention_8bit:
+            print("8-bit attention, " + fidelity_line(ours["8-bit warm"][1:], bf16, args.tiny))
     return 0
 
 

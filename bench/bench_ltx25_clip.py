@@ -9,11 +9,12 @@ audio VAE and vocoder; its clip is the sum of those phases (its pipeline's own l
 of the real sizes; the prompt's connector rows given (the text encoder is bench_text_encoders'). Seconds per phase
 and whole, ours first (its graphs captured, its kernels built) and warm.
 
-    python bench/bench_ltx25_clip.py [--layers 48] [--fidelity]    # on a GPU, the peers' carry (diffusers)
+    python bench/bench_ltx25_clip.py [--layers 48] [--fidelity] [--attention-8bit]    # on a GPU, the peers' carry
     python bench/bench_ltx25_clip.py --tiny            # a smoke run: tiny models, on the CPU where no GPU
 
 --fidelity: then the clip by our BF16 model of the same INT8 weights (the same seeds), and the INT8 clip's PSNR of
-frames and audio against it (issue 36's fidelity measure).
+frames and audio against it (issue 36's fidelity measure). --attention-8bit: also the INT8 clip with the self-
+attentions' products on 8 bits (Options.attention_8bit: the 2x step's price in fidelity), and with --fidelity its PSNR.
 
 Memory: diffusers' BF16 transformer (38 GB) runs its steps and is freed before ours is made from its tensors; with
 --fidelity our INT8 model is freed before the BF16 one is placed."""
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiny", action="store_true", help="the tests' tiny models at 64x64 / 128x128, 17 frames")
     p.add_argument("--fidelity", action="store_true", help="then the clip by our BF16 model of the same INT8 "
                    "weights, and the PSNR of the INT8 clip's frames and audio against it")
+    p.add_argument("--attention-8bit", action="store_true", help="also the clip with Options.attention_8bit")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     from graph_peers import torchvision_shim
@@ -153,11 +155,19 @@ def main(argv=None) -> int:
     ours_rows = {label: our_clip(model, step) for label in ("first", "warm")}
     theirs_rows = {"sampling": phases["stage 1 steps"] + phases["upsampler"] + phases["stage 2 steps"],
                    "video decode": phases["video decode"], "audio decode": phases["audio decode"]}
-    print_phases((("sampling", "stages 1 and 2 with the upsampler"), ("video decode", "video decode"),
-                  ("audio decode", "audio decode with the vocoder")), theirs_rows, ours_rows["first"][0],
-                 ours_rows["warm"][0])
+    clip_phases = (("sampling", "stages 1 and 2 with the upsampler"), ("video decode", "video decode"),
+                   ("audio decode", "audio decode with the vocoder"))
+    print_phases(clip_phases, theirs_rows, ours_rows["first"][0], ours_rows["warm"][0])
     print(f"\ndiffusers' phases: stage 1 steps {phases['stage 1 steps']:.2f} s, upsampler {phases['upsampler']:.3f} s, "
           f"stage 2 steps {phases['stage 2 steps']:.2f} s", flush=True)
+    if args.attention_8bit:
+        if step is not None:
+            step.clear()
+        model = replace(model, options=replace(model.options, attention_8bit=True))
+        step = model.graphed() if device.type == "cuda" else None
+        ours_rows.update({f"8-bit {label}": our_clip(model, step) for label in ("first", "warm")})
+        print("\nWith the self-attentions' products on 8 bits (Options.attention_8bit):\n")
+        print_phases(clip_phases, theirs_rows, ours_rows["8-bit first"][0], ours_rows["8-bit warm"][0])
     if args.fidelity:  # INT8 against BF16 of the same INT8 weights, the same seeds: the decoded clip's distance
         if step is not None:
             step.clear()
@@ -168,6 +178,8 @@ def main(argv=None) -> int:
         model = bf16.to(device) if device.type == "cuda" else bf16.gpu_form(device, bf16.default_options())
         bf16_clip = our_clip(model, model.graphed() if device.type == "cuda" else None)
         print(fidelity_line(ours_rows["warm"][1:], bf16_clip[1:], args.tiny))
+        if args.attention_8bit:
+            print("8-bit attention, " + fidelity_line(ours_rows["8-bit warm"][1:], bf16_clip[1:], args.tiny))
     return 0
 
 

@@ -37,6 +37,7 @@ from dit_core.weights import TensorSource  # noqa: E402
 
 GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
+EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,
@@ -171,6 +172,8 @@ def main(argv=None) -> None:
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--no-peer", dest="peer", action="store_false", help="skip diffusers' steps (its random model "
                    "is still made: ours is made from its tensors)")
+    p.add_argument("--attention-8bit", action="store_true", help="also the graphed step with the self-attentions' "
+                   "products on 8 bits (Options.attention_8bit)")
     p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
                    "last stage, by GPU time, and its host functions (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
@@ -210,6 +213,13 @@ def main(argv=None) -> None:
         for k, s in inputs.items():
             results[(k, GRAPHED)] = (*timed_on(device, our_step(ours, s, graphed), args.steps), weights_gb(ours))
         graphed.clear()
+        if args.attention_8bit:  # the same, the self-attentions' products on 8 bits (Options.attention_8bit)
+            eight = dataclasses.replace(ours, options=dataclasses.replace(defaults, attention_8bit=True))
+            graphed = eight.graphed()
+            for k, s in inputs.items():
+                results[(k, EIGHT_BIT)] = (*timed_on(device, our_step(eight, s, graphed), args.steps),
+                                           weights_gb(ours))
+            graphed.clear()
     if args.profile and device.type == "cuda":
         from gpu_profile import print_profile
         print(f"\n## kernels of one INT8 step, stage {stages[-1]}")
@@ -248,6 +258,10 @@ def main(argv=None) -> None:
         if (k, GRAPHED) in results:
             gv, ga = results[(k, GRAPHED)][2]
             print(f"stage {k} graphed vs eager: video {rel(gv, ours_v):.2e}, audio {rel(ga, ours_a):.2e} (0 expected)")
+        if (k, EIGHT_BIT) in results:
+            ev, ea = results[(k, EIGHT_BIT)][2]
+            print(f"stage {k} 8-bit attention vs cuDNN's bf16: video {rel(ev, ours_v):.4f}, audio "
+                  f"{rel(ea, ours_a):.4f}")
         if stream is not None:
             sv, sa = results[(k, stream)][2]
             print(f"stage {k} streamed vs resident: video {rel(sv, ours_v):.2e}, audio {rel(sa, ours_a):.2e} (the "

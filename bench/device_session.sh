@@ -124,9 +124,9 @@ for part in $parts; do
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;
     # H3's t2v template clip end to end (20 steps, decodes) against diffusers' models (peers' set)
-    h3_clip) timeout $(cap 590) python3 -u bench/bench_h3_clip.py --fidelity 2>&1 | stamped ;;
+    h3_clip) timeout $(cap 590) python3 -u bench/bench_h3_clip.py ${H3_CLIP_ARGS:---fidelity} 2>&1 | stamped ;;
     # LTX-2.5's template clip end to end (both stages, upsampler, decodes) against diffusers' models (peers' set)
-    ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py --fidelity 2>&1 | stamped ;;
+    ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py ${LTX25_CLIP_ARGS:---fidelity} 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
     video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
     save_image) timeout $(cap 120) sh -c 'python3 -u bench/bench_save_image.py && python3 -u bench/bench_save_image.py --device cuda' ;;

@@ -3,7 +3,8 @@ time in their own order (LTX-2.5): an attention with its own q, k, v linears (se
 another stream), q/k RMS across all heads, rotary angles per head, a key bias, the per-head 2 sigmoid gate; a GELU
 MLP; each branch added to the residual under its gate in OUT's / DOWN's product epilogue. The linears go through
 dit_core/gpu/block.py (INT8 ConvRot on the kernels, or BF16), the head gate through an INT8 OUT's quantizer prologue;
-q/k norm and rotary through kernels/rows_norm_rope.py; attention through SDPA."""
+q/k norm and rotary through kernels/rows_norm_rope.py; attention through SDPA (a self-attention without a bias on
+the 8-bit kernel where Options.attention_8bit asks)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -139,6 +140,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
         heads_first = lambda t: t.transpose(0, 1)[None]  # noqa: E731
         out = shards.across(lambda *t: heads_attention(*map(heads_first, t), bias)[0].transpose(0, 1),
                             *(t[0].transpose(0, 1) for t in (q, k, v)), keys).view(q.shape[2], q.shape[1], -1)
+    elif bias is None and k.shape == q.shape and o.attention_8bit and w.projections[0].int8:
+        out = run("attention", q, k, v, eight_bit=True)  # rows [rows, heads x head]; SDPA where the kernel can't
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
     gate = None if w.head_gate is None else linear(x, w.head_gate)  # [rows, heads] f32
