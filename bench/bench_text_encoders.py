@@ -1,9 +1,11 @@
 """The text encoder on the card, as the loaders place it (issue 34): Qwen3-VL-4B (FLUX.3 Klein's and Krea 2's; the
-same linear shapes as Z-Image's Qwen3-4B) from a real-size random INT8 ConvRot file, loaded on CUDA two ways:
-its linears dequantized to BF16 (the nodes' path today) and kept INT8 on the INT8 kernels (dit_core/gpu/text_linear.py).
-For each: load seconds, weights on the card, peak host RSS, the time to encode a short and a long prompt and a new
-short prompt each time (a user's next prompt: its length new; median of CUDA-event timings), and the INT8 path's features against the BF16 load's (relative Frobenius; the tiny models'
-bound is 8e-2). Prints a markdown table.
+same linear shapes as Z-Image's Qwen3-4B) from a real-size random INT8 ConvRot file, loaded on CUDA two ways: its
+linears dequantized to BF16 (the nodes' path) and kept INT8 on the INT8 kernels (dit_core/gpu/text_linear.py), each
+run through transformers' layers and through the fused ones (dit_core/gpu/text_decoder.py, the nodes' path). For
+each: load seconds, weights on the card, peak host RSS, the time to encode a short and a long prompt and a new short
+prompt each time (a user's next prompt: its length new; median of CUDA-event timings), and the features against the
+BF16 load's through transformers' layers (relative Frobenius; the tiny models' bound for INT8 is 8e-2). Prints a
+markdown table.
 
     python bench/bench_text_encoders.py [--root DIR] [--runs 5]
 
@@ -80,12 +82,15 @@ def main(argv=None) -> int:
         torch.cuda.synchronize()
         load_s = time.monotonic() - t0
         card_gb = (torch.cuda.memory_allocated() - base) / 1e9
-        times = {name: timed_encode(encoder, prompt, args.runs) for name, prompt in PROMPTS.items()}
         fixed = {name: prompt for name, prompt in PROMPTS.items() if isinstance(prompt, str)}
         tokens = {name: len(encoder.tokenizer(prompt if isinstance(prompt, str) else prompt[0]))
                   for name, prompt in PROMPTS.items()}
-        features[label] = {name: encoder.encode(prompt).float().cpu() for name, prompt in fixed.items()}
-        rows.append((label, load_s, card_gb, host_peak_gb(), times))
+        for layers, fused in (("transformers' layers", False), ("fused layers", True)):
+            encoder.fused_layers = fused
+            times = {name: timed_encode(encoder, prompt, args.runs) for name, prompt in PROMPTS.items()}
+            features[f"{label}, {layers}"] = {name: encoder.encode(prompt).float().cpu() for name, prompt in
+                                              fixed.items()}
+            rows.append((f"{label}, {layers}", load_s, card_gb, host_peak_gb(), times))
         del encoder
     names = list(PROMPTS)
     print("| text encoder on the card | load s | weights GB | host peak RSS GB (process so far) | "
@@ -94,9 +99,13 @@ def main(argv=None) -> int:
     for label, load_s, card_gb, rss, times in rows:
         print(f"| {label} | {load_s:.1f} | {card_gb:.2f} | {rss:.1f} | "
               + " | ".join(f"{times[n]:.1f}" for n in names) + " |")
-    (bf16, int8) = features.values()
-    errors = ", ".join(f"{n}: {torch.linalg.norm(int8[n] - bf16[n]) / torch.linalg.norm(bf16[n]):.4f}" for n in bf16)
-    print(f"\nINT8 path against the BF16 load, relative Frobenius of the features: {errors}")
+    base_label, *others = features
+    base = features[base_label]
+    print(f"\nRelative Frobenius of the features from the {base_label}'s:")
+    for label in others:
+        got = features[label]
+        print(f"- {label}: " + ", ".join(f"{n}: {torch.linalg.norm(got[n] - base[n]) / torch.linalg.norm(base[n]):.4f}"
+                                         for n in base))
     return 0
 
 

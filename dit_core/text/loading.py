@@ -199,6 +199,7 @@ class TextEncoder:
     def __init__(self, model: torch.nn.Module, tokenizer: Callable[[str], list[int]]):
         self.model = model
         self.tokenizer = tokenizer
+        self.fused_layers = True  # encode through fused() where it has a form
 
     @classmethod
     def config(cls, ckpt: Checkpoint, sizes: dict[str, int], **options: Any) -> Any:
@@ -246,6 +247,17 @@ class TextEncoder:
     @property
     def device(self) -> torch.device:
         return self.model.embed_tokens.weight.device
+
+    def fused(self):
+        """The model's decoder layers on the engine's kernels (dit_core/gpu/text_decoder.py FusedDecoder), made at
+        the first encode where the model is on a CUDA GPU in BF16 or INT8; None elsewhere (the transformers model
+        runs: the f32 host reference, streamed layers, Gemma-4) or where fused_layers is off (benchmarks)."""
+        if not self.fused_layers:
+            return None
+        if getattr(self, "_fused_on", None) != self.device:
+            from ..gpu.text_decoder import FusedDecoder  # lazily, as text_linear
+            self._fused, self._fused_on = FusedDecoder.of(self.model), self.device
+        return self._fused
 
     @property
     def text_model(self) -> torch.nn.Module:

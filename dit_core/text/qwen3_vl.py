@@ -190,6 +190,11 @@ class Qwen3VLTextEncoder(TextEncoder):
         input_ids = torch.tensor([ids], device=self.device)
         if positions is None:
             positions = torch.arange(len(ids), device=self.device)[None]
+        fused = self.fused() if vision is None else None
+        if fused is not None:
+            with encoding(self.model, None):
+                got = fused.states(input_ids, set(self.layers), positions, mask, check)
+            return [got[k] for k in self.layers]
         inputs = {"input_ids": input_ids}
         if vision is not None:
             # transformers' Qwen3VLModel.forward: the merged vision rows replace the pad embeddings, and DeepStack

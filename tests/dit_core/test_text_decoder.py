@@ -1,0 +1,103 @@
+"""dit_core/gpu/text_decoder.py: a Qwen3 / Qwen3-VL text model's layers on the engine's kernels, against transformers'
+f32 forward (the reference), on the CPU where the kernels run their references (pytest -m gpu: on CUDA)."""
+import pytest
+import torch
+from conftest import COMFYUI_TREE, rel_err
+from safetensors.torch import save_file
+from tiny_models import int8_convrot_state, qwen3_comfy_layout, qwen3_vl_layout, random_qwen3, random_qwen3_vl
+
+from dit_core.gpu.text_decoder import FusedDecoder
+from dit_core.text.qwen3 import Qwen3TextEncoder
+from dit_core.text.qwen3_vl import LAYERS, PAD_POSITION, Qwen3VLTextEncoder
+
+TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
+PROMPT = "A photo of a cat sitting on a windowsill at golden hour, 35mm, shallow depth of field."
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    """(the f32 reference model, its file, its INT8 ConvRot file)."""
+    root, model = tmp_path_factory.mktemp("text_decoder"), random_qwen3()
+    paths = root / "qwen3.safetensors", root / "qwen3_int8.safetensors"
+    sd = qwen3_comfy_layout(model)
+    save_file(sd, str(paths[0]))
+    save_file(int8_convrot_state(sd, lambda k: k.startswith("model.layers.") and "_proj" in k), str(paths[1]))
+    return model, *paths
+
+
+def fused_of(encoder) -> FusedDecoder:
+    fused = FusedDecoder.of(encoder.model, anywhere=True)
+    assert fused is not None
+    return fused
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_qwen3_features_near_the_f32_reference(qwen3, device):
+    """Z-Image's features (the residual stream after all but the last layer): within BF16's error of the f32
+    model, no farther than transformers' own BF16 forward of the same weights; that forward is unchanged once
+    the fused form's stacks hold the weights (views, no second copy)."""
+    reference, path, _ = qwen3
+    encoder = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device, int8_linears=False)
+    ids = encoder.tokenize(PROMPT)
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-2]
+        theirs = encoder.model(input_ids=torch.tensor([ids], device=device)).last_hidden_state.float().cpu()
+    fused = fused_of(encoder)
+    last = len(encoder.model.layers)
+    got = fused.states(torch.tensor([ids], device=device), (last,))[last].cpu()
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert rel_err(got, want) <= max(1e-2, 1.2 * rel_err(theirs, want))
+    with torch.no_grad():
+        again = encoder.model(input_ids=torch.tensor([ids], device=device)).last_hidden_state.float().cpu()
+    assert torch.equal(again, theirs)
+    layer = encoder.model.layers[0].self_attn
+    assert layer.k_proj.weight.data_ptr() == layer.q_proj.weight.data_ptr() + layer.q_proj.weight.numel() * 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8_linears_stack_with_their_scales(qwen3, device):
+    """INT8 ConvRot linears kept INT8 (Int8Linear): the stacked products equal transformers' forward through the
+    same Int8Linear modules within BF16's error (the residual stream's precision differs)."""
+    _, _, path = qwen3
+    encoder = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device, int8_linears=True)
+    ids = torch.tensor([encoder.tokenize(PROMPT)], device=device)
+    with torch.no_grad():
+        theirs = encoder.model(input_ids=ids).last_hidden_state.float()
+    last = len(encoder.model.layers)
+    assert rel_err(fused_of(encoder).states(ids, (last,))[last], theirs) <= 2e-2
+
+
+def test_klein_taps_with_pads_masked(tmp_path):
+    """Qwen3-VL (mRoPE) with FLUX.3 Klein's padding: pads unseen as keys, at PAD_POSITION; several taps, the
+    embeddings' among them; check() before each layer; hidden_states[k] as transformers counts them, each no farther
+    from the f32 reference than transformers' BF16 forward."""
+    reference = random_qwen3_vl()
+    path = tmp_path / "qwen3vl.safetensors"
+    save_file(qwen3_vl_layout(reference, "hf"), str(path))
+    encoder = Qwen3VLTextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=False)
+    padded, mask = encoder.tokenizer.pad(encoder.tokenize(PROMPT))
+    mask = torch.tensor([mask])
+    assert not mask.all()
+    positions = torch.arange(len(padded))[None].masked_fill(mask == 0, PAD_POSITION)
+    ids = torch.tensor([padded])
+    with torch.no_grad():
+        want = reference.model.language_model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                                              output_hidden_states=True).hidden_states
+    theirs = encoder.hidden_states(padded, mask, positions)  # transformers' BF16 forward (no fused form on the CPU)
+    calls = []
+    got = fused_of(encoder).states(ids, {0, *LAYERS}, positions, mask, check=lambda: calls.append(1))
+    assert len(calls) == max(LAYERS)
+    assert torch.equal(got[0], encoder.model.embed_tokens(ids).float())
+    for k, t in zip(LAYERS, theirs):
+        assert rel_err(got[k], want[k]) <= max(1e-2, 1.2 * rel_err(t.float(), want[k])), k
+
+
+def test_only_bf16_models_on_a_gpu_take_it(qwen3):
+    """None on the CPU unless asked (the f32 host path is the reference), and for an f32 model anywhere."""
+    _, path, _ = qwen3
+    bf16 = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=False)
+    assert FusedDecoder.of(bf16.model) is None and bf16.fused() is None
+    f32 = Qwen3TextEncoder.load(path, TOKENIZER_DIR)
+    assert FusedDecoder.of(f32.model, anywhere=True) is None
