@@ -10,6 +10,7 @@ memory of the step, weights, joules) and the fidelity of each step against diffu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 from pathlib import Path
@@ -45,6 +46,8 @@ def main(argv=None) -> None:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
+    p.add_argument("--attention-8bit", action="store_true", help="also the graphed INT8 step with both attention "
+                   "products on 8 bits (Options.attention_8bit)")
     args = p.parse_args(argv)
     from tiny_models import krea2_original_layout
 
@@ -83,6 +86,13 @@ def main(argv=None) -> None:
                 results[f"{label}, text fused once, CUDA graph"] = (
                     *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
                 graphed.clear()
+                if args.attention_8bit:
+                    eight = dataclasses.replace(ours, options=dataclasses.replace(ours.options, attention_8bit=True))
+                    graphed = eight.graphed()
+                    results[f"{label}, text fused once, CUDA graph, 8-bit attention"] = (
+                        *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
+                    graphed.clear()
+                    del eight
                 del txt, graphed
         del ours, step
         torch.cuda.empty_cache()
@@ -94,6 +104,10 @@ def main(argv=None) -> None:
     print(f"\nfidelity (relative Frobenius): INT8 vs our BF16 {rel(out['ours INT8 ConvRot'], out['ours BF16']):.4f}; "
           f"against the f32 step: ours INT8 {rel(out['ours INT8 ConvRot'], truth):.4f}, ours BF16 "
           f"{rel(out['ours BF16'], truth):.4f}, diffusers BF16 {rel(out['diffusers BF16 (SDPA)'], truth):.4f}")
+    eight = out.get("ours INT8 ConvRot, text fused once, CUDA graph, 8-bit attention")
+    if eight is not None:
+        print(f"8-bit attention: against the f32 step {rel(eight, truth):.4f}, against our BF16 "
+              f"{rel(eight, out['ours BF16']):.4f}")
 
 
 if __name__ == "__main__":

@@ -85,15 +85,16 @@ def _plain_heads(a: Arch) -> bool:
     return a.key_width != a.width or a.attn_gate
 
 
-def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, shards=None) -> tuple:
+def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, kind: dict[str, bool],
+                     shards=None) -> tuple:
     """(attention output rows [rows, heads D] bf16, the gate's rows: a bf16 view of QKV's last columns, or None
     without an attention gate) from QKV's bf16 product [q | k | v | gate]: head_norm_rope (each shared key head
-    written for the query heads it serves), then the kernels' attention (cuDNN first; across shards' ranks:
-    _attention). OUT's rows take the gate's sigmoid (GpuBlock._rows)."""
+    written for the query heads it serves), then the kernels' attention of `kind` (_attention_kind's; cuDNN first;
+    across shards' ranks: _attention). OUT's rows take the gate's sigmoid (GpuBlock._rows)."""
     qkv_width = a.width + 2 * a.key_width
     q, k, v = run("head_norm_rope", qkv[:, :qkv_width], a.heads, a.head, q_weight, k_weight, s.cos, s.sin, a.qk_eps,
                   group=s.group, kv_heads=a.kv_heads)
-    return _attention(q, k, v, {}, shards), qkv[:, qkv_width:] if a.attn_gate else None
+    return _attention(q, k, v, kind, shards), qkv[:, qkv_width:] if a.attn_gate else None
 
 
 def _product(x_q, s_x, x_bf16, lin: GpuLinear, o: Options) -> torch.Tensor:
@@ -299,7 +300,8 @@ class GpuBlock:
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
                        row_map=row_map, stats=given)
         if _plain_heads(a):
-            turn, (o, gate) = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s, shards)
+            turn, (o, gate) = False, _gated_attention(a, _product(*h, w[QKV], opt), w[Q_NORM], w[K_NORM], s,
+                                                      _attention_kind(w[QKV], opt), shards)
         else:
             turn, gate = _turns_v(a, w[QKV], w[OUT], s, opt), None
             o = _attention(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), _attention_kind(w[QKV], opt),
