@@ -118,7 +118,7 @@ for part in $parts; do
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
     # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s);
     # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
-    graph) timeout 590 python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --side ${SIDE:-ours} \
+    graph) timeout $(cap 590) python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --side ${SIDE:-ours} \
              --report $OUT/graph.md ;;
     # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
