@@ -6,9 +6,10 @@ subclasses it with only what differs: its transformers config and class, which h
 and positions, chat template."""
 from __future__ import annotations
 
+import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,8 @@ from transformers import Qwen2Tokenizer
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
 from ..weights.convrot import dequantize_convrot
+
+log = logging.getLogger("SwiftDiT")
 
 # The Qwen chat template (ComfyUI v0.3.75 comfy/text_encoders/z_image.py ZImageTokenizer.llama_template; diffusers'
 # apply_chat_template with enable_thinking=True gives the same text: reference/families/z_image.md section 9, the text
@@ -258,6 +261,37 @@ class TextEncoder:
             from ..gpu.text_decoder import FusedDecoder  # lazily, as text_linear
             self._fused, self._fused_on = FusedDecoder.of(self.model), self.device
         return self._fused
+
+    def fused_states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
+                     mask: torch.Tensor | None = None,
+                     check: Callable[[], None] | None = None) -> dict[int, torch.Tensor] | None:
+        """FusedDecoder.states of fused() where there is one, else None: the caller runs the transformers model. A
+        failure of the fused layers (a kernel this GPU cannot build) turns them off for this encoder, logged, and
+        gives None; a cancel (check() raising) and running out of memory pass through."""
+        fused = self.fused()
+        if fused is None:
+            return None
+        cancelled = []
+
+        def asked():
+            try:
+                check()
+            except BaseException:
+                cancelled.append(True)
+                raise
+
+        with encoding(self.model, None):
+            try:
+                return fused.states(ids, taps, positions, mask, None if check is None else asked)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:
+                if cancelled:
+                    raise
+                log.warning("SwiftDiT: %s's fused layers failed (%s: %s); its encodes run transformers' layers",
+                            self.ARCH, type(e).__name__, e)
+                self.fused_layers = False
+                return None
 
     @property
     def text_model(self) -> torch.nn.Module:

@@ -95,9 +95,9 @@ class Qwen3TextEncoder(TextEncoder):
         limit = self.model.config.max_position_embeddings
         if len(ids) > limit:  # past the positions it was trained on (the seeds' ZImagePipeline.condition)
             raise prompt_too_long(len(ids), limit)
-        ids, fused = torch.tensor([ids], device=self.device), self.fused()
-        with encoding(self.model, None if fused else check):
-            if fused is not None:
-                last = len(self.model.layers)
-                return fused.states(ids, (last,), check=check)[last]
+        ids, last = torch.tensor([ids], device=self.device), len(self.model.layers)
+        got = self.fused_states(ids, (last,), check=check)
+        if got is not None:
+            return got[last]
+        with encoding(self.model, check):
             return self.model(input_ids=ids).last_hidden_state.float()

@@ -190,10 +190,8 @@ class Qwen3VLTextEncoder(TextEncoder):
         input_ids = torch.tensor([ids], device=self.device)
         if positions is None:
             positions = torch.arange(len(ids), device=self.device)[None]
-        fused = self.fused() if vision is None else None
-        if fused is not None:
-            with encoding(self.model, None):
-                got = fused.states(input_ids, set(self.layers), positions, mask, check)
+        got = self.fused_states(input_ids, set(self.layers), positions, mask, check) if vision is None else None
+        if got is not None:
             return [got[k] for k in self.layers]
         inputs = {"input_ids": input_ids}
         if vision is not None:

@@ -101,3 +101,32 @@ def test_only_bf16_models_on_a_gpu_take_it(qwen3):
     assert FusedDecoder.of(bf16.model) is None and bf16.fused() is None
     f32 = Qwen3TextEncoder.load(path, TOKENIZER_DIR)
     assert FusedDecoder.of(f32.model, anywhere=True) is None
+
+
+def test_a_failing_fused_form_falls_back_and_a_cancel_passes(qwen3, monkeypatch, caplog):
+    """An encoder whose fused layers fail (a kernel the GPU cannot build) encodes through transformers' layers from
+    then on, logged; a cancel raised by check() within them is the caller's, not a failure."""
+    _, path, _ = qwen3
+    encoder = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=False)
+    want = encoder.encode(PROMPT)  # transformers' layers: no fused form on the CPU
+
+    class Broken:
+        def states(self, *args):
+            raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(encoder, "fused", lambda: Broken() if encoder.fused_layers else None)
+    assert torch.equal(encoder.encode(PROMPT), want) and not encoder.fused_layers
+    assert "fused layers failed (RuntimeError: no kernel for this GPU)" in caplog.text
+
+    class Cancelled(Exception):
+        pass
+
+    def cancel():
+        raise Cancelled()
+
+    encoder.fused_layers = True
+    fused = fused_of(encoder)
+    monkeypatch.setattr(encoder, "fused", lambda: fused)
+    with pytest.raises(Cancelled):
+        encoder.encode(PROMPT, cancel)
+    assert encoder.fused_layers
