@@ -1,6 +1,7 @@
 """LTX-2.5's GPU form (LTX25.to / gpu_form: layers through dit_core/gpu/pieces.py and the GPU block's linears)
 against the host path: on the CPU where every kernel takes its reference, and on CUDA (pytest -m gpu). Sizes the
 kernels take: heads of 128 (video) and 64 (audio), widths in ConvRot groups of 64."""
+import functools
 from dataclasses import replace
 
 import pytest
@@ -209,22 +210,30 @@ def test_gpu_form_matches_the_host(files, name, grid):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
-def test_8bit_attention_stays_near_f32(files, device):
+def test_8bit_attention_stays_near_f32(files, device, monkeypatch):
     """Options.attention_8bit: the video self-attentions (heads of 128, no bias) on kernels/attention_8bit.py, the
-    rest as before; within 6e-2 of f32 on the GPU (e4m3 p v: ~3.5% an attention), and on the CPU (the kernels'
-    exact references) within the INT8 path's 3e-2."""
+    rest as before; within 6e-2 of f32 (e4m3 p v: ~3.5% an attention). On the CPU the attention kernel itself runs
+    (Triton's interpreter), the other ops their references."""
     f32, int8 = (LTX25.load(files / f"tiny{suffix}.safetensors") for suffix in ("", "_int8"))
     args = inputs(GRID)
     want = f32.forward(*args)
     dev = torch.device(device)
+    launched = []
+    if dev.type == "cpu":  # the attention op's launcher (which picks the 8-bit kernel where it takes the rows)
+        import kernels
+        from dit_core.gpu import pieces
+        kernel = kernels.attention_8bit.attention_8bit
+        monkeypatch.setattr(kernels.attention_8bit, "attention_8bit", lambda *t: launched.append(1) or kernel(*t))
+        monkeypatch.setattr(pieces, "run", lambda op, *t, **kw: (kernels.OPS[op].launcher if op == "attention" else
+                                                                 functools.partial(kernels.run, op))(*t, **kw))
     options = replace(int8.default_options(), attention_8bit=True)
     eight = int8.to(dev, options=options) if dev.type == "cuda" else int8.gpu_form(dev, options)
     plain = int8.to(dev) if dev.type == "cuda" else int8.gpu_form(dev, int8.default_options())
     got, before = eight.forward(*args), plain.forward(*args)
     for g, w in zip(got, want):
-        assert rel_err(g, w) <= (6e-2 if dev.type == "cuda" else 3e-2)
-    if dev.type == "cuda":  # the kernel ran: the video rows moved from SDPA's
-        assert not torch.equal(got[0], before[0])
+        assert rel_err(g, w) <= 6e-2
+    assert not torch.equal(got[0], before[0])  # the kernel ran: the video rows moved from SDPA's
+    assert dev.type == "cuda" or len(launched) == 2  # a video self-attention a layer (audio's heads of 64: SDPA)
 
 
 def test_streamed_layers_equal_resident(files):
