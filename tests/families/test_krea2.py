@@ -1,6 +1,7 @@
 """Krea 2 on the shared block (grouped-query attention, attention gate) vs diffusers 0.42.1
 Krea2Transformer2DModel, tiny and random."""
 
+import functools
 from dataclasses import replace
 
 import pytest
@@ -227,6 +228,33 @@ def test_gpu_blocks_on_the_cpu_match_host(gpu_sized):
                          blocks=on_cpu(host.blocks))
         want = host.output(latent.double(), 0.6546, text.double(), mask).float()
         assert rel_err(blocks.output(latent, 0.6546, text, mask), want) <= bound, linears
+
+
+def test_8bit_attention_in_the_plain_heads_path(tmp_path, monkeypatch):
+    """Options.attention_8bit reaches Krea 2's grouped-query, gated attention (the GPU block's plain path): the 8-bit
+    kernel itself (Triton's interpreter on the CPU; heads of 128) runs in every block and the output stays within
+    6e-2 of the host's f64 model."""
+    import kernels
+    from dit_core.gpu import block
+    from dit_core.gpu.options import Options
+    sizes = {**GPU_SIZES, "attention_head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+             "axes_dims_rope": (32, 48, 48)}
+    path = tmp_path / "krea2.safetensors"
+    save_file(krea2_original_layout(random_krea2(seed=7, **sizes).state_dict()), path)
+    g = torch.Generator().manual_seed(8)
+    latent, text = torch.randn(C, 16, 12, generator=g), torch.randn(9, TAPS, GPU_SIZES["text_hidden_dim"], generator=g)
+    mask = torch.tensor([True] * 7 + [False] * 2)
+    host = Krea2.load(path, linears="int8")
+    want = host.output(latent.double(), 0.6546, text.double(), mask).float()
+    launched, kernel = [], kernels.attention_8bit.attention_8bit
+    monkeypatch.setattr(kernels.attention_8bit, "attention_8bit", lambda *t: launched.append(1) or kernel(*t))
+    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (kernels.OPS[op].launcher if op == "attention" else
+                                                            functools.partial(kernels.run, op))(*t, **kw))
+    on_cpu = lambda blocks: tuple(GpuBlock.of(b, torch.device("cpu")) for b in blocks)  # noqa: E731
+    gpu = replace(host, layerwise=on_cpu(host.layerwise), refiners=on_cpu(host.refiners), blocks=on_cpu(host.blocks),
+                  options=Options(attention_8bit=True))
+    assert rel_err(gpu.output(latent, 0.6546, text, mask), want) <= 6e-2
+    assert len(launched) == len(host.blocks)
 
 
 @pytest.mark.gpu
