@@ -267,10 +267,8 @@ class TextEncoder:
                      check: Callable[[], None] | None = None) -> dict[int, torch.Tensor] | None:
         """FusedDecoder.states of fused() where there is one, else None: the caller runs the transformers model. A
         failure of the fused layers (a kernel this GPU cannot build) turns them off for this encoder, logged, and
-        gives None; a cancel (check() raising) and running out of memory pass through."""
-        fused = self.fused()
-        if fused is None:
-            return None
+        gives None (so does a failure to make them); a cancel (check() raising) and running out of memory pass
+        through."""
         cancelled = []
 
         def asked():
@@ -282,7 +280,9 @@ class TextEncoder:
 
         with encoding(self.model, None):
             try:
-                return fused.states(ids, taps, positions, mask, None if check is None else asked)
+                fused = self.fused()
+                return None if fused is None else fused.states(ids, taps, positions, mask,
+                                                               None if check is None else asked)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:
