@@ -260,6 +260,8 @@ class TextEncoder:
         if getattr(self, "_fused_on", None) != self.device:
             from ..gpu.text_decoder import FusedDecoder  # lazily, as text_linear
             self._fused, self._fused_on = FusedDecoder.of(self.model), self.device
+            if self._fused is not None:
+                log.info("SwiftDiT: %s's %d layers run fused on %s", self.ARCH, len(self._fused.layers), self.device)
         return self._fused
 
     def fused_states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,

@@ -186,12 +186,13 @@ def test_server_log_has_no_error_of_ours(gpu_host):
     """No traceback passes through the pack, no node reported an exception, and the process never met the
     allocator's abort (the test host's in-memory database logs tracebacks of its own: not ours); under ComfyUI's
     default allocator (cudaMallocAsync) the host-bound steps were captured (INT8 Z-Image and Klein on an H100) and
-    no capture failed."""
+    no capture failed; the text encoders ran their fused layers and none fell back to transformers'."""
     log = gpu_host.log_text()
     assert not re.search(r'^  File ".*/custom_nodes/comfyui-swiftdit/', log, re.MULTILINE), log[-3000:]
     assert "!!! Exception during processing" not in log and "uncaptured free" not in log, log[-3000:]
     assert "could not be captured" not in log and "steps run without CUDA graphs" not in log, log[-3000:]
     assert "replayed from a CUDA graph from its next call" in log, log[-3000:]
+    assert "layers run fused on cuda" in log and "fused layers failed" not in log, log[-3000:]
 
 
 def test_z_image_with_cuda_graphs(gpu_host, tmp_path):
@@ -223,9 +224,10 @@ def write_report(log: str) -> None:
     lines += [f"| {r['prompt']} | {r['seconds']:.2f} | {r['sampler']:.2f} | {r['card_gb']:.1f} | {r['host_gb']:.1f} |"
               for r in RESULTS]
     lines += ["", *(f"- PSNR {k}: {v:.2f} dB" for k, v in PSNR.items())]
-    # each step shape's graph decision (GraphedStep's "host_bound"), and any capture that failed
+    # each step shape's graph decision (GraphedStep's "host_bound"), any capture that failed, the text layers' path
     lines += [f"- {line.removeprefix('SwiftDiT: ')}" for line in log.splitlines()
-              if line.startswith(("SwiftDiT: a step at input", "SwiftDiT: a CUDA graph of the step"))]
+              if line.startswith(("SwiftDiT: a step at input", "SwiftDiT: a CUDA graph of the step"))
+              or (line.startswith("SwiftDiT: ") and "fused" in line)]
     Path(REPORT).write_text("\n".join(lines) + "\n")
 
 
