@@ -38,25 +38,28 @@ class FusedLayer:
     down: GpuLinear
 
 
+def _stack(modules: list[torch.nn.Module], name: str) -> torch.Tensor:
+    """The modules' tensors `name` stacked by rows, each module's then a view of the stack (one module: its own
+    tensor, no copy)."""
+    if len(modules) == 1:
+        return getattr(modules[0], name).detach()
+    stack = torch.cat([getattr(m, name).detach() for m in modules])
+    row = 0
+    for m in modules:
+        old = getattr(m, name)
+        view = stack[row:row + old.shape[0]]
+        setattr(m, name, torch.nn.Parameter(view, requires_grad=False) if isinstance(old, torch.nn.Parameter) else view)
+        row += old.shape[0]
+    return stack
+
+
 def _stacked(modules: list[torch.nn.Module]) -> GpuLinear | None:
     """One GpuLinear of the modules' rows stacked (each module's weight, and INT8 scale, then a view of the stack),
     or None where they are not all BF16 nn.Linear without bias or all Int8Linear of one ConvRot group."""
     if all(type(m) is torch.nn.Linear and m.bias is None and m.weight.dtype == torch.bfloat16 for m in modules):
-        weight = torch.cat([m.weight.detach() for m in modules])
-        row = 0
-        for m in modules:
-            rows = m.weight.shape[0]
-            m.weight = torch.nn.Parameter(weight[row:row + rows], requires_grad=False)
-            row += rows
-        return GpuLinear(weight, None, None, 0)
+        return GpuLinear(_stack(modules, "weight"), None, None, 0)
     if all(isinstance(m, Int8Linear) for m in modules) and len({m.group for m in modules}) == 1:
-        weight, scale = torch.cat([m.weight for m in modules]), torch.cat([m.scale for m in modules])
-        row = 0
-        for m in modules:
-            rows = m.weight.shape[0]
-            m.weight, m.scale = weight[row:row + rows], scale[row:row + rows]
-            row += rows
-        return GpuLinear(weight, scale, None, modules[0].group)
+        return GpuLinear(_stack(modules, "weight"), _stack(modules, "scale"), None, modules[0].group)
     return None
 
 
