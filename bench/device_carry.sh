@@ -28,8 +28,9 @@ case $MODE in
     # importlib_metadata: with 10.2 beside them, transformers' lazy imports failed on the device (2026-12-05).
     # transformers 5.24 needs a newer huggingface_hub, safetensors and regex than the image's (its lazy imports
     # failed with AutoImageProcessor and HiggsAudioV2TokenizerModel, 2026-12-05); soundfile needs cffi, which the
-    # image lacks (transformers imports soundfile where it is installed).
-    peers) WHEELS="diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3
+    # image lacks (transformers imports soundfile where it is installed). torchsde: the tests' in-process ComfyUI
+    # oracle imports its samplers.
+    peers) WHEELS="diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3 torchsde==0.2.6 trampoline==0.1.2
                 huggingface_hub==1.31.0 hf-xet==1.8.0 click==8.4.2 safetensors==0.8.0 regex==2026.11.19
                 omnivoice==0.2.1 pydub==0.25.1 soundfile==0.14.0 cffi==2.0.0 pycparser==2.23" ;;
     *) echo "device_carry.sh: unknown set $MODE (server or peers)" >&2; exit 2 ;;

@@ -2,7 +2,7 @@
 f32 forward (the reference), on the CPU where the kernels run their references (pytest -m gpu: on CUDA)."""
 import pytest
 import torch
-from conftest import COMFYUI_TREE, rel_err
+from conftest import COMFYUI_TREE, interpreted_only, rel_err
 from safetensors.torch import save_file
 from tiny_models import int8_convrot_state, qwen3_comfy_layout, qwen3_vl_layout, random_qwen3, random_qwen3_vl
 
@@ -132,6 +132,7 @@ def test_a_failing_fused_form_falls_back_and_a_cancel_passes(qwen3, monkeypatch,
     assert encoder.fused_layers
 
 
+@interpreted_only
 def test_the_kernels_compose_as_their_references(qwen3, monkeypatch):
     """The fused layers through the Triton kernels themselves (interpreted on the CPU) rather than their references:
     the layouts between them (head_norm_rope's rows-major q, k, v with k and v per query head, SDPA on its views,

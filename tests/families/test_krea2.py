@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import interpreted_only, rel_err
 from safetensors.torch import save_file
 from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, random_krea2, random_z_image
 
@@ -230,6 +230,7 @@ def test_gpu_blocks_on_the_cpu_match_host(gpu_sized):
         assert rel_err(blocks.output(latent, 0.6546, text, mask), want) <= bound, linears
 
 
+@interpreted_only
 def test_8bit_attention_in_the_plain_heads_path(tmp_path, monkeypatch):
     """Options.attention_8bit reaches Krea 2's grouped-query, gated attention (the GPU block's plain path): the 8-bit
     kernel itself (Triton's interpreter on the CPU; heads of 128) runs in every block and the output stays within

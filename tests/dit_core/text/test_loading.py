@@ -204,13 +204,15 @@ def test_layers_streamed_from_host_memory(tmp_path, case, fmt):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
 def test_layers_streamed_to_cuda(tmp_path, case, fmt):
-    """On a GPU: the streamed encoder's rows equal the resident one's on that GPU; its layers hold no card memory
+    """On a GPU: the streamed encoder's rows equal the resident one's on that GPU, both through transformers' layers
+    (streamed layers have no fused form; test_text_decoder.py holds the fused one); its layers hold no card memory
     beside the one slot."""
     from dit_core.gpu.text_streaming import stream_layers
     path = tmp_path / f"{fmt}.safetensors"
     save_file(as_stored(case.state, fmt), str(path))
     resident = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device="cuda",
                              int8_linears=fmt == "int8")
+    resident.fused_layers = False
     streamed = case.cls.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=fmt == "int8")
     stream_layers(streamed.model, torch.device("cuda"))
     assert streamed.device.type == "cuda"
