@@ -6,7 +6,7 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
-#          video_decode pick ltx25_clip h3_clip save_image
+#          video_decode pick ltx25_clip h3_clip save_image image_decode
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -129,6 +129,8 @@ for part in $parts; do
     ltx25_clip) timeout $(cap 590) python3 -u bench/bench_ltx25_clip.py ${LTX25_CLIP_ARGS:---fidelity} 2>&1 | stamped ;;
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
     video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
+    # Z-Image's VAE decode at 1024x1024: stock ComfyUI's VAE against ours, NCHW and channels-last (either carry)
+    image_decode) timeout $(cap 200) python3 -u bench/bench_image_decode.py ;;
     save_image) timeout $(cap 120) sh -c 'python3 -u bench/bench_save_image.py && python3 -u bench/bench_save_image.py --device cuda' ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
     first_step) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_builds.py
