@@ -192,8 +192,8 @@ def write_files(smoke: bool) -> Path:
     import real_size
     from swiftdit.quantize import quantize_file, streamed_safetensors
     real_size.write(FILES, "cuda")
-    dit, te, vae = (FILES / "diffusion_models" / checkpoints.DIT_BF16, FILES / "text_encoders" / checkpoints.TEXT_ENCODER,
-                    FILES / "vae" / checkpoints.VAE)
+    dit, te, vae = (FILES / "diffusion_models" / checkpoints.DIT_BF16,
+                    FILES / "text_encoders" / checkpoints.TEXT_ENCODER, FILES / "vae" / checkpoints.VAE)
     if not dit.exists():
         save_file(checkpoints.dit_state_dict(30, cap_dim=2560, device="cuda"), str(dit))
     if not (FILES / "diffusion_models" / checkpoints.DIT_INT8).exists():

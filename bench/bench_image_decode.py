@@ -106,8 +106,8 @@ def main(argv=None) -> int:
             if label.startswith("stock") and want is None:
                 want = image
             match = f"{psnr(image, want):.1f} dB" if want is not None and not label.startswith("stock") else "-"
-            print(f"| {label} | {'on' if benchmark else 'off'} | {ms * 1e3:.1f} | "
-                  f"{torch.cuda.max_memory_allocated() / 1e9 if device.type == 'cuda' else 0:.2f} | {match} |", flush=True)
+            peak = torch.cuda.max_memory_allocated() / 1e9 if device.type == "cuda" else 0.0
+            print(f"| {label} | {'on' if benchmark else 'off'} | {ms * 1e3:.1f} | {peak:.2f} | {match} |", flush=True)
     torch.backends.cudnn.benchmark = False
     if device.type != "cuda":
         return 0

@@ -261,7 +261,10 @@ class TextEncoder:
             from ..gpu.text_decoder import FusedDecoder  # lazily, as text_linear
             self._fused, self._fused_on = FusedDecoder.of(self.model), self.device
             if self._fused is not None:
-                log.info("SwiftDiT: %s's %d layers run fused on %s", self.ARCH, len(self._fused.layers), self.device)
+                built = self._fused.build_ahead()
+                log.info("SwiftDiT: %s's %d layers run fused on %s%s", self.ARCH, len(self._fused.layers), self.device,
+                         f"; {built.kernels} Triton kernels built ahead in {built.seconds:.2f} s" if built.kernels
+                         else "")
         return self._fused
 
     def fused_states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,

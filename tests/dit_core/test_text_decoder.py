@@ -57,6 +57,24 @@ def test_qwen3_features_near_the_f32_reference(qwen3, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("int8", [False, True])
+def test_kernels_built_ahead_leave_the_features(qwen3, device, int8):
+    """build_ahead's dry encode runs through (nothing stops it) and the encode after it gives the features of one
+    with nothing built ahead; off a Hopper GPU it refuses and the kernels build as the encode runs."""
+    _, path, int8_path = qwen3
+    encoder = Qwen3TextEncoder.load(int8_path if int8 else path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device,
+                                    int8_linears=int8)
+    ids = torch.tensor([encoder.tokenize(PROMPT)], device=device)
+    fused, last = fused_of(encoder), len(encoder.model.layers)
+    want = fused.states(ids, (last,))[last]
+    built = fused.build_ahead()
+    assert built.stopped is None
+    if device == "cpu":
+        assert built.kernels == 0 and built.refused
+    assert torch.equal(fused.states(ids, (last,))[last], want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_int8_linears_stack_with_their_scales(qwen3, device):
     """INT8 ConvRot linears kept INT8 (Int8Linear): the stacked products equal transformers' forward through the
     same Int8Linear modules within BF16's error (the residual stream's precision differs)."""
