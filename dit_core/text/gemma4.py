@@ -19,14 +19,23 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
 
 from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
-from .loading import (TextEncoder, converted_on, encoding, linear_state, meta_model, prompt_too_long,
-                      weight_on)
+from .loading import (
+    TextEncoder,
+    converted_on,
+    encoding,
+    linear_state,
+    meta_model,
+    prompt_too_long,
+    transformers_class,
+    weight_on,
+)
 from .ltx25_connectors import ROWS, LTX25TextConnectors
 
 if TYPE_CHECKING:
+    from transformers import Gemma4UnifiedTextConfig, Gemma4UnifiedTextModel
+
     from ..gpu.block import GpuLinear
 
 log = logging.getLogger(__name__)
@@ -92,6 +101,7 @@ class Gemma4Sizes:
     layer_types: tuple[str, ...]
 
     def config(self) -> Gemma4UnifiedTextConfig:
+        from transformers import Gemma4UnifiedTextConfig
         return Gemma4UnifiedTextConfig(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=len(self.layer_types), num_attention_heads=self.num_attention_heads,
@@ -215,7 +225,7 @@ class Gemma4TextEncoder(TextEncoder):
     have left-padded to max_length (diffusers' pads only ever reach the connectors as rows they replace)."""
 
     ARCH = "Gemma-4 text model"
-    MODEL = Gemma4UnifiedTextModel
+    MODEL = "Gemma4UnifiedTextModel"
 
     def __init__(self, model: Gemma4UnifiedTextModel, tokenizer: GemmaPromptTokenizer,
                  video_proj: Linear | GpuLinear, audio_proj: Linear | GpuLinear):
@@ -256,7 +266,7 @@ class Gemma4TextEncoder(TextEncoder):
         int8 = {} if int8_linears else None
         sd = read_gemma4_state(ckpt, root, sizes, dtype, device, int8)
         config = sizes.config()
-        model = meta_model(cls.MODEL, config, int8)
+        model = meta_model(transformers_class(cls.MODEL), config, int8)
         try:
             model.load_state_dict(sd, strict=True, assign=True)
         except RuntimeError as e:

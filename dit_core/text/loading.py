@@ -156,6 +156,13 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
     return sd
 
 
+def transformers_class(name: str) -> type:
+    """transformers' class `name`, its modeling module imported on first use (at a load, not at ComfyUI's start: the
+    text models' modules took about 0.6 s of it)."""
+    import transformers
+    return getattr(transformers, name)
+
+
 def meta_model(model_class: type[torch.nn.Module], config: Any, int8: dict[str, int] | None) -> torch.nn.Module:
     """model_class(config) built on meta (gpt-fast habit: no random init of billions of weights; the caller
     assigns the loaded tensors), the linears named in int8 swapped for Int8Linear (the INT8 path)."""
@@ -194,7 +201,7 @@ class TextEncoder:
     Qwen3VLTextEncoder, while Gemma-4 (LTX-2.5) needs its own readers beside these, chosen by its class."""
 
     ARCH: str  # the model's name in errors, e.g. "Qwen3"
-    MODEL: type[torch.nn.Module]  # the transformers text model class, built on meta
+    MODEL: str  # the transformers text model class's name (transformers_class), built on meta
     ROOTS: tuple[str, ...]  # key prefixes the text model may sit under, tried in order
     WANTED: str  # what a wrong file is told was expected (which file, which CLIPLoader type)
     NEEDS: str  # which model expected_hidden stands for, in its error
@@ -234,7 +241,7 @@ class TextEncoder:
         int8 = {} if int8_linears else None
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
                              device, int8, convert_on)
-        model = meta_model(cls.MODEL, config, int8)
+        model = meta_model(transformers_class(cls.MODEL), config, int8)
         # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
         model.norm = torch.nn.Identity()
         try:

@@ -4,11 +4,14 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import Qwen3Config, Qwen3Model
 
 from ..weights import Checkpoint
+
+if TYPE_CHECKING:
+    from transformers import Qwen3Config
 from .loading import (
     CHAT_TEMPLATE,
     DETECT_KEY,
@@ -57,7 +60,7 @@ class Qwen3TextEncoder(TextEncoder):
     """Prompt -> Qwen3 residual stream after layer N-1 (no final norm): ComfyUI's Z-Image CONDITIONING."""
 
     ARCH = "Qwen3"
-    MODEL = Qwen3Model
+    MODEL = "Qwen3Model"
     # Key roots (prefix + "model.") ComfyUI loads a Qwen3-4B from: none (CLIPLoader, comfy/sd.py
     # detect_te_model) and a full checkpoint's "text_encoders." + "qwen3_4b.transformer."
     # (comfy/supported_models.py ZImage.clip_target).
@@ -69,6 +72,7 @@ class Qwen3TextEncoder(TextEncoder):
     @classmethod
     def config(cls, ckpt: Checkpoint, sizes: dict[str, int]) -> Qwen3Config:
         """All but the last layer: hidden_states[-2] never needs it."""
+        from transformers import Qwen3Config
         n_layers = sizes.pop("n_layers")
         return Qwen3Config(
             **sizes, num_hidden_layers=n_layers - 1,

@@ -17,10 +17,9 @@ import json
 import logging
 import os
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from transformers import Qwen3VLTextConfig, Qwen3VLTextModel, Qwen3VLVisionModel
 
 from ..families.minimax_h3 import TEXT as H3_TEXT_TAG
 from ..families.minimax_h3 import VIDEO as H3_VISION_TAG
@@ -45,6 +44,9 @@ from .qwen3_vl_vision import (
     load_vision_tower,
     read_pictures,
 )
+
+if TYPE_CHECKING:
+    from transformers import Qwen3VLTextConfig, Qwen3VLTextModel, Qwen3VLVisionModel
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +118,7 @@ class Qwen3VLTextEncoder(TextEncoder):
     """Prompt -> FLUX.3 text rows [1, L, len(layers) * hidden]: hidden_states[k] for k in layers, layer-major."""
 
     ARCH = "Qwen3-VL text model"
-    MODEL = Qwen3VLTextModel
+    MODEL = "Qwen3VLTextModel"
     # Where the text model sits: transformers' Qwen3VLForConditionalGeneration files (BFL / Hugging Face), a bare
     # Qwen3VLModel, and ComfyUI's text_encoders layout (HF names under "model.", as its Qwen2.5-VL and Qwen3 files).
     # ComfyUI's own FLUX.3 code was not available: its key names are unverified
@@ -148,6 +150,7 @@ class Qwen3VLTextEncoder(TextEncoder):
         if in_file < n_layers:
             raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
                                f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
+        from transformers import Qwen3VLTextConfig
         section = sizes["head_dim"] * 20 // 128  # [24, 20, 20] at head_dim 128
         return Qwen3VLTextConfig(
             **sizes, num_hidden_layers=n_layers, rms_norm_eps=RMS_EPS, max_position_embeddings=MAX_POSITIONS,

@@ -8,13 +8,15 @@ process_qwen2vl_images' rule) and read through the vision tower alone, a block o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from transformers import Qwen3VLVisionModel
 
 from ..weights import WeightsError
 from .qwen3_vl_vision import IMAGE_PAD_ID, VIDEO_PAD_ID, picture_patches, picture_rows
+
+if TYPE_CHECKING:
+    from transformers import Qwen3VLVisionModel
 
 H3_FPS = 24.0  # the rate a reference video is at (ComfyUI's FPS, diffusers' components.fps)
 VIDEO_SAMPLE_FPS = 2.0  # ComfyUI's node reads every FPS // 2-th frame; diffusers' video_sample_fps=2.0

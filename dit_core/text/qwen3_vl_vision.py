@@ -7,14 +7,16 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
 
 from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
 from .loading import converted_on
+
+if TYPE_CHECKING:
+    from transformers import Qwen3VLVisionModel
 
 # Qwen3-VL's vision tokens (transformers' Qwen3VLConfig; the same ids in ComfyUI's qwen25_tokenizer).
 VISION_START_ID, VISION_END_ID, IMAGE_PAD_ID, VIDEO_PAD_ID = 151652, 151653, 151655, 151656
@@ -101,6 +103,7 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
         raise WeightsError(f"{name}: vision tower of {depth} blocks {hidden} wide, {counts['deepstack_merger_list']} "
                            f"DeepStack mergers, merger input {merge_dim}: does not fit {heads} heads and DeepStack "
                            f"layers {list(deepstack_layers)} (Qwen3-VL-32B's); another model's vision tower?")
+    from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
     config = Qwen3VLVisionConfig(
         depth=depth, hidden_size=hidden, intermediate_size=ckpt.shape(f"{root}blocks.0.mlp.linear_fc1.weight")[0],
         num_heads=heads, in_channels=channels, patch_size=patch, temporal_patch_size=temporal_patch,
