@@ -83,6 +83,7 @@ class FusedDecoder:
         self.model, self.layers = model, layers
         self.heads, self.kv_heads, self.head = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.eps, self.ffn = c.rms_norm_eps, c.intermediate_size
+        self.mrope = type(model).__name__.startswith("Qwen3VL")  # rotary over 3 position axes
 
     @staticmethod
     def of(model: torch.nn.Module, anywhere: bool = False) -> FusedDecoder | None:
@@ -112,6 +113,9 @@ class FusedDecoder:
         """(cos, sin) [rows, head / 2] f32 of the model's own rotary module at positions ([1, rows], or [3, 1, rows]
         per mRoPE axis): its split-half angles, each frequency once."""
         probe = torch.empty(1, rows, self.head, device=positions.device)  # only its dtype and device are read
+        # A Qwen3-VL rotary takes [3, B, L], as its text model's forward gives it (5.17's indexes three axes).
+        if self.mrope and positions.dim() == 2:
+            positions = positions[None].expand(3, -1, -1)
         cos, sin = self.model.rotary_emb(probe, positions)
         half = self.head // 2
         return cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous()

@@ -112,6 +112,25 @@ def test_klein_taps_with_pads_masked(tmp_path):
         assert rel_err(got[k], want[k]) <= max(1e-2, 1.2 * rel_err(t.float(), want[k])), k
 
 
+def test_mrope_positions_reach_the_rotary_per_axis(tmp_path, monkeypatch):
+    """Text rows' positions [1, L] go to a Qwen3-VL model's rotary as [3, 1, L], as its forward gives them: the
+    rotary of transformers 5.17 (the GPU image's) indexes three axes and failed on [1, L] (FLUX.3 Klein and Krea 2
+    fell back to transformers' layers in a real server, 2026-12-06)."""
+    path = tmp_path / "qwen3vl.safetensors"
+    save_file(qwen3_vl_layout(random_qwen3_vl(), "hf"), str(path))
+    encoder = Qwen3VLTextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=False)
+    ids = torch.tensor([encoder.tokenize(PROMPT)])
+    fused, last = fused_of(encoder), len(encoder.model.layers)
+    want = fused.states(ids, (last,))[last]
+    rotary = type(encoder.model.rotary_emb).forward
+
+    def three_axes_only(module, x, positions):
+        assert positions.dim() == 3 and positions.shape[0] == 3, tuple(positions.shape)
+        return rotary(module, x, positions)
+    monkeypatch.setattr(type(encoder.model.rotary_emb), "forward", three_axes_only)
+    assert torch.equal(fused.states(ids, (last,))[last], want)
+
+
 def test_only_bf16_models_on_a_gpu_take_it(qwen3):
     """None on the CPU unless asked (the f32 host path is the reference), and for an f32 model anywhere."""
     _, path, _ = qwen3
