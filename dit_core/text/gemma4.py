@@ -101,8 +101,7 @@ class Gemma4Sizes:
     layer_types: tuple[str, ...]
 
     def config(self) -> Gemma4UnifiedTextConfig:
-        from transformers import Gemma4UnifiedTextConfig
-        return Gemma4UnifiedTextConfig(
+        return transformers_class("Gemma4UnifiedTextConfig")(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=len(self.layer_types), num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,

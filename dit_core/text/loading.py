@@ -158,9 +158,13 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
 
 def transformers_class(name: str) -> type:
     """transformers' class `name`, its modeling module imported on first use (at a load, not at ComfyUI's start: the
-    text models' modules took about 0.6 s of it)."""
+    text models' modules took about 0.6 s of it); a transformers without it is named in a ValueError."""
     import transformers
-    return getattr(transformers, name)
+    try:
+        return getattr(transformers, name)
+    except (AttributeError, ImportError) as e:
+        raise ValueError(f"the installed transformers {transformers.__version__} has no {name} ({e}); SwiftDiT's "
+                         f"text encoders are tested with transformers 5.24: pip install -U transformers") from e
 
 
 def meta_model(model_class: type[torch.nn.Module], config: Any, int8: dict[str, int] | None) -> torch.nn.Module:

@@ -9,9 +9,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..weights import Checkpoint
-
-if TYPE_CHECKING:
-    from transformers import Qwen3Config
 from .loading import (
     CHAT_TEMPLATE,
     DETECT_KEY,
@@ -20,7 +17,11 @@ from .loading import (
     encoding,
     load_tokenizer,
     prompt_too_long,
+    transformers_class,
 )
+
+if TYPE_CHECKING:
+    from transformers import Qwen3Config
 
 PAD_ID = 151643  # <|endoftext|>: Qwen3Tokenizer's pad token, used only to fill ComfyUI's min_length of 1
 # comfy/sd1_clip.py SDTokenizer.tokenize_with_weights splits on " embedding:" / "\nembedding:" and drops the
@@ -72,9 +73,8 @@ class Qwen3TextEncoder(TextEncoder):
     @classmethod
     def config(cls, ckpt: Checkpoint, sizes: dict[str, int]) -> Qwen3Config:
         """All but the last layer: hidden_states[-2] never needs it."""
-        from transformers import Qwen3Config
         n_layers = sizes.pop("n_layers")
-        return Qwen3Config(
+        return transformers_class("Qwen3Config")(
             **sizes, num_hidden_layers=n_layers - 1,
             rms_norm_eps=RMS_EPS, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
             max_position_embeddings=MAX_POSITIONS, attention_bias=False, use_cache=False)

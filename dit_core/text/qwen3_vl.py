@@ -32,6 +32,7 @@ from .loading import (
     encoding,
     load_tokenizer,
     prompt_too_long,
+    transformers_class,
 )
 from .qwen3_vl_video import PromptReference, read_references
 from .qwen3_vl_vision import (
@@ -150,9 +151,8 @@ class Qwen3VLTextEncoder(TextEncoder):
         if in_file < n_layers:
             raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
                                f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
-        from transformers import Qwen3VLTextConfig
         section = sizes["head_dim"] * 20 // 128  # [24, 20, 20] at head_dim 128
-        return Qwen3VLTextConfig(
+        return transformers_class("Qwen3VLTextConfig")(
             **sizes, num_hidden_layers=n_layers, rms_norm_eps=RMS_EPS, max_position_embeddings=MAX_POSITIONS,
             rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA, "mrope_interleaved": True,
                              "mrope_section": [sizes["head_dim"] // 2 - 2 * section, section, section]},

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_linear, read_tensor
-from .loading import converted_on
+from .loading import converted_on, transformers_class
 
 if TYPE_CHECKING:
     from transformers import Qwen3VLVisionModel
@@ -103,15 +103,14 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
         raise WeightsError(f"{name}: vision tower of {depth} blocks {hidden} wide, {counts['deepstack_merger_list']} "
                            f"DeepStack mergers, merger input {merge_dim}: does not fit {heads} heads and DeepStack "
                            f"layers {list(deepstack_layers)} (Qwen3-VL-32B's); another model's vision tower?")
-    from transformers import Qwen3VLVisionConfig, Qwen3VLVisionModel
-    config = Qwen3VLVisionConfig(
+    config = transformers_class("Qwen3VLVisionConfig")(
         depth=depth, hidden_size=hidden, intermediate_size=ckpt.shape(f"{root}blocks.0.mlp.linear_fc1.weight")[0],
         num_heads=heads, in_channels=channels, patch_size=patch, temporal_patch_size=temporal_patch,
         spatial_merge_size=merge, out_hidden_size=out_hidden,
         num_position_embeddings=ckpt.shape(f"{root}pos_embed.weight")[0],
         deepstack_visual_indexes=list(deepstack_layers))
     with torch.device("meta"):
-        model = Qwen3VLVisionModel(config)
+        model = transformers_class("Qwen3VLVisionModel")(config)
     markers = ckpt.quantization_markers()
     state = {}
     for key, meta in model.state_dict().items():

@@ -218,3 +218,14 @@ def test_layers_streamed_to_cuda(tmp_path, case, fmt):
     assert streamed.device.type == "cuda"
     prompt = "a lighthouse on a cliff at dusk"
     assert torch.equal(streamed.encode(prompt), resident.encode(prompt))
+
+
+def test_a_transformers_without_the_model_class_is_named():
+    """The encoders import transformers' classes at a load (not at ComfyUI's start); one the installed transformers
+    lacks is a ValueError naming the class, the installed version and the fix (the nodes name their input)."""
+    import transformers
+
+    from dit_core.text.loading import transformers_class
+    assert transformers_class("Qwen3Model") is transformers.Qwen3Model
+    with pytest.raises(ValueError, match=rf"transformers {transformers.__version__} has no Qwen9Model.*pip install -U"):
+        transformers_class("Qwen9Model")
