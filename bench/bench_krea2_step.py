@@ -5,7 +5,12 @@ INT8 as our sampler steps (the text fusion run once a sampler run, where diffuse
 eager and replayed from a CUDA graph. Prints a markdown table (median ms over timed steps with CUDA events, peak
 memory of the step, weights, joules) and the fidelity of each step against diffusers' model cast to f32.
 
-    python bench/bench_krea2_step.py [--steps 5] [--layers 28]
+The table's rows give both models 512 valid text rows. A real prompt is shorter: diffusers' pipeline pads every
+prompt to 512 text rows and attends with a padding mask (its attention then leaves the mask-free kernels), while
+our sampler keeps the prompt's rows only (the masked ones are never keys: exact). --prompt-tokens N (default 77)
+times one step of each as its pipeline runs an N-token prompt, and the image rows' distance between the two.
+
+    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77]
 """
 from __future__ import annotations
 
@@ -46,6 +51,8 @@ def main(argv=None) -> None:
     p.add_argument("--size", type=int, default=1024)
     p.add_argument("--vector-std", type=float, default=0.1)
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
+    p.add_argument("--prompt-tokens", type=int, default=77, help="also a step as each pipeline runs a prompt of this "
+                   "many tokens (0: not)")
     p.add_argument("--attention-8bit", action="store_true", help="also the graphed INT8 step with both attention "
                    "products on 8 bits (Options.attention_8bit)")
     args = p.parse_args(argv)
@@ -62,14 +69,20 @@ def main(argv=None) -> None:
     ids = torch.zeros(512 + g * g, 3, device="cuda")
     ids[512:, 1:] = torch.cartesian_prod(torch.arange(g), torch.arange(g)).float().cuda()
 
-    def diffusers_step(model, dtype=torch.bfloat16):
+    prompt = torch.arange(512, device="cuda") < args.prompt_tokens  # the prompt's rows; the rest its padding
+
+    def diffusers_step(model, dtype=torch.bfloat16, mask=None):
         with torch.no_grad():
             out = model(hidden_states=tokens.to(dtype), encoder_hidden_states=text[None].to(dtype),
+                        encoder_attention_mask=None if mask is None else mask[None],
                         timestep=torch.tensor([sigma], device="cuda"), position_ids=ids, return_dict=False)[0]
         return out[0].float().reshape(g, g, 16, 2, 2).permute(2, 0, 3, 1, 4).reshape(16, 2 * g, 2 * g)
 
     results = {"diffusers BF16 (SDPA)": (*timed(lambda: diffusers_step(ref), args.steps),
                                          weights_gb(list(ref.parameters())))}
+    as_run = {}  # a short prompt as each pipeline runs it: label -> timed's result
+    if args.prompt_tokens:
+        as_run["diffusers BF16, 512 rows masked"] = timed(lambda: diffusers_step(ref, mask=prompt), args.steps)
     state = krea2_original_layout(ref.state_dict())  # on the GPU: the INT8 quantization at load runs there
     for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
         ours = Krea2.load(TensorSource(state), linears=mode).to("cuda")
@@ -85,6 +98,12 @@ def main(argv=None) -> None:
                 graphed = ours.graphed()
                 results[f"{label}, text fused once, CUDA graph"] = (
                     *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
+                if args.prompt_tokens:
+                    short = ours.text_rows(text, prompt)
+                    graphed.clear()
+                    as_run[f"ours INT8, the prompt's {args.prompt_tokens} rows, CUDA graph"] = timed(
+                        lambda: graphed(latent, sigma, short), args.steps)
+                    del short
                 graphed.clear()
                 if args.attention_8bit:
                     eight = dataclasses.replace(ours, options=dataclasses.replace(ours.options, attention_8bit=True))
@@ -97,6 +116,11 @@ def main(argv=None) -> None:
         del ours, step
         torch.cuda.empty_cache()
     print_table(results)
+    if as_run:
+        (theirs, _, theirs_out, _), (mine, _, ours_out, _) = as_run.values()
+        print(f"\nA {args.prompt_tokens}-token prompt as each pipeline runs it: diffusers {theirs:.1f} ms (512 text "
+              f"rows, masked), ours {mine:.1f} ms (the prompt's rows, graphed): {theirs / mine:.2f}x; ours against "
+              f"diffusers' image rows: {rel(ours_out, theirs_out):.4f}")
     del state
     torch.cuda.empty_cache()
     truth = diffusers_step(ref.float(), torch.float32)
