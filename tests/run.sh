@@ -15,14 +15,19 @@ PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
 # OmniVoice's package (the oracle of tests/families/test_omnivoice.py): its torchaudio has no build for our torch,
 # and the test stands a module in for it (used only to resample reference audio).
 "${PIP[@]}" -c "$ROOT/host/constraints.txt" --no-deps omnivoice==0.2.1
-# The newest transformers and its `kernels`, in a folder of their own (not the venv's): one test server puts it
-# ahead of the venv's packages, as a ComfyUI with the newest transformers has them.
-NEWEST="$VENV/newest-transformers"
-NEWEST_HASH=$(sha256sum "$ROOT/tests/newest_transformers.txt" | cut -d' ' -f1)
-if [ "$(cat "$NEWEST/.stamp" 2>/dev/null || true)" != "$NEWEST_HASH" ]; then
-    rm -rf "$NEWEST"
-    "${PIP[@]}" --no-deps --target "$NEWEST" -r "$ROOT/tests/newest_transformers.txt"
-    echo "$NEWEST_HASH" > "$NEWEST/.stamp"
-fi
+# A set of packages in a folder of its own (not the venv's), made again when its list changes; a test puts it ahead of
+# the venv's packages: the newest transformers and its `kernels` (one test server, as a ComfyUI with them has them),
+# and an older transformers, the GPU image's (the text encoders' tests run under it).
+packages_folder() {  # folder, requirements file
+    local hash
+    hash=$(sha256sum "$2" | cut -d' ' -f1)
+    if [ "$(cat "$1/.stamp" 2>/dev/null || true)" != "$hash" ]; then
+        rm -rf "$1"
+        "${PIP[@]}" --no-deps --target "$1" -r "$2"
+        echo "$hash" > "$1/.stamp"
+    fi
+}
+packages_folder "$VENV/newest-transformers" "$ROOT/tests/newest_transformers.txt"
+packages_folder "$VENV/older-transformers" "$ROOT/tests/older_transformers.txt"
 cd "$ROOT"
 exec "$VENV/bin/python" -m pytest -q "$@"
