@@ -2,7 +2,7 @@
 stock ComfyUI v0.3.75's VAE (what VAEDecode runs, its model management choosing the dtype) against ours
 (dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs) in the same run, ours with its activations in
 PyTorch's NCHW layout and in channels-last, each with cuDNN's autotuner off and on. Seconds include the IMAGE's trip
-to the host (both sides). Then one profiled decode of ours: its kernels by GPU time.
+to the host (both sides). Then one profiled decode of ours in each layout: its kernels by GPU time.
 
     python bench/bench_image_decode.py [--size 1024] [--runs 5]    # on a GPU, ComfyUI's tree in .cache/ (either carry)
     python bench/bench_image_decode.py --device cpu --size 64 --runs 1  # a smoke run
@@ -112,11 +112,13 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         return 0
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        ours.decode(latent, tile=None)
-        torch.cuda.synchronize()
-    print("\nOurs, NCHW, one decode's kernels by GPU time:")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    for layout, decoder, z in (("NCHW", ours, latent),
+                               ("channels-last", ours_last, latent.contiguous(memory_format=torch.channels_last))):
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decoder.decode(z, tile=None)
+            torch.cuda.synchronize()
+        print(f"\nOurs, {layout}, one decode's kernels by GPU time:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
     return 0
 
 
