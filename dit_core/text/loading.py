@@ -164,7 +164,7 @@ def transformers_class(name: str) -> type:
         return getattr(transformers, name)
     except (AttributeError, ImportError) as e:
         raise ValueError(f"the installed transformers {transformers.__version__} has no {name} ({e}); SwiftDiT's "
-                         f"text encoders are tested with transformers 5.24: pip install -U transformers") from e
+                         f"text encoders are tested with transformers 5.17 to 5.25: pip install -U transformers") from e
 
 
 def meta_model(model_class: type[torch.nn.Module], config: Any, int8: dict[str, int] | None) -> torch.nn.Module:
