@@ -10,7 +10,6 @@ to the host (both sides). Then one profiled decode of ours in each layout: its k
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import tempfile
@@ -21,9 +20,10 @@ import torch
 from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 
+from bench_video_decode import psnr  # noqa: E402
 from dit_core.codecs.flux1_vae import ImageDecoder  # noqa: E402
 from host import checkpoints  # noqa: E402
 
@@ -41,11 +41,6 @@ def seconds(fn, runs: int, device: torch.device) -> tuple[float, torch.Tensor]:
         sync()
         times.append(time.perf_counter() - t0)
     return statistics.median(times), out
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    mse = float(((a.float() - b.float()) ** 2).mean())
-    return math.inf if mse == 0 else 10 * math.log10(1.0 / mse)
 
 
 def stock_vae(state: dict, device: torch.device):
