@@ -41,6 +41,20 @@ def assert_within_one_bf16_step(a: torch.Tensor, b: torch.Tensor, allowance=0.0)
     assert not off.any(), f"{int(off.sum())} values differ, by up to {float((a - b).abs().max()):.3g}"
 
 
+def attention_8bit_launches(monkeypatch, module) -> list:
+    """module's `run` with the attention op's launcher itself (which picks kernels/attention_8bit.py where it takes the
+    rows: Triton's interpreter on CPU tensors), every other op through kernels.run (their references on the CPU); the
+    list returned gets an entry at each call of the 8-bit kernel."""
+    import functools
+
+    import kernels
+    launched, kernel = [], kernels.attention_8bit.attention_8bit
+    monkeypatch.setattr(kernels.attention_8bit, "attention_8bit", lambda *t: launched.append(1) or kernel(*t))
+    monkeypatch.setattr(module, "run", lambda op, *t, **kw: (kernels.OPS[op].launcher if op == "attention" else
+                                                             functools.partial(kernels.run, op))(*t, **kw))
+    return launched
+
+
 @pytest.fixture(scope="session")
 def comfy():
     """The unpacked ComfyUI v0.3.75 tree importable in-process (CPU), as an oracle."""

@@ -1,12 +1,11 @@
 """Krea 2 on the shared block (grouped-query attention, attention gate) vs diffusers 0.42.1
 Krea2Transformer2DModel, tiny and random."""
 
-import functools
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import interpreted_only, rel_err
+from conftest import attention_8bit_launches, interpreted_only, rel_err
 from safetensors.torch import save_file
 from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, random_krea2, random_z_image
 
@@ -235,7 +234,6 @@ def test_8bit_attention_in_the_plain_heads_path(tmp_path, monkeypatch):
     """Options.attention_8bit reaches Krea 2's grouped-query, gated attention (the GPU block's plain path): the 8-bit
     kernel itself (Triton's interpreter on the CPU; heads of 128) runs in every block and the output stays within
     6e-2 of the host's f64 model."""
-    import kernels
     from dit_core.gpu import block
     from dit_core.gpu.options import Options
     sizes = {**GPU_SIZES, "attention_head_dim": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -247,10 +245,7 @@ def test_8bit_attention_in_the_plain_heads_path(tmp_path, monkeypatch):
     mask = torch.tensor([True] * 7 + [False] * 2)
     host = Krea2.load(path, linears="int8")
     want = host.output(latent.double(), 0.6546, text.double(), mask).float()
-    launched, kernel = [], kernels.attention_8bit.attention_8bit
-    monkeypatch.setattr(kernels.attention_8bit, "attention_8bit", lambda *t: launched.append(1) or kernel(*t))
-    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (kernels.OPS[op].launcher if op == "attention" else
-                                                            functools.partial(kernels.run, op))(*t, **kw))
+    launched = attention_8bit_launches(monkeypatch, block)
     on_cpu = lambda blocks: tuple(GpuBlock.of(b, torch.device("cpu")) for b in blocks)  # noqa: E731
     gpu = replace(host, layerwise=on_cpu(host.layerwise), refiners=on_cpu(host.refiners), blocks=on_cpu(host.blocks),
                   options=Options(attention_8bit=True))

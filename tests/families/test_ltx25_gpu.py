@@ -1,12 +1,11 @@
 """LTX-2.5's GPU form (LTX25.to / gpu_form: layers through dit_core/gpu/pieces.py and the GPU block's linears)
 against the host path: on the CPU where every kernel takes its reference, and on CUDA (pytest -m gpu). Sizes the
 kernels take: heads of 128 (video) and 64 (audio), widths in ConvRot groups of 64."""
-import functools
 from dataclasses import replace
 
 import pytest
 import torch
-from conftest import interpreted_only, rel_err
+from conftest import attention_8bit_launches, interpreted_only, rel_err
 from safetensors.torch import save_file
 from tiny_models import int8_convrot_state, ltx25_comfy_layout, random_ltx25
 
@@ -220,12 +219,8 @@ def test_8bit_attention_stays_near_f32(files, device, monkeypatch):
     dev = torch.device(device)
     launched = []
     if dev.type == "cpu":  # the attention op's launcher (which picks the 8-bit kernel where it takes the rows)
-        import kernels
         from dit_core.gpu import pieces
-        kernel = kernels.attention_8bit.attention_8bit
-        monkeypatch.setattr(kernels.attention_8bit, "attention_8bit", lambda *t: launched.append(1) or kernel(*t))
-        monkeypatch.setattr(pieces, "run", lambda op, *t, **kw: (kernels.OPS[op].launcher if op == "attention" else
-                                                                 functools.partial(kernels.run, op))(*t, **kw))
+        launched = attention_8bit_launches(monkeypatch, pieces)
     options = replace(int8.default_options(), attention_8bit=True)
     eight = int8.to(dev, options=options) if dev.type == "cuda" else int8.gpu_form(dev, options)
     plain = int8.to(dev) if dev.type == "cuda" else int8.gpu_form(dev, int8.default_options())

@@ -17,7 +17,7 @@ _spec = importlib.util.spec_from_file_location(
 _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 ROOT, COMFYUI_TREE, rel_err = _shared.ROOT, _shared.COMFYUI_TREE, _shared.rel_err
-interpreted_only = _shared.interpreted_only
+interpreted_only, attention_8bit_launches = _shared.interpreted_only, _shared.attention_8bit_launches
 
 from host import checkpoints  # noqa: E402  (tests/conftest.py put the repo root on sys.path)
 from host.server import ComfyHost, HostError  # noqa: E402

@@ -22,7 +22,7 @@ _shared = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_shared)
 ROOT, COMFYUI_TREE, rel_err = _shared.ROOT, _shared.COMFYUI_TREE, _shared.rel_err
 assert_within_one_bf16_step = _shared.assert_within_one_bf16_step
-interpreted_only = _shared.interpreted_only
+interpreted_only, attention_8bit_launches = _shared.interpreted_only, _shared.attention_8bit_launches
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
