@@ -179,11 +179,14 @@ def run_peer(family: str, models: Path, smoke: bool) -> list[dict]:
     peaks.__exit__()
     if proc.wait() != 0 or len(rows) != 3:
         raise RuntimeError(f"{label}: exit {proc.returncode}, {len(rows)} cases")
+    if not smoke:  # the next family's copy needs the room (about 34 GB for Krea 2's)
+        shutil.rmtree(repo)
     return rows
 
 
-def write_files(smoke: bool) -> Path:
-    """The model folders of the run (written once): the tiny Z-Image set on the CPU, else the real sizes."""
+def write_files(smoke: bool, families: list[str]) -> Path:
+    """The model folders of the run (written once): the tiny Z-Image set on the CPU, else the real sizes of the
+    families' files (the device's disk, 64 GB, holds every family's files or one diffusers copy beside some)."""
     if smoke:
         return checkpoints.ensure(layers=1).root
     import torch
@@ -191,7 +194,11 @@ def write_files(smoke: bool) -> Path:
 
     import real_size
     from swiftdit.quantize import quantize_file, streamed_safetensors
-    real_size.write(FILES, "cuda")
+    shapes = json.loads(real_size.SHAPES.read_text())
+    real_size.write(FILES, "cuda", {file: tensors for file, tensors in shapes.items()
+                                    if real_size.FILES[file][1] in families})
+    if "z_image" not in families:
+        return FILES
     dit, te, vae = (FILES / "diffusion_models" / checkpoints.DIT_BF16,
                     FILES / "text_encoders" / checkpoints.TEXT_ENCODER, FILES / "vae" / checkpoints.VAE)
     if not dit.exists():
@@ -199,8 +206,7 @@ def write_files(smoke: bool) -> Path:
     if not (FILES / "diffusion_models" / checkpoints.DIT_INT8).exists():
         quantize_file(dit, FILES / "diffusion_models" / checkpoints.DIT_INT8, device="cuda")
     if not te.exists():
-        shapes = json.loads(real_size.SHAPES.read_text())[QWEN3_4B_FROM]
-        text = {k: shape for k, (shape, _) in shapes.items() if k.startswith("model.")}
+        text = {k: shape for k, (shape, _) in shapes[QWEN3_4B_FROM].items() if k.startswith("model.")}
         with streamed_safetensors(te, {k: ("BF16", s) for k, s in text.items()}, {}) as put:
             for key, shape in text.items():
                 put(key, real_size.random_tensor(key, shape, torch.device("cuda")).to(torch.bfloat16).cpu())
@@ -300,7 +306,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.side != "peers" and not (COMFYUI_TREE / "main.py").is_file():
         p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
-    models = write_files(args.smoke)
+    models = write_files(args.smoke, [f for f in args.only if args.side != "peers" or f in PEERS])
     logs = Path(args.report).parent if args.report else None
     header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
     print("\n".join(header), flush=True)

@@ -1,8 +1,8 @@
 """Z-Image's VAE decode (FLUX.1's ae.safetensors, random weights of its real size) at 1024x1024, BF16 on the GPU:
 stock ComfyUI v0.3.75's VAE (what VAEDecode runs, its model management choosing the dtype) against ours
-(dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs) in the same run, ours with its activations in
-PyTorch's NCHW layout and in channels-last, each with cuDNN's autotuner off and on. Seconds include the IMAGE's trip
-to the host (both sides). Then one profiled decode of ours in each layout: its kernels by GPU time.
+(dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs) in the same run, each with cuDNN's autotuner off
+and on. Seconds include the IMAGE's trip to the host (both sides). Then one profiled decode of ours: its kernels by
+GPU time.
 
     python bench/bench_image_decode.py [--size 1024] [--runs 5]    # on a GPU, ComfyUI's tree in .cache/ (either carry)
     python bench/bench_image_decode.py --device cpu --size 64 --runs 1  # a smoke run
@@ -54,12 +54,6 @@ def stock_vae(state: dict, device: torch.device):
     return comfy.sd.VAE(sd=state)
 
 
-def channels_last(decoder: ImageDecoder) -> ImageDecoder:
-    """The decoder with its conv weights channels-last (its activations follow from the input's layout)."""
-    return type(decoder)(decoder.shape, {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v
-                                         for k, v in decoder.w.items()})
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size", type=int, default=1024)
@@ -76,7 +70,6 @@ def main(argv=None) -> int:
         path = Path(folder) / "ae.safetensors"
         save_file(state, str(path))
         ours = ImageDecoder.load(path).to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
-    ours_last = channels_last(ours)
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"# FLUX.1 VAE decode, {args.size}x{args.size}, {card}, torch {torch.__version__}")
     print("| decode | cuDNN autotuner | ms | peak GB | PSNR against stock |\n|---|---|---|---|---|")
@@ -89,9 +82,7 @@ def main(argv=None) -> int:
     for benchmark in (False, True):
         torch.backends.cudnn.benchmark = benchmark
         runs = [("stock ComfyUI VAE", lambda: stock.decode(latent))] if stock is not None else []
-        runs += [("ours, NCHW", lambda: ours.decode(latent, tile=None)),
-                 ("ours, channels-last", lambda: ours_last.decode(
-                     latent.contiguous(memory_format=torch.channels_last), tile=None))]
+        runs += [("ours", lambda: ours.decode(latent, tile=None))]
         for label, fn in runs:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -107,13 +98,11 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         return 0
     from torch.profiler import ProfilerActivity, profile
-    for layout, decoder, z in (("NCHW", ours, latent),
-                               ("channels-last", ours_last, latent.contiguous(memory_format=torch.channels_last))):
-        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-            decoder.decode(z, tile=None)
-            torch.cuda.synchronize()
-        print(f"\nOurs, {layout}, one decode's kernels by GPU time:")
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        ours.decode(latent, tile=None)
+        torch.cuda.synchronize()
+    print("\nOurs, one decode's kernels by GPU time:")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
     return 0
 
 

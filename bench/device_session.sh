@@ -41,7 +41,9 @@ fi
 make_room_for() {
   case $1 in
     server|node_path) rm -rf .cache/bench_graph ;;
-    graph) rm -rf .cache/models ;;
+    graph) rm -rf .cache/models
+           # The peers' diffusers copies (Krea 2's about 34 GB) need the room of the files only ours read.
+           if [ "${SIDE:-ours}" = peers ]; then rm -rf .cache/bench_graph; fi ;;
   esac
 }
 # A part's time cap: CAP_<part> where set (e.g. CAP_ltx25=200), else the part's own.

@@ -65,8 +65,14 @@ def conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
 
 
-def group_norm(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
-    return F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
+def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = False) -> torch.Tensor:
+    """GroupNorm, then SiLU where silu: on a GPU one kernel (kernels/group_norm.py: torch's norm keeps most of the
+    card idle at decode sizes), on the CPU torch's."""
+    if x.is_cuda:
+        from ..gpu.block import run
+        return run("group_norm", x.contiguous(), w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu)
+    y = F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
+    return F.silu(y) if silu else y
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:
@@ -77,8 +83,8 @@ def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:
 
 def resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
     """Pre-norm residual block, no time embedding (diffusers 0.42.1 resnet.py ResnetBlock2D, temb None)."""
-    h = conv(F.silu(group_norm(x, w, f"{name}.norm1", groups)), w, f"{name}.conv1")
-    h = conv(F.silu(group_norm(h, w, f"{name}.norm2", groups)), w, f"{name}.conv2")
+    h = conv(group_norm(x, w, f"{name}.norm1", groups, silu=True), w, f"{name}.conv1")
+    h = conv(group_norm(h, w, f"{name}.norm2", groups, silu=True), w, f"{name}.conv2")
     if f"{name}.nin_shortcut.weight" in w:  # 1x1 conv where the channel count changes
         x = conv(x, w, f"{name}.nin_shortcut")
     return x + h

@@ -82,7 +82,10 @@ class ImageDecoder:
                 progress(1, 1)
         else:
             x = self._tiled(z, tile, overlap, progress, check)
-        return ((x.float().clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous().cpu()
+        image = ((x.float().clamp(-1.0, 1.0) + 1.0) / 2.0).permute(0, 2, 3, 1).contiguous()
+        if image.is_cuda:  # into page-locked memory: a pageable copy of a 1024x1024 image ran at 2 GB/s (6.5 ms)
+            return torch.empty(image.shape, dtype=image.dtype, pin_memory=True).copy_(image)
+        return image
 
     def whole_bytes(self, latents: torch.Tensor) -> int:
         """About the most memory a decode of raw latents [B, C, h, w] in one piece holds: a few activations of the
@@ -105,7 +108,7 @@ class ImageDecoder:
                 x = resnet(x, w, f"up.{level}.block.{j}", g)
             if level > 0:
                 x = conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
-        x = F.silu(group_norm(x, w, "norm_out", g))
+        x = group_norm(x, w, "norm_out", g, silu=True)
         return conv(x, w, "conv_out")
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:

@@ -147,7 +147,7 @@ class Flux2VAE(ImageDecoder):
             if level < len(self.encoder.channels) - 1:  # stride 2 after padding right and bottom only
                 name = f"down.{level}.downsample.conv"
                 h = F.conv2d(F.pad(h, (0, 1, 0, 1)), w[f"{name}.weight"], w[f"{name}.bias"], stride=2)
-        h = conv(F.silu(group_norm(mid(h, w, g), w, "norm_out", g)), w, "conv_out")
+        h = conv(group_norm(mid(h, w, g), w, "norm_out", g, silu=True), w, "conv_out")
         return conv(h, w, "quant_conv")
 
 

@@ -249,3 +249,14 @@ def test_bf16_decode_is_close_to_f32(flux):
     for tile in (None, 6):
         got, want = bf16.decode(z, tile=tile, overlap=2), f32.decode(z, tile=tile, overlap=2)
         assert got.dtype == torch.float32 and decode_psnr(got, want) > 40
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_decode_is_close_to_f32(flux):
+    """On the GPU in BF16 (its group norms kernels/group_norm.py's): within 40 dB of the host's f32 decode, the IMAGE
+    back on the host in page-locked memory."""
+    _, f32 = flux
+    z = torch.randn(1, 16, 10, 12, generator=torch.Generator().manual_seed(4))
+    got = f32.to("cuda", torch.bfloat16).decode(z, tile=None)
+    assert got.device.type == "cpu" and got.is_pinned() and decode_psnr(got, f32.decode(z, tile=None)) > 40

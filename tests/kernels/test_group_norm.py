@@ -1,0 +1,51 @@
+"""kernels/group_norm.py against its reference: f32 within sums' reordering, bf16 within one step of the f32 math
+rounded once (the reference rounds between the norm and SiLU, the kernel does not); pieces and blocks that split
+channels, a group of one channel, 1-D and 3-D positions, activations far from zero mean."""
+import pytest
+import torch
+from conftest import assert_within_one_bf16_step, rel_err
+
+from kernels.group_norm import group_norm, reference
+
+# (shape, groups)
+CASES = [((2, 8, 5, 7), 4), ((1, 6, 40, 3), 6), ((1, 12, 33), 3), ((1, 8, 2, 3, 5), 2), ((3, 4, 1, 1), 2)]
+
+
+def activations(shape, seed, device, dtype):
+    g = torch.Generator().manual_seed(seed)
+    c = shape[1]
+    x = 20 + 3 * torch.randn(shape, generator=g)  # far from zero mean: a sum of squares would cancel
+    w, b = 1 + 0.2 * torch.randn(c, generator=g), 0.1 * torch.randn(c, generator=g)
+    return x.to(device, dtype), w.to(device, dtype), b.to(device, dtype)
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("shape,groups", CASES)
+def test_f32_matches_reference(shape, groups, silu, device):
+    x, w, b = activations(shape, sum(shape), device, torch.float32)
+    got = group_norm(x, w, b, groups, 1e-6, silu, block=16, piece=32)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    assert rel_err(got, reference(x, w, b, groups, 1e-6, silu)) < 1e-5
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("shape,groups", CASES[:3])
+def test_bf16_within_one_step_of_the_math(shape, groups, silu, device):
+    x, w, b = activations(shape, sum(shape) + 1, device, torch.bfloat16)
+    got = group_norm(x, w, b, groups, 1e-6, silu, block=16, piece=16)
+    assert got.dtype == torch.bfloat16
+    assert_within_one_bf16_step(got, reference(x.float(), w.float(), b.float(), groups, 1e-6, silu).to(torch.bfloat16))
+
+
+def test_a_group_of_many_pieces_reads_them_all(device):
+    """More pieces than max_parts allows are merged into longer pieces, with the same result."""
+    x, w, b = activations((1, 2, 37), 5, device, torch.float32)
+    got = group_norm(x, w, b, 1, 1e-6, block=2, piece=1, max_parts=8)
+    assert rel_err(got, reference(x, w, b, 1, 1e-6)) < 1e-5
+
+
+def test_bad_arguments_raise():
+    x, w, b = activations((1, 6, 4, 4), 0, "cpu", torch.float32)
+    for args in ((x, w, b, 4), (x.transpose(2, 3), w, b, 3), (x, w[:3], b, 3), (x[0, 0, 0], w, b, 1)):
+        with pytest.raises(ValueError, match="group_norm"):
+            group_norm(*args)
