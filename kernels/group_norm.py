@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .jit import triton_jit
+from .jit import triton_jit_unspecialized
 
 try:
     import triton
@@ -33,7 +33,11 @@ def reference(x, weight, bias, groups, eps=1e-6, silu=False):
     return F.silu(y) if silu else y
 
 
-@triton_jit
+# One build serves every resolution and channel count (a first decode built one per level otherwise).
+SIZES = ("S", "PIECE", "PIECES", "C", "CG")
+
+
+@triton_jit_unspecialized(*SIZES)
 def _piece_moments_kernel(x_ptr, stats_ptr, S, PIECE, PIECES, BLOCK: tl.constexpr):
     # Grid (B * C * PIECES,): program p takes positions [piece * PIECE, +PIECE) of channel row p // PIECES.
     p = tl.program_id(0)
@@ -60,22 +64,32 @@ def _piece_moments_kernel(x_ptr, stats_ptr, S, PIECE, PIECES, BLOCK: tl.constexp
     tl.store(stats_ptr + 2 * p + 1, m2)
 
 
-@triton_jit
+@triton_jit_unspecialized(*SIZES)
 def _group_norm_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, C, CG, S, PIECE, PIECES, eps,
                              SILU: tl.constexpr, BLOCK: tl.constexpr, PARTS: tl.constexpr):
-    # Grid as pass 1. Each program combines its group's Cg * PIECES pieces (a few hundred numbers) itself.
+    # Grid as pass 1. Each program combines its group's Cg * PIECES pieces (a few hundred numbers) itself, PARTS at
+    # a time: the mean first, then the spread about it.
     p = tl.program_id(0)
     row, piece = p // PIECES, p % PIECES
     sample, channel = row // C, row % C
     first = (sample * C + (channel // CG) * CG) * PIECES  # the group's first piece
-    parts = tl.arange(0, PARTS)
-    valid = parts < CG * PIECES
-    counts = tl.where(valid, tl.minimum(PIECE, S - (parts % PIECES) * PIECE), 0).to(tl.float32)
-    means = tl.load(stats_ptr + 2 * (first + parts), mask=valid, other=0.0)
-    m2s = tl.load(stats_ptr + 2 * (first + parts) + 1, mask=valid, other=0.0)
+    count = CG * PIECES
     total = CG * S * 1.0
-    mean = tl.sum(counts * means, axis=0) / total
-    var = tl.sum(m2s + counts * (means - mean) * (means - mean), axis=0) / total
+    weighted = tl.zeros([PARTS], dtype=tl.float32)
+    for p0 in tl.range(0, count, PARTS):
+        parts = p0 + tl.arange(0, PARTS)
+        valid = parts < count
+        n = tl.where(valid, tl.minimum(PIECE, S - (parts % PIECES) * PIECE), 0).to(tl.float32)
+        weighted += n * tl.load(stats_ptr + 2 * (first + parts), mask=valid, other=0.0)
+    mean = tl.sum(weighted, axis=0) / total
+    spread = tl.zeros([PARTS], dtype=tl.float32)
+    for p0 in tl.range(0, count, PARTS):
+        parts = p0 + tl.arange(0, PARTS)
+        valid = parts < count
+        n = tl.where(valid, tl.minimum(PIECE, S - (parts % PIECES) * PIECE), 0).to(tl.float32)
+        m = tl.load(stats_ptr + 2 * (first + parts), mask=valid, other=0.0)
+        spread += tl.load(stats_ptr + 2 * (first + parts) + 1, mask=valid, other=0.0) + n * (m - mean) * (m - mean)
+    var = tl.sum(spread, axis=0) / total
     inv = 1.0 / tl.sqrt_rn(var + eps)
     scale = tl.load(w_ptr + channel).to(tl.float32) * inv
     shift = tl.load(b_ptr + channel).to(tl.float32)
@@ -93,10 +107,10 @@ def _group_norm_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, C, CG, S, PI
 
 
 def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, piece=16384, max_parts=4096,
-               num_warps=4):
+               parts=256, num_warps=4):
     """[B, C, *spatial] in x's dtype: x group-normed by weight and bias, then SiLU where silu (this file's
     docstring). piece: positions of one channel a program takes (rounded up to block; raised where a group would
-    have more than max_parts pieces, which each program of pass 2 reads)."""
+    have more than max_parts pieces, which each program of pass 2 reads, `parts` at a time)."""
     if x.dim() < 2 or not x.is_contiguous() or x.shape[1] % groups:
         raise ValueError(f"group_norm: x must be contiguous [B, C, ...] with C divisible by {groups} groups, got "
                          f"{tuple(x.shape)}{'' if x.is_contiguous() else ' (not contiguous)'}")
@@ -114,5 +128,14 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
     grid = (b * c * pieces,)
     _piece_moments_kernel[grid](x, stats, s, piece, pieces, BLOCK=block, num_warps=num_warps)
     _group_norm_apply_kernel[grid](x, y, weight, bias, stats, c, cg, s, piece, pieces, eps, SILU=silu,
-                                   BLOCK=block, PARTS=triton.next_power_of_2(cg * pieces), num_warps=num_warps)
+                                   BLOCK=block, PARTS=parts, num_warps=num_warps)
     return y
+
+
+def build(dtype, *, block=1024, parts=256, num_warps=4):
+    """group_norm's kernels for activations of dtype (weights alike) compiled now for the current device, without a
+    tensor or a launch (Triton's warmup on dtypes): safe on a thread of its own beside a CUDA graph's capture."""
+    _piece_moments_kernel.warmup(dtype, torch.float32, 1, 1, 1, BLOCK=block, num_warps=num_warps, grid=(1,))
+    for silu in (False, True):
+        _group_norm_apply_kernel.warmup(dtype, dtype, dtype, dtype, torch.float32, 1, 1, 1, 1, 1, 1e-6, SILU=silu,
+                                        BLOCK=block, PARTS=parts, num_warps=num_warps, grid=(1,))

@@ -32,3 +32,15 @@ def _rows_unspecialized(jit):
 
 triton_jit = _rows_unspecialized(triton.jit) if triton is not None else (lambda fn: fn)
 gluon_jit = _rows_unspecialized(gluon.jit) if gluon is not None else None
+
+
+def triton_jit_unspecialized(*names: str):
+    """triton_jit with the named int arguments not specialized either: sizes that follow the input (a decoder's
+    resolution), where one build should serve every size."""
+    if triton is None:
+        return lambda fn: fn
+
+    def decorate(fn):
+        return triton.jit(do_not_specialize=[n for n in inspect.signature(fn).parameters
+                                             if n in ROW_COUNTS or n in names])(fn)
+    return decorate

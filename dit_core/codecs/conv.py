@@ -4,7 +4,10 @@ feathered tiles), reading a decoder or encoder from a file whose layout (Layout)
 the latents a decoder is given."""
 from __future__ import annotations
 
+import logging
 import math
+import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +15,7 @@ import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
 
+log = logging.getLogger(__name__)
 # BFL's Normalize is GroupNorm(32, eps=1e-6) throughout the decoder; the group count is not in the file.
 GROUPS = 32
 EPS = 1e-6
@@ -73,6 +77,29 @@ def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = Fa
         return run("group_norm", x.contiguous(), w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu)
     y = F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
     return F.silu(y) if silu else y
+
+
+def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threading.Thread | None:
+    """group_norm's kernels for a decoder on device in dtype compiled on a thread of their own, started now (at the
+    decoder's load: a first decode found none built and spent about 1.3 s building them), or None where they don't
+    run (the CPU, Triton's interpreter)."""
+    device = torch.device(device)
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return None
+    from ..gpu.block import kernels
+    ops = kernels()
+    if ops.needs_triton_gpu(device) is not None:
+        return None
+
+    def build() -> None:
+        try:
+            torch.cuda.set_device(device)
+            ops.group_norm.build(dtype)
+        except Exception:  # noqa: BLE001 - an optimization: the first decode builds what is missing
+            log.debug("group norm kernels not built ahead", exc_info=True)
+    thread = threading.Thread(target=build, name="swiftdit-norm-builds", daemon=True)
+    thread.start()
+    return thread
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:

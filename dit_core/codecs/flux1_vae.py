@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 import torch
@@ -18,6 +19,7 @@ from .conv import (
     find_prefix,
     group_norm,
     mid,
+    norms_built_ahead,
     ramp,
     read_part,
     read_shape,
@@ -51,6 +53,7 @@ class ImageDecoder:
     def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
         self.shape = shape
         self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
+        self.norms_ahead: threading.Thread | None = None  # conv.norms_built_ahead's, joined by the first decode
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
@@ -62,7 +65,9 @@ class ImageDecoder:
     def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> ImageDecoder:
         """The decoder with its weights on device in dtype (its decode then runs there in that precision, as stock
         ComfyUI's VAE runs in BF16 on a recent GPU; IMAGE comes back on the CPU, f32)."""
-        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()})
+        moved = type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()})
+        moved.norms_ahead = norms_built_ahead(device, dtype)
+        return moved
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,
@@ -99,6 +104,9 @@ class ImageDecoder:
         """Raw latents [B, C, h, w] -> image [B, 3, H, W], about -1..1 (BFL autoencoder.py Decoder); check() after
         each block."""
         w, g, check = self.w, self.shape.groups, check or (lambda: None)
+        if self.norms_ahead is not None:  # its kernels, not built twice
+            self.norms_ahead.join()
+            self.norms_ahead = None
         if self.shape.post_quant:
             z = conv(z, w, "post_quant_conv")
         x = mid(conv(z, w, "conv_in"), w, g)

@@ -17,6 +17,7 @@ from .conv import (
     find_prefix,
     group_norm,
     mid,
+    norms_built_ahead,
     read_levels,
     read_part,
     read_shape,
@@ -94,8 +95,10 @@ class Flux2VAE(ImageDecoder):
         """The VAE with its weights on device (decode and encode then run there; results come back on the CPU), the
         decoder's in dtype (ImageDecoder.to); the encoder (reference images) and the latent statistics stay f32."""
         move = lambda d, dt=torch.float32: {k: v.to(device, dt) for k, v in d.items()}  # noqa: E731
-        return Flux2VAE(self.shape, move(self.w, dtype), self.encoder, move(self.e), self.bn_mean.to(device),
-                        self.bn_var.to(device))
+        moved = Flux2VAE(self.shape, move(self.w, dtype), self.encoder, move(self.e), self.bn_mean.to(device),
+                         self.bn_var.to(device))
+        moved.norms_ahead = norms_built_ahead(device, dtype)
+        return moved
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, tile: int | None = TILE, overlap: int = OVERLAP,

@@ -5,7 +5,7 @@ import pytest
 import torch
 from conftest import assert_within_one_bf16_step, rel_err
 
-from kernels.group_norm import group_norm, reference
+from kernels.group_norm import _group_norm_apply_kernel, _piece_moments_kernel, build, group_norm, reference
 
 # (shape, groups)
 CASES = [((2, 8, 5, 7), 4), ((1, 6, 40, 3), 6), ((1, 12, 33), 3), ((1, 8, 2, 3, 5), 2), ((3, 4, 1, 1), 2)]
@@ -38,10 +38,26 @@ def test_bf16_within_one_step_of_the_math(shape, groups, silu, device):
 
 
 def test_a_group_of_many_pieces_reads_them_all(device):
-    """More pieces than max_parts allows are merged into longer pieces, with the same result."""
+    """More pieces than max_parts allows are merged into longer pieces, combined `parts` at a time, with the same
+    result."""
     x, w, b = activations((1, 2, 37), 5, device, torch.float32)
-    got = group_norm(x, w, b, 1, 1e-6, block=2, piece=1, max_parts=8)
+    got = group_norm(x, w, b, 1, 1e-6, block=2, piece=1, max_parts=8, parts=4)
     assert rel_err(got, reference(x, w, b, 1, 1e-6)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton's warmup compiles for one)")
+def test_kernels_built_ahead_serve_every_size():
+    """build() compiles what a decode of any resolution and channel count launches: nothing is built after it."""
+    build(torch.bfloat16)
+    caches = [k.device_caches[torch.cuda.current_device()][0] for k in (_piece_moments_kernel,
+                                                                         _group_norm_apply_kernel)]
+    before = [len(c) for c in caches]
+    for shape in ((1, 64, 32, 32), (2, 128, 96, 80), (1, 512, 128, 128)):
+        x, w, b = activations(shape, 0, "cuda", torch.bfloat16)
+        for silu in (False, True):
+            group_norm(x, w, b, 32, 1e-6, silu)
+    assert [len(c) for c in caches] == before
 
 
 def test_bad_arguments_raise():
