@@ -119,7 +119,7 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
         raise ValueError(f"group_norm: weight and bias must have {c} values, got {weight.numel()} and "
                          f"{bias.numel()}")
     y = torch.empty_like(x)
-    s, cg = x[0, 0].numel(), c // groups
+    s, cg = x.shape[2:].numel(), c // groups
     if y.numel() == 0:
         return y
     piece = block * triton.cdiv(min(max(piece, triton.cdiv(cg * s, max_parts)), s), block)

@@ -60,6 +60,11 @@ def test_kernels_built_ahead_serve_every_size():
     assert [len(c) for c in caches] == before
 
 
+def test_an_empty_batch_gives_an_empty_result(device):
+    x, w, b = activations((0, 4, 3, 3), 0, device, torch.float32)
+    assert group_norm(x, w, b, 2).shape == (0, 4, 3, 3)
+
+
 def test_bad_arguments_raise():
     x, w, b = activations((1, 6, 4, 4), 0, "cpu", torch.float32)
     for args in ((x, w, b, 4), (x.transpose(2, 3), w, b, 3), (x, w[:3], b, 3), (x[0, 0, 0], w, b, 1)):
