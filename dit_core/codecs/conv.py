@@ -91,9 +91,11 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threadi
     if ops.needs_triton_gpu(device) is not None:
         return None
 
+    index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
+
     def build() -> None:
         try:
-            torch.cuda.set_device(device)
+            torch.cuda.set_device(index)
             ops.group_norm.build(dtype)
         except Exception:  # noqa: BLE001 - an optimization: the first decode builds what is missing
             log.debug("group norm kernels not built ahead", exc_info=True)

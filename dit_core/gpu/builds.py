@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -50,28 +52,19 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     if device.type != "cuda" or not kernels().fixed_tiles_here(device):
         return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
     try:
-        from triton import knobs
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError as e:
         return Built(0, 0.0, refused=f"this Triton cannot: {e}")
     held: dict[tuple, tuple] = {}
-
-    def hold(*, key, fn, compile, **_) -> bool:
-        held.setdefault((fn.module, fn.name, str(key)), (fn.jit_function, compile["specialization_data"]))
-        return True  # "handled": nothing compiles and nothing launches
-
-    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, hold
     stopped = None
     try:
-        with torch.no_grad():
+        with HOLDS.holding(held), torch.no_grad():
             step()
-        torch.cuda.synchronize(device)
+            torch.cuda.synchronize(device)
     except cancels:
         raise
     except Exception as e:  # noqa: BLE001 - garbage values may trip a check of the step's own
         stopped = f"{type(e).__name__}: {e}"
-    finally:
-        knobs.runtime.jit_cache_hook = previous
     if not held:
         return Built(0, time.perf_counter() - t0, stopped=stopped)
     threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
@@ -87,6 +80,45 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         index = torch.cuda.current_device() if device.index is None else device.index  # (this thread's)
         list(pool.map(lambda kernel: _loaded(kernel, index), built))
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
+
+
+class Holds:
+    """Triton's jit_cache_hook while any build_ahead runs, installed once: a launch from a thread whose dry step is
+    running is held (its kernel and specialization recorded; "handled": nothing compiles or runs); every other
+    thread's launch goes on as it would (to a hook installed before, if any). So a dry step on a thread of its own
+    (a text encoder's stand-in while the file loads) leaves the loads and prompts beside it untouched."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_thread: dict[int, dict[tuple, tuple]] = {}
+        self.previous: Callable | None = None
+        self.installed = False
+
+    @contextmanager
+    def holding(self, held: dict[tuple, tuple]):
+        """Within, this thread's launches of kernels not yet built go into held (keyed by kernel and key)."""
+        from triton import knobs
+        with self.lock:
+            if not self.installed:
+                self.previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, self.hook
+                self.installed = True
+            self.by_thread[threading.get_ident()] = held
+        try:
+            yield
+        finally:
+            with self.lock:
+                del self.by_thread[threading.get_ident()]
+
+    def hook(self, **launch) -> bool:
+        held = self.by_thread.get(threading.get_ident())
+        if held is None:
+            return bool(self.previous(**launch)) if self.previous is not None else False
+        fn, compile = launch["fn"], launch["compile"]
+        held.setdefault((fn.module, fn.name, str(launch["key"])), (fn.jit_function, compile["specialization_data"]))
+        return True
+
+
+HOLDS = Holds()  # one for the process: Triton has one hook
 
 
 def _loaded(kernel, device: int) -> None:

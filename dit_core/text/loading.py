@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
+import time
 from collections.abc import Callable, Collection
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -32,6 +34,7 @@ DETECT_KEY = "layers.0.self_attn.q_norm.weight"  # Qwen3's per-head q norm (comf
 RMS_EPS = 1e-6  # Qwen3's and Qwen3-VL's config.json (not in the tensors)
 ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+STAND_IN_VOCAB = 16  # the rows of a kernel-building stand-in's embedding (FusedDecoder.build_ahead's ids are 0)
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Qwen2Tokenizer:
@@ -130,7 +133,8 @@ def linear_state(lin: Linear, name: str, dtype: torch.dtype, device: str | torch
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
                     dtype: torch.dtype, device: str | torch.device = "cpu",
                     int8: dict[str, int] | None = None,
-                    convert_on: torch.device | None = None) -> dict[str, torch.Tensor]:
+                    convert_on: torch.device | None = None,
+                    vocab_rows: int | None = None) -> dict[str, torch.Tensor]:
     """The text model's state dict in transformers' names (embed_tokens, layers.N.*; no prefix, no final norm)
     for its first n_layers layers, each tensor of dtype on device: any linear format weights.read_linear reads,
     moved as stored (INT8 codes, BF16) and converted there, one tensor at a time, so the host never holds the model
@@ -138,9 +142,11 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
     default on device where it is a GPU: converted_on).
     int8 (a dict, filled here): the INT8 path (dit_core/gpu/text_linear.py); each INT8 ConvRot linear the INT8
     kernels take (FP8 ones too, after that conversion) stays as stored, `<name>.weight` int8 codes and
-    `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above."""
+    `<name>.scale` f32 row scales, and int8[<name>] is its ConvRot group; the others are dtype as above.
+    vocab_rows: an embedding of that many rows, not read (a stand-in's: its values are never looked at)."""
     markers = ckpt.quantization_markers()
-    sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device)}
+    sd = {"embed_tokens.weight": read_tensor(ckpt, f"{root}embed_tokens.weight", dtype=dtype, device=device)
+          if vocab_rows is None else torch.empty(vocab_rows, hidden, dtype=dtype, device=device)}
     for i in range(n_layers):
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
@@ -228,7 +234,8 @@ class TextEncoder:
     @classmethod
     def load_model(cls, path: str | os.PathLike | Checkpoint, dtype: torch.dtype, device: str | torch.device,
                    expected_hidden: int | None = None, int8_linears: bool | None = None,
-                   convert_on: torch.device | None = None, **options: Any) -> torch.nn.Module:
+                   convert_on: torch.device | None = None, stand_in: bool = False,
+                   **options: Any) -> torch.nn.Module:
         """The text model of a file (a path or an open Checkpoint), in eval mode on device; expected_hidden
         rejects other model sizes; options go to config(). int8_linears: the INT8 path, each INT8 ConvRot
         linear (FP8 ones are INT8 ConvRot after read_linear) kept as stored and run on the INT8 kernels
@@ -236,15 +243,24 @@ class TextEncoder:
         None: on for a CUDA device (half the card memory of BF16 weights, the DiT's own linear path), off
         elsewhere (the f32 host reference stays exact); True on the CPU runs the kernels' references (tests).
         convert_on: where FP8 and NVFP4 linears convert (read_state_dict's; a GPU for a host load that will
-        stream its layers there)."""
+        stream its layers there).
+        On a CUDA device the fused layers' Triton kernels build meanwhile, on a thread of their own from a stand-in
+        of one layer (the model's `building`, which fused() joins); stand_in: load that stand-in."""
         ckpt = path if isinstance(path, Checkpoint) else Checkpoint(path)
         root = cls.model_root(ckpt)
         config = cls.config(ckpt, read_shapes(ckpt, root, expected_hidden, cls.NEEDS), **options)
         if int8_linears is None:
             int8_linears = torch.device(device).type == "cuda"
+        building = None
+        if stand_in:
+            config.num_hidden_layers, config.vocab_size = 1, STAND_IN_VOCAB
+            if getattr(config, "layer_types", None):  # (per layer, where the config lists them)
+                config.layer_types = config.layer_types[:1]
+        elif torch.device(device).type == "cuda":
+            building = cls.kernels_built_beside(ckpt.path, dtype, device, int8_linears, convert_on, options)
         int8 = {} if int8_linears else None
         sd = read_state_dict(ckpt, root, config.num_hidden_layers, config.hidden_size, config.head_dim, dtype,
-                             device, int8, convert_on)
+                             device, int8, convert_on, STAND_IN_VOCAB if stand_in else None)
         model = meta_model(transformers_class(cls.MODEL), config, int8)
         # The final norm is never read (the features are raw residual streams): Identity, and nothing to load.
         model.norm = torch.nn.Identity()
@@ -256,7 +272,37 @@ class TextEncoder:
         # inv_freq is a non-persistent buffer, so it is still on meta: computed for real, in f32. The
         # parameters already have dtype; a module-wide cast would also round inv_freq (the RoPE angles) to it.
         model.rotary_emb = type(model.rotary_emb)(config=config)
-        return model.to(device).eval()
+        model = model.to(device).eval()
+        model.building = building
+        return model
+
+    @classmethod
+    def kernels_built_beside(cls, path: Path, dtype: torch.dtype, device: str | torch.device, int8_linears: bool,
+                             convert_on: torch.device | None, options: dict) -> threading.Thread:
+        """A thread, started, that builds the fused layers' Triton kernels (FusedDecoder.build_ahead) on a stand-in
+        of the model: its first layer read from the file, an embedding of a few rows. Every layer launches the same
+        kernels, so the whole model's encode finds them built; the dry run's launches are held for this thread
+        alone (builds.HOLDS), so the load beside it runs as ever. A failure is left for the first encode."""
+        device = torch.device(device)
+        index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
+
+        def build() -> None:
+            from ..gpu.text_decoder import FusedDecoder  # lazily, as fused()
+            try:
+                torch.cuda.set_device(index)
+                t0 = time.perf_counter()
+                stand_in = cls.load_model(Checkpoint(path), dtype, device, int8_linears=int8_linears,
+                                          convert_on=convert_on, stand_in=True, **options)
+                fused = FusedDecoder.of(stand_in)
+                built = None if fused is None else fused.build_ahead()
+                if built is not None and built.kernels:
+                    log.info("SwiftDiT: %s's %d Triton kernels built beside its load in %.2f s", cls.ARCH,
+                             built.kernels, time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - an optimization: the first encode builds what is missing
+                log.debug("SwiftDiT: %s's kernels not built beside its load", cls.ARCH, exc_info=True)
+        thread = threading.Thread(target=build, name="swiftdit-text-builds", daemon=True)
+        thread.start()
+        return thread
 
     @property
     def device(self) -> torch.device:
@@ -270,6 +316,10 @@ class TextEncoder:
             return None
         if getattr(self, "_fused_on", None) != self.device:
             from ..gpu.text_decoder import FusedDecoder  # lazily, as text_linear
+            building = getattr(self.model, "building", None)
+            if building is not None:  # the kernels a stand-in builds beside the load: not built twice
+                building.join()
+                self.model.building = None
             self._fused, self._fused_on = FusedDecoder.of(self.model), self.device
             if self._fused is not None:
                 built = self._fused.build_ahead()

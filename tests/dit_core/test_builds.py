@@ -106,3 +106,32 @@ def test_a_new_row_count_builds_no_kernel(sandwich):
         knobs.runtime.jit_cache_hook = previous
     if built:  # the whole keys: which argument's specialization moved
         pytest.fail("\n".join(f"{name}: {key}" for name, key in built))
+
+
+def test_holds_keep_a_building_threads_launches_and_pass_the_others(monkeypatch):
+    """builds.Holds, Triton's hook while dry steps run: a launch from a thread inside holding() is recorded and
+    answered "handled"; one from any other thread goes to the hook installed before (here one that says no), even
+    while the first holds; a thread that has left holding() is never held again."""
+    import threading
+    from types import SimpleNamespace
+
+    from triton import knobs
+
+    from dit_core.gpu.builds import Holds
+    before = []
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", lambda **launch: before.append(launch["key"]) or False)
+    holds = Holds()
+
+    def launch(key: str) -> bool:
+        fn = SimpleNamespace(module="kernels.m", name="k", jit_function="the kernel")
+        return knobs.runtime.jit_cache_hook(key=key, fn=fn, compile={"specialization_data": f"spec {key}"})
+
+    held, elsewhere = {}, []
+    with holds.holding(held):
+        assert launch("a") is True
+        other = threading.Thread(target=lambda: elsewhere.append(launch("b")))
+        other.start()
+        other.join()
+    assert held == {("kernels.m", "k", "a"): ("the kernel", "spec a")}
+    assert elsewhere == [False] and before == ["b"]
+    assert launch("c") is False and before == ["b", "c"] and len(held) == 1

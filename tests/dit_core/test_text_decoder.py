@@ -8,6 +8,7 @@ from tiny_models import int8_convrot_state, qwen3_comfy_layout, qwen3_vl_layout,
 
 from dit_core.gpu.text_decoder import FusedDecoder
 from dit_core.text.qwen3 import Qwen3TextEncoder
+from dit_core.text.loading import STAND_IN_VOCAB
 from dit_core.text.qwen3_vl import LAYERS, PAD_POSITION, Qwen3VLTextEncoder
 
 TOKENIZER_DIR = COMFYUI_TREE / "comfy" / "text_encoders" / "qwen25_tokenizer"
@@ -72,6 +73,37 @@ def test_kernels_built_ahead_leave_the_features(qwen3, device, int8):
     if device == "cpu":
         assert built.kernels == 0 and built.refused
     assert torch.equal(fused.states(ids, (last,))[last], want)
+
+
+@pytest.mark.parametrize("int8", [False, True])
+def test_a_stand_in_is_the_first_layer_and_a_few_rows(qwen3, int8):
+    """What builds the fused layers' kernels beside a load (TextEncoder.kernels_built_beside): the file's first layer
+    as the whole model loads it, an embedding of STAND_IN_VOCAB rows; on the host no build starts."""
+    _, path, int8_path = qwen3
+    file = int8_path if int8 else path
+    stand_in = Qwen3TextEncoder.load_model(file, torch.bfloat16, "cpu", int8_linears=int8, stand_in=True)
+    whole = Qwen3TextEncoder.load_model(file, torch.bfloat16, "cpu", int8_linears=int8)
+    assert len(stand_in.layers) == 1 and stand_in.embed_tokens.weight.shape[0] == STAND_IN_VOCAB
+    assert stand_in.building is None and whole.building is None
+    for (name, got), want in zip(stand_in.layers[0].state_dict().items(), whole.layers[0].state_dict().values()):
+        assert torch.equal(got, want), name
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("int8", [False, True])
+def test_kernels_built_beside_the_load_leave_the_features(qwen3, int8):
+    """On the GPU the load starts the stand-in's build; the first encode joins it and gives the features of an
+    encoder whose kernels were built as it ran."""
+    _, path, int8_path = qwen3
+    encoder = Qwen3TextEncoder.load(int8_path if int8 else path, TOKENIZER_DIR, dtype=torch.bfloat16,
+                                    device="cuda", int8_linears=int8)
+    assert encoder.model.building is not None
+    ids = torch.tensor([encoder.tokenize(PROMPT)], device="cuda")
+    last = len(encoder.model.layers)
+    got = encoder.fused_states(ids, (last,))[last]
+    assert encoder.model.building is None
+    assert torch.equal(got, fused_of(encoder).states(ids, (last,))[last])
 
 
 @pytest.mark.parametrize("device", DEVICES)
