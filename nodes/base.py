@@ -22,10 +22,10 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.sampling.ksampler import SamplingCancelled
-from ..dit_core.gpu.builds import AheadBuilds
+from ..dit_core.gpu.builds import AheadBuilds, built_beside
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.parallel import RankFailed, RanksDoNotFit
-from ..dit_core.weights import Checkpoint, WeightsError
+from ..dit_core.weights import Checkpoint, FirstBlocks, WeightsError
 from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
                      room_for)
@@ -164,6 +164,11 @@ def read_progress(total_bytes: int) -> Callable[[int], None]:
     return read
 
 
+# Free card memory a DiT's stand-in asks for beyond the file's size (its block, a 1024x1024 dry pass, and room left
+# so that the model's own placement still finds all of its blocks a place).
+BESIDE_ROOM = 8 * GIB
+
+
 def dit_loader(engine, pass_size: PassSize) -> Callable:
     """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
     honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
@@ -179,8 +184,26 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
                                                         compute_on=torch.device("cuda") if on_gpu else None),
                               engine, pass_size, check)
         load = lambda f: engine.load(f, handle.linears, handle.loras, compute_on=device if on_gpu else None)
-        return dit_on_device(handle, lambda: cancellable(load, handle.path), pass_size, rows, check)
+        beside = []
+
+        def load_file():
+            # The first step's kernels build beside the load, from a stand-in of one block a stack, where the
+            # recipe has a dry pass and the card has room for it with the model and its pass.
+            if on_gpu and hasattr(engine, "dry_pass") and fits_on_card(os.path.getsize(handle.path) + BESIDE_ROOM):
+                stand_in = lambda: engine.load(FirstBlocks(handle.path), handle.linears, compute_on=device).to(device)
+                beside.append(built_beside(stand_in, lambda model: model.dry_pass(), device))
+            return cancellable(load, handle.path)
+        dit = dit_on_device(handle, load_file, pass_size, rows, check)
+        if beside:
+            ahead_builds("dit").beside = beside[0]
+        return dit
     return load_dit
+
+
+def ahead_builds(model_kind: str) -> AheadBuilds:
+    """The loaded model's AheadBuilds (a LOADED companion: made on first use, dropped with the model)."""
+    return LOADED.attached(model_kind, "builds", lambda: AheadBuilds(
+        cancels=(comfy.model_management.InterruptProcessingException,)))
 
 
 LAYER_KEY = re.compile(r"\.layers\.(\d+)\.")  # a text model's decoder layer (not a vision tower's blocks)
@@ -328,8 +351,7 @@ def build_ahead_of_sampling(model_kind: str, key, sampling: Callable[[], tuple[C
     device = engine_device()
     if device.type != "cuda":
         return
-    builds = LOADED.attached(model_kind, "builds", lambda: AheadBuilds(
-        cancels=(comfy.model_management.InterruptProcessingException,)))
+    builds = ahead_builds(model_kind)
 
     ran = []
 

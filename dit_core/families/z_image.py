@@ -374,6 +374,14 @@ class ZImage:
                              f"{a.text_dim} values a row)")
         return c, h, w
 
+    def dry_pass(self, pixels: int = 1024, text_rows: int = 77) -> torch.Tensor:
+        """One pass as the sampler makes it (denoised over a batch of one) of a pixels x pixels image and a prompt of
+        text_rows rows, on zeros: the kernels a first step launches (the template's size and a typical prompt; the
+        row counts are not specialized), for a stand-in built beside the load (builds.built_beside)."""
+        device, side = self.cap_norm.device, pixels // 8  # FLUX.1's VAE: a latent cell is 8x8 pixels
+        return self.denoised(torch.zeros(1, self.arch.latents, side, side, device=device), 1.0,
+                             torch.zeros(1, text_rows, self.arch.text_dim, device=device))
+
     def denoised(self, x: torch.Tensor, sigma: float, cond: torch.Tensor,
                  check: Callable[[], None] | None = None,
                  step: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:

@@ -133,14 +133,38 @@ def _loaded(kernel, device: int) -> None:
         log.debug("build ahead: a kernel's module not loaded ahead", exc_info=True)
 
 
+def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], object],
+                 device: torch.device) -> threading.Thread:
+    """A thread, started, that makes stand_in() (a model of one block a stack, on device: its kernels are the whole
+    model's) and builds what dry_pass(it) launches (build_ahead), while the model itself loads beside it: its
+    launches are held for that thread alone (Holds). A failure is logged and left for the first step."""
+    index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
+
+    def build() -> None:
+        try:
+            torch.cuda.set_device(index)
+            t0, model = time.perf_counter(), stand_in()
+            built = build_ahead(lambda: dry_pass(model), device)
+            if built.kernels:
+                log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
+                         time.perf_counter() - t0, built.threads,
+                         f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
+        except Exception:  # noqa: BLE001 - an optimization: the first step builds what is missing
+            log.info("SwiftDiT: kernels not built beside the load", exc_info=True)
+    thread = threading.Thread(target=build, name="swiftdit-dit-builds", daemon=True)
+    thread.start()
+    return thread
+
+
 @dataclass
 class AheadBuilds:
     """build_ahead once per key (a step's input shapes) for a loaded model: later prompts of the same shapes find
-    their kernels built and pay nothing."""
+    their kernels built and pay nothing. beside: built_beside's thread for this model, joined before the first."""
     threads: int | None = None
     cancels: tuple[type[BaseException], ...] = ()  # raised on (a Cancel); any other error leaves the step to build
     processes: bool = False
     done: dict[Hashable, Built] = field(default_factory=dict)
+    beside: threading.Thread | None = None
 
     def clear(self) -> None:
         """Nothing to drop: built kernels stay valid wherever the model's memory goes (a LoadedModels companion)."""
@@ -148,6 +172,9 @@ class AheadBuilds:
     def once(self, key: Hashable, step: Callable[[], object], device: torch.device) -> Built | None:
         if key in self.done:
             return None
+        if self.beside is not None:  # its kernels, not built twice
+            self.beside.join()
+            self.beside = None
         try:
             built = build_ahead(step, device, self.threads, self.cancels, self.processes)
         except self.cancels:

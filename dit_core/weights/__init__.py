@@ -6,6 +6,7 @@ from .checkpoint import (
     FP8_DTYPES,
     SAFETENSORS_DTYPES,
     Checkpoint,
+    FirstBlocks,
     TensorSource,
     WeightsError,
     read_tensor,
@@ -24,5 +25,6 @@ from .linear import Linear, glu_rows, stack_rows
 from .stored import STORED_FORMATS, read_linear
 
 __all__ = ["CONVROT_GROUP", "FLOAT_DTYPES", "FP8_DTYPES", "SAFETENSORS_DTYPES", "STORED_FORMATS", "Checkpoint",
-           "Linear", "TensorSource", "WeightsError", "convrot_group_for", "dequantize_convrot", "glu_rows", "hadamard",
-           "quantize_convrot", "quantize_rows", "read_linear", "read_tensor", "rotate", "rotate_weight", "stack_rows"]
+           "FirstBlocks", "Linear", "TensorSource", "WeightsError", "convrot_group_for", "dequantize_convrot",
+           "glu_rows", "hadamard", "quantize_convrot", "quantize_rows", "read_linear", "read_tensor", "rotate",
+           "rotate_weight", "stack_rows"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -193,6 +194,18 @@ def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None
         scale = ckpt.get(scale_key).float().to(t.device) if scale_key in ckpt else 1.0
         return (t.float() * scale).to(dtype)
     return t.to(dtype)
+
+
+class FirstBlocks(Checkpoint):
+    """A file with each stack of repeated blocks cut to its first (`...layers.0.`, `...blocks.0.`, `...refiner.0.`
+    kept, the later ones hidden): what a recipe's load makes a one-block stand-in of, to build a step's kernels
+    (every block launches the same ones) without reading the model."""
+
+    STACKED = re.compile(r"(?:layers|blocks|refiner)\.(\d+)\.")
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self.header = {k: v for k, v in self.header.items() if all(i == "0" for i in self.STACKED.findall(k))}
 
 
 class TensorSource(Checkpoint):

@@ -135,3 +135,16 @@ def test_holds_keep_a_building_threads_launches_and_pass_the_others(monkeypatch)
     assert held == {("kernels.m", "k", "a"): ("the kernel", "spec a")}
     assert elsewhere == [False] and before == ["b"]
     assert launch("c") is False and before == ["b", "c"] and len(held) == 1
+
+
+def test_the_first_build_waits_for_the_one_beside_the_load():
+    """AheadBuilds.beside (builds.built_beside's thread, started as the model loaded): joined before the first build,
+    so no kernel builds twice, and dropped."""
+    import threading
+    import time
+    done = []
+    beside = threading.Thread(target=lambda: (time.sleep(0.05), done.append("beside")))
+    beside.start()
+    builds = AheadBuilds(beside=beside)
+    assert builds.once("key", lambda: done.append("step"), torch.device("cpu")).refused  # (the CPU: no dry step)
+    assert done == ["beside"] and builds.beside is None

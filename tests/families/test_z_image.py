@@ -11,7 +11,7 @@ from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_imag
 from dit_core.block import LINEARS
 from dit_core.codecs.flux1_vae import SCALING, SHIFT
 from dit_core.families.z_image import ZImage, stacked
-from dit_core.weights import WeightsError
+from dit_core.weights import FirstBlocks, WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_z_image_transformer_checkpoint_to_diffusers
@@ -82,6 +82,32 @@ def test_arch_read_from_file(files):
     a = ZImage.load(files / "z_image_f32.safetensors").arch
     assert (a.hidden, a.heads, a.head, a.layers, a.refiner, a.ffn, a.latents, a.text_dim) == (192, 6, 32, 2, 1, 512, 4, 32)
     assert (a.time_dim, a.time_hidden, a.rope_axes) == (192, 1024, (8, 12, 12))
+
+
+def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files):
+    """What builds the first step's kernels beside a load (nodes/base.dit_loader): the file's first block of each
+    stack (weights.FirstBlocks), the model's own sizes otherwise, through one pass as the sampler makes it."""
+    whole = ZImage.load(files / "z_image_int8_convrot.safetensors")
+    stand_in = ZImage.load(FirstBlocks(files / "z_image_int8_convrot.safetensors"))
+    assert (len(stand_in.blocks), len(stand_in.noise), len(stand_in.context)) == (1, 1, 1) and len(whole.blocks) == 2
+    assert replace(stand_in.arch, layers=whole.arch.layers) == whole.arch
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(stand_in.blocks[0].w, whole.blocks[0].w)
+               if hasattr(a, "weight"))
+    assert stand_in.dry_pass(pixels=64, text_rows=5).shape == (1, whole.arch.latents, 8, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernels_built_beside_the_load_leave_the_first_step_none(files):
+    """builds.built_beside on the GPU: the stand-in's dry pass builds every kernel the whole model's first pass
+    launches (on Hopper, where kernels build ahead at all)."""
+    from dit_core.gpu.builds import build_ahead, built_beside
+    path, cuda = files / "z_image_int8_convrot.safetensors", torch.device("cuda")
+    beside = built_beside(lambda: ZImage.load(FirstBlocks(path), compute_on=cuda).to(cuda),
+                          lambda model: model.dry_pass(pixels=256), cuda)
+    beside.join()
+    after = build_ahead(lambda: ZImage.load(path, compute_on=cuda).to(cuda).dry_pass(pixels=256), cuda)
+    assert after.kernels == 0 and after.stopped is None
 
 
 def test_prefixed_bf16_file_loads(reference, files):
