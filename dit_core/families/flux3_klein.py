@@ -429,6 +429,14 @@ class Flux3Klein:
             raise ValueError("Flux3Klein: this file has no image_cond mode blocks, so it takes no references")
         return latent.shape[1], latent.shape[2]
 
+    def dry_pass(self, pixels: int = 1024, text_rows: int = 77) -> torch.Tensor:
+        """One pass as the sampler makes it (denoised over a batch of one) of a pixels x pixels image and a prompt of
+        text_rows rows, on zeros: the kernels a first step launches, for a stand-in built beside the load
+        (builds.built_beside)."""
+        device, side = self.final_out.weight.device, pixels // 16  # packed latents: a cell is 16x16 pixels
+        return self.denoised(torch.zeros(1, self.arch.latents, side, side, device=device), 1.0, 0.5,
+                             torch.zeros(1, text_rows, self.arch.text_dim, device=device))
+
     def denoised(self, x: torch.Tensor, sigma: float, sigma_next: float | None, cond: torch.Tensor,
                  references: Seq[torch.Tensor] = (), check: Callable[[], None] | None = None) -> torch.Tensor:
         """x0 for a batch of packed latents x [B, 128, h, w] and text rows cond [B or 1, L, text_dim]:

@@ -382,6 +382,14 @@ class Krea2:
         y = linear(rms_norm(image, self.final_norm, EPS) * (1 + scale) + shift, self.final_out)
         return unpack_tokens(y, h, w)
 
+    def dry_pass(self, pixels: int = 1024, text_rows: int = 77) -> torch.Tensor:
+        """One pass as the sampler makes it (the text fused, then denoised over a batch of one) of a pixels x pixels
+        image and a prompt of text_rows tokens, on zeros: the kernels a first step launches, for a stand-in built
+        beside the load (builds.built_beside)."""
+        device, side = self.projector.device, pixels // 8  # the Qwen-Image VAE: a latent cell is 8x8 pixels
+        txt = self.text_rows(torch.zeros(text_rows, self.projector.shape[0], self.text_arch.hidden, device=device))
+        return self.denoised(torch.zeros(1, self.arch.latents, side, side, device=device), 1.0, txt[None])
+
     def denoised(self, x: torch.Tensor, sigma: float, txt: torch.Tensor,
                  check: Callable[[], None] | None = None, *,
                  refs: tuple[torch.Tensor, ...] = (), step: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:

@@ -197,11 +197,11 @@ def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None
 
 
 class FirstBlocks(Checkpoint):
-    """A file with each stack of repeated blocks cut to its first (`...layers.0.`, `...blocks.0.`, `...refiner.0.`
-    kept, the later ones hidden): what a recipe's load makes a one-block stand-in of, to build a step's kernels
-    (every block launches the same ones) without reading the model."""
+    """A file with each stack of repeated blocks cut to its first (`...layers.0.`, `...blocks.0.`, `...refiner.0.`,
+    `...blocks.<mode>.0.` kept, the later ones hidden): what a recipe's load makes a one-block stand-in of, to build a
+    step's kernels (every block launches the same ones) without reading the model."""
 
-    STACKED = re.compile(r"(?:layers|blocks|refiner)\.(\d+)\.")
+    STACKED = re.compile(r"(?:layers|refiner|blocks(?:\.[a-z_]+)?)\.(\d+)\.")
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)

@@ -9,7 +9,7 @@ from tiny_models import FLUX3_TINY, flux3_bfl_layout, int8_convrot_state, random
 from dit_core import load_family
 from dit_core.families.flux3_klein import Flux3Klein, pack_latent, unpack_latent
 from dit_core.sampling.schedules import klein_sigmas
-from dit_core.weights import WeightsError
+from dit_core.weights import FirstBlocks, WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_flux3_transformer_checkpoint_to_diffusers
@@ -113,6 +113,16 @@ def test_arch_read_from_file(files):
     constants = (a.rope_axes, a.rope_theta, a.norm, a.freq_dim, a.patch)
     assert constants == ((8, 8, 8, 8), 10000.0, "layer", 256, (1, 1))
     assert isinstance(load_family("flux3_klein", files / "flux3_base.safetensors"), Flux3Klein)
+
+
+def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files):
+    """What builds the first step's kernels beside a load (nodes/base.dit_loader): the file's first block of each
+    stack (weights.FirstBlocks: a mode block each, one joint block), through one pass as the sampler makes it."""
+    path = files / "flux3_int8_convrot.safetensors"
+    whole, stand_in = Flux3Klein.load(path), Flux3Klein.load(FirstBlocks(path))
+    assert len(stand_in.blocks) == 1 and all(len(b) == 1 for b in stand_in.mode_blocks.values())
+    assert len(whole.blocks) > 1
+    assert stand_in.dry_pass(pixels=64, text_rows=5).shape == (1, whole.arch.latents, 4, 4)
 
 
 def test_prefixed_bf16_file_loads(models, files):

@@ -16,7 +16,7 @@ from dit_core.sampling.ksampler import ksample, prepare_noise, process_in, proce
 from dit_core.sampling.schedules import calculate_sigmas, flux_sigma_table
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
-from dit_core.weights import WeightsError
+from dit_core.weights import FirstBlocks, WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_krea2_transformer_checkpoint_to_diffusers
@@ -83,6 +83,17 @@ def test_transformer_matches_diffusers(model, files, name):
     for sigma in (1.0, 0.6546, 0.3109):
         ref = diffusers_out(model, latent, sigma, text)
         assert rel_err(ours.output(latent, sigma, text), ref) <= 1e-5
+
+
+def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files):
+    """What builds the first step's kernels beside a load (nodes/base.dit_loader): the file's first block of each
+    stack (weights.FirstBlocks: the main blocks' and the text fusion's), through one pass as the sampler makes it
+    (the text fused, then denoised)."""
+    path = files / "krea2_int8_convrot.safetensors"
+    whole, stand_in = Krea2.load(path), Krea2.load(FirstBlocks(path))
+    assert (len(stand_in.blocks), len(stand_in.layerwise), len(stand_in.refiners)) == (1, 1, 1)
+    assert len(whole.blocks) > 1 and stand_in.tables.shape[0] == 1
+    assert stand_in.dry_pass(pixels=64, text_rows=5).shape == (1, whole.arch.latents, 8, 8)
 
 
 def test_padded_text_rows_are_dropped_exactly(model, files):
