@@ -102,12 +102,15 @@ class FusedDecoder:
         """The layers' Triton kernels built side by side before the first encode (dit_core/gpu/builds.py; Hopper), not
         one after another as it reaches them (about 2.5 s of a first Qwen3-4B encode on a new machine, H200)."""
         from .builds import Built, build_ahead
-        weight = self.model.embed_tokens.weight
-        ids = torch.zeros(1, 16, dtype=torch.long, device=weight.device)
         try:
-            return build_ahead(lambda: self.states(ids, (len(self.layers),)), weight.device)
+            return build_ahead(self.dry_encode, self.model.embed_tokens.weight.device)
         except Exception as e:  # noqa: BLE001 - an optimization: the first encode builds as it runs
             return Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
+
+    def dry_encode(self) -> dict[int, torch.Tensor]:
+        """An encode of 16 tokens of id 0 through every layer: the kernels any prompt launches."""
+        ids = torch.zeros(1, 16, dtype=torch.long, device=self.model.embed_tokens.weight.device)
+        return self.states(ids, (len(self.layers),))
 
     def rotary(self, positions: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin) [rows, head / 2] f32 of the model's own rotary module at positions ([1, rows], or [3, 1, rows]

@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import threading
-import time
 from collections.abc import Callable, Collection
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -279,30 +278,16 @@ class TextEncoder:
     @classmethod
     def kernels_built_beside(cls, path: Path, dtype: torch.dtype, device: str | torch.device, int8_linears: bool,
                              convert_on: torch.device | None, options: dict) -> threading.Thread:
-        """A thread, started, that builds the fused layers' Triton kernels (FusedDecoder.build_ahead) on a stand-in
-        of the model: its first layer read from the file, an embedding of a few rows. Every layer launches the same
-        kernels, so the whole model's encode finds them built; the dry run's launches are held for this thread
-        alone (builds.HOLDS), so the load beside it runs as ever. A failure is left for the first encode."""
-        device = torch.device(device)
-        index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
-
-        def build() -> None:
-            from ..gpu.text_decoder import FusedDecoder  # lazily, as fused()
-            try:
-                torch.cuda.set_device(index)
-                t0 = time.perf_counter()
-                stand_in = cls.load_model(Checkpoint(path), dtype, device, int8_linears=int8_linears,
-                                          convert_on=convert_on, stand_in=True, **options)
-                fused = FusedDecoder.of(stand_in)
-                built = None if fused is None else fused.build_ahead()
-                if built is not None and built.kernels:
-                    log.info("SwiftDiT: %s's %d Triton kernels built beside its load in %.2f s", cls.ARCH,
-                             built.kernels, time.perf_counter() - t0)
-            except Exception:  # noqa: BLE001 - an optimization: the first encode builds what is missing
-                log.debug("SwiftDiT: %s's kernels not built beside its load", cls.ARCH, exc_info=True)
-        thread = threading.Thread(target=build, name="swiftdit-text-builds", daemon=True)
-        thread.start()
-        return thread
+        """builds.built_beside of the fused layers' Triton kernels on a stand-in of the model: its first layer read
+        from the file, an embedding of a few rows (every layer launches the same kernels, so the whole model's
+        encode finds them built)."""
+        from ..gpu.builds import built_beside
+        from ..gpu.text_decoder import FusedDecoder  # lazily, as fused()
+        stand_in = lambda: FusedDecoder.of(cls.load_model(  # noqa: E731
+            Checkpoint(path), dtype, device, int8_linears=int8_linears, convert_on=convert_on, stand_in=True,
+            **options))
+        return built_beside(stand_in, lambda fused: None if fused is None else fused.dry_encode(),
+                            torch.device(device))
 
     @property
     def device(self) -> torch.device:
