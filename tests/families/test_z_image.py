@@ -106,7 +106,8 @@ def test_kernels_built_beside_the_load_leave_the_first_step_none(files):
     beside = built_beside(lambda: ZImage.load(FirstBlocks(path), compute_on=cuda).to(cuda),
                           lambda model: model.dry_pass(pixels=256), cuda)
     beside.join()
-    after = build_ahead(lambda: ZImage.load(path, compute_on=cuda).to(cuda).dry_pass(pixels=256), cuda)
+    whole = ZImage.load(path, compute_on=cuda).to(cuda)
+    after = build_ahead(lambda: whole.dry_pass(pixels=256), cuda)
     assert after.kernels == 0 and after.stopped is None
 
 
