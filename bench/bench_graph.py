@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,7 @@ FILES = ROOT / ".cache" / "bench_graph"
 FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
 PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cliff at dusk, oil painting")
 TIMEOUT = 900.0
+BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed)")
 # Qwen3-4B (Z-Image's text encoder) has Qwen3-VL-4B's text model's sizes and names under `model.`.
 QWEN3_4B_FROM = "qwen3vl_4b_int8_convrot.safetensors"
 
@@ -264,6 +266,9 @@ def one_server(label: str, graph: dict, models: Path, smoke: bool, logs: Path | 
         server.stop()
         if logs is not None:
             shutil.copy(server.log_path, logs / f"server_{label.replace(' ', '_')}_{base.name}.log")
+    for line in Path(server.log_path).read_text(errors="replace").splitlines():
+        if BUILD_LINE.search(line):  # where the first prompt's kernels were built (or why not)
+            print(f"  {label}, {base.name}: {line.strip()}", flush=True)
     return rows
 
 
