@@ -33,7 +33,7 @@ DETECT_KEY = "layers.0.self_attn.q_norm.weight"  # Qwen3's per-head q norm (comf
 RMS_EPS = 1e-6  # Qwen3's and Qwen3-VL's config.json (not in the tensors)
 ATTN_LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
-STAND_IN_VOCAB = 16  # the rows of a kernel-building stand-in's embedding (FusedDecoder.build_ahead's ids are 0)
+STAND_IN_VOCAB = 16  # the rows of a kernel-building stand-in's embedding (FusedDecoder.dry_encode's ids are 0)
 
 
 def load_tokenizer(tokenizer_dir: str | os.PathLike) -> Qwen2Tokenizer:
