@@ -149,8 +149,10 @@ def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], ob
                 log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
                          time.perf_counter() - t0, built.threads,
                          f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
-        except Exception:  # noqa: BLE001 - an optimization: the first step builds what is missing
-            log.info("SwiftDiT: kernels not built beside the load", exc_info=True)
+        except Exception as e:  # noqa: BLE001 - an optimization: the first step builds what is missing (a bad
+            # file's error is the load's to tell: one line here)
+            log.info("SwiftDiT: kernels not built beside the load (%s: %s)", type(e).__name__, e)
+            log.debug("the build beside the load", exc_info=True)
     thread = threading.Thread(target=build, name="swiftdit-dit-builds", daemon=True)
     thread.start()
     return thread
