@@ -4,7 +4,6 @@ feathered tiles), reading a decoder or encoder from a file whose layout (Layout)
 the latents a decoder is given."""
 from __future__ import annotations
 
-import logging
 import math
 import os
 import threading
@@ -15,7 +14,6 @@ import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
 
-log = logging.getLogger(__name__)
 # BFL's Normalize is GroupNorm(32, eps=1e-6) throughout the decoder; the group count is not in the file.
 GROUPS = 32
 EPS = 1e-6
@@ -87,21 +85,12 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threadi
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return None
     from ..gpu.block import kernels
+    from ..gpu.builds import on_own_thread
     ops = kernels()
     if ops.needs_triton_gpu(device) is not None:
         return None
-
-    index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
-
-    def build() -> None:
-        try:
-            torch.cuda.set_device(index)
-            ops.group_norm.build(dtype)
-        except Exception:  # noqa: BLE001 - an optimization: the first decode builds what is missing
-            log.debug("group norm kernels not built ahead", exc_info=True)
-    thread = threading.Thread(target=build, name="swiftdit-norm-builds", daemon=True)
-    thread.start()
-    return thread
+    return on_own_thread(lambda: ops.group_norm.build(dtype), device, "swiftdit-norm-builds",
+                         "group norm kernels not built ahead")
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:

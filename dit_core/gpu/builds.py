@@ -133,29 +133,37 @@ def _loaded(kernel, device: int) -> None:
         log.debug("build ahead: a kernel's module not loaded ahead", exc_info=True)
 
 
+def on_own_thread(work: Callable[[], None], device: torch.device, name: str, failure: str) -> threading.Thread:
+    """work() on a daemon thread of its own, started now, whose CUDA device is the caller's (a new thread's is the
+    first GPU). Such work is an optimization (what it leaves unbuilt builds where it is first launched): a failure is
+    said in one line (`failure`, then the error), its traceback at debug level."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+
+    def run() -> None:
+        try:
+            torch.cuda.set_device(index)
+            work()
+        except Exception as e:  # noqa: BLE001 - see above; a bad file's error is its load's to tell
+            log.info("SwiftDiT: %s (%s: %s)", failure, type(e).__name__, e)
+            log.debug(failure, exc_info=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
 def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], object],
                  device: torch.device) -> threading.Thread:
     """A thread, started, that makes stand_in() (a model of one block a stack, on device: its kernels are the whole
     model's) and builds what dry_pass(it) launches (build_ahead), while the model itself loads beside it: its
     launches are held for that thread alone (Holds). A failure is logged and left for the first step."""
-    index = torch.cuda.current_device() if device.index is None else device.index  # (the loading thread's)
-
     def build() -> None:
-        try:
-            torch.cuda.set_device(index)
-            t0, model = time.perf_counter(), stand_in()
-            built = build_ahead(lambda: dry_pass(model), device)
-            if built.kernels:
-                log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
-                         time.perf_counter() - t0, built.threads,
-                         f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
-        except Exception as e:  # noqa: BLE001 - an optimization: the first step builds what is missing (a bad
-            # file's error is the load's to tell: one line here)
-            log.info("SwiftDiT: kernels not built beside the load (%s: %s)", type(e).__name__, e)
-            log.debug("the build beside the load", exc_info=True)
-    thread = threading.Thread(target=build, name="swiftdit-dit-builds", daemon=True)
-    thread.start()
-    return thread
+        t0, model = time.perf_counter(), stand_in()
+        built = build_ahead(lambda: dry_pass(model), device)
+        if built.kernels:
+            log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
+                     time.perf_counter() - t0, built.threads,
+                     f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
+    return on_own_thread(build, device, "swiftdit-dit-builds", "kernels not built beside the load")
 
 
 @dataclass

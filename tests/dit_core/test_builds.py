@@ -148,3 +148,18 @@ def test_the_first_build_waits_for_the_one_beside_the_load():
     builds = AheadBuilds(beside=beside)
     assert builds.once("key", lambda: done.append("step"), torch.device("cpu")).refused  # (the CPU: no dry step)
     assert done == ["beside"] and builds.beside is None
+
+
+def test_work_on_its_own_thread_says_a_failure_in_one_line(monkeypatch, caplog):
+    """builds.on_own_thread (the builds beside a load, the VAE's norms): work runs on the caller's device, and its
+    failure is one INFO line naming what was not built and the error (the traceback only at DEBUG)."""
+    import logging
+
+    from dit_core.gpu.builds import on_own_thread
+    devices = []
+    monkeypatch.setattr(torch.cuda, "set_device", devices.append)
+    with caplog.at_level(logging.INFO):
+        on_own_thread(lambda: 1 / 0, torch.device("cuda", 3), "t", "kernels not built here").join()
+    said = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert devices == [3] and len(said) == 1 and not said[0].exc_info
+    assert said[0].getMessage() == "SwiftDiT: kernels not built here (ZeroDivisionError: division by zero)"
