@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import weakref
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +47,11 @@ class Staged:
                              f"got {slot.dtype} of {slot.numel()}")
         return _rebuild(self.template, lambda p: p.view(slot))
 
-    def write(self, block: Any, out: torch.Tensor, files: dict[str, tuple[Any, str]] | None = None) -> None:
+    def write(self, block: Any, out: torch.Tensor, files: dict[str, tuple[Any, str]] | None = None,
+              readers: Executor | None = None) -> None:
         """block's bytes into out (uint8, nbytes, host or device) at this layout's offsets; block must have it
-        (the block this layout was made of, or its twin). files: see stage (host buffers only)."""
+        (the block this layout was made of, or its twin). files: see stage (host buffers only), read by readers
+        (Checkpoint.read_into's)."""
         files = files if out.device.type == "cpu" else None
         for (path, t), part in zip(_leaves(block), _parts(self.template), strict=True):
             if (part.shape, part.dtype) != (tuple(t.shape), t.dtype):
@@ -57,7 +60,7 @@ class Staged:
             dest = out[part.offset:part.offset + part.nbytes]
             source = (files or {}).get(path)
             if source is not None and _stored_as(source, t):
-                source[0].read_into(source[1], dest)
+                source[0].read_into(source[1], dest, readers)
             elif part.nbytes:
                 # A device tensor comes back over PCIe; a host one is copied once (converted at load).
                 dest.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
@@ -138,11 +141,11 @@ def stage(block: Any, files: dict[str, tuple[Any, str]] | None = None) -> Staged
 
 
 def stage_all(blocks: Iterable[Any], layouts: Sequence[Staged] | None = None,
-              files: Sequence[dict | None] | None = None) -> list[Staged]:
+              files: Sequence[dict | None] | None = None, readers: Executor | None = None) -> list[Staged]:
     """The blocks in one host buffer of exactly the sum of their staged bytes (each a multiple of 256, so
     every block and tensor starts aligned), each Staged's host a view of it. layouts: the blocks' layouts when
     known, so that blocks may be a generator that makes each block only while it is written (no whole second
-    host copy); files[i]: stage's files for block i."""
+    host copy); files[i]: stage's files for block i, read by readers (Checkpoint.read_into's)."""
     if layouts is None:
         blocks = list(blocks)
         layouts = [layout(b) for b in blocks]
@@ -155,7 +158,7 @@ def stage_all(blocks: Iterable[Any], layouts: Sequence[Staged] | None = None,
     staged = []
     for i, (s, start) in enumerate(zip(layouts, offsets)):
         view = host[start:start + s.nbytes]
-        s.write(next(blocks), view, files[i] if files else None)
+        s.write(next(blocks), view, files[i] if files else None, readers)
         staged.append(dataclasses.replace(s, host=view))
     return staged
 

@@ -5,6 +5,7 @@ device's free memory and the bytes a pass needs besides the weights."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +17,7 @@ from .options import DEFAULT
 from .staging import Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs
+READERS = 8  # threads reading a file's pieces side by side at a load (Checkpoint.read_into)
 
 
 class BudgetError(ValueError):
@@ -181,10 +183,11 @@ class StreamedBlocks:
         self.budget = budget(self.total_bytes()) if callable(budget) else budget
         self.wanted = plan(self._bytes, self.budget, self.slot_bytes, slots)
         streamed = [i for i, want in enumerate(self.wanted) if not want and self._staged[i] is None]
-        made = stage_all((form(blocks[i], cpu) for i in streamed), [self._layouts[i] for i in streamed],
-                         [files[i] for i in streamed] if files else None)
-        for i, staged in zip(streamed, made):
-            self._staged[i] = staged
+        with ThreadPoolExecutor(READERS, thread_name_prefix="SwiftDiT read") as readers:
+            made = stage_all((form(blocks[i], cpu) for i in streamed), [self._layouts[i] for i in streamed],
+                             [files[i] for i in streamed] if files else None, readers)
+            for i, staged in zip(streamed, made):
+                self._staged[i] = staged
         for i, want in enumerate(self.wanted):
             if want:
                 buf = torch.empty(self._bytes[i], dtype=torch.uint8, device=self.device)

@@ -2,6 +2,7 @@
 reads from the file straight into host memory, and a streamed forward equal bit for bit to the resident one
 (CPU here; test_streaming.py has host memory, re-planning and the runs on a GPU)."""
 import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import pytest
@@ -17,7 +18,7 @@ from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.gpu.staging import ALIGN, stage, stage_all, staged_bytes, tensor_paths
 from dit_core.gpu.streaming import StreamedBlocks, keep_order, plan, spread
-from dit_core.weights import Checkpoint, Linear, quantize_convrot
+from dit_core.weights import Checkpoint, Linear, checkpoint, quantize_convrot
 
 DTYPES = [torch.int8, torch.uint8, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn]
 A = Arch(family="test", hidden=256, layers=6, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
@@ -176,10 +177,23 @@ def test_checkpoint_reads_straight_into_host_bytes(tmp_path):
     block = Tree((tensors["t3"].clone(), tensors["t2"].to(torch.float16), tensors["t0"].clone()))
     files = {p: (ckpt, n) for p, n in zip(tensor_paths(block), ["t3", "t2", "t0"])}
     read = []
-    ckpt.read_into = lambda name, out, f=ckpt.read_into: (read.append(name), f(name, out))
+    ckpt.read_into = lambda name, out, readers, f=ckpt.read_into: (read.append(name), f(name, out, readers))
     staged = stage(block, files)
     assert read == ["t3", "t0"]
     assert all(same_bytes(b, a) for a, b in zip(block.parts, staged.on(staged.host).parts))
+
+
+def test_readers_read_a_tensor_in_pieces_side_by_side(tmp_path, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    tensors = {"a": random_bytes((3,), torch.int8, g), "b": random_bytes((1000, 7), torch.bfloat16, g)}
+    save_file(tensors, tmp_path / "t.safetensors")
+    ckpt = Checkpoint(tmp_path / "t.safetensors")
+    monkeypatch.setattr(checkpoint, "READ_PIECE", 1024)  # "b": 14 pieces, the last one short
+    with ThreadPoolExecutor(3) as readers:
+        for name, t in tensors.items():
+            out = torch.empty(t.numel() * t.element_size(), dtype=torch.uint8)
+            ckpt.read_into(name, out, readers)
+            assert same_bytes(out.view(t.dtype).reshape(t.shape), t)
 
 
 # --- streamed forward --------------------------------------------------------------------------------------
@@ -268,7 +282,8 @@ def test_z_image_streams_its_blocks_with_the_same_output(tmp_path):
     g = torch.Generator().manual_seed(4)
     latent, caption = torch.randn(4, 8, 8, generator=g), torch.randn(20, 32, generator=g)
     reads = []
-    Checkpoint.read_into, original = (lambda self, n, out: (reads.append(n), original(self, n, out))), \
+    Checkpoint.read_into, original = (lambda self, n, out, readers=None:
+                                                 (reads.append(n), original(self, n, out, readers))), \
         Checkpoint.read_into
     try:
         streamed = model.to("cpu", budget_bytes=3 * staged_bytes(model.blocks[0]))
