@@ -47,5 +47,9 @@ def linear(x: torch.Tensor, lin: Linear) -> torch.Tensor:
 
 def float_on(lin: Linear, device: torch.device) -> Linear:
     """lin as f32 float weights (INT8 ones dequantized) and an f32 bias on device: how a model on a GPU keeps its
-    small linears (embedders, time and modulation, final layer), which linear() above runs."""
-    return Linear(lin.dequantized().to(device), None if lin.bias is None else lin.bias.float().to(device))
+    small linears (embedders, time and modulation, final layer), which linear() above runs. A float linear moves
+    as stored and converts there (a BF16 one never exists in f32 on the host: half the bytes to copy, no host
+    pass); an INT8 ConvRot one is rotated back on the host, as the reference does (a card's f32 products may
+    round otherwise)."""
+    moved = lin if lin.quantized else lin.to(device)
+    return Linear(moved.dequantized().to(device), None if lin.bias is None else lin.bias.to(device).float())

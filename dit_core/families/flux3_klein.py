@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Block, NormStats, layer_norm
-from ..linear import linear
+from ..linear import float_on, linear
 from ..modulation import Modulation, sinusoids
 from .loading import Detection, OpenedFile
 from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
@@ -228,7 +228,7 @@ class Flux3Klein:
                 from ..gpu.block import GpuBlock
                 return GpuBlock.of(obj, dev)
             if isinstance(obj, Linear) and dev.type == "cuda":
-                return Linear(obj.dequantized().to(dev), None if obj.bias is None else obj.bias.float().to(dev))
+                return float_on(obj, dev)
             if isinstance(obj, (Linear, Block)):
                 return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj)})
             if isinstance(obj, tuple):

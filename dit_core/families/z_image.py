@@ -133,9 +133,10 @@ def _sequences(a: Arch, hp: int, wp: int, pad_img: int, cap_rows: int, device: t
 def stacked(linears: tuple[Linear, ...], device: torch.device) -> tuple[Linear, tuple[Linear, ...]]:
     """Float linears of one input as one f32 linear on device (their rows one after another, a zero bias where
     one has none) and each of them as a view of its rows."""
-    stack = Linear(torch.cat([m.dequantized() for m in linears]).to(device),
-                   torch.cat([torch.zeros(m.out_features) if m.bias is None else m.bias.float() for m in linears]
-                             ).to(device))
+    on_device = [float_on(m, device) for m in linears]
+    stack = Linear(torch.cat([m.weight for m in on_device]),
+                   torch.cat([torch.zeros(m.out_features, device=device) if m.bias is None else m.bias
+                              for m in on_device]))
     rows = [0, *itertools.accumulate(m.out_features for m in linears)]
     return stack, tuple(Linear(stack.weight[r0:r1], stack.bias[r0:r1]) for r0, r1 in zip(rows, rows[1:]))
 

@@ -75,8 +75,10 @@ class GpuLinear:
         if lin.quantized and lin.group:
             scale = lin.scale.float().reshape(-1).expand(lin.out_features).contiguous()
             return GpuLinear(lin.weight.to(device), scale.to(device), bias, lin.group)
-        # Float linears (and INT8 without ConvRot) run in BF16 on cuBLAS.
-        return GpuLinear(lin.dequantized().to(device, torch.bfloat16), None, bias, 0)
+        # Float linears (and INT8 without ConvRot) run in BF16 on cuBLAS: a BF16 one moved as stored, the others
+        # converted where they go (no f32 copy of the weight on the host).
+        weight = lin.weight if lin.weight.dtype == torch.bfloat16 else lin.to(device).dequantized()
+        return GpuLinear(weight.to(device, torch.bfloat16), None, bias, 0)
 
 
 def _plain_heads(a: Arch) -> bool:
