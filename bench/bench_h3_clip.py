@@ -82,9 +82,11 @@ def main(argv=None) -> int:
 
     peer = argparse.Namespace(layers=layers, vector_std=args.vector_std, tiny=args.tiny, peer=True,
                               steps=args.peer_steps)
-    state = peer_timed(peer, device, layout, inputs.video, inputs.audio, text, inputs.times, inputs.index)
+    state = peer_timed(peer, device, layout, inputs.video, inputs.audio, text, inputs.times, inputs.index,
+                       state_on="cpu")
     theirs = {"sampling": state.pop("result")[0] / 1e3 * STEPS}
-    loaded = MiniMaxH3.load(TensorSource(state), linears="int8")
+    # on the host as the loader node reads a file, its linears quantized on the card
+    loaded = MiniMaxH3.load(TensorSource(state), linears="int8", compute_on=device if device.type == "cuda" else None)
     del state
     if device.type == "cuda":
         torch.cuda.empty_cache()

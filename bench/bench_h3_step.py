@@ -51,8 +51,13 @@ def random_reference(layers: int, vector_std: float, device: torch.device, confi
     torchvision_shim()  # CPU torch beside the dev venv's CUDA torchvision wheel
     from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
     torch.manual_seed(0)
-    with device:
-        ref = MiniMaxH3Transformer3DModel(num_layers=layers, **config).to(torch.bfloat16).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)  # made in BF16: the 33 B model in f32 (132 GB) fits no H100
+    try:
+        with device:
+            ref = MiniMaxH3Transformer3DModel(num_layers=layers, **config).to(torch.bfloat16).eval()
+    finally:
+        torch.set_default_dtype(default)
         for name, t in ref.named_parameters():
             if t.dim() == 1:
                 t.data.normal_(1.0 if "norm" in name else 0.0, vector_std)
@@ -227,9 +232,11 @@ def step_inputs(config: dict, width: int, height: int, frames: int, text_rows: i
     return StepInputs(latent, audio_latents, layout, video, audio, text, *row_times(layout, 0.4, 1 - 0.55))
 
 
-def peer_timed(args, device, layout, video, audio, text, times, index) -> dict:
+def peer_timed(args, device, layout, video, audio, text, times, index, state_on=None) -> dict:
     """The file-layout state of diffusers' random model; with the peer its step timed first (under "result"), the
-    model itself freed."""
+    model itself freed. state_on: where the state goes (by default where the model ran; "cpu": as a file's tensors
+    are, the card's memory then free for ours: the 33 B model's BF16 state and its INT8 twin do not fit an H100
+    together)."""
     from tiny_models import minimax_h3_comfy_layout
     ref = random_reference(args.layers, args.vector_std, device, TINY if args.tiny else {})
     on = lambda t: t.to(device)  # noqa: E731
@@ -247,6 +254,10 @@ def peer_timed(args, device, layout, video, audio, text, times, index) -> dict:
 
     if args.peer:
         result = (*timed_on(device, diffusers_step, args.steps), weights_gb(tuple(ref.parameters())))
+    if state_on is not None:
+        ref = ref.to(state_on)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     state = minimax_h3_comfy_layout(ref)
     ref = None  # the tensors ours is made from stay in state; the rest goes
     if device.type == "cuda":
