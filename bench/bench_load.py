@@ -3,8 +3,9 @@ t2i template's default) as the loader reads it (every block linear requantized t
 the host (as before) against on the GPU (compute_on: each linear there and its codes back), then placed on the GPU;
 and a LoRA merged into the INT8 file's linears, both ways. Random weights of the real shapes, --layers of Krea 2's 28
 blocks (a load's time scales with them). Prints seconds and the codes' agreement between the two ways.
+--placement: only the INT8 file's way to the card as the loader node takes it (the file in the page cache).
 
-    python bench/bench_load.py [--layers 4]
+    python bench/bench_load.py [--layers 4] [--placement]
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ def codes_agree(a: Krea2, b: Krea2) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--placement", action="store_true", help="only the INT8 file's load and placement on the card")
     args = p.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_load needs a CUDA GPU")
@@ -70,9 +72,13 @@ def main() -> None:
     state = krea2_original_layout(random_reference(args.layers, 0.1).state_dict())
     with tempfile.TemporaryDirectory() as tmp:
         fp8, int8, lora = (Path(tmp) / n for n in ("fp8.safetensors", "int8.safetensors", "lora.safetensors"))
-        save_file(fp8_scaled(state), fp8)
         save_file({k: v.cpu() for k, v in int8_convrot_state({k: v.float() for k, v in state.items()},
                                                              lambda k: ".blocks." in f".{k}", 256).items()}, int8)
+        if args.placement:
+            del state
+            torch.cuda.empty_cache()
+            return placements(int8)
+        save_file(fp8_scaled(state), fp8)
         g = torch.Generator().manual_seed(1)
         save_file({f"diffusion_model.blocks.{i}.attn.{n}.lora_{s}.weight":
                    torch.randn(*((16, 6144) if s == "A" else (6144, 16)), generator=g) * 0.01
@@ -95,6 +101,29 @@ def main() -> None:
         print(f"| {label} | {host_s:.2f} | {gpu_s:.2f} | {host_s / gpu_s:.1f}x | {place_s:.2f} | {same:.5f} |")
     print(f"\nper block (28 in the release): FP8 file {rows[0][1] / args.layers:.2f} s on the host, "
           f"{rows[0][2] / args.layers:.2f} s with the GPU")
+
+
+def placements(path: Path, rounds: int = 3) -> None:
+    """Seconds from the INT8 file (in the page cache: written just before) to the card as the loader node takes
+    it: Krea2.load, then every block placed (StreamedBlocks, all resident), with a profile of the last round's host
+    work."""
+    import cProfile
+    import pstats
+    gpu, size = torch.device("cuda"), path.stat().st_size
+    print("| round | load s | to the card s | GB/s of the file |\n|---|---|---|---|")
+    for r in range(rounds):
+        profile = cProfile.Profile()
+        profile.enable()
+        load_s, host = timed_load(path=path)
+        t0 = time.perf_counter()
+        placed = host.to(gpu, budget_bytes=1 << 40)
+        torch.cuda.synchronize()
+        place_s = time.perf_counter() - t0
+        profile.disable()
+        print(f"| {r + 1} | {load_s:.2f} | {place_s:.2f} | {size / 1e9 / (load_s + place_s):.1f} |", flush=True)
+        del host, placed
+        torch.cuda.empty_cache()
+    pstats.Stats(profile).sort_stats("tottime").print_stats(15)
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ for part in $parts; do
     krea2) timeout $(cap 200) python3 bench/bench_krea2_step.py ${KREA2_ARGS:---steps 5} ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
-            -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4}' ;;
+            -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4} ${LOAD_ARGS:-}' ;;
     # The attention gates in OUT's quantizer (Krea 2, LTX-2.5) and LTX-2.5's q/k rows kernel: their GPU tests, then
     # their timings against the torch passes they replace (the gated pass's warps and stages are chosen from these).
     gate_kernels) timeout 590 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m "gpu or not gpu" \
