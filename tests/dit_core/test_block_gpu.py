@@ -16,13 +16,14 @@ from tiny_models import random_block, random_z_image, z_image_comfy_layout
 from dit_core.arch import Arch
 from dit_core.gpu import block as block_gpu
 from dit_core.block import OUT, QKV, Block
-from dit_core.gpu.block import GpuBlock, NormStats
+from dit_core.gpu.block import GpuBlock, GpuLinear, NormStats
 from dit_core.gpu.options import Options
 from dit_core.families.z_image import ZImage
+from dit_core.linear import float_on
 from dit_core.modulation import Modulation
 from dit_core.sequence import sequence_of
 from dit_core.gpu.streaming import StreamedBlocks
-from dit_core.weights import Linear, TensorSource
+from dit_core.weights import Linear, TensorSource, quantize_convrot
 from kernels.int8.quant_turned import turned_rows
 
 pytestmark = [pytest.mark.gpu,
@@ -207,3 +208,15 @@ def test_gpu_parallel_block_matches_host(hook, rows, group, int8_attention):
         # one, which its linears spread over the rows: measured 2e-4, 50x inside the INT8 block's 1e-2.
         assert rel_err(gpu.parallel(a, first, mods, seq, carry=carry, options=options),
                        gpu.parallel(a, out, mods, seq, options=options)) <= 1e-3
+
+
+def test_float_linears_move_as_stored_and_convert_on_the_card_as_on_the_host():
+    g, cuda = torch.Generator().manual_seed(5), torch.device("cuda")
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        lin = Linear(torch.randn(64, 256, generator=g).to(dtype), torch.randn(64, generator=g).to(dtype))
+        small = float_on(lin, cuda)  # a model's small linears, kept in f32
+        assert torch.equal(small.weight.cpu(), lin.dequantized()) and torch.equal(small.bias.cpu(), lin.bias.float())
+        assert torch.equal(GpuLinear.of(lin, cuda).weight.cpu(), lin.dequantized().to(torch.bfloat16))
+    codes, scale = quantize_convrot(torch.randn(64, 256, generator=g), 64)
+    rotated = Linear(codes, None, scale, 64)  # rotated back on the host, as the reference does
+    assert torch.equal(float_on(rotated, cuda).weight.cpu(), rotated.dequantized())
