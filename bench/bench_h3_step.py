@@ -51,18 +51,17 @@ def random_reference(layers: int, vector_std: float, device: torch.device, confi
     torchvision_shim()  # CPU torch beside the dev venv's CUDA torchvision wheel
     from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Transformer3DModel
     torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)  # made in BF16: the 33 B model in f32 (132 GB) fits no H100
-    try:
-        with device:
-            ref = MiniMaxH3Transformer3DModel(num_layers=layers, **config).to(torch.bfloat16).eval()
-    finally:
-        torch.set_default_dtype(default)
-        for name, t in ref.named_parameters():
-            if t.dim() == 1:
-                t.data.normal_(1.0 if "norm" in name else 0.0, vector_std)
-            else:
-                t.data.normal_(0, t.shape[-1] ** -0.5)
+    with torch.device("meta"):  # made without memory, then held in BF16: in f32 the 33 B model (132 GB) fits no H100
+        ref = MiniMaxH3Transformer3DModel(num_layers=layers, **config)
+    ref = ref.to(torch.bfloat16).to_empty(device=device).eval()
+    # its buffers (the rotary's inv_freq) as a model made for real holds them: computed in f32, held in BF16
+    for name, b in MiniMaxH3Transformer3DModel(num_layers=1, **config).to(torch.bfloat16).named_buffers():
+        ref.get_buffer(name).copy_(b)
+    for name, t in ref.named_parameters():
+        if t.dim() == 1:
+            t.data.normal_(1.0 if "norm" in name else 0.0, vector_std)
+        else:
+            t.data.normal_(0, t.shape[-1] ** -0.5)
     return ref
 
 
