@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .weights import Linear, quantize_rows, rotate
+from .weights import Linear, moved_to, quantize_rows, rotate
 
 
 def int8_product(x: torch.Tensor, lin: Linear) -> torch.Tensor:
@@ -51,5 +51,5 @@ def float_on(lin: Linear, device: torch.device) -> Linear:
     as stored and converts there (a BF16 one never exists in f32 on the host: half the bytes to copy, no host
     pass); an INT8 ConvRot one is rotated back on the host, as the reference does (a card's f32 products may
     round otherwise)."""
-    moved = lin if lin.quantized else lin.to(device)
-    return Linear(moved.dequantized().to(device), None if lin.bias is None else lin.bias.to(device).float())
+    weight = moved_to(lin.dequantized() if lin.quantized else lin.weight, device).float()
+    return Linear(weight, None if lin.bias is None else lin.bias.to(device).float())

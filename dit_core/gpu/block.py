@@ -31,6 +31,7 @@ from ..modulation import Modulation
 from ..sequence import Sequence
 from ..weights import Linear
 from .options import DEFAULT, Options
+from .staging import to_card
 
 
 def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
@@ -74,11 +75,11 @@ class GpuLinear:
         bias = None if lin.bias is None else lin.bias.float().to(device)
         if lin.quantized and lin.group:
             scale = lin.scale.float().reshape(-1).expand(lin.out_features).contiguous()
-            return GpuLinear(lin.weight.to(device), scale.to(device), bias, lin.group)
+            return GpuLinear(to_card(lin.weight, device), scale.to(device), bias, lin.group)
         # Float linears (and INT8 without ConvRot) run in BF16 on cuBLAS: a BF16 one moved as stored, the others
         # converted where they go (no f32 copy of the weight on the host).
         weight = lin.weight if lin.weight.dtype == torch.bfloat16 else lin.to(device).dequantized()
-        return GpuLinear(weight.to(device, torch.bfloat16), None, bias, 0)
+        return GpuLinear(to_card(weight, device).to(torch.bfloat16), None, bias, 0)
 
 
 def _plain_heads(a: Arch) -> bool:

@@ -19,7 +19,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import Qwen2Tokenizer
 
-from ..weights import Checkpoint, Linear, WeightsError, read_linear, read_tensor
+from ..weights import Checkpoint, Linear, WeightsError, moved_to, read_linear, read_tensor
 from ..weights.convrot import dequantize_convrot
 
 log = logging.getLogger("SwiftDiT")
@@ -111,9 +111,10 @@ def weight_on(lin: Linear, dtype: torch.dtype, device: str | torch.device) -> to
     """lin's weight in the native basis as dtype on device, moved as stored (INT8 codes, BF16) and converted there:
     a BF16 or INT8 weight bound for a card never exists in f32 on the host (on the CPU in f32 it equals
     lin.dequantized(), bit for bit)."""
+    weight = moved_to(lin.weight, device)
     if lin.quantized:
-        return dequantize_convrot(lin.weight.to(device), lin.scale.to(device), lin.group).to(dtype)
-    return lin.weight.to(device, dtype)
+        return dequantize_convrot(weight, lin.scale.to(device), lin.group).to(dtype)
+    return weight.to(dtype)
 
 
 def linear_state(lin: Linear, name: str, dtype: torch.dtype, device: str | torch.device,

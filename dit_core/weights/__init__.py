@@ -9,6 +9,7 @@ from .checkpoint import (
     FirstBlocks,
     TensorSource,
     WeightsError,
+    moved_to,
     read_tensor,
 )
 from .convrot import (
@@ -26,5 +27,5 @@ from .stored import STORED_FORMATS, read_linear
 
 __all__ = ["CONVROT_GROUP", "FLOAT_DTYPES", "FP8_DTYPES", "SAFETENSORS_DTYPES", "STORED_FORMATS", "Checkpoint",
            "FirstBlocks", "Linear", "TensorSource", "WeightsError", "convrot_group_for", "dequantize_convrot",
-           "glu_rows", "hadamard", "quantize_convrot", "quantize_rows", "read_linear", "read_tensor", "rotate",
-           "rotate_weight", "stack_rows"]
+           "glu_rows", "hadamard", "moved_to", "quantize_convrot", "quantize_rows", "read_linear", "read_tensor",
+           "rotate", "rotate_weight", "stack_rows"]

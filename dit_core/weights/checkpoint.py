@@ -196,6 +196,15 @@ def _read_header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
+def moved_to(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+    """t on device, the same bytes: to a card through dit_core/gpu/staging.to_card's page-locked pair (imported only
+    then: the host path never loads dit_core/gpu), elsewhere a plain copy."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    from ..gpu.staging import to_card
+    return to_card(t, device)
+
+
 def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype = torch.float32,
                 device: str | torch.device | None = None) -> torch.Tensor:
     """A plain (non-linear) tensor as dtype (f32 by default) on device (by default where it was read), its shape
@@ -205,7 +214,7 @@ def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise WeightsError(f"{ckpt.path.name}: '{key}' has shape {tuple(t.shape)}, expected {tuple(shape)}; "
                            f"the file is of another model size or family")
-    t = t if device is None else t.to(device)
+    t = t if device is None else moved_to(t, device)
     if t.dtype in FP8_DTYPES:
         scale_key = key.rsplit(".", 1)[0] + ".weight_scale"
         scale = ckpt.get(scale_key).float().to(t.device) if scale_key in ckpt else 1.0

@@ -13,7 +13,7 @@ from dit_core.families.flux3_klein import Flux3Klein
 from dit_core.families.z_image import ZImage
 from dit_core.sampling.klein import sample_klein
 from dit_core.sampling.schedules import klein_sigmas
-from dit_core.gpu.staging import host_buffer, staged_bytes
+from dit_core.gpu.staging import Carrier, host_buffer, staged_bytes, to_card
 from dit_core.sampling.step_cache import StepCache
 from dit_core.gpu.streaming import StreamedBlocks, pass_bytes, resident_generation, spread
 from dit_core.weights import TensorSource
@@ -153,6 +153,19 @@ def test_z_image_streamed_on_gpu_equals_resident():
     size = staged_bytes(GpuBlock.of(host.blocks[0], torch.device("cpu")))
     for budget in (4 * size, 2 * size):
         assert torch.equal(host.to("cuda", budget_bytes=budget).output(latent, 0.5, caption), resident)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_carrier_takes_host_bytes_to_the_card_in_turns():
+    carrier, g = Carrier(chunk=4096), torch.Generator().manual_seed(6)
+    for n in (1, 4096, 4097, 3 * 4096 + 5):  # within a chunk, one whole, over one, several and a part
+        src = torch.randint(0, 256, (n,), dtype=torch.uint8, generator=g)
+        dest = torch.empty(n, dtype=torch.uint8, device="cuda")
+        carrier.carry(src, dest)
+        assert torch.equal(dest.cpu(), src)
+    t = torch.randn(1000, 700, generator=g).to(torch.bfloat16)  # over CARRIED: through the loads' carrier
+    assert torch.equal(to_card(t, "cuda").cpu(), t) and torch.equal(to_card(t[:3], "cuda").cpu(), t[:3])
 
 
 @pytest.mark.gpu
