@@ -1,7 +1,8 @@
-"""Each family's INT8 linears at their real 1024^2 shapes and forms, the Hopper kernels against the Triton ones in
-the same run: where a step's product time goes, shape by shape. The fused QKV turns by its angles' factors as the
-blocks call it, and once more by cos and sin tables; FLUX.3's OUT and DOWN as its parallel blocks call them (OUT
-rows, DOWN adding them under the gate), and once more as before (each adding into the residual).
+"""Each family's INT8 linears at their real 1024^2 shapes and forms (Z-Image, FLUX.3 Klein, Krea 2), the Hopper
+kernels against the Triton ones in the same run: where a step's product time goes, shape by shape. The fused QKV
+turns by its angles' factors as the blocks call it, and once more by cos and sin tables; FLUX.3's OUT and DOWN as its
+parallel blocks call them (OUT rows, DOWN adding them under the gate), and once more as before (each adding into the
+residual).
 
 Forms as the blocks call them (dit_core/gpu/block.py): the fused QKV with head norm and rotary, UP with SwiGLU, OUT
 and DOWN as bf16 rows (Z-Image: its sandwich norm follows) or adding into the f32 residual (FLUX.3 Klein). Random
@@ -39,6 +40,10 @@ for _m, _calls, _rows in ((4608, 28, "joint"), (4096, 5, "image mode"), (512, 5,
                (f"Klein {_rows}", "up", "swiglu", _m, 3072, 18432, _calls),
                (f"Klein {_rows}", "out", "rows", _m, 3072, 3072, _calls),
                (f"Klein {_rows}", "down", "gated", _m, 9216, 3072, _calls)]
+# Krea 2 (4096 image + 512 text rows, bench_krea2_step's step): QKV [q; k; v; gate] as plain bf16 rows (grouped-query
+# heads and the gate take the plain path), OUT and DOWN adding into the residual under the gate.
+SHAPES += [("Krea 2", "qkv", "rows", 4608, 6144, 15360, 28), ("Krea 2", "out", "gated", 4608, 6144, 6144, 28),
+           ("Krea 2", "up", "swiglu", 4608, 6144, 32768, 28), ("Krea 2", "down", "gated", 4608, 16384, 6144, 28)]
 # As before (not counted in a step): the fused QKV turned by cos and sin tables, not its angles' factors; FLUX.3's
 # OUT adding into the residual in its own epilogue, and DOWN without the attention branch's rows to add
 # (nor the next norm's statistics).
