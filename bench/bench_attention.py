@@ -9,6 +9,7 @@ Z-Image's (30, 4608). The 8-bit kernel's rows: codes included (torch's smoothing
 passes, then the kernel), the kernel alone at each --tiles tile (BLOCK_M x BLOCK_N x warps x stages), its codes alone.
 
     python bench/bench_attention.py [--shapes 24x4608 56x15911] [--stages 3 4] [--tiles 128x64x8x3 64x64x4x3]
+    python bench/bench_attention.py --shapes 48x4608x12     # Krea 2's grouped-query heads: copied or SDPA's own
 """
 from __future__ import annotations
 
@@ -64,10 +65,45 @@ def first_calls(heads: int = 30, image_rows: int = 4096) -> None:
                 print(f"| {backend.name} | {m} | {times[0]:.2f} | {times[1]:.2f} |", flush=True)
 
 
+def grouped_query(heads: int, m: int, kv: int, seconds: float, energy) -> None:
+    """Grouped-query attention (Krea 2: 48 query heads, 12 key heads) in cuDNN's bf16 SDPA: the key and value heads
+    copied for each query head they serve, as the blocks' head_norm_rope writes them (rows [m, heads x 128]; the
+    copy alone, then the attention on them), against SDPA's grouped mode reading the 12 heads (enable_gqa)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = rows(m, heads, 1, True), rows(m, kv, 2, True), rows(m, kv, 3, False)
+    view = lambda t: t.reshape(m, -1, ka.HEAD).transpose(0, 1).unsqueeze(0)  # noqa: E731  rows -> [1, h, m, D]
+    copied = lambda t: t.reshape(m, kv, 1, ka.HEAD).expand(m, kv, heads // kv, ka.HEAD).reshape(m, -1)  # noqa: E731
+    ke, ve = copied(k), copied(v)
+    truth = F.scaled_dot_product_attention(view(q).float(), view(ke).float(), view(ve).float())
+    truth = truth[0].transpose(0, 1).reshape(m, -1)
+
+    def sdpa(backend, kk, vv, **kw):
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(view(q), view(kk), view(vv), **kw)[0].transpose(0, 1).reshape(m, -1)
+    cases = [("cuDNN bf16, key heads copied (the blocks' call), the attention alone",
+              lambda: sdpa(SDPBackend.CUDNN_ATTENTION, ke, ve)),
+             ("the key and value heads' copies alone", lambda: (copied(k), copied(v)) and None),
+             ("cuDNN bf16, grouped mode (enable_gqa)", lambda: sdpa(SDPBackend.CUDNN_ATTENTION, k, v, enable_gqa=True)),
+             ("flash bf16, grouped mode (enable_gqa)", lambda: sdpa(SDPBackend.FLASH_ATTENTION, k, v, enable_gqa=True))]
+    flop = 4 * m * m * ka.HEAD * heads
+    for name, call in cases:
+        try:
+            o = call()
+        except RuntimeError as e:  # a back end that does not take the grouped mode here
+            print(f"| {heads} / {kv} | {m} | {name} | - | - | - | {str(e).splitlines()[0][:80]} |", flush=True)
+            continue
+        err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
+        ms = median_ms(call, 20, graph=True)
+        joules = sustained(call, seconds, energy)[1] if energy is not None else float("nan")
+        print(f"| {heads} / {kv} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
+              f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", nargs="*", default=["24x4608", "56x15911"],
-                   help="HEADSxROWS: 24x4608 FLUX.3 Klein, 56x15911 MiniMax H3, 30x4608 Z-Image")
+                   help="HEADSxROWS[xKEY_HEADS]: 24x4608 FLUX.3 Klein, 56x15911 MiniMax H3, 30x4608 Z-Image, "
+                        "48x4608x12 Krea 2 (grouped query: cuDNN with copied key heads against its grouped mode)")
     p.add_argument("--stages", type=int, nargs="*", default=[ka.STAGES], help="attention_int8's ring slots")
     p.add_argument("--tiles", nargs="*", default=TILES, help="attention_8bit's tiles: BLOCK_MxBLOCK_NxWARPSxSTAGES")
     p.add_argument("--seconds", type=float, default=1.0, help="sustained load a case, after as long a warm-up")
@@ -84,7 +120,10 @@ def main() -> None:
     print("| heads | rows | attention | graph ms | TFLOP/s | J a call (sustained) | error vs f32 |\n"
           + "|---" * 7 + "|")
     for shape in args.shapes:
-        heads, m = (int(x) for x in shape.split("x"))
+        heads, m, *kv = (int(x) for x in shape.split("x"))
+        if kv and kv[0] != heads:
+            grouped_query(heads, m, kv[0], args.seconds, energy)
+            continue
         q, k, v = rows(m, heads, 1, True), rows(m, heads, 2, True), rows(m, heads, 3, False)
         view = lambda t: t.reshape(m, heads, ka.HEAD).transpose(0, 1).unsqueeze(0)  # noqa: E731
         qh, kh, vh = view(q), view(k), view(v)

@@ -100,7 +100,7 @@ for part in $parts; do
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
     attention_first_calls) timeout 120 python3 bench/bench_attention.py --first-calls ;;
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
-               timeout 200 python3 bench/bench_attention.py --stages 3 4 ;;
+               timeout 200 python3 bench/bench_attention.py ${ATTENTION_ARGS:---stages 3 4} ;;
     krea2) timeout $(cap 200) python3 bench/bench_krea2_step.py ${KREA2_ARGS:---steps 5} ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
