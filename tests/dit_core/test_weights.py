@@ -27,8 +27,10 @@ from dit_core.weights import (
     Linear,
     WeightsError,
     dequantize_convrot,
+    glu_rows,
     quantize_convrot,
     read_linear,
+    stack_rows,
 )
 
 KITCHEN = torch.ops.comfy_kitchen
@@ -457,3 +459,31 @@ def test_a_released_checkpoint_maps_its_file_again_on_the_next_read(tmp_path):
     first = ckpt.get("a")
     ckpt.release()
     assert ckpt._file is None and torch.equal(ckpt.get("a"), first)
+
+
+@pytest.mark.parametrize("formats", [("int8", "int8"), ("bf16", "bf16"), ("int8", "bf16")])
+@pytest.mark.parametrize("biases", [(True, True), (False, True), (False, False)])
+def test_glu_rows_interleave_the_stacked_rows(formats, biases):
+    g = torch.Generator().manual_seed(7)
+
+    def made(fmt, bias):
+        w = torch.randn(24, 256, generator=g)
+        b = torch.randn(24, generator=g) if bias else None
+        if fmt == "int8":
+            codes, scale = quantize_convrot(w, 64)
+            return Linear(codes, b, scale, 64)
+        return Linear(w.to(torch.bfloat16), b)
+
+    gate, up = (made(f, b) for f, b in zip(formats, biases))
+    order = torch.stack([torch.arange(24), torch.arange(24) + 24], dim=1).reshape(-1)
+    stacked = stack_rows([gate, up])  # the definition: stacked, then every gate row before its up row
+    both = glu_rows(gate, up)
+    for mine, theirs in ((both.weight, stacked.weight[order]), (both.bias, None if stacked.bias is None else
+                         stacked.bias[order]), (both.scale, None if stacked.scale is None else
+                         stacked.scale.reshape(-1, 1)[order])):
+        assert (mine is None and theirs is None) or (mine.dtype == theirs.dtype and torch.equal(mine, theirs))
+    assert both.group == stacked.group
+    picked = torch.tensor([5, 0, 47, 3])
+    rows = both.rows(picked)
+    assert torch.equal(rows.weight, both.weight[picked]) and (both.scale is None or
+                                                              torch.equal(rows.scale, both.scale[picked]))
