@@ -93,16 +93,17 @@ def _read_block(ckpt: Checkpoint, p: str, stem: str, a: Arch, lin) -> Block:
     perm = halves_permutation(a.rotary, a.head)
     qk_rows = (torch.arange(a.heads)[:, None] * a.head + perm).reshape(-1)
     # INT8 files: stack_rows concatenates the row scales with the rows (row-wise scales: exact).
-    qkv = stack_rows([lin(f"{stem}{n}_proj") for n in "qkv"])
-    if qkv.weight.shape != (3 * a.width, a.hidden):
-        raise WeightsError(f"{ckpt.path.name}: '{p}{stem}q_proj/k_proj/v_proj' give "
-                           f"{tuple(qkv.weight.shape)}, expected {(3 * a.width, a.hidden)}")
-    qkv = qkv.rows(torch.cat([qk_rows, qk_rows + a.width, torch.arange(2 * a.width, 3 * a.width)]))
+    parts = [lin(f"{stem}{n}_proj") for n in "qkv"]
+    shape = (sum(q.out_features for q in parts), *{q.in_features for q in parts})
+    if shape != (3 * a.width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{p}{stem}q_proj/k_proj/v_proj' give {shape}, expected "
+                           f"{(3 * a.width, a.hidden)}")
+    qkv = stack_rows(parts, torch.cat([qk_rows, qk_rows + a.width, torch.arange(2 * a.width, 3 * a.width)]))
     mlp_in = lin(f"{stem}mlp_in")
     if mlp_in.out_features != 2 * a.ffn:
         raise WeightsError(f"{ckpt.path.name}: '{p}{stem}mlp_in.weight' has {mlp_in.out_features} rows, "
                            f"expected {2 * a.ffn} ([gate; up])")
-    up = glu_rows(mlp_in.rows(torch.arange(a.ffn)), mlp_in.rows(torch.arange(a.ffn, 2 * a.ffn)))
+    up = glu_rows(mlp_in.row_slice(0, a.ffn), mlp_in.row_slice(a.ffn, 2 * a.ffn))
     norm = lambda n: read_tensor(ckpt, f"{p}{stem}norm.{n}.scale", (a.head,))[perm]
     return Block((qkv, lin(f"{stem}attn_out"), up, lin(f"{stem}mlp_out"), None, None,
                   norm("query_norm"), norm("key_norm"), None, None))

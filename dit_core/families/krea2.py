@@ -146,12 +146,13 @@ def _read_block(ckpt: Checkpoint, stem: str, a: Arch, lin) -> Block:
     perm = halves_permutation(a.rotary, a.head) if a.rotary else torch.arange(a.head)
     q_rows = (torch.arange(a.heads)[:, None] * a.head + perm).reshape(-1)
     k_rows = (torch.arange(a.key_width // a.head)[:, None] * a.head + perm).reshape(-1)
-    qkv = stack_rows([lin(f"{stem}attn.{n}") for n in ("wq", "wk", "wv", "gate")])
-    if qkv.weight.shape != (a.qkv_width, a.hidden):
-        raise WeightsError(f"{ckpt.path.name}: '{stem}attn.wq/wk/wv/gate' give {tuple(qkv.weight.shape)}, expected "
+    parts = [lin(f"{stem}attn.{n}") for n in ("wq", "wk", "wv", "gate")]
+    shape = (sum(p.out_features for p in parts), *{p.in_features for p in parts})
+    if shape != (a.qkv_width, a.hidden):
+        raise WeightsError(f"{ckpt.path.name}: '{stem}attn.wq/wk/wv/gate' give {shape}, expected "
                            f"{(a.qkv_width, a.hidden)}")
     k0, v0 = a.width, a.width + a.key_width
-    qkv = qkv.rows(torch.cat([q_rows, k0 + k_rows, torch.arange(v0, a.qkv_width)]))
+    qkv = stack_rows(parts, torch.cat([q_rows, k0 + k_rows, torch.arange(v0, a.qkv_width)]))
     gain = lambda key, n: 1.0 + read_tensor(ckpt, f"{stem}{key}", (n,))  # noqa: E731 - zero-centred, in f32
     return Block((qkv, lin(f"{stem}attn.wo"), glu_rows(lin(f"{stem}mlp.gate"), lin(f"{stem}mlp.up")),
                   lin(f"{stem}mlp.down"), gain("prenorm.scale", a.hidden), gain("postnorm.scale", a.hidden),

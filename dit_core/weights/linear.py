@@ -72,6 +72,14 @@ class Linear:
         """This linear with float weights of dtype (Block.dequantized)."""
         return Linear(self.dequantized().to(dtype), self.bias, None, 0)
 
+    def row_slice(self, start: int, stop: int) -> Linear:
+        """Output rows start..stop-1 as views (no copy), with their scales and biases."""
+        scale = self.scale
+        if scale is not None and scale.numel() > 1:
+            scale = scale.reshape(-1, 1)[start:stop]
+        bias = None if self.bias is None else self.bias[start:stop]
+        return replace(self, weight=self.weight[start:stop], bias=bias, scale=scale)
+
     def rows(self, index: torch.Tensor) -> Linear:
         """The linear with output rows reordered/selected by index (rows move with their scales and biases;
         ConvRot acts on inputs, so no requantization)."""
@@ -84,22 +92,41 @@ class Linear:
         return replace(self, weight=take(self.weight), bias=bias, scale=scale)
 
 
-def stack_rows(parts: list[Linear]) -> Linear:
-    """Linears of one input stacked by output rows (QKV fusion, [gate; up]); formats must agree."""
+def stack_rows(parts: list[Linear], order: torch.Tensor | None = None) -> Linear:
+    """Linears of one input stacked by output rows (QKV fusion, [gate; up]); formats must agree (else all f32), row
+    scales, zero biases where one has none. order: the stacked rows then taken in this order (as .rows(order)
+    takes them), each run of rows from one part gathered straight into its place: one pass, not a stack and a
+    gather."""
     first = parts[0]
     if any(p.quantized != first.quantized or p.group != first.group for p in parts):
         parts = [p.as_float(torch.float32) for p in parts]
         first = parts[0]
-    weight = torch.cat([p.weight for p in parts])
-    scale = None
-    if first.quantized:
-        scale = torch.cat([p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in parts])
-    biases = [p.bias for p in parts]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b if b is not None else torch.zeros(p.out_features, dtype=torch.float32)
-                          for b, p in zip(biases, parts)])
-    return Linear(weight, bias, scale, first.group)
+    scales = [p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in parts] if first.quantized else None
+    biases = None
+    if any(p.bias is not None for p in parts):
+        biases = [p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.float32,
+                                                                  device=p.weight.device) for p in parts]
+    stacked = lambda ts: None if ts is None else _stacked(ts, order)  # noqa: E731
+    return Linear(stacked([p.weight for p in parts]), stacked(biases), stacked(scales), first.group)
+
+
+def _stacked(tensors: list[torch.Tensor], order: torch.Tensor | None) -> torch.Tensor:
+    """torch.cat(tensors)[order], each run of order within one tensor's rows taken from it by index_select."""
+    if order is None:
+        return torch.cat(tensors)
+    ends = torch.tensor([t.shape[0] for t in tensors]).cumsum(0)
+    order = order.cpu()
+    source = torch.bucketize(order, ends, right=True)  # the tensor each row comes from
+    if int(order.min()) < 0 or int(order.max()) >= int(ends[-1]):
+        raise IndexError(f"stack_rows: an order of rows 0..{int(ends[-1]) - 1} holds {int(order.min())}.."
+                         f"{int(order.max())}")
+    out = torch.empty(len(order), *tensors[0].shape[1:], dtype=tensors[0].dtype, device=tensors[0].device)
+    cuts = [0, *(torch.nonzero(source[1:] != source[:-1]).flatten() + 1).tolist(), len(order)]
+    for lo, hi in zip(cuts, cuts[1:]):
+        i = int(source[lo])
+        start = int(ends[i]) - tensors[i].shape[0]
+        torch.index_select(tensors[i], 0, (order[lo:hi] - start).to(tensors[i].device), out=out[lo:hi])
+    return out
 
 
 def glu_rows(gate: torch.Tensor | Linear, up: torch.Tensor | Linear):

@@ -487,3 +487,23 @@ def test_glu_rows_interleave_the_stacked_rows(formats, biases):
     rows = both.rows(picked)
     assert torch.equal(rows.weight, both.weight[picked]) and (both.scale is None or
                                                               torch.equal(rows.scale, both.scale[picked]))
+
+
+@pytest.mark.parametrize("tensorwise", [False, True], ids=["row_scales", "tensorwise"])
+def test_stacked_rows_in_an_order_equal_the_stack_then_its_rows(tensorwise):
+    g = torch.Generator().manual_seed(8)
+    parts = []
+    for n, bias in ((16, True), (8, False), (8, True)):
+        codes, scale = quantize_convrot(torch.randn(n, 128, generator=g), 64)
+        parts.append(Linear(codes, torch.randn(n, generator=g) if bias else None,
+                            scale.amax().reshape(()) if tensorwise else scale, 64))
+    heads = torch.randperm(16, generator=g)
+    order = torch.cat([heads, 16 + torch.randperm(8, generator=g), torch.arange(24, 32)])  # runs of one part each
+    for order in (order, torch.randperm(32, generator=g)):  # and runs of a row or two
+        made, stacked = stack_rows(parts, order), stack_rows(parts).rows(order)
+        assert all(torch.equal(x, y) for x, y in ((made.weight, stacked.weight), (made.bias, stacked.bias),
+                                                  (made.scale, stacked.scale)))
+    with pytest.raises(IndexError, match="rows 0..31"):
+        stack_rows(parts, torch.tensor([0, 32]))
+    half = parts[0].row_slice(4, 12)
+    assert torch.equal(half.weight, parts[0].weight[4:12]) and half.weight.data_ptr() == parts[0].weight[4].data_ptr()
