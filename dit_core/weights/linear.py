@@ -92,22 +92,27 @@ class Linear:
         return replace(self, weight=take(self.weight), bias=bias, scale=scale)
 
 
-def stack_rows(parts: list[Linear], order: torch.Tensor | None = None) -> Linear:
-    """Linears of one input stacked by output rows (QKV fusion, [gate; up]); formats must agree (else all f32), row
-    scales, zero biases where one has none. order: the stacked rows then taken in this order (as .rows(order)
-    takes them), each run of rows from one part gathered straight into its place: one pass, not a stack and a
-    gather."""
+def _stackable(parts: list[Linear]) -> tuple[list[Linear], list | None, list | None]:
+    """(parts in one format, else all f32; their row scales [n, 1] when INT8; their biases, zeros where one has none,
+    or None where none has one): what a stack of their rows stacks."""
     first = parts[0]
     if any(p.quantized != first.quantized or p.group != first.group for p in parts):
         parts = [p.as_float(torch.float32) for p in parts]
-        first = parts[0]
-    scales = [p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in parts] if first.quantized else None
+    scales = [p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in parts] if parts[0].quantized else None
     biases = None
     if any(p.bias is not None for p in parts):
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.float32,
                                                                   device=p.weight.device) for p in parts]
+    return parts, scales, biases
+
+
+def stack_rows(parts: list[Linear], order: torch.Tensor | None = None) -> Linear:
+    """Linears of one input stacked by output rows (QKV fusion, [gate; up]; _stackable). order: the stacked rows
+    then taken in this order (as .rows(order) takes them), each run of rows from one part gathered straight into
+    its place: one pass, not a stack and a gather."""
+    parts, scales, biases = _stackable(parts)
     stacked = lambda ts: None if ts is None else _stacked(ts, order)  # noqa: E731
-    return Linear(stacked([p.weight for p in parts]), stacked(biases), stacked(scales), first.group)
+    return Linear(stacked([p.weight for p in parts]), stacked(biases), stacked(scales), parts[0].group)
 
 
 def _stacked(tensors: list[torch.Tensor], order: torch.Tensor | None) -> torch.Tensor:
@@ -130,19 +135,10 @@ def _stacked(tensors: list[torch.Tensor], order: torch.Tensor | None) -> torch.T
 
 
 def glu_rows(gate: torch.Tensor | Linear, up: torch.Tensor | Linear):
-    """[gate; up] interleaved as UP holds them: gate j at row 2j, up j at 2j + 1 (seed 000 gluRows); linears as
-    stack_rows stacks them (formats made to agree, row scales, zero biases where one has none), in one pass (a
-    stack then a gather took 3.3 times as long on the host)."""
+    """[gate; up] interleaved as UP holds them: gate j at row 2j, up j at 2j + 1 (seed 000 gluRows); linears' rows
+    as stack_rows stacks them, in one pass (a stack then a gather took 3.3 times as long on the host)."""
     if isinstance(gate, Linear):
-        if gate.quantized != up.quantized or gate.group != up.group:
-            gate, up = gate.as_float(torch.float32), up.as_float(torch.float32)
-        scale = None
-        if gate.quantized:
-            scale = glu_rows(*(p.scale.reshape(-1, 1).expand(p.out_features, 1) for p in (gate, up)))
-        bias = None
-        if gate.bias is not None or up.bias is not None:
-            bias = glu_rows(*(p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.float32,
-                                                                            device=p.weight.device)
-                              for p in (gate, up)))
-        return Linear(glu_rows(gate.weight, up.weight), bias, scale, gate.group)
+        (gate, up), scales, biases = _stackable([gate, up])
+        interleaved = lambda ts: None if ts is None else glu_rows(*ts)  # noqa: E731
+        return Linear(glu_rows(gate.weight, up.weight), interleaved(biases), interleaved(scales), gate.group)
     return torch.stack([gate, up], dim=1).reshape(-1, *gate.shape[1:])
