@@ -210,3 +210,27 @@ def test_concurrent_mode_blocks_on_gpu(tmp_path):
         eager = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0))
         graphed = sample_klein(gpu, noise, klein_sigmas(8), text, references, StepCache(0.0), step=gpu.graphed())
         assert torch.equal(eager, one_stream) and torch.equal(graphed, one_stream), len(references)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kernels_built_beside_the_load_leave_the_sampler_none(tmp_path):
+    """builds.built_beside as the loader node runs it (a stand-in of the file's first joint and single blocks, its
+    dry pass at 256x256 and 77 text rows), then the sampler's first steps as the sampler node runs them (graphed,
+    the step cache at 0.3, another size and prompt length) under build_ahead: nothing left to build, on Hopper (a
+    cold graph on an H100 still built on its first prompt: 4.45 s against 1.22 after a restart)."""
+    from dit_core.gpu.builds import build_ahead, built_beside
+    from dit_core.weights import FirstBlocks
+    tiny = smooth_time_embedders(random_flux3(seed=13, attention_head_dim=64, num_attention_heads=4,
+                                              axes_dims_rope=(16, 16, 16, 16)))
+    path, cuda = tmp_path / "klein.safetensors", torch.device("cuda")
+    save_file(flux3_bfl_layout(tiny.state_dict()), path)
+    beside = built_beside(lambda: Flux3Klein.load(FirstBlocks(path), linears="int8", compute_on=cuda).to(cuda),
+                          lambda model: model.dry_pass(pixels=256), cuda)
+    beside.join()
+    gpu = Flux3Klein.load(path, linears="int8", compute_on=cuda).to("cuda", budget_bytes=10 ** 12)
+    g = torch.Generator().manual_seed(5)
+    noise, text = flux_noise(9, 64, 96, channels=C)[0].cuda(), torch.randn(80, TEXT, generator=g).cuda()
+    after = build_ahead(lambda: sample_klein(gpu, noise, klein_sigmas(4), text, [], StepCache(0.3),
+                                             step=gpu.graphed()), cuda)
+    assert after.kernels == 0 and after.stopped is None, after
