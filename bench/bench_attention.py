@@ -85,17 +85,26 @@ def grouped_query(heads: int, m: int, kv: int, seconds: float, energy) -> None:
              ("the key and value heads' copies alone", lambda: (copied(k), copied(v)) and None),
              ("cuDNN bf16, grouped mode (enable_gqa)", lambda: sdpa(SDPBackend.CUDNN_ATTENTION, k, v, enable_gqa=True)),
              ("flash bf16, grouped mode (enable_gqa)", lambda: sdpa(SDPBackend.FLASH_ATTENTION, k, v, enable_gqa=True))]
-    flop = 4 * m * m * ka.HEAD * heads
+    # (a back end that does not take the grouped mode here says why in its row)
+    print_cases(f"{heads} / {kv}", m, 4 * m * m * ka.HEAD * heads, cases, truth, seconds, energy,
+                refusals=(RuntimeError,))
+
+
+def print_cases(heads: str, m: int, flop: int, cases: list, truth: torch.Tensor, seconds: float, energy,
+                refusals: tuple[type[Exception], ...] = ()) -> None:
+    """A table row for each (name, call) of cases: graph ms, TFLOP/s of flop, joules a call under seconds of
+    sustained load, the error of its output (None: none) against truth; a call that raises one of refusals gets
+    a row with the first line of its error."""
     for name, call in cases:
         try:
             o = call()
-        except RuntimeError as e:  # a back end that does not take the grouped mode here
-            print(f"| {heads} / {kv} | {m} | {name} | - | - | - | {str(e).splitlines()[0][:80]} |", flush=True)
+        except refusals as e:
+            print(f"| {heads} | {m} | {name} | - | - | - | {str(e).splitlines()[0][:80]} |", flush=True)
             continue
         err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
         ms = median_ms(call, 20, graph=True)
         joules = sustained(call, seconds, energy)[1] if energy is not None else float("nan")
-        print(f"| {heads} / {kv} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
+        print(f"| {heads} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
               f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)
 
 
@@ -156,14 +165,7 @@ def main() -> None:
                 return k8.launch(*made8, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
             cases.append((f"8-bit, the kernel alone ({tile})", alone))
         cases.append(("8-bit: smoothing and codes alone", lambda: k8.operands(q, k, v, heads) and None))
-        flop = 4 * m * m * ka.HEAD * heads
-        for name, call in cases:
-            o = call()
-            err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
-            ms = median_ms(call, 20, graph=True)
-            joules = sustained(call, args.seconds, energy)[1] if energy is not None else float("nan")
-            print(f"| {heads} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
-                  f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)
+        print_cases(str(heads), m, 4 * m * m * ka.HEAD * heads, cases, truth, args.seconds, energy)
 
 
 if __name__ == "__main__":

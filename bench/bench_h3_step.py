@@ -254,9 +254,7 @@ def peer_timed(args, device, layout, video, audio, text, times, index, state_on=
     if args.peer:
         result = (*timed_on(device, diffusers_step, args.steps), weights_gb(tuple(ref.parameters())))
     if state_on is not None:
-        ref = ref.to(state_on)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        ref = ref.to(state_on)  # (its card memory given back below)
     state = minimax_h3_comfy_layout(ref)
     ref = None  # the tensors ours is made from stay in state; the rest goes
     if device.type == "cuda":

@@ -63,13 +63,8 @@ class Staged:
             if source is not None and _stored_as(source, t):
                 source[0].read_into(source[1], dest, readers)
             elif part.nbytes:
-                # A device tensor comes back over PCIe; a host one is copied once (converted at load), through
-                # CARRIER where it goes to a card.
-                src = t.detach().contiguous().reshape(-1).view(torch.uint8)
-                if dest.device.type == "cuda" and src.device.type == "cpu" and part.nbytes >= CARRIED:
-                    CARRIER.carry(src, dest)
-                else:
-                    dest.copy_(src)
+                # A device tensor comes back over PCIe; a host one is copied once (converted at load).
+                carried_into(dest, t.detach().contiguous().reshape(-1).view(torch.uint8))
 
     def copy_to(self, slot: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
         """The host bytes into slot: non-blocking on stream (the caller orders it with events) on a GPU,
@@ -155,16 +150,23 @@ class Carrier:
 CARRIER = Carrier()
 
 
+def carried_into(dest: torch.Tensor, src: torch.Tensor) -> None:
+    """dest.copy_(src) of bytes (uint8 [n] each): through CARRIER where CARRIED bytes or more go from the host to a
+    card (the same bytes either way)."""
+    if dest.device.type == "cuda" and src.device.type == "cpu" and src.numel() >= CARRIED:
+        CARRIER.carry(src, dest)
+    else:
+        dest.copy_(src)
+
+
 def to_card(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """t on device: a host tensor of CARRIED bytes or more bound for a CUDA device through CARRIER, else t.to(device)
-    (the same bytes either way)."""
+    """t on device (carried_into a new tensor there when it goes from the host to a card), else t.to(device)."""
     device = torch.device(device)
-    nbytes = t.numel() * t.element_size()
-    if device.type != "cuda" or t.device.type != "cpu" or nbytes < CARRIED:
+    if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     src = t.contiguous()
     out = torch.empty(src.shape, dtype=src.dtype, device=device)
-    CARRIER.carry(src.reshape(-1).view(torch.uint8), out.reshape(-1).view(torch.uint8))
+    carried_into(out.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8))
     return out
 
 
