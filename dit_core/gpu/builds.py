@@ -134,15 +134,18 @@ def _loaded(kernel, device: int) -> None:
 
 
 def on_own_thread(work: Callable[[], None], device: torch.device, name: str, failure: str) -> threading.Thread:
-    """work() on a daemon thread of its own, started now, whose CUDA device is the caller's (a new thread's is the
-    first GPU). Such work is an optimization (what it leaves unbuilt builds where it is first launched): a failure is
-    said in one line (`failure`, then the error), its traceback at debug level."""
+    """work() on a daemon thread of its own, started now, whose CUDA device and inference mode are the caller's (a
+    new thread's are the first GPU and off: ComfyUI runs its nodes in inference mode, and the caller's tensors may
+    be inference tensors). Such work is an optimization (what it leaves unbuilt builds where it is first launched):
+    a failure is said in one line (`failure`, then the error), its traceback at debug level."""
     index = torch.cuda.current_device() if device.index is None else device.index
+    inference = torch.is_inference_mode_enabled()
 
     def run() -> None:
         try:
             torch.cuda.set_device(index)
-            work()
+            with torch.inference_mode(inference):
+                work()
         except Exception as e:  # noqa: BLE001 - see above; a bad file's error is its load's to tell
             log.info("SwiftDiT: %s (%s: %s)", failure, type(e).__name__, e)
             log.debug(failure, exc_info=True)

@@ -134,7 +134,10 @@ class Carrier:
         stream = torch.cuda.current_stream(dest.device)
         with self._lock:
             if not self._buffers:
-                self._buffers = [host_buffer(self.chunk) for _ in range(2)]
+                # Normal tensors, not inference tensors: any thread writes them, in inference mode (ComfyUI's
+                # nodes) or not (a stand-in's builds beside the load).
+                with torch.inference_mode(False):
+                    self._buffers = [host_buffer(self.chunk) for _ in range(2)]
             for start in range(0, src.numel(), self.chunk):
                 i, self._turn = self._turn, 1 - self._turn
                 if self._copied[i] is not None:

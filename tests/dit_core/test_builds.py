@@ -163,3 +163,17 @@ def test_work_on_its_own_thread_says_a_failure_in_one_line(monkeypatch, caplog):
     said = [r for r in caplog.records if r.levelno == logging.INFO]
     assert devices == [3] and len(said) == 1 and not said[0].exc_info
     assert said[0].getMessage() == "SwiftDiT: kernels not built here (ZeroDivisionError: division by zero)"
+
+
+def test_work_on_its_own_thread_runs_in_the_callers_inference_mode(monkeypatch):
+    """ComfyUI runs its nodes in inference mode: the builds beside a load run in it too, so they may write the
+    caller's inference tensors (a thread's own mode is off)."""
+    from dit_core.gpu.builds import on_own_thread
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    modes = []
+    with torch.inference_mode():
+        made = torch.zeros(3)
+        on_own_thread(lambda: (modes.append(torch.is_inference_mode_enabled()), made.add_(1)),
+                      torch.device("cuda", 0), "t", "not done").join()
+    on_own_thread(lambda: modes.append(torch.is_inference_mode_enabled()), torch.device("cuda", 0), "t", "").join()
+    assert modes == [True, False] and made.tolist() == [1, 1, 1]

@@ -170,6 +170,24 @@ def test_the_carrier_takes_host_bytes_to_the_card_in_turns():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_carrier_first_used_in_inference_mode_serves_a_thread_outside_it():
+    """ComfyUI loads in inference mode while a stand-in's builds run beside the load on a thread outside it: the
+    carrier's buffers, made by whichever comes first, take both (in the H100 server, buffers made as inference
+    tensors refused the builder thread's writes)."""
+    import threading
+    carrier, src = Carrier(chunk=4096), torch.arange(10000, dtype=torch.int32).view(torch.uint8)
+    first, beside = torch.empty_like(src, device="cuda"), torch.empty_like(src, device="cuda")
+    with torch.inference_mode():
+        carrier.carry(src, first)
+    thread = threading.Thread(target=carrier.carry, args=(src, beside))
+    thread.start()
+    thread.join()
+    torch.cuda.synchronize()
+    assert torch.equal(first.cpu(), src) and torch.equal(beside.cpu(), src)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_free_gives_the_device_memory_back_and_refill_takes_it_again():
     blocks = gpu_blocks("int8", n=8, same=True)  # host GpuBlocks: copied to the device as StreamedBlocks load
     x, mods, seq = inputs(rows=1000, device="cuda")
