@@ -1,9 +1,8 @@
 """The first Z-Image step on a machine that has built nothing yet: Triton's kernels built one after another as the step
-reaches them, against built side by side ahead of it (dit_core/gpu/builds.py) on 1 thread, on all threads, in
-fresh worker processes, and in warm ones (started as the model loads, as a server starts them). Each mode runs in a
-process of its own with an empty Triton cache; the real-width model (INT8 ConvRot, 3840 wide, 2 layers: every layer
-launches the same kernels) at 1024x1024 with a 512-row caption. Prints a markdown table and checks that the step
-after a build ahead equals the step built as it ran, bit for bit.
+reaches them, against built side by side ahead of it (dit_core/gpu/builds.py) on 1 thread, on all threads, and in
+worker processes. Each mode runs in a process of its own with an empty Triton cache; the real-width model (INT8
+ConvRot, 3840 wide, 2 layers: every layer launches the same kernels) at 1024x1024 with a 512-row caption. Prints a
+markdown table and checks that the step after a build ahead equals the step built as it ran, bit for bit.
 
     python bench/bench_first_step.py [--size 1024] [--layers 2]
 """
@@ -19,9 +18,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# mode -> None (no build ahead) or (threads or workers, 0: as many as cores; on what)
-MODES = {"as it runs": None, "ahead, 1 thread": (1, "threads"), "ahead, all threads": (0, "threads"),
-         "ahead, worker processes": (0, "processes"), "ahead, warm workers": (0, "warm")}
+# mode -> None (no build ahead) or (threads or workers, 0: as many as cores; processes?)
+MODES = {"as it runs": None, "ahead, 1 thread": (1, False), "ahead, all threads": (0, False),
+         "ahead, worker processes": (0, True)}
 
 
 def one_mode(mode: str, size: int, layers: int, out: Path) -> dict:
@@ -30,12 +29,10 @@ def one_mode(mode: str, size: int, layers: int, out: Path) -> dict:
     import torch
 
     from dit_core.families.z_image import ZImage
-    from dit_core.gpu.builds import WORKERS, build_ahead
+    from dit_core.gpu.builds import build_ahead
     from dit_core.weights import TensorSource
     from host import checkpoints
 
-    if MODES[mode] is not None and MODES[mode][1] == "warm":
-        WORKERS.start(torch.device("cuda"))
     torch.manual_seed(0)
     model = ZImage.load(TensorSource(checkpoints.dit_state_dict(layers, cap_dim=2560, device="cuda")),
                         linears="int8").to("cuda")
@@ -45,8 +42,8 @@ def one_mode(mode: str, size: int, layers: int, out: Path) -> dict:
     torch.cuda.synchronize()
     row = {"mode": mode}
     if MODES[mode] is not None:
-        threads, on = MODES[mode]
-        built = build_ahead(step, torch.device("cuda"), threads or None, processes=on == "processes")
+        threads, processes = MODES[mode]
+        built = build_ahead(step, torch.device("cuda"), threads or None, processes=processes)
         row |= {"kernels": built.kernels, "build_s": built.seconds, "threads": built.threads, "refused": built.refused}
     for name in ("first_step_s", "second_step_s"):
         t0 = time.perf_counter()

@@ -11,7 +11,7 @@ KSampler, VAELoader + VAEDecode) against our workflow (workflows/api/z_image_tur
 end to end (bench/graph_peers.py: Flux3DistilledAutoBlocks, 16 steps; Krea2Pipeline, 8 steps; BF16), each in a
 process of its own started by this one (cold: from the spawn to the first image; the prompt is re-encoded on every
 call, as a plain user of the pipeline gets it), from the same random files converted once, untimed, to diffusers'
-layout. The peers' memory is sampled as the server's (the process and its children on the card, host RSS); torch's
+layout. The peers' memory is sampled as the server's (the process on the card, host RSS); torch's
 max_memory_allocated of each case is given under the table.
 
 Random weights of the real sizes under the templates' file names, written once under .cache/bench_graph/ (Z-Image:
@@ -74,24 +74,12 @@ class Peaks:
     def _sample(self) -> None:
         import psutil
         while not self._stop.is_set():
-            pids = {self.pid}
-            try:  # the server and its children (our kernel build workers)
-                server = psutil.Process(self.pid)
-                family = [server, *server.children(recursive=True)]
-                pids = {p.pid for p in family}
-                self.host_gb = max(self.host_gb, sum(_rss(p) for p in family) / 1e9)
+            try:
+                self.host_gb = max(self.host_gb, psutil.Process(self.pid).memory_info().rss / 1e9)
             except psutil.Error:
                 pass
-            self.card_gb = max(self.card_gb, card_gb(pids))
+            self.card_gb = max(self.card_gb, card_gb(self.pid))
             self._stop.wait(0.1)
-
-
-def _rss(process) -> int:
-    import psutil
-    try:
-        return process.memory_info().rss
-    except psutil.Error:  # gone since listed
-        return 0
 
 
 def with_prompt(graph: dict, prompt: str, seed: int, prefix: str) -> dict:

@@ -485,13 +485,12 @@ def node_seconds(events: list[dict]) -> dict[str, float]:
             for i, (node, at) in enumerate(marks) if node is not None}
 
 
-def card_gb(pids: int | set[int]) -> float:
-    """GB the processes hold on the card (nvidia-smi's compute apps); 0 where there is no NVIDIA GPU."""
-    pids = {pids} if isinstance(pids, int) else pids
+def card_gb(pid: int) -> float:
+    """GB the process holds on the card (nvidia-smi's compute apps); 0 where there is no NVIDIA GPU."""
     try:
         apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=10).stdout.splitlines()
     except (OSError, subprocess.TimeoutExpired):
         return 0.0
     return sum(float(used) for p, used in (line.split(", ") for line in apps if ", " in line)
-               if int(p) in pids) * 2**20 / 1e9
+               if int(p) == pid) * 2**20 / 1e9

@@ -14,7 +14,6 @@ import functools
 import importlib.util
 import logging
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -65,17 +64,8 @@ def needs_hopper(device: torch.device) -> str | None:
 
 
 def build_in_processes(held: list[tuple], workers: int) -> None:
-    """Held Triton kernels (JITFunction, specialization) built by fresh worker processes into Triton's on-disk
-    cache."""
+    """Held Triton kernels (JITFunction, specialization) built by worker processes into Triton's on-disk cache."""
     process_builds.build_in_processes(held, workers)
-
-
-def build_workers(count: int) -> process_builds.BuildWorkers:
-    """`count` warm worker processes (started at once) with every kernel module here imported, that build held
-    kernels into Triton's on-disk cache."""
-    workers = process_builds.BuildWorkers(count, tuple(sorted(m for m in sys.modules if m.startswith(__name__ + "."))))
-    workers.start()
-    return workers
 
 
 def fixed_tiles_here(device: torch.device) -> bool:

@@ -6,8 +6,7 @@ from importlib import import_module
 from comfy_api.latest import ComfyExtension, io
 
 from ..dit_core.families import FAMILIES
-from ..dit_core.gpu.builds import WORKERS
-from .memory import engine_device, install_memory_hook
+from .memory import install_memory_hook
 from .save_image import NODES as SHARED_NODES
 
 NODES_BY_FAMILY = {name: import_module(f".{name}", __package__).NODES for name in FAMILIES}
@@ -16,10 +15,8 @@ NODE_CLASSES = [node for nodes in (*NODES_BY_FAMILY.values(), SHARED_NODES) for 
 
 class SwiftDiTExtension(ComfyExtension):
     async def get_node_list(self) -> list[type[io.ComfyNode]]:
-        # ComfyUI v0.3.75 calls get_node_list once at load (on_load is not called there): hook memory here, and
-        # start the kernel build workers, warm by the first prompt.
+        # ComfyUI v0.3.75 calls get_node_list once at load (on_load is not called there): hook memory here.
         install_memory_hook()
-        WORKERS.start(engine_device())
         return NODE_CLASSES
 
 

@@ -8,9 +8,8 @@ by Triton's AsyncCompileMode on a thread pool into the kernel caches the real st
 loaded and launchers made on the same threads, which a first launch would otherwise do one by one), and into
 Triton's on-disk cache, so a restart of the same machine builds nothing. ptxas runs outside the GIL; how much of
 the compiler's front end overlaps on threads is bench/bench_first_step.py's question, and `processes=True` builds
-the kernels in fresh worker processes instead (kernels/process_builds.py), filling Triton's on-disk cache, from which
-this process then loads them. A server starts warm workers as it starts (WORKERS.start): every build_ahead then
-builds on them, its compiler front ends side by side and off the loads' GIL.
+the kernels in worker processes instead (kernels/process_builds.py), filling Triton's on-disk cache, from which this
+process then loads them.
 
 Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotune on first use, and an autotuner
 timing held-back launches would keep a wrong tile."""
@@ -71,8 +70,6 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     threads = max(1, min(len(held), threads or min(os.cpu_count() or 1, 16)))
     if processes:
         kernels().build_in_processes(list(held.values()), threads)
-    elif WORKERS.pool is not None:
-        WORKERS.pool.build(list(held.values()))
     # ignore_errors: a kernel this Triton cannot build is left unbuilt; its launch builds it again and reports
     # the error where the kernel's caller falls back (kernels/gluon_builds.py).
     with ThreadPoolExecutor(threads, thread_name_prefix="swiftdit-build") as pool:
@@ -122,26 +119,6 @@ class Holds:
 
 
 HOLDS = Holds()  # one for the process: Triton has one hook
-
-
-class Workers:
-    """The process's warm build workers (kernels/process_builds.py BuildWorkers), where start() made them: a server
-    does as it starts, on a GPU where kernels build ahead, so that a new machine's first prompt finds them warm
-    (each imports torch, Triton and the kernels' modules for seconds). None: builds on threads (tests, tools)."""
-
-    def __init__(self):
-        self.pool = None
-        self.lock = threading.Lock()
-
-    def start(self, device: torch.device, count: int | None = None) -> None:
-        """count (default: half the cores, 2 to 8) workers started, not waited for, where device is a GPU whose
-        kernels build ahead; once a process."""
-        with self.lock:
-            if self.pool is None and device.type == "cuda" and kernels().fixed_tiles_here(device):
-                self.pool = kernels().build_workers(count or max(2, min(8, (os.cpu_count() or 2) // 2)))
-
-
-WORKERS = Workers()
 
 
 def _loaded(kernel, device: int) -> None:
