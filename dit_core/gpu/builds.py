@@ -34,12 +34,14 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Built:
     """What build_ahead did: kernels built, seconds (dry run and builds), threads, why nothing was built when it
-    could not run here, and the error that stopped the dry step early (its kernels up to there were built)."""
+    could not run here, the error that stopped the dry step early (its kernels up to there were built), and the
+    built kernels' names."""
     kernels: int
     seconds: float
     threads: int = 0
     refused: str | None = None
     stopped: str | None = None
+    names: tuple[str, ...] = ()
 
 
 def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None,
@@ -79,7 +81,8 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         # signature, in the Triton releases that have one): on the threads too, rather than one by one in the step.
         index = torch.cuda.current_device() if device.index is None else device.index  # (this thread's)
         list(pool.map(lambda kernel: _loaded(kernel, index), built))
-    return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped)
+    return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped,
+                 names=tuple(sorted(name for _, name, _ in held)))
 
 
 class Holds:
@@ -185,9 +188,9 @@ class AheadBuilds:
     def once(self, key: Hashable, step: Callable[[], object], device: torch.device) -> Built | None:
         if key in self.done:
             return None
-        if self.beside is not None:  # its kernels, not built twice
-            self.beside.join()
-            self.beside = None
+        beside, self.beside = self.beside, None
+        if beside is not None:  # its kernels, not built twice
+            beside.join()
         try:
             built = build_ahead(step, device, self.threads, self.cancels, self.processes)
         except self.cancels:
@@ -196,9 +199,10 @@ class AheadBuilds:
             built = Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
         self.done[key] = built
         if built.kernels:
-            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)%s",
+            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)%s%s",
                      built.kernels, built.seconds, built.threads,
-                     f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
+                     f"; the dry step stopped early: {built.stopped}" if built.stopped else "",
+                     f"; the stand-in's builds beside the load missed {', '.join(built.names)}" if beside else "")
         elif built.refused:
             log.info("SwiftDiT: kernels build as the first step runs (%s)", built.refused)
         return built
