@@ -4,6 +4,8 @@
   3. the same prompt, a new seed (ComfyUI's cache keeps the encoding);
   4. cold after a restart: a second server on the same machine, from its start to the first image (Triton's cache on
      disk kept from the first: what every start after the first on a machine costs);
+  5. (ours, --prebuild) cold after `swiftdit prebuild`: a new machine's Triton cache filled once from the graph's
+     model files (timed: case 0), then a server from its start to the first image;
 with the peak memory of the server process on the card and in host RAM over each case (sampled every 0.1 s).
 Z-Image Turbo: the stock template graph (CLIPLoader + CLIPTextEncode, UNETLoader BF16, ModelSamplingAuraFlow,
 KSampler, VAELoader + VAEDecode) against our workflow (workflows/api/z_image_turbo_t2i.json on the INT8 ConvRot file),
@@ -217,23 +219,50 @@ def write_files(smoke: bool, families: list[str]) -> Path:
     return FILES
 
 
-def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None) -> list[dict]:
+def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None,
+              prebuild: bool = False) -> list[dict]:
     """The cases of one graph: 1-3 on a server of its own, whose Triton cache starts empty (a new machine), then 4 on
-    a second server that finds the first's; a row a case (the servers' logs copied into logs)."""
+    a second server that finds the first's; with prebuild, case 5 on a third server after `swiftdit prebuild` of the
+    graph's model files into a new empty cache; a row a case (the servers' logs copied into logs)."""
     with tempfile.TemporaryDirectory(prefix="bench_graph_") as base:
         previous = os.environ.get("TRITON_CACHE_DIR")
         os.environ["TRITON_CACHE_DIR"] = str(Path(base) / "triton")  # the servers inherit it
         try:
             first = (("1 cold", PROMPTS[0], 1), ("2 new prompt and seed", PROMPTS[1], 2),
                      ("3 same prompt, new seed", PROMPTS[1], 3))
-            return (one_server(label, graph, models, smoke, logs, Path(base) / "first", first)
+            rows = (one_server(label, graph, models, smoke, logs, Path(base) / "first", first)
                     + one_server(label, graph, models, smoke, logs, Path(base) / "restart",
                                  (("4 cold after a restart", PROMPTS[0], 4),)))
+            if prebuild:
+                os.environ["TRITON_CACHE_DIR"] = str(Path(base) / "triton_prebuilt")
+                rows.append(prebuilt(label, graph, models))
+                rows += one_server(label, graph, models, smoke, logs, Path(base) / "prebuilt",
+                                   (("5 cold after swiftdit prebuild", PROMPTS[0], 5),))
+            return rows
         finally:
             if previous is None:
                 os.environ.pop("TRITON_CACHE_DIR", None)
             else:
                 os.environ["TRITON_CACHE_DIR"] = previous
+
+
+MODEL_INPUTS = {"unet_name": "diffusion_models", "clip_name": "text_encoders"}  # a loader's file input: its folder
+
+
+def prebuilt(label: str, graph: dict, models: Path) -> dict:
+    """`swiftdit prebuild` of the graph's DiT and text encoder files (into TRITON_CACHE_DIR): its row, case 0."""
+    files = sorted({str(models / MODEL_INPUTS[k] / v) for body in graph.values() for k, v in body["inputs"].items()
+                    if k in MODEL_INPUTS})
+    t0 = time.monotonic()
+    # As the servers run (host/run_comfy.py): the test host's torchvision needs its ops shim to import.
+    run = ("import sys; from host.run_comfy import TorchvisionOpsShim; sys.meta_path.insert(0, TorchvisionOpsShim()); "
+           "from swiftdit.cli import main; sys.exit(main(sys.argv[1:]))")
+    done = subprocess.run([sys.executable, "-c", run, "prebuild", *files], cwd=ROOT, text=True, capture_output=True)
+    seconds = time.monotonic() - t0
+    said = (done.stdout + done.stderr).strip().replace("\n", "; ")
+    print(f"| {label} | 0 swiftdit prebuild (exit {done.returncode}) | {seconds:.2f} | - | - | {said} |", flush=True)
+    return {"graph": label, "case": "0 swiftdit prebuild", "seconds": seconds, "card_gb": 0.0, "host_gb": 0.0,
+            "nodes": said, "ready": 0.0}
 
 
 def one_server(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None, base: Path,
@@ -279,7 +308,8 @@ def ratios(rows: list[dict]) -> list[str]:
     out = []
     for family, (peer, ours_label) in PEERS.items():
         for case in sorted({r["case"] for r in rows}):
-            theirs, ours = by.get((peer, case)), by.get((ours_label, case))
+            theirs = by.get((peer, "1 cold" if case.startswith("5 ") else case))  # 5: a cold case
+            ours = by.get((ours_label, case))
             if theirs and ours:
                 out.append(f"- {peer.split(' diffusers')[0]}, case {case}: diffusers {theirs['seconds']:.2f} s / ours "
                            f"{ours['seconds']:.2f} s = {theirs['seconds'] / ours['seconds']:.2f}x")
@@ -288,7 +318,8 @@ def ratios(rows: list[dict]) -> list[str]:
     out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.05 or more): {r['nodes']}"
             for r in rows if r.get("nodes")]
     for case in sorted({r["case"] for r in rows}):
-        stock, ours = by.get(("Z-Image stock BF16", case)), by.get(("Z-Image ours INT8 ConvRot", case))
+        stock = by.get(("Z-Image stock BF16", "1 cold" if case.startswith("5 ") else case))  # 5: a cold case
+        ours = by.get(("Z-Image ours INT8 ConvRot", case))
         if stock and ours:
             out.append(f"- Z-Image, case {case}: stock {stock['seconds']:.2f} s / ours {ours['seconds']:.2f} s = "
                        f"{stock['seconds'] / ours['seconds']:.2f}x; peak host RSS {ours['host_gb']:.1f} against "
@@ -308,6 +339,8 @@ def main(argv=None) -> int:
     p.add_argument("--side", choices=("ours", "peers", "both"), default="both",
                    help="the server graphs, the diffusers peers, or both (a device call carries ComfyUI's packages "
                         "or the peers' diffusers and transformers: not both within its 64 MiB)")
+    p.add_argument("--prebuild", action="store_true",
+                   help="ours also cold after `swiftdit prebuild` (case 5; the prebuild's seconds: case 0)")
     args = p.parse_args(argv)
     if args.side != "peers" and not (COMFYUI_TREE / "main.py").is_file():
         p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
@@ -316,8 +349,8 @@ def main(argv=None) -> int:
     header = ["| graph | case | seconds | peak card (GB) | peak host RSS (GB) |", "|---|---|---|---|---|"]
     print("\n".join(header), flush=True)
     rows = [] if args.side == "peers" else [
-        row for label, (_, graph) in graphs(args).items() for row in run_cases(label, graph, models, args.smoke,
-                                                                    logs)]
+        row for label, (_, graph) in graphs(args).items()
+        for row in run_cases(label, graph, models, args.smoke, logs, args.prebuild and "stock" not in label)]
     if args.side != "ours":
         peer_models = models
         if args.smoke:

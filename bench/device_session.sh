@@ -119,9 +119,10 @@ for part in $parts; do
                 2>&1 | stamped ;;
     # Whole graphs in a real ComfyUI server (carry the server's set): cold, a new prompt, the same prompt; GRAPHS
     # picks the graphs of this call (z_image by default; flux3_klein krea2 in another: each call has 600 s);
-    # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set).
+    # SIDE=peers runs Klein's and Krea 2's diffusers pipelines instead (carry the peers' set); GRAPH_ARGS=--prebuild
+    # adds ours cold after `swiftdit prebuild`.
     graph) timeout $(cap 590) python3 bench/bench_graph.py --only ${GRAPHS:-z_image} --side ${SIDE:-ours} \
-             --report $OUT/graph.md ;;
+             ${GRAPH_ARGS:-} --report $OUT/graph.md ;;
     # LTX-2.5's 22 B step at the t2v template's two stages: diffusers BF16, ours INT8 resident and streamed in 16 GiB
     # (carry the peers' set; building diffusers' model peaks near 120 GB of host memory).
     ltx25) timeout $(cap 590) python3 -u bench/bench_ltx25_step.py ${LTX25_ARGS:---steps 3 --profile} 2>&1 | stamped ;;

@@ -23,9 +23,10 @@ from comfy_api.latest import io
 
 from ..dit_core.sampling.ksampler import SamplingCancelled
 from ..dit_core.gpu.builds import AheadBuilds, built_beside
+from ..dit_core.families.loading import stand_in
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.parallel import RankFailed, RanksDoNotFit
-from ..dit_core.weights import Checkpoint, FirstBlocks, WeightsError
+from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
                      room_for)
@@ -190,8 +191,8 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
             # The first step's kernels build beside the load, from a stand-in of one block a stack, where the
             # recipe has a dry pass and the card has room for it with the model and its pass.
             if on_gpu and hasattr(engine, "dry_pass") and fits_on_card(os.path.getsize(handle.path) + BESIDE_ROOM):
-                stand_in = lambda: engine.load(FirstBlocks(handle.path), handle.linears, compute_on=device).to(device)
-                beside.append(built_beside(stand_in, lambda model: model.dry_pass(), device))
+                beside.append(built_beside(lambda: stand_in(engine, handle.path, handle.linears, device),
+                                           lambda model: model.dry_pass(), device))
             return cancellable(load, handle.path)
         dit = dit_on_device(handle, load_file, pass_size, rows, check)
         if beside:

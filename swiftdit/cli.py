@@ -1,5 +1,6 @@
 """The `swiftdit` command: `swap` stock nodes for ours in a workflow; `to-api` turns UI format into API; `quantize`
-writes a checkpoint's linears as INT8 ConvRot (the offline converter). `swap` reads the one family table
+writes a checkpoint's linears as INT8 ConvRot (the offline converter); `prebuild` builds the first prompt's GPU
+kernels once per machine. `swap` reads the one family table
 (dit_core/families/__init__.py), so importing it imports the engine, and with it torch."""
 from __future__ import annotations
 
@@ -141,6 +142,8 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_to_api)
     sub.add_parser("quantize", help="a BF16/F16/F32 checkpoint's linears as INT8 ConvRot in ComfyUI's layout "
                                     "(swiftdit quantize --help)")
+    sub.add_parser("prebuild", help="the first prompt's GPU kernels built once per machine from the model files "
+                                    "(swiftdit prebuild --help)")
     return top
 
 
@@ -149,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["quantize"]:  # its own options (swiftdit/quantize.py); torch is imported for it alone
         from .quantize import main as quantize
         return quantize(argv[1:])
+    if argv[:1] == ["prebuild"]:  # its own options (swiftdit/prebuild.py)
+        from .prebuild import main as prebuild
+        return prebuild(argv[1:])
     args = parser().parse_args(argv)
     try:
         args.run(args)

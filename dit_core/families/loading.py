@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from ..block import Block
-from ..weights import Checkpoint, Linear, WeightsError, read_linear
+from ..weights import Checkpoint, FirstBlocks, Linear, WeightsError, read_linear
 from ..weights.lora import load_lora
 
 # 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot (on the device given),
@@ -74,3 +74,10 @@ class OpenedFile:
         for adapter in self.adapters:
             merged = adapter.merged(name, merged, self.compute_on)
         return merged
+
+
+def stand_in(recipe, path: str | Path, linears: str, device: torch.device):
+    """A one-block stand-in of the file's model on device (FirstBlocks: each stack of blocks cut to its first, the
+    rest not read): every block launches the same kernels, so its dry_pass() builds the whole model's first step's
+    (the builds beside a load, `swiftdit prebuild`)."""
+    return recipe.load(FirstBlocks(path), linears, compute_on=device).to(device)

@@ -277,18 +277,22 @@ class TextEncoder:
         return model
 
     @classmethod
+    def stand_in(cls, path: Path, dtype: torch.dtype, device: str | torch.device, int8_linears: bool = False,
+                 convert_on: torch.device | None = None, options: dict | None = None):
+        """The fused layers (FusedDecoder) of a stand-in of the model: its first layer read from the file, an
+        embedding of a few rows (every layer launches the same kernels, so its dry_encode builds the whole model's
+        encode's); None where the layers do not fuse."""
+        from ..gpu.text_decoder import FusedDecoder  # lazily, as fused()
+        return FusedDecoder.of(cls.load_model(Checkpoint(path), dtype, device, int8_linears=int8_linears,
+                                              convert_on=convert_on, stand_in=True, **(options or {})))
+
+    @classmethod
     def kernels_built_beside(cls, path: Path, dtype: torch.dtype, device: str | torch.device, int8_linears: bool,
                              convert_on: torch.device | None, options: dict) -> threading.Thread:
-        """builds.built_beside of the fused layers' Triton kernels on a stand-in of the model: its first layer read
-        from the file, an embedding of a few rows (every layer launches the same kernels, so the whole model's
-        encode finds them built)."""
+        """builds.built_beside of the fused layers' Triton kernels on the stand-in."""
         from ..gpu.builds import built_beside
-        from ..gpu.text_decoder import FusedDecoder  # lazily, as fused()
-        stand_in = lambda: FusedDecoder.of(cls.load_model(  # noqa: E731
-            Checkpoint(path), dtype, device, int8_linears=int8_linears, convert_on=convert_on, stand_in=True,
-            **options))
-        return built_beside(stand_in, lambda fused: None if fused is None else fused.dry_encode(),
-                            torch.device(device))
+        return built_beside(lambda: cls.stand_in(path, dtype, device, int8_linears, convert_on, options),
+                            lambda fused: None if fused is None else fused.dry_encode(), torch.device(device))
 
     @property
     def device(self) -> torch.device:

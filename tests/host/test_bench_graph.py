@@ -1,5 +1,6 @@
 """bench/bench_graph.py's smoke run on the CPU: our Z-Image graph through a real ComfyUI v0.3.75 server, every case the
-GPU run reports (cold, a new prompt, the same prompt, cold after a restart), each with its nodes' seconds."""
+GPU run reports (cold, a new prompt, the same prompt, cold after a restart, cold after `swiftdit prebuild`, which on
+the CPU builds nothing and says so), each with its nodes' seconds."""
 import sys
 from pathlib import Path
 
@@ -10,11 +11,14 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_four_cases_run(tmp_path, capsys):
+def test_the_cases_run(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "bench"))
     import bench_graph
-    assert bench_graph.main(["--smoke", "--side", "ours", "--report", str(tmp_path / "graph.md")]) == 0
+    assert bench_graph.main(["--smoke", "--side", "ours", "--prebuild", "--report", str(tmp_path / "graph.md")]) == 0
     report = (tmp_path / "graph.md").read_text()
-    for case in ("1 cold", "2 new prompt and seed", "3 same prompt, new seed", "4 cold after a restart"):
+    for case in ("1 cold", "2 new prompt and seed", "3 same prompt, new seed", "4 cold after a restart",
+                 "0 swiftdit prebuild", "5 cold after swiftdit prebuild"):
         assert f"| {case} |" in report, report
-    assert sorted(p.name.rsplit("_", 1)[-1] for p in tmp_path.glob("server_*.log")) == ["first.log", "restart.log"]
+    assert "nothing built: not a GPU" in capsys.readouterr().out  # the prebuild's own lines, on the CPU
+    assert sorted(p.name.rsplit("_", 1)[-1] for p in tmp_path.glob("server_*.log")) == ["first.log", "prebuilt.log",
+                                                                                         "restart.log"]
