@@ -75,3 +75,24 @@ def test_a_file_that_fails_is_said_and_the_next_one_built(comfyui, monkeypatch, 
     out = capsys.readouterr().out
     assert "z.safetensors: failed: RuntimeError: out of memory" in out
     assert "qwen.safetensors (Qwen3 text encoder): 2 kernels ready" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_second_prebuild_finds_every_kernel_in_the_cache(comfyui, tmp_path):
+    """On a Hopper GPU: the prebuild fills Triton's cache (a fresh one here), and a new process that builds the same
+    stand-ins' kernels (as the nodes' builds beside the loads do) adds nothing to it."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton")}
+    cubins = lambda: sorted(p.name for p in (tmp_path / "triton").rglob("*.cubin"))  # noqa: E731
+    args = [sys.executable, "-m", "swiftdit.cli", "prebuild", "--comfyui", str(comfyui)]
+    first = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stdout + first.stderr
+    built = cubins()
+    assert built and "(Z-Image DiT):" in first.stdout and "(Qwen3 text encoder):" in first.stdout, first.stdout
+    again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
+    assert again.returncode == 0 and cubins() == built, again.stdout + again.stderr
