@@ -51,7 +51,7 @@ FILES = ROOT / ".cache" / "bench_graph"
 FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
 PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cliff at dusk, oil painting")
 TIMEOUT = 900.0
-BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed)")
+BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed|as it launched)")
 # Qwen3-4B (Z-Image's text encoder) has Qwen3-VL-4B's text model's sizes and names under `model.`.
 QWEN3_4B_FROM = "qwen3vl_4b_int8_convrot.safetensors"
 

@@ -85,16 +85,23 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
                  names=tuple(sorted(name for _, name, _ in held)))
 
 
+SLOW_LAUNCH_S = 0.2  # a first launch that took this long built its kernel (a load from Triton's disk cache: less)
+
+
 class Holds:
     """Triton's jit_cache_hook while any build_ahead runs, installed once: a launch from a thread whose dry step is
     running is held (its kernel and specialization recorded; "handled": nothing compiles or runs); every other
     thread's launch goes on as it would (to a hook installed before, if any). So a dry step on a thread of its own
-    (a text encoder's stand-in while the file loads) leaves the loads and prompts beside it untouched."""
+    (a text encoder's stand-in while the file loads) leaves the loads and prompts beside it untouched. Such a
+    launch that then builds its kernel (SLOW_LAUNCH_S or more until Triton's post-compile hook) is said in the log:
+    a kernel the builds ahead missed."""
 
     def __init__(self):
         self.lock = threading.Lock()
         self.by_thread: dict[int, dict[tuple, tuple]] = {}
         self.previous: Callable | None = None
+        self.previous_post: Callable | None = None
+        self.launching: dict[int, float] = {}  # thread -> when its launch's kernel began to build or load
         self.installed = False
 
     @contextmanager
@@ -104,6 +111,9 @@ class Holds:
         with self.lock:
             if not self.installed:
                 self.previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, self.hook
+                if hasattr(knobs.runtime, "jit_post_compile_hook"):  # (Triton 3.4 on)
+                    self.previous_post, knobs.runtime.jit_post_compile_hook = (
+                        knobs.runtime.jit_post_compile_hook, self.post_compile)
                 self.installed = True
             self.by_thread[threading.get_ident()] = held
         try:
@@ -115,10 +125,19 @@ class Holds:
     def hook(self, **launch) -> bool:
         held = self.by_thread.get(threading.get_ident())
         if held is None:
+            self.launching[threading.get_ident()] = time.perf_counter()
             return bool(self.previous(**launch)) if self.previous is not None else False
         fn, compile = launch["fn"], launch["compile"]
         held.setdefault((fn.module, fn.name, str(launch["key"])), (fn.jit_function, compile["specialization_data"]))
         return True
+
+    def post_compile(self, **launch) -> bool:
+        began = self.launching.pop(threading.get_ident(), None)
+        took = 0.0 if began is None else time.perf_counter() - began
+        if took >= SLOW_LAUNCH_S:
+            log.info("SwiftDiT: Triton built %s as it launched, in %.2f s (the builds ahead missed it): %s",
+                     launch["fn"].name, took, launch["repr"][:300])
+        return bool(self.previous_post(**launch)) if self.previous_post is not None else False
 
 
 HOLDS = Holds()  # one for the process: Triton has one hook

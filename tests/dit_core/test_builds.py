@@ -192,3 +192,21 @@ def test_the_first_build_names_what_the_stand_in_beside_the_load_missed(monkeypa
     with caplog.at_level(logging.INFO):
         AheadBuilds(beside=beside).once("key", lambda: None, torch.device("cuda"))
     assert "the stand-in's builds beside the load missed _rows_kernel" in caplog.text
+
+
+def test_a_kernel_built_as_it_launched_is_said(monkeypatch, caplog):
+    """Holds' post-compile hook: a launch outside the builds ahead whose kernel took SLOW_LAUNCH_S or more to be
+    ready (built, not loaded from Triton's disk cache) names the kernel and its specialization in the log."""
+    import logging
+    import types
+
+    from dit_core.gpu import builds
+    holds, clock = builds.Holds(), iter([10.0, 10.05, 20.0, 21.5])
+    monkeypatch.setattr(builds.time, "perf_counter", lambda: next(clock))
+    launch = {"fn": types.SimpleNamespace(name="_add_rms_rows_kernel"), "repr": "_add_rms_rows_kernel(M: i32)"}
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):  # loaded from the disk cache in 0.05 s, then built in 1.5 s
+            assert holds.hook(**launch) is False and holds.post_compile(**launch) is False
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["SwiftDiT: Triton built _add_rms_rows_kernel as it launched, in 1.50 s (the builds ahead missed "
+                    "it): _add_rms_rows_kernel(M: i32)"]
