@@ -136,7 +136,7 @@ class Holds:
         took = 0.0 if began is None else time.perf_counter() - began
         if took >= SLOW_LAUNCH_S:
             log.info("SwiftDiT: Triton built %s as it launched, in %.2f s (the builds ahead missed it): %s",
-                     launch["fn"].name, took, launch["repr"][:300])
+                     launch["fn"].name, took, str(launch.get("repr", ""))[:300])
         return bool(self.previous_post(**launch)) if self.previous_post is not None else False
 
 
