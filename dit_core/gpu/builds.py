@@ -93,8 +93,8 @@ class Holds:
     running is held (its kernel and specialization recorded; "handled": nothing compiles or runs); every other
     thread's launch goes on as it would (to a hook installed before, if any). So a dry step on a thread of its own
     (a text encoder's stand-in while the file loads) leaves the loads and prompts beside it untouched. Such a
-    launch that then builds its kernel (SLOW_LAUNCH_S or more until Triton's post-compile hook) is said in the log:
-    a kernel the builds ahead missed."""
+    launch (not a preload) that then builds its kernel (SLOW_LAUNCH_S or more until Triton's post-compile hook) is
+    said in the log: a kernel the builds ahead missed."""
 
     def __init__(self):
         self.lock = threading.Lock()
@@ -125,7 +125,8 @@ class Holds:
     def hook(self, **launch) -> bool:
         held = self.by_thread.get(threading.get_ident())
         if held is None:
-            self.launching[threading.get_ident()] = time.perf_counter()
+            if not launch.get("is_manual_warmup"):  # (a preload: build_ahead's own builds)
+                self.launching[threading.get_ident()] = time.perf_counter()
             return bool(self.previous(**launch)) if self.previous is not None else False
         fn, compile = launch["fn"], launch["compile"]
         held.setdefault((fn.module, fn.name, str(launch["key"])), (fn.jit_function, compile["specialization_data"]))
