@@ -29,7 +29,7 @@ from dit_core.weights import WeightsError
 
 # ComfyUI's default folders of the files the nodes load: DiTs, text encoders (and their older names)
 MODEL_FOLDERS = ("diffusion_models", "unet", "text_encoders", "clip")
-TEXT_ENCODERS = (Qwen3TextEncoder, Qwen3VLTextEncoder)
+TEXT_ENCODERS = {"Qwen3": Qwen3TextEncoder, "Qwen3-VL": Qwen3VLTextEncoder}
 
 
 @dataclass(frozen=True)
@@ -47,26 +47,23 @@ def files_of(comfyui: Path) -> list[Path]:
     return sorted(f for folder in MODEL_FOLDERS for f in (comfyui / "models" / folder).rglob("*.safetensors"))
 
 
-def dry_steps(path: Path, device: torch.device) -> Iterable[tuple[str, Callable[[], object]]]:
-    """(what the file is read as, its stand-in's dry step) for each reading of path that does not refuse it: a
-    family's DiT, else a text encoder."""
+def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object]] | None:
+    """(what the file is read as, its stand-in's dry step): a family's DiT, else a text encoder; None where nothing
+    here reads it."""
     for family in FAMILIES.values():
-        if not hasattr(family.recipe, "dry_pass"):
-            continue
-        try:
-            model = stand_in(family.recipe, path, "stored", device)
-        except WeightsError:
-            continue
-        yield f"{family.title} DiT", model.dry_pass
-        return
-    for encoder in TEXT_ENCODERS:
+        if hasattr(family.recipe, "dry_pass"):
+            try:
+                return f"{family.title} DiT", stand_in(family.recipe, path, "stored", device).dry_pass
+            except WeightsError:
+                pass
+    for name, encoder in TEXT_ENCODERS.items():
         try:
             fused = encoder.stand_in(path, torch.bfloat16, device)
         except WeightsError:
             continue
         # (None: its layers do not run fused here, so there is nothing to build)
-        yield f"{encoder.ARCH} text encoder", (lambda: None) if fused is None else fused.dry_encode
-        return
+        return f"{name} text encoder", (lambda: None) if fused is None else fused.dry_encode
+    return None
 
 
 def prebuild(paths: Iterable[Path], device: torch.device) -> list[Prebuilt]:
@@ -74,13 +71,12 @@ def prebuild(paths: Iterable[Path], device: torch.device) -> list[Prebuilt]:
     done = []
     for path in paths:
         try:
-            for read_as, step in dry_steps(path, device):
-                done.append(Prebuilt(path, read_as, build_ahead(step, device)))
-                break
-            else:
-                done.append(Prebuilt(path, "", None))
+            found = dry_step(path, device)
+            done.append(Prebuilt(path, "", None) if found is None else
+                        Prebuilt(path, found[0], build_ahead(found[1], device)))
         except Exception as e:  # noqa: BLE001 - said for this file; the others still build
             done.append(Prebuilt(path, "", None, f"{type(e).__name__}: {e}"))
+        found = None
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the stand-in's memory, before the next file's
     return done
@@ -107,8 +103,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{d.path.name}: failed: {d.failed}")
         elif d.built is None:
             dits = ", ".join(f.title for f in FAMILIES.values() if hasattr(f.recipe, "dry_pass"))
-            print(f"{d.path.name}: not a file whose kernels build ahead (a DiT of {dits}, or a Qwen3 or Qwen3-VL "
-                  f"text encoder)")
+            print(f"{d.path.name}: not a file whose kernels build ahead (a DiT of {dits}, or a "
+                  f"{' or '.join(TEXT_ENCODERS)} text encoder)")
         elif d.built.refused:
             print(f"{d.path.name} ({d.read_as}): nothing built: {d.built.refused}")
         else:

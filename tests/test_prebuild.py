@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import save_file
-from tiny_models import qwen3_comfy_layout, random_qwen3, random_z_image, z_image_comfy_layout
+from tiny_models import (qwen3_comfy_layout, qwen3_vl_layout, random_qwen3, random_qwen3_vl, random_z_image,
+                         z_image_comfy_layout)
 
 pytest.importorskip("diffusers")
 from dit_core.gpu.builds import Built  # noqa: E402
@@ -16,12 +17,14 @@ from swiftdit import prebuild  # noqa: E402
 
 @pytest.fixture(scope="module")
 def comfyui(tmp_path_factory):
-    """A ComfyUI folder with a Z-Image DiT and a Qwen3 text encoder in their model folders, and a file of neither."""
+    """A ComfyUI folder with a Z-Image DiT, a Qwen3 and a Qwen3-VL text encoder in their model folders, and a file of
+    neither."""
     root = tmp_path_factory.mktemp("comfyui")
     for folder in ("diffusion_models", "text_encoders", "vae"):
         (root / "models" / folder).mkdir(parents=True)
     save_file(z_image_comfy_layout(random_z_image().state_dict()), root / "models/diffusion_models/z.safetensors")
     save_file(qwen3_comfy_layout(random_qwen3()), root / "models/text_encoders/qwen.safetensors")
+    save_file(qwen3_vl_layout(random_qwen3_vl()), root / "models/text_encoders/qwen_vl.safetensors")
     save_file({"x": torch.zeros(2)}, root / "models/text_encoders/other.safetensors")
     save_file({"x": torch.zeros(2)}, root / "models/vae/not_scanned.safetensors")
     return root
@@ -35,6 +38,7 @@ def test_each_file_read_as_the_nodes_read_it_and_refused_off_a_hopper(comfyui, c
     assert lines[1] == "other.safetensors: not a file whose kernels build ahead (a DiT of Z-Image, FLUX.3 Klein, " \
                        "Krea 2, or a Qwen3 or Qwen3-VL text encoder)"
     assert lines[2].startswith("qwen.safetensors (Qwen3 text encoder): nothing built: not a GPU")
+    assert lines[3].startswith("qwen_vl.safetensors (Qwen3-VL text encoder): nothing built: not a GPU")
     assert "not_scanned" not in out and "nothing done" in err
 
 

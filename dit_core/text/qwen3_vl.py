@@ -145,9 +145,10 @@ class Qwen3VLTextEncoder(TextEncoder):
         return root
 
     @classmethod
-    def config(cls, ckpt: Checkpoint, sizes: dict[str, int], n_layers: int) -> Qwen3VLTextConfig:
-        """The first n_layers layers (the deepest tap's); the file must have them."""
+    def config(cls, ckpt: Checkpoint, sizes: dict[str, int], n_layers: int | None = None) -> Qwen3VLTextConfig:
+        """The first n_layers layers (the deepest tap's; None: all of the file's); the file must have them."""
         in_file = sizes.pop("n_layers")
+        n_layers = in_file if n_layers is None else n_layers
         if in_file < n_layers:
             raise WeightsError(f"{ckpt.path.name}: text encoder has {in_file} layers, the text rows need "
                                f"{n_layers} (hidden_states up to {n_layers}); truncated, or another model?")
