@@ -22,8 +22,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.sampling.ksampler import SamplingCancelled
-from ..dit_core.gpu.builds import AheadBuilds, built_beside
-from ..dit_core.families.loading import stand_in
+from ..dit_core.gpu.builds import AheadBuilds
 from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.parallel import RankFailed, RanksDoNotFit
 from ..dit_core.weights import Checkpoint, WeightsError
@@ -31,6 +30,7 @@ from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
                      room_for)
 from .model_bytes import GIB, describe
+from .queued_builds import BESIDE_ROOM, QUEUED, beside_dit_load, build_key
 from .types import DiTModel, Vae
 
 log = logging.getLogger("SwiftDiT")
@@ -165,11 +165,6 @@ def read_progress(total_bytes: int) -> Callable[[int], None]:
     return read
 
 
-# Free card memory a DiT's stand-in asks for beyond the file's size (its block, a 1024x1024 dry pass, and room left
-# so that the model's own placement still finds all of its blocks a place).
-BESIDE_ROOM = 8 * GIB
-
-
 def dit_loader(engine, pass_size: PassSize) -> Callable:
     """A family's load_dit(handle, rows, check): engine.load of the loader's file with its linears and LoRAs, Cancel
     honoured, where ComfyUI computes (memory.dit_on_device: on a CUDA device its blocks run through kernels/ within
@@ -188,11 +183,14 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
         beside = []
 
         def load_file():
-            # The first step's kernels build beside the load, from a stand-in of one block a stack, where the
-            # recipe has a dry pass and the card has room for it with the model and its pass.
-            if on_gpu and hasattr(engine, "dry_pass") and fits_on_card(os.path.getsize(handle.path) + BESIDE_ROOM):
-                beside.append(built_beside(lambda: stand_in(engine, handle.path, handle.linears, device),
-                                           lambda model: model.dry_pass(), device))
+            # The first step's kernels build beside the load (or since the prompt was queued: queued_builds), from a
+            # stand-in of one block a stack, where the recipe has a dry pass and the card has room for it with the
+            # model and its pass.
+            queued = QUEUED.take(build_key(handle.path, handle.linears)) if on_gpu else None
+            if queued is not None:
+                beside.append(queued)
+            elif on_gpu and hasattr(engine, "dry_pass") and fits_on_card(os.path.getsize(handle.path) + BESIDE_ROOM):
+                beside.append(beside_dit_load(engine, handle.path, handle.linears, device))
             return cancellable(load, handle.path)
         dit = dit_on_device(handle, load_file, pass_size, rows, check)
         if beside:

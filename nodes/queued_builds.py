@@ -1,0 +1,96 @@
+"""A DiT's first-step Triton kernels built from the moment its prompt is queued: each DiT loader of ours in a queued
+prompt starts its file's stand-in builds (dit_core/gpu/builds.built_beside) at once, so they run beside the text
+encoder's load and encode too, not only beside the DiT's own load (on the H100 server a new machine's first Z-Image
+sampler still waited 2.4 s for builds that began with the DiT's load). The loader takes the builds started for its
+file (dit_loader); a file's are started once a process (later prompts find its kernels built)."""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+import folder_paths
+import torch
+
+from ..dit_core.families import FAMILIES
+from ..dit_core.families.loading import stand_in
+from ..dit_core.gpu.builds import built_beside
+from .memory import engine_device, fits_on_card
+from .model_bytes import GIB
+
+log = logging.getLogger("SwiftDiT")
+
+# Free card memory a DiT's stand-in asks for beyond the file's size (its block, a 1024x1024 dry pass, and room left
+# so that the model's own placement still finds all of its blocks a place).
+BESIDE_ROOM = 8 * GIB
+
+
+def beside_dit_load(engine, path: str, linears: str, device: torch.device) -> threading.Thread:
+    """The stand-in's builds of engine's file (its one-block stand-in's dry pass) on a thread of their own."""
+    return built_beside(lambda: stand_in(engine, path, linears, device), lambda model: model.dry_pass(), device)
+
+
+def build_key(path: str, linears: str) -> tuple:
+    st = os.stat(path)
+    return path, st.st_mtime_ns, st.st_size, linears
+
+
+class QueuedBuilds:
+    """The builds started for queued prompts, by build_key, until a loader takes them."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.threads: dict[tuple, threading.Thread] = {}
+        self.started: set[tuple] = set()
+
+    def start(self, key: tuple, begin: Callable[[], threading.Thread]) -> bool:
+        """begin() unless builds for key were started already in this process; whether it began."""
+        with self.lock:
+            if key in self.started:
+                return False
+            self.started.add(key)
+        thread = begin()
+        with self.lock:
+            self.threads[key] = thread
+        return True
+
+    def take(self, key: tuple) -> threading.Thread | None:
+        with self.lock:
+            return self.threads.pop(key, None)
+
+
+QUEUED = QueuedBuilds()  # one for the process, as LOADED
+
+
+def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
+    """ComfyUI's on-prompt handler (PromptServer.add_on_prompt_handler): for each node of the queued prompt whose
+    class is one of loaders (node id -> DiTLoaderNode subclass) with its file and modes given as values (not links),
+    its stand-in's builds started where they can help: on a CUDA GPU with room for them, one GPU, a family with a dry
+    pass. The prompt goes on unchanged; a node it cannot read is left to its own validation."""
+    from .base import SwiftDiTError, linear_mode  # (base imports this module)
+
+    def handler(json_data: dict) -> dict:
+        device = engine_device()
+        prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
+        if device.type != "cuda" or not isinstance(prompt, dict):
+            return json_data
+        for node in prompt.values():
+            cls = loaders.get(node.get("class_type")) if isinstance(node, dict) else None
+            inputs = node.get("inputs", {}) if cls is not None else {}
+            engine = FAMILIES[cls.FAMILY].recipe if cls is not None else None
+            values = [inputs.get(k) for k in ("unet_name", "weight_dtype", "linears")]
+            if engine is None or not hasattr(engine, "dry_pass") or not all(isinstance(v, str) for v in values) \
+                    or str(inputs.get("gpus", "1")) != "1":
+                continue
+            path = folder_paths.get_full_path("diffusion_models", values[0])
+            try:
+                linears = linear_mode(cls.NODE_ID, values[1], values[2])
+            except SwiftDiTError:
+                continue
+            if path is None or not fits_on_card(os.path.getsize(path) + BESIDE_ROOM):
+                continue
+            if QUEUED.start(build_key(path, linears), lambda: beside_dit_load(engine, path, linears, device)):
+                log.info("SwiftDiT: %s's first-step kernels build from the queued prompt on", os.path.basename(path))
+        return json_data
+    return handler

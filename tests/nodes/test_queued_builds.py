@@ -1,0 +1,59 @@
+"""nodes/queued_builds.py: a queued prompt's DiT loaders start their stand-ins' kernel builds at once (on a CUDA GPU
+with room), once a file and linears mode, and the loader takes them; what cannot be read as a loader of ours (links
+for values, a file not in the folder list, a bad mode, several GPUs) starts nothing and leaves the prompt as it was.
+The GPU run is bench/bench_graph.py's."""
+import pytest
+import torch
+from safetensors.torch import save_file
+
+
+@pytest.fixture
+def queued(swiftdit_pack, tmp_path, monkeypatch):
+    """The handler on a ComfyUI 'on a GPU with room' (the builds themselves recorded, not run), a tiny Z-Image file in
+    diffusion_models, and a fresh registry."""
+    import folder_paths
+    from tiny_models import random_z_image, z_image_comfy_layout
+
+    import swiftdit_pack.nodes.queued_builds as q
+    from swiftdit_pack.nodes import NODE_CLASSES
+    from swiftdit_pack.nodes.family_nodes import DiTLoaderNode
+    (tmp_path / "diffusion_models").mkdir()
+    folder_paths.add_model_folder_path("diffusion_models", str(tmp_path / "diffusion_models"), is_default=True)
+    save_file(z_image_comfy_layout(random_z_image().state_dict()), tmp_path / "diffusion_models" / "zq.safetensors")
+    started = []
+    monkeypatch.setattr(q, "QUEUED", q.QueuedBuilds())
+    monkeypatch.setattr(q, "engine_device", lambda: torch.device("cuda", 0))
+    monkeypatch.setattr(q, "fits_on_card", lambda nbytes: True)
+    monkeypatch.setattr(q, "beside_dit_load", lambda *args: started.append(args) or f"thread {len(started)}")
+    handler = q.on_prompt({c.NODE_ID: c for c in NODE_CLASSES if issubclass(c, DiTLoaderNode)})
+    return q, handler, started, str(tmp_path / "diffusion_models" / "zq.safetensors")
+
+
+def loader(unet_name="zq.safetensors", linears="as stored", **more):
+    return {"class_type": "SwiftDiTZImageLoader",
+            "inputs": {"unet_name": unet_name, "weight_dtype": "default", "linears": linears, "gpu_budget_gb": 0.0,
+                       **more}}
+
+
+def test_a_queued_loader_starts_its_builds_once_and_its_load_takes_them(queued):
+    q, handler, started, path = queued
+    body = {"prompt": {"1": loader(), "2": {"class_type": "KSampler", "inputs": {}}}}
+    assert handler(body) is body
+    handler({"prompt": {"5": loader()}})  # queued again: its kernels are built or building
+    (engine, at, linears, device), = started
+    assert (engine.__name__, at, linears, device.type) == ("ZImage", path, "stored", "cuda")
+    assert q.QUEUED.take(q.build_key(path, "stored")) == "thread 1"
+    assert q.QUEUED.take(q.build_key(path, "stored")) is None
+    handler({"prompt": {"6": loader(weight_dtype="fp8_e4m3fn")}})  # another mode (int8 at load): its own builds
+    assert started[-1][2] == "int8"
+
+
+def test_what_is_not_a_loader_of_ours_with_values_starts_nothing(queued, monkeypatch):
+    q, handler, started, path = queued
+    for node in (loader(unet_name=["9", 0]), loader(unet_name="missing.safetensors"), loader(linears="fp4"),
+                 loader(gpus="2"), {"class_type": "SwiftDiTLTX25Loader", "inputs": loader()["inputs"]}):
+        assert handler({"prompt": {"1": node}}) == {"prompt": {"1": node}}
+    assert handler({"no prompt": 1}) == {"no prompt": 1}
+    monkeypatch.setattr(q, "engine_device", lambda: torch.device("cpu"))  # the host path builds nothing
+    handler({"prompt": {"1": loader()}})
+    assert started == []
