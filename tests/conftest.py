@@ -84,3 +84,17 @@ def swiftdit_pack(comfy):
     sys.modules["swiftdit_pack"] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture
+def fresh_kernel_caches():
+    """The kernels package's Triton kernels forgotten in memory (each is loaded again from Triton's disk cache at its
+    next launch, or held by a build ahead): a test of what a build ahead builds, free of what the process's earlier
+    tests built."""
+    from triton.runtime.jit import JITFunction
+    for name, module in list(sys.modules.items()):
+        if name == "kernels" or name.startswith("kernels."):
+            for value in vars(module).values():
+                fn = getattr(value, "fn", value)  # (an autotuner's kernel)
+                if isinstance(fn, JITFunction) and hasattr(fn, "device_caches"):
+                    fn.device_caches.clear()

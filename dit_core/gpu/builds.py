@@ -181,10 +181,12 @@ def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], ob
                  device: torch.device) -> threading.Thread:
     """A thread, started, that makes stand_in() (a model of one block a stack, on device: its kernels are the whole
     model's) and builds what dry_pass(it) launches (build_ahead), while the model itself loads beside it: its
-    launches are held for that thread alone (Holds). A failure is logged and left for the first step."""
+    launches are held for that thread alone (Holds); its Built is the thread's `built` once it has ended (None after
+    a failure, which is logged and left for the first step)."""
     def build() -> None:
+        threading.current_thread().built = None
         t0, model = time.perf_counter(), stand_in()
-        built = build_ahead(lambda: dry_pass(model), device)
+        built = threading.current_thread().built = build_ahead(lambda: dry_pass(model), device)
         if built.kernels:
             log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
                      time.perf_counter() - t0, built.threads,

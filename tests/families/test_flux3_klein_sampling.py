@@ -214,7 +214,7 @@ def test_concurrent_mode_blocks_on_gpu(tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_kernels_built_beside_the_load_leave_the_sampler_none(tmp_path):
+def test_kernels_built_beside_the_load_leave_the_sampler_none(tmp_path, fresh_kernel_caches):
     """builds.built_beside as the loader node runs it (a stand-in of the file's first joint and single blocks, its
     dry pass at 256x256 and 77 text rows), then the sampler's first steps as the sampler node runs them (graphed,
     the step cache at 0.3, another size and prompt length) under build_ahead: nothing left to build, on Hopper (a
@@ -228,6 +228,7 @@ def test_kernels_built_beside_the_load_leave_the_sampler_none(tmp_path):
     beside = built_beside(lambda: Flux3Klein.load(FirstBlocks(path), linears="int8", compute_on=cuda).to(cuda),
                           lambda model: model.dry_pass(pixels=256), cuda)
     beside.join()
+    assert beside.built.kernels, "the stand-in built nothing: the test would show nothing"
     gpu = Flux3Klein.load(path, linears="int8", compute_on=cuda).to("cuda", budget_bytes=10 ** 12)
     g = torch.Generator().manual_seed(5)
     noise, text = flux_noise(9, 64, 96, channels=C)[0].cuda(), torch.randn(80, TEXT, generator=g).cuda()
