@@ -27,6 +27,7 @@ from dit_core.text.qwen3 import Qwen3TextEncoder
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from dit_core.weights import WeightsError
 
+STAND_IN_ROOM = 8 << 30  # free card memory a stand-in's load and dry pass may take (a block, a 1024x1024 pass)
 # ComfyUI's default folders of the files the nodes load: DiTs, text encoders (and their older names)
 MODEL_FOLDERS = ("diffusion_models", "unet", "text_encoders", "clip")
 TEXT_ENCODERS = {"Qwen3": Qwen3TextEncoder, "Qwen3-VL": Qwen3VLTextEncoder}
@@ -70,6 +71,11 @@ def prebuild(paths: Iterable[Path], device: torch.device) -> list[Prebuilt]:
     """Each file's kernels built (a file nothing here reads: read_as '')."""
     done = []
     for path in paths:
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else STAND_IN_ROOM
+        if free < STAND_IN_ROOM:  # (a server may be running beside: leave its memory alone)
+            done.append(Prebuilt(path, "", None, f"the card has {free / 2**30:.1f} GiB free, a stand-in may take "
+                                                 f"{STAND_IN_ROOM >> 30}; run it again when it has"))
+            continue
         try:
             found = dry_step(path, device)
             done.append(Prebuilt(path, "", None) if found is None else

@@ -100,3 +100,25 @@ def test_a_second_prebuild_finds_every_kernel_in_the_cache(comfyui, tmp_path):
     assert built and "(Z-Image DiT):" in first.stdout and "(Qwen3 text encoder):" in first.stdout, first.stdout
     again = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True)
     assert again.returncode == 0 and cubins() == built, again.stdout + again.stderr
+
+
+def test_a_card_without_room_for_a_stand_in_is_left_alone(comfyui, monkeypatch, capsys):
+    """A server may be running on the card: a stand-in that may not fit is not loaded."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2 << 30, 80 << 30))
+    done = prebuild.prebuild([comfyui / "models/diffusion_models/z.safetensors"], torch.device("cuda"))
+    assert done[0].failed == "the card has 2.0 GiB free, a stand-in may take 8; run it again when it has"
+
+
+def test_the_install_script_runs_the_prebuild_and_never_fails_the_install(comfyui, tmp_path):
+    """install.py (run by ComfyUI-Manager after an install or update): the prebuild of the models in ComfyUI's
+    folders, which here (no Hopper GPU) builds nothing and says so; exit 0 all the same, and 0 without a models
+    folder."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "install.py"), str(comfyui)], capture_output=True, text=True)
+    assert done.returncode == 0 and "z.safetensors (Z-Image DiT): nothing built: not a GPU" in done.stdout, \
+        done.stdout + done.stderr
+    empty = subprocess.run([sys.executable, str(root / "install.py"), str(tmp_path)], capture_output=True, text=True)
+    assert empty.returncode == 0 and "no models folder" in empty.stdout
