@@ -44,8 +44,13 @@ class Prebuilt:
 
 
 def files_of(comfyui: Path) -> list[Path]:
-    """The safetensors files of a ComfyUI folder's model folders (MODEL_FOLDERS under models/)."""
-    return sorted(f for folder in MODEL_FOLDERS for f in (comfyui / "models" / folder).rglob("*.safetensors"))
+    """The safetensors files of a ComfyUI folder's model folders (MODEL_FOLDERS under models/), each file once (an
+    older folder name is often a link to the newer)."""
+    found: dict[Path, Path] = {}
+    for folder in MODEL_FOLDERS:
+        for f in sorted((comfyui / "models" / folder).rglob("*.safetensors")):
+            found.setdefault(f.resolve(), f)
+    return list(found.values())
 
 
 def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object]] | None:
