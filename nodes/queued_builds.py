@@ -10,7 +10,6 @@ import os
 import threading
 from collections.abc import Callable
 
-import folder_paths
 import torch
 
 from ..dit_core.families import FAMILIES
@@ -68,7 +67,7 @@ def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
     class is one of loaders (node id -> DiTLoaderNode subclass) with its file and modes given as values (not links),
     its stand-in's builds started where they can help: on a CUDA GPU with room for them, one GPU, a family with a dry
     pass. The prompt goes on unchanged; a node it cannot read is left to its own validation."""
-    from .base import SwiftDiTError, linear_mode  # (base imports this module)
+    from .base import SwiftDiTError, linear_mode, model_file  # (base imports this module)
 
     def handler(json_data: dict) -> dict:
         device = engine_device()
@@ -83,12 +82,12 @@ def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
             if engine is None or not hasattr(engine, "dry_pass") or not all(isinstance(v, str) for v in values) \
                     or str(inputs.get("gpus", "1")) != "1":
                 continue
-            path = folder_paths.get_full_path("diffusion_models", values[0])
-            try:
+            try:  # (the loader's own checks: a name outside ComfyUI's folder list is not opened)
+                path = model_file(cls.NODE_ID, "diffusion_models", values[0], "unet_name")
                 linears = linear_mode(cls.NODE_ID, values[1], values[2])
-            except SwiftDiTError:
+            except (SwiftDiTError, FileNotFoundError):
                 continue
-            if path is None or not fits_on_card(os.path.getsize(path) + BESIDE_ROOM):
+            if not fits_on_card(os.path.getsize(path) + BESIDE_ROOM):
                 continue
             if QUEUED.start(build_key(path, linears), lambda: beside_dit_load(engine, path, linears, device)):
                 log.info("SwiftDiT: %s's first-step kernels build from the queued prompt on", os.path.basename(path))

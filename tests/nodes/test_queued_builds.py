@@ -1,7 +1,9 @@
 """nodes/queued_builds.py: a queued prompt's DiT loaders start their stand-ins' kernel builds at once (on a CUDA GPU
 with room), once a file and linears mode, and the loader takes them; what cannot be read as a loader of ours (links
-for values, a file not in the folder list, a bad mode, several GPUs) starts nothing and leaves the prompt as it was.
-The GPU run is bench/bench_graph.py's."""
+for values, a file not in the folder list or outside it, a bad mode, several GPUs) starts nothing and leaves the
+prompt as it was. The GPU run is bench/bench_graph.py's."""
+from pathlib import Path
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -50,7 +52,9 @@ def test_a_queued_loader_starts_its_builds_once_and_its_load_takes_them(queued):
 
 def test_what_is_not_a_loader_of_ours_with_values_starts_nothing(queued, monkeypatch):
     q, handler, started, path = queued
+    (Path(path).parents[1] / "secret.safetensors").write_bytes(b"")  # beside the folder, reached by ".."
     for node in (loader(unet_name=["9", 0]), loader(unet_name="missing.safetensors"), loader(linears="fp4"),
+                 loader(unet_name="../secret.safetensors"),
                  loader(gpus="2"), {"class_type": "SwiftDiTLTX25Loader", "inputs": loader()["inputs"]}):
         assert handler({"prompt": {"1": node}}) == {"prompt": {"1": node}}
     assert handler({"no prompt": 1}) == {"no prompt": 1}
