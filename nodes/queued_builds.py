@@ -31,8 +31,9 @@ def beside_dit_load(engine, path: str, linears: str, device: torch.device) -> th
 
 
 def build_key(path: str, linears: str) -> tuple:
-    st = os.stat(path)
-    return path, st.st_mtime_ns, st.st_size, linears
+    """The builds' key: the file as a loaded model's key names it (a replaced file is another), and its mode."""
+    from .base import file_key  # (base imports this module)
+    return file_key(path), linears
 
 
 class QueuedBuilds:
