@@ -34,14 +34,15 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Built:
     """What build_ahead did: kernels built, seconds (dry run and builds), threads, why nothing was built when it
-    could not run here, the error that stopped the dry step early (its kernels up to there were built), and the
-    built kernels' names."""
+    could not run here, the error that stopped the dry step early (its kernels up to there were built), the built
+    kernels' names, and the last one ready with its seconds from the start (what bounds a build on many threads)."""
     kernels: int
     seconds: float
     threads: int = 0
     refused: str | None = None
     stopped: str | None = None
     names: tuple[str, ...] = ()
+    last: str = ""
 
 
 def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None,
@@ -80,9 +81,11 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
         # A kernel's first launch also loads its module and makes its launcher (a C launcher compiled for its
         # signature, in the Triton releases that have one): on the threads too, rather than one by one in the step.
         index = torch.cuda.current_device() if device.index is None else device.index  # (this thread's)
-        list(pool.map(lambda kernel: _loaded(kernel, index), built))
-    return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped,
-                 names=tuple(sorted(name for _, name, _ in held)))
+        ready = list(pool.map(lambda kernel: _loaded(kernel, index, t0), built))
+    names = [name for _, name, _ in held]
+    last = max(range(len(names)), key=ready.__getitem__)
+    return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped, names=tuple(sorted(names)),
+                 last=f"{names[last]} at {ready[last]:.2f} s")
 
 
 SLOW_LAUNCH_S = 0.2  # a first launch that took this long built its kernel (a load from Triton's disk cache: less)
@@ -144,9 +147,9 @@ class Holds:
 HOLDS = Holds()  # one for the process: Triton has one hook
 
 
-def _loaded(kernel, device: int) -> None:
+def _loaded(kernel, device: int, t0: float) -> float:
     """kernel's (preload's, maybe a future) module and launcher made now, on this thread; any failure is left for
-    its launch, which makes them again and reports it there."""
+    its launch, which makes them again and reports it there. The seconds from t0 when it was ready."""
     try:
         torch.cuda.set_device(device)  # the thread's current context: the one the step launches in
         kernel = kernel.result(ignore_errors=True) if hasattr(kernel, "result") else kernel
@@ -154,6 +157,7 @@ def _loaded(kernel, device: int) -> None:
             kernel._init_handles()
     except Exception:  # noqa: BLE001 - an optimization: the launch does it as before
         log.debug("build ahead: a kernel's module not loaded ahead", exc_info=True)
+    return time.perf_counter() - t0
 
 
 def on_own_thread(work: Callable[[], None], device: torch.device, name: str, failure: str) -> threading.Thread:
@@ -188,8 +192,8 @@ def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], ob
         t0, model = time.perf_counter(), stand_in()
         built = threading.current_thread().built = build_ahead(lambda: dry_pass(model), device)
         if built.kernels:
-            log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads)%s", built.kernels,
-                     time.perf_counter() - t0, built.threads,
+            log.info("SwiftDiT: built %d Triton kernels beside the load in %.2f s (%d threads; the last ready: %s)%s",
+                     built.kernels, time.perf_counter() - t0, built.threads, built.last,
                      f"; the dry step stopped early: {built.stopped}" if built.stopped else "")
     return on_own_thread(build, device, "swiftdit-dit-builds", "kernels not built beside the load")
 
@@ -221,8 +225,8 @@ class AheadBuilds:
             built = Built(0, 0.0, refused=f"{type(e).__name__}: {e}")
         self.done[key] = built
         if built.kernels:
-            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads)%s%s",
-                     built.kernels, built.seconds, built.threads,
+            log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads; the last ready: "
+                     "%s)%s%s", built.kernels, built.seconds, built.threads, built.last,
                      f"; the dry step stopped early: {built.stopped}" if built.stopped else "",
                      f"; the stand-in's builds beside the load missed {', '.join(built.names)}" if beside else "")
         elif built.refused:

@@ -181,17 +181,20 @@ def test_work_on_its_own_thread_runs_in_the_callers_inference_mode(monkeypatch):
 
 def test_the_first_build_names_what_the_stand_in_beside_the_load_missed(monkeypatch, caplog):
     """A first step that still builds after the stand-in's builds beside the load says which kernels they missed
-    (the H100 server's Klein built one there, 2.5-3 s of its first prompt)."""
+    (the H100 server's Klein built one there, 2.5-3 s of its first prompt), and the last kernel ready (what bounds a
+    build on many threads)."""
     import logging
     import threading
 
     from dit_core.gpu import builds
-    monkeypatch.setattr(builds, "build_ahead", lambda *a: builds.Built(1, 2.5, 1, names=("_rows_kernel",)))
+    monkeypatch.setattr(builds, "build_ahead", lambda *a: builds.Built(1, 2.5, 1, names=("_rows_kernel",),
+                                                                       last="_rows_kernel at 2.41 s"))
     beside = threading.Thread(target=lambda: None)
     beside.start()
     with caplog.at_level(logging.INFO):
         AheadBuilds(beside=beside).once("key", lambda: None, torch.device("cuda"))
-    assert "the stand-in's builds beside the load missed _rows_kernel" in caplog.text
+    assert "(1 threads; the last ready: _rows_kernel at 2.41 s); the stand-in's builds beside the load missed " \
+           "_rows_kernel" in caplog.text
 
 
 def test_a_kernel_built_as_it_launched_is_said(monkeypatch, caplog):
