@@ -27,8 +27,8 @@ from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.parallel import RankFailed, RanksDoNotFit
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, fits_on_card, ranked_dit,
-                     room_for)
+from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, file_key, fits_on_card,
+                     ranked_dit, room_for)
 from .model_bytes import GIB, describe
 from .queued_builds import BESIDE_ROOM, QUEUED, beside_dit_load, build_key
 from .types import DiTModel, Vae
@@ -268,12 +268,6 @@ def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callab
         return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
                           device, handle.role)
     return load_text_encoder
-
-
-def file_key(path: str) -> tuple:
-    """A cache key that changes when the file is replaced."""
-    st = os.stat(path)
-    return path, st.st_mtime_ns, st.st_size
 
 
 @dataclass(frozen=True)

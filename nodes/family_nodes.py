@@ -46,6 +46,19 @@ class DiTLoaderNode(io.ComfyNode):
         return file_checked(cls, "diffusion_models", unet_name, "unet_name")
 
     @classmethod
+    def queued_load(cls, inputs: dict) -> tuple[str, str] | None:
+        """(file, linears mode) of a queued prompt's inputs for this node (nodes/queued_builds.py), as execute reads
+        them; None where it would refuse them, where they are links rather than values, or for several GPUs."""
+        values = [inputs.get(k) for k in ("unet_name", "weight_dtype", "linears")]
+        if not all(isinstance(v, str) for v in values) or str(inputs.get("gpus", "1")) != "1":
+            return None
+        try:
+            return (model_file(cls.NODE_ID, "diffusion_models", values[0], "unet_name"),
+                    linear_mode(cls.NODE_ID, values[1], values[2]))
+        except (SwiftDiTError, FileNotFoundError):
+            return None
+
+    @classmethod
     def execute(cls, unet_name, weight_dtype, linears, gpu_budget_gb=0.0, gpus="1") -> io.NodeOutput:
         budget = finite(cls.NODE_ID, "gpu_budget_gb", gpu_budget_gb, 0.0)
         path = model_file(cls.NODE_ID, "diffusion_models", unet_name, "unet_name")

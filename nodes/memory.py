@@ -258,6 +258,12 @@ def graphed_dit_step(dit, device: torch.device):
     return LOADED.attached("dit", "graphed_step", lambda: dit.graphed(capture="host_bound"))
 
 
+def file_key(path: str) -> tuple:
+    """A cache key that changes when the file is replaced."""
+    st = os.stat(path)
+    return path, st.st_mtime_ns, st.st_size
+
+
 def engine_device() -> torch.device:
     """Where the DiT runs: ComfyUI's torch device when it is a CUDA GPU, else the CPU (the host path)."""
     device = comfy.model_management.get_torch_device()

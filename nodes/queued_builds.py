@@ -15,7 +15,7 @@ import torch
 from ..dit_core.families import FAMILIES
 from ..dit_core.families.loading import stand_in
 from ..dit_core.gpu.builds import built_beside
-from .memory import engine_device, fits_on_card
+from .memory import engine_device, file_key, fits_on_card
 from .model_bytes import GIB
 
 log = logging.getLogger("SwiftDiT")
@@ -32,7 +32,6 @@ def beside_dit_load(engine, path: str, linears: str, device: torch.device) -> th
 
 def build_key(path: str, linears: str) -> tuple:
     """The builds' key: the file as a loaded model's key names it (a replaced file is another), and its mode."""
-    from .base import file_key  # (base imports this module)
     return file_key(path), linears
 
 
@@ -65,11 +64,10 @@ QUEUED = QueuedBuilds()  # one for the process, as LOADED
 
 def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
     """ComfyUI's on-prompt handler (PromptServer.add_on_prompt_handler): for each node of the queued prompt whose
-    class is one of loaders (node id -> DiTLoaderNode subclass) with its file and modes given as values (not links),
-    its stand-in's builds started where they can help: on a CUDA GPU with room for them, one GPU, a family with a dry
-    pass. The prompt goes on unchanged; a node it cannot read is left to its own validation."""
-    from .base import SwiftDiTError, linear_mode, model_file  # (base imports this module)
-
+    class is one of loaders (node id -> DiTLoaderNode subclass) and whose inputs it reads as its loader would
+    (queued_load: the file and linears mode, None where it would refuse them or run several GPUs), its stand-in's
+    builds started where they can help: on a CUDA GPU with room for them, a family with a dry pass. The prompt goes
+    on unchanged; a node it cannot read is left to its own validation."""
     def handler(json_data: dict) -> dict:
         device = engine_device()
         prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
@@ -77,19 +75,11 @@ def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
             return json_data
         for node in prompt.values():
             cls = loaders.get(node.get("class_type")) if isinstance(node, dict) else None
-            inputs = node.get("inputs", {}) if cls is not None else {}
             engine = FAMILIES[cls.FAMILY].recipe if cls is not None else None
-            values = [inputs.get(k) for k in ("unet_name", "weight_dtype", "linears")]
-            if engine is None or not hasattr(engine, "dry_pass") or not all(isinstance(v, str) for v in values) \
-                    or str(inputs.get("gpus", "1")) != "1":
+            load = cls.queued_load(node.get("inputs", {})) if hasattr(engine, "dry_pass") else None
+            if load is None or not fits_on_card(os.path.getsize(load[0]) + BESIDE_ROOM):
                 continue
-            try:  # (the loader's own checks: a name outside ComfyUI's folder list is not opened)
-                path = model_file(cls.NODE_ID, "diffusion_models", values[0], "unet_name")
-                linears = linear_mode(cls.NODE_ID, values[1], values[2])
-            except (SwiftDiTError, FileNotFoundError):
-                continue
-            if not fits_on_card(os.path.getsize(path) + BESIDE_ROOM):
-                continue
+            path, linears = load
             if QUEUED.start(build_key(path, linears), lambda: beside_dit_load(engine, path, linears, device)):
                 log.info("SwiftDiT: %s's first-step kernels build from the queued prompt on", os.path.basename(path))
         return json_data
