@@ -27,6 +27,10 @@ from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angle
 from ..sampling.step_cache import RefSlots, StepCache, joint_blocks
 from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 
+# Flux3TextEncoderStep(pad_multiple=80): the text encoder pads a prompt's rows to a multiple of this, and the pads are
+# attended (the window is part of the model recipe), so the DiT always sees such a count (text/qwen3_vl.py pads).
+TEXT_PAD_MULTIPLE = 80
+
 PREFIXES = ("model.diffusion_model.", "")
 MARKER = "early_stream_modulations.image.lin.weight"
 FLOW_MAP = "ref_time_in.in_layer.weight"
@@ -430,10 +434,10 @@ class Flux3Klein:
             raise ValueError("Flux3Klein: this file has no image_cond mode blocks, so it takes no references")
         return latent.shape[1], latent.shape[2]
 
-    def dry_pass(self, pixels: int = 1024, text_rows: int = 77) -> torch.Tensor:
+    def dry_pass(self, pixels: int = 1024, text_rows: int = TEXT_PAD_MULTIPLE) -> torch.Tensor:
         """One pass as the sampler makes it (denoised over a batch of one) of a pixels x pixels image and a prompt of
-        text_rows rows, on zeros: the kernels a first step launches, for a stand-in built beside the load
-        (builds.built_beside)."""
+        text_rows rows (as the text encoder pads them), on zeros: the kernels a first step launches, for a stand-in
+        built beside the load (builds.built_beside)."""
         device, side = self.final_out.weight.device, pixels // 16  # packed latents: a cell is 16x16 pixels
         return self.denoised(torch.zeros(1, self.arch.latents, side, side, device=device), 1.0, 0.5,
                              torch.zeros(1, text_rows, self.arch.text_dim, device=device))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from ..families.flux3_klein import TEXT_PAD_MULTIPLE as PAD_MULTIPLE
 from ..families.minimax_h3 import TEXT as H3_TEXT_TAG
 from ..families.minimax_h3 import VIDEO as H3_VISION_TAG
 from ..weights import Checkpoint, WeightsError
@@ -53,7 +54,6 @@ log = logging.getLogger(__name__)
 
 # transformers' hidden_states[k]: k = 0 is the embeddings, k >= 1 the output of decoder layer k - 1.
 LAYERS = (4, 8, 12, 16, 20, 24, 28, 32)
-PAD_MULTIPLE = 80  # Flux3TextEncoderStep(pad_multiple=80): the window is part of the model recipe (pads are attended)
 MAX_LENGTH = 8192  # diffusers' max_sequence_length (it truncates longer prompts; we refuse them)
 PAD_ID = 151643  # <|endoftext|>, Qwen3-VL's pad token
 PAD_POSITION = 1  # transformers 4.57 (BFL's training environment) gave pad tokens position id 1
