@@ -301,6 +301,12 @@ def one_server(label: str, graph: dict, models: Path, smoke: bool, logs: Path | 
     return rows
 
 
+def baseline_case(case: str) -> str:
+    """The peer's case ours' case is measured against: stock's and diffusers' cold for case 5 (cold after the
+    prebuild), else the same case."""
+    return "1 cold" if case.startswith("5 ") else case
+
+
 def ratios(rows: list[dict]) -> list[str]:
     """Stock's seconds over ours, case by case, for Z-Image (the goal: at least 2 for cases 2 and 3); diffusers'
     over ours for FLUX.3 Klein and Krea 2 (the goal: at least 2), with torch's peak allocation of each peer case."""
@@ -308,7 +314,7 @@ def ratios(rows: list[dict]) -> list[str]:
     out = []
     for family, (peer, ours_label) in PEERS.items():
         for case in sorted({r["case"] for r in rows}):
-            theirs = by.get((peer, "1 cold" if case.startswith("5 ") else case))  # 5: a cold case
+            theirs = by.get((peer, baseline_case(case)))
             ours = by.get((ours_label, case))
             if theirs and ours:
                 out.append(f"- {peer.split(' diffusers')[0]}, case {case}: diffusers {theirs['seconds']:.2f} s / ours "
@@ -318,7 +324,7 @@ def ratios(rows: list[dict]) -> list[str]:
     out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.05 or more): {r['nodes']}"
             for r in rows if r.get("nodes")]
     for case in sorted({r["case"] for r in rows}):
-        stock = by.get(("Z-Image stock BF16", "1 cold" if case.startswith("5 ") else case))  # 5: a cold case
+        stock = by.get(("Z-Image stock BF16", baseline_case(case)))
         ours = by.get(("Z-Image ours INT8 ConvRot", case))
         if stock and ours:
             out.append(f"- Z-Image, case {case}: stock {stock['seconds']:.2f} s / ours {ours['seconds']:.2f} s = "

@@ -30,7 +30,7 @@ from .family_settings import PassSize, Schedule
 from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, file_key, fits_on_card,
                      ranked_dit, room_for)
 from .model_bytes import GIB, describe
-from .queued_builds import BESIDE_ROOM, QUEUED, beside_dit_load, build_key
+from .queued_builds import QUEUED, beside_dit_load, build_key, stand_in_builds_here
 from .types import DiTModel, Vae
 
 log = logging.getLogger("SwiftDiT")
@@ -189,7 +189,7 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
             queued = QUEUED.take(build_key(handle.path, handle.linears)) if on_gpu else None
             if queued is not None:
                 beside.append(queued)
-            elif on_gpu and hasattr(engine, "dry_pass") and fits_on_card(os.path.getsize(handle.path) + BESIDE_ROOM):
+            elif stand_in_builds_here(engine, handle.path, device):
                 beside.append(beside_dit_load(engine, handle.path, handle.linears, device))
             return cancellable(load, handle.path)
         dit = dit_on_device(handle, load_file, pass_size, rows, check)

@@ -14,15 +14,16 @@ import torch
 
 from ..dit_core.families import FAMILIES
 from ..dit_core.families.loading import stand_in
-from ..dit_core.gpu.builds import built_beside
+from ..dit_core.gpu.builds import STAND_IN_ROOM, built_beside
 from .memory import engine_device, file_key, fits_on_card
-from .model_bytes import GIB
 
 log = logging.getLogger("SwiftDiT")
 
-# Free card memory a DiT's stand-in asks for beyond the file's size (its block, a 1024x1024 dry pass, and room left
-# so that the model's own placement still finds all of its blocks a place).
-BESIDE_ROOM = 8 * GIB
+def stand_in_builds_here(engine, path: str, device: torch.device) -> bool:
+    """Whether engine's file builds its first step's kernels from a stand-in on device: a recipe with a dry pass, a
+    CUDA GPU with room for the stand-in beside the file."""
+    return (device.type == "cuda" and hasattr(engine, "dry_pass")
+            and fits_on_card(os.path.getsize(path) + STAND_IN_ROOM))
 
 
 def beside_dit_load(engine, path: str, linears: str, device: torch.device) -> threading.Thread:
@@ -77,7 +78,7 @@ def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
             cls = loaders.get(node.get("class_type")) if isinstance(node, dict) else None
             engine = FAMILIES[cls.FAMILY].recipe if cls is not None else None
             load = cls.queued_load(node.get("inputs", {})) if hasattr(engine, "dry_pass") else None
-            if load is None or not fits_on_card(os.path.getsize(load[0]) + BESIDE_ROOM):
+            if load is None or not stand_in_builds_here(engine, load[0], device):
                 continue
             path, linears = load
             if QUEUED.start(build_key(path, linears), lambda: beside_dit_load(engine, path, linears, device)):

@@ -22,12 +22,11 @@ import torch
 
 from dit_core.families import FAMILIES
 from dit_core.families.loading import stand_in
-from dit_core.gpu.builds import Built, build_ahead
+from dit_core.gpu.builds import STAND_IN_ROOM, Built, build_ahead
 from dit_core.text.qwen3 import Qwen3TextEncoder
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from dit_core.weights import WeightsError
 
-STAND_IN_ROOM = 8 << 30  # free card memory a stand-in's load and dry pass may take (a block, a 1024x1024 pass)
 # ComfyUI's default folders of the files the nodes load: DiTs, text encoders (and their older names)
 MODEL_FOLDERS = ("diffusion_models", "unet", "text_encoders", "clip")
 TEXT_ENCODERS = {"Qwen3": Qwen3TextEncoder, "Qwen3-VL": Qwen3VLTextEncoder}

@@ -181,6 +181,11 @@ def on_own_thread(work: Callable[[], None], device: torch.device, name: str, fai
     return thread
 
 
+# Free card memory a stand-in's load and dry pass ask for beyond its file (its block, a 1024x1024 pass, and room left
+# so that the model's own placement beside it still finds all of its blocks a place).
+STAND_IN_ROOM = 8 << 30
+
+
 def built_beside(stand_in: Callable[[], object], dry_pass: Callable[[object], object],
                  device: torch.device) -> threading.Thread:
     """A thread, started, that makes stand_in() (a model of one block a stack, on device: its kernels are the whole
