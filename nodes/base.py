@@ -27,7 +27,7 @@ from ..dit_core.gpu.streaming import BudgetError
 from ..dit_core.parallel import RankFailed, RanksDoNotFit
 from ..dit_core.weights import Checkpoint, WeightsError
 from .family_settings import PassSize, Schedule
-from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, file_key, fits_on_card,
+from .memory import (LOADED, MAIN, RequestTooLarge, dit_on_device, engine_device, file_key, fits_on_card, place_dit,
                      ranked_dit, room_for)
 from .model_bytes import GIB, describe
 from .queued_builds import QUEUED, beside_dit_load, build_key, stand_in_builds_here
@@ -139,7 +139,7 @@ def loading_shown():
 def cancellable(load: Callable[[Checkpoint], object], path: str):
     """load(the file at path as a Checkpoint), Cancel honoured as each tensor is read (ComfyUI's interrupt check), and
     in a loader node (loading_shown) a ComfyUI progress bar over the file's bytes (a 33 B model takes a while); the
-    hooks go with the load, not with the model that keeps the file."""
+    hooks and the file's memory map go with the load, not with the model that keeps the file (Checkpoint.release)."""
     checkpoint = Checkpoint(path)
     checkpoint.check = interrupt_check
     if _LOADER_RUNNING.get():
@@ -148,6 +148,7 @@ def cancellable(load: Callable[[Checkpoint], object], path: str):
         return load(checkpoint)
     finally:
         checkpoint.check = checkpoint.read = None
+        checkpoint.release()
 
 
 def read_progress(total_bytes: int) -> Callable[[int], None]:
@@ -177,9 +178,14 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
         on_gpu = device.type == "cuda"
         if handle.gpus > 1:  # each rank on its own GPU ("cuda": a rank's current device)
             return ranked_dit(handle, functools.partial(engine.load, linears=handle.linears, loras=handle.loras,
-                                                        compute_on=torch.device("cuda") if on_gpu else None),
+                                                        compute_on=torch.device("cuda") if on_gpu else None,
+                                                        blocks_on_use=on_gpu),
                               engine, pass_size, check)
-        load = lambda f: engine.load(f, handle.linears, handle.loras, compute_on=device if on_gpu else None)
+        # On a GPU the blocks are read as they are placed (blocks_on_use: no host copy of the model), within the
+        # file's Cancel and progress.
+        load = lambda f: place_dit(engine.load(f, handle.linears, handle.loras,  # noqa: E731
+                                               compute_on=device if on_gpu else None, blocks_on_use=on_gpu),
+                                   device, handle.gpu_budget_gb, pass_size.default_rows)
         beside = []
 
         def load_file():
@@ -192,7 +198,7 @@ def dit_loader(engine, pass_size: PassSize) -> Callable:
             elif stand_in_builds_here(engine, handle.path, device):
                 beside.append(beside_dit_load(engine, handle.path, handle.linears, device))
             return cancellable(load, handle.path)
-        dit = dit_on_device(handle, load_file, pass_size, rows, check)
+        dit = dit_on_device(handle, load_file, pass_size, rows, check, places=True)
         if beside:
             ahead_builds("dit").beside = beside[0]
         return dit

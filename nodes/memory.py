@@ -293,14 +293,16 @@ def vae_on_device(handle, load: Callable[[], object], family: str = "", role: st
 
 
 def dit_on_device(handle, load: Callable[[], object], pass_size: PassSize, rows: int | None = None,
-                  check: Callable[[object], None] | None = None):
+                  check: Callable[[object], None] | None = None, places: bool = False):
     """LOADED's DiT for handle on engine_device(): on a GPU its blocks within the loader's gpu_budget_gb (placed at
-    load for the family's default pass), and fitted for a pass over `rows` rows (the default pass's when None;
-    blocks ComfyUI took back return while there is room). check(model) runs first (check_request: a pass that cannot
-    fit is refused before any block moves)."""
+    load for the family's default pass: place_dit, or by load itself when it places (places: a load that reads its
+    blocks as it places them)), and fitted for a pass over `rows` rows (the default pass's when None; blocks ComfyUI
+    took back return while there is room). check(model) runs first (check_request: a pass that cannot fit is refused
+    before any block moves)."""
     device = engine_device()
-    dit = on_device("dit", handle, load, place=lambda model, where: place_dit(model, where, handle.gpu_budget_gb,
-                                                                              pass_size.default_rows))
+    place = (lambda model, where: model) if places else \
+        (lambda model, where: place_dit(model, where, handle.gpu_budget_gb, pass_size.default_rows))
+    dit = on_device("dit", handle, load, place=place)
     if check is not None:
         check(dit)
     fit_blocks(dit, device, handle.gpu_budget_gb, pass_size.default_rows if rows is None else rows)

@@ -25,7 +25,7 @@ from ..modulation import Modulation, sinusoids
 from .loading import Detection, OpenedFile
 from ..sequence import Sequence, angle_factors, halves_permutation, rotary_angles
 from ..sampling.step_cache import RefSlots, StepCache, joint_blocks
-from ..weights import Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
+from ..weights import BlocksOnUse, Checkpoint, Linear, WeightsError, glu_rows, read_tensor, stack_rows
 
 # Flux3TextEncoderStep(pad_multiple=80): the text encoder pads a prompt's rows to a multiple of this, and the pads are
 # attended (the window is part of the model recipe), so the DiT always sees such a count (text/qwen3_vl.py pads).
@@ -190,17 +190,21 @@ class Flux3Klein:
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
              loras: tuple[tuple[str | Path, float], ...] = (),
-             compute_on: torch.device | None = None) -> Flux3Klein:
+             compute_on: torch.device | None = None, blocks_on_use: bool = False) -> Flux3Klein:
         """FLUX.3 Klein from BFL's single file (bare or model.diffusion_model. names; BF16, INT8 ConvRot,
         FP8). linears: 'stored', 'int8' (float block linears quantized to INT8 ConvRot) or 'bf16' (INT8
         dequantized). loras: (file, strength) pairs merged into the linears as they load (BFL or diffusers
-        names). compute_on: the device that quantizes and merges them (OpenedFile)."""
+        names). compute_on: the device that quantizes and merges them (OpenedFile). blocks_on_use: the joint blocks
+        read as they are placed (OpenedFile.blocks; for a model bound for a card)."""
         opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lora_aliases)
-        lin, convert = opened.linear, opened.convert
-        blocks = lambda stem, n: tuple(convert(_read_block(ckpt, p, f"{stem}{i}.", a, lin)) for i in range(n))
+        lin = opened.linear
+
+        def block(stem: str, source: OpenedFile, i: int) -> Block:
+            return source.convert(_read_block(source.ckpt, p, f"{stem}{i}.", a, source.linear))
+        blocks = lambda stem, n, on_use=False: opened.blocks(functools.partial(block, stem), n, on_use)  # noqa: E731
         time = lambda stem: (lin(f"{stem}.in_layer"), lin(f"{stem}.out_layer"))
         return Flux3Klein(
             arch=a, time=time("time_in"), target=time("ref_time_in") if p + FLOW_MAP in ckpt else None,
@@ -208,7 +212,7 @@ class Flux3Klein:
             single_mods={m: lin(f"single_stream_modulations.{m}.lin") for m in MODES},
             image_in=lin("emb_in.image"), ref_in=lin("emb_in.image_cond"), text_in=lin("txt_in"),
             mode_blocks={m: blocks(s, _count(ckpt, p + s)) for m, s in MODE_BLOCKS.items()},
-            blocks=blocks("single_blocks.", a.layers),
+            blocks=blocks("single_blocks.", a.layers, blocks_on_use),
             final_mod=lin("final_layer.image.adaLN_modulation.1"), final_out=lin("final_layer.image.linear"))
 
     @property
@@ -236,7 +240,7 @@ class Flux3Klein:
                 return float_on(obj, dev)
             if isinstance(obj, (Linear, Block)):
                 return replace(obj, **{f.name: move(getattr(obj, f.name)) for f in fields(obj)})
-            if isinstance(obj, tuple):
+            if isinstance(obj, (tuple, BlocksOnUse)):
                 return tuple(move(o) for o in obj)
             return {k: move(v) for k, v in obj.items()} if isinstance(obj, dict) else obj
 

@@ -228,19 +228,24 @@ class Krea2:
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
              loras: tuple[tuple[str | Path, float], ...] = (),
-             compute_on: torch.device | None = None) -> Krea2:
+             compute_on: torch.device | None = None, blocks_on_use: bool = False) -> Krea2:
         """Krea 2 from its original single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model. prefix).
         linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot, 'bf16'
         dequantizes INT8 ones. loras: (file, strength) pairs merged into the linears as they load (the file's names
-        or diffusers'). compute_on: the device that quantizes and merges them (OpenedFile)."""
+        or diffusers'). compute_on: the device that quantizes and merges them (OpenedFile). blocks_on_use: the main
+        blocks read as they are placed (OpenedFile.blocks; for a model bound for a card)."""
         opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a, t = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lora_aliases)
         lin = lambda key: opened.linear(key[len(p):])  # noqa: E731 (key: the full prefix, less .weight)
-        convert = opened.convert
-        blocks = lambda stem, n, arch: tuple(convert(_read_block(ckpt, f"{p}{stem}{i}.", arch, lin))  # noqa: E731
-                                             for i in range(n))
+
+        def block(stem: str, arch: Arch, source: OpenedFile, i: int) -> Block:
+            return source.convert(_read_block(source.ckpt, f"{p}{stem}{i}.", arch,
+                                              lambda key: source.linear(key[len(p):])))
+
+        def blocks(stem: str, n: int, arch: Arch, on_use: bool = False):
+            return opened.blocks(functools.partial(block, stem, arch), n, on_use)
         taps = ckpt.shape(f"{p}{MARKER}")[1]
         return Krea2(
             arch=a, text_arch=t, time=(lin(f"{p}tmlp.0"), lin(f"{p}tmlp.2")), time_mod=lin(f"{p}tproj.1"),
@@ -249,7 +254,7 @@ class Krea2:
             refiners=blocks("txtfusion.refiner_blocks.", t.refiner, t),
             text_norm=1.0 + read_tensor(ckpt, f"{p}txtmlp.0.scale", (a.text_dim,)),
             text_in=(lin(f"{p}txtmlp.1"), lin(f"{p}txtmlp.3")), image_in=lin(f"{p}first"),
-            blocks=blocks("blocks.", a.layers, a),
+            blocks=blocks("blocks.", a.layers, a, blocks_on_use),
             tables=torch.stack([read_tensor(ckpt, f"{p}blocks.{i}.mod.lin", (6 * a.hidden,)).reshape(6, a.hidden)
                                 for i in range(a.layers)]),
             final_table=read_tensor(ckpt, f"{p}last.modulation.lin", (2, a.hidden)),

@@ -4,14 +4,14 @@ conversion of the blocks' linears that the loader's `linears` asks for."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..block import Block
-from ..weights import Checkpoint, FirstBlocks, Linear, WeightsError, read_linear
+from ..weights import BlocksOnUse, Checkpoint, FirstBlocks, HeaderOnly, Linear, WeightsError, read_linear
 from ..weights.lora import load_lora
 
 # 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot (on the device given),
@@ -43,6 +43,7 @@ class OpenedFile:
     convert: Callable[[Block], Block]
     adapters: tuple = ()
     compute_on: torch.device | None = None
+    linears: str = "stored"
 
     @staticmethod
     def open(path: str | Path | Checkpoint, detection: Detection, linears: str = "stored",
@@ -55,7 +56,7 @@ class OpenedFile:
             missing = " and ".join(f"'{k}'" for k in detection.keys)
             raise WeightsError(f"{ckpt.path.name}: not {detection.model} (no {missing}); pick {detection.example}")
         return OpenedFile(ckpt, prefix, ckpt.quantization_markers(),
-                          functools.partial(_CONVERT[linears], on=compute_on), compute_on=compute_on)
+                          functools.partial(_CONVERT[linears], on=compute_on), compute_on=compute_on, linears=linears)
 
     def with_loras(self, loras: tuple[tuple[str | Path, float], ...],
                    aliases: Callable[[set[str]], dict]) -> OpenedFile:
@@ -68,6 +69,23 @@ class OpenedFile:
                  if k.startswith(p) and k.endswith(".weight") and len(self.ckpt.shape(k)) == 2}
         found = aliases(names)
         return replace(self, adapters=tuple(load_lora(f, s, names, found) for f, s in loras))
+
+    def blocks(self, read: Callable[[OpenedFile, int], Block], count: int, on_use: bool = False) -> Sequence[Block]:
+        """Blocks read(this file, i) for i < count: read now (a tuple), or with on_use each when it is used
+        (BlocksOnUse: a model placed on a card block by block never holds a host copy of itself), where the read
+        runs on the file's header alone (its checks then run now); a read that needs the bytes (a LoRA merged, a
+        conversion meta tensors cannot make) reads now."""
+        if on_use:
+            meta = torch.device("meta")
+            header = replace(self, ckpt=HeaderOnly(self.ckpt), compute_on=meta,
+                             convert=functools.partial(_CONVERT[self.linears], on=meta))
+            try:
+                shapes = tuple(read(header, i) for i in range(count))
+            except (RuntimeError, NotImplementedError):
+                pass
+            else:
+                return BlocksOnUse(functools.partial(read, self), shapes)
+        return tuple(read(self, i) for i in range(count))
 
     def linear(self, name: str) -> Linear:
         merged = read_linear(self.ckpt, self.prefix + name, self.markers, self.compute_on)

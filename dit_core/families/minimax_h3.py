@@ -14,6 +14,7 @@ curve form), the unit that stays on the GPU or streams. sampling/minimax_h3.py r
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -211,28 +212,34 @@ class MiniMaxH3:
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
              loras: tuple[tuple[str | Path, float], ...] = (),
-             compute_on: torch.device | None = None) -> MiniMaxH3:
+             compute_on: torch.device | None = None, blocks_on_use: bool = False) -> MiniMaxH3:
         """MiniMax H3 from the Comfy-Org single file (optional model.diffusion_model. prefix; the time embedding as
         time_embedder or as the pruned files' adaln_t_table). linears: 'stored' keeps each block linear as stored,
         'int8' quantizes float ones to INT8 ConvRot, 'bf16' dequantizes INT8 ones. loras: (file, strength) pairs in
         the file's own names, merged into the linears as they load. compute_on: the device that quantizes and
-        merges them (OpenedFile)."""
+        merges them (OpenedFile). blocks_on_use: the layers read as they are placed (OpenedFile.blocks; for a model
+        bound for a card: a 33 B model streamed keeps only its page-locked copy on the host)."""
         opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lambda names: lora_aliases(names, a.inner))
         lin = lambda key: opened.linear(key[len(p):])  # noqa: E731 (key: the full prefix, less .weight)
-        blocks = lambda stem, n, rotary: tuple(  # noqa: E731
-            opened.convert(_read_block(ckpt, f"{p}{stem}{i}.", a, lin, rotary)) for i in range(n))
+
+        def block(stem: str, rotary: int, source: OpenedFile, i: int) -> Block:
+            return source.convert(_read_block(source.ckpt, f"{p}{stem}{i}.", a,
+                                              lambda key: source.linear(key[len(p):]), rotary))
+
+        def layer(source: OpenedFile, i: int) -> Layer:
+            return Layer(block("blocks.", a.rotary // 2, source, i), source.linear(f"blocks.{i}.adaln_proj.linear"))
         curve = f"{p}{TIME_TABLE}" in ckpt
         return MiniMaxH3(
-            arch=a, text_in=lin(f"{p}condition_proj"), refiners=blocks("token_refiner.blocks.", a.refiner, 0),
+            arch=a, text_in=lin(f"{p}condition_proj"),
+            refiners=opened.blocks(functools.partial(block, "token_refiner.blocks.", 0), a.refiner),
             refiner_norm=read_tensor(ckpt, f"{p}token_refiner.final_norm.weight", (a.hidden,)),
             video_in=lin(f"{p}video_patch_proj"), audio_in=lin(f"{p}audio_patch_proj"),
             time=None if curve else (lin(f"{p}time_embedder.proj_in"), lin(f"{p}time_embedder.proj_out")),
             time_table=read_tensor(ckpt, f"{p}{TIME_TABLE}") if curve else None,
-            blocks=tuple(Layer(b, lin(f"{p}blocks.{i}.adaln_proj.linear"))
-                         for i, b in enumerate(blocks("blocks.", a.layers, a.rotary // 2))),
+            blocks=opened.blocks(layer, a.layers, blocks_on_use),
             final_modulation=lin(f"{p}final_layer.adaln_proj.linear"),
             final_norm=read_tensor(ckpt, f"{p}final_layer.norm.weight", (a.hidden,)),
             video_out=lin(f"{p}final_layer.video_out"), audio_out=lin(f"{p}final_layer.audio_out"))

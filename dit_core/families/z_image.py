@@ -179,28 +179,31 @@ class ZImage:
     @staticmethod
     def load(path: str | Path | Checkpoint, linears: str = "stored",
              loras: tuple[tuple[str | Path, float], ...] = (),
-             compute_on: torch.device | None = None) -> ZImage:
+             compute_on: torch.device | None = None, blocks_on_use: bool = False) -> ZImage:
         """Z-Image from ComfyUI's single file (BF16, INT8 ConvRot, FP8; optional model.diffusion_model.
         prefix). linears: 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8
         ConvRot (Block.quantized), 'bf16' dequantizes INT8 ones (Block.dequantized). loras: (file, strength)
         pairs merged into the linears as they load. compute_on: the device that quantizes and merges them
-        (OpenedFile)."""
+        (OpenedFile). blocks_on_use: the main blocks read as they are placed (OpenedFile.blocks; for a model bound
+        for a card)."""
         opened = OpenedFile.open(path, DETECTION, linears, compute_on)
         ckpt, p = opened.ckpt, opened.prefix
         a = read_arch(ckpt, p)
         opened = opened.with_loras(loras, lambda names: lora_aliases(a, names))
-        lin, convert = opened.linear, opened.convert
-        blocks = lambda stem, n: tuple(_read_block(ckpt, p, f"{stem}.{i}.", a, lin) for i in range(n))
-        context = blocks("context_refiner", _count(ckpt, f"{p}context_refiner."))
-        noise, main = blocks("noise_refiner", a.refiner), blocks("layers", a.layers)
+        lin = opened.linear
+
+        def block(stem: str, source: OpenedFile, i: int) -> Block:
+            return source.convert(_read_block(source.ckpt, p, f"{stem}.{i}.", a, source.linear))
+        blocks = lambda stem, n, on_use=False: opened.blocks(functools.partial(block, stem), n, on_use)  # noqa: E731
         model = ZImage(
             arch=a, time=(lin("t_embedder.mlp.0"), lin("t_embedder.mlp.2")),
             cap_norm=read_tensor(ckpt, f"{p}cap_embedder.0.weight", (a.text_dim,)), cap_in=lin("cap_embedder.1"),
             image_in=lin("x_embedder"), image_pad=read_tensor(ckpt, f"{p}x_pad_token", (1, a.hidden)),
             cap_pad=read_tensor(ckpt, f"{p}cap_pad_token", (1, a.hidden)),
-            context=tuple(map(convert, context)), noise=tuple(map(convert, noise)),
+            context=blocks("context_refiner", _count(ckpt, f"{p}context_refiner.")),
+            noise=blocks("noise_refiner", a.refiner),
             noise_mods=tuple(lin(f"noise_refiner.{i}.adaLN_modulation.0") for i in range(a.refiner)),
-            blocks=tuple(map(convert, main)),
+            blocks=blocks("layers", a.layers, blocks_on_use),
             mods=tuple(lin(f"layers.{i}.adaLN_modulation.0") for i in range(a.layers)),
             final_mod=lin("final_layer.adaLN_modulation.1"), final_out=lin("final_layer.linear"),
             # In-memory sources (TensorSource) are not kept: the files would hold their tensors alive.

@@ -14,6 +14,7 @@ import torch
 from ..arch import Arch
 from .block import GpuBlock
 from .options import DEFAULT
+from ..weights import BlocksOnUse
 from .staging import Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs
@@ -167,10 +168,11 @@ class StreamedBlocks:
         if not blocks:
             raise ValueError("StreamedBlocks needs at least one block")
         self.device, form, cpu = torch.device(device), form or _as_is, torch.device("cpu")
-        self._layouts = [b.layout() if isinstance(b, Staged) else _layout_of(form, b) for b in blocks]
+        shapes = blocks.shapes if isinstance(blocks, BlocksOnUse) else blocks  # no block read for its layout
+        self._layouts = [b.layout() if isinstance(b, Staged) else _layout_of(form, b) for b in shapes]
         self._bytes = [s.nbytes for s in self._layouts]
         self.slot_bytes = max(self._bytes)
-        self._staged: list[Staged | None] = [b if isinstance(b, Staged) else None for b in blocks]
+        self._staged: list[Staged | None] = [b if isinstance(b, Staged) else None for b in shapes]
         self._resident: list[tuple[torch.Tensor, Any] | None] = [None] * len(blocks)
         self._slots: list[torch.Tensor] = []
         self.slot_count = slots

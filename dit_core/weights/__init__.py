@@ -5,8 +5,10 @@ from .checkpoint import (
     FLOAT_DTYPES,
     FP8_DTYPES,
     SAFETENSORS_DTYPES,
+    BlocksOnUse,
     Checkpoint,
     FirstBlocks,
+    HeaderOnly,
     TensorSource,
     WeightsError,
     moved_to,
@@ -25,7 +27,7 @@ from .convrot import (
 from .linear import Linear, glu_rows, stack_rows
 from .stored import STORED_FORMATS, read_linear
 
-__all__ = ["CONVROT_GROUP", "FLOAT_DTYPES", "FP8_DTYPES", "SAFETENSORS_DTYPES", "STORED_FORMATS", "Checkpoint",
-           "FirstBlocks", "Linear", "TensorSource", "WeightsError", "convrot_group_for", "dequantize_convrot",
-           "glu_rows", "hadamard", "moved_to", "quantize_convrot", "quantize_rows", "read_linear", "read_tensor",
-           "rotate", "rotate_weight", "stack_rows"]
+__all__ = ["CONVROT_GROUP", "FLOAT_DTYPES", "FP8_DTYPES", "SAFETENSORS_DTYPES", "STORED_FORMATS", "BlocksOnUse",
+           "Checkpoint", "FirstBlocks", "HeaderOnly", "Linear", "TensorSource", "WeightsError", "convrot_group_for",
+           "dequantize_convrot", "glu_rows", "hadamard", "moved_to", "quantize_convrot", "quantize_rows", "read_linear",
+           "read_tensor", "rotate", "rotate_weight", "stack_rows"]

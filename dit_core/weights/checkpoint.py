@@ -7,7 +7,7 @@ import math
 import os
 import re
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
@@ -232,6 +232,47 @@ class FirstBlocks(Checkpoint):
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
         self.header = {k: v for k, v in self.header.items() if all(i == "0" for i in self.STACKED.findall(k))}
+
+
+class HeaderOnly(Checkpoint):
+    """A file's large tensors as meta tensors of their shapes and dtypes, its small ones (markers, scales, norms: what
+    a load checks by value) read: a load read through it runs each of its checks and gives the model's shapes
+    without reading its weights (BlocksOnUse)."""
+
+    SMALL = 1 << 20  # bytes
+
+    def __init__(self, source: Checkpoint):
+        self.path, self.header, self.metadata, self.source = source.path, source.header, source.metadata, source
+        self.check = self.read = None
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.source.dtype(name)
+
+    def get(self, name: str) -> torch.Tensor:
+        shape, dtype = self.shape(name), self.dtype(name)
+        if math.prod(shape) * dtype.itemsize <= self.SMALL:
+            return self.source.get(name)
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+
+class BlocksOnUse(Sequence):
+    """A stack of a file's blocks, each read when it is asked for and not kept (read(i)): a model placed block by
+    block (a GpuBlock a block, StreamedBlocks' copies) holds a block or two of gathered rows on the host at a time,
+    not a second copy of itself. shapes: the blocks read from the file's header alone (HeaderOnly), their layouts without
+    their bytes."""
+
+    def __init__(self, read: Callable[[int], object], shapes: tuple):
+        self.read, self.shapes = read, shapes
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(*i.indices(len(self))))
+        if not -len(self) <= i < len(self):
+            raise IndexError(f"block {i} of {len(self)}")
+        return self.read(i % len(self))
 
 
 class TensorSource(Checkpoint):

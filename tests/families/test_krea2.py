@@ -1,6 +1,7 @@
 """Krea 2 on the shared block (grouped-query attention, attention gate) vs diffusers 0.42.1
 Krea2Transformer2DModel, tiny and random."""
 
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -16,7 +17,7 @@ from dit_core.sampling.ksampler import ksample, prepare_noise, process_in, proce
 from dit_core.sampling.schedules import calculate_sigmas, flux_sigma_table
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
-from dit_core.weights import FirstBlocks, WeightsError
+from dit_core.weights import BlocksOnUse, FirstBlocks, WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_krea2_transformer_checkpoint_to_diffusers
@@ -195,6 +196,38 @@ def test_blocks_stream_within_a_budget(tmp_path):
     g = torch.Generator().manual_seed(10)
     latent, text = torch.randn(C, 4, 6, generator=g), torch.randn(5, TAPS, TEXT, generator=g)
     assert torch.equal(streamed.output(latent, 0.5, text), model.output(latent, 0.5, text))
+
+
+def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path):
+    """Krea2.load(blocks_on_use=True) of an INT8 ConvRot file: the blocks' checks run on the header at load, each block
+    is read once as StreamedBlocks places it (its layout from the header), and no block read before is alive when
+    the next is read (the host holds one block's gathered rows, not the model's); the placed blocks run bit for bit
+    as the eagerly read ones (GPU blocks on the CPU: the kernels' references)."""
+    state = krea2_original_layout(random_krea2(seed=11, num_layers=4).state_dict())
+    path = tmp_path / "k.safetensors"
+    save_file(int8_convrot_state(state, lambda key: ".attn." in key or ".mlp." in key, group=16), path)
+    eager, lazy = Krea2.load(path), Krea2.load(path, blocks_on_use=True)
+    assert isinstance(eager.blocks, tuple) and isinstance(lazy.blocks, BlocksOnUse)
+    read, reads, alive = lazy.blocks.read, [], []
+
+    def tracked(i):
+        assert all(r() is None for r in alive), f"a block read before block {i} is still held"
+        block = read(i)
+        reads.append(i)
+        alive.append(weakref.ref(block.w[0].weight))
+        return block
+    lazy.blocks.read = tracked
+    cpu, size = torch.device("cpu"), staged_bytes(GpuBlock.of(eager.blocks[0], torch.device("cpu")))
+    placed = lambda m: replace(m, blocks=StreamedBlocks(m.blocks, cpu, 3 * size, form=GpuBlock.of))  # noqa: E731
+    eager_placed, lazy_placed = placed(eager), placed(lazy)
+    assert sorted(reads) == [0, 1, 2, 3] and 0 < sum(lazy_placed.blocks.resident) < 4
+    g = torch.Generator().manual_seed(10)
+    latent, text = torch.randn(C, 4, 6, generator=g), torch.randn(5, TAPS, TEXT, generator=g)
+    assert torch.equal(lazy_placed.output(latent, 0.5, text), eager_placed.output(latent, 0.5, text))
+    bad = dict(state, **{"blocks.2.attn.wq.weight": state["blocks.2.attn.wq.weight"][:-1]})
+    save_file(bad, tmp_path / "bad.safetensors")
+    with pytest.raises(WeightsError, match="blocks.2.attn"):
+        Krea2.load(tmp_path / "bad.safetensors", blocks_on_use=True)
 
 
 def test_latent_format_is_comfy_wan21(comfy):
