@@ -55,6 +55,9 @@ def main(argv=None) -> None:
                    "many tokens (0: not)")
     p.add_argument("--attention-8bit", action="store_true", help="also the graphed INT8 step with both attention "
                    "products on 8 bits (Options.attention_8bit)")
+    p.add_argument("--norm-passes", action="store_true", help="also the graphed INT8 step with each norm's row "
+                   "statistics made by a pass of their own (Options.carry_norms off: before the gated epilogues "
+                   "wrote them)")
     args = p.parse_args(argv)
     from tiny_models import krea2_original_layout
 
@@ -105,6 +108,13 @@ def main(argv=None) -> None:
                         lambda: graphed(latent, sigma, short), args.steps)
                     del short
                 graphed.clear()
+                if args.norm_passes:
+                    passes = dataclasses.replace(ours, options=dataclasses.replace(ours.options, carry_norms=False))
+                    graphed = passes.graphed()
+                    results[f"{label}, text fused once, CUDA graph, norm statistics by passes of their own"] = (
+                        *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
+                    graphed.clear()
+                    del passes
                 if args.attention_8bit:
                     eight = dataclasses.replace(ours, options=dataclasses.replace(ours.options, attention_8bit=True))
                     graphed = eight.graphed()

@@ -193,9 +193,10 @@ def attend(a: Arch, w: Attention, x: torch.Tensor, context: torch.Tensor, q_rota
 @dataclass
 class NormStats:
     """The next block's first norm's row statistics of the rows x [2, rows] f32, carried from the block's last kernel
-    that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a parallel block's gated DOWN product: either
-    norm, next_norm) to the next block's first norm: its statistics launch goes (34 a Z-Image step, 35 a FLUX.3
-    Klein step); the host block ignores it. ready: whether values hold x's statistics now; a block that cannot write them clears it."""
+    that writes x (Z-Image's gated-residual kernel: RMS, next_rms; a gated DOWN product: either norm, next_norm) to
+    the next block's first norm: its statistics launch goes (34 a Z-Image step, 35 a FLUX.3 Klein step, 28 a
+    Krea 2 step); the host block ignores it. ready: whether values hold x's statistics now; a block that cannot
+    write them clears it."""
     values: torch.Tensor
     ready: bool = False
 

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ..arch import Arch
-from ..block import Block, rms_norm
+from ..block import Block, NormStats, rms_norm
 from ..linear import float_on, linear
 from ..modulation import Modulation, sinusoids
 from .loading import Detection, OpenedFile
@@ -376,11 +376,12 @@ class Krea2:
                               for t in times], dim=1)
         grids = tuple(((z.shape[1] + 1) // PATCH, (z.shape[2] + 1) // PATCH) for z in refs)
         seq = _sequence(a, txt.shape[0], h // PATCH, w // PATCH, latent.device, grids)
+        carry = NormStats.of(x) if self.options is None or self.options.carry_norms else None
         for block, table in zip(self.blocks, self.tables):
             m = shared + table[:, None]  # [6, times, hidden]
             x = block.forward(a, x, Modulation(attn_scale=m[SCALE1], attn_gate=m[GATE1], mlp_scale=m[SCALE2],
                                                mlp_gate=m[GATE2], attn_shift=m[SHIFT1], mlp_shift=m[SHIFT2]), seq,
-                              options=self.options)
+                              carry, options=self.options)
             if check is not None:
                 check()
         scale, shift = (temb + self.final_table).unsqueeze(1)

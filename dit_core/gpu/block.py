@@ -295,9 +295,8 @@ class GpuBlock:
     def forward(self, a: Arch, x: torch.Tensor, m: Modulation, s: Sequence, carry: NormStats | None = None,
                 options: Options | None = None, shards=None) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
-        statistics, read when ready and written for the next block when the MLP branch ends in the gated-residual
-        kernel (a sandwich norm, as Z-Image's). options: the model's (dit_core/gpu/options.py; None: DEFAULT).
-        shards: x and s are this rank's share of the rows and attention runs across the ranks (_attention)."""
+        statistics, read when ready and written for the next block by the MLP branch's last kernel. options: the
+        model's (dit_core/gpu/options.py; None: DEFAULT). shards: x and s are this rank's share of the rows and attention runs across the ranks (_attention)."""
         w, row_map, opt = self.w, s.map, options or DEFAULT
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
@@ -309,13 +308,14 @@ class GpuBlock:
             turn, gate = _turns_v(a, w[QKV], w[OUT], s, opt), None
             o = _attention(*_heads(a, opt, h, w[QKV], w[Q_NORM], w[K_NORM], s, turn), _attention_kind(w[QKV], opt),
                            shards)
-        # The MLP norm's row statistics come out of the attention branch's gated-residual kernel when one runs
-        # (a sandwich norm, as Z-Image's) and the MLP's rows are quantized: one launch fewer a block.
-        fused = a.norm == "rms" and w[UP].int8 and not self._epilogue_gated(w[OUT], w[POST_ATTN])
+        # The MLP norm's row statistics come out of the attention branch's last kernel (the gated-residual kernel
+        # of a sandwich norm, as Z-Image's, else OUT's gated epilogue, as Krea 2's) when the MLP's rows are
+        # quantized: a pass over the f32 rows fewer a block.
+        fused = a.norm == "rms" and w[UP].int8 and opt.carry_norms
         stats = torch.empty(2, x.shape[0], dtype=torch.float32, device=x.device) if fused else None
         self._branch_into(a, opt, x, self._rows(a, opt, o, w[OUT], turned="v" if turn else None, gate=gate), w[OUT],
                           w[POST_ATTN], m.attn_gate, row_map, stats)
-        carried = carry is not None and a.norm == "rms" and not self._epilogue_gated(w[DOWN], w[POST_MLP])
+        carried = carry is not None and a.norm == "rms"
         for r0, r1 in _chunks(x.shape[0], opt.mlp_chunk):
             xs, maps = x[r0:r1], row_map[r0:r1]
             h = self._rows(a, opt, xs, w[UP], norm_weight=w[NORM2], scale=m.mlp_scale, shift=m.mlp_shift,

@@ -16,8 +16,9 @@ class Options:
     turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an INT8 DOWN
     (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
     output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
-    side streams beside the image's (else one after another). carry_norms: each block's first norm statistics
-    written by the block before (NormStats), else made by a pass of its own. kernels: which kernels of equal math
+    side streams beside the image's (else one after another). carry_norms: each norm's row statistics written by
+    the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's), else made by a pass
+    of their own. kernels: which kernels of equal math
     run, a kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core
     opens kernels/ in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
