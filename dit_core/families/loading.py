@@ -4,8 +4,9 @@ conversion of the blocks' linears that the loader's `linears` asks for."""
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from pathlib import Path
 
 import torch
@@ -13,6 +14,8 @@ import torch
 from ..block import Block
 from ..weights import BlocksOnUse, Checkpoint, FirstBlocks, HeaderOnly, Linear, WeightsError, read_linear
 from ..weights.lora import load_lora
+
+log = logging.getLogger("SwiftDiT")
 
 # 'stored' keeps each block linear as stored, 'int8' quantizes float ones to INT8 ConvRot (on the device given),
 # 'bf16' dequantizes INT8 ones.
@@ -81,10 +84,15 @@ class OpenedFile:
                              convert=functools.partial(_CONVERT[self.linears], on=meta))
             try:
                 shapes = tuple(read(header, i) for i in range(count))
-            except (RuntimeError, NotImplementedError):
-                pass
+            except (RuntimeError, NotImplementedError) as e:
+                log.info("%s: blocks read before they are placed (%s)", self.ckpt.path.name, e)
             else:
-                return BlocksOnUse(functools.partial(read, self), shapes)
+                # (a real tensor indexed by a meta one is real: such a read made the weights after all)
+                made = next((w for w in _weights(shapes) if not w.is_meta and w.nbytes > HeaderOnly.SMALL), None)
+                if made is None:
+                    return BlocksOnUse(functools.partial(read, self), shapes)
+                log.info("%s: blocks read before they are placed (a read of the header made a %s weight)",
+                         self.ckpt.path.name, tuple(made.shape))
         return tuple(read(self, i) for i in range(count))
 
     def linear(self, name: str) -> Linear:
@@ -92,6 +100,18 @@ class OpenedFile:
         for adapter in self.adapters:
             merged = adapter.merged(name, merged, self.compute_on)
         return merged
+
+
+def _weights(tree):
+    """The linears' weights in a tree of dataclasses and tuples."""
+    if isinstance(tree, Linear):
+        yield tree.weight
+    elif is_dataclass(tree) and not isinstance(tree, type):
+        for f in fields(tree):
+            yield from _weights(getattr(tree, f.name))
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _weights(item)
 
 
 def stand_in(recipe, path: str | Path, linears: str, device: torch.device):

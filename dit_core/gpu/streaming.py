@@ -4,6 +4,7 @@ device slots ahead of their use on a copy stream; free() gives memory back and r
 device's free memory and the bytes a pass needs besides the weights."""
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -134,14 +135,14 @@ def _as_is(block: Any, device: torch.device) -> Any:
     return block
 
 
-def _layout_of(form: Callable[[Any, torch.device], Any], block: Any) -> Staged:
+def _layout_of(form: Callable[[Any, torch.device], Any], block: Any, read: Callable[[], Any]) -> Staged:
     """The staged layout of form(block) from shapes alone (meta tensors: no conversion work); a form that
-    cannot run on meta tensors is run once on the host."""
+    cannot run on meta tensors is run once on the host, on the block read()."""
     meta = torch.device("meta")
     try:
         return layout(form(meta_twin(block), meta))
     except (RuntimeError, NotImplementedError):
-        return layout(form(block, torch.device("cpu")))
+        return layout(form(read(), torch.device("cpu")))
 
 
 class StreamedBlocks:
@@ -169,7 +170,8 @@ class StreamedBlocks:
             raise ValueError("StreamedBlocks needs at least one block")
         self.device, form, cpu = torch.device(device), form or _as_is, torch.device("cpu")
         shapes = blocks.shapes if isinstance(blocks, BlocksOnUse) else blocks  # no block read for its layout
-        self._layouts = [b.layout() if isinstance(b, Staged) else _layout_of(form, b) for b in shapes]
+        self._layouts = [b.layout() if isinstance(b, Staged) else _layout_of(form, b, functools.partial(
+            blocks.__getitem__, i)) for i, b in enumerate(shapes)]
         self._bytes = [s.nbytes for s in self._layouts]
         self.slot_bytes = max(self._bytes)
         self._staged: list[Staged | None] = [b if isinstance(b, Staged) else None for b in shapes]

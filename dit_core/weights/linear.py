@@ -103,7 +103,14 @@ def _stackable(parts: list[Linear]) -> tuple[list[Linear], list | None, list | N
     if any(p.bias is not None for p in parts):
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features, dtype=torch.float32,
                                                                   device=p.weight.device) for p in parts]
-    return parts, scales, biases
+    return parts, _alike(scales), _alike(biases)
+
+
+def _alike(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    """tensors all meta where one is (a read of a file's header, HeaderOnly, with one part's values computed)."""
+    if tensors is None or not any(t.is_meta for t in tensors):
+        return tensors
+    return [t.to("meta") for t in tensors]
 
 
 def stack_rows(parts: list[Linear], order: torch.Tensor | None = None) -> Linear:

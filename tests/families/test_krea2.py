@@ -17,7 +17,7 @@ from dit_core.sampling.ksampler import ksample, prepare_noise, process_in, proce
 from dit_core.sampling.schedules import calculate_sigmas, flux_sigma_table
 from dit_core.gpu.staging import staged_bytes
 from dit_core.gpu.streaming import StreamedBlocks
-from dit_core.weights import BlocksOnUse, FirstBlocks, WeightsError
+from dit_core.weights import BlocksOnUse, FirstBlocks, HeaderOnly, WeightsError
 
 diffusers = pytest.importorskip("diffusers")
 from diffusers.loaders.single_file_utils import convert_krea2_transformer_checkpoint_to_diffusers
@@ -198,16 +198,19 @@ def test_blocks_stream_within_a_budget(tmp_path):
     assert torch.equal(streamed.output(latent, 0.5, text), model.output(latent, 0.5, text))
 
 
-def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path):
-    """Krea2.load(blocks_on_use=True) of an INT8 ConvRot file: the blocks' checks run on the header at load, each block
-    is read once as StreamedBlocks places it (its layout from the header), and no block read before is alive when
-    the next is read (the host holds one block's gathered rows, not the model's); the placed blocks run bit for bit
-    as the eagerly read ones (GPU blocks on the CPU: the kernels' references)."""
+def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path, monkeypatch):
+    """Krea2.load(blocks_on_use=True) of an INT8 ConvRot file: the blocks' checks run on the header at load (the
+    weights as meta tensors: the tiny model's count as large here), each block is read once as StreamedBlocks places
+    it (its layout from the header), and no block read before is alive when the next is read (the host holds no
+    copy of the model); the placed blocks run bit for bit as the eagerly read ones (GPU blocks on the CPU: the
+    kernels' references), with a LoRA merged into a part of a stacked INT8 linear too."""
+    monkeypatch.setattr(HeaderOnly, "SMALL", 1024)
     state = krea2_original_layout(random_krea2(seed=11, num_layers=4).state_dict())
     path = tmp_path / "k.safetensors"
     save_file(int8_convrot_state(state, lambda key: ".attn." in key or ".mlp." in key, group=16), path)
     eager, lazy = Krea2.load(path), Krea2.load(path, blocks_on_use=True)
     assert isinstance(eager.blocks, tuple) and isinstance(lazy.blocks, BlocksOnUse)
+    assert all(b.w[0].weight.is_meta for b in lazy.blocks.shapes)
     read, reads, alive = lazy.blocks.read, [], []
 
     def tracked(i):
@@ -224,6 +227,13 @@ def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path):
     g = torch.Generator().manual_seed(10)
     latent, text = torch.randn(C, 4, 6, generator=g), torch.randn(5, TAPS, TEXT, generator=g)
     assert torch.equal(lazy_placed.output(latent, 0.5, text), eager_placed.output(latent, 0.5, text))
+    save_file({"diffusion_model.blocks.1.attn.wq.lora_A.weight": torch.randn(2, 128),
+               "diffusion_model.blocks.1.attn.wq.lora_B.weight": torch.randn(128, 2)}, tmp_path / "lora.safetensors")
+    merged = [Krea2.load(path, loras=((tmp_path / "lora.safetensors", 1.0),), blocks_on_use=on_use)
+              for on_use in (False, True)]
+    assert isinstance(merged[1].blocks, BlocksOnUse) and merged[1].blocks.shapes[1].w[0].weight.is_meta
+    assert torch.equal(merged[0].blocks[1].w[0].weight, merged[1].blocks[1].w[0].weight)
+    assert torch.equal(merged[0].blocks[1].w[0].scale, merged[1].blocks[1].w[0].scale)
     bad = dict(state, **{"blocks.2.attn.wq.weight": state["blocks.2.attn.wq.weight"][:-1]})
     save_file(bad, tmp_path / "bad.safetensors")
     with pytest.raises(WeightsError, match="blocks.2.attn"):
