@@ -19,6 +19,7 @@ from .memory import engine_device, file_key, fits_on_card
 
 log = logging.getLogger("SwiftDiT")
 
+
 def stand_in_builds_here(engine, path: str, device: torch.device) -> bool:
     """Whether engine's file builds its first step's kernels from a stand-in on device: a recipe with a dry pass, a
     CUDA GPU with room for the stand-in beside the file."""
