@@ -108,20 +108,17 @@ def main(argv=None) -> None:
                         lambda: graphed(latent, sigma, short), args.steps)
                     del short
                 graphed.clear()
-                if args.norm_passes:
-                    passes = dataclasses.replace(ours, options=dataclasses.replace(ours.options, carry_norms=False))
-                    graphed = passes.graphed()
-                    results[f"{label}, text fused once, CUDA graph, norm statistics by passes of their own"] = (
-                        *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
-                    graphed.clear()
-                    del passes
-                if args.attention_8bit:
-                    eight = dataclasses.replace(ours, options=dataclasses.replace(ours.options, attention_8bit=True))
-                    graphed = eight.graphed()
-                    results[f"{label}, text fused once, CUDA graph, 8-bit attention"] = (
-                        *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
-                    graphed.clear()
-                    del eight
+                variants = {"norm statistics by passes of their own": {"carry_norms": False},
+                            "8-bit attention": {"attention_8bit": True}}
+                asked = {"norm statistics by passes of their own": args.norm_passes,
+                         "8-bit attention": args.attention_8bit}
+                for name, change in variants.items():
+                    if asked[name]:  # the graphed step with other options, in the same run
+                        graphed = dataclasses.replace(
+                            ours, options=dataclasses.replace(ours.options, **change)).graphed()
+                        results[f"{label}, text fused once, CUDA graph, {name}"] = (
+                            *timed(lambda: graphed(latent, sigma, txt), args.steps), weights_gb(ours))
+                        graphed.clear()
                 del txt, graphed
         del ours, step
         torch.cuda.empty_cache()
