@@ -108,12 +108,10 @@ def main(argv=None) -> None:
                         lambda: graphed(latent, sigma, short), args.steps)
                     del short
                 graphed.clear()
-                variants = {"norm statistics by passes of their own": {"carry_norms": False},
-                            "8-bit attention": {"attention_8bit": True}}
-                asked = {"norm statistics by passes of their own": args.norm_passes,
-                         "8-bit attention": args.attention_8bit}
-                for name, change in variants.items():
-                    if asked[name]:  # the graphed step with other options, in the same run
+                variants = {"norm statistics by passes of their own": ({"carry_norms": False}, args.norm_passes),
+                            "8-bit attention": ({"attention_8bit": True}, args.attention_8bit)}
+                for name, (change, asked) in variants.items():
+                    if asked:  # the graphed step with other options, in the same run
                         graphed = dataclasses.replace(
                             ours, options=dataclasses.replace(ours.options, **change)).graphed()
                         results[f"{label}, text fused once, CUDA graph, {name}"] = (
