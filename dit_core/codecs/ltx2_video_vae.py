@@ -184,12 +184,12 @@ class VideoDecoder:
             for k in range(layers):
                 check()
                 x = self._resnet(x, f"up_blocks.{block}.res_blocks.{k}", emb)
-        x = pixel_norm(x, NORM_EPS)
+        mod = None
         if t is not None:
             shift, scale = (w["last_scale_shift_table"][None] + self._embed(t, "last_time_embedder").unflatten(
-                1, (2, -1))).to(x)[..., None, None, None].unbind(1)
-            x = x * (1 + scale) + shift
-        x = self._conv(F.silu(x), "conv_out")
+                1, (2, -1))).unbind(1)
+            mod = scale, shift
+        x = _norm_silu_conv(x, w, "conv_out", s.causal, "reflect", mod)
         b, _, f, h, wd = x.shape
         x = x.float().view(b, -1, PATCH, PATCH, f, h, wd)  # channel = c * 16 + (w offset) * 4 + (h offset)
         return x.permute(0, 1, 4, 5, 3, 6, 2).reshape(b, -1, f, h * PATCH, wd * PATCH)
@@ -354,16 +354,34 @@ def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
             emb: torch.Tensor | None = None) -> torch.Tensor:
     """norm, (timestep scale/shift), silu, conv, twice, plus the input (channels never change in LTX-2's)."""
     mods = None
-    if emb is not None:  # [B, 4C] + table [4, C] -> shift1, scale1, shift2, scale2
-        mods = (emb.unflatten(1, (4, -1)) + w[f"{name}.scale_shift_table"][None]).to(x)[..., None, None, None].unbind(1)
+    if emb is not None:  # [B, 4C] + table [4, C] -> shift1, scale1, shift2, scale2, each [B, C]
+        mods = (emb.unflatten(1, (4, -1)) + w[f"{name}.scale_shift_table"][None]).unbind(1)
+    h = _norm_silu_conv(x, w, f"{name}.conv1", causal, padding, mods and (mods[1], mods[0]))
+    return x + _norm_silu_conv(h, w, f"{name}.conv2", causal, padding, mods and (mods[3], mods[2]))
+
+
+def fused_norm_here(x: torch.Tensor, padding: str) -> bool:
+    """Whether _norm_silu_conv takes kernels/pixel_norm.py: on a GPU, for the decoder's reflected borders."""
+    return x.is_cuda and padding == "reflect"
+
+
+def _norm_silu_conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
+                    mod: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+    """conv `name` of silu(pixel norm of x, times 1 + scale plus shift where mod = (scale, shift) [B, C]). On a GPU
+    with the decoder's reflected borders the norm, modulation and SiLU are one kernel that writes the conv's padded
+    input (kernels/pixel_norm.py: torch took eight passes over the activations for them)."""
+    if fused_norm_here(x, padding):
+        from ..gpu.block import run  # the GPU path: imported where used
+        weight = w[f"{name}.conv.weight"]
+        k = weight.shape[2]
+        frames = (k - 1, 0) if causal else ((k - 1) // 2,) * 2
+        h = run("pixel_norm_silu", x.contiguous(), NORM_EPS, *(mod or (None, None)),
+                pad=(*frames, weight.shape[3] // 2, weight.shape[4] // 2))
+        return F.conv3d(h, weight, w[f"{name}.conv.bias"])
     h = pixel_norm(x, NORM_EPS)
-    if mods is not None:
-        h = h * (1 + mods[1]) + mods[0]
-    h = _conv(F.silu(h), w, f"{name}.conv1", causal, padding)
-    h = pixel_norm(h, NORM_EPS)
-    if mods is not None:
-        h = h * (1 + mods[3]) + mods[2]
-    return x + _conv(F.silu(h), w, f"{name}.conv2", causal, padding)
+    if mod is not None:
+        h = h * (1 + mod[0].to(x)[..., None, None, None]) + mod[1].to(x)[..., None, None, None]
+    return _conv(F.silu(h), w, name, causal, padding)
 
 
 def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
