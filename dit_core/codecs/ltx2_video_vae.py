@@ -336,18 +336,34 @@ def _latent_stats(ckpt: Checkpoint, prefix: str) -> list[torch.Tensor]:
             for k in ("mean-of-means", "std-of-means")]
 
 
-def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str) -> torch.Tensor:
-    """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space padded
-    by `padding` ('reflect': the decoder's; 'constant': the encoder's zeros)."""
+def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
+          write: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+    """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space padded by
+    `padding` ('reflect': the decoder's; 'constant': the encoder's zeros), in one buffer the conv reads: x copied into
+    its interior once (a concatenation, then a pad, copied it twice), or write(interior) filling it (x: its shape)."""
     weight = w[f"{name}.conv.weight"]
     k = weight.shape[2]
-    if causal:
-        x = torch.cat([x[:, :, :1].expand(-1, -1, k - 1, -1, -1), x], dim=2)
+    front, back = (k - 1, 0) if causal else ((k - 1) // 2,) * 2
+    ph, pw = weight.shape[3] // 2, weight.shape[4] // 2
+    b, c, t, h, wd = x.shape
+    if padding == "reflect" and (ph >= h or pw >= wd):
+        raise ValueError(f"{name}: a reflection of {ph} rows and {pw} columns needs more than {h} x {wd} positions")
+    buf = x.new_empty(b, c, front + t + back, h + 2 * ph, wd + 2 * pw)
+    inner = buf[:, :, front:front + t, ph:ph + h, pw:pw + wd]
+    if write is None:
+        inner.copy_(x)
     else:
-        edge = (k - 1) // 2
-        x = torch.cat([x[:, :, :1].expand(-1, -1, edge, -1, -1), x, x[:, :, -1:].expand(-1, -1, edge, -1, -1)], dim=2)
-    x = F.pad(x, (weight.shape[4] // 2,) * 2 + (weight.shape[3] // 2,) * 2 + (0, 0), mode=padding)
-    return F.conv3d(x, weight, w[f"{name}.conv.bias"])
+        write(inner)
+    frames = buf[:, :, front:front + t]  # the borders: columns, then rows (the corners from the columns' borders)
+    for i in range(1, pw + 1):
+        frames[..., pw - i] = frames[..., pw + i] if padding == "reflect" else 0
+        frames[..., -1 - pw + i] = frames[..., -1 - pw - i] if padding == "reflect" else 0
+    for i in range(1, ph + 1):
+        frames[..., ph - i, :] = frames[..., ph + i, :] if padding == "reflect" else 0
+        frames[..., -1 - ph + i, :] = frames[..., -1 - ph - i, :] if padding == "reflect" else 0
+    buf[:, :, :front] = buf[:, :, front:front + 1]
+    buf[:, :, front + t:] = buf[:, :, front + t - 1:front + t]
+    return F.conv3d(buf, weight, w[f"{name}.conv.bias"])
 
 
 def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
@@ -368,16 +384,12 @@ def fused_norm_here(x: torch.Tensor, padding: str) -> bool:
 def _norm_silu_conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
                     mod: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """conv `name` of silu(pixel norm of x, times 1 + scale plus shift where mod = (scale, shift) [B, C]). On a GPU
-    with the decoder's reflected borders the norm, modulation and SiLU are one kernel that writes the conv's padded
-    input (kernels/pixel_norm.py: torch took eight passes over the activations for them)."""
+    with the decoder's reflected borders the norm, modulation and SiLU are one kernel that writes the interior of the
+    conv's padded input (kernels/pixel_norm.py: torch took six passes over the activations for them, then a copy)."""
     if fused_norm_here(x, padding):
         from ..gpu.block import run  # the GPU path: imported where used
-        weight = w[f"{name}.conv.weight"]
-        k = weight.shape[2]
-        frames = (k - 1, 0) if causal else ((k - 1) // 2,) * 2
-        h = run("pixel_norm_silu", x.contiguous(), NORM_EPS, *(mod or (None, None)),
-                pad=(*frames, weight.shape[3] // 2, weight.shape[4] // 2))
-        return F.conv3d(h, weight, w[f"{name}.conv.bias"])
+        return _conv(x, w, name, causal, padding, write=lambda inner: run(
+            "pixel_norm_silu", x.contiguous(), NORM_EPS, *(mod or (None, None)), out=inner))
     h = pixel_norm(x, NORM_EPS)
     if mod is not None:
         h = h * (1 + mod[0].to(x)[..., None, None, None]) + mod[1].to(x)[..., None, None, None]
