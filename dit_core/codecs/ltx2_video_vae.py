@@ -205,8 +205,8 @@ class VideoDecoder:
         the input rearranged the same way, its channels repeated up to the output's."""
         y = _depth_to_space(self._conv(x, name))
         if self.shape.residual:
-            r = _depth_to_space(x)
-            y = y + r.repeat(1, y.shape[1] // r.shape[1], 1, 1, 1)
+            r = _depth_to_space(x)  # added to each block of its channel count (broadcast: no repeated copy)
+            y = (y.unflatten(1, (y.shape[1] // r.shape[1], r.shape[1])) + r[:, None]).flatten(1, 2)
         return y
 
     def _embed(self, t: torch.Tensor, name: str) -> torch.Tensor:
