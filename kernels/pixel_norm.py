@@ -39,7 +39,7 @@ def reference(x, eps, scale=None, shift=None, *, out=None):
 SIZES = ("C", "T", "H", "W", "SB", "SC", "ST", "SH")
 
 
-@triton_jit_unspecialized(*SIZES)
+@triton_jit_unspecialized(*SIZES, "out_ptr")  # (out: a padded buffer's interior, of any alignment)
 def _pixel_norm_kernel(x_ptr, out_ptr, scale_ptr, shift_ptr, C, T, H, W, SB, SC, ST, SH, eps,
                        MOD: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_W: tl.constexpr):
     # Grid (B * T * H, cdiv(W, BLOCK_W)): a program takes BLOCK_W positions of one row (b, t, h), every channel.
@@ -92,3 +92,12 @@ def pixel_norm_silu(x, eps, scale=None, shift=None, *, out=None, block_c=32, blo
         _pixel_norm_kernel[grid](x, out, *vectors, c, t, h, w, *out.stride()[:4], eps, MOD=scale is not None,
                                  BLOCK_C=block_c, BLOCK_W=block_w, num_warps=num_warps)
     return out
+
+
+def build(dtype, *, block_c=32, block_w=64, num_warps=4):
+    """pixel_norm_silu's kernels for activations of dtype compiled now for the current device, without a tensor or a
+    launch (Triton's warmup on dtypes): safe on a thread of its own."""
+    for mod in (False, True):
+        vectors = (torch.float32,) * 2 if mod else (dtype,) * 2  # (unmodulated: x stands in for them)
+        _pixel_norm_kernel.warmup(dtype, dtype, *vectors, 1, 1, 1, 1, 1, 1, 1, 1, 1e-8, MOD=mod, BLOCK_C=block_c,
+                                  BLOCK_W=block_w, num_warps=num_warps, grid=(1,))

@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 from ..modulation import sinusoids
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import checked_latents, feather, pixel_norm, sliding_tiles
+from .conv import checked_latents, feather, norms_built_ahead, pixel_norm, sliding_tiles
 
 LATENT_CHANNELS = 128
 PATCH = 4  # pixels per side of a conv_out position (unpatchified from 48 = 3 x 4 x 4 channels)
@@ -74,6 +75,7 @@ class VideoDecoder:
         self.shape = shape
         self.w = weights  # the file's names without the `decoder.` prefix
         self.latents_mean, self.latents_std = latents_mean, latents_std
+        self.norms_ahead: threading.Thread | None = None  # conv.norms_built_ahead's, joined by the first decode
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, causal: bool | None = None,
@@ -112,9 +114,12 @@ class VideoDecoder:
         return cls(shape, w, *_latent_stats(ckpt, p))
 
     def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoDecoder:
-        """Weights on device in dtype (the statistics stay f32); IMAGE comes back on the CPU in f32."""
-        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
-                          self.latents_mean.to(device), self.latents_std.to(device))
+        """Weights on device in dtype (the statistics stay f32), the fused norm's kernels built meanwhile; IMAGE comes
+        back on the CPU in f32."""
+        moved = type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
+                           self.latents_mean.to(device), self.latents_std.to(device))
+        moved.norms_ahead = norms_built_ahead(device, dtype, "pixel_norm")
+        return moved
 
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalized latents -> the decoder's (x * std + mean per channel; ComfyUI's un_normalize)."""
@@ -130,6 +135,9 @@ class VideoDecoder:
         conditioned decoder's (diffusers' decode_timestep, ComfyUI's 0.05); the decode noise is the caller's
         to add. progress(done, total) after each tile; check() after each block (it raises to cancel)."""
         z = self._check(latents)
+        if self.norms_ahead is not None:  # its kernels, not built twice
+            self.norms_ahead.join()
+            self.norms_ahead = None
         tile, overlap = tile_sizes(*tiles) if tiles is not None else (z.shape[2:], (0, 0, 0))
         x = torch.cat([self.decode_raw(self.raw_latents(z[i:i + 1]), tile, overlap, timestep, progress, check)
                        for i in range(z.shape[0])])

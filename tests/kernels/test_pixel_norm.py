@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from conftest import assert_within_one_bf16_step, rel_err
 
 from dit_core.codecs.conv import pixel_norm
-from kernels.pixel_norm import pixel_norm_silu, reference
+from kernels.pixel_norm import _pixel_norm_kernel, build, pixel_norm_silu, reference
 
 SHAPES = [(1, 40, 3, 5, 9), (2, 8, 2, 4, 70), (1, 3, 1, 3, 3)]
 
@@ -59,3 +59,20 @@ def test_bad_shapes_name_themselves(device):
         pixel_norm_silu(x, 1e-8, torch.ones(1, 4, device=device), None)
     with pytest.raises(ValueError, match="unit-strided"):
         pixel_norm_silu(x, 1e-8, out=torch.empty(1, 4, 2, 3, 6, device=device)[..., ::2])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (Triton's warmup compiles for one)")
+def test_kernels_built_ahead_serve_every_tile():
+    """build() compiles what a decode launches, whatever the tile's sizes, channels and the padded buffer's offset:
+    nothing is built after it."""
+    build(torch.bfloat16)
+    cache = _pixel_norm_kernel.device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    for shape in ((1, 128, 9, 64, 64), (1, 512, 3, 16, 20)):
+        for modulated in (False, True):
+            x, scale, shift = activations(shape, 0, "cuda", torch.bfloat16, modulated)
+            b, c, t, h, w = shape
+            buf = torch.empty(b, c, t + 2, h + 2, w + 2, device="cuda", dtype=torch.bfloat16)
+            pixel_norm_silu(x, 1e-8, scale, shift, out=buf[:, :, 2:, 1:-1, 1:-1])
+    assert len(cache) == before
