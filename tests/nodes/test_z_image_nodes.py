@@ -583,3 +583,31 @@ def test_a_text_encoder_larger_than_the_card_is_refused_before_it_loads(pack, mo
     assert ("text", "main") not in LOADED._held
     run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2", device="cpu")
     LOADED.free()
+
+
+def test_on_a_gpu_the_loader_reads_blocks_as_it_places_them_within_cancel(pack, models, monkeypatch):
+    """On a CUDA engine device the loader asks for the blocks read on use (blocks_on_use) and places the model inside
+    the file's Cancel: a block read while it is placed checks ComfyUI's interrupt; after, the file's hooks and its
+    map are gone. (The placement itself is recorded here, not run: this machine has no GPU.)"""
+    from swiftdit_pack.dit_core.weights import BlocksOnUse
+    from swiftdit_pack.nodes import base
+    from swiftdit_pack.nodes.memory import LOADED
+    gpu, placed, checks = torch.device("cuda", 0), [], []
+    monkeypatch.setattr(base, "engine_device", lambda: gpu)
+    monkeypatch.setattr(base, "stand_in_builds_here", lambda *args: False)
+    monkeypatch.setattr(base, "interrupt_check", lambda: checks.append(1))
+    monkeypatch.setattr(LOADED, "get", lambda kind, key, load, device, role: load())
+
+    def place(model, device, budget_gb, rows):
+        before = len(checks)
+        block = model.blocks[1]  # read now, under the load's hooks
+        placed.append((type(model.blocks), device, len(checks) > before, block.w[0].weight.shape))
+        return model
+    monkeypatch.setattr(base, "place_dit", place)
+    path = str(models / "diffusion_models" / "z_image_tiny.safetensors")
+    model = pack.load_dit(base.ModelHandle("z_image", path, "stored"))
+    (kind, device, checked, _), = placed
+    assert kind is BlocksOnUse and device == gpu and checked
+    count = len(checks)
+    model.blocks[0]  # a read after the load: no hook of the load's left
+    assert len(checks) == count
