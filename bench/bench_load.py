@@ -105,24 +105,26 @@ def main() -> None:
 
 def placements(path: Path, rounds: int = 3) -> None:
     """Seconds from the INT8 file (in the page cache: written just before) to the card as the loader node takes
-    it: Krea2.load, then every block placed (StreamedBlocks, all resident), with a profile of the last round's host
-    work."""
+    it: Krea2.load, then every block placed (StreamedBlocks, all resident), the blocks read first or as they are
+    placed, with a profile of the last round's host work."""
     import cProfile
     import pstats
     gpu, size = torch.device("cuda"), path.stat().st_size
-    print("| round | load s | to the card s | GB/s of the file |\n|---|---|---|---|")
-    for r in range(rounds):
-        profile = cProfile.Profile()
-        profile.enable()
-        load_s, host = timed_load(path=path)
-        t0 = time.perf_counter()
-        placed = host.to(gpu, budget_bytes=1 << 40)
-        torch.cuda.synchronize()
-        place_s = time.perf_counter() - t0
-        profile.disable()
-        print(f"| {r + 1} | {load_s:.2f} | {place_s:.2f} | {size / 1e9 / (load_s + place_s):.1f} |", flush=True)
-        del host, placed
-        torch.cuda.empty_cache()
+    print("| blocks | round | load s | to the card s | GB/s of the file |\n|---|---|---|---|---|")
+    for on_use in (False, True):  # every block read first, or each read as it is placed (the node's way since)
+        for r in range(rounds):
+            profile = cProfile.Profile()
+            profile.enable()
+            load_s, host = timed_load(path=path, blocks_on_use=on_use)
+            t0 = time.perf_counter()
+            placed = host.to(gpu, budget_bytes=1 << 40)
+            torch.cuda.synchronize()
+            place_s = time.perf_counter() - t0
+            profile.disable()
+            print(f"| {'read as placed' if on_use else 'read first'} | {r + 1} | {load_s:.2f} | {place_s:.2f} | "
+                  f"{size / 1e9 / (load_s + place_s):.1f} |", flush=True)
+            del host, placed
+            torch.cuda.empty_cache()
     pstats.Stats(profile).sort_stats("tottime").print_stats(15)
 
 
