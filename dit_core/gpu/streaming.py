@@ -131,6 +131,11 @@ def resident_generation(blocks: StreamedBlocks | Sequence[Any]) -> int | None:
     return blocks.generation if all(blocks.resident) else None
 
 
+def _in_turn(blocks: Sequence[Any], indices: list[int]) -> Iterator[Any]:
+    """blocks[i] for i in indices, in turn: a file's blocks read on use, each read while the one before is placed."""
+    return blocks.reading(indices) if isinstance(blocks, BlocksOnUse) else (blocks[i] for i in indices)
+
+
 def _as_is(block: Any, device: torch.device) -> Any:
     return block
 
@@ -188,17 +193,19 @@ class StreamedBlocks:
         self.wanted = plan(self._bytes, self.budget, self.slot_bytes, slots)
         streamed = [i for i, want in enumerate(self.wanted) if not want and self._staged[i] is None]
         with ThreadPoolExecutor(READERS, thread_name_prefix="SwiftDiT read") as readers:
-            made = stage_all((form(blocks[i], cpu) for i in streamed), [self._layouts[i] for i in streamed],
+            made = stage_all((form(b, cpu) for b in _in_turn(blocks, streamed)), [self._layouts[i] for i in streamed],
                              [files[i] for i in streamed] if files else None, readers)
             for i, staged in zip(streamed, made):
                 self._staged[i] = staged
+        placed = [i for i, want in enumerate(self.wanted) if want and self._staged[i] is None]
+        for i, block in zip(placed, _in_turn(blocks, placed)):
+            buf = torch.empty(self._bytes[i], dtype=torch.uint8, device=self.device)
+            self._layouts[i].write(form(block, cpu), buf)
+            self._resident[i] = (buf, self._layouts[i].on(buf))
         for i, want in enumerate(self.wanted):
-            if want:
+            if want and self._resident[i] is None:  # staged before (given as Staged)
                 buf = torch.empty(self._bytes[i], dtype=torch.uint8, device=self.device)
-                if self._staged[i] is not None:
-                    self._staged[i].copy_to(buf)
-                else:
-                    self._layouts[i].write(form(blocks[i], cpu), buf)
+                self._staged[i].copy_to(buf)
                 self._resident[i] = (buf, self._layouts[i].on(buf))
         self._make_slots()
 

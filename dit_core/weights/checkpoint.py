@@ -7,8 +7,8 @@ import math
 import os
 import re
 import struct
-from collections.abc import Callable, Sequence
-from concurrent.futures import Executor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -257,9 +257,9 @@ class HeaderOnly(Checkpoint):
 
 class BlocksOnUse(Sequence):
     """A stack of a file's blocks, each read when it is asked for and not kept (read(i)): a model placed block by
-    block (a GpuBlock a block, StreamedBlocks' copies) holds a block or two of gathered rows on the host at a time,
-    not a second copy of itself. shapes: the blocks read from the file's header alone (HeaderOnly), their layouts without
-    their bytes."""
+    block (a GpuBlock a block, StreamedBlocks' copies) holds a few blocks of gathered rows on the host at a time, not
+    a second copy of itself. shapes: the blocks read from the file's header alone (HeaderOnly), their layouts without
+    their bytes. In turn (iteration, reading), each block is read on a thread while the one before is placed."""
 
     def __init__(self, read: Callable[[int], object], shapes: tuple):
         self.read, self.shapes = read, shapes
@@ -273,6 +273,24 @@ class BlocksOnUse(Sequence):
         if not -len(self) <= i < len(self):
             raise IndexError(f"block {i} of {len(self)}")
         return self.read(i % len(self))
+
+    def __iter__(self) -> Iterator:
+        return self.reading(range(len(self)))
+
+    def reading(self, indices: Iterable[int]) -> Iterator:
+        """The blocks at indices in turn, the next read (the file's pages, the rows' gathers) on a thread of its own
+        while the caller places this one (a copy to the card)."""
+        indices = list(indices)
+        if not indices:
+            return
+        with ThreadPoolExecutor(1, thread_name_prefix="SwiftDiT block read") as ahead:
+            coming = ahead.submit(self.read, indices[0])
+            for k in range(len(indices)):
+                block = coming.result()
+                if k + 1 < len(indices):
+                    coming = ahead.submit(self.read, indices[k + 1])
+                yield block
+                del block
 
 
 class TensorSource(Checkpoint):

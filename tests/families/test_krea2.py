@@ -201,9 +201,10 @@ def test_blocks_stream_within_a_budget(tmp_path):
 def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path, monkeypatch):
     """Krea2.load(blocks_on_use=True) of an INT8 ConvRot file: the blocks' checks run on the header at load (the
     weights as meta tensors: the tiny model's count as large here), each block is read once as StreamedBlocks places
-    it (its layout from the header), and no block read before is alive when the next is read (the host holds no
-    copy of the model); the placed blocks run bit for bit as the eagerly read ones (GPU blocks on the CPU: the
-    kernels' references), with a LoRA merged into a part of a stacked INT8 linear too."""
+    it (its layout from the header; the next read while one is placed), and at most two blocks read before are alive
+    when the next is read (the host holds no copy of the model); the placed blocks run bit for bit as the eagerly
+    read ones (GPU blocks on the CPU: the kernels' references), with a LoRA merged into a part of a stacked INT8
+    linear too."""
     monkeypatch.setattr(HeaderOnly, "SMALL", 1024)
     state = krea2_original_layout(random_krea2(seed=11, num_layers=4).state_dict())
     path = tmp_path / "k.safetensors"
@@ -214,7 +215,7 @@ def test_blocks_read_as_they_are_placed_leave_no_host_copy(tmp_path, monkeypatch
     read, reads, alive = lazy.blocks.read, [], []
 
     def tracked(i):
-        assert all(r() is None for r in alive), f"a block read before block {i} is still held"
+        assert sum(r() is not None for r in alive) <= 2, f"more blocks than two held when block {i} is read"
         block = read(i)
         reads.append(i)
         alive.append(weakref.ref(block.w[0].weight))
