@@ -76,8 +76,8 @@ class OpenedFile:
     def blocks(self, read: Callable[[OpenedFile, int], Block], count: int, on_use: bool = False) -> Sequence[Block]:
         """Blocks read(this file, i) for i < count: read now (a tuple), or with on_use each when it is used
         (BlocksOnUse: a model placed on a card block by block never holds a host copy of itself), where the read
-        runs on the file's header alone (its checks then run now); a read that needs the bytes (a LoRA merged, a
-        conversion meta tensors cannot make) reads now."""
+        runs on the file's header alone (its checks then run now); a read that needs the weights' values (a
+        conversion meta tensors cannot make) reads now, and the log says so."""
         if on_use:
             meta = torch.device("meta")
             header = replace(self, ckpt=HeaderOnly(self.ckpt), compute_on=meta,
