@@ -296,7 +296,8 @@ class GpuBlock:
                 options: Options | None = None, shards=None) -> torch.Tensor:
         """x ([rows, hidden] f32 on the GPU) updated in place, as Block.forward computes it. carry: x's RMS norm
         statistics, read when ready and written for the next block by the MLP branch's last kernel. options: the
-        model's (dit_core/gpu/options.py; None: DEFAULT). shards: x and s are this rank's share of the rows and attention runs across the ranks (_attention)."""
+        model's (dit_core/gpu/options.py; None: DEFAULT). shards: x and s are this rank's share of the rows and
+        attention runs across the ranks (_attention)."""
         w, row_map, opt = self.w, s.map, options or DEFAULT
         given = carry.values if carry is not None and carry.ready and a.norm == "rms" else None
         h = self._rows(a, opt, x, w[QKV], norm_weight=w[NORM1], scale=m.attn_scale, shift=m.attn_shift,
