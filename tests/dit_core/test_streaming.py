@@ -201,3 +201,30 @@ def test_free_gives_the_device_memory_back_and_refill_takes_it_again():
     assert torch.equal(run(streamed, x, mods, seq), resident)  # streams through the slots meanwhile
     streamed.refill()
     assert all(streamed.resident) and torch.equal(run(streamed, x, mods, seq), resident)
+
+
+def test_blocks_read_on_use_stop_with_a_failed_read():
+    """A read that fails while blocks are read in turn (a Cancel: the file's check raises in the read-ahead thread)
+    reaches the caller as raised, no later block is read, and the read-ahead thread is gone with the iteration."""
+    import gc
+    import threading
+
+    from dit_core.weights import BlocksOnUse
+
+    class Cancelled(Exception):
+        pass
+
+    reads = []
+
+    def read(i):
+        reads.append(i)
+        if i == 2:
+            raise Cancelled
+        return torch.full((2,), float(i))
+    blocks = BlocksOnUse(read, shapes=(None,) * 5)
+    with pytest.raises(Cancelled):
+        [b.sum() for b in blocks]
+    gc.collect()
+    assert reads == [0, 1, 2]
+    assert not [t for t in threading.enumerate() if t.name.startswith("SwiftDiT block read")]
+    assert [float(b[0]) for b in blocks.reading([4, 0])] == [4.0, 0.0] and blocks[-1][0] == 4.0
