@@ -99,8 +99,10 @@ def test_flux3_klein_streams_its_joint_blocks(tmp_path, cache, refresh):
     c, text = FLUX3_TINY["in_channels"], FLUX3_TINY["joint_attention_dim"]
     noise, rows = torch.randn(c, 4, 6, generator=g), torch.randn(9, text, generator=g)
     refs = [torch.randn(c, 4, 4, generator=g)]
-    outs = [sample_klein(m, noise, klein_sigmas(6), rows, refs, StepCache(cache), refresh) for m in (model, streamed)]
-    assert torch.equal(outs[1], outs[0])
+    on_use = Flux3Klein.load(tmp_path / "k.safetensors", blocks_on_use=True).to("cpu", budget_bytes=4 * size)
+    outs = [sample_klein(m, noise, klein_sigmas(6), rows, refs, StepCache(cache), refresh)
+            for m in (model, streamed, on_use)]
+    assert torch.equal(outs[1], outs[0]) and torch.equal(outs[2], outs[0])
 
 
 def test_pass_bytes_grow_with_the_rows():
@@ -151,8 +153,11 @@ def test_z_image_streamed_on_gpu_equals_resident():
     latent, caption = torch.randn(4, 32, 24, device="cuda"), torch.randn(77, 32, device="cuda")
     resident = host.to("cuda").output(latent, 0.5, caption)
     size = staged_bytes(GpuBlock.of(host.blocks[0], torch.device("cpu")))
+    on_use = ZImage.load(TensorSource(state), linears="int8", blocks_on_use=True)  # blocks read as they are placed
     for budget in (4 * size, 2 * size):
         assert torch.equal(host.to("cuda", budget_bytes=budget).output(latent, 0.5, caption), resident)
+        assert torch.equal(on_use.to("cuda", budget_bytes=budget).output(latent, 0.5, caption), resident)
+    assert torch.equal(on_use.to("cuda").output(latent, 0.5, caption), resident)
 
 
 @pytest.mark.gpu
