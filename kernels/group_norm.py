@@ -132,10 +132,12 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
     return y
 
 
-def build(dtype, *, block=1024, parts=256, num_warps=4):
+def build(dtype, *, block=1024, parts=256, num_warps=4) -> int:
     """group_norm's kernels for activations of dtype (weights alike) compiled now for the current device, without a
-    tensor or a launch (Triton's warmup on dtypes): safe on a thread of its own beside a CUDA graph's capture."""
+    tensor or a launch (Triton's warmup on dtypes): safe on a thread of its own beside a CUDA graph's capture. Returns
+    how many."""
     _piece_moments_kernel.warmup(dtype, torch.float32, 1, 1, 1, BLOCK=block, num_warps=num_warps, grid=(1,))
     for silu in (False, True):
         _group_norm_apply_kernel.warmup(dtype, dtype, dtype, dtype, torch.float32, 1, 1, 1, 1, 1, 1e-6, SILU=silu,
                                         BLOCK=block, PARTS=parts, num_warps=num_warps, grid=(1,))
+    return 3

@@ -5,7 +5,8 @@ of a first Z-Image prompt on an H100; a restart, which finds them on disk, is 1.
 Each file is read as the nodes read it at load: a DiT by its family's one-block stand-in and its dry pass
 (dit_core/families/loading.stand_in), a Qwen3 or Qwen3-VL text encoder by its one-layer stand-in's dry encode (the 4B
 encoders' BF16 load), and their kernels built side by side (dit_core/gpu/builds.build_ahead). Only on a GPU where the
-kernels build ahead (Hopper); only safetensors files.
+kernels build ahead (Hopper); only safetensors files. The VAE decoders' norm kernels (BF16, as the nodes decode on a
+GPU; one build serves every file and size) are built too: a first decode built them as it ran.
 
     python -m swiftdit.cli prebuild [FILE ...] [--comfyui DIR]   (from the pack's folder: its kernels/ beside)
 """
@@ -22,6 +23,7 @@ import torch
 
 from dit_core.families import FAMILIES
 from dit_core.families.loading import stand_in
+from dit_core.gpu.block import kernels
 from dit_core.gpu.builds import STAND_IN_ROOM, Built, build_ahead
 from dit_core.text.qwen3 import Qwen3TextEncoder
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
@@ -30,6 +32,7 @@ from dit_core.weights import WeightsError
 # ComfyUI's default folders of the files the nodes load: DiTs, text encoders (and their older names)
 MODEL_FOLDERS = ("diffusion_models", "unet", "text_encoders", "clip")
 TEXT_ENCODERS = {"Qwen3": Qwen3TextEncoder, "Qwen3-VL": Qwen3VLTextEncoder}
+DECODER_NORMS = ("group_norm", "pixel_norm")  # kernels/: FLUX.1's and FLUX.2's VAEs; LTX-2.5's video VAE
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,15 @@ def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object
         # (None: its layers do not run fused here, so there is nothing to build)
         return f"{name} text encoder", (lambda: None) if fused is None else fused.dry_encode
     return None
+
+
+def decoder_norms(device: torch.device) -> Built:
+    """The VAE decoders' norm kernels (DECODER_NORMS) in BF16."""
+    t0 = time.perf_counter()
+    if device.type != "cuda" or not kernels().fixed_tiles_here(device):
+        return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
+    built = sum(getattr(kernels(), norm).build(torch.bfloat16) for norm in DECODER_NORMS)
+    return Built(built, time.perf_counter() - t0)
 
 
 def prebuild(paths: Iterable[Path], device: torch.device) -> list[Prebuilt]:
@@ -121,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             ready += d.built.kernels
             print(f"{d.path.name} ({d.read_as}): {d.built.kernels} kernels ready in {d.built.seconds:.2f} s"
                   + (f"; its dry step stopped early: {d.built.stopped}" if d.built.stopped else ""))
+    norms = decoder_norms(device)
+    if norms.refused:
+        print(f"VAE decoders' norms: nothing built: {norms.refused}")
+    else:
+        ready += norms.kernels
+        print(f"VAE decoders' norms: {norms.kernels} kernels ready in {norms.seconds:.2f} s")
     if not ready:
         print("swiftdit prebuild: no kernel built or found: nothing done", file=sys.stderr)
         return 1

@@ -40,6 +40,7 @@ def test_each_file_read_as_the_nodes_read_it_and_refused_off_a_hopper(comfyui, c
                        "Krea 2, or a Qwen3 or Qwen3-VL text encoder)"
     assert lines[2].startswith("qwen.safetensors (Qwen3 text encoder): nothing built: not a GPU")
     assert lines[3].startswith("qwen_vl.safetensors (Qwen3-VL text encoder): nothing built: not a GPU")
+    assert lines[4].startswith("VAE decoders' norms: nothing built: not a GPU")
     assert "not_scanned" not in out and "nothing done" in err
 
 
