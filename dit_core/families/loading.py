@@ -37,16 +37,15 @@ class Detection:
 @dataclass(frozen=True)
 class OpenedFile:
     """A family's checkpoint, opened: `linear(name)` reads the linear `prefix + name` (in any stored format) with the
-    LoRAs merged, and `convert` turns a block's linears into the loader's `linears` mode. compute_on: the device
-    that does the load's arithmetic (FP8 and float linears quantized, LoRAs merged: a GPU does in seconds what a CPU
-    does in minutes); the linears stay where the file is read."""
+    LoRAs merged, and `convert(block)` turns a block's linears into the loader's `linears` mode. compute_on: the
+    device that does the load's arithmetic (FP8 and float linears quantized, LoRAs merged: a GPU does in seconds what
+    a CPU does in minutes); the linears stay where the file is read."""
     ckpt: Checkpoint
     prefix: str
     markers: dict
-    convert: Callable[[Block], Block]
+    linears: str = "stored"
     adapters: tuple = ()
     compute_on: torch.device | None = None
-    linears: str = "stored"
 
     @staticmethod
     def open(path: str | Path | Checkpoint, detection: Detection, linears: str = "stored",
@@ -58,8 +57,10 @@ class OpenedFile:
         if prefix is None:
             missing = " and ".join(f"'{k}'" for k in detection.keys)
             raise WeightsError(f"{ckpt.path.name}: not {detection.model} (no {missing}); pick {detection.example}")
-        return OpenedFile(ckpt, prefix, ckpt.quantization_markers(),
-                          functools.partial(_CONVERT[linears], on=compute_on), compute_on=compute_on, linears=linears)
+        return OpenedFile(ckpt, prefix, ckpt.quantization_markers(), linears, compute_on=compute_on)
+
+    def convert(self, block: Block) -> Block:
+        return _CONVERT[self.linears](block, self.compute_on)
 
     def with_loras(self, loras: tuple[tuple[str | Path, float], ...],
                    aliases: Callable[[set[str]], dict]) -> OpenedFile:
@@ -79,9 +80,7 @@ class OpenedFile:
         runs on the file's header alone (its checks then run now); a read that needs the weights' values (a
         conversion meta tensors cannot make) reads now, and the log says so."""
         if on_use:
-            meta = torch.device("meta")
-            header = replace(self, ckpt=HeaderOnly(self.ckpt), compute_on=meta,
-                             convert=functools.partial(_CONVERT[self.linears], on=meta))
+            header = replace(self, ckpt=HeaderOnly(self.ckpt), compute_on=torch.device("meta"))
             try:
                 shapes = tuple(read(header, i) for i in range(count))
             except (RuntimeError, NotImplementedError) as e:
