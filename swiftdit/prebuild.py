@@ -24,7 +24,7 @@ import torch
 from dit_core.families import FAMILIES
 from dit_core.families.loading import stand_in
 from dit_core.gpu.block import kernels
-from dit_core.gpu.builds import STAND_IN_ROOM, Built, build_ahead
+from dit_core.gpu.builds import STAND_IN_ROOM, Built, build_ahead, not_built_here
 from dit_core.text.qwen3 import Qwen3TextEncoder
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder
 from dit_core.weights import WeightsError
@@ -77,8 +77,8 @@ def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object
 def decoder_norms(device: torch.device) -> Built:
     """The VAE decoders' norm kernels (DECODER_NORMS) in BF16."""
     t0 = time.perf_counter()
-    if device.type != "cuda" or not kernels().fixed_tiles_here(device):
-        return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
+    if (refused := not_built_here(device)) is not None:
+        return Built(0, 0.0, refused=refused)
     built = sum(getattr(kernels(), norm).build(torch.bfloat16) for norm in DECODER_NORMS)
     return Built(built, time.perf_counter() - t0)
 

@@ -91,7 +91,7 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype, norm: str 
     if ops.needs_triton_gpu(device) is not None:
         return None
     return on_own_thread(lambda: getattr(ops, norm).build(dtype), device, "swiftdit-norm-builds",
-                         "group norm kernels not built ahead")
+                         f"{norm} kernels not built ahead")
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:

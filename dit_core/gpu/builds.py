@@ -45,6 +45,13 @@ class Built:
     last: str = ""
 
 
+def not_built_here(device: torch.device) -> str | None:
+    """Why kernels are not built ahead on device (None where they are: a GPU whose INT8 tiles are fixed)."""
+    if device.type != "cuda" or not kernels().fixed_tiles_here(device):
+        return "not a GPU whose INT8 tiles are fixed (Hopper)"
+    return None
+
+
 def build_ahead(step: Callable[[], object], device: torch.device, threads: int | None = None,
                 cancels: tuple[type[BaseException], ...] = (), processes: bool = False) -> Built:
     """step()'s Triton kernels built at once on `threads` threads or worker processes (default: the machine's cores,
@@ -52,8 +59,8 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     garbage). An error of the step is kept in `stopped`, except `cancels` (e.g. ComfyUI's interrupt), which are
     raised."""
     t0 = time.perf_counter()
-    if device.type != "cuda" or not kernels().fixed_tiles_here(device):
-        return Built(0, 0.0, refused="not a GPU whose INT8 tiles are fixed (Hopper)")
+    if (refused := not_built_here(device)) is not None:
+        return Built(0, 0.0, refused=refused)
     try:
         from triton.runtime._async_compile import AsyncCompileMode
     except ImportError as e:
