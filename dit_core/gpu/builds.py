@@ -15,6 +15,7 @@ Only where every INT8 tile is fixed (Hopper): elsewhere the INT8 linears autotun
 timing held-back launches would keep a wrong tile."""
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 class Built:
     """What build_ahead did: kernels built, seconds (dry run and builds), threads, why nothing was built when it
     could not run here, the error that stopped the dry step early (its kernels up to there were built), the built
-    kernels' names, and the last one ready with its seconds from the start (what bounds a build on many threads)."""
+    kernels' names, and the last one ready with its seconds from the start (what bounds a build on many threads);
+    specialized: each built kernel's name with its specialization (_specialized: what a build missed differs there)."""
     kernels: int
     seconds: float
     threads: int = 0
@@ -43,6 +45,7 @@ class Built:
     stopped: str | None = None
     names: tuple[str, ...] = ()
     last: str = ""
+    specialized: tuple[str, ...] = ()
 
 
 def not_built_here(device: torch.device) -> str | None:
@@ -92,7 +95,24 @@ def build_ahead(step: Callable[[], object], device: torch.device, threads: int |
     names = [name for _, name, _ in held]
     last = max(range(len(names)), key=ready.__getitem__)
     return Built(len(held), time.perf_counter() - t0, threads, stopped=stopped, names=tuple(sorted(names)),
-                 last=f"{names[last]} at {ready[last]:.2f} s")
+                 last=f"{names[last]} at {ready[last]:.2f} s",
+                 specialized=tuple(sorted(_specialized(data) for _, data in held.values())))
+
+
+def _specialized(data: str) -> str:
+    """A kernel's name, constexpr values, arguments Triton took as multiples of 16 and descriptors' types from its
+    specialization data (Triton's JSON), else the data's first 400 characters."""
+    try:
+        spec = json.loads(data)
+        names = list(spec["signature"])
+        constexprs = ", ".join(f"{names[k[0]]}={v}" for k, v in zip(spec["constant_keys"], spec["constant_vals"])
+                               if len(k) == 1 and spec["signature"][names[k[0]]] == "constexpr")
+        aligned = " ".join(names[k[0]] for k, v in zip(spec["attrs_keys"], spec["attrs_vals"])
+                           if len(k) == 1 and any(a[0] == "tt.divisibility" for a in v))
+        descriptors = " ".join(f"{n}:{t}" for n, t in spec["signature"].items() if str(t).startswith("tensordesc"))
+        return f"{spec['name'].rsplit(':', 1)[-1]}({constexprs}; multiples of 16: {aligned}; {descriptors})"
+    except (ValueError, KeyError, IndexError, TypeError):
+        return data[:400]
 
 
 SLOW_LAUNCH_S = 0.2  # a first launch that took this long built its kernel (a load from Triton's disk cache: less)
@@ -240,7 +260,8 @@ class AheadBuilds:
             log.info("SwiftDiT: built %d Triton kernels ahead of the first step in %.2f s (%d threads; the last ready: "
                      "%s)%s%s", built.kernels, built.seconds, built.threads, built.last,
                      f"; the dry step stopped early: {built.stopped}" if built.stopped else "",
-                     f"; the stand-in's builds beside the load missed {', '.join(built.names)}" if beside else "")
+                     f"; the stand-in's builds beside the load missed {'; '.join(built.specialized)}" if beside
+                     else "")
         elif built.refused:
             log.info("SwiftDiT: kernels build as the first step runs (%s)", built.refused)
         return built

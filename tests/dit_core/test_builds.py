@@ -188,13 +188,31 @@ def test_the_first_build_names_what_the_stand_in_beside_the_load_missed(monkeypa
 
     from dit_core.gpu import builds
     monkeypatch.setattr(builds, "build_ahead", lambda *a: builds.Built(1, 2.5, 1, names=("_rows_kernel",),
-                                                                       last="_rows_kernel at 2.41 s"))
+                                                                       last="_rows_kernel at 2.41 s",
+                                                                       specialized=("_rows_kernel(FORM=1; ...)",)))
     beside = threading.Thread(target=lambda: None)
     beside.start()
     with caplog.at_level(logging.INFO):
         AheadBuilds(beside=beside).once("key", lambda: None, torch.device("cuda"))
     assert "(1 threads; the last ready: _rows_kernel at 2.41 s); the stand-in's builds beside the load missed " \
-           "_rows_kernel" in caplog.text
+           "_rows_kernel(FORM=1; ...)" in caplog.text
+
+
+def test_a_specialization_is_described_by_its_constexprs_alignments_and_descriptors():
+    """What tells two builds of one kernel apart (a stand-in's and a sampler's), from the data Triton's hook gives."""
+    import inspect
+    import types
+
+    from triton.runtime.jit import serialize_specialization_data
+
+    from dit_core.gpu.builds import _specialized
+    signature = {"a_desc": "tensordesc<i8[128, 128]>", "q_ptr": "*i8", "M": "i32", "FORM": "constexpr"}
+    target = (types.SimpleNamespace(),) if "target" in inspect.signature(serialize_specialization_data).parameters \
+        else ()  # (Triton 3.7 on)
+    data = serialize_specialization_data("kernels.int8.linear_hopper:_k", signature, {(3,): 2},
+                                         {(1,): [["tt.divisibility", 16]]}, types.SimpleNamespace(), "key", *target)
+    assert _specialized(data) == "_k(FORM=2; multiples of 16: q_ptr; a_desc:tensordesc<i8[128, 128]>)"
+    assert _specialized("not json") == "not json"
 
 
 def test_a_kernel_built_as_it_launched_is_said(monkeypatch, caplog):

@@ -234,4 +234,6 @@ def test_kernels_built_beside_the_load_leave_the_sampler_none(tmp_path, fresh_ke
     noise, text = flux_noise(9, 64, 96, channels=C)[0].cuda(), torch.randn(80, TEXT, generator=g).cuda()
     after = build_ahead(lambda: sample_klein(gpu, noise, klein_sigmas(4), text, [], StepCache(0.3),
                                              step=gpu.graphed()), cuda)
-    assert after.kernels == 0 and after.stopped is None, after
+    # (what the stand-in built of each kernel the sampler still built: their specializations differ)
+    assert after.kernels == 0 and after.stopped is None, (after, [s for s in beside.built.specialized
+                                                                  if s.split("(")[0] in after.names])
