@@ -130,8 +130,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", nargs="*", default=list(CASES), choices=list(CASES))
     p.add_argument("--tiny", action="store_true", help="the tests' tiny VAEs and latents (on the CPU where no GPU)")
-    p.add_argument("--torch-norms", action="store_true", help="also LTX-2.5's decode with its norms, modulation and "
-                   "SiLU by torch (before kernels/pixel_norm.py), in the same run")
     args = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -149,16 +147,8 @@ def main(argv=None) -> int:
             ours(small), theirs(small)
             ours_s, ours_gb, ours_frames = timed(lambda: ours(z), device)
             theirs_s, theirs_gb, theirs_frames = timed(lambda: theirs(z), device)
-            rows = [(family, ours_s, ours_gb, ours_frames)]
-            if args.torch_norms and family == "ltx25":
-                fused, ltx2_video_vae.fused_norm_here = ltx2_video_vae.fused_norm_here, lambda x, padding: False
-                try:
-                    rows.append((f"{family}, norms by torch", *timed(lambda: ours(z), device)))
-                finally:
-                    ltx2_video_vae.fused_norm_here = fused
-        for label, ours_s, ours_gb, ours_frames in rows:
-            print(f"| {label} | {list(z.shape)} | {ours_s:.2f} | {ours_gb:.2f} | {theirs_s:.2f} | {theirs_gb:.2f} | "
-                  f"{theirs_s / ours_s:.2f}x | {psnr(ours_frames, theirs_frames):.1f} |", flush=True)
+        print(f"| {family} | {list(z.shape)} | {ours_s:.2f} | {ours_gb:.2f} | {theirs_s:.2f} | {theirs_gb:.2f} | "
+              f"{theirs_s / ours_s:.2f}x | {psnr(ours_frames, theirs_frames):.1f} |", flush=True)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return 0

@@ -32,7 +32,6 @@ from dit_core.weights import WeightsError
 # ComfyUI's default folders of the files the nodes load: DiTs, text encoders (and their older names)
 MODEL_FOLDERS = ("diffusion_models", "unet", "text_encoders", "clip")
 TEXT_ENCODERS = {"Qwen3": Qwen3TextEncoder, "Qwen3-VL": Qwen3VLTextEncoder}
-DECODER_NORMS = ("group_norm", "pixel_norm")  # kernels/: FLUX.1's and FLUX.2's VAEs; LTX-2.5's video VAE
 
 
 @dataclass(frozen=True)
@@ -75,11 +74,11 @@ def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object
 
 
 def decoder_norms(device: torch.device) -> Built:
-    """The VAE decoders' norm kernels (DECODER_NORMS) in BF16."""
+    """The VAE decoders' group norm kernels (kernels/group_norm.py: FLUX.1's and FLUX.2's VAEs) in BF16."""
     t0 = time.perf_counter()
     if (refused := not_built_here(device)) is not None:
         return Built(0, 0.0, refused=refused)
-    built = sum(getattr(kernels(), norm).build(torch.bfloat16) for norm in DECODER_NORMS)
+    built = kernels().group_norm.build(torch.bfloat16)
     return Built(built, time.perf_counter() - t0)
 
 

@@ -77,11 +77,10 @@ def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = Fa
     return F.silu(y) if silu else y
 
 
-def norms_built_ahead(device: str | torch.device, dtype: torch.dtype, norm: str = "group_norm"
-                      ) -> threading.Thread | None:
-    """The kernels of a decoder's norm (kernels/<norm>.py's build) on device in dtype compiled on a thread of their
-    own, started now (at the decoder's load: a first decode found none built and spent about 1.3 s building the group
-    norms), or None where they don't run (the CPU, Triton's interpreter)."""
+def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threading.Thread | None:
+    """group_norm's kernels for a decoder on device in dtype compiled on a thread of their own, started now (at the
+    decoder's load: a first decode found none built and spent about 1.3 s building them), or None where they don't
+    run (the CPU, Triton's interpreter)."""
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return None
@@ -90,8 +89,8 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype, norm: str 
     ops = kernels()
     if ops.needs_triton_gpu(device) is not None:
         return None
-    return on_own_thread(lambda: getattr(ops, norm).build(dtype), device, "swiftdit-norm-builds",
-                         f"{norm} kernels not built ahead")
+    return on_own_thread(lambda: ops.group_norm.build(dtype), device, "swiftdit-norm-builds",
+                         "group norm kernels not built ahead")
 
 
 def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:

@@ -14,7 +14,6 @@ import itertools
 import json
 import math
 import os
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +22,7 @@ import torch.nn.functional as F
 
 from ..modulation import sinusoids
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import checked_latents, feather, norms_built_ahead, pixel_norm, sliding_tiles
+from .conv import checked_latents, feather, pixel_norm, sliding_tiles
 
 LATENT_CHANNELS = 128
 PATCH = 4  # pixels per side of a conv_out position (unpatchified from 48 = 3 x 4 x 4 channels)
@@ -75,7 +74,6 @@ class VideoDecoder:
         self.shape = shape
         self.w = weights  # the file's names without the `decoder.` prefix
         self.latents_mean, self.latents_std = latents_mean, latents_std
-        self.norms_ahead: threading.Thread | None = None  # conv.norms_built_ahead's, joined by the first decode
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, causal: bool | None = None,
@@ -114,12 +112,9 @@ class VideoDecoder:
         return cls(shape, w, *_latent_stats(ckpt, p))
 
     def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoDecoder:
-        """Weights on device in dtype (the statistics stay f32), the fused norm's kernels built meanwhile; IMAGE comes
-        back on the CPU in f32."""
-        moved = type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
-                           self.latents_mean.to(device), self.latents_std.to(device))
-        moved.norms_ahead = norms_built_ahead(device, dtype, "pixel_norm")
-        return moved
+        """Weights on device in dtype (the statistics stay f32); IMAGE comes back on the CPU in f32."""
+        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
+                          self.latents_mean.to(device), self.latents_std.to(device))
 
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalized latents -> the decoder's (x * std + mean per channel; ComfyUI's un_normalize)."""
@@ -135,9 +130,6 @@ class VideoDecoder:
         conditioned decoder's (diffusers' decode_timestep, ComfyUI's 0.05); the decode noise is the caller's
         to add. progress(done, total) after each tile; check() after each block (it raises to cancel)."""
         z = self._check(latents)
-        if self.norms_ahead is not None:  # its kernels, not built twice
-            self.norms_ahead.join()
-            self.norms_ahead = None
         tile, overlap = tile_sizes(*tiles) if tiles is not None else (z.shape[2:], (0, 0, 0))
         x = torch.cat([self.decode_raw(self.raw_latents(z[i:i + 1]), tile, overlap, timestep, progress, check)
                        for i in range(z.shape[0])])
@@ -344,11 +336,10 @@ def _latent_stats(ckpt: Checkpoint, prefix: str) -> list[torch.Tensor]:
             for k in ("mean-of-means", "std-of-means")]
 
 
-def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
-          write: Callable[[torch.Tensor], object] | None = None) -> torch.Tensor:
+def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str) -> torch.Tensor:
     """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space padded by
     `padding` ('reflect': the decoder's; 'constant': the encoder's zeros), in one buffer the conv reads: x copied into
-    its interior once (a concatenation, then a pad, copied it twice), or write(interior) filling it (x: its shape)."""
+    its interior once (a concatenation, then a pad, copied it twice)."""
     weight = w[f"{name}.conv.weight"]
     k = weight.shape[2]
     front, back = (k - 1, 0) if causal else ((k - 1) // 2,) * 2
@@ -357,11 +348,7 @@ def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
     if padding == "reflect" and (ph >= h or pw >= wd):
         raise ValueError(f"{name}: a reflection of {ph} rows and {pw} columns needs more than {h} x {wd} positions")
     buf = x.new_empty(b, c, front + t + back, h + 2 * ph, wd + 2 * pw)
-    inner = buf[:, :, front:front + t, ph:ph + h, pw:pw + wd]
-    if write is None:
-        inner.copy_(x)
-    else:
-        write(inner)
+    buf[:, :, front:front + t, ph:ph + h, pw:pw + wd].copy_(x)
     frames = buf[:, :, front:front + t]  # the borders: columns, then rows (the corners from the columns' borders)
     for i in range(1, pw + 1):
         frames[..., pw - i] = frames[..., pw + i] if padding == "reflect" else 0
@@ -384,20 +371,9 @@ def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
     return x + _norm_silu_conv(h, w, f"{name}.conv2", causal, padding, mods and (mods[3], mods[2]))
 
 
-def fused_norm_here(x: torch.Tensor, padding: str) -> bool:
-    """Whether _norm_silu_conv takes kernels/pixel_norm.py: on a GPU, for the decoder's reflected borders."""
-    return x.is_cuda and padding == "reflect"
-
-
 def _norm_silu_conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
                     mod: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-    """conv `name` of silu(pixel norm of x, times 1 + scale plus shift where mod = (scale, shift) [B, C]). On a GPU
-    with the decoder's reflected borders the norm, modulation and SiLU are one kernel that writes the interior of the
-    conv's padded input (kernels/pixel_norm.py: torch took six passes over the activations for them, then a copy)."""
-    if fused_norm_here(x, padding):
-        from ..gpu.block import run  # the GPU path: imported where used
-        return _conv(x, w, name, causal, padding, write=lambda inner: run(
-            "pixel_norm_silu", x.contiguous(), NORM_EPS, *(mod or (None, None)), out=inner))
+    """conv `name` of silu(pixel norm of x, times 1 + scale plus shift where mod = (scale, shift) [B, C])."""
     h = pixel_norm(x, NORM_EPS)
     if mod is not None:
         h = h * (1 + mod[0].to(x)[..., None, None, None]) + mod[1].to(x)[..., None, None, None]

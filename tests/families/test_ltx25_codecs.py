@@ -149,20 +149,6 @@ def test_timestep_conditioned_decoder_matches_diffusers(tmp_path):
         dec.decode(z, tiles=None)
 
 
-@pytest.mark.parametrize("causal,timestep", [(False, None), (True, 0.05)])
-def test_fused_norm_route_equals_the_host_steps(tmp_path, monkeypatch, causal, timestep):
-    """The GPU's route of the decoder's norm, modulation, SiLU and conv padding (kernels/pixel_norm.py, forced here
-    on the CPU, where its reference runs) gives the host steps' frames: the scale and shift, frames and borders each
-    where the host puts them."""
-    from dit_core.codecs import ltx2_video_vae
-    vae = randomized(AutoencoderKLLTX2Video(**VIDEO, timestep_conditioning=timestep is not None), 6)
-    dec = VideoDecoder.load(video_file(tmp_path, vae), causal=causal)
-    z = video_latents(2, 2, 3, seed=7)
-    host = dec.decode(z, tiles=None, timestep=timestep)
-    monkeypatch.setattr(ltx2_video_vae, "fused_norm_here", lambda x, padding: padding == "reflect")
-    assert rel_err(dec.decode(z, tiles=None, timestep=timestep), host) <= 1e-6
-
-
 @pytest.mark.parametrize("frames,height,width", [(1, 64, 64), (9, 32, 96)])
 def test_encoder_matches_diffusers(video, tmp_path, frames, height, width):
     """i2v keyframes (one frame) and a short clip: normalized posterior means, as the i2v pipelines condition."""

@@ -132,18 +132,7 @@ def frontend_cases() -> dict:
     from kernels.int8.codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                              "LAST_FIRST": True}, {"num_warps": 4})
-    for mod in (False, True):
-        cases[f"pixel_norm_silu modulated {mod}"] = pixel_norm_case(mod)
     return cases
-
-
-def pixel_norm_case(mod: bool) -> tuple:
-    """kernels/pixel_norm.py's kernel (the LTX video decoder's norm), bf16 in and out, modulated or not."""
-    from kernels.pixel_norm import _pixel_norm_kernel
-    vector = "*fp32" if mod else "*bf16"
-    signature = {"x_ptr": "*bf16", "out_ptr": "*bf16", "scale_ptr": vector, "shift_ptr": vector,
-                 **{n: "i32" for n in ("C", "T", "H", "W", "SB", "SC", "ST", "SH")}, "eps": "fp32"}
-    return _pixel_norm_kernel, signature, {"MOD": mod, "BLOCK_C": 32, "BLOCK_W": 64}, {"num_warps": 4}
 
 
 def split_cases() -> dict:

@@ -10,7 +10,7 @@ from kernels import OPS, run
 from kernels.int8.quant import reference as quantize_reference
 
 TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs", "choices",  # launchers only
-          "block", "piece", "max_parts", "parts", "block_c", "block_w"}
+          "block", "piece", "max_parts", "parts"}
 
 
 def test_references_take_the_launchers_arguments():
