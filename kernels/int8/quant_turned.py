@@ -234,7 +234,6 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROU
             _store_block_codes(q_ptr, at, inside, y0, y1, y2, y3, r, BLOCK)
 
 
-
 def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
                     hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0,
                     groups_at_once: int | None = None):

@@ -208,7 +208,7 @@ def test_a_specialization_is_described_by_its_constexprs_alignments_and_descript
     from dit_core.gpu.builds import _specialized
     signature = {"a_desc": "tensordesc<i8[128, 128]>", "q_ptr": "*i8", "M": "i32", "FORM": "constexpr"}
     target = (types.SimpleNamespace(),) if "target" in inspect.signature(serialize_specialization_data).parameters \
-        else ()  # (Triton 3.7 on)
+        else ()  # (newer Tritons; the H100s' 3.6 has none)
     data = serialize_specialization_data("kernels.int8.linear_hopper:_k", signature, {(3,): 2},
                                          {(1,): [["tt.divisibility", 16]]}, types.SimpleNamespace(), "key", *target)
     assert _specialized(data) == "_k(FORM=2; multiples of 16: q_ptr; a_desc:tensordesc<i8[128, 128]>)"
