@@ -115,14 +115,22 @@ def test_arch_read_from_file(files):
     assert isinstance(load_family("flux3_klein", files / "flux3_base.safetensors"), Flux3Klein)
 
 
-def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files):
+def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files, monkeypatch):
     """What builds the first step's kernels beside a load (nodes/base.dit_loader): the file's first block of each
-    stack (weights.FirstBlocks: a mode block each, one joint block), through one pass as the sampler makes it."""
+    stack (weights.FirstBlocks: a mode block each, one joint block), through one pass as the sampler makes it; then
+    its joint block as the later ones run, with the norm statistics carried between blocks (the first takes none:
+    on an H100 the sampler still built the product that writes them)."""
+    from dit_core.block import Block
     path = files / "flux3_int8_convrot.safetensors"
     whole, stand_in = Flux3Klein.load(path), Flux3Klein.load(FirstBlocks(path))
     assert len(stand_in.blocks) == 1 and all(len(b) == 1 for b in stand_in.mode_blocks.values())
     assert len(whole.blocks) > 1
+    joint, carried = next(iter(stand_in.blocks)), []
+    parallel = Block.parallel
+    monkeypatch.setattr(Block, "parallel", lambda self, *a, **kw: (
+        carried.append(kw.get("carry") is not None) if self is joint else None, parallel(self, *a, **kw))[1])
     assert stand_in.dry_pass(pixels=64, text_rows=5).shape == (1, whole.arch.latents, 4, 4)
+    assert carried == [False, True, True]
 
 
 def test_prefixed_bf16_file_loads(models, files):
