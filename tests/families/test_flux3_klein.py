@@ -125,10 +125,13 @@ def test_a_stand_in_of_first_blocks_runs_a_dry_pass(files, monkeypatch):
     whole, stand_in = Flux3Klein.load(path), Flux3Klein.load(FirstBlocks(path))
     assert len(stand_in.blocks) == 1 and all(len(b) == 1 for b in stand_in.mode_blocks.values())
     assert len(whole.blocks) > 1
-    joint, carried = next(iter(stand_in.blocks)), []
-    parallel = Block.parallel
-    monkeypatch.setattr(Block, "parallel", lambda self, *a, **kw: (
-        carried.append(kw.get("carry") is not None) if self is joint else None, parallel(self, *a, **kw))[1])
+    joint, carried, parallel = next(iter(stand_in.blocks)), [], Block.parallel
+
+    def recorded(block, *args, **kw):  # whether the joint block's calls carry statistics
+        if block is joint:
+            carried.append(kw.get("carry") is not None)
+        return parallel(block, *args, **kw)
+    monkeypatch.setattr(Block, "parallel", recorded)
     assert stand_in.dry_pass(pixels=64, text_rows=5).shape == (1, whole.arch.latents, 4, 4)
     assert carried == [False, True, True]
 
