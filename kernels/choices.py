@@ -19,9 +19,9 @@ class Choices:
     kernels/int8/quant_turned_hopper.py (else kernels/int8/quant_turned.py's Triton kernel or the passes).
     split_tail: a GEMM's last partial wave of tiles split along K (kernels/int8/split_tail.py; else every tile whole).
     codes_last_first: the codes pass takes its column blocks last first (kernels/int8/codes.py). whole_rows: many
-    plain bf16 rows of up to quant_turned.MAX_K features by its one pass, whole rows a program (from
-    quant.WHOLE_ROWS_MIN_M rows; else the rotate and codes passes). group_m: the
-    Hopper GEMMs' row tiles walking the columns together (the weights read from memory once a group).
+    plain bf16 rows by quant_turned's one pass, whole rows a program (from quant.WHOLE_ROWS_MIN_M rows of up to
+    quant.WHOLE_ROWS_MAX_GROUPS groups; else the rotate and codes passes). group_m: the Hopper GEMMs' row tiles
+    walking the columns together (the weights read from memory once a group).
     The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True

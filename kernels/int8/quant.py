@@ -40,8 +40,11 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
     triton = tl = None
 
 # Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
-# (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred).
+# (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred), where a row is at most
+# this many groups: Krea 2's gated OUT rows, 24 groups held as 32, took 0.20 ms against the rotate pass's 0.11 on an
+# H100 at 4608 rows (LTX-2.5's 16 groups 0.059 against 0.054, its 8 groups 0.029 against 0.035).
 WHOLE_ROWS_MIN_M = 2048
+WHOLE_ROWS_MAX_GROUPS = 16
 
 
 def reference(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None, shift=None, row_map=None,
@@ -206,7 +209,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     one_pass = plain and not turned and gate is None and choices.hopper_quant and quant_hopper.chosen(m, k)
     if one_pass and quant_hopper.unusable(x, group) is None and quant_hopper.launch(x, codes, scales):
         return codes, scales
-    whole_rows = plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M
+    whole_rows = (plain and not turned and choices.whole_rows and m >= WHOLE_ROWS_MIN_M
+                  and k <= WHOLE_ROWS_MAX_GROUPS * group)
     if whole_rows and x.dtype == torch.bfloat16 and x.is_contiguous() and quant_turned.fits(k, group):
         return quant_turned.quantize_turned(x, turned=None, out=(codes, scales), hopper=choices.hopper_turned_quant,
                                             gate=gate, gate_factor=gate_factor)

@@ -19,8 +19,7 @@ Plain rows may come with an attention's gate (issues 36, 38): t = bf16(x f sigmo
 Why: kernels/int8/quant.py's rotate pass writes and reads back the bf16 rotated rows: 7 bytes a value; this pass
 reads t and writes codes, 3. A program takes ROWS whole rows; a row's groups' 64-column blocks stand as the rows of
 the matrix-core product (so one row fills it), the four blocks of a group as four tensors, so the radix-4 step is
-elementwise and the row's absmax is known before its codes leave registers (or, a row taken in chunks of groups,
-its values made twice: the absmax, then the codes).
+elementwise and the row's absmax is known before its codes leave registers.
 """
 from __future__ import annotations
 
@@ -169,24 +168,18 @@ def _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS: tl.constexpr, GROUP
 
 
 @triton_jit
-def _store_block_codes(q_ptr, at, inside, y0, y1, y2, y3, r, BLOCK: tl.constexpr):
-    """The codes of a group's four 64-column blocks (_store_codes')."""
-    _store_codes(q_ptr, at, inside, y0, r)
-    _store_codes(q_ptr, at + BLOCK, inside, y1, r)
-    _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, r)
-    _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
-
-
-@triton_jit
-def _group_blocks(t_ptr, h, g_ptr, stride_g, rows, groups, M, K, GROUP: tl.constexpr, BLOCK: tl.constexpr,
-                  SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr,
-                  GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
-    """y0..y3 of the groups `groups` [GROUPS_P2] of rows `rows` [ROWS] (each [ROWS, GROUPS_P2, 64], bf16 values in
-    f32), with their offsets and mask."""
+def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROUP: tl.constexpr,
+                         BLOCK: tl.constexpr, SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr,
+                         DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    groups = tl.arange(0, GROUPS_P2)
+    # [ROWS, groups, 64]: block a of each group at column g 256 + a 64 + j
     first = groups[None, :, None] * GROUP
     at = rows[:, None, None].to(tl.int64) * K + (first + tl.arange(0, BLOCK)[None, None, :])
     inside = (rows < M)[:, None, None] & (groups < K // GROUP)[None, :, None]
     g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g  # (GATE_SPAN 0: never read)
+    hq = tl.arange(0, SPAN)
+    h = tl.load(h_ptr + hq[:, None] * SPAN + hq[None, :]).to(DOT_DTYPE)
     z0 = _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE, GATE_SPAN,
                        GATE_FACTOR)
     z1 = _block_turned(t_ptr, at + BLOCK, inside, h, g_rows, first + BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE,
@@ -196,56 +189,23 @@ def _group_blocks(t_ptr, h, g_ptr, stride_g, rows, groups, M, K, GROUP: tl.const
     z3 = _block_turned(t_ptr, at + 3 * BLOCK, inside, h, g_rows, first + 3 * BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN,
                        DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
     y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
-    return y0, y1, y2, y3, at, inside
-
-
-@triton_jit
-def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROUP: tl.constexpr,
-                         BLOCK: tl.constexpr, SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, CHUNKS: tl.constexpr,
-                         ROWS: tl.constexpr, DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr,
-                         GATE_FACTOR: tl.constexpr):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    hq = tl.arange(0, SPAN)
-    h = tl.load(h_ptr + hq[:, None] * SPAN + hq[None, :]).to(DOT_DTYPE)
-    if CHUNKS == 1:  # the whole row held: [ROWS, groups, 64] a block, block a of each group at g 256 + a 64 + j
-        y0, y1, y2, y3, at, inside = _group_blocks(t_ptr, h, g_ptr, stride_g, rows, tl.arange(0, GROUPS_P2), M, K,
-                                                   GROUP, BLOCK, SPAN, GROUPS_P2, ROWS, DOT_DTYPE, GATE_SPAN,
-                                                   GATE_FACTOR)
-        top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-        s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
-    else:  # GROUPS_P2 groups at a time, twice: the row's absmax, then the codes of the same values made again
-        most = tl.zeros((ROWS,), dtype=tl.float32)
-        for c in tl.static_range(CHUNKS):
-            y0, y1, y2, y3, at, inside = _group_blocks(t_ptr, h, g_ptr, stride_g, rows,
-                                                       c * GROUPS_P2 + tl.arange(0, GROUPS_P2), M, K, GROUP, BLOCK,
-                                                       SPAN, GROUPS_P2, ROWS, DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
-            top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-            most = tl.maximum(most, tl.max(tl.max(top, axis=2), axis=1))
-        s = tl.maximum(tl.math.div_rn(most, 127.0), 1e-30)
+    top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+    s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
     tl.store(s_ptr + rows, s, mask=rows < M)
     r = tl.math.div_rn(1.0, round_to_bf16(s))[:, None, None]  # the quotient as a product: int8_codes' argument
-    if CHUNKS == 1:
-        _store_block_codes(q_ptr, at, inside, y0, y1, y2, y3, r, BLOCK)
-    else:
-        for c in tl.static_range(CHUNKS):
-            y0, y1, y2, y3, at, inside = _group_blocks(t_ptr, h, g_ptr, stride_g, rows,
-                                                       c * GROUPS_P2 + tl.arange(0, GROUPS_P2), M, K, GROUP, BLOCK,
-                                                       SPAN, GROUPS_P2, ROWS, DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
-            _store_block_codes(q_ptr, at, inside, y0, y1, y2, y3, r, BLOCK)
+    _store_codes(q_ptr, at, inside, y0, r)
+    _store_codes(q_ptr, at + BLOCK, inside, y1, r)
+    _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, r)
+    _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
 
 
 def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
-                    hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0,
-                    groups_at_once: int | None = None):
+                    hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0):
     """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
     f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
     Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
     kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers). gate (plain rows only): t times gate_factor *
-    sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py). groups_at_once: the groups a program holds at
-    once, a power of two (None: the row's, padded to one); fewer take the row in chunks of that many twice, its
-    absmax and then its codes made again (fewer registers and no padded groups, for twice the arithmetic: Krea 2's
-    24 gated groups held as 32 took 168-255 registers a thread, 217 us a call on an H100;
-    tests/kernels/bench_int8_quant_gate.py times both)."""
+    sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -260,12 +220,11 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
         return codes, scales
     if m:
         span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
-        held = groups_at_once or 1 << (k // GROUP - 1).bit_length()
         g = scales if gate is None else gate  # scales: a pointer never read
         # bf16 operands on the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints
         _turned_codes_kernel[(triton.cdiv(m, rows),)](
             t, rest_operand(turned, span, t.device), codes, scales, g, g.stride(0), m, k, GROUP=GROUP, BLOCK=BLOCK,
-            SPAN=span, GROUPS_P2=held, CHUNKS=triton.cdiv(k // GROUP, held), ROWS=rows,
+            SPAN=span, GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows,
             DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32, GATE_SPAN=gate_span, GATE_FACTOR=float(gate_factor),
             num_warps=num_warps, enable_fp_fusion=False)
     return codes, scales

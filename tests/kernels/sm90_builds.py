@@ -73,17 +73,16 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
     return _qkv_rope_kernel, signature, constants, launch
 
 
-def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0, held: int = 0):
-    """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers; held: the groups
-    held at once, 0 the row's); gate_span: plain rows gated, as rotate_case's."""
+def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0):
+    """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers); gate_span:
+    plain rows gated, as rotate_case's."""
     import triton.language as tl
 
     from kernels.int8.quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
     signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32",
                  "g_ptr": "*fp32" if gate_span > 1 else "*bf16", "stride_g": "i32", "M": "i32", "K": "i32"}
-    held = held or 1 << (k // GROUP - 1).bit_length()
-    constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK, "GROUPS_P2": held,
-                 "CHUNKS": -(-k // GROUP // held), "ROWS": 1, "DOT_DTYPE": tl.bfloat16,
+    constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK,
+                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16,
                  "GATE_SPAN": gate_span, "GATE_FACTOR": 2.0 if gate_span > 1 else 1.0}
     return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
@@ -168,7 +167,6 @@ def resource_cases() -> dict:
     cases["rotate: gated rows (Krea 2's attention gate, 2 stages)"] = rotate_case(0, 0, 0, gate_span=1)
     cases["rotate: gated rows, a gate a head of 128 (LTX-2.5, 2 stages)"] = rotate_case(0, 0, 0, gate_span=128)
     cases["gated rows in one pass, K 6144 (Krea 2)"] = turned_case(6144, turned=False, gate_span=1)
-    cases["gated rows in one pass, K 6144, 8 groups at once"] = turned_case(6144, turned=False, gate_span=1, held=8)
     cases["gated rows in one pass, K 4096, a gate a head (LTX-2.5)"] = turned_case(4096, turned=False, gate_span=128)
     return cases
 

@@ -84,15 +84,6 @@ def test_whole_rows_pass_takes_the_gate(m, k, heads, kind, device):
     assert all(torch.equal(a, b) for a, b in zip(quantize_turned(x, None, **zero), quantize_turned(x, None)))
 
 
-@pytest.mark.parametrize("kind", GATES)
-def test_whole_rows_pass_takes_the_gate_in_chunks(kind, device):
-    """Krea 2's OUT rows (24 groups) 8 groups at a time: bit for bit the row held whole."""
-    x, kw = gate_inputs(2, 6144, kind, seed=6, device=device, heads=48)
-    chunks = quantize_turned(x, None, groups_at_once=8, **kw)
-    assert all(torch.equal(a, b) for a, b in zip(chunks, quantize_turned(x, None, **kw)))
-    assert_fused_close(*chunks, *reference(x, 256, **kw), max_fraction=0.01)
-
-
 def test_quantize_rows_sends_many_gated_rows_to_the_whole_rows_pass(device, monkeypatch):
     calls = []
     monkeypatch.setattr(int8_quant, "WHOLE_ROWS_MIN_M", 16)

@@ -15,8 +15,8 @@ from kernels import Choices
 
 from kernels.int8 import quant as int8_quant, quant_turned_hopper as int8_quant_turned_hopper
 from kernels.int8.hadamard import hadamard
-from kernels.int8.quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand,
-                                      turned_digits, turned_f32, turned_rows)
+from kernels.int8.quant_turned import (MAX_K, TURNED, fits, quantize_turned, reference, rest_operand, turned_digits,
+                                      turned_f32, turned_rows)
 
 
 @pytest.mark.parametrize("m,k", [(1, 256), (37, 768), (5, 3072), (3, 3840)])  # one row, odd rows, Klein, Z-Image
@@ -97,18 +97,6 @@ def test_fits():
     assert not fits(3840, 64) and not fits(3000, 256) and not fits(MAX_K + 256, 256) and not fits(0, 256)
 
 
-@pytest.mark.parametrize("k,held", [(5120, 4), (6144, 8)])  # 20 and 24 groups
-@pytest.mark.parametrize("turned", ["v", "hidden", None])
-def test_rows_in_chunks_of_groups(k, held, turned, device):
-    """The row in chunks of groups (its absmax, then its codes made again) against the float64 rotation, and bit for
-    bit against the whole row held at once."""
-    t = rows_like_activations(3, k, seed=k, device=device)
-    q, s = quantize_turned(t, turned, out=poisoned_outputs(3, k, device), groups_at_once=held)
-    assert_codes_match_float64(q, s, turned_digits(t, TURNED[turned]) if turned else t, 256, max_fraction=0)
-    whole = quantize_turned(t, turned)
-    assert torch.equal(q, whole[0]) and torch.equal(s, whole[1])
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("k", [3072, 3840])
@@ -123,8 +111,8 @@ def test_attention_output_shapes(k, turned):
 
 
 def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatch):
-    """Plain bf16 rows from WHOLE_ROWS_MIN_M rows on (lowered here) go through this pass; f32 rows and normed rows
-    do not."""
+    """Plain bf16 rows from WHOLE_ROWS_MIN_M rows on (lowered here) go through this pass; f32 rows, normed rows and
+    rows of more than WHOLE_ROWS_MAX_GROUPS groups do not."""
     calls = []
     monkeypatch.setattr(int8_quant, "WHOLE_ROWS_MIN_M", 16)
     monkeypatch.setattr(int8_quant.quant_turned, "quantize_turned",
@@ -135,6 +123,8 @@ def test_quantize_rows_takes_many_plain_bf16_rows_in_one_pass(device, monkeypatc
     assert_codes_match_float64(q, s, x, 256, max_fraction=0)
     int8_quant.quantize_rows(x[:15], 256)
     int8_quant.quantize_rows(x.float(), 256)
+    int8_quant.quantize_rows(rows_like_activations(16, 256 * (int8_quant.WHOLE_ROWS_MAX_GROUPS + 1), seed=3,
+                                                   device=device), 256)
     assert calls == [None]
 
 
