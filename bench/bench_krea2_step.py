@@ -10,7 +10,7 @@ prompt to 512 text rows and attends with a padding mask (its attention then leav
 our sampler keeps the prompt's rows only (the masked ones are never keys: exact). --prompt-tokens N (default 77)
 times one step of each as its pipeline runs an N-token prompt, and the image rows' distance between the two.
 
-    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77]
+    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77] [--new-lengths]
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from bench_z_image_step import print_table, rel, timed, weights_gb  # noqa: E402
 from dit_core.families.krea2 import Krea2  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
-from gpu_profile import print_profile  # noqa: E402
+from gpu_profile import print_host_profile, print_profile  # noqa: E402
 
 
 def random_reference(layers: int, vector_std: float):
@@ -44,6 +44,32 @@ def random_reference(layers: int, vector_std: float):
     return ref
 
 
+def first_steps(ours, latent, sigma, text, tokens: int) -> None:
+    """Wall ms of the first two eager steps at each of two prompt lengths not run before: a new length is a new
+    shape of every kernel and of the attention (the sampler's step at a new prompt). The second length's first
+    step's host functions are printed."""
+    import time
+
+    def wall_ms(call):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) * 1e3
+
+    for n in (tokens + 1, tokens + 2):
+        rows = ours.text_rows(text, torch.arange(512, device="cuda") < n)
+        step = functools.partial(ours.velocity, latent, sigma, rows)
+        if n == tokens + 2:
+            print(f"\n## the first step at {n} prompt rows, host functions")
+            print_host_profile(step)
+            first = float("nan")
+        else:
+            first = wall_ms(step)
+        print(f"{n} prompt rows, not run before: the first eager step {first:.1f} ms, the second {wall_ms(step):.1f} "
+              f"ms, the third {wall_ms(step):.1f}", flush=True)
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
@@ -55,6 +81,8 @@ def main(argv=None) -> None:
                    "many tokens (0: not)")
     p.add_argument("--attention-8bit", action="store_true", help="also the graphed INT8 step with both attention "
                    "products on 8 bits (Options.attention_8bit)")
+    p.add_argument("--new-lengths", action="store_true", help="also the first eager steps at prompt lengths not "
+                   "run before (what a new prompt costs beyond its step), the second's host functions profiled")
     p.add_argument("--norm-passes", action="store_true", help="also the graphed INT8 step with each norm's row "
                    "statistics made by a pass of their own (Options.carry_norms off: before the gated epilogues "
                    "wrote them)")
@@ -107,6 +135,8 @@ def main(argv=None) -> None:
                     as_run[f"ours INT8, the prompt's {args.prompt_tokens} rows, CUDA graph"] = timed(
                         lambda: graphed(latent, sigma, short), args.steps)
                     del short
+                if args.new_lengths:
+                    first_steps(ours, latent, sigma, text, args.prompt_tokens)
                 graphed.clear()
                 variants = {"norm statistics by passes of their own": ({"carry_norms": False}, args.norm_passes),
                             "8-bit attention": ({"attention_8bit": True}, args.attention_8bit)}
