@@ -200,7 +200,7 @@ def write_files(smoke: bool, families: list[str]) -> Path:
     from swiftdit.quantize import quantize_file, streamed_safetensors
     shapes = json.loads(real_size.SHAPES.read_text())
     real_size.write(FILES, "cuda", {file: tensors for file, tensors in shapes.items()
-                                    if real_size.FILES[file][1] in families})
+                                    if set(real_size.FILES[file][1]) & set(families)})
     if "z_image" not in families:
         return FILES
     dit, te, vae = (FILES / "diffusion_models" / checkpoints.DIT_BF16,

@@ -25,13 +25,13 @@ SHAPES = ROOT / "tests" / "fixtures" / "real_size_shapes.json"
 INT8_GROUP = 256
 SEED = 20261204
 DIT_PREFIX = "model.diffusion_model."
-# file -> (ComfyUI model folder, the family that reads it); INT8 ConvRot where the template's file is.
+# file -> (ComfyUI model folder, the families that read it); INT8 ConvRot where the template's file is.
 FILES = {
-    "flux3-image-klein-int8-convrot.safetensors": ("diffusion_models", "flux3_klein"),
-    "qwen3vl_4b_int8_convrot.safetensors": ("text_encoders", "flux3_klein"),
-    "flux2-vae.safetensors": ("vae", "flux3_klein"),
-    "krea2_turbo_int8_convrot.safetensors": ("diffusion_models", "krea2"),
-    "qwen_image_vae.safetensors": ("vae", "krea2"),
+    "flux3-image-klein-int8-convrot.safetensors": ("diffusion_models", ("flux3_klein",)),
+    "qwen3vl_4b_int8_convrot.safetensors": ("text_encoders", ("flux3_klein", "krea2")),
+    "flux2-vae.safetensors": ("vae", ("flux3_klein",)),
+    "krea2_turbo_int8_convrot.safetensors": ("diffusion_models", ("krea2",)),
+    "qwen_image_vae.safetensors": ("vae", ("krea2",)),
 }
 # Krea 2's template names the same Qwen3-VL-4B as an FP8 file; the INT8 one stands in for it (both formats are
 # read by the same loader, and the text encoder runs on the host here).
