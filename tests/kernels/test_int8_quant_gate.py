@@ -7,7 +7,7 @@ value may round to the other bf16 neighbour than torch's: the fused prologues' t
 zero gate with factor 2 multiplies by exactly 1: the plain rows' codes, bit for bit."""
 import pytest
 import torch
-from conftest import assert_within_one_bf16_step
+from conftest import assert_within_one_bf16_step, interpreted_only
 from test_int8_quant import assert_fused_close, poisoned_outputs, rows_like_activations
 
 from kernels import Choices
@@ -113,6 +113,7 @@ def test_bad_gates_raise(device):
                         gate=torch.zeros(4, 4, device=device))
 
 
+@interpreted_only
 def test_callers_take_the_kernel(monkeypatch):
     """The gate as dit_core/gpu/block.py (Krea 2's block: the gate a view of QKV's product) and pieces.py (LTX-2.5's
     per-head gate) hand it over, through the kernel (the op table's capability check opened to the CPU: the
