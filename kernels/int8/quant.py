@@ -12,9 +12,9 @@ in f32 unless a rounding is named:
 5. q = clamp(rint(bf16(yb / bf16(s))), -128, 127): the quotient correctly rounded in f32, then to bf16
    (torch's bf16 division), then to an integer, ties to even: ComfyUI's rounding, so -128 occurs.
 Returns codes int8 [M, K] and scales f32 [M]; steps 3-5 are dit_core.weights.quantize_rows on the rows yb. Here:
-row statistics (norms only, kernels/int8/row_stats.py; none when the caller has them), steps 1-3 storing the bf16 rotated
-rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8/codes.py). quantize_rows sends other rows to
-their own kernels: plain hidden rows on Hopper to quant_hopper.py; many plain bf16 rows of up to 8192 features,
+row statistics (norms only, kernels/int8/row_stats.py; none when the caller has them), steps 1-3 storing the bf16
+rotated rows and each (row, group)'s absmax, steps 4-5 over them (kernels/int8/codes.py). quantize_rows sends other
+rows to their own kernels: plain hidden rows on Hopper to quant_hopper.py; many plain bf16 rows of up to 16 groups,
 and rows holding factors of the rotation (`turned`), to quant_turned.py or quant_turned_hopper.py. The
 pass is bound by its instruction issue, not by DRAM: its fused, chunked and twice-run forms were slower on the
 H200.

@@ -5,8 +5,8 @@ OUT rows.
 Krea 2: rows [M, 6144] bf16, the gate a bf16 view of QKV's last 6144 of 15360 columns, `o * torch.sigmoid(g)`.
 LTX-2.5: rows [M, 32 x 128] (video) and [M, 32 x 64] (audio) bf16, the gate f32 [M, 32] a head,
 `o * (2 * torch.sigmoid(g))[..., None]`. Each at the rows of a 1024^2 image (4608) and of a few hundred, through
-quantize_rows' default (the whole-rows pass from 2048 rows) and the rotate pass (Choices(whole_rows=False)); at 4608
-rows also the whole-rows pass at 8 warps (Krea 2's gated rows take 255 registers a thread at 4: sm90_builds).
+quantize_rows' default (the whole-rows pass from 2048 rows of up to 16 groups: LTX-2.5's; the rotate pass for Krea 2's
+24) and the rotate pass (Choices(whole_rows=False)); at 4608 rows also the whole-rows pass itself at 4 and 8 warps.
 Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_ms). Prints markdown.
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_int8_quant_gate.py [--runs 100]
 """
@@ -47,9 +47,9 @@ def main(runs: int) -> None:
                 times = [f"{median_ms(fn, runs, False):.4f} ({median_ms(fn, runs, True):.4f})"
                          for fn in (before, fused)]
                 print(f"| {name} | {m} | {label} | {times[0]} | {times[1]} |")
-            if m >= 2048:
-                fn = lambda: quantize_turned(x, None, gate=gate, gate_factor=factor, num_warps=8)  # noqa: E731
-                print(f"| {name} | {m} | whole rows, 8 warps | | {median_ms(fn, runs, False):.4f} "
+            for warps in (4, 8) if m >= 2048 else ():  # the whole-rows pass, where the default takes it or not
+                fn = lambda: quantize_turned(x, None, gate=gate, gate_factor=factor, num_warps=warps)  # noqa: E731
+                print(f"| {name} | {m} | whole rows, {warps} warps | | {median_ms(fn, runs, False):.4f} "
                       f"({median_ms(fn, runs, True):.4f}) |")
 
 

@@ -166,7 +166,6 @@ def resource_cases() -> dict:
     cases["rotate: SwiGLU"] = rotate_case(0, 0, 1)
     cases["rotate: gated rows (Krea 2's attention gate, 2 stages)"] = rotate_case(0, 0, 0, gate_span=1)
     cases["rotate: gated rows, a gate a head of 128 (LTX-2.5, 2 stages)"] = rotate_case(0, 0, 0, gate_span=128)
-    cases["gated rows in one pass, K 6144 (Krea 2)"] = turned_case(6144, turned=False, gate_span=1)
     cases["gated rows in one pass, K 4096, a gate a head (LTX-2.5)"] = turned_case(4096, turned=False, gate_span=128)
     return cases
 
