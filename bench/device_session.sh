@@ -6,7 +6,7 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
-#          video_decode pick ltx25_clip h3_clip save_image image_decode
+#          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -102,6 +102,11 @@ for part in $parts; do
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py ${ATTENTION_ARGS:---stages 3 4} ;;
     krea2) timeout $(cap 200) python3 bench/bench_krea2_step.py ${KREA2_ARGS:---steps 5} ;;
+    # Krea 2's step and its first step at new prompt lengths, by cuDNN's dense attention path and by its ragged one
+    # (plans keyed on lengths rounded up to powers of two; the variable is read once a process)
+    krea2_lengths) for ragged in 0 1; do echo "## TORCH_CUDNN_SDPA_AVOID_RECOMPILE=$ragged"
+                     TORCH_CUDNN_SDPA_AVOID_RECOMPILE=$ragged timeout $(cap 150) python3 bench/bench_krea2_step.py \
+                       --steps 5 --new-lengths; done ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
             -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4} ${LOAD_ARGS:-}' ;;
