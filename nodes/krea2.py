@@ -159,10 +159,12 @@ class Krea2Sampler(SamplerNode):
         # style-reference template's negative)
         refs = tuple(z.to(device) for z in reference_latents(cls.NODE_ID, r.conditioning))
         step = graphed_dit_step(dit, device)  # (while every block is resident and no reference rides along)
+        # (the graphed step keeps each tensor's fusion across runs: a new seed of the same prompt fuses nothing)
+        text_rows = dit.text_rows if step is None else lambda rows: step.text_rows(rows, torch.float32)
 
         def denoise_with(x, sigma, cond):  # x on the device: the sampler runs there
             if id(cond) not in fused:
-                fused[id(cond)] = (cond, torch.stack([dit.text_rows(c) for c in cond.to(device)]))
+                fused[id(cond)] = (cond, torch.stack([text_rows(c) for c in cond.to(device)]))
             return dit.denoised(x, float(sigma), fused[id(cond)][1], interrupt_check, refs=refs, step=step)
 
         shift, scale = latent_format()

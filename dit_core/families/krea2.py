@@ -339,12 +339,15 @@ class Krea2:
         velocity() itself; with reference latents, or while some blocks stream, the step runs eagerly (once the
         blocks have moved the graphs are captured again: ModelGraphs.usable). check() is asked before a replayed
         step, not within it. step.clear() drops the graphs and their memory pool: call it before the blocks move
-        or the model goes (LoadedModels.attached); step.graphs: the GraphedStep.
+        or the model goes (LoadedModels.attached); step.graphs: the GraphedStep; step.text_rows(text, dtype):
+        text_rows' fusion of a conditioning's tapped rows, made once per tensor and kept across sampler runs (a new
+        seed of the same prompt fuses nothing: step_graph.KeptRows; dtype is the kept rows' key only).
         capture: GraphedStep's ("host_bound": captured only where a graph pays)."""
         if self.final_norm.device.type != "cuda":
             return self.velocity
-        from ..gpu.step_graph import ModelGraphs
+        from ..gpu.step_graph import KeptRows, ModelGraphs
         graphs = ModelGraphs(lambda latent, sigma, txt: self.velocity_at(latent, sigma, txt), capture=capture)
+        fused = KeptRows(lambda text, dtype: self.text_rows(text))
 
         def step(latent: torch.Tensor, sigma: float, txt: torch.Tensor, check: Callable[[], None] | None = None, *,
                  refs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
@@ -353,7 +356,7 @@ class Krea2:
             if check is not None:
                 check()
             return graphs.steps[0](latent, sigma_row(sigma, latent.device), txt)
-        step.clear, step.graphs = graphs.clear, graphs.steps
+        step.clear, step.graphs, step.text_rows = lambda: (graphs.clear(), fused.clear()), graphs.steps, fused
         return step
 
     def velocity_at(self, latent: torch.Tensor, sigma: torch.Tensor, txt: torch.Tensor,

@@ -347,7 +347,8 @@ def test_denoised_runs_the_step_it_is_given_and_graphed_is_velocity_on_the_cpu(g
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_graphed_step_replays_the_eager_step(gpu_sized):
     """Krea2.graphed() on the GPU: a captured step per shape, equal to the eager velocity bit for bit, for two
-    sigmas (an input of the graph, not a constant in it); with a reference it runs eagerly."""
+    sigmas (an input of the graph, not a constant in it); with a reference it runs eagerly; its text fusion is
+    made once a tensor."""
     path, latent, text, mask = gpu_sized
     model = Krea2.load(path, linears="int8").to("cuda")
     txt, latent = model.text_rows(text.cuda(), mask.cuda()), latent.cuda()
@@ -357,6 +358,9 @@ def test_graphed_step_replays_the_eager_step(gpu_sized):
     assert len(step.graphs[0].graphs) == 1 and next(iter(step.graphs[0].graphs.values())) is not None
     ref = (latent[:, :8, :8],)
     assert torch.equal(step(latent, 0.5, txt, refs=ref), model.velocity(latent, 0.5, txt, refs=ref))
+    rows = text.cuda()  # the text fusion kept across sampler runs: made once for the same tensor
+    kept = step.text_rows(rows, torch.float32)
+    assert torch.equal(kept, model.text_rows(rows)) and step.text_rows(rows, torch.float32) is kept
     step.clear()
 
 
