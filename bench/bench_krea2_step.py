@@ -44,10 +44,12 @@ def random_reference(layers: int, vector_std: float):
     return ref
 
 
-def first_steps(ours, latent, sigma, text, tokens: int) -> None:
+def first_steps(ours, graphed, latent, sigma, text, tokens: int) -> None:
     """Wall ms of the first two eager steps at each of two prompt lengths not run before: a new length is a new
     shape of every kernel and of the attention (the sampler's step at a new prompt). The second length's first
-    step's host functions are printed."""
+    step's host functions are printed. Then the graphed step's first calls at a third new length: the first call's
+    excess over a replay is what capturing a new prompt's length costs (GraphedStep's "host_bound" policy weighs
+    it against what the replays save)."""
     import time
 
     def wall_ms(call):
@@ -68,6 +70,12 @@ def first_steps(ours, latent, sigma, text, tokens: int) -> None:
             first = wall_ms(step)
         print(f"{n} prompt rows, not run before: the first eager step {first:.1f} ms, the second {wall_ms(step):.1f} "
               f"ms, the third {wall_ms(step):.1f}", flush=True)
+    n = tokens + 3
+    rows = ours.text_rows(text, torch.arange(512, device="cuda") < n)
+    graphed.clear()
+    calls = [wall_ms(lambda: graphed(latent, sigma, rows)) for _ in range(4)]
+    print(f"{n} prompt rows, not run before, CUDA graph: the first call (eager warm-up, capture, replay) "
+          f"{calls[0]:.1f} ms, then {', '.join(f'{c:.1f}' for c in calls[1:])}", flush=True)
 
 
 def main(argv=None) -> None:
@@ -136,7 +144,7 @@ def main(argv=None) -> None:
                         lambda: graphed(latent, sigma, short), args.steps)
                     del short
                 if args.new_lengths:
-                    first_steps(ours, latent, sigma, text, args.prompt_tokens)
+                    first_steps(ours, graphed, latent, sigma, text, args.prompt_tokens)
                 graphed.clear()
                 variants = {"norm statistics by passes of their own": ({"carry_norms": False}, args.norm_passes),
                             "8-bit attention": ({"attention_8bit": True}, args.attention_8bit)}
