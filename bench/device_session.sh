@@ -103,10 +103,11 @@ for part in $parts; do
                timeout 200 python3 bench/bench_attention.py ${ATTENTION_ARGS:---stages 3 4} ;;
     krea2) timeout $(cap 200) python3 bench/bench_krea2_step.py ${KREA2_ARGS:---steps 5} ;;
     # Krea 2's step and its first step at new prompt lengths, by cuDNN's dense attention path and by its ragged one
-    # (plans keyed on lengths rounded up to powers of two; the variable is read once a process)
-    krea2_lengths) for ragged in 0 1; do echo "## TORCH_CUDNN_SDPA_AVOID_RECOMPILE=$ragged"
-                     TORCH_CUDNN_SDPA_AVOID_RECOMPILE=$ragged timeout $(cap 150) python3 bench/bench_krea2_step.py \
-                       --steps 5 --new-lengths; done ;;
+    # (plans keyed on lengths rounded up to powers of two; the variable is read once a process), then under
+    # cudaMallocAsync (ComfyUI's default allocator: what a capture at a new prompt length costs in a server)
+    krea2_lengths) for env in TORCH_CUDNN_SDPA_AVOID_RECOMPILE=0 TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
+                              PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; do echo "## $env"
+                     env $env timeout $(cap 150) python3 bench/bench_krea2_step.py --steps 5 --new-lengths; done ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
             -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4} ${LOAD_ARGS:-}' ;;
