@@ -9,14 +9,16 @@ The table's rows give both models 512 valid text rows. A real prompt is shorter:
 prompt to 512 text rows and attends with a padding mask (its attention then leaves the mask-free kernels), while
 our sampler keeps the prompt's rows only (the masked ones are never keys: exact). --prompt-tokens N (default 77)
 times one step of each as its pipeline runs an N-token prompt, and the image rows' distance between the two.
+--no-peer: ours INT8 alone (no diffusers), for the device runs that carry the server's packages.
 
-    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77] [--new-lengths]
+    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77] [--new-lengths] [--no-peer]
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -42,6 +44,15 @@ def random_reference(layers: int, vector_std: float):
             vector = t.dim() == 1 or "scale_shift_table" in name or "projector" in name
             t.data.normal_(0, vector_std if vector else t.shape[-1] ** -0.5)
     return ref
+
+
+def random_state(layers: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """The template file's tensors (tests/fixtures/real_size_shapes.json) in BF16 with tests/real_size.py's random
+    values, the blocks past `layers` left out: our step without diffusers (--no-peer: the server's carry)."""
+    from real_size import SHAPES, random_tensor
+    shapes = json.loads(SHAPES.read_text())["krea2_turbo_int8_convrot.safetensors"]
+    return {k: random_tensor(k, shape, device).bfloat16() for k, (shape, _) in shapes.items()
+            if not k.startswith("blocks.") or int(k.split(".")[1]) < layers}
 
 
 def first_steps(ours, graphed, latent, sigma, text, tokens: int) -> None:
@@ -94,10 +105,11 @@ def main(argv=None) -> None:
     p.add_argument("--norm-passes", action="store_true", help="also the graphed INT8 step with each norm's row "
                    "statistics made by a pass of their own (Options.carry_norms off: before the gated epilogues "
                    "wrote them)")
+    p.add_argument("--no-peer", action="store_true", help="ours alone, on random weights of the file's list (no "
+                   "diffusers: the device's server carry); no fidelity lines")
     args = p.parse_args(argv)
     from tiny_models import krea2_original_layout
 
-    ref = random_reference(args.layers, args.vector_std)
     g = args.size // 16
     latent = torch.randn(16, 2 * g, 2 * g, device="cuda")
     text = torch.randn(512, 12, 2560, device="cuda")
@@ -117,13 +129,17 @@ def main(argv=None) -> None:
                         timestep=torch.tensor([sigma], device="cuda"), position_ids=ids, return_dict=False)[0]
         return out[0].float().reshape(g, g, 16, 2, 2).permute(2, 0, 3, 1, 4).reshape(16, 2 * g, 2 * g)
 
-    results = {"diffusers BF16 (SDPA)": (*timed(lambda: diffusers_step(ref), args.steps),
-                                         weights_gb(list(ref.parameters())))}
-    as_run = {}  # a short prompt as each pipeline runs it: label -> timed's result
-    if args.prompt_tokens:
-        as_run["diffusers BF16, 512 rows masked"] = timed(lambda: diffusers_step(ref, mask=prompt), args.steps)
-    state = krea2_original_layout(ref.state_dict())  # on the GPU: the INT8 quantization at load runs there
-    for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16")):
+    results, as_run = {}, {}  # as_run: a short prompt as each pipeline runs it: label -> timed's result
+    if args.no_peer:
+        ref, state = None, random_state(args.layers, torch.device("cuda"))
+    else:
+        ref = random_reference(args.layers, args.vector_std)
+        results["diffusers BF16 (SDPA)"] = (*timed(lambda: diffusers_step(ref), args.steps),
+                                            weights_gb(list(ref.parameters())))
+        if args.prompt_tokens:
+            as_run["diffusers BF16, 512 rows masked"] = timed(lambda: diffusers_step(ref, mask=prompt), args.steps)
+        state = krea2_original_layout(ref.state_dict())  # on the GPU: the INT8 quantization at load runs there
+    for mode, label in (("int8", "ours INT8 ConvRot"), ("bf16", "ours BF16"))[:1 if args.no_peer else 2]:
         ours = Krea2.load(TensorSource(state), linears=mode).to("cuda")
         step = functools.partial(ours.output, latent, sigma, text)
         with torch.no_grad():
@@ -159,6 +175,8 @@ def main(argv=None) -> None:
         del ours, step
         torch.cuda.empty_cache()
     print_table(results)
+    if ref is None:
+        return
     if as_run:
         (theirs, _, theirs_out, _), (mine, _, ours_out, _) = as_run.values()
         print(f"\nA {args.prompt_tokens}-token prompt as each pipeline runs it: diffusers {theirs:.1f} ms (512 text "

@@ -74,13 +74,14 @@ def weights_gb(model) -> float:
 
 def print_table(results: dict) -> None:
     """The markdown table of timed's results {label: (ms, peak GB, output, joules, weights GB)}, against the
-    diffusers BF16 row."""
-    base = results["diffusers BF16 (SDPA)"][0]
+    diffusers BF16 row where there is one."""
+    base = results.get("diffusers BF16 (SDPA)", (None,))[0]
     print("| model | ms / step | vs diffusers | step peak GB (above weights) | weights GB | J / step |")
     print("|---|---|---|---|---|---|")
     for label, (ms, peak, _, joules, wgb) in results.items():
         energy = "-" if joules is None else f"{joules:.1f}"
-        print(f"| {label} | {ms:.1f} | {base / ms:.2f}x | {peak:.2f} | {wgb:.2f} | {energy} |")
+        ratio = "-" if base is None else f"{base / ms:.2f}x"
+        print(f"| {label} | {ms:.1f} | {ratio} | {peak:.2f} | {wgb:.2f} | {energy} |")
 
 
 def rel(a, b) -> float:

@@ -107,7 +107,8 @@ for part in $parts; do
     # cudaMallocAsync (ComfyUI's default allocator: what a capture at a new prompt length costs in a server)
     krea2_lengths) for env in TORCH_CUDNN_SDPA_AVOID_RECOMPILE=0 TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 \
                               PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync; do echo "## $env"
-                     env $env timeout $(cap 150) python3 bench/bench_krea2_step.py --steps 5 --new-lengths; done ;;
+                     env $env timeout $(cap 150) python3 bench/bench_krea2_step.py --steps 5 --new-lengths \
+                       --no-peer; done ;;
     fp8_products) timeout 200 python3 bench/bench_fp8_products.py --runs 30 ;;
     load) timeout 400 sh -c 'python3 -m pytest -q -rs -p no:cacheprovider -m gpu tests/families/test_z_image.py \
             -k arithmetic; python3 bench/bench_load.py --layers ${LAYERS:-4} ${LOAD_ARGS:-}' ;;
