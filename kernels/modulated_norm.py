@@ -8,7 +8,8 @@ absent) and row_map [M] (each row's table row), in f32:
   rms:    n = x * 1/sqrt(mean(x^2) + eps)
   layer:  n = (x - mean(x)) * 1/sqrt(mean((x - mean(x))^2) + eps)
   out = n * (1 + scale[row_map]) + shift[row_map]      (each product rounded, then the sum: no FMA)
-Returned as [M, D] f32, contiguous. The sums run in another order than torch's: within a few f32 steps of it.
+Returned as [M, D] f32, contiguous, or rounded once to bf16 (out_dtype: where every reader takes bf16 rows, half the
+bytes written and read back). The sums run in another order than torch's: within a few f32 steps of it.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .jit import triton_jit
+from .rounding import rounded_bf16
 
 try:
     import triton
@@ -26,21 +28,21 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 NORMS = {"rms": 0, "layer": 1}
 
 
-def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms"):
-    """The math above in plain torch, as the host block runs it: [M, D] f32."""
+def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32):
+    """The math above in plain torch, as the host block runs it: [M, D] f32 (or out_dtype)."""
     x = x.float()
     if norm == "rms":
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     else:
         y = F.layer_norm(x, (x.shape[-1],), eps=eps)
     y = y * (1 + scale.float()[row_map])
-    return y if shift is None else y + shift.float()[row_map]
+    return (y if shift is None else y + shift.float()[row_map]).to(out_dtype)
 
 
 @triton_jit
 def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_ptr, M, D, eps,
-                           LAYER: tl.constexpr, HAS_SHIFT: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BLOCK_D: tl.constexpr):
+                           LAYER: tl.constexpr, HAS_SHIFT: tl.constexpr, OUT_BF16: tl.constexpr,
+                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
     # Grid (row blocks,): a program takes BLOCK_M rows, walking their D columns in BLOCK_D steps: the statistics
     # (LAYER: the mean first, then the centred squares), then the modulated values. The later walks find the rows
     # in L2 (a row block is BLOCK_M x D x 4 bytes).
@@ -72,14 +74,20 @@ def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_p
         y = y * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
         if HAS_SHIFT:
             y = y + tl.load(shift_ptr + table + c, mask=mask, other=0.0)
-        tl.store(dst + c, y, mask=mask)
+        if OUT_BF16:
+            tl.store(dst + c, rounded_bf16(y), mask=mask)
+        else:
+            tl.store(dst + c, y, mask=mask)
 
 
-def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", block_m=4, num_warps=4):
-    """[M, D] f32 from rows x [M, D] by the math in this file's docstring: norm "rms" or "layer"; scale and shift
-    [R, D] (shift None: none); row_map [M] into them."""
+def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, block_m=4,
+                   num_warps=4):
+    """[M, D] f32 (or bf16: out_dtype) from rows x [M, D] by the math in this file's docstring: norm "rms" or
+    "layer"; scale and shift [R, D] (shift None: none); row_map [M] into them."""
     if norm not in NORMS:
         raise ValueError(f"modulated_norm: norm must be one of {tuple(NORMS)}, got {norm!r}")
+    if out_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"modulated_norm: out_dtype must be float32 or bfloat16, got {out_dtype}")
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"modulated_norm: x must be rows [M, D] with contiguous columns, got {tuple(x.shape)}")
     m, d = x.shape
@@ -87,13 +95,13 @@ def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", block_m=4,
     if any(t.dim() != 2 or t.shape[1] != d for t in tables) or row_map.shape != (m,):
         raise ValueError(f"modulated_norm: tables must be [R, {d}] and row_map [{m}], got "
                          f"{[tuple(t.shape) for t in tables]} and {tuple(row_map.shape)}")
-    out = torch.empty(m, d, dtype=torch.float32, device=x.device)
+    out = torch.empty(m, d, dtype=out_dtype, device=x.device)
     if m == 0:
         return out
     scale = scale.float().contiguous()
     shift = scale if shift is None else shift.float().contiguous()  # (never read without a shift)
     _modulated_norm_kernel[(triton.cdiv(m, block_m),)](
         x, x.stride(0), scale, shift, row_map.contiguous(), out, m, d, eps, LAYER=NORMS[norm] == 1,
-        HAS_SHIFT=shift is not scale, BLOCK_M=block_m, BLOCK_D=min(1024, triton.next_power_of_2(d)),
-        num_warps=num_warps, enable_fp_fusion=False)
+        HAS_SHIFT=shift is not scale, OUT_BF16=out_dtype == torch.bfloat16, BLOCK_M=block_m,
+        BLOCK_D=min(1024, triton.next_power_of_2(d)), num_warps=num_warps, enable_fp_fusion=False)
     return out

@@ -112,9 +112,9 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
     """dit_core/block.py attend up to OUT, as OUT takes its input: the heads' output rows [rows, heads x head] bf16,
     gated per head (2 sigmoid(linear(x, head_gate))); for an INT8 OUT, its rows (codes, scales, None: linear_rows'
     triple), the gate taken in the quantizer's prologue (kernels/int8/prologue.py: neither the sigmoid nor the gated
-    rows written out). Query rows x and key/value rows context (f32; context may be x itself: its rows are made once
-    for q, k and v, one product where they are stacked; else k's and v's from context, one product where stacked:
-    GpuAttention.projections). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a
+    rows written out). Query rows x and key/value rows context (bf16 or f32; context may be x itself: its rows are
+    made once for q, k and v, one product where they are stacked; else k's and v's from context, one product where
+    stacked: GpuAttention.projections). bias: added to every head's scores, [keys] (a prompt's mask), [rows, keys], or a
     GroupBias (LTX-2.5's guides: grouped_attention, never [rows, keys]), in packed order. OUT: into(). shards: x is
     this rank's share of the rows and attention runs across the ranks, keys the shards of context's rows where they
     are not x (dit_core/parallel SequenceShards.across); None: all rows here."""
@@ -220,8 +220,10 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
 
 def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor,
                    row_map: torch.Tensor) -> torch.Tensor:
-    """dit_core/block.py modulated_norm without a gain, in one kernel (kernels/modulated_norm.py): [rows, D] f32."""
-    return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm)
+    """dit_core/block.py modulated_norm without a gain, in one kernel (kernels/modulated_norm.py): [rows, D] rounded
+    once to bf16, as every reader takes them (the linears' rows are bf16; the head gate's f32 linear reads them as
+    they are), so half the bytes are written and read back."""
+    return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm, out_dtype=torch.bfloat16)
 
 
 def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,

@@ -33,6 +33,19 @@ def test_kernel_matches_reference(m, d, rows, shift, norm, device):
 
 
 @pytest.mark.parametrize("norm", ["rms", "layer"])
+def test_bf16_rows_are_the_f32_rows_rounded_once(norm, device):
+    """out_dtype bf16 (the GPU pieces' rows, which every reader takes as bf16): the f32 rows rounded to nearest, ties
+    to even, one bf16 step apart at most where the kernel's f32 sums land beside a rounding boundary."""
+    x, scale, offset, row_map = inputs(13, 1100, 3, True, seed=5, device=device, row_stride=8)
+    got = modulated_norm(x, scale, offset, row_map, 1e-6, norm=norm, out_dtype=torch.bfloat16, block_m=2)
+    f32 = modulated_norm(x, scale, offset, row_map, 1e-6, norm=norm, block_m=2)
+    assert got.dtype == torch.bfloat16 and got.shape == (13, 1100) and got.is_contiguous()
+    assert torch.equal(got, f32.to(torch.bfloat16))
+    want = reference(x, scale, offset, row_map.long(), 1e-6, norm=norm, out_dtype=torch.bfloat16)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-5)  # a bf16 step
+
+
+@pytest.mark.parametrize("norm", ["rms", "layer"])
 def test_reference_is_the_host_block(norm):
     x, scale, offset, row_map = inputs(9, 64, 3, True, seed=4, device="cpu")
     arch = SimpleNamespace(norm=norm, eps=1e-6)
@@ -43,6 +56,7 @@ def test_reference_is_the_host_block(norm):
 def test_bad_arguments_raise():
     x, scale, offset, row_map = inputs(4, 32, 2, True, seed=0, device="cpu")
     for args, kw in (((x, scale, offset, row_map), {"norm": "batch"}), ((x.T, scale, offset, row_map), {}),
-                     ((x, scale[:, :16], offset, row_map), {}), ((x, scale, offset, row_map[:3]), {})):
+                     ((x, scale[:, :16], offset, row_map), {}), ((x, scale, offset, row_map[:3]), {}),
+                     ((x, scale, offset, row_map), {"out_dtype": torch.float16})):
         with pytest.raises(ValueError, match="modulated_norm"):
             modulated_norm(*args, **kw)
