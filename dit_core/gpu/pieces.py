@@ -236,18 +236,14 @@ def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: to
 def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, row_map: torch.Tensor, up: GpuLinear,
              down: GpuLinear, gate: torch.Tensor, options: Options | None = None) -> torch.Tensor:
     """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_rows(a, x, shift, scale, row_map)
-    (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h made in UP's quantizer (INT8;
-    never stored) or by modulated_rows (BF16), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in torch."""
+    (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h by modulated_rows (bf16 rows,
+    which an INT8 UP's quantizer takes in one pass: 9 bytes a value, where the norm in its prologue costs a
+    statistics pass and the two-pass rotation, 13), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in
+    torch."""
     o = options or DEFAULT
-    mod = {"shift": shift.contiguous(), "scale": scale.contiguous()}  # the quantizer reads rows D apart
     for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
         xs, maps = x[r0:r1], row_map[r0:r1]
-        if up.int8:
-            rows = (*run("quantize_rows", xs, up.group, norm=a.norm, eps=a.eps, row_map=maps, choices=o.kernels,
-                         **mod), None)
-        else:
-            rows = linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o)
-        hidden = rows_product(rows, up, o)
+        hidden = rows_product(linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o), up, o)
         if down.int8:
             rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)
         else:
