@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from ..arch import Arch
 from ..block import Attention, GroupBias, gelu_tanh
-from ..linear import float_on, linear
+from ..linear import float_on
 from ..sequence import Sequence
 from ..weights import Linear, stack_rows
 from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
@@ -24,17 +24,17 @@ from .options import DEFAULT, Options
 @dataclass(frozen=True)
 class GpuAttention:
     """An Attention where it runs: the q, k and v rows as GpuLinears, OUT a GpuLinear, the norm gains f32, the head
-    gate (a few rows: heads x width) an f32 Linear. projections: [q; k; v] stacked into as few GpuLinears as their
-    storage allows, so one product gives several outputs side by side: one where the three read as many inputs and
-    are stored alike (a self-attention's: qkv), q apart where it reads other inputs or is stored otherwise ([k; v]:
-    kv, one product of the keys' rows), else each apart; sizes: q's, k's and v's rows. q, k and v are views of them
-    (no second copy, also where a layer is staged to stream)."""
+    gate (a few rows: heads x width) as BF16 (weight, bias). projections: [q; k; v] stacked into as few GpuLinears as
+    their storage allows, so one product gives several outputs side by side: one where the three read as many inputs
+    and are stored alike (a self-attention's: qkv), q apart where it reads other inputs or is stored otherwise
+    ([k; v]: kv, one product of the keys' rows), else each apart; sizes: q's, k's and v's rows. q, k and v are views
+    of them (no second copy, also where a layer is staged to stream)."""
     projections: tuple[GpuLinear, ...]
     sizes: tuple[int, int, int]
     out: GpuLinear
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    head_gate: Linear | None
+    head_gate: tuple[torch.Tensor, torch.Tensor | None] | None
 
     @staticmethod
     def of(w: Attention, device: torch.device) -> GpuAttention:
@@ -43,7 +43,7 @@ class GpuAttention:
             stacks = [stacked_rows(group) for group in groups]
             if None not in stacks:
                 break
-        gate = None if w.head_gate is None else float_on(w.head_gate, device)
+        gate = None if w.head_gate is None else bf16_on(w.head_gate, device)
         return GpuAttention(tuple(GpuLinear.of(lin, device) for lin in stacks),
                             (w.q.out_features, w.k.out_features, w.v.out_features), GpuLinear.of(w.out, device),
                             f32(w.q_norm), f32(w.k_norm), gate)
@@ -70,6 +70,12 @@ class GpuAttention:
     @property
     def v(self) -> GpuLinear:
         return self.projections[2] if len(self.projections) == 3 else row_parts(self.kv, self.sizes[1:])[1]
+
+
+def bf16_on(lin: Linear, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A small linear's (weight, bias) in BF16 on device (an INT8 one rotated back first, as float_on does)."""
+    f32 = float_on(lin, device)
+    return f32.weight.bfloat16(), None if f32.bias is None else f32.bias.bfloat16()
 
 
 def stacked_rows(linears: tuple[Linear, ...]) -> Linear | None:
@@ -144,7 +150,9 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
         out = run("attention", q, k, v, eight_bit=True)  # rows [rows, heads x head]; SDPA where the kernel can't
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
-    gate = None if w.head_gate is None else linear(x, w.head_gate)  # [rows, heads] f32
+    # [rows, heads] f32 by a BF16 product of the bf16 rows (in f32 the rows' conversion and a SIMT product cost
+    # 0.25 ms a call at LTX-2.5's stage 2, a third of the attention's own time)
+    gate = None if w.head_gate is None else F.linear(x.to(torch.bfloat16), *w.head_gate).float()
     if w.out.int8:
         return linear_rows(out.reshape(x.shape[0], a.heads * a.head), w.out, o, gate=gate, gate_factor=2.0)
     if gate is not None:
