@@ -150,8 +150,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
         out = run("attention", q, k, v, eight_bit=True)  # rows [rows, heads x head]; SDPA where the kernel can't
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
-    # [rows, heads] f32 by a BF16 product of the bf16 rows (in f32 the rows' conversion and a SIMT product cost
-    # 0.25 ms a call at LTX-2.5's stage 2, a third of the attention's own time)
+    # [rows, heads] f32 by a BF16 product of the bf16 rows (an f32 one converts the rows and runs a SIMT product:
+    # 0.25 ms a call at LTX-2.5's stage 2)
     gate = None if w.head_gate is None else F.linear(x.to(torch.bfloat16), *w.head_gate).float()
     if w.out.int8:
         return linear_rows(out.reshape(x.shape[0], a.heads * a.head), w.out, o, gate=gate, gate_factor=2.0)
@@ -229,8 +229,8 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
 def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor,
                    row_map: torch.Tensor) -> torch.Tensor:
     """dit_core/block.py modulated_norm without a gain, in one kernel (kernels/modulated_norm.py): [rows, D] rounded
-    once to bf16, as every reader takes them (the linears' rows are bf16; the head gate's f32 linear reads them as
-    they are), so half the bytes are written and read back."""
+    once to bf16, as every reader takes them (the linears' and the head gate's products), so half the bytes are
+    written and read back."""
     return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm, out_dtype=torch.bfloat16)
 
 
