@@ -207,6 +207,23 @@ def test_gpu_form_matches_the_host(files, name, grid):
         assert rel_err(got, e) <= 1e-2 and rel_err(got, w) <= 3e-2
 
 
+def test_quantizers_take_bf16_rows(files, monkeypatch):
+    """The INT8 GPU form's quantizers read bf16 rows (the modulated rows, the gated attention outputs, the MLP's
+    hidden), none the residual through a norm in their prologue, so the one-pass forms (bf16 rows only) take them;
+    the prompt's key rows (f32, a prompt's few) are the one exception."""
+    from dit_core.gpu import block as block_gpu, pieces
+    int8 = LTX25.load(files / "tiny_int8.safetensors")
+    gpu = int8.gpu_form(torch.device("cpu"), int8.default_options())
+    seen = []
+    for module in (block_gpu, pieces):  # (pieces binds block's run by name)
+        monkeypatch.setattr(module, "run", lambda op, *args, _run=module.run, **kw: (
+            seen.append((args[0].dtype, args[0].shape[0], kw.get("norm"))) if op == "quantize_rows" else None)
+            or _run(op, *args, **kw))
+    gpu.forward(*inputs())
+    assert seen and all(norm is None for _, _, norm in seen)
+    assert {rows for dtype, rows, _ in seen if dtype != torch.bfloat16} == {TEXT_ROWS}
+
+
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=interpreted_only), pytest.param("cuda", marks=[
     pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])])
 def test_8bit_attention_stays_near_f32(files, device, monkeypatch):
