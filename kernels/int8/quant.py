@@ -39,10 +39,10 @@ try:
 except ImportError:  # torch without Triton: reference() still imports (kernels/__init__.py falls back to it)
     triton = tl = None
 
-# Plain bf16 rows of up to quant_turned.MAX_K features from this many rows: its one pass, whole rows a program
-# (faster than these passes on the H200 at a 1024^2 image's rows, no better at a few hundred), where a row is at most
-# this many groups: Krea 2's gated OUT rows, 24 groups held as 32, took 0.20 ms against the rotate pass's 0.11 on an
-# H100 at 4608 rows (LTX-2.5's 16 groups 0.059 against 0.054, its 8 groups 0.029 against 0.035).
+# Plain bf16 rows from this many rows: quant_turned's one pass, whole rows a program (faster than these passes on
+# the H200 at a 1024^2 image's rows, no better at a few hundred), where a row is at most this many groups: Krea 2's
+# gated OUT rows, 24 groups held as 32, took 0.20 ms against the rotate pass's 0.11 on an H100 at 4608 rows
+# (LTX-2.5's 16 groups 0.059 against 0.054, its 8 groups 0.029 against 0.035).
 WHOLE_ROWS_MIN_M = 2048
 WHOLE_ROWS_MAX_GROUPS = 16
 
