@@ -6,7 +6,7 @@
 #          klein qkv hopper_tests hopper_only linears_triton shapes ncu energy carry_tests one_pass turned hidden
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
-#          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths
+#          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths rows_norm_rope
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -149,6 +149,8 @@ for part in $parts; do
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
     omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
+    # LTX-2.5's q/k rows kernel: every row's angle tables against angles by axis, at stage 2's rows
+    rows_norm_rope) timeout 150 python3 tests/kernels/bench_rows_norm_rope.py --runs 50 ;;
     # GPU tests named in TESTS (paths or node ids)
     pick) timeout $(cap 300) python3 -m pytest -q -rs -m "gpu or not gpu" -p no:cacheprovider --durations=5 $TESTS ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \

@@ -48,7 +48,7 @@ def head_norm_rotary(t: torch.Tensor, weight: torch.Tensor | None, a: Arch, s: S
     if weight is not None:
         t = rms_norm(t, weight, a.qk_eps) if a.qk_norm == "head" else rms_norm(t.flatten(1), weight,
                                                                                  a.qk_eps).view_as(t)
-    return t if s is None else rotate_halves(t, s.cos, s.sin)
+    return t if s is None else rotate_halves(t, *s.rotary())
 
 
 def split_qkv(a: Arch, qkv: torch.Tensor) -> tuple:

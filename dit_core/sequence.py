@@ -21,6 +21,29 @@ class AngleFactors:
 
 
 @dataclass(frozen=True)
+class AxisAngles:
+    """Rotary angles that depend on a row only through its coordinate on each axis (LTX-2.5's split rotary): cos, sin
+    [T, F] of each axis's distinct coordinates times its frequencies (row 0: the zero angle of padding columns),
+    index [rows, A] each row's table row on each axis, axis and freq [heads, r] each angle column's. A row's angles
+    are cos[index[row, axis], freq]: the full tables' values from a few hundred KB where those take rows x heads x r
+    (115 MB each at LTX-2.5's stage 2, read by every q and k)."""
+    cos: torch.Tensor
+    sin: torch.Tensor
+    index: torch.Tensor
+    axis: torch.Tensor
+    freq: torch.Tensor
+
+    def by_rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) [rows, heads, r]: every row's angles."""
+        at = self.index.long()[:, self.axis.long()]
+        freq = self.freq.long()
+        return self.cos[at, freq], self.sin[at, freq]
+
+    def to(self, device) -> "AxisAngles":
+        return AxisAngles(*(t.to(device) for t in (self.cos, self.sin, self.index, self.axis, self.freq)))
+
+
+@dataclass(frozen=True)
 class Sequence:
     """The rows of one packed sequence, where the block runs.
 
@@ -29,20 +52,26 @@ class Sequence:
     (LTX-2.5). group: rows attend within consecutive groups of that many rows (0: all rows), as the tiles of a
     VAE. angles: the tables' angles as factors, where they have them. starts: the first row of each run of rows
     sharing a modulation row (host ints; from a map made on the host, else None): where every run starts on one of
-    its row blocks, the quantizer reads each block's modulation row as vectors.
+    its row blocks, the quantizer reads each block's modulation row as vectors. by_axis: the per-head angles by axis
+    in place of cos and sin (None), which rotary() expands.
     """
     map: torch.Tensor
-    cos: torch.Tensor
-    sin: torch.Tensor
+    cos: torch.Tensor | None
+    sin: torch.Tensor | None
     group: int = 0
     angles: AngleFactors | None = None
     starts: tuple[int, ...] | None = None
+    by_axis: AxisAngles | None = None
 
     def __post_init__(self):
         if self.starts is None and self.map.device.type == "cpu":
             object.__setattr__(self, "starts", tuple(first for first, _, _ in runs_of(self.map)))
         rows = self.map.shape[0]
-        if self.cos.shape != self.sin.shape or self.cos.shape[0] != rows:
+        if self.by_axis is not None:
+            if self.cos is not None or self.by_axis.index.shape[0] != rows:
+                raise ValueError(f"sequence of {rows} rows given angles by axis for "
+                                 f"{self.by_axis.index.shape[0]} rows (and no cos/sin tables beside them)")
+        elif self.cos.shape != self.sin.shape or self.cos.shape[0] != rows:
             raise ValueError(f"sequence of {rows} rows given rotary tables {tuple(self.cos.shape)}")
         if self.angles is not None and self.angles.positions.shape[0] != rows:
             raise ValueError(f"sequence of {rows} rows given angles of {self.angles.positions.shape[0]}")
@@ -53,12 +82,19 @@ class Sequence:
     def rows(self) -> int:
         return self.map.shape[0]
 
+    def rotary(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin) of every row: the tables, or the angles by axis expanded."""
+        return (self.cos, self.sin) if self.by_axis is None else self.by_axis.by_rows()
+
     def to(self, device, rotary_dtype: torch.dtype | None = None) -> "Sequence":
         """The sequence on device, its cos/sin in rotary_dtype when given. The map goes int32 on a GPU, as the
         kernels read it: converted once here rather than at each of a step's launches."""
         gpu = torch.device(device).type == "cuda"
         angles = None if self.angles is None else AngleFactors(
             self.angles.positions.to(device), self.angles.freqs.to(device), self.angles.ends)
+        if self.by_axis is not None:
+            return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype), None, None, self.group,
+                            angles, self.starts, self.by_axis.to(device))
         return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype),
                         self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group, angles,
                         self.starts)

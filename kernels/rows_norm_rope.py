@@ -14,6 +14,11 @@ angles (section 4): kernels/head_norm_rope.py's fused [q | k | v] rows, head by 
   out[j + r] = n[j + r] c[j] + n[j] s[j]     j < r      (each product rounded, then the sum: no FMA)
   out[j]     = n[j]                          j >= 2r
   one rounding to bf16 at the end. Returned as [M, heads, D] bf16 (rows-major: SDPA's BSHD once transposed).
+Angles by axis (index given): where a row's angles depend on it only through its coordinate on each axis (LTX-2.5's
+split rotary), cos/sin are tables [T, F] (each axis's distinct coordinates x its frequencies), index [M, A] int32 each
+row's table row on each axis, columns (axis, freq) [r] or [heads, r] int32 each angle's axis and frequency:
+  c[row, head, j] = cos[index[row, axis[head, j]], freq[head, j]]      (likewise s)
+the same values as the full tables, which stage 2 of LTX-2.5 would read at 115 MB each for each call.
 """
 from __future__ import annotations
 
@@ -29,13 +34,23 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
     triton = tl = None
 
 
-def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None):
+def by_rows(cos, sin, index, columns):
+    """Angles by axis as every row's: cos/sin [M, r] or [M, heads, r] from tables [T, F], index [M, A] and columns
+    (axis, freq) [r] or [heads, r]."""
+    axis, freq = (c.long() for c in columns)
+    at = index.long()[:, axis]  # [M, (heads,) r]: each angle's table row
+    return cos[at, freq], sin[at, freq]
+
+
+def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None):
     """The math above in plain torch (the host block's operations, in its order): [M, heads, D] bf16."""
     t = x.float().reshape(x.shape[0], heads, head)
     if weight is not None:
         n = t.flatten(1) if across else t
         n = n * torch.rsqrt(n.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
         t = n.view_as(t)
+    if index is not None:
+        cos, sin = by_rows(cos, sin, index, columns)
     if cos is not None and cos.shape[-1]:
         c, s = (a.float() if a.dim() == 3 else a.float()[:, None, :] for a in (cos, sin))
         r = c.shape[-1]
@@ -46,7 +61,9 @@ def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=N
 
 @triton_jit
 def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch, out_ptr, M, HEADS, R, eps,
-                           NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+                           index_ptr, stride_i, axis_ptr, freq_ptr,
+                           NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BY_AXIS: tl.constexpr):
     # Grid (row blocks,): a program takes BLOCK_M rows through every head. NORM 2 (across) first walks the heads
     # for each row's sum of squares, then head by head: norm, rotary, store. Each value's rotary partner (j +- r) is
     # a second load of the same row, which the first one brought into L1.
@@ -79,17 +96,28 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
                 gain = w_ptr + head * D
             x = (x * inv[:, None]) * tl.load(gain + cols, mask=cols < D, other=0.0)[None, :]
             xp = (xp * inv[:, None]) * tl.load(gain + partner, mask=cols < D, other=0.0)[None, :]
-        c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
-        s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
+        if BY_AXIS:  # stride_cm: the tables' row stride; stride_ch: the columns' head stride (0: shared)
+            column = head * stride_ch + angle
+            axis = tl.load(axis_ptr + column, mask=turned, other=0)
+            freq = tl.load(freq_ptr + column, mask=turned, other=0)
+            at = tl.load(index_ptr + rows[:, None].to(tl.int64) * stride_i + axis[None, :], mask=amask, other=0)
+            slots = at.to(tl.int64) * stride_cm + freq[None, :]
+            c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
+            s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
+        else:
+            c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
+            s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
         x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
         dst = (rows.to(tl.int64) * HEADS + head) * D
         tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
 
 
-def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, block_m=16, num_warps=4):
+def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
+                   block_m=16, num_warps=4):
     """[M, heads, head] bf16 from rows x [M, heads head] by the math in this file's docstring (weight None: no norm;
     cos/sin None: no rotary). across: the norm over a row's heads (weight [heads head]), else by head (weight
-    [head]). out: an optional contiguous [M, heads, head] bf16 buffer."""
+    [head]). out: an optional contiguous [M, heads, head] bf16 buffer. index, columns: cos/sin are angles by axis
+    (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32)."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -97,11 +125,20 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
     if weight is not None and weight.numel() != (heads * d if across else d):
         raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
                          f"({'across heads' if across else 'by head'}), got {weight.numel()}")
-    r = 0 if cos is None else cos.shape[-1]
-    angle_shapes = ((m, r), (m, heads, r))
-    if cos is not None and (cos.shape not in angle_shapes or sin.shape != cos.shape or 2 * r > d):
-        raise ValueError(f"rows_norm_rope: cos/sin must be [{m}, r] or [{m}, {heads}, r] with 2r <= {d}, got "
-                         f"{tuple(cos.shape)}")
+    by_axis = index is not None
+    if by_axis:
+        axis, freq = columns
+        r = axis.shape[-1]
+        if (cos.dim() != 2 or sin.shape != cos.shape or index.dim() != 2 or index.shape[0] != m
+                or axis.shape not in ((r,), (heads, r)) or freq.shape != axis.shape or 2 * r > d):
+            raise ValueError(f"rows_norm_rope: angles by axis must be tables [T, F], index [{m}, A] and columns [r] "
+                             f"or [{heads}, r] with 2r <= {d}, got {tuple(cos.shape)}, {tuple(index.shape)}, "
+                             f"{tuple(axis.shape)}")
+    else:
+        r = 0 if cos is None else cos.shape[-1]
+        if cos is not None and (cos.shape not in ((m, r), (m, heads, r)) or sin.shape != cos.shape or 2 * r > d):
+            raise ValueError(f"rows_norm_rope: cos/sin must be [{m}, r] or [{m}, {heads}, r] with 2r <= {d}, got "
+                             f"{tuple(cos.shape)}")
     if out is None:
         out = torch.empty(m, heads, d, dtype=torch.bfloat16, device=x.device)
     if out.shape != (m, heads, d) or out.dtype != torch.bfloat16 or not out.is_contiguous():
@@ -110,9 +147,16 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         return out
     cos, sin = (out if t is None else t.float().contiguous() for t in (cos, sin))  # out: never read without rotary
     weight = out if weight is None else weight.float().contiguous()  # (never read without a norm)
-    per_head = r and cos.dim() == 3  # shared angles: every head reads the row's
+    if by_axis:
+        index, axis, freq = (t.to(torch.int32).contiguous() for t in (index, axis, freq))
+        stride_cm, stride_ch = cos.stride(0), r if axis.dim() == 2 else 0
+    else:
+        index, axis, freq = out, out, out  # (never read)
+        per_head = r and cos.dim() == 3  # shared angles: every head reads the row's
+        stride_cm, stride_ch = cos.stride(0) if r else 0, cos.stride(1) if per_head else 0
     _rows_norm_rope_kernel[(triton.cdiv(m, block_m),)](
-        x, x.stride(0), weight, cos, sin, cos.stride(0) if r else 0, cos.stride(1) if per_head else 0, out, m, heads,
-        r, eps, NORM=0 if weight is out else 2 if across else 1, D=d, BLOCK_D=triton.next_power_of_2(d),
-        BLOCK_M=block_m, num_warps=num_warps, enable_fp_fusion=False)
+        x, x.stride(0), weight, cos, sin, stride_cm, stride_ch, out, m, heads, r, eps, index,
+        index.stride(0) if by_axis else 0, axis, freq, NORM=0 if weight is out else 2 if across else 1, D=d,
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, BY_AXIS=by_axis, num_warps=num_warps,
+        enable_fp_fusion=False)
     return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from ..block import GroupBias
-from ..sequence import Sequence
+from ..sequence import AxisAngles, Sequence
 
 ROPE_THETA = 10000.0
 # RoPE coordinates (section 4): a video latent spans 8 pixel frames x 32 x 32 px, the causal VAE's first one frame;
@@ -110,23 +110,33 @@ def audio_midpoints(latents: int, dtype: torch.dtype) -> torch.Tensor:
     return ((start + end) / 2.0)[:, None]
 
 
-def split_angles(mid: torch.Tensor, width: int, heads: int) -> torch.Tensor:
-    """The "split" rotary's angles [rows, heads, width / (2 heads)] of midpoints [rows, nd] (section 4): per axis d
-    and frequency j (f_j = theta^(j / (n - 1)) pi / 2 in float64, n = width // 2 nd), f_j (2 mid_d / max_d - 1) at
-    j nd + d, zero angles in front up to width / 2, then head by head. In mid's dtype: float64 whole; float32 as
-    diffusers computes them (the frequencies rounded to float32 first)."""
+def split_angles(mid: torch.Tensor, width: int, heads: int) -> AxisAngles:
+    """The "split" rotary's per-head angles of midpoints [rows, nd] (section 4), by axis: per axis d and frequency j
+    (f_j = theta^(j / (n - 1)) pi / 2 in float64, n = width // 2 nd) the angle f_j (2 mid_d / max_d - 1) at column
+    j nd + d, zero angles in front up to width / 2, then head by head [heads, width / (2 heads)]. Each axis's table
+    holds its distinct midpoints' angles. In mid's dtype: float64 whole; float32 as diffusers computes them (the
+    frequencies rounded to float32 first). cos and sin in float32."""
     rows, nd = mid.shape
     count = width // (2 * nd)
     ladder = torch.pow(ROPE_THETA, torch.linspace(0.0, 1.0, count, dtype=torch.float64)) * math.pi / 2.0
-    unit = torch.stack([mid[:, d] / MAX_POSITIONS[d] for d in range(nd)], dim=-1)
-    angles = ((unit[:, :, None] * 2 - 1) * ladder.to(mid.device, mid.dtype)).transpose(1, 2).flatten(1)
-    angles = torch.cat([angles.new_zeros(rows, width // 2 - count * nd), angles], dim=1)
-    return angles.reshape(rows, heads, -1)
+    ladder = ladder.to(mid.device, mid.dtype)
+    tables, index = [mid.new_zeros(1, count)], []  # table row 0: the padding columns' zero angle
+    for d in range(nd):
+        values, at = torch.unique(mid[:, d], return_inverse=True)
+        index.append(at + sum(t.shape[0] for t in tables))
+        tables.append((values / MAX_POSITIONS[d] * 2 - 1)[:, None] * ladder)
+    index.append(torch.zeros_like(index[0]))
+    column = torch.arange(width // 2, device=mid.device) - (width // 2 - count * nd)
+    padding = column < 0
+    axis = torch.where(padding, nd, column % nd).reshape(heads, -1)
+    freq = torch.where(padding, 0, column.div(nd, rounding_mode="floor")).reshape(heads, -1)
+    angles = torch.cat(tables)
+    return AxisAngles(angles.cos().float(), angles.sin().float(), torch.stack(index, 1).to(torch.int32),
+                      axis.to(torch.int32), freq.to(torch.int32))
 
 
 def rotary(mid: torch.Tensor, width: int, heads: int, map_: torch.Tensor) -> Sequence:
-    angles = split_angles(mid, width, heads)
-    return Sequence(map_, angles.cos().float(), angles.sin().float())
+    return Sequence(map_, None, None, by_axis=split_angles(mid, width, heads))
 
 
 def distinct(times: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

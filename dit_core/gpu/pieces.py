@@ -106,9 +106,15 @@ def row_parts(lin: GpuLinear, sizes: tuple[int, ...]) -> tuple[GpuLinear, ...]:
 def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None) -> torch.Tensor:
     """A linear's bf16 output rows -> [1, heads, rows, head] bf16 (a view of rows-major storage): RMS (a.qk_norm: by
     head or across all heads) in f32, turned by s's cos/sin (per head or shared), as dit_core/block.py
-    head_norm_rotary, in one kernel (kernels/rows_norm_rope.py)."""
-    cos, sin = (None, None) if s is None else (s.cos, s.sin)
-    rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across")
+    head_norm_rotary, in one kernel (kernels/rows_norm_rope.py; angles by axis where s has them)."""
+    angles, by_axis = {}, None if s is None else s.by_axis
+    if by_axis is not None:
+        angles = {"index": by_axis.index, "columns": (by_axis.axis, by_axis.freq)}
+        cos, sin = by_axis.cos, by_axis.sin
+    else:
+        cos, sin = (None, None) if s is None else (s.cos, s.sin)
+    rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across",
+               **angles)
     return rows.transpose(0, 1)[None]
 
 

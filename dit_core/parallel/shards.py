@@ -15,7 +15,7 @@ divide).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -96,6 +96,8 @@ class SequenceShards:
                              "(the rows of a group would sit on different ranks); run this step on one rank")
         at = lambda t: t[self._on("rows", t.device)]  # noqa: E731  (a host map with device tables: starts kept)
         angles = None if s.angles is None else AngleFactors(at(s.angles.positions), s.angles.freqs, s.angles.ends)
+        if s.by_axis is not None:
+            return Sequence(at(s.map), None, None, 0, angles, by_axis=replace(s.by_axis, index=at(s.by_axis.index)))
         return Sequence(at(s.map), at(s.cos), at(s.sin), 0, angles)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Times LTX-2.5's q/k rows on CUDA: kernels/rows_norm_rope.py against the torch f32 form it replaced in
 dit_core/gpu/pieces.py (RMS across the heads, per-head split-half rotary, bf16), at the video self-attention (32 x
-128, every column turned), audio (32 x 64) and the A<->V time rotary on video heads (32 of 64 pairs).
+128, every column turned) and the A<->V time rotary on video heads (32 of 64 pairs), at stage 2's video rows (16 x 22
+x 40 latents); the kernel's angles as every row's tables and by axis (the rows' midpoints' tables).
 Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_ms). Prints markdown.
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_rows_norm_rope.py [--runs 100]
 """
@@ -13,24 +14,30 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parent)]
 
 from bench_int8_linear import median_ms  # noqa: E402
+from dit_core.families.ltx25_positions import Grid, split_angles, video_midpoints  # noqa: E402
 from kernels.rows_norm_rope import reference, rows_norm_rope  # noqa: E402
 
-CASES = [("video self", 32, 128, 64), ("audio self", 32, 64, 32), ("A<->V, video heads", 32, 128, 32)]
+CASES = [("video self", 32, 128, 64, 3), ("A<->V, video heads", 32, 128, 32, 1)]
 
 
 def main(runs: int) -> None:
-    print("| rows | M | torch f32 ms (graph) | rows_norm_rope ms (graph) |")
-    print("|---|---|---|---|")
-    for name, heads, head, r in CASES:
-        for m in (6144, 24576):
-            x = torch.randn(m, heads * head, device="cuda").to(torch.bfloat16)
-            gain = 1 + 0.1 * torch.randn(heads * head, device="cuda")
-            angles = torch.rand(m, heads, r, device="cuda") * 10
-            cos, sin = angles.cos(), angles.sin()
-            fns = (lambda: reference(x, heads, head, gain, cos, sin, across=True),  # noqa: E731
-                   lambda: rows_norm_rope(x, heads, head, gain, cos, sin, across=True))  # noqa: E731
-            times = [f"{median_ms(fn, runs, False):.4f} ({median_ms(fn, runs, True):.4f})" for fn in fns]
-            print(f"| {name} | {m} | {times[0]} | {times[1]} |")
+    grid = Grid(16, 22, 40)  # stage 2's latents: 14080 rows
+    mid = video_midpoints(grid, torch.float64).cuda()
+    print("| rows | M | torch f32 ms (graph) | rows_norm_rope, every row's tables ms (graph) | by axis ms (graph) |")
+    print("|---|---|---|---|---|")
+    for name, heads, head, r, axes in CASES:
+        tables = split_angles(mid[:, :axes], 2 * heads * r, heads)
+        cos, sin = tables.by_rows()
+        m = cos.shape[0]
+        x = torch.randn(m, heads * head, device="cuda").to(torch.bfloat16)
+        gain = 1 + 0.1 * torch.randn(heads * head, device="cuda")
+        by_axis = {"index": tables.index, "columns": (tables.axis, tables.freq)}
+        fns = (lambda: reference(x, heads, head, gain, cos, sin, across=True),  # noqa: E731
+               lambda: rows_norm_rope(x, heads, head, gain, cos, sin, across=True),  # noqa: E731
+               lambda: rows_norm_rope(x, heads, head, gain, tables.cos, tables.sin, across=True, **by_axis))  # noqa
+        assert torch.equal(fns[1](), fns[2]())
+        times = [f"{median_ms(fn, runs, False):.4f} ({median_ms(fn, runs, True):.4f})" for fn in fns]
+        print(f"| {name} | {m} | {' | '.join(times)} |")
 
 
 if __name__ == "__main__":

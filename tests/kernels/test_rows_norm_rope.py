@@ -9,7 +9,7 @@ from conftest import assert_within_one_bf16_step
 
 from dit_core.arch import Arch
 from dit_core.block import head_norm_rotary
-from dit_core.sequence import Sequence
+from dit_core.sequence import AxisAngles, Sequence
 from kernels.rows_norm_rope import reference, rows_norm_rope
 
 # (M, heads, head, r, angles): odd M; every column turned, part, none; a head not a power of 2; angles shared ("row"),
@@ -51,6 +51,40 @@ def test_reference_is_the_host_block(m, heads, head, r, angles, norm):
                        host.to(torch.bfloat16))
 
 
+def by_axis(m, heads, r, shared, seed, device):
+    """Angles by axis for m rows: tables of 3 axes (+ the zero row), each row's index on each axis, columns [heads, r]
+    (shared: [r]); with the [M, heads, r] or [M, r] tables they stand for."""
+    g = torch.Generator().manual_seed(seed)
+    sizes, freqs = (3, 5, 2), 7
+    theta = torch.cat([torch.zeros(1, freqs), 100 * torch.rand(sum(sizes), freqs, generator=g)])
+    starts = torch.tensor([1, 1 + sizes[0], 1 + sizes[0] + sizes[1]])
+    index = torch.cat([torch.stack([starts[d] + torch.randint(0, n, (m,), generator=g) for d, n in enumerate(sizes)],
+                                   1), torch.zeros(m, 1, dtype=torch.long)], 1).to(torch.int32)
+    shape = (r,) if shared else (heads, r)
+    axis = torch.randint(0, 4, shape, generator=g).to(torch.int32)
+    freq = torch.randint(0, freqs, shape, generator=g).to(torch.int32)
+    tables = (theta.cos(), theta.sin())
+    rows = [t[index.long()[:, axis.long()], freq.long()] for t in tables]
+    return [t.to(device) for t in (*tables, index, axis, freq, *rows)]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("norm", ["across", None])
+def test_angles_by_axis_are_the_tables_they_stand_for(norm, shared, device):
+    """cos/sin by axis (tables, each row's index, each column's axis and frequency: LTX-2.5's split rotary) give the
+    kernel's output of the full tables bit for bit, and the reference's."""
+    m, heads, head, r = 37, 3, 32, 16
+    x, gain, _, _ = inputs(m, heads, head, r, "head", norm, seed=11, device=device)
+    cos, sin, index, axis, freq, cos_rows, sin_rows = by_axis(m, heads, r, shared, seed=12, device=device)
+    across = norm == "across"
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=across, index=index, columns=(axis, freq),
+                         block_m=8)
+    assert torch.equal(got, rows_norm_rope(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across, block_m=8))
+    by_axis_reference = reference(x, heads, head, gain, cos, sin, 1e-6, across=across, index=index,
+                                  columns=(axis, freq))
+    assert torch.equal(by_axis_reference, reference(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across))
+
+
 def test_bad_arguments_raise():
     x, gain, cos, sin = inputs(4, 2, 32, 8, "head", "across", seed=0, device="cpu")
     for args, kw in (((x, 4, 32, gain, cos, sin), {}), ((x, 2, 32, gain, cos, sin), {"across": False}),
@@ -59,6 +93,11 @@ def test_bad_arguments_raise():
                      ((x, 2, 32, gain, cos, sin), {"across": True, "out": torch.empty(4, 2, 32)})):
         with pytest.raises(ValueError, match="rows_norm_rope"):
             rows_norm_rope(*args, **kw)
+    cos, sin, index, axis, freq, _, _ = by_axis(4, 2, 8, False, seed=1, device="cpu")
+    for kw in ({"index": index[:3], "columns": (axis, freq)}, {"index": index, "columns": (axis[:1], freq[:1])},
+               {"index": index, "columns": (axis.repeat(1, 3), freq.repeat(1, 3))}):
+        with pytest.raises(ValueError, match="rows_norm_rope: angles by axis"):
+            rows_norm_rope(x, 2, 32, gain, cos, sin, across=True, **kw)
     assert rows_norm_rope(x[:0], 2, 32, gain, cos[:0], sin[:0], across=True).shape == (0, 2, 32)
 
 
@@ -73,9 +112,11 @@ def test_ltx25_shapes(heads, head, r):
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=True))
 
 
-def test_ltx25_pieces_take_the_kernel(monkeypatch):
+@pytest.mark.parametrize("angles", ["rows", "by axis"])
+def test_ltx25_pieces_take_the_kernel(angles, monkeypatch):
     """dit_core/gpu/pieces.py's q/k rows through this kernel (the op table's capability check opened to the CPU: the
-    interpreter runs it) against the reference a CPU runs otherwise: across-heads norm, per-head angles."""
+    interpreter runs it) against the reference a CPU runs otherwise: across-heads norm, per-head angles (every row's
+    tables, or by axis as LTX-2.5's sequences hold them)."""
     import kernels
     from dit_core.gpu import pieces
     a = Arch(family="ltx25", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=1024, latents=16, patch=(1,),
@@ -83,6 +124,9 @@ def test_ltx25_pieces_take_the_kernel(monkeypatch):
              rope_axes=(64,), rope_theta=1e4, mlp="gelu_tanh", qk_norm="across")
     x, gain, cos, sin = inputs(21, 4, 64, 32, "head", "across", seed=5, device="cpu")
     seq = Sequence(torch.zeros(21, dtype=torch.long), cos, sin)
+    if angles == "by axis":
+        cos, sin, index, axis, freq, _, _ = by_axis(21, 4, 32, False, seed=6, device="cpu")
+        seq = Sequence(seq.map, None, None, by_axis=AxisAngles(cos, sin, index, axis, freq))
     want = pieces._heads(a, x, gain, seq)
     monkeypatch.setitem(kernels.OPS, "rows_norm_rope", replace(kernels.OPS["rows_norm_rope"], capable=lambda d: None))
     got = pieces._heads(a, x, gain, seq)
