@@ -9,7 +9,9 @@ absent) and row_map [M] (each row's table row), in f32:
   layer:  n = (x - mean(x)) * 1/sqrt(mean((x - mean(x))^2) + eps)
   out = n * (1 + scale[row_map]) + shift[row_map]      (each product rounded, then the sum: no FMA)
 Returned as [M, D] f32, contiguous, or rounded once to bf16 (out_dtype: where every reader takes bf16 rows, half the
-bytes written and read back). The sums run in another order than torch's: within a few f32 steps of it.
+bytes written and read back). The sums run in another order than torch's: within a few f32 steps of it. A second
+pair of tables (also) gives a second output of the same rows' norm in the same pass (LTX-2.5's A->V queries and V->A
+keys read the video rows under two modulations: one read of x, not two).
 """
 from __future__ import annotations
 
@@ -28,21 +30,27 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 NORMS = {"rms": 0, "layer": 1}
 
 
-def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32):
-    """The math above in plain torch, as the host block runs it: [M, D] f32 (or out_dtype)."""
+def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, also=None):
+    """The math above in plain torch, as the host block runs it: [M, D] f32 (or out_dtype); with also (scale,
+    shift), the pair of outputs."""
     x = x.float()
     if norm == "rms":
-        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     else:
-        y = F.layer_norm(x, (x.shape[-1],), eps=eps)
-    y = y * (1 + scale.float()[row_map])
-    return (y if shift is None else y + shift.float()[row_map]).to(out_dtype)
+        n = F.layer_norm(x, (x.shape[-1],), eps=eps)
+    row_map = row_map.long()
+
+    def modulated(scale, shift):
+        y = n * (1 + scale.float()[row_map])
+        return (y if shift is None else y + shift.float()[row_map]).to(out_dtype)
+    return modulated(scale, shift) if also is None else (modulated(scale, shift), modulated(*also))
 
 
 @triton_jit
 def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_ptr, M, D, eps,
+                           scale2_ptr, shift2_ptr, out2_ptr,
                            LAYER: tl.constexpr, HAS_SHIFT: tl.constexpr, OUT_BF16: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SECOND: tl.constexpr):
     # Grid (row blocks,): a program takes BLOCK_M rows, walking their D columns in BLOCK_D steps: the statistics
     # (LAYER: the mean first, then the centred squares), then the modulated values. The later walks find the rows
     # in L2 (a row block is BLOCK_M x D x 4 bytes).
@@ -65,25 +73,34 @@ def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_p
         squares += tl.sum(x * x, axis=1)
     inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))
     table = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)[:, None] * D
-    dst = out_ptr + rows[:, None].to(tl.int64) * D
+    at = rows[:, None].to(tl.int64) * D
     for d0 in tl.range(0, D, BLOCK_D):
         c = d0 + cols[None, :]
         mask = rmask[:, None] & (c < D)
         x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
-        y = (x - mean[:, None]) * inv[:, None]
-        y = y * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
+        n = (x - mean[:, None]) * inv[:, None]
+        y = n * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
         if HAS_SHIFT:
             y = y + tl.load(shift_ptr + table + c, mask=mask, other=0.0)
         if OUT_BF16:
-            tl.store(dst + c, rounded_bf16(y), mask=mask)
+            tl.store(out_ptr + at + c, rounded_bf16(y), mask=mask)
         else:
-            tl.store(dst + c, y, mask=mask)
+            tl.store(out_ptr + at + c, y, mask=mask)
+        if SECOND:
+            y = n * (1.0 + tl.load(scale2_ptr + table + c, mask=mask, other=0.0))
+            if HAS_SHIFT:
+                y = y + tl.load(shift2_ptr + table + c, mask=mask, other=0.0)
+            if OUT_BF16:
+                tl.store(out2_ptr + at + c, rounded_bf16(y), mask=mask)
+            else:
+                tl.store(out2_ptr + at + c, y, mask=mask)
 
 
-def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, block_m=4,
+def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, also=None, block_m=4,
                    num_warps=4):
     """[M, D] f32 (or bf16: out_dtype) from rows x [M, D] by the math in this file's docstring: norm "rms" or
-    "layer"; scale and shift [R, D] (shift None: none); row_map [M] into them."""
+    "layer"; scale and shift [R, D] (shift None: none); row_map [M] into them. also: a second (scale, shift) of the
+    same form (both shifts or neither): the pair of outputs, from one pass."""
     if norm not in NORMS:
         raise ValueError(f"modulated_norm: norm must be one of {tuple(NORMS)}, got {norm!r}")
     if out_dtype not in (torch.float32, torch.bfloat16):
@@ -91,17 +108,23 @@ def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"modulated_norm: x must be rows [M, D] with contiguous columns, got {tuple(x.shape)}")
     m, d = x.shape
-    tables = (scale,) if shift is None else (scale, shift)
+    pairs = [(scale, shift)] + ([] if also is None else [tuple(also)])
+    tables = [t for pair in pairs for t in pair if t is not None]
     if any(t.dim() != 2 or t.shape[1] != d for t in tables) or row_map.shape != (m,):
         raise ValueError(f"modulated_norm: tables must be [R, {d}] and row_map [{m}], got "
                          f"{[tuple(t.shape) for t in tables]} and {tuple(row_map.shape)}")
-    out = torch.empty(m, d, dtype=out_dtype, device=x.device)
+    if any((s is None) != (shift is None) for _, s in pairs):
+        raise ValueError("modulated_norm: the second modulation must have a shift where the first has one")
+    outs = [torch.empty(m, d, dtype=out_dtype, device=x.device) for _ in pairs]
     if m == 0:
-        return out
-    scale = scale.float().contiguous()
-    shift = scale if shift is None else shift.float().contiguous()  # (never read without a shift)
+        return outs[0] if also is None else tuple(outs)
+    has_shift = shift is not None
+    pairs = [(sc.float().contiguous(), (sh if has_shift else sc).float().contiguous())  # (a missing shift: unread)
+             for sc, sh in pairs]
+    (scale, shift), (scale2, shift2) = pairs[0], pairs[-1]
     _modulated_norm_kernel[(triton.cdiv(m, block_m),)](
-        x, x.stride(0), scale, shift, row_map.contiguous(), out, m, d, eps, LAYER=NORMS[norm] == 1,
-        HAS_SHIFT=shift is not scale, OUT_BF16=out_dtype == torch.bfloat16, BLOCK_M=block_m,
-        BLOCK_D=min(1024, triton.next_power_of_2(d)), num_warps=num_warps, enable_fp_fusion=False)
-    return out
+        x, x.stride(0), scale, shift, row_map.contiguous(), outs[0], m, d, eps, scale2, shift2, outs[-1],
+        LAYER=NORMS[norm] == 1, HAS_SHIFT=has_shift, OUT_BF16=out_dtype == torch.bfloat16, BLOCK_M=block_m,
+        BLOCK_D=min(1024, triton.next_power_of_2(d)), SECOND=also is not None, num_warps=num_warps,
+        enable_fp_fusion=False)
+    return outs[0] if also is None else tuple(outs)

@@ -541,12 +541,16 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
         into(x, heads, layer.text_attn, p[GATE_Q], m, o)
     cv, ca = table_plus(block.video.av_table[:4], sv.av), table_plus(block.audio.av_table[:4], sa.av)
     gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
-    q = modulated_rows(va, v, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map)
-    kv = modulated_rows(aa, a, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map)
-    a2v = attention_rows(aa, block.a2v, q, kv, sv.cross, sa.cross, options=o, shards=sv.shards, keys=sa.shards)
-    q = modulated_rows(aa, a, ca[V2A_SHIFT], ca[V2A_SCALE], sa.av_map)
-    kv = modulated_rows(va, v, cv[V2A_SHIFT], cv[V2A_SCALE], sv.av_map)
-    v2a = attention_rows(aa, block.v2a, q, kv, sa.cross, sv.cross, options=o, shards=sa.shards, keys=sv.shards)
+    # each stream's rows under both modulations from one read: A->V's queries and V->A's keys of the video rows
+    video_a2v, video_v2a = modulated_rows(va, v, cv[A2V_SHIFT], cv[A2V_SCALE], sv.av_map,
+                                          also=(cv[V2A_SHIFT], cv[V2A_SCALE]))
+    audio_a2v, audio_v2a = modulated_rows(aa, a, ca[A2V_SHIFT], ca[A2V_SCALE], sa.av_map,
+                                          also=(ca[V2A_SHIFT], ca[V2A_SCALE]))
+    a2v = attention_rows(aa, block.a2v, video_a2v, audio_a2v, sv.cross, sa.cross, options=o, shards=sv.shards,
+                         keys=sa.shards)
+    del video_a2v, audio_a2v
+    v2a = attention_rows(aa, block.v2a, audio_v2a, video_v2a, sa.cross, sv.cross, options=o, shards=sa.shards,
+                         keys=sv.shards)
     into(a, v2a, block.v2a, ga, sa.gate_map, o)
     into(v, a2v, block.a2v, gv, sv.gate_map, o)
     for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):

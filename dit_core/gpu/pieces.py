@@ -232,12 +232,13 @@ def span_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: Grou
     return out
 
 
-def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor,
-                   row_map: torch.Tensor) -> torch.Tensor:
+def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: torch.Tensor, row_map: torch.Tensor,
+                   also: tuple | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """dit_core/block.py modulated_norm without a gain, in one kernel (kernels/modulated_norm.py): [rows, D] rounded
     once to bf16, as every reader takes them (the linears' and the head gate's products), so half the bytes are
-    written and read back."""
-    return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm, out_dtype=torch.bfloat16)
+    written and read back. also: a second (shift, scale) of the same rows: both, from one read of x."""
+    second = None if also is None else also[::-1]
+    return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm, out_dtype=torch.bfloat16, also=second)
 
 
 def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: torch.Tensor, row_map: torch.Tensor,

@@ -45,6 +45,22 @@ def test_bf16_rows_are_the_f32_rows_rounded_once(norm, device):
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-5)  # a bf16 step
 
 
+@pytest.mark.parametrize("shift", [True, False])
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
+def test_a_second_modulation_is_the_same_as_its_own_pass(shift, out_dtype, device):
+    """also (LTX-2.5's A->V queries and V->A keys of the same video rows): both outputs from one pass, each equal bit
+    for bit to its own call, and the reference's pair to its two calls."""
+    x, scale, offset, row_map = inputs(13, 1100, 3, shift, seed=7, device=device, row_stride=8)
+    _, scale2, offset2, _ = inputs(13, 1100, 3, shift, seed=8, device=device)
+    first, second = modulated_norm(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, also=(scale2, offset2),
+                                   block_m=2)
+    assert torch.equal(first, modulated_norm(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, block_m=2))
+    assert torch.equal(second, modulated_norm(x, scale2, offset2, row_map, 1e-6, out_dtype=out_dtype, block_m=2))
+    pair = reference(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, also=(scale2, offset2))
+    assert all(torch.equal(got, reference(x, sc, sh, row_map, 1e-6, out_dtype=out_dtype))
+               for got, (sc, sh) in zip(pair, ((scale, offset), (scale2, offset2))))
+
+
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 def test_reference_is_the_host_block(norm):
     x, scale, offset, row_map = inputs(9, 64, 3, True, seed=4, device="cpu")
@@ -60,3 +76,6 @@ def test_bad_arguments_raise():
                      ((x, scale, offset, row_map), {"out_dtype": torch.float16})):
         with pytest.raises(ValueError, match="modulated_norm"):
             modulated_norm(*args, **kw)
+    for also in ((scale[:, :16], offset), (scale, None)):
+        with pytest.raises(ValueError, match="modulated_norm"):
+            modulated_norm(x, scale, offset, row_map, also=also)
