@@ -149,8 +149,8 @@ for part in $parts; do
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
     omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
-    # LTX-2.5's q/k rows kernel: every row's angle tables against angles by axis, at stage 2's rows
-    rows_norm_rope) timeout 150 python3 tests/kernels/bench_rows_norm_rope.py --runs 50 ;;
+    # LTX-2.5's row passes at stage 2: q/k rows by every row's angle tables or by axis; modulated norms
+    rows_norm_rope) timeout 200 sh -c "python3 tests/kernels/bench_rows_norm_rope.py --runs 50; python3 tests/kernels/bench_modulated_norm.py" ;;
     # GPU tests named in TESTS (paths or node ids)
     pick) timeout $(cap 300) python3 -m pytest -q -rs -m "gpu or not gpu" -p no:cacheprovider --durations=5 $TESTS ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
