@@ -47,66 +47,82 @@ def reference(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch
 
 
 @triton_jit
+def _store_modulated(n, table, c, mask, at, scale_ptr, shift_ptr, out_ptr, HAS_SHIFT: tl.constexpr,
+                     OUT_BF16: tl.constexpr):
+    y = n * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
+    if HAS_SHIFT:
+        y = y + tl.load(shift_ptr + table + c, mask=mask, other=0.0)
+    if OUT_BF16:
+        tl.store(out_ptr + at + c, rounded_bf16(y), mask=mask)
+    else:
+        tl.store(out_ptr + at + c, y, mask=mask)
+
+
+@triton_jit
 def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_ptr, M, D, eps,
                            scale2_ptr, shift2_ptr, out2_ptr,
                            LAYER: tl.constexpr, HAS_SHIFT: tl.constexpr, OUT_BF16: tl.constexpr,
-                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SECOND: tl.constexpr):
-    # Grid (row blocks,): a program takes BLOCK_M rows, walking their D columns in BLOCK_D steps: the statistics
-    # (LAYER: the mean first, then the centred squares), then the modulated values. The later walks find the rows
-    # in L2 (a row block is BLOCK_M x D x 4 bytes).
+                           BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SECOND: tl.constexpr,
+                           ONE_BLOCK: tl.constexpr):
+    # Grid (row blocks,): a program takes BLOCK_M rows. ONE_BLOCK (BLOCK_D >= D): the rows loaded once, statistics
+    # and values from registers. Else walking their D columns in BLOCK_D steps: the statistics (LAYER: the mean
+    # first, then the centred squares), then the modulated values; the later walks find the rows in L2 (a row block
+    # is BLOCK_M x D x 4 bytes).
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_D)
     rmask = rows < M
     base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if LAYER:
-        sums = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for d0 in tl.range(0, D, BLOCK_D):
-            mask = rmask[:, None] & (d0 + cols < D)[None, :]
-            sums += tl.sum(tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32), axis=1)
-        mean = tl.math.div_rn(sums, D * 1.0)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    for d0 in tl.range(0, D, BLOCK_D):
-        mask = rmask[:, None] & (d0 + cols < D)[None, :]
-        x = tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        x = tl.where(mask, x - mean[:, None], 0.0)
-        squares += tl.sum(x * x, axis=1)
-    inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))
     table = tl.load(map_ptr + rows, mask=rmask, other=0).to(tl.int64)[:, None] * D
     at = rows[:, None].to(tl.int64) * D
-    for d0 in tl.range(0, D, BLOCK_D):
-        c = d0 + cols[None, :]
-        mask = rmask[:, None] & (c < D)
-        x = tl.load(base + c, mask=mask, other=0.0).to(tl.float32)
-        n = (x - mean[:, None]) * inv[:, None]
-        y = n * (1.0 + tl.load(scale_ptr + table + c, mask=mask, other=0.0))
-        if HAS_SHIFT:
-            y = y + tl.load(shift_ptr + table + c, mask=mask, other=0.0)
-        if OUT_BF16:
-            tl.store(out_ptr + at + c, rounded_bf16(y), mask=mask)
-        else:
-            tl.store(out_ptr + at + c, y, mask=mask)
+    if ONE_BLOCK:
+        mask = rmask[:, None] & (cols < D)[None, :]
+        x = tl.load(base + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if LAYER:
+            x = tl.where(mask, x - tl.math.div_rn(tl.sum(x, axis=1), D * 1.0)[:, None], 0.0)
+        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
+        n = x * inv[:, None]
+        _store_modulated(n, table, cols[None, :], mask, at, scale_ptr, shift_ptr, out_ptr, HAS_SHIFT, OUT_BF16)
         if SECOND:
-            y = n * (1.0 + tl.load(scale2_ptr + table + c, mask=mask, other=0.0))
-            if HAS_SHIFT:
-                y = y + tl.load(shift2_ptr + table + c, mask=mask, other=0.0)
-            if OUT_BF16:
-                tl.store(out2_ptr + at + c, rounded_bf16(y), mask=mask)
-            else:
-                tl.store(out2_ptr + at + c, y, mask=mask)
+            _store_modulated(n, table, cols[None, :], mask, at, scale2_ptr, shift2_ptr, out2_ptr, HAS_SHIFT,
+                             OUT_BF16)
+    else:
+        mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if LAYER:
+            sums = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for d0 in tl.range(0, D, BLOCK_D):
+                mask = rmask[:, None] & (d0 + cols < D)[None, :]
+                sums += tl.sum(tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32), axis=1)
+            mean = tl.math.div_rn(sums, D * 1.0)
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for d0 in tl.range(0, D, BLOCK_D):
+            mask = rmask[:, None] & (d0 + cols < D)[None, :]
+            x = tl.load(base + d0 + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            x = tl.where(mask, x - mean[:, None], 0.0)
+            squares += tl.sum(x * x, axis=1)
+        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))
+        for d0 in tl.range(0, D, BLOCK_D):
+            c = d0 + cols[None, :]
+            mask = rmask[:, None] & (c < D)
+            n = (tl.load(base + c, mask=mask, other=0.0).to(tl.float32) - mean[:, None]) * inv[:, None]
+            _store_modulated(n, table, c, mask, at, scale_ptr, shift_ptr, out_ptr, HAS_SHIFT, OUT_BF16)
+            if SECOND:
+                _store_modulated(n, table, c, mask, at, scale2_ptr, shift2_ptr, out2_ptr, HAS_SHIFT, OUT_BF16)
 
 
 def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, also=None, block_m=4,
-                   num_warps=4):
+                   num_warps=4, block_d=1024):
     """[M, D] f32 (or bf16: out_dtype) from rows x [M, D] by the math in this file's docstring: norm "rms" or
     "layer"; scale and shift [R, D] (shift None: none); row_map [M] into them. also: a second (scale, shift) of the
-    same form (both shifts or neither): the pair of outputs, from one pass."""
+    same form (both shifts or neither): the pair of outputs, from one pass. block_d: the columns a step (at least
+    D: each row read once, held in registers)."""
     if norm not in NORMS:
         raise ValueError(f"modulated_norm: norm must be one of {tuple(NORMS)}, got {norm!r}")
     if out_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"modulated_norm: out_dtype must be float32 or bfloat16, got {out_dtype}")
     if x.dim() != 2 or x.stride(-1) != 1:
         raise ValueError(f"modulated_norm: x must be rows [M, D] with contiguous columns, got {tuple(x.shape)}")
+    if block_d & (block_d - 1):
+        raise ValueError(f"modulated_norm: block_d must be a power of 2, got {block_d}")
     m, d = x.shape
     pairs = [(scale, shift)] + ([] if also is None else [tuple(also)])
     tables = [t for pair in pairs for t in pair if t is not None]
@@ -125,6 +141,6 @@ def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=
     _modulated_norm_kernel[(triton.cdiv(m, block_m),)](
         x, x.stride(0), scale, shift, row_map.contiguous(), outs[0], m, d, eps, scale2, shift2, outs[-1],
         LAYER=NORMS[norm] == 1, HAS_SHIFT=has_shift, OUT_BF16=out_dtype == torch.bfloat16, BLOCK_M=block_m,
-        BLOCK_D=min(1024, triton.next_power_of_2(d)), SECOND=also is not None, num_warps=num_warps,
-        enable_fp_fusion=False)
+        BLOCK_D=triton.next_power_of_2(d) if block_d >= d else block_d, SECOND=also is not None,
+        ONE_BLOCK=block_d >= d, num_warps=num_warps, enable_fp_fusion=False)
     return outs[0] if also is None else tuple(outs)

@@ -22,11 +22,13 @@ def inputs(m, d, rows, shift, seed, device, row_stride=0):
             row_map.to(device, torch.int32))
 
 
+@pytest.mark.parametrize("block_d", [32, 4096])
 @pytest.mark.parametrize("norm", ["rms", "layer"])
 @pytest.mark.parametrize("m,d,rows,shift", CASES)
-def test_kernel_matches_reference(m, d, rows, shift, norm, device):
+def test_kernel_matches_reference(m, d, rows, shift, norm, block_d, device):
+    """Walking the columns in steps (block_d 32) or each row read once (4096)."""
     x, scale, offset, row_map = inputs(m, d, rows, shift, seed=m + d, device=device, row_stride=8)
-    got = modulated_norm(x, scale, offset, row_map, 1e-6, norm=norm, block_m=2)
+    got = modulated_norm(x, scale, offset, row_map, 1e-6, norm=norm, block_m=2, block_d=block_d)
     want = reference(x, scale, offset, row_map.long(), 1e-6, norm=norm)
     assert got.shape == (m, d) and got.dtype == torch.float32 and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -45,17 +47,18 @@ def test_bf16_rows_are_the_f32_rows_rounded_once(norm, device):
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-5)  # a bf16 step
 
 
+@pytest.mark.parametrize("block_d", [256, 2048])
 @pytest.mark.parametrize("shift", [True, False])
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16])
-def test_a_second_modulation_is_the_same_as_its_own_pass(shift, out_dtype, device):
+def test_a_second_modulation_is_the_same_as_its_own_pass(shift, out_dtype, block_d, device):
     """also (LTX-2.5's A->V queries and V->A keys of the same video rows): both outputs from one pass, each equal bit
     for bit to its own call, and the reference's pair to its two calls."""
     x, scale, offset, row_map = inputs(13, 1100, 3, shift, seed=7, device=device, row_stride=8)
     _, scale2, offset2, _ = inputs(13, 1100, 3, shift, seed=8, device=device)
-    first, second = modulated_norm(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, also=(scale2, offset2),
-                                   block_m=2)
-    assert torch.equal(first, modulated_norm(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, block_m=2))
-    assert torch.equal(second, modulated_norm(x, scale2, offset2, row_map, 1e-6, out_dtype=out_dtype, block_m=2))
+    kw = {"out_dtype": out_dtype, "block_m": 2, "block_d": block_d}
+    first, second = modulated_norm(x, scale, offset, row_map, 1e-6, also=(scale2, offset2), **kw)
+    assert torch.equal(first, modulated_norm(x, scale, offset, row_map, 1e-6, **kw))
+    assert torch.equal(second, modulated_norm(x, scale2, offset2, row_map, 1e-6, **kw))
     pair = reference(x, scale, offset, row_map, 1e-6, out_dtype=out_dtype, also=(scale2, offset2))
     assert all(torch.equal(got, reference(x, sc, sh, row_map, 1e-6, out_dtype=out_dtype))
                for got, (sc, sh) in zip(pair, ((scale, offset), (scale2, offset2))))
@@ -73,7 +76,8 @@ def test_bad_arguments_raise():
     x, scale, offset, row_map = inputs(4, 32, 2, True, seed=0, device="cpu")
     for args, kw in (((x, scale, offset, row_map), {"norm": "batch"}), ((x.T, scale, offset, row_map), {}),
                      ((x, scale[:, :16], offset, row_map), {}), ((x, scale, offset, row_map[:3]), {}),
-                     ((x, scale, offset, row_map), {"out_dtype": torch.float16})):
+                     ((x, scale, offset, row_map), {"out_dtype": torch.float16}),
+                     ((x, scale, offset, row_map), {"block_d": 48})):
         with pytest.raises(ValueError, match="modulated_norm"):
             modulated_norm(*args, **kw)
     for also in ((scale[:, :16], offset), (scale, None)):
