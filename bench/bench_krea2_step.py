@@ -11,7 +11,8 @@ our sampler keeps the prompt's rows only (the masked ones are never keys: exact)
 times one step of each as its pipeline runs an N-token prompt, and the image rows' distance between the two.
 --no-peer: ours INT8 alone (no diffusers), for the device runs that carry the server's packages.
 
-    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77] [--new-lengths] [--no-peer]
+    python bench/bench_krea2_step.py [--steps 5] [--layers 28] [--prompt-tokens 77] [--new-lengths] [--sampler-runs]
+                                     [--no-peer]
 """
 from __future__ import annotations
 
@@ -89,6 +90,51 @@ def first_steps(ours, graphed, latent, sigma, text, tokens: int) -> None:
           f"{calls[0]:.1f} ms, then {', '.join(f'{c:.1f}' for c in calls[1:])}", flush=True)
 
 
+def sampler_runs(ours: Krea2, text: torch.Tensor, size: int, tokens: int) -> None:
+    """The sampler node's work in process (nodes/krea2.py Krea2Sampler.sampling: ksample, 8 euler steps on the simple
+    grid, cfg 1, the text fused once a conditioning by the host_bound graphed step): wall seconds of a prompt of a
+    length not run before (a new prompt), of the same prompt with a new seed, and of another new prompt of the same
+    length; then the GPU kernels and the host functions of a new prompt's run, where its excess goes."""
+    import time
+
+    from dit_core.families.krea2 import SAMPLING_MU, latent_format
+    from dit_core.sampling.ksampler import ksample
+    from dit_core.sampling.schedules import flux_sigma_table
+    step = ours.graphed(capture="host_bound")
+    shift, scale = latent_format()
+    channels = ours.arch.latents
+    empty = torch.zeros(1, channels, size // 8, size // 8, device="cuda")
+
+    def run(n: int, seed: int, kind: float):
+        cond = (text[:n] + kind)[None]  # [1, L, taps, dim]: another tensor of the same length is another prompt
+        fused = {}
+
+        def denoise_with(x, sigma, c):
+            if id(c) not in fused:
+                fused[id(c)] = (c, torch.stack([step.text_rows(r, torch.float32) for r in c]))
+            return ours.denoised(x, float(sigma), fused[id(c)][1], step=step)
+        return lambda: ksample(denoise_with, seed, 8, 1.0, "euler", "simple", empty, positive=cond, negative=cond,
+                               latent_shift=shift, latent_scale=scale, latent_channels=channels,
+                               sigma_table=flux_sigma_table(SAMPLING_MU))
+
+    def wall_s(call):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        call()
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    print("\n## the sampler node's run in process (8 steps), seconds")
+    for n in (tokens + 10, tokens + 20):
+        print(f"{n} prompt rows: a new length {wall_s(run(n, 0, 0.0)):.3f} s, the same prompt with a new seed "
+              f"{wall_s(run(n, 1, 0.0)):.3f}, another prompt of that length {wall_s(run(n, 2, 0.01)):.3f}", flush=True)
+    print(f"\n## a new length's run ({tokens + 30} prompt rows): kernels")
+    print_profile(run(tokens + 30, 0, 0.0))
+    print(f"\n## a new length's run ({tokens + 40} prompt rows): host functions")
+    print_host_profile(run(tokens + 40, 0, 0.0))
+    step.clear()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
@@ -105,6 +151,8 @@ def main(argv=None) -> None:
     p.add_argument("--norm-passes", action="store_true", help="also the graphed INT8 step with each norm's row "
                    "statistics made by a pass of their own (Options.carry_norms off: before the gated epilogues "
                    "wrote them)")
+    p.add_argument("--sampler-runs", action="store_true", help="also the sampler node's 8-step run in process: a "
+                   "new prompt length, the same prompt, another prompt of that length, and a new one's profiles")
     p.add_argument("--no-peer", action="store_true", help="ours alone, on random weights of the file's list (no "
                    "diffusers: the device's server carry); no fidelity lines")
     args = p.parse_args(argv)
@@ -162,6 +210,8 @@ def main(argv=None) -> None:
                 if args.new_lengths:
                     first_steps(ours, graphed, latent, sigma, text, args.prompt_tokens)
                 graphed.clear()
+                if args.sampler_runs:
+                    sampler_runs(ours, text, args.size, args.prompt_tokens)
                 variants = {"norm statistics by passes of their own": ({"carry_norms": False}, args.norm_passes),
                             "8-bit attention": ({"attention_8bit": True}, args.attention_8bit)}
                 for name, (change, asked) in variants.items():
