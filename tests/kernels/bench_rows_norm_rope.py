@@ -6,6 +6,7 @@ Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_m
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_rows_norm_rope.py [--runs 100]
 """
 import argparse
+import functools
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ CASES = [("video self", 32, 128, 64, 3), ("A<->V, video heads", 32, 128, 32, 1)]
 def main(runs: int) -> None:
     grid = Grid(16, 22, 40)  # stage 2's latents: 14080 rows
     mid = video_midpoints(grid, torch.float64).cuda()
+    launches = {}  # case -> the by-axis call at a launch's rows a program and warps
     print("| rows | M | torch f32 ms (graph) | rows_norm_rope, every row's tables ms (graph) | by axis ms (graph) |")
     print("|---|---|---|---|---|")
     for name, heads, head, r, axes in CASES:
@@ -38,6 +40,15 @@ def main(runs: int) -> None:
         assert torch.equal(fns[1](), fns[2]())
         times = [f"{median_ms(fn, runs, False):.4f} ({median_ms(fn, runs, True):.4f})" for fn in fns]
         print(f"| {name} | {m} | {' | '.join(times)} |")
+        launches[name] = functools.partial(rows_norm_rope, x, heads, head, gain, tables.cos, tables.sin, across=True,
+                                           **by_axis)
+    print("\nBy axis, the launch's rows a program and warps (16, 4: the default), ms (graph):\n")
+    print(f"| rows a program, warps | {' | '.join(launches)} |")
+    print("|---|" + "---|" * len(launches))
+    for block_m, warps in ((16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (64, 8), (4, 2)):
+        times = [f"{median_ms(functools.partial(call, block_m=block_m, num_warps=warps), runs, True):.4f}"
+                 for call in launches.values()]
+        print(f"| {block_m}, {warps} | {' | '.join(times)} |")
 
 
 if __name__ == "__main__":
