@@ -92,12 +92,9 @@ class Sequence:
         gpu = torch.device(device).type == "cuda"
         angles = None if self.angles is None else AngleFactors(
             self.angles.positions.to(device), self.angles.freqs.to(device), self.angles.ends)
-        if self.by_axis is not None:
-            return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype), None, None, self.group,
-                            angles, self.starts, self.by_axis.to(device))
-        return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype),
-                        self.cos.to(device, rotary_dtype), self.sin.to(device, rotary_dtype), self.group, angles,
-                        self.starts)
+        on = lambda t: None if t is None else t.to(device, rotary_dtype)  # noqa: E731
+        return Sequence(self.map.to(device, torch.int32 if gpu else self.map.dtype), on(self.cos), on(self.sin),
+                        self.group, angles, self.starts, None if self.by_axis is None else self.by_axis.to(device))
 
 
 def runs_of(map_: torch.Tensor) -> list[tuple[int, int, int]]:
