@@ -25,6 +25,9 @@ from .int8 import attention as attention_int8
 # Tried in this order; SDPA takes the first whose constraints the inputs meet (MATH last, always possible).
 BACKENDS = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
             SDPBackend.MATH]
+# Unplanned: cuDNN builds a plan for each new shape (40-55 ms on an H100), flash's first call at one takes about 1 ms:
+# for rows whose shapes change with every prompt.
+UNPLANNED = BACKENDS[1:]
 
 
 def _rows(o: torch.Tensor) -> torch.Tensor:
@@ -47,18 +50,18 @@ def _qkv_rows(t: torch.Tensor) -> torch.Tensor | None:
     return rows.reshape(t.shape[2], -1) if t.shape[0] == 1 and rows.is_contiguous() else None
 
 
-def reference(q, k, v, group=0, int8_scores=False, eight_bit=False):
+def reference(q, k, v, group=0, int8_scores=False, eight_bit=False, planned=True):
     """The math above in f32 (bf16 out); int8_scores, eight_bit: the kernels' approximations, whose exact math this
-    is."""
+    is; planned: which back ends, the same math."""
     q, k, v = (_groups(t, group) for t in (q, k, v))
     scores = (q.float() @ k.float().transpose(-1, -2)) / math.sqrt(q.shape[-1])
     return _rows(torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
 
 
-def attention(q, k, v, group=0, int8_scores=False, eight_bit=False):
-    """SDPA with the back ends in BACKENDS' priority: rows [G g, heads D] in q's dtype. eight_bit:
-    kernels/attention_8bit.py where it takes the rows (before int8_scores); int8_scores: kernels/int8/attention.py
-    where it takes them."""
+def attention(q, k, v, group=0, int8_scores=False, eight_bit=False, planned=True):
+    """SDPA with the back ends in BACKENDS' priority (planned) or UNPLANNED's: rows [G g, heads D] in q's dtype.
+    eight_bit: kernels/attention_8bit.py where it takes the rows (before int8_scores); int8_scores:
+    kernels/int8/attention.py where it takes them."""
     if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
         raise ValueError(f"attention: q, k, v must be [G, heads, g, D] alike, got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
@@ -75,6 +78,6 @@ def attention(q, k, v, group=0, int8_scores=False, eight_bit=False):
                 return o
     q, k, v = (_groups(t, group) for t in (q, k, v))
     # set_priority (torch >= 2.6): without it the list is a set and torch's own order (flash first) decides.
-    with sdpa_kernel(BACKENDS, set_priority=True):
+    with sdpa_kernel(BACKENDS if planned else UNPLANNED, set_priority=True):
         o = F.scaled_dot_product_attention(q, k, v)
     return _rows(o)

@@ -307,11 +307,13 @@ class Krea2:
         dtype = torch.promote_types(text.dtype, torch.float32)  # f32, or f64 for an exact host reference
         x = text.to(dtype, copy=True).reshape(n * taps, t.hidden)  # a GPU block updates its rows in place
         identity = Modulation.identity(t.hidden, device=x.device)
+        # a prompt of another length is another attention shape: no per-shape plans (GPU blocks)
+        options = self.options and replace(self.options, planned_attention=False)
         for block in self.layerwise:
-            x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device), options=self.options)
+            x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device), options=options)
         x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.dtype)
         for block in self.refiners:
-            x = block.forward(t, x, identity, unrotated(n).to(x.device), options=self.options)
+            x = block.forward(t, x, identity, unrotated(n).to(x.device), options=options)
         x = linear(rms_norm(x, self.text_norm, EPS), self.text_in[0])
         return linear(F.gelu(x, approximate="tanh"), self.text_in[1])
 

@@ -41,8 +41,9 @@ def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
 
 def _attention_kind(qkv: GpuLinear, o: Options) -> dict[str, bool]:
     """kernels/attention.py's choice for a block with this QKV: both products on 8 bits, or INT8 scores, where the
-    options ask for them and QKV is INT8 (BF16 linears keep cuDNN's bf16)."""
-    return {"eight_bit": o.attention_8bit and qkv.int8, "int8_scores": _int8_scores(qkv, o)}
+    options ask for them and QKV is INT8 (BF16 linears keep cuDNN's bf16); SDPA's back ends planned or not."""
+    return {"eight_bit": o.attention_8bit and qkv.int8, "int8_scores": _int8_scores(qkv, o),
+            "planned": o.planned_attention}
 
 
 def kernels():

@@ -18,8 +18,11 @@ class Options:
     output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
     side streams beside the image's (else one after another). carry_norms: each norm's row statistics written by
     the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's), else made by a pass
-    of their own. kernels: which kernels of equal math run, a kernels.Choices (kernels/choices.py; None: its
-    defaults), handed to kernels.run as it is (dit_core opens kernels/ in one place, dit_core/gpu/block.py)."""
+    of their own. planned_attention: SDPA's cuDNN back end first (the fastest at a shape it has run: it builds a
+    plan for each new shape, 40-55 ms on an H100); off, flash attention first (about 1 ms at a new shape): for blocks
+    whose rows change with every prompt, as a text fusion's. kernels: which kernels of equal math run, a
+    kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core opens kernels/
+    in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
     attention_8bit: bool = False
     turn_v: bool = True
@@ -27,6 +30,7 @@ class Options:
     mlp_chunk: int = 8192
     concurrent_modes: bool = True
     carry_norms: bool = True
+    planned_attention: bool = True
     kernels: Any = None
 
 

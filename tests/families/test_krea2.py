@@ -284,6 +284,26 @@ def test_gpu_blocks_on_the_cpu_match_host(gpu_sized):
         assert rel_err(blocks.output(latent, 0.6546, text, mask), want) <= bound, linears
 
 
+def test_text_fusion_attends_without_per_shape_plans(gpu_sized, monkeypatch):
+    """The text fusion's blocks (their shapes change with every prompt's length) ask SDPA for its unplanned back ends
+    (cuDNN builds a plan for each new shape, 40-55 ms on an H100); the image step's blocks keep cuDNN first."""
+    from dit_core.gpu import block
+    from dit_core.gpu.options import Options
+    path, latent, text, mask = gpu_sized
+    host = Krea2.load(path, linears="bf16")
+    on_cpu = lambda blocks: tuple(GpuBlock.of(b, torch.device("cpu")) for b in blocks)  # noqa: E731
+    gpu = replace(host, layerwise=on_cpu(host.layerwise), refiners=on_cpu(host.refiners), blocks=on_cpu(host.blocks),
+                  options=Options())
+    asked, run = [], block.run
+    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (op != "attention" or asked.append(kw["planned"]),
+                                                            run(op, *t, **kw))[1])
+    txt = gpu.text_rows(text, mask)
+    assert asked == [False] * (len(host.layerwise) + len(host.refiners))
+    asked.clear()
+    gpu.velocity(latent, 0.6546, txt)
+    assert asked == [True] * len(host.blocks)
+
+
 @interpreted_only
 def test_8bit_attention_in_the_plain_heads_path(tmp_path, monkeypatch):
     """Options.attention_8bit reaches Krea 2's grouped-query, gated attention (the GPU block's plain path): the 8-bit
