@@ -9,7 +9,7 @@ import kernels
 from kernels import OPS, run
 from kernels.int8.quant import reference as quantize_reference
 
-TUNING = {"block_m", "block_n", "num_warps", "num_stages", "tiles", "row_programs", "choices",  # launchers only
+TUNING = {"block_m", "block_n", "block_d", "num_warps", "num_stages", "tiles", "row_programs", "choices",  # launchers only
           "block", "piece", "max_parts", "parts"}
 
 
