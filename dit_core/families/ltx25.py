@@ -344,7 +344,7 @@ class LTX25:
         # A2V and V2A run in the audio stream's heads: the time axis is laid over audio.arch.width values
         cross_width = self.audio.arch.width
         return StreamStep(mod, emb, prompt, s.av_scale_shift(av_t)[0], av_map, s.av_gate(gate_t)[0], gate_map,
-                          # the angles where the model runs (float64 over all rows: the host's slowest part of a step)
+                          # the angles where the model runs, by axis (float64 over each axis's distinct midpoints)
                           rotary(mid.to(self.device), a.width, a.heads, map_),
                           rotary(cross_mid.to(self.device), cross_width, a.heads, map_),
                           context, key_bias)
