@@ -105,8 +105,8 @@ def sampler_runs(ours: Krea2, text: torch.Tensor, size: int, tokens: int) -> Non
     channels = ours.arch.latents
     empty = torch.zeros(1, channels, size // 8, size // 8, device="cuda")
 
-    def run(n: int, seed: int, kind: float):
-        cond = (text[:n] + kind)[None]  # [1, L, taps, dim]: another tensor of the same length is another prompt
+    def run(n: int, seed: int, offset: float):
+        cond = (text[:n] + offset)[None]  # [1, L, taps, dim]: another tensor of the same length is another prompt
         fused = {}
 
         def denoise_with(x, sigma, c):

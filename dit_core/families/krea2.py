@@ -307,8 +307,7 @@ class Krea2:
         dtype = torch.promote_types(text.dtype, torch.float32)  # f32, or f64 for an exact host reference
         x = text.to(dtype, copy=True).reshape(n * taps, t.hidden)  # a GPU block updates its rows in place
         identity = Modulation.identity(t.hidden, device=x.device)
-        # a prompt of another length is another attention shape: no per-shape plans (GPU blocks)
-        options = self.options and replace(self.options, planned_attention=False)
+        options = self.options and self.options.for_prompt_rows()
         for block in self.layerwise:
             x = block.forward(t, x, identity, unrotated(n * taps, taps).to(x.device), options=options)
         x = x.reshape(n, taps, t.hidden).transpose(1, 2) @ self.projector.to(x.dtype)

@@ -310,8 +310,7 @@ class MiniMaxH3:
         a = self.arch
         x = linear(text.to(self.device), self.text_in).to(torch.promote_types(text.dtype, torch.float32))
         seq, m = unrotated(x.shape[0], a.head).to(x.device), Modulation.identity(a.hidden, dtype=x.dtype, device=x.device)
-        # a prompt of another length is another attention shape: no per-shape plans (GPU blocks)
-        options = self.options and replace(self.options, planned_attention=False)
+        options = self.options and self.options.for_prompt_rows()
         for block in self.refiners:
             x = block.forward(a, x, m, seq, options=options)
         return rms_norm(x, self.refiner_norm, a.final_eps)

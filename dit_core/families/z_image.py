@@ -320,8 +320,7 @@ class ZImage:
         cap_seq = _caption_sequence(a, n_cap + pad_cap, caption.device, dtype)
         identity = Modulation.identity(a.hidden, dtype=dtype, device=caption.device)
         carry = self._carry(cap)
-        # a caption of another length is another attention shape: no per-shape plans (GPU blocks)
-        options = self.options and replace(self.options, planned_attention=False)
+        options = self.options and self.options.for_prompt_rows()
         for block in self.context:
             cap = block.forward(a, cap, identity, cap_seq, carry, options)
             check()

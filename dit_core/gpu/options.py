@@ -3,7 +3,7 @@ passed down from its step to each block and on to kernels.run. Nothing here is a
 variant by giving the model another value (dataclasses.replace of the recipe's)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -32,6 +32,11 @@ class Options:
     carry_norms: bool = True
     planned_attention: bool = True
     kernels: Any = None
+
+    def for_prompt_rows(self) -> "Options":
+        """These options for blocks over a prompt's rows (a text fusion, caption and token refiners): a prompt of
+        another length is another attention shape, so no per-shape plans."""
+        return replace(self, planned_attention=False)
 
 
 DEFAULT = Options()  # blocks called without options (tests, tools); a model passes its own
