@@ -216,11 +216,12 @@ def test_errors_name_the_node_and_the_input(h3_host, queued, case):
 
 
 def test_cancel_within_a_step_and_the_server_stays_usable(h3_host, queued):
-    """Cancel at the second step's end (256 x 256, 124 frames: about 2800 rows, a second or two a step on two
-    cores): the prompt ends interrupted at the sampler well within the next step (a check after each of its blocks;
-    ComfyUI's own hook would wait for the step's end), with no video saved; then the next prompt runs."""
+    """Cancel at the second step's end (512 x 512, 124 frames: 3 to 4 s a step on two cores, so that a stall of the
+    server's or the client's of a few tenths of a second does not pass for a late check): the prompt ends interrupted
+    at the sampler well within the next step (a check after each of its blocks; ComfyUI's own hook would wait for the
+    step's end), with no video saved; then the next prompt runs."""
     prompt = shipped_graph(queued)
-    prompt[T2V]["inputs"].update(width=256, height=256, length=124)
+    prompt[T2V]["inputs"].update(width=512, height=512, length=124)
     prompt[STEPS]["inputs"]["value"] = 4
     prompt[SAVE]["inputs"]["filename_prefix"] = "video/cancelled"
     prompt_id, _, _ = h3_host.run_cancelled_at_step(prompt, SAMPLER, 2, TIMEOUT, within_a_step=True)
