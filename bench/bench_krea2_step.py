@@ -92,9 +92,10 @@ def first_steps(ours, graphed, latent, sigma, text, tokens: int) -> None:
 
 def sampler_runs(ours: Krea2, text: torch.Tensor, size: int, tokens: int) -> None:
     """The sampler node's work in process (nodes/krea2.py Krea2Sampler.sampling: ksample, 8 euler steps on the simple
-    grid, cfg 1, the text fused once a conditioning by the host_bound graphed step): wall seconds of a prompt of a
-    length not run before (a new prompt), of the same prompt with a new seed, and of another new prompt of the same
-    length; then the GPU kernels and the host functions of a new prompt's run, where its excess goes."""
+    grid, cfg 1, the text fused once a conditioning by the host_bound graphed step), in inference mode as ComfyUI runs
+    nodes: wall seconds of a prompt of a length not run before (a new prompt), of the same prompt with a new seed (the
+    same conditioning tensor, as ComfyUI's cache hands it on), and of another new prompt of the same length; then the
+    GPU kernels and the host functions of a new prompt's run, where its excess goes."""
     import time
 
     from dit_core.families.krea2 import SAMPLING_MU, latent_format
@@ -105,8 +106,7 @@ def sampler_runs(ours: Krea2, text: torch.Tensor, size: int, tokens: int) -> Non
     channels = ours.arch.latents
     empty = torch.zeros(1, channels, size // 8, size // 8, device="cuda")
 
-    def run(n: int, seed: int, offset: float):
-        cond = (text[:n] + offset)[None]  # [1, L, taps, dim]: another tensor of the same length is another prompt
+    def run(cond: torch.Tensor, seed: int):  # cond [1, L, taps, dim]: a prompt's conditioning
         fused = {}
 
         def denoise_with(x, sigma, c):
@@ -124,14 +124,20 @@ def sampler_runs(ours: Krea2, text: torch.Tensor, size: int, tokens: int) -> Non
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
+    def prompt(n: int, offset: float = 0.0) -> torch.Tensor:  # another tensor of a length: another prompt
+        return (text[:n] + offset)[None]
+
     print("\n## the sampler node's run in process (8 steps), seconds")
-    for n in (tokens + 10, tokens + 20):
-        print(f"{n} prompt rows: a new length {wall_s(run(n, 0, 0.0)):.3f} s, the same prompt with a new seed "
-              f"{wall_s(run(n, 1, 0.0)):.3f}, another prompt of that length {wall_s(run(n, 2, 0.01)):.3f}", flush=True)
-    print(f"\n## a new length's run ({tokens + 30} prompt rows): kernels")
-    print_profile(run(tokens + 30, 0, 0.0))
-    print(f"\n## a new length's run ({tokens + 40} prompt rows): host functions")
-    print_host_profile(run(tokens + 40, 0, 0.0))
+    with torch.inference_mode():
+        for n in (tokens + 10, tokens + 20):
+            cond = prompt(n)
+            print(f"{n} prompt rows: a new length {wall_s(run(cond, 0)):.3f} s, the same prompt with a new seed "
+                  f"{wall_s(run(cond, 1)):.3f}, another prompt of that length {wall_s(run(prompt(n, 0.01), 2)):.3f}",
+                  flush=True)
+        print(f"\n## a new length's run ({tokens + 30} prompt rows): kernels")
+        print_profile(run(prompt(tokens + 30), 0))
+        print(f"\n## a new length's run ({tokens + 40} prompt rows): host functions")
+        print_host_profile(run(prompt(tokens + 40), 0))
     step.clear()
 
 
