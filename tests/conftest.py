@@ -55,6 +55,16 @@ def attention_8bit_launches(monkeypatch, module) -> list:
     return launched
 
 
+def attention_plans(monkeypatch) -> list:
+    """dit_core/gpu/block.py's `run` with each attention call's `planned` recorded in the list returned (SDPA's
+    per-shape plans asked for or not), every op still run."""
+    from dit_core.gpu import block
+    asked, run = [], block.run
+    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (op != "attention" or asked.append(kw["planned"]),
+                                                            run(op, *t, **kw))[1])
+    return asked
+
+
 @pytest.fixture(scope="session")
 def comfy():
     """The unpacked ComfyUI v0.3.75 tree importable in-process (CPU), as an oracle."""

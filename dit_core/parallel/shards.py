@@ -94,11 +94,11 @@ class SequenceShards:
         if s.group and self.ranks.world > 1:
             raise ValueError(f"sequence parallel: attention in groups of {s.group} rows cannot split across ranks "
                              "(the rows of a group would sit on different ranks); run this step on one rank")
-        at = lambda t: t[self._on("rows", t.device)]  # noqa: E731  (a host map with device tables: starts kept)
+        # (a host map with device tables: starts kept)
+        at = lambda t: None if t is None else t[self._on("rows", t.device)]  # noqa: E731
         angles = None if s.angles is None else AngleFactors(at(s.angles.positions), s.angles.freqs, s.angles.ends)
-        if s.by_axis is not None:
-            return Sequence(at(s.map), None, None, 0, angles, by_axis=replace(s.by_axis, index=at(s.by_axis.index)))
-        return Sequence(at(s.map), at(s.cos), at(s.sin), 0, angles)
+        by_axis = None if s.by_axis is None else replace(s.by_axis, index=at(s.by_axis.index))
+        return Sequence(at(s.map), at(s.cos), at(s.sin), 0, angles, by_axis=by_axis)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The full rows [total, ...] on every rank from each rank's share x [n_r, ...] (padded to the largest share

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import attention_8bit_launches, interpreted_only, rel_err
+from conftest import attention_8bit_launches, attention_plans, interpreted_only, rel_err
 from safetensors.torch import save_file
 from tiny_models import KREA2_TINY, int8_convrot_state, krea2_original_layout, random_krea2, random_z_image
 
@@ -287,16 +287,13 @@ def test_gpu_blocks_on_the_cpu_match_host(gpu_sized):
 def test_text_fusion_attends_without_per_shape_plans(gpu_sized, monkeypatch):
     """The text fusion's blocks (their shapes change with every prompt's length) ask SDPA for its unplanned back ends
     (cuDNN builds a plan for each new shape, 40-55 ms on an H100); the image step's blocks keep cuDNN first."""
-    from dit_core.gpu import block
     from dit_core.gpu.options import Options
     path, latent, text, mask = gpu_sized
     host = Krea2.load(path, linears="bf16")
     on_cpu = lambda blocks: tuple(GpuBlock.of(b, torch.device("cpu")) for b in blocks)  # noqa: E731
     gpu = replace(host, layerwise=on_cpu(host.layerwise), refiners=on_cpu(host.refiners), blocks=on_cpu(host.blocks),
                   options=Options())
-    asked, run = [], block.run
-    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (op != "attention" or asked.append(kw["planned"]),
-                                                            run(op, *t, **kw))[1])
+    asked = attention_plans(monkeypatch)
     txt = gpu.text_rows(text, mask)
     assert asked == [False] * (len(host.layerwise) + len(host.refiners))
     asked.clear()

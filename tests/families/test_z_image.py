@@ -4,7 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import rel_err
+from conftest import attention_plans, rel_err
 from safetensors.torch import save_file
 from tiny_models import Z_IMAGE_TINY, int8_convrot_state, random_z_image, z_image_comfy_layout
 
@@ -349,15 +349,12 @@ def test_load_arithmetic_on_the_gpu_comes_back_to_the_host(files, tmp_path):
 def test_caption_refiners_attend_without_per_shape_plans(files, monkeypatch):
     """The context refiners' attention (the caption's rows: their shape changes with its length) asks SDPA for its
     unplanned back ends (cuDNN builds a plan for each new shape); the image step's blocks keep cuDNN first."""
-    from dit_core.gpu import block
     from dit_core.gpu.block import GpuBlock
     from dit_core.gpu.options import Options
     host = ZImage.load(files / "z_image_f32.safetensors")
     on_cpu = lambda blocks: tuple(GpuBlock.of(b, torch.device("cpu")) for b in blocks)  # noqa: E731
     gpu = replace(host, context=on_cpu(host.context), options=Options())
-    asked, run = [], block.run
-    monkeypatch.setattr(block, "run", lambda op, *t, **kw: (op != "attention" or asked.append(kw["planned"]),
-                                                            run(op, *t, **kw))[1])
+    asked = attention_plans(monkeypatch)
     caption = torch.randn(7, 32)
     assert rel_err(gpu._caption_rows(caption, torch.float32), host._caption_rows(caption, torch.float32)) <= 1e-2
     assert asked == [False] * len(host.context)
