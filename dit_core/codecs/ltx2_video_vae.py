@@ -70,13 +70,13 @@ class VideoDecoder:
     [B * (8F - 7), 32h, 32w, 3] in 0..1."""
 
     def __init__(self, shape: VideoDecoderShape, weights: dict[str, torch.Tensor], latents_mean: torch.Tensor,
-                 latents_std: torch.Tensor, channels_last: bool = False):
+                 latents_std: torch.Tensor, layout: torch.memory_format = torch.contiguous_format):
         self.shape = shape
         self.w = weights  # the file's names without the `decoder.` prefix
         self.latents_mean, self.latents_std = latents_mean, latents_std
-        # the convs' inputs and weights channels-last (NDHWC, cuDNN's own layout on a GPU): each conv's padded copy
-        # of its input makes the layout on the way
-        self.layout = torch.channels_last_3d if channels_last else torch.contiguous_format
+        # the convs' inputs' layout, their weights' too (channels_last_3d: NDHWC, cuDNN's own on a GPU): each conv's
+        # padded copy of its input makes it on the way
+        self.layout = layout
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, causal: bool | None = None,
@@ -121,7 +121,7 @@ class VideoDecoder:
         layout = torch.channels_last_3d if channels_last else torch.contiguous_format
         return type(self)(self.shape, {k: v.to(device, dtype, memory_format=layout if v.dim() == 5 else
                                                torch.contiguous_format) for k, v in self.w.items()},
-                          self.latents_mean.to(device), self.latents_std.to(device), channels_last)
+                          self.latents_mean.to(device), self.latents_std.to(device), layout)
 
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalized latents -> the decoder's (x * std + mean per channel; ComfyUI's un_normalize)."""
