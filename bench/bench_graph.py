@@ -347,7 +347,12 @@ def main(argv=None) -> int:
                         "or the peers' diffusers and transformers: not both within its 64 MiB)")
     p.add_argument("--prebuild", action="store_true",
                    help="ours also cold after `swiftdit prebuild` (case 5; the prebuild's seconds: case 0)")
+    p.add_argument("--stacks", help="each server's threads' Python stacks sampled every 10 ms into this folder "
+                                    "(host/stack_sampler.py: stacks_<pid>.txt)")
     args = p.parse_args(argv)
+    if args.stacks:
+        Path(args.stacks).mkdir(parents=True, exist_ok=True)
+        os.environ["SWIFTDIT_STACKS"] = str(Path(args.stacks).resolve())  # the servers' environment is ours
     if args.side != "peers" and not (COMFYUI_TREE / "main.py").is_file():
         p.error(f"no ComfyUI tree at {COMFYUI_TREE}: run tests/run.sh (or on the device: bench/device_carry.sh)")
     models = write_files(args.smoke, [f for f in args.only if args.side != "peers" or f in PEERS])

@@ -46,6 +46,9 @@ def main(argv: list[str]) -> None:
     root = os.path.abspath(argv[0])
     if not os.path.isfile(os.path.join(root, "main.py")):
         raise SystemExit(f"run_comfy.py: {root} has no main.py; unpack ComfyUI there (tests/comfyui_tree.py)")
+    if os.environ.get("SWIFTDIT_STACKS"):
+        from stack_sampler import StackSampler  # (host/ is sys.path[0] until below)
+        StackSampler(os.path.join(os.environ["SWIFTDIT_STACKS"], f"stacks_{os.getpid()}.txt")).start()
     sys.meta_path.insert(0, TorchvisionOpsShim())
     sys.argv = [os.path.join(root, "main.py"), *argv[1:]]
     os.chdir(root)
