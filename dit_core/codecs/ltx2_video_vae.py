@@ -70,13 +70,10 @@ class VideoDecoder:
     [B * (8F - 7), 32h, 32w, 3] in 0..1."""
 
     def __init__(self, shape: VideoDecoderShape, weights: dict[str, torch.Tensor], latents_mean: torch.Tensor,
-                 latents_std: torch.Tensor, layout: torch.memory_format = torch.contiguous_format):
+                 latents_std: torch.Tensor):
         self.shape = shape
         self.w = weights  # the file's names without the `decoder.` prefix
         self.latents_mean, self.latents_std = latents_mean, latents_std
-        # the convs' inputs' layout, their weights' too (channels_last_3d: NDHWC, cuDNN's own on a GPU): each conv's
-        # padded copy of its input makes it on the way
-        self.layout = layout
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, causal: bool | None = None,
@@ -114,14 +111,10 @@ class VideoDecoder:
             raise error(f"unexpected decoder tensors {extra[:3]}{' ...' if len(extra) > 3 else ''}")
         return cls(shape, w, *_latent_stats(ckpt, p))
 
-    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32,
-           channels_last: bool = False) -> VideoDecoder:
-        """Weights on device in dtype (the statistics stay f32); IMAGE comes back on the CPU in f32. channels_last:
-        the convs run on channels-last tensors (the same values: the layout alone differs)."""
-        layout = torch.channels_last_3d if channels_last else torch.contiguous_format
-        return type(self)(self.shape, {k: v.to(device, dtype, memory_format=layout if v.dim() == 5 else
-                                               torch.contiguous_format) for k, v in self.w.items()},
-                          self.latents_mean.to(device), self.latents_std.to(device), layout)
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> VideoDecoder:
+        """Weights on device in dtype (the statistics stay f32); IMAGE comes back on the CPU in f32."""
+        return type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()},
+                          self.latents_mean.to(device), self.latents_std.to(device))
 
     def raw_latents(self, latents: torch.Tensor) -> torch.Tensor:
         """Normalized latents -> the decoder's (x * std + mean per channel; ComfyUI's un_normalize)."""
@@ -196,16 +189,16 @@ class VideoDecoder:
             shift, scale = (w["last_scale_shift_table"][None] + self._embed(t, "last_time_embedder").unflatten(
                 1, (2, -1))).unbind(1)
             mod = scale, shift
-        x = _norm_silu_conv(x, w, "conv_out", s.causal, "reflect", mod, self.layout)
+        x = _norm_silu_conv(x, w, "conv_out", s.causal, "reflect", mod)
         b, _, f, h, wd = x.shape
         x = x.float().view(b, -1, PATCH, PATCH, f, h, wd)  # channel = c * 16 + (w offset) * 4 + (h offset)
         return x.permute(0, 1, 4, 5, 3, 6, 2).reshape(b, -1, f, h * PATCH, wd * PATCH)
 
     def _conv(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return _conv(x, self.w, name, self.shape.causal, "reflect", self.layout)
+        return _conv(x, self.w, name, self.shape.causal, "reflect")
 
     def _resnet(self, x: torch.Tensor, name: str, emb: torch.Tensor | None) -> torch.Tensor:
-        return _resnet(x, self.w, name, self.shape.causal, "reflect", emb, self.layout)
+        return _resnet(x, self.w, name, self.shape.causal, "reflect", emb)
 
     def _upsample(self, x: torch.Tensor, name: str) -> torch.Tensor:
         """Depth to space x2 in (t, h, w), the first frame dropped (causal latents: 1 + 8k frames); residual: plus
@@ -343,11 +336,10 @@ def _latent_stats(ckpt: Checkpoint, prefix: str) -> list[torch.Tensor]:
             for k in ("mean-of-means", "std-of-means")]
 
 
-def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
-          layout: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str) -> torch.Tensor:
     """LTX2VideoCausalConv3d: time padded by repeating the first frame (causal) or both end frames, space padded by
     `padding` ('reflect': the decoder's; 'constant': the encoder's zeros), in one buffer the conv reads: x copied into
-    its interior once (a concatenation, then a pad, copied it twice), the buffer in `layout`."""
+    its interior once (a concatenation, then a pad, copied it twice)."""
     weight = w[f"{name}.conv.weight"]
     k = weight.shape[2]
     front, back = (k - 1, 0) if causal else ((k - 1) // 2,) * 2
@@ -355,8 +347,7 @@ def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
     b, c, t, h, wd = x.shape
     if padding == "reflect" and (ph >= h or pw >= wd):
         raise ValueError(f"{name}: a reflection of {ph} rows and {pw} columns needs more than {h} x {wd} positions")
-    buf = torch.empty(b, c, front + t + back, h + 2 * ph, wd + 2 * pw, dtype=x.dtype, device=x.device,
-                      memory_format=layout)
+    buf = x.new_empty(b, c, front + t + back, h + 2 * ph, wd + 2 * pw)
     buf[:, :, front:front + t, ph:ph + h, pw:pw + wd].copy_(x)
     frames = buf[:, :, front:front + t]  # the borders: columns, then rows (the corners from the columns' borders)
     for i in range(1, pw + 1):
@@ -370,24 +361,23 @@ def _conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
     return F.conv3d(buf, weight, w[f"{name}.conv.bias"])
 
 
-def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str, emb: torch.Tensor | None = None,
-            layout: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+def _resnet(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
+            emb: torch.Tensor | None = None) -> torch.Tensor:
     """norm, (timestep scale/shift), silu, conv, twice, plus the input (channels never change in LTX-2's)."""
     mods = None
     if emb is not None:  # [B, 4C] + table [4, C] -> shift1, scale1, shift2, scale2, each [B, C]
         mods = (emb.unflatten(1, (4, -1)) + w[f"{name}.scale_shift_table"][None]).unbind(1)
-    h = _norm_silu_conv(x, w, f"{name}.conv1", causal, padding, mods and (mods[1], mods[0]), layout)
-    return x + _norm_silu_conv(h, w, f"{name}.conv2", causal, padding, mods and (mods[3], mods[2]), layout)
+    h = _norm_silu_conv(x, w, f"{name}.conv1", causal, padding, mods and (mods[1], mods[0]))
+    return x + _norm_silu_conv(h, w, f"{name}.conv2", causal, padding, mods and (mods[3], mods[2]))
 
 
 def _norm_silu_conv(x: torch.Tensor, w: dict, name: str, causal: bool, padding: str,
-                    mod: tuple[torch.Tensor, torch.Tensor] | None,
-                    layout: torch.memory_format = torch.contiguous_format) -> torch.Tensor:
+                    mod: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
     """conv `name` of silu(pixel norm of x, times 1 + scale plus shift where mod = (scale, shift) [B, C])."""
     h = pixel_norm(x, NORM_EPS)
     if mod is not None:
         h = h * (1 + mod[0].to(x)[..., None, None, None]) + mod[1].to(x)[..., None, None, None]
-    return _conv(F.silu(h), w, name, causal, padding, layout)
+    return _conv(F.silu(h), w, name, causal, padding)
 
 
 def _depth_to_space(x: torch.Tensor) -> torch.Tensor:
