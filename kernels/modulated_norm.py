@@ -109,12 +109,13 @@ def _modulated_norm_kernel(x_ptr, stride_x, scale_ptr, shift_ptr, map_ptr, out_p
                 _store_modulated(n, table, c, mask, at, scale2_ptr, shift2_ptr, out2_ptr, HAS_SHIFT, OUT_BF16)
 
 
-def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, also=None, block_m=4,
-                   num_warps=4, block_d=1024):
+def modulated_norm(x, scale, shift, row_map, eps=1e-6, *, norm="rms", out_dtype=torch.float32, also=None, block_m=1,
+                   num_warps=8, block_d=4096):
     """[M, D] f32 (or bf16: out_dtype) from rows x [M, D] by the math in this file's docstring: norm "rms" or
     "layer"; scale and shift [R, D] (shift None: none); row_map [M] into them. also: a second (scale, shift) of the
     same form (both shifts or neither): the pair of outputs, from one pass. block_d: the columns a step (at least
-    D: each row read once, held in registers)."""
+    D: each row read once, held in registers). The default launch, a row a program on 8 warps holding it whole, was
+    the fastest at LTX-2.5's stage-2 video rows on an H100 (tests/kernels/bench_modulated_norm.py)."""
     if norm not in NORMS:
         raise ValueError(f"modulated_norm: norm must be one of {tuple(NORMS)}, got {norm!r}")
     if out_dtype not in (torch.float32, torch.bfloat16):

@@ -113,11 +113,13 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
 
 
 def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
-                   block_m=16, num_warps=4):
+                   block_m=None, num_warps=None):
     """[M, heads, head] bf16 from rows x [M, heads head] by the math in this file's docstring (weight None: no norm;
     cos/sin None: no rotary). across: the norm over a row's heads (weight [heads head]), else by head (weight
     [head]). out: an optional contiguous [M, heads, head] bf16 buffer. index, columns: cos/sin are angles by axis
-    (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32)."""
+    (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32). block_m, num_warps: the
+    launch; by default 16 rows on 4 warps, and 4 rows on 2 warps by axis, whose gathers ran 11-16% faster so at
+    LTX-2.5's stage-2 rows on an H100 (tests/kernels/bench_rows_norm_rope.py)."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -126,6 +128,7 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
                          f"({'across heads' if across else 'by head'}), got {weight.numel()}")
     by_axis = index is not None
+    block_m, num_warps = block_m or (4 if by_axis else 16), num_warps or (2 if by_axis else 4)
     if by_axis:
         axis, freq = columns
         r = axis.shape[-1]

@@ -15,7 +15,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 from bench_int8_linear import median_ms  # noqa: E402
 from kernels.modulated_norm import modulated_norm  # noqa: E402
 
-# (block_m, num_warps, block_d); (4, 4, 1024) the default
+# (block_m, num_warps, block_d); (1, 8, 4096) the default
 LAUNCHES = [(4, 4, 1024), (2, 4, 1024), (1, 4, 1024), (2, 8, 1024), (8, 8, 1024), (1, 4, 4096), (1, 8, 4096),
             (2, 8, 4096), (2, 16, 4096), (4, 16, 4096)]
 

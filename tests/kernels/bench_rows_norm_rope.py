@@ -42,7 +42,7 @@ def main(runs: int) -> None:
         print(f"| {name} | {m} | {' | '.join(times)} |")
         launches[name] = functools.partial(rows_norm_rope, x, heads, head, gain, tables.cos, tables.sin, across=True,
                                            **by_axis)
-    print("\nBy axis, the launch's rows a program and warps (16, 4: the default), ms (graph):\n")
+    print("\nBy axis, the launch's rows a program and warps (4, 2: the default), ms (graph):\n")
     print(f"| rows a program, warps | {' | '.join(launches)} |")
     print("|---|" + "---|" * len(launches))
     for block_m, warps in ((16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (64, 8), (4, 2)):
