@@ -63,63 +63,97 @@ def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=N
 def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch, out_ptr, M, HEADS, R, eps,
                            index_ptr, stride_i, axis_ptr, freq_ptr,
                            NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-                           BY_AXIS: tl.constexpr):
+                           BY_AXIS: tl.constexpr, ROW_AT_ONCE: tl.constexpr, BLOCK_H: tl.constexpr):
     # Grid (row blocks,): a program takes BLOCK_M rows through every head. NORM 2 (across) first walks the heads
     # for each row's sum of squares, then head by head: norm, rotary, store. Each value's rotary partner (j +- r) is
-    # a second load of the same row, which the first one brought into L1.
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # a second load of the same row, which the first one brought into L1. ROW_AT_ONCE: a program takes one row, all
+    # its heads in one [BLOCK_H, BLOCK_D] tile (every load of the row issued at once, the sum from registers).
     cols = tl.arange(0, BLOCK_D)
-    rmask = rows < M
-    mask = rmask[:, None] & (cols < D)[None, :]
-    base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-    inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
-    if NORM == 2:
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for head in tl.range(0, HEADS):
-            x = tl.load(base + head * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            squares += tl.sum(x * x, axis=1)
-        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))
     partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
     turned = cols < 2 * R
     angle = tl.where(cols < R, cols, cols - R)
-    amask = rmask[:, None] & turned[None, :]
-    angles = rows[:, None].to(tl.int64) * stride_cm + angle[None, :]
-    for head in tl.range(0, HEADS):
-        src = base + head * D
+    if ROW_AT_ONCE:
+        row = tl.program_id(0).to(tl.int64)
+        heads = tl.arange(0, BLOCK_H)
+        mask = (heads < HEADS)[:, None] & (cols < D)[None, :]
+        amask = (heads < HEADS)[:, None] & turned[None, :]
+        src = x_ptr + row * stride_x + heads[:, None] * D
         x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-        if NORM == 1:  # by head: this head's own statistics
+        if NORM == 2:
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0),
+                                                               HEADS * D * 1.0) + eps))
+            gain = w_ptr + heads[:, None] * D
+            x = (x * inv) * tl.load(gain + cols[None, :], mask=mask, other=0.0)
+            xp = (xp * inv) * tl.load(gain + partner[None, :], mask=mask, other=0.0)
+        if NORM == 1:
             inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
-        if NORM != 0:
-            gain = w_ptr
-            if NORM == 2:  # across: this head's slice of the row's gain
-                gain = w_ptr + head * D
-            x = (x * inv[:, None]) * tl.load(gain + cols, mask=cols < D, other=0.0)[None, :]
-            xp = (xp * inv[:, None]) * tl.load(gain + partner, mask=cols < D, other=0.0)[None, :]
-        if BY_AXIS:  # stride_cm: the tables' row stride; stride_ch: the columns' head stride (0: shared)
-            column = head * stride_ch + angle
-            axis = tl.load(axis_ptr + column, mask=turned, other=0)
-            freq = tl.load(freq_ptr + column, mask=turned, other=0)
-            at = tl.load(index_ptr + rows[:, None].to(tl.int64) * stride_i + axis[None, :], mask=amask, other=0)
-            slots = at.to(tl.int64) * stride_cm + freq[None, :]
-            c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
-            s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
+            x = (x * inv[:, None]) * tl.load(w_ptr + cols, mask=cols < D, other=0.0)[None, :]
+            xp = (xp * inv[:, None]) * tl.load(w_ptr + partner, mask=cols < D, other=0.0)[None, :]
+        column = heads[:, None] * stride_ch + angle[None, :]
+        if BY_AXIS:
+            axis = tl.load(axis_ptr + column, mask=amask, other=0)
+            freq = tl.load(freq_ptr + column, mask=amask, other=0)
+            at = tl.load(index_ptr + row * stride_i + axis, mask=amask, other=0)
+            slots = at.to(tl.int64) * stride_cm + freq
         else:
-            c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
-            s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
+            slots = row * stride_cm + column
+        c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
+        s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
         x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
-        dst = (rows.to(tl.int64) * HEADS + head) * D
+        dst = (row * HEADS + heads) * D
         tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
+    else:
+        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < M
+        mask = rmask[:, None] & (cols < D)[None, :]
+        base = x_ptr + rows[:, None].to(tl.int64) * stride_x
+        inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        if NORM == 2:
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for head in tl.range(0, HEADS):
+                x = tl.load(base + head * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                squares += tl.sum(x * x, axis=1)
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))
+        amask = rmask[:, None] & turned[None, :]
+        angles = rows[:, None].to(tl.int64) * stride_cm + angle[None, :]
+        for head in tl.range(0, HEADS):
+            src = base + head * D
+            x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+            if NORM == 1:  # by head: this head's own statistics
+                inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
+            if NORM != 0:
+                gain = w_ptr
+                if NORM == 2:  # across: this head's slice of the row's gain
+                    gain = w_ptr + head * D
+                x = (x * inv[:, None]) * tl.load(gain + cols, mask=cols < D, other=0.0)[None, :]
+                xp = (xp * inv[:, None]) * tl.load(gain + partner, mask=cols < D, other=0.0)[None, :]
+            if BY_AXIS:  # stride_cm: the tables' row stride; stride_ch: the columns' head stride (0: shared)
+                column = head * stride_ch + angle
+                axis = tl.load(axis_ptr + column, mask=turned, other=0)
+                freq = tl.load(freq_ptr + column, mask=turned, other=0)
+                at = tl.load(index_ptr + rows[:, None].to(tl.int64) * stride_i + axis[None, :], mask=amask, other=0)
+                slots = at.to(tl.int64) * stride_cm + freq[None, :]
+                c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
+                s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
+            else:
+                c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
+                s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
+            x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
+            dst = (rows.to(tl.int64) * HEADS + head) * D
+            tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
 
 
 def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
-                   block_m=None, num_warps=None):
+                   block_m=None, num_warps=None, row_at_once=False):
     """[M, heads, head] bf16 from rows x [M, heads head] by the math in this file's docstring (weight None: no norm;
     cos/sin None: no rotary). across: the norm over a row's heads (weight [heads head]), else by head (weight
     [head]). out: an optional contiguous [M, heads, head] bf16 buffer. index, columns: cos/sin are angles by axis
     (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32). block_m, num_warps: the
     launch; by default 16 rows on 4 warps, and 4 rows on 2 warps by axis, whose gathers ran 11-16% faster so at
-    LTX-2.5's stage-2 rows on an H100 (tests/kernels/bench_rows_norm_rope.py)."""
+    LTX-2.5's stage-2 rows on an H100 (tests/kernels/bench_rows_norm_rope.py). row_at_once: a program a row, its
+    heads in one tile (8 warps by default), where block_m rows walk the heads one by one."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -128,7 +162,8 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
                          f"({'across heads' if across else 'by head'}), got {weight.numel()}")
     by_axis = index is not None
-    block_m, num_warps = block_m or (4 if by_axis else 16), num_warps or (2 if by_axis else 4)
+    block_m = 1 if row_at_once else block_m or (4 if by_axis else 16)
+    num_warps = num_warps or (8 if row_at_once else 2 if by_axis else 4)
     if by_axis:
         axis, freq = columns
         r = axis.shape[-1]
@@ -160,6 +195,6 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
     _rows_norm_rope_kernel[(triton.cdiv(m, block_m),)](
         x, x.stride(0), weight, cos, sin, stride_cm, stride_ch, out, m, heads, r, eps, index,
         index.stride(0) if by_axis else 0, axis, freq, NORM=0 if weight is out else 2 if across else 1, D=d,
-        BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, BY_AXIS=by_axis, num_warps=num_warps,
-        enable_fp_fusion=False)
+        BLOCK_D=triton.next_power_of_2(d), BLOCK_M=block_m, BY_AXIS=by_axis, ROW_AT_ONCE=row_at_once,
+        BLOCK_H=triton.next_power_of_2(heads) if row_at_once else 1, num_warps=num_warps, enable_fp_fusion=False)
     return out

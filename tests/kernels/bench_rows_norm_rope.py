@@ -1,7 +1,8 @@
 """Times LTX-2.5's q/k rows on CUDA: kernels/rows_norm_rope.py against the torch f32 form it replaced in
 dit_core/gpu/pieces.py (RMS across the heads, per-head split-half rotary, bf16), at the video self-attention (32 x
 128, every column turned) and the A<->V time rotary on video heads (32 of 64 pairs), at stage 2's video rows (16 x 22
-x 40 latents); the kernel's angles as every row's tables and by axis (the rows' midpoints' tables).
+x 40 latents); the kernel's angles as every row's tables and by axis (the rows' midpoints' tables), rows in blocks
+walking the heads at several launches and a row at once (its heads in one tile) on 4, 8 and 16 warps.
 Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_ms). Prints markdown.
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_rows_norm_rope.py [--runs 100]
 """
@@ -24,7 +25,7 @@ CASES = [("video self", 32, 128, 64, 3), ("A<->V, video heads", 32, 128, 32, 1)]
 def main(runs: int) -> None:
     grid = Grid(16, 22, 40)  # stage 2's latents: 14080 rows
     mid = video_midpoints(grid, torch.float64).cuda()
-    launches = {}  # case -> the by-axis call at a launch's rows a program and warps
+    launches, whole = {}, {}  # case -> the by-axis call at a launch; (case, angles) -> the call a row at once
     print("| rows | M | torch f32 ms (graph) | rows_norm_rope, every row's tables ms (graph) | by axis ms (graph) |")
     print("|---|---|---|---|---|")
     for name, heads, head, r, axes in CASES:
@@ -42,6 +43,10 @@ def main(runs: int) -> None:
         print(f"| {name} | {m} | {' | '.join(times)} |")
         launches[name] = functools.partial(rows_norm_rope, x, heads, head, gain, tables.cos, tables.sin, across=True,
                                            **by_axis)
+        whole[name, "tables"] = functools.partial(rows_norm_rope, x, heads, head, gain, cos, sin, across=True,
+                                                  row_at_once=True)
+        whole[name, "by axis"] = functools.partial(launches[name], row_at_once=True)
+        assert torch.equal(whole[name, "tables"](), whole[name, "by axis"]())  # (the sum's order is the blocks' own)
     print("\nBy axis, the launch's rows a program and warps (4, 2: the default), ms (graph):\n")
     print(f"| rows a program, warps | {' | '.join(launches)} |")
     print("|---|" + "---|" * len(launches))
@@ -49,6 +54,12 @@ def main(runs: int) -> None:
         times = [f"{median_ms(functools.partial(call, block_m=block_m, num_warps=warps), runs, True):.4f}"
                  for call in launches.values()]
         print(f"| {block_m}, {warps} | {' | '.join(times)} |")
+    print("\nA row a program, its heads in one tile, ms (graph):\n")
+    print(f"| warps | {' | '.join(f'{case}, {angles}' for case, angles in whole)} |")
+    print("|---|" + "---|" * len(whole))
+    for warps in (4, 8, 16):
+        times = [f"{median_ms(functools.partial(call, num_warps=warps), runs, True):.4f}" for call in whole.values()]
+        print(f"| {warps} | {' | '.join(times)} |")
 
 
 if __name__ == "__main__":

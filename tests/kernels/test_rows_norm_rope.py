@@ -31,12 +31,15 @@ def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
     return x, *(None if t is None else t.to(device) for t in (gain, cos, sin))
 
 
+@pytest.mark.parametrize("row_at_once", [False, True])
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("m,heads,head,r,angles", CASES)
-def test_kernel_matches_reference(m, heads, head, r, angles, norm, device):
+def test_kernel_matches_reference(m, heads, head, r, angles, norm, row_at_once, device):
+    """Rows in blocks walking the heads, or a row at once with its heads in one tile."""
     x, gain, cos, sin = inputs(m, heads, head, r, angles, norm, seed=m + head, device=device, row_stride=head)
     out = torch.full((m, heads, head), float("nan"), dtype=torch.bfloat16, device=device)
-    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across", out=out, block_m=8)
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across", out=out, block_m=8,
+                         row_at_once=row_at_once)
     assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across"))
 
@@ -68,18 +71,19 @@ def by_axis(m, heads, r, shared, seed, device):
     return [t.to(device) for t in (*tables, index, axis, freq, *rows)]
 
 
+@pytest.mark.parametrize("row_at_once", [False, True])
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("norm", ["across", None])
-def test_angles_by_axis_are_the_tables_they_stand_for(norm, shared, device):
+def test_angles_by_axis_are_the_tables_they_stand_for(norm, shared, row_at_once, device):
     """cos/sin by axis (tables, each row's index, each column's axis and frequency: LTX-2.5's split rotary) give the
     kernel's output of the full tables bit for bit, and the reference's."""
     m, heads, head, r = 37, 3, 32, 16
     x, gain, _, _ = inputs(m, heads, head, r, "head", norm, seed=11, device=device)
     cos, sin, index, axis, freq, cos_rows, sin_rows = by_axis(m, heads, r, shared, seed=12, device=device)
-    across = norm == "across"
+    across, launch = norm == "across", {"block_m": 8, "row_at_once": row_at_once}
     got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=across, index=index, columns=(axis, freq),
-                         block_m=8)
-    assert torch.equal(got, rows_norm_rope(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across, block_m=8))
+                         **launch)
+    assert torch.equal(got, rows_norm_rope(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across, **launch))
     by_axis_reference = reference(x, heads, head, gain, cos, sin, 1e-6, across=across, index=index,
                                   columns=(axis, freq))
     assert torch.equal(by_axis_reference, reference(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across))
@@ -103,12 +107,13 @@ def test_bad_arguments_raise():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("row_at_once", [False, True])
 @pytest.mark.parametrize("heads,head,r", [(32, 128, 64), (32, 64, 32), (32, 128, 32)])
-def test_ltx25_shapes(heads, head, r):
+def test_ltx25_shapes(heads, head, r, row_at_once):
     """LTX-2.5's q/k rows at 1024^2-like row counts: video self-attention (32 x 128, every column turned), audio
     (32 x 64), the A<->V time rotary on the video heads (32 of 64 pairs): across-heads norm, per-head angles."""
     x, gain, cos, sin = inputs(6144, heads, head, r, "head", "across", seed=head + r, device="cuda")
-    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True)
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True, row_at_once=row_at_once)
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=True))
 
 
