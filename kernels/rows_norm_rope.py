@@ -60,6 +60,37 @@ def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=N
 
 
 @triton_jit
+def _gained_turned_stored(x, xp, row, head, mask, head_mask, cols, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
+                          out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM: tl.constexpr,
+                          D: tl.constexpr, BY_AXIS: tl.constexpr):
+    # A tile of normed values x and their rotary partners xp (j +- r) at rows `row` of heads `head` (one of them a
+    # scalar, the other a column of the tile's first axis): the gain, the rotary by the row's angles (stride_cm: the
+    # tables' row stride; stride_ch: the columns' head stride, 0 where the heads share them), one rounding, the store.
+    # head_mask: the mask of what depends on the head and column alone (the gain, the angles' axis and frequency).
+    partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
+    turned = cols < 2 * R
+    if NORM != 0:
+        gain = w_ptr
+        if NORM == 2:  # across: the head's slice of the row's gain
+            gain = w_ptr + head * D
+        x = x * tl.load(gain + cols[None, :], mask=head_mask, other=0.0)
+        xp = xp * tl.load(gain + partner[None, :], mask=head_mask, other=0.0)
+    amask = mask & turned[None, :]
+    column = head * stride_ch + tl.where(cols < R, cols, cols - R)[None, :]
+    if BY_AXIS:
+        axis = tl.load(axis_ptr + column, mask=head_mask & turned[None, :], other=0)
+        freq = tl.load(freq_ptr + column, mask=head_mask & turned[None, :], other=0)
+        at = tl.load(index_ptr + row * stride_i + axis, mask=amask, other=0)
+        slots = at.to(tl.int64) * stride_cm + freq
+    else:
+        slots = row * stride_cm + column
+    c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
+    s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
+    x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
+    tl.store(out_ptr + (row * HEADS + head) * D + cols[None, :], rounded_bf16(x), mask=mask)
+
+
+@triton_jit
 def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch, out_ptr, M, HEADS, R, eps,
                            index_ptr, stride_i, axis_ptr, freq_ptr,
                            NORM: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -70,79 +101,44 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
     # its heads in one [BLOCK_H, BLOCK_D] tile (every load of the row issued at once, the sum from registers).
     cols = tl.arange(0, BLOCK_D)
     partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
-    turned = cols < 2 * R
-    angle = tl.where(cols < R, cols, cols - R)
     if ROW_AT_ONCE:
         row = tl.program_id(0).to(tl.int64)
-        heads = tl.arange(0, BLOCK_H)
-        mask = (heads < HEADS)[:, None] & (cols < D)[None, :]
-        amask = (heads < HEADS)[:, None] & turned[None, :]
-        src = x_ptr + row * stride_x + heads[:, None] * D
+        heads = tl.arange(0, BLOCK_H)[:, None]
+        mask = (heads < HEADS) & (cols < D)[None, :]
+        src = x_ptr + row * stride_x + heads * D
         x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
         if NORM == 2:
             inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0),
                                                                HEADS * D * 1.0) + eps))
-            gain = w_ptr + heads[:, None] * D
-            x = (x * inv) * tl.load(gain + cols[None, :], mask=mask, other=0.0)
-            xp = (xp * inv) * tl.load(gain + partner[None, :], mask=mask, other=0.0)
+            x, xp = x * inv, xp * inv
         if NORM == 1:
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
-            x = (x * inv[:, None]) * tl.load(w_ptr + cols, mask=cols < D, other=0.0)[None, :]
-            xp = (xp * inv[:, None]) * tl.load(w_ptr + partner, mask=cols < D, other=0.0)[None, :]
-        column = heads[:, None] * stride_ch + angle[None, :]
-        if BY_AXIS:
-            axis = tl.load(axis_ptr + column, mask=amask, other=0)
-            freq = tl.load(freq_ptr + column, mask=amask, other=0)
-            at = tl.load(index_ptr + row * stride_i + axis, mask=amask, other=0)
-            slots = at.to(tl.int64) * stride_cm + freq
-        else:
-            slots = row * stride_cm + column
-        c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
-        s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
-        x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
-        dst = (row * HEADS + heads) * D
-        tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))[:, None]
+            x, xp = x * inv, xp * inv
+        _gained_turned_stored(x, xp, row, heads, mask, mask, cols, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
+                              out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM, D, BY_AXIS)
     else:
-        rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < M
-        mask = rmask[:, None] & (cols < D)[None, :]
-        base = x_ptr + rows[:, None].to(tl.int64) * stride_x
-        inv = tl.full([BLOCK_M], 1.0, dtype=tl.float32)
+        rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
+        mask = (rows < M) & (cols < D)[None, :]
+        base = x_ptr + rows * stride_x
         if NORM == 2:
             squares = tl.zeros([BLOCK_M], dtype=tl.float32)
             for head in tl.range(0, HEADS):
                 x = tl.load(base + head * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
                 squares += tl.sum(x * x, axis=1)
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))
-        amask = rmask[:, None] & turned[None, :]
-        angles = rows[:, None].to(tl.int64) * stride_cm + angle[None, :]
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))[:, None]
         for head in tl.range(0, HEADS):
             src = base + head * D
             x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
             if NORM == 1:  # by head: this head's own statistics
                 inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
+                inv = inv[:, None]
             if NORM != 0:
-                gain = w_ptr
-                if NORM == 2:  # across: this head's slice of the row's gain
-                    gain = w_ptr + head * D
-                x = (x * inv[:, None]) * tl.load(gain + cols, mask=cols < D, other=0.0)[None, :]
-                xp = (xp * inv[:, None]) * tl.load(gain + partner, mask=cols < D, other=0.0)[None, :]
-            if BY_AXIS:  # stride_cm: the tables' row stride; stride_ch: the columns' head stride (0: shared)
-                column = head * stride_ch + angle
-                axis = tl.load(axis_ptr + column, mask=turned, other=0)
-                freq = tl.load(freq_ptr + column, mask=turned, other=0)
-                at = tl.load(index_ptr + rows[:, None].to(tl.int64) * stride_i + axis[None, :], mask=amask, other=0)
-                slots = at.to(tl.int64) * stride_cm + freq[None, :]
-                c = tl.load(cos_ptr + slots, mask=amask, other=1.0)
-                s = tl.load(sin_ptr + slots, mask=amask, other=0.0)
-            else:
-                c = tl.load(cos_ptr + angles + head * stride_ch, mask=amask, other=1.0)
-                s = tl.load(sin_ptr + angles + head * stride_ch, mask=amask, other=0.0)
-            x = tl.where((cols < R)[None, :], x * c - xp * s, tl.where(turned[None, :], x * c + xp * s, x))
-            dst = (rows.to(tl.int64) * HEADS + head) * D
-            tl.store(out_ptr + dst[:, None] + cols[None, :], rounded_bf16(x), mask=mask)
+                x, xp = x * inv, xp * inv
+            _gained_turned_stored(x, xp, rows, head, mask, (cols < D)[None, :], cols, w_ptr, cos_ptr, sin_ptr,
+                                  stride_cm, stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr,
+                                  NORM, D, BY_AXIS)
 
 
 def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
