@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     p.add_argument("--prebuild", action="store_true",
                    help="ours also cold after `swiftdit prebuild` (case 5; the prebuild's seconds: case 0)")
     p.add_argument("--stacks", help="each server's threads' Python stacks sampled every 10 ms into this folder "
-                                    "(host/stack_sampler.py: stacks_<pid>.txt)")
+                                    "(host/stack_sampler.py: stacks_<pid>.txt; bench/stacks_report.py reads them)")
     args = p.parse_args(argv)
     if args.stacks:
         Path(args.stacks).mkdir(parents=True, exist_ok=True)
