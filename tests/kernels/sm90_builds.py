@@ -87,16 +87,17 @@ def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0):
     return _turned_codes_kernel, signature, constants, {"num_warps": 4}
 
 
-def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False):
+def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False, row_at_once: bool = False):
     """kernels/rows_norm_rope.py (LTX-2.5's q/k rows): NORM 0 none, 1 by head, 2 across the row's heads; angles by
-    row or by axis."""
+    row or by axis; rows in blocks walking the heads or a row at once (its 32 heads in one tile)."""
     from kernels.rows_norm_rope import _rows_norm_rope_kernel
     columns = "*i32" if by_axis else "*bf16"  # (unread without angles by axis: the launcher passes out)
     signature = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
                  "stride_cm": "i32", "stride_ch": "i32", "out_ptr": "*bf16", "M": "i32", "HEADS": "i32", "R": "i32",
                  "eps": "fp32", "index_ptr": columns, "stride_i": "i32", "axis_ptr": columns, "freq_ptr": columns}
-    return _rows_norm_rope_kernel, signature, {"NORM": norm, "D": head, "BLOCK_D": head, "BLOCK_M": 16,
-                                               "BY_AXIS": by_axis}, {"num_warps": 4}
+    return _rows_norm_rope_kernel, signature, {"NORM": norm, "D": head, "BLOCK_D": head, "BLOCK_M": 1 if row_at_once
+                                               else 16, "BY_AXIS": by_axis, "ROW_AT_ONCE": row_at_once,
+                                               "BLOCK_H": 32 if row_at_once else 1}, {"num_warps": 4}
 
 
 def frontend_cases() -> dict:
@@ -127,7 +128,9 @@ def frontend_cases() -> dict:
                 norm, has_scale, act, group)
     for norm in (0, 1, 2):
         cases[f"rows_norm_rope norm {norm}"] = rows_norm_rope_case(norm)
+        cases[f"rows_norm_rope norm {norm}, a row at once"] = rows_norm_rope_case(norm, row_at_once=True)
     cases["rows_norm_rope angles by axis"] = rows_norm_rope_case(2, by_axis=True)
+    cases["rows_norm_rope angles by axis, a row at once"] = rows_norm_rope_case(2, by_axis=True, row_at_once=True)
     for span in (1, 128):
         cases[f"rotate gated, a gate value over {span}"] = rotate_case(0, 0, 0, gate_span=span)
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)

@@ -9,8 +9,8 @@ import kernels
 from kernels import OPS, run
 from kernels.int8.quant import reference as quantize_reference
 
-TUNING = {"block_m", "block_n", "block_d", "num_warps", "num_stages", "tiles", "row_programs", "choices",  # launchers only
-          "block", "piece", "max_parts", "parts"}
+TUNING = {"block_m", "block_n", "block_d", "num_warps", "num_stages", "tiles", "row_programs", "row_at_once",
+          "choices", "block", "piece", "max_parts", "parts"}  # launchers only
 
 
 def test_references_take_the_launchers_arguments():
