@@ -2,6 +2,7 @@
 (reference/int8_convrot_format.md: the format of ComfyUI's quantized checkpoints)."""
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -9,15 +10,30 @@ import torch
 CONVROT_GROUP = 256
 
 
-def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The normalized regular Hadamard H4^(x log4 g) / sqrt(g): symmetric, H H = I (not Sylvester/Walsh)."""
+@functools.cache
+def _hadamard_f64(group: int) -> torch.Tensor:
     if group < 4 or 4 ** round(math.log(group, 4)) != group:
         raise ValueError(f"ConvRot group size must be a power of 4 (>= 4), got {group}")
-    h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
-    h = h4
-    while h.shape[0] < group:
-        h = torch.kron(h, h4)
-    return (h / math.sqrt(group)).to(dtype)
+    with torch.inference_mode(False):  # a normal tensor, whatever mode the first caller runs in
+        h4 = torch.tensor([[1, 1, 1, -1], [1, 1, -1, 1], [1, -1, 1, 1], [-1, 1, 1, 1]], dtype=torch.float64)
+        h = h4
+        while h.shape[0] < group:
+            h = torch.kron(h, h4)
+        return h / math.sqrt(group)
+
+
+def hadamard(group: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The normalized regular Hadamard H4^(x log4 g) / sqrt(g): symmetric, H H = I (not Sylvester/Walsh); a new
+    tensor (built once a size)."""
+    return _hadamard_f64(group).to(dtype, copy=True)
+
+
+@functools.cache
+def hadamard_on(group: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """hadamard(group, dtype) on device, made once and kept (never write to it): a load that rotates each of a
+    model's linears back on a card copied it there for each, and a copy from the host waits for the card's queue."""
+    with torch.inference_mode(False):
+        return hadamard(group, dtype).to(device)
 
 
 def rotate(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -25,8 +41,7 @@ def rotate(x: torch.Tensor, group: int) -> torch.Tensor:
     k = x.shape[-1]
     if k % group:
         raise ValueError(f"ConvRot group {group} does not divide {k} input features")
-    h = hadamard(group, x.dtype).to(x.device)
-    return torch.matmul(x.reshape(-1, k // group, group), h).reshape(x.shape)
+    return torch.matmul(x.reshape(-1, k // group, group), hadamard_on(group, x.dtype, x.device)).reshape(x.shape)
 
 
 def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
@@ -36,7 +51,7 @@ def rotate_weight(w: torch.Tensor, group: int) -> torch.Tensor:
     n, k = w.shape
     if k % group:
         raise ValueError(f"ConvRot group {group} does not divide {k} input features")
-    return torch.matmul(w.reshape(n, k // group, group), hadamard(group, w.dtype).to(w.device).t()).reshape(n, k)
+    return torch.matmul(w.reshape(n, k // group, group), hadamard_on(group, w.dtype, w.device).t()).reshape(n, k)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
