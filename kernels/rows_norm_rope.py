@@ -60,14 +60,14 @@ def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=N
 
 
 @triton_jit
-def _gained_turned_stored(x, xp, row, head, mask, head_mask, cols, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
-                          out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM: tl.constexpr,
+def _gained_turned_stored(x, xp, row, head, mask, head_mask, cols, partner, w_ptr, cos_ptr, sin_ptr, stride_cm,
+                          stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM: tl.constexpr,
                           D: tl.constexpr, BY_AXIS: tl.constexpr):
-    # A tile of normed values x and their rotary partners xp (j +- r) at rows `row` of heads `head` (one of them a
-    # scalar, the other a column of the tile's first axis): the gain, the rotary by the row's angles (stride_cm: the
-    # tables' row stride; stride_ch: the columns' head stride, 0 where the heads share them), one rounding, the store.
+    # A tile of normed values x and their rotary partners xp (columns `partner`: j +- r) at rows `row` of heads `head`
+    # (one of them a scalar, the other a column of the tile's first axis): the gain, the rotary by the row's angles
+    # (stride_cm: the tables' row stride; stride_ch: the columns' head stride, 0 where the heads share them), one
+    # rounding, the store.
     # head_mask: the mask of what depends on the head and column alone (the gain, the angles' axis and frequency).
-    partner = tl.where(cols < R, cols + R, tl.where(cols < 2 * R, cols - R, cols))
     turned = cols < 2 * R
     if NORM != 0:
         gain = w_ptr
@@ -115,8 +115,8 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
         if NORM == 1:
             inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))[:, None]
             x, xp = x * inv, xp * inv
-        _gained_turned_stored(x, xp, row, heads, mask, mask, cols, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
-                              out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM, D, BY_AXIS)
+        _gained_turned_stored(x, xp, row, heads, mask, mask, cols, partner, w_ptr, cos_ptr, sin_ptr, stride_cm,
+                              stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM, D, BY_AXIS)
     else:
         rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)[:, None]
         mask = (rows < M) & (cols < D)[None, :]
@@ -136,9 +136,9 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
                 inv = inv[:, None]
             if NORM != 0:
                 x, xp = x * inv, xp * inv
-            _gained_turned_stored(x, xp, rows, head, mask, (cols < D)[None, :], cols, w_ptr, cos_ptr, sin_ptr,
-                                  stride_cm, stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr,
-                                  NORM, D, BY_AXIS)
+            _gained_turned_stored(x, xp, rows, head, mask, (cols < D)[None, :], cols, partner, w_ptr, cos_ptr,
+                                  sin_ptr, stride_cm, stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr,
+                                  freq_ptr, NORM, D, BY_AXIS)
 
 
 def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
