@@ -286,7 +286,7 @@ def one_server(label: str, graph: dict, models: Path, smoke: bool, logs: Path | 
             if case == cases[0][0]:
                 seconds = time.monotonic() - started
             nodes = ", ".join([f"server start {ready:.2f}"] * (case == cases[0][0]) + [
-                f"{graph[n]['class_type']} {s:.2f}" for n, s in node_seconds(events).items() if s >= 0.05])
+                f"{graph[n]['class_type']} {s:.3f}" for n, s in node_seconds(events).items() if s >= 0.005])
             rows.append({"graph": label, "case": case, "seconds": seconds, "card_gb": peaks.card_gb,
                          "host_gb": peaks.host_gb, "nodes": nodes, "ready": ready if case == cases[0][0] else 0.0})
             print(f"| {label} | {case} | {seconds:.2f} | {peaks.card_gb:.1f} | {peaks.host_gb:.1f} | {nodes} |",
@@ -321,7 +321,7 @@ def ratios(rows: list[dict]) -> list[str]:
                            f"{ours['seconds']:.2f} s = {theirs['seconds'] / ours['seconds']:.2f}x")
     out += [f"- {r['graph']}, case {r['case']}: torch max_memory_allocated {r['alloc_gb']:.2f} GB"
             for r in rows if "alloc_gb" in r]
-    out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.05 or more): {r['nodes']}"
+    out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.005 or more): {r['nodes']}"
             for r in rows if r.get("nodes")]
     for case in sorted({r["case"] for r in rows}):
         stock = by.get(("Z-Image stock BF16", baseline_case(case)))
