@@ -10,9 +10,11 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
 --turned: only attention outputs, kernels/int8/quant_turned.py's pass (rows whose v was turned, and plain rows) by
 rows and warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
+--gated: only gated attention outputs at Krea 2's and LTX-2.5's shapes (a 2 sigmoid gate a head), the whole-rows
+pass by rows and warps a program beside the rotate and codes passes, with the one-pass floor.
 --hidden: only the MLP's hidden rows, plain against turned by UP's SwiGLU epilogue (block_gpu._turns_hidden).
-On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned | --hidden] (device_session.sh
-quantizer_shapes, one_pass, turned, hidden).
+On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned | --gated | --hidden]
+(device_session.sh quantizer_shapes, one_pass, turned, gated, hidden).
 """
 import sys
 from pathlib import Path
@@ -126,6 +128,30 @@ def turned_table() -> list[str]:
     return out
 
 
+GATED_SHAPES = {"Krea 2": (4608, 6144, 48), "LTX-2.5 stage 2": (14080, 4096, 32), "LTX-2.5 stage 1": (3520, 4096, 32)}
+
+
+def gated_rows_table() -> list[str]:
+    """Gated attention outputs (rows times 2 sigmoid(gate), a gate value a head) to codes: the whole-rows pass by
+    launch (rows / warps a program) against the rotate and codes passes, and its kernel's own time."""
+    out = ["| gated rows | rotate + codes passes ms | whole rows (rows / warps) ms | kernel us (default) | floor ms |",
+           "|---|---|---|---|---|"]
+    for label, (m, k, heads) in GATED_SHAPES.items():
+        t, gate = rows(m, k, torch.bfloat16), rows(m, heads, torch.bfloat16)
+        codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
+        passes = graph_ms(lambda t=t, g=gate: quantize_rows(t, 256, gate=g, gate_factor=2.0, out=(codes, scales),
+                                                            choices=Choices(whole_rows=False)))
+        timed = []
+        for r, nw in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (4, 16)):
+            fn = lambda t=t, g=gate, r=r, nw=nw: quantize_turned(t, None, (codes, scales), r, nw,  # noqa: E731
+                                                                 gate=g, gate_factor=2.0)
+            timed.append(f"{r}/{nw} {graph_ms(fn):.4f}")
+        own = kernel_us(lambda t=t, g=gate: quantize_turned(t, None, (codes, scales), gate=g, gate_factor=2.0))
+        out.append(f"| {label} {m}x{k}, {heads} gates | {passes:.4f} | {', '.join(timed)} | {own} | "
+                   f"{t.numel() * 3 / 4e12 * 1e3:.4f} |")
+    return out
+
+
 def hidden_table() -> list[str]:
     """The MLP's hidden rows: plain (the Gluon one pass where chosen, else the Triton passes) against turned by UP's
     SwiGLU epilogue (kernels/int8/quant_turned_hopper.py's hidden rows by warps and groups a warp; the Triton
@@ -183,6 +209,8 @@ if __name__ == "__main__":
         print("\n".join(one_pass_table()))
     elif "--turned" in sys.argv:
         print("\n".join(turned_table()))
+    elif "--gated" in sys.argv:
+        print("\n".join(gated_rows_table()))
     elif "--hidden" in sys.argv:
         print("\n".join(hidden_table()))
     else:

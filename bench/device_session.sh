@@ -7,6 +7,7 @@
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
 #          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths rows_norm_rope
+#          gated
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -91,6 +92,7 @@ for part in $parts; do
               tests/kernels/test_int8_linear_hopper.py tests/dit_core/test_block_gpu.py -k "turned or attention_output \
               or fused_qkv or block or step"
             timeout 120 python3 bench/bench_quantizer_shapes.py --turned ;;
+    gated) timeout 150 python3 bench/bench_quantizer_shapes.py --gated ;;
     hidden) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_quant_turned.py \
               tests/kernels/test_int8_linear_hopper.py tests/dit_core/test_block_gpu.py -k "hidden or swiglu or \
               bf16_rows or block or step"
