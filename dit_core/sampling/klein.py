@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .ksampler import before_step, noise_scaling, prepare_noise
+from .ksampler import StepPace, before_step, noise_scaling, prepare_noise
 
 def flux_noise(seed: int, height: int, width: int, batch: int = 1, channels: int = 128) -> torch.Tensor:
     """seed 001's fluxNoise: ComfyUI's draw for EmptyFlux2LatentImage's zeros [batch, 128, H/16, W/16] f32
@@ -51,6 +51,7 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
     x = sigmas[0].to(noise.dtype) * noise  # noise_scaling on an empty latent (1 * noise at sigma 1)
     if latent is not None:
         x = noise_scaling(sigmas[0].to(noise.dtype), noise, latent.to(noise.dtype))
+    pace = StepPace(x.device)
     for i in range(total):
         before_step(i, total, should_stop)
         check = lambda i=i: before_step(i, total, should_stop)
@@ -63,6 +64,7 @@ def sample_klein(model, noise: torch.Tensor, sigmas: torch.Tensor, text_rows: to
         v = vs[0] if len(vs) == 1 else vs[1] + cfg * (vs[0] - vs[1])
         x0 = x - sigmas[i].to(x.dtype) * v
         x = x + (sigmas[i + 1] - sigmas[i]).to(x.dtype) * v
+        pace.queued()
         if callback is not None:
             callback(i + 1, total, x, x0)
     if isinstance(cache, StepCache) and cache.limit > 0:

@@ -9,6 +9,7 @@ import torch
 
 from .schedules import SCHEDULERS, ksampler_sigmas
 
+# denoiser(x, sigma) -> x0, sigma a 0-dim tensor on the host (the samplers read their sigmas there)
 Denoiser = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -98,16 +99,36 @@ def before_step(i: int, total: int, should_stop: Callable[[], bool] | None) -> N
         raise SamplingCancelled(i, total)
 
 
+class StepPace:
+    """Lets the host queue a step while the GPU runs the one before, and no further: after queuing step i it waits
+    for step i - 1's end (an event). The samplers read their sigmas on the host (one copy before the first step),
+    so nothing else waits for the GPU between steps; a step read back each step (a device sigma compared or passed
+    as a float) left the GPU idle while the host began the next step's launches. One step queued ahead keeps the
+    progress bar and a cancel within a step of the GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.ended: list = []
+
+    def queued(self) -> None:
+        if self.cuda:
+            self.ended.append(torch.cuda.Event())
+            self.ended[-1].record()
+            if len(self.ended) > 1:
+                self.ended.pop(0).synchronize()
+
+
 def sample_euler(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tensor, callback=None,
                  should_stop=None) -> torch.Tensor:
     """Euler on the ODE dx/dsigma = (x - x0)/sigma (k_diffusion sample_euler, s_churn 0)."""
-    sigmas = sigmas.to(x.device)
+    sigmas, host, pace = sigmas.to(x.device), sigmas.cpu(), StepPace(x.device)
     total = len(sigmas) - 1
     for i in range(total):
         before_step(i, total, should_stop)
-        x0 = denoiser(x, sigmas[i])
+        x0 = denoiser(x, host[i])
         d = (x - x0) / sigmas[i]
         x = x + d * (sigmas[i + 1] - sigmas[i])
+        pace.queued()
         if callback is not None:
             callback(i + 1, total, x, x0)
     return x
@@ -120,13 +141,13 @@ def sample_res_multistep(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tens
     c2 = (lambda_prev - lambda)/h, phi1(z) = expm1(z)/z, phi2(z) = (phi1 - 1)/z at z = -h:
     x' = e^-h x + h*((phi1 - phi2/c2) x0 + (phi2/c2) x0_prev). At eta 0 ComfyUI adds noise times 0, which
     we skip."""
-    sigmas = sigmas.to(x.device)
+    sigmas, host, pace = sigmas.to(x.device), sigmas.cpu(), StepPace(x.device)
     total = len(sigmas) - 1
     x0_prev = None
     for i in range(total):
         before_step(i, total, should_stop)
-        x0 = denoiser(x, sigmas[i])
-        if sigmas[i + 1] == 0 or x0_prev is None:
+        x0 = denoiser(x, host[i])
+        if host[i + 1] == 0 or x0_prev is None:
             d = (x - x0) / sigmas[i]
             x = x + d * (sigmas[i + 1] - sigmas[i])
         else:
@@ -140,6 +161,7 @@ def sample_res_multistep(denoiser: Denoiser, x: torch.Tensor, sigmas: torch.Tens
             b2 = torch.nan_to_num(phi2 / c2, nan=0.0)
             x = h.neg().exp() * x + h * (b1 * x0 + b2 * x0_prev)
         x0_prev = x0
+        pace.queued()
         if callback is not None:
             callback(i + 1, total, x, x0)
     return x

@@ -23,6 +23,7 @@ from ..families.ltx25 import LTX25
 from ..families.ltx25_positions import VIDEO_SCALE, Grid, Guide, keyframe_rows
 from .ksampler import (
     Denoiser,
+    StepPace,
     before_step,
     cfg_denoiser,
     inverse_noise_scaling,
@@ -97,14 +98,14 @@ def sample_euler_ancestral_rf(denoiser: Denoiser, x: torch.Tensor, sigmas: torch
     it: one torch.Generator on x's device seeded with `seed`, one draw of the whole state per noised step. Sigmas
     stay 0-d float32 tensors in the arithmetic, as ComfyUI keeps them. callback(i + 1, total, x, x0) after each step;
     should_stop as ksampler's samplers."""
-    sigmas = sigmas.to(x.device)
+    sigmas, host, pace = sigmas.to(x.device), sigmas.cpu(), StepPace(x.device)
     generator = torch.Generator(device=x.device)
     generator.manual_seed(seed)
     total = len(sigmas) - 1
     for i in range(total):
         before_step(i, total, should_stop)
-        x0 = denoiser(x, sigmas[i])
-        if sigmas[i + 1] == 0:
+        x0 = denoiser(x, host[i])
+        if host[i + 1] == 0:
             x = x0
         else:
             sigma_down = sigmas[i + 1] * (1 + (sigmas[i + 1] / sigmas[i] - 1) * eta)
@@ -115,6 +116,7 @@ def sample_euler_ancestral_rf(denoiser: Denoiser, x: torch.Tensor, sigmas: torch
             if eta > 0:
                 n = torch.randn(x.size(), dtype=x.dtype, layout=x.layout, device=x.device, generator=generator)
                 x = (alpha_next / alpha_down) * x + n * s_noise * renoise
+        pace.queued()
         if callback is not None:
             callback(i + 1, total, x, x0)
     return x
