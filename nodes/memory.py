@@ -360,8 +360,7 @@ def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, s
         streamed = isinstance(blocks, StreamedBlocks)
         never_streamed = on_card - blocks.device_bytes() if streamed else on_card
         slots = blocks.slot_count * blocks.slot_bytes if streamed else 0  # where streamed blocks run
-        available = comfy.model_management.get_total_memory(device) - never_streamed - slots - \
-            int(comfy.model_management.extra_reserved_memory())
+        available = card_bytes(device) - never_streamed - slots - int(comfy.model_management.extra_reserved_memory())
         need, where = (lambda r: pass_bytes(a, -(-r // world))), "GPU"
     else:
         available = comfy.model_management.get_free_memory(device)
@@ -386,6 +385,13 @@ def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, s
             log.warning("SwiftDiT: %s", text)
             if say is not None:
                 say(text)
+
+
+@functools.cache
+def card_bytes(device: torch.device) -> int:
+    """The card's memory, as model_management.get_total_memory gives it, read once: that asks the driver and the
+    allocator each time (a sampler's check before every prompt, the GPU idle meanwhile)."""
+    return torch.cuda.get_device_properties(device).total_memory
 
 
 @functools.cache

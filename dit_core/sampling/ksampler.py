@@ -246,7 +246,6 @@ def ksample(model: Callable, seed: int, steps: int, cfg: float, sampler_name: st
     if len(sigmas) == 0:  # CFGGuider.sample returns the latent untouched when there is nothing to do
         return latent_image
     noise = prepare_noise(latent_image, seed, batch_index).to(latent_image.device)
-    sigmas = sigmas.to(latent_image.device)
     # CFGGuider.inner_sample: an all-zero (empty) latent is not shifted into the model's space.
     latent = latent_image
     if torch.count_nonzero(latent) > 0:
