@@ -1,7 +1,7 @@
 """Z-Image's VAE decode (FLUX.1's ae.safetensors, random weights of its real size) at 1024x1024, BF16 on the GPU:
 stock ComfyUI v0.3.75's VAE (what VAEDecode runs, its model management choosing the dtype) against ours
-(dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs) in the same run, each with cuDNN's autotuner off
-and on. Seconds include the IMAGE's trip to the host (both sides). Then one profiled decode of ours: its kernels by
+(dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs, and the same with its activations channels last)
+in the same run, each with cuDNN's autotuner off and on. Seconds include the IMAGE's trip to the host (both sides). Then one profiled decode of ours: its kernels by
 GPU time.
 
     python bench/bench_image_decode.py [--size 1024] [--runs 5]    # on a GPU, ComfyUI's tree in .cache/ (either carry)
@@ -69,7 +69,9 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "ae.safetensors"
         save_file(state, str(path))
-        ours = ImageDecoder.load(path).to(device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+        loaded = ImageDecoder.load(path)
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        ours, ours_last = loaded.to(device, dtype), loaded.to(device, dtype, channels_last=True)
     card = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"# FLUX.1 VAE decode, {args.size}x{args.size}, {card}, torch {torch.__version__}")
     print("| decode | cuDNN autotuner | ms | peak GB | PSNR against stock |\n|---|---|---|---|---|")
@@ -82,7 +84,8 @@ def main(argv=None) -> int:
     for benchmark in (False, True):
         torch.backends.cudnn.benchmark = benchmark
         runs = [("stock ComfyUI VAE", lambda: stock.decode(latent))] if stock is not None else []
-        runs += [("ours", lambda: ours.decode(latent, tile=None))]
+        runs += [("ours", lambda: ours.decode(latent, tile=None)),
+                 ("ours, channels last", lambda: ours_last.decode(latent, tile=None))]
         for label, fn in runs:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
@@ -98,11 +101,12 @@ def main(argv=None) -> int:
     if device.type != "cuda":
         return 0
     from torch.profiler import ProfilerActivity, profile
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        ours.decode(latent, tile=None)
-        torch.cuda.synchronize()
-    print("\nOurs, one decode's kernels by GPU time:")
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
+    for label, decoder in (("Ours", ours), ("Ours channels last", ours_last)):
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            decoder.decode(latent, tile=None)
+            torch.cuda.synchronize()
+        print(f"\n{label}, one decode's kernels by GPU time:")
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=70))
     return 0
 
 

@@ -12,6 +12,9 @@ moments combined. For x [B, C, *spatial] contiguous, G groups of Cg = C / G chan
           y = y * sigmoid(y)                                  (where silu: F.silu, without the rounding between)
           stored in x's dtype, one rounding.
 Three passes over x (read, read, write) where torch's norm and SiLU make five.
+Channels last (x [B, *spatial, C] in memory, a channels-last decoder's convs: no layout conversions around each
+conv): a piece is PIECE positions of every channel, its moments per group from [positions, G, Cg] tiles; pass 2
+combines a group's pieces as above and normalizes the piece's positions, in place of the channel's.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ def reference(x, weight, bias, groups, eps=1e-6, silu=False):
 
 # One build serves every resolution and channel count (a first decode built one per level otherwise).
 SIZES = ("S", "PIECE", "PIECES", "C", "CG")
+LAST_SIZES = SIZES[:3]  # (channels last: a build a group width, C and CG constexprs)
 
 
 @triton_jit_unspecialized(*SIZES)
@@ -106,15 +110,117 @@ def _group_norm_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, C, CG, S, PI
         tl.store(y_ptr + at + s0 + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+@triton_jit_unspecialized(*LAST_SIZES)
+def _last_moments_kernel(x_ptr, stats_ptr, S, PIECE, PIECES, G: tl.constexpr, CG: tl.constexpr,
+                         BLOCK_S: tl.constexpr):
+    # Grid (B * PIECES,): program p takes positions [piece * PIECE, +PIECE) of sample p // PIECES, all its channels;
+    # stats [B * PIECES, 2, G]: each group's mean and M2 over the piece.
+    p = tl.program_id(0)
+    sample, piece = p // PIECES, p % PIECES
+    start = piece * PIECE
+    end = tl.minimum(start + PIECE, S)
+    base = x_ptr + sample.to(tl.int64) * S * (G * CG)
+    offs = tl.arange(0, BLOCK_S)
+    cols = tl.arange(0, G * CG)
+    n = 0.0
+    mean = tl.zeros([G], dtype=tl.float32)
+    m2 = tl.zeros([G], dtype=tl.float32)
+    for s0 in tl.range(start, end, BLOCK_S):
+        mask = (s0 + offs < end)[:, None]
+        x = tl.load(base + (s0 + offs)[:, None].to(tl.int64) * (G * CG) + cols[None, :], mask=mask, other=0.0)
+        x = tl.reshape(x.to(tl.float32), [BLOCK_S, G, CG])
+        nb = (tl.minimum(end - s0, BLOCK_S) * CG).to(tl.float32)
+        mb = tl.sum(tl.sum(x, axis=2), axis=0) / nb
+        d = tl.where(tl.reshape(mask, [BLOCK_S, 1, 1]), x - mb[None, :, None], 0.0)
+        m2b = tl.sum(tl.sum(d * d, axis=2), axis=0)
+        total = n + nb
+        delta = mb - mean
+        mean += delta * nb / total
+        m2 += m2b + delta * delta * n * nb / total
+        n = total
+    groups = tl.arange(0, G)
+    tl.store(stats_ptr + 2 * G * p + groups, mean)
+    tl.store(stats_ptr + 2 * G * p + G + groups, m2)
+
+
+@triton_jit_unspecialized(*LAST_SIZES)
+def _last_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, S, PIECE, PIECES, eps, G: tl.constexpr,
+                       CG: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, PARTS: tl.constexpr):
+    # Grid as _last_moments_kernel's. Each program combines its sample's pieces for every group, PARTS at a time.
+    p = tl.program_id(0)
+    sample, piece = p // PIECES, p % PIECES
+    first = sample * PIECES
+    total = CG * S * 1.0
+    groups = tl.arange(0, G)
+    weighted = tl.zeros([PARTS, G], dtype=tl.float32)
+    for p0 in tl.range(0, PIECES, PARTS):
+        parts = p0 + tl.arange(0, PARTS)
+        valid = parts < PIECES
+        n = tl.where(valid, tl.minimum(PIECE, S - parts * PIECE) * CG, 0).to(tl.float32)
+        at = 2 * G * (first + parts)[:, None] + groups[None, :]
+        weighted += n[:, None] * tl.load(stats_ptr + at, mask=valid[:, None], other=0.0)
+    mean = tl.sum(weighted, axis=0) / total
+    spread = tl.zeros([PARTS, G], dtype=tl.float32)
+    for p0 in tl.range(0, PIECES, PARTS):
+        parts = p0 + tl.arange(0, PARTS)
+        valid = parts < PIECES
+        n = tl.where(valid, tl.minimum(PIECE, S - parts * PIECE) * CG, 0).to(tl.float32)
+        at = 2 * G * (first + parts)[:, None] + groups[None, :]
+        m = tl.load(stats_ptr + at, mask=valid[:, None], other=0.0)
+        m2 = tl.load(stats_ptr + at + G, mask=valid[:, None], other=0.0)
+        spread += m2 + n[:, None] * (m - mean[None, :]) * (m - mean[None, :])
+    var = tl.sum(spread, axis=0) / total
+    inv = 1.0 / tl.sqrt_rn(var + eps)
+    cols = tl.arange(0, G * CG)
+    # each group's mean and 1/sqrt(var + eps) over its CG channels: [G] -> [C]
+    mean_c = tl.reshape(tl.broadcast_to(mean[:, None], [G, CG]), [G * CG])
+    scale = tl.reshape(tl.broadcast_to(inv[:, None], [G, CG]), [G * CG]) * tl.load(w_ptr + cols).to(tl.float32)
+    shift = tl.load(b_ptr + cols).to(tl.float32)
+    start = piece * PIECE
+    end = tl.minimum(start + PIECE, S)
+    at0 = sample.to(tl.int64) * S * (G * CG)
+    offs = tl.arange(0, BLOCK_S)
+    for s0 in tl.range(start, end, BLOCK_S):
+        mask = (s0 + offs < end)[:, None]
+        at = at0 + (s0 + offs)[:, None].to(tl.int64) * (G * CG) + cols[None, :]
+        x = tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32)
+        y = (x - mean_c[None, :]) * scale[None, :] + shift[None, :]
+        if SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def channels_last(x) -> bool:
+    """Whether x [B, C, *spatial] lies channels last in memory ([B, *spatial, C] contiguous) and not also as it
+    reads (a channel or a position alone)."""
+    return x.dim() >= 3 and not x.is_contiguous() and x.movedim(1, -1).is_contiguous()
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def last_block(c: int) -> int:
+    """Positions a channels-last tile takes: 4096 values (8 KB of bf16 a load, at any width)."""
+    return max(1, 4096 // c)
+
+
 def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, piece=16384, max_parts=4096,
-               parts=256, num_warps=4):
-    """[B, C, *spatial] in x's dtype: x group-normed by weight and bias, then SiLU where silu (this file's
-    docstring). piece: positions of one channel a program takes (rounded up to block; raised where a group would
-    have more than max_parts pieces, which each program of pass 2 reads, `parts` at a time)."""
+               parts=256, num_warps=4, block_s=None, last_pieces=512, last_parts=64):
+    """[B, C, *spatial] in x's dtype and memory format: x group-normed by weight and bias, then SiLU where silu (this
+    file's docstring). piece: positions of one channel a program takes (rounded up to block; raised where a group
+    would have more than max_parts pieces, which each program of pass 2 reads, `parts` at a time). Channels last
+    (groups and channels a group powers of two): about last_pieces pieces a sample, block_s positions at a time
+    (None: 4096 values a tile), the pieces combined last_parts at a time."""
+    b, c = x.shape[:2] if x.dim() >= 2 else (0, 0)
+    if x.dim() >= 2 and c % groups == 0 and channels_last(x) and _power_of_two(groups) and \
+            _power_of_two(c // groups):
+        return _group_norm_last(x, weight, bias, groups, eps, silu, block_s or last_block(c), last_pieces, last_parts,
+                                num_warps)
     if x.dim() < 2 or not x.is_contiguous() or x.shape[1] % groups:
-        raise ValueError(f"group_norm: x must be contiguous [B, C, ...] with C divisible by {groups} groups, got "
-                         f"{tuple(x.shape)}{'' if x.is_contiguous() else ' (not contiguous)'}")
-    b, c = x.shape[:2]
+        raise ValueError(f"group_norm: x must be contiguous [B, C, ...] (or channels last, groups and channels a "
+                         f"group powers of two) with C divisible by {groups} groups, got {tuple(x.shape)}"
+                         f"{'' if x.is_contiguous() else ' (not contiguous)'}")
     if weight.numel() != c or bias.numel() != c:
         raise ValueError(f"group_norm: weight and bias must have {c} values, got {weight.numel()} and "
                          f"{bias.numel()}")
@@ -132,12 +238,40 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
     return y
 
 
-def build(dtype, *, block=1024, parts=256, num_warps=4) -> int:
+def _group_norm_last(x, weight, bias, groups, eps, silu, block_s, pieces, parts, num_warps):
+    b, c = x.shape[:2]
+    if weight.numel() != c or bias.numel() != c:
+        raise ValueError(f"group_norm: weight and bias must have {c} values, got {weight.numel()} and "
+                         f"{bias.numel()}")
+    y = torch.empty_like(x)  # (channels last, as x)
+    s = x.shape[2:].numel()
+    if y.numel() == 0:
+        return y
+    piece = block_s * triton.cdiv(triton.cdiv(s, pieces), block_s)
+    pieces = triton.cdiv(s, piece)
+    stats = torch.empty(b * pieces, 2, groups, dtype=torch.float32, device=x.device)
+    grid, sizes = (b * pieces,), {"G": groups, "CG": c // groups, "BLOCK_S": block_s, "num_warps": num_warps}
+    weight, bias = weight.contiguous(), bias.contiguous()
+    _last_moments_kernel[grid](x, stats, s, piece, pieces, **sizes)
+    _last_apply_kernel[grid](x, y, weight, bias, stats, s, piece, pieces, eps, SILU=silu, PARTS=parts, **sizes)
+    return y
+
+
+def build(dtype, *, block=1024, parts=256, num_warps=4, last_widths=(), groups=32, last_parts=64) -> int:
     """group_norm's kernels for activations of dtype (weights alike) compiled now for the current device, without a
-    tensor or a launch (Triton's warmup on dtypes): safe on a thread of its own beside a CUDA graph's capture. Returns
+    tensor or a launch (Triton's warmup on dtypes): safe on a thread of its own beside a CUDA graph's capture;
+    last_widths: the channel counts of channels-last activations in `groups` groups (a build for each). Returns
     how many."""
     _piece_moments_kernel.warmup(dtype, torch.float32, 1, 1, 1, BLOCK=block, num_warps=num_warps, grid=(1,))
     for silu in (False, True):
         _group_norm_apply_kernel.warmup(dtype, dtype, dtype, dtype, torch.float32, 1, 1, 1, 1, 1, 1e-6, SILU=silu,
                                         BLOCK=block, PARTS=parts, num_warps=num_warps, grid=(1,))
-    return 3
+    widths = sorted({c for c in last_widths if c % groups == 0 and _power_of_two(groups)
+                     and _power_of_two(c // groups)})
+    for c in widths:
+        sizes = {"G": groups, "CG": c // groups, "BLOCK_S": last_block(c), "num_warps": num_warps, "grid": (1,)}
+        _last_moments_kernel.warmup(dtype, torch.float32, 1, 1, 1, **sizes)
+        for silu in (False, True):
+            _last_apply_kernel.warmup(dtype, dtype, dtype, dtype, torch.float32, 1, 1, 1, 1e-6, SILU=silu,
+                                      PARTS=last_parts, **sizes)
+    return 3 + 3 * len(widths)

@@ -72,15 +72,17 @@ def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = Fa
     card idle at decode sizes), on the CPU torch's."""
     if x.is_cuda:
         from ..gpu.block import run
-        return run("group_norm", x.contiguous(), w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu)
+        laid = x if x.is_contiguous(memory_format=torch.channels_last) else x.contiguous()  # (the kernels take both)
+        return run("group_norm", laid, w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu)
     y = F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
     return F.silu(y) if silu else y
 
 
-def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threading.Thread | None:
+def norms_built_ahead(device: str | torch.device, dtype: torch.dtype,
+                      channels_last: tuple[int, ...] = ()) -> threading.Thread | None:
     """group_norm's kernels for a decoder on device in dtype compiled on a thread of their own, started now (at the
     decoder's load: a first decode found none built and spent about 1.3 s building them), or None where they don't
-    run (the CPU, Triton's interpreter)."""
+    run (the CPU, Triton's interpreter); channels_last: the widths of a channels-last decoder's norms."""
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return None
@@ -89,7 +91,8 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype) -> threadi
     ops = kernels()
     if ops.needs_triton_gpu(device) is not None:
         return None
-    return on_own_thread(lambda: ops.group_norm.build(dtype), device, "swiftdit-norm-builds",
+    return on_own_thread(lambda: ops.group_norm.build(dtype, last_widths=channels_last, groups=GROUPS), device,
+                         "swiftdit-norm-builds",
                          "group norm kernels not built ahead")
 
 

@@ -40,6 +40,15 @@ FLUX1 = Layout(LATENT_CHANNELS, False, "FLUX.1 VAE", f"a FLUX.1 VAE (ae.safetens
                f"decoder.up.N.*, optionally under a prefix such as 'vae.')")
 
 
+def laid_out(weights: dict[str, torch.Tensor], device, dtype: torch.dtype,
+             channels_last: bool) -> dict[str, torch.Tensor]:
+    """weights on device in dtype, the convs' [out, in, kh, kw] channels last where asked (as their activations)."""
+    moved = {k: v.to(device, dtype) for k, v in weights.items()}
+    if channels_last:
+        moved = {k: v.contiguous(memory_format=torch.channels_last) if v.dim() == 4 else v for k, v in moved.items()}
+    return moved
+
+
 def raw_latents(normalized: torch.Tensor) -> torch.Tensor:
     """Sampler-space latents -> raw VAE latents (ComfyUI's Flux process_out: z / 0.3611 + 0.1159)."""
     return normalized / SCALING + SHIFT
@@ -50,10 +59,11 @@ class ImageDecoder:
 
     LAYOUT = FLUX1  # frozen: a subclass for another family overrides it
 
-    def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor]):
+    def __init__(self, shape: DecoderShape, weights: dict[str, torch.Tensor], channels_last: bool = False):
         self.shape = shape
         self.w = weights  # BFL names without the `decoder.` prefix; attention 1x1 convs stored as [C, C]
         self.norms_ahead: threading.Thread | None = None  # conv.norms_built_ahead's, joined by the first decode
+        self.channels_last = channels_last  # activations [B, H, W, C] in memory (to())
 
     @classmethod
     def load(cls, source: str | os.PathLike | Checkpoint, groups: int = GROUPS) -> ImageDecoder:
@@ -62,11 +72,14 @@ class ImageDecoder:
         shape = read_shape(ckpt, prefix, groups, cls.LAYOUT)
         return cls(shape, read_part(ckpt, prefix + "decoder.", decoder_tensors(shape), cls.LAYOUT))
 
-    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> ImageDecoder:
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32,
+           channels_last: bool = False) -> ImageDecoder:
         """The decoder with its weights on device in dtype (its decode then runs there in that precision, as stock
-        ComfyUI's VAE runs in BF16 on a recent GPU; IMAGE comes back on the CPU, f32)."""
-        moved = type(self)(self.shape, {k: v.to(device, dtype) for k, v in self.w.items()})
-        moved.norms_ahead = norms_built_ahead(device, dtype)
+        ComfyUI's VAE runs in BF16 on a recent GPU; IMAGE comes back on the CPU, f32). channels_last: its convs
+        and norms on activations laid out [B, H, W, C] in memory (cuDNN's own layout: no conversion around each
+        conv; the IMAGE is that layout)."""
+        moved = type(self)(self.shape, laid_out(self.w, device, dtype, channels_last), channels_last)
+        moved.norms_ahead = norms_built_ahead(device, dtype, self.shape.channels if channels_last else ())
         return moved
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
@@ -110,6 +123,8 @@ class ImageDecoder:
         if self.norms_ahead is not None:  # its kernels, not built twice
             self.norms_ahead.join()
             self.norms_ahead = None
+        if self.channels_last:
+            z = z.contiguous(memory_format=torch.channels_last)
         if self.shape.post_quant:
             z = conv(z, w, "post_quant_conv")
         x = mid(conv(z, w, "conv_in"), w, g)

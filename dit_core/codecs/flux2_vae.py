@@ -23,7 +23,7 @@ from .conv import (
     read_shape,
     resnet,
 )
-from .flux1_vae import OVERLAP, TILE, ImageDecoder
+from .flux1_vae import OVERLAP, TILE, ImageDecoder, laid_out
 
 LATENT_CHANNELS = 32
 # 2x2 cells -> one 128-channel cell at /16 (reference/families/flux3_klein.md sections 4 and 8: packing, VAE)
@@ -71,8 +71,8 @@ class Flux2VAE(ImageDecoder):
     LAYOUT = FLUX2
 
     def __init__(self, shape, weights, encoder: EncoderShape, encoder_weights: dict[str, torch.Tensor],
-                 bn_mean: torch.Tensor, bn_var: torch.Tensor):
-        super().__init__(shape, weights)
+                 bn_mean: torch.Tensor, bn_var: torch.Tensor, channels_last: bool = False):
+        super().__init__(shape, weights, channels_last)
         self.encoder, self.e = encoder, encoder_weights
         self.bn_mean, self.bn_var, self.bn_std = bn_mean, bn_var, torch.sqrt(bn_var + BN_EPS)
 
@@ -91,13 +91,15 @@ class Flux2VAE(ImageDecoder):
             stats.append(read_tensor(ckpt, f"{prefix}bn.{name}", (PACKED,)))
         return cls(shape, weights, encoder, encoder_weights, *stats)
 
-    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32) -> Flux2VAE:
+    def to(self, device: str | torch.device, dtype: torch.dtype = torch.float32,
+           channels_last: bool = False) -> Flux2VAE:
         """The VAE with its weights on device (decode and encode then run there; results come back on the CPU), the
-        decoder's in dtype (ImageDecoder.to); the encoder (reference images) and the latent statistics stay f32."""
-        move = lambda d, dt=torch.float32: {k: v.to(device, dt) for k, v in d.items()}  # noqa: E731
-        moved = Flux2VAE(self.shape, move(self.w, dtype), self.encoder, move(self.e), self.bn_mean.to(device),
-                         self.bn_var.to(device))
-        moved.norms_ahead = norms_built_ahead(device, dtype)
+        decoder's in dtype, channels last where asked (ImageDecoder.to); the encoder (reference images) and the
+        latent statistics stay f32."""
+        moved = Flux2VAE(self.shape, laid_out(self.w, device, dtype, channels_last), self.encoder,
+                         laid_out(self.e, device, torch.float32, False), self.bn_mean.to(device),
+                         self.bn_var.to(device), channels_last)
+        moved.norms_ahead = norms_built_ahead(device, dtype, self.shape.channels if channels_last else ())
         return moved
 
     @torch.no_grad()

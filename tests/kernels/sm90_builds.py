@@ -100,6 +100,16 @@ def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False, row_a
                                                "BLOCK_H": 32 if row_at_once else 1}, {"num_warps": 4}
 
 
+def group_norm_last_case(cg: int):
+    """kernels/group_norm.py's channels-last pass 2 (the statistics' combine and the norm, SiLU on), 32 groups of
+    cg channels; its pass 1 lowers with it (the same tiles)."""
+    from kernels.group_norm import _last_apply_kernel
+    signature = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "stats_ptr": "*fp32",
+                 "S": "i32", "PIECE": "i32", "PIECES": "i32", "eps": "fp32"}
+    constants = {"G": 32, "CG": cg, "SILU": True, "BLOCK_S": 4096 // (32 * cg), "PARTS": 64}
+    return _last_apply_kernel, signature, constants, {"num_warps": 4}
+
+
 def frontend_cases() -> dict:
     """name -> (kernel, signature, constants, launch): the forms and branches the interpreter cannot type-check."""
     cases = {}
@@ -134,6 +144,8 @@ def frontend_cases() -> dict:
     for span in (1, 128):
         cases[f"rotate gated, a gate value over {span}"] = rotate_case(0, 0, 0, gate_span=span)
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)
+    for cg in (4, 16):
+        cases[f"group norm channels last, {cg} channels a group"] = group_norm_last_case(cg)
     from kernels.int8.codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                              "LAST_FIRST": True}, {"num_warps": 4})

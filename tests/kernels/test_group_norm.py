@@ -37,6 +37,41 @@ def test_bf16_within_one_step_of_the_math(shape, groups, silu, device):
     assert_within_one_bf16_step(got, reference(x.float(), w.float(), b.float(), groups, 1e-6, silu).to(torch.bfloat16))
 
 
+# (shape, groups) of channels-last activations: groups and channels a group powers of two
+LAST_CASES = [((2, 8, 5, 7), 4), ((1, 16, 9, 3), 4), ((1, 8, 2, 3, 5), 2), ((1, 32, 4, 4), 32)]
+
+
+def channels_last(x):
+    return x.movedim(1, -1).contiguous().movedim(-1, 1)
+
+
+@pytest.mark.parametrize("silu", [False, True])
+@pytest.mark.parametrize("shape,groups", LAST_CASES)
+def test_channels_last_f32_matches_reference(shape, groups, silu, device):
+    """Channels-last activations (a channels-last decoder's) normed in their own layout: pieces that split the
+    positions, combined a few at a time; the result channels last too."""
+    x, w, b = activations(shape, sum(shape) + 2, device, torch.float32)
+    x = channels_last(x)
+    got = group_norm(x, w, b, groups, 1e-6, silu, block_s=2, last_pieces=5, last_parts=2)
+    assert got.shape == x.shape and got.stride() == x.stride()
+    assert rel_err(got, reference(x, w, b, groups, 1e-6, silu)) < 1e-5
+
+
+def test_channels_last_bf16_within_one_step_of_the_math(device):
+    x, w, b = activations((1, 16, 6, 5), 7, device, torch.bfloat16)
+    got = group_norm(channels_last(x), w, b, 4, 1e-6, True, block_s=4, last_pieces=3, last_parts=4)
+    assert got.dtype == torch.bfloat16
+    assert_within_one_bf16_step(got, reference(x.float(), w.float(), b.float(), 4, 1e-6, True).to(torch.bfloat16))
+
+
+def test_channels_last_off_a_power_of_two_is_normed_as_it_reads(device):
+    """Groups or channels a group not powers of two: refused as channels last (the channel-first kernels then
+    need contiguous rows), as any other layout they do not take."""
+    x, w, b = activations((1, 6, 4, 4), 0, device, torch.float32)
+    with pytest.raises(ValueError, match="channels last"):
+        group_norm(channels_last(x), w, b, 3)
+
+
 def test_a_group_of_many_pieces_reads_them_all(device):
     """More pieces than max_parts allows are merged into longer pieces, combined `parts` at a time, with the same
     result."""

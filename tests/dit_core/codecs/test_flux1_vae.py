@@ -54,6 +54,21 @@ def test_decode_matches_diffusers(name, prefix, tmp_path):
     assert rel_err(out, image(ref)) <= 1e-4
 
 
+def test_channels_last_decode_matches_diffusers(tmp_path):
+    """The decoder with its convs and activations channels last (ImageDecoder.to(channels_last=True)) gives the same
+    image; on a GPU its norms run the channels-last kernels (tests/kernels/test_group_norm.py)."""
+    vae = tiny_vae("flux")
+    save_bfl(vae, tmp_path / "ae.safetensors")
+    dec = ImageDecoder.load(tmp_path / "ae.safetensors", groups=CONFIGS["flux"]["norm_num_groups"])
+    last = dec.to("cpu", torch.float32, channels_last=True)
+    assert last.channels_last and last.w["conv_in.weight"].is_contiguous(memory_format=torch.channels_last)
+    z = torch.randn(1, 16, 6, 10, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = vae.decode(z).sample
+    out = last.decode(z, tile=None)
+    assert out.is_contiguous() and rel_err(out, image(ref)) <= 1e-4
+
+
 def test_default_groups_are_flux_32(tmp_path):
     vae = tiny_vae("two_level")
     save_bfl(vae, tmp_path / "ae.safetensors")
