@@ -10,8 +10,8 @@ Three tables (CUDA graphs, median of 30 replays; kernels' own times from the pro
 the Triton passes, with the one-pass floor (x read, codes written) at 4 TB/s.
 --turned: only attention outputs, kernels/int8/quant_turned.py's pass (rows whose v was turned, and plain rows) by
 rows and warps a program, beside the rotate and codes passes on the same rows, with the one-pass floor.
---gated: only gated attention outputs at Krea 2's and LTX-2.5's shapes (a 2 sigmoid gate a head), the whole-rows
-pass by rows and warps a program beside the rotate and codes passes, with the one-pass floor.
+--gated: only gated attention outputs at LTX-2.5's (a 2 sigmoid gate a head) and Krea 2's shapes (a gate a feature),
+the whole-rows pass by launch (its programs walking the rows or not) beside the two passes, with the one-pass floor.
 --hidden: only the MLP's hidden rows, plain against turned by UP's SwiGLU epilogue (block_gpu._turns_hidden).
 On the device: python bench/bench_quantizer_shapes.py [--one-pass | --turned | --gated | --hidden]
 (device_session.sh quantizer_shapes, one_pass, turned, gated, hidden).
@@ -128,27 +128,32 @@ def turned_table() -> list[str]:
     return out
 
 
-GATED_SHAPES = {"Krea 2": (4608, 6144, 48), "LTX-2.5 stage 2": (14080, 4096, 32), "LTX-2.5 stage 1": (3520, 4096, 32)}
+# (M, K, the gate's values a row: a head's (f32, factor 2) or a feature's (bf16, QKV's last columns, factor 1))
+GATED_SHAPES = {"LTX-2.5 stage 2": (14080, 4096, 32), "LTX-2.5 stage 1": (3520, 4096, 32), "Krea 2": (4608, 6144, 0)}
+# whole rows' launches: (rows, warps, programs an SM walking the row blocks; 0: a program a block)
+GATED_LAUNCHES = ((1, 4, 0), (1, 8, 0), (2, 4, 0), (2, 8, 0), (4, 8, 0), (1, 4, 2), (1, 4, 4), (2, 8, 1), (2, 8, 2))
 
 
 def gated_rows_table() -> list[str]:
-    """Gated attention outputs (rows times 2 sigmoid(gate), a gate value a head) to codes: the whole-rows pass by
-    launch (rows / warps a program) against the rotate and codes passes, and its kernel's own time."""
-    out = ["| gated rows | rotate + codes passes ms | whole rows (rows / warps) ms | kernel us (default) | floor ms |",
-           "|---|---|---|---|---|"]
+    """Gated attention outputs (rows times a gate's f sigmoid) to codes: the whole-rows pass by launch (rows / warps /
+    programs an SM walking the blocks) against the rotate and codes passes, and the default launch's kernels."""
+    out = ["| gated rows | rotate + codes passes ms | whole rows (rows / warps / walking programs an SM) ms | "
+           "kernel us (whole rows, default) | floor ms |", "|---|---|---|---|---|"]
     for label, (m, k, heads) in GATED_SHAPES.items():
-        t, gate = rows(m, k, torch.bfloat16), rows(m, heads, torch.bfloat16)
+        t = rows(m, k, torch.bfloat16)
+        gate = {"gate": rows(m, heads, torch.float32), "gate_factor": 2.0} if heads else \
+            {"gate": rows(m, 3 * k, torch.bfloat16)[:, 2 * k:], "gate_factor": 1.0}
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
-        passes = graph_ms(lambda t=t, g=gate: quantize_rows(t, 256, gate=g, gate_factor=2.0, out=(codes, scales),
-                                                            choices=Choices(whole_rows=False)))
+        passes = graph_ms(lambda t=t: quantize_rows(t, 256, **gate, out=(codes, scales),
+                                                    choices=Choices(whole_rows=False)))
         timed = []
-        for r, nw in ((1, 4), (1, 8), (2, 4), (2, 8), (4, 8), (4, 16)):
-            fn = lambda t=t, g=gate, r=r, nw=nw: quantize_turned(t, None, (codes, scales), r, nw,  # noqa: E731
-                                                                 gate=g, gate_factor=2.0)
-            timed.append(f"{r}/{nw} {graph_ms(fn):.4f}")
-        own = kernel_us(lambda t=t, g=gate: quantize_turned(t, None, (codes, scales), gate=g, gate_factor=2.0))
-        out.append(f"| {label} {m}x{k}, {heads} gates | {passes:.4f} | {', '.join(timed)} | {own} | "
-                   f"{t.numel() * 3 / 4e12 * 1e3:.4f} |")
+        for r, nw, rp in GATED_LAUNCHES if heads else GATED_LAUNCHES[:5]:
+            fn = lambda t=t, r=r, nw=nw, rp=rp: quantize_turned(t, None, (codes, scales), r, nw, **gate,  # noqa
+                                                                row_programs=rp)
+            timed.append(f"{r}/{nw}/{rp} {graph_ms(fn):.4f}")
+        own = kernel_us(lambda t=t: quantize_turned(t, None, (codes, scales), **gate))
+        out.append(f"| {label} {m}x{k}, gate {'a head' if heads else 'a feature'} | {passes:.4f} | "
+                   f"{', '.join(timed)} | {own} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
 
 

@@ -31,6 +31,7 @@ from . import quant_turned_hopper
 from .hadamard import hadamard, radix4_rounded
 from .codes import reference as codes_reference
 from .prologue import checked_gate, gate_values, gated_rows
+from .tiles import sm_count
 from ..rounding import round_half_even, round_to_bf16
 from ..jit import triton_jit
 
@@ -168,6 +169,78 @@ def _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS: tl.constexpr, GROUP
 
 
 @triton_jit
+def _gated_block(t, g_rows, first, inside, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
+    """A loaded block t [ROWS, groups, 64] times its gate (GATE_SPAN a multiple of 64: a value a block), bf16."""
+    if GATE_SPAN:
+        t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, first // GATE_SPAN, inside, GATE_FACTOR))
+    return t
+
+
+@triton_jit
+def _rotated_stored(t0, t1, t2, t3, h, q_ptr, s_ptr, at, inside, rows, M, ROWS: tl.constexpr,
+                    GROUPS_P2: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Four loaded (and gated) blocks of each group to codes and row scales: _turned_codes_kernel's tail."""
+    shape: tl.constexpr = (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)
+    z0 = tl.reshape(tl.dot(tl.reshape(t0.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
+                    (ROWS, GROUPS_P2, BLOCK))
+    z1 = tl.reshape(tl.dot(tl.reshape(t1.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
+                    (ROWS, GROUPS_P2, BLOCK))
+    z2 = tl.reshape(tl.dot(tl.reshape(t2.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
+                    (ROWS, GROUPS_P2, BLOCK))
+    z3 = tl.reshape(tl.dot(tl.reshape(t3.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
+                    (ROWS, GROUPS_P2, BLOCK))
+    y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
+    top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
+    s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
+    tl.store(s_ptr + rows, s, mask=rows < M)
+    r = tl.math.div_rn(1.0, round_to_bf16(s))[:, None, None]
+    _store_codes(q_ptr, at, inside, y0, r)
+    _store_codes(q_ptr, at + BLOCK, inside, y1, r)
+    _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, r)
+    _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
+
+
+@triton_jit
+def _turned_codes_loop_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROUP: tl.constexpr,
+                              BLOCK: tl.constexpr, SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr,
+                              DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
+    """_turned_codes_kernel's math, a program walking row blocks (grid: a few programs an SM), each block's rows
+    read while the block before is rotated and stored: twice the rows in flight a program, the loads under the
+    products (GATE_SPAN: 0 or a multiple of 64)."""
+    step = tl.num_programs(0) * ROWS
+    groups = tl.arange(0, GROUPS_P2)
+    first = groups[None, :, None] * GROUP
+    cols = first + tl.arange(0, BLOCK)[None, None, :]
+    hq = tl.arange(0, SPAN)
+    h = tl.load(h_ptr + hq[:, None] * SPAN + hq[None, :]).to(DOT_DTYPE)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    at = rows[:, None, None].to(tl.int64) * K + cols
+    inside = (rows < M)[:, None, None] & (groups < K // GROUP)[None, :, None]
+    g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g
+    t0 = tl.load(t_ptr + at, mask=inside, other=0.0)
+    t1 = tl.load(t_ptr + at + BLOCK, mask=inside, other=0.0)
+    t2 = tl.load(t_ptr + at + 2 * BLOCK, mask=inside, other=0.0)
+    t3 = tl.load(t_ptr + at + 3 * BLOCK, mask=inside, other=0.0)
+    for _ in range(tl.program_id(0) * ROWS, M, step):
+        # the next block's rows asked for first (masked past M), then this block's math
+        n_rows = rows + step
+        n_at = n_rows[:, None, None].to(tl.int64) * K + cols
+        n_inside = (n_rows < M)[:, None, None] & (groups < K // GROUP)[None, :, None]
+        n0 = tl.load(t_ptr + n_at, mask=n_inside, other=0.0)
+        n1 = tl.load(t_ptr + n_at + BLOCK, mask=n_inside, other=0.0)
+        n2 = tl.load(t_ptr + n_at + 2 * BLOCK, mask=n_inside, other=0.0)
+        n3 = tl.load(t_ptr + n_at + 3 * BLOCK, mask=n_inside, other=0.0)
+        _rotated_stored(_gated_block(t0, g_rows, first, inside, GATE_SPAN, GATE_FACTOR),
+                        _gated_block(t1, g_rows, first + BLOCK, inside, GATE_SPAN, GATE_FACTOR),
+                        _gated_block(t2, g_rows, first + 2 * BLOCK, inside, GATE_SPAN, GATE_FACTOR),
+                        _gated_block(t3, g_rows, first + 3 * BLOCK, inside, GATE_SPAN, GATE_FACTOR),
+                        h, q_ptr, s_ptr, at, inside, rows, M, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        rows, at, inside = n_rows, n_at, n_inside
+        g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g
+        t0, t1, t2, t3 = n0, n1, n2, n3
+
+
+@triton_jit
 def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROUP: tl.constexpr,
                          BLOCK: tl.constexpr, SPAN: tl.constexpr, GROUPS_P2: tl.constexpr, ROWS: tl.constexpr,
                          DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
@@ -200,12 +273,15 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROU
 
 
 def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
-                    hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0):
+                    hopper: bool = True, gate: torch.Tensor | None = None, gate_factor: float = 1.0,
+                    row_programs: int = 0):
     """Rows t [M, K] bf16 (turned: the digits a producer took, TURNED's key, or None) to (codes int8 [M, K], scales
     f32 [M]) by the math above; out: optional (codes, scales), written fully. rows, num_warps: the launch shape. On
     Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
     kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers). gate (plain rows only): t times gate_factor *
-    sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py)."""
+    sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py). row_programs > 0: that many programs an SM,
+    each walking row blocks with the next block's rows read under this one's math (_turned_codes_loop_kernel; a
+    gate a whole number of 64-column blocks)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -221,8 +297,12 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     if m:
         span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
         g = scales if gate is None else gate  # scales: a pointer never read
+        looped = row_programs > 0 and gate_span % BLOCK == 0
+        kernel = _turned_codes_loop_kernel if looped else _turned_codes_kernel
+        blocks = triton.cdiv(m, rows)
+        grid = (min(blocks, row_programs * sm_count(t.device)) if looped else blocks,)
         # bf16 operands on the matrix cores; f32 on the CPU, whose interpreter multiplies bf16 as 16-bit ints
-        _turned_codes_kernel[(triton.cdiv(m, rows),)](
+        kernel[grid](
             t, rest_operand(turned, span, t.device), codes, scales, g, g.stride(0), m, k, GROUP=GROUP, BLOCK=BLOCK,
             SPAN=span, GROUPS_P2=triton.next_power_of_2(k // GROUP), ROWS=rows,
             DOT_DTYPE=tl.bfloat16 if t.is_cuda else tl.float32, GATE_SPAN=gate_span, GATE_FACTOR=float(gate_factor),

@@ -73,18 +73,20 @@ def qkv_rope_case(persistent: bool, turn_v: bool = False):
     return _qkv_rope_kernel, signature, constants, launch
 
 
-def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0):
+def turned_case(k: int = 3840, turned: bool = True, gate_span: int = 0, walking: bool = False, rows: int = 1,
+                num_warps: int = 4):
     """kernels/int8/quant_turned.py's pass at an attention output's width (whole rows in registers); gate_span:
-    plain rows gated, as rotate_case's."""
+    plain rows gated, as rotate_case's; walking: its programs walking the row blocks (_turned_codes_loop_kernel)."""
     import triton.language as tl
 
-    from kernels.int8.quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel
+    from kernels.int8.quant_turned import BLOCK, GROUP, TURN, _turned_codes_kernel, _turned_codes_loop_kernel
     signature = {"t_ptr": "*bf16", "h_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32",
                  "g_ptr": "*fp32" if gate_span > 1 else "*bf16", "stride_g": "i32", "M": "i32", "K": "i32"}
     constants = {"GROUP": GROUP, "BLOCK": BLOCK, "SPAN": TURN if turned else BLOCK,
-                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": 1, "DOT_DTYPE": tl.bfloat16,
+                 "GROUPS_P2": 1 << (k // GROUP - 1).bit_length(), "ROWS": rows, "DOT_DTYPE": tl.bfloat16,
                  "GATE_SPAN": gate_span, "GATE_FACTOR": 2.0 if gate_span > 1 else 1.0}
-    return _turned_codes_kernel, signature, constants, {"num_warps": 4}
+    return _turned_codes_loop_kernel if walking else _turned_codes_kernel, signature, constants, \
+        {"num_warps": num_warps}
 
 
 def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False, row_at_once: bool = False):
@@ -146,6 +148,8 @@ def frontend_cases() -> dict:
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)
     for cg in (4, 16):
         cases[f"group norm channels last, {cg} channels a group"] = group_norm_last_case(cg)
+    cases["one pass gated a head, its programs walking the rows"] = turned_case(4096, False, 128, walking=True)
+    cases["one pass turned, its programs walking the rows"] = turned_case(3840, True, walking=True, rows=2)
     from kernels.int8.codes import _codes_kernel
     cases["codes"] = (_codes_kernel, CODES, {"GROUPS": 15, "GROUPS_P2": 16, "BLOCK_M": 16, "BLOCK_K": 256,
                                              "LAST_FIRST": True}, {"num_warps": 4})
@@ -185,6 +189,9 @@ def resource_cases() -> dict:
     cases["rotate: gated rows (Krea 2's attention gate, 2 stages)"] = rotate_case(0, 0, 0, gate_span=1)
     cases["rotate: gated rows, a gate a head of 128 (LTX-2.5, 2 stages)"] = rotate_case(0, 0, 0, gate_span=128)
     cases["gated rows in one pass, K 4096, a gate a head (LTX-2.5)"] = turned_case(4096, turned=False, gate_span=128)
+    for rows, warps in ((1, 4), (2, 4), (2, 8)):
+        cases[f"gated rows in one pass, walking, {rows} rows on {warps} warps"] = turned_case(
+            4096, False, 128, walking=True, rows=rows, num_warps=warps)
     return cases
 
 

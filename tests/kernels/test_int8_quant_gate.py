@@ -73,15 +73,18 @@ def test_zero_gate_doubled_is_the_plain_rows(m, k, group, heads, device):
 
 @pytest.mark.parametrize("kind", GATES)
 @pytest.mark.parametrize("m,k,heads", [(5, 512, 4), (3, 768, 3)])
-def test_whole_rows_pass_takes_the_gate(m, k, heads, kind, device):
+@pytest.mark.parametrize("launch", [{}, {"row_programs": 1, "rows": 2}], ids=["a-block-a-program", "walking"])
+def test_whole_rows_pass_takes_the_gate(m, k, heads, kind, launch, device):
     """quant_turned's one pass with the gate against its reference, and its zero doubled gate against its plain rows
-    bit for bit."""
+    bit for bit; a program a row block, or a few walking them (a gate a head: the next block read under this
+    one's math), the same codes."""
     x, kw = gate_inputs(m, k, kind, seed=k, device=device, heads=heads)
-    q, s = quantize_turned(x, None, out=poisoned_outputs(m, k, device), **kw)
+    q, s = quantize_turned(x, None, out=poisoned_outputs(m, k, device), **kw, **launch)
     assert_fused_close(q, s, *turned_reference(x, None, **kw), max_fraction=0.01)
     assert_fused_close(q, s, *reference(x, 256, **kw), max_fraction=0.01)
+    assert all(torch.equal(a, b) for a, b in zip((q, s), quantize_turned(x, None, **kw)))
     zero = {"gate": torch.zeros(m, heads, device=device), "gate_factor": 2.0}
-    assert all(torch.equal(a, b) for a, b in zip(quantize_turned(x, None, **zero), quantize_turned(x, None)))
+    assert all(torch.equal(a, b) for a, b in zip(quantize_turned(x, None, **zero, **launch), quantize_turned(x, None)))
 
 
 def test_quantize_rows_sends_many_gated_rows_to_the_whole_rows_pass(device, monkeypatch):

@@ -20,11 +20,11 @@ from kernels.int8.quant_turned import (MAX_K, TURNED, fits, quantize_turned, ref
 
 
 @pytest.mark.parametrize("m,k", [(1, 256), (37, 768), (5, 3072), (3, 3840)])  # one row, odd rows, Klein, Z-Image
-@pytest.mark.parametrize("rows", [1, 2])
+@pytest.mark.parametrize("rows,row_programs", [(1, 0), (2, 0), (2, 1)])  # (row_programs 1: the blocks walked)
 @pytest.mark.parametrize("turned", ["v", "hidden", None])
-def test_codes_equal_float64_rotation(m, k, rows, turned, device):
+def test_codes_equal_float64_rotation(m, k, rows, row_programs, turned, device):
     t = rows_like_activations(m, k, seed=m + k, device=device)
-    q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows)
+    q, s = quantize_turned(t, turned, out=poisoned_outputs(m, k, device), rows=rows, row_programs=row_programs)
     assert_codes_match_float64(q, s, turned_digits(t, TURNED[turned]) if turned else t, 256, max_fraction=0)
     q_ref, s_ref = reference(t, turned)
     assert (q.int() - q_ref.int()).abs().max() <= 2 and ((s - s_ref).abs() <= 2.0 ** -7 * s_ref).all()
