@@ -85,8 +85,9 @@ def main(argv=None) -> int:
         fixed = {name: prompt for name, prompt in PROMPTS.items() if isinstance(prompt, str)}
         tokens = {name: len(encoder.tokenizer(prompt if isinstance(prompt, str) else prompt[0]))
                   for name, prompt in PROMPTS.items()}
-        for layers, fused in (("transformers' layers", False), ("fused layers", True)):
-            encoder.fused_layers = fused
+        for layers, fused, replayed in (("transformers' layers", False, False), ("fused layers", True, False),
+                                        ("fused layers, replayed from CUDA graphs", True, True)):
+            encoder.fused_layers, encoder.replayed_encodes = fused, replayed
             times = {name: timed_encode(encoder, prompt, args.runs) for name, prompt in PROMPTS.items()}
             features[f"{label}, {layers}"] = {name: encoder.encode(prompt).float().cpu() for name, prompt in
                                               fixed.items()}

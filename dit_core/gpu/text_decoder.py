@@ -25,6 +25,9 @@ from .options import DEFAULT
 from .text_linear import Int8Linear
 
 LAYER_CLASSES = ("Qwen3DecoderLayer", "Qwen3VLTextDecoderLayer")
+# A replayed encode's rows: the prompt's padded up to a multiple of this (a graph each; the pads come last, so neither
+# the causal mask nor a key mask lets a row before them see them).
+REPLAY_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,7 @@ class FusedDecoder:
         self.heads, self.kv_heads, self.head = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.eps, self.ffn = c.rms_norm_eps, c.intermediate_size
         self.mrope = type(model).__name__.startswith("Qwen3VL")  # rotary over 3 position axes
+        self.graphed = None  # replayed()'s GraphedStep, made at its first call
 
     @staticmethod
     def of(model: torch.nn.Module, anywhere: bool = False) -> FusedDecoder | None:
@@ -124,11 +128,40 @@ class FusedDecoder:
         return cos[0, :, :half].float().contiguous(), sin[0, :, :half].float().contiguous()
 
     @torch.no_grad()
+    def replayed(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
+                 mask: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
+        """states() replayed from a CUDA graph (dit_core/gpu/step_graph.py GraphedStep), one captured for each
+        length the rows pad to (REPLAY_ROWS), the taps' rows cut back: an encode launches about eleven kernels a
+        layer for a few milliseconds of GPU work at a prompt's length, so its host set the pace. ids padded with
+        token 0, positions with 0, the mask with 0 (unseen); the same rows as states() gives the prompt, as far as
+        the products' and attention's kernels at the padded length sum alike. No check() within it."""
+        from .step_graph import GraphedStep
+        rows = ids.shape[-1]
+        padded = -(-rows // REPLAY_ROWS) * REPLAY_ROWS
+        if positions is None:
+            positions = torch.arange(rows, device=ids.device)[None]
+
+        def grown(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(*t.shape[:-1], padded)
+            out[..., :rows] = t
+            return out
+        causal = mask is None or bool(mask.all())  # (before the graph: it reads the mask back)
+        if self.graphed is None:
+            self.graphed = GraphedStep(lambda ids, positions, *mask, taps, causal: tuple(
+                self.states(ids, taps, positions, mask[0] if mask else None, causal=causal)[k] for k in taps))
+        taps = tuple(sorted(taps))
+        got = self.graphed(grown(ids), grown(positions), *(() if causal else (grown(mask),)), taps=taps,
+                           causal=causal)
+        return {k: t[:, :rows] for k, t in zip(taps, got)}
+
+    @torch.no_grad()
     def states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
-               mask: torch.Tensor | None = None, check: Callable[[], None] | None = None) -> dict[int, torch.Tensor]:
+               mask: torch.Tensor | None = None, check: Callable[[], None] | None = None,
+               causal: bool | None = None) -> dict[int, torch.Tensor]:
         """transformers' hidden_states[k] ([1, L, hidden] f32) for k in taps, of ids [1, L]: k = 0 the embeddings,
         k >= 1 decoder layer k - 1's output (taps past the layers: ValueError). positions: the model's position
-        ids (default 0..L-1); mask [1, L]: keys of 0 unseen (with the causal mask); check() before each layer."""
+        ids (default 0..L-1); mask [1, L]: keys of 0 unseen (with the causal mask); check() before each layer.
+        causal: whether the mask is all ones (None: read from it)."""
         last = max(taps)
         if last > len(self.layers):
             raise ValueError(f"FusedDecoder: hidden state {last} past the model's {len(self.layers)} layers")
@@ -136,7 +169,7 @@ class FusedDecoder:
         if positions is None:
             positions = torch.arange(rows, device=ids.device)[None]
         cos, sin = self.rotary(positions, rows)
-        causal = mask is None or bool(mask.all())
+        causal = (mask is None or bool(mask.all())) if causal is None else causal
         bias = None if causal else torch.ones(rows, rows, dtype=torch.bool, device=ids.device).tril() & mask.bool()
         x = self.model.embed_tokens(ids)[0].float()
         kept, down, o = {}, None, DEFAULT

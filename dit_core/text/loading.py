@@ -220,6 +220,7 @@ class TextEncoder:
         self.model = model
         self.tokenizer = tokenizer
         self.fused_layers = True  # encode through fused() where it has a form
+        self.replayed_encodes = False  # and through its CUDA graphs (FusedDecoder.replayed) on a GPU
 
     @classmethod
     def config(cls, ckpt: Checkpoint, sizes: dict[str, int], **options: Any) -> Any:
@@ -321,7 +322,8 @@ class TextEncoder:
     def fused_states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
                      mask: torch.Tensor | None = None,
                      check: Callable[[], None] | None = None) -> dict[int, torch.Tensor] | None:
-        """FusedDecoder.states of fused() where there is one, else None: the caller runs the transformers model. A
+        """FusedDecoder.states of fused() where there is one (replayed from CUDA graphs where replayed_encodes, check()
+        asked before), else None: the caller runs the transformers model. A
         failure of the fused layers (a kernel this GPU cannot build) turns them off for this encoder, logged, and
         gives None (so does a failure to make them); a cancel (check() raising) and running out of memory pass
         through."""
@@ -337,8 +339,13 @@ class TextEncoder:
         with encoding(self.model, None):
             try:
                 fused = self.fused()
-                return None if fused is None else fused.states(ids, taps, positions, mask,
-                                                               None if check is None else asked)
+                if fused is None:
+                    return None
+                if self.replayed_encodes and ids.is_cuda:
+                    if check is not None:
+                        asked()
+                    return fused.replayed(ids, taps, positions, mask)
+                return fused.states(ids, taps, positions, mask, None if check is None else asked)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:

@@ -163,6 +163,55 @@ def test_klein_taps_with_pads_masked(tmp_path):
         assert rel_err(got[k], want[k]) <= max(1e-2, 1.2 * rel_err(t.float(), want[k])), k
 
 
+@pytest.fixture
+def eager_graphs(monkeypatch):
+    """step_graph.GraphedStep as its step run eagerly (the CPU has no CUDA graphs): replayed()'s own work, the pads
+    and the cut, alone."""
+    import dit_core.gpu.step_graph as step_graph
+    monkeypatch.setattr(step_graph, "GraphedStep", lambda step: lambda *inputs, **fixed: step(*inputs, **fixed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_replayed_encode_pads_rows_the_prompt_never_sees(qwen3, device, request):
+    """FusedDecoder.replayed: the prompt's ids padded to REPLAY_ROWS behind it (causal: no row sees a later one), its
+    taps cut back to the prompt's rows: the features of states() on the prompt alone, within the products' sums at
+    another row count; on a GPU from a CUDA graph, a second encode replaying it bit for bit."""
+    if device == "cpu":
+        request.getfixturevalue("eager_graphs")
+    _, path, _ = qwen3
+    encoder = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device, int8_linears=False)
+    ids = torch.tensor([encoder.tokenize(PROMPT)], device=device)
+    fused, last = fused_of(encoder), len(encoder.model.layers)
+    want = fused.states(ids, (0, last))
+    got = fused.replayed(ids, (last, 0))
+    assert set(got) == {0, last} and got[last].shape == want[last].shape
+    assert torch.equal(got[0], want[0]) and rel_err(got[last], want[last]) <= 2e-3
+    assert torch.equal(fused.replayed(ids, (0, last))[last], got[last])
+    if device == "cuda":  # the encoder's own path (fused_states; on the CPU its transformers model runs)
+        encoder.replayed_encodes = True
+        assert torch.equal(encoder.encode(PROMPT), got[last])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_replayed_encode_keeps_klein_pads_masked(tmp_path, device, request):
+    """Qwen3-VL with FLUX.3 Klein's masked pads and mRoPE positions, replayed: the pads grown to REPLAY_ROWS are
+    masked too, the rows and taps those of states()."""
+    if device == "cpu":
+        request.getfixturevalue("eager_graphs")
+    reference = random_qwen3_vl()
+    path = tmp_path / "qwen3vl.safetensors"
+    save_file(qwen3_vl_layout(reference, "hf"), str(path))
+    encoder = Qwen3VLTextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device=device, int8_linears=False)
+    padded, mask = encoder.tokenizer.pad(encoder.tokenize(PROMPT)[:5])
+    ids, mask = torch.tensor([padded[:37]], device=device), torch.tensor([mask[:37]], device=device)
+    positions = torch.arange(37, device=device)[None].masked_fill(mask == 0, PAD_POSITION)
+    fused = fused_of(encoder)
+    want = fused.states(ids, set(LAYERS), positions, mask)
+    got = fused.replayed(ids, set(LAYERS), positions, mask)
+    for k in LAYERS:
+        assert got[k].shape == want[k].shape and rel_err(got[k], want[k]) <= 2e-3, k
+
+
 def test_mrope_positions_reach_the_rotary_per_axis(tmp_path, monkeypatch):
     """Text rows' positions [1, L] go to a Qwen3-VL model's rotary as [3, 1, L], as its forward gives them: the
     rotary of transformers 5.17 (the GPU image's) indexes three axes and failed on [1, L] (FLUX.3 Klein and Krea 2
