@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .jit import triton_jit_unspecialized
+from .jit import triton_jit, triton_jit_unspecialized
 
 try:
     import triton
@@ -143,6 +143,17 @@ def _last_moments_kernel(x_ptr, stats_ptr, S, PIECE, PIECES, G: tl.constexpr, CG
     tl.store(stats_ptr + 2 * G * p + G + groups, m2)
 
 
+@triton_jit
+def _pieces_moments(stats_ptr, first, p0, S, PIECE, PIECES, G: tl.constexpr, CG: tl.constexpr, PARTS: tl.constexpr):
+    """Pieces p0 .. p0 + PARTS - 1 of a sample (its first at `first`): their counts [PARTS, 1] and each group's mean
+    and M2 [PARTS, G] (zeros past the last piece)."""
+    parts = p0 + tl.arange(0, PARTS)
+    valid = (parts < PIECES)[:, None]
+    n = tl.where(valid, tl.minimum(PIECE, S - parts[:, None] * PIECE) * CG, 0).to(tl.float32)
+    at = 2 * G * (first + parts)[:, None] + tl.arange(0, G)[None, :]
+    return n, tl.load(stats_ptr + at, mask=valid, other=0.0), tl.load(stats_ptr + at + G, mask=valid, other=0.0)
+
+
 @triton_jit_unspecialized(*LAST_SIZES)
 def _last_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, S, PIECE, PIECES, eps, G: tl.constexpr,
                        CG: tl.constexpr, SILU: tl.constexpr, BLOCK_S: tl.constexpr, PARTS: tl.constexpr):
@@ -151,24 +162,15 @@ def _last_apply_kernel(x_ptr, y_ptr, w_ptr, b_ptr, stats_ptr, S, PIECE, PIECES, 
     sample, piece = p // PIECES, p % PIECES
     first = sample * PIECES
     total = CG * S * 1.0
-    groups = tl.arange(0, G)
     weighted = tl.zeros([PARTS, G], dtype=tl.float32)
     for p0 in tl.range(0, PIECES, PARTS):
-        parts = p0 + tl.arange(0, PARTS)
-        valid = parts < PIECES
-        n = tl.where(valid, tl.minimum(PIECE, S - parts * PIECE) * CG, 0).to(tl.float32)
-        at = 2 * G * (first + parts)[:, None] + groups[None, :]
-        weighted += n[:, None] * tl.load(stats_ptr + at, mask=valid[:, None], other=0.0)
+        n, m, _ = _pieces_moments(stats_ptr, first, p0, S, PIECE, PIECES, G, CG, PARTS)
+        weighted += n * m
     mean = tl.sum(weighted, axis=0) / total
     spread = tl.zeros([PARTS, G], dtype=tl.float32)
     for p0 in tl.range(0, PIECES, PARTS):
-        parts = p0 + tl.arange(0, PARTS)
-        valid = parts < PIECES
-        n = tl.where(valid, tl.minimum(PIECE, S - parts * PIECE) * CG, 0).to(tl.float32)
-        at = 2 * G * (first + parts)[:, None] + groups[None, :]
-        m = tl.load(stats_ptr + at, mask=valid[:, None], other=0.0)
-        m2 = tl.load(stats_ptr + at + G, mask=valid[:, None], other=0.0)
-        spread += m2 + n[:, None] * (m - mean[None, :]) * (m - mean[None, :])
+        n, m, m2 = _pieces_moments(stats_ptr, first, p0, S, PIECE, PIECES, G, CG, PARTS)
+        spread += m2 + n * (m - mean[None, :]) * (m - mean[None, :])
     var = tl.sum(spread, axis=0) / total
     inv = 1.0 / tl.sqrt_rn(var + eps)
     cols = tl.arange(0, G * CG)
