@@ -149,51 +149,37 @@ def _store_codes(q_ptr, at, inside, y, r):
 
 
 @triton_jit
-def _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                  BLOCK: tl.constexpr, SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr,
-                  GATE_FACTOR: tl.constexpr):
-    """One 64-column block of each group [ROWS, groups, 64] (first: each one's first column [1, groups, 1]) times h
-    (rest_operand) along its last SPAN columns, on the matrix cores: the groups' blocks stand as the product's rows
-    (ROWS x groups x 64 / SPAN of them). GATE_SPAN (0: no gate): the features a gate value covers, each row's gate
-    row at g_rows [ROWS, 1, 1] (kernels/int8/prologue.py)."""
-    t = tl.load(t_ptr + at, mask=inside, other=0.0)
+def _gated_block(t, g_rows, first, inside, BLOCK: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
+    """One loaded 64-column block of each group t [ROWS, groups, 64] (first: each one's first column [1, groups, 1])
+    times its gate: GATE_SPAN (0: no gate) the features a gate value covers, each row's gate row at g_rows
+    [ROWS, 1, 1] (kernels/int8/prologue.py); bf16 values."""
     if GATE_SPAN % BLOCK == 0 and GATE_SPAN > 0:  # a gate value over each block (a head): [ROWS, groups, 1]
         t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, first // GATE_SPAN, inside, GATE_FACTOR))
     elif GATE_SPAN:
         at_gate = (first + tl.arange(0, BLOCK)[None, None, :]) // GATE_SPAN
         t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, at_gate, inside, GATE_FACTOR))
-    t = t.to(DOT_DTYPE)
-    z = tl.dot(tl.reshape(t, (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)), h, input_precision="ieee",
+    return t
+
+
+@triton_jit
+def _block_product(t, h, ROWS: tl.constexpr, GROUPS_P2: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr,
+                   DOT_DTYPE: tl.constexpr):
+    """A block of each group t [ROWS, groups, 64] times h (rest_operand) along its last SPAN columns, on the matrix
+    cores: the groups' blocks stand as the product's rows (ROWS x groups x 64 / SPAN of them); f32 [ROWS, groups,
+    64]."""
+    z = tl.dot(tl.reshape(t.to(DOT_DTYPE), (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)), h, input_precision="ieee",
                out_dtype=tl.float32)
     return tl.reshape(z, (ROWS, GROUPS_P2, BLOCK))
 
 
 @triton_jit
-def _gated_block(t, g_rows, first, inside, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
-    """A loaded block t [ROWS, groups, 64] times its gate (GATE_SPAN a multiple of 64: a value a block), bf16."""
-    if GATE_SPAN:
-        t = round_to_bf16(t.to(tl.float32) * gate_values(g_rows, first // GATE_SPAN, inside, GATE_FACTOR))
-    return t
-
-
-@triton_jit
-def _rotated_stored(t0, t1, t2, t3, h, q_ptr, s_ptr, at, inside, rows, M, ROWS: tl.constexpr,
-                    GROUPS_P2: tl.constexpr, BLOCK: tl.constexpr, SPAN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Four loaded (and gated) blocks of each group to codes and row scales: _turned_codes_kernel's tail."""
-    shape: tl.constexpr = (ROWS * GROUPS_P2 * (BLOCK // SPAN), SPAN)
-    z0 = tl.reshape(tl.dot(tl.reshape(t0.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
-                    (ROWS, GROUPS_P2, BLOCK))
-    z1 = tl.reshape(tl.dot(tl.reshape(t1.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
-                    (ROWS, GROUPS_P2, BLOCK))
-    z2 = tl.reshape(tl.dot(tl.reshape(t2.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
-                    (ROWS, GROUPS_P2, BLOCK))
-    z3 = tl.reshape(tl.dot(tl.reshape(t3.to(DOT_DTYPE), shape), h, input_precision="ieee", out_dtype=tl.float32),
-                    (ROWS, GROUPS_P2, BLOCK))
+def _codes_stored(z0, z1, z2, z3, q_ptr, s_ptr, at, inside, rows, M, BLOCK: tl.constexpr):
+    """The four blocks' products of each group to codes and row scales: the radix-4 step, the row's absmax, codes."""
     y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
     top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
     s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
     tl.store(s_ptr + rows, s, mask=rows < M)
-    r = tl.math.div_rn(1.0, round_to_bf16(s))[:, None, None]
+    r = tl.math.div_rn(1.0, round_to_bf16(s))[:, None, None]  # the quotient as a product: int8_codes' argument
     _store_codes(q_ptr, at, inside, y0, r)
     _store_codes(q_ptr, at + BLOCK, inside, y1, r)
     _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, r)
@@ -230,11 +216,15 @@ def _turned_codes_loop_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K,
         n1 = tl.load(t_ptr + n_at + BLOCK, mask=n_inside, other=0.0)
         n2 = tl.load(t_ptr + n_at + 2 * BLOCK, mask=n_inside, other=0.0)
         n3 = tl.load(t_ptr + n_at + 3 * BLOCK, mask=n_inside, other=0.0)
-        _rotated_stored(_gated_block(t0, g_rows, first, inside, GATE_SPAN, GATE_FACTOR),
-                        _gated_block(t1, g_rows, first + BLOCK, inside, GATE_SPAN, GATE_FACTOR),
-                        _gated_block(t2, g_rows, first + 2 * BLOCK, inside, GATE_SPAN, GATE_FACTOR),
-                        _gated_block(t3, g_rows, first + 3 * BLOCK, inside, GATE_SPAN, GATE_FACTOR),
-                        h, q_ptr, s_ptr, at, inside, rows, M, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        z0 = _block_product(_gated_block(t0, g_rows, first, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h, ROWS,
+                            GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        z1 = _block_product(_gated_block(t1, g_rows, first + BLOCK, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h,
+                            ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        z2 = _block_product(_gated_block(t2, g_rows, first + 2 * BLOCK, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h,
+                            ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        z3 = _block_product(_gated_block(t3, g_rows, first + 3 * BLOCK, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h,
+                            ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+        _codes_stored(z0, z1, z2, z3, q_ptr, s_ptr, at, inside, rows, M, BLOCK)
         rows, at, inside = n_rows, n_at, n_inside
         g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g
         t0, t1, t2, t3 = n0, n1, n2, n3
@@ -253,23 +243,17 @@ def _turned_codes_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K, GROU
     g_rows = g_ptr + rows[:, None, None].to(tl.int64) * stride_g  # (GATE_SPAN 0: never read)
     hq = tl.arange(0, SPAN)
     h = tl.load(h_ptr + hq[:, None] * SPAN + hq[None, :]).to(DOT_DTYPE)
-    z0 = _block_turned(t_ptr, at, inside, h, g_rows, first, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE, GATE_SPAN,
-                       GATE_FACTOR)
-    z1 = _block_turned(t_ptr, at + BLOCK, inside, h, g_rows, first + BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE,
-                       GATE_SPAN, GATE_FACTOR)
-    z2 = _block_turned(t_ptr, at + 2 * BLOCK, inside, h, g_rows, first + 2 * BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN,
-                       DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
-    z3 = _block_turned(t_ptr, at + 3 * BLOCK, inside, h, g_rows, first + 3 * BLOCK, ROWS, GROUPS_P2, BLOCK, SPAN,
-                       DOT_DTYPE, GATE_SPAN, GATE_FACTOR)
-    y0, y1, y2, y3 = radix4_rounded(z0, z1, z2, z3)
-    top = tl.maximum(tl.maximum(tl.abs(y0), tl.abs(y1)), tl.maximum(tl.abs(y2), tl.abs(y3)))
-    s = tl.maximum(tl.math.div_rn(tl.max(tl.max(top, axis=2), axis=1), 127.0), 1e-30)
-    tl.store(s_ptr + rows, s, mask=rows < M)
-    r = tl.math.div_rn(1.0, round_to_bf16(s))[:, None, None]  # the quotient as a product: int8_codes' argument
-    _store_codes(q_ptr, at, inside, y0, r)
-    _store_codes(q_ptr, at + BLOCK, inside, y1, r)
-    _store_codes(q_ptr, at + 2 * BLOCK, inside, y2, r)
-    _store_codes(q_ptr, at + 3 * BLOCK, inside, y3, r)
+    z0 = _block_product(_gated_block(tl.load(t_ptr + at, mask=inside, other=0.0), g_rows, first, inside, BLOCK,
+                                     GATE_SPAN, GATE_FACTOR), h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+    z1 = _block_product(_gated_block(tl.load(t_ptr + at + BLOCK, mask=inside, other=0.0), g_rows, first + BLOCK,
+                                     inside, BLOCK, GATE_SPAN, GATE_FACTOR), h, ROWS, GROUPS_P2, BLOCK, SPAN, DOT_DTYPE)
+    z2 = _block_product(_gated_block(tl.load(t_ptr + at + 2 * BLOCK, mask=inside, other=0.0), g_rows,
+                                     first + 2 * BLOCK, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h, ROWS, GROUPS_P2,
+                        BLOCK, SPAN, DOT_DTYPE)
+    z3 = _block_product(_gated_block(tl.load(t_ptr + at + 3 * BLOCK, mask=inside, other=0.0), g_rows,
+                                     first + 3 * BLOCK, inside, BLOCK, GATE_SPAN, GATE_FACTOR), h, ROWS, GROUPS_P2,
+                        BLOCK, SPAN, DOT_DTYPE)
+    _codes_stored(z0, z1, z2, z3, q_ptr, s_ptr, at, inside, rows, M, BLOCK)
 
 
 def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: int = 1, num_warps: int = 4,
