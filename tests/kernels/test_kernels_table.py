@@ -10,7 +10,7 @@ from kernels import OPS, run
 from kernels.int8.quant import reference as quantize_reference
 
 TUNING = {"block_m", "block_n", "block_d", "num_warps", "num_stages", "tiles", "row_programs", "row_at_once",
-          "choices", "block", "piece", "max_parts", "parts"}  # launchers only
+          "choices", "block", "piece", "max_parts", "parts", "block_s", "last_pieces", "last_parts"}  # launchers only
 
 
 def test_references_take_the_launchers_arguments():
