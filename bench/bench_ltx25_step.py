@@ -7,7 +7,7 @@ step's peak memory above the weights, device weights, joules), each stage's INT8
 (video and audio velocity), and the streamed step's distance from the resident one.
 
     python bench/bench_ltx25_step.py [--steps 3] [--layers 48] [--stages 1,2] [--budget-gb 16] [--no-peer] [--tiny]
-        [--profile] [--sizes WxH,WxH]
+        [--profile] [--launches] [--sizes WxH,WxH]
 
 --tiny runs a 1-layer model the kernels take (heads of 128 / 64, widths in ConvRot groups) at 64x64 / 128x128, 17
 frames and 16 prompt rows: on a machine without CUDA the kernels' references run on the CPU (a smoke test of the
@@ -32,6 +32,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 from bench_h3_step import moved, timed_on  # noqa: E402
 from bench_z_image_step import rel, weights_gb  # noqa: E402
 from dit_core.families.ltx25 import LTX25  # noqa: E402
+from kernels import Choices  # noqa: E402
 from dit_core.families.ltx25_positions import Grid  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
@@ -39,6 +40,11 @@ from dit_core.weights import TensorSource  # noqa: E402
 GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
+# --launches: kernels' launches of the same math (kernels.Choices fields), each timed as a graphed step beside the
+# defaults: the q/k rows a program a row, the gated OUT rows' whole-rows pass walking the row blocks
+LAUNCHES = {"q/k rows a row at once": {"rows_at_once": True},
+            "gated OUT rows walked, 2 programs an SM": {"whole_rows_walking": 2},
+            "gated OUT rows walked, 4 programs an SM": {"whole_rows_walking": 4}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,
@@ -175,6 +181,8 @@ def main(argv=None) -> None:
                    "is still made: ours is made from its tensors)")
     p.add_argument("--attention-8bit", action="store_true", help="also the graphed step with the self-attentions' "
                    "products on 8 bits (Options.attention_8bit)")
+    p.add_argument("--launches", action="store_true", help="also the graphed step with each of LAUNCHES' kernel "
+                   "launches (kernels.Choices)")
     p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
                    "last stage, by GPU time, and its host functions (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
@@ -222,6 +230,15 @@ def main(argv=None) -> None:
                                            weights_gb(ours))
             graphed.clear()
             del eight
+        for label, change in LAUNCHES.items() if args.launches else ():
+            kernels = dataclasses.replace(defaults.kernels or Choices(), **change)
+            variant = dataclasses.replace(ours, options=dataclasses.replace(defaults, kernels=kernels))
+            graphed = variant.graphed()
+            for k, s in inputs.items():
+                results[(k, f"{GRAPHED}, {label}")] = (*timed_on(device, our_step(variant, s, graphed), args.steps),
+                                                       weights_gb(ours))
+            graphed.clear()
+            del variant
         del graphed  # (and eight) hold the resident layers, which the streamed run below must not find on the card
     if args.profile and device.type == "cuda":
         from gpu_profile import print_profile

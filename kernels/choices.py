@@ -21,7 +21,9 @@ class Choices:
     codes_last_first: the codes pass takes its column blocks last first (kernels/int8/codes.py). whole_rows: many
     plain bf16 rows by quant_turned's one pass, whole rows a program (from quant.WHOLE_ROWS_MIN_M rows of up to
     quant.WHOLE_ROWS_MAX_GROUPS groups; else the rotate and codes passes). group_m: the Hopper GEMMs' row tiles
-    walking the columns together (the weights read from memory once a group).
+    walking the columns together (the weights read from memory once a group). rows_at_once: rows_norm_rope a program
+    a row, its heads in one tile (else blocks of rows walking the heads). whole_rows_walking: the whole-rows pass's
+    programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block).
     The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
@@ -30,6 +32,8 @@ class Choices:
     codes_last_first: bool = True
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
+    rows_at_once: bool = False
+    whole_rows_walking: int = 0
 
 
 DEFAULT = Choices()

@@ -103,7 +103,7 @@ def row_parts(lin: GpuLinear, sizes: tuple[int, ...]) -> tuple[GpuLinear, ...]:
     return tuple(GpuLinear(lin.weight[a:b], part(lin.scale, a, b), part(lin.bias, a, b), lin.group) for a, b in cuts)
 
 
-def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None) -> torch.Tensor:
+def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | None, o: Options) -> torch.Tensor:
     """A linear's bf16 output rows -> [1, heads, rows, head] bf16 (a view of rows-major storage): RMS (a.qk_norm: by
     head or across all heads) in f32, turned by s's cos/sin (per head or shared), as dit_core/block.py
     head_norm_rotary, in one kernel (kernels/rows_norm_rope.py; angles by axis where s has them)."""
@@ -113,8 +113,9 @@ def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | 
         cos, sin = by_axis.cos, by_axis.sin
     else:
         cos, sin = (None, None) if s is None else (s.cos, s.sin)
+    at_once = o.kernels is not None and o.kernels.rows_at_once
     rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across",
-               **angles)
+               row_at_once=at_once, **angles)
     return rows.transpose(0, 1)[None]
 
 
@@ -145,8 +146,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
         q_rows, kv = product(x, w.q), w.kv
         k_rows, v_rows = product(context, kv).split(w.sizes[1:], dim=1) if kv is not None else \
             (product(context, w.k), product(context, w.v))
-    q = _heads(a, q_rows, w.q_norm, q_rotary)
-    k = _heads(a, k_rows, w.k_norm, k_rotary)
+    q = _heads(a, q_rows, w.q_norm, q_rotary, o)
+    k = _heads(a, k_rows, w.k_norm, k_rotary, o)
     v = v_rows.unflatten(1, (a.heads, a.head)).transpose(0, 1)[None]
     if shards is not None and shards.ranks.world > 1:  # [1, heads, n, head] <-> [n, heads, head] around across
         heads_first = lambda t: t.transpose(0, 1)[None]  # noqa: E731

@@ -193,8 +193,8 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
     "v" from qkv_rope_linear's turn_v, "hidden" from linear's turn_hidden), by quant_turned's passes where they
     take them, else the passes below with the rest of the rotation. gate: plain rows times gate_factor *
     sigmoid(gate) (gate rows [M, n], each value over K / n features: kernels/int8/prologue.py), in the prologue of
-    quant_turned's one pass or of the rotate pass. choices: hopper_quant, hopper_turned_quant, whole_rows and
-    codes_last_first (kernels/choices.py)."""
+    quant_turned's one pass or of the rotate pass. choices: hopper_quant, hopper_turned_quant, whole_rows,
+    whole_rows_walking and codes_last_first (kernels/choices.py)."""
     m, k, codes, scales = checked(x, group, norm, norm_weight, scale, row_map, act, out, stats, gate, turned)
     if turned:
         if norm is not None or act is not None or group != quant_turned.GROUP or turned not in quant_turned.TURNED:
@@ -213,7 +213,7 @@ def quantize_rows(x, group, *, norm=None, norm_weight=None, eps=1e-6, scale=None
                   and k <= WHOLE_ROWS_MAX_GROUPS * group)
     if whole_rows and x.dtype == torch.bfloat16 and x.is_contiguous() and quant_turned.fits(k, group):
         return quant_turned.quantize_turned(x, turned=None, out=(codes, scales), hopper=choices.hopper_turned_quant,
-                                            gate=gate, gate_factor=gate_factor)
+                                            gate=gate, gate_factor=gate_factor, row_programs=choices.whole_rows_walking)
     split, groups = (4 if group == 256 else 1), k // group
     aligned = row_starts is not None and all(first % block_m == 0 for first in row_starts)
     # (gated rows: 2 stages; 3 stage their gate's tiles too, past a consumer card's 99 KB of shared memory)
