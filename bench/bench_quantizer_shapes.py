@@ -147,7 +147,7 @@ def gated_rows_table() -> list[str]:
         passes = graph_ms(lambda t=t: quantize_rows(t, 256, **gate, out=(codes, scales),
                                                     choices=Choices(whole_rows=False)))
         timed = []
-        for r, nw, rp in GATED_LAUNCHES if heads else GATED_LAUNCHES[:5]:
+        for r, nw, rp in GATED_LAUNCHES:
             fn = lambda t=t, r=r, nw=nw, rp=rp: quantize_turned(t, None, (codes, scales), r, nw, **gate,  # noqa
                                                                 row_programs=rp)
             timed.append(f"{r}/{nw}/{rp} {graph_ms(fn):.4f}")

@@ -192,7 +192,7 @@ def _turned_codes_loop_kernel(t_ptr, h_ptr, q_ptr, s_ptr, g_ptr, stride_g, M, K,
                               DOT_DTYPE: tl.constexpr, GATE_SPAN: tl.constexpr, GATE_FACTOR: tl.constexpr):
     """_turned_codes_kernel's math, a program walking row blocks (grid: a few programs an SM), each block's rows
     read while the block before is rotated and stored: twice the rows in flight a program, the loads under the
-    products (GATE_SPAN: 0 or a multiple of 64)."""
+    products."""
     step = tl.num_programs(0) * ROWS
     groups = tl.arange(0, GROUPS_P2)
     first = groups[None, :, None] * GROUP
@@ -264,8 +264,7 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     Hopper, where `hopper` (kernels.Choices.hopper_turned_quant), rows whose v was turned take
     kernels/int8/quant_turned_hopper.py's kernel (H_16 in registers). gate (plain rows only): t times gate_factor *
     sigmoid(gate) first, gate rows [M, n] (kernels/int8/prologue.py). row_programs > 0: that many programs an SM,
-    each walking row blocks with the next block's rows read under this one's math (_turned_codes_loop_kernel; a
-    gate a whole number of 64-column blocks)."""
+    each walking row blocks with the next block's rows read under this one's math (_turned_codes_loop_kernel)."""
     m, k = t.shape
     if t.dtype != torch.bfloat16 or t.stride(-1) != 1 or t.stride(0) != k or not fits(k, GROUP):
         raise ValueError(f"quantize_turned: rows must be contiguous bf16 [M, K], K a multiple of {GROUP} up to "
@@ -281,7 +280,7 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
     if m:
         span = TURN if turned else BLOCK  # (every turn takes d2: the products span d1 and d0)
         g = scales if gate is None else gate  # scales: a pointer never read
-        looped = row_programs > 0 and gate_span % BLOCK == 0
+        looped = row_programs > 0
         kernel = _turned_codes_loop_kernel if looped else _turned_codes_kernel
         blocks = triton.cdiv(m, rows)
         grid = (min(blocks, row_programs * sm_count(t.device)) if looped else blocks,)

@@ -76,8 +76,8 @@ def test_zero_gate_doubled_is_the_plain_rows(m, k, group, heads, device):
 @pytest.mark.parametrize("launch", [{}, {"row_programs": 1, "rows": 2}], ids=["a-block-a-program", "walking"])
 def test_whole_rows_pass_takes_the_gate(m, k, heads, kind, launch, device):
     """quant_turned's one pass with the gate against its reference, and its zero doubled gate against its plain rows
-    bit for bit; a program a row block, or a few walking them (a gate a head: the next block read under this
-    one's math), the same codes."""
+    bit for bit; a program a row block, or a few walking them (the next block read under this one's math), the
+    same codes."""
     x, kw = gate_inputs(m, k, kind, seed=k, device=device, heads=heads)
     q, s = quantize_turned(x, None, out=poisoned_outputs(m, k, device), **kw, **launch)
     assert_fused_close(q, s, *turned_reference(x, None, **kw), max_fraction=0.01)
