@@ -1,8 +1,8 @@
 """Z-Image's VAE decode (FLUX.1's ae.safetensors, random weights of its real size) at 1024x1024, BF16 on the GPU:
 stock ComfyUI v0.3.75's VAE (what VAEDecode runs, its model management choosing the dtype) against ours
 (dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs, and the same with its activations channels last)
-in the same run, each with cuDNN's autotuner off and on. Seconds include the IMAGE's trip to the host (both sides). Then one profiled decode of ours: its kernels by
-GPU time.
+in the same run, each with cuDNN's autotuner off and on. Seconds include the IMAGE's trip to the host (both sides).
+Then one profiled decode of each of ours: its kernels by GPU time.
 
     python bench/bench_image_decode.py [--size 1024] [--runs 5]    # on a GPU, ComfyUI's tree in .cache/ (either carry)
     python bench/bench_image_decode.py --device cpu --size 64 --runs 1  # a smoke run

@@ -198,8 +198,10 @@ def channels_last(x) -> bool:
     return x.dim() >= 3 and not x.is_contiguous() and x.movedim(1, -1).is_contiguous()
 
 
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
+def _last_width(c: int, groups: int) -> bool:
+    """Whether the channels-last kernels take c channels in `groups` groups (both counts powers of two)."""
+    power_of_two = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
+    return c % groups == 0 and power_of_two(groups) and power_of_two(c // groups)
 
 
 def last_block(c: int) -> int:
@@ -214,18 +216,18 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
     would have more than max_parts pieces, which each program of pass 2 reads, `parts` at a time). Channels last
     (groups and channels a group powers of two): about last_pieces pieces a sample, block_s positions at a time
     (None: 4096 values a tile), the pieces combined last_parts at a time."""
-    b, c = x.shape[:2] if x.dim() >= 2 else (0, 0)
-    if x.dim() >= 2 and c % groups == 0 and channels_last(x) and _power_of_two(groups) and \
-            _power_of_two(c // groups):
-        return _group_norm_last(x, weight, bias, groups, eps, silu, block_s or last_block(c), last_pieces, last_parts,
-                                num_warps)
-    if x.dim() < 2 or not x.is_contiguous() or x.shape[1] % groups:
+    last = channels_last(x) and _last_width(x.shape[1], groups)
+    if x.dim() < 2 or not (last or x.is_contiguous()) or x.shape[1] % groups:
         raise ValueError(f"group_norm: x must be contiguous [B, C, ...] (or channels last, groups and channels a "
                          f"group powers of two) with C divisible by {groups} groups, got {tuple(x.shape)}"
                          f"{'' if x.is_contiguous() else ' (not contiguous)'}")
+    b, c = x.shape[:2]
     if weight.numel() != c or bias.numel() != c:
         raise ValueError(f"group_norm: weight and bias must have {c} values, got {weight.numel()} and "
                          f"{bias.numel()}")
+    if last:
+        return _group_norm_last(x, weight, bias, groups, eps, silu, block_s or last_block(c), last_pieces, last_parts,
+                                num_warps)
     y = torch.empty_like(x)
     s, cg = x.shape[2:].numel(), c // groups
     if y.numel() == 0:
@@ -242,9 +244,6 @@ def group_norm(x, weight, bias, groups, eps=1e-6, silu=False, *, block=1024, pie
 
 def _group_norm_last(x, weight, bias, groups, eps, silu, block_s, pieces, parts, num_warps):
     b, c = x.shape[:2]
-    if weight.numel() != c or bias.numel() != c:
-        raise ValueError(f"group_norm: weight and bias must have {c} values, got {weight.numel()} and "
-                         f"{bias.numel()}")
     y = torch.empty_like(x)  # (channels last, as x)
     s = x.shape[2:].numel()
     if y.numel() == 0:
@@ -268,8 +267,7 @@ def build(dtype, *, block=1024, parts=256, num_warps=4, last_widths=(), groups=3
     for silu in (False, True):
         _group_norm_apply_kernel.warmup(dtype, dtype, dtype, dtype, torch.float32, 1, 1, 1, 1, 1, 1e-6, SILU=silu,
                                         BLOCK=block, PARTS=parts, num_warps=num_warps, grid=(1,))
-    widths = sorted({c for c in last_widths if c % groups == 0 and _power_of_two(groups)
-                     and _power_of_two(c // groups)})
+    widths = sorted({c for c in last_widths if _last_width(c, groups)})
     for c in widths:
         sizes = {"G": groups, "CG": c // groups, "BLOCK_S": last_block(c), "num_warps": num_warps, "grid": (1,)}
         _last_moments_kernel.warmup(dtype, torch.float32, 1, 1, 1, **sizes)
