@@ -128,8 +128,10 @@ def turned_table() -> list[str]:
     return out
 
 
-# (M, K, the gate's values a row: a head's (f32, factor 2) or a feature's (bf16, QKV's last columns, factor 1))
-GATED_SHAPES = {"LTX-2.5 stage 2": (14080, 4096, 32), "LTX-2.5 stage 1": (3520, 4096, 32), "Krea 2": (4608, 6144, 0)}
+# (M, K, the gate's values a row: a head's (f32, factor 2), a feature's (bf16, QKV's last columns, factor 1), or None:
+# plain rows, no gate, which the whole-rows pass takes too)
+GATED_SHAPES = {"LTX-2.5 stage 2": (14080, 4096, 32), "LTX-2.5 stage 1": (3520, 4096, 32), "Krea 2": (4608, 6144, 0),
+                "LTX-2.5 stage 2 plain": (14080, 4096, None), "Z-Image plain": (4608, 3840, None)}
 # whole rows' launches: (rows, warps, programs an SM walking the row blocks; 0: a program a block)
 GATED_LAUNCHES = ((1, 4, 0), (1, 8, 0), (2, 4, 0), (2, 8, 0), (4, 8, 0), (1, 4, 2), (1, 4, 4), (2, 8, 1), (2, 8, 2))
 
@@ -141,7 +143,7 @@ def gated_rows_table() -> list[str]:
            "kernel us (whole rows, default) | floor ms |", "|---|---|---|---|---|"]
     for label, (m, k, heads) in GATED_SHAPES.items():
         t = rows(m, k, torch.bfloat16)
-        gate = {"gate": rows(m, heads, torch.float32), "gate_factor": 2.0} if heads else \
+        gate = {} if heads is None else {"gate": rows(m, heads, torch.float32), "gate_factor": 2.0} if heads else \
             {"gate": rows(m, 3 * k, torch.bfloat16)[:, 2 * k:], "gate_factor": 1.0}
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
         passes = graph_ms(lambda t=t: quantize_rows(t, 256, **gate, out=(codes, scales),
@@ -152,7 +154,8 @@ def gated_rows_table() -> list[str]:
                                                                 row_programs=rp)
             timed.append(f"{r}/{nw}/{rp} {graph_ms(fn):.4f}")
         own = kernel_us(lambda t=t: quantize_turned(t, None, (codes, scales), **gate))
-        out.append(f"| {label} {m}x{k}, gate {'a head' if heads else 'a feature'} | {passes:.4f} | "
+        gated = "" if heads is None else f", gate {'a head' if heads else 'a feature'}"
+        out.append(f"| {label} {m}x{k}{gated} | {passes:.4f} | "
                    f"{', '.join(timed)} | {own} | {t.numel() * 3 / 4e12 * 1e3:.4f} |")
     return out
 

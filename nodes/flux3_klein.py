@@ -6,7 +6,7 @@ from comfy_api.latest import io
 
 from ..dit_core.families.flux3_klein import Flux3Klein
 from ..dit_core.text.qwen3_vl import Qwen3VLTextEncoder
-from ..dit_core.sampling.ksampler import prepare_noise
+from ..dit_core.sampling.ksampler import prepare_noise, run_copy
 from ..dit_core.sampling.klein import sample_klein
 from ..dit_core.sampling.schedules import klein_sigmas
 from ..dit_core.sampling.step_cache import StepCache
@@ -143,7 +143,7 @@ class Flux3KleinSampler(SamplerNode):
         noise = prepare_noise(latent, r.seed, r.latent_image.get("batch_index"))
         device, batch, steps = engine_device(), latent.shape[0], r.steps
         step = graphed_dit_step(dit, device)  # the joint blocks, while every block is resident
-        pick = lambda t, i: t[min(i, t.shape[0] - 1)].to(device)  # noqa: E731  a batch of one serves every image
+        pick = lambda t, i: run_copy(t[min(i, t.shape[0] - 1)], device)  # noqa: E731  a batch of one serves every image
 
         def sample(callback, should_stop):
             out = []

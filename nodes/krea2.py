@@ -8,7 +8,7 @@ from comfy_api.latest import io
 
 from ..dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
 from ..dit_core.text.qwen3_vl import Krea2TextEncoder
-from ..dit_core.sampling.ksampler import SAMPLERS, ksample
+from ..dit_core.sampling.ksampler import SAMPLERS, ksample, run_copy
 from ..dit_core.sampling.schedules import TABLE_SCHEDULERS, flux_sigma_table
 from .base import (
     SwiftDiTError,
@@ -164,7 +164,7 @@ class Krea2Sampler(SamplerNode):
 
         def denoise_with(x, sigma, cond):  # x on the device: the sampler runs there
             if id(cond) not in fused:
-                fused[id(cond)] = (cond, torch.stack([text_rows(c) for c in cond.to(device)]))
+                fused[id(cond)] = (cond, run_copy(torch.stack([text_rows(c) for c in cond.to(device)]), device))
             return dit.denoised(x, float(sigma), fused[id(cond)][1], interrupt_check, refs=refs, step=step)
 
         shift, scale = latent_format()

@@ -67,14 +67,32 @@ def conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
 
 
-def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = False) -> torch.Tensor:
-    """GroupNorm, then SiLU where silu: on a GPU one kernel (kernels/group_norm.py: torch's norm keeps most of the
-    card idle at decode sizes), on the CPU torch's."""
+# An activation whose bias is not yet added: (x, one f32 value a channel or None). torch adds a conv's bias in a pass
+# of its own (6.3 of a 1024x1024 FLUX.1 decode's 33 ms, H100); carried instead, it is added where the activation is
+# read anyway: by a group norm (its shift), summed along a residual, through a 1x1 conv (W (x + b) = W x + W b).
+Pending = tuple[torch.Tensor, "torch.Tensor | None"]
+
+
+def conv_pending(x: torch.Tensor, w: dict, name: str) -> Pending:
+    weight = w[f"{name}.weight"]
+    return F.conv2d(x, weight, None, padding=weight.shape[-1] // 2), w[f"{name}.bias"].float()
+
+
+def added(pending: Pending) -> torch.Tensor:
+    """The activation with its bias added (before what zero-pads it or spreads it: an upsample's conv, a stride)."""
+    x, bias = pending
+    return x if bias is None else x + bias.to(x.dtype).reshape(-1, *[1] * (x.dim() - 2))
+
+
+def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = False,
+               shift: torch.Tensor | None = None) -> torch.Tensor:
+    """GroupNorm of x + shift (a pending bias), then SiLU where silu: on a GPU one kernel (kernels/group_norm.py:
+    torch's norm keeps most of the card idle at decode sizes), on the CPU torch's."""
     if x.is_cuda:
         from ..gpu.block import run
         laid = x if x.is_contiguous(memory_format=torch.channels_last) else x.contiguous()  # (the kernels take both)
-        return run("group_norm", laid, w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu)
-    y = F.group_norm(x, groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
+        return run("group_norm", laid, w[f"{name}.weight"], w[f"{name}.bias"], groups, EPS, silu, shift)
+    y = F.group_norm(added((x, shift)), groups, w[f"{name}.weight"], w[f"{name}.bias"], EPS)
     return F.silu(y) if silu else y
 
 
@@ -96,19 +114,23 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype,
                          "group norm kernels not built ahead")
 
 
-def mid(x: torch.Tensor, w: dict, groups: int) -> torch.Tensor:
+def mid(x: Pending, w: dict, groups: int) -> Pending:
     """The middle of encoder and decoder alike: resnet, attention, resnet (BFL autoencoder.py `mid`)."""
     x = resnet(x, w, "mid.block_1", groups)
     return resnet(attention(x, w, "mid.attn_1", groups), w, "mid.block_2", groups)
 
 
-def resnet(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
-    """Pre-norm residual block, no time embedding (diffusers 0.42.1 resnet.py ResnetBlock2D, temb None)."""
-    h = conv(group_norm(x, w, f"{name}.norm1", groups, silu=True), w, f"{name}.conv1")
-    h = conv(group_norm(h, w, f"{name}.norm2", groups, silu=True), w, f"{name}.conv2")
+def resnet(pending: Pending, w: dict, name: str, groups: int) -> Pending:
+    """Pre-norm residual block, no time embedding (diffusers 0.42.1 resnet.py ResnetBlock2D, temb None), its biases
+    pending."""
+    x, bias = pending
+    h, b1 = conv_pending(group_norm(x, w, f"{name}.norm1", groups, True, bias), w, f"{name}.conv1")
+    h, b2 = conv_pending(group_norm(h, w, f"{name}.norm2", groups, True, b1), w, f"{name}.conv2")
     if f"{name}.nin_shortcut.weight" in w:  # 1x1 conv where the channel count changes
-        x = conv(x, w, f"{name}.nin_shortcut")
-    return x + h
+        weight = w[f"{name}.nin_shortcut.weight"]
+        shortcut = w[f"{name}.nin_shortcut.bias"].float()
+        x, bias = F.conv2d(x, weight), shortcut if bias is None else shortcut + weight.flatten(1).float() @ bias
+    return x + h, b2 if bias is None else bias + b2
 
 
 def pixel_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -117,14 +139,15 @@ def pixel_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
 
 
-def attention(x: torch.Tensor, w: dict, name: str, groups: int) -> torch.Tensor:
+def attention(pending: Pending, w: dict, name: str, groups: int) -> Pending:
     """Single-head self-attention over all positions, residual (BFL AttnBlock; diffusers heads = C // C)."""
+    x, bias = pending
     b, c, hh, ww = x.shape
-    t = group_norm(x, w, f"{name}.norm", groups).flatten(2).transpose(1, 2)  # [B, HW, C]
+    t = group_norm(x, w, f"{name}.norm", groups, shift=bias).flatten(2).transpose(1, 2)  # [B, HW, C]
     q, k, v = (F.linear(t, w[f"{name}.{p}.weight"], w[f"{name}.{p}.bias"]) for p in "qkv")
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
     a = F.linear(a, w[f"{name}.proj_out.weight"], w[f"{name}.proj_out.bias"])
-    return x + a.transpose(1, 2).reshape(b, c, hh, ww)
+    return x + a.transpose(1, 2).reshape(b, c, hh, ww), bias
 
 
 # --- tiles -----------------------------------------------------------------------------------------------

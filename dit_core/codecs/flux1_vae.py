@@ -13,8 +13,10 @@ from .conv import (
     GROUPS,
     DecoderShape,
     Layout,
+    added,
     checked_latents,
     conv,
+    conv_pending,
     decoder_tensors,
     find_prefix,
     group_norm,
@@ -127,15 +129,15 @@ class ImageDecoder:
             z = z.contiguous(memory_format=torch.channels_last)
         if self.shape.post_quant:
             z = conv(z, w, "post_quant_conv")
-        x = mid(conv(z, w, "conv_in"), w, g)
+        x = mid(conv_pending(z, w, "conv_in"), w, g)  # (its biases pending: conv.Pending)
         for level in reversed(range(len(self.shape.channels))):
             for j in range(self.shape.blocks):
                 check()
                 x = resnet(x, w, f"up.{level}.block.{j}", g)
-            if level > 0:
-                x = conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"up.{level}.upsample.conv")
-        x = group_norm(x, w, "norm_out", g, silu=True)
-        return conv(x, w, "conv_out")
+            if level > 0:  # the bias added before the upsample: a quarter of the values
+                x = conv_pending(F.interpolate(added(x), scale_factor=2.0, mode="nearest"), w,
+                                 f"up.{level}.upsample.conv")
+        return conv(group_norm(x[0], w, "norm_out", g, silu=True, shift=x[1]), w, "conv_out")
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:
         c = self.shape.latent_channels

@@ -12,7 +12,9 @@ from .conv import (
     GROUPS,
     Layout,
     Shapes,
+    added,
     conv,
+    conv_pending,
     decoder_tensors,
     find_prefix,
     group_norm,
@@ -145,15 +147,15 @@ class Flux2VAE(ImageDecoder):
         """Image [B, 3, H, W] in -1..1 -> [mean | logvar] [B, 64, H/8, W/8] (BFL autoencoder.py Encoder, then
         quant_conv)."""
         w, g = self.e, self.encoder.groups
-        h = conv(x, w, "conv_in")
+        h = conv_pending(x, w, "conv_in")  # (its biases pending: conv.Pending)
         for level in range(len(self.encoder.channels)):
             for j in range(self.encoder.blocks):
                 h = resnet(h, w, f"down.{level}.block.{j}", g)
             if level < len(self.encoder.channels) - 1:  # stride 2 after padding right and bottom only
                 name = f"down.{level}.downsample.conv"
-                h = F.conv2d(F.pad(h, (0, 1, 0, 1)), w[f"{name}.weight"], w[f"{name}.bias"], stride=2)
-        h = conv(group_norm(mid(h, w, g), w, "norm_out", g, silu=True), w, "conv_out")
-        return conv(h, w, "quant_conv")
+                h = F.conv2d(F.pad(added(h), (0, 1, 0, 1)), w[f"{name}.weight"], stride=2), w[f"{name}.bias"].float()
+        h, bias = mid(h, w, g)
+        return conv(conv(group_norm(h, w, "norm_out", g, silu=True, shift=bias), w, "conv_out"), w, "quant_conv")
 
 
 def _read_encoder_shape(ckpt: Checkpoint, prefix: str, groups: int) -> EncoderShape:

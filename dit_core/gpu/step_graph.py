@@ -422,7 +422,8 @@ class KeptRows:
     `keep` are kept (a few MB each). A tensor changed in place or gone (the weak reference to it, or to the tensor
     it views) makes them again. In place: its version counter has moved; an inference tensor (made under
     torch.inference_mode, as every tensor of a ComfyUI node is) has none, and its views no base, so a copy of its
-    values is kept and compared instead (one pass over a few MB, where the sampler waits for the step anyway)."""
+    values is kept and compared instead (one pass over a few MB, but a read back that waits for the GPU: the nodes give
+    a sampler run's own copy, made outside inference mode, dit_core/sampling/ksampler.py run_copy)."""
 
     def __init__(self, make: Callable[[torch.Tensor, torch.dtype], torch.Tensor], keep: int = 4):
         self.make, self.keep, self.kept = make, keep, []

@@ -186,17 +186,26 @@ def cfg_denoiser(model: Callable, cfg: float, positive, negative=None) -> Denois
     return denoise
 
 
+def run_copy(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t's copy on device for one sampler run, made outside inference mode: a graphed step's KeptRows
+    (dit_core/gpu/step_graph.py) knows it and its views by their base and version counter. An inference tensor (what
+    every ComfyUI node makes) has neither, so KeptRows compares its values each step, which reads the GPU back: the
+    step queued ahead (StepPace) waited for the one before (the Z-Image server's sampler, 104 of 146 samples)."""
+    with torch.inference_mode(False):
+        return t.to(device, copy=True)
+
+
 def model_on_device(denoised: Callable, device: torch.device, check: Callable[[], None] | None = None,
                     step: Callable | None = None) -> Callable:
     """ksample's model(x, sigma, cond) as a sampler node runs it (the node path, which the benchmarks time too):
     denoised(x, sigma, cond, check, step) on `device`, x0 back where x is (the nodes sample on the model's device,
-    so nothing moves a step). Each conditioning tensor is copied there once a sampler run: the same device tensor
-    every step lets a graphed step keep the rows it makes from it (step_graph.KeptRows)."""
+    so nothing moves a step). Each conditioning tensor is copied there once a sampler run (run_copy): the same device
+    tensor every step lets a graphed step keep the rows it makes from it (step_graph.KeptRows)."""
     copies = {}  # id -> (conditioning, its copy on the device); the conditioning is held so its id stays its own
 
     def model(x: torch.Tensor, sigma, cond: torch.Tensor) -> torch.Tensor:
         if id(cond) not in copies:
-            copies[id(cond)] = (cond, cond.to(device))
+            copies[id(cond)] = (cond, run_copy(cond, device))
         return denoised(x.to(device), float(sigma), copies[id(cond)][1], check, step).to(x.device)
 
     return model

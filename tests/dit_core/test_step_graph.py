@@ -188,6 +188,23 @@ def test_kept_rows_of_inference_tensors():
         assert torch.equal(kept(batch[1], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 4
 
 
+def test_a_sampler_runs_copy_is_kept_without_reading_its_values(monkeypatch):
+    """A sampler run's copy of a conditioning (ksampler.run_copy, made outside inference mode) is known to KeptRows
+    by its base and version counter, under inference mode too: its values are never compared (a read back of the GPU
+    that made the step queued ahead wait), and a change in place still makes the rows again."""
+    from dit_core.sampling.ksampler import run_copy
+    calls, compared, equal = [], [], torch.equal
+    monkeypatch.setattr(torch, "equal", lambda a, b: compared.append(1) or equal(a, b))
+    kept = KeptRows(lambda rows, dtype: calls.append(rows) or rows.to(dtype) * 2)
+    with torch.inference_mode():
+        own = run_copy(torch.ones(2, 3, 4), torch.device("cpu"))
+        first = kept(own[0], torch.float32)
+        assert not own.is_inference() and all(kept(own[0], torch.float32) is first for _ in range(3))
+        assert len(calls) == 1 and not compared
+        own.mul_(3)
+        assert torch.equal(kept(own[0], torch.float32), torch.full((3, 4), 6.0)) and len(calls) == 2
+
+
 def test_a_failed_capture_under_cuda_malloc_async_ends_the_captures(monkeypatch, caplog):
     """ComfyUI's default allocator (cudaMallocAsync): captures are tried; a warm-up out of memory leaves the others
     to be tried, but once a capture fails (which leaves PyTorch's allocator unable to capture again), that shape and

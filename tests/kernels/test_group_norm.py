@@ -3,6 +3,7 @@ rounded once (the reference rounds between the norm and SiLU, the kernel does no
 channels, a group of one channel, 1-D and 3-D positions, activations far from zero mean."""
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import assert_within_one_bf16_step, rel_err
 
 from kernels.group_norm import _group_norm_apply_kernel, _piece_moments_kernel, build, group_norm, reference
@@ -64,6 +65,23 @@ def test_channels_last_bf16_within_one_step_of_the_math(device):
     assert_within_one_bf16_step(got, reference(x.float(), w.float(), b.float(), 4, 1e-6, True).to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_shift_is_normed_with_x(last, dtype, device):
+    """A shift a channel (the bias of the conv that wrote x, not yet added; f32): the norm of x + shift, in either
+    layout, its pieces' means moved by their channels' shifts (several channels a group, far apart)."""
+    x, w, b = activations((2, 8, 5, 7), 11, device, dtype)
+    shift = (10 * torch.randn(8, generator=torch.Generator().manual_seed(2))).to(device)
+    got = group_norm(channels_last(x) if last else x, w, b, 4, 1e-6, True, shift, block=16, piece=16, block_s=2,
+                     last_pieces=5, last_parts=2)
+    want = F.silu(F.group_norm(x.float() + shift[:, None, None], 4, w.float(), b.float(), 1e-6))
+    assert torch.equal(want, reference(x.float(), w.float(), b.float(), 4, 1e-6, True, shift))
+    if dtype == torch.float32:
+        assert rel_err(got, want) < 1e-5
+    else:
+        assert_within_one_bf16_step(got, want.to(torch.bfloat16))
+
+
 def test_channels_last_off_a_power_of_two_is_normed_as_it_reads(device):
     """Groups or channels a group not powers of two: refused as channels last (the channel-first kernels then
     need contiguous rows), as any other layout they do not take."""
@@ -102,6 +120,7 @@ def test_an_empty_batch_gives_an_empty_result(device):
 
 def test_bad_arguments_raise():
     x, w, b = activations((1, 6, 4, 4), 0, "cpu", torch.float32)
-    for args in ((x, w, b, 4), (x.transpose(2, 3), w, b, 3), (x, w[:3], b, 3), (x[0, 0, 0], w, b, 1)):
+    for args in ((x, w, b, 4), (x.transpose(2, 3), w, b, 3), (x, w[:3], b, 3), (x[0, 0, 0], w, b, 1),
+                 (x, w, b, 3, 1e-6, False, b[:3])):
         with pytest.raises(ValueError, match="group_norm"):
             group_norm(*args)

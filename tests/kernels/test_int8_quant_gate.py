@@ -99,8 +99,8 @@ def test_quantize_rows_sends_many_gated_rows_to_the_whole_rows_pass(device, monk
     passes = quantize_rows(x, 256, **kw, choices=Choices(whole_rows=False))
     assert calls == [True]
     assert_fused_close(q, s, *passes, max_fraction=0.01)
-    walked = quantize_rows(x, 256, **kw, choices=Choices(whole_rows_walking=1))  # its programs walking the rows
-    assert calls == [True, True] and torch.equal(walked[0], q) and torch.equal(walked[1], s)
+    blockwise = quantize_rows(x, 256, **kw, choices=Choices(whole_rows_walking=0))  # a program a row block
+    assert calls == [True, True] and torch.equal(blockwise[0], q) and torch.equal(blockwise[1], s)
     calls.pop()
     wide, wide_kw = gate_inputs(16, 256 * (int8_quant.WHOLE_ROWS_MAX_GROUPS + 2), "feature", seed=4, device=device)
     q, s = quantize_rows(wide, 256, **wide_kw)  # Krea 2's OUT rows (24 groups) take the rotate pass: faster
