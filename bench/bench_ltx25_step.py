@@ -41,10 +41,9 @@ GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # --launches: kernels' launches of the same math (kernels.Choices fields), each timed as a graphed step beside the
-# defaults: the q/k rows a program a row, the gated OUT rows' whole-rows pass a program a row block or walking them
-# with other than the default's programs
-LAUNCHES = {"q/k rows a row at once": {"rows_at_once": True},
-            "gated OUT rows a program a block": {"whole_rows_walking": 0},
+# defaults: the gated OUT rows' whole-rows pass a program a row block, or walking them with other than the default's
+# programs
+LAUNCHES = {"gated OUT rows a program a block": {"whole_rows_walking": 0},
             "gated OUT rows walked, 2 programs an SM": {"whole_rows_walking": 2}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,

@@ -21,8 +21,7 @@ class Choices:
     codes_last_first: the codes pass takes its column blocks last first (kernels/int8/codes.py). whole_rows: many
     plain bf16 rows by quant_turned's one pass, whole rows a program (from quant.WHOLE_ROWS_MIN_M rows of up to
     quant.WHOLE_ROWS_MAX_GROUPS groups; else the rotate and codes passes). group_m: the Hopper GEMMs' row tiles
-    walking the columns together (the weights read from memory once a group). rows_at_once: rows_norm_rope a program
-    a row, its heads in one tile (else blocks of rows walking the heads). whole_rows_walking: the whole-rows pass's
+    walking the columns together (the weights read from memory once a group). whole_rows_walking: the whole-rows pass's
     programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block): 4 by default, LTX-2.5's
     gated OUT rows at stage 2 in 95 us against 160 a program a block (H100, bench_quantizer_shapes.py --gated).
     The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
@@ -33,7 +32,6 @@ class Choices:
     codes_last_first: bool = True
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
-    rows_at_once: bool = False
     whole_rows_walking: int = 4
 
 

@@ -42,10 +42,8 @@ def by_rows(cos, sin, index, columns):
     return cos[at, freq], sin[at, freq]
 
 
-def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
-              row_at_once=False):
-    """The math above in plain torch (the host block's operations, in its order): [M, heads, D] bf16 (row_at_once:
-    the kernel's launch, the same math)."""
+def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None):
+    """The math above in plain torch (the host block's operations, in its order): [M, heads, D] bf16."""
     t = x.float().reshape(x.shape[0], heads, head)
     if weight is not None:
         n = t.flatten(1) if across else t

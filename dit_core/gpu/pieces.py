@@ -113,9 +113,8 @@ def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | 
         cos, sin = by_axis.cos, by_axis.sin
     else:
         cos, sin = (None, None) if s is None else (s.cos, s.sin)
-    at_once = o.kernels is not None and o.kernels.rows_at_once
     rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across",
-               row_at_once=at_once, **angles)
+               **angles)
     return rows.transpose(0, 1)[None]
 
 

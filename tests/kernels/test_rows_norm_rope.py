@@ -118,16 +118,14 @@ def test_ltx25_shapes(heads, head, r, row_at_once):
 
 
 @pytest.mark.parametrize("angles", ["rows", "by axis"])
-@pytest.mark.parametrize("at_once", [False, True])
-def test_ltx25_pieces_take_the_kernel(angles, at_once, monkeypatch):
+def test_ltx25_pieces_take_the_kernel(angles, monkeypatch):
     """dit_core/gpu/pieces.py's q/k rows through this kernel (the op table's capability check opened to the CPU: the
     interpreter runs it) against the reference a CPU runs otherwise: across-heads norm, per-head angles (every row's
-    tables, or by axis as LTX-2.5's sequences hold them); the launch a row at once where the options' kernels.Choices
-    ask for it."""
+    tables, or by axis as LTX-2.5's sequences hold them)."""
     import kernels
     from dit_core.gpu import pieces
     from dit_core.gpu.options import Options
-    options = Options(kernels=kernels.Choices(rows_at_once=at_once))
+    options = Options()
     a = Arch(family="ltx25", hidden=256, layers=1, refiner=0, heads=4, head=64, ffn=1024, latents=16, patch=(1,),
              text_dim=128, freq_dim=256, time_hidden=256, time_dim=256, eps=1e-6, qk_eps=1e-6, final_eps=1e-6,
              rope_axes=(64,), rope_theta=1e4, mlp="gelu_tanh", qk_norm="across")
