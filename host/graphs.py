@@ -121,8 +121,8 @@ def swiftdit_graph(s: Settings = Settings()) -> dict:
 
 def krea2_graph(seed: int, prompt: str = "a lighthouse on a cliff at dusk, oil painting") -> dict:
     """The Turbo t2i template's graph with our nodes, the prompt refiner off: loader -> KSampler (8 steps, cfg 1,
-    euler/simple) on our text encoder's rows; stock EmptyLatentImage, VAELoader (qwen_image_vae) and VAEDecode; our Save
-    Image."""
+    euler/simple) on our text encoder's rows; stock EmptyLatentImage and VAELoader (qwen_image_vae), our VAE Decode of
+    it and our Save Image."""
     return {
         "1": {"class_type": "SwiftDiTKrea2Loader",
               "inputs": {"unet_name": "krea2_turbo_int8_convrot.safetensors", "weight_dtype": "default",
@@ -138,6 +138,6 @@ def krea2_graph(seed: int, prompt: str = "a lighthouse on a cliff at dusk, oil p
                          "scheduler": "simple", "positive": ["3", 0], "negative": ["4", 0],
                          "latent_image": ["5", 0], "denoise": 1.0}},
         "7": {"class_type": "VAELoader", "inputs": {"vae_name": "qwen_image_vae.safetensors"}},
-        "8": {"class_type": "VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
+        "8": {"class_type": "SwiftDiTKrea2VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}},
         "9": {"class_type": "SwiftDiTSaveImage", "inputs": {"images": ["8", 0], "filename_prefix": "krea2"}},
     }

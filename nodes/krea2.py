@@ -1,7 +1,9 @@
-"""Krea 2 nodes: the loader, text encoder loader, text encode and the sampler (a style reference's latents from the
-positive), with the stock nodes' widgets; the style reference's nodes are in krea2_reference.py; the stock VAELoader
-and VAEDecode decode the sampler's latents (qwen_image_vae)."""
+"""Krea 2 nodes: the loader, text encoder loader, text encode, the sampler (a style reference's latents from the
+positive) and the VAE decode of the stock VAE Loader's qwen_image_vae, with the stock nodes' widgets; the style
+reference's nodes are in krea2_reference.py."""
 from __future__ import annotations
+
+import weakref
 
 import torch
 from comfy_api.latest import io
@@ -10,9 +12,13 @@ from ..dit_core.families.krea2 import SAMPLING_MU, Krea2, latent_format
 from ..dit_core.text.qwen3_vl import Krea2TextEncoder
 from ..dit_core.sampling.ksampler import SAMPLERS, ksample, run_copy
 from ..dit_core.sampling.schedules import TABLE_SCHEDULERS, flux_sigma_table
+from ..dit_core.codecs.qwen_image_vae import QwenImageDecoder
+from ..dit_core.weights import TensorSource
 from .base import (
     SwiftDiTError,
     check_family,
+    checked,
+    decode_image,
     dit_loader,
     text_encoder_loader,
     finite,
@@ -24,7 +30,7 @@ from .base import (
 from .family_nodes import DiTLoaderNode, LoraLoaderNode, SamplerNode, TextEncodeNode, TextEncoderLoaderNode
 from .family_settings import FLUX_MU, FamilySettings, PassSize, Schedule
 from .krea2_reference import NODES as REFERENCE_NODES, reference_latents
-from .memory import engine_device, graphed_dit_step
+from .memory import engine_device, graphed_dit_step, vae_on_device
 
 CATEGORY = "SwiftDiT/Krea 2"
 FAMILY = "krea2"
@@ -183,5 +189,42 @@ class Krea2Sampler(SamplerNode):
         return samples[:, :, None]  # Krea 2's [B, 16, 1, H/8, W/8]
 
 
+class StockVae:
+    """The stock VAE Loader's VAE as a slot's key in LOADED: our decoder of its weights is made once for that VAE
+    (a weak reference to its model: a VAE loaded again, or another file, makes it again)."""
+
+    def __init__(self, vae):
+        self.model = getattr(vae, "first_stage_model", None)
+        self.role = "main"
+
+    def key(self) -> tuple:
+        return ("vae", ("qwen_image_vae (the stock VAE Loader's)", weakref.ref(self.model)))
+
+
+class Krea2VAEDecode(io.ComfyNode):
+    @classmethod
+    def define_schema(cls):
+        return io.Schema(
+            node_id="SwiftDiTKrea2VAEDecode", display_name="Krea 2 VAE Decode (SwiftDiT)", category=CATEGORY,
+            description="Decodes Krea 2 latents to an IMAGE with the stock VAE Loader's qwen_image_vae: one frame's "
+                        "2-D decode of its weights on the SwiftDiT engine (the stock VAE Decode runs its 3-D convs).",
+            inputs=[io.Latent.Input("samples", tooltip="The latent from the Krea 2 sampler"),
+                    io.Vae.Input("vae", tooltip="qwen_image_vae, from the stock VAE Loader")],
+            outputs=[io.Image.Output(tooltip="The decoded image")])
+
+    @classmethod
+    def execute(cls, samples, vae) -> io.NodeOutput:
+        node = "SwiftDiTKrea2VAEDecode"
+        handle = StockVae(vae)
+        if handle.model is None or not hasattr(handle.model, "state_dict"):
+            raise SwiftDiTError(f"{node} · vae: expected the VAE of a stock VAE Loader (qwen_image_vae.safetensors), "
+                                f"got {type(vae).__name__}")
+
+        def load():
+            with checked(node, "vae"):
+                return QwenImageDecoder.load(TensorSource(handle.model.state_dict(), "the VAE Loader's VAE"))
+        return io.NodeOutput(decode_image(node, vae_on_device(handle, load, FAMILY), samples))
+
+
 NODES = [Krea2Loader, Krea2ModelSamplingFlux, Krea2LoraLoaderModelOnly, Krea2TextEncoderLoader, Krea2TextEncode,
-         *REFERENCE_NODES, Krea2Sampler]
+         *REFERENCE_NODES, Krea2Sampler, Krea2VAEDecode]

@@ -174,7 +174,8 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     def vae_loader(n):  # the VAE loader (stock or ours) on the VAE input of a node of the family's roles
         name = next(name for name, t in fam.roles[fam.ours_roles.get(n.type, n.type)].sockets if t == "VAE")
         vae = src(n.id, name)
-        return vae if plays(vae, fam.vae_loader) or (vae is not None and vae.type == fam.audio_vae_loader) else None
+        ours = fam.vae_loader is not None and plays(vae, fam.vae_loader)  # (Krea 2's: the stock loader's, kept)
+        return vae if ours or (vae is not None and vae.type == fam.audio_vae_loader) else None
 
     # decoders and upsamplers (with their model file's loader) of a sampler's latent
     for n in (n for n in nodes.values() if any(plays(n, d) for d in (*fam.decoders, *fam.upsamplers))):
@@ -376,6 +377,8 @@ def _left(fam: Family, node_type: str, why: str | None, sockets: tuple) -> str:
         return "already a SwiftDiT node"
     if node_type in NOTES:
         return "note"
+    if fam.vae_loader is None and node_type == "VAELoader" and "VAEDecode" in fam.decoders:
+        return f"{fam.title}'s VAE is the stock loader's ({fam.roles['VAEDecode'].ours} reads its weights), stays stock"
     if fam.vae_loader is None and node_type in ("VAELoader", "VAEDecode"):
         return f"{fam.title} has no VAE of SwiftDiT's: its latents decode with the stock VAE, stays stock"
     if node_type == "Reroute":

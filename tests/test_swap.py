@@ -512,12 +512,14 @@ KREA2 = FAMILIES["krea2"]
 KREA2_TEMPLATES = ("image_krea2_turbo_t2i_int8", "image_krea2_turbo_t2i")
 KREA2_STYLE = "image_krea2_turbo_int8_image_style_reference"
 KREA2_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
-                 "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler", "29": SAVE}
+                 "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler", "30:8": "SwiftDiTKrea2VAEDecode",
+                 "29": SAVE}
 KREA2_LEFT = {
     "30:11": ("CLIPLoader", "kept for stock TextGenerate (30:16), which needs ComfyUI's CLIP; the encode path reads "
                             "SwiftDiTKrea2TextEncoderLoader from the same file (added)"),
     "30:22": ("ComfySwitchNode", "switches between SwiftDiT models: stays stock, its model ports retyped"),
-    "30:8": ("VAEDecode", "Krea 2 has no VAE of SwiftDiT's: its latents decode with the stock VAE, stays stock"),
+    "30:12": ("VAELoader", "Krea 2's VAE is the stock loader's (SwiftDiTKrea2VAEDecode reads its weights), stays "
+                           "stock"),
     "30:16": ("TextGenerate", "takes CLIP, IMAGE, AUDIO, gives STRING, stays stock")}
 
 
@@ -534,7 +536,7 @@ def test_krea2_family_table_is_the_contract():
                                                                          (docs | contract(SAVE)).items()}
     for ours, out in docs.values():
         assert KREA2.output_type(ours, 0) == out, ours
-    assert KREA2.vae_loader is None and KREA2.decoders == ()
+    assert KREA2.vae_loader is None and KREA2.decoders == ("VAEDecode",)  # ours reads the stock loader's VAE
 
 
 @pytest.mark.parametrize("name", KREA2_TEMPLATES)
@@ -616,9 +618,9 @@ def test_krea2_api_swap():
     swapped, report = swap_api(prompt, "krea2")
     kinds = {k: v["class_type"] for k, v in swapped.items()}
     changed = {k.split(":")[-1]: v for k, v in KREA2_CHANGED.items() if k != "29"} | {"9": SAVE}
-    assert {k: kinds[k] for k in ("10", "15", "6", "3", "9")} == changed
-    assert [kinds[k] for k in ("22", "11", "16", "13", "12", "8")] == [
-        "ComfySwitchNode", "CLIPLoader", "TextGenerate", "ConditioningZeroOut", "VAELoader", "VAEDecode"]
+    assert {k: kinds[k] for k in ("10", "15", "6", "3", "8", "9")} == changed
+    assert [kinds[k] for k in ("22", "11", "16", "13", "12")] == [
+        "ComfySwitchNode", "CLIPLoader", "TextGenerate", "ConditioningZeroOut", "VAELoader"]
     assert report.added == [("23", "SwiftDiTKrea2TextEncoderLoader",
                              "beside stock CLIPLoader (11), which stays for what needs ComfyUI's CLIP")]
     assert swapped["23"] == {"class_type": "SwiftDiTKrea2TextEncoderLoader", "inputs": prompt["11"]["inputs"]}
@@ -649,7 +651,7 @@ def test_krea2_switch_with_a_stock_branch_keeps_the_model_path_stock():
 
 KREA2_STYLE_CHANGED = {"30:10": "SwiftDiTKrea2Loader", "30:15": "SwiftDiTKrea2LoraLoaderModelOnly",
                        "30:52": "SwiftDiTKrea2TextEncodeQwenImageEditPlus", "30:64": "SwiftDiTKrea2ModelSamplingFlux",
-                       "30:77": "SwiftDiTKrea2Sampler", "29": SAVE}
+                       "30:77": "SwiftDiTKrea2Sampler", "30:62": "SwiftDiTKrea2VAEDecode", "29": SAVE}
 
 
 def test_krea2_style_reference_swaps(tmp_path):
@@ -670,7 +672,7 @@ def test_krea2_style_reference_swaps(tmp_path):
     left = {where: (kind, why) for where, kind, why in report.left}
     assert left["30:53"] == ("FluxKontextMultiReferenceLatentMethod", "takes CONDITIONING, gives CONDITIONING, "
                                                                       "stays stock")
-    assert left["30:12"][0] == "VAELoader" and left["30:62"][0] == "VAEDecode"
+    assert left["30:12"][0] == "VAELoader"  # (its VAE encodes the references and decodes, both by ours)
     sampler, encode = sg_node(after, 77), sg_node(after, 52)
     assert sampler["widgets_values"] == [355028178891957, "randomize", 8, 1, "euler", "simple", 1.0]
     assert [(e["name"], e["type"]) for e in encode["inputs"] if not e.get("widget")] == [
@@ -688,7 +690,7 @@ def test_krea2_style_reference_swaps(tmp_path):
     src.write_text(json.dumps(wf))
     done = run_cli("swap", src, out)
     assert done.returncode == 0, done.stderr
-    assert "Krea 2: swapped 6 node(s)" in done.stdout and json.loads(out.read_text()) == after
+    assert "Krea 2: swapped 7 node(s)" in done.stdout and json.loads(out.read_text()) == after
 
 
 def test_krea2_style_reference_for_host():
@@ -723,7 +725,7 @@ def test_cli_swaps_a_krea2_template(tmp_path):
     src.write_text(json.dumps(template("image_krea2_turbo_t2i_int8")))
     done = run_cli("swap", src, out)  # the family is found without --family
     assert done.returncode == 0, done.stderr
-    assert "Krea 2: swapped 5 node(s)" in done.stdout and "added 1 node(s)" in done.stdout
+    assert "Krea 2: swapped 6 node(s)" in done.stdout and "added 1 node(s)" in done.stdout
     assert "30:3  KSampler -> SwiftDiTKrea2Sampler" in done.stdout
     assert json.loads(out.read_text()) == swap_ui(template("image_krea2_turbo_t2i_int8"), "krea2")[0]
 

@@ -266,7 +266,7 @@ def test_krea2_t2i_reduced_for_the_host(name, host_info):
     assert {k: kinds[k] for k in ("30:10", "30:11", "30:6", "30:3")} == {
         "30:10": "SwiftDiTKrea2Loader", "30:11": "SwiftDiTKrea2TextEncoderLoader",
         "30:6": "SwiftDiTKrea2TextEncode", "30:3": "SwiftDiTKrea2Sampler"}
-    assert kinds["30:8"] == "VAEDecode" and kinds["30:12"] == "VAELoader"  # qwen_image_vae decodes stock
+    assert kinds["30:8"] == "SwiftDiTKrea2VAEDecode" and kinds["30:12"] == "VAELoader"  # ours reads stock's VAE
     # enable_lora? is off in both templates: the switch passes the loader's model on, the LoRA feeds nothing
     assert prompt["30:3"]["inputs"]["model"] == ["30:10", 0] and "30:15" not in prompt
     assert (prompt["30:5"]["inputs"]["width"], prompt["30:5"]["inputs"]["height"]) == (1024, 1024)

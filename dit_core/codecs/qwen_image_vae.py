@@ -97,15 +97,18 @@ class QwenImageDecoder:
         return type(self)(laid_out(self.w, device, dtype, channels_last), self.layers, channels_last)
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
-    def decode(self, latents: torch.Tensor, check=None) -> torch.Tensor:
-        """Raw latents -> IMAGE on the host, f32 0..1; check() after each layer (it raises to cancel)."""
+    def decode(self, latents: torch.Tensor, check=None, progress=None) -> torch.Tensor:
+        """Raw latents -> IMAGE on the host, f32 0..1, in one piece; check() after each layer (it raises to cancel),
+        progress(1, 1) at the end."""
         z = latents[:, :, 0] if latents.dim() == 5 and latents.shape[2] == 1 else latents
         ref = self.w["conv2.weight"]
         if z.dim() != 4 or z.shape[1] != LATENT_CHANNELS:
             raise ValueError(f"samples: expected raw Qwen-Image VAE latents [B, {LATENT_CHANNELS}, 1, h, w] (one "
                              f"frame), got {tuple(latents.shape)}; is this latent from another model family?")
-        x = self.forward(z.to(ref.device, ref.dtype), check)
-        return host_image(x)
+        image = host_image(self.forward(z.to(ref.device, ref.dtype), check))
+        if progress is not None:
+            progress(1, 1)
+        return image
 
     def forward(self, z: torch.Tensor, check=None) -> torch.Tensor:
         """Raw latents [B, 16, h, w] -> image [B, 3, 8h, 8w], about -1..1."""

@@ -73,10 +73,10 @@ FAMILIES = MappingProxyType({f.name: f for f in (
             "SaveImage"),
            ("euler",), ("simple",), sampler_extra=(("cache", 0.3), ("refresh", 0))),
     # Krea 2's t2i templates and its style reference (TextEncodeQwenImageEditPlus -> ours; its SamplerCustomAdvanced
-    # group with CFGGuider -> our sampler)
+    # group with CFGGuider -> our sampler; VAEDecode -> ours on the stock VAELoader's qwen_image_vae)
     Family("krea2", "Krea 2", Krea2, "SwiftDiTKrea2", ("krea2",),
            ("UNETLoader", "ModelSamplingFlux", "LoraLoaderModelOnly", "CLIPLoader", "CLIPTextEncode",
-            "TextEncodeQwenImageEditPlus", "KSampler", "SaveImage"),
+            "TextEncodeQwenImageEditPlus", "KSampler", "VAEDecode", "SaveImage"),
            tuple(SAMPLERS), TABLE_SCHEDULERS, switches=("ComfySwitchNode",), custom_sampler=True),
     # H3's text to video, image to video, references to video and text to image templates: MiniMaxH3ImageToVideo
     # and MiniMaxH3ReferenceToVideo -> ours, MiniMaxH3SigmaShift -> ours, its SamplerCustomAdvanced group -> our

@@ -1,6 +1,6 @@
 """Krea 2 text to image on a real ComfyUI v0.3.75 server: the shipped workflow (the official image_krea2_turbo_t2i_int8
 template reduced for the host and swapped, workflows/krea2_t2i.json) converted with the server's /object_info and
-run to an image, our sampler's latent decoded by stock VAELoader + VAEDecode. Tiny random files under the template's
+run to an image, our sampler's latent decoded by our VAE Decode of the stock VAELoader's VAE. Tiny random files under the template's
 names, stored as the real ones are: the DiT's block linears as INT8 ConvRot, the text encoder's as scaled FP8, and
 qwen_image_vae as the Wan 2.1 VAE v0.3.75 builds from the file."""
 
@@ -125,7 +125,7 @@ def test_shipped_workflow_runs_to_an_image(krea2_host):
     assert (sampler["cfg"], sampler["sampler_name"], sampler["scheduler"]) == (1, "euler", "simple")
     assert {node: prompt[node]["inputs"][name] for node, (name, _) in LOADERS.items()} == \
         {node: FILES[folder] for node, (_, folder) in LOADERS.items()}
-    assert [prompt[n]["class_type"] for n in ("30:8", "30:12")] == ["VAEDecode", "VAELoader"]
+    assert [prompt[n]["class_type"] for n in ("30:8", "30:12")] == ["SwiftDiTKrea2VAEDecode", "VAELoader"]
     latent.update(width=WIDTH, height=HEIGHT)
     sampler["steps"] = STEPS
     # Posted by hand, not with host.run: a server that refuses some outputs still runs the others (PreviewAny), so

@@ -50,6 +50,7 @@ CONTRACT = {
     "SwiftDiTKrea2ReferenceLatentMethod": (["conditioning", "reference_latents_method"], "CONDITIONING"),
     "SwiftDiTKrea2Sampler": (["model", "seed", "steps", "cfg", "sampler_name", "scheduler", "positive", "negative",
                               "latent_image", "denoise"], "LATENT"),
+    "SwiftDiTKrea2VAEDecode": (["samples", "vae"], "IMAGE"),
 }
 
 
@@ -137,11 +138,11 @@ def test_lora_changes_the_image(pack, models):
     assert not torch.equal(graph(pack, lora="krea2_style_tiny.safetensors")[3]["samples"], graph(pack)[3]["samples"])
 
 
-def stock_vae():
+def stock_vae(seed=0):
     """Stock VAELoader's VAE of a tiny random Wan 2.1 VAE (qwen_image_vae's architecture)."""
     import comfy.sd
     from comfy.ldm.wan.vae import WanVAE
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     wan = WanVAE(dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
                  temperal_downsample=[False, True, True], dropout=0.0)
     state = {k: (1 + 0.1 * torch.randn_like(v)) if k.endswith("gamma") else 0.05 * torch.randn_like(v)
@@ -154,6 +155,30 @@ def test_stock_vae_decode_takes_the_sampler_latent(pack, models):
     architecture; tiny and random here, as ComfyUI v0.3.75 builds it from the file's tensors)."""
     images = stock_vae().decode(graph(pack, steps=1)[3]["samples"])  # what VAEDecode runs
     assert images.shape == (1, 1, 48, 32, 3) and images.isfinite().all()
+
+
+def test_our_vae_decode_gives_the_stock_decode(pack, models):
+    """Our VAE Decode of the stock VAE Loader's Wan 2.1 VAE gives stock VAEDecode's image of the sampler's latent (its
+    2-D decode of one frame; f32 on the CPU); the decoder is made once for that VAE, again for another."""
+    from swiftdit_pack.nodes.memory import LOADED
+    vae, samples = stock_vae(), graph(pack, steps=1)[3]
+    want = vae.decode(samples["samples"]).reshape(-1, 48, 32, 3)  # what VAEDecode runs
+    (image,) = run(pack.Krea2VAEDecode, samples=samples, vae=vae)
+    assert image.shape == (1, 48, 32, 3) and (image - want).abs().max() < 1e-4
+    decoder = LOADED._held["vae", "main"][1]
+    run(pack.Krea2VAEDecode, samples=samples, vae=vae)
+    assert LOADED._held["vae", "main"][1] is decoder
+    other = stock_vae(seed=1)
+    (again,) = run(pack.Krea2VAEDecode, samples=samples, vae=other)
+    assert (again - other.decode(samples["samples"]).reshape(-1, 48, 32, 3)).abs().max() < 1e-4
+
+
+def test_our_vae_decode_refuses_other_vaes_and_latents(pack, models):
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2VAEDecode · samples: .*Qwen-Image VAE latents"):
+        run(pack.Krea2VAEDecode, samples={"samples": torch.zeros(1, 128, 4, 4)}, vae=stock_vae())
+    with pytest.raises(SwiftDiTError, match="SwiftDiTKrea2VAEDecode · vae: expected the VAE of a stock VAE Loader"):
+        run(pack.Krea2VAEDecode, samples={"samples": torch.zeros(1, 16, 1, 4, 4)}, vae="a VAE")
 
 
 @pytest.mark.parametrize("size", [(1024, 1024), (832, 1216), (512, 512)])

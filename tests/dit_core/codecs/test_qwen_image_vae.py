@@ -50,3 +50,15 @@ def test_wrong_files_and_latents_are_refused(comfy, tmp_path):
     for bad in (torch.zeros(1, 16, 2, 4, 4), torch.zeros(1, 128, 4, 4)):  # two frames; a FLUX.2 latent
         with pytest.raises(ValueError, match="samples: expected raw Qwen-Image VAE latents"):
             ours.decode(bad)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_channels_last_on_the_gpu_is_near_f32(comfy, tmp_path):
+    """As the node places it: BF16, channels last, on the card; within BF16's error of the f32 decode."""
+    vae = tiny_wan_vae(comfy)
+    ours = QwenImageDecoder.load(TensorSource(dict(vae.state_dict())))
+    z = torch.randn(1, 16, 1, 12, 10, generator=torch.Generator().manual_seed(2))
+    want = ours.decode(z)
+    got = ours.to("cuda", torch.bfloat16, channels_last=True).decode(z)
+    assert got.device.type == "cpu" and rel_err(got, want) < 2e-2
