@@ -1,8 +1,8 @@
 """Krea 2 text to image on a real ComfyUI v0.3.75 server: the shipped workflow (the official image_krea2_turbo_t2i_int8
 template reduced for the host and swapped, workflows/krea2_t2i.json) converted with the server's /object_info and
-run to an image, our sampler's latent decoded by our VAE Decode of the stock VAELoader's VAE. Tiny random files under the template's
-names, stored as the real ones are: the DiT's block linears as INT8 ConvRot, the text encoder's as scaled FP8, and
-qwen_image_vae as the Wan 2.1 VAE v0.3.75 builds from the file."""
+run to an image, our sampler's latent decoded by our VAE Decode of the stock VAELoader's VAE. Tiny random files under
+the template's names, stored as the real ones are: the DiT's block linears as INT8 ConvRot, the text encoder's as
+scaled FP8, and qwen_image_vae as the Wan 2.1 VAE v0.3.75 builds from the file."""
 
 import copy
 import json
