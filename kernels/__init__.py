@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import (add_rms_rows, attention, gated_residual, group_norm, head_norm_rope, modulated_norm, process_builds,
-               rows_norm_rope, swiglu_rows)
+from . import (add_rms_rows, attention, channel_rms, gated_residual, group_norm, head_norm_rope, modulated_norm,
+               process_builds, rows_norm_rope, swiglu_rows)
 from .int8 import linear, linear_hopper, qkv_rope_linear, quant, tiles
 from .choices import DEFAULT, Choices
 
@@ -100,6 +100,7 @@ OPS = {
     "attention": Op(attention.attention, attention.reference, needs_cuda),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
     "group_norm": Op(group_norm.group_norm, group_norm.reference, needs_triton_gpu),
+    "channel_rms": Op(channel_rms.channel_rms, channel_rms.reference, needs_triton_gpu),
 }
 
 

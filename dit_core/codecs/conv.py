@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -96,11 +97,10 @@ def group_norm(x: torch.Tensor, w: dict, name: str, groups: int, silu: bool = Fa
     return F.silu(y) if silu else y
 
 
-def norms_built_ahead(device: str | torch.device, dtype: torch.dtype,
-                      channels_last: tuple[int, ...] = ()) -> threading.Thread | None:
-    """group_norm's kernels for a decoder on device in dtype compiled on a thread of their own, started now (at the
-    decoder's load: a first decode found none built and spent about 1.3 s building them), or None where they don't
-    run (the CPU, Triton's interpreter); channels_last: the widths of a channels-last decoder's norms."""
+def kernels_built_ahead(device: str | torch.device, build: Callable[[object], int]) -> threading.Thread | None:
+    """build(the kernels package) on a thread of its own, started now (at a decoder's load: a first decode found its
+    norms' kernels unbuilt and spent about 1.3 s building them), or None where they don't run (the CPU, Triton's
+    interpreter)."""
     device = torch.device(device)
     if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
         return None
@@ -109,9 +109,15 @@ def norms_built_ahead(device: str | torch.device, dtype: torch.dtype,
     ops = kernels()
     if ops.needs_triton_gpu(device) is not None:
         return None
-    return on_own_thread(lambda: ops.group_norm.build(dtype, last_widths=channels_last, groups=GROUPS), device,
-                         "swiftdit-norm-builds",
-                         "group norm kernels not built ahead")
+    return on_own_thread(lambda: build(ops), device, "swiftdit-norm-builds", "norm kernels not built ahead")
+
+
+def norms_built_ahead(device: str | torch.device, dtype: torch.dtype,
+                      channels_last: tuple[int, ...] = ()) -> threading.Thread | None:
+    """kernels_built_ahead of group_norm's kernels for a decoder in dtype; channels_last: the widths of a
+    channels-last decoder's norms."""
+    return kernels_built_ahead(device, lambda ops: ops.group_norm.build(dtype, last_widths=channels_last,
+                                                                        groups=GROUPS))
 
 
 def mid(x: Pending, w: dict, groups: int) -> Pending:

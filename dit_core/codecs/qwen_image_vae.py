@@ -9,7 +9,9 @@ runs from the second frame on, never for one. What is left, for raw latents z [B
   upsamples: residual blocks (x + [norm, SiLU, conv, norm, SiLU, conv](x), a 1x1 shortcut where the width changes)
              and resamples (nearest x2, then a 3x3 conv to half the channels)
   head: norm, SiLU, conv3x3 to RGB in about -1..1
-where norm is RMS over the channels at each position: x / max(|x|, 1e-12) * sqrt(C) * gamma (F.normalize).
+where norm is RMS over the channels at each position: x / max(|x|, 1e-12) * sqrt(C) * gamma (F.normalize), on a GPU
+with the activations channels last one kernel (kernels/channel_rms.py), the bias of the conv before it added there (the
+biases carried as conv.Pending: to a norm's shift, along the residual sums, through a 1x1 shortcut).
 The IMAGE is clamp((x + 1) / 2) as ComfyUI's VAE gives it.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
+from .conv import Pending, added, conv_pending, kernels_built_ahead
 from .flux1_vae import host_image, laid_out
 
 LATENT_CHANNELS = 16
@@ -33,25 +36,35 @@ def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
     return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
 
 
-def _rms(x: torch.Tensor, gamma: torch.Tensor, silu: bool) -> torch.Tensor:
-    """RMS over channels (dim 1) times gamma [C], read times sqrt(C) (comfy RMS_norm: F.normalize(x, dim=1) *
-    sqrt(C) * gamma), then SiLU where silu."""
-    y = F.normalize(x, dim=1) * gamma.reshape(-1, 1, 1)
+def _rms(pending: Pending, gamma: torch.Tensor, silu: bool) -> torch.Tensor:
+    """RMS over channels (dim 1) of x + its pending bias, times gamma [C] read times sqrt(C) (comfy RMS_norm:
+    F.normalize(x, dim=1) * sqrt(C) * gamma), then SiLU where silu."""
+    x, bias = pending
+    if x.is_cuda and x.movedim(1, -1).is_contiguous():
+        from ..gpu.block import run
+        return run("channel_rms", x, gamma, bias, silu)
+    y = F.normalize(added(pending), dim=1) * gamma.reshape(-1, 1, 1)
     return F.silu(y) if silu else y
 
 
-def _residual(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
-    h = _conv(_rms(x, w[f"{name}.residual.0.gamma"], True), w, f"{name}.residual.2")
-    h = _conv(_rms(h, w[f"{name}.residual.3.gamma"], True), w, f"{name}.residual.6")
-    return h + (_conv(x, w, f"{name}.shortcut") if f"{name}.shortcut.weight" in w else x)
+def _residual(pending: Pending, w: dict, name: str) -> Pending:
+    x, bias = pending
+    h = conv_pending(_rms(pending, w[f"{name}.residual.0.gamma"], True), w, f"{name}.residual.2")
+    h, b2 = conv_pending(_rms(h, w[f"{name}.residual.3.gamma"], True), w, f"{name}.residual.6")
+    if f"{name}.shortcut.weight" in w:  # 1x1 where the width changes: W (x + b) = W x + W b
+        weight, shortcut = w[f"{name}.shortcut.weight"], w[f"{name}.shortcut.bias"].float()
+        x, bias = F.conv2d(x, weight), shortcut if bias is None else shortcut + weight.flatten(1).float() @ bias
+    return x + h, b2 if bias is None else bias + b2
 
 
-def _attention(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
+def _attention(pending: Pending, w: dict, name: str) -> Pending:
+    x, bias = pending
     b, c, hh, ww = x.shape
-    q, k, v = _conv(_rms(x, w[f"{name}.norm.gamma"], False), w, f"{name}.to_qkv").flatten(2).transpose(1, 2) \
-        .chunk(3, dim=-1)  # [B, HW, C] each
+    q, k, v = _conv(_rms(pending, w[f"{name}.norm.gamma"], False), w, f"{name}.to_qkv").flatten(2) \
+        .transpose(1, 2).chunk(3, dim=-1)  # [B, HW, C] each
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
-    return x + _conv(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj")
+    a, proj = conv_pending(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj")
+    return x + a, proj if bias is None else bias + proj
 
 
 class QwenImageDecoder:
@@ -61,6 +74,7 @@ class QwenImageDecoder:
         self.w = weights  # the file's names; 3-D convs as their last temporal slice, gammas [C]
         self.layers = layers  # decoder.upsamples.N in order: "residual" or "resample"
         self.channels_last = channels_last
+        self.norms_ahead = None  # the norm's kernels built on a thread of their own (to()), joined by the first decode
 
     @classmethod
     def load(cls, source: str | Checkpoint) -> QwenImageDecoder:
@@ -94,7 +108,11 @@ class QwenImageDecoder:
            channels_last: bool = False) -> QwenImageDecoder:
         """The decoder with its weights on device in dtype; channels_last: its convs on activations laid out
         [B, H, W, C] in memory (cuDNN's own layout)."""
-        return type(self)(laid_out(self.w, device, dtype, channels_last), self.layers, channels_last)
+        moved = type(self)(laid_out(self.w, device, dtype, channels_last), self.layers, channels_last)
+        if channels_last:
+            widths = [t.numel() for k, t in self.w.items() if k.endswith(".gamma")]
+            moved.norms_ahead = kernels_built_ahead(device, lambda ops: ops.channel_rms.build(dtype, widths))
+        return moved
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place
     def decode(self, latents: torch.Tensor, check=None, progress=None) -> torch.Tensor:
@@ -113,9 +131,12 @@ class QwenImageDecoder:
     def forward(self, z: torch.Tensor, check=None) -> torch.Tensor:
         """Raw latents [B, 16, h, w] -> image [B, 3, 8h, 8w], about -1..1."""
         w, check = self.w, check or (lambda: None)
+        if self.norms_ahead is not None:  # its kernels, not built twice
+            self.norms_ahead.join()
+            self.norms_ahead = None
         if self.channels_last:
             z = z.contiguous(memory_format=torch.channels_last)
-        x = _conv(_conv(z, w, "conv2"), w, "decoder.conv1")
+        x = conv_pending(_conv(z, w, "conv2"), w, "decoder.conv1")
         x = _residual(x, w, "decoder.middle.0")
         x = _residual(_attention(x, w, "decoder.middle.1"), w, "decoder.middle.2")
         for i, kind in enumerate(self.layers):
@@ -123,6 +144,6 @@ class QwenImageDecoder:
             name = f"decoder.upsamples.{i}"
             if kind == "residual":
                 x = _residual(x, w, name)
-            else:  # nearest-exact at x2 picks the same pixels as nearest
-                x = _conv(F.interpolate(x, scale_factor=2.0, mode="nearest"), w, f"{name}.resample.1")
+            else:  # the bias added first (a quarter of the values); nearest-exact at x2 picks nearest's pixels
+                x = conv_pending(F.interpolate(added(x), scale_factor=2.0, mode="nearest"), w, f"{name}.resample.1")
         return _conv(_rms(x, w["decoder.head.0.gamma"], True), w, "decoder.head.2")

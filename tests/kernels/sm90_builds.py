@@ -106,10 +106,18 @@ def group_norm_last_case(cg: int):
     """kernels/group_norm.py's channels-last pass 2 (the statistics' combine and the norm, SiLU on), 32 groups of
     cg channels; its pass 1 lowers with it (the same tiles)."""
     from kernels.group_norm import _last_apply_kernel
-    signature = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "stats_ptr": "*fp32",
-                 "S": "i32", "PIECE": "i32", "PIECES": "i32", "eps": "fp32"}
+    signature = {"x_ptr": "*bf16", "y_ptr": "*bf16", "w_ptr": "*bf16", "b_ptr": "*bf16", "shift_ptr": "*fp32",
+                 "stats_ptr": "*fp32", "S": "i32", "PIECE": "i32", "PIECES": "i32", "eps": "fp32"}
     constants = {"G": 32, "CG": cg, "SILU": True, "BLOCK_S": 4096 // (32 * cg), "PARTS": 64}
     return _last_apply_kernel, signature, constants, {"num_warps": 4}
+
+
+def channel_rms_case(c: int):
+    """kernels/channel_rms.py at the Qwen-Image decoder's widest tile (384 channels in 512 columns), SiLU on."""
+    from kernels.channel_rms import _channel_rms_kernel, block_m
+    signature = {"x_ptr": "*bf16", "s_ptr": "*fp32", "g_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "C": "i32"}
+    constants = {"SILU": True, "BLOCK_M": block_m(c), "BLOCK_C": 512}
+    return _channel_rms_kernel, signature, constants, {"num_warps": 4}
 
 
 def frontend_cases() -> dict:
@@ -148,6 +156,7 @@ def frontend_cases() -> dict:
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)
     for cg in (4, 16):
         cases[f"group norm channels last, {cg} channels a group"] = group_norm_last_case(cg)
+    cases["channel rms, 384 channels"] = channel_rms_case(384)
     cases["one pass gated a head, its programs walking the rows"] = turned_case(4096, False, 128, walking=True)
     cases["one pass turned, its programs walking the rows"] = turned_case(3840, True, walking=True, rows=2)
     from kernels.int8.codes import _codes_kernel
