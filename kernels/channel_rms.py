@@ -45,8 +45,8 @@ def _channel_rms_kernel(x_ptr, s_ptr, g_ptr, y_ptr, M, C, SILU: tl.constexpr, BL
     at = rows[:, None].to(tl.int64) * C + cols[None, :]
     shift = tl.load(s_ptr + cols, mask=inside, other=0.0)[None, :]
     v = tl.where(mask, tl.load(x_ptr + at, mask=mask, other=0.0).to(tl.float32) + shift, 0.0)
-    norm = tl.maximum(tl.sqrt_rn(tl.sum(v * v, axis=1)), 1e-12)
-    y = tl.math.div_rn(v, norm[:, None]) * tl.load(g_ptr + cols, mask=inside, other=0.0)[None, :]
+    inv = tl.math.div_rn(1.0, tl.maximum(tl.sqrt_rn(tl.sum(v * v, axis=1)), 1e-12))  # (a division a position)
+    y = v * inv[:, None] * tl.load(g_ptr + cols, mask=inside, other=0.0)[None, :]
     if SILU:
         y = y * tl.sigmoid(y)
     tl.store(y_ptr + at, y.to(y_ptr.dtype.element_ty), mask=mask)

@@ -6,7 +6,6 @@ import threading
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 
 from ..weights import Checkpoint
 from .conv import (
@@ -21,6 +20,7 @@ from .conv import (
     find_prefix,
     group_norm,
     mid,
+    nearest_x2,
     norms_built_ahead,
     ramp,
     read_part,
@@ -140,8 +140,7 @@ class ImageDecoder:
                 check()
                 x = resnet(x, w, f"up.{level}.block.{j}", g)
             if level > 0:  # the bias added before the upsample: a quarter of the values
-                x = conv_pending(F.interpolate(added(x), scale_factor=2.0, mode="nearest"), w,
-                                 f"up.{level}.upsample.conv")
+                x = conv_pending(nearest_x2(added(x)), w, f"up.{level}.upsample.conv")
         return conv(group_norm(x[0], w, "norm_out", g, silu=True, shift=x[1]), w, "conv_out")
 
     def _check(self, latents: torch.Tensor) -> torch.Tensor:

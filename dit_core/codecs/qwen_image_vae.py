@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import Pending, added, conv_pending, kernels_built_ahead
+from .conv import Pending, added, conv_pending, kernels_built_ahead, nearest_x2
 from .flux1_vae import host_image, laid_out
 
 LATENT_CHANNELS = 16
@@ -145,5 +145,5 @@ class QwenImageDecoder:
             if kind == "residual":
                 x = _residual(x, w, name)
             else:  # the bias added first (a quarter of the values); nearest-exact at x2 picks nearest's pixels
-                x = conv_pending(F.interpolate(added(x), scale_factor=2.0, mode="nearest"), w, f"{name}.resample.1")
+                x = conv_pending(nearest_x2(added(x)), w, f"{name}.resample.1")
         return _conv(_rms(x, w["decoder.head.0.gamma"], True), w, "decoder.head.2")
