@@ -195,7 +195,6 @@ class StockVae:
 
     def __init__(self, vae):
         self.model = getattr(vae, "first_stage_model", None)
-        self.role = "main"
 
     def key(self) -> tuple:
         return ("vae", ("qwen_image_vae (the stock VAE Loader's)", weakref.ref(self.model)))

@@ -79,6 +79,18 @@ def conv_pending(x: torch.Tensor, w: dict, name: str) -> Pending:
     return F.conv2d(x, weight, None, padding=weight.shape[-1] // 2), w[f"{name}.bias"].float()
 
 
+def conv1x1_pending(pending: Pending, w: dict, name: str) -> Pending:
+    """A 1x1 conv of a pending activation, exact on its bias: W (x + b) + c = W x + (W b + c)."""
+    x, bias = pending
+    weight, own = w[f"{name}.weight"], w[f"{name}.bias"].float()
+    return F.conv2d(x, weight), own if bias is None else own + weight.flatten(1).float() @ bias
+
+
+def summed(a: Pending, b: Pending) -> Pending:
+    """a + b, their biases summed and still pending (a residual sum)."""
+    return a[0] + b[0], a[1] if b[1] is None else b[1] if a[1] is None else a[1] + b[1]
+
+
 def added(pending: Pending) -> torch.Tensor:
     """The activation with its bias added (before what zero-pads it or spreads it: an upsample's conv, a stride)."""
     x, bias = pending
@@ -142,12 +154,9 @@ def resnet(pending: Pending, w: dict, name: str, groups: int) -> Pending:
     pending."""
     x, bias = pending
     h, b1 = conv_pending(group_norm(x, w, f"{name}.norm1", groups, True, bias), w, f"{name}.conv1")
-    h, b2 = conv_pending(group_norm(h, w, f"{name}.norm2", groups, True, b1), w, f"{name}.conv2")
-    if f"{name}.nin_shortcut.weight" in w:  # 1x1 conv where the channel count changes
-        weight = w[f"{name}.nin_shortcut.weight"]
-        shortcut = w[f"{name}.nin_shortcut.bias"].float()
-        x, bias = F.conv2d(x, weight), shortcut if bias is None else shortcut + weight.flatten(1).float() @ bias
-    return x + h, b2 if bias is None else bias + b2
+    h = conv_pending(group_norm(h, w, f"{name}.norm2", groups, True, b1), w, f"{name}.conv2")
+    nin = f"{name}.nin_shortcut"  # 1x1 conv where the channel count changes
+    return summed(conv1x1_pending(pending, w, nin) if f"{nin}.weight" in w else pending, h)
 
 
 def pixel_norm(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import Pending, added, conv_pending, kernels_built_ahead, nearest_x2
+from .conv import Pending, added, conv1x1_pending, conv_pending, kernels_built_ahead, nearest_x2, summed
 from .flux1_vae import host_image, laid_out
 
 LATENT_CHANNELS = 16
@@ -48,23 +48,18 @@ def _rms(pending: Pending, gamma: torch.Tensor, silu: bool) -> torch.Tensor:
 
 
 def _residual(pending: Pending, w: dict, name: str) -> Pending:
-    x, bias = pending
     h = conv_pending(_rms(pending, w[f"{name}.residual.0.gamma"], True), w, f"{name}.residual.2")
-    h, b2 = conv_pending(_rms(h, w[f"{name}.residual.3.gamma"], True), w, f"{name}.residual.6")
-    if f"{name}.shortcut.weight" in w:  # 1x1 where the width changes: W (x + b) = W x + W b
-        weight, shortcut = w[f"{name}.shortcut.weight"], w[f"{name}.shortcut.bias"].float()
-        x, bias = F.conv2d(x, weight), shortcut if bias is None else shortcut + weight.flatten(1).float() @ bias
-    return x + h, b2 if bias is None else bias + b2
+    h = conv_pending(_rms(h, w[f"{name}.residual.3.gamma"], True), w, f"{name}.residual.6")
+    shortcut = f"{name}.shortcut"  # 1x1 where the width changes
+    return summed(conv1x1_pending(pending, w, shortcut) if f"{shortcut}.weight" in w else pending, h)
 
 
 def _attention(pending: Pending, w: dict, name: str) -> Pending:
-    x, bias = pending
-    b, c, hh, ww = x.shape
+    b, c, hh, ww = pending[0].shape
     q, k, v = _conv(_rms(pending, w[f"{name}.norm.gamma"], False), w, f"{name}.to_qkv").flatten(2) \
         .transpose(1, 2).chunk(3, dim=-1)  # [B, HW, C] each
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
-    a, proj = conv_pending(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj")
-    return x + a, proj if bias is None else bias + proj
+    return summed(pending, conv_pending(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj"))
 
 
 class QwenImageDecoder:
