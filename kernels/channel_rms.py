@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .jit import triton_jit_unspecialized
+from .jit import triton_jit
 
 try:
     import triton
@@ -34,10 +34,11 @@ def reference(x, gain, shift=None, silu=False):
     return (F.silu(y) if silu else y).to(x.dtype)
 
 
-@triton_jit_unspecialized("C")  # (M: ROW_COUNTS; C: one build a power of two of widths)
-def _channel_rms_kernel(x_ptr, s_ptr, g_ptr, y_ptr, M, C, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
+@triton_jit
+def _channel_rms_kernel(x_ptr, s_ptr, g_ptr, y_ptr, M, C: tl.constexpr, SILU: tl.constexpr, BLOCK_M: tl.constexpr,
                         BLOCK_C: tl.constexpr):
-    # Grid (position blocks,): BLOCK_M positions, their C channels contiguous.
+    # Grid (position blocks,): BLOCK_M positions, their C channels contiguous. C a constant (a build a width): the
+    # rows' stride and the columns' mask known, so a row's loads are 16-byte vectors.
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, BLOCK_C)
     inside = cols < C
@@ -77,17 +78,18 @@ def channel_rms(x, gain, shift=None, silu=False, *, num_warps=4):
         return y
     shift = torch.zeros(c, device=x.device) if shift is None else shift.float().contiguous()
     _channel_rms_kernel[(triton.cdiv(m, block_m(c)),)](
-        x, shift, gain.float().contiguous(), y, m, c, SILU=silu, BLOCK_M=block_m(c),
+        x, shift, gain.float().contiguous(), y, m, C=c, SILU=silu, BLOCK_M=block_m(c),
         BLOCK_C=triton.next_power_of_2(c), num_warps=num_warps, enable_fp_fusion=False)
     return y
 
 
 def build(dtype, widths, *, num_warps=4) -> int:
-    """channel_rms's kernels for activations of dtype at these channel counts, compiled now for the current device
-    without a launch (Triton's warmup on dtypes), SiLU and not. Returns how many."""
-    widths = sorted({triton.next_power_of_2(c) for c in widths})
+    """channel_rms's kernels for activations of dtype at these channel counts (a build each), compiled now for the
+    current device without a launch (Triton's warmup on dtypes), SiLU and not. Returns how many."""
+    widths = sorted(set(widths))
     for c in widths:
         for silu in (False, True):
-            _channel_rms_kernel.warmup(dtype, torch.float32, torch.float32, dtype, 1, 1, SILU=silu, BLOCK_M=block_m(c),
-                                       BLOCK_C=c, num_warps=num_warps, grid=(1,))
+            _channel_rms_kernel.warmup(dtype, torch.float32, torch.float32, dtype, 1, C=c, SILU=silu,
+                                       BLOCK_M=block_m(c), BLOCK_C=triton.next_power_of_2(c), num_warps=num_warps,
+                                       grid=(1,))
     return 2 * len(widths)

@@ -115,8 +115,8 @@ def group_norm_last_case(cg: int):
 def channel_rms_case(c: int):
     """kernels/channel_rms.py at the Qwen-Image decoder's widest tile (384 channels in 512 columns), SiLU on."""
     from kernels.channel_rms import _channel_rms_kernel, block_m
-    signature = {"x_ptr": "*bf16", "s_ptr": "*fp32", "g_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32", "C": "i32"}
-    constants = {"SILU": True, "BLOCK_M": block_m(c), "BLOCK_C": 512}
+    signature = {"x_ptr": "*bf16", "s_ptr": "*fp32", "g_ptr": "*fp32", "y_ptr": "*bf16", "M": "i32"}
+    constants = {"C": c, "SILU": True, "BLOCK_M": block_m(c), "BLOCK_C": 512}
     return _channel_rms_kernel, signature, constants, {"num_warps": 4}
 
 
