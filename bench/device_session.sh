@@ -142,7 +142,7 @@ for part in $parts; do
     # H3's and LTX-2.5's video decode at the templates' sizes against diffusers' (carry the peers' set)
     video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
     # Z-Image's VAE decode at 1024x1024: stock ComfyUI's VAE against ours, NCHW and channels-last (either carry)
-    image_decode) timeout $(cap 200) python3 -u bench/bench_image_decode.py ;;
+    image_decode) timeout $(cap 200) python3 -u bench/bench_image_decode.py ${IMAGE_DECODE_ARGS:-} ;;
     save_image) timeout $(cap 120) sh -c 'python3 -u bench/bench_save_image.py && python3 -u bench/bench_save_image.py --device cuda' ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
     first_step) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_builds.py
