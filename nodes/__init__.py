@@ -24,7 +24,8 @@ class SwiftDiTExtension(ComfyExtension):
         server = getattr(sys.modules.get("server"), "PromptServer", None)  # (ComfyUI's, imported before us)
         if getattr(server, "instance", None) is not None:
             server.instance.add_on_prompt_handler(
-                on_prompt({c.NODE_ID: c for c in NODE_CLASSES if issubclass(c, DiTLoaderNode)}))
+                on_prompt({c.NODE_ID: c for c in NODE_CLASSES if issubclass(c, DiTLoaderNode)},
+                          {c.NODE_ID: c for c in NODE_CLASSES if hasattr(c, "queued_builds")}))
         return NODE_CLASSES
 
 

@@ -64,18 +64,25 @@ class QueuedBuilds:
 QUEUED = QueuedBuilds()  # one for the process, as LOADED
 
 
-def on_prompt(loaders: dict[str, type]) -> Callable[[dict], dict]:
+def on_prompt(loaders: dict[str, type], decoders: dict[str, type] | None = None) -> Callable[[dict], dict]:
     """ComfyUI's on-prompt handler (PromptServer.add_on_prompt_handler): for each node of the queued prompt whose
     class is one of loaders (node id -> DiTLoaderNode subclass) and whose inputs it reads as its loader would
     (queued_load: the file and linears mode, None where it would refuse them or run several GPUs), its stand-in's
-    builds started where they can help: on a CUDA GPU with room for them, a family with a dry pass. The prompt goes
-    on unchanged; a node it cannot read is left to its own validation."""
+    builds started where they can help: on a CUDA GPU with room for them, a family with a dry pass; for a node of
+    decoders (node id -> a class with queued_builds(device) -> (key, begin)), begin() once a key a process (a decoder
+    made from a stock VAE at its own node, whose kernels would build only then). The prompt goes on unchanged; a
+    node it cannot read is left to its own validation."""
+    decoders = decoders or {}
     def handler(json_data: dict) -> dict:
         device = engine_device()
         prompt = json_data.get("prompt") if isinstance(json_data, dict) else None
         if device.type != "cuda" or not isinstance(prompt, dict):
             return json_data
         for node in prompt.values():
+            decoder = decoders.get(node.get("class_type")) if isinstance(node, dict) else None
+            if decoder is not None:
+                QUEUED.start(*decoder.queued_builds(device))
+                continue
             cls = loaders.get(node.get("class_type")) if isinstance(node, dict) else None
             engine = FAMILIES[cls.FAMILY].recipe if cls is not None else None
             load = cls.queued_load(node.get("inputs", {})) if hasattr(engine, "dry_pass") else None

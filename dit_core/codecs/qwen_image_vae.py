@@ -26,6 +26,7 @@ from .conv import Pending, added, conv1x1_pending, conv_pending, kernels_built_a
 from .flux1_vae import host_image, laid_out
 
 LATENT_CHANNELS = 16
+NORM_WIDTHS = (96, 192, 384)  # qwen_image_vae's decoder norms (dim 96, dim_mult 1 2 4 4)
 ANCHOR = "decoder.middle.0.residual.0.gamma"
 EXPECTED = ("a Qwen-Image VAE (qwen_image_vae.safetensors: Wan 2.1's causal 3-D VAE, 16 latent channels, tensors "
             "named conv2.*, decoder.conv1.*, decoder.middle.N.*, decoder.upsamples.N.*, decoder.head.N.*)")
@@ -60,6 +61,12 @@ def _attention(pending: Pending, w: dict, name: str) -> Pending:
         .transpose(1, 2).chunk(3, dim=-1)  # [B, HW, C] each
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
     return summed(pending, conv_pending(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj"))
+
+
+def norms_built_ahead(device: str | torch.device, dtype: torch.dtype, widths=NORM_WIDTHS):
+    """The channels-last decoder's norm kernels (kernels/channel_rms.py) at these widths, built on a thread of their
+    own (conv.kernels_built_ahead)."""
+    return kernels_built_ahead(device, lambda ops: ops.channel_rms.build(dtype, widths))
 
 
 class QwenImageDecoder:
@@ -105,8 +112,8 @@ class QwenImageDecoder:
         [B, H, W, C] in memory (cuDNN's own layout)."""
         moved = type(self)(laid_out(self.w, device, dtype, channels_last), self.layers, channels_last)
         if channels_last:
-            widths = [t.numel() for k, t in self.w.items() if k.endswith(".gamma")]
-            moved.norms_ahead = kernels_built_ahead(device, lambda ops: ops.channel_rms.build(dtype, widths))
+            moved.norms_ahead = norms_built_ahead(device, dtype, [t.numel() for k, t in self.w.items()
+                                                                  if k.endswith(".gamma")])
         return moved
 
     @torch.no_grad()  # not inference_mode: a node downstream may still modify the IMAGE in place

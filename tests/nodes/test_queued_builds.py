@@ -61,3 +61,17 @@ def test_what_is_not_a_loader_of_ours_with_values_starts_nothing(queued, monkeyp
     monkeypatch.setattr(q, "engine_device", lambda: torch.device("cpu"))  # the host path builds nothing
     handler({"prompt": {"1": loader()}})
     assert started == []
+
+
+def test_a_queued_decoder_of_a_stock_vae_starts_its_norm_builds_once(queued, monkeypatch):
+    """Krea 2's VAE Decode makes its decoder from the stock VAE at its own node: its norm kernels build from the
+    moment the prompt is queued, once a process, and the decode takes them."""
+    import swiftdit_pack.nodes.krea2 as k
+    q, _, _, _ = queued
+    begun = []
+    monkeypatch.setattr(k.qwen_image_vae, "norms_built_ahead", lambda device, dtype: begun.append(device) or "norms")
+    handler = q.on_prompt({}, {"SwiftDiTKrea2VAEDecode": k.Krea2VAEDecode})
+    body = {"prompt": {"8": {"class_type": "SwiftDiTKrea2VAEDecode", "inputs": {"samples": ["6", 0], "vae": ["7", 0]}}}}
+    assert handler(body) is body and handler(body) is body
+    assert begun == [torch.device("cuda", 0)]
+    assert q.QUEUED.take(k.Krea2VAEDecode.queued_builds(torch.device("cuda", 0))[0]) == "norms"
