@@ -288,9 +288,9 @@ def on_device_as(kind: str, handle, load: Callable[[], object], gpu_dtype: torch
 
 
 def vae_on_device(handle, load: Callable[[], object], family: str = "", role: str = MAIN):
-    """on_device for an image VAE (dit_core/codecs ImageDecoder): in BF16 on a CUDA GPU, as stock ComfyUI decodes
-    there, its activations channels last (a 1024x1024 FLUX.1 decode 34.1 ms against 41.7 laid out [B, C, H, W] and
-    0.9 GB less at its peak, H100: bench_image_decode.py); f32 on the CPU."""
+    """on_device for an image VAE's decoder (dit_core/codecs: FLUX.1's, FLUX.2's, Qwen-Image's): in BF16 on a CUDA
+    GPU, as stock ComfyUI decodes there, its activations channels last (a 1024x1024 FLUX.1 decode 28.2 ms against
+    35.4 laid out [B, C, H, W] and 0.9 GB less at its peak, H100: bench_image_decode.py); f32 on the CPU."""
     def place(model, where: torch.device):
         cuda = where.type == "cuda"
         return model.to(where, torch.bfloat16 if cuda else torch.float32, channels_last=cuda)
