@@ -21,6 +21,8 @@ from pathlib import Path
 
 import torch
 
+from dit_core.codecs.flux1_vae import NORM_WIDTHS as FLUX_NORM_WIDTHS
+from dit_core.codecs.qwen_image_vae import NORM_WIDTHS as QWEN_NORM_WIDTHS
 from dit_core.families import FAMILIES
 from dit_core.families.loading import stand_in
 from dit_core.gpu.block import kernels
@@ -74,11 +76,15 @@ def dry_step(path: Path, device: torch.device) -> tuple[str, Callable[[], object
 
 
 def decoder_norms(device: torch.device) -> Built:
-    """The VAE decoders' group norm kernels (kernels/group_norm.py: FLUX.1's and FLUX.2's VAEs) in BF16."""
+    """The image VAE decoders' norm kernels in BF16, as the nodes run them channels last: the group norm's
+    (kernels/group_norm.py: FLUX.1's and FLUX.2's VAEs) and the channel RMS norm's (kernels/channel_rms.py:
+    Qwen-Image's, Krea 2's)."""
     t0 = time.perf_counter()
     if (refused := not_built_here(device)) is not None:
         return Built(0, 0.0, refused=refused)
-    built = kernels().group_norm.build(torch.bfloat16)
+    ops = kernels()
+    built = ops.group_norm.build(torch.bfloat16, last_widths=FLUX_NORM_WIDTHS) + \
+        ops.channel_rms.build(torch.bfloat16, QWEN_NORM_WIDTHS)
     return Built(built, time.perf_counter() - t0)
 
 

@@ -33,6 +33,7 @@ from .conv import (
 LATENT_CHANNELS = 16
 SCALING = 0.3611
 SHIFT = 0.1159
+NORM_WIDTHS = (128, 256, 512)  # the FLUX.1 and FLUX.2 VAE decoders' levels (ch 128, ch_mult 1 2 4 4)
 # Latent tile and overlap as ComfyUI v0.3.75 comfy/sd.py VAE.decode_tiled_ (tile_x=tile_y=64, overlap=16).
 TILE = 64
 OVERLAP = 16
