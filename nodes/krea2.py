@@ -203,10 +203,12 @@ class StockVae:
 
 
 class Krea2VAEDecode(io.ComfyNode):
+    NODE_ID = "SwiftDiTKrea2VAEDecode"
+
     @classmethod
     def define_schema(cls):
         return io.Schema(
-            node_id="SwiftDiTKrea2VAEDecode", display_name="Krea 2 VAE Decode (SwiftDiT)", category=CATEGORY,
+            node_id=cls.NODE_ID, display_name="Krea 2 VAE Decode (SwiftDiT)", category=CATEGORY,
             description="Decodes Krea 2 latents to an IMAGE with the stock VAE Loader's qwen_image_vae: one frame's "
                         "2-D decode of its weights on the SwiftDiT engine (the stock VAE Decode runs its 3-D convs).",
             inputs=[io.Latent.Input("samples", tooltip="The latent from the Krea 2 sampler"),
@@ -221,7 +223,7 @@ class Krea2VAEDecode(io.ComfyNode):
 
     @classmethod
     def execute(cls, samples, vae) -> io.NodeOutput:
-        node = "SwiftDiTKrea2VAEDecode"
+        node = cls.NODE_ID
         handle = StockVae(vae)
         if handle.model is None or not hasattr(handle.model, "state_dict"):
             raise SwiftDiTError(f"{node} · vae: expected the VAE of a stock VAE Loader (qwen_image_vae.safetensors), "
