@@ -3,8 +3,8 @@
 autotuner off and on; seconds include the IMAGE's trip to the host (both sides). Z-Image's FLUX.1 VAE
 (ae.safetensors; dit_core/codecs/flux1_vae.py, what SwiftDiTZImageVAEDecode runs channels last, and laid out
 [B, C, H, W]), then Krea 2's Qwen-Image VAE (qwen_image_vae.safetensors, Wan 2.1's causal 3-D VAE on one frame;
-dit_core/codecs/qwen_image_vae.py, which no node runs yet: the template decodes it with the stock VAEDecode). Then
-one profiled decode of each of ours: its kernels by GPU time.
+dit_core/codecs/qwen_image_vae.py, what SwiftDiTKrea2VAEDecode runs channels last, and laid out). Then one profiled
+decode of each of ours: its kernels by GPU time.
 
     python bench/bench_image_decode.py [--size 1024] [--runs 5] [--only flux1 qwen_image]  # on a GPU, ComfyUI's
                                                                                            # tree in .cache/

@@ -87,8 +87,8 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
         w = into.get((nid, name))
         return nodes.get(w.src) if w and w.src is not None else None
 
-    def plays(node, stock):  # the stock node of this role, or ours already
-        return node is not None and node.type in (stock, fam.roles[stock].ours)
+    def plays(node, stock):  # the stock node of this role, or ours already (no role: None, e.g. Krea 2's VAE loader)
+        return node is not None and stock is not None and node.type in (stock, fam.roles[stock].ours)
 
     def reaches(nid, names, goal, wire_type):  # upstream along wires of `wire_type` (or unknown type; any: None)
         todo, seen = [into[(nid, n)] for n in names if (nid, n) in into], set()
@@ -119,7 +119,7 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
         # counts when a loader of the family (text or VAE) feeds it, or its model loader does along MODEL wires
         reason = not_yet_of.get(n.type) or next((not_yet_of[f"{n.type}.{w.name}"] for w in by_dst[n.id]
                                                  if w.src is not None and f"{n.type}.{w.name}" in not_yet_of), None)
-        if reason and (any(w.src in loaders or (fam.vae_loader and plays(nodes.get(w.src), fam.vae_loader))
+        if reason and (any(w.src in loaders or plays(nodes.get(w.src), fam.vae_loader)
                            for w in by_dst[n.id])
                        or reaches(n.id, [w.name for w in by_dst[n.id]], model_loaders, "MODEL")):
             why[n.id] = reason
@@ -174,8 +174,7 @@ def plan(fam: Family, nodes: dict, wires: list) -> Plan:
     def vae_loader(n):  # the VAE loader (stock or ours) on the VAE input of a node of the family's roles
         name = next(name for name, t in fam.roles[fam.ours_roles.get(n.type, n.type)].sockets if t == "VAE")
         vae = src(n.id, name)
-        ours = fam.vae_loader is not None and plays(vae, fam.vae_loader)  # (Krea 2's: the stock loader's, kept)
-        return vae if ours or (vae is not None and vae.type == fam.audio_vae_loader) else None
+        return vae if plays(vae, fam.vae_loader) or (vae is not None and vae.type == fam.audio_vae_loader) else None
 
     # decoders and upsamplers (with their model file's loader) of a sampler's latent
     for n in (n for n in nodes.values() if any(plays(n, d) for d in (*fam.decoders, *fam.upsamplers))):

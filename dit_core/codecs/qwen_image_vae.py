@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..weights import Checkpoint, WeightsError, read_tensor
-from .conv import Pending, added, conv1x1_pending, conv_pending, kernels_built_ahead, nearest_x2, summed
+from .conv import Pending, added, conv, conv1x1_pending, conv_pending, kernels_built_ahead, nearest_x2, summed
 from .flux1_vae import host_image, laid_out
 
 LATENT_CHANNELS = 16
@@ -30,11 +30,6 @@ NORM_WIDTHS = (96, 192, 384)  # qwen_image_vae's decoder norms (dim 96, dim_mult
 ANCHOR = "decoder.middle.0.residual.0.gamma"
 EXPECTED = ("a Qwen-Image VAE (qwen_image_vae.safetensors: Wan 2.1's causal 3-D VAE, 16 latent channels, tensors "
             "named conv2.*, decoder.conv1.*, decoder.middle.N.*, decoder.upsamples.N.*, decoder.head.N.*)")
-
-
-def _conv(x: torch.Tensor, w: dict, name: str) -> torch.Tensor:
-    weight = w[f"{name}.weight"]
-    return F.conv2d(x, weight, w[f"{name}.bias"], padding=weight.shape[-1] // 2)
 
 
 def _rms(pending: Pending, gamma: torch.Tensor, silu: bool) -> torch.Tensor:
@@ -57,7 +52,7 @@ def _residual(pending: Pending, w: dict, name: str) -> Pending:
 
 def _attention(pending: Pending, w: dict, name: str) -> Pending:
     b, c, hh, ww = pending[0].shape
-    q, k, v = _conv(_rms(pending, w[f"{name}.norm.gamma"], False), w, f"{name}.to_qkv").flatten(2) \
+    q, k, v = conv(_rms(pending, w[f"{name}.norm.gamma"], False), w, f"{name}.to_qkv").flatten(2) \
         .transpose(1, 2).chunk(3, dim=-1)  # [B, HW, C] each
     a = F.scaled_dot_product_attention(q[:, None], k[:, None], v[:, None])[:, 0]
     return summed(pending, conv_pending(a.transpose(1, 2).reshape(b, c, hh, ww), w, f"{name}.proj"))
@@ -138,7 +133,7 @@ class QwenImageDecoder:
             self.norms_ahead = None
         if self.channels_last:
             z = z.contiguous(memory_format=torch.channels_last)
-        x = conv_pending(_conv(z, w, "conv2"), w, "decoder.conv1")
+        x = conv_pending(conv(z, w, "conv2"), w, "decoder.conv1")
         x = _residual(x, w, "decoder.middle.0")
         x = _residual(_attention(x, w, "decoder.middle.1"), w, "decoder.middle.2")
         for i, kind in enumerate(self.layers):
@@ -148,4 +143,4 @@ class QwenImageDecoder:
                 x = _residual(x, w, name)
             else:  # the bias added first (a quarter of the values); nearest-exact at x2 picks nearest's pixels
                 x = conv_pending(nearest_x2(added(x)), w, f"{name}.resample.1")
-        return _conv(_rms(x, w["decoder.head.0.gamma"], True), w, "decoder.head.2")
+        return conv(_rms(x, w["decoder.head.0.gamma"], True), w, "decoder.head.2")
