@@ -143,7 +143,7 @@ for part in $parts; do
     video_decode) timeout $(cap 590) python3 -u bench/bench_video_decode.py ${VIDEO_DECODE_ARGS:-} ;;
     # Z-Image's VAE decode at 1024x1024: stock ComfyUI's VAE against ours, NCHW and channels-last (either carry)
     image_decode) timeout $(cap 200) python3 -u bench/bench_image_decode.py ${IMAGE_DECODE_ARGS:-} ;;
-    save_image) timeout $(cap 120) sh -c 'python3 -u bench/bench_save_image.py && python3 -u bench/bench_save_image.py --device cuda' ;;
+    save_image) timeout $(cap 120) python3 -u bench/bench_save_image.py ;;
     # The first Z-Image step on a machine that built nothing: kernels built as it runs against built ahead.
     first_step) timeout 150 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/dit_core/test_builds.py
                 timeout 200 python3 bench/bench_first_step.py ;;

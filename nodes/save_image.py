@@ -1,16 +1,18 @@
-"""Save Image, the stock node's widget, file names and metadata, its PNG deflated on every core
-(dit_core/codecs/png.py): the stock node takes about a quarter of a whole 1024x1024 Z-Image graph on one core."""
+"""Save Image, the stock node's widget, file names and metadata, its PNG rows filtered on the card where ComfyUI has
+one and deflated on every core (dit_core/codecs/png.py): the stock node takes about a quarter of a whole 1024x1024
+Z-Image graph on one core."""
 from __future__ import annotations
 
 import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+import comfy.model_management
 import folder_paths
 from comfy.cli_args import args
 from comfy_api.latest import io
 
-from ..dit_core.codecs.png import available_cores, png_bytes, to_bytes
+from ..dit_core.codecs.png import available_cores, filtered_image, png_bytes, to_bytes
 from .base import SwiftDiTError
 
 NODE_ID = "SwiftDiTSaveImage"
@@ -64,10 +66,12 @@ class SaveImage(io.ComfyNode):
             filename_prefix, folder_paths.get_output_directory(), images.shape[2], images.shape[1])
         text = metadata(getattr(cls.hidden, "prompt", None), getattr(cls.hidden, "extra_pnginfo", None))
         cores = available_cores()
+        device = comfy.model_management.get_torch_device()
         results = []
         with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="swiftdit-png") as pool:
             for batch_number, image in enumerate(images):
-                data = png_bytes(to_bytes(image), text, COMPRESS_LEVEL, pool, bands=cores)
+                pixels = to_bytes(image) if device.type == "cpu" else filtered_image(image, device)
+                data = png_bytes(pixels, text, COMPRESS_LEVEL, pool, bands=cores)
                 stem = filename.replace("%batch_num%", str(batch_number))
                 name, counter = write_new(folder, lambda c: f"{stem}_{c:05}_.png", counter, data)
                 results.append({"filename": name, "subfolder": subfolder, "type": "output"})

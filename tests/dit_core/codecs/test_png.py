@@ -10,7 +10,7 @@ import torch
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
-from dit_core.codecs.png import png_bytes, to_bytes
+from dit_core.codecs.png import filtered_image, png_bytes, to_bytes
 
 
 def chunks(data: bytes) -> list[tuple[bytes, bytes]]:
@@ -74,6 +74,23 @@ def test_bands_on_threads_give_the_same_pixels(shape, bands):
     assert len(image_stream(data)) < 1.1 * one_band + 64  # each band primed with the bytes before it
 
 
+@pytest.mark.parametrize("shape", [(97, 61, 3), (33, 17, 4), (29, 31, 1), (1, 5, 3)])
+@pytest.mark.parametrize("bands", [1, 3])
+def test_rows_filtered_in_torch_give_the_same_file(shape, bands):
+    """filtered_image (the filters in torch, where a card has the IMAGE; here on the CPU, in row blocks smaller than
+    the image) then the bands' deflate: the very file of the pixels filtered by numpy."""
+    pixels = picture(*shape, seed=bands)
+    pixels[5:9, :, 0] = 255 - pixels[5:9, :, 0]  # edges the Paeth predictor and Sub win on
+    pixels[-1] = 0  # a row None wins
+    image = torch.from_numpy(pixels).float() / 255.0 + 0.5 / 255  # 255 x truncates back to the pixels
+    rows = filtered_image(image, "cpu", block_bytes=shape[1] * shape[2] * 4)
+    assert rows.rows.shape == (shape[0], shape[1] * shape[2] + 1)
+    with ThreadPoolExecutor(3) as pool:
+        ours = png_bytes(rows, {"prompt": "{}"}, pool=pool, bands=bands, band_bytes=64)
+        reference = png_bytes(pixels, {"prompt": "{}"}, pool=pool, bands=bands, band_bytes=64)
+    assert ours == reference
+
+
 def test_pixels_as_save_image_makes_them():
     """255 x, clipped to [0, 255], truncated (ComfyUI's SaveImage: np.clip(255. * i, 0, 255).astype(np.uint8))."""
     image = torch.cat([torch.rand(8, 8, 3) * 1.4 - 0.2, torch.tensor([[[0.999, 1.0, 255.5 / 255]]]).expand(1, 8, 3)])
@@ -107,3 +124,12 @@ def test_the_save_bench_runs(capsys):
     bench.main(["--size", "48", "--runs", "1"])
     out = capsys.readouterr().out
     assert "| decoded-like |" in out and "| noise |" in out
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_rows_filtered_on_the_card_are_the_hosts():
+    """The filters on a card give the CPU's bytes (a 1024x1024 IMAGE as a decoder hands it over)."""
+    image = torch.rand(1024, 1024, 3)
+    image[100:110] = 0.5
+    assert png_bytes(filtered_image(image, "cuda"), bands=4) == png_bytes(to_bytes(image), bands=4)
