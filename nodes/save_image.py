@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import comfy.model_management
 import folder_paths
+import torch
 from comfy.cli_args import args
 from comfy_api.latest import io
 
@@ -41,6 +42,15 @@ def write_new(folder: str, name_at, counter: int, data: bytes) -> tuple[str, int
             counter += 1
 
 
+def filtered_on_card(image, device):
+    """The image's PNG rows filtered on the card, or its pixels for the CPU's filters where the card has no room
+    left for the filters' few tens of MB (the model and what it made may fill a small card)."""
+    try:
+        return filtered_image(image, device)
+    except torch.cuda.OutOfMemoryError:
+        return to_bytes(image)
+
+
 class SaveImage(io.ComfyNode):
     @classmethod
     def define_schema(cls) -> io.Schema:
@@ -70,7 +80,7 @@ class SaveImage(io.ComfyNode):
         results = []
         with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="swiftdit-png") as pool:
             for batch_number, image in enumerate(images):
-                pixels = to_bytes(image) if device.type == "cpu" else filtered_image(image, device)
+                pixels = to_bytes(image) if device.type == "cpu" else filtered_on_card(image, device)
                 data = png_bytes(pixels, text, COMPRESS_LEVEL, pool, bands=cores)
                 stem = filename.replace("%batch_num%", str(batch_number))
                 name, counter = write_new(folder, lambda c: f"{stem}_{c:05}_.png", counter, data)

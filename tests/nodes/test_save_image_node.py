@@ -89,3 +89,24 @@ def test_grey_and_alpha_images(node, output_dir):
 def test_not_an_image_names_the_node_and_input(node, output_dir, swiftdit_pack):
     with pytest.raises(swiftdit_pack.nodes.base.SwiftDiTError, match="SwiftDiTSaveImage · images: expected IMAGE"):
         run_with_hidden(node, None, None, images=torch.rand(1, 9, 11, 2), filename_prefix="bad")
+
+
+@pytest.mark.parametrize("card_has_room", [True, False])
+def test_on_a_card_the_same_files(node, output_dir, swiftdit_pack, monkeypatch, card_has_room):
+    """Where ComfyUI's device is a card the rows are filtered there (here: the card's function run on the CPU), and
+    where the card is out of memory on the CPU: the same files either way."""
+    module = swiftdit_pack.nodes.save_image
+    real, calls = module.filtered_image, []
+
+    def on_card(image, device):
+        calls.append(device)
+        if not card_has_room:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return real(image, "cpu")
+    images = torch.rand(1, 23, 17, 3)
+    [host] = run_with_hidden(node, None, None, images=images, filename_prefix="host").ui["images"]
+    monkeypatch.setattr(module, "filtered_image", on_card)
+    monkeypatch.setattr(module.comfy.model_management, "get_torch_device", lambda: torch.device("cuda", 0))
+    [card] = run_with_hidden(node, None, None, images=images, filename_prefix="card").ui["images"]
+    assert calls == [torch.device("cuda", 0)]
+    assert (output_dir / card["filename"]).read_bytes() == (output_dir / host["filename"]).read_bytes()
