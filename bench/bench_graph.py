@@ -49,7 +49,10 @@ from host.server import ComfyHost, card_gb, node_seconds, of_type  # noqa: E402
 COMFYUI_TREE = ROOT / ".cache" / "comfyui-0.3.75"
 FILES = ROOT / ".cache" / "bench_graph"
 FOLDERS = ("diffusion_models", "text_encoders", "vae", "loras")
-PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cliff at dusk, oil painting")
+PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cliff at dusk, oil painting",
+           "macro photograph of dew on a spider web at sunrise, shallow depth of field, soft green background",
+           "a bowl of ramen", "an astronaut reading a newspaper on a park bench in autumn, leaves falling, film grain, "
+           "wide shot, muted colours, 35 mm")
 TIMEOUT = 900.0
 BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed|as it launched)")
 # Qwen3-4B (Z-Image's text encoder) has Qwen3-VL-4B's text model's sizes and names under `model.`.
@@ -158,7 +161,7 @@ PEERS = {"flux3_klein": ("FLUX.3 Klein diffusers BF16", "FLUX.3 Klein ours INT8"
 PEER_SCRIPT = ROOT / "bench" / "graph_peers.py"
 
 
-def run_peer(family: str, models: Path, smoke: bool) -> list[dict]:
+def run_peer(family: str, models: Path, smoke: bool, repeats: int = 1) -> list[dict]:
     """The three cases of the family's diffusers pipeline in a process of its own (bench/graph_peers.py), after an
     untimed one that writes the diffusers-layout copy of the files (once)."""
     label = PEERS[family][0] + (" (tiny, CPU)" if smoke else "")
@@ -168,7 +171,8 @@ def run_peer(family: str, models: Path, smoke: bool) -> list[dict]:
     rows = []
     t0 = time.time()
     proc = subprocess.Popen([sys.executable, str(PEER_SCRIPT), "run", family, str(repo), "--t0", repr(t0),
-                             "--prompts", *PROMPTS, *flag], stdout=subprocess.PIPE, text=True)
+                             "--prompts", *PROMPTS, "--repeats", str(repeats), *flag], stdout=subprocess.PIPE,
+                            text=True)
     peaks = Peaks(proc.pid).__enter__()
     for line in proc.stdout:
         if not line.startswith("{"):
@@ -181,11 +185,23 @@ def run_peer(family: str, models: Path, smoke: bool) -> list[dict]:
               f"{rows[-1]['host_gb']:.1f} |", flush=True)
         peaks = Peaks(proc.pid).__enter__()
     peaks.__exit__()
-    if proc.wait() != 0 or len(rows) != 3:
-        raise RuntimeError(f"{label}: exit {proc.returncode}, {len(rows)} cases")
+    if proc.wait() != 0 or len(rows) != 1 + 2 * repeats:
+        raise RuntimeError(f"{label}: exit {proc.returncode}, {len(rows)} runs")
     if not smoke:  # the next family's copy needs the room (about 34 GB for Krea 2's)
         shutil.rmtree(repo)
-    return rows
+    return merged(rows)
+
+
+def merged(rows: list[dict]) -> list[dict]:
+    """A row a case: a repeated case's median run (by seconds), with every run's seconds under "runs"."""
+    out = {}
+    for r in rows:
+        out.setdefault((r["graph"], r["case"]), []).append(r)
+    merged_rows = []
+    for runs in out.values():
+        mid = sorted(runs, key=lambda r: r["seconds"])[(len(runs) - 1) // 2]
+        merged_rows.append(mid | {"runs": [r["seconds"] for r in runs]} if len(runs) > 1 else mid)
+    return merged_rows
 
 
 def write_files(smoke: bool, families: list[str]) -> Path:
@@ -220,19 +236,21 @@ def write_files(smoke: bool, families: list[str]) -> Path:
 
 
 def run_cases(label: str, graph: dict, models: Path, smoke: bool, logs: Path | None,
-              prebuild: bool = False) -> list[dict]:
-    """The cases of one graph: 1-3 on a server of its own, whose Triton cache starts empty (a new machine), then 4 on
-    a second server that finds the first's; with prebuild, case 5 on a third server after `swiftdit prebuild` of the
-    graph's model files into a new empty cache; a row a case (the servers' logs copied into logs)."""
+              prebuild: bool = False, repeats: int = 1, restart: bool = True) -> list[dict]:
+    """The cases of one graph: 1-3 on a server of its own, whose Triton cache starts empty (a new machine; cases 2
+    and 3 `repeats` times each: graph_peers.timed_cases), then 4 on a second server that finds the first's (unless
+    not restart); with prebuild, case 5 on a third server after `swiftdit prebuild` of the graph's model files into
+    a new empty cache; a row a case (the servers' logs copied into logs)."""
+    from graph_peers import timed_cases
     with tempfile.TemporaryDirectory(prefix="bench_graph_") as base:
         previous = os.environ.get("TRITON_CACHE_DIR")
         os.environ["TRITON_CACHE_DIR"] = str(Path(base) / "triton")  # the servers inherit it
         try:
-            first = (("1 cold", PROMPTS[0], 1), ("2 new prompt and seed", PROMPTS[1], 2),
-                     ("3 same prompt, new seed", PROMPTS[1], 3))
-            rows = (one_server(label, graph, models, smoke, logs, Path(base) / "first", first)
-                    + one_server(label, graph, models, smoke, logs, Path(base) / "restart",
-                                 (("4 cold after a restart", PROMPTS[0], 4),)))
+            rows = merged(one_server(label, graph, models, smoke, logs, Path(base) / "first",
+                                     timed_cases(list(PROMPTS), repeats)))
+            if restart:
+                rows += one_server(label, graph, models, smoke, logs, Path(base) / "restart",
+                                   (("4 cold after a restart", PROMPTS[0], 4),))
             if prebuild:
                 os.environ["TRITON_CACHE_DIR"] = str(Path(base) / "triton_prebuilt")
                 rows.append(prebuilt(label, graph, models))
@@ -323,6 +341,8 @@ def ratios(rows: list[dict]) -> list[str]:
             for r in rows if "alloc_gb" in r]
     out += [f"- {r['graph']}, case {r['case']}, seconds a node (of 0.005 or more): {r['nodes']}"
             for r in rows if r.get("nodes")]
+    out += [f"- {r['graph']}, case {r['case']}: the median of " + " / ".join(f"{t:.2f}" for t in r["runs"]) + " s"
+            for r in rows if r.get("runs")]
     for case in sorted({r["case"] for r in rows}):
         stock = by.get(("Z-Image stock BF16", baseline_case(case)))
         ours = by.get(("Z-Image ours INT8 ConvRot", case))
@@ -347,6 +367,9 @@ def main(argv=None) -> int:
                         "or the peers' diffusers and transformers: not both within its 64 MiB)")
     p.add_argument("--prebuild", action="store_true",
                    help="ours also cold after `swiftdit prebuild` (case 5; the prebuild's seconds: case 0)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="cases 2 and 3 each this many times (new prompts; new seeds of the last), their medians")
+    p.add_argument("--no-restart", action="store_true", help="without case 4 (cold after a restart)")
     p.add_argument("--stacks", help="each server's threads' Python stacks sampled every 10 ms into this folder "
                                     "(host/stack_sampler.py: stacks_<pid>.txt; bench/stacks_report.py reads them)")
     args = p.parse_args(argv)
@@ -361,14 +384,16 @@ def main(argv=None) -> int:
     print("\n".join(header), flush=True)
     rows = [] if args.side == "peers" else [
         row for label, (_, graph) in graphs(args).items()
-        for row in run_cases(label, graph, models, args.smoke, logs, args.prebuild and "stock" not in label)]
+        for row in run_cases(label, graph, models, args.smoke, logs, args.prebuild and "stock" not in label,
+                             args.repeats, not args.no_restart)]
     if args.side != "ours":
         peer_models = models
         if args.smoke:
             import graph_peers
             graph_peers.torchvision_shim()
             peer_models = graph_peers.write_smoke_files(ROOT / ".cache" / "bench_graph_smoke")
-        rows += [row for family in PEERS if family in args.only for row in run_peer(family, peer_models, args.smoke)]
+        rows += [row for family in PEERS if family in args.only
+                 for row in run_peer(family, peer_models, args.smoke, args.repeats)]
     summary = ratios(rows)
     print("\n".join(["", *summary]))
     if args.report:

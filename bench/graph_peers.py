@@ -270,13 +270,20 @@ def host_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
 
 
-def run(family: str, root: Path, t0: float, smoke: bool, prompts: list[str]) -> None:
+def timed_cases(prompts: list[str], repeats: int = 1) -> list[tuple[str, str, int]]:
+    """(case, prompt, seed) in the order run: cold on the first prompt; `repeats` new prompts, each with a new seed;
+    then the last of them `repeats` times with new seeds (a case's figure: the median of its runs)."""
+    if len(prompts) < repeats + 1:
+        raise ValueError(f"{repeats} new prompts need {repeats + 1} prompts, got {len(prompts)}")
+    return ([("1 cold", prompts[0], 1)] + [("2 new prompt and seed", prompts[1 + i], 2 + i) for i in range(repeats)]
+            + [("3 same prompt, new seed", prompts[repeats], 100 + i) for i in range(repeats)])
+
+
+def run(family: str, root: Path, t0: float, smoke: bool, prompts: list[str], repeats: int = 1) -> None:
     dev = torch.device("cpu" if smoke else "cuda")
     size, steps = (64, 2) if smoke else (1024, STEPS[family])
-    cases = (("1 cold", prompts[0], 1), ("2 new prompt and seed", prompts[1], 2),
-             ("3 same prompt, new seed", prompts[1], 3))
     pipe = load_pipeline(family, root, dev)
-    for case, prompt, seed in cases:
+    for case, prompt, seed in timed_cases(prompts, repeats):
         if dev.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -304,14 +311,15 @@ def main(argv=None) -> int:
     p.add_argument("family", choices=("flux3_klein", "krea2"))
     p.add_argument("paths", nargs="+", help="prepare: MODELS DIR; run: DIR")
     p.add_argument("--t0", type=float, help="run: the process start, time.time() of the parent before the spawn")
-    p.add_argument("--prompts", nargs=2)
+    p.add_argument("--prompts", nargs="+")
+    p.add_argument("--repeats", type=int, default=1, help="run: new prompts, and new seeds of the last, each")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)
     torchvision_shim()
     if args.what == "prepare":
         prepare(args.family, Path(args.paths[0]), Path(args.paths[1]), args.smoke)
     else:
-        run(args.family, Path(args.paths[0]), args.t0, args.smoke, args.prompts)
+        run(args.family, Path(args.paths[0]), args.t0, args.smoke, args.prompts, args.repeats)
     return 0
 
 
