@@ -7,7 +7,10 @@ prompt each time (a user's next prompt: its length new; median of CUDA-event tim
 BF16 load's through transformers' layers (relative Frobenius; the tiny models' bound for INT8 is 8e-2). Prints a
 markdown table.
 
-    python bench/bench_text_encoders.py [--root DIR] [--runs 5]
+    python bench/bench_text_encoders.py [--root DIR] [--runs 5] [--profile]
+
+--profile: only the BF16 load's fused layers, the short prompt encoded eagerly and replayed from its CUDA graph,
+each call's kernels (bench/gpu_profile.py): where a replay's time goes.
 
 The file is written once under --root (tests/real_size.py's writer, quantized on the GPU)."""
 from __future__ import annotations
@@ -24,7 +27,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "bench")]
 
 import real_size  # noqa: E402
 from dit_core.text.qwen3_vl import Qwen3VLTextEncoder  # noqa: E402
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=str(ROOT / ".cache" / "real_models"))
     p.add_argument("--runs", type=int, default=5)
+    p.add_argument("--profile", action="store_true", help="the kernels of one eager and one replayed BF16 encode")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_text_encoders: needs a CUDA GPU")
@@ -71,6 +75,8 @@ def main(argv=None) -> int:
     path = Path(args.root) / real_size.FILES[FILE][0] / FILE
     print(f"# {FILE} ({path.stat().st_size / 1e9:.2f} GB) ready in {time.monotonic() - t0:.0f} s; "
           f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+    if args.profile:
+        return profile_encodes(path)
     features, rows = {}, []
     for label, int8_linears in (("BF16 (linears dequantized)", False), ("INT8 ConvRot kernels", None)):
         gc.collect()
@@ -107,6 +113,20 @@ def main(argv=None) -> int:
         got = features[label]
         print(f"- {label}: " + ", ".join(f"{n}: {torch.linalg.norm(got[n] - base[n]) / torch.linalg.norm(base[n]):.4f}"
                                          for n in base))
+    return 0
+
+
+def profile_encodes(path: Path) -> int:
+    from gpu_profile import print_profile
+    encoder = Qwen3VLTextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device="cuda", int8_linears=False)
+    prompt = PROMPTS["short (a sentence)"]
+    for replayed in (False, True):
+        encoder.fused_layers, encoder.replayed_encodes = True, replayed
+        for _ in range(3):  # builds, the capture
+            encoder.encode(prompt)
+        print(f"\n## BF16, fused layers, {'replayed from its CUDA graph' if replayed else 'eager'}: "
+              f"{timed_encode(encoder, prompt, 5):.1f} ms an encode", flush=True)
+        print_profile(lambda: encoder.encode(prompt), rows=20)
     return 0
 
 
