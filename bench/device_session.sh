@@ -7,7 +7,7 @@
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
 #          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths rows_norm_rope
-#          gated
+#          gated text_replay
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -149,6 +149,8 @@ for part in $parts; do
                 timeout 200 python3 bench/bench_first_step.py ;;
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
+    # Why the text encoder replayed from its CUDA graph ran slower than eager: cuBLAS captured, then each encode's kernels.
+    text_replay) timeout $(cap 240) sh -c 'python3 bench/probe_cublas_capture.py && python3 bench/bench_text_encoders.py --profile' ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
     omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
     # LTX-2.5's row passes at stage 2: q/k rows by every row's angle tables or by axis; modulated norms
