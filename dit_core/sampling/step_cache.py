@@ -35,10 +35,13 @@ from ..sequence import Sequence
 StepFn = Callable[[int, Block, torch.Tensor], torch.Tensor]
 
 
-def relative_change(residual: torch.Tensor, previous: torch.Tensor) -> float:
-    """mean |residual - previous| / mean |previous| (ParaAttention's are_two_tensors_similar), in f32."""
+def relative_change(residual: torch.Tensor, previous: torch.Tensor, previous_l1: torch.Tensor | None = None) -> float:
+    """mean |residual - previous| / mean |previous| (ParaAttention's are_two_tensors_similar), in f32: as sums (the
+    same count divides both), the difference's in one reduction; previous_l1: sum |previous| where already known
+    (a step cache keeps it with the residual it compares against)."""
     r, p = residual.float(), previous.float()
-    return ((r - p).abs().mean() / p.abs().mean().clamp_min(1e-12)).item()
+    base = torch.linalg.vector_norm(p, 1) if previous_l1 is None else previous_l1
+    return (torch.linalg.vector_norm(r - p, 1) / base.clamp_min(1e-12 * p.numel())).item()
 
 
 @dataclass
@@ -53,6 +56,7 @@ class StepCache:
     skipped: int = 0
     changes: list = field(default_factory=list)
     first: torch.Tensor | None = field(default=None, repr=False)   # r_full
+    first_l1: torch.Tensor | None = field(default=None, repr=False)  # sum |r_full|
     rest: torch.Tensor | None = field(default=None, repr=False)    # R_full
 
     def __post_init__(self):
@@ -87,16 +91,17 @@ class StepCache:
         if self.limit == 0:  # nothing measured or stored: the plain loop
             self.changes.append(None)
             return rest(x1)
-        first = (x1 - x)[:rows]
+        first = x1[:rows] - x[:rows]
         change = None
         if self.first is not None and self.first.shape == first.shape:
-            change = relative_change(first, self.first)
+            change = relative_change(first, self.first, self.first_l1)
         self.changes.append(change)
         if index >= self.start and change is not None and change < self.limit:
             self.skipped += 1
             return torch.cat([x1[:rows] + self.rest, x1[rows:]])
         out = rest(x1)
-        self.first, self.rest = first, (out - x1)[:rows]
+        self.first, self.rest = first, out[:rows] - x1[:rows]
+        self.first_l1 = torch.linalg.vector_norm(first.float(), 1)
         return out
 
 
