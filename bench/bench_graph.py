@@ -2,6 +2,8 @@
   1. cold: from the server's start to the first image, every load and build included;
   2. a new prompt and seed (the text encoder runs again);
   3. the same prompt, a new seed (ComfyUI's cache keeps the encoding);
+  (2 and 3 each --repeats times, 3 by default: new prompts of several lengths, then new seeds of the last; their
+  medians, every run listed under the table)
   4. cold after a restart: a second server on the same machine, from its start to the first image (Triton's cache on
      disk kept from the first: what every start after the first on a machine costs);
   5. (ours, --prebuild) cold after `swiftdit prebuild`: a new machine's Triton cache filled once from the graph's
@@ -367,7 +369,7 @@ def main(argv=None) -> int:
                         "or the peers' diffusers and transformers: not both within its 64 MiB)")
     p.add_argument("--prebuild", action="store_true",
                    help="ours also cold after `swiftdit prebuild` (case 5; the prebuild's seconds: case 0)")
-    p.add_argument("--repeats", type=int, default=1,
+    p.add_argument("--repeats", type=int, default=3,
                    help="cases 2 and 3 each this many times (new prompts; new seeds of the last), their medians")
     p.add_argument("--no-restart", action="store_true", help="without case 4 (cold after a restart)")
     p.add_argument("--stacks", help="each server's threads' Python stacks sampled every 10 ms into this folder "
