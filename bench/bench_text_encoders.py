@@ -9,8 +9,8 @@ markdown table.
 
     python bench/bench_text_encoders.py [--root DIR] [--runs 5] [--profile]
 
---profile: only the BF16 load's fused layers, the short prompt encoded eagerly and replayed from its CUDA graph,
-each call's kernels (bench/gpu_profile.py): where a replay's time goes.
+--profile: only the BF16 load's fused layers, the short and long prompts encoded eagerly and replayed from CUDA graphs,
+each call's kernels and host functions (bench/gpu_profile.py): where a replay's time goes.
 
 The file is written once under --root (tests/real_size.py's writer, quantized on the GPU)."""
 from __future__ import annotations
@@ -119,14 +119,16 @@ def main(argv=None) -> int:
 def profile_encodes(path: Path) -> int:
     from gpu_profile import print_profile
     encoder = Qwen3VLTextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, device="cuda", int8_linears=False)
-    prompt = PROMPTS["short (a sentence)"]
-    for replayed in (False, True):
-        encoder.fused_layers, encoder.replayed_encodes = True, replayed
-        for _ in range(3):  # builds, the capture
-            encoder.encode(prompt)
-        print(f"\n## BF16, fused layers, {'replayed from its CUDA graph' if replayed else 'eager'}: "
-              f"{timed_encode(encoder, prompt, 5):.1f} ms an encode", flush=True)
-        print_profile(lambda: encoder.encode(prompt), rows=20)
+    for name in ("short (a sentence)", "long (about 500 tokens)"):
+        prompt = PROMPTS[name]
+        for replayed in (False, True):
+            encoder.fused_layers, encoder.replayed_encodes = True, replayed
+            for _ in range(3):  # builds, the capture
+                encoder.encode(prompt)
+            print(f"\n## BF16, fused layers, the {name} prompt, "
+                  f"{'replayed from its CUDA graph' if replayed else 'eager'}: "
+                  f"{timed_encode(encoder, prompt, 5):.1f} ms an encode", flush=True)
+            print_profile(lambda: encoder.encode(prompt), rows=20, host=name.startswith("short"))
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Whether cuBLAS's BF16 products run slower replayed from a CUDA graph than eagerly, at a text encoder's shapes
-(Qwen3-4B's 36 layers of QKV, OUT, UP and DOWN products over 64 rows, 7.3 GB of weights): eager, a graph captured as
-torch.cuda.graph does, and one captured after torch._C._cuda_clearCublasWorkspaces() as GraphedStep captures
-(dit_core/gpu/step_graph.py), ms a pass each. The fused text encoder replayed from its graph took longer than eager
-(35 against 16-22 ms at a short prompt, H100): this says whether its products are why.
+"""Whether a text encoder's BF16 products (cuBLAS) or its causal attention (SDPA) run slower replayed from a CUDA
+graph than eagerly, at Qwen3-4B's shapes (36 layers: QKV, OUT, UP and DOWN products, 7.3 GB of weights; 32 query
+heads of 128 over 8 key heads) over 64 and 704 rows: eager, a graph captured as torch.cuda.graph does, and one
+captured after torch._C._cuda_clearCublasWorkspaces() as GraphedStep captures (dit_core/gpu/step_graph.py), ms a
+pass each. The fused text encoder replayed from its graph took longer than eager (35.4 / 98.3 ms at 24 / 688
+tokens against 21.8 / 16.6, H100): this says whether these are why.
 
     python bench/probe_cublas_capture.py    # on a GPU
 """
@@ -12,7 +13,7 @@ import torch
 
 F = torch.nn.functional
 SHAPES = [(6144, 2560), (2560, 4096), (19456, 2560), (2560, 9728)]  # QKV, OUT, UP (gate and value), DOWN
-LAYERS, ROWS = 36, 64
+LAYERS, ROWS, HEADS, HEAD = 36, (64, 704), 32, 128  # rows: a short prompt's padded length, a long one's
 
 
 def ms_a_call(call, runs: int = 10) -> float:
@@ -34,14 +35,26 @@ def main() -> int:
     torch.manual_seed(0)
     weights = [[torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 50 for n, k in SHAPES]
                for _ in range(LAYERS)]
-    x = torch.randn(ROWS, 2560, device="cuda", dtype=torch.bfloat16)
 
-    def layers(y):
+    def products(y):
         for qkv, out, up, down in weights:
             y = F.linear(F.linear(F.linear(F.linear(y, qkv)[:, :4096], out), up)[:, :9728], down)
         return y
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: {LAYERS} layers' products over {ROWS} rows")
-    print(f"eager: {ms_a_call(lambda: layers(x)):.2f} ms")
+
+    def attention(q):
+        for _ in range(LAYERS):
+            q = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        return q
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, ms a pass of {LAYERS} layers")
+    for rows in ROWS:
+        probe("products", products, torch.randn(rows, 2560, device="cuda", dtype=torch.bfloat16))
+        probe("attention", attention, torch.randn(1, HEADS, rows, HEAD, device="cuda", dtype=torch.bfloat16))
+    return 0
+
+
+def probe(name: str, layers, x: torch.Tensor) -> None:
+    rows = x.shape[-2]
+    print(f"{name}, {rows} rows, eager: {ms_a_call(lambda: layers(x)):.2f}")
     for cleared in (False, True):
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -54,8 +67,7 @@ def main() -> int:
         with torch.cuda.graph(graph, stream=side):
             layers(x)
         label = "replayed, the workspaces cleared before the capture" if cleared else "replayed"
-        print(f"{label}: {ms_a_call(graph.replay):.2f} ms")
-    return 0
+        print(f"{name}, {rows} rows, {label}: {ms_a_call(graph.replay):.2f}")
 
 
 if __name__ == "__main__":
