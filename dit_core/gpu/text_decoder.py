@@ -147,12 +147,17 @@ class FusedDecoder:
             return out
         causal = mask is None or bool(mask.all())  # (before the graph: it reads the mask back)
         if self.graphed is None:
-            self.graphed = GraphedStep(lambda ids, positions, *mask, taps, causal: tuple(
-                self.states(ids, taps, positions, mask[0] if mask else None, causal=causal)[k] for k in taps))
+            self.graphed = GraphedStep(self._tapped)
         taps = tuple(sorted(taps))
         got = self.graphed(grown(ids), grown(positions), *(() if causal else (grown(mask),)), taps=taps,
                            causal=causal)
         return {k: t[:, :rows] for k, t in zip(taps, got)}
+
+    def _tapped(self, ids: torch.Tensor, positions: torch.Tensor, *mask: torch.Tensor, taps: tuple[int, ...],
+                causal: bool) -> tuple[torch.Tensor, ...]:
+        """states()' taps as a tuple in taps' order, of one pass (replayed()'s step)."""
+        states = self.states(ids, taps, positions, mask[0] if mask else None, causal=causal)
+        return tuple(states[k] for k in taps)
 
     @torch.no_grad()
     def states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
