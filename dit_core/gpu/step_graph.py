@@ -35,6 +35,7 @@ import torch
 log = logging.getLogger("SwiftDiT")
 
 MAX_SHAPES = 4  # graphs kept (their temporaries share a pool: about 0.6 GB for Z-Image at 1024x1024)
+EAGER_CALLS = {"always": 0, "second": 1, "host_bound": 2}  # a shape's eager calls before its capture, by policy
 
 
 _STREAMS: dict[tuple[torch.device, str], torch.cuda.Stream] = {}
@@ -159,23 +160,25 @@ class CaptureFailed(RuntimeError):
 
 class GraphedStep:
     """step(*tensors) -> a tensor or a tuple of tensors, replayed from a CUDA graph captured at the first call of
-    each input shape, or where capture="host_bound" at its third if its second ran host-bound (run eagerly where
-    capture_refusal() says why not)."""
+    each input shape, where capture="second" at its second, or where capture="host_bound" at its third if its second
+    ran host-bound (run eagerly where capture_refusal() says why not)."""
 
     def __init__(self, step: Callable[..., torch.Tensor], pool: tuple | None = None, capture: str = "always"):
         """pool: torch.cuda.graph_pool_handle() shared with other GraphedSteps replayed on the same stream (by
-        default this step's own, made at its first capture). capture: "always", or "host_bound": a shape is
-        captured only where a graph pays, i.e. where the host sets the eager step's pace at least at times (a graph
-        saves the launches' host time and costs about a step's host time to capture at each new shape: Krea 2's new
-        prompt lengths). Its first call runs eagerly (builds, plans and caches come then), its second is timed
-        (timed_step, HOST_BOUND), and from its third it replays if that one was host-bound."""
-        if capture not in ("always", "host_bound"):
-            raise ValueError(f"GraphedStep: capture is 'always' or 'host_bound', not {capture!r}")
+        default this step's own, made at its first capture). capture: "always"; "second": a shape's first call
+        runs eagerly, its second captures (a text encoder's: a graph pays from a prompt's second length on, and a new
+        server's first prompt comes while the DiT's kernels build); or "host_bound": a shape is captured only where
+        a graph pays, i.e. where the host sets the eager step's pace at least at times (a graph saves the launches'
+        host time and costs about a step's host time to capture at each new shape: Krea 2's new prompt lengths).
+        Its first call runs eagerly (builds, plans and caches come then), its second is timed (timed_step,
+        HOST_BOUND), and from its third it replays if that one was host-bound."""
+        if capture not in EAGER_CALLS:
+            raise ValueError(f"GraphedStep: capture is one of {', '.join(EAGER_CALLS)}, not {capture!r}")
         self.step, self.pool, self.capture = step, pool, capture
         self.refused = False  # capture_refusal() said so once (logged once a GraphedStep)
         # shape key -> (graph, its input tensors, its output), or None: that shape runs eagerly
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor] | None] = {}
-        self.eager_calls: dict[tuple, int] = {}  # "host_bound": calls so far of the shapes not yet decided
+        self.eager_calls: dict[tuple, int] = {}  # "second", "host_bound": calls so far of shapes not yet decided
         self.captured_on: set[torch.device] = set()  # the devices of the graphs captured since the last clear()
 
     def __call__(self, *inputs: torch.Tensor, **fixed) -> torch.Tensor:
@@ -188,15 +191,18 @@ class GraphedStep:
                     log.info("SwiftDiT: steps run without CUDA graphs: %s", refusal)
                 self.refused = True
                 self._decided(key, None)
-            elif self.capture == "host_bound" and self.eager_calls.get(key, 0) < 2:
+            elif self.eager_calls.get(key, 0) < EAGER_CALLS[self.capture]:
                 return self._undecided(key, inputs, fixed)
             else:
                 self.eager_calls.pop(key, None)
                 self._decided(key, None)  # its place first (the oldest graph goes before this one is made)
                 caller = torch.cuda.current_stream(inputs[0].device) if inputs[0].is_cuda else None
                 try:
+                    started = time.perf_counter()
                     self.graphs[key], first = self._capture(inputs, fixed)
                     self.captured_on.add(inputs[0].device)
+                    log.info("SwiftDiT: captured a CUDA graph of a step at input %s in %.3f s (its eager call "
+                             "included)", tuple(inputs[0].shape), time.perf_counter() - started)
                     return first
                 except RuntimeError as e:
                     # The warm-up's clones did not fit beside the model (out of memory), or the graph failed
@@ -222,8 +228,8 @@ class GraphedStep:
         return tuple(o.clone() for o in out) if isinstance(out, tuple) else out.clone()
 
     def _undecided(self, key, inputs, fixed):
-        """A "host_bound" shape's first two calls, eager: the first as it comes, the second timed; a GPU-bound
-        second keeps the shape eager for good."""
+        """A shape's eager calls before its capture: the first as it comes; a "host_bound" shape's second timed, a
+        GPU-bound second keeping the shape eager for good."""
         calls = self.eager_calls.pop(key, 0) + 1
         if calls == 1:
             if len(self.eager_calls) >= MAX_SHAPES:  # shapes seen once long ago go first

@@ -131,10 +131,11 @@ class FusedDecoder:
     def replayed(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
                  mask: torch.Tensor | None = None) -> dict[int, torch.Tensor]:
         """states() replayed from a CUDA graph (dit_core/gpu/step_graph.py GraphedStep), one captured for each
-        length the rows pad to (REPLAY_ROWS), the taps' rows cut back: an encode launches about eleven kernels a
-        layer for a few milliseconds of GPU work at a prompt's length, so its host set the pace. ids padded with
-        token 0, positions with 0, the mask with 0 (unseen); the same rows as states() gives the prompt, as far as
-        the products' and attention's kernels at the padded length sum alike. No check() within it."""
+        length the rows pad to (REPLAY_ROWS) at its second encode (its first runs eagerly), the taps' rows cut
+        back: an encode launches about eleven kernels a layer for a few milliseconds of GPU work at a prompt's
+        length, so its host set the pace. ids padded with token 0, positions with 0, the mask with 0 (unseen); the
+        same rows as states() gives the prompt, as far as the products' and attention's kernels at the padded
+        length sum alike. No check() within it."""
         from .step_graph import GraphedStep
         rows = ids.shape[-1]
         padded = -(-rows // REPLAY_ROWS) * REPLAY_ROWS
@@ -147,7 +148,7 @@ class FusedDecoder:
             return out
         causal = mask is None or bool(mask.all())  # (before the graph: it reads the mask back)
         if self.graphed is None:
-            self.graphed = GraphedStep(self._tapped)
+            self.graphed = GraphedStep(self._tapped, capture="second")
         taps = tuple(sorted(taps))
         got = self.graphed(grown(ids), grown(positions), *(() if causal else (grown(mask),)), taps=taps,
                            causal=causal)

@@ -80,8 +80,19 @@ def test_host_bound_shapes_are_captured_at_their_third_call(fake_capture, monkey
     assert list(step.eager_calls.values()) == [1]  # 5 rows, seen once
     step.clear()
     assert step.graphs == {} and step.eager_calls == {}
-    with pytest.raises(ValueError, match="capture is 'always' or 'host_bound'"):
+    with pytest.raises(ValueError, match="capture is one of always, second, host_bound"):
         GraphedStep(lambda x: x, capture="sometimes")
+
+
+def test_second_sight_shapes_are_captured_at_their_second_call(fake_capture):
+    """capture="second" (a text encoder's): a shape's first call runs eagerly, its second is captured (the
+    warm-up's output) and later ones replay; shapes are counted apart."""
+    calls = []
+    step = GraphedStep(lambda x: calls.append(x.shape[0]) or x * 2, capture="second")
+    for rows in (3, 5, 3, 3):
+        assert torch.equal(step(torch.ones(rows)), torch.full((rows,), 2.0))
+    assert calls == [3, 5, 3, 3, 3]  # 3: eager, warm-up + capture, replay; 5: eager
+    assert fake_capture == [((3,),)] and list(step.eager_calls.values()) == [1]
 
 
 def test_oldest_shape_goes_past_the_limit_and_clear_drops_all(fake_capture):
