@@ -56,7 +56,8 @@ PROMPTS = ("a red fox sitting in fresh snow, golden hour", "a lighthouse on a cl
            "a bowl of ramen", "an astronaut reading a newspaper on a park bench in autumn, leaves falling, film grain, "
            "wide shot, muted colours, 35 mm")
 TIMEOUT = 900.0
-BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed|as it launched|captured a CUDA)")
+BUILD_LINE = re.compile(r"SwiftDiT: .*(Triton kernels|kernels not built|run fused|layers failed|as it launched"
+                        r"|captured a CUDA)")
 # Qwen3-4B (Z-Image's text encoder) has Qwen3-VL-4B's text model's sizes and names under `model.`.
 QWEN3_4B_FROM = "qwen3vl_4b_int8_convrot.safetensors"
 
