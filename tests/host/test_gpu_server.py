@@ -224,9 +224,11 @@ def write_report(log: str) -> None:
     lines += [f"| {r['prompt']} | {r['seconds']:.2f} | {r['sampler']:.2f} | {r['card_gb']:.1f} | {r['host_gb']:.1f} |"
               for r in RESULTS]
     lines += ["", *(f"- PSNR {k}: {v:.2f} dB" for k, v in PSNR.items())]
-    # each step shape's graph decision (GraphedStep's "host_bound"), any capture that failed, the text layers' path
+    # each step shape's graph decision (GraphedStep's "host_bound"), each capture and its time (the text encoder's
+    # too), any capture that failed, the text layers' path
     lines += [f"- {line.removeprefix('SwiftDiT: ')}" for line in log.splitlines()
-              if line.startswith(("SwiftDiT: a step at input", "SwiftDiT: a CUDA graph of the step"))
+              if line.startswith(("SwiftDiT: a step at input", "SwiftDiT: a CUDA graph of the step",
+                                  "SwiftDiT: captured a CUDA graph"))
               or (line.startswith("SwiftDiT: ") and "fused" in line)]
     Path(REPORT).write_text("\n".join(lines) + "\n")
 
