@@ -271,8 +271,11 @@ def text_encoder_loader(encoder, family: str, int8_kept: bool = False) -> Callab
             log.info("SwiftDiT: %s is larger than the card: its layers stream from host memory (%.2f GiB a layer "
                      "on the card)", f.path.name, slot / GIB)
             return loaded
-        return LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
-                          device, handle.role)
+        loaded = LOADED.get("text", (*handle.key(), str(device), family), lambda: cancellable(load, handle.path),
+                            device, handle.role)
+        if device.type == "cuda":  # its replayed encodes' graphs go before it moves or goes (TextEncoder.clear)
+            LOADED.attached("text", "graphs", lambda: loaded, handle.role)
+        return loaded
     return load_text_encoder
 
 

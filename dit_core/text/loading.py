@@ -321,6 +321,13 @@ class TextEncoder:
                          else "")
         return self._fused
 
+    def clear(self) -> None:
+        """Its replayed encodes' CUDA graphs dropped and their memory given back (before the weights they read move
+        or go: the nodes keep the encoder as its own LOADED companion)."""
+        fused = getattr(self, "_fused", None)
+        if fused is not None and fused.graphed is not None:
+            fused.graphed.clear()
+
     def fused_states(self, ids: torch.Tensor, taps: Collection[int], positions: torch.Tensor | None = None,
                      mask: torch.Tensor | None = None,
                      check: Callable[[], None] | None = None) -> dict[int, torch.Tensor] | None:

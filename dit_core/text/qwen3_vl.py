@@ -244,6 +244,10 @@ class Krea2TextEncoder:
     def text_model(self) -> torch.nn.Module:
         return self.encoder.model
 
+    def clear(self) -> None:
+        """TextEncoder.clear of its encoder."""
+        self.encoder.clear()
+
     @classmethod
     def load(cls, path: str | os.PathLike | Checkpoint, tokenizer_dir: str | os.PathLike,
              dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", int8_linears: bool | None = None,

@@ -216,6 +216,25 @@ def test_a_replayed_encode_keeps_klein_pads_masked(tmp_path, device, request):
         assert got[k].shape == want[k].shape and rel_err(got[k], want[k]) <= 2e-3, k
 
 
+def test_clearing_an_encoder_drops_its_replay_graphs(qwen3):
+    """TextEncoder.clear (the nodes' LOADED companion of a text encoder on a GPU, called before its memory moves or
+    goes): its replayed encodes' graphs cleared, and nothing to do before any."""
+    _, path, _ = qwen3
+    encoder = Qwen3TextEncoder.load(path, TOKENIZER_DIR, dtype=torch.bfloat16, int8_linears=False)
+    encoder.clear()  # no fused layers made yet
+
+    class Graphs:
+        cleared = 0
+
+        def clear(self):
+            self.cleared += 1
+    encoder._fused = fused_of(encoder)
+    encoder.clear()  # no graphs yet
+    encoder._fused.graphed = graphs = Graphs()
+    encoder.clear()
+    assert graphs.cleared == 1
+
+
 def test_mrope_positions_reach_the_rotary_per_axis(tmp_path, monkeypatch):
     """Text rows' positions [1, L] go to a Qwen3-VL model's rotary as [3, 1, L], as its forward gives them: the
     rotary of transformers 5.17 (the GPU image's) indexes three axes and failed on [1, L] (FLUX.3 Klein and Krea 2
