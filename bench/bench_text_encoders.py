@@ -10,8 +10,7 @@ markdown table.
     python bench/bench_text_encoders.py [--root DIR] [--runs 5] [--profile]
 
 --profile: only the BF16 load's fused layers, the short and long prompts encoded eagerly and replayed from CUDA graphs,
-each call's kernels and host functions (bench/gpu_profile.py): where a replay's time goes; then replays captured
-with cuBLAS's workspaces kept, and with cuBLASLt preferred.
+each call's kernels (bench/gpu_profile.py; the short prompt's host functions too): where an encode's time goes.
 
 The file is written once under --root (tests/real_size.py's writer, quantized on the GPU)."""
 from __future__ import annotations
@@ -130,20 +129,6 @@ def profile_encodes(path: Path) -> int:
                   f"{'replayed from its CUDA graph' if replayed else 'eager'}: "
                   f"{timed_encode(encoder, prompt, 5):.1f} ms an encode", flush=True)
             print_profile(lambda: encoder.encode(prompt), rows=20, host=name.startswith("short"))
-    # Captures made otherwise, each recaptured: which, if any, replays at the eager kernels' pace.
-    clear = torch._C._cuda_clearCublasWorkspaces
-    variants = {"the cuBLAS workspaces kept through the capture": lambda: setattr(
-                    torch._C, "_cuda_clearCublasWorkspaces", lambda: None),
-                "cuBLASLt preferred": lambda: torch.backends.cuda.preferred_blas_library("cublaslt")}
-    for label, setup in variants.items():
-        setup()
-        encoder.fused().graphed = None
-        times = []
-        for name in ("short (a sentence)", "long (about 500 tokens)"):
-            times.append(f"{name} {timed_encode(encoder, PROMPTS[name], 5):.1f} ms")
-        print(f"\n## replayed, {label}: " + ", ".join(times), flush=True)
-        torch._C._cuda_clearCublasWorkspaces = clear
-        torch.backends.cuda.preferred_blas_library("cublas")
     return 0
 
 

@@ -149,8 +149,8 @@ for part in $parts; do
                 timeout 200 python3 bench/bench_first_step.py ;;
     # The text encoder on the card (issue 34): Qwen3-VL-4B loaded BF16 and on the INT8 kernels (carry the peers' set).
     text_encoders) timeout 240 python3 bench/bench_text_encoders.py ;;
-    # Why the text encoder replayed from its CUDA graph ran slower than eager: cuBLAS captured, then each encode's kernels.
-    text_replay) timeout $(cap 240) sh -c 'python3 bench/probe_cublas_capture.py && python3 bench/bench_text_encoders.py --profile' ;;
+    # The text encoder's kernels and host time, an encode eager and one replayed from its CUDA graph, short and long.
+    text_replay) timeout $(cap 240) python3 bench/bench_text_encoders.py --profile ;;
     # OmniVoice against the omnivoice package (carry the peers' set): RTF at 10 s and 30 s, 32 and 12 steps.
     omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
     # LTX-2.5's row passes at stage 2: q/k rows by every row's angle tables or by axis; modulated norms
