@@ -459,6 +459,7 @@ def test_the_text_encoder_keeps_its_int8_linears_on_a_gpu(swiftdit_pack, tmp_pat
                         rooms.append((device, int8_kept)) and False)
     monkeypatch.setattr(base, "cancellable", lambda load, path: load(path))
     monkeypatch.setattr(base.LOADED, "get", lambda kind, key, load, device, role: load())
+    monkeypatch.setattr(base.LOADED, "attached", lambda kind, name, make, role: make())  # (nothing held here)
     for cls in (MiniMaxH3TextEncoder, Qwen3TextEncoder):
         monkeypatch.setattr(cls, "load", classmethod(lambda c, f, tokenizer_dir, **kw: loads.append(kw)))
     path = tmp_path / "text.safetensors"
