@@ -3,6 +3,7 @@ only what differs): the DiT loader, LoraLoaderModelOnly, the text encoder loader
 KSampler."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.families import FAMILIES
+from ..dit_core.weights import WeightsError
 from .base import (FileHandle, ModelHandle, SwiftDiTError, build_ahead_of_sampling, check_family, checked,
                    conditioning_rows, file_checked, finite, gpus_input, ksampler_inputs, linear_mode, load_model,
                    loader_inputs, loading_shown, model_file, model_input, model_output, rank_count, run_sampler,
@@ -100,9 +102,14 @@ class LoraLoaderNode(io.ComfyNode):
             return io.NodeOutput(model)
         path = model_file(cls.NODE_ID, "loras", lora_name, "lora_name")
         handle = model.with_(loras=(*model.loras, (path, strength)))
-        with checked(cls.NODE_ID, "lora_name"):
-            with loading_shown():
+        with checked(cls.NODE_ID, "lora_name"), loading_shown():
+            try:
                 cls.load(handle)
+            except WeightsError as e:  # the engine's message names the file it refuses first: the fix for the LoRA's
+                if not str(e).startswith(f"{os.path.basename(path)}:"):
+                    raise
+                raise WeightsError(f"{e}; pick a {cls.TITLE} LoRA (one trained on this model) or bypass this node") \
+                    from e
         return io.NodeOutput(handle)
 
 

@@ -38,6 +38,7 @@ class PassSize:
     takes (at load, and for a loader or LoRA node that runs no pass)."""
     image_row_pixels: int
     default_rows: int
+    video: bool = False  # a video family's: its image rows span the latent frames (a refusal says fewer frames)
 
 
 @dataclass(frozen=True)

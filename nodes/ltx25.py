@@ -30,7 +30,7 @@ SETTINGS = FamilySettings(
     schedule=None,  # no shift: each stage samples ManualSigmas' list as typed
     # a video row is one 32x32-pixel latent cell of 8 frames; the template's stage 2 (1280x704, 121 frames):
     # 16 x 22 x 40 video rows, 127 audio rows and the connectors' 1024 text rows
-    pass_size=PassSize(image_row_pixels=32 * 32, default_rows=16 * 22 * 40 + 127 + 1024))
+    pass_size=PassSize(image_row_pixels=32 * 32, default_rows=16 * 22 * 40 + 127 + 1024, video=True))
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def read_dit(ckpt, device: torch.device = HOST) -> LoadedDiT:
 def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> LoadedDiT:
     """The DiT where ComfyUI computes: on a CUDA GPU within the loader's gpu_budget_gb, fitted for a pass over rows
     (memory.dit_on_device; check: SamplerNode's memory check), else on the host (f32); with the loader's gpus, the
-    transformer in that many ranks (memory.ranked_dit) and the connectors here."""
+    transformer in that many ranks (memory.ranked_dit) and the connectors here. check runs on each path."""
     device = engine_device()
     if handle.gpus > 1:
         connectors = lambda ranked: LoadedDiT(  # noqa: E731
@@ -92,7 +92,10 @@ def load_dit(handle: ModelHandle, rows: int | None = None, check=None) -> Loaded
     if device.type == "cuda":
         return dit_on_device(handle, lambda: cancellable(lambda f: read_dit(f, device), handle.path),
                              SETTINGS.pass_size, rows, check)
-    return host_model("dit", handle, read_dit)
+    dit = host_model("dit", handle, read_dit)
+    if check is not None:  # the host's memory checked as dit_on_device checks the card's, before any step
+        check(dit)
+    return dit
 
 
 def load_text_encoder(handle: FileHandle) -> Gemma4TextEncoder:

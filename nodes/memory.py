@@ -377,6 +377,12 @@ def check_request(model, pass_size: PassSize, image_rows: int, text_rows: int, s
         while fit < hi:
             mid = (fit + hi + 1) // 2
             fit, hi = (mid, hi) if need(mid + text_rows) <= available else (fit, mid - 1)
+        if pass_size.video:  # its megapixels are summed over the latent frames: no one image size to name
+            raise RequestTooLarge(
+                f"{image_rows * row_pixels / 1e6:.1f} megapixels of video (width x height over its latent frames) "
+                f"need about {need(rows) / GIB:.1f} GiB of {where} memory for a pass and {max(available, 0) / GIB:.1f}"
+                f" GiB is there for it; about {fit / max(image_rows, 1):.0%} of it fits: use a smaller width and "
+                f"height or fewer frames")
         side = int((fit * row_pixels) ** 0.5) // 64 * 64
         raise RequestTooLarge(
             f"{image_rows * row_pixels / 1e6:.1f} megapixels need about {need(rows) / GIB:.1f} GiB of {where} "

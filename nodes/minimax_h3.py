@@ -28,7 +28,7 @@ from .types import TextEncoder, Vae
 SETTINGS = FamilySettings(
     schedule=Schedule(H3, VIDEO_SHIFT),  # the video grid's shift 12 (the audio grid keeps shift 3)
     # a video row: 2x2 latent cells of 16x16 pixels; the default pass: 864x480x124's 37 x 405 video, 2 x 207 audio
-    pass_size=PassSize(image_row_pixels=32 * 32, default_rows=37 * 405 + 2 * 207 + 512))
+    pass_size=PassSize(image_row_pixels=32 * 32, default_rows=37 * 405 + 2 * 207 + 512, video=True))
 
 load_dit = dit_loader(MiniMaxH3, SETTINGS.pass_size)
 # Qwen3-VL-32B's first 50 layers: about 51 GB in BF16, half that INT8, so its INT8 ConvRot linears (and the NVFP4

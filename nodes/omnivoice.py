@@ -2,6 +2,7 @@
 folder's loader, the request, a voice reference (AUDIO and its transcript, encoded), the sampler, the decode."""
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, replace
 
@@ -105,7 +106,14 @@ class OmniVoiceLoader(io.ComfyNode):
         model = ModelHandle(FAMILY, path, "stored")
         codec = FileHandle("codec", os.path.join(os.path.dirname(path), CODEC_FOLDER, WEIGHTS_FILE), "codec")
         with checked(cls.NODE_ID, "model_name"), loading_shown():
-            speech, audio = load_speech_model(model)[0], load_codec(codec)
+            try:
+                speech, audio = load_speech_model(model)[0], load_codec(codec)
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:  # the folder's JSON files, unreadable
+                if isinstance(e, FileNotFoundError):
+                    raise
+                raise WeightsError(f"{model_name}: a file of the folder cannot be read ({e}); its config.json, "
+                                   f"tokenizer files or {CODEC_FOLDER}/config.json are damaged: download the folder "
+                                   f"again (k2-fsa/OmniVoice)") from e
             if (speech.codebooks, speech.mask_id) != (audio.codebooks, len(audio.w[CODEBOOK])):
                 raise WeightsError(f"{model_name}: the model makes {speech.codebooks} codebooks of {speech.mask_id} "
                                    f"codes, its {CODEC_FOLDER}/ decodes {audio.codebooks} of {len(audio.w[CODEBOOK])}")

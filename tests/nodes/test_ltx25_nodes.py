@@ -285,6 +285,9 @@ def test_errors_name_node_and_input(pack, models):
         with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
             run(node, **kw)
     g = graph(pack, seed=1)
+    with pytest.raises(SwiftDiTError, match=r"SwiftDiTLTX25TextEncode · text: the prompt is \d+ tokens .*more than the "
+                                            r"text encoder's 1024; shorten it"):
+        run(pack.LTX25TextEncode, text="a fox " * 1100, clip=g["clip"])
     empty = dict(frames_number=LENGTH, frame_rate=FPS, batch_size=1, audio_vae=g["audio_vae"])
     for change, message in [({"frames_number": 120}, "frames_number: 120 frames is not 8n \\+ 1.*use 113 or 121"),
                             ({"audio_vae": g["video_vae"]}, "audio_vae: not the LTX-2.5 audio VAE")]:
@@ -319,6 +322,18 @@ def test_errors_name_node_and_input(pack, models):
             (codecs().LTX25AudioVAEDecode, dict(samples=video, audio_vae=g["video_vae"]), "audio_vae: not the LTX-2.5")]:
         with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
             run(node, **kw)
+
+
+def test_a_request_too_large_is_refused_before_any_work(pack, models, monkeypatch):
+    """A stage whose pass cannot fit in the memory there is (here the host's, the f32 path): refused at the sampler
+    before any step, naming latent_image and the fix for a video (its size or its frames)."""
+    import comfy.model_management
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    monkeypatch.setattr(comfy.model_management, "get_free_memory", lambda *a, **k: 0)
+    monkeypatch.setattr(pack, "sample_stage", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(SwiftDiTError, match=r"SwiftDiTLTX25Sampler · latent_image: [\d.]+ megapixels of video .* "
+                                            r"GiB of host memory .* use a smaller width and height or fewer frames"):
+        graph(pack)
 
 
 @pytest.mark.parametrize("name", ["video_ltx2_5_t2v", "video_ltx2_5_i2v", "video_ltx2_5_flf2v"])

@@ -298,6 +298,18 @@ def test_errors_name_node_and_input(pack, models):
         run(pack.MiniMaxH3VAEDecode, samples=g["samples"], vae=g["audio_vae"])
 
 
+def test_a_request_too_large_is_refused_before_any_work(pack, models, monkeypatch):
+    """A video whose pass cannot fit in the memory there is: refused at the sampler before any step, naming
+    latent_image and the fix for a video (its size or its frames)."""
+    import comfy.model_management
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    monkeypatch.setattr(comfy.model_management, "get_free_memory", lambda *a, **k: 0)
+    monkeypatch.setattr(pack, "sample_t2va", lambda *a, **k: pytest.fail("sampled"))
+    with pytest.raises(SwiftDiTError, match=r"SwiftDiTMiniMaxH3Sampler · latent_image: [\d.]+ megapixels of video .* "
+                                            r"GiB of host memory .* use a smaller width and height or fewer frames"):
+        graph(pack, steps=1)
+
+
 def test_first_and_last_frame(pack, models):
     """Image To Video with frames as ComfyUI's: the first frame stretched and the last one cropped to the canvas
     (lanczos), each encoded by the video VAE (the posterior mean, one latent frame) into the positive's

@@ -164,6 +164,16 @@ def test_errors_name_node_and_input(pack, models):
                           ("elsewhere", "model_name: 'elsewhere' is not a folder")]:
         with pytest.raises(SwiftDiTError, match=f"SwiftDiTOmniVoiceLoader · {message}"):
             run(pack.OmniVoiceLoader, model_name=name)
+    for damaged in ("config.json", "audio_tokenizer/config.json"):  # a folder's JSON that cannot be read
+        folder = models.parent / "damaged"
+        shutil.copytree(models, folder)
+        try:
+            (folder / damaged).write_bytes(b"\xff not JSON")
+            with pytest.raises(SwiftDiTError, match="SwiftDiTOmniVoiceLoader · model_name: damaged: a file of the "
+                                                    "folder cannot be read .*download the folder again"):
+                run(pack.OmniVoiceLoader, model_name="damaged")
+        finally:
+            shutil.rmtree(folder)
     text = dict(text=TEXT, language="", instruct="", speed=1.0, duration=0.0)
     for change, message in [({"text": "  "}, "text: nothing to say"),
                             ({"text": "a b c d e f g " * 60}, "text: 'a b c .*runs about 36 s without a split mark"),

@@ -158,6 +158,43 @@ def test_errors_name_node_and_input(pack, models):
         graph(pack, width=15)
 
 
+def test_bad_files_and_prompts_name_node_input_and_fix(pack, models):
+    """A corrupt safetensors header on each loader, a LoRA of another model and a prompt past the text encoder's
+    positions: each refused naming the node, the input and the fix."""
+    from safetensors.torch import save_file
+    from swiftdit_pack.nodes.base import SwiftDiTError
+    made = [models / folder / "corrupt.safetensors" for folder in ("diffusion_models", "text_encoders", "vae", "loras")]
+    made.append(models / "loras" / "flux1_lora.safetensors")
+    try:
+        for path in made[:4]:
+            path.write_bytes(b"\xff" * 8 + b"not a header")  # declares more header bytes than the file holds
+        save_file({"double_blocks.0.img_attn.qkv.lora_A.weight": torch.zeros(4, 3072),
+                   "double_blocks.0.img_attn.qkv.lora_B.weight": torch.zeros(9216, 4)}, made[4])
+        (model,) = run(pack.ZImageLoader, unet_name="z_image_tiny.safetensors", weight_dtype="default",
+                       linears="as stored")
+        corrupt = "corrupt.safetensors: corrupt safetensors header .*the download is probably truncated"
+        for node, kw, message in [
+                (pack.ZImageLoader, dict(unet_name="corrupt.safetensors", weight_dtype="default",
+                                         linears="as stored"), f"unet_name: {corrupt}"),
+                (pack.ZImageTextEncoderLoader, dict(clip_name="corrupt.safetensors", type="lumina2"),
+                 f"clip_name: {corrupt}"),
+                (pack.ZImageVAELoader, dict(vae_name="corrupt.safetensors"), f"vae_name: {corrupt}"),
+                (pack.ZImageLoraLoaderModelOnly, dict(model=model, lora_name="corrupt.safetensors", strength_model=1.0),
+                 f"lora_name: {corrupt}"),
+                (pack.ZImageLoraLoaderModelOnly, dict(model=model, lora_name="flux1_lora.safetensors",
+                                                      strength_model=1.0),
+                 "lora_name: flux1_lora.safetensors: a LoRA for another model.*; pick a Z-Image LoRA")]:
+            with pytest.raises(SwiftDiTError, match=f"{node.GET_SCHEMA().node_id} · {message}"):
+                run(node, **kw)
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+    (clip,) = run(pack.ZImageTextEncoderLoader, clip_name="qwen3_tiny.safetensors", type="lumina2")
+    with pytest.raises(SwiftDiTError, match=r"SwiftDiTZImageTextEncode · text: the prompt is \d+ tokens .*more than "
+                                            r"the text encoder's 40960; shorten it"):
+        run(pack.ZImageTextEncode, text="a " * 41000, clip=clip)
+
+
 def test_out_of_gpu_memory_names_node_and_fix(pack, models, monkeypatch):
     """An OOM in the step stays torch's OutOfMemoryError (ComfyUI then unloads its models and shows its hint),
     its message naming the sampler, the input and what to change."""
