@@ -72,15 +72,16 @@ class GpuLinear:
         return self.weight.dtype == torch.int8
 
     @staticmethod
-    def of(lin: Linear, device: torch.device) -> GpuLinear:
+    def of(lin: Linear, device: torch.device, source: tuple | None = None) -> GpuLinear:
+        """lin on device; source: the (checkpoint, key) of its weight as stored (staging.to_card's)."""
         bias = None if lin.bias is None else lin.bias.float().to(device)
         if lin.quantized and lin.group:
             scale = lin.scale.float().reshape(-1).expand(lin.out_features).contiguous()
-            return GpuLinear(to_card(lin.weight, device), scale.to(device), bias, lin.group)
+            return GpuLinear(to_card(lin.weight, device, source), scale.to(device), bias, lin.group)
         # Float linears (and INT8 without ConvRot) run in BF16 on cuBLAS: a BF16 one moved as stored, the others
         # converted where they go (no f32 copy of the weight on the host).
         weight = lin.weight if lin.weight.dtype == torch.bfloat16 else lin.to(device).dequantized()
-        return GpuLinear(to_card(weight, device).to(torch.bfloat16), None, bias, 0)
+        return GpuLinear(to_card(weight, device, source).to(torch.bfloat16), None, bias, 0)
 
 
 def _plain_heads(a: Arch) -> bool:

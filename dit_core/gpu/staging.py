@@ -8,7 +8,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,20 +51,22 @@ class Staged:
     def write(self, block: Any, out: torch.Tensor, files: dict[str, tuple[Any, str]] | None = None,
               readers: Executor | None = None) -> None:
         """block's bytes into out (uint8, nbytes, host or device) at this layout's offsets; block must have it
-        (the block this layout was made of, or its twin). files: see stage (host buffers only), read by readers
-        (Checkpoint.read_into's)."""
-        files = files if out.device.type == "cpu" else None
+        (the block this layout was made of, or its twin). files: see stage, read by readers (Checkpoint.read_into's)
+        into a host buffer, by the carrier's into a card's."""
         for (path, t), part in zip(_leaves(block), _parts(self.template), strict=True):
             if (part.shape, part.dtype) != (tuple(t.shape), t.dtype):
                 raise ValueError(f"block tensor {path}: {tuple(t.shape)} {t.dtype} does not match its staged "
                                  f"part {part.shape} {part.dtype}")
             dest = out[part.offset:part.offset + part.nbytes]
             source = (files or {}).get(path)
-            if source is not None and _stored_as(source, t):
+            if source is not None and not _stored_as(source, t):
+                source = None
+            if source is not None and out.device.type == "cpu":
                 source[0].read_into(source[1], dest, readers)
             elif part.nbytes:
-                # A device tensor comes back over PCIe; a host one is copied once (converted at load).
-                carried_into(dest, t.detach().contiguous().reshape(-1).view(torch.uint8))
+                # A device tensor comes back over PCIe; a host one is copied once (converted at load); a file's
+                # goes to a card from the file.
+                carried_into(dest, t.detach().contiguous().reshape(-1).view(torch.uint8), source)
 
     def copy_to(self, slot: torch.Tensor, stream: torch.cuda.Stream | None = None) -> None:
         """The host bytes into slot: non-blocking on stream (the caller orders it with events) on a GPU,
@@ -112,14 +114,17 @@ def _registered(nbytes: int) -> torch.Tensor | None:
 
 CARRY_CHUNK = 64 << 20  # bytes of each of the two page-locked buffers that carry host tensors to a card
 CARRIED = 1 << 20  # tensors from this size on go through them; smaller ones are copied as they are
+READERS = 8  # threads reading a file's pieces side by side (Checkpoint.read_into)
 
 
 class Carrier:
     """Two page-locked buffers of `chunk` bytes that take turns carrying host bytes to a CUDA device: the CPU
-    copies a chunk into one (from a file's memory map: torch's threads) while the other's chunk crosses to the card
-    (a pageable copy from a memory map ran at 8.0 GB/s on an H100 host; registered memory to the card at 52, the
-    memory map into registered memory at 26.5). Registered once, on first use; one carry at a time (a load and the
-    stand-in built beside it share it)."""
+    fills a chunk of one while the other's chunk crosses to the card (a pageable copy from a memory map ran at 8.0
+    GB/s on an H100 host; registered memory to the card at 52, the memory map into registered memory at 26.5).
+    A file's tensor is read into the chunk by positioned reads on READERS threads of the carrier's own
+    (Checkpoint.read_into), which release the GIL and fault no map pages in; other bytes are copied by torch's
+    threads. Registered once, on first use; one carry at a time (a load and the stand-in built beside it share
+    it)."""
 
     def __init__(self, chunk: int = CARRY_CHUNK):
         self.chunk = chunk
@@ -127,10 +132,12 @@ class Carrier:
         self._buffers: list[torch.Tensor] = []
         self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
+        self._readers: ThreadPoolExecutor | None = None
 
-    def carry(self, src: torch.Tensor, dest: torch.Tensor) -> None:
+    def carry(self, src: torch.Tensor, dest: torch.Tensor, source: tuple[Any, str] | None = None) -> None:
         """src's bytes (uint8 [n], host) into dest (uint8 [n], a CUDA device), not waited for: later work on dest's
-        device's current stream sees them."""
+        device's current stream sees them. source: (checkpoint, key) of a file tensor whose stored bytes src is,
+        read from the file in src's place."""
         stream = torch.cuda.current_stream(dest.device)
         with self._lock:
             if not self._buffers:
@@ -138,13 +145,18 @@ class Carrier:
                 # nodes) or not (a stand-in's builds beside the load).
                 with torch.inference_mode(False):
                     self._buffers = [host_buffer(self.chunk) for _ in range(2)]
+            if source is not None and self._readers is None:
+                self._readers = ThreadPoolExecutor(READERS, thread_name_prefix="SwiftDiT read")
             for start in range(0, src.numel(), self.chunk):
                 i, self._turn = self._turn, 1 - self._turn
                 if self._copied[i] is not None:
                     self._copied[i].synchronize()  # its last chunk has crossed: it may be written again
                 end = min(start + self.chunk, src.numel())
                 chunk = self._buffers[i][:end - start]
-                chunk.copy_(src[start:end])
+                if source is None:
+                    chunk.copy_(src[start:end])
+                else:
+                    source[0].read_into(source[1], chunk, self._readers, offset=start)
                 dest[start:end].copy_(chunk, non_blocking=True)
                 self._copied[i] = torch.cuda.Event()
                 self._copied[i].record(stream)
@@ -153,23 +165,27 @@ class Carrier:
 CARRIER = Carrier()
 
 
-def carried_into(dest: torch.Tensor, src: torch.Tensor) -> None:
+def carried_into(dest: torch.Tensor, src: torch.Tensor, source: tuple[Any, str] | None = None) -> None:
     """dest.copy_(src) of bytes (uint8 [n] each): through CARRIER where CARRIED bytes or more go from the host to a
-    card (the same bytes either way)."""
+    card (the same bytes either way); source: (checkpoint, key) whose stored bytes src is, read from the file there
+    (Carrier.carry)."""
     if dest.device.type == "cuda" and src.device.type == "cpu" and src.numel() >= CARRIED:
-        CARRIER.carry(src, dest)
+        CARRIER.carry(src, dest, source)
     else:
         dest.copy_(src)
 
 
-def to_card(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """t on device (carried_into a new tensor there when it goes from the host to a card), else t.to(device)."""
+def to_card(t: torch.Tensor, device: torch.device | str, source: tuple[Any, str] | None = None) -> torch.Tensor:
+    """t on device (carried_into a new tensor there when it goes from the host to a card), else t.to(device).
+    source: (checkpoint, key) of the file tensor t may be as stored (Checkpoint.views): then read from the file."""
     device = torch.device(device)
     if device.type != "cuda" or t.device.type != "cpu":
         return t.to(device)
     src = t.contiguous()
     out = torch.empty(src.shape, dtype=src.dtype, device=device)
-    carried_into(out.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8))
+    if source is not None and not source[0].views(source[1], src):
+        source = None
+    carried_into(out.reshape(-1).view(torch.uint8), src.reshape(-1).view(torch.uint8), source)
     return out
 
 

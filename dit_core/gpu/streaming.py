@@ -16,10 +16,9 @@ from ..arch import Arch
 from .block import GpuBlock
 from .options import DEFAULT
 from ..weights import BlocksOnUse
-from .staging import Staged, host_buffer, layout, meta_twin, stage_all
+from .staging import READERS, Staged, host_buffer, layout, meta_twin, stage_all
 
 SLOTS = 2  # one slot is copied into while the block in the other runs
-READERS = 8  # threads reading a file's pieces side by side at a load (Checkpoint.read_into)
 
 
 class BudgetError(ValueError):
@@ -200,7 +199,7 @@ class StreamedBlocks:
         placed = [i for i, want in enumerate(self.wanted) if want and self._staged[i] is None]
         for i, block in zip(placed, _in_turn(blocks, placed)):
             buf = torch.empty(self._bytes[i], dtype=torch.uint8, device=self.device)
-            self._layouts[i].write(form(block, cpu), buf)
+            self._layouts[i].write(form(block, cpu), buf, files[i] if files else None)
             self._resident[i] = (buf, self._layouts[i].on(buf))
         for i, want in enumerate(self.wanted):
             if want and self._resident[i] is None:  # staged before (given as Staged)

@@ -20,10 +20,10 @@ def takes(lin: Linear) -> bool:
     return lin.quantized and lin.group in KERNEL_GROUPS
 
 
-def stored(lin: Linear, device: torch.device | str) -> dict[str, torch.Tensor]:
+def stored(lin: Linear, device: torch.device | str, source: tuple | None = None) -> dict[str, torch.Tensor]:
     """An Int8Linear's tensors of lin (takes(lin)) on device, as GpuLinear.of makes them (a tensorwise scale
-    becomes one a row): the codes moved as stored, no float copy."""
-    g = GpuLinear.of(lin, torch.device(device))
+    becomes one a row): the codes moved as stored (source: their (checkpoint, key)), no float copy."""
+    g = GpuLinear.of(lin, torch.device(device), source)
     return {"weight": g.weight, "scale": g.scale}
 
 

@@ -168,7 +168,8 @@ def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: to
                 lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device))
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Gemma-4 has none")
-                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8))
+                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8,
+                                       (ckpt, f"{src}{group}.{n}.weight")))
         for n in LAYER_NORMS:
             sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (sizes.hidden_size,), dtype, device)
         for n in ("q_norm", "k_norm"):

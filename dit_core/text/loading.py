@@ -107,27 +107,29 @@ def converted_on(device: str | torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def weight_on(lin: Linear, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-    """lin's weight in the native basis as dtype on device, moved as stored (INT8 codes, BF16) and converted there:
-    a BF16 or INT8 weight bound for a card never exists in f32 on the host (on the CPU in f32 it equals
-    lin.dequantized(), bit for bit)."""
-    weight = moved_to(lin.weight, device)
+def weight_on(lin: Linear, dtype: torch.dtype, device: str | torch.device,
+              source: tuple[Checkpoint, str] | None = None) -> torch.Tensor:
+    """lin's weight in the native basis as dtype on device, moved as stored (INT8 codes, BF16; source: the weight's
+    (checkpoint, key), moved_to's) and converted there: a BF16 or INT8 weight bound for a card never exists in f32
+    on the host (on the CPU in f32 it equals lin.dequantized(), bit for bit)."""
+    weight = moved_to(lin.weight, device, source)
     if lin.quantized:
         return dequantize_convrot(weight, lin.scale.to(device), lin.group).to(dtype)
     return weight.to(dtype)
 
 
 def linear_state(lin: Linear, name: str, dtype: torch.dtype, device: str | torch.device,
-                 int8: dict[str, int] | None) -> dict[str, torch.Tensor]:
+                 int8: dict[str, int] | None, source: tuple[Checkpoint, str] | None = None) -> dict[str, torch.Tensor]:
     """The state-dict entries of linear `name` (a module path, no bias): `<name>.weight` of dtype on device
     (weight_on), or, on the INT8 path (int8 a dict, filled here) for an INT8 ConvRot linear the kernels take,
-    `<name>.weight` int8 codes and `<name>.scale` f32 row scales as stored, int8[name] its ConvRot group."""
+    `<name>.weight` int8 codes and `<name>.scale` f32 row scales as stored, int8[name] its ConvRot group.
+    source: the weight's (checkpoint, key) (moved_to's)."""
     if int8 is not None:
         from ..gpu import text_linear  # lazily: the host path never loads dit_core/gpu
         if text_linear.takes(lin):
             int8[name] = lin.group
-            return {f"{name}.{k}": t for k, t in text_linear.stored(lin, device).items()}
-    return {f"{name}.weight": weight_on(lin, dtype, device)}
+            return {f"{name}.{k}": t for k, t in text_linear.stored(lin, device, source).items()}
+    return {f"{name}.weight": weight_on(lin, dtype, device, source)}
 
 
 def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, head_dim: int,
@@ -155,7 +157,8 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")
-                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8))
+                sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8,
+                                       (ckpt, f"{src}{group}.{n}.weight")))
         for n in ("input_layernorm", "post_attention_layernorm", "self_attn.q_norm", "self_attn.k_norm"):
             size = head_dim if n.startswith("self_attn") else hidden
             sd[f"{dst}{n}.weight"] = read_tensor(ckpt, f"{src}{n}.weight", (size,), dtype, device)

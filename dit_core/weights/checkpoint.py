@@ -27,6 +27,11 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 READ_PIECE = 16 << 20  # bytes a reader thread reads at a time (Checkpoint.read_into)
 
 
+def _fits_range(offset: int | None, n: int, size: int) -> bool:
+    """Whether n bytes from offset lie within a tensor of size bytes (offset None: n is the whole tensor)."""
+    return n == size if offset is None else 0 <= offset and offset + n <= size
+
+
 class WeightsError(ValueError):
     """A model file that is not what the loader expects; the message names the file and the fix."""
 
@@ -95,6 +100,15 @@ class Checkpoint:
         self._was_read(name)
         return tensor
 
+    def views(self, name: str, t: torch.Tensor) -> bool:
+        """Whether t is tensor name's stored bytes as get() gives them (a view of the file's map, whole and
+        untouched by any conversion): what read_into may read from the file in its place."""
+        entry, mapped = self.header.get(name), getattr(self, "_file", None)  # (HeaderOnly has no map of its own)
+        if entry is None or mapped is None or not t.is_contiguous() or t.device.type != "cpu":
+            return False
+        begin, end = entry["data_offsets"]
+        return t.numel() * t.element_size() == end - begin and t.data_ptr() == mapped.get_tensor(name).data_ptr()
+
     def total_bytes(self) -> int:
         """The bytes of every tensor in the file."""
         return sum(end - begin for begin, end in (e["data_offsets"] for e in self.header.values()))
@@ -110,15 +124,20 @@ class Checkpoint:
         again, read_into() never needs it."""
         self._file = None
 
-    def read_into(self, name: str, out: torch.Tensor, readers: Executor | None = None) -> None:
+    def read_into(self, name: str, out: torch.Tensor, readers: Executor | None = None,
+                  offset: int | None = None) -> None:
         """Tensor name's stored bytes read from the file straight into out (uint8 host memory of exactly its
-        size, e.g. a pinned staging buffer): no tensor and no second host copy is made. readers: a thread pool
-        that reads pieces of READ_PIECE bytes side by side (one thread's reads from the page cache ran at a few
-        GB/s; positioned reads release the GIL), where the platform has positioned reads."""
+        size, e.g. a pinned staging buffer): no tensor and no second host copy is made, and the file's map is not
+        touched (a map's pages fault in a few at a time and count as the process's resident memory). offset: out
+        takes the bytes [offset, offset + out's size) of a tensor get() gave before (not counted as read again).
+        readers: a thread pool that reads pieces of READ_PIECE bytes side by side (one thread's reads from the page
+        cache ran at a few GB/s; positioned reads release the GIL), where the platform has positioned reads."""
         begin, end = self._entry(name)["data_offsets"]
-        if out.dtype != torch.uint8 or out.device.type != "cpu" or out.numel() != end - begin:
+        if out.dtype != torch.uint8 or out.device.type != "cpu" or not _fits_range(offset, out.numel(), end - begin):
             raise ValueError(f"{self.path.name}: '{name}' holds {end - begin} bytes; read_into needs a host "
-                             f"uint8 tensor of that size, got {out.dtype} [{out.numel()}] on {out.device}")
+                             f"uint8 tensor of that size (or of a range within them from offset {offset}), got "
+                             f"{out.dtype} [{out.numel()}] on {out.device}")
+        begin += offset or 0
         if self.check is not None:
             self.check()
         view = memoryview(out.numpy()).cast("B")
@@ -134,7 +153,8 @@ class Checkpoint:
                 list(readers.map(lambda i: self._read_all(
                     lambda rest, done: os.preadv(fd, [rest], start + i * READ_PIECE + done), pieces[i], name),
                     range(len(pieces))))
-        self._was_read(name)
+        if offset is None:
+            self._was_read(name)
 
     def _read_all(self, read: Callable[[memoryview, int], int], view: memoryview, name: str) -> None:
         """view filled by read(the rest of view, the bytes of view already read) calls, each returning the bytes
@@ -196,13 +216,14 @@ def _read_header(path: Path) -> tuple[dict, dict]:
     return header, metadata
 
 
-def moved_to(t: torch.Tensor, device: str | torch.device) -> torch.Tensor:
+def moved_to(t: torch.Tensor, device: str | torch.device, source: tuple[Checkpoint, str] | None = None) -> torch.Tensor:
     """t on device, the same bytes: to a card through dit_core/gpu/staging.to_card's page-locked pair (imported only
-    then: the host path never loads dit_core/gpu), elsewhere a plain copy."""
+    then: the host path never loads dit_core/gpu; source: the (checkpoint, key) t was read as, read from the file
+    there where t is still its stored bytes), elsewhere a plain copy."""
     if torch.device(device).type != "cuda":
         return t.to(device)
     from ..gpu.staging import to_card
-    return to_card(t, device)
+    return to_card(t, device, source)
 
 
 def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None, dtype: torch.dtype = torch.float32,
@@ -214,7 +235,7 @@ def read_tensor(ckpt: Checkpoint, key: str, shape: tuple[int, ...] | None = None
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise WeightsError(f"{ckpt.path.name}: '{key}' has shape {tuple(t.shape)}, expected {tuple(shape)}; "
                            f"the file is of another model size or family")
-    t = t if device is None else moved_to(t, device)
+    t = t if device is None else moved_to(t, device, (ckpt, key))
     if t.dtype in FP8_DTYPES:
         scale_key = key.rsplit(".", 1)[0] + ".weight_scale"
         scale = ckpt.get(scale_key).float().to(t.device) if scale_key in ckpt else 1.0
@@ -309,11 +330,20 @@ class TensorSource(Checkpoint):
         self._entry(name)
         return self.tensors[name]
 
-    def read_into(self, name: str, out: torch.Tensor, readers: Executor | None = None) -> None:
-        """Tensor name's bytes copied into out (uint8 of its size), as Checkpoint.read_into reads a file's (readers
-        unused: one copy)."""
+    def views(self, name: str, t: torch.Tensor) -> bool:
+        """Whether t is tensor name itself (its bytes, whole)."""
+        held = self.tensors.get(name)
+        return (held is not None and t.is_contiguous() and held.is_contiguous() and t.data_ptr() == held.data_ptr()
+                and t.numel() * t.element_size() == held.numel() * held.element_size())
+
+    def read_into(self, name: str, out: torch.Tensor, readers: Executor | None = None,
+                  offset: int | None = None) -> None:
+        """Tensor name's bytes (from offset: a range of them) copied into out (uint8), as Checkpoint.read_into reads
+        a file's (readers unused: one copy)."""
         t = self.get(name).contiguous().reshape(-1).view(torch.uint8)
-        if out.dtype != torch.uint8 or out.numel() != t.numel():
+        if out.dtype != torch.uint8 or not _fits_range(offset, out.numel(), t.numel()):
             raise ValueError(f"{self.path.name}: '{name}' holds {t.numel()} bytes; read_into needs a uint8 "
-                             f"tensor of that size, got {out.dtype} [{out.numel()}]")
-        out.copy_(t)
+                             f"tensor of that size (or of a range within them from offset {offset}), got "
+                             f"{out.dtype} [{out.numel()}]")
+        start = offset or 0
+        out.copy_(t[start:start + out.numel()])

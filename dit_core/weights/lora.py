@@ -54,6 +54,8 @@ class LoraSet:
 
         def make(device: torch.device) -> Linear:
             w = lin.to(device).dequantized()
+            if w.data_ptr() == lin.weight.data_ptr():  # an f32 weight is its own: never add into the file's map
+                w = w.clone()
             for u in ups:
                 w[u.first:u.first + u.up.shape[0]] += u.factor * (u.up.to(device).float() @ u.down.to(device).float())
             merged = Linear(w.to(lin.weight.dtype) if not lin.quantized else w, lin.bias)

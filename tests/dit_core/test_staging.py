@@ -19,6 +19,7 @@ from dit_core.sequence import sequence_of
 from dit_core.gpu.staging import ALIGN, stage, stage_all, staged_bytes, tensor_paths
 from dit_core.gpu.streaming import StreamedBlocks, keep_order, plan, spread
 from dit_core.weights import Checkpoint, Linear, checkpoint, quantize_convrot
+from dit_core.weights.checkpoint import TensorSource
 
 DTYPES = [torch.int8, torch.uint8, torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn]
 A = Arch(family="test", hidden=256, layers=6, refiner=0, heads=4, head=64, ffn=512, latents=16, patch=(2, 2),
@@ -196,6 +197,48 @@ def test_readers_read_a_tensor_in_pieces_side_by_side(tmp_path, monkeypatch):
             assert same_bytes(out.view(t.dtype).reshape(t.shape), t)
 
 
+def test_a_tensors_range_is_read_from_its_file_and_a_view_of_its_map_is_known(tmp_path):
+    """What the loads' carrier reads for a card from the file in a tensor's place: a range of its stored bytes
+    (read_into's offset: each page-locked chunk), and only for a tensor that is still get()'s view of the map."""
+    g = torch.Generator().manual_seed(5)
+    tensors = {"a": random_bytes((300, 7), torch.bfloat16, g), "b": random_bytes((9,), torch.float32, g)}
+    save_file(tensors, tmp_path / "t.safetensors")
+    ckpt, counted = Checkpoint(tmp_path / "t.safetensors"), []
+    ckpt.read = counted.append
+    a = ckpt.get("a")
+    whole = a.reshape(-1).view(torch.uint8)
+    for offset, n in ((0, 1000), (1000, 3200), (4199, 1), (0, 4200)):
+        out = torch.empty(n, dtype=torch.uint8)
+        ckpt.read_into("a", out, offset=offset)
+        assert torch.equal(out, whole[offset:offset + n])
+    assert counted == [4200]  # get() counted it; its ranges are not counted again
+    for offset, n in ((4000, 201), (-1, 10)):
+        with pytest.raises(ValueError, match="holds 4200 bytes"):
+            ckpt.read_into("a", torch.empty(n, dtype=torch.uint8), offset=offset)
+    assert ckpt.views("a", a) and ckpt.views("a", ckpt.get("a"))
+    assert not ckpt.views("a", a.clone()) and not ckpt.views("a", a[:10]) and not ckpt.views("b", a)
+    assert not ckpt.views("b", ckpt.get("b").to(torch.bfloat16))  # converted at load: copied, not read again
+    ckpt.release()
+    assert not ckpt.views("a", a)  # (a map of its own again at the next get(): another place)
+    source = TensorSource(tensors)
+    assert source.views("a", tensors["a"]) and not source.views("a", tensors["a"].clone())
+    out = torch.empty(100, dtype=torch.uint8)
+    source.read_into("a", out, offset=50)
+    assert torch.equal(out, tensors["a"].reshape(-1).view(torch.uint8)[50:150])
+
+
+def test_a_lora_merged_into_an_f32_file_leaves_its_map_as_stored(tmp_path):
+    """An f32 weight is its own dequantized form: the merge adds into a copy, not into the file's map (which a
+    second read, or the carrier reading the file in its place, would then disagree with)."""
+    from dit_core.weights.lora import LoraSet, Update
+    save_file({"w": torch.ones(4, 3)}, tmp_path / "t.safetensors")
+    ckpt = Checkpoint(tmp_path / "t.safetensors")
+    lin = Linear(ckpt.get("w"), None)
+    update = Update(up=torch.ones(4, 1), down=torch.ones(1, 3), factor=0.5, first=0)
+    merged = LoraSet("lora.safetensors", {"x": [update]}).merged("x", lin)
+    assert torch.equal(merged.weight, torch.full((4, 3), 1.5)) and torch.equal(ckpt.get("w"), torch.ones(4, 3))
+
+
 # --- streamed forward --------------------------------------------------------------------------------------
 
 def inputs(rows: int = 96, device="cpu"):
@@ -291,6 +334,7 @@ def test_z_image_streams_its_blocks_with_the_same_output(tmp_path):
         Checkpoint.read_into = original
     assert isinstance(streamed.blocks, StreamedBlocks) and sum(streamed.blocks.resident) == 1
     # each streamed block is staged once: out and down (weights and scales; no biases) and its four norms from
-    # the file; the resident one goes straight to the device (the host holds only what the device does not)
-    assert len(reads) == 3 * 8 and any(r.endswith("feed_forward.w2.weight_scale") for r in reads)
+    # the file; the resident one's go from the file straight to the device (the host holds only what the device
+    # does not)
+    assert len(reads) == 4 * 8 and any(r.endswith("feed_forward.w2.weight_scale") for r in reads)
     assert torch.equal(streamed.output(latent, 0.5, caption), model.output(latent, 0.5, caption))

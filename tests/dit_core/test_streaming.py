@@ -175,6 +175,28 @@ def test_the_carrier_takes_host_bytes_to_the_card_in_turns():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_carrier_reads_a_file_tensor_from_the_file(tmp_path, monkeypatch):
+    """A tensor that is still its file's stored bytes (Checkpoint.views) is read from the file in chunks by the
+    carrier's readers, not copied through the map; anything else (converted at load) is copied as before."""
+    from safetensors.torch import save_file
+    from dit_core.gpu import staging
+    from dit_core.weights import Checkpoint
+    g = torch.Generator().manual_seed(7)
+    t = torch.randn(3 * 1000 + 1, 700, generator=g).to(torch.bfloat16)
+    save_file({"t": t}, tmp_path / "t.safetensors")
+    ckpt, ranges = Checkpoint(tmp_path / "t.safetensors"), []
+    monkeypatch.setattr(staging, "CARRIER", staging.Carrier(chunk=1 << 20))
+    monkeypatch.setattr(ckpt, "read_into", lambda name, out, readers=None, offset=None, f=ckpt.read_into: (
+        ranges.append((offset, out.numel())), f(name, out, readers, offset)))
+    stored = ckpt.get("t")
+    assert torch.equal(to_card(stored, "cuda", (ckpt, "t")).cpu(), t)
+    assert len(ranges) == 5 and ranges[-1] == (4 << 20, t.numel() * 2 - (4 << 20))
+    converted = stored.float()
+    assert torch.equal(to_card(converted, "cuda", (ckpt, "t")).cpu(), converted) and len(ranges) == 5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_carrier_first_used_in_inference_mode_serves_a_thread_outside_it():
     """ComfyUI loads in inference mode while a stand-in's builds run beside the load on a thread outside it: the
     carrier's buffers, made by whichever comes first, take both (in the H100 server, buffers made as inference
