@@ -85,11 +85,12 @@ def channel_rms(x, gain, shift=None, silu=False, *, num_warps=4):
 
 def build(dtype, widths, *, num_warps=4) -> int:
     """channel_rms's kernels for activations of dtype at these channel counts (a build each), compiled now for the
-    current device without a launch (Triton's warmup on dtypes), SiLU and not. Returns how many."""
+    current device without a launch (Triton's warmup on dtypes, with channel_rms's compile options: they are part of
+    the kernel's key), SiLU and not. Returns how many."""
     widths = sorted(set(widths))
     for c in widths:
         for silu in (False, True):
             _channel_rms_kernel.warmup(dtype, torch.float32, torch.float32, dtype, 1, C=c, SILU=silu,
                                        BLOCK_M=block_m(c), BLOCK_C=triton.next_power_of_2(c), num_warps=num_warps,
-                                       grid=(1,))
+                                       enable_fp_fusion=False, grid=(1,))
     return 2 * len(widths)

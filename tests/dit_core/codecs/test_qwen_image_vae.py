@@ -62,3 +62,19 @@ def test_bf16_channels_last_on_the_gpu_is_near_f32(comfy, tmp_path):
     want = ours.decode(z)
     got = ours.to("cuda", torch.bfloat16, channels_last=True).decode(z)
     assert got.device.type == "cpu" and rel_err(got, want) < 2e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_norms_built_ahead_are_the_ones_a_decode_launches(comfy):
+    """The norms' kernels built ahead (norms_built_ahead: at the move, or from a queued prompt) are the very ones the
+    decode launches: none is built again at the decode (a compile option the builds left out made each of them
+    another kernel, built as it launched: 1 s of Krea 2's first decode on an H100)."""
+    from kernels.channel_rms import _channel_rms_kernel
+    ours = QwenImageDecoder.load(TensorSource(dict(tiny_wan_vae(comfy).state_dict())))
+    ours = ours.to("cuda", torch.bfloat16, channels_last=True)
+    ours.norms_ahead.join()
+    built = lambda: sum(len(cache[0]) for cache in _channel_rms_kernel.device_caches.values())  # noqa: E731
+    before = built()
+    ours.decode(torch.randn(1, 16, 1, 12, 10))
+    assert before and built() == before
