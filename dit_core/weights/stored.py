@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from .checkpoint import FLOAT_DTYPES, FP8_DTYPES, Checkpoint, WeightsError
+from .checkpoint import FLOAT_DTYPES, FP8_DTYPES, Checkpoint, WeightsError, moved_to
 from .convrot import CONVROT_GROUP, hadamard
 from .linear import Linear, computed_on
 from .nvfp4 import decode_nvfp4
@@ -117,7 +117,8 @@ def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch
 
     def make(device: torch.device) -> Linear:
         s = scale.to(device)
-        w = weight.to(device).float() * (s.reshape(-1, 1) if s.numel() > 1 else s)
+        # To a card as the loads carry a file's tensors (read from the file, not through its map), converted there.
+        w = moved_to(weight, device, (ckpt, f"{layer}.weight")).float() * (s.reshape(-1, 1) if s.numel() > 1 else s)
         return Linear(w, bias).as_int8()
     return computed_on(on, make, weight.device)
 
