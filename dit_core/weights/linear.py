@@ -10,13 +10,16 @@ import torch
 from .convrot import CONVROT_GROUP, convrot_group_for, dequantize_convrot, quantize_convrot
 
 
-def computed_on(on: torch.device | str | None, make: Callable[[torch.device], Linear], here: torch.device) -> Linear:
+def computed_on(on: torch.device | str | None, make: Callable[[torch.device], Linear], here: torch.device,
+                placed_on: torch.device | str | None = None) -> Linear:
     """make(device) -> a Linear computed there, run on `on` (a GPU: a load's quantizations and merges take seconds
-    there where a CPU takes minutes) and brought back `here`, where the model is assembled; on `here` itself where
-    on is None or is here, or where `on` runs out of memory for it."""
+    there where a CPU takes minutes) and brought back `here`, where the model is assembled (kept on `on` where that is
+    placed_on: where the caller puts it, e.g. a text encoder loaded on the card); on `here` itself where on is None or
+    is here, or where `on` runs out of memory for it."""
     if on is not None and torch.device(on) != here:
         try:
-            return make(torch.device(on)).to(here)
+            made = make(torch.device(on))
+            return made.to(on if placed_on is not None and torch.device(placed_on) == torch.device(on) else here)
         except torch.OutOfMemoryError:
             pass  # a full card: this linear is computed here, as without a GPU
     return make(here)

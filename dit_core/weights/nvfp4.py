@@ -32,9 +32,9 @@ def unswizzle_block_scales(scales: torch.Tensor, rows: int, cols: int) -> torch.
 
 
 def decode_nvfp4(ckpt, layer: str, marker: dict, bias: torch.Tensor | None,
-                 compute_on: torch.device | None = None) -> Linear:
+                 compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     """Linear `layer` of an `nvfp4` layer (AWQ's pre_quant_scale folded in) as INT8 ConvRot, computed on
-    compute_on (linear.computed_on)."""
+    compute_on (linear.computed_on, placed_on its)."""
     bad, need = layer_reader(ckpt, layer, "NVFP4", "nvfp4 stores weight, weight_scale and weight_scale_2")
     packed, block_scales, tensor_scale = need("weight"), need("weight_scale"), need("weight_scale_2")
     pre_key = f"{layer}.pre_quant_scale"
@@ -56,7 +56,7 @@ def decode_nvfp4(ckpt, layer: str, marker: dict, bias: torch.Tensor | None,
     def make(device: torch.device) -> Linear:
         return Linear(nvfp4_weight(packed.to(device), block_scales.to(device), tensor_scale.to(device),
                                    None if pre is None else pre.to(device)), bias).as_int8()
-    return computed_on(compute_on, make, packed.device)
+    return computed_on(compute_on, make, packed.device, placed_on)
 
 
 def nvfp4_weight(packed: torch.Tensor, block_scales: torch.Tensor, tensor_scale: torch.Tensor,

@@ -39,9 +39,10 @@ def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
 
 
 def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None,
-                compute_on: torch.device | None = None) -> Linear:
+                compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 and NVFP4 turned into INT8 ConvRot
-    (computed on compute_on: linear.computed_on) and W4A8 decoded to INT8 codes."""
+    (computed on compute_on and brought back to the host, or kept there where that is placed_on, the device the
+    caller puts the linear on: linear.computed_on) and W4A8 decoded to INT8 codes."""
     if file_markers is None:
         file_markers = ckpt.quantization_markers()
     name = ckpt.path.name
@@ -51,9 +52,9 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     marker = _marker(ckpt, layer, file_markers)
     fmt = marker["format"] if marker else None
     if fmt in STORED_FORMATS:
-        return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker, compute_on)
+        return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker, compute_on, placed_on)
     if weight.dtype in FP8_DTYPES:
-        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on)
+        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on, placed_on)
     if fmt is not None and not fmt.startswith("float8"):
         raise WeightsError(f"{name}: layer '{layer}' has quantization format '{fmt}', which this loader does "
                            f"not read ({', '.join(STORED_FORMATS)} and scaled FP8 are supported)")
@@ -63,8 +64,8 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     return Linear(weight, bias)
 
 
-def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                  marker: dict, compute_on: torch.device | None = None) -> Linear:
+def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict,
+                  compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     """ComfyUI's INT8 ConvRot layer: int8 codes [out, in], f32 scales (one or one a row), the ConvRot group."""
     name, w_key = ckpt.path.name, f"{layer}.weight"
     if weight.dtype != torch.int8 or weight.dim() != 2:
@@ -91,13 +92,13 @@ def _int8_convrot(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torc
 
 
 def _w4a8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict,
-          compute_on: torch.device | None = None) -> Linear:
+          compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     return decode_w4a8(ckpt, layer, marker, bias)
 
 
 def _nvfp4(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None, marker: dict,
-           compute_on: torch.device | None = None) -> Linear:
-    return decode_nvfp4(ckpt, layer, marker, bias, compute_on)
+           compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
+    return decode_nvfp4(ckpt, layer, marker, bias, compute_on, placed_on)
 
 
 # The stored formats a quantization marker names -> the reader of such a layer (scaled FP8 is told by its dtype).
@@ -106,7 +107,7 @@ STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_con
 
 
 def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                 on: torch.device | None = None) -> Linear:
+                 on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     """Scaled FP8 (new `weight_scale` or legacy `scale_weight` with a `scaled_fp8` marker), dequantized in f32
     and requantized to INT8 ConvRot (as BF16 it would take twice the memory), computed on `on`."""
     scale = torch.ones(())
@@ -120,6 +121,6 @@ def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch
         # To a card as the loads carry a file's tensors (read from the file, not through its map), converted there.
         w = moved_to(weight, device, (ckpt, f"{layer}.weight")).float() * (s.reshape(-1, 1) if s.numel() > 1 else s)
         return Linear(w, bias).as_int8()
-    return computed_on(on, make, weight.device)
+    return computed_on(on, make, weight.device, placed_on)
 
 

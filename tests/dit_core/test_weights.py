@@ -184,6 +184,20 @@ def test_a_checkpoint_tells_the_bytes_it_reads(tmp_path):
     assert got == [60, 14] and ckpt.total_bytes() == 74
 
 
+def test_a_linear_converted_where_it_is_placed_stays_there(tmp_path):
+    """computed_on's placed_on: an FP8 linear requantized on the device its caller places it on (a text encoder
+    loaded on the card) stays there, codes, scales and bias alike, instead of a trip to the host and back; computed
+    elsewhere, or placed elsewhere, it comes back to the host as before."""
+    w = torch.randn(24, 512) * 0.05
+    scale = (w.abs().max() / 448).reshape(())
+    ckpt = write(tmp_path, {f"{LAYER}.weight": (w / scale).to(torch.float8_e4m3fn), f"{LAYER}.weight_scale": scale,
+                            f"{LAYER}.bias": torch.randn(24)})
+    meta = torch.device("meta")  # (a device with no data: what stays there is never brought back)
+    lin = read_linear(ckpt, LAYER, compute_on=meta, placed_on=meta)
+    assert {t.device.type for t in (lin.weight, lin.scale, lin.bias)} == {"meta"} and lin.weight.dtype == torch.int8
+    assert read_linear(ckpt, LAYER, placed_on=meta).weight.device.type == "cpu"  # computed on the host: stays there
+
+
 def test_load_arithmetic_falls_back_to_the_host_when_its_device_is_full(tmp_path, monkeypatch):
     """computed_on: a linear whose arithmetic does not fit on the device asked for is computed where the file is
     read, the same as without a device (an FP8 linear here)."""
