@@ -165,7 +165,8 @@ def read_gemma4_state(ckpt: Checkpoint, root: str, sizes: Gemma4Sizes, dtype: to
             for n in names:
                 if n == "v_proj" and kind == "full_attention" and sizes.attention_k_eq_v:
                     continue  # full layers take V from K's projection
-                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device), device)
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, converted_on(device), device,
+                                  fp8_as=dtype if int8 is None else None)
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Gemma-4 has none")
                 sd.update(linear_state(lin, f"{dst}{group}.{n}", dtype, device, int8,

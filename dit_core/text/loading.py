@@ -153,7 +153,8 @@ def read_state_dict(ckpt: Checkpoint, root: str, n_layers: int, hidden: int, hea
         src, dst = f"{root}layers.{i}.", f"layers.{i}."
         for group, names in (("self_attn", ATTN_LINEARS), ("mlp", MLP_LINEARS)):
             for n in names:
-                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, convert_on or converted_on(device), device)
+                lin = read_linear(ckpt, f"{src}{group}.{n}", markers, convert_on or converted_on(device), device,
+                                  fp8_as=dtype if int8 is None else None)
                 if lin.bias is not None:
                     raise WeightsError(f"{ckpt.path.name}: '{src}{group}.{n}' has a bias; Qwen3 has none, so "
                                        f"this is another model family")

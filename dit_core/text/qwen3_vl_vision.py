@@ -117,7 +117,7 @@ def load_vision_tower(ckpt: Checkpoint, dtype: torch.dtype, device: str | torch.
         if isinstance(model.get_submodule(key.rsplit(".", 1)[0]), torch.nn.Linear):
             if key.endswith(".weight"):  # its bias is read with it
                 lin = read_linear(ckpt, root + key.removesuffix(".weight"), markers, convert_on or converted_on(device),
-                                  device)
+                                  device, fp8_as=dtype)
                 state[key] = (lin.dequantized() if lin.quantized else lin.weight).to(device, dtype)
                 state[key.removesuffix("weight") + "bias"] = lin.bias.to(device, dtype)
         else:

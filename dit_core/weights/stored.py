@@ -39,10 +39,12 @@ def _legacy_fp8_marker(ckpt: Checkpoint) -> bool:
 
 
 def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | None = None,
-                compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
+                compute_on: torch.device | None = None, placed_on: torch.device | None = None,
+                fp8_as: torch.dtype | None = None) -> Linear:
     """Linear `layer` (the full key prefix, without `.weight`) as stored, FP8 and NVFP4 turned into INT8 ConvRot
     (computed on compute_on and brought back to the host, or kept there where that is placed_on, the device the
-    caller puts the linear on: linear.computed_on) and W4A8 decoded to INT8 codes."""
+    caller puts the linear on: linear.computed_on) and W4A8 decoded to INT8 codes. fp8_as: a float dtype a caller
+    that runs its linears as floats takes scaled FP8 ones in, dequantized once (no INT8 rounding in between)."""
     if file_markers is None:
         file_markers = ckpt.quantization_markers()
     name = ckpt.path.name
@@ -54,7 +56,7 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     if fmt in STORED_FORMATS:
         return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker, compute_on, placed_on)
     if weight.dtype in FP8_DTYPES:
-        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on, placed_on)
+        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on, placed_on, fp8_as)
     if fmt is not None and not fmt.startswith("float8"):
         raise WeightsError(f"{name}: layer '{layer}' has quantization format '{fmt}', which this loader does "
                            f"not read ({', '.join(STORED_FORMATS)} and scaled FP8 are supported)")
@@ -107,9 +109,11 @@ STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_con
 
 
 def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
-                 on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
+                 on: torch.device | None = None, placed_on: torch.device | None = None,
+                 as_float: torch.dtype | None = None) -> Linear:
     """Scaled FP8 (new `weight_scale` or legacy `scale_weight` with a `scaled_fp8` marker), dequantized in f32
-    and requantized to INT8 ConvRot (as BF16 it would take twice the memory), computed on `on`."""
+    and requantized to INT8 ConvRot (as BF16 it would take twice the memory), or taken as the float dtype as_float,
+    computed on `on`."""
     scale = torch.ones(())
     for key in (f"{layer}.weight_scale", f"{layer}.scale_weight"):
         if key in ckpt:
@@ -120,7 +124,7 @@ def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch
         s = scale.to(device)
         # To a card as the loads carry a file's tensors (read from the file, not through its map), converted there.
         w = moved_to(weight, device, (ckpt, f"{layer}.weight")).float() * (s.reshape(-1, 1) if s.numel() > 1 else s)
-        return Linear(w, bias).as_int8()
+        return Linear(w.to(as_float), bias) if as_float is not None else Linear(w, bias).as_int8()
     return computed_on(on, make, weight.device, placed_on)
 
 

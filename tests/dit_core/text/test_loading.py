@@ -166,19 +166,20 @@ def test_int8_path_on_cuda(tmp_path, case):
 def test_linears_convert_on_the_gpu_the_encoder_loads_to(monkeypatch):
     """read_linear's conversions (scaled FP8, NVFP4 -> INT8 ConvRot) run on the CUDA device a text encoder loads to
     (a 32B NVFP4 encoder's rotations take minutes on the host) and stay there (placed_on), on the host for a host
-    load."""
+    load; scaled FP8 comes as the load's float dtype, except on the INT8 path (its kernels take INT8 ConvRot)."""
     from dit_core.text import loading
     from dit_core.weights import Linear
     asked = []
-    monkeypatch.setattr(loading, "read_linear", lambda ckpt, layer, markers, on=None, placed=None:
-                        asked.append((on, placed)) or Linear(torch.zeros(2, 2)))
+    monkeypatch.setattr(loading, "read_linear", lambda ckpt, layer, markers, on=None, placed=None, fp8_as=None:
+                        asked.append((on, placed, fp8_as)) or Linear(torch.zeros(2, 2)))
     monkeypatch.setattr(loading, "read_tensor", lambda *a, **k: torch.zeros(2))
     monkeypatch.setattr(loading, "linear_state", lambda *a, **k: {})
     ckpt = SimpleNamespace(quantization_markers=dict, path=SimpleNamespace(name="x.safetensors"))
-    cuda = torch.device("cuda", 1)
-    for device in (cuda, "cpu"):
-        loading.read_state_dict(ckpt, "model.", 1, 2, 2, torch.bfloat16, device)
-    assert asked == [(cuda, cuda)] * 7 + [(None, "cpu")] * 7  # q, k, v, o, gate, up, down
+    cuda, bf16 = torch.device("cuda", 1), torch.bfloat16
+    for device, int8 in ((cuda, None), ("cpu", None), (cuda, {})):
+        loading.read_state_dict(ckpt, "model.", 1, 2, 2, bf16, device, int8)
+    # q, k, v, o, gate, up, down
+    assert asked == [(cuda, cuda, bf16)] * 7 + [(None, "cpu", bf16)] * 7 + [(cuda, cuda, None)] * 7
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])
