@@ -64,7 +64,7 @@ def calls(m: int, k: int, n: int, device: torch.device) -> tuple[dict, torch.Ten
     w = w8.float() * w_scale  # what the file means
     truth = x.float() @ w.t()
     group = convrot_group_for(k)
-    codes, s_w = quantize_convrot(w, group)  # the loader's requantization (stored.py's _fp8_as_int8)
+    codes, s_w = quantize_convrot(w, group)  # the loader's requantization (stored.py's _scaled_fp8)
     x, w8, codes, s_w, w_bf16 = (t.to(device) for t in (x, w8, codes, s_w, w.to(torch.bfloat16)))
     scale_b = w_scale.float().to(device).expand(1, n).contiguous()  # rowwise form of the tensor's one scale
 

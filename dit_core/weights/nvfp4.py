@@ -34,7 +34,7 @@ def unswizzle_block_scales(scales: torch.Tensor, rows: int, cols: int) -> torch.
 def decode_nvfp4(ckpt, layer: str, marker: dict, bias: torch.Tensor | None,
                  compute_on: torch.device | None = None, placed_on: torch.device | None = None) -> Linear:
     """Linear `layer` of an `nvfp4` layer (AWQ's pre_quant_scale folded in) as INT8 ConvRot, computed on
-    compute_on (linear.computed_on, placed_on its)."""
+    compute_on (linear.computed_on, as placed_on asks)."""
     bad, need = layer_reader(ckpt, layer, "NVFP4", "nvfp4 stores weight, weight_scale and weight_scale_2")
     packed, block_scales, tensor_scale = need("weight"), need("weight_scale"), need("weight_scale_2")
     pre_key = f"{layer}.pre_quant_scale"

@@ -56,7 +56,7 @@ def read_linear(ckpt: Checkpoint, layer: str, file_markers: dict[str, dict] | No
     if fmt in STORED_FORMATS:
         return STORED_FORMATS[fmt](ckpt, layer, weight, bias, marker, compute_on, placed_on)
     if weight.dtype in FP8_DTYPES:
-        return _fp8_as_int8(ckpt, layer, weight, bias, compute_on, placed_on, fp8_as)
+        return _scaled_fp8(ckpt, layer, weight, bias, compute_on, placed_on, fp8_as)
     if fmt is not None and not fmt.startswith("float8"):
         raise WeightsError(f"{name}: layer '{layer}' has quantization format '{fmt}', which this loader does "
                            f"not read ({', '.join(STORED_FORMATS)} and scaled FP8 are supported)")
@@ -108,7 +108,7 @@ STORED_FORMATS: dict[str, Callable[..., Linear]] = {"int8_tensorwise": _int8_con
                                                     "nvfp4": _nvfp4}
 
 
-def _fp8_as_int8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
+def _scaled_fp8(ckpt: Checkpoint, layer: str, weight: torch.Tensor, bias: torch.Tensor | None,
                  on: torch.device | None = None, placed_on: torch.device | None = None,
                  as_float: torch.dtype | None = None) -> Linear:
     """Scaled FP8 (new `weight_scale` or legacy `scale_weight` with a `scaled_fp8` marker), dequantized in f32
