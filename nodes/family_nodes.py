@@ -3,7 +3,6 @@ only what differs): the DiT loader, LoraLoaderModelOnly, the text encoder loader
 KSampler."""
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,7 +12,7 @@ import torch
 from comfy_api.latest import io
 
 from ..dit_core.families import FAMILIES
-from ..dit_core.weights import WeightsError
+from ..dit_core.weights.lora import LoraMismatch
 from .base import (FileHandle, ModelHandle, SwiftDiTError, build_ahead_of_sampling, check_family, checked,
                    conditioning_rows, file_checked, finite, gpus_input, ksampler_inputs, linear_mode, load_model,
                    loader_inputs, loading_shown, model_file, model_input, model_output, rank_count, run_sampler,
@@ -105,10 +104,8 @@ class LoraLoaderNode(io.ComfyNode):
         with checked(cls.NODE_ID, "lora_name"), loading_shown():
             try:
                 cls.load(handle)
-            except WeightsError as e:  # the engine's message names the file it refuses first: the fix for the LoRA's
-                if not str(e).startswith(f"{os.path.basename(path)}:"):
-                    raise
-                raise WeightsError(f"{e}; pick a {cls.TITLE} LoRA (one trained on this model) or bypass this node") \
+            except LoraMismatch as e:  # the engine's message names the file and what is wrong; the fix names the family
+                raise LoraMismatch(f"{e}; pick a {cls.TITLE} LoRA (one trained on this model) or bypass this node") \
                     from e
         return io.NodeOutput(handle)
 

@@ -17,6 +17,11 @@ from .linear import Linear, computed_on
 
 log = logging.getLogger(__name__)
 
+
+class LoraMismatch(WeightsError):
+    """A LoRA file that is not one of this model's (another model or size, no LoRA tensors, a kind not supported):
+    the fix is another LoRA, which a node that names the family can say."""
+
 PAIRS = ((".lora_A.weight", ".lora_B.weight"), (".lora_down.weight", ".lora_up.weight"))
 PREFIXES = ("model.diffusion_model.", "diffusion_model.", "transformer.", "")
 UNDERSCORE_PREFIXES = ("lora_unet_", "lycoris_")
@@ -48,7 +53,7 @@ class LoraSet:
         for u in ups:
             rows = u.up.shape[0]
             if u.down.shape[1] != lin.in_features or u.first + rows > lin.out_features:
-                raise WeightsError(f"{self.source}: LoRA layer '{name}' is [{rows} x {u.down.shape[1]}] at row "
+                raise LoraMismatch(f"{self.source}: LoRA layer '{name}' is [{rows} x {u.down.shape[1]}] at row "
                                    f"{u.first}, the model's is {(lin.out_features, lin.in_features)}: a LoRA for "
                                    f"another model size")
 
@@ -83,7 +88,7 @@ def load_lora(path, strength: float, linears: set[str], aliases: dict[str, tuple
     keys = set(ckpt.keys())
     stems = _layer_names(keys)
     if not stems:
-        raise WeightsError(f"{ckpt.path.name}: no LoRA tensors (lora_A/lora_B or lora_down/lora_up) in this file")
+        raise LoraMismatch(f"{ckpt.path.name}: no LoRA tensors (lora_A/lora_B or lora_down/lora_up) in this file")
     aliases = aliases or {}
     names = {n: (n, 0) for n in linears} | aliases
     underscored = {n.replace(".", "_"): target for n, target in names.items()}
@@ -97,13 +102,13 @@ def load_lora(path, strength: float, linears: set[str], aliases: dict[str, tuple
         name, first = target
         down, up = ckpt.get(down_key), ckpt.get(up_key)
         if down.dim() != 2 or up.dim() != 2 or down.shape[0] != up.shape[1]:
-            raise WeightsError(f"{ckpt.path.name}: LoRA layer '{stem}' has A {tuple(down.shape)} and B "
+            raise LoraMismatch(f"{ckpt.path.name}: LoRA layer '{stem}' has A {tuple(down.shape)} and B "
                                f"{tuple(up.shape)}, not a rank-r pair (only linear LoRAs are supported)")
         rank = down.shape[0]
         alpha = ckpt.get(stem + ".alpha").item() if stem + ".alpha" in keys else rank
         out.updates.setdefault(name, []).append(Update(down, up, strength * alpha / rank, first))
     if not out.updates:
-        raise WeightsError(f"{ckpt.path.name}: a LoRA for another model: none of its {len(stems)} layers (e.g. "
+        raise LoraMismatch(f"{ckpt.path.name}: a LoRA for another model: none of its {len(stems)} layers (e.g. "
                            f"'{unknown[0]}') is a layer of this model")
     if unknown:
         log.warning("%s: %d LoRA layers match no layer of this model and are skipped (e.g. %s)",
