@@ -40,11 +40,10 @@ from dit_core.weights import TensorSource  # noqa: E402
 GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
-# --launches: kernels' launches of the same math (kernels.Choices fields), each timed as a graphed step beside the
-# defaults: the gated OUT rows' whole-rows pass a program a row block, or walking them with other than the default's
-# programs
-LAUNCHES = {"gated OUT rows a program a block": {"whole_rows_walking": 0},
-            "gated OUT rows walked, 2 programs an SM": {"whole_rows_walking": 2}}
+# --launches: other kernels or launches of the same math (Options fields; "kernels": kernels.Choices fields), each
+# timed as a graphed step beside the defaults: GELU in DOWN's quantizer prologue (UP's rows unturned, the rotate and
+# codes passes)
+LAUNCHES = {"GELU in DOWN's quantizer": {"turn_hidden": False}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,
@@ -181,8 +180,8 @@ def main(argv=None) -> None:
                    "is still made: ours is made from its tensors)")
     p.add_argument("--attention-8bit", action="store_true", help="also the graphed step with the self-attentions' "
                    "products on 8 bits (Options.attention_8bit)")
-    p.add_argument("--launches", action="store_true", help="also the graphed step with each of LAUNCHES' kernel "
-                   "launches (kernels.Choices)")
+    p.add_argument("--launches", action="store_true", help="also the graphed step with each of LAUNCHES' "
+                   "options (Options, kernels.Choices)")
     p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
                    "last stage, by GPU time, and its host functions (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
@@ -231,8 +230,9 @@ def main(argv=None) -> None:
             graphed.clear()
             del eight
         for label, change in LAUNCHES.items() if args.launches else ():
-            kernels = dataclasses.replace(defaults.kernels or Choices(), **change)
-            variant = dataclasses.replace(ours, options=dataclasses.replace(defaults, kernels=kernels))
+            change = dict(change)
+            kernels = dataclasses.replace(defaults.kernels or Choices(), **change.pop("kernels", {}))
+            variant = dataclasses.replace(ours, options=dataclasses.replace(defaults, kernels=kernels, **change))
             graphed = variant.graphed()
             for k, s in inputs.items():
                 results[(k, f"{GRAPHED}, {label}")] = (*timed_on(device, our_step(variant, s, graphed), args.steps),

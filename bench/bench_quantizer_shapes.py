@@ -170,8 +170,8 @@ def hidden_table() -> list[str]:
         t = rows(m, k, torch.bfloat16)
         codes, scales = torch.empty(m, k, dtype=torch.int8, device="cuda"), torch.empty(m, device="cuda")
         plain = graph_ms(lambda t=t: quantize_rows(t, 256, out=(codes, scales)))
-        hidden = int8_quant_turned_hopper.launch_hidden
-        gluon = [f"{w}/{g} {graph_ms(lambda t=t, w=w, g=g: hidden(t, codes, scales, w, g)):.4f}"
+        hidden = int8_quant_turned_hopper.launch_long
+        gluon = [f"{w}/{g} {graph_ms(lambda t=t, w=w, g=g: hidden(t, codes, scales, 'hidden', w, g)):.4f}"
                  for w, g in ((1, 4), (2, 4), (1, 8), (4, 4))]
         passes = graph_ms(lambda t=t: quantize_rows(t, 256, turned="hidden", out=(codes, scales),
                                                     choices=Choices(hopper_turned_quant=False)))

@@ -13,8 +13,8 @@ class Options:
     INT8 (BF16 linears keep cuDNN's bf16: the precise path); off, cuDNN's bf16 SDPA. attention_8bit: both attention
     products on the 8-bit matrix cores (kernels/attention_8bit.py: INT8 q k^T, e4m3 p v; about 3.5% from f32 against
     INT8 scores' 1.2% and cuDNN bf16's 0.2%) in blocks whose QKV is INT8, before int8_attention. turn_v: v leaves the fused QKV
-    turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an INT8 DOWN
-    (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
+    turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows (a GELU MLP's: GELU in UP's
+    epilogue too) turned for an INT8 DOWN (block._turns_hidden). mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
     output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference mode blocks on
     side streams beside the image's (else one after another). carry_norms: each norm's row statistics written by
     the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's), else made by a pass

@@ -17,7 +17,7 @@ from ..block import Attention, GroupBias, gelu_tanh
 from ..linear import float_on
 from ..sequence import Sequence
 from ..weights import Linear, stack_rows
-from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
+from .block import GpuLinear, _chunks, _turns_hidden, gated_into, linear_rows, rows_product, run
 from .options import DEFAULT, Options
 
 
@@ -253,12 +253,21 @@ def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
     """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_rows(a, x, shift, scale, row_map)
     (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h by modulated_rows (bf16 rows,
     which an INT8 UP's quantizer takes in one pass: 9 bytes a value, where the norm in its prologue costs a
-    statistics pass and the two-pass rotation, 13), UP's bf16 output, then GELU in DOWN's quantizer (INT8) or in
-    torch."""
+    statistics pass and the two-pass rotation, 13), then for INT8 UP and DOWN GELU in UP's epilogue, its rows
+    turned there along a digit of DOWN's rotation (_turns_hidden: DOWN's codes in one pass of any width, 3 bytes a
+    value where the rotate and codes passes move 7); else UP's bf16 output, then GELU in DOWN's quantizer (INT8) or
+    in torch."""
     o = options or DEFAULT
     for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
         xs, maps = x[r0:r1], row_map[r0:r1]
-        hidden = rows_product(linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o), up, o)
+        h = linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o)
+        if _turns_hidden(up, down, o):
+            hidden = run("int8_linear", h[0], h[1], up.weight, up.scale, up.bias, gelu_tanh=True, turn_hidden=True,
+                         choices=o.kernels)
+            rows = (*run("quantize_rows", hidden, down.group, turned="v", choices=o.kernels), None)
+            gated_into(xs, rows, down, gate, maps, o)
+            continue
+        hidden = rows_product(h, up, o)
         if down.int8:
             rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)
         else:

@@ -1,4 +1,4 @@
-"""INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing, SwiGLU or gated-residual epilogue.
+"""INT8 x INT8 -> INT32 products on the matrix cores, with a dequantizing, GELU, SwiGLU or gated-residual epilogue.
 
 Issue 4; reference/int8_convrot_format.md section 6 (the forward formula). Codes q [M, K] int8 with row scales
 s_x [M] f32 (from kernels/int8/quant.py), weight codes w [N, K] int8 with row scales s_w [N] f32, bias [N]
@@ -7,6 +7,10 @@ s_x [M] f32 (from kernels/int8/quant.py), weight codes w [N, K] int8 with row sc
   y[m, n]   = float(acc) * (s_x[m] * s_w[n]) + bias[n]    f32, each operation rounded (no fused multiply-add)
             (+ lora[m, n] = (lora_down [M, r] @ lora_up [N, r]^T)[m, n]: bf16 operands, f32 sums)
   int8_linear:       out[m, n] = bf16(y[m, n])                                        (one rounding)
+    gelu_tanh=True:  out[m, n] = bf16(u / (1 + exp(-2c (u + 0.044715 u^3)))), u = bf16(y[m, n]), c = sqrt(2/pi)
+                     (the MLP's GELU, as int8_quant's gelu_tanh)
+      turn_hidden:   its f32 values turned along each 64 columns' digit d2 before the rounding (quant_turned's TURNED
+                     "v": the digit a thread's accumulator registers hold, the codes pass doing d1 and d0)
     swiglu=True:     out[m, j] = bf16(silu(g) u), g = bf16(y[m, 2j]), u = bf16(y[m, 2j + 1]), silu(a) = a / (1 +
                      exp(-a)) (N / 2 columns: the MLP's interleaved gate and up rows, as int8_quant's swiglu)
     turn_hidden:     out = bf16(turned_f32(silu(g) u)): each 64 columns turned along digits d2 and d1 in f32
@@ -25,13 +29,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 
 import torch
 
 from . import linear_hopper
 from ..choices import DEFAULT, Choices
 from .products import exact_products, halves, linear_epilogue, products, tile_of
-from .quant_turned import turned_f32
+from .quant_turned import TURNED, turned_f32
 from .tiles import (BF16, GATED, SWIGLU, candidate_tiles, fixed_tiles, launch_grid, sm_count, tma_where_it_can,
                          tune_bucket)
 from .modulation_rows import shared_row
@@ -49,7 +54,7 @@ except ImportError:  # torch without Triton: reference() still imports (kernels/
 
 
 def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residual=None, gate=None,
-              row_map=None, out=None, swiglu=False, addend=None, next_norm=None, turn_hidden=False):
+              row_map=None, out=None, swiglu=False, addend=None, next_norm=None, turn_hidden=False, gelu_tanh=False):
     """The math above in plain torch (exact_products). With residual: the gated form (residual updated in place and
     returned; next_norm's stats filled); otherwise bf16 [M, N], with swiglu [M, N / 2] (into out when given)."""
     y = exact_products(q, w).float() * (s_x.float().reshape(-1, 1) * s_w.float().reshape(1, -1))
@@ -66,6 +71,10 @@ def reference(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, residu
         g, u = y.to(torch.bfloat16).float()[:, 0::2], y.to(torch.bfloat16).float()[:, 1::2]
         y = g / (1 + torch.exp(-g)) * u
         y = turned_f32(y) if turn_hidden else y
+    elif gelu_tanh:
+        u = y.to(torch.bfloat16).float()
+        y = u / (1 + torch.exp(-(2 * math.sqrt(2 / math.pi) * (u + 0.044715 * u * u * u))))
+        y = turned_f32(y, TURNED["v"]) if turn_hidden else y
     return y.to(torch.bfloat16) if out is None else out.copy_(y)
 
 
@@ -74,9 +83,9 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
                         add_ptr, M, N, K, R, M_TUNE, sums_ptr, count_ptr, whole, parts, HAS_BIAS: tl.constexpr,
                         HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr,
                         HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr,
-                        TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-                        SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
+                        TURN: tl.constexpr, GELU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GROUP_M: tl.constexpr, TMA: tl.constexpr,
+                        PERSISTENT: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     # TMA: tiles loaded by descriptors (Hopper), else by pointers. PERSISTENT: one program per SM walks the work
     # items (the loop flattened: the next tile's loads start during this epilogue), else one an item; Triton's warp-
     # specialized loop was no faster on the H200. SUBTILE (0, 2, 4): the epilogue takes the
@@ -93,22 +102,22 @@ def _int8_linear_kernel(q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr
     if not PERSISTENT:
         _tile(tl.program_id(0), q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr,
               map_ptr, add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
-              HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N,
-              BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
+              HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, GELU, BLOCK_M,
+              BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
     else:
         for tile in tl.range(tl.program_id(0), tl.minimum(whole, tiles_m * tiles_n), tl.num_programs(0),
                              flatten=True):
             _tile(tile, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                   add_ptr, sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts,
-                  HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N,
-                  BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
+                  HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND, WIDE, EVEN_K, LORA_DTYPE, TURN, GELU, BLOCK_M,
+                  BLOCK_N, BLOCK_K, BLOCK_R, GROUP_M, TMA, SUBTILE, SPLIT)
 
 
 @triton_jit
 def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr, add_ptr,
           sums_ptr, count_ptr, a_desc, b_desc, M, N, K, R, tiles_m, tiles_n, whole, parts, HAS_BIAS: tl.constexpr,
           HAS_LORA: tl.constexpr, FORM: tl.constexpr, ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr,
-          WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, TURN: tl.constexpr,
+          WIDE: tl.constexpr, EVEN_K: tl.constexpr, LORA_DTYPE: tl.constexpr, TURN: tl.constexpr, GELU: tl.constexpr,
           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
           GROUP_M: tl.constexpr, TMA: tl.constexpr, SUBTILE: tl.constexpr, SPLIT: tl.constexpr):
     """An output tile's products, then the epilogue (on SUBTILE parts of the columns in turn); with SPLIT, program
@@ -141,7 +150,7 @@ def _tile(item, q_ptr, sx_ptr, w_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_pt
                 subtile = others_added(subtile, i, count, sums_ptr, tail, part, parts, BLOCK_M, BLOCK_N)
             linear_epilogue(subtile, pid_m, count * pid_n + i, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr,
                       gate_ptr, map_ptr, add_ptr, shared, M, N, R, HAS_BIAS, HAS_LORA, FORM, ONE_GATE_ROW, HAS_ADDEND,
-                      WIDE, LORA_DTYPE, TURN, BLOCK_M, BLOCK_N // count, BLOCK_R)
+                      WIDE, LORA_DTYPE, TURN, GELU, BLOCK_M, BLOCK_N // count, BLOCK_R)
         if SPLIT:
             counter_reset(count_ptr, tail)
 
@@ -163,11 +172,12 @@ def _autotuned(form: int):
 
 
 def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles, form, addend=None, parts=None,
-            turn=False, choices: Choices = DEFAULT):
+            turn=False, gelu=False, choices: Choices = DEFAULT):
     """tiles: None (fixed_tiles', else autotuned) or {BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages[,
     TMA, PERSISTENT, SUBTILE] (off when left out)} (tests, tuning). True where the Hopper kernel ran (it fills
-    parts, the updated rows' norm parts, when given). turn: SWIGLU's rows turned (int8_linear's turn_hidden).
-    choices: hopper_gemm, group_m and split_tail (kernels/choices.py)."""
+    parts, the updated rows' norm parts, when given). turn: SWIGLU's or GELU's rows turned (int8_linear's
+    turn_hidden); gelu: BF16's rows through GELU (int8_linear's gelu_tanh). choices: hopper_gemm, group_m and
+    split_tail (kernels/choices.py)."""
     (m, k), n = q.shape, w.shape[0]
     if q.dtype != torch.int8 or w.dtype != torch.int8 or w.shape[1] != k:
         raise ValueError(f"int8_linear: codes must be int8 [M, K] and [N, K], got {tuple(q.shape)} "
@@ -183,7 +193,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     if tiles is None and lora_down is None and choices.hopper_gemm and linear_hopper.unusable(
             q, out, out.shape[1] * out.element_size()) is None and linear_hopper.launch(
             q, s_x, w, s_w, bias, out, form, gate=gate, row_map=row_map, addend=addend, parts=parts, turn=turn,
-            group_m=choices.group_m):
+            gelu=gelu, group_m=choices.group_m):
         return True
     rank = lora_down.shape[1] if lora_down is not None else 0
     fixed = tiles is None and form not in _UNFIT and fixed_tiles(form, q.device, k)
@@ -200,7 +210,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
              "ONE_GATE_ROW": gate is not None and gate.shape[0] == 1, "HAS_ADDEND": addend is not None,
              "WIDE": m * n >= 2**31,
              "EVEN_K": k % (tiles["BLOCK_K"] if tiles else 128) == 0,  # the tuned BLOCK_K are 64 and 128
-             "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32, "TURN": turn,
+             "LORA_DTYPE": tl.bfloat16 if q.is_cuda else tl.float32, "TURN": turn, "GELU": gelu,
              "BLOCK_R": max(16, triton.next_power_of_2(max(rank, 1)))}
     # enable_fp_fusion=False: the epilogue's multiply-then-add must round twice, as the reference's does.
     def autotuned():  # every tile whole
@@ -209,9 +219,10 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
     if tiles is None:
         return autotuned()
     tiles = {"TMA": False, "PERSISTENT": False, "SUBTILE": 0, **tiles}
-    if turn and (tiles["BLOCK_N"] // max(tiles["SUBTILE"], 1)) % 128:
-        raise ValueError(f"int8_linear: turned SwiGLU rows need an epilogue of whole 128 columns (64 rows' pairs), "
-                         f"got BLOCK_N {tiles['BLOCK_N']} in {max(tiles['SUBTILE'], 1)} parts")
+    whole_columns = 128 if form == SWIGLU else 64  # (SwiGLU: 64 rows' pairs)
+    if turn and (tiles["BLOCK_N"] // max(tiles["SUBTILE"], 1)) % whole_columns:
+        raise ValueError(f"int8_linear: turned rows need an epilogue of whole {whole_columns} columns, got BLOCK_N "
+                         f"{tiles['BLOCK_N']} in {max(tiles['SUBTILE'], 1)} parts")
     wave = tiles.pop("WAVE", sm_count(q.device) if fixed else 0)  # tests set it; tiles of their own: no split
     sums, counts, whole, parts, tail_programs = tail_split(m, n, k, tiles, wave, absent, choices.split_tail)
     try:
@@ -226,7 +237,7 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
         return autotuned()
     if parts > 1:  # the tail launch, a program a part; at the Hopper tile its sums stored in quarters (no spills)
         subtile = 4 if fixed else tiles["SUBTILE"]
-        while turn and subtile and tiles["BLOCK_N"] // subtile % 128:  # (turned: whole 128 columns a part)
+        while turn and subtile and tiles["BLOCK_N"] // subtile % whole_columns:  # (turned: whole columns a part)
             subtile //= 2
         tail_tiles = {**tiles, "PERSISTENT": False, "SUBTILE": subtile if subtile > 1 else 0}
         _int8_linear_kernel[(tail_programs,)](*args, sums, counts, whole, parts, **flags, **tail_tiles, SPLIT=True,
@@ -234,20 +245,23 @@ def _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, gate, row_map, tiles,
 
 
 def int8_linear(q, s_x, w, s_w, bias=None, *, lora_down=None, lora_up=None, out=None, tiles=None, swiglu=False,
-                turn_hidden=False, choices: Choices = DEFAULT):
+                turn_hidden=False, gelu_tanh=False, choices: Choices = DEFAULT):
     """bf16 [M, N] = (q wᵀ) * s_x[m] * s_w[n] + bias[n] (+ LoRA) by the math in this file's docstring; with swiglu,
-    SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]; turn_hidden: those rows turned before their
-    bf16 rounding (the math's turn_hidden). choices: which kernels run (kernels/choices.py)."""
+    SiLU(gate) up of its interleaved column pairs, bf16 [M, N / 2]; with gelu_tanh, GELU of the rows; turn_hidden:
+    those rows turned before their bf16 rounding (the math's turn_hidden). choices: which kernels run
+    (kernels/choices.py)."""
     m, n = q.shape[0], w.shape[0] // 2 if swiglu else w.shape[0]
-    if swiglu and w.shape[0] % 2:
-        raise ValueError(f"int8_linear: swiglu takes interleaved gate and up rows, an even count, got {w.shape[0]}")
-    if turn_hidden and (not swiglu or n % 64):
-        raise ValueError(f"int8_linear: turn_hidden turns SwiGLU's rows by blocks of 64 columns, got {n} columns")
+    if swiglu and (w.shape[0] % 2 or gelu_tanh):
+        raise ValueError(f"int8_linear: swiglu takes interleaved gate and up rows, an even count, and no GELU; got "
+                         f"{w.shape[0]} rows, gelu_tanh={gelu_tanh}")
+    if turn_hidden and (not (swiglu or gelu_tanh) or n % 64):
+        raise ValueError(f"int8_linear: turn_hidden turns SwiGLU's or GELU's rows by blocks of 64 columns, got {n} "
+                         f"columns")
     out = torch.empty(m, n, dtype=torch.bfloat16, device=q.device) if out is None else out
     if out.shape != (m, n) or out.dtype != torch.bfloat16 or not out.is_contiguous():
         raise ValueError(f"int8_linear: out must be contiguous bf16 [{m}, {n}]")
     _launch(q, s_x, w, s_w, bias, lora_down, lora_up, out, None, None, tiles, SWIGLU if swiglu else BF16,
-            turn=turn_hidden, choices=choices)
+            turn=turn_hidden, gelu=gelu_tanh, choices=choices)
     return out
 
 

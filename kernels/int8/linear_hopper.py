@@ -33,7 +33,7 @@ try:
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .hopper_epilogues import (addend_box, fetch_box, gated_epilogue, qkv_epilogue, store_box, tma_load,
-                                        turned_hidden)
+                                        turned_hidden, turned_v)
 except (ImportError, AttributeError):  # a Triton without Gluon (before 3.5), or with another Gluon
     gluon = None
 
@@ -41,7 +41,9 @@ QKV_ROPE = 3  # the fused QKV, a form past int8_tiles' BF16, GATED, SWIGLU
 # A ring of 5 x 32 KB beside the consumers' two 32 KB output boxes (SwiGLU's 16 KB: 6), 224 of the H200's 227 KB.
 TILE = {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8, "STAGES": 5, "SWIGLU_STAGES": 6}
 PART_COLUMNS = TILE["BLOCK_N"] // 2  # the gated epilogue's column halves: the width of the norm parts it writes
-UNBUILT: dict[int, str] = {}  # form -> why this Triton could not build it (Gluon's API moves between releases)
+UNBUILT: dict[int, str] = {}  # form (GELU's bf16 rows: GELU_ROWS) -> why this Triton could not build it (Gluon's API
+# moves between releases)
+GELU_ROWS = 4
 
 
 def unusable(q: torch.Tensor, out: torch.Tensor, row_bytes: int) -> str | None:
@@ -116,8 +118,8 @@ if gluon is not None:
     def _consumer(a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched, sx_ptr,
                   sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                   HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr, HAS_NORM: gl.constexpr,
-                  D: gl.constexpr, ANGLES: gl.constexpr, TURN: gl.constexpr, GROUP_M: gl.constexpr,
-                  STAGES: gl.constexpr, W: gl.constexpr):
+                  D: gl.constexpr, ANGLES: gl.constexpr, TURN: gl.constexpr, GELU: gl.constexpr,
+                  GROUP_M: gl.constexpr, STAGES: gl.constexpr, W: gl.constexpr):
         """Consumer W's tiles (the program's W-th, W + 2-th, ...): their products once the other consumer's K loop is
         issued, then the form's epilogue (int8_linear's y, rounded once) while the other's products run. HAS_NORM:
         the QKV reads its heads' norm gains at norm_ptr; the gated form writes the updated rows' norm parts there."""
@@ -159,6 +161,11 @@ if gluon is not None:
                 qkv_epilogue(y.to(gl.bfloat16).to(gl.float32), off_m, off_n, out_desc, out_tile, norm_ptr, cos_ptr,
                              sin_ptr, M, HD, eps, HAS_NORM, D, ANGLES, TURN)
             else:
+                if GELU:  # products.gelu_rows' math (the division approximate, as SwiGLU's)
+                    u = y.to(gl.bfloat16).to(gl.float32)
+                    y = u / (1.0 + gl.exp(-(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))))
+                    if TURN:
+                        y = turned_v(y)
                 store_box(y.to(gl.bfloat16), out_desc, out_tile, [off_m, off_n])
         tma.store_wait(0)
 
@@ -167,7 +174,8 @@ if gluon is not None:
                                    norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps, FORM: gl.constexpr,
                                    HAS_BIAS: gl.constexpr, ONE_GATE_ROW: gl.constexpr, HAS_ADDEND: gl.constexpr,
                                    HAS_NORM: gl.constexpr, D: gl.constexpr, ANGLES: gl.constexpr,
-                                   TURN: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr):
+                                   TURN: gl.constexpr, GELU: gl.constexpr, GROUP_M: gl.constexpr,
+                                   STAGES: gl.constexpr):
         a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
         b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
         # each consumer's output box (the gated form's residual, read and written in it)
@@ -188,12 +196,12 @@ if gluon is not None:
         gl.warp_specialize([
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
                          sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
-                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GROUP_M, STAGES,
-                         0)),
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GELU, GROUP_M,
+                         STAGES, 0)),
             (_consumer, (a_desc, b_desc, out_desc, add_desc, a_ring, b_ring, ready, empty, turn, out_tiles, fetched,
                          sx_ptr, sw_ptr, bias_ptr, gate_ptr, map_ptr, norm_ptr, cos_ptr, sin_ptr, M, N, K, HD, eps,
-                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GROUP_M, STAGES,
-                         1)),
+                         FORM, HAS_BIAS, ONE_GATE_ROW, HAS_ADDEND, HAS_NORM, D, ANGLES, TURN, GELU, GROUP_M,
+                         STAGES, 1)),
             (_producer, (a_desc, b_desc, a_ring, b_ring, ready, empty, M, N, K, GROUP_M, STAGES)),
         ], [4, 1], [224, 24])
 
@@ -209,16 +217,18 @@ def _swizzle(block: tuple[int, ...], dtype):
 
 
 def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=None, parts=None, norms=None,
-           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False, group_m=TILE["GROUP_M"]):
+           cos=None, sin=None, angles=None, heads_d=0, head=128, eps=1e-6, turn=False, gelu=False,
+           group_m=TILE["GROUP_M"]):
     """Codes q [M, K] and w [N, K] into out (bf16 [M, N]; GATED: the f32 residual [M, N] in place, the bf16 addend
     [M, N] added to the product where given, the updated rows' norm parts into parts [2, N / 64, M] f32 where given
     (kernels/int8/row_stats.py); SWIGLU: bf16 [M, N / 2]; QKV_ROPE: bf16 [3, M, heads_d], turned by cos
     and sin [M, head / 2] or, where given, by angles: (positions [M, 4], freqs [2, head / 2], the first columns of
-    axes 1-3), int8_hopper_epilogues' factors; turn: QKV_ROPE's v turned (turned_v), SWIGLU's rows turned
-    (turned_hidden)); group_m: row tiles walking the columns together (kernels.Choices.group_m); True, or False
-    where nothing ran (UNBUILT says why, or an addend TMA cannot read; the callers
-    run Triton's kernels). The callers ask `unusable` first."""
-    if form in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
+    axes 1-3), int8_hopper_epilogues' factors; gelu: BF16's rows through GELU; turn: QKV_ROPE's v and GELU's rows
+    turned (turned_v), SWIGLU's rows turned (turned_hidden)); group_m: row tiles walking the columns together
+    (kernels.Choices.group_m); True, or False where nothing ran (UNBUILT says why, or an addend TMA cannot read; the
+    callers run Triton's kernels). The callers ask `unusable` first."""
+    built_as = GELU_ROWS if gelu else form
+    if built_as in UNBUILT or (addend is not None and (addend.data_ptr() % 16 or addend.stride() != (w.shape[0], 1)
                                                    or w.shape[0] % 8)):
         return False
     (m, k), n = q.shape, w.shape[0]
@@ -240,12 +250,12 @@ def launch(q, s_x, w, s_w, bias, out, form, *, gate=None, row_map=None, addend=N
             next((t for t in (norms, parts) if t is not None), absent), *rope, m, n, k, heads_d, eps, FORM=form,
             HAS_BIAS=bias is not None, ONE_GATE_ROW=gate is not None and gate.shape[0] == 1,
             HAS_ADDEND=addend is not None, HAS_NORM=norms is not None or parts is not None, D=head,
-            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GROUP_M=group_m,
+            ANGLES=axis_ends(angles[2]) if angles is not None else 0, TURN=turn, GELU=gelu, GROUP_M=group_m,
             STAGES=TILE["SWIGLU_STAGES" if form == SWIGLU else "STAGES"], num_warps=4, enable_fp_fusion=False)
     why = build_failure(run)
     if why is not None:
-        UNBUILT[form] = why
+        UNBUILT[built_as] = why
         logging.getLogger(__name__).warning("int8_linear_hopper: form %d not built (%s); Triton's kernels run it",
-                                            form, why)
+                                            built_as, why)
         return False
     return True

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .quant_turned import turned_hidden
+from .quant_turned import turned_hidden, turned_top
 from ..rounding import round_to_bf16, rounded_bf16
 from ..jit import triton_jit
 
@@ -105,13 +105,26 @@ def swiglu_pairs(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.const
 
 
 @triton_jit
+def gelu_rows(y, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TURN: tl.constexpr):
+    """GELU (tanh form) of y's values rounded to bf16 first, as the product int8_linear writes, f32 (int8_quant's
+    gelu_tanh; the division approximate, as swiglu_pairs'); TURN: each 64 columns turned along digit d2 before the
+    rounding (quant_turned.turned_f32's "v")."""
+    u = round_to_bf16(y)
+    act = u / (1.0 + tl.exp(-(2.0 * 0.7978845608028654 * (u + 0.044715 * u * u * u))))
+    if TURN:
+        act = turned_top(act, BLOCK_M, BLOCK_N)
+    return act
+
+
+@triton_jit
 def linear_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_ptr, out_ptr, gate_ptr, map_ptr,
                     add_ptr, shared, M, N, R, HAS_BIAS: tl.constexpr, HAS_LORA: tl.constexpr, FORM: tl.constexpr,
                     ONE_GATE_ROW: tl.constexpr, HAS_ADDEND: tl.constexpr, WIDE: tl.constexpr,
-                    LORA_DTYPE: tl.constexpr, TURN: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_R: tl.constexpr):
+                    LORA_DTYPE: tl.constexpr, TURN: tl.constexpr, GELU: tl.constexpr, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
     """kernels/int8/linear.py's epilogue on a tile (or a column part of one) of int32 products: its math's forms
-    (FORM 0 bf16 rows, 1 the gated residual, 2 SwiGLU), with the LoRA's product and the addend where given."""
+    (FORM 0 bf16 rows, GELU's where GELU; 1 the gated residual; 2 SwiGLU), with the LoRA's product and the addend
+    where given."""
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mmask = rm < M
@@ -147,4 +160,6 @@ def linear_epilogue(acc, pid_m, pid_n, sx_ptr, sw_ptr, bias_ptr, down_ptr, up_pt
         tl.store(out_ptr + row[:, None] * (N // 2) + rh[None, :], act.to(tl.bfloat16),
                  mask=mmask[:, None] & (rh < N // 2)[None, :])
     else:
+        if GELU:
+            y = gelu_rows(y, BLOCK_M, BLOCK_N, TURN)
         tl.store(out_ptr + offs, rounded_bf16(y), mask=mask)

@@ -9,7 +9,8 @@ The factors commute, so a producer may take some of them in its registers (TURNE
 then the rest (rest_operand):
   "v"       attention is linear in v, so the fused QKV turns d2 of v (qkv_rope_linear's turn_v, bf16(v ((H4 / 2) (x)
             I_16))) and the attention's output t holds t_a = u_a ((H4 / 2) (x) I_16) up to its bf16 rounding;
-            z_a = t_a (I_4 (x) H_16 / 2): products of 16 columns, not 64.
+            z_a = t_a (I_4 (x) H_16 / 2): products of 16 columns, not 64. UP's GELU epilogue turns the same digit
+            of the MLP's hidden rows before their one bf16 rounding (int8_linear's gelu_tanh with turn_hidden).
   "hidden"  UP's SwiGLU epilogue turns d2 and d1 of the MLP's hidden rows before their one bf16 rounding
             (int8_linear's turn_hidden, turned_f32); z_a = t_a (I_16 (x) H4 / 2).
 For rows t [M, K] bf16 (K a multiple of 256):
@@ -109,6 +110,15 @@ def turned_hidden(act, BM: tl.constexpr, BH: tl.constexpr):
     x = _h4_halved_pair(tl.permute(x, (0, 1, 4, 5, 6, 2, 3)))  # [.., d1 high, d1 low, d0, d2 high, d2 low]
     x = _h4_halved_pair(tl.permute(x, (0, 1, 5, 6, 4, 2, 3)))  # [.., d2 high, d2 low, d0, d1 high, d1 low]
     return tl.reshape(tl.permute(x, (0, 1, 2, 3, 5, 6, 4)), (BM, BH))
+
+
+@triton_jit
+def turned_top(act, BM: tl.constexpr, BH: tl.constexpr):
+    """turned_f32 of f32 rows act [BM, BH] (BH a multiple of 64) along digit d2 alone (TURNED["v"]: int8_linear's
+    turned GELU rows)."""
+    x = tl.reshape(act, (BM, BH // 64, 2, 2, 16))  # [.., d2 high, d2 low, d1 d0]
+    x = _h4_halved_pair(tl.permute(x, (0, 1, 4, 2, 3)))  # [.., d1 d0, d2 high, d2 low]
+    return tl.reshape(tl.permute(x, (0, 1, 3, 4, 2)), (BM, BH))
 
 
 @functools.cache
@@ -295,12 +305,13 @@ def quantize_turned(t: torch.Tensor, turned: str | None = "v", out=None, rows: i
 
 def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scales: torch.Tensor,
              hopper: bool = True) -> bool:
-    """Whether this file's passes took turned rows t (contiguous bf16 [M, K]) into (codes, scales): hidden rows on
-    Hopper by kernels/int8/quant_turned_hopper.py's pass (any width; where `hopper`, as quantize_turned's), else rows
-    that fit quantize_turned. False leaves them to kernels/int8/quant.py's passes, with rest_operand as the
-    rotation."""
-    if t.shape[0] and hopper and turned == "hidden" and quant_turned_hopper.unusable(t, turned) is None and \
-            quant_turned_hopper.launch_hidden(t, codes, scales):
+    """Whether this file's passes took turned rows t (contiguous bf16 [M, K]) into (codes, scales): hidden rows, and
+    v-turned rows too long for quantize_turned, on Hopper by kernels/int8/quant_turned_hopper.py's pass of any
+    width (where `hopper`, as quantize_turned's), else rows that fit quantize_turned. False leaves them to
+    kernels/int8/quant.py's passes, with rest_operand as the rotation."""
+    long = turned == "hidden" or not fits(t.shape[1], group)
+    if t.shape[0] and hopper and long and quant_turned_hopper.unusable(t, turned, long=True) is None and \
+            quant_turned_hopper.launch_long(t, codes, scales, turned):
         return True
     if not fits(t.shape[1], group):
         return False

@@ -12,9 +12,10 @@ rows, each 64-column block of a group as one tensor. f32 sums in another order t
 their rounding of a bf16 midpoint may round the other way: codes are checked against the float64 rotation as the
 Triton kernel's are (tests/kernels/test_int8_quant_turned.py). GPU only (Hopper, Gluon), else `unusable` says why
 and int8_quant_turned's Triton kernel runs.
-Hidden rows (TURNED "hidden": UP's SwiGLU epilogue took d2 and d1) of any length: z_a = t_a (I_16 (x) H4 / 2), the
-digit d0 in each thread's 8 contiguous columns, then the radix-4 step. A program takes a row by chunks of 4 groups a
-warp (the next chunk's loads issued before this one's butterflies); the rotated bf16 values wait in shared memory
+Rows of any length (launch_long): hidden rows (TURNED "hidden": UP's SwiGLU epilogue took d2 and d1), z_a = t_a
+(I_16 (x) H4 / 2), the digit d0 in each thread's 8 contiguous columns, or v-turned rows (UP's GELU epilogue took
+d2) with d1 and d0 in a thread's 16, then the radix-4 step. A program takes a row by chunks of 4 groups a warp (8
+for v; the next chunk's loads issued before this one's butterflies); the rotated bf16 values wait in shared memory
 (K x 2 bytes) until the row's absmax is known, each thread reading back what it wrote. (No shared memory, the
 codes loop loading the row again from L2 and rotating it again, was about 30% slower on the H200.)
 """
@@ -41,11 +42,11 @@ GROUP, BLOCK = 256, 64  # (the kernel's own constexprs below: jit functions read
 UNBUILT: list[str] = []  # why this Triton could not build the kernel (Gluon's API moves between releases)
 
 
-def unusable(t: torch.Tensor, turned: str = "v") -> str | None:
+def unusable(t: torch.Tensor, turned: str = "v", long: bool = False) -> str | None:
     """None when a kernel here can take the turned rows t [M, K] (contiguous bf16, K a multiple of 256, checked by
-    the caller; turned: quant_turned.TURNED's key), else why not (the rows asked first, so that the CPU's tests
-    reach those answers too)."""
-    if turned == "hidden":  # a row's rotated values wait in shared memory
+    the caller; turned: quant_turned.TURNED's key; long: by launch_long, as hidden rows always are), else why not
+    (the rows asked first, so that the CPU's tests reach those answers too)."""
+    if turned == "hidden" or long:  # a row's rotated values wait in shared memory
         if t.shape[1] * 2 > 192 * 1024:
             return "a row's rotated values larger than shared memory"
     elif (groups := t.shape[1] // GROUP) * 16 < 15 * (1 << (groups - 1).bit_length()):
@@ -66,12 +67,17 @@ if gluon is not None:
         return gl.reshape(h4_halved_pair(gl.reshape(x, [x.shape[0], 4, 4, 2, 2])), x.shape)
 
     @gluon_jit
-    def _block_z(t_ptr, at, inside, layout: gl.constexpr):
-        """z_a of one 64-column block of each group [groups, 64]: (H4 / 2) along columns' bits 0-1, then 2-3, halved."""
-        x = gl.load(t_ptr + at, mask=inside, other=0.0).to(gl.float32)
-        x = _h4_halved_last(gl.reshape(x, [x.shape[0], 4, 4, 4]))
+    def _d1_d0_turned(x):
+        """z_a of one 64-column block of each group x [groups, 64], whose layout gives each thread 16 contiguous
+        columns: (H4 / 2) along columns' bits 0-1, then 2-3, halved."""
+        layout: gl.constexpr = x.type.layout
+        x = _h4_halved_last(gl.reshape(x.to(gl.float32), [x.shape[0], 4, 4, 4]))
         x = gl.permute(_h4_halved_last(gl.permute(x, [0, 1, 3, 2])), [0, 1, 3, 2])
         return gl.convert_layout(gl.reshape(x, [x.shape[0], 64]), layout) * 0.5  # (the same registers: no moves)
+
+    @gluon_jit
+    def _block_z(t_ptr, at, inside):
+        return _d1_d0_turned(gl.load(t_ptr + at, mask=inside, other=0.0))
 
     @gluon_jit
     def _store_codes(q_ptr, at, inside, y, r):
@@ -91,10 +97,10 @@ if gluon is not None:
         # [groups, 64]: block a of group g at column g 256 + a 64 + c of the row
         at = row.to(gl.int64) * K + (gl.expand_dims(g * GROUP, 1) + gl.expand_dims(c, 0))
         inside = gl.expand_dims(g < K // GROUP, 1) & gl.expand_dims(c < BLOCK, 0)
-        z0 = _block_z(t_ptr, at, inside, layout)
-        z1 = _block_z(t_ptr, at + BLOCK, inside, layout)
-        z2 = _block_z(t_ptr, at + 2 * BLOCK, inside, layout)
-        z3 = _block_z(t_ptr, at + 3 * BLOCK, inside, layout)
+        z0 = _block_z(t_ptr, at, inside)
+        z1 = _block_z(t_ptr, at + BLOCK, inside)
+        z2 = _block_z(t_ptr, at + 2 * BLOCK, inside)
+        z3 = _block_z(t_ptr, at + 3 * BLOCK, inside)
         y0, y1, y2, y3 = radix4_bf16(z0, z1, z2, z3)
         top = gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3)))
         s = gl.maximum(gl.div_rn(gl.max(gl.max(top, axis=1), axis=0), 127.0), 1e-30)
@@ -121,8 +127,18 @@ if gluon is not None:
                 gl.load(t_ptr + at + 128, mask=inside, other=0.0), gl.load(t_ptr + at + 192, mask=inside, other=0.0))
 
     @gluon_jit
-    def _hidden_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, CHUNKS: gl.constexpr, CH: gl.constexpr):
-        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+    def _rest_turned(x, TURNED_V: gl.constexpr):
+        """z_a of a chunk's block x [CH, 64]: d1 and d0 (v turned) or d0 (hidden)."""
+        if TURNED_V:
+            return _d1_d0_turned(x)
+        return _d0_turned(x)
+
+    @gluon_jit
+    def _long_codes_hopper_kernel(t_ptr, q_ptr, s_ptr, K, CHUNKS: gl.constexpr, CH: gl.constexpr,
+                                  TURNED_V: gl.constexpr):
+        # a thread's contiguous columns hold the digits it turns: 16 (d1, d0) for v, 8 (d0) for hidden rows
+        layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16 if TURNED_V else 8],
+                                                threads_per_warp=[8 if TURNED_V else 4, 4 if TURNED_V else 8],
                                                 warps_per_cta=[gl.num_warps(), 1], order=[1, 0])
         ys = gl.allocate_shared_memory(gl.bfloat16, [4 * CHUNKS, CH, 64],
                                        gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
@@ -134,7 +150,8 @@ if gluon is not None:
         top = gl.zeros([CH, 64], gl.float32, layout)
         for i in range(CHUNKS):
             n0, n1, n2, n3 = _hidden_chunk(t_ptr, at + (i + 1) * (CH * 256), G, (i + 1) * CH, g, c)  # (under these)
-            z0, z1, z2, z3 = _d0_turned(x0), _d0_turned(x1), _d0_turned(x2), _d0_turned(x3)
+            z0, z1, z2, z3 = (_rest_turned(x0, TURNED_V), _rest_turned(x1, TURNED_V), _rest_turned(x2, TURNED_V),
+                              _rest_turned(x3, TURNED_V))
             y0, y1, y2, y3 = radix4_bf16(z0, z1, z2, z3)
             top = gl.maximum(top, gl.maximum(gl.maximum(gl.abs(y0), gl.abs(y1)), gl.maximum(gl.abs(y2), gl.abs(y3))))
             ys.index(4 * i).store(y0.to(gl.bfloat16))
@@ -152,17 +169,17 @@ if gluon is not None:
                 _store_codes(q_ptr, at + (i * (CH * 256) + a * 64), inside, y, reciprocal)
 
 
-def launch_hidden(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, num_warps: int = 2,
-                  groups_per_warp: int = 4) -> bool:
-    """Codes and scales of hidden rows t [M, K] (contiguous bf16, K a multiple of 256, turned "hidden"), as
-    `launch`. num_warps, groups_per_warp: a chunk's shape (4 groups a warp: a thread's 8 columns of each block). Two
-    warps were the best of 1, 2 and 4 on the H200 at every hidden-row shape tried (tied with 4 at few
-    rows)."""
+def launch_long(t: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, turned: str = "hidden",
+                num_warps: int = 2, groups_per_warp: int | None = None) -> bool:
+    """Codes and scales of turned rows t [M, K] (contiguous bf16, K a multiple of 256) of any length, a row a
+    program by chunks, as `launch`. num_warps, groups_per_warp: a chunk's shape (by default 4 groups a warp for hidden
+    rows, a thread's 8 columns of each block; 8 for v, 16 columns: the layout's rows). Two warps were the best of 1,
+    2 and 4 on the H200 at every hidden-row shape tried (tied with 4 at few rows)."""
     m, k = t.shape
-    chunk = num_warps * groups_per_warp
-    return _built(lambda: _hidden_codes_hopper_kernel[(m,)](
-        t, codes, scales, k, CHUNKS=triton.cdiv(k // GROUP, chunk), CH=chunk, num_warps=num_warps,
-        enable_fp_fusion=False))
+    chunk = num_warps * (groups_per_warp or (8 if turned == "v" else 4))
+    return _built(lambda: _long_codes_hopper_kernel[(m,)](
+        t, codes, scales, k, CHUNKS=triton.cdiv(k // GROUP, chunk), CH=chunk, TURNED_V=turned == "v",
+        num_warps=num_warps, enable_fp_fusion=False))
 
 
 def _built(run) -> bool:

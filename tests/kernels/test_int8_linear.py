@@ -155,6 +155,31 @@ def test_swiglu_rows_turned(m, n, k, loads, device):
         int8_linear(**ops, turn_hidden=True)
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 64, 64), (37, 192, 96)])
+@pytest.mark.parametrize("loads", [{}, {"TMA": True, "PERSISTENT": True}, {"SUBTILE": 2}],
+                         ids=["pointers", "tma-persistent", "halves"])
+def test_gelu_rows_plain_and_turned(m, n, k, loads, device):
+    """gelu_tanh: the bf16 product's GELU (int8_quant's gelu_tanh step, the path it replaces, within a bf16 step:
+    the exponential's form differs); turn_hidden: its f32 rows turned along each 64 columns' digit d2 before their
+    one bf16 rounding, turned back in float64 the plain rows within a bf16 step; an epilogue narrower than 64
+    columns refused, as is GELU with SwiGLU."""
+    ops, _, _ = operands(m, n, k, seed=m + n * k, device=device)
+    tiles = {**SMALL_TILES, "BLOCK_N": 64 * max(loads.get("SUBTILE", 1), 1), **loads}
+    plain = reference(**ops, gelu_tanh=True)
+    assert_within_one_bf16_step(plain, rotation_input(reference(**ops), act="gelu_tanh"))
+    for turn in (False, True):
+        out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device=device)
+        assert int8_linear(**ops, out=out, tiles=tiles, gelu_tanh=True, turn_hidden=turn) is out
+        assert_within_one_bf16_step(out, reference(**ops, gelu_tanh=True, turn_hidden=turn))
+    back = turned_digits(out.double(), TURNED["v"])
+    assert ((back - plain.double()).abs() <= 2.0 ** -7 * (plain.double().abs() + back.abs().amax())).all()
+    assert not torch.equal(out, plain)
+    with pytest.raises(ValueError, match="whole 64 columns"):
+        int8_linear(**ops, tiles={**SMALL_TILES, "BLOCK_N": 32}, gelu_tanh=True, turn_hidden=True)
+    with pytest.raises(ValueError, match="no GELU"):
+        int8_linear(**ops, swiglu=True, gelu_tanh=True)
+
+
 def test_the_tail_split_decision():
     """Z-Image's down projection at 1024^2 (540 tiles of 128 x 256 on 132 SMs, 80 K steps): the last 12 tiles in
     parts; FLUX.3 Klein's MLP output (432 tiles, 72 K steps) likewise; none where the waves come out even, the tail is

@@ -19,6 +19,7 @@ bm, bn, bk = t["BLOCK_M"], t["BLOCK_N"], t["BLOCK_K"]
 pointers = {name: "*fp32" for name in ("sx_ptr", "sw_ptr", "bias_ptr", "gate_ptr", "norm_ptr", "cos_ptr", "sin_ptr")}
 found = {}
 for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
+                        ("GELU rows turned", 0, desc(Rows, [4608, 3840], [bm, bn], gl.bfloat16)),
                         ("gated", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("gated, with an addend", 1, desc(Residual, [4608, 3840], [bm, bn // 2], gl.float32)),
                         ("swiglu", 2, desc(Rows, [4608, 10240], [bm, bn // 2], gl.bfloat16)),
@@ -35,6 +36,7 @@ for name, form, out in (("bf16 rows", 0, desc(Rows, [4608, 3840], [bm, bn], gl.b
     consts = {"FORM": form, "HAS_BIAS": True, "ONE_GATE_ROW": False, "HAS_ADDEND": "addend" in name,
               "HAS_NORM": True, "D": 128,
               "ANGLES": kh.axis_ends((16, 32, 48)) if "angles" in name else 0, "TURN": "turned" in name,
+              "GELU": "GELU" in name,
               "GROUP_M": t["GROUP_M"], "STAGES": t["SWIGLU_STAGES" if form == 2 else "STAGES"]}
     src = GluonASTSource(kh._int8_linear_hopper_kernel, {**sig, **{k: "constexpr" for k in consts}}, consts)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "enable_fp_fusion": False})
@@ -50,7 +52,7 @@ print(json.dumps(found))
 
 def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_mma_in_flight():
     found = gluon_builds(BUILD)
-    assert len(found) == 8
+    assert len(found) == 9
     for name, built in found.items():
         assert built["mma"] == ["wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8"], name
         assert "1" in built["waits"], name  # one group in flight across K steps
@@ -58,9 +60,10 @@ def test_builds_for_the_h200_with_a_producer_warp_two_consumers_and_an_integer_m
         assert "224" in built["setmaxnreg"], name  # the second consumer warpgroup's (ping-pong)
         assert built["shared"] <= 227 * 1024, name  # the H200's shared memory a block
         assert (built["cos"] > 0) == ("angles" in name), name  # cos and sin on the MUFU, not read from tables
-    # v turned along the digit its threads hold in registers, SwiGLU's rows along two: no shuffle, no layout
-    # conversion through shared memory
-    for turned, plain in (("qkv, v turned", "qkv + head norm + rotary"), ("swiglu, rows turned", "swiglu")):
+    # v and GELU's rows turned along the digit its threads hold in registers, SwiGLU's rows along two: no shuffle, no
+    # layout conversion through shared memory
+    for turned, plain in (("qkv, v turned", "qkv + head norm + rotary"), ("swiglu, rows turned", "swiglu"),
+                          ("GELU rows turned", "bf16 rows")):
         assert found[turned]["shuffles"] == found[plain]["shuffles"], turned
         assert found[turned]["shared"] == found[plain]["shared"], turned
 
@@ -199,6 +202,14 @@ def test_bf16_rows_and_swiglu(m, n, k, with_bias, monkeypatch):
     hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n // 2), swiglu=True))
     assert torch.equal(hopper, triton_rows)
     assert_within_one_bf16_step(hopper, reference(**ops, swiglu=True))  # torch's exp against the GPU's
+    for turn in (False, True) if n % 64 == 0 else (False,):  # GELU's rows (turned: in the epilogue's registers)
+        hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n),
+                                                                     gelu_tanh=True, turn_hidden=turn))
+        assert torch.equal(hopper, triton_rows), turn
+        block_max = reference(**ops, gelu_tanh=True).float().abs().reshape(m, -1, 64).amax(-1, keepdim=True) \
+            if turn else torch.zeros(m, n // 64, 1, device="cuda")
+        assert_within_one_bf16_step(hopper, reference(**ops, gelu_tanh=True, turn_hidden=turn),
+                                    allowance=2.0 ** -18 * block_max.expand(m, n // 64, 64).reshape(m, n))
     if n // 2 % 64 == 0:  # SwiGLU's rows turned in the epilogue's registers (turn_hidden), as Triton's kernel does
         hopper, triton_rows = _both(monkeypatch, lambda c: int8_linear(choices=c, **ops, out=poisoned(n // 2), swiglu=True,
                                                                      turn_hidden=True))

@@ -187,47 +187,65 @@ def test_hopper_kernel_against_the_triton_kernel(m, k):
 
 HIDDEN_BUILD = GLUON_BUILD + """
 from kernels.int8 import quant_turned_hopper as kt
-sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "CHUNKS": "constexpr", "CH": "constexpr"}
+sig = {"t_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*fp32", "K": "i32", "CHUNKS": "constexpr", "CH": "constexpr",
+       "TURNED_V": "constexpr"}
 found = {}
-for chunks, ch, warps in ((10, 4, 1), (5, 8, 2)):  # K 10240 by chunks of 4 groups a warp
+# K 10240 by chunks of 4 groups a warp (hidden rows); K 16384 by chunks of 8 (v turned: LTX-2.5's GELU rows)
+for chunks, ch, warps, v in ((10, 4, 1, False), (5, 8, 2, False), (8, 8, 1, True), (4, 16, 2, True)):
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(4)}
-    src = GluonASTSource(kt._hidden_codes_hopper_kernel, sig, {(4,): chunks, (5,): ch}, attrs)
+    src = GluonASTSource(kt._long_codes_hopper_kernel, sig, {(4,): chunks, (5,): ch, (6,): v}, attrs)
     built = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                            options={"num_warps": warps, "enable_fp_fusion": False})
     ptx = built.asm["ptx"]
-    found[warps] = {"loads": len(re.findall(r"ld\\.global[.\\w]*\\.v4\\.b32", ptx)),
+    found[f"{'v' if v else 'hidden'} {warps}"] = {"loads": len(re.findall(r"ld\\.global[.\\w]*\\.v4\\.b32", ptx)),
                     "code stores": len(re.findall(r"st\\.global[.\\w]*\\.v2\\.b32", ptx)),
                     "shared stores": len(re.findall(r"st\\.shared\\.v4\\.b32", ptx)),
+                    "v4 code stores": len(re.findall(r"st\\.global[.\\w]*\\.v4\\.b32", ptx)),
                     "shuffles": ptx.count("shfl.sync"), "shared": built.metadata.shared}
 print(json.dumps(found))
 """
 
 
-def test_hidden_rows_kernel_builds_with_d0_in_each_threads_registers():
-    """The Gluon kernel for hidden rows, for sm_90a: each block's 8 columns a thread load as one 16-byte vector (a
-    chunk's four blocks, then the next chunk's under them), its codes leave as 8 bytes and its rotated values wait in
-    shared memory as 16 bytes; no shuffles but the row's absmax (5 steps across a warp's lanes, one more for the
-    warps); shared memory K x 2 bytes."""
+def test_long_rows_kernel_builds_with_its_digits_in_each_threads_registers():
+    """The Gluon kernel for rows of any length, for sm_90a: hidden rows' 8 columns of each block a thread (d0) load
+    as one 16-byte vector (a chunk's four blocks, then the next chunk's under them), their codes leave as 8 bytes
+    and their rotated values wait in shared memory as 16 bytes; v-turned rows' 16 columns (d1 and d0) as two
+    vectors, their codes as 16 bytes; no shuffles but the row's absmax (5 steps across a warp's lanes, one more for
+    the warps); shared memory K x 2 bytes."""
     found = gluon_builds(HIDDEN_BUILD)
-    for warps, built in found.items():
-        assert built["loads"] == 8 and built["code stores"] == 4 and built["shared stores"] == 4, (warps, built)
-        assert built["shuffles"] <= 5 + int(warps) and 10240 * 2 <= built["shared"] <= 10240 * 2 + 64, (warps, built)
+    for name, built in found.items():
+        v, warps = name.split()[0] == "v", int(name.split()[1])
+        k = 16384 if v else 10240
+        assert built["loads"] == (16 if v else 8) and built["shared stores"] == (8 if v else 4), (name, built)
+        assert (built["v4 code stores"], built["code stores"]) == ((4, 0) if v else (0, 4)), (name, built)
+        assert built["shuffles"] <= 5 + warps and k * 2 <= built["shared"] <= k * 2 + 64, (name, built)
+
+
+def test_long_v_turned_rows_take_the_passes():
+    """v-turned rows longer than quantize_turned takes (UP's turned GELU rows) go to the rotate and codes passes
+    with the rest of the rotation as their operand, off Hopper: the float64 rotation's codes."""
+    t = turned_rows(rows_like_activations(3, MAX_K + 256, seed=7, device="cpu"), TURNED["v"])
+    q, s = int8_quant.quantize_rows(t, 256, turned="v")
+    assert_codes_match_float64(q, s, turned_digits(t, TURNED["v"]), 256, max_fraction=1e-3)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs a Hopper GPU")
-@pytest.mark.parametrize("m,k", [(4608, 9216), (4608, 10240), (512, 9216), (3, 8448), (1, 256)])
-@pytest.mark.parametrize("warps,groups", [(1, 4), (2, 4), (1, 8)])
-def test_hidden_rows_kernel_against_the_passes(m, k, warps, groups):
-    """The Gluon kernel for hidden rows (quantize_rows takes it on Hopper) against the float64 rotation, and against
-    the Triton passes with the rest of the rotation as their operand (all but f32 sums' midpoints equal)."""
-    t = turned_rows(rows_like_activations(m, k, seed=m + k, device="cuda"), TURNED["hidden"])
+@pytest.mark.parametrize("turned,m,k", [("hidden", 4608, 9216), ("hidden", 4608, 10240), ("hidden", 512, 9216),
+                                         ("hidden", 3, 8448), ("hidden", 1, 256), ("v", 4608, 16384),
+                                         ("v", 130, 16384), ("v", 3, 8448)])
+@pytest.mark.parametrize("warps,groups", [(1, None), (2, None), (1, 8)])
+def test_long_rows_kernel_against_the_passes(turned, m, k, warps, groups):
+    """The Gluon kernel for rows of any length (quantize_rows takes it on Hopper for hidden rows, and v-turned rows
+    past quantize_turned's) against the float64 rotation, and against the Triton passes with the rest of the
+    rotation as their operand (all but f32 sums' midpoints equal)."""
+    t = turned_rows(rows_like_activations(m, k, seed=m + k, device="cuda"), TURNED[turned])
     hopper = poisoned_outputs(m, k, "cuda")
-    assert int8_quant_turned_hopper.launch_hidden(t, *hopper, warps, groups), int8_quant_turned_hopper.UNBUILT
-    assert int8_quant_turned_hopper.unusable(t, "hidden") is None
-    passes = int8_quant.quantize_rows(t, 256, turned="hidden", out=poisoned_outputs(m, k, "cuda"),
+    assert int8_quant_turned_hopper.launch_long(t, *hopper, turned, warps, groups), int8_quant_turned_hopper.UNBUILT
+    assert int8_quant_turned_hopper.unusable(t, turned, long=True) is None
+    passes = int8_quant.quantize_rows(t, 256, turned=turned, out=poisoned_outputs(m, k, "cuda"),
                                       choices=Choices(hopper_turned_quant=False))
     for q, s in (hopper, passes):
-        assert_codes_match_float64(q, s, turned_digits(t, TURNED["hidden"]), 256, max_fraction=1e-5)
+        assert_codes_match_float64(q, s, turned_digits(t, TURNED[turned]), 256, max_fraction=1e-5)
     assert (hopper[0] != passes[0]).float().mean() <= 1e-5
