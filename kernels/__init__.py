@@ -75,11 +75,13 @@ def fixed_tiles_here(device: torch.device) -> bool:
 
 @dataclass(frozen=True)
 class Op:
-    """hopper: the Choices fields naming the op's Hopper kernels (needs_hopper); an op with any takes choices."""
+    """hopper: the Choices fields naming the op's Hopper kernels (needs_hopper); an op with any, or takes_choices,
+    takes choices."""
     launcher: Callable
     reference: Callable
     capable: Callable[[torch.device], str | None]
     hopper: tuple[str, ...] = ()
+    takes_choices: bool = False
 
 
 OPS = {
@@ -93,7 +95,8 @@ OPS = {
     "qkv_rope_linear": Op(qkv_rope_linear.qkv_rope_linear, qkv_rope_linear.reference, needs_int8_mma,
                           hopper=("hopper_gemm",)),
     "head_norm_rope": Op(head_norm_rope.head_norm_rope, head_norm_rope.reference, needs_triton_gpu),
-    "rows_norm_rope": Op(rows_norm_rope.rows_norm_rope, rows_norm_rope.reference, needs_triton_gpu),
+    "rows_norm_rope": Op(rows_norm_rope.rows_norm_rope, rows_norm_rope.reference, needs_triton_gpu,
+                         takes_choices=True),
     "modulated_norm": Op(modulated_norm.modulated_norm, modulated_norm.reference, needs_triton_gpu),
     "add_rms_rows": Op(add_rms_rows.add_rms_rows, add_rms_rows.reference, needs_triton_gpu),
     "swiglu_rows": Op(swiglu_rows.swiglu_rows, swiglu_rows.reference, needs_triton_gpu),
@@ -123,9 +126,9 @@ def run(op: str, *args, choices: Choices | None = None, **kwargs):
     device = next(a.device for a in args if isinstance(a, torch.Tensor))
     reason = entry.capable(device)
     if reason is None:
-        if not entry.hopper:
+        if not (entry.hopper or entry.takes_choices):
             return entry.launcher(*args, **kwargs)
-        if needs_hopper(device) is not None:
+        if entry.hopper and needs_hopper(device) is not None:
             choices = _without(choices, entry.hopper)
         return entry.launcher(*args, choices=choices, **kwargs)
     _log_fallback(op, reason)

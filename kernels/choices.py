@@ -24,7 +24,9 @@ class Choices:
     walking the columns together (the weights read from memory once a group). whole_rows_walking: the whole-rows pass's
     programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block): 4 by default, LTX-2.5's
     gated OUT rows at stage 2 in 95 us against 160 a program a block (H100, bench_quantizer_shapes.py --gated).
-    The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
+    rows_in_pairs: kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (each value and angle read once;
+    else its blocked kernel). The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run
+    turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
     hopper_turned_quant: bool = True
@@ -33,6 +35,7 @@ class Choices:
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
     whole_rows_walking: int = 4
+    rows_in_pairs: bool = True
 
 
 DEFAULT = Choices()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .choices import DEFAULT, Choices
 from .rounding import rounded_bf16
 from .jit import triton_jit
 
@@ -141,15 +142,115 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
                                   freq_ptr, NORM, D, BY_AXIS)
 
 
+@triton_jit
+def _pairs_turned_stored(a, b, rows, rmask, head, j, jmask, inv, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
+                         out_ptr, HEADS, R, i0, i1, i2, i3, axis_ptr, freq_ptr, NORM: tl.constexpr, D: tl.constexpr,
+                         BY_AXIS: tl.constexpr):
+    # A head's rotary pairs (a: columns j < R, b: j + R) of rows `rows`: the norm's 1/sqrt, the gain, one angle's cos
+    # and sin for both, one rounding each, the stores.
+    mask = rmask[:, None] & jmask[None, :]
+    if NORM != 0:
+        gain = w_ptr
+        if NORM == 2:  # across: the head's slice of the row's gain
+            gain = w_ptr + head * D
+        a = (a * inv) * tl.load(gain + j, mask=jmask, other=0.0)[None, :]
+        b = (b * inv) * tl.load(gain + R + j, mask=jmask, other=0.0)[None, :]
+    column = head * stride_ch + j
+    if BY_AXIS:  # the row's table row on each column's axis: its index vectors, no gather
+        axis = tl.load(axis_ptr + column, mask=jmask, other=0)[None, :]
+        freq = tl.load(freq_ptr + column, mask=jmask, other=0)[None, :]
+        at = tl.where(axis == 0, i0[:, None], tl.where(axis == 1, i1[:, None],
+                                                       tl.where(axis == 2, i2[:, None], i3[:, None])))
+        slots = at.to(tl.int64) * stride_cm + freq
+    else:
+        slots = rows[:, None] * stride_cm + column[None, :]
+    c = tl.load(cos_ptr + slots, mask=mask, other=1.0)
+    s = tl.load(sin_ptr + slots, mask=mask, other=0.0)
+    dest = out_ptr + (rows[:, None] * HEADS + head) * D + j[None, :]
+    tl.store(dest, rounded_bf16(a * c - b * s), mask=mask)
+    tl.store(dest + R, rounded_bf16(b * c + a * s), mask=mask)
+
+
+@triton_jit
+def _tail_stored(x_ptr, stride_x, rows, rmask, head, inv, w_ptr, out_ptr, HEADS, R, NORM: tl.constexpr,
+                 D: tl.constexpr, BLOCK_T: tl.constexpr):
+    # A head's columns past the pairs (2R..D): normed, gained, rounded, stored
+    t = 2 * R + tl.arange(0, BLOCK_T)
+    mask = rmask[:, None] & (t < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM != 0:
+        gain = w_ptr
+        if NORM == 2:
+            gain = w_ptr + head * D
+        x = (x * inv) * tl.load(gain + t, mask=t < D, other=0.0)[None, :]
+    tl.store(out_ptr + (rows[:, None] * HEADS + head) * D + t[None, :], rounded_bf16(x), mask=mask)
+
+
+@triton_jit
+def _pairs_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch, out_ptr, M, HEADS, R, eps,
+                  index_ptr, stride_i, axis_ptr, freq_ptr, NORM: tl.constexpr, D: tl.constexpr,
+                  BLOCK_R: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_M: tl.constexpr, AXES: tl.constexpr):
+    # Grid (row blocks,): a program takes BLOCK_M rows through every head by rotary pairs: each value loaded once,
+    # each angle's cos and sin once for its pair (the blocked kernel loads a value's partner again and an angle for
+    # each of the two). NORM 2 (across) first walks the heads for each row's sum of squares. Angles by axis: the
+    # rows' indexes on up to 4 axes read as vectors once.
+    rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
+    rmask = rows < M
+    j = tl.arange(0, BLOCK_R)
+    jmask = j < R
+    mask = rmask[:, None] & jmask[None, :]
+    base = x_ptr + rows[:, None] * stride_x + j[None, :]
+    i0 = tl.zeros([BLOCK_M], dtype=tl.int32)
+    i1, i2, i3 = i0, i0, i0
+    if AXES > 0:
+        i0 = tl.load(index_ptr + rows * stride_i, mask=rmask, other=0)
+    if AXES > 1:
+        i1 = tl.load(index_ptr + rows * stride_i + 1, mask=rmask, other=0)
+    if AXES > 2:
+        i2 = tl.load(index_ptr + rows * stride_i + 2, mask=rmask, other=0)
+    if AXES > 3:
+        i3 = tl.load(index_ptr + rows * stride_i + 3, mask=rmask, other=0)
+    inv = tl.zeros([BLOCK_M, 1], dtype=tl.float32) + 1.0
+    if NORM == 2:
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for head in tl.range(0, HEADS):
+            a = tl.load(base + head * D, mask=mask, other=0.0).to(tl.float32)
+            b = tl.load(base + head * D + R, mask=mask, other=0.0).to(tl.float32)
+            squares += tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
+            if BLOCK_T:
+                t = 2 * R + tl.arange(0, BLOCK_T)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :],
+                            mask=rmask[:, None] & (t < D)[None, :], other=0.0).to(tl.float32)
+                squares += tl.sum(x * x, axis=1)
+        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))[:, None]
+    for head in tl.range(0, HEADS):
+        a = tl.load(base + head * D, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(base + head * D + R, mask=mask, other=0.0).to(tl.float32)
+        if NORM == 1:  # by head: this head's own statistics
+            squares = tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
+            if BLOCK_T:
+                t = 2 * R + tl.arange(0, BLOCK_T)
+                x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :],
+                            mask=rmask[:, None] & (t < D)[None, :], other=0.0).to(tl.float32)
+                squares += tl.sum(x * x, axis=1)
+            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))[:, None]
+        _pairs_turned_stored(a, b, rows, rmask, head, j, jmask, inv, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
+                             out_ptr, HEADS, R, i0, i1, i2, i3, axis_ptr, freq_ptr, NORM, D, AXES > 0)
+        if BLOCK_T:
+            _tail_stored(x_ptr, stride_x, rows, rmask, head, inv, w_ptr, out_ptr, HEADS, R, NORM, D, BLOCK_T)
+
+
 def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=None, index=None, columns=None,
-                   block_m=None, num_warps=None, row_at_once=False):
+                   block_m=None, num_warps=None, row_at_once=False, choices: Choices = DEFAULT):
     """[M, heads, head] bf16 from rows x [M, heads head] by the math in this file's docstring (weight None: no norm;
     cos/sin None: no rotary). across: the norm over a row's heads (weight [heads head]), else by head (weight
     [head]). out: an optional contiguous [M, heads, head] bf16 buffer. index, columns: cos/sin are angles by axis
     (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32). block_m, num_warps: the
     launch; by default 16 rows on 4 warps, and 4 rows on 2 warps by axis, whose gathers ran 11-16% faster so at
     LTX-2.5's stage-2 rows on an H100 (tests/kernels/bench_rows_norm_rope.py). row_at_once: a program a row, its
-    heads in one tile (8 warps by default), where block_m rows walk the heads one by one."""
+    heads in one tile (8 warps by default), where block_m rows walk the heads one by one. choices.rows_in_pairs
+    (kernels/choices.py): block_m rows walk the heads by rotary pairs (_pairs_kernel; 16 rows on 4 warps by default;
+    angles by axis of up to 4 axes), not row_at_once."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -158,8 +259,9 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
                          f"({'across heads' if across else 'by head'}), got {weight.numel()}")
     by_axis = index is not None
-    block_m = 1 if row_at_once else block_m or (4 if by_axis else 16)
-    num_warps = num_warps or (8 if row_at_once else 2 if by_axis else 4)
+    pairs = choices.rows_in_pairs and not row_at_once and (not by_axis or index.shape[1] <= 4)
+    block_m = 1 if row_at_once else block_m or (4 if by_axis and not pairs else 16)
+    num_warps = num_warps or (8 if row_at_once else 2 if by_axis and not pairs else 4)
     if by_axis:
         axis, freq = columns
         r = axis.shape[-1]
@@ -188,6 +290,13 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         index, axis, freq = out, out, out  # (never read)
         per_head = r and cos.dim() == 3  # shared angles: every head reads the row's
         stride_cm, stride_ch = cos.stride(0) if r else 0, cos.stride(1) if per_head else 0
+    if pairs:
+        _pairs_kernel[(triton.cdiv(m, block_m),)](
+            x, x.stride(0), weight, cos, sin, stride_cm, stride_ch, out, m, heads, r, eps, index,
+            index.stride(0) if by_axis else 0, axis, freq, NORM=0 if weight is out else 2 if across else 1, D=d,
+            BLOCK_R=triton.next_power_of_2(max(r, 1)), BLOCK_T=0 if 2 * r == d else triton.next_power_of_2(d - 2 * r),
+            BLOCK_M=block_m, AXES=index.shape[1] if by_axis else 0, num_warps=num_warps, enable_fp_fusion=False)
+        return out
     _rows_norm_rope_kernel[(triton.cdiv(m, block_m),)](
         x, x.stride(0), weight, cos, sin, stride_cm, stride_ch, out, m, heads, r, eps, index,
         index.stride(0) if by_axis else 0, axis, freq, NORM=0 if weight is out else 2 if across else 1, D=d,

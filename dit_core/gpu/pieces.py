@@ -114,7 +114,7 @@ def _heads(a: Arch, t: torch.Tensor, weight: torch.Tensor | None, s: Sequence | 
     else:
         cos, sin = (None, None) if s is None else (s.cos, s.sin)
     rows = run("rows_norm_rope", t, a.heads, a.head, weight, cos, sin, a.qk_eps, across=a.qk_norm == "across",
-               **angles)
+               choices=o.kernels, **angles)
     return rows.transpose(0, 1)[None]
 
 

@@ -2,7 +2,8 @@
 dit_core/gpu/pieces.py (RMS across the heads, per-head split-half rotary, bf16), at the video self-attention (32 x
 128, every column turned) and the A<->V time rotary on video heads (32 of 64 pairs), at stage 2's video rows (16 x 22
 x 40 latents); the kernel's angles as every row's tables and by axis (the rows' midpoints' tables), rows in blocks
-walking the heads at several launches and a row at once (its heads in one tile) on 4, 8 and 16 warps.
+walking the heads by rotary pairs or whole heads at several launches, and a row at once (its heads in one tile) on 4,
+8 and 16 warps.
 Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_ms). Prints markdown.
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_rows_norm_rope.py [--runs 100]
 """
@@ -17,6 +18,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).res
 
 from bench_int8_linear import median_ms  # noqa: E402
 from dit_core.families.ltx25_positions import Grid, split_angles, video_midpoints  # noqa: E402
+from kernels import Choices  # noqa: E402
 from kernels.rows_norm_rope import reference, rows_norm_rope  # noqa: E402
 
 CASES = [("video self", 32, 128, 64, 3), ("A<->V, video heads", 32, 128, 32, 1)]
@@ -47,13 +49,16 @@ def main(runs: int) -> None:
                                                   row_at_once=True)
         whole[name, "by axis"] = functools.partial(launches[name], row_at_once=True)
         assert torch.equal(whole[name, "tables"](), whole[name, "by axis"]())  # (the sum's order is the blocks' own)
-    print("\nBy axis, the launch's rows a program and warps (4, 2: the default), ms (graph):\n")
-    print(f"| rows a program, warps | {' | '.join(launches)} |")
+    print("\nBy axis, rows walking the heads by rotary pairs (16, 4: the default) or by whole heads (4, 2 its "
+          "default), the launch's rows a program and warps, ms (graph):\n")
+    print(f"| kernel: rows a program, warps | {' | '.join(launches)} |")
     print("|---|" + "---|" * len(launches))
-    for block_m, warps in ((16, 4), (8, 4), (32, 4), (16, 8), (32, 8), (64, 8), (4, 2)):
-        times = [f"{median_ms(functools.partial(call, block_m=block_m, num_warps=warps), runs, True):.4f}"
-                 for call in launches.values()]
-        print(f"| {block_m}, {warps} | {' | '.join(times)} |")
+    for kernel, block_m, warps in (("pairs", 16, 4), ("pairs", 8, 4), ("pairs", 32, 4), ("pairs", 16, 8),
+                                   ("pairs", 32, 8), ("pairs", 8, 2), ("pairs", 4, 2), ("whole heads", 4, 2),
+                                   ("whole heads", 16, 4)):
+        launch = {"block_m": block_m, "num_warps": warps, "choices": Choices(rows_in_pairs=kernel == "pairs")}
+        times = [f"{median_ms(functools.partial(call, **launch), runs, True):.4f}" for call in launches.values()]
+        print(f"| {kernel}: {block_m}, {warps} | {' | '.join(times)} |")
     print("\nA row a program, its heads in one tile, ms (graph):\n")
     print(f"| warps | {' | '.join(f'{case}, {angles}' for case, angles in whole)} |")
     print("|---|" + "---|" * len(whole))

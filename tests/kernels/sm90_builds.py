@@ -35,7 +35,7 @@ def linear_case(form: int, one_gate_row: bool, tile: dict):
     launch = {k: v for k, v in tile.items() if k in ("num_warps", "num_stages")}
     constants = {"HAS_BIAS": True, "HAS_LORA": False, "FORM": form, "ONE_GATE_ROW": one_gate_row,
                  "HAS_ADDEND": False, "WIDE": False, "EVEN_K": True, "LORA_DTYPE": tl.bfloat16, "BLOCK_R": 16,
-                 "TURN": False,
+                 "TURN": False, "GELU": False,
                  "TMA": False, "PERSISTENT": False, "SUBTILE": 0, "SPLIT": False,
                  **{k: v for k, v in tile.items() if k not in launch}}
     return _int8_linear_kernel, LINEAR, constants, launch
@@ -102,6 +102,18 @@ def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False, row_a
                                                "BLOCK_H": 32 if row_at_once else 1}, {"num_warps": 4}
 
 
+def rows_in_pairs_case(norm: int, axes: int = 0, tail: int = 0):
+    """kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (the default launch: 16 rows, 4 warps), 32
+    heads of 128, angles by row or by axis (axes > 0), tail: columns past the pairs."""
+    from kernels.rows_norm_rope import _pairs_kernel
+    columns = "*i32" if axes else "*bf16"
+    signature = {"x_ptr": "*bf16", "stride_x": "i32", "w_ptr": "*fp32", "cos_ptr": "*fp32", "sin_ptr": "*fp32",
+                 "stride_cm": "i32", "stride_ch": "i32", "out_ptr": "*bf16", "M": "i32", "HEADS": "i32", "R": "i32",
+                 "eps": "fp32", "index_ptr": columns, "stride_i": "i32", "axis_ptr": columns, "freq_ptr": columns}
+    return _pairs_kernel, signature, {"NORM": norm, "D": 128, "BLOCK_R": 64 - tail // 2, "BLOCK_T": tail,
+                                      "BLOCK_M": 16, "AXES": axes}, {"num_warps": 4}
+
+
 def group_norm_last_case(cg: int):
     """kernels/group_norm.py's channels-last pass 2 (the statistics' combine and the norm, SiLU on), 32 groups of
     cg channels; its pass 1 lowers with it (the same tiles)."""
@@ -137,6 +149,13 @@ def frontend_cases() -> dict:
                                                                   "GROUP_M": 8, "TMA": True, "PERSISTENT": True,
                                                                   "SUBTILE": 0, "num_warps": 8, "num_stages": 4})
     cases["int8_linear SwiGLU, rows turned"] = (kernel, signature, {**constants, "TURN": True}, launch)
+    for subtile in (0, 4):  # a GELU MLP's UP (LTX-2.5): GELU, its rows turned; whole tiles and a tail's quarters
+        kernel, signature, constants, launch = linear_case(0, False, {"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 128,
+                                                                      "GROUP_M": 8, "TMA": True, "PERSISTENT": True,
+                                                                      "SUBTILE": subtile, "num_warps": 8,
+                                                                      "num_stages": 4})
+        gelu = {**constants, "GELU": True, "TURN": True}
+        cases[f"int8_linear GELU, rows turned, subtile {subtile}"] = (kernel, signature, gelu, launch)
     for form in (1, 2):  # 64-bit offsets (2^31 outputs or more: too large to run in a test)
         kernel, signature, constants, launch = linear_case(form, False, {"BLOCK_M": 128, "BLOCK_N": 256,
                                                                          "BLOCK_K": 128, "GROUP_M": 8, "TMA": True})
@@ -151,6 +170,10 @@ def frontend_cases() -> dict:
         cases[f"rows_norm_rope norm {norm}, a row at once"] = rows_norm_rope_case(norm, row_at_once=True)
     cases["rows_norm_rope angles by axis"] = rows_norm_rope_case(2, by_axis=True)
     cases["rows_norm_rope angles by axis, a row at once"] = rows_norm_rope_case(2, by_axis=True, row_at_once=True)
+    for norm in (0, 1, 2):
+        cases[f"rows_norm_rope by pairs, norm {norm}"] = rows_in_pairs_case(norm)
+    cases["rows_norm_rope by pairs, angles by 3 axes"] = rows_in_pairs_case(2, axes=3)
+    cases["rows_norm_rope by pairs, angles by 4 axes, columns past the pairs"] = rows_in_pairs_case(1, 4, tail=64)
     for span in (1, 128):
         cases[f"rotate gated, a gate value over {span}"] = rotate_case(0, 0, 0, gate_span=span)
         cases[f"one pass gated, a gate value over {span}"] = turned_case(6144, turned=False, gate_span=span)

@@ -48,11 +48,11 @@ def lowered() -> dict:
 def test_every_case_lowers(lowered):
     failed = {name: why for name, why in lowered.items() if why != "ok" and "must fail" not in name}
     assert not failed, failed
-    # int8_linear forms x loads, gated with an addend, SwiGLU turned, wide, tail splits, quantizers, rows_norm_rope's
-    # norms and its angles by axis (each in blocks and a row at once), the attention gates' two passes at two spans,
-    # the group norm's channels-last kernel at two group widths, the channel RMS norm, the whole-rows pass walking the
-    # rows (gated, turned), codes, the bad one
-    assert len(lowered) == 16 + 1 + 1 + 2 + 4 + 10 + 2 * (3 + 1) + 4 + 2 + 1 + 2 + 1 + 1
+    # int8_linear forms x loads, gated with an addend, SwiGLU turned, GELU turned (whole and quarters), wide, tail
+    # splits, quantizers, rows_norm_rope's norms and its angles by axis (each in blocks and a row at once; by pairs
+    # with 3 and 4 axes), the attention gates' two passes at two spans, the group norm's channels-last kernel at two
+    # group widths, the channel RMS norm, the whole-rows pass walking the rows (gated, turned), codes, the bad one
+    assert len(lowered) == 16 + 1 + 1 + 2 + 2 + 4 + 10 + 2 * (3 + 1) + (3 + 2) + 4 + 2 + 1 + 2 + 1 + 1
 
 
 def test_the_check_can_fail(lowered):

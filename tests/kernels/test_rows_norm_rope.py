@@ -10,6 +10,7 @@ from conftest import assert_within_one_bf16_step
 from dit_core.arch import Arch
 from dit_core.block import head_norm_rotary
 from dit_core.sequence import AxisAngles, Sequence
+from kernels import Choices
 from kernels.rows_norm_rope import reference, rows_norm_rope
 
 # (M, heads, head, r, angles): odd M; every column turned, part, none; a head not a power of 2; angles shared ("row"),
@@ -17,6 +18,8 @@ from kernels.rows_norm_rope import reference, rows_norm_rope
 CASES = [(7, 2, 32, 16, "head"), (37, 3, 64, 8, "head"), (19, 4, 16, 8, "row"), (12, 3, 24, 12, "head"),
          (5, 2, 32, 0, None)]
 NORMS = ["across", "head", None]
+# the kernel's launches: rows walking the heads by rotary pairs (the default), by whole heads, a row at once
+LAUNCHES = {"pairs": {}, "blocked": {"choices": Choices(rows_in_pairs=False)}, "row at once": {"row_at_once": True}}
 
 
 def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
@@ -31,15 +34,16 @@ def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
     return x, *(None if t is None else t.to(device) for t in (gain, cos, sin))
 
 
-@pytest.mark.parametrize("row_at_once", [False, True])
+@pytest.mark.parametrize("launch", LAUNCHES)
 @pytest.mark.parametrize("norm", NORMS)
 @pytest.mark.parametrize("m,heads,head,r,angles", CASES)
-def test_kernel_matches_reference(m, heads, head, r, angles, norm, row_at_once, device):
-    """Rows in blocks walking the heads, or a row at once with its heads in one tile."""
+def test_kernel_matches_reference(m, heads, head, r, angles, norm, launch, device):
+    """Rows in blocks walking the heads by rotary pairs or whole heads, or a row at once with its heads in one
+    tile."""
     x, gain, cos, sin = inputs(m, heads, head, r, angles, norm, seed=m + head, device=device, row_stride=head)
     out = torch.full((m, heads, head), float("nan"), dtype=torch.bfloat16, device=device)
     got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across", out=out, block_m=8,
-                         row_at_once=row_at_once)
+                         **LAUNCHES[launch])
     assert got.data_ptr() == out.data_ptr() and not out.isnan().any()
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=norm == "across"))
 
@@ -71,16 +75,16 @@ def by_axis(m, heads, r, shared, seed, device):
     return [t.to(device) for t in (*tables, index, axis, freq, *rows)]
 
 
-@pytest.mark.parametrize("row_at_once", [False, True])
+@pytest.mark.parametrize("launch", LAUNCHES)
 @pytest.mark.parametrize("shared", [False, True])
 @pytest.mark.parametrize("norm", ["across", None])
-def test_angles_by_axis_are_the_tables_they_stand_for(norm, shared, row_at_once, device):
+def test_angles_by_axis_are_the_tables_they_stand_for(norm, shared, launch, device):
     """cos/sin by axis (tables, each row's index, each column's axis and frequency: LTX-2.5's split rotary) give the
     kernel's output of the full tables bit for bit, and the reference's."""
     m, heads, head, r = 37, 3, 32, 16
     x, gain, _, _ = inputs(m, heads, head, r, "head", norm, seed=11, device=device)
     cos, sin, index, axis, freq, cos_rows, sin_rows = by_axis(m, heads, r, shared, seed=12, device=device)
-    across, launch = norm == "across", {"block_m": 8, "row_at_once": row_at_once}
+    across, launch = norm == "across", {"block_m": 8, **LAUNCHES[launch]}
     got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=across, index=index, columns=(axis, freq),
                          **launch)
     assert torch.equal(got, rows_norm_rope(x, heads, head, gain, cos_rows, sin_rows, 1e-6, across=across, **launch))
@@ -107,13 +111,13 @@ def test_bad_arguments_raise():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("row_at_once", [False, True])
+@pytest.mark.parametrize("launch", LAUNCHES)
 @pytest.mark.parametrize("heads,head,r", [(32, 128, 64), (32, 64, 32), (32, 128, 32)])
-def test_ltx25_shapes(heads, head, r, row_at_once):
+def test_ltx25_shapes(heads, head, r, launch):
     """LTX-2.5's q/k rows at 1024^2-like row counts: video self-attention (32 x 128, every column turned), audio
     (32 x 64), the A<->V time rotary on the video heads (32 of 64 pairs): across-heads norm, per-head angles."""
     x, gain, cos, sin = inputs(6144, heads, head, r, "head", "across", seed=head + r, device="cuda")
-    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True, row_at_once=row_at_once)
+    got = rows_norm_rope(x, heads, head, gain, cos, sin, 1e-6, across=True, **LAUNCHES[launch])
     assert_within_one_bf16_step(got, reference(x, heads, head, gain, cos, sin, 1e-6, across=True))
 
 
