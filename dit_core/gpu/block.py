@@ -169,8 +169,7 @@ def _turns_v(a: Arch, qkv: GpuLinear, out: GpuLinear, s: Sequence, o: Options = 
 def _turns_hidden(up: GpuLinear, down: GpuLinear, o: Options = DEFAULT) -> bool:
     """Whether UP's SwiGLU epilogue turns the hidden rows along each 64 columns' digits d2 and d1 (two factors of
     DOWN's rotation, in the epilogue's registers), so that DOWN's codes pass does the rest with no matrix product
-    (kernels/int8/quant_turned.py's TURNED["hidden"]); a GELU MLP's UP (dit_core/gpu/pieces.py mlp_into) takes
-    GELU and d2 (TURNED["v"]). Where o.turn_hidden asks for it."""
+    (kernels/int8/quant_turned.py's TURNED["hidden"]). Where o.turn_hidden asks for it."""
     return o.turn_hidden and up.int8 and down.int8 and down.group == 256
 
 

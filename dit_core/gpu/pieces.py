@@ -17,7 +17,7 @@ from ..block import Attention, GroupBias, gelu_tanh
 from ..linear import float_on
 from ..sequence import Sequence
 from ..weights import Linear, stack_rows
-from .block import GpuLinear, _chunks, _turns_hidden, gated_into, linear_rows, rows_product, run
+from .block import GpuLinear, _chunks, gated_into, linear_rows, rows_product, run
 from .options import DEFAULT, Options
 
 
@@ -248,20 +248,26 @@ def into(x: torch.Tensor, heads: torch.Tensor | tuple, w: GpuAttention, gate: to
     return gated_into(x, rows, w.out, gate, row_map, options)
 
 
+def _gelu_in_up(up: GpuLinear, down: GpuLinear, o: Options) -> bool:
+    """Whether UP's epilogue takes GELU and turns its rows along each 64 columns' digit d2 (a factor of DOWN's
+    rotation: kernels/int8/quant_turned.py's TURNED["v"]). Where o.gelu_in_up asks for it."""
+    return o.gelu_in_up and up.int8 and down.int8 and down.group == 256 and up.weight.shape[0] % 64 == 0
+
+
 def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor, row_map: torch.Tensor, up: GpuLinear,
              down: GpuLinear, gate: torch.Tensor, options: Options | None = None) -> torch.Tensor:
     """x (f32, in place) += gate[row_map] * DOWN(gelu_tanh(UP h)), h = modulated_rows(a, x, shift, scale, row_map)
     (dit_core/block.py mlp, kind gelu_tanh), in chunks of Options.mlp_chunk rows: h by modulated_rows (bf16 rows,
     which an INT8 UP's quantizer takes in one pass: 9 bytes a value, where the norm in its prologue costs a
     statistics pass and the two-pass rotation, 13), then for INT8 UP and DOWN GELU in UP's epilogue, its rows
-    turned there along a digit of DOWN's rotation (_turns_hidden: DOWN's codes in one pass of any width, 3 bytes a
+    turned there along a digit of DOWN's rotation (_gelu_in_up: DOWN's codes in one pass of any width, 3 bytes a
     value where the rotate and codes passes move 7); else UP's bf16 output, then GELU in DOWN's quantizer (INT8) or
     in torch."""
     o = options or DEFAULT
     for r0, r1 in _chunks(x.shape[0], o.mlp_chunk):
         xs, maps = x[r0:r1], row_map[r0:r1]
         h = linear_rows(modulated_rows(a, xs, shift, scale, maps), up, o)
-        if _turns_hidden(up, down, o):
+        if _gelu_in_up(up, down, o):
             hidden = run("int8_linear", h[0], h[1], up.weight, up.scale, up.bias, gelu_tanh=True, turn_hidden=True,
                          choices=o.kernels)
             rows = (*run("quantize_rows", hidden, down.group, turned="v", choices=o.kernels), None)

@@ -109,7 +109,7 @@ def test_pieces_match_the_host(device):
 
     q8 = lambda t: t.as_int8(64)  # noqa: E731
     assert rel_err(gpu(int8, q8), host(int8, q8)) <= 1e-2
-    # the MLP in ComfyUI's groups of 256: GELU in UP's epilogue, its rows turned for DOWN's codes (_turns_hidden)
+    # the MLP in ComfyUI's groups of 256: GELU in UP's epilogue, its rows turned for DOWN's codes (_gelu_in_up)
     q256 = lambda t: t.as_int8(256)  # noqa: E731
     assert rel_err(gpu(int8, q256), host(int8, q256)) <= 1e-2
     # formats mixed within an attention (q and k INT8, v and OUT BF16): each format's rows made from the input
