@@ -41,10 +41,11 @@ GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # --launches: other kernels or launches of the same math (Options fields; "kernels": kernels.Choices fields), each
-# timed as a graphed step beside the defaults: GELU in DOWN's quantizer prologue (UP's rows unturned, the rotate and
-# codes passes); the q/k rows walking the heads by whole heads (kernels/rows_norm_rope.py's blocked kernel)
-LAUNCHES = {"GELU in DOWN's quantizer": {"gelu_in_up": False},
-            "q/k rows by whole heads": {"kernels": {"rows_in_pairs": False}}}
+# timed as a graphed step beside the defaults: GELU in UP's epilogue, its rows turned for DOWN's one pass
+# (Options.gelu_in_up); the q/k rows walking the heads by rotary pairs (kernels.Choices.rows_in_pairs); both
+LAUNCHES = {"GELU in UP's epilogue": {"gelu_in_up": True},
+            "q/k rows by rotary pairs": {"kernels": {"rows_in_pairs": True}},
+            "both": {"gelu_in_up": True, "kernels": {"rows_in_pairs": True}}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,

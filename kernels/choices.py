@@ -25,8 +25,8 @@ class Choices:
     programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block): 4 by default, LTX-2.5's
     gated OUT rows at stage 2 in 95 us against 160 a program a block (H100, bench_quantizer_shapes.py --gated).
     rows_in_pairs: kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (each value and angle read once;
-    else its blocked kernel). The hopper_ choices take effect only where kernels.needs_hopper passes (kernels.run
-    turns them off elsewhere)."""
+    off, the default until a GPU times it: its blocked kernel). The hopper_ choices take effect only where
+    kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
     hopper_turned_quant: bool = True
@@ -35,7 +35,7 @@ class Choices:
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
     whole_rows_walking: int = 4
-    rows_in_pairs: bool = True
+    rows_in_pairs: bool = False
 
 
 DEFAULT = Choices()

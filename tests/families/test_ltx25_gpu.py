@@ -96,10 +96,11 @@ def test_pieces_match_the_host(device):
         hm = modulated_norm(a, y, None, shift, scale, row_map)
         return y + gate[row_map] * mlp(hm, lin_of(up), lin_of(down), "gelu_tanh")
 
-    def gpu(make, lin_of):
+    def gpu(make, lin_of, gelu_in_up=False):
         from dit_core.gpu.block import GpuLinear
         on = lambda t: t.to(dev)  # noqa: E731
-        o, m, gt = Options(mlp_chunk=16), row_map.to(dev, torch.int32 if dev.type == "cuda" else torch.long), on(gate)
+        o, gt = Options(mlp_chunk=16, gelu_in_up=gelu_in_up), on(gate)
+        m = row_map.to(dev, torch.int32 if dev.type == "cuda" else torch.long)
         sa, ta = GpuAttention.of(make(self_attn), dev), GpuAttention.of(make(text_attn), dev)
         y, hd, s = on(x).clone(), on(h), seq.to(dev)
         into(y, attention_rows(a, sa, hd, hd, s, s, on(bias), o), sa, gt, m, o)
@@ -111,6 +112,7 @@ def test_pieces_match_the_host(device):
     assert rel_err(gpu(int8, q8), host(int8, q8)) <= 1e-2
     # the MLP in ComfyUI's groups of 256: GELU in UP's epilogue, its rows turned for DOWN's codes (_gelu_in_up)
     q256 = lambda t: t.as_int8(256)  # noqa: E731
+    assert rel_err(gpu(int8, q256, gelu_in_up=True), host(int8, q256)) <= 1e-2
     assert rel_err(gpu(int8, q256), host(int8, q256)) <= 1e-2
     # formats mixed within an attention (q and k INT8, v and OUT BF16): each format's rows made from the input
     mixed = lambda w: Attention(w.q.as_int8(64), w.k.as_int8(64), w.v, w.out, w.q_norm, w.k_norm, w.head_gate)  # noqa

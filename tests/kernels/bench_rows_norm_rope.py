@@ -49,7 +49,7 @@ def main(runs: int) -> None:
                                                   row_at_once=True)
         whole[name, "by axis"] = functools.partial(launches[name], row_at_once=True)
         assert torch.equal(whole[name, "tables"](), whole[name, "by axis"]())  # (the sum's order is the blocks' own)
-    print("\nBy axis, rows walking the heads by rotary pairs (16, 4: the default) or by whole heads (4, 2 its "
+    print("\nBy axis, rows walking the heads by rotary pairs (16, 4 its default launch) or by whole heads (4, 2: the "
           "default), the launch's rows a program and warps, ms (graph):\n")
     print(f"| kernel: rows a program, warps | {' | '.join(launches)} |")
     print("|---|" + "---|" * len(launches))

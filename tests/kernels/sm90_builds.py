@@ -103,7 +103,7 @@ def rows_norm_rope_case(norm: int, head: int = 128, by_axis: bool = False, row_a
 
 
 def rows_in_pairs_case(norm: int, axes: int = 0, tail: int = 0):
-    """kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (the default launch: 16 rows, 4 warps), 32
+    """kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (its default launch: 16 rows, 4 warps), 32
     heads of 128, angles by row or by axis (axes > 0), tail: columns past the pairs."""
     from kernels.rows_norm_rope import _pairs_kernel
     columns = "*i32" if axes else "*bf16"

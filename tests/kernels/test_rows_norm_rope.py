@@ -18,8 +18,8 @@ from kernels.rows_norm_rope import reference, rows_norm_rope
 CASES = [(7, 2, 32, 16, "head"), (37, 3, 64, 8, "head"), (19, 4, 16, 8, "row"), (12, 3, 24, 12, "head"),
          (5, 2, 32, 0, None)]
 NORMS = ["across", "head", None]
-# the kernel's launches: rows walking the heads by rotary pairs (the default), by whole heads, a row at once
-LAUNCHES = {"pairs": {}, "blocked": {"choices": Choices(rows_in_pairs=False)}, "row at once": {"row_at_once": True}}
+# the kernel's launches: rows walking the heads by whole heads (the default), by rotary pairs, a row at once
+LAUNCHES = {"blocked": {}, "pairs": {"choices": Choices(rows_in_pairs=True)}, "row at once": {"row_at_once": True}}
 
 
 def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
