@@ -172,12 +172,25 @@ def _pairs_turned_stored(a, b, rows, rmask, head, j, jmask, inv, w_ptr, cos_ptr,
 
 
 @triton_jit
+def _tail_values(x_ptr, stride_x, rows, rmask, head, R, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    # A head's columns past the pairs (2R..D), f32, and their mask
+    t = 2 * R + tl.arange(0, BLOCK_T)
+    mask = rmask[:, None] & (t < D)[None, :]
+    x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :], mask=mask, other=0.0)
+    return x.to(tl.float32), t, mask
+
+
+@triton_jit
+def _tail_squares(x_ptr, stride_x, rows, rmask, head, R, D: tl.constexpr, BLOCK_T: tl.constexpr):
+    x, _, _ = _tail_values(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
+    return tl.sum(x * x, axis=1)
+
+
+@triton_jit
 def _tail_stored(x_ptr, stride_x, rows, rmask, head, inv, w_ptr, out_ptr, HEADS, R, NORM: tl.constexpr,
                  D: tl.constexpr, BLOCK_T: tl.constexpr):
     # A head's columns past the pairs (2R..D): normed, gained, rounded, stored
-    t = 2 * R + tl.arange(0, BLOCK_T)
-    mask = rmask[:, None] & (t < D)[None, :]
-    x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :], mask=mask, other=0.0).to(tl.float32)
+    x, t, mask = _tail_values(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
     if NORM != 0:
         gain = w_ptr
         if NORM == 2:
@@ -218,10 +231,7 @@ def _pairs_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch
             b = tl.load(base + head * D + R, mask=mask, other=0.0).to(tl.float32)
             squares += tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
             if BLOCK_T:
-                t = 2 * R + tl.arange(0, BLOCK_T)
-                x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :],
-                            mask=rmask[:, None] & (t < D)[None, :], other=0.0).to(tl.float32)
-                squares += tl.sum(x * x, axis=1)
+                squares += _tail_squares(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
         inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))[:, None]
     for head in tl.range(0, HEADS):
         a = tl.load(base + head * D, mask=mask, other=0.0).to(tl.float32)
@@ -229,10 +239,7 @@ def _pairs_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch
         if NORM == 1:  # by head: this head's own statistics
             squares = tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
             if BLOCK_T:
-                t = 2 * R + tl.arange(0, BLOCK_T)
-                x = tl.load(x_ptr + rows[:, None] * stride_x + head * D + t[None, :],
-                            mask=rmask[:, None] & (t < D)[None, :], other=0.0).to(tl.float32)
-                squares += tl.sum(x * x, axis=1)
+                squares += _tail_squares(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
             inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))[:, None]
         _pairs_turned_stored(a, b, rows, rmask, head, j, jmask, inv, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
                              out_ptr, HEADS, R, i0, i1, i2, i3, axis_ptr, freq_ptr, NORM, D, AXES > 0)
