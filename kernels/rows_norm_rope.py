@@ -61,6 +61,12 @@ def reference(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, out=N
 
 
 @triton_jit
+def _inverse_rms(squares, n, eps):
+    # 1/sqrt(mean + eps) of sums of squares over n values, each step correctly rounded
+    return tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, n * 1.0) + eps))
+
+
+@triton_jit
 def _gained_turned_stored(x, xp, row, head, mask, head_mask, cols, partner, w_ptr, cos_ptr, sin_ptr, stride_cm,
                           stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM: tl.constexpr,
                           D: tl.constexpr, BY_AXIS: tl.constexpr):
@@ -110,11 +116,10 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
         x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
         if NORM == 2:
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(tl.sum(x * x, axis=1), axis=0),
-                                                               HEADS * D * 1.0) + eps))
+            inv = _inverse_rms(tl.sum(tl.sum(x * x, axis=1), axis=0), HEADS * D, eps)
             x, xp = x * inv, xp * inv
         if NORM == 1:
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))[:, None]
+            inv = _inverse_rms(tl.sum(x * x, axis=1), D, eps)[:, None]
             x, xp = x * inv, xp * inv
         _gained_turned_stored(x, xp, row, heads, mask, mask, cols, partner, w_ptr, cos_ptr, sin_ptr, stride_cm,
                               stride_ch, out_ptr, HEADS, R, index_ptr, stride_i, axis_ptr, freq_ptr, NORM, D, BY_AXIS)
@@ -127,13 +132,13 @@ def _rows_norm_rope_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, 
             for head in tl.range(0, HEADS):
                 x = tl.load(base + head * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
                 squares += tl.sum(x * x, axis=1)
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))[:, None]
+            inv = _inverse_rms(squares, HEADS * D, eps)[:, None]
         for head in tl.range(0, HEADS):
             src = base + head * D
             x = tl.load(src + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             xp = tl.load(src + partner[None, :], mask=mask, other=0.0).to(tl.float32)
             if NORM == 1:  # by head: this head's own statistics
-                inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(tl.sum(x * x, axis=1), D * 1.0) + eps))
+                inv = _inverse_rms(tl.sum(x * x, axis=1), D, eps)
                 inv = inv[:, None]
             if NORM != 0:
                 x, xp = x * inv, xp * inv
@@ -193,7 +198,7 @@ def _tail_stored(x_ptr, stride_x, rows, rmask, head, inv, w_ptr, out_ptr, HEADS,
     x, t, mask = _tail_values(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
     if NORM != 0:
         gain = w_ptr
-        if NORM == 2:
+        if NORM == 2:  # across: the head's slice of the row's gain
             gain = w_ptr + head * D
         x = (x * inv) * tl.load(gain + t, mask=t < D, other=0.0)[None, :]
     tl.store(out_ptr + (rows[:, None] * HEADS + head) * D + t[None, :], rounded_bf16(x), mask=mask)
@@ -232,7 +237,7 @@ def _pairs_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch
             squares += tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
             if BLOCK_T:
                 squares += _tail_squares(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
-        inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, HEADS * D * 1.0) + eps))[:, None]
+        inv = _inverse_rms(squares, HEADS * D, eps)[:, None]
     for head in tl.range(0, HEADS):
         a = tl.load(base + head * D, mask=mask, other=0.0).to(tl.float32)
         b = tl.load(base + head * D + R, mask=mask, other=0.0).to(tl.float32)
@@ -240,7 +245,7 @@ def _pairs_kernel(x_ptr, stride_x, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch
             squares = tl.sum(a * a, axis=1) + tl.sum(b * b, axis=1)
             if BLOCK_T:
                 squares += _tail_squares(x_ptr, stride_x, rows, rmask, head, R, D, BLOCK_T)
-            inv = tl.math.div_rn(1.0, tl.sqrt_rn(tl.math.div_rn(squares, D * 1.0) + eps))[:, None]
+            inv = _inverse_rms(squares, D, eps)[:, None]
         _pairs_turned_stored(a, b, rows, rmask, head, j, jmask, inv, w_ptr, cos_ptr, sin_ptr, stride_cm, stride_ch,
                              out_ptr, HEADS, R, i0, i1, i2, i3, axis_ptr, freq_ptr, NORM, D, AXES > 0)
         if BLOCK_T:

@@ -271,12 +271,10 @@ def mlp_into(a: Arch, x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor,
             hidden = run("int8_linear", h[0], h[1], up.weight, up.scale, up.bias, gelu_tanh=True, turn_hidden=True,
                          choices=o.kernels)
             rows = (*run("quantize_rows", hidden, down.group, turned="v", choices=o.kernels), None)
-            gated_into(xs, rows, down, gate, maps, o)
-            continue
-        hidden = rows_product(h, up, o)
-        if down.int8:
-            rows = (*run("quantize_rows", hidden, down.group, act="gelu_tanh", choices=o.kernels), None)
+        elif down.int8:
+            rows = (*run("quantize_rows", rows_product(h, up, o), down.group, act="gelu_tanh", choices=o.kernels),
+                    None)
         else:
-            rows = (None, None, gelu_tanh(hidden.float()).to(torch.bfloat16))
+            rows = (None, None, gelu_tanh(rows_product(h, up, o).float()).to(torch.bfloat16))
         gated_into(xs, rows, down, gate, maps, o)
     return x

@@ -309,11 +309,12 @@ def launched(t: torch.Tensor, group: int, turned: str, codes: torch.Tensor, scal
     v-turned rows too long for quantize_turned, on Hopper by kernels/int8/quant_turned_hopper.py's pass of any
     width (where `hopper`, as quantize_turned's), else rows that fit quantize_turned. False leaves them to
     kernels/int8/quant.py's passes, with rest_operand as the rotation."""
-    long = turned == "hidden" or not fits(t.shape[1], group)
+    fit = fits(t.shape[1], group)
+    long = turned == "hidden" or not fit
     if t.shape[0] and hopper and long and quant_turned_hopper.unusable(t, turned, long=True) is None and \
             quant_turned_hopper.launch_long(t, codes, scales, turned):
         return True
-    if not fits(t.shape[1], group):
+    if not fit:
         return False
     quantize_turned(t, turned, out=(codes, scales), hopper=hopper)
     return True
