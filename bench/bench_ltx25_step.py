@@ -41,11 +41,11 @@ GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # --launches: other kernels or launches of the same math (Options fields; "kernels": kernels.Choices fields), each
-# timed as a graphed step beside the defaults: GELU in UP's epilogue, its rows turned for DOWN's one pass
-# (Options.gelu_in_up); the q/k rows walking the heads by rotary pairs (kernels.Choices.rows_in_pairs); both
-LAUNCHES = {"GELU in UP's epilogue": {"gelu_in_up": True},
-            "q/k rows by rotary pairs": {"kernels": {"rows_in_pairs": True}},
-            "both": {"gelu_in_up": True, "kernels": {"rows_in_pairs": True}}}
+# timed as a graphed step beside the defaults: GELU in DOWN's quantizer (Options.gelu_in_up off); the q/k rows
+# walking the heads by rotary pairs (kernels.Choices.rows_in_pairs_from) from 8192 rows (stage 2's) and at any count
+LAUNCHES = {"GELU in DOWN's quantizer": {"gelu_in_up": False},
+            "q/k rows by rotary pairs from 8192 rows": {"kernels": {"rows_in_pairs_from": 8192}},
+            "q/k rows by rotary pairs": {"kernels": {"rows_in_pairs_from": 0}}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,
@@ -184,8 +184,8 @@ def main(argv=None) -> None:
                    "products on 8 bits (Options.attention_8bit)")
     p.add_argument("--launches", action="store_true", help="also the graphed step with each of LAUNCHES' "
                    "options (Options, kernels.Choices)")
-    p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of the "
-                   "last stage, by GPU time, and its host functions (bench/gpu_profile.py)")
+    p.add_argument("--profile", action="store_true", help="also print the kernels of one resident INT8 step of each "
+                   "stage, by GPU time, and the last stage's host functions (bench/gpu_profile.py)")
     p.add_argument("--tiny", action="store_true", help="a smoke run: a model of GPU-kernel sizes at 64x64 / "
                    "128x128, 17 frames, 16 prompt rows; on the CPU where there is no CUDA")
     args = p.parse_args(argv)
@@ -244,8 +244,9 @@ def main(argv=None) -> None:
         del graphed  # (and eight) hold the resident layers, which the streamed run below must not find on the card
     if args.profile and device.type == "cuda":
         from gpu_profile import print_profile
-        print(f"\n## kernels of one INT8 step, stage {stages[-1]}")
-        print_profile(our_step(ours, inputs[stages[-1]]), host=True)
+        for k, s in inputs.items():
+            print(f"\n## kernels of one INT8 step, stage {k}")
+            print_profile(our_step(ours, s), host=k == stages[-1])
     stream = None
     if args.budget_gb > 0:
         host = loaded

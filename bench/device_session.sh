@@ -155,8 +155,9 @@ for part in $parts; do
     omnivoice) timeout $(cap 540) python3 bench/bench_omnivoice.py ${OMNIVOICE_ARGS:---repeats 5 --eager --int8 --agreement} ;;
     # LTX-2.5's row passes at stage 2: q/k rows by every row's angle tables or by axis; modulated norms
     rows_norm_rope) timeout 200 sh -c "python3 tests/kernels/bench_rows_norm_rope.py --runs 50; python3 tests/kernels/bench_modulated_norm.py" ;;
-    # GPU tests named in TESTS (paths or node ids)
-    pick) timeout $(cap 300) python3 -m pytest -q -rs -m "gpu or not gpu" -p no:cacheprovider --durations=5 $TESTS ;;
+    # GPU tests named in TESTS (paths or node ids), those PICK_K selects (pytest's -k) where it is set
+    pick) timeout $(cap 300) python3 -m pytest -q -rs -m "gpu or not gpu" -p no:cacheprovider --durations=5 $TESTS \
+            ${PICK_K:+-k "$PICK_K"} ;;
     klein) timeout 330 python3 -u bench/bench_flux3_klein.py --runs 2 --profile --variant-triton-gemm ${VARIANTS:-} \
              2>&1 | stamped ;;
     carry_tests) timeout 240 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_int8_linear_hopper.py \

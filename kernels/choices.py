@@ -24,8 +24,10 @@ class Choices:
     walking the columns together (the weights read from memory once a group). whole_rows_walking: the whole-rows pass's
     programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block): 4 by default, LTX-2.5's
     gated OUT rows at stage 2 in 95 us against 160 a program a block (H100, bench_quantizer_shapes.py --gated).
-    rows_in_pairs: kernels/rows_norm_rope.py's rows walking the heads by rotary pairs (each value and angle read once;
-    off, the default until a GPU times it: its blocked kernel). The hopper_ choices take effect only where
+    rows_in_pairs_from: from this many rows, kernels/rows_norm_rope.py's rows walk the heads by rotary pairs (each
+    value and angle read once; 16 rows a program); None, never: its blocked kernel (the default until a GPU times it:
+    on an H100 every call of the pairs was a third faster at LTX-2.5's stage 2, 14080 rows, yet the graphed step at
+    stage 1, 3520 rows, 5% slower). The hopper_ choices take effect only where
     kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
@@ -35,7 +37,7 @@ class Choices:
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
     whole_rows_walking: int = 4
-    rows_in_pairs: bool = False
+    rows_in_pairs_from: int | None = None
 
 
 DEFAULT = Choices()

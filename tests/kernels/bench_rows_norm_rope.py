@@ -1,9 +1,9 @@
 """Times LTX-2.5's q/k rows on CUDA: kernels/rows_norm_rope.py against the torch f32 form it replaced in
 dit_core/gpu/pieces.py (RMS across the heads, per-head split-half rotary, bf16), at the video self-attention (32 x
 128, every column turned) and the A<->V time rotary on video heads (32 of 64 pairs), at stage 2's video rows (16 x 22
-x 40 latents); the kernel's angles as every row's tables and by axis (the rows' midpoints' tables), rows in blocks
-walking the heads by rotary pairs or whole heads at several launches, and a row at once (its heads in one tile) on 4,
-8 and 16 warps.
+x 40 latents) and stage 1's (16 x 11 x 20); the kernel's angles as every row's tables and by axis (the rows'
+midpoints' tables), rows in blocks walking the heads by rotary pairs or whole heads at several launches, and a row at
+once (its heads in one tile) on 4, 8 and 16 warps.
 Median ms of --runs, eager and one CUDA-graph replay (bench_int8_linear.median_ms). Prints markdown.
 Not collected by pytest (bench_*); on the device: python tests/kernels/bench_rows_norm_rope.py [--runs 100]
 """
@@ -24,8 +24,7 @@ from kernels.rows_norm_rope import reference, rows_norm_rope  # noqa: E402
 CASES = [("video self", 32, 128, 64, 3), ("A<->V, video heads", 32, 128, 32, 1)]
 
 
-def main(runs: int) -> None:
-    grid = Grid(16, 22, 40)  # stage 2's latents: 14080 rows
+def main(runs: int, grid: Grid) -> None:
     mid = video_midpoints(grid, torch.float64).cuda()
     launches, whole = {}, {}  # case -> the by-axis call at a launch; (case, angles) -> the call a row at once
     print("| rows | M | torch f32 ms (graph) | rows_norm_rope, every row's tables ms (graph) | by axis ms (graph) |")
@@ -56,7 +55,8 @@ def main(runs: int) -> None:
     for kernel, block_m, warps in (("pairs", 16, 4), ("pairs", 8, 4), ("pairs", 32, 4), ("pairs", 16, 8),
                                    ("pairs", 32, 8), ("pairs", 8, 2), ("pairs", 4, 2), ("whole heads", 4, 2),
                                    ("whole heads", 16, 4)):
-        launch = {"block_m": block_m, "num_warps": warps, "choices": Choices(rows_in_pairs=kernel == "pairs")}
+        pairs_from = 0 if kernel == "pairs" else None
+        launch = {"block_m": block_m, "num_warps": warps, "choices": Choices(rows_in_pairs_from=pairs_from)}
         times = [f"{median_ms(functools.partial(call, **launch), runs, True):.4f}" for call in launches.values()]
         print(f"| {kernel}: {block_m}, {warps} | {' | '.join(times)} |")
     print("\nA row a program, its heads in one tile, ms (graph):\n")
@@ -70,4 +70,6 @@ def main(runs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=100)
-    main(parser.parse_args().runs)
+    for stage, latents in (("2", Grid(16, 22, 40)), ("1", Grid(16, 11, 20))):
+        print(f"\n## stage {stage}: {latents.rows} video rows\n")
+        main(parser.parse_args().runs, latents)

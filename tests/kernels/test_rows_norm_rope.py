@@ -19,7 +19,7 @@ CASES = [(7, 2, 32, 16, "head"), (37, 3, 64, 8, "head"), (19, 4, 16, 8, "row"), 
          (5, 2, 32, 0, None)]
 NORMS = ["across", "head", None]
 # the kernel's launches: rows walking the heads by whole heads (the default), by rotary pairs, a row at once
-LAUNCHES = {"blocked": {}, "pairs": {"choices": Choices(rows_in_pairs=True)}, "row at once": {"row_at_once": True}}
+LAUNCHES = {"blocked": {}, "pairs": {"choices": Choices(rows_in_pairs_from=0)}, "row at once": {"row_at_once": True}}
 
 
 def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
