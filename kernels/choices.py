@@ -25,10 +25,11 @@ class Choices:
     programs an SM walking the row blocks (quant_turned's row_programs; 0: a program a block): 4 by default, LTX-2.5's
     gated OUT rows at stage 2 in 95 us against 160 a program a block (H100, bench_quantizer_shapes.py --gated).
     rows_in_pairs_from: from this many rows, kernels/rows_norm_rope.py's rows walk the heads by rotary pairs (each
-    value and angle read once; 16 rows a program); None, never: its blocked kernel (the default until a GPU times it:
-    on an H100 every call of the pairs was a third faster at LTX-2.5's stage 2, 14080 rows, yet the graphed step at
-    stage 1, 3520 rows, 5% slower). The hopper_ choices take effect only where
-    kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
+    value and angle read once; 16 rows a program; None, never: its blocked kernel): 8192, LTX-2.5's stage 2 graphed
+    step 1.8% faster on an H100 (its video rows' calls a third faster), where at stage 1's 3520 rows the step was 5%
+    slower. rows_at_once_below: under this many rows, rows_norm_rope takes a row a program, its heads in one tile
+    (None: never; the default until a GPU times it). The hopper_ choices take effect only where kernels.needs_hopper
+    passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
     hopper_turned_quant: bool = True
@@ -37,7 +38,8 @@ class Choices:
     whole_rows: bool = True
     group_m: int = TILE["GROUP_M"]
     whole_rows_walking: int = 4
-    rows_in_pairs_from: int | None = None
+    rows_in_pairs_from: int | None = 8192
+    rows_at_once_below: int | None = None
 
 
 DEFAULT = Choices()

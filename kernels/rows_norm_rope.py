@@ -262,7 +262,8 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
     LTX-2.5's stage-2 rows on an H100 (tests/kernels/bench_rows_norm_rope.py). row_at_once: a program a row, its
     heads in one tile (8 warps by default), where block_m rows walk the heads one by one. From
     choices.rows_in_pairs_from rows (kernels/choices.py): block_m rows walk the heads by rotary pairs (_pairs_kernel;
-    16 rows on 4 warps by default; angles by axis of up to 4 axes), not row_at_once."""
+    16 rows on 4 warps by default; angles by axis of up to 4 axes), not row_at_once; under
+    choices.rows_at_once_below rows: row_at_once."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -271,7 +272,8 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
         raise ValueError(f"rows_norm_rope: the gain must have {heads * d if across else d} values "
                          f"({'across heads' if across else 'by head'}), got {weight.numel()}")
     by_axis = index is not None
-    pairs_from = choices.rows_in_pairs_from
+    pairs_from, at_once_below = choices.rows_in_pairs_from, choices.rows_at_once_below
+    row_at_once = row_at_once or (at_once_below is not None and m < at_once_below)
     pairs = pairs_from is not None and m >= pairs_from and not row_at_once and (not by_axis or index.shape[1] <= 4)
     block_m = 1 if row_at_once else block_m or (4 if by_axis and not pairs else 16)
     num_warps = num_warps or (8 if row_at_once else 2 if by_axis and not pairs else 4)

@@ -247,9 +247,10 @@ class LTX25:
 
     @staticmethod
     def default_options():
-        """LTX-2.5's GPU options: the engine's defaults."""
+        """LTX-2.5's GPU options: the engine's defaults, the audio's branches in order after the video's (its side
+        stream off until a GPU times it)."""
         from ..gpu.options import Options
-        return Options()
+        return Options(concurrent_modes=False)
 
     @property
     def device(self) -> torch.device:
@@ -527,11 +528,15 @@ def feed_forward(a: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, 
 def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, sv: StreamStep,
               sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
     """LTX25.block on the GPU pieces (dit_core/gpu/pieces.py), v and a updated in place: each branch added under its
-    gate in its OUT's / DOWN's product epilogue. The A<->V attentions both read the streams before either adds."""
-    from ..gpu.pieces import attention_rows, into, mlp_into, modulated_rows  # the GPU path: where used
+    gate in its OUT's / DOWN's product epilogue. The A<->V attentions both read the streams before either adds. The
+    audio's self, prompt and MLP branches run on a side stream beside the video's (pieces.side_stream: its few rows'
+    kernels leave most SMs idle)."""
+    from ..gpu.pieces import attention_rows, beside, into, mlp_into, modulated_rows, side_stream  # the GPU path
     o, va, aa = model.options, model.video.arch, model.audio.arch
     pv, pa = table_plus(block.video.table, sv.mod), table_plus(block.audio.table, sa.mod)
-    for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
+    side = side_stream(v, "LTX-2.5 audio rows", o, sv.shards)
+
+    def self_and_prompt(arch: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> None:
         m = step.seq.map
         h = modulated_rows(arch, x, p[SHIFT_MSA], p[SCALE_MSA], m)
         heads = attention_rows(arch, layer.self_attn, h, h, step.seq, step.seq, step.self_bias, o, step.shards)
@@ -539,6 +544,12 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
         h = modulated_rows(arch, x, p[SHIFT_Q], p[SCALE_Q], m)
         heads = attention_rows(arch, layer.text_attn, h, prompt_rows(layer, step), bias=step.key_bias, options=o)
         into(x, heads, layer.text_attn, p[GATE_Q], m, o)
+
+    def mlp_of(arch: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> None:
+        mlp_into(arch, x, p[SHIFT_MLP], p[SCALE_MLP], step.seq.map, layer.up, layer.down, p[GATE_MLP], o)
+
+    video, audio = (va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)
+    beside(side, lambda: self_and_prompt(*audio), lambda: self_and_prompt(*video))
     cv, ca = table_plus(block.video.av_table[:4], sv.av), table_plus(block.audio.av_table[:4], sa.av)
     gv, ga = block.video.av_table[AV_GATE] + sv.gate, block.audio.av_table[AV_GATE] + sa.gate
     # each stream's rows under both modulations from one read: A->V's queries and V->A's keys of the video rows
@@ -553,6 +564,5 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
                          keys=sv.shards)
     into(a, v2a, block.v2a, ga, sa.gate_map, o)
     into(v, a2v, block.a2v, gv, sv.gate_map, o)
-    for arch, layer, x, p, step in ((va, block.video, v, pv, sv), (aa, block.audio, a, pa, sa)):
-        mlp_into(arch, x, p[SHIFT_MLP], p[SCALE_MLP], step.seq.map, layer.up, layer.down, p[GATE_MLP], o)
+    beside(side, lambda: mlp_of(*audio), lambda: mlp_of(*video))
     return v, a

@@ -18,8 +18,9 @@ class Options:
     for an INT8 DOWN (pieces.mlp_into: LTX-2.5's step at stage 2 2.6% faster on an H100, 5.6% fewer joules); off,
     GELU in DOWN's quantizer. mlp_chunk:
     the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn] output and codes, stay a few hundred
-    MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: FLUX.3 Klein's text and reference
-    mode blocks on side streams beside the image's (else one after another). carry_norms: each norm's row statistics
+    MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: few rows' blocks on side streams beside
+    the many rows' (FLUX.3 Klein's text and reference mode blocks beside the image's, LTX-2.5's audio branches beside
+    the video's; else one after another). carry_norms: each norm's row statistics
     written by the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's), else made
     by a pass of their own. planned_attention: SDPA's cuDNN back end first (the fastest at a shape it has run: it
     builds a plan for each new shape, 40-55 ms on an H100); off, flash attention first (about 1 ms at a new shape):

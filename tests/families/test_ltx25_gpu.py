@@ -328,6 +328,23 @@ def test_graphed_step_equals_eager(files, grid):
     assert not eager.graphs[0].graphs
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_audio_beside_video_on_gpu(files):
+    """Options.concurrent_modes: the audio's self, prompt and MLP branches on a side stream beside the video's,
+    eager and graphed, give the one-stream step's velocities bit for bit."""
+    from dit_core.gpu.step_graph import capture_refusal
+    model = LTX25.load(files / "tiny_int8.safetensors").to("cuda")
+    serial = replace(model, options=replace(model.options, concurrent_modes=False))
+    beside = replace(model, options=replace(model.options, concurrent_modes=True))
+    want = serial.forward(*inputs(GRID))
+    assert all(torch.equal(got, w) for got, w in zip(beside.forward(*inputs(GRID)), want))
+    if not capture_refusal():
+        step = beside.graphed()
+        assert all(torch.equal(got, w) for got, w in zip(step(*inputs(GRID)), want))
+        step.clear()
+
+
 def test_dequantized_layers_are_bf16_of_the_int8_weights(files):
     """LTXBlock.dequantized (the bench's fidelity reference): every INT8 linear as BF16 of its codes turned back,
     float ones as they are; the model then runs its BF16 path, close to the INT8 one."""
