@@ -41,16 +41,10 @@ GIB = 1 << 30
 PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 ConvRot, CUDA graph"
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # --launches: other kernels or launches of the same math (Options fields; "kernels": kernels.Choices fields), each
-# timed as a graphed step beside the defaults: the audio's branches on a side stream beside the video's
-# (Options.concurrent_modes); the q/k rows of fewer than 1024 or 2048 rows a row a program
-# (kernels.Choices.rows_at_once_below); the audio beside and the rows under 2048 at once; the q/k rows in blocks at
-# every count (Choices.rows_in_pairs_from None)
-_AT_ONCE = {"kernels": {"rows_at_once_below": 2048}}
-LAUNCHES = {"audio beside video": {"concurrent_modes": True},
-            "q/k rows under 1024 a row a program": {"kernels": {"rows_at_once_below": 1024}},
-            "q/k rows under 2048 a row a program": _AT_ONCE,
-            "audio beside, rows under 2048 at once": {"concurrent_modes": True, **_AT_ONCE},
-            "q/k rows in blocks at every count": {"kernels": {"rows_in_pairs_from": None}}}
+# timed as a graphed step beside the defaults: the audio's branches after the video's (Options.concurrent_modes
+# off); the q/k rows in blocks at every count (kernels.Choices rows_at_once_below and rows_in_pairs_from None)
+LAUNCHES = {"audio after video": {"concurrent_modes": False},
+            "q/k rows in blocks at every count": {"kernels": {"rows_at_once_below": None, "rows_in_pairs_from": None}}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,

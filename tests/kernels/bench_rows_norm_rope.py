@@ -23,11 +23,12 @@ from kernels import Choices  # noqa: E402
 from kernels.rows_norm_rope import rows_norm_rope  # noqa: E402
 
 AUDIO_ROWS, PROMPT_ROWS = 127, 1024
-BLOCKED = Choices(rows_in_pairs_from=None)
+BLOCKED, PAIRS = Choices(rows_in_pairs_from=None, rows_at_once_below=None), Choices(rows_at_once_below=None,
+                                                                                     rows_in_pairs_from=0)
 # (label, rows_norm_rope's launch): block_m and num_warps of the blocked and pairs kernels, warps of a row at once
 LAUNCHES = [("default", {})] + [(f"whole heads: {m}, {w}", {"block_m": m, "num_warps": w, "choices": BLOCKED})
                                 for m, w in ((4, 2), (16, 4), (1, 1))] + \
-           [(f"pairs: {m}, {w}", {"block_m": m, "num_warps": w, "choices": Choices(rows_in_pairs_from=0)})
+           [(f"pairs: {m}, {w}", {"block_m": m, "num_warps": w, "choices": PAIRS})
             for m, w in ((16, 4), (8, 4), (8, 2), (4, 2), (2, 1))] + \
            [(f"a row at once: {w}", {"row_at_once": True, "num_warps": w}) for w in (2, 4, 8, 16)]
 

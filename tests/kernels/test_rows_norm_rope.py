@@ -18,8 +18,11 @@ from kernels.rows_norm_rope import reference, rows_norm_rope
 CASES = [(7, 2, 32, 16, "head"), (37, 3, 64, 8, "head"), (19, 4, 16, 8, "row"), (12, 3, 24, 12, "head"),
          (5, 2, 32, 0, None)]
 NORMS = ["across", "head", None]
-# the kernel's launches: rows walking the heads by whole heads (the default), by rotary pairs, a row at once
-LAUNCHES = {"blocked": {}, "pairs": {"choices": Choices(rows_in_pairs_from=0)}, "row at once": {"row_at_once": True}}
+# the kernel's launches: rows walking the heads by whole heads, by rotary pairs, a row at once, its default (here a row
+# at once: under Choices.rows_at_once_below rows)
+LAUNCHES = {"blocked": {"choices": Choices(rows_in_pairs_from=None, rows_at_once_below=None)},
+            "pairs": {"choices": Choices(rows_in_pairs_from=0, rows_at_once_below=None)},
+            "row at once": {"row_at_once": True}, "default": {}}
 
 
 def inputs(m, heads, head, r, angles, norm, seed, device, row_stride=0):
