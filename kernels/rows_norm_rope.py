@@ -260,11 +260,10 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
     (tables [T, F], index [M, A] int32, columns (axis, freq) [r] or [heads, r] int32). block_m, num_warps: the
     launch; by default 16 rows on 4 warps, by axis a row on one warp (LTX-2.5's stage-1 video rows 11-14% faster so
     than 4 rows on 2 warps on an H100: tests/kernels/bench_rows_norm_rope.py). row_at_once: a program a row, its
-    heads in one tile (by default a warp for each 512 values of a row, 2 to 16), where block_m rows walk the heads
-    one by one. From
-    choices.rows_in_pairs_from rows (kernels/choices.py): block_m rows walk the heads by rotary pairs (_pairs_kernel;
-    16 rows on 4 warps by default; angles by axis of up to 4 axes), not row_at_once; under
-    choices.rows_at_once_below rows, or without rotary at any count: row_at_once."""
+    heads in one tile (by default a warp for each 512 values of a row, 2 to 16, a power of 2), where block_m rows
+    walk the heads one by one. From choices.rows_in_pairs_from rows (kernels/choices.py): block_m rows walk the heads
+    by rotary pairs (_pairs_kernel; 16 rows on 4 warps by default; angles by axis of up to 4 axes), not row_at_once;
+    under choices.rows_at_once_below rows, or without rotary at any count: row_at_once."""
     m, d = x.shape[0], head
     if x.dim() != 2 or x.shape[1] != heads * d or x.stride(-1) != 1:
         raise ValueError(f"rows_norm_rope: x must be rows [M, {heads} heads x {d}] with contiguous columns, got "
@@ -277,7 +276,8 @@ def rows_norm_rope(x, heads, head, weight, cos, sin, eps=1e-6, *, across=False, 
     row_at_once = row_at_once or (at_once_below is not None and (m < at_once_below or cos is None))
     pairs = pairs_from is not None and m >= pairs_from and not row_at_once and (not by_axis or index.shape[1] <= 4)
     block_m = 1 if row_at_once else block_m or (1 if by_axis and not pairs else 16)
-    num_warps = num_warps or (min(max(heads * d // 512, 2), 16) if row_at_once else 1 if by_axis and not pairs else 4)
+    at_once_warps = min(triton.next_power_of_2(max(heads * d // 512, 2)), 16)
+    num_warps = num_warps or (at_once_warps if row_at_once else 1 if by_axis and not pairs else 4)
     if by_axis:
         axis, freq = columns
         r = axis.shape[-1]

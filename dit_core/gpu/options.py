@@ -16,15 +16,14 @@ class Options:
     the fused QKV turned for an INT8 OUT where it can (block._turns_v). turn_hidden: UP's SwiGLU rows turned for an
     INT8 DOWN (block._turns_hidden). gelu_in_up: a GELU MLP's GELU in its INT8 UP's epilogue, the rows turned there
     for an INT8 DOWN (pieces.mlp_into: LTX-2.5's step at stage 2 2.6% faster on an H100, 5.6% fewer joules); off,
-    GELU in DOWN's quantizer. mlp_chunk:
-    the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn] output and codes, stay a few hundred
-    MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes: few rows' blocks on side streams beside
-    the many rows' (FLUX.3 Klein's text and reference mode blocks beside the image's, LTX-2.5's audio branches beside
-    the video's; else one after another). carry_norms: each norm's row statistics
-    written by the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's), else made
-    by a pass of their own. planned_attention: SDPA's cuDNN back end first (the fastest at a shape it has run: it
-    builds a plan for each new shape, 40-55 ms on an H100); off, flash attention first (about 1 ms at a new shape):
-    for blocks whose rows change with every prompt, as a text fusion's. kernels: which kernels of equal math run, a
+    GELU in DOWN's quantizer. mlp_chunk: the most rows a chunk of the MLP takes (its temporaries, UP's [rows, ffn]
+    output and codes, stay a few hundred MB; 8192 takes a 1024^2 image's 4608 rows in one chunk). concurrent_modes:
+    few rows' blocks on side streams beside the many rows' (FLUX.3 Klein's text and reference mode blocks beside the
+    image's, LTX-2.5's audio branches beside the video's; else one after another). carry_norms: each norm's row
+    statistics written by the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's),
+    else made by a pass of their own. planned_attention: SDPA's cuDNN back end first (the fastest at a shape it has
+    run: it builds a plan for each new shape, 40-55 ms on an H100); off, flash attention first (about 1 ms at a new
+    shape): for blocks whose rows change with every prompt, as a text fusion's. kernels: which kernels of equal math run, a
     kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core opens
     kernels/ in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
