@@ -23,8 +23,8 @@ class Options:
     statistics written by the kernel before it that writes the rows (NormStats; the MLP's by the attention branch's),
     else made by a pass of their own. planned_attention: SDPA's cuDNN back end first (the fastest at a shape it has
     run: it builds a plan for each new shape, 40-55 ms on an H100); off, flash attention first (about 1 ms at a new
-    shape): for blocks whose rows change with every prompt, as a text fusion's. kernels: which kernels of equal math run, a
-    kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core opens
+    shape): for blocks whose rows change with every prompt, as a text fusion's. kernels: which kernels of equal math
+    run, a kernels.Choices (kernels/choices.py; None: its defaults), handed to kernels.run as it is (dit_core opens
     kernels/ in one place, dit_core/gpu/block.py)."""
     int8_attention: bool = False
     attention_8bit: bool = False
