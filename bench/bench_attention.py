@@ -5,11 +5,15 @@ beside the cuDNN bf16 SDPA the blocks call: time (CUDA graph), TFLOP/s, joules a
 error against f32 attention. q and k are head-RMS-normed rows with random gains (as kernels/head_norm_rope.py makes
 them), v plain rows; all are rows [M, heads x 128] (the QKV's layout), which SDPA reads as strided [1, heads, M, 128]
 views. Shapes: FLUX.3 Klein's joint rows (24 heads, 4608 rows), MiniMax H3's (56 heads, 15911 rows; issue 35),
-Z-Image's (30, 4608). The 8-bit kernel's rows: codes included (torch's smoothing reductions and the three code
-passes, then the kernel), the kernel alone at each --tiles tile (BLOCK_M x BLOCK_N x warps x stages), its codes alone.
+Z-Image's (30, 4608), LTX-2.5's video self-attention (32, 14080 at stage 2; 3520 at stage 1). The 8-bit kernel's
+rows: codes included (torch's smoothing reductions and the three code passes, then the kernel), the kernel alone at
+each --tiles tile (BLOCK_M x BLOCK_N x warps x stages), its codes alone. --fa3: also FlashAttention-3's forward
+(the `fa3_fwd` package, where installed: `bash bench/device_carry.sh fa3` carries its wheel) on the same bf16 views,
+and on e4m3 q, k, v with a scale a head (codes included, and its kernel alone).
 
     python bench/bench_attention.py [--shapes 24x4608 56x15911] [--stages 3 4] [--tiles 128x64x8x3 64x64x4x3]
     python bench/bench_attention.py --shapes 48x4608x12     # Krea 2's grouped-query heads: copied or SDPA's own
+    python bench/bench_attention.py --fa3 --shapes 32x14080 32x3520 56x15911 --tiles 128x64x8x3
 """
 from __future__ import annotations
 
@@ -90,19 +94,49 @@ def grouped_query(heads: int, m: int, kv: int, seconds: float, energy) -> None:
                 refusals=(RuntimeError,))
 
 
+def e4m3_heads(t: torch.Tensor, m: int, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [m, heads x 128] bf16 as FA3's e4m3 operand [1, m, heads, 128] and its descale [1, heads] f32: each
+    head's values over its absmax / 448 (e4m3's largest), rounded to nearest by the cast."""
+    x = t.reshape(1, m, heads, ka.HEAD).float()
+    scale = x.abs().amax(dim=(1, 3)).clamp(min=1e-30) / 448.0
+    return (x / scale[:, None, :, None]).to(torch.float8_e4m3fn), scale.contiguous()
+
+
+def fa3_cases(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, m: int, heads: int) -> list:
+    """FlashAttention-3's forward on the rows' BSHD views (no copies): bf16, and e4m3 with a descale a head (codes
+    included; the kernel alone). None of it where fa3_fwd is not installed (a line says why)."""
+    try:
+        from fa3_fwd_interface import flash_attn_func
+    except ImportError as e:
+        print(f"(FA3: fa3_fwd_interface does not import here: {e})")
+        return []
+    bshd = lambda t: t.reshape(1, m, heads, ka.HEAD)  # noqa: E731
+    rows_of = lambda o: (o[0] if isinstance(o, tuple) else o).reshape(m, heads * ka.HEAD)  # noqa: E731
+
+    def eight_bit():
+        (q8, sq), (k8_, sk), (v8, sv) = (e4m3_heads(t, m, heads) for t in (q, k, v))
+        return rows_of(flash_attn_func(q8, k8_, v8, q_descale=sq, k_descale=sk, v_descale=sv))
+    made = [e4m3_heads(t, m, heads) for t in (q, k, v)]
+    return [("FA3 bf16", lambda: rows_of(flash_attn_func(bshd(q), bshd(k), bshd(v)))),
+            ("FA3 e4m3, a scale a head, codes included", eight_bit),
+            ("FA3 e4m3, the kernel alone", lambda: rows_of(flash_attn_func(
+                made[0][0], made[1][0], made[2][0], q_descale=made[0][1], k_descale=made[1][1],
+                v_descale=made[2][1])))]
+
+
 def print_cases(heads: str, m: int, flop: int, cases: list, truth: torch.Tensor, seconds: float, energy,
                 refusals: tuple[type[Exception], ...] = ()) -> None:
     """A table row for each (name, call) of cases: graph ms, TFLOP/s of flop, joules a call under seconds of
-    sustained load, the error of its output (None: none) against truth; a call that raises one of refusals gets
-    a row with the first line of its error."""
+    sustained load, the error of its output (None: none) against truth; a call that raises one of refusals (or
+    whose capture does) gets a row with the first line of its error."""
     for name, call in cases:
         try:
             o = call()
+            err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
+            ms = median_ms(call, 20, graph=True)
         except refusals as e:
             print(f"| {heads} | {m} | {name} | - | - | - | {str(e).splitlines()[0][:80]} |", flush=True)
             continue
-        err = float("nan") if o is None else ((o.float() - truth).norm() / truth.norm()).item()
-        ms = median_ms(call, 20, graph=True)
         joules = sustained(call, seconds, energy)[1] if energy is not None else float("nan")
         print(f"| {heads} | {m} | {name} | {ms:.4f} | {flop / ms / 1e9:.0f} | {joules:.4f} | "
               f"{'-' if math.isnan(err) else f'{err:.2e}'} |", flush=True)
@@ -116,6 +150,7 @@ def main() -> None:
     p.add_argument("--stages", type=int, nargs="*", default=[ka.STAGES], help="attention_int8's ring slots")
     p.add_argument("--tiles", nargs="*", default=TILES, help="attention_8bit's tiles: BLOCK_MxBLOCK_NxWARPSxSTAGES")
     p.add_argument("--seconds", type=float, default=1.0, help="sustained load a case, after as long a warm-up")
+    p.add_argument("--fa3", action="store_true", help="also FlashAttention-3's forward, bf16 and e4m3 (fa3_fwd)")
     p.add_argument("--first-calls", action="store_true",
                    help="instead: the first and a later call of cuDNN and flash SDPA at each new row count of a new "
                         "prompt's length (Z-Image: 30 heads, 4096 image rows + captions padded to 32)")
@@ -142,7 +177,7 @@ def main() -> None:
         def cudnn():
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
                 return F.scaled_dot_product_attention(qh, kh, vh)[0].transpose(0, 1).reshape(m, -1)
-        cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)]
+        cases = [("cuDNN bf16 SDPA (the blocks' call)", cudnn)] + (fa3_cases(q, k, v, m, heads) if args.fa3 else [])
         if ka.unusable(q, heads):
             print(f"(attention_int8 cannot run here: {ka.unusable(q, heads)})")
         else:
@@ -165,7 +200,8 @@ def main() -> None:
                 return k8.launch(*made8, block_n=bn, block_m=bm, num_warps=warps, num_stages=stages)
             cases.append((f"8-bit, the kernel alone ({tile})", alone))
         cases.append(("8-bit: smoothing and codes alone", lambda: k8.operands(q, k, v, heads) and None))
-        print_cases(str(heads), m, 4 * m * m * ka.HEAD * heads, cases, truth, args.seconds, energy)
+        print_cases(str(heads), m, 4 * m * m * ka.HEAD * heads, cases, truth, args.seconds, energy,
+                    refusals=(RuntimeError,) if args.fa3 else ())
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@
 # names them in `carry` (64 MiB in all with the working tree).
 #   bash bench/device_carry.sh [server|peers]
 #     server (the default, after tests/run.sh has unpacked the tree into .cache/): the tree and ComfyUI's wheels;
-#     peers: the tree and diffusers 0.42.1 in .whl/, for the step benchmarks' peers (both sets pass 64 MiB).
+#     peers: the tree and diffusers 0.42.1 in .whl/, for the step benchmarks' peers (both sets pass 64 MiB);
+#     fa3: the tree and FlashAttention-3's forward (fa3_fwd) in .whl/, for bench_attention.py --fa3.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -33,7 +34,10 @@ case $MODE in
     peers) WHEELS="diffusers==0.42.1 transformers==5.24.0 tokenizers==0.23.3 torchsde==0.2.6 trampoline==0.1.2
                 huggingface_hub==1.31.0 hf-xet==1.8.0 click==8.4.2 safetensors==0.8.0 regex==2026.11.19
                 omnivoice==0.2.1 pydub==0.25.1 soundfile==0.14.0 cffi==2.0.0 pycparser==2.23" ;;
-    *) echo "device_carry.sh: unknown set $MODE (server or peers)" >&2; exit 2 ;;
+    # FlashAttention-3's forward for bench_attention.py --fa3 (27 MB: beside the peers' set it passes 64 MiB); its
+    # kernels call torch through the stable C shim (aoti_torch_*), built against torch 2.10.
+    fa3) WHEELS="fa3-fwd==0.0.3" ;;
+    *) echo "device_carry.sh: unknown set $MODE (server, peers or fa3)" >&2; exit 2 ;;
 esac
 for wheel in $WHEELS; do
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \

@@ -7,7 +7,7 @@
 #          attention_fp8 attention server node_path krea2 graph h3
 #          text_encoders omnivoice ltx25 first_step attention_first_calls parallel fp8_products gate_kernels load
 #          video_decode pick ltx25_clip h3_clip save_image image_decode krea2_lengths rows_norm_rope
-#          gated text_replay
+#          gated text_replay attention_fa3
 #   parallel (a kind with several GPUs, the peers' carry for diffusers' random models): the NCCL tests, then H3's and
 #     LTX-2.5's steps on 1, 2 and 4 GPUs (bench_sequence_parallel.py; LAYERS cuts the models, 12 by default)
 #   The step benchmarks' peers (z_step, klein, krea2, h3) need diffusers: `bash bench/device_carry.sh peers` puts its wheel
@@ -101,6 +101,9 @@ for part in $parts; do
     energy) timeout 200 python3 bench/energy_by_kernel.py ;;
     attention_fp8) XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 200 python3 bench/bench_attention_fp8_cudnn.py ;;
     attention_first_calls) timeout 120 python3 bench/bench_attention.py --first-calls ;;
+    # FlashAttention-3's forward (the fa3 carry) beside cuDNN at LTX-2.5's, H3's and Klein's shapes
+    attention_fa3) timeout $(cap 300) python3 bench/bench_attention.py --fa3 --seconds 0.5 --tiles 128x64x8x3 \
+                     --shapes 32x14080 32x3520 56x15911 24x4608 ;;
     attention) timeout 200 python3 -m pytest -q -rs -m gpu -p no:cacheprovider tests/kernels/test_attention_int8.py
                timeout 200 python3 bench/bench_attention.py ${ATTENTION_ARGS:---stages 3 4} ;;
     krea2) timeout $(cap 200) python3 bench/bench_krea2_step.py ${KREA2_ARGS:---steps 5} ;;
