@@ -32,6 +32,7 @@ from bench_z_image_step import rel, timed  # noqa: E402
 from dit_core.families.minimax_h3 import MiniMaxH3, packed_layout, row_times  # noqa: E402
 from dit_core.gpu.streaming import pass_bytes  # noqa: E402
 from dit_core.weights import TensorSource  # noqa: E402
+from kernels import Choices  # noqa: E402
 from step_variants import add_arguments as add_variant_arguments  # noqa: E402
 from step_variants import variants  # noqa: E402
 
@@ -158,22 +159,25 @@ def profiled(device: torch.device, call) -> None:
 
 
 def parsed_options(texts: list[str], defaults) -> list:
-    """(name, options) of each --options text "field=value,field=value" (values as Python literals) over the
-    recipe's defaults."""
-    fields = {f.name for f in dataclasses.fields(defaults)}
+    """(name, options) of each --options text "field=value,field=value" (values as Python literals; "kernels.field":
+    a kernels.Choices field) over the recipe's defaults."""
+    fields = {f.name for f in dataclasses.fields(defaults)} | {f"kernels.{f.name}" for f in dataclasses.fields(Choices)}
     out = []
     for text in texts:
-        changes = {}
+        changes, kernels = {}, {}
         for item in filter(None, text.split(",")):
-            key, _, value = item.partition("=")
-            if key.strip() not in fields:
-                raise SystemExit(f"bench_h3_step: --options {text!r}: no Options field {key.strip()!r}; fields are "
+            key, _, value = (part.strip() for part in item.partition("="))
+            if key not in fields:
+                raise SystemExit(f"bench_h3_step: --options {text!r}: no Options field {key!r}; fields are "
                                  f"{', '.join(sorted(fields))}")
             try:
-                changes[key.strip()] = ast.literal_eval(value.strip())
+                (kernels if key.startswith("kernels.") else changes)[key.removeprefix("kernels.")] = \
+                    ast.literal_eval(value)
             except (ValueError, SyntaxError):
                 raise SystemExit(f"bench_h3_step: --options {text!r}: {value!r} is not a Python literal (True, "
                                  f"4096, ...)") from None
+        if kernels:
+            changes["kernels"] = dataclasses.replace(defaults.kernels or Choices(), **kernels)
         out.append((text, dataclasses.replace(defaults, **changes)))
     return out
 
@@ -277,7 +281,8 @@ def main(argv=None) -> None:
     p.add_argument("--profile", action="store_true", help="also print the kernels of one INT8 step, by GPU time")
     p.add_argument("--options", action="append", default=[], metavar="FIELD=VALUE[,...]", help="also ours INT8 "
                    "resident with these Options fields changed from the recipe's (dit_core/gpu/options.py), e.g. "
-                   "int8_attention=True; repeatable, a row each")
+                   "int8_attention=True, kernels.fa3_attention=True (a kernels.Choices field); repeatable, a row "
+                   "each")
     p.add_argument("--curve-rank", type=int, default=0, help="also ours INT8 resident in the pruned files' curve "
                    "form of this rank (8: the template's minimax_h3_*_pruned_int8_convrot files; its modulation "
                    "linears [96768, 8] f32, MiniMaxH3.curve_form); 0: not")

@@ -42,9 +42,11 @@ PEER, OURS, GRAPHED = "diffusers BF16 (SDPA)", "ours INT8 ConvRot", "ours INT8 C
 EIGHT_BIT = "ours INT8 ConvRot, 8-bit attention, CUDA graph"
 # --launches: other kernels or launches of the same math (Options fields; "kernels": kernels.Choices fields), each
 # timed as a graphed step beside the defaults: the audio's branches after the video's (Options.concurrent_modes
-# off); the q/k rows in blocks at every count (kernels.Choices rows_at_once_below and rows_in_pairs_from None)
+# off); the q/k rows in blocks at every count (kernels.Choices rows_at_once_below and rows_in_pairs_from None);
+# FlashAttention-3's forward for the unmasked attentions where fa3_fwd is installed (Choices.fa3_attention)
 LAUNCHES = {"audio after video": {"concurrent_modes": False},
-            "q/k rows in blocks at every count": {"kernels": {"rows_at_once_below": None, "rows_in_pairs_from": None}}}
+            "q/k rows in blocks at every count": {"kernels": {"rows_at_once_below": None, "rows_in_pairs_from": None}},
+            "FA3 attention": {"kernels": {"fa3_attention": True}}}
 # LTX-2.5 as the file ships it (reference/families/ltx25.md section 1; tests/tiny_models.py LTX25_TINY's switches)
 RELEASE = dict(gated_attn=True, audio_gated_attn=True, cross_attn_mod=True, audio_cross_attn_mod=True,
                rope_type="split", use_prompt_embeddings=False, ff_bias=False, use_prompt_adaln_single=True,

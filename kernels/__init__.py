@@ -100,7 +100,7 @@ OPS = {
     "modulated_norm": Op(modulated_norm.modulated_norm, modulated_norm.reference, needs_triton_gpu),
     "add_rms_rows": Op(add_rms_rows.add_rms_rows, add_rms_rows.reference, needs_triton_gpu),
     "swiglu_rows": Op(swiglu_rows.swiglu_rows, swiglu_rows.reference, needs_triton_gpu),
-    "attention": Op(attention.attention, attention.reference, needs_cuda),
+    "attention": Op(attention.attention, attention.reference, needs_cuda, takes_choices=True),
     "gated_residual": Op(gated_residual.gated_residual, gated_residual.reference, needs_triton_gpu),
     "group_norm": Op(group_norm.group_norm, group_norm.reference, needs_triton_gpu),
     "channel_rms": Op(channel_rms.channel_rms, channel_rms.reference, needs_triton_gpu),

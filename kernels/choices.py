@@ -29,8 +29,10 @@ class Choices:
     step 1.8% faster on an H100 (its video rows' calls a third faster), where at stage 1's 3520 rows the step was 5%
     slower. rows_at_once_below: under this many rows, or without rotary at any count, rows_norm_rope takes a row
     a program, its heads in one tile (None: never): 2048, LTX-2.5's audio rows (127) 3.6 times as fast on an H100,
-    the prompt's keys (1024) twice, the video's prompt queries 1.3-2 times (no gathers). The hopper_ choices take
-    effect only where kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
+    the prompt's keys (1024) twice, the video's prompt queries 1.3-2 times (no gathers). fa3_attention:
+    kernels/attention.py's unmasked bf16 attention by FlashAttention-3's forward where the fa3_fwd package is
+    installed and takes the heads (else SDPA; off until a GPU times it). The hopper_ choices take effect only where
+    kernels.needs_hopper passes (kernels.run turns them off elsewhere)."""
     hopper_gemm: bool = True
     hopper_quant: bool = True
     hopper_turned_quant: bool = True
@@ -41,6 +43,7 @@ class Choices:
     whole_rows_walking: int = 4
     rows_in_pairs_from: int | None = 8192
     rows_at_once_below: int | None = 2048
+    fa3_attention: bool = False
 
 
 DEFAULT = Choices()

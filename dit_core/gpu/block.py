@@ -39,11 +39,12 @@ def _int8_scores(qkv: GpuLinear, o: Options) -> bool:
     return o.int8_attention and qkv.int8
 
 
-def _attention_kind(qkv: GpuLinear, o: Options) -> dict[str, bool]:
+def _attention_kind(qkv: GpuLinear, o: Options) -> dict:
     """kernels/attention.py's choice for a block with this QKV: both products on 8 bits, or INT8 scores, where the
-    options ask for them and QKV is INT8 (BF16 linears keep cuDNN's bf16); SDPA's back ends planned or not."""
+    options ask for them and QKV is INT8 (BF16 linears keep cuDNN's bf16); SDPA's back ends planned or not; the
+    options' kernels (FA3 where they choose it)."""
     return {"eight_bit": o.attention_8bit and qkv.int8, "int8_scores": _int8_scores(qkv, o),
-            "planned": o.planned_attention}
+            "planned": o.planned_attention, "choices": o.kernels}
 
 
 def kernels():
@@ -90,7 +91,7 @@ def _plain_heads(a: Arch) -> bool:
     return a.key_width != a.width or a.attn_gate
 
 
-def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, kind: dict[str, bool],
+def _gated_attention(a: Arch, qkv: torch.Tensor, q_weight, k_weight, s: Sequence, kind: dict,
                      shards=None) -> tuple:
     """(attention output rows [rows, heads D] bf16, the gate's rows: a bf16 view of QKV's last columns, or None
     without an attention gate) from QKV's bf16 product [q | k | v | gate]: head_norm_rope (each shared key head
@@ -186,7 +187,7 @@ def _heads(a: Arch, o: Options, h, lin: GpuLinear, q_weight, k_weight, s: Sequen
                a.qk_eps, group=s.group)
 
 
-def _attention(q, k, v, kind: dict[str, bool], shards=None) -> torch.Tensor:
+def _attention(q, k, v, kind: dict, shards=None) -> torch.Tensor:
     """The attention kernel's rows [rows, heads D] of q, k, v [1, heads, rows, D] (views of rows-major storage).
     shards (dit_core/parallel SequenceShards, more than one rank): q, k, v are this rank's rows; to_heads, every
     rank's rows of this rank's heads in packed order (one process's arithmetic, head by head), the kernel, back to
@@ -198,7 +199,7 @@ def _attention(q, k, v, kind: dict[str, bool], shards=None) -> torch.Tensor:
                          *(t[0].transpose(0, 1) for t in (q, k, v)))
 
 
-def _attend(q, k, v, keys_values: Callable | None, kind: dict[str, bool]) -> torch.Tensor:
+def _attend(q, k, v, keys_values: Callable | None, kind: dict) -> torch.Tensor:
     """Attention of head_norm_rope's q, k, v [G, heads, g, D] (views of rows-major storage); keys_values(k, v)
     sees k and v as the host block shows them (rows [G g, heads, D]; v turned where the block turns it, _turns_v)
     and may add rows (G = 1: the keys beyond the queries' rows, as dit_core/block.py attention takes them); the

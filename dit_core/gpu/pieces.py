@@ -154,6 +154,8 @@ def attention_rows(a: Arch, w: GpuAttention, x: torch.Tensor, context: torch.Ten
                             *(t[0].transpose(0, 1) for t in (q, k, v)), keys).view(q.shape[2], q.shape[1], -1)
     elif bias is None and k.shape == q.shape and o.attention_8bit and w.projections[0].int8:
         out = run("attention", q, k, v, eight_bit=True)  # rows [rows, heads x head]; SDPA where the kernel can't
+    elif bias is None and o.kernels is not None and o.kernels.fa3_attention:
+        out = run("attention", q, k, v, choices=o.kernels)  # FA3 where it takes the heads, else SDPA
     else:
         out = heads_attention(q, k, v, bias)[0].transpose(0, 1)
     # [rows, heads] f32 by a BF16 product of the bf16 rows (an f32 one converts the rows and runs a SIMT product:
