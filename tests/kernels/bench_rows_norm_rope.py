@@ -23,8 +23,8 @@ from kernels import Choices  # noqa: E402
 from kernels.rows_norm_rope import rows_norm_rope  # noqa: E402
 
 AUDIO_ROWS, PROMPT_ROWS = 127, 1024
-BLOCKED, PAIRS = Choices(rows_in_pairs_from=None, rows_at_once_below=None), Choices(rows_at_once_below=None,
-                                                                                     rows_in_pairs_from=0)
+BLOCKED = Choices(rows_in_pairs_from=None, rows_at_once_below=None)
+PAIRS = Choices(rows_in_pairs_from=0, rows_at_once_below=None)
 # (label, rows_norm_rope's launch): block_m and num_warps of the blocked and pairs kernels, warps of a row at once
 LAUNCHES = [("default", {})] + [(f"whole heads: {m}, {w}", {"block_m": m, "num_warps": w, "choices": BLOCKED})
                                 for m, w in ((4, 2), (16, 4), (1, 1))] + \
@@ -34,7 +34,7 @@ LAUNCHES = [("default", {})] + [(f"whole heads: {m}, {w}", {"block_m": m, "num_w
 
 
 def cases(grid: Grid) -> list:
-    """(label, calls a step per layer, rows, heads, head, midpoints or None: no rotary)."""
+    """(label, calls a step per layer, heads, head, midpoints [rows, axes], or a row count: no rotary)."""
     video, audio = video_midpoints(grid, torch.float64), audio_midpoints(AUDIO_ROWS, torch.float64)
     m = grid.rows
     return [(f"video self, {m} rows", 2, 32, 128, video), (f"video A<->V, {m} rows", 2, 32, 64, video[:, :1]),
