@@ -152,12 +152,6 @@ def _sequences(a: Arch, n_txt: int, grids: tuple, modes: tuple, dev: torch.devic
     return mode_seqs, seq(torch.cat([pos[m] for m in modes]), map_)
 
 
-def _side_streams(device: torch.device, modes: list[str]) -> dict[str, torch.cuda.Stream]:
-    """mode -> its side stream on a CUDA device (kept: a graph's warm-up and capture use the same), none elsewhere."""
-    from ..gpu.step_graph import kept_stream
-    return {m: kept_stream(device, f"FLUX.3 {m} mode blocks") for m in modes} if device.type == "cuda" else {}
-
-
 @dataclass(frozen=True)
 class Flux3Klein:
     """FLUX.3 Klein where it runs: time embedders (target: the flow map's, None for the base model), the
@@ -387,12 +381,10 @@ class Flux3Klein:
             rows["image_cond"] = linear(torch.cat([tokens(r) for r in references]), self.ref_in).to(dtype)
         made_here = dict(rows)  # blocks update their rows in place: these stay the caller stream's
         # Per-mode blocks: a mode's rows attend only among themselves, with that mode's one modulation row.
-        # Not within a capture under cudaMallocAsync: what a side stream frees after its join fails the capture
-        # (step_graph.capture_refusal).
-        from ..gpu.step_graph import async_allocator
-        concurrent = (self.options is None or self.options.concurrent_modes) and not (
-            latent.is_cuda and torch.cuda.is_current_stream_capturing() and async_allocator())
-        sides = _side_streams(latent.device, [m for m in modes if m != "image"]) if concurrent else {}
+        from ..gpu.step_graph import side_stream
+        concurrent = self.options is None or self.options.concurrent_modes
+        sides = {m: side for m in modes if m != "image"
+                 and (side := side_stream(latent, f"FLUX.3 {m} mode blocks", concurrent)) is not None}
         main = torch.cuda.current_stream(latent.device) if sides else None
         for side in sides.values():
             side.wait_stream(main)

@@ -529,12 +529,13 @@ def gpu_block(model: LTX25, block: LTXBlock, v: torch.Tensor, a: torch.Tensor, s
               sa: StreamStep) -> tuple[torch.Tensor, torch.Tensor]:
     """LTX25.block on the GPU pieces (dit_core/gpu/pieces.py), v and a updated in place: each branch added under its
     gate in its OUT's / DOWN's product epilogue. The A<->V attentions both read the streams before either adds. The
-    audio's self, prompt and MLP branches run on a side stream beside the video's (pieces.side_stream: its few rows'
-    kernels leave most SMs idle)."""
-    from ..gpu.pieces import attention_rows, beside, into, mlp_into, modulated_rows, side_stream  # the GPU path
+    audio's self, prompt and MLP branches run on a side stream beside the video's (step_graph.side_stream: its few
+    rows' kernels leave most SMs idle)."""
+    from ..gpu.pieces import attention_rows, beside, into, mlp_into, modulated_rows  # the GPU path: where used
+    from ..gpu.step_graph import side_stream
     o, va, aa = model.options, model.video.arch, model.audio.arch
     pv, pa = table_plus(block.video.table, sv.mod), table_plus(block.audio.table, sa.mod)
-    side = side_stream(v, "LTX-2.5 audio rows", o, sv.shards)
+    side = side_stream(v, "LTX-2.5 audio rows", o.concurrent_modes, sv.shards)
 
     def self_and_prompt(arch: Arch, layer: StreamLayer, x: torch.Tensor, p: torch.Tensor, step: StreamStep) -> None:
         m = step.seq.map

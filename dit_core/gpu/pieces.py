@@ -243,18 +243,6 @@ def modulated_rows(a: Arch, x: torch.Tensor, shift: torch.Tensor | None, scale: 
     return run("modulated_norm", x, scale, shift, row_map, a.eps, norm=a.norm, out_dtype=torch.bfloat16, also=second)
 
 
-def side_stream(x: torch.Tensor, purpose: str, options: Options, shards=None) -> torch.cuda.Stream | None:
-    """A kept side stream (step_graph.kept_stream: a graph's warm-up and capture use the same) for work beside the
-    work on x's rows (Options.concurrent_modes), or None: x not on CUDA, the option off, rows shared across ranks
-    (each rank's collectives must keep one order), or within a capture under cudaMallocAsync (what a side stream
-    frees after its join fails it: step_graph.capture_refusal)."""
-    from .step_graph import async_allocator, kept_stream
-    if not (options.concurrent_modes and x.is_cuda and shards is None) or (
-            torch.cuda.is_current_stream_capturing() and async_allocator()):
-        return None
-    return kept_stream(x.device, purpose)
-
-
 def beside(side: torch.cuda.Stream | None, side_work, main_work) -> None:
     """side_work() on side beside main_work() on the caller's stream, both after what the caller's stream issued
     before and before what it issues after (side None: main_work(), then side_work(), here). Memory either makes

@@ -50,6 +50,16 @@ def kept_stream(device: torch.device, purpose: str) -> torch.cuda.Stream:
     return _STREAMS[(device, purpose)]
 
 
+def side_stream(x: torch.Tensor, purpose: str, concurrent: bool, shards=None) -> torch.cuda.Stream | None:
+    """The kept stream of purpose for work beside the work on x's rows (concurrent: Options.concurrent_modes), or
+    None: x not on CUDA, concurrent off, rows shared across ranks (each rank's collectives must keep one order), or
+    within a capture under cudaMallocAsync (what a side stream frees after its join fails it: capture_refusal)."""
+    if not (concurrent and x.is_cuda and shards is None) or (
+            torch.cuda.is_current_stream_capturing() and async_allocator()):
+        return None
+    return kept_stream(x.device, purpose)
+
+
 # Why captures stopped in this process: a capture failed under cudaMallocAsync, after which every later capture
 # failed PyTorch's own assertion (the allocator's list of a capture's free streams left non-empty; an H100 server,
 # 2026-12-05). Not a setting: the allocator's state, which nothing resets.
